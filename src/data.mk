@@ -1,0 +1,1 @@
+# src/data.mk: sources and tests of this area (see Makefile.am).

@@ -1,0 +1,24 @@
+# tap.sh: TAP helpers for dtrain's multi-process shell tests. Source it.
+#   ok COND_STATUS "what"     e.g. `cmd; ok $? "cmd works"` (0 passes)
+#   ok_grep FILE PATTERN "what"  passes when FILE contains PATTERN (grep -E)
+#   skip_all "reason"         skip the whole file
+#   skip "reason"             one skipped test point
+#   done_testing              print the plan; exit 1 if anything failed
+# Programs: $DT_BUILDDIR/dtrun, $DT_BUILDDIR/dtbench, ... (set by make check).
+tap_n=0
+tap_failed=0
+: "${DT_BUILDDIR:=$(cd "$(dirname "$0")/.." && pwd)}"
+: "${DT_SRCDIR:=$(cd "$(dirname "$0")/.." && pwd)}"
+diag() { echo "# $*"; }
+ok() {
+    tap_n=$((tap_n + 1))
+    if [ "$1" -eq 0 ]; then echo "ok $tap_n - $2"; else echo "not ok $tap_n - $2"; tap_failed=$((tap_failed + 1)); fi
+}
+ok_grep() {
+    if grep -Eq -- "$2" "$1"; then ok 0 "$3"; else ok 1 "$3"; diag "pattern '$2' not in $1:"; sed 's/^/#   /' "$1" | tail -20; fi
+}
+skip() { tap_n=$((tap_n + 1)); echo "ok $tap_n # SKIP $*"; }
+skip_all() { echo "1..0 # SKIP $*"; exit 0; }
+done_testing() { echo "1..$tap_n"; [ "$tap_failed" -eq 0 ]; exit $?; }
+# A free TCP port on loopback (bound and released; good enough for tests on one machine).
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
