@@ -1,0 +1,1 @@
+# src/nn.mk: layers, model spec and optimizers (see Makefile.am).
