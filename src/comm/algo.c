@@ -1,0 +1,263 @@
+/*
+ * algo.c: the collective algorithms, written once over the point-to-point primitive
+ * dt_p2p (comm_impl.h), so the tcp backend and the mpi backend in deterministic mode
+ * compute bitwise the same results.
+ *
+ * Reduction order (DESIGN.md rule 2). For a power-of-two world size W, all_reduce is
+ * recursive halving (a reduce-scatter) then recursive doubling (an all-gather). Step k
+ * pairs rank r with r ^ (1 << k): first (0,1),(2,3),..., then (01,23),... Every element
+ * is therefore the sum over one fixed binary tree of ranks,
+ *     ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)),
+ * whatever block of the array a rank happens to own, and since IEEE addition commutes
+ * both ranks of a pair compute the same bits. A rank that holds 2 local buffers and
+ * pre-sums them (b0 + b1) is indistinguishable from the pair (0,1) of a world twice as
+ * large. Small messages use recursive doubling on the whole buffer (one exchange per
+ * step, fewer latencies) over the same pairs, hence the same tree. reduce_scatter
+ * halves over the same pairs; reduce is all_reduce kept on the root.
+ *
+ * Other world sizes use rings (reduce-scatter then all-gather, W-1 steps each); their
+ * results agree with the power-of-two ones to rounding only.
+ *
+ * Blocks: an array of count elements is cut into W blocks, the first count % W of them
+ * one element longer, so any count (0, 1, not divisible by W) works.
+ */
+#include "config.h"
+#include "comm_impl.h"
+#include "reduce.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int is_pow2(int w) { return w > 0 && (w & (w - 1)) == 0; }
+static int log2i(int w) { int l = 0; while ((1 << l) < w) l++; return l; }
+
+/* Element offset of block b when count elements are cut into nb blocks. */
+static size_t boff(size_t count, int nb, int b) {
+    size_t q = count / (size_t)nb, r = count % (size_t)nb;
+    return (size_t)b * q + ((size_t)b < r ? (size_t)b : r);
+}
+
+static dt_status xchg(const dt_p2p *p, const dt_call *call, int dst, const void *sbuf, size_t sb,
+                      int src, void *rbuf, size_t rb, const void *racc) {
+    dt_xfer x = { .dst = dst, .sbuf = sbuf, .sbytes = sb, .src = src, .rbuf = rbuf, .rbytes = rb, .racc = racc };
+    return p->xfer(p->ctx, &x, call);
+}
+
+static void *tmp_alloc(size_t bytes) { return malloc(bytes ? bytes : 1); }
+static dt_status nomem(size_t bytes) {
+    return dt_error(DT_ERR_NOMEM, "out of memory (%zu bytes of scratch space)", bytes);
+}
+
+/* ---- recursive halving / doubling over blocks [0, nb) ------------------------------- */
+
+typedef struct { int lo, hi; } brange;
+
+/* Recursive halving. Step 0 reads src0 (which may be const user input), later steps and
+ * every result go to work; both are laid out as nb blocks of the count elements. After
+ * the L steps, blocks *own are fully reduced in work; hist[k] holds the range before step k. */
+static dt_status halve(const dt_p2p *p, const dt_call *call, const char *src0, char *work,
+                       size_t count, int nb, brange *hist, brange *own) {
+    size_t es = dt_dtype_size(call->dtype);
+    int r = p->rank, L = log2i(p->size);
+    brange cur = { 0, nb };
+    for (int k = 0; k < L; k++) {
+        int partner = r ^ (1 << k), mid = (cur.lo + cur.hi) / 2;
+        brange keep = (r & (1 << k)) ? (brange){ mid, cur.hi } : (brange){ cur.lo, mid };
+        brange give = (r & (1 << k)) ? (brange){ cur.lo, mid } : (brange){ mid, cur.hi };
+        const char *src = k == 0 ? src0 : work;
+        size_t ko = boff(count, nb, keep.lo) * es, kn = boff(count, nb, keep.hi) * es - ko;
+        size_t go = boff(count, nb, give.lo) * es, gn = boff(count, nb, give.hi) * es - go;
+        hist[k] = cur;
+        DT_TRY(xchg(p, call, partner, src + go, gn, partner, work + ko, kn, src + ko));
+        cur = keep;
+    }
+    *own = cur;
+    return DT_OK;
+}
+
+/* Recursive doubling that undoes halve(): step k (from L-1 down) swaps the blocks each
+ * rank owns with its partner's, until every rank holds all nb blocks. */
+static dt_status double_back(const dt_p2p *p, const dt_call *call, char *work, size_t count, int nb,
+                             const brange *hist, brange own) {
+    size_t es = dt_dtype_size(call->dtype);
+    int r = p->rank, L = log2i(p->size);
+    for (int k = L - 1; k >= 0; k--) {
+        int partner = r ^ (1 << k);
+        brange other = own.lo == hist[k].lo ? (brange){ own.hi, hist[k].hi } : (brange){ hist[k].lo, own.lo };
+        size_t mo = boff(count, nb, own.lo) * es, mn = boff(count, nb, own.hi) * es - mo;
+        size_t oo = boff(count, nb, other.lo) * es, on = boff(count, nb, other.hi) * es - oo;
+        DT_TRY(xchg(p, call, partner, work + mo, mn, partner, work + oo, on, NULL));
+        own = hist[k];
+    }
+    return DT_OK;
+}
+
+/* ---- rings ------------------------------------------------------------------------ */
+
+static int mod(int a, int w) { return ((a % w) + w) % w; }
+
+/* Ring reduce-scatter in place over work (nb = W blocks): rank r ends with block r reduced. */
+static dt_status ring_reduce_scatter(const dt_p2p *p, const dt_call *call, char *work, size_t count) {
+    size_t es = dt_dtype_size(call->dtype);
+    int r = p->rank, W = p->size, next = mod(r + 1, W), prev = mod(r - 1, W);
+    for (int s = 0; s < W - 1; s++) {
+        int sb = mod(r - s - 1, W), rb = mod(r - s - 2, W);
+        size_t so = boff(count, W, sb) * es, sn = boff(count, W, sb + 1) * es - so;
+        size_t ro = boff(count, W, rb) * es, rn = boff(count, W, rb + 1) * es - ro;
+        DT_TRY(xchg(p, call, next, work + so, sn, prev, work + ro, rn, work + ro));
+    }
+    return DT_OK;
+}
+
+/* Ring all-gather in place over work: rank r starts with block r, ends with all. */
+static dt_status ring_allgather(const dt_p2p *p, const dt_call *call, char *work, size_t count) {
+    size_t es = dt_dtype_size(call->dtype);
+    int r = p->rank, W = p->size, next = mod(r + 1, W), prev = mod(r - 1, W);
+    for (int s = 0; s < W - 1; s++) {
+        int sb = mod(r - s, W), rb = mod(r - s - 1, W);
+        size_t so = boff(count, W, sb) * es, sn = boff(count, W, sb + 1) * es - so;
+        size_t ro = boff(count, W, rb) * es, rn = boff(count, W, rb + 1) * es - ro;
+        DT_TRY(xchg(p, call, next, work + so, sn, prev, work + ro, rn, NULL));
+    }
+    return DT_OK;
+}
+
+/* ---- the collectives ------------------------------------------------------------------ */
+
+static void finish_avg(const dt_p2p *p, const dt_call *call, void *buf, size_t n) {
+    if (call->op == DT_AVG) dt_reduce_divide(call->dtype, buf, n, p->size);
+}
+
+dt_status dt_algo_allreduce(const dt_p2p *p, const dt_call *call, const void *send, void *recv) {
+    size_t es = dt_dtype_size(call->dtype), n = call->count, bytes = n * es;
+    int W = p->size, r = p->rank;
+    if (W == 1 || n == 0) {
+        if (send != recv && bytes) memmove(recv, send, bytes);
+        finish_avg(p, call, recv, n);
+        return DT_OK;
+    }
+    if (is_pow2(W) && (bytes <= DT_ALGO_SMALL_BYTES || n < (size_t)W)) {
+        /* recursive doubling on whole buffers: same pairs, same tree, log2(W) messages */
+        char *snap = tmp_alloc(bytes);
+        if (!snap) return nomem(bytes);
+        dt_status s = DT_OK;
+        const char *cur = send;
+        for (int k = 0; (1 << k) < W && s == DT_OK; k++) {
+            int partner = r ^ (1 << k);
+            if (k > 0) { memcpy(snap, recv, bytes); cur = snap; }   /* send a snapshot: recv is being written */
+            s = xchg(p, call, partner, cur, bytes, partner, recv, bytes, cur);
+        }
+        free(snap);
+        if (s == DT_OK) finish_avg(p, call, recv, n);
+        return s;
+    }
+    if (is_pow2(W)) {
+        brange hist[32], own;
+        DT_TRY(halve(p, call, send, recv, n, W, hist, &own));
+        DT_TRY(double_back(p, call, recv, n, W, hist, own));
+        finish_avg(p, call, recv, n);
+        return DT_OK;
+    }
+    if (send != recv) memmove(recv, send, bytes);
+    DT_TRY(ring_reduce_scatter(p, call, recv, n));
+    DT_TRY(ring_allgather(p, call, recv, n));
+    finish_avg(p, call, recv, n);
+    return DT_OK;
+}
+
+static unsigned bitrev(unsigned x, int bits) {
+    unsigned y = 0;
+    for (int i = 0; i < bits; i++) y |= ((x >> i) & 1u) << (bits - 1 - i);
+    return y;
+}
+
+dt_status dt_algo_reduce_scatter(const dt_p2p *p, const dt_call *call, const void *send, void *recv) {
+    size_t es = dt_dtype_size(call->dtype), rc = call->count, rb = rc * es;
+    int W = p->size, r = p->rank;
+    size_t total = rb * (size_t)W;
+    const char *sp = send;
+    char *rp = recv;
+    if (W == 1 || rc == 0) {
+        if (rb && rp != sp) memmove(rp, sp, rb);
+        finish_avg(p, call, recv, rc);
+        return DT_OK;
+    }
+    int overlap = rp < sp + total && sp < rp + rb;
+    if (W == 2 && !overlap) {
+        /* one halving step straight from the input: keep block r, give the other */
+        DT_TRY(xchg(p, call, 1 - r, sp + (size_t)(1 - r) * rb, rb, 1 - r, rp, rb, sp + (size_t)r * rb));
+        finish_avg(p, call, recv, rc);
+        return DT_OK;
+    }
+    char *work = tmp_alloc(total);
+    if (!work) return nomem(total);
+    dt_status s;
+    if (is_pow2(W)) {
+        /* Lay the blocks out bit-reversed, so halving (which keeps the lower half on the
+         * rank whose bit k is 0) leaves rank r with block r, over the usual pairs. */
+        int L = log2i(W);
+        for (int pos = 0; pos < W; pos++)
+            memcpy(work + (size_t)pos * rb, sp + (size_t)bitrev((unsigned)pos, L) * rb, rb);
+        brange hist[32], own;
+        s = halve(p, call, work, work, rc * (size_t)W, W, hist, &own);
+        if (s == DT_OK) memcpy(rp, work + (size_t)own.lo * rb, rb);
+    } else {
+        memcpy(work, sp, total);
+        s = ring_reduce_scatter(p, call, work, rc * (size_t)W);
+        if (s == DT_OK) memcpy(rp, work + (size_t)r * rb, rb);
+    }
+    free(work);
+    if (s == DT_OK) finish_avg(p, call, recv, rc);
+    return s;
+}
+
+dt_status dt_algo_allgather(const dt_p2p *p, const dt_call *call, const void *send, void *recv) {
+    size_t es = dt_dtype_size(call->dtype), cb = call->count * es;
+    int W = p->size, r = p->rank;
+    char *rp = recv;
+    if (cb && (const char *)send != rp + (size_t)r * cb) memmove(rp + (size_t)r * cb, send, cb);
+    if (W == 1) return DT_OK;
+    if (is_pow2(W)) {
+        for (int k = 0; (1 << k) < W; k++) {
+            int partner = r ^ (1 << k);
+            size_t mine = (size_t)((r >> k) << k) * cb, theirs = (size_t)((partner >> k) << k) * cb;
+            DT_TRY(xchg(p, call, partner, rp + mine, cb << k, partner, rp + theirs, cb << k, NULL));
+        }
+        return DT_OK;
+    }
+    return ring_allgather(p, call, recv, call->count * (size_t)W);
+}
+
+dt_status dt_algo_broadcast(const dt_p2p *p, const dt_call *call, void *buf) {
+    size_t bytes = call->count * dt_dtype_size(call->dtype);
+    int W = p->size, vr = mod(p->rank - call->root, W);
+    /* binomial tree: at step `mask` the ranks [0, mask) (relative to root) hold the data
+     * and send it to [mask, 2 mask) */
+    for (int mask = 1; mask < W; mask <<= 1) {
+        if (vr < mask && vr + mask < W)
+            DT_TRY(xchg(p, call, mod(vr + mask + call->root, W), buf, bytes, -1, NULL, 0, NULL));
+        else if (vr >= mask && vr < 2 * mask)
+            DT_TRY(xchg(p, call, -1, NULL, 0, mod(vr - mask + call->root, W), buf, bytes, NULL));
+    }
+    return DT_OK;
+}
+
+dt_status dt_algo_reduce(const dt_p2p *p, const dt_call *call, const void *send, void *recv) {
+    /* the same tree as all_reduce (so reduce and all_reduce agree bitwise); the result
+     * is kept on the root only */
+    if (p->rank == call->root) return dt_algo_allreduce(p, call, send, recv);
+    size_t bytes = call->count * dt_dtype_size(call->dtype);
+    void *tmp = tmp_alloc(bytes);
+    if (!tmp) return nomem(bytes);
+    dt_status s = dt_algo_allreduce(p, call, send, tmp);
+    free(tmp);
+    return s;
+}
+
+dt_status dt_algo_barrier(const dt_p2p *p, const dt_call *call) {
+    /* dissemination: after ceil(log2 W) rounds every rank has heard from every other */
+    int W = p->size, r = p->rank;
+    for (int d = 1; d < W; d <<= 1)
+        DT_TRY(xchg(p, call, mod(r + d, W), NULL, 0, mod(r - d, W), NULL, 0, NULL));
+    return DT_OK;
+}

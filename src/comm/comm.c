@@ -1,0 +1,675 @@
+/*
+ * comm.c: the public communication API — everything that is the same for every backend.
+ *
+ *   - names and parsers of element types and operators;
+ *   - dt_comm_init: options from the environment, backend by name, the family lock;
+ *   - argument checks with clear errors (NULL buffers, bad type/op/root, size overflow);
+ *   - sequence numbers and fingerprints, so ranks that call different collectives get an
+ *     error naming both calls instead of wrong data (DESIGN.md rule 3);
+ *   - dispatch: a backend's own collective when it has one, else algo.c over its p2p;
+ *   - async work: one worker thread per communicator runs queued operations in issue
+ *     order; a blocking call first waits for the queue to drain;
+ *   - split: agree on groups with an all-gather, then let the backend attach transport;
+ *   - every error message starts with "rank R: ".
+ */
+#include "config.h"
+#include "comm_impl.h"
+#include "launch_env.h"
+#include "reduce.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* ---- types and operators -------------------------------------------------------------- */
+
+static const struct { const char *name; size_t size; } dtypes[DT_DTYPE_COUNT] = {
+    [DT_F32] = { "f32", 4 }, [DT_F64] = { "f64", 8 }, [DT_F16] = { "f16", 2 }, [DT_BF16] = { "bf16", 2 },
+    [DT_I32] = { "i32", 4 }, [DT_I64] = { "i64", 8 }, [DT_U8] = { "u8", 1 },
+};
+static const char *const redops[DT_REDOP_COUNT] = { "sum", "avg", "min", "max", "prod" };
+
+static int dtype_ok(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT; }
+static int redop_ok(dt_redop op) { return (unsigned)op < DT_REDOP_COUNT; }
+
+size_t      dt_dtype_size(dt_dtype t) { return dtype_ok(t) ? dtypes[t].size : 0; }
+const char *dt_dtype_name(dt_dtype t) { return dtype_ok(t) ? dtypes[t].name : "?"; }
+const char *dt_redop_name(dt_redop op) { return redop_ok(op) ? redops[op] : "?"; }
+
+dt_status dt_dtype_parse(const char *s, dt_dtype *out) {
+    static const struct { const char *alias; dt_dtype t; } aliases[] = {
+        { "float32", DT_F32 }, { "float", DT_F32 }, { "float64", DT_F64 }, { "double", DT_F64 },
+        { "float16", DT_F16 }, { "half", DT_F16 }, { "bfloat16", DT_BF16 }, { "int32", DT_I32 },
+        { "int", DT_I32 }, { "int64", DT_I64 }, { "uint8", DT_U8 }, { "byte", DT_U8 },
+    };
+    if (!s) return dt_error(DT_ERR_INVALID, "element type is NULL");
+    for (int t = 0; t < DT_DTYPE_COUNT; t++)
+        if (strcasecmp(s, dtypes[t].name) == 0) { *out = (dt_dtype)t; return DT_OK; }
+    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+        if (strcasecmp(s, aliases[i].alias) == 0) { *out = aliases[i].t; return DT_OK; }
+    return dt_error(DT_ERR_INVALID, "unknown element type '%s': expected f32, f64, f16, bf16, i32, i64 or u8", s);
+}
+
+dt_status dt_redop_parse(const char *s, dt_redop *out) {
+    if (!s) return dt_error(DT_ERR_INVALID, "reduction operator is NULL");
+    for (int i = 0; i < DT_REDOP_COUNT; i++)
+        if (strcasecmp(s, redops[i]) == 0) { *out = (dt_redop)i; return DT_OK; }
+    if (strcasecmp(s, "mean") == 0) { *out = DT_AVG; return DT_OK; }
+    if (strcasecmp(s, "product") == 0) { *out = DT_PROD; return DT_OK; }
+    return dt_error(DT_ERR_INVALID, "unknown reduction '%s': expected sum, avg, min, max or prod", s);
+}
+
+/* ---- fingerprints ------------------------------------------------------------------- */
+
+static const char *kind_name(unsigned k) {
+    switch (k) {
+    case DT_CALL_ALLREDUCE:      return "all_reduce";
+    case DT_CALL_BROADCAST:      return "broadcast";
+    case DT_CALL_ALLGATHER:      return "all_gather";
+    case DT_CALL_REDUCE_SCATTER: return "reduce_scatter";
+    case DT_CALL_REDUCE:         return "reduce";
+    case DT_CALL_BARRIER:        return "barrier";
+    case DT_CALL_P2P:            return "send/recv";
+    case DT_CALL_SPLIT:          return "comm_split";
+    case DT_CALL_INIT:           return "init";
+    }
+    return "unknown call";
+}
+
+dt_fp dt_call_fp(const dt_call *call) {
+    int arg = call->kind == DT_CALL_P2P ? call->tag : call->root;
+    unsigned op = (call->kind == DT_CALL_ALLREDUCE || call->kind == DT_CALL_REDUCE_SCATTER ||
+                   call->kind == DT_CALL_REDUCE) ? (unsigned)call->op : 0xffu;
+    dt_fp fp;
+    fp.a = (uint64_t)(call->kind & 0xff) | ((uint64_t)(call->dtype & 0xff) << 8) | ((uint64_t)(op & 0xff) << 16) |
+           ((uint64_t)(uint32_t)arg << 32);
+    fp.b = call->count;
+    return fp;
+}
+
+static const char *describe(unsigned kind, unsigned dtype, unsigned op, int arg, uint64_t count, const char *p2p,
+                            char *buf, size_t n) {
+    const char *t = dt_dtype_name((dt_dtype)dtype), *o = dt_redop_name((dt_redop)op);
+    unsigned long long cnt = (unsigned long long)count;
+    switch (kind) {
+    case DT_CALL_ALLREDUCE:      snprintf(buf, n, "all_reduce (%s, %llu elems, %s)", t, cnt, o); break;
+    case DT_CALL_BROADCAST:      snprintf(buf, n, "broadcast (%s, %llu elems, root %d)", t, cnt, arg); break;
+    case DT_CALL_ALLGATHER:      snprintf(buf, n, "all_gather (%s, %llu elems per rank)", t, cnt); break;
+    case DT_CALL_REDUCE_SCATTER: snprintf(buf, n, "reduce_scatter (%s, %llu elems per rank, %s)", t, cnt, o); break;
+    case DT_CALL_REDUCE:         snprintf(buf, n, "reduce (%s, %llu elems, %s, root %d)", t, cnt, o, arg); break;
+    case DT_CALL_P2P:            snprintf(buf, n, "%s (%s, %llu elems, tag %d)", p2p, t, cnt, arg); break;
+    default:                     snprintf(buf, n, "%s", kind_name(kind)); break;
+    }
+    return buf;
+}
+
+const char *dt_fp_describe(dt_fp fp, char *buf, size_t n) {
+    return describe((unsigned)(fp.a & 0xff), (unsigned)((fp.a >> 8) & 0xff), (unsigned)((fp.a >> 16) & 0xff),
+                    (int)(uint32_t)(fp.a >> 32), fp.b, "send", buf, n);
+}
+
+void dt_call_describe(dt_call *call) {
+    describe(call->kind, call->dtype, call->op, call->kind == DT_CALL_P2P ? call->tag : call->root, call->count,
+             call->is_send ? "send" : "recv", call->desc, sizeof call->desc);
+}
+
+/* ---- options and init ------------------------------------------------------------- */
+
+void dt_comm_opts_default(dt_comm_opts *o) {
+    o->backend = NULL;
+    o->init_method = NULL;
+    o->rank = -1;
+    o->size = -1;
+    o->timeout_s = 0;
+    o->job_id = NULL;
+    o->deterministic = -1;
+}
+
+double dt_comm_timeout(const dt_comm *c) { return c->timeout_s; }
+
+static dt_status env_timeout(double *out) {
+    const char *v = getenv("DT_TIMEOUT");
+    *out = 600;
+    if (!v || !*v) return DT_OK;
+    char *end = NULL;
+    errno = 0;
+    double t = strtod(v, &end);
+    if (errno || end == v || *end || !(t > 0))
+        return dt_error(DT_ERR_INVALID, "DT_TIMEOUT='%s': expected a positive number of seconds", v);
+    *out = t;
+    return DT_OK;
+}
+
+static const dt_backend *find_backend(const char *name) {
+    if (strcmp(name, "tcp") == 0) return &dt_backend_tcp;
+#ifdef DT_HAVE_MPI
+    if (strcmp(name, "mpi") == 0) return &dt_backend_mpi;
+#endif
+#ifdef DT_HAVE_NCCL
+    if (strcmp(name, "nccl") == 0) return &dt_backend_nccl;
+#endif
+    return NULL;
+}
+
+static void free_comm(dt_comm *c) {
+    if (!c) return;
+    for (int i = 0; c->hosts && i < c->size; i++) free(c->hosts[i]);
+    free(c->hosts);
+    free(c->pids);
+    free(c->parent_ranks);
+    if (c->family) {
+        pthread_mutex_lock(&c->family->lock);
+        int last = --c->family->refs == 0;
+        pthread_mutex_unlock(&c->family->lock);
+        if (last) {
+            pthread_mutex_destroy(&c->family->lock);
+            free(c->family);
+        }
+    }
+    free(c);
+}
+
+dt_status dt_comm_init(const dt_comm_opts *opts, dt_comm **out) {
+    if (!out) return dt_error(DT_ERR_INVALID, "dt_comm_init: out is NULL");
+    *out = NULL;
+    dt_comm_opts def;
+    if (!opts) { dt_comm_opts_default(&def); opts = &def; }
+    const char *bname = opts->backend;
+    if (!bname || !*bname) bname = getenv("DT_BACKEND");
+    if (!bname || !*bname) bname = "tcp";
+    const dt_backend *b = find_backend(bname);
+    if (!b) {
+        dt_launch_env env;
+        int rank = opts->rank;
+        if (rank < 0 && dt_launch_env_discover(&env) == DT_OK) rank = env.rank;
+        char pre[32] = "";
+        if (rank >= 0) snprintf(pre, sizeof pre, "rank %d: ", rank);
+        int known = !strcmp(bname, "mpi") || !strcmp(bname, "nccl");
+        if (known)
+            return dt_error(DT_ERR_UNSUPPORTED, "%sbackend '%s' is not built in (reconfigure with --with-%s)",
+                            pre, bname, bname);
+        return dt_error(DT_ERR_INVALID, "%sunknown backend '%s': expected tcp, mpi or nccl", pre, bname);
+    }
+    dt_comm *c = calloc(1, sizeof *c);
+    if (!c || !(c->family = calloc(1, sizeof *c->family))) {
+        free(c);
+        return dt_error(DT_ERR_NOMEM, "out of memory");
+    }
+    pthread_mutex_init(&c->family->lock, NULL);
+    c->family->refs = 1;
+    c->family->next_ctx = 1;
+    c->rank = -1;
+    c->backend = b;
+    dt_status s = DT_OK;
+    if (opts->timeout_s > 0) c->timeout_s = opts->timeout_s;
+    else s = env_timeout(&c->timeout_s);
+    if (s == DT_OK) {
+        if (opts->job_id) snprintf(c->job_id, sizeof c->job_id, "%s", opts->job_id);
+        if (strlen(opts->job_id ? opts->job_id : "") >= sizeof c->job_id)
+            s = dt_error(DT_ERR_INVALID, "job id is longer than %zu bytes", sizeof c->job_id - 1);
+    }
+    if (s == DT_OK) {
+        const char *d = getenv("DT_DETERMINISTIC");
+        c->deterministic = opts->deterministic >= 0 ? opts->deterministic : (d && *d && strcmp(d, "0") != 0);
+        s = b->init(c, opts);
+    }
+    if (s != DT_OK) {
+        if (c->rank >= 0) dt_error_wrap(s, "rank %d: ", c->rank);
+        free_comm(c);
+        return s;
+    }
+    *out = c;
+    return DT_OK;
+}
+
+int         dt_comm_rank(const dt_comm *c)       { return c->rank; }
+int         dt_comm_size(const dt_comm *c)       { return c->size; }
+int         dt_comm_local_rank(const dt_comm *c) { return c->local_rank; }
+int         dt_comm_local_size(const dt_comm *c) { return c->local_size; }
+int         dt_comm_node_rank(const dt_comm *c)  { return c->node_rank; }
+const char *dt_comm_backend(const dt_comm *c)    { return c->backend->name; }
+const char *dt_comm_host(const dt_comm *c, int r) {
+    return c && r >= 0 && r < c->size && c->hosts ? c->hosts[r] : NULL;
+}
+
+dt_status dt_comm_set_timeout(dt_comm *c, double s) {
+    if (!c) return dt_error(DT_ERR_INVALID, "dt_comm_set_timeout: communicator is NULL");
+    if (!(s > 0)) return dt_error(DT_ERR_INVALID, "rank %d: timeout must be positive, got %g", c->rank, s);
+    c->timeout_s = s;
+    return DT_OK;
+}
+
+const char *dt_comm_peer_name(const dt_comm *c, int r, char *buf, size_t n) {
+    const char *h = c->hosts && r >= 0 && r < c->size && c->hosts[r] ? c->hosts[r] : "?";
+    if (c->pids && r >= 0 && r < c->size && c->pids[r]) snprintf(buf, n, "%s:pid %d", h, c->pids[r]);
+    else snprintf(buf, n, "%s", h);
+    return buf;
+}
+
+/* ---- operations: validation, dispatch, async --------------------------------------------- */
+
+typedef struct {
+    dt_call     call;
+    const void *send;
+    void       *recv;
+} op_t;
+
+struct dt_work {
+    op_t       op;
+    dt_comm   *c;
+    dt_status  status;
+    int        done;
+    char       msg[1024];
+    dt_work   *next;
+};
+
+struct dt_async {
+    pthread_t       th;
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;       /* queue changed / work finished */
+    dt_work        *head, *tail;
+    int             pending;  /* queued or running */
+    int             stop;
+};
+
+static dt_status exec(dt_comm *c, const op_t *o) {
+    const dt_backend *b = c->backend;
+    const dt_p2p *p = &c->p2p;
+    const dt_call *k = &o->call;
+    int have_p2p = p->xfer != NULL;
+    switch (k->kind) {
+    case DT_CALL_ALLREDUCE:
+        if (b->allreduce) return b->allreduce(c, k, o->send, o->recv);
+        if (have_p2p) return dt_algo_allreduce(p, k, o->send, o->recv);
+        break;
+    case DT_CALL_BROADCAST:
+        if (b->broadcast) return b->broadcast(c, k, o->recv);
+        if (have_p2p) return dt_algo_broadcast(p, k, o->recv);
+        break;
+    case DT_CALL_ALLGATHER: case DT_CALL_SPLIT:
+        if (b->allgather) return b->allgather(c, k, o->send, o->recv);
+        if (have_p2p) return dt_algo_allgather(p, k, o->send, o->recv);
+        break;
+    case DT_CALL_REDUCE_SCATTER:
+        if (b->reduce_scatter) return b->reduce_scatter(c, k, o->send, o->recv);
+        if (have_p2p) return dt_algo_reduce_scatter(p, k, o->send, o->recv);
+        break;
+    case DT_CALL_REDUCE:
+        if (b->reduce) return b->reduce(c, k, o->send, o->recv);
+        if (have_p2p) return dt_algo_reduce(p, k, o->send, o->recv);
+        break;
+    case DT_CALL_BARRIER:
+        if (b->barrier) return b->barrier(c, k);
+        if (have_p2p) return dt_algo_barrier(p, k);
+        break;
+    case DT_CALL_P2P:
+        if (k->is_send && b->send) return b->send(c, k, o->send);
+        if (!k->is_send && b->recv) return b->recv(c, k, o->recv);
+        if (have_p2p) {
+            size_t bytes = k->count * dt_dtype_size(k->dtype);
+            dt_xfer x = { .dst = k->is_send ? k->root : -1, .sbuf = o->send, .sbytes = k->is_send ? bytes : 0,
+                          .src = k->is_send ? -1 : k->root, .rbuf = o->recv, .rbytes = k->is_send ? 0 : bytes };
+            return p->xfer(p->ctx, &x, k);
+        }
+        break;
+    default:
+        break;
+    }
+    return dt_error(DT_ERR_UNSUPPORTED, "backend %s cannot do %s", b->name, k->desc);
+}
+
+/* Run one operation now (the caller has ordered it after earlier async work). */
+static dt_status run(dt_comm *c, const op_t *o) {
+    pthread_mutex_lock(&c->family->lock);
+    dt_status s;
+    if (c->broken) {
+        s = dt_error(DT_ERR_PEER, "%s", c->broken_msg);
+    } else {
+        s = exec(c, o);
+        if (s != DT_OK) {
+            dt_error_wrap(s, "rank %d: ", c->rank);
+            if (s == DT_ERR_PEER || s == DT_ERR_TIMEOUT || s == DT_ERR_MISMATCH || s == DT_ERR_IO) {
+                c->broken = 1;
+                snprintf(c->broken_msg, sizeof c->broken_msg, "%s", dt_last_error());
+            }
+        }
+    }
+    pthread_mutex_unlock(&c->family->lock);
+    return s;
+}
+
+static void *worker_main(void *arg) {
+    dt_comm *c = arg;
+    dt_async *a = c->async;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->head && !a->stop) pthread_cond_wait(&a->cv, &a->mu);
+        if (!a->head) break;
+        dt_work *w = a->head;
+        pthread_mutex_unlock(&a->mu);
+        dt_error_clear();
+        dt_status s = run(c, &w->op);
+        pthread_mutex_lock(&a->mu);
+        w->status = s;
+        snprintf(w->msg, sizeof w->msg, "%s", s == DT_OK ? "" : dt_last_error());
+        a->head = w->next;
+        if (!a->head) a->tail = NULL;
+        w->done = 1;
+        a->pending--;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+static dt_status async_start(dt_comm *c) {
+    if (c->async) return DT_OK;
+    dt_async *a = calloc(1, sizeof *a);
+    if (!a) return dt_error(DT_ERR_NOMEM, "rank %d: out of memory", c->rank);
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    c->async = a;
+    if (pthread_create(&a->th, NULL, worker_main, c) != 0) {
+        c->async = NULL;
+        pthread_mutex_destroy(&a->mu);
+        pthread_cond_destroy(&a->cv);
+        free(a);
+        return dt_error(DT_ERR_IO, "rank %d: cannot start the communication thread", c->rank);
+    }
+    return DT_OK;
+}
+
+/* Wait until every queued operation has run. */
+static void drain(dt_comm *c) {
+    dt_async *a = c->async;
+    if (!a) return;
+    pthread_mutex_lock(&a->mu);
+    while (a->pending > 0) pthread_cond_wait(&a->cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Blocking (w == NULL): drain, then run here. Async: queue for the worker. */
+static dt_status submit(dt_comm *c, const op_t *o, dt_work **w) {
+    if (!w) {
+        drain(c);
+        return run(c, o);
+    }
+    *w = NULL;
+    DT_TRY(async_start(c));
+    dt_work *wk = calloc(1, sizeof *wk);
+    if (!wk) return dt_error(DT_ERR_NOMEM, "rank %d: out of memory", c->rank);
+    wk->op = *o;
+    wk->c = c;
+    dt_async *a = c->async;
+    pthread_mutex_lock(&a->mu);
+    if (a->tail) a->tail->next = wk; else a->head = wk;
+    a->tail = wk;
+    a->pending++;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    *w = wk;
+    return DT_OK;
+}
+
+dt_status dt_work_wait(dt_work *w) {
+    if (!w) return dt_error(DT_ERR_INVALID, "dt_work_wait: work handle is NULL");
+    dt_async *a = w->c->async;
+    pthread_mutex_lock(&a->mu);
+    while (!w->done) pthread_cond_wait(&a->cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+    dt_status s = w->status;
+    if (s != DT_OK) dt_error(s, "%s", w->msg);
+    free(w);
+    return s;
+}
+
+int dt_work_test(dt_work *w) {
+    if (!w) return 1;
+    dt_async *a = w->c->async;
+    pthread_mutex_lock(&a->mu);
+    int d = w->done;
+    pthread_mutex_unlock(&a->mu);
+    return d;
+}
+
+/* Common checks; fills the call and takes a sequence number. */
+static dt_status prep(dt_comm *c, dt_call_kind kind, dt_dtype t, dt_redop op, size_t count, size_t mult,
+                      int root, op_t *o, const char *what) {
+    if (!c) return dt_error(DT_ERR_INVALID, "%s: communicator is NULL", what);
+    if (!dtype_ok(t)) return dt_error(DT_ERR_INVALID, "rank %d: %s: invalid element type %d", c->rank, what, (int)t);
+    if ((kind == DT_CALL_ALLREDUCE || kind == DT_CALL_REDUCE || kind == DT_CALL_REDUCE_SCATTER) && !redop_ok(op))
+        return dt_error(DT_ERR_INVALID, "rank %d: %s: invalid reduction operator %d", c->rank, what, (int)op);
+    size_t es = dt_dtype_size(t);
+    if (count > SIZE_MAX / es / (mult ? mult : 1) || count > (size_t)INT64_MAX / es)
+        return dt_error(DT_ERR_INVALID, "rank %d: %s: count %zu overflows the size of a buffer", c->rank, what, count);
+    if ((kind == DT_CALL_BROADCAST || kind == DT_CALL_REDUCE) && (root < 0 || root >= c->size))
+        return dt_error(DT_ERR_INVALID, "rank %d: %s: root %d is out of range (world size %d)", c->rank, what, root, c->size);
+    memset(o, 0, sizeof *o);
+    o->call.kind = kind;
+    o->call.dtype = t;
+    o->call.op = op;
+    o->call.count = count;
+    o->call.root = root;
+    o->call.ctx = c->ctx;
+    if (kind != DT_CALL_P2P) o->call.seq = ++c->seq;
+    return DT_OK;
+}
+
+static dt_status null_buf(dt_comm *c, const char *what, const char *which, size_t count) {
+    return dt_error(DT_ERR_INVALID, "rank %d: %s: %s buffer is NULL with count %zu", c->rank, what, which, count);
+}
+
+static dt_status allreduce_op(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, dt_work **w) {
+    op_t o;
+    if (c && count && (!send || !recv)) return null_buf(c, "all_reduce", !send ? "send" : "recv", count);
+    DT_TRY(prep(c, DT_CALL_ALLREDUCE, t, op, count, 1, -1, &o, "all_reduce"));
+    o.send = send; o.recv = recv;
+    dt_call_describe(&o.call);
+    return submit(c, &o, w);
+}
+
+static dt_status broadcast_op(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_work **w) {
+    op_t o;
+    if (c && count && !buf) return null_buf(c, "broadcast", "data", count);
+    DT_TRY(prep(c, DT_CALL_BROADCAST, t, DT_SUM, count, 1, root, &o, "broadcast"));
+    o.recv = buf;
+    dt_call_describe(&o.call);
+    return submit(c, &o, w);
+}
+
+static dt_status allgather_op(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_work **w) {
+    op_t o;
+    if (c && count && (!send || !recv)) return null_buf(c, "all_gather", !send ? "send" : "recv", count);
+    DT_TRY(prep(c, DT_CALL_ALLGATHER, t, DT_SUM, count, c ? (size_t)c->size : 1, -1, &o, "all_gather"));
+    o.send = send; o.recv = recv;
+    dt_call_describe(&o.call);
+    return submit(c, &o, w);
+}
+
+static dt_status reduce_scatter_op(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op,
+                                   dt_work **w) {
+    op_t o;
+    if (c && count && (!send || !recv)) return null_buf(c, "reduce_scatter", !send ? "send" : "recv", count);
+    DT_TRY(prep(c, DT_CALL_REDUCE_SCATTER, t, op, count, c ? (size_t)c->size : 1, -1, &o, "reduce_scatter"));
+    o.send = send; o.recv = recv;
+    dt_call_describe(&o.call);
+    return submit(c, &o, w);
+}
+
+dt_status dt_allreduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op) {
+    return allreduce_op(c, send, recv, count, t, op, NULL);
+}
+dt_status dt_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root) {
+    return broadcast_op(c, buf, count, t, root, NULL);
+}
+dt_status dt_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t) {
+    return allgather_op(c, send, recv, count, t, NULL);
+}
+dt_status dt_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op) {
+    return reduce_scatter_op(c, send, recv, count, t, op, NULL);
+}
+
+static dt_status need_work(dt_comm *c, dt_work **w, const char *what) {
+    if (!w) return dt_error(DT_ERR_INVALID, "rank %d: %s: work handle pointer is NULL", c ? c->rank : -1, what);
+    return DT_OK;
+}
+dt_status dt_allreduce_async(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, dt_work **w) {
+    DT_TRY(need_work(c, w, "all_reduce_async"));
+    return allreduce_op(c, send, recv, count, t, op, w);
+}
+dt_status dt_broadcast_async(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_work **w) {
+    DT_TRY(need_work(c, w, "broadcast_async"));
+    return broadcast_op(c, buf, count, t, root, w);
+}
+dt_status dt_allgather_async(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_work **w) {
+    DT_TRY(need_work(c, w, "all_gather_async"));
+    return allgather_op(c, send, recv, count, t, w);
+}
+dt_status dt_reduce_scatter_async(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op,
+                                  dt_work **w) {
+    DT_TRY(need_work(c, w, "reduce_scatter_async"));
+    return reduce_scatter_op(c, send, recv, count, t, op, w);
+}
+
+dt_status dt_reduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, int root) {
+    op_t o;
+    if (c && count && !send) return null_buf(c, "reduce", "send", count);
+    if (c && count && !recv && c->rank == root) return null_buf(c, "reduce", "recv (on the root)", count);
+    DT_TRY(prep(c, DT_CALL_REDUCE, t, op, count, 1, root, &o, "reduce"));
+    o.send = send; o.recv = recv;
+    dt_call_describe(&o.call);
+    return submit(c, &o, NULL);
+}
+
+dt_status dt_barrier(dt_comm *c) {
+    op_t o;
+    DT_TRY(prep(c, DT_CALL_BARRIER, DT_U8, DT_SUM, 0, 1, -1, &o, "barrier"));
+    dt_call_describe(&o.call);
+    return submit(c, &o, NULL);
+}
+
+static dt_status p2p_op(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, int peer, int tag, int is_send) {
+    const char *what = is_send ? "send" : "recv";
+    op_t o;
+    if (c && count && !(is_send ? sbuf : (const void *)rbuf)) return null_buf(c, what, "data", count);
+    DT_TRY(prep(c, DT_CALL_P2P, t, DT_SUM, count, 1, peer, &o, what));
+    if (peer < 0 || peer >= c->size || peer == c->rank)
+        return dt_error(DT_ERR_INVALID, "rank %d: %s: peer %d is out of range or this rank (world size %d)",
+                        c->rank, what, peer, c->size);
+    if (tag < 0) return dt_error(DT_ERR_INVALID, "rank %d: %s: tag %d is negative", c->rank, what, tag);
+    o.call.tag = tag;
+    o.call.is_send = is_send;
+    o.send = sbuf;
+    o.recv = rbuf;
+    dt_call_describe(&o.call);
+    return submit(c, &o, NULL);
+}
+
+dt_status dt_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int peer, int tag) {
+    return p2p_op(c, buf, NULL, count, t, peer, tag, 1);
+}
+dt_status dt_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int peer, int tag) {
+    return p2p_op(c, NULL, buf, count, t, peer, tag, 0);
+}
+
+/* ---- split ------------------------------------------------------------------------------ */
+
+dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
+    if (!out) return dt_error(DT_ERR_INVALID, "dt_comm_split: out is NULL");
+    *out = NULL;
+    if (!c) return dt_error(DT_ERR_INVALID, "dt_comm_split: communicator is NULL");
+    int n = c->size;
+    int32_t mine[2] = { color < 0 ? -1 : color, key }, *all = malloc(sizeof(int32_t) * 2 * (size_t)n);
+    if (!all) return dt_error(DT_ERR_NOMEM, "rank %d: out of memory", c->rank);
+    op_t o;
+    dt_status s = prep(c, DT_CALL_SPLIT, DT_I32, DT_SUM, 2, (size_t)n, -1, &o, "comm_split");
+    if (s != DT_OK) { free(all); return s; }
+    o.send = mine;
+    o.recv = all;
+    dt_call_describe(&o.call);
+    if ((s = submit(c, &o, NULL)) != DT_OK) { free(all); return s; }
+
+    dt_comm *ch = NULL;
+    if (color >= 0) {
+        /* members ordered by (key, old rank): insertion sort, n is small */
+        int *m = malloc(sizeof(int) * (size_t)n), cnt = 0;
+        ch = calloc(1, sizeof *ch);
+        if (!m || !ch) { free(m); free(ch); free(all); return dt_error(DT_ERR_NOMEM, "rank %d: out of memory", c->rank); }
+        for (int r = 0; r < n; r++) {
+            if (all[2 * r] != color) continue;
+            int i = cnt++;
+            while (i > 0 && all[2 * m[i - 1] + 1] > all[2 * r + 1]) { m[i] = m[i - 1]; i--; }
+            m[i] = r;
+        }
+        ch->size = cnt;
+        ch->parent_ranks = m;
+        ch->hosts = calloc((size_t)cnt, sizeof *ch->hosts);
+        ch->pids = calloc((size_t)cnt, sizeof *ch->pids);
+        s = ch->hosts && ch->pids ? DT_OK : dt_error(DT_ERR_NOMEM, "rank %d: out of memory", c->rank);
+        for (int i = 0; i < cnt && s == DT_OK; i++) {
+            if (m[i] == c->rank) ch->rank = i;
+            ch->hosts[i] = strdup(c->hosts && c->hosts[m[i]] ? c->hosts[m[i]] : "?");
+            ch->pids[i] = c->pids ? c->pids[m[i]] : 0;
+            if (!ch->hosts[i]) s = dt_error(DT_ERR_NOMEM, "rank %d: out of memory", c->rank);
+        }
+        /* local ranks and node index within the group, from the host names */
+        for (int i = 0; s == DT_OK && i < cnt; i++) {
+            int same = strcmp(ch->hosts[i], ch->hosts[ch->rank]) == 0;
+            if (same && i < ch->rank) ch->local_rank++;
+            if (same) ch->local_size++;
+            int first = 1;
+            for (int j = 0; j < i && first; j++) if (strcmp(ch->hosts[i], ch->hosts[j]) == 0) first = 0;
+            if (first && i < ch->rank && !same) ch->node_rank++;
+        }
+        /* a context id every member derives alike: parent ctx, split number, color */
+        uint64_t h = ((uint64_t)c->ctx * 0x9e3779b97f4a7c15ull) ^ (o.call.seq * 0xbf58476d1ce4e5b9ull) ^ (uint64_t)color;
+        h ^= h >> 31;
+        ch->ctx = (uint32_t)(h ^ (h >> 32)) | 1u;
+        ch->timeout_s = c->timeout_s;
+        ch->deterministic = c->deterministic;
+        memcpy(ch->job_id, c->job_id, sizeof ch->job_id);
+        ch->backend = c->backend;
+        ch->parent = c;
+        ch->family = c->family;
+        pthread_mutex_lock(&c->family->lock);
+        c->family->refs++;
+        pthread_mutex_unlock(&c->family->lock);
+    }
+    free(all);
+    if (s == DT_OK) {
+        pthread_mutex_lock(&c->family->lock);
+        s = c->backend->split ? c->backend->split(c, &o.call, color, key, ch)
+                              : dt_error(DT_ERR_UNSUPPORTED, "backend %s cannot split communicators", c->backend->name);
+        pthread_mutex_unlock(&c->family->lock);
+        if (s != DT_OK) dt_error_wrap(s, "rank %d: comm_split: ", c->rank);
+    }
+    if (s != DT_OK) { free_comm(ch); return s; }
+    *out = ch;
+    return DT_OK;
+}
+
+/* ---- destroy --------------------------------------------------------------------------- */
+
+void dt_comm_destroy(dt_comm *c) {
+    if (!c) return;
+    dt_async *a = c->async;
+    if (a) {
+        drain(c);
+        pthread_mutex_lock(&a->mu);
+        a->stop = 1;
+        pthread_cond_broadcast(&a->cv);
+        pthread_mutex_unlock(&a->mu);
+        pthread_join(a->th, NULL);
+        pthread_mutex_destroy(&a->mu);
+        pthread_cond_destroy(&a->cv);
+        free(a);
+    }
+    pthread_mutex_lock(&c->family->lock);
+    if (c->parent) { if (c->backend->split_destroy) c->backend->split_destroy(c); }
+    else if (c->backend->destroy) c->backend->destroy(c);
+    pthread_mutex_unlock(&c->family->lock);
+    free_comm(c);
+}

@@ -1,0 +1,125 @@
+/*
+ * comm.h: dtrain's communication interface — communicators and collectives.
+ *
+ * Everything above src/comm/ (DDP, sharding, the trainer) talks to other ranks only
+ * through this header (DESIGN.md rule 1). A communicator is created once per process
+ * with dt_comm_init(); the backend is chosen by name ("tcp": sockets + shared memory
+ * for same-host peers, always built; "mpi" when configured with MPI; "nccl" with NCCL).
+ *
+ * Conventions:
+ *   - counts are in elements of the given dtype, never bytes;
+ *   - send == recv means in place (for all_gather: send may also be recv + rank*count;
+ *     for reduce_scatter: send may also point at recv - rank*recv_count);
+ *   - every call is collective over the communicator unless it says otherwise, and
+ *     every rank must issue the same collectives in the same order: a rank that calls
+ *     a different one gets DT_ERR_MISMATCH naming both calls, never wrong data;
+ *   - every blocking wait honours the communicator's timeout (DESIGN.md rule 3);
+ *   - errors come back as a dt_status with a message for dt_last_error() that starts
+ *     with "rank R: ". After a transport error the communicator is broken: later calls
+ *     fail fast with the same message; destroy it.
+ *
+ * Reduction order: on the "tcp" backend (and "mpi" in deterministic mode) all_reduce,
+ * reduce_scatter and reduce over a power-of-two world size sum every element over one
+ * fixed binary tree of ranks ((0,1),(2,3) first, then (01,23), ...), so a rank that
+ * pre-sums its 2 local buffers pairwise and joins a world of W/2 ranks gets the same
+ * bits as W ranks with one buffer each (DESIGN.md rule 2).
+ */
+#ifndef DT_COMM_H
+#define DT_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "status.h"
+
+/* ---- element types and reduction operators ----------------------------------- */
+
+typedef enum { DT_F32, DT_F64, DT_F16, DT_BF16, DT_I32, DT_I64, DT_U8 } dt_dtype;
+#define DT_DTYPE_COUNT 7
+/* avg = sum, then divide by the number of ranks (integer types: truncating division).
+ * f16/bf16 are combined in f32 and rounded back to nearest-even at every step. */
+typedef enum { DT_SUM, DT_AVG, DT_MIN, DT_MAX, DT_PROD } dt_redop;
+#define DT_REDOP_COUNT 5
+
+size_t      dt_dtype_size (dt_dtype t);                        /* bytes per element; 0 if invalid */
+const char *dt_dtype_name (dt_dtype t);                        /* "f32", "bf16", ...; "?" if invalid */
+const char *dt_redop_name (dt_redop op);                       /* "sum", "avg", ...; "?" if invalid */
+dt_status   dt_dtype_parse(const char *s, dt_dtype *out);      /* "f32" | "float32" | "float" ... */
+dt_status   dt_redop_parse(const char *s, dt_redop *out);      /* "sum" | "avg" | "mean" | ... */
+
+/* ---- communicators -------------------------------------------------------------- */
+
+typedef struct dt_comm dt_comm;   /* opaque */
+typedef struct dt_work dt_work;   /* an asynchronous operation in flight */
+
+typedef struct {
+    const char *backend;       /* "tcp" | "mpi" | "nccl"; NULL: $DT_BACKEND or "tcp" */
+    const char *init_method;   /* "env://" | "tcp://host:port" | "file:///path"; NULL: env:// */
+    int         rank, size;    /* -1: from the launch environment (launch_env.h) */
+    double      timeout_s;     /* <= 0: $DT_TIMEOUT (seconds) or 600 */
+    const char *job_id;        /* NULL: the launch environment's job id ("" if none) */
+    int         deterministic; /* -1: $DT_DETERMINISTIC (mpi/nccl: use dtrain's own tree) */
+} dt_comm_opts;
+
+/* Defaults: every field "from the environment". */
+void        dt_comm_opts_default(dt_comm_opts *opts);
+
+/* Join the job: rendezvous through the store, connect to every peer, exchange host
+ * names. Collective over all ranks of the job. */
+dt_status   dt_comm_init   (const dt_comm_opts *opts, dt_comm **out);
+/* Wait for pending async work, close connections, free. NULL is fine. Not collective. */
+void        dt_comm_destroy(dt_comm *c);
+
+int         dt_comm_rank      (const dt_comm *c);             /* 0 .. size-1 */
+int         dt_comm_size      (const dt_comm *c);
+int         dt_comm_local_rank(const dt_comm *c);             /* index among ranks on this host */
+int         dt_comm_local_size(const dt_comm *c);             /* ranks on this host */
+int         dt_comm_node_rank (const dt_comm *c);             /* index of this host (order of first rank) */
+const char *dt_comm_backend   (const dt_comm *c);             /* "tcp", "mpi", "nccl" */
+const char *dt_comm_host      (const dt_comm *c, int rank);   /* that rank's host name; NULL if out of range */
+dt_status   dt_comm_set_timeout(dt_comm *c, double seconds);  /* for later calls; > 0 */
+double      dt_comm_timeout   (const dt_comm *c);
+
+/* Ranks with the same color form a new communicator, ordered by (key, old rank).
+ * color < 0: this rank joins none and *out = NULL. Collective over c. */
+dt_status   dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
+
+/* ---- collectives (blocking) ------------------------------------------------------ */
+
+/* recv[i] = op over ranks of send[i]; count elements. */
+dt_status dt_allreduce     (dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op);
+/* buf on every rank = buf on root. */
+dt_status dt_broadcast     (dt_comm *c, void *buf, size_t count, dt_dtype t, int root);
+/* recv is (size, count_per_rank): block r = send of rank r. */
+dt_status dt_allgather     (dt_comm *c, const void *send, void *recv, size_t count_per_rank, dt_dtype t);
+/* send is (size, recv_count); recv = block `rank` of the elementwise reduction. */
+dt_status dt_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t recv_count, dt_dtype t, dt_redop op);
+/* Like all_reduce, but only root's recv is written (recv may be NULL elsewhere). */
+dt_status dt_reduce        (dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, int root);
+/* Returns when every rank has entered it. */
+dt_status dt_barrier       (dt_comm *c);
+
+/* ---- point to point (not collective: only the two ranks take part) -------------- */
+
+/* Messages between a pair arrive in the order sent; the receiver's peer, tag, count
+ * and dtype must match the sender's (a mismatch is DT_ERR_MISMATCH). */
+dt_status dt_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int peer, int tag);
+dt_status dt_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int peer, int tag);
+
+/* ---- asynchronous collectives ------------------------------------------------------ */
+
+/* Queue the operation on the communicator's worker thread and return at once. Work runs
+ * in issue order; a blocking call issued while work is pending waits for it first.
+ * Buffers must stay valid and untouched until dt_work_wait/dt_work_test says done.
+ * Argument errors are reported here, transport errors by dt_work_wait. */
+dt_status dt_allreduce_async     (dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, dt_work **w);
+dt_status dt_broadcast_async     (dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_work **w);
+dt_status dt_allgather_async     (dt_comm *c, const void *send, void *recv, size_t count_per_rank, dt_dtype t, dt_work **w);
+dt_status dt_reduce_scatter_async(dt_comm *c, const void *send, void *recv, size_t recv_count, dt_dtype t, dt_redop op, dt_work **w);
+
+/* Block until done; return the operation's status (its message set on this thread)
+ * and free the handle. */
+dt_status dt_work_wait(dt_work *w);
+/* 1 when done (dt_work_wait will not block), 0 when still running. */
+int       dt_work_test(dt_work *w);
+
+#endif /* DT_COMM_H */

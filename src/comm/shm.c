@@ -1,0 +1,133 @@
+/*
+ * shm.c: shared-memory byte rings (see shm.h).
+ *
+ * Layout of a segment: a control page (magic, size, head on its own cache line, tail on
+ * its own cache line) followed by the data area of `size` bytes. Space is reserved with
+ * posix_fallocate so a full /dev/shm is an error at init, not a SIGBUS mid-training.
+ */
+#include "config.h"
+#include "shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SHM_MAGIC 0x44545348524e4731ull   /* "DTSHRNG1" */
+#define CTRL_BYTES 4096
+
+typedef struct {
+    uint64_t magic, size;
+    _Alignas(64) _Atomic uint64_t head;   /* bytes ever written (producer) */
+    _Alignas(64) _Atomic uint64_t tail;   /* bytes ever consumed (consumer) */
+} ring_ctrl;
+
+struct dt_shm_ring {
+    ring_ctrl *ctrl;
+    char *data;
+    size_t size, map_bytes;
+    uint64_t pos;           /* local copy of our own counter (head or tail) */
+};
+
+static dt_status map_ring(int fd, size_t total, dt_shm_ring **out) {
+    void *m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) return dt_error(DT_ERR_IO, "shared memory: mmap of %zu bytes: %s", total, strerror(errno));
+    dt_shm_ring *r = calloc(1, sizeof *r);
+    if (!r) { munmap(m, total); return dt_error(DT_ERR_NOMEM, "out of memory"); }
+    r->ctrl = m;
+    r->data = (char *)m + CTRL_BYTES;
+    r->map_bytes = total;
+    *out = r;
+    return DT_OK;
+}
+
+dt_status dt_shm_create(size_t bytes, char *name, size_t name_len, dt_shm_ring **out) {
+    *out = NULL;
+    if (bytes == 0 || (bytes & (bytes - 1)) != 0)
+        return dt_error(DT_ERR_INTERNAL, "shared memory ring size %zu is not a power of two", bytes);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    static _Atomic unsigned counter;
+    snprintf(name, name_len, "/dtrain-%d-%lx-%u", (int)getpid(), (unsigned long)ts.tv_nsec,
+             atomic_fetch_add(&counter, 1));
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return dt_error(DT_ERR_IO, "shm_open(%s): %s", name, strerror(errno));
+    size_t total = CTRL_BYTES + bytes;
+    int rc = posix_fallocate(fd, 0, (off_t)total);
+    if (rc != 0) {
+        close(fd);
+        shm_unlink(name);
+        return dt_error(DT_ERR_IO, "cannot reserve %zu bytes of shared memory (%s): %s", total, name, strerror(rc));
+    }
+    dt_status s = map_ring(fd, total, out);
+    close(fd);
+    if (s != DT_OK) { shm_unlink(name); return s; }
+    (*out)->ctrl->magic = SHM_MAGIC;
+    (*out)->ctrl->size = bytes;
+    atomic_store(&(*out)->ctrl->head, 0);
+    atomic_store(&(*out)->ctrl->tail, 0);
+    (*out)->size = bytes;
+    return DT_OK;
+}
+
+dt_status dt_shm_open(const char *name, dt_shm_ring **out) {
+    *out = NULL;
+    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return dt_error(DT_ERR_IO, "shm_open(%s): %s", name, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0 || (size_t)st.st_size <= CTRL_BYTES) {
+        close(fd);
+        return dt_error(DT_ERR_FORMAT, "shared memory segment %s is too small", name);
+    }
+    dt_status s = map_ring(fd, (size_t)st.st_size, out);
+    close(fd);
+    if (s != DT_OK) return s;
+    dt_shm_ring *r = *out;
+    if (r->ctrl->magic != SHM_MAGIC || r->ctrl->size + CTRL_BYTES != (size_t)st.st_size) {
+        dt_shm_close(r);
+        *out = NULL;
+        return dt_error(DT_ERR_FORMAT, "shared memory segment %s is not a dtrain ring", name);
+    }
+    r->size = r->ctrl->size;
+    return DT_OK;
+}
+
+void dt_shm_unlink(const char *name) { if (name && *name) shm_unlink(name); }
+
+void dt_shm_close(dt_shm_ring *r) {
+    if (!r) return;
+    munmap(r->ctrl, r->map_bytes);
+    free(r);
+}
+
+size_t dt_shm_write_span(dt_shm_ring *r, void **p) {
+    uint64_t tail = atomic_load_explicit(&r->ctrl->tail, memory_order_acquire);
+    size_t used = (size_t)(r->pos - tail), off = (size_t)(r->pos & (r->size - 1));
+    size_t n = r->size - used, cont = r->size - off;
+    *p = r->data + off;
+    return n < cont ? n : cont;
+}
+
+void dt_shm_write_commit(dt_shm_ring *r, size_t n) {
+    r->pos += n;
+    atomic_store_explicit(&r->ctrl->head, r->pos, memory_order_release);
+}
+
+size_t dt_shm_read_span(dt_shm_ring *r, const void **p) {
+    uint64_t head = atomic_load_explicit(&r->ctrl->head, memory_order_acquire);
+    size_t n = (size_t)(head - r->pos), off = (size_t)(r->pos & (r->size - 1)), cont = r->size - off;
+    *p = r->data + off;
+    return n < cont ? n : cont;
+}
+
+void dt_shm_read_commit(dt_shm_ring *r, size_t n) {
+    r->pos += n;
+    atomic_store_explicit(&r->ctrl->tail, r->pos, memory_order_release);
+}

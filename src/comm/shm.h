@@ -1,0 +1,37 @@
+/*
+ * shm.h: single-producer single-consumer byte rings in POSIX shared memory.
+ *
+ * Same-host peers exchange messages through one ring per direction instead of loopback
+ * TCP: a message costs one copy in (sender) and one pass out (receiver, which reduces
+ * straight from the ring), with no system call on the fast path. The ring is a byte
+ * stream like a socket; the tcp backend frames messages on it the same way.
+ *
+ * Positions are free-running 64-bit byte counters: head (written by the producer only)
+ * and tail (consumer only) sit on separate cache lines and are published with
+ * release/acquire ordering. The receiver creates the ring it reads from, the sender
+ * opens it by name, and the name is unlinked once both have it mapped, so nothing is
+ * left in /dev/shm after init even if a process is killed later.
+ */
+#ifndef DT_SHM_H
+#define DT_SHM_H
+
+#include <stddef.h>
+#include "status.h"
+
+typedef struct dt_shm_ring dt_shm_ring;
+
+/* Create a ring of `bytes` (a power of two) under a fresh name (written to name). */
+dt_status dt_shm_create(size_t bytes, char *name, size_t name_len, dt_shm_ring **out);
+/* Map a ring another process created. */
+dt_status dt_shm_open  (const char *name, dt_shm_ring **out);
+void      dt_shm_unlink(const char *name);
+void      dt_shm_close (dt_shm_ring *r);
+
+/* Producer: a contiguous writable span (0 bytes when full), then publish n of it. */
+size_t    dt_shm_write_span  (dt_shm_ring *r, void **p);
+void      dt_shm_write_commit(dt_shm_ring *r, size_t n);
+/* Consumer: a contiguous readable span (0 when empty), then release n of it. */
+size_t    dt_shm_read_span   (dt_shm_ring *r, const void **p);
+void      dt_shm_read_commit (dt_shm_ring *r, size_t n);
+
+#endif /* DT_SHM_H */

@@ -1,0 +1,46 @@
+/*
+ * store.h: the rendezvous key-value store (served by rank 0, used by every rank at init).
+ *
+ * A tiny binary protocol over TCP. Every request carries a magic number, the protocol
+ * version and the job id; the server closes connections that send anything else, and
+ * answers a request from another job with an error naming both job ids, so a stale
+ * launcher or a port scanner cannot confuse a job. Length fields are bounded (keys 4 KiB,
+ * values 64 MiB) before anything is allocated.
+ *
+ *   set(key, value)             store (replace)
+ *   get(key, timeout)           wait until the key exists, return its value
+ *   wait(keys, timeout)         wait until every key exists
+ *   add(key, delta) -> new      atomic counter (the value is a decimal integer)
+ *   del(key)                    remove
+ */
+#ifndef DT_STORE_H
+#define DT_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "status.h"
+
+typedef struct dt_store_server dt_store_server;
+typedef struct dt_store dt_store;
+
+/* Serve on addr:port (addr NULL: all interfaces; port 0: a free port) for job_id. */
+dt_status dt_store_server_start(const char *addr, int port, const char *job_id, dt_store_server **out);
+int       dt_store_server_port (const dt_store_server *s);
+/* Stop serving, close every client, join the threads. NULL is fine. */
+void      dt_store_server_stop (dt_store_server *s);
+
+/* Connect (retrying until timeout_s) and check the server serves job_id. */
+dt_status dt_store_connect(const char *host, int port, const char *job_id, double timeout_s, dt_store **out);
+void      dt_store_close  (dt_store *st);
+dt_status dt_store_set    (dt_store *st, const char *key, const void *val, size_t n);
+/* *val is malloc'd (with a NUL after the n bytes); DT_ERR_TIMEOUT when the key never came. */
+dt_status dt_store_get    (dt_store *st, const char *key, void **val, size_t *n, double timeout_s);
+dt_status dt_store_wait   (dt_store *st, const char *const *keys, size_t nkeys, double timeout_s);
+dt_status dt_store_add    (dt_store *st, const char *key, int64_t delta, int64_t *result);
+dt_status dt_store_delete (dt_store *st, const char *key);
+
+#define DT_STORE_MAX_KEY   4096u
+#define DT_STORE_MAX_VALUE (64u << 20)
+#define DT_STORE_MAX_JOB   127u
+
+#endif /* DT_STORE_H */

@@ -1,0 +1,562 @@
+/*
+ * tcp.c: the "tcp" backend — rendezvous, the connection mesh, shared memory set-up.
+ *
+ * Init, in order:
+ *   1. who am I: rank/size from the options or the launch environment (launch_env.h);
+ *      where is the store: env:// (MASTER_ADDR/MASTER_PORT), tcp://host:port, or
+ *      file:///path (rank 0 binds a free port and publishes "job host port nonce" there);
+ *   2. rank 0 serves the store; every rank connects, checks the world size against
+ *      rank 0's, claims its rank with an atomic counter (two processes claiming one rank
+ *      are told about each other), and registers its listening address, host, pid, boot
+ *      id and a random nonce;
+ *   3. the full mesh: rank i connects to every j < i and accepts every j > i; each
+ *      connection opens with a handshake (magic, job id, world size, ranks, the target's
+ *      nonce), so junk bytes or another job's process on a port are refused and ignored;
+ *   4. pairs on the same host (same host name and boot id) switch their data path to
+ *      shared-memory rings (unless DT_SHM=0); the socket stays open so the death of the
+ *      peer is still seen as end of file.
+ * The data path lives in tcp_xfer.c; the algorithms in algo.c run over it.
+ */
+#include "config.h"
+#include "tcp_impl.h"
+#include "launch_env.h"
+#include "sock.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HS_MAGIC  0x53484454u   /* "DTHS" */
+#define HS_REPLY  0x41484454u   /* "DTHA" */
+#define HS_BYTES  32
+#define SHM_NAME_BYTES 128
+#define DEFAULT_RING_BYTES (4u << 20)
+
+typedef struct {
+    char addr[64];
+    int port, pid;
+    unsigned long long nonce;
+    char boot[64];
+    char host[256];
+} reg_t;
+
+static unsigned long long make_nonce(void) {
+    unsigned long long n = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &n, sizeof n) != (ssize_t)sizeof n) n = 0;
+        close(fd);
+    }
+    if (!n) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        n = ((unsigned long long)ts.tv_nsec << 20) ^ (unsigned long long)getpid() ^ (unsigned long long)ts.tv_sec;
+    }
+    return n ? n : 1;
+}
+
+static void read_boot_id(char *out, size_t n) {
+    snprintf(out, n, "-");
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f) return;
+    char b[64];
+    if (fgets(b, sizeof b, f)) {
+        b[strcspn(b, "\n ")] = '\0';
+        if (*b) snprintf(out, n, "%s", b);
+    }
+    fclose(f);
+}
+
+/* ---- init method -------------------------------------------------------------------- */
+
+typedef struct {
+    int file;                /* file:// */
+    char path[1024];
+    char host[256];
+    int port;
+} method_t;
+
+static dt_status parse_method(const char *m, const dt_launch_env *env, method_t *out) {
+    memset(out, 0, sizeof *out);
+    if (!m || strcmp(m, "env://") == 0) {
+        if (!env->master_addr[0] || env->master_port <= 0)
+            return dt_error(DT_ERR_INVALID, "init method env:// needs MASTER_ADDR and MASTER_PORT "
+                            "(set by dtrun, torchrun or srun)");
+        snprintf(out->host, sizeof out->host, "%s", env->master_addr);
+        out->port = env->master_port;
+        return DT_OK;
+    }
+    if (strncmp(m, "tcp://", 6) == 0) {
+        const char *h = m + 6, *colon = strrchr(h, ':');
+        char *end = NULL;
+        long port = colon ? strtol(colon + 1, &end, 10) : 0;
+        if (!colon || colon == h || (size_t)(colon - h) >= sizeof out->host || !end || *end || end == colon + 1 ||
+            port < 1 || port > 65535)
+            return dt_error(DT_ERR_INVALID, "malformed init method '%s': expected tcp://HOST:PORT (port 1..65535)", m);
+        memcpy(out->host, h, (size_t)(colon - h));
+        out->port = (int)port;
+        return DT_OK;
+    }
+    if (strncmp(m, "file://", 7) == 0) {
+        const char *p = m + 7;
+        if (p[0] != '/' || strlen(p) >= sizeof out->path - 16)
+            return dt_error(DT_ERR_INVALID, "malformed init method '%s': expected file:///ABSOLUTE/PATH", m);
+        out->file = 1;
+        snprintf(out->path, sizeof out->path, "%s", p);
+        return DT_OK;
+    }
+    return dt_error(DT_ERR_INVALID, "malformed init method '%s': expected env://, tcp://HOST:PORT or file:///PATH", m);
+}
+
+/* file://: rank 0 publishes where its store listens, atomically (temporary + rename). */
+static dt_status file_publish(const char *path, const char *job, const char *addr, int port, unsigned long long nonce) {
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return dt_error(DT_ERR_IO, "file:// rendezvous: cannot create %s: %s", tmp, strerror(errno));
+    int bad = fprintf(f, "dtrain-store 1 %s %s %d %llx\n", *job ? job : "-", addr, port, nonce) < 0;
+    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return dt_error(DT_ERR_IO, "file:// rendezvous: cannot write %s: %s", path, strerror(e));
+    }
+    return DT_OK;
+}
+
+/* file://: wait for a file naming this job, connect, and check the nonce with the store
+ * (a stale file from an earlier job, or a reused port, is skipped until the deadline). */
+static dt_status file_connect(const char *path, const char *job, double deadline, char *host, size_t hn,
+                              dt_store **out) {
+    char seen[400] = "no file";
+    for (;;) {
+        FILE *f = fopen(path, "r");
+        if (f) {
+            char fjob[160], faddr[64];
+            int fport, ver;
+            unsigned long long nonce;
+            int n = fscanf(f, "dtrain-store %d %159s %63s %d %llx", &ver, fjob, faddr, &fport, &nonce);
+            fclose(f);
+            if (n == 5 && ver == 1 && strcmp(fjob, *job ? job : "-") == 0) {
+                dt_store *st = NULL;
+                double left = deadline - dt_now();
+                if (dt_store_connect(faddr, fport, job, left < 2 ? (left > 0.1 ? left : 0.1) : 2, &st) == DT_OK) {
+                    void *v = NULL;
+                    size_t vn;
+                    char want[32];
+                    snprintf(want, sizeof want, "%llx", nonce);
+                    if (dt_store_get(st, "nonce", &v, &vn, 1.0) == DT_OK && strcmp(v, want) == 0) {
+                        free(v);
+                        snprintf(host, hn, "%s", faddr);
+                        *out = st;
+                        return DT_OK;
+                    }
+                    free(v);
+                    dt_store_close(st);
+                }
+                snprintf(seen, sizeof seen, "the file names %s:%d, which does not answer for this job", faddr, fport);
+            } else if (n == 5) {
+                snprintf(seen, sizeof seen, "the file is from job '%s'", fjob);
+            } else {
+                snprintf(seen, sizeof seen, "the file is not a dtrain rendezvous file");
+            }
+        }
+        if (dt_now() > deadline)
+            return dt_error(DT_ERR_TIMEOUT, "file://%s: no store for job '%s' appeared before the timeout (%s)",
+                            path, job, seen);
+        struct timespec ts = { 0, 20 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* ---- registration ------------------------------------------------------------------ */
+
+static dt_status wait_ranks(tcp_world *w, dt_store *st, reg_t *regs, double deadline, double timeout) {
+    char key[32];
+    for (int i = 0; i < w->size; i++) {
+        if (i == w->rank) continue;
+        snprintf(key, sizeof key, "rank/%d", i);
+        void *v = NULL;
+        size_t n;
+        double left = deadline - dt_now();
+        dt_status s = dt_store_get(st, key, &v, &n, left > 0 ? left : 0);
+        if (s == DT_ERR_TIMEOUT) {
+            char missing[256] = "";
+            size_t ml = 0;
+            for (int j = i; j < w->size && ml < sizeof missing - 16; j++) {
+                if (j == w->rank) continue;
+                snprintf(key, sizeof key, "rank/%d", j);
+                void *x = NULL;
+                if (dt_store_get(st, key, &x, &n, 0) != DT_OK)
+                    ml += (size_t)snprintf(missing + ml, sizeof missing - ml, "%s%d", ml ? "," : "", j);
+                free(x);
+            }
+            return dt_error(DT_ERR_TIMEOUT, "timed out after %g s waiting for rank(s) %s to join", timeout, missing);
+        }
+        if (s != DT_OK) return s;
+        reg_t *r = &regs[i];
+        int k = sscanf(v, "%63s %d %d %llx %63s %255s", r->addr, &r->port, &r->pid, &r->nonce, r->boot, r->host);
+        free(v);
+        if (k != 6) return dt_error(DT_ERR_FORMAT, "rank %d registered a malformed address", i);
+    }
+    return DT_OK;
+}
+
+static dt_status check_world_size(tcp_world *w, dt_store *st, double deadline) {
+    if (w->rank == 0) {
+        char v[16];
+        int n = snprintf(v, sizeof v, "%d", w->size);
+        return dt_store_set(st, "world_size", v, (size_t)n);
+    }
+    void *v = NULL;
+    size_t n;
+    double left = deadline - dt_now();
+    dt_status s = dt_store_get(st, "world_size", &v, &n, left > 0 ? left : 0);
+    if (s != DT_OK) return dt_error_wrap(s, "waiting for rank 0 to publish the world size: ");
+    int theirs = atoi(v);
+    free(v);
+    if (theirs != w->size)
+        return dt_error(DT_ERR_MISMATCH, "world size mismatch: this process has WORLD_SIZE=%d, rank 0 has %d",
+                        w->size, theirs);
+    return DT_OK;
+}
+
+static dt_status claim_rank(tcp_world *w, dt_store *st, const reg_t *me) {
+    char key[32];
+    snprintf(key, sizeof key, "claim/%d", w->rank);
+    int64_t n = 0;
+    DT_TRY(dt_store_add(st, key, 1, &n));
+    if (n <= 1) return DT_OK;
+    snprintf(key, sizeof key, "rank/%d", w->rank);
+    void *v = NULL;
+    size_t vn;
+    reg_t other = { .pid = 0 };
+    snprintf(other.host, sizeof other.host, "another process");
+    if (dt_store_get(st, key, &v, &vn, 2.0) == DT_OK) {
+        if (sscanf(v, "%63s %d %d %llx %63s %255s", other.addr, &other.port, &other.pid, &other.nonce,
+                   other.boot, other.host) != 6)
+            other.pid = 0;
+        free(v);
+    }
+    return dt_error(DT_ERR_INVALID, "rank %d is claimed twice: by %s:%d and by this process (%s:%d)",
+                    w->rank, other.host, other.pid, me->host, me->pid);
+}
+
+/* ---- the mesh ------------------------------------------------------------------------ */
+
+static void put_handshake(unsigned char *h, const tcp_world *w, int to, const char *job, unsigned long long nonce) {
+    dt_put32(h, HS_MAGIC);
+    dt_put32(h + 4, 1);
+    dt_put32(h + 8, (unsigned)w->size);
+    dt_put32(h + 12, (unsigned)w->rank);
+    dt_put32(h + 16, (unsigned)to);
+    dt_put32(h + 20, (unsigned)strlen(job));
+    dt_put64(h + 24, nonce);
+}
+
+/* Accept connections until every higher rank is connected; junk is closed and ignored. */
+static dt_status accept_peers(tcp_world *w, int lfd, const char *job, unsigned long long my_nonce,
+                              double deadline, double timeout) {
+    int need = w->size - 1 - w->rank;
+    while (need > 0) {
+        int fd;
+        dt_status s = dt_sock_accept(lfd, deadline, &fd);
+        if (s == DT_ERR_TIMEOUT) {
+            char missing[256] = "";
+            size_t ml = 0;
+            for (int j = w->rank + 1; j < w->size && ml < sizeof missing - 16; j++)
+                if (w->peers[j].fd < 0) ml += (size_t)snprintf(missing + ml, sizeof missing - ml, "%s%d", ml ? "," : "", j);
+            return dt_error(DT_ERR_TIMEOUT, "timed out after %g s waiting for rank(s) %s to connect", timeout, missing);
+        }
+        if (s != DT_OK) return s;
+        unsigned char h[HS_BYTES];
+        char pjob[DT_STORE_MAX_JOB + 1];
+        double dl = dt_now() + 5 < deadline ? dt_now() + 5 : deadline;
+        if (dt_sock_read_all(fd, h, HS_BYTES, dl) != DT_OK || dt_get32(h) != HS_MAGIC || dt_get32(h + 4) != 1) {
+            close(fd);                                   /* not one of us */
+            continue;
+        }
+        unsigned size = dt_get32(h + 8), from = dt_get32(h + 12), to = dt_get32(h + 16), jl = dt_get32(h + 20);
+        unsigned long long nonce = dt_get64(h + 24);
+        if (jl > DT_STORE_MAX_JOB || dt_sock_read_all(fd, pjob, jl, dl) != DT_OK) { close(fd); continue; }
+        pjob[jl] = '\0';
+        unsigned char rep[16];
+        dt_put32(rep, HS_REPLY);
+        dt_put64(rep + 8, my_nonce);
+        int good = size == (unsigned)w->size && to == (unsigned)w->rank && from > (unsigned)w->rank &&
+                   from < (unsigned)w->size && w->peers[from].fd < 0 && strcmp(pjob, job) == 0 && nonce == my_nonce;
+        dt_put32(rep + 4, good ? 0 : 1);
+        if (dt_sock_write_all(fd, rep, sizeof rep, dl) != DT_OK || !good) { close(fd); continue; }
+        w->peers[from].fd = fd;
+        need--;
+    }
+    return DT_OK;
+}
+
+static dt_status build_mesh(tcp_world *w, const reg_t *regs, int lfd, const char *job, unsigned long long my_nonce,
+                            double deadline, double timeout) {
+    size_t jl = strlen(job);
+    for (int j = 0; j < w->rank; j++) {
+        int fd;
+        dt_status s = dt_sock_connect(regs[j].addr, regs[j].port, deadline, &fd);
+        if (s != DT_OK)
+            return dt_error_wrap(s, "connecting to rank %d (%s:%d): ", j, regs[j].host, regs[j].pid);
+        w->peers[j].fd = fd;
+        unsigned char h[HS_BYTES];
+        put_handshake(h, w, j, job, regs[j].nonce);
+        if ((s = dt_sock_write_all(fd, h, HS_BYTES, deadline)) != DT_OK ||
+            (s = dt_sock_write_all(fd, job, jl, deadline)) != DT_OK)
+            return dt_error_wrap(s, "handshake with rank %d (%s:%d): ", j, regs[j].host, regs[j].pid);
+    }
+    DT_TRY(accept_peers(w, lfd, job, my_nonce, deadline, timeout));
+    for (int j = 0; j < w->rank; j++) {
+        unsigned char rep[16];
+        dt_status s = dt_sock_read_all(w->peers[j].fd, rep, sizeof rep, deadline);
+        if (s != DT_OK)
+            return dt_error_wrap(s, "handshake with rank %d (%s:%d): ", j, regs[j].host, regs[j].pid);
+        if (dt_get32(rep) != HS_REPLY || dt_get32(rep + 4) != 0 || dt_get64(rep + 8) != regs[j].nonce)
+            return dt_error(DT_ERR_PEER, "rank %d (%s:%d) refused the connection handshake", j, regs[j].host, regs[j].pid);
+    }
+    return DT_OK;
+}
+
+/* ---- shared memory ------------------------------------------------------------------- */
+
+static int same_host(const reg_t *a, const reg_t *b) {
+    return strcmp(a->host, b->host) == 0 && strcmp(a->boot, b->boot) == 0;
+}
+
+static dt_status setup_shm(tcp_world *w, const reg_t *regs, double deadline) {
+    const char *e = getenv("DT_SHM");
+    if (e && strcmp(e, "0") == 0) return DT_OK;
+    size_t ring = DEFAULT_RING_BYTES;
+    int n = w->size;
+    char (*names)[SHM_NAME_BYTES] = calloc((size_t)n, SHM_NAME_BYTES);
+    if (!names) return dt_error(DT_ERR_NOMEM, "out of memory");
+    dt_status s = DT_OK;
+    /* 1. create a ring per same-host peer and send its name (empty if creation failed) */
+    for (int j = 0; j < n && s == DT_OK; j++) {
+        if (j == w->rank || !same_host(&regs[j], &regs[w->rank])) continue;
+        if (dt_shm_create(ring, names[j], SHM_NAME_BYTES, &w->peers[j].in) != DT_OK) names[j][0] = '\0';
+        s = dt_sock_write_all(w->peers[j].fd, names[j], SHM_NAME_BYTES, deadline);
+    }
+    /* 2. open each peer's ring for sending, and tell it whether that worked */
+    for (int j = 0; j < n && s == DT_OK; j++) {
+        if (j == w->rank || !same_host(&regs[j], &regs[w->rank])) continue;
+        char theirs[SHM_NAME_BYTES];
+        if ((s = dt_sock_read_all(w->peers[j].fd, theirs, SHM_NAME_BYTES, deadline)) != DT_OK) break;
+        theirs[SHM_NAME_BYTES - 1] = '\0';
+        unsigned char okb = 0;
+        if (theirs[0] == '/' && w->peers[j].in && dt_shm_open(theirs, &w->peers[j].out) == DT_OK) okb = 1;
+        s = dt_sock_write_all(w->peers[j].fd, &okb, 1, deadline);
+    }
+    /* 3. both directions work, or the pair stays on TCP */
+    for (int j = 0; j < n && s == DT_OK; j++) {
+        if (j == w->rank || !same_host(&regs[j], &regs[w->rank])) continue;
+        unsigned char okb = 0;
+        if ((s = dt_sock_read_all(w->peers[j].fd, &okb, 1, deadline)) != DT_OK) break;
+        dt_shm_unlink(names[j]);
+        names[j][0] = '\0';
+        if (!okb || !w->peers[j].out || !w->peers[j].in) {
+            dt_shm_close(w->peers[j].in);
+            dt_shm_close(w->peers[j].out);
+            w->peers[j].in = w->peers[j].out = NULL;
+        }
+    }
+    for (int j = 0; j < n; j++) dt_shm_unlink(names[j]);
+    free(names);
+    if (s != DT_OK) return dt_error_wrap(s, "setting up shared memory: ");
+    return DT_OK;
+}
+
+/* ---- backend entries ----------------------------------------------------------------- */
+
+static void world_release(tcp_world *w) {
+    if (!w || --w->refs > 0) return;
+    for (int i = 0; w->peers && i < w->size; i++) {
+        if (w->peers[i].fd >= 0) close(w->peers[i].fd);
+        dt_shm_close(w->peers[i].in);
+        dt_shm_close(w->peers[i].out);
+    }
+    free(w->peers);
+    dt_store_close(w->store);
+    dt_store_server_stop(w->server);
+    if (w->file_path[0]) unlink(w->file_path);
+    free(w->stage);
+    free(w);
+}
+
+static void tcp_destroy(dt_comm *c) {
+    tcp_comm *tc = c->priv;
+    if (!tc) return;
+    world_release(tc->w);
+    free(tc->map);
+    free(tc);
+    c->priv = NULL;
+}
+
+static dt_status fill_comm(dt_comm *c, tcp_world *w, const reg_t *regs) {
+    int n = w->size;
+    c->hosts = calloc((size_t)n, sizeof *c->hosts);
+    c->pids = calloc((size_t)n, sizeof *c->pids);
+    if (!c->hosts || !c->pids) return dt_error(DT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        if (!(c->hosts[i] = strdup(regs[i].host))) return dt_error(DT_ERR_NOMEM, "out of memory");
+        c->pids[i] = regs[i].pid;
+    }
+    /* nodes are numbered in the order of their first rank */
+    int node = 0;
+    c->local_rank = 0;
+    c->local_size = 0;
+    for (int i = 0; i < n; i++) {
+        int first = 1;
+        for (int j = 0; j < i && first; j++) if (same_host(&regs[i], &regs[j])) first = 0;
+        if (first && i <= w->rank && !same_host(&regs[i], &regs[w->rank])) node++;
+        if (same_host(&regs[i], &regs[w->rank])) {
+            if (i < w->rank) c->local_rank++;
+            c->local_size++;
+        }
+    }
+    c->node_rank = node;
+    return DT_OK;
+}
+
+static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
+    dt_launch_env env;
+    dt_status s = dt_launch_env_discover(&env);
+    int explicit_ids = opts->rank >= 0 && opts->size > 0;
+    if (s != DT_OK && !explicit_ids) return s;
+    if (s != DT_OK) memset(&env, 0, sizeof env);
+    int rank = opts->rank >= 0 ? opts->rank : env.rank, size = opts->size > 0 ? opts->size : env.size;
+    if (rank < 0 || size < 1)
+        return dt_error(DT_ERR_INVALID, "cannot tell this process's rank and world size: set RANK and WORLD_SIZE "
+                        "(or start it with dtrun, mpirun or srun)");
+    c->rank = rank;
+    c->size = size;
+    if (rank >= size) return dt_error(DT_ERR_INVALID, "rank %d is out of range for world size %d", rank, size);
+    if (!opts->job_id) snprintf(c->job_id, sizeof c->job_id, "%s", env.job_id);
+    method_t m;
+    if (size > 1 || opts->init_method) DT_TRY(parse_method(opts->init_method, &env, &m));
+
+    tcp_world *w = calloc(1, sizeof *w);
+    tcp_comm *tc = calloc(1, sizeof *tc);
+    reg_t *regs = calloc((size_t)size, sizeof *regs);
+    if (!w || !tc || !regs || !(w->peers = calloc((size_t)size, sizeof *w->peers)) ||
+        !(tc->map = calloc((size_t)size, sizeof *tc->map))) {
+        free(regs);
+        if (w) free(w->peers);
+        free(w);
+        if (tc) free(tc->map);
+        free(tc);
+        return dt_error(DT_ERR_NOMEM, "out of memory");
+    }
+    w->rank = rank;
+    w->size = size;
+    w->refs = 1;
+    for (int i = 0; i < size; i++) { w->peers[i].fd = -1; tc->map[i] = i; }
+    tc->w = w;
+    tc->c = c;
+    c->priv = tc;
+    c->rank = rank;
+    c->size = size;
+
+    reg_t *me = &regs[rank];
+    me->pid = (int)getpid();
+    if (gethostname(me->host, sizeof me->host - 1) != 0 || !me->host[0]) snprintf(me->host, sizeof me->host, "localhost");
+    for (char *p = me->host; *p; p++) if (*p == ' ') *p = '_';
+    read_boot_id(me->boot, sizeof me->boot);
+    me->nonce = make_nonce();
+
+    double timeout = c->timeout_s, deadline = dt_now() + timeout;
+    int lfd = -1;
+    const char *job = c->job_id;
+    if (size == 1) goto done;
+
+    /* 1-2: the store */
+    char store_host[256];
+    if (m.file) {
+        if (rank == 0) {
+            char addr[64];
+            if (dt_sock_pick_addr("8.8.8.8", addr, sizeof addr) != DT_OK) snprintf(addr, sizeof addr, "127.0.0.1");
+            if ((s = dt_store_server_start(NULL, 0, job, &w->server)) != DT_OK) goto fail;
+            unsigned long long nonce = make_nonce();
+            char nv[32];
+            int nl = snprintf(nv, sizeof nv, "%llx", nonce);
+            if ((s = dt_store_connect("127.0.0.1", dt_store_server_port(w->server), job, timeout, &w->store)) != DT_OK ||
+                (s = dt_store_set(w->store, "nonce", nv, (size_t)nl)) != DT_OK ||
+                (s = file_publish(m.path, job, addr, dt_store_server_port(w->server), nonce)) != DT_OK)
+                goto fail;
+            snprintf(w->file_path, sizeof w->file_path, "%s", m.path);
+            snprintf(store_host, sizeof store_host, "%s", addr);
+        } else if ((s = file_connect(m.path, job, deadline, store_host, sizeof store_host, &w->store)) != DT_OK) {
+            goto fail;
+        }
+    } else {
+        snprintf(store_host, sizeof store_host, "%s", m.host);
+        if (rank == 0 && (s = dt_store_server_start(NULL, m.port, job, &w->server)) != DT_OK) {
+            dt_error_wrap(s, "cannot serve the rendezvous store on port %d (is another job using it?): ", m.port);
+            goto fail;
+        }
+        if ((s = dt_store_connect(rank == 0 ? "127.0.0.1" : m.host, m.port, job, timeout, &w->store)) != DT_OK) goto fail;
+    }
+    /* the address peers reach us at: the interface that routes to the store */
+    if ((s = dt_sock_pick_addr(rank == 0 && !m.file ? m.host : store_host, me->addr, sizeof me->addr)) != DT_OK)
+        goto fail;
+    if ((s = dt_sock_listen(me->addr, 0, &lfd, &me->port)) != DT_OK) goto fail;
+
+    if ((s = check_world_size(w, w->store, deadline)) != DT_OK) goto fail;
+    if ((s = claim_rank(w, w->store, me)) != DT_OK) goto fail;
+    char key[32], val[512];
+    snprintf(key, sizeof key, "rank/%d", rank);
+    int vl = snprintf(val, sizeof val, "%s %d %d %llx %s %s", me->addr, me->port, me->pid, me->nonce, me->boot, me->host);
+    if ((s = dt_store_set(w->store, key, val, (size_t)vl)) != DT_OK) goto fail;
+    if ((s = wait_ranks(w, w->store, regs, deadline, timeout)) != DT_OK) goto fail;
+
+    /* 3-4: mesh and shared memory */
+    if ((s = build_mesh(w, regs, lfd, job, me->nonce, deadline, timeout)) != DT_OK) goto fail;
+    close(lfd);
+    lfd = -1;
+    if ((s = setup_shm(w, regs, deadline)) != DT_OK) goto fail;
+done:
+    if ((s = fill_comm(c, w, regs)) != DT_OK) goto fail;
+    free(regs);
+    c->p2p = (dt_p2p){ .ctx = tc, .rank = rank, .size = size, .xfer = tcp_xfer };
+    return DT_OK;
+fail:
+    if (lfd >= 0) close(lfd);
+    free(regs);
+    tcp_destroy(c);
+    return s;
+}
+
+static dt_status tcp_split(dt_comm *parent, const dt_call *call, int color, int key, dt_comm *child) {
+    (void)call; (void)color; (void)key;
+    if (!child) return DT_OK;
+    tcp_comm *ptc = parent->priv, *tc = calloc(1, sizeof *tc);
+    if (!tc || !(tc->map = calloc((size_t)child->size, sizeof *tc->map))) {
+        free(tc);
+        return dt_error(DT_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < child->size; i++) tc->map[i] = ptc->map[child->parent_ranks[i]];
+    tc->w = ptc->w;
+    tc->w->refs++;
+    tc->c = child;
+    child->priv = tc;
+    child->p2p = (dt_p2p){ .ctx = tc, .rank = child->rank, .size = child->size, .xfer = tcp_xfer };
+    return DT_OK;
+}
+
+const dt_backend dt_backend_tcp = {
+    .name          = "tcp",
+    .init          = tcp_init,
+    .destroy       = tcp_destroy,
+    .split         = tcp_split,
+    .split_destroy = tcp_destroy,
+};

@@ -1,0 +1,49 @@
+/*
+ * tcp_impl.h: state shared by the tcp backend's setup (tcp.c) and data path (tcp_xfer.c).
+ *
+ * One tcp_world per process holds the full mesh of connections of the world
+ * communicator; communicators split from it reuse those connections through a rank map
+ * (comm.c serialises the family's operations, and every message header carries the
+ * communicator's context id, so streams of different communicators cannot be confused).
+ */
+#ifndef DT_TCP_IMPL_H
+#define DT_TCP_IMPL_H
+
+#include "comm_impl.h"
+#include "shm.h"
+#include "store.h"
+
+/* Message header, on sockets and rings alike (little-endian):
+ *   magic u32, ctx u32, seq u64, fp.a u64, fp.b u64, payload bytes u64 */
+#define TCP_MSG_MAGIC 0x534d5444u   /* "DTMS" */
+#define TCP_HDR_BYTES 40
+#define SHM_HDR_BYTES 64            /* ring records are 64-byte aligned */
+
+typedef struct {
+    int          fd;                /* connection to the peer; -1 for this rank */
+    dt_shm_ring *in, *out;          /* same-host rings, or NULL for TCP */
+} tcp_peer;
+
+typedef struct {
+    int              rank, size;
+    tcp_peer        *peers;         /* [size] */
+    dt_store_server *server;        /* rank 0 only */
+    dt_store        *store;
+    char             file_path[1024]; /* file:// rendezvous file written by rank 0 */
+    unsigned char   *stage;         /* receive staging for reductions over TCP */
+    size_t           stage_cap;
+    int              refs;          /* the world communicator and its split children */
+    int              broken;        /* an error desynchronised the streams */
+    char             broken_msg[512];
+} tcp_world;
+
+typedef struct {
+    tcp_world *w;
+    dt_comm   *c;                   /* the communicator this state belongs to */
+    int       *map;                 /* [c->size] rank in c -> world rank */
+} tcp_comm;
+
+/* tcp_xfer.c: the dt_p2p exchange over sockets and rings */
+dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call);
+
+#endif /* DT_TCP_IMPL_H */

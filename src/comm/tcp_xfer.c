@@ -1,0 +1,324 @@
+/*
+ * tcp_xfer.c: the tcp backend's data path — one dt_xfer (send to one peer while receiving
+ * from another, optionally reducing as data arrives) over sockets or shared-memory rings.
+ *
+ * Both directions are driven by one thread with non-blocking steps, so a rank sends and
+ * receives at once (the exchanges of halving/doubling and rings are full duplex) and a
+ * reduction consumes data chunk by chunk as it arrives: on a ring the receiver combines
+ * straight out of shared memory (no extra copy), over TCP through a small staging
+ * buffer. Chunks are CHUNK bytes so sending, receiving and summing interleave.
+ *
+ * Every message starts with a header {magic, context, sequence number, fingerprint,
+ * bytes}; the receiver checks it against its own call, which turns "ranks called
+ * different collectives" into an error naming both calls (DESIGN.md rule 3).
+ * Waiting spins briefly, then yields, then sleeps in poll() on the sockets — which is
+ * also how the death of a peer that talks to us over shared memory is noticed: its
+ * socket reports end of file.
+ */
+#include "config.h"
+#include "tcp_impl.h"
+#include "reduce.h"
+#include "sock.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#define CHUNK (256u << 10)
+
+typedef struct {
+    int on, peer;
+    tcp_peer *tp;
+    unsigned char hdr[SHM_HDR_BYTES];
+    size_t hdone;
+    const char *buf;
+    size_t len, done;
+} snd_t;
+
+typedef struct {
+    int on, peer, have_hdr;
+    tcp_peer *tp;
+    unsigned char hdr[SHM_HDR_BYTES];
+    size_t hdone;
+    char *buf;
+    const char *acc;
+    size_t len, done, fill;
+} rcv_t;
+
+static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* "collective #57 all_reduce (...)" or, for point to point, "recv (...)" */
+static const char *where(const dt_call *call, char *buf, size_t n) {
+    if (call->seq) snprintf(buf, n, "collective #%llu %s", (unsigned long long)call->seq, call->desc);
+    else snprintf(buf, n, "%s", call->desc);
+    return buf;
+}
+
+static dt_status broken(tcp_world *w, dt_status s) {
+    w->broken = 1;
+    snprintf(w->broken_msg, sizeof w->broken_msg, "%s", dt_last_error());
+    return s;
+}
+
+static dt_status lost(tcp_comm *tc, int peer, const dt_call *call) {
+    char who[300], wh[200];
+    dt_comm_peer_name(tc->c, peer, who, sizeof who);
+    return broken(tc->w, dt_error(DT_ERR_PEER, "rank %d (%s) disconnected during %s", peer, who,
+                                  where(call, wh, sizeof wh)));
+}
+
+static void put_header(unsigned char *h, const dt_call *call, size_t bytes) {
+    dt_fp fp = dt_call_fp(call);
+    memset(h, 0, SHM_HDR_BYTES);
+    dt_put32(h, TCP_MSG_MAGIC);
+    dt_put32(h + 4, call->ctx);
+    dt_put64(h + 8, call->seq);
+    dt_put64(h + 16, fp.a);
+    dt_put64(h + 24, fp.b);
+    dt_put64(h + 32, bytes);
+}
+
+static dt_status check_header(tcp_comm *tc, rcv_t *r, const dt_call *call) {
+    const unsigned char *h = r->hdr;
+    char who[300], wh[200], mine[160], theirs[160], d[112];
+    if (dt_get32(h) != TCP_MSG_MAGIC) {
+        dt_comm_peer_name(tc->c, r->peer, who, sizeof who);
+        return broken(tc->w, dt_error(DT_ERR_PEER, "rank %d (%s) sent a corrupt message header during %s",
+                                      r->peer, who, where(call, wh, sizeof wh)));
+    }
+    unsigned ctx = dt_get32(h + 4);
+    unsigned long long seq = dt_get64(h + 8), bytes = dt_get64(h + 32);
+    dt_fp fp = { dt_get64(h + 16), dt_get64(h + 24) }, my = dt_call_fp(call);
+    if (ctx != call->ctx || seq != call->seq || fp.a != my.a || fp.b != my.b) {
+        dt_fp_describe(fp, d, sizeof d);
+        if (seq) snprintf(theirs, sizeof theirs, "%s as its collective #%llu", d, seq);
+        else snprintf(theirs, sizeof theirs, "%s", d);
+        if (seq == call->seq && ctx == call->ctx && seq)
+            return broken(tc->w, dt_error(DT_ERR_MISMATCH, "collective #%llu mismatch: this rank called %s, rank %d called %s",
+                                          seq, call->desc, r->peer, d));
+        return broken(tc->w, dt_error(DT_ERR_MISMATCH, "mismatch: this rank called %s, rank %d called %s%s",
+                                      where(call, mine, sizeof mine), r->peer, theirs,
+                                      ctx != call->ctx ? " on another communicator" : ""));
+    }
+    if (bytes != r->len)
+        return broken(tc->w, dt_error(DT_ERR_MISMATCH, "rank %d sent %llu bytes where this rank expected %zu in %s",
+                                      r->peer, bytes, r->len, where(call, wh, sizeof wh)));
+    r->have_hdr = 1;
+    return DT_OK;
+}
+
+/* ---- sockets ----------------------------------------------------------------------- */
+
+static dt_status snd_tcp(tcp_comm *tc, snd_t *s, const dt_call *call, int *prog) {
+    int fd = s->tp->fd;
+    while (s->hdone < TCP_HDR_BYTES || s->done < s->len) {
+        struct iovec iov[2];
+        int n = 0;
+        if (s->hdone < TCP_HDR_BYTES) iov[n++] = (struct iovec){ s->hdr + s->hdone, TCP_HDR_BYTES - s->hdone };
+        if (s->done < s->len) iov[n++] = (struct iovec){ (void *)(s->buf + s->done), s->len - s->done };
+        struct msghdr m = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return DT_OK;
+        if (w <= 0) return lost(tc, s->peer, call);
+        *prog = 1;
+        size_t k = (size_t)w;
+        if (s->hdone < TCP_HDR_BYTES) {
+            size_t h = TCP_HDR_BYTES - s->hdone < k ? TCP_HDR_BYTES - s->hdone : k;
+            s->hdone += h;
+            k -= h;
+        }
+        s->done += k;
+    }
+    s->on = 0;
+    return DT_OK;
+}
+
+static dt_status rcv_tcp(tcp_comm *tc, rcv_t *r, const dt_call *call, int *prog) {
+    int fd = r->tp->fd;
+    while (!r->have_hdr) {
+        ssize_t n = recv(fd, r->hdr + r->hdone, TCP_HDR_BYTES - r->hdone, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return DT_OK;
+        if (n <= 0) return lost(tc, r->peer, call);
+        *prog = 1;
+        r->hdone += (size_t)n;
+        if (r->hdone == TCP_HDR_BYTES) DT_TRY(check_header(tc, r, call));
+    }
+    size_t es = dt_dtype_size(call->dtype);
+    tcp_world *w = tc->w;
+    while (r->done < r->len) {
+        ssize_t n;
+        if (!r->acc) {
+            n = recv(fd, r->buf + r->done, r->len - r->done, MSG_DONTWAIT);
+        } else {
+            size_t want = r->len - r->done - r->fill, room = w->stage_cap - r->fill;
+            n = recv(fd, w->stage + r->fill, want < room ? want : room, MSG_DONTWAIT);
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return DT_OK;
+        if (n <= 0) return lost(tc, r->peer, call);
+        *prog = 1;
+        if (!r->acc) { r->done += (size_t)n; continue; }
+        r->fill += (size_t)n;
+        size_t whole = r->fill / es * es;       /* combine whole elements; keep a split one */
+        dt_reduce_apply(call->op, call->dtype, r->buf + r->done, r->acc + r->done, w->stage, whole / es);
+        r->done += whole;
+        r->fill -= whole;
+        if (r->fill) memmove(w->stage, w->stage + whole, r->fill);
+    }
+    r->on = 0;
+    return DT_OK;
+}
+
+/* ---- rings --------------------------------------------------------------------------- */
+
+static void snd_shm(snd_t *s, int *prog) {
+    dt_shm_ring *q = s->tp->out;
+    void *p;
+    size_t span;
+    if (!s->hdone) {
+        span = dt_shm_write_span(q, &p);
+        if (span < SHM_HDR_BYTES) return;
+        memcpy(p, s->hdr, SHM_HDR_BYTES);
+        s->hdone = SHM_HDR_BYTES;
+        *prog = 1;
+        if (s->len && s->len <= span - SHM_HDR_BYTES && s->len <= CHUNK) {
+            /* a small message goes out with its header in one publication */
+            memcpy((char *)p + SHM_HDR_BYTES, s->buf, s->len);
+            s->done = s->len;
+            dt_shm_write_commit(q, SHM_HDR_BYTES + round64(s->len));
+            s->on = 0;
+            return;
+        }
+        dt_shm_write_commit(q, SHM_HDR_BYTES);
+    }
+    while (s->done < s->len && (span = dt_shm_write_span(q, &p)) > 0) {
+        size_t n = s->len - s->done;
+        if (n > span) n = span;
+        if (n > CHUNK) n = CHUNK;
+        int last = s->done + n == s->len;
+        if (!last) n &= ~(size_t)63;            /* publish whole 64-byte granules until the end */
+        memcpy(p, s->buf + s->done, n);
+        s->done += n;
+        dt_shm_write_commit(q, last ? round64(n) : n);
+        *prog = 1;
+        break;                                   /* one chunk, then let the receive side run */
+    }
+    if (s->done == s->len) s->on = 0;
+}
+
+static dt_status rcv_shm(tcp_comm *tc, rcv_t *r, const dt_call *call, int *prog) {
+    dt_shm_ring *q = r->tp->in;
+    const void *p;
+    size_t span;
+    if (!r->have_hdr) {
+        span = dt_shm_read_span(q, &p);
+        if (span < SHM_HDR_BYTES) return DT_OK;
+        memcpy(r->hdr, p, TCP_HDR_BYTES);
+        DT_TRY(check_header(tc, r, call));
+        dt_shm_read_commit(q, SHM_HDR_BYTES);
+        *prog = 1;
+    }
+    size_t es = dt_dtype_size(call->dtype);
+    while (r->done < r->len && (span = dt_shm_read_span(q, &p)) > 0) {
+        size_t n = r->len - r->done;
+        if (n > span) n = span;
+        if (n > CHUNK) n = CHUNK;
+        int last = r->done + n == r->len;
+        if (r->acc) dt_reduce_apply(call->op, call->dtype, r->buf + r->done, r->acc + r->done, p, n / es);
+        else memcpy(r->buf + r->done, p, n);
+        r->done += n;
+        dt_shm_read_commit(q, last ? round64(n) : n);
+        *prog = 1;
+        break;
+    }
+    if (r->done == r->len) r->on = 0;
+    return DT_OK;
+}
+
+/* A shared-memory peer's socket carries nothing after init: readable means it closed. */
+static dt_status check_alive(tcp_comm *tc, int peer, const dt_call *call) {
+    int fd = tc->w->peers[tc->map[peer]].fd;
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return lost(tc, peer, call);
+    return DT_OK;
+}
+
+/* ---- the exchange --------------------------------------------------------------------- */
+
+dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
+    tcp_comm *tc = ctx;
+    tcp_world *w = tc->w;
+    dt_comm *c = tc->c;
+    if (w->broken) return dt_error(DT_ERR_PEER, "%s", w->broken_msg);
+    snd_t s = { 0 };
+    rcv_t r = { 0 };
+    if (x->dst >= 0) {
+        s = (snd_t){ .on = 1, .peer = x->dst, .tp = &w->peers[tc->map[x->dst]], .buf = x->sbuf, .len = x->sbytes };
+        put_header(s.hdr, call, x->sbytes);
+    }
+    if (x->src >= 0) {
+        r = (rcv_t){ .on = 1, .peer = x->src, .tp = &w->peers[tc->map[x->src]], .buf = x->rbuf,
+                     .acc = x->racc, .len = x->rbytes };
+        if (r.acc && !w->stage) {
+            w->stage_cap = CHUNK;
+            w->stage = malloc(w->stage_cap);
+            if (!w->stage) return dt_error(DT_ERR_NOMEM, "out of memory (receive staging buffer)");
+        }
+    }
+    double deadline = dt_now() + c->timeout_s, idle_since = 0;
+    while (s.on || r.on) {
+        int prog = 0;
+        if (s.on) {
+            if (s.tp->out) snd_shm(&s, &prog);
+            else DT_TRY(snd_tcp(tc, &s, call, &prog));
+        }
+        if (r.on) {
+            if (r.tp->in) DT_TRY(rcv_shm(tc, &r, call, &prog));
+            else DT_TRY(rcv_tcp(tc, &r, call, &prog));
+        }
+        if (prog || (!s.on && !r.on)) { idle_since = 0; continue; }
+        double now = dt_now();
+        if (idle_since == 0) idle_since = now;
+        if (now > deadline) {
+            int who = r.on ? r.peer : s.peer;
+            char wh[200];
+            return broken(w, dt_error(DT_ERR_TIMEOUT, "timed out after %g s in %s waiting for rank %d (%s)",
+                                      c->timeout_s, where(call, wh, sizeof wh), who, c->hosts[who]));
+        }
+        int s_tcp = s.on && !s.tp->out, r_tcp = r.on && !r.tp->in;
+        int s_shm = s.on && s.tp->out, r_shm = r.on && r.tp->in;
+        double idle = now - idle_since;
+        if ((s_shm || r_shm) && idle < 1e-3) {
+            /* shared memory: spin for a few microseconds, then give the core away */
+            if (idle < 20e-6) {
+#if defined(__x86_64__) || defined(__i386__)
+                __builtin_ia32_pause();
+#endif
+            } else {
+                sched_yield();
+            }
+            continue;
+        }
+        struct pollfd pf[4];
+        int np = 0, ps = -1, pr = -1;
+        if (s_tcp) pf[np++] = (struct pollfd){ .fd = s.tp->fd, .events = POLLOUT };
+        if (r_tcp) pf[np++] = (struct pollfd){ .fd = r.tp->fd, .events = POLLIN };
+        if (s_shm) { ps = np; pf[np++] = (struct pollfd){ .fd = s.tp->fd, .events = POLLIN }; }
+        if (r_shm) { pr = np; pf[np++] = (struct pollfd){ .fd = r.tp->fd, .events = POLLIN }; }
+        double left = deadline - now;
+        int ms = (s_shm || r_shm) ? 1 : (left > 1.0 ? 1000 : (int)(left * 1000) + 1);
+        int rc = poll(pf, (nfds_t)np, ms);
+        if (rc < 0 && errno != EINTR) return dt_error(DT_ERR_IO, "poll: %s", strerror(errno));
+        if (rc > 0 && ps >= 0 && pf[ps].revents) DT_TRY(check_alive(tc, s.peer, call));
+        if (rc > 0 && pr >= 0 && pf[pr].revents) DT_TRY(check_alive(tc, r.peer, call));
+    }
+    return DT_OK;
+}

@@ -1,0 +1,313 @@
+/*
+ * cpu_elem.c: bias, activations, dropout and losses on the CPU.
+ *
+ * Elementwise kernels are trivially thread-independent (each output has one
+ * writer). The reductions here — bias gradients and loss sums — use a partition
+ * fixed by the shape: a bias gradient sums each column (or channel) in row order
+ * in double on one thread; a loss is per-row values combined pairwise. No
+ * `reduction(+:...)` clause, no atomics, so 1 and 2 threads give the same bits.
+ */
+#include "cpu.h"
+#include "rng.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#define PAR_MIN 32768   /* below this many elements a parallel region costs more than it saves */
+
+/* ---- bias ---- */
+
+dt_status dt_cpu_bias_add(float *y, const float *b, int rows, int cols) {
+    DT_CPU_ARG(rows >= 0 && cols >= 0);
+    if (rows == 0 || cols == 0) return DT_OK;
+    DT_CPU_ARG(y && b);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
+    for (int i = 0; i < rows; i++) {
+        float *yr = y + (size_t)i * cols;
+        for (int j = 0; j < cols; j++) yr[j] += b[j];
+    }
+    return DT_OK;
+}
+
+dt_status dt_cpu_bias_relu(float *y, const float *b, int rows, int cols) {
+    DT_CPU_ARG(rows >= 0 && cols >= 0);
+    if (rows == 0 || cols == 0) return DT_OK;
+    DT_CPU_ARG(y && b);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
+    for (int i = 0; i < rows; i++) {
+        float *yr = y + (size_t)i * cols;
+        for (int j = 0; j < cols; j++) {
+            float v = yr[j] + b[j];
+            yr[j] = v > 0.0f ? v : 0.0f;
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_cpu_bias_add_nchw(float *y, const float *b, int N, int C, int HW) {
+    DT_CPU_ARG(N >= 0 && C >= 0 && HW >= 0);
+    if ((size_t)N * C * HW == 0) return DT_OK;
+    DT_CPU_ARG(y && b);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)N * C * HW >= PAR_MIN)
+    for (int nc = 0; nc < N * C; nc++) {
+        float *p = y + (size_t)nc * HW, v = b[nc % C];
+        for (int i = 0; i < HW; i++) p[i] += v;
+    }
+    return DT_OK;
+}
+
+/* Column sums: columns are cut into fixed blocks of 64; each block is summed over
+ * rows in order, in double, by one thread. */
+dt_status dt_cpu_bias_grad(float *db, const float *dy, int rows, int cols) {
+    DT_CPU_ARG(rows >= 0 && cols >= 0);
+    if (cols == 0) return DT_OK;
+    DT_CPU_ARG(db && (rows == 0 || dy));
+    int nblk = (cols + 63) / 64, nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
+    for (int blk = 0; blk < nblk; blk++) {
+        int j0 = blk * 64, w = cols - j0 < 64 ? cols - j0 : 64;
+        double acc[64] = {0};
+        for (int i = 0; i < rows; i++) {
+            const float *r = dy + (size_t)i * cols + j0;
+            for (int j = 0; j < w; j++) acc[j] += r[j];
+        }
+        for (int j = 0; j < w; j++) db[j0 + j] = (float)acc[j];
+    }
+    return DT_OK;
+}
+
+/* Sum of one contiguous run in double with 8 interleaved accumulators (a fixed
+ * pattern, so still deterministic; it lets the compiler keep 8 adds in flight). */
+static double run_sum(const float *x, size_t n) {
+    double a[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) a[k] += x[i + k];
+    for (int k = 0; i < n; i++, k++) a[k] += x[i];
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+dt_status dt_cpu_bias_grad_nchw(float *db, const float *dy, int N, int C, int HW) {
+    DT_CPU_ARG(N >= 0 && C >= 0 && HW >= 0);
+    if (C == 0) return DT_OK;
+    DT_CPU_ARG(db && ((size_t)N * HW == 0 || dy));
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)N * C * HW >= PAR_MIN)
+    for (int c = 0; c < C; c++) {
+        double acc = 0.0;
+        for (int n = 0; n < N; n++) acc += run_sum(dy + ((size_t)n * C + c) * HW, (size_t)HW);
+        db[c] = (float)acc;
+    }
+    return DT_OK;
+}
+
+/* ---- activations ---- */
+
+dt_status dt_cpu_relu_forward(float *y, const float *x, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(y && x);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    return DT_OK;
+}
+
+dt_status dt_cpu_relu_backward(float *dx, const float *dy, const float *y, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(dx && dy && y);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    return DT_OK;
+}
+
+dt_status dt_cpu_gelu_forward(float *y, const float *x, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(y && x);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)
+    for (size_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+    return DT_OK;
+}
+
+dt_status dt_cpu_gelu_backward(float *dx, const float *dy, const float *x, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(dx && dy && x);
+    const float inv_sqrt_2pi = 0.39894228040143267794f;
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        float cdf = 0.5f * (1.0f + erff(v * (float)M_SQRT1_2));
+        float pdf = inv_sqrt_2pi * expf(-0.5f * v * v);
+        dx[i] = dy[i] * (cdf + v * pdf);
+    }
+    return DT_OK;
+}
+
+dt_status dt_cpu_tanh_forward(float *y, const float *x, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(y && x);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)
+    for (size_t i = 0; i < n; i++) y[i] = tanhf(x[i]);
+    return DT_OK;
+}
+
+dt_status dt_cpu_tanh_backward(float *dx, const float *dy, const float *y, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(dx && dy && y);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+    return DT_OK;
+}
+
+/* ---- dropout: one Philox block gives the keep bits of 4 consecutive elements ---- */
+
+static dt_status dropout_apply(const char *fn, float *y, const float *x, int rows, int cols, float p,
+                               uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0) {
+    if (rows < 0 || cols < 0) return dt_error(DT_ERR_INVALID, "cpu %s: negative shape (%d, %d)", fn, rows, cols);
+    if (!(p >= 0.0f && p < 1.0f)) return dt_error(DT_ERR_INVALID, "cpu %s: drop probability %g is not in [0, 1)", fn, (double)p);
+    size_t n = (size_t)rows * cols;
+    if (n == 0) return DT_OK;
+    if (!y || !x) return dt_error(DT_ERR_INVALID, "cpu %s: NULL pointer", fn);
+    if (p == 0.0f) {
+        if (y != x) for (size_t i = 0; i < n; i++) y[i] = x[i];
+        return DT_OK;
+    }
+    const float scale = 1.0f / (1.0f - p);
+    dt_philox_key key = dt_philox_seed(seed);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 4)
+    for (int i = 0; i < rows; i++) {
+        uint64_t sample = sample0 + (uint64_t)i;
+        const float *xr = x + (size_t)i * cols;
+        float *yr = y + (size_t)i * cols;
+        for (int j0 = 0; j0 < cols; j0 += 4) {
+            dt_philox_ctr c = {{(uint32_t)((uint64_t)j0 >> 2), (uint32_t)sample, epoch, stream}};
+            dt_philox_ctr r = dt_philox4x32_10(c, key);
+            int w = cols - j0 < 4 ? cols - j0 : 4;
+            for (int k = 0; k < w; k++)
+                yr[j0 + k] = dt_u32_to_unit(r.v[k]) >= p ? xr[j0 + k] * scale : 0.0f;
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_cpu_dropout_forward(float *y, const float *x, int rows, int cols, float p,
+                                 uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0) {
+    return dropout_apply("dropout_forward", y, x, rows, cols, p, seed, stream, epoch, sample0);
+}
+
+/* The gradient of y = x*mask*scale is dy*mask*scale: the same map applied to dy. */
+dt_status dt_cpu_dropout_backward(float *dx, const float *dy, int rows, int cols, float p,
+                                  uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0) {
+    return dropout_apply("dropout_backward", dx, dy, rows, cols, p, seed, stream, epoch, sample0);
+}
+
+/* ---- losses ---- */
+
+static dt_status check_labels(const char *fn, const int32_t *labels, int B, int C) {
+    for (int i = 0; i < B; i++)
+        if (labels[i] >= C)
+            return dt_error(DT_ERR_INVALID, "cpu %s: label %d of row %d is out of range for %d classes", fn, (int)labels[i], i, C);
+    return DT_OK;
+}
+
+dt_status dt_cpu_xent_forward(float *loss, float *probs, const float *logits, const int32_t *labels,
+                              int B, int C, float label_smoothing, float norm) {
+    DT_CPU_ARG(B >= 0 && C >= 1);
+    DT_CPU_ARG(loss && (B == 0 || (probs && logits && labels)));
+    DT_CPU_ARG(label_smoothing >= 0.0f && label_smoothing <= 1.0f);
+    DT_CPU_ARG(norm > 0.0f);
+    DT_TRY(check_labels("xent_forward", labels, B, C));
+    double *row = malloc(sizeof(double) * (B > 0 ? B : 1));
+    if (!row) return dt_error(DT_ERR_NOMEM, "cpu xent_forward: out of memory for %d rows", B);
+    const double ls = label_smoothing;
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)B * C >= PAR_MIN)
+    for (int i = 0; i < B; i++) {
+        const float *x = logits + (size_t)i * C;
+        float *p = probs + (size_t)i * C;
+        float mx = x[0];
+        for (int c = 1; c < C; c++) mx = x[c] > mx ? x[c] : mx;
+        double s = 0.0, sx = 0.0;
+        for (int c = 0; c < C; c++) {
+            p[c] = expf(x[c] - mx);
+            s += p[c];
+            sx += x[c];
+        }
+        float inv = (float)(1.0 / s);
+        for (int c = 0; c < C; c++) p[c] *= inv;
+        if (labels[i] < 0) { row[i] = 0.0; continue; }
+        double lse = mx + log(s);
+        /* -sum_c target_c * log p_c with log p_c = x_c - lse and target summing to 1. */
+        row[i] = lse - ((1.0 - ls) * x[labels[i]] + ls / C * sx);
+    }
+    double total = dt_cpu_pairwise(row, (size_t)B);
+    free(row);
+    *loss = (float)(total / norm);
+    return DT_OK;
+}
+
+dt_status dt_cpu_xent_backward(float *dlogits, const float *probs, const int32_t *labels,
+                               int B, int C, float label_smoothing, float norm) {
+    DT_CPU_ARG(B >= 0 && C >= 1);
+    DT_CPU_ARG(B == 0 || (dlogits && probs && labels));
+    DT_CPU_ARG(label_smoothing >= 0.0f && label_smoothing <= 1.0f);
+    DT_CPU_ARG(norm > 0.0f);
+    DT_TRY(check_labels("xent_backward", labels, B, C));
+    const float inv = 1.0f / norm, off = label_smoothing / C, on = 1.0f - label_smoothing;
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)B * C >= PAR_MIN)
+    for (int i = 0; i < B; i++) {
+        const float *p = probs + (size_t)i * C;
+        float *d = dlogits + (size_t)i * C;
+        if (labels[i] < 0) {
+            for (int c = 0; c < C; c++) d[c] = 0.0f;
+            continue;
+        }
+        for (int c = 0; c < C; c++) d[c] = (p[c] - off) * inv;
+        d[labels[i]] = (p[labels[i]] - off - on) * inv;
+    }
+    return DT_OK;
+}
+
+/* Squared differences summed in fixed chunks of DT_CPU_CHUNK, chunks combined pairwise. */
+dt_status dt_cpu_mse_forward(float *loss, const float *pred, const float *target, size_t n, float norm) {
+    DT_CPU_ARG(loss && (n == 0 || (pred && target)));
+    DT_CPU_ARG(norm > 0.0f);
+    size_t nch = (n + DT_CPU_CHUNK - 1) / DT_CPU_CHUNK;
+    double *part = malloc(sizeof(double) * (nch > 0 ? nch : 1));
+    if (!part) return dt_error(DT_ERR_NOMEM, "cpu mse_forward: out of memory");
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t ch = 0; ch < nch; ch++) {
+        size_t i0 = ch * DT_CPU_CHUNK, i1 = i0 + DT_CPU_CHUNK < n ? i0 + DT_CPU_CHUNK : n;
+        double a = 0.0;
+        for (size_t i = i0; i < i1; i++) {
+            double d = (double)pred[i] - target[i];
+            a += d * d;
+        }
+        part[ch] = a;
+    }
+    double total = dt_cpu_pairwise(part, nch);
+    free(part);
+    *loss = (float)(total / norm);
+    return DT_OK;
+}
+
+dt_status dt_cpu_mse_backward(float *dpred, const float *pred, const float *target, size_t n, float norm) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(dpred && pred && target);
+    DT_CPU_ARG(norm > 0.0f);
+    const float k = 2.0f / norm;
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) dpred[i] = k * (pred[i] - target[i]);
+    return DT_OK;
+}

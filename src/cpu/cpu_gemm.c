@@ -1,0 +1,99 @@
+/*
+ * cpu_gemm.c: row-major SGEMM over OpenBLAS, parallel and thread-count independent.
+ *
+ * OpenBLAS's own threading splits the work by thread count, and its sgemm returns
+ * different bits with 1 and 2 threads on training shapes (measured with 0.3.21), so
+ * OpenBLAS runs single-threaded here (cpu_ops.c) and we parallelise ourselves: C is
+ * cut into a grid of output blocks whose sizes depend on (M, N, K) only, never on
+ * the thread count; each block is one single-threaded cblas_sgemm over the FULL K
+ * (K is never split: that would change the summation order), and OpenMP spreads the
+ * blocks over the threads. Whichever thread computes a block, its bits are the same.
+ *
+ * Blocks are about 256 x 256 outputs: big enough for OpenBLAS's packed kernels to
+ * run near peak (the packing of a 256-row panel of A is amortised over 256 columns),
+ * small enough that the mlp's 256x1024 outputs give 4 blocks to share among threads.
+ */
+#include "cpu.h"
+
+#include <cblas.h>
+
+#define GEMM_TILE 256                    /* target block edge */
+#define GEMM_SERIAL_WORK (1LL << 21)     /* below this many multiply-adds: one block */
+
+void dt_cpu_gemm1(int transA, int transB, int M, int N, int K, float alpha,
+                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {   /* C = beta*C; BLAS implementations disagree on K = 0 */
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
+                M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+static dt_status gemm_check(const char *fn, int transA, int transB, int M, int N, int K,
+                            const float *A, int lda, const float *B, int ldb, const float *C, int ldc) {
+    if (M < 0 || N < 0 || K < 0)
+        return dt_error(DT_ERR_INVALID, "cpu %s: negative size M=%d N=%d K=%d", fn, M, N, K);
+    int acols = transA ? M : K, bcols = transB ? K : N;
+    if (lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) || ldc < (N > 1 ? N : 1))
+        return dt_error(DT_ERR_INVALID, "cpu %s: leading dimension too small (lda=%d ldb=%d ldc=%d for M=%d N=%d K=%d, transA=%d transB=%d)",
+                        fn, lda, ldb, ldc, M, N, K, transA, transB);
+    if ((M > 0 && N > 0 && !C) || (M > 0 && N > 0 && K > 0 && (!A || !B)))
+        return dt_error(DT_ERR_INVALID, "cpu %s: NULL matrix pointer", fn);
+    return DT_OK;
+}
+
+/* Split `n` into pieces of about GEMM_TILE, rounded up to 16 (one AVX-512 vector). */
+static int gemm_piece(int n) {
+    int parts = (n + GEMM_TILE - 1) / GEMM_TILE;
+    if (parts < 1) parts = 1;
+    int piece = (n + parts - 1) / parts;
+    piece = (piece + 15) & ~15;
+    return piece > 0 ? piece : 1;
+}
+
+dt_status dt_cpu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    DT_TRY(gemm_check("sgemm", transA, transB, M, N, K, A, lda, B, ldb, C, ldc));
+    if (M == 0 || N == 0) return DT_OK;
+    int mb = M, nb = N;
+    if ((long long)M * N * (K > 0 ? K : 1) >= GEMM_SERIAL_WORK) {
+        mb = gemm_piece(M);
+        nb = gemm_piece(N);
+    }
+    int rb = (M + mb - 1) / mb, cb = (N + nb - 1) / nb, nblocks = rb * cb;
+    int nt = dt_cpu_threads();
+    if (nt > nblocks) nt = nblocks;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+    for (int blk = 0; blk < nblocks; blk++) {
+        int bi = blk / cb, bj = blk % cb;
+        int i0 = bi * mb, j0 = bj * nb;
+        int m = M - i0 < mb ? M - i0 : mb, n = N - j0 < nb ? N - j0 : nb;
+        const float *a = transA ? A + i0 : A + (size_t)i0 * lda;
+        const float *b = transB ? B + (size_t)j0 * ldb : B + j0;
+        dt_cpu_gemm1(transA, transB, m, n, K, alpha, a, lda, b, ldb, beta, C + (size_t)i0 * ldc + j0, ldc);
+    }
+    return DT_OK;
+}
+
+dt_status dt_cpu_sgemm_batched(int transA, int transB, int M, int N, int K, float alpha,
+                               const float *A, int lda, int64_t strideA, const float *B, int ldb, int64_t strideB,
+                               float beta, float *C, int ldc, int64_t strideC, int batch) {
+    DT_TRY(gemm_check("sgemm_batched", transA, transB, M, N, K, A, lda, B, ldb, C, ldc));
+    if (batch < 0) return dt_error(DT_ERR_INVALID, "cpu sgemm_batched: negative batch %d", batch);
+    if (strideC < (int64_t)M * ldc && batch > 1 && strideC >= 0)
+        return dt_error(DT_ERR_INVALID, "cpu sgemm_batched: outputs overlap (strideC=%lld < M*ldc=%lld)",
+                        (long long)strideC, (long long)M * ldc);
+    if (batch == 0 || M == 0 || N == 0) return DT_OK;
+    if (batch == 1) return dt_cpu_sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    int nt = dt_cpu_threads();
+    if (nt > batch) nt = batch;
+    /* One whole matrix per iteration: each output has one owner and one summation order. */
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+    for (int i = 0; i < batch; i++)
+        dt_cpu_gemm1(transA, transB, M, N, K, alpha, A + i * strideA, lda, B + i * strideB, ldb,
+                     beta, C + i * strideC, ldc);
+    return DT_OK;
+}

@@ -1,0 +1,214 @@
+/*
+ * cpu_norm.c: batch normalisation and layer normalisation on the CPU.
+ *
+ * Batch norm is split into sums, finalisation and application so that synchronised
+ * batch norm is an all-reduce of the sums between bn_stats and bn_finalize (and of
+ * the two backward sums between bn_backward_reduce and bn_backward_dx); the kernels
+ * know nothing of communication. Every per-channel sum is owned by one thread and
+ * accumulated in double in (sample, position) order — thread-count independent.
+ */
+#include "cpu.h"
+
+#include <math.h>
+
+#define PAR_MIN 32768
+
+/* Sums over x (N, C, HW) for channel c, in double, samples in order. */
+static void channel_sums(const float *x, int N, int C, int HW, int c, double *s, double *ss) {
+    double a = 0.0, b = 0.0;
+    for (int n = 0; n < N; n++) {
+        const float *p = x + ((size_t)n * C + c) * HW;
+        double a8[8] = {0}, b8[8] = {0};
+        int i = 0;
+        for (; i + 8 <= HW; i += 8)
+            for (int k = 0; k < 8; k++) { a8[k] += p[i + k]; b8[k] += (double)p[i + k] * p[i + k]; }
+        for (int k = 0; i < HW; i++, k++) { a8[k] += p[i]; b8[k] += (double)p[i] * p[i]; }
+        a += ((a8[0] + a8[1]) + (a8[2] + a8[3])) + ((a8[4] + a8[5]) + (a8[6] + a8[7]));
+        b += ((b8[0] + b8[1]) + (b8[2] + b8[3])) + ((b8[4] + b8[5]) + (b8[6] + b8[7]));
+    }
+    *s = a;
+    *ss = b;
+}
+
+dt_status dt_cpu_bn_stats(float *sum, float *sumsq, const float *x, int N, int C, int HW) {
+    DT_CPU_ARG(N >= 0 && C >= 1 && HW >= 0);
+    DT_CPU_ARG(sum && sumsq && ((size_t)N * HW == 0 || x));
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)N * C * HW >= PAR_MIN)
+    for (int c = 0; c < C; c++) {
+        double s, ss;
+        channel_sums(x, N, C, HW, c, &s, &ss);
+        sum[c] = (float)s;
+        sumsq[c] = (float)ss;
+    }
+    return DT_OK;
+}
+
+dt_status dt_cpu_bn_finalize(float *mean, float *invstd, const float *sum, const float *sumsq, int C,
+                             int64_t count, float eps, float *running_mean, float *running_var, float momentum) {
+    DT_CPU_ARG(C >= 1 && count >= 1 && eps >= 0.0f);
+    DT_CPU_ARG(mean && invstd && sum && sumsq);
+    DT_CPU_ARG(!running_mean == !running_var);
+    for (int c = 0; c < C; c++) {
+        double m = (double)sum[c] / count;
+        double var = (double)sumsq[c] / count - m * m;
+        if (var < 0.0) var = 0.0;
+        mean[c] = (float)m;
+        invstd[c] = (float)(1.0 / sqrt(var + eps));
+        if (running_mean) {
+            double unbiased = count > 1 ? var * count / (count - 1) : var;
+            running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * (float)m;
+            running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (float)unbiased;
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_cpu_bn_invstd(float *invstd, const float *var, int C, float eps) {
+    DT_CPU_ARG(C >= 1 && eps >= 0.0f && invstd && var);
+    for (int c = 0; c < C; c++) invstd[c] = (float)(1.0 / sqrt((double)var[c] + eps));
+    return DT_OK;
+}
+
+dt_status dt_cpu_bn_apply(float *y, const float *x, const float *mean, const float *invstd,
+                          const float *gamma, const float *beta, int N, int C, int HW, int relu) {
+    DT_CPU_ARG(N >= 0 && C >= 1 && HW >= 0);
+    if ((size_t)N * HW == 0) return DT_OK;
+    DT_CPU_ARG(y && x && mean && invstd);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)N * C * HW >= PAR_MIN)
+    for (int nc = 0; nc < N * C; nc++) {
+        int c = nc % C;
+        float sc = invstd[c] * (gamma ? gamma[c] : 1.0f);
+        float sh = (beta ? beta[c] : 0.0f) - mean[c] * sc;
+        const float *xp = x + (size_t)nc * HW;
+        float *yp = y + (size_t)nc * HW;
+        if (relu) {
+            for (int i = 0; i < HW; i++) { float v = xp[i] * sc + sh; yp[i] = v > 0.0f ? v : 0.0f; }
+        } else {
+            for (int i = 0; i < HW; i++) yp[i] = xp[i] * sc + sh;
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_cpu_bn_backward_reduce(float *sum_dy, float *sum_dy_xhat, const float *dy, const float *x,
+                                    const float *mean, const float *invstd, int N, int C, int HW) {
+    DT_CPU_ARG(N >= 0 && C >= 1 && HW >= 0);
+    DT_CPU_ARG(sum_dy && sum_dy_xhat && mean && invstd && ((size_t)N * HW == 0 || (dy && x)));
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)N * C * HW >= PAR_MIN)
+    for (int c = 0; c < C; c++) {
+        const float m = mean[c];
+        double a = 0.0, b = 0.0;
+        for (int n = 0; n < N; n++) {
+            const float *g = dy + ((size_t)n * C + c) * HW, *xp = x + ((size_t)n * C + c) * HW;
+            double a8[8] = {0}, b8[8] = {0};
+            int i = 0;
+            for (; i + 8 <= HW; i += 8)
+                for (int k = 0; k < 8; k++) { a8[k] += g[i + k]; b8[k] += (double)g[i + k] * (xp[i + k] - m); }
+            for (int k = 0; i < HW; i++, k++) { a8[k] += g[i]; b8[k] += (double)g[i] * (xp[i] - m); }
+            a += ((a8[0] + a8[1]) + (a8[2] + a8[3])) + ((a8[4] + a8[5]) + (a8[6] + a8[7]));
+            b += ((b8[0] + b8[1]) + (b8[2] + b8[3])) + ((b8[4] + b8[5]) + (b8[6] + b8[7]));
+        }
+        sum_dy[c] = (float)a;
+        sum_dy_xhat[c] = (float)(b * invstd[c]);
+    }
+    return DT_OK;
+}
+
+dt_status dt_cpu_bn_backward_dx(float *dx, const float *dy, const float *x, const float *mean,
+                                const float *invstd, const float *gamma, const float *sum_dy,
+                                const float *sum_dy_xhat, int N, int C, int HW, int64_t count) {
+    DT_CPU_ARG(N >= 0 && C >= 1 && HW >= 0 && count >= 1);
+    if ((size_t)N * HW == 0) return DT_OK;
+    DT_CPU_ARG(dx && dy && x && mean && invstd && sum_dy && sum_dy_xhat);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)N * C * HW >= PAR_MIN)
+    for (int nc = 0; nc < N * C; nc++) {
+        int c = nc % C;
+        const float is = invstd[c], m = mean[c];
+        const float k = (gamma ? gamma[c] : 1.0f) * is;
+        const float mdy = (float)((double)sum_dy[c] / count), mdyx = (float)((double)sum_dy_xhat[c] / count);
+        const float *g = dy + (size_t)nc * HW, *xp = x + (size_t)nc * HW;
+        float *d = dx + (size_t)nc * HW;
+        for (int i = 0; i < HW; i++) d[i] = k * (g[i] - mdy - (xp[i] - m) * is * mdyx);
+    }
+    return DT_OK;
+}
+
+/* ---- layer norm ---- */
+
+dt_status dt_cpu_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
+                                   const float *gamma, const float *beta, int rows, int cols, float eps) {
+    DT_CPU_ARG(rows >= 0 && cols >= 1 && eps >= 0.0f);
+    if (rows == 0) return DT_OK;
+    DT_CPU_ARG(y && mean && rstd && x);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
+    for (int i = 0; i < rows; i++) {
+        const float *xr = x + (size_t)i * cols;
+        float *yr = y + (size_t)i * cols;
+        double s = 0.0;
+        for (int j = 0; j < cols; j++) s += xr[j];
+        double m = s / cols, v = 0.0;
+        for (int j = 0; j < cols; j++) v += ((double)xr[j] - m) * ((double)xr[j] - m);
+        float mf = (float)m, r = (float)(1.0 / sqrt(v / cols + eps));
+        mean[i] = mf;
+        rstd[i] = r;
+        for (int j = 0; j < cols; j++) {
+            float h = (xr[j] - mf) * r;
+            yr[j] = gamma ? h * gamma[j] + (beta ? beta[j] : 0.0f) : h + (beta ? beta[j] : 0.0f);
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_cpu_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
+                                    const float *x, const float *mean, const float *rstd,
+                                    const float *gamma, int rows, int cols) {
+    DT_CPU_ARG(rows >= 0 && cols >= 1);
+    DT_CPU_ARG(rows == 0 || (dy && x && mean && rstd));
+    int nt = dt_cpu_threads();
+    if (dx && rows > 0) {
+        #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
+        for (int i = 0; i < rows; i++) {
+            const float *g = dy + (size_t)i * cols, *xr = x + (size_t)i * cols;
+            float *d = dx + (size_t)i * cols;
+            const float m = mean[i], r = rstd[i];
+            double a = 0.0, b = 0.0;   /* sums of dxhat and dxhat*xhat over the row */
+            for (int j = 0; j < cols; j++) {
+                float dh = g[j] * (gamma ? gamma[j] : 1.0f);
+                a += dh;
+                b += (double)dh * ((xr[j] - m) * r);
+            }
+            const float ma = (float)(a / cols), mb = (float)(b / cols);
+            for (int j = 0; j < cols; j++) {
+                float dh = g[j] * (gamma ? gamma[j] : 1.0f);
+                d[j] = r * (dh - ma - (xr[j] - m) * r * mb);
+            }
+        }
+    }
+    if (dgamma || dbeta) {
+        /* Column sums over rows, columns in fixed blocks of 64, rows in order. */
+        int nblk = (cols + 63) / 64;
+        #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
+        for (int blk = 0; blk < nblk; blk++) {
+            int j0 = blk * 64, w = cols - j0 < 64 ? cols - j0 : 64;
+            double ag[64] = {0}, ab[64] = {0};
+            for (int i = 0; i < rows; i++) {
+                const float *g = dy + (size_t)i * cols + j0, *xr = x + (size_t)i * cols + j0;
+                const float m = mean[i], r = rstd[i];
+                for (int j = 0; j < w; j++) {
+                    ag[j] += (double)g[j] * ((xr[j] - m) * r);
+                    ab[j] += g[j];
+                }
+            }
+            for (int j = 0; j < w; j++) {
+                if (dgamma) dgamma[j0 + j] = (float)ag[j];
+                if (dbeta) dbeta[j0 + j] = (float)ab[j];
+            }
+        }
+    }
+    return DT_OK;
+}

@@ -1,0 +1,290 @@
+/*
+ * cpu_vec.c: vector kernels on the CPU — deterministic sums, metrics, elementwise
+ * arithmetic, casts to and from bf16/f16, fused optimizer steps, random fills.
+ *
+ * Sums use the fixed-chunk scheme of cpu.h: chunk sums in double (8 interleaved
+ * accumulators), chunks combined pairwise in index order, so gradient norms and
+ * checksums have the same bits on 1 or 2 threads (DESIGN.md rule 2).
+ */
+#include "cpu.h"
+#include "rng.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PAR_MIN 32768
+
+double dt_cpu_pairwise(double *v, size_t n) {
+    if (n == 0) return 0.0;
+    while (n > 1) {
+        size_t h = n / 2;
+        for (size_t i = 0; i < h; i++) v[i] = v[2 * i] + v[2 * i + 1];
+        if (n & 1) v[h] = v[n - 1];
+        n = h + (n & 1);
+    }
+    return v[0];
+}
+
+/* ---- metrics ---- */
+
+dt_status dt_cpu_argmax_rows(int32_t *idx, const float *x, int rows, int cols) {
+    DT_CPU_ARG(rows >= 0 && cols >= 1);
+    if (rows == 0) return DT_OK;
+    DT_CPU_ARG(idx && x);
+    for (int i = 0; i < rows; i++) {
+        const float *r = x + (size_t)i * cols;
+        int best = 0;
+        for (int c = 1; c < cols; c++)
+            if (r[c] > r[best] || (isnan(r[c]) && !isnan(r[best]))) best = c;
+        idx[i] = best;
+    }
+    return DT_OK;
+}
+
+dt_status dt_cpu_count_correct(int32_t *correct, const float *logits, const int32_t *labels, int B, int C) {
+    DT_CPU_ARG(B >= 0 && C >= 1);
+    DT_CPU_ARG(correct && (B == 0 || (logits && labels)));
+    int32_t n = 0;
+    for (int i = 0; i < B; i++) {
+        const float *r = logits + (size_t)i * C;
+        int best = 0;
+        for (int c = 1; c < C; c++)
+            if (r[c] > r[best] || (isnan(r[c]) && !isnan(r[best]))) best = c;
+        n += labels[i] >= 0 && best == labels[i];
+    }
+    *correct = n;
+    return DT_OK;
+}
+
+/* ---- deterministic sums ---- */
+
+static double chunk_sum(const float *x, size_t n, int squares) {
+    double a[8] = {0};
+    size_t i = 0;
+    if (squares) {
+        for (; i + 8 <= n; i += 8)
+            for (int k = 0; k < 8; k++) a[k] += (double)x[i + k] * x[i + k];
+        for (int k = 0; i < n; i++, k++) a[k] += (double)x[i] * x[i];
+    } else {
+        for (; i + 8 <= n; i += 8)
+            for (int k = 0; k < 8; k++) a[k] += x[i + k];
+        for (int k = 0; i < n; i++, k++) a[k] += x[i];
+    }
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+static dt_status fixed_sum(const char *fn, float *out, const float *x, size_t n, int squares) {
+    if (!out || (n > 0 && !x)) return dt_error(DT_ERR_INVALID, "cpu %s: NULL pointer", fn);
+    size_t nch = (n + DT_CPU_CHUNK - 1) / DT_CPU_CHUNK;
+    double stackbuf[256], *part = nch <= 256 ? stackbuf : malloc(sizeof(double) * nch);
+    if (!part) return dt_error(DT_ERR_NOMEM, "cpu %s: out of memory for %zu chunks", fn, nch);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t ch = 0; ch < nch; ch++) {
+        size_t i0 = ch * DT_CPU_CHUNK, len = n - i0 < DT_CPU_CHUNK ? n - i0 : DT_CPU_CHUNK;
+        part[ch] = chunk_sum(x + i0, len, squares);
+    }
+    *out = (float)dt_cpu_pairwise(part, nch);
+    if (part != stackbuf) free(part);
+    return DT_OK;
+}
+
+dt_status dt_cpu_sum(float *out, const float *x, size_t n) { return fixed_sum("sum", out, x, n, 0); }
+dt_status dt_cpu_sumsq(float *out, const float *x, size_t n) { return fixed_sum("sumsq", out, x, n, 1); }
+
+/* ---- elementwise ---- */
+
+dt_status dt_cpu_fill(float *x, float value, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(x);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) x[i] = value;
+    return DT_OK;
+}
+
+dt_status dt_cpu_scale(float *x, float alpha, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(x);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) x[i] *= alpha;
+    return DT_OK;
+}
+
+dt_status dt_cpu_axpy(float *y, float alpha, const float *x, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(y && x);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) y[i] += alpha * x[i];
+    return DT_OK;
+}
+
+dt_status dt_cpu_add(float *z, const float *x, const float *y, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(z && x && y);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) z[i] = x[i] + y[i];
+    return DT_OK;
+}
+
+dt_status dt_cpu_mul(float *z, const float *x, const float *y, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(z && x && y);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) z[i] = x[i] * y[i];
+    return DT_OK;
+}
+
+/* ---- casts: round to nearest even, NaN kept quiet, f16 overflow to inf ---- */
+
+static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static inline uint16_t to_bf16(float f) {
+    uint32_t u = f2u(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);   /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline uint16_t to_f16(float f) {
+    uint32_t u = f2u(f), sign = (u >> 16) & 0x8000u;
+    u &= 0x7fffffffu;
+    if (u >= 0x7f800000u)                                       /* inf or NaN */
+        return (uint16_t)(sign | (u > 0x7f800000u ? 0x7e00u | ((u >> 13) & 0x3ffu) : 0x7c00u));
+    if (u >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* >= 65520 rounds to inf */
+    if (u < 0x38800000u) {                                      /* below 2^-14: subnormal or zero */
+        /* value / 2^-24 is exact in float; rint rounds it to nearest even */
+        return (uint16_t)(sign | (uint32_t)rintf(u2f(u) * 16777216.0f));
+    }
+    u += 0xc8000fffu + ((u >> 13) & 1u);                        /* rebias exponent by -112, round */
+    return (uint16_t)(sign | (u >> 13));
+}
+
+static inline float from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        float v = (float)m * (1.0f / 16777216.0f);   /* exact */
+        return u2f(f2u(v) | sign);
+    }
+    if (e == 31) return u2f(sign | 0x7f800000u | (m << 13));
+    return u2f(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+dt_status dt_cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(dst && src);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) dst[i] = to_bf16(src[i]);
+    return DT_OK;
+}
+
+dt_status dt_cpu_bf16_to_f32(float *dst, const uint16_t *src, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(dst && src);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) dst[i] = u2f((uint32_t)src[i] << 16);
+    return DT_OK;
+}
+
+dt_status dt_cpu_f32_to_f16(uint16_t *dst, const float *src, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(dst && src);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) dst[i] = to_f16(src[i]);
+    return DT_OK;
+}
+
+dt_status dt_cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(dst && src);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) dst[i] = from_f16(src[i]);
+    return DT_OK;
+}
+
+/* ---- optimizers (the formulas are in ops.h) ---- */
+
+dt_status dt_cpu_sgd_update(float *p, const float *grad, float *buf, size_t n, const dt_sgd_args *a) {
+    DT_CPU_ARG(a);
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(p && grad && (a->momentum == 0.0f || buf));
+    DT_CPU_ARG(a->lr >= 0.0 && a->momentum >= 0.0 && a->weight_decay >= 0.0);
+    DT_CPU_ARG(!a->nesterov || (a->momentum > 0.0 && a->dampening == 0.0));
+    /* scalars rounded to float once, (1 - dampening) formed in double, as PyTorch does */
+    const float lr = (float)a->lr, mom = (float)a->momentum, damp1 = (float)(1.0 - a->dampening);
+    const float wd = (float)a->weight_decay, gs = (float)a->grad_scale;
+    const int first = a->first_step, nest = a->nesterov;
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float g = gs * grad[i];
+        if (wd != 0.0f) g += wd * p[i];
+        if (mom != 0.0f) {
+            float b = first ? g : mom * buf[i] + damp1 * g;
+            buf[i] = b;
+            g = nest ? g + mom * b : b;
+        }
+        p[i] -= lr * g;
+    }
+    return DT_OK;
+}
+
+dt_status dt_cpu_adamw_update(float *p, const float *grad, float *m, float *v, size_t n, const dt_adamw_args *a) {
+    DT_CPU_ARG(a);
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(p && grad && m && v);
+    DT_CPU_ARG(a->step >= 1);
+    DT_CPU_ARG(a->lr >= 0.0 && a->eps >= 0.0 && a->weight_decay >= 0.0);
+    DT_CPU_ARG(a->beta1 >= 0.0 && a->beta1 < 1.0 && a->beta2 >= 0.0 && a->beta2 < 1.0);
+    /* Scalars in double as PyTorch computes them in Python, then rounded once. */
+    const double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
+    const float step_size = (float)(a->lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    const float decay = (float)(1.0 - a->lr * a->weight_decay);
+    const float b1 = (float)a->beta1, b2 = (float)a->beta2, omb1 = (float)(1.0 - a->beta1), omb2 = (float)(1.0 - a->beta2);
+    const float eps = (float)a->eps, gs = (float)a->grad_scale;
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 4)
+    for (size_t i = 0; i < n; i++) {
+        float g = gs * grad[i];
+        float pi = p[i] * decay;
+        float mi = b1 * m[i] + omb1 * g;
+        float vi = b2 * v[i] + omb2 * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+    }
+    return DT_OK;
+}
+
+/* ---- random fills: element i depends on (seed, stream, offset + i) only ---- */
+
+dt_status dt_cpu_rng_uniform(float *x, size_t n, float lo, float hi, uint64_t seed, uint64_t stream, uint64_t offset) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(x);
+    DT_CPU_ARG(lo <= hi);
+    const float w = hi - lo;
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)
+    for (size_t i = 0; i < n; i++) x[i] = lo + w * dt_rng_unit(seed, stream, offset + i);
+    return DT_OK;
+}
+
+dt_status dt_cpu_rng_normal(float *x, size_t n, float mean, float std, uint64_t seed, uint64_t stream, uint64_t offset) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(x);
+    DT_CPU_ARG(std >= 0.0f);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)
+    for (size_t i = 0; i < n; i++) x[i] = mean + std * dt_rng_normal1(seed, stream, offset + i);
+    return DT_OK;
+}

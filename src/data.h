@@ -1,0 +1,141 @@
+/*
+ * data.h: datasets in host memory and the prefetching batch loader.
+ *
+ * A dataset is N samples of float32 features, each of shape (C, H, W) or (D),
+ * already normalised, plus int32 labels in [0, classes). Sources, given as one
+ * spec string (the --data flag):
+ *
+ *   DIR                     IDX files as Fashion-MNIST/MNIST ship them:
+ *                           DIR/train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz],
+ *                           t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz];
+ *                           or NumPy files DIR/x_train.npy, y_train.npy, x_test.npy, y_test.npy
+ *   X,Y[,XTEST,YTEST]       explicit files, each IDX (raw or gzip) or .npy, told apart by
+ *                           their content (gzip magic 1f 8b, "\x93NUMPY"), not their name
+ *   synthetic:N,C,H,W,K[,NTEST[,SEED]]
+ *                           a learnable synthetic set: K class prototypes plus noise,
+ *                           from a counter-based hash (deterministic, no files)
+ *
+ * Normalisation (per channel, the channel being C of (C, H, W), or one channel
+ * for (D)): u8 features are scaled to [0, 1], then (x - mean) / std with the
+ * mean and std of the TRAINING split, computed once in a fixed order with double
+ * accumulation, and the same statistics are applied to the test split. Features
+ * of other types are taken as they are unless options ask otherwise.
+ *
+ * Sizes are 64-bit throughout; a header claiming more data than the file holds
+ * is rejected before anything is allocated.
+ */
+#ifndef DT_DATA_H
+#define DT_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef enum { DT_SPLIT_TRAIN = 0, DT_SPLIT_TEST = 1 } dt_split;
+
+typedef enum {
+    DT_NORM_AUTO = 0, /* u8 features: [0,1] then train mean/std; others: as stored */
+    DT_NORM_NONE,     /* u8 scaled to [0,1], nothing else; others as stored */
+    DT_NORM_TRAIN,    /* every type: (x - train mean) / train std (u8 after scaling) */
+    DT_NORM_GIVEN,    /* (x - mean[c]) / std[c] with the values given in the options */
+} dt_norm_mode;
+
+#define DT_DATA_MAX_CHANNELS 64
+
+typedef struct {
+    dt_norm_mode norm;
+    int          channels;                   /* DT_NORM_GIVEN: number of mean/std values (1 = all) */
+    float        mean[DT_DATA_MAX_CHANNELS];
+    float        std[DT_DATA_MAX_CHANNELS];
+    int          classes;                    /* > 0: labels must lie in [0, classes); 0: from the train split */
+} dt_data_opts;
+
+typedef struct {
+    int64_t n;            /* samples */
+    int     ndim;         /* dimensions of one sample: 1 (D) or 3 (C, H, W) */
+    int64_t shape[3];     /* (C, H, W) or (D) */
+    int64_t sample_size;  /* floats per sample: the product of shape */
+    int     classes;      /* labels lie in [0, classes) */
+    int     channels;     /* normalisation channels: C, or 1 for (D) */
+    float   mean[DT_DATA_MAX_CHANNELS]; /* statistics applied (0 and 1 when none) */
+    float   std[DT_DATA_MAX_CHANNELS];
+} dt_dataset_info;
+
+typedef struct dt_dataset dt_dataset;
+typedef struct dt_loader  dt_loader;
+
+/* ---- datasets ------------------------------------------------------------ */
+/* Default options: DT_NORM_AUTO, classes from the train split. */
+void      dt_data_opts_default(dt_data_opts *o);
+/* Open one split of a spec (see above) with default options. */
+dt_status dt_dataset_open(const char *spec, dt_split split, dt_dataset **out);
+/* The same with options (opts may be NULL). The test split reads the training
+ * features once to get their statistics. */
+dt_status dt_dataset_open_opts(const char *spec, dt_split split, const dt_data_opts *opts, dt_dataset **out);
+/* Both splits, computing the training statistics once (test may be NULL). */
+dt_status dt_dataset_open_pair(const char *spec, const dt_data_opts *opts, dt_dataset **train, dt_dataset **test);
+/* A synthetic dataset: n samples of (c, h, w), `classes` classes; split picks
+ * an independent stream of samples over the same class prototypes. */
+dt_status dt_dataset_synthetic(int64_t n, int c, int h, int w, int classes, uint64_t seed, dt_split split,
+                               dt_dataset **out);
+void      dt_dataset_free(dt_dataset *ds);
+/* Shape, size, classes and statistics. */
+const dt_dataset_info *dt_dataset_get_info(const dt_dataset *ds);
+/* Features (n, sample_size) and labels (n), row-major. */
+const float   *dt_dataset_features(const dt_dataset *ds);
+const int32_t *dt_dataset_labels(const dt_dataset *ds);
+/* What the dataset was read from ("DIR/train-images-idx3-ubyte.gz", "synthetic:..."). */
+const char    *dt_dataset_source(const dt_dataset *ds);
+/* Copy samples idx[0..n) into x (n, sample_size) and y (n); checks every index. */
+dt_status dt_dataset_gather(const dt_dataset *ds, const int64_t *idx, size_t n, float *x, int32_t *y);
+
+/* ---- raw readers (also for tools and tests) ------------------------------ */
+/* The element type of an array read from an IDX or NPY file. */
+typedef enum { DT_DT_U8, DT_DT_I8, DT_DT_I16, DT_DT_I32, DT_DT_I64, DT_DT_F32, DT_DT_F64 } dt_elem_type;
+
+typedef struct {
+    dt_elem_type type;
+    int          ndim;
+    int64_t      dims[8];
+    size_t       count;  /* elements */
+    void        *data;   /* count elements of type, native byte order; free() it */
+} dt_array;
+
+/* Read an IDX file (raw or gzip) or a .npy file (v1/v2/v3, little-endian, C order),
+ * telling them apart by content. */
+dt_status dt_array_read(const char *path, dt_array *out);
+void      dt_array_free(dt_array *a);
+
+/* ---- prefetching loader -------------------------------------------------- */
+/* Host buffer allocation hooks, so the trainer can hand in pinned memory from
+ * the compute layer; NULL uses aligned malloc. */
+typedef struct {
+    int      depth;              /* buffers in flight, >= 2 (default 2: double buffering) */
+    double   timeout_s;          /* next() gives up after this long (default 600) */
+    void  *(*alloc)(void *ctx, size_t bytes);
+    void   (*free)(void *ctx, void *p);
+    void    *alloc_ctx;
+} dt_loader_opts;
+
+/* A loader over ds for batches of up to max_batch samples (opts may be NULL). */
+dt_status dt_loader_init(const dt_dataset *ds, size_t max_batch, dt_loader **out);
+dt_status dt_loader_init_opts(const dt_dataset *ds, size_t max_batch, const dt_loader_opts *opts,
+                              dt_loader **out);
+/* Queue a batch: the indices are copied; the background thread gathers it.
+ * Fails (without blocking) when `depth` batches are already queued or held. */
+dt_status dt_loader_submit(dt_loader *l, const int64_t *idx, size_t n);
+/* The oldest queued batch: x is (n, sample_size), y is (n). Waits for it, and
+ * releases the batch returned by the previous call. Errors of the gathering
+ * thread come back here with their message. */
+dt_status dt_loader_next(dt_loader *l, float **x, int32_t **y, size_t *n);
+/* Release the batch returned by next() early (e.g. once copied to the device). */
+void      dt_loader_release(dt_loader *l);
+/* Seconds next() spent waiting for the thread so far, and batches delivered. */
+double    dt_loader_wait_seconds(const dt_loader *l);
+int64_t   dt_loader_batches(const dt_loader *l);
+void      dt_loader_reset_wait(dt_loader *l);
+/* Stop the thread and free the buffers. */
+void      dt_loader_free(dt_loader *l);
+
+#endif /* DT_DATA_H */

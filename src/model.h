@@ -1,0 +1,149 @@
+/*
+ * model.h: the model spec language, shape inference, the parameter registry
+ * and the forward/backward pass of a whole model.
+ *
+ * A model is written as a whitespace-separated layer list, e.g.
+ *     conv(32,3,pad=1) bn relu maxpool(2) flatten linear(128) relu linear(10)
+ * or a preset name (mlp, cnn), or "@file" / the path of a file holding the
+ * list (lines, '#' comments). Shapes are inferred from the per-sample input
+ * shape of the data.
+ *
+ * Parameters live in one flat contiguous device array in PyTorch parameter
+ * order, gradients in a second one of the same layout: DDP buckets and fused
+ * optimizer updates are then slices of one array. Each parameter is a named
+ * view ("3.weight", shape, offset). BatchNorm running statistics live in a
+ * separate buffer array; num_batches_tracked (int64 in PyTorch) is a host
+ * counter exposed with dtype I64 so the safetensors writer can emit it.
+ */
+#ifndef DT_MODEL_H
+#define DT_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm.h"      /* dt_dtype */
+#include "nn.h"
+#include "ops.h"
+#include "status.h"
+
+/* ---- spec ---------------------------------------------------------------- */
+
+/* A parsed layer list. Shapes and parameter counts are filled by dt_spec_infer. */
+typedef struct {
+    int       n;
+    dt_layer *layers;
+    int64_t   nparams;      /* total parameter elements (after dt_spec_infer) */
+    int       ntensors;     /* number of parameter tensors */
+    size_t    nrecord;      /* floats of a batchnorm statistics record (see below) */
+} dt_spec;
+
+/* The text of a preset ("mlp", "cnn"), or NULL when name is not one. */
+const char *dt_spec_preset(const char *name);
+/* Parse a preset name, "@file", an existing file path, or a layer list. */
+dt_status   dt_spec_parse(const char *spec, dt_spec *out);
+/* Infer shapes and parameter counts for a per-sample input shape ((C,H,W) or (F)). */
+dt_status   dt_spec_infer(dt_spec *s, const dt_shape *input);
+/* Release a parsed spec. */
+void        dt_spec_free(dt_spec *s);
+
+/* ---- model --------------------------------------------------------------- */
+
+typedef struct dt_model dt_model;
+
+typedef enum { DT_LOSS_CE, DT_LOSS_MSE } dt_loss_kind;
+
+typedef struct {
+    dt_loss_kind kind;
+    float        label_smoothing;   /* cross-entropy only, 0 = none */
+} dt_loss;
+
+/* Build a model: parse spec, infer shapes for input, allocate parameters,
+ * gradients, buffers and activations for up to max_batch samples with ops, and
+ * initialise parameters as PyTorch does from (seed, parameter index). */
+dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *ops,
+                         uint64_t seed, int max_batch, dt_model **out);
+/* Release everything the model holds (NULL is fine). */
+void      dt_model_free(dt_model *m);
+
+int             dt_model_nlayers(const dt_model *m);
+const dt_layer *dt_model_layer(const dt_model *m, int i);
+const dt_shape *dt_model_output_shape(const dt_model *m);
+int             dt_model_max_batch(const dt_model *m);
+const dt_ops   *dt_model_ops(const dt_model *m);
+
+/* Flat device arrays: parameters and gradients (nparams floats each, same
+ * layout), float buffers (running_mean/var, nbuffers floats). */
+size_t dt_model_nparams(const dt_model *m);
+float *dt_model_params(dt_model *m);
+float *dt_model_grads(dt_model *m);
+size_t dt_model_nbuffers(const dt_model *m);
+float *dt_model_buffers(dt_model *m);
+
+/* One named tensor of the model's state, in PyTorch state_dict order. */
+typedef struct {
+    const char *name;       /* "0.weight", "1.running_mean", "1.num_batches_tracked" */
+    int         ndim;       /* 0 for the num_batches_tracked scalar */
+    int64_t     shape[4];
+    int64_t     numel;
+    dt_dtype    dtype;      /* DT_F32, or DT_I64 for num_batches_tracked */
+    int         is_param;   /* 1: parameter (has a gradient); 0: buffer */
+    int         param_index;/* index among parameters (is_param), else -1 */
+    int         on_host;    /* 1 for num_batches_tracked (host int64), 0 device */
+    void       *data;       /* device float* view, or host int64_t* */
+    float      *grad;       /* device gradient view (params), else NULL */
+    size_t      offset;     /* floats into params/grads (param) or buffers (buffer) */
+} dt_tensor_info;
+
+/* Number of parameter tensors, and the i-th one (model.parameters() order). */
+int       dt_model_nparam_tensors(const dt_model *m);
+dt_status dt_model_param(dt_model *m, int i, dt_tensor_info *info);
+/* Number of state tensors (parameters and buffers), and the i-th (state_dict order). */
+int       dt_model_nstate(const dt_model *m);
+dt_status dt_model_state(dt_model *m, int i, dt_tensor_info *info);
+/* Find a state tensor by name; DT_ERR_INVALID if absent. */
+dt_status dt_model_state_find(dt_model *m, const char *name, dt_tensor_info *info);
+
+/* Hooks (see the typedefs above). */
+void dt_model_set_bn_sync(dt_model *m, dt_bn_sync_fn fn, void *ctx);
+void dt_model_set_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ctx);
+
+/* Deferred batchnorm running statistics, for world-size invariance. A rank
+ * that runs only its own micro-batches would otherwise update the running
+ * buffers with a subset of them. With a record set, each train forward writes
+ * its batchnorm statistics (per bn layer [sum(C) | sumsq(C) | count], the count
+ * an int64 stored in the bytes of 2 floats: gather records as raw data) into
+ * record (device memory of dt_model_bn_record_size floats) instead of updating
+ * the buffers; the trainer gathers the records of all micro-batches and
+ * replays them in global micro-batch order on every rank, which gives the
+ * buffers (and num_batches_tracked) of a single process bit for bit. */
+size_t    dt_model_bn_record_size(const dt_model *m);     /* 0 when the model has no bn */
+void      dt_model_set_bn_record(dt_model *m, float *record);  /* NULL: update in place (default) */
+dt_status dt_model_bn_replay(dt_model *m, const float *record);
+
+/* Forward pass over x (B, input shape), device memory, B <= max_batch. train
+ * selects batch statistics and dropout; dropout masks are keyed by
+ * (seed, epoch, sample_base + i) for sample i of the batch. *out (optional)
+ * receives the device output (B, output shape), valid until the next forward.
+ * x must stay unchanged until the backward of this forward. */
+dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
+                           uint64_t epoch, int64_t sample_base, const float **out);
+/* Loss of the last forward and backward through the model. target: int32
+ * labels (B) for cross-entropy, float (B, output shape) for MSE, device memory.
+ * The loss is sum over the batch of per-sample losses / normaliser (MSE per
+ * sample is the mean over features, as PyTorch's mean MSELoss when
+ * normaliser = B); the gradient of that value OVERWRITES the grad array.
+ * *loss_out (optional) receives it. */
+dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *target,
+                                 int B, float normaliser, float *loss_out);
+/* Loss only (no backward), e.g. for evaluation; *correct (optional, CE only)
+ * receives the number of samples whose argmax equals the label. */
+dt_status dt_model_loss(dt_model *m, const dt_loss *loss, const void *target, int B,
+                        float normaliser, float *loss_out, int64_t *correct);
+
+/* Write a torchinfo-like table (layer, output shape, parameter count, totals)
+ * into buf (always NUL-terminated); returns the length the full text needs. */
+size_t dt_model_summary(const dt_model *m, char *buf, size_t n);
+/* Same for a spec after dt_spec_infer, without building a model. */
+size_t dt_spec_summary(const dt_spec *s, const dt_shape *input, char *buf, size_t n);
+
+#endif /* DT_MODEL_H */

@@ -1,0 +1,273 @@
+/*
+ * ops.h: the compute interface — one table of kernels per device.
+ *
+ * Everything that touches tensor data goes through a dt_ops table (DESIGN.md rule 1):
+ * the CPU backend (src/cpu/, OpenBLAS + OpenMP) fills it now, the CUDA backend
+ * (src/cuda/) fills the same table later. Layers, models, optimizers and DDP are
+ * written once against these pointers. Like ggml's backend interface, the table is
+ * a struct of function pointers filled with labelled initialisers.
+ *
+ * Conventions (every member):
+ *   - pointers are device pointers (host memory for "cpu"), float32 unless stated;
+ *     integer labels/indices are int32_t; sizes are element counts, never bytes,
+ *     except for the memory functions;
+ *   - every array is dense and row-major; shapes are given in comments, e.g.
+ *     "x is (N, C, H, W)" — the layouts of PyTorch;
+ *   - every kernel returns a dt_status; a bad size or NULL pointer gives
+ *     DT_ERR_INVALID with a message naming the kernel and the argument;
+ *   - scalar results (losses, sums, counts) are written to DEVICE memory, so a GPU
+ *     never stalls; read them back with copy_d2h;
+ *   - "in place" is allowed only where a comment says so;
+ *   - gradient kernels OVERWRITE their outputs (dx, dw, db, ...): the trainer sums
+ *     micro-batch gradients in its own fixed tree (DESIGN.md rule 2), so kernels
+ *     never accumulate into a gradient behind its back;
+ *   - determinism: on a given device, no result depends on the number of threads.
+ *     Every reduction uses a partition fixed by the shape (per sample, per channel,
+ *     or fixed-size chunks) combined in a fixed order, with no atomics.
+ *
+ * Randomness is counter-based (src/rng.h, Philox4x32-10): a random value is a pure
+ * function of (seed, stream, position), so it never depends on the rank, the
+ * micro-batch or the thread that computes it.
+ */
+#ifndef DT_OPS_H
+#define DT_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "status.h"
+
+/* ---- descriptors for convolution and pooling --------------------------------------- */
+
+/* A 2-d convolution (groups = 1, dilation = 1), as torch.nn.Conv2d.
+ *   x is (N, C, H, W), w is (K, C, R, S), bias is (K), y is (N, K, P, Q) with
+ *   P = (H + 2*pad_h - R) / stride_h + 1 and Q = (W + 2*pad_w - S) / stride_w + 1.
+ * Fill the inputs and call dt_conv2d_desc_init() to check them and set P, Q. */
+typedef struct {
+    int N, C, H, W;               /* input */
+    int K, R, S;                  /* output channels, kernel height and width */
+    int stride_h, stride_w;
+    int pad_h, pad_w;
+    int P, Q;                     /* output height and width (set by dt_conv2d_desc_init) */
+} dt_conv2d_desc;
+
+/* A 2-d pooling window (max or average), as torch.nn.MaxPool2d / AvgPool2d
+ * (ceil_mode=False; average counts the padding: count_include_pad=True).
+ *   x is (N, C, H, W), y is (N, C, P, Q), P = (H + 2*pad_h - kh) / stride_h + 1.
+ * PyTorch requires pad <= kernel/2; so do we. */
+typedef struct {
+    int N, C, H, W;
+    int kh, kw;
+    int stride_h, stride_w;
+    int pad_h, pad_w;
+    int P, Q;                     /* set by dt_pool2d_desc_init */
+} dt_pool2d_desc;
+
+/* Check a descriptor and compute P, Q; DT_ERR_INVALID names the bad field. */
+dt_status dt_conv2d_desc_init(dt_conv2d_desc *d);
+dt_status dt_pool2d_desc_init(dt_pool2d_desc *d);
+
+/* ---- optimizer hyper-parameters ----------------------------------------------------- */
+
+/* torch.optim.SGD for one step (PyTorch semantics):
+ *   g = grad_scale*grad + weight_decay*p
+ *   if momentum != 0: buf = first_step ? g : momentum*buf + (1-dampening)*g
+ *                     g = nesterov ? g + momentum*buf : buf
+ *   p -= lr*g */
+typedef struct {
+    double lr, momentum, dampening, weight_decay;   /* doubles, as PyTorch's Python floats */
+    double grad_scale;            /* multiplies the gradient first (1 = none) */
+    int   nesterov;               /* 0 or 1 */
+    int   first_step;             /* 1 on the first step: buf = g (buf may hold garbage) */
+} dt_sgd_args;
+
+/* torch.optim.AdamW for one step (PyTorch semantics, amsgrad=False):
+ *   g = grad_scale*grad;  p *= 1 - lr*weight_decay
+ *   m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g
+ *   p -= lr/(1-beta1^step) * m / (sqrt(v)/sqrt(1-beta2^step) + eps) */
+typedef struct {
+    double  lr, beta1, beta2, eps, weight_decay;    /* doubles, as PyTorch's Python floats */
+    double  grad_scale;           /* multiplies the gradient first (1 = none) */
+    int64_t step;                 /* 1 on the first step */
+} dt_adamw_args;
+
+/* ---- the table ------------------------------------------------------------------------ */
+
+typedef struct dt_ops dt_ops;
+
+struct dt_ops {
+    const char *name;                                              /* "cpu", "cuda" */
+
+    /* -- memory and execution -- */
+    dt_status (*alloc)      (void **p, size_t bytes);              /* device memory, 64-byte aligned; bytes=0 gives NULL */
+    void      (*free)       (void *p);                             /* NULL is fine */
+    dt_status (*zero)       (void *p, size_t bytes);               /* memset 0 */
+    dt_status (*copy_h2d)   (void *dst, const void *src, size_t bytes);
+    dt_status (*copy_d2h)   (void *dst, const void *src, size_t bytes);
+    dt_status (*copy_d2d)   (void *dst, const void *src, size_t bytes);
+    dt_status (*host_alloc) (void **p, size_t bytes);              /* pinned host memory (aligned malloc on cpu) */
+    void      (*host_free)  (void *p);
+    dt_status (*synchronize)(void);                                /* wait for all queued work */
+    dt_status (*set_threads)(int n);                               /* compute threads (OpenMP on cpu); n >= 1 */
+    int       (*threads)    (void);                                /* current compute threads */
+
+    /* -- GEMM (row-major, as cblas with CblasRowMajor) --
+     * C(M,N) = alpha * op(A)(M,K) * op(B)(K,N) + beta * C; op(X) = X or X^T when trans != 0.
+     * A is (M, K) with row stride lda (or (K, M) when transA), B is (K, N) with ldb
+     * (or (N, K) when transB), C is (M, N) with ldc. beta = 0 ignores C's old contents. */
+    dt_status (*sgemm)(int transA, int transB, int M, int N, int K,
+                       float alpha, const float *A, int lda, const float *B, int ldb,
+                       float beta, float *C, int ldc);
+    /* batch independent GEMMs: matrix i uses A + i*strideA, B + i*strideB, C + i*strideC. */
+    dt_status (*sgemm_batched)(int transA, int transB, int M, int N, int K,
+                               float alpha, const float *A, int lda, int64_t strideA,
+                               const float *B, int ldb, int64_t strideB,
+                               float beta, float *C, int ldc, int64_t strideC, int batch);
+
+    /* -- bias -- */
+    dt_status (*bias_add)       (float *y, const float *b, int rows, int cols);         /* y (rows, cols) += b (cols) */
+    dt_status (*bias_relu)      (float *y, const float *b, int rows, int cols);         /* y = relu(y + b), fused */
+    dt_status (*bias_add_nchw)  (float *y, const float *b, int N, int C, int HW);       /* y (N, C, HW) += b (C) */
+    dt_status (*bias_grad)      (float *db, const float *dy, int rows, int cols);       /* db (cols) = column sums of dy (rows, cols) */
+    dt_status (*bias_grad_nchw) (float *db, const float *dy, int N, int C, int HW);     /* db (C) = sum of dy (N, C, HW) over N, HW */
+
+    /* -- activations (y, x, dx, dy all (n); in place allowed: y == x, dx == dy) -- */
+    dt_status (*relu_forward)  (float *y, const float *x, size_t n);
+    dt_status (*relu_backward) (float *dx, const float *dy, const float *y, size_t n);   /* dx = dy * (y > 0); y = the forward OUTPUT */
+    dt_status (*gelu_forward)  (float *y, const float *x, size_t n);                     /* exact: x * Phi(x) with erf, as nn.GELU() */
+    dt_status (*gelu_backward) (float *dx, const float *dy, const float *x, size_t n);   /* x = the forward INPUT */
+    dt_status (*tanh_forward)  (float *y, const float *x, size_t n);
+    dt_status (*tanh_backward) (float *dx, const float *dy, const float *y, size_t n);   /* dx = dy * (1 - y^2); y = OUTPUT */
+
+    /* -- dropout (inverted, as nn.Dropout: kept values are scaled by 1/(1-p)) --
+     * x, y are (rows, cols); row i is the sample with index sample0 + i (its position in
+     * the epoch's global order), and element j of it is kept iff
+     * dt_rng_dropout_keep(seed, stream, epoch, sample0 + i, j, p). stream tells the
+     * dropout layers of one model apart. The mask is recomputed in backward, not stored.
+     * p in [0, 1); in place allowed. */
+    dt_status (*dropout_forward) (float *y, const float *x, int rows, int cols, float p,
+                                  uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0);
+    dt_status (*dropout_backward)(float *dx, const float *dy, int rows, int cols, float p,
+                                  uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0);
+
+    /* -- losses --
+     * Softmax cross-entropy, as nn.CrossEntropyLoss(label_smoothing=ls) with
+     * reduction='sum' divided by `norm` (pass the GLOBAL batch size so micro-batch
+     * losses and gradients add up to the mean over the global batch).
+     *   logits (B, C), labels (B) in [0, C) or < 0 to ignore the row (as ignore_index),
+     *   probs (B, C) receives the softmax (kept for backward), loss (1) receives
+     *   sum_rows(-sum_c target_c * log p_c) / norm with target = (1-ls)*onehot + ls/C.
+     * A label >= C gives DT_ERR_INVALID. */
+    dt_status (*xent_forward) (float *loss, float *probs, const float *logits, const int32_t *labels,
+                               int B, int C, float label_smoothing, float norm);
+    /* dlogits (B, C) = (probs - target) / norm (0 for ignored rows); in place over probs allowed. */
+    dt_status (*xent_backward)(float *dlogits, const float *probs, const int32_t *labels,
+                               int B, int C, float label_smoothing, float norm);
+    /* Mean squared error: loss (1) = sum_i (pred_i - target_i)^2 / norm. */
+    dt_status (*mse_forward)  (float *loss, const float *pred, const float *target, size_t n, float norm);
+    /* dpred (n) = 2 * (pred - target) / norm. */
+    dt_status (*mse_backward) (float *dpred, const float *pred, const float *target, size_t n, float norm);
+
+    /* -- convolution (d from dt_conv2d_desc_init) --
+     * y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, R, S)) + bias (K); bias may be NULL.
+     * relu != 0 applies relu after the bias (fused). */
+    dt_status (*conv2d_forward) (const dt_conv2d_desc *d, float *y, const float *x, const float *w,
+                                 const float *bias, int relu);
+    /* Given dy (N, K, P, Q), x and w of the forward: dx (N, C, H, W), dw (K, C, R, S),
+     * dbias (K). Any of dx, dw, dbias may be NULL to skip it (dx for the first layer). */
+    dt_status (*conv2d_backward)(const dt_conv2d_desc *d, float *dx, float *dw, float *dbias,
+                                 const float *dy, const float *x, const float *w);
+
+    /* -- pooling (d from dt_pool2d_desc_init) --
+     * y (N, C, P, Q); idx (N, C, P, Q) receives the argmax as a flat index into the
+     * (H, W) plane, as PyTorch's return_indices (first maximum wins; NaN propagates). */
+    dt_status (*maxpool2d_forward) (const dt_pool2d_desc *d, float *y, int32_t *idx, const float *x);
+    dt_status (*maxpool2d_backward)(const dt_pool2d_desc *d, float *dx, const float *dy, const int32_t *idx);
+    dt_status (*avgpool2d_forward) (const dt_pool2d_desc *d, float *y, const float *x);
+    dt_status (*avgpool2d_backward)(const dt_pool2d_desc *d, float *dx, const float *dy);
+    /* y (N, C) = mean of x (N, C, HW) over HW; backward spreads dy / HW. */
+    dt_status (*global_avgpool_forward) (float *y, const float *x, int N, int C, int HW);
+    dt_status (*global_avgpool_backward)(float *dx, const float *dy, int N, int C, int HW);
+
+    /* -- batch normalisation over (N, HW) per channel C; x is (N, C, HW) (HW = 1 for
+     * BatchNorm1d on (N, C)). The statistics are plain sums so the DDP layer can
+     * all-reduce them for synchronised batch norm before finalising. --
+     * sum (C) = sum of x, sumsq (C) = sum of x^2 (accumulated in double, rounded once). */
+    dt_status (*bn_stats)   (float *sum, float *sumsq, const float *x, int N, int C, int HW);
+    /* From sums over `count` values per channel: mean (C), invstd (C) = 1/sqrt(var + eps)
+     * with the biased var = sumsq/count - mean^2 (clamped at 0). If running_mean is not
+     * NULL, also running = (1-momentum)*running + momentum*stat with the UNBIASED
+     * variance var*count/(count-1), as PyTorch in training mode. */
+    dt_status (*bn_finalize)(float *mean, float *invstd, const float *sum, const float *sumsq,
+                             int C, int64_t count, float eps,
+                             float *running_mean, float *running_var, float momentum);
+    /* invstd (C) = 1/sqrt(var (C) + eps), for evaluation with the running variance. */
+    dt_status (*bn_invstd)  (float *invstd, const float *var, int C, float eps);
+    /* y = (x - mean) * invstd * gamma + beta per channel; gamma/beta NULL means 1/0
+     * (affine=False); relu != 0 applies relu (fused); in place allowed. */
+    dt_status (*bn_apply)   (float *y, const float *x, const float *mean, const float *invstd,
+                             const float *gamma, const float *beta, int N, int C, int HW, int relu);
+    /* Per-channel sums for backward: sum_dy (C) = sum dy (= dbeta), sum_dy_xhat (C) =
+     * sum dy * (x - mean) * invstd (= dgamma). All-reduce them for sync-BN. */
+    dt_status (*bn_backward_reduce)(float *sum_dy, float *sum_dy_xhat, const float *dy, const float *x,
+                                    const float *mean, const float *invstd, int N, int C, int HW);
+    /* dx = gamma*invstd * (dy - sum_dy/count - xhat * sum_dy_xhat/count) (training mode;
+     * count = the number of values per channel behind the statistics, all ranks for sync-BN).
+     * gamma NULL means 1. */
+    dt_status (*bn_backward_dx)(float *dx, const float *dy, const float *x, const float *mean,
+                                const float *invstd, const float *gamma, const float *sum_dy,
+                                const float *sum_dy_xhat, int N, int C, int HW, int64_t count);
+
+    /* -- layer normalisation over the last dim, as nn.LayerNorm(cols) --
+     * x, y (rows, cols), gamma/beta (cols) (NULL = no affine), mean/rstd (rows) saved. */
+    dt_status (*layernorm_forward) (float *y, float *mean, float *rstd, const float *x,
+                                    const float *gamma, const float *beta, int rows, int cols, float eps);
+    /* dx (rows, cols); dgamma, dbeta (cols) (NULL to skip; sums over rows in fixed chunks). */
+    dt_status (*layernorm_backward)(float *dx, float *dgamma, float *dbeta, const float *dy,
+                                    const float *x, const float *mean, const float *rstd,
+                                    const float *gamma, int rows, int cols);
+
+    /* -- reductions and metrics -- */
+    dt_status (*argmax_rows)  (int32_t *idx, const float *x, int rows, int cols);        /* idx (rows): first max of each row */
+    /* correct (1) = number of rows whose argmax equals labels (B) (ignored labels < 0 never count). */
+    dt_status (*count_correct)(int32_t *correct, const float *logits, const int32_t *labels, int B, int C);
+    /* out (1) = sum / sum of squares of x (n): double accumulation over fixed 4096-element
+     * chunks combined pairwise, rounded once; bitwise independent of threads. */
+    dt_status (*sum)   (float *out, const float *x, size_t n);
+    dt_status (*sumsq) (float *out, const float *x, size_t n);
+
+    /* -- elementwise vector ops (n elements; in place allowed) -- */
+    dt_status (*fill) (float *x, float value, size_t n);
+    dt_status (*scale)(float *x, float alpha, size_t n);                                 /* x *= alpha */
+    dt_status (*axpy) (float *y, float alpha, const float *x, size_t n);                 /* y += alpha * x */
+    dt_status (*add)  (float *z, const float *x, const float *y, size_t n);              /* z = x + y */
+    dt_status (*mul)  (float *z, const float *x, const float *y, size_t n);              /* z = x * y */
+
+    /* -- casts (round to nearest even; NaN stays NaN, overflow to f16 gives inf) -- */
+    dt_status (*f32_to_bf16)(uint16_t *dst, const float *src, size_t n);
+    dt_status (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
+    dt_status (*f32_to_f16) (uint16_t *dst, const float *src, size_t n);
+    dt_status (*f16_to_f32) (float *dst, const uint16_t *src, size_t n);
+
+    /* -- fused optimizer steps over a flat parameter array (n) --
+     * sgd: buf (n) is the momentum buffer (unused when momentum == 0, may be NULL). */
+    dt_status (*sgd_update)  (float *p, const float *grad, float *buf, size_t n, const dt_sgd_args *a);
+    /* adamw: m, v (n) are the moment buffers (zero them before step 1). */
+    dt_status (*adamw_update)(float *p, const float *grad, float *m, float *v, size_t n, const dt_adamw_args *a);
+
+    /* -- random fills, reproducible whatever the threads: element i is a function of
+     * (seed, stream, offset + i) only (see dt_rng_unit / dt_rng_normal1 in rng.h), so
+     * filling a tensor in pieces gives the same values as filling it at once. -- */
+    dt_status (*rng_uniform)(float *x, size_t n, float lo, float hi, uint64_t seed, uint64_t stream, uint64_t offset);
+    dt_status (*rng_normal) (float *x, size_t n, float mean, float std, uint64_t seed, uint64_t stream, uint64_t offset);
+};
+
+/* ---- backends ------------------------------------------------------------------------- */
+
+/* The CPU backend (OpenBLAS kept single-threaded + OpenMP over fixed blocks). */
+const dt_ops *dt_ops_cpu(void);
+
+/* The backend named `device` ("cpu", "cuda"); NULL with a message for dt_last_error()
+ * when the name is unknown or the backend was not built. */
+const dt_ops *dt_ops_get(const char *device);
+
+#endif /* DT_OPS_H */

@@ -1,0 +1,99 @@
+/*
+ * safetensors.h: safetensors files (the format of Hugging Face's safetensors),
+ * and the atomic file writer that checkpoints also use.
+ *
+ * Layout: 8 bytes little-endian u64 N, then N bytes of JSON
+ *   {"__metadata__": {"key": "value", ...},
+ *    "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
+ * padded with spaces so the data starts at a multiple of 8, then the data:
+ * each tensor's bytes, row-major, little-endian, at [begin, end) relative to
+ * the start of the data. dtrain writes tensors in the order given, back to
+ * back, so a model.safetensors loads in PyTorch and back.
+ *
+ * The reader trusts nothing: header length against file size, a strict JSON
+ * parser for exactly this subset, known dtypes, dtype size x shape = byte
+ * length, offsets in range, contiguous and non-overlapping, no duplicate names
+ * or keys, UTF-8 strings. A file failing any check is rejected with one line
+ * naming the file and the problem, and nothing of it is returned.
+ *
+ * Files are written atomically (DESIGN.md rule 4): a temporary file in the
+ * same directory, fsync, rename over the target, fsync of the directory; a
+ * crash at any point leaves either the old file or the new one.
+ */
+#ifndef DT_SAFETENSORS_H
+#define DT_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef enum {
+    DT_ST_BOOL, DT_ST_U8, DT_ST_I8, DT_ST_I16, DT_ST_U16, DT_ST_F16, DT_ST_BF16,
+    DT_ST_I32, DT_ST_U32, DT_ST_F32, DT_ST_F64, DT_ST_I64, DT_ST_U64,
+} dt_st_dtype;
+
+#define DT_ST_MAX_DIMS 8
+
+/* A tensor of a file: pointers stay valid until dt_st_close. */
+typedef struct {
+    const char *name;
+    dt_st_dtype dtype;
+    int         ndim;
+    int64_t     shape[DT_ST_MAX_DIMS];
+    const void *data;    /* nbytes, aligned for the dtype (64 bytes when the offset allows) */
+    size_t      nbytes;
+} dt_st_tensor;
+
+typedef struct dt_st_writer dt_st_writer;
+typedef struct dt_st_file   dt_st_file;
+typedef struct dt_afile     dt_afile;
+
+/* ---- dtypes --------------------------------------------------------------- */
+const char *dt_st_dtype_name(dt_st_dtype t);              /* "F32", ... */
+size_t      dt_st_dtype_size(dt_st_dtype t);              /* bytes per element */
+dt_status   dt_st_dtype_parse(const char *name, dt_st_dtype *out);
+
+/* ---- writer --------------------------------------------------------------- */
+dt_status dt_st_writer_init(dt_st_writer **out);
+/* Add a tensor; data is NOT copied and must stay valid until write. */
+dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_st_dtype dtype, int ndim, const int64_t *shape,
+                           const void *data);
+/* Set (or replace) a metadata string. */
+dt_status dt_st_writer_set_meta(dt_st_writer *w, const char *key, const char *value);
+/* Write the file atomically. */
+dt_status dt_st_writer_write(dt_st_writer *w, const char *path);
+/* The header (8-byte length + padded JSON) the writer would emit, for tests. */
+dt_status dt_st_writer_header(dt_st_writer *w, char **buf, size_t *len);
+void      dt_st_writer_free(dt_st_writer *w);
+
+/* ---- reader --------------------------------------------------------------- */
+/* Read and validate a file (into memory). */
+dt_status dt_st_open(const char *path, dt_st_file **out);
+/* Validate a file image already in memory (copied); label names it in errors. */
+dt_status dt_st_open_mem(const void *buf, size_t len, const char *label, dt_st_file **out);
+void      dt_st_close(dt_st_file *f);
+/* Tensors in header order. */
+size_t    dt_st_count(const dt_st_file *f);
+dt_status dt_st_tensor_at(const dt_st_file *f, size_t i, dt_st_tensor *out);
+/* By name; DT_ERR_INVALID naming the file and tensor when absent. */
+dt_status dt_st_find(const dt_st_file *f, const char *name, dt_st_tensor *out);
+/* Metadata: the value of key, or NULL; or the i-th pair. */
+const char *dt_st_meta_get(const dt_st_file *f, const char *key);
+size_t    dt_st_meta_count(const dt_st_file *f);
+void      dt_st_meta_at(const dt_st_file *f, size_t i, const char **key, const char **value);
+/* The whole data region (after the header), e.g. for a checksum. */
+void      dt_st_data_region(const dt_st_file *f, const void **data, size_t *len);
+
+/* ---- atomic files --------------------------------------------------------- */
+/* Start writing path: the bytes go to a temporary file beside it. */
+dt_status dt_afile_open(const char *path, dt_afile **out);
+dt_status dt_afile_write(dt_afile *f, const void *buf, size_t n);
+/* fsync, rename over path, fsync the directory; frees f whatever happens. */
+dt_status dt_afile_commit(dt_afile *f);
+/* Drop the temporary file; path is left as it was. */
+void      dt_afile_abort(dt_afile *f);
+/* The whole of it in one call. */
+dt_status dt_write_atomic(const char *path, const void *buf, size_t n);
+
+#endif /* DT_SAFETENSORS_H */

@@ -1,0 +1,374 @@
+/*
+ * dtbench.c: collective benchmark in the manner of nccl-tests.
+ *
+ *   dtrun -n 2 dtbench -b 4K -e 256M -f 4 -o all_reduce
+ *   mpirun -np 2 dtbench --backend mpi
+ *
+ * Every rank joins the job from its launch environment (dt_comm_init with defaults),
+ * then for each size from -b to -e (times -f each step) runs the collective -w times to
+ * warm up, checks one result, and times -n iterations. Rank 0 prints one row per size:
+ *
+ *   size (B)  count  type  redop  time (us)  algbw (GB/s)  busbw (GB/s)  #wrong
+ *
+ * with nccl-tests' definitions: size is the whole array (for all_gather the gathered
+ * output, for reduce_scatter the input), algbw = size / time / 1e9, busbw = algbw times
+ * 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for broadcast
+ * and reduce. time is the largest over ranks of each rank's mean time per iteration.
+ *
+ * Inputs are small integers (1..4, or 1..2 for prod), so every reduction is exact in
+ * every type and the expected result is known bit for bit; #wrong is the number of
+ * wrong elements summed over ranks, and dtbench exits 1 when it is not 0.
+ */
+#include "config.h"
+#include "comm.h"
+#include "reduce.h"
+#include "status.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char usage[] =
+"usage: dtbench [options]   (run under dtrun, mpirun or srun)\n"
+"\n"
+"  -b SIZE        smallest size in bytes (default 4K; suffixes K, M, G = 2^10, 2^20, 2^30)\n"
+"  -e SIZE        largest size in bytes (default 64M)\n"
+"  -f FACTOR      size multiplier between rows (default 2)\n"
+"  -o OP          all_reduce | broadcast | all_gather | reduce_scatter | reduce\n"
+"                 (default all_reduce)\n"
+"  -d TYPE        f32 | f64 | f16 | bf16 | i32 | i64 | u8 (default f32)\n"
+"  -r REDOP       sum | avg | min | max | prod (default sum)\n"
+"  -w N           warm-up iterations per size (default 5)\n"
+"  -n N           timed iterations per size (default 20)\n"
+"  -c 0|1         check results (default 1)\n"
+"  --backend B    tcp | mpi | nccl (default: $DT_BACKEND or tcp)\n"
+"  -h, --help     this text\n"
+"\n"
+"Rank 0 prints size (B), count, type, redop, time (us), algbw (GB/s), busbw (GB/s) and\n"
+"#wrong per size (nccl-tests definitions; time = max over ranks of the mean per\n"
+"iteration). Exit status: 0, 1 if any result was wrong or the job failed, 2 for a bad\n"
+"command line.\n";
+
+typedef enum { OP_ALLREDUCE, OP_BROADCAST, OP_ALLGATHER, OP_REDUCE_SCATTER, OP_REDUCE } bench_op;
+static const char *const op_names[] = { "all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce" };
+
+typedef struct {
+    size_t    minb, maxb;
+    double    factor;
+    bench_op  op;
+    dt_dtype  dtype;
+    dt_redop  redop;
+    int       warmup, iters, check;
+    const char *backend;
+} bench_cfg;
+
+static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die_usage(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("dtbench: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(" (see dtbench --help)\n", stderr);
+    va_end(ap);
+    exit(2);
+}
+
+/* "4096", "4K", "1M", "256MiB", "2G": bytes (K = 1024). */
+static size_t parse_size(const char *flag, const char *v) {
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (end == v || errno || v[0] == '-') die_usage("%s: expected a size like 4096, 4K, 1M or 256M, got '%s'", flag, v);
+    unsigned long long mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1ull << 10; end++; break;
+    case 'm': case 'M': mul = 1ull << 20; end++; break;
+    case 'g': case 'G': mul = 1ull << 30; end++; break;
+    default: break;
+    }
+    if (mul > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0)) end += strlen(end);
+    else if (mul == 1 && strcmp(end, "B") == 0) end++;
+    if (*end || x == 0 || x > (1ull << 40) / mul)
+        die_usage("%s: expected a size like 4096, 4K, 1M or 256M (1 B .. 1 TiB), got '%s'", flag, v);
+    return (size_t)(x * mul);
+}
+
+static long parse_int(const char *flag, const char *v, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || errno || x < lo || x > hi)
+        die_usage("%s: expected an integer in %ld..%ld, got '%s'", flag, lo, hi, v);
+    return x;
+}
+
+static void parse_args(int argc, char **argv, bench_cfg *cfg) {
+    *cfg = (bench_cfg){ .minb = 4096, .maxb = 64u << 20, .factor = 2, .op = OP_ALLREDUCE,
+                        .dtype = DT_F32, .redop = DT_SUM, .warmup = 5, .iters = 20, .check = 1 };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(usage, stdout); exit(0); }
+        const char *v = NULL;
+        const char *eq = strchr(a, '=');
+        char flag[32];
+        if (!strncmp(a, "--", 2) && eq && (size_t)(eq - a) < sizeof flag) {
+            memcpy(flag, a, (size_t)(eq - a));
+            flag[eq - a] = '\0';
+            v = eq + 1;
+            a = flag;
+        }
+        static const char *const known[] = { "-b", "-e", "-f", "-o", "-d", "-r", "-w", "-n", "-c", "--backend" };
+        int ok = 0;
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) ok |= !strcmp(a, known[k]);
+        if (!ok) die_usage("unknown option '%s'", argv[i]);
+        if (!v) {
+            if (i + 1 >= argc) die_usage("%s: missing value", a);
+            v = argv[++i];
+        }
+        if (!strcmp(a, "-b")) cfg->minb = parse_size(a, v);
+        else if (!strcmp(a, "-e")) cfg->maxb = parse_size(a, v);
+        else if (!strcmp(a, "-f")) {
+            char *end;
+            errno = 0;
+            double f = strtod(v, &end);
+            if (!*v || *end || errno || !(f > 1 && f <= 1024)) die_usage("-f: expected a factor > 1, got '%s'", v);
+            cfg->factor = f;
+        } else if (!strcmp(a, "-o")) {
+            static const char *const alias[] = { "allreduce", "bcast", "allgather", "reducescatter", "reduce" };
+            int found = -1;
+            for (int k = 0; k < 5; k++) if (!strcmp(v, op_names[k]) || !strcmp(v, alias[k])) found = k;
+            if (found < 0) die_usage("-o: expected all_reduce, broadcast, all_gather, reduce_scatter or reduce, got '%s'", v);
+            cfg->op = (bench_op)found;
+        } else if (!strcmp(a, "-d")) {
+            if (dt_dtype_parse(v, &cfg->dtype) != DT_OK)
+                die_usage("-d: expected f32, f64, f16, bf16, i32, i64 or u8, got '%s'", v);
+        } else if (!strcmp(a, "-r")) {
+            if (dt_redop_parse(v, &cfg->redop) != DT_OK)
+                die_usage("-r: expected sum, avg, min, max or prod, got '%s'", v);
+        } else if (!strcmp(a, "-w")) cfg->warmup = (int)parse_int(a, v, 0, 1000000);
+        else if (!strcmp(a, "-n")) cfg->iters = (int)parse_int(a, v, 1, 1000000);
+        else if (!strcmp(a, "-c")) cfg->check = (int)parse_int(a, v, 0, 1);
+        else if (!strcmp(a, "--backend")) {
+            if (strcmp(v, "tcp") && strcmp(v, "mpi") && strcmp(v, "nccl"))
+                die_usage("--backend: expected tcp, mpi or nccl, got '%s'", v);
+            cfg->backend = v;
+        }
+    }
+    if (cfg->minb > cfg->maxb) die_usage("-b %zu is larger than -e %zu", cfg->minb, cfg->maxb);
+}
+
+/* ---- inputs and expected results ------------------------------------------------------ */
+
+/* The input of rank r at element i: a small integer, so every reduction is exact. */
+static int input_value(const bench_cfg *cfg, int r, size_t i) {
+    if (cfg->redop == DT_PROD) return 1 + (int)((i + (size_t)r) % 2);
+    return 1 + (int)((i * 7 + (size_t)r * 3) % 4);
+}
+
+static void store(dt_dtype t, void *buf, size_t i, double v) {
+    switch (t) {
+    case DT_F32:  ((float *)buf)[i] = (float)v; break;
+    case DT_F64:  ((double *)buf)[i] = v; break;
+    case DT_F16:  ((uint16_t *)buf)[i] = dt_f32_to_f16((float)v); break;
+    case DT_BF16: ((uint16_t *)buf)[i] = dt_f32_to_bf16((float)v); break;
+    case DT_I32:  ((int32_t *)buf)[i] = (int32_t)v; break;
+    case DT_I64:  ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DT_U8:   ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
+    }
+}
+
+/* buf[0..n) = inputs of rank r for elements first..first+n. */
+static void fill(const bench_cfg *cfg, void *buf, size_t first, size_t n, int r) {
+    for (size_t i = 0; i < n; i++) store(cfg->dtype, buf, i, input_value(cfg, r, first + i));
+}
+
+/* exp[0..n) = the reduction over all ranks of elements first..first+n: folded with the
+ * library's own elementwise operator (exact here, whatever the order), then avg's divide. */
+static dt_status expected_reduction(const bench_cfg *cfg, void *exp, size_t first, size_t n, int size) {
+    size_t es = dt_dtype_size(cfg->dtype);
+    void *tmp = malloc(n * es + 1);
+    if (!tmp) return dt_error(DT_ERR_NOMEM, "out of memory (%zu bytes)", n * es);
+    fill(cfg, exp, first, n, 0);
+    for (int r = 1; r < size; r++) {
+        fill(cfg, tmp, first, n, r);
+        dt_reduce_apply(cfg->redop, cfg->dtype, exp, exp, tmp, n);
+    }
+    if (cfg->redop == DT_AVG) dt_reduce_divide(cfg->dtype, exp, n, size);
+    free(tmp);
+    return DT_OK;
+}
+
+/* Elements of got[0..n) that differ bitwise from want. */
+static int64_t count_wrong(const void *got, const void *want, size_t n, size_t es) {
+    int64_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp((const char *)got + i * es, (const char *)want + i * es, es) != 0) bad++;
+    return bad;
+}
+
+/* ---- one size ------------------------------------------------------------------------- */
+
+typedef struct {
+    void  *send, *recv, *want;   /* max bytes each */
+} bench_bufs;
+
+/* Element counts of one row: total (the whole array) and per rank (all_gather's send,
+ * reduce_scatter's recv). */
+static void row_counts(const bench_cfg *cfg, size_t bytes, int n, size_t *total, size_t *per) {
+    size_t es = dt_dtype_size(cfg->dtype);
+    *total = bytes / es;
+    *per = *total;
+    if (cfg->op == OP_ALLGATHER || cfg->op == OP_REDUCE_SCATTER) {
+        *per = *total / (size_t)n;
+        *total = *per * (size_t)n;
+    }
+}
+
+static dt_status run_once(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, size_t total, size_t per) {
+    switch (cfg->op) {
+    case OP_ALLREDUCE:      return dt_allreduce(c, b->send, b->recv, total, cfg->dtype, cfg->redop);
+    case OP_BROADCAST:      return dt_broadcast(c, b->recv, total, cfg->dtype, 0);
+    case OP_ALLGATHER:      return dt_allgather(c, b->send, b->recv, per, cfg->dtype);
+    case OP_REDUCE_SCATTER: return dt_reduce_scatter(c, b->send, b->recv, per, cfg->dtype, cfg->redop);
+    case OP_REDUCE:         return dt_reduce(c, b->send, b->recv, total, cfg->dtype, cfg->redop, 0);
+    }
+    return dt_error(DT_ERR_INTERNAL, "unknown operation");
+}
+
+/* Set the inputs, run once, and count this rank's wrong elements. */
+static dt_status check_once(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, size_t total, size_t per,
+                            int64_t *wrong) {
+    int r = dt_comm_rank(c), n = dt_comm_size(c);
+    size_t es = dt_dtype_size(cfg->dtype);
+    *wrong = 0;
+    switch (cfg->op) {
+    case OP_ALLREDUCE:
+    case OP_REDUCE:
+        fill(cfg, b->send, 0, total, r);
+        memset(b->recv, 0xA5, total * es);
+        DT_TRY(run_once(c, cfg, b, total, per));
+        if (cfg->op == OP_REDUCE && r != 0) return DT_OK;
+        DT_TRY(expected_reduction(cfg, b->want, 0, total, n));
+        *wrong = count_wrong(b->recv, b->want, total, es);
+        return DT_OK;
+    case OP_BROADCAST:
+        /* root holds rank 0's inputs; the others start with something else */
+        if (r == 0) fill(cfg, b->recv, 0, total, 0);
+        else memset(b->recv, 0xA5, total * es);
+        DT_TRY(run_once(c, cfg, b, total, per));
+        fill(cfg, b->want, 0, total, 0);
+        *wrong = count_wrong(b->recv, b->want, total, es);
+        return DT_OK;
+    case OP_ALLGATHER:
+        /* rank r contributes elements [r*per, (r+1)*per) of the array */
+        fill(cfg, b->send, (size_t)r * per, per, r);
+        memset(b->recv, 0xA5, total * es);
+        DT_TRY(run_once(c, cfg, b, total, per));
+        for (int q = 0; q < n; q++) fill(cfg, (char *)b->want + (size_t)q * per * es, (size_t)q * per, per, q);
+        *wrong = count_wrong(b->recv, b->want, total, es);
+        return DT_OK;
+    case OP_REDUCE_SCATTER:
+        fill(cfg, b->send, 0, total, r);
+        memset(b->recv, 0xA5, per * es);
+        DT_TRY(run_once(c, cfg, b, total, per));
+        DT_TRY(expected_reduction(cfg, b->want, (size_t)r * per, per, n));
+        *wrong = count_wrong(b->recv, b->want, per, es);
+        return DT_OK;
+    }
+    return DT_OK;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double bus_factor(bench_op op, int n) {
+    switch (op) {
+    case OP_ALLREDUCE:      return 2.0 * (n - 1) / n;
+    case OP_ALLGATHER:
+    case OP_REDUCE_SCATTER: return (double)(n - 1) / n;
+    case OP_BROADCAST:
+    case OP_REDUCE:         return 1.0;
+    }
+    return 1.0;
+}
+
+static dt_status bench(dt_comm *c, const bench_cfg *cfg, int64_t *wrong_total) {
+    int r = dt_comm_rank(c), n = dt_comm_size(c);
+    size_t es = dt_dtype_size(cfg->dtype);
+    bench_bufs b = { malloc(cfg->maxb + es), malloc(cfg->maxb + es), malloc(cfg->maxb + es) };
+    if (!b.send || !b.recv || !b.want) {
+        free(b.send); free(b.recv); free(b.want);
+        return dt_error(DT_ERR_NOMEM, "rank %d: cannot allocate 3 x %zu bytes", r, cfg->maxb);
+    }
+    int is_red = cfg->op == OP_ALLREDUCE || cfg->op == OP_REDUCE_SCATTER || cfg->op == OP_REDUCE;
+    if (r == 0) {
+        printf("# dtbench: %s, backend %s, %d ranks, %s%s%s, warmup %d, iters %d, check %d\n",
+               op_names[cfg->op], dt_comm_backend(c), n, dt_dtype_name(cfg->dtype),
+               is_red ? " " : "", is_red ? dt_redop_name(cfg->redop) : "", cfg->warmup, cfg->iters, cfg->check);
+        printf("# %12s %12s %6s %6s %12s %12s %12s %8s\n",
+               "size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+        fflush(stdout);
+    }
+    dt_status s = DT_OK;
+    *wrong_total = 0;
+    for (double bytes_d = (double)cfg->minb; s == DT_OK && bytes_d <= (double)cfg->maxb * (1 + 1e-12);
+         bytes_d *= cfg->factor) {
+        size_t total, per;
+        row_counts(cfg, (size_t)bytes_d, n, &total, &per);
+        size_t bytes = total * es;
+        /* warm up (and let every rank arrive), then one checked run, then the timed loop */
+        for (int w = 0; w < cfg->warmup && s == DT_OK; w++) s = run_once(c, cfg, &b, total, per);
+        int64_t wrong = 0;
+        if (s == DT_OK && cfg->check) s = check_once(c, cfg, &b, total, per, &wrong);
+        if (s == DT_OK) s = dt_barrier(c);
+        double t0 = now_s();
+        for (int it = 0; it < cfg->iters && s == DT_OK; it++) s = run_once(c, cfg, &b, total, per);
+        double mean = (now_s() - t0) / cfg->iters;
+        /* time: the slowest rank's mean; #wrong: summed over ranks */
+        double tmax = mean;
+        if (s == DT_OK) s = dt_allreduce(c, &mean, &tmax, 1, DT_F64, DT_MAX);
+        if (s == DT_OK) s = dt_allreduce(c, &wrong, &wrong, 1, DT_I64, DT_SUM);
+        if (s != DT_OK) break;
+        *wrong_total += wrong;
+        if (r == 0) {
+            double algbw = tmax > 0 ? (double)bytes / tmax / 1e9 : 0;
+            char wr[24];
+            if (cfg->check) snprintf(wr, sizeof wr, "%lld", (long long)wrong);
+            else snprintf(wr, sizeof wr, "N/A");
+            printf("  %12zu %12zu %6s %6s %12.2f %12.3f %12.3f %8s\n", bytes, total, dt_dtype_name(cfg->dtype),
+                   is_red ? dt_redop_name(cfg->redop) : "-", tmax * 1e6, algbw, algbw * bus_factor(cfg->op, n), wr);
+            fflush(stdout);
+        }
+    }
+    free(b.send); free(b.recv); free(b.want);
+    return s;
+}
+
+int main(int argc, char **argv) {
+    bench_cfg cfg;
+    parse_args(argc, argv, &cfg);
+    dt_comm_opts opts;
+    dt_comm_opts_default(&opts);
+    opts.backend = cfg.backend;
+    dt_comm *c = NULL;
+    dt_status s = dt_comm_init(&opts, &c);
+    if (s != DT_OK) {
+        fprintf(stderr, "dtbench: %s\n", dt_last_error());
+        return dt_exit_code(s);
+    }
+    int64_t wrong = 0;
+    s = bench(c, &cfg, &wrong);
+    if (s != DT_OK) fprintf(stderr, "dtbench: %s\n", dt_last_error());
+    else if (wrong > 0 && dt_comm_rank(c) == 0)
+        fprintf(stderr, "dtbench: %lld wrong elements\n", (long long)wrong);
+    dt_comm_destroy(c);
+    if (s != DT_OK) return dt_exit_code(s) ? dt_exit_code(s) : 1;
+    return wrong > 0 ? 1 : 0;
+}

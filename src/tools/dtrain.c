@@ -1,0 +1,408 @@
+/*
+ * dtrain.c: the dtrain program — train, eval and model.
+ *
+ *   dtrain train [flags]                         train (default: cnn on Fashion-MNIST)
+ *   dtrain eval --model SPEC --weights FILE      test accuracy and loss of saved weights
+ *   dtrain model --model SPEC                    layers, output shapes, parameter counts
+ *
+ * Run it as it is for one process, or under `dtrun -n N`, `mpirun -np N` or
+ * `srun`: the launch environment says the rank and world size, and then every
+ * rank trains its share of each global batch (train.h). Only rank 0 prints,
+ * writes metrics and saves weights; errors name the rank that speaks.
+ * Exit codes: 0 success, 2 bad input (flags, files, specs), 1 runtime failure.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "checkpoint.h"
+#include "comm.h"
+#include "data.h"
+#include "launch_env.h"
+#include "model.h"
+#include "ops.h"
+#include "train.h"
+
+static const char *usage_main =
+    "usage: dtrain COMMAND [flags]\n"
+    "\n"
+    "Commands:\n"
+    "  train    train a model (default: the cnn preset on Fashion-MNIST)\n"
+    "  eval     evaluate saved weights on the test split\n"
+    "  model    print a model's layers, output shapes and parameter counts\n"
+    "\n"
+    "Run `dtrain COMMAND --help` for the flags of a command. For several processes,\n"
+    "start it under a launcher: `dtrun -n 2 dtrain train`, `mpirun -np 2 dtrain train`\n"
+    "or `srun dtrain train`.\n";
+
+static const char *usage_train =
+    "usage: dtrain train [flags]\n"
+    "\n"
+    "Model and data:\n"
+    "  --model SPEC          preset (mlp, cnn), a layer list such as\n"
+    "                        'flatten linear(256) relu linear(10)', or @FILE  [cnn]\n"
+    "  --data SPEC           a directory of IDX files (Fashion-MNIST layout) or of\n"
+    "                        x_train.npy/y_train.npy/x_test.npy/y_test.npy; X,Y[,XT,YT]\n"
+    "                        files; or synthetic:N,C,H,W,CLASSES  [/usr/share/datasets/fashion-mnist]\n"
+    "Schedule:\n"
+    "  --epochs N            passes over the training set  [15]\n"
+    "  --steps N             stop after N optimizer steps (0: no limit)  [0]\n"
+    "  --batch N             global batch, the same for every world size  [256]\n"
+    "  --micro-batches S     split of the global batch; a multiple of the world\n"
+    "                        size (default: the world size). Runs with the same S\n"
+    "                        give bitwise the same weights on 1, 2, 4, ... processes\n"
+    "Optimizer:\n"
+    "  --optim sgd|adamw     [sgd]\n"
+    "  --lr X                base learning rate  [0.05]\n"
+    "  --momentum X          SGD momentum  [0.9]\n"
+    "  --nesterov            Nesterov momentum\n"
+    "  --weight-decay X      [5e-4]\n"
+    "  --schedule cosine|constant|step   [cosine]\n"
+    "  --step-size N --gamma X           step schedule: multiply by X every N steps\n"
+    "  --warmup N            linear warm-up steps  [0]\n"
+    "  --clip X              clip gradients to global norm X (0: off)  [0]\n"
+    "  --label-smoothing X   [0]\n"
+    "Run:\n"
+    "  --seed N              initialisation, data order and dropout  [0]\n"
+    "  --threads N           compute threads per process (default: $OMP_NUM_THREADS,\n"
+    "                        else cores / local processes)\n"
+    "  --no-eval             skip the test-set evaluation after each epoch\n"
+    "  --save FILE           write the final weights (safetensors, PyTorch names)\n"
+    "  --metrics FILE        append JSON lines: one per logged step and per epoch\n"
+    "  --log-every N         progress every N steps  [50]\n"
+    "  --quiet               no progress, only the final summary\n"
+    "Distributed (when started by a launcher):\n"
+    "  --backend tcp|mpi     communication backend  [$DT_BACKEND or tcp]\n"
+    "  --init-method URL     env:// (default), tcp://HOST:PORT or file:///PATH\n";
+
+static const char *usage_eval =
+    "usage: dtrain eval --model SPEC --weights FILE [--data SPEC] [--threads N]\n"
+    "\n"
+    "Prints the test accuracy and mean loss of FILE (safetensors written by\n"
+    "dtrain train --save) for the model SPEC on the test split of --data.\n";
+
+static const char *usage_model =
+    "usage: dtrain model --model SPEC [--input C,H,W | --data SPEC]\n"
+    "\n"
+    "Prints each layer with its output shape and parameter count, and the totals.\n"
+    "The input shape comes from --input (default 1,28,28) or from the data.\n";
+
+/* ---- shared setup ----------------------------------------------------------------- */
+
+static int g_rank = 0, g_world = 1;
+
+static int fail(dt_status s) {
+    const char *msg = dt_last_error();
+    if (g_world > 1 && strncmp(msg, "rank ", 5) != 0)
+        fprintf(stderr, "dtrain: rank %d: %s\n", g_rank, msg);
+    else
+        fprintf(stderr, "dtrain: %s\n", msg);
+    return dt_exit_code(s);
+}
+
+static dt_status setup_threads(const dt_ops *ops, int64_t threads, int local_size) {
+    if (threads <= 0) {
+        const char *e = getenv("OMP_NUM_THREADS");
+        if (e && *e) DT_TRY(dt_arg_int("OMP_NUM_THREADS", e, 1, 4096, 0, &threads));
+    }
+    if (threads <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cores / (local_size > 0 ? local_size : 1);
+        if (threads < 1) threads = 1;
+    }
+    return ops->set_threads((int)threads);
+}
+
+/* A communicator when a launcher started several processes (or a backend was
+ * asked for); NULL for a plain single-process run. */
+static dt_status setup_comm(const char *backend, const char *init, dt_comm **out, int *local_size) {
+    dt_launch_env env;
+    *out = NULL;
+    *local_size = 1;
+    DT_TRY(dt_launch_env_discover(&env));
+    if (env.size <= 1 && !backend && !init) return DT_OK;
+    dt_comm_opts o;
+    dt_comm_opts_default(&o);
+    o.backend = backend;
+    o.init_method = init;
+    DT_TRY(dt_comm_init(&o, out));
+    g_rank = dt_comm_rank(*out);
+    g_world = dt_comm_size(*out);
+    *local_size = dt_comm_local_size(*out);
+    return DT_OK;
+}
+
+/* ---- progress and metrics ------------------------------------------------------------ */
+
+typedef struct {
+    FILE *metrics;
+    int   quiet, tty, rank0;
+    int   bar_open;
+} reporter;
+
+static void fmt_duration(double s, char *buf, size_t n) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, n, "%lds", t);
+}
+
+static void on_event(void *ctx, const dt_train_event *ev) {
+    reporter *r = ctx;
+    if (!r->rank0) return;
+    if (ev->kind == DT_EV_START) {
+        if (!r->quiet)
+            printf("dtrain: %lld parameters, %lld training samples, %lld steps per epoch, %d process%s, %d micro-batch%s\n",
+                   (long long)ev->nparams, (long long)ev->train_samples, (long long)ev->steps_per_epoch,
+                   ev->world_size, ev->world_size == 1 ? "" : "es", ev->micro_batches,
+                   ev->micro_batches == 1 ? "" : "es");
+        fflush(stdout);
+        return;
+    }
+    if (r->metrics) {
+        if (ev->kind == DT_EV_STEP)
+            fprintf(r->metrics,
+                    "{\"event\":\"step\",\"epoch\":%d,\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
+                    "\"samples_per_s\":%.1f,\"elapsed_s\":%.3f,\"world_size\":%d}\n",
+                    ev->epoch, (long long)ev->step, ev->loss, ev->lr, ev->grad_norm, ev->samples_per_s,
+                    ev->elapsed_s, ev->world_size);
+        else if (ev->evaluated)
+            fprintf(r->metrics,
+                    "{\"event\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.9g,\"test_loss\":%.9g,"
+                    "\"test_acc\":%.6f,\"samples_per_s\":%.1f,\"elapsed_s\":%.3f,\"world_size\":%d}\n",
+                    ev->epoch, (long long)ev->step, ev->loss, ev->test_loss, ev->test_acc, ev->samples_per_s,
+                    ev->elapsed_s, ev->world_size);
+        else
+            fprintf(r->metrics,
+                    "{\"event\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.9g,\"samples_per_s\":%.1f,"
+                    "\"elapsed_s\":%.3f,\"world_size\":%d}\n",
+                    ev->epoch, (long long)ev->step, ev->loss, ev->samples_per_s, ev->elapsed_s, ev->world_size);
+        fflush(r->metrics);
+    }
+    if (r->quiet) return;
+    char eta[32];
+    fmt_duration(ev->eta_s, eta, sizeof eta);
+    if (ev->kind == DT_EV_STEP) {
+        if (r->tty) {
+            int width = 24;
+            int filled = ev->steps_per_epoch ? (int)(width * ev->step_in_epoch / ev->steps_per_epoch) : width;
+            char bar[32];
+            for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
+            bar[width] = '\0';
+            fprintf(stderr, "\r\033[Kepoch %d/%d [%s] step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
+                    ev->epoch + 1, ev->epochs, bar, (long long)ev->step, (long long)ev->total_steps, ev->loss,
+                    ev->samples_per_s, eta);
+            fflush(stderr);
+            r->bar_open = 1;
+        } else {
+            printf("epoch %d/%d  step %lld/%lld  loss %.4f  lr %.4g  %.0f samples/s  ETA %s\n", ev->epoch + 1,
+                   ev->epochs, (long long)ev->step, (long long)ev->total_steps, ev->loss, ev->lr, ev->samples_per_s,
+                   eta);
+            fflush(stdout);
+        }
+        return;
+    }
+    if (r->bar_open) {
+        fputs("\r\033[K", stderr);
+        r->bar_open = 0;
+    }
+    if (ev->evaluated)
+        printf("epoch %d/%d  train loss %.4f  test loss %.4f  test accuracy %.4f  %.0f samples/s\n", ev->epoch + 1,
+               ev->epochs, ev->loss, ev->test_loss, ev->test_acc, ev->samples_per_s);
+    else
+        printf("epoch %d/%d  train loss %.4f  %.0f samples/s\n", ev->epoch + 1, ev->epochs, ev->loss,
+               ev->samples_per_s);
+    fflush(stdout);
+}
+
+/* ---- train ----------------------------------------------------------------------------- */
+
+static int cmd_train(int argc, char **argv) {
+    dt_train_opts o;
+    dt_train_opts_default(&o);
+    const char *save = NULL, *metrics = NULL, *backend = NULL, *init = NULL;
+    int64_t threads = 0, iv;
+    int quiet = 0, wd_given = 0, lr_given = 0;
+    dt_status s = DT_OK;
+    for (int i = 1; i < argc && s == DT_OK;) {
+        const char *v = NULL;
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage_train, stdout); return 0; }
+        if (!strcmp(a, "--nesterov")) { o.nesterov = 1; i++; continue; }
+        if (!strcmp(a, "--no-eval")) { o.eval = 0; i++; continue; }
+        if (!strcmp(a, "--quiet")) { quiet = 1; i++; continue; }
+#define FLAG(name) dt_arg_match(name, argc, argv, &i, &v, &s)
+        if (FLAG("--model")) o.model = v;
+        else if (FLAG("--data")) o.data = v;
+        else if (FLAG("--epochs")) { if (s == DT_OK && (s = dt_arg_int("--epochs", v, 1, 1000000, 0, &iv)) == DT_OK) o.epochs = (int)iv; }
+        else if (FLAG("--steps")) { if (s == DT_OK) s = dt_arg_int("--steps", v, 0, INT64_MAX, 0, &o.max_steps); }
+        else if (FLAG("--batch")) { if (s == DT_OK) s = dt_arg_int("--batch", v, 1, 1 << 24, 0, &o.batch); }
+        else if (FLAG("--micro-batches")) { if (s == DT_OK) s = dt_arg_int("--micro-batches", v, 1, 1 << 20, 0, &o.micro_batches); }
+        else if (FLAG("--optim")) o.optim = v;
+        else if (FLAG("--lr")) { lr_given = 1; if (s == DT_OK) s = dt_arg_double("--lr", v, 1e-30, 1e6, &o.lr); }
+        else if (FLAG("--momentum")) { if (s == DT_OK) s = dt_arg_double("--momentum", v, 0, 1, &o.momentum); }
+        else if (FLAG("--weight-decay")) { wd_given = 1; if (s == DT_OK) s = dt_arg_double("--weight-decay", v, 0, 1e6, &o.weight_decay); }
+        else if (FLAG("--schedule")) o.schedule = v;
+        else if (FLAG("--step-size")) { if (s == DT_OK) s = dt_arg_int("--step-size", v, 1, INT64_MAX, 0, &o.step_size); }
+        else if (FLAG("--gamma")) { if (s == DT_OK) s = dt_arg_double("--gamma", v, 0, 1e6, &o.gamma); }
+        else if (FLAG("--warmup")) { if (s == DT_OK) s = dt_arg_int("--warmup", v, 0, INT64_MAX, 0, &o.warmup); }
+        else if (FLAG("--clip")) { if (s == DT_OK) s = dt_arg_double("--clip", v, 0, 1e30, &o.clip); }
+        else if (FLAG("--label-smoothing")) { if (s == DT_OK) s = dt_arg_double("--label-smoothing", v, 0, 0.999999, &o.label_smoothing); }
+        else if (FLAG("--seed")) { if (s == DT_OK && (s = dt_arg_int("--seed", v, 0, INT64_MAX, 0, &iv)) == DT_OK) o.seed = (uint64_t)iv; }
+        else if (FLAG("--threads")) { if (s == DT_OK) s = dt_arg_int("--threads", v, 1, 4096, 0, &threads); }
+        else if (FLAG("--save")) save = v;
+        else if (FLAG("--metrics")) metrics = v;
+        else if (FLAG("--log-every")) { if (s == DT_OK && (s = dt_arg_int("--log-every", v, 0, 1 << 30, 0, &iv)) == DT_OK) o.log_every = (int)iv; }
+        else if (FLAG("--backend")) backend = v;
+        else if (FLAG("--init-method")) init = v;
+        else s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain train --help)", a);
+#undef FLAG
+    }
+    if (s != DT_OK) return fail(s);
+    if (!strcmp(o.optim, "adamw")) {
+        if (!wd_given) o.weight_decay = 0.01;
+        if (!lr_given) o.lr = 1e-3;
+    }
+
+    const dt_ops *ops = dt_ops_cpu();
+    dt_comm *comm = NULL;
+    int local_size = 1;
+    if ((s = setup_comm(backend, init, &comm, &local_size)) != DT_OK) return fail(s);
+    if ((s = setup_threads(ops, threads, local_size)) != DT_OK) goto out;
+
+    reporter rep = {.quiet = quiet, .tty = isatty(STDERR_FILENO), .rank0 = g_rank == 0};
+    if (g_rank == 0 && metrics) {
+        rep.metrics = fopen(metrics, "a");
+        if (!rep.metrics) {
+            s = dt_error(DT_ERR_IO, "--metrics: cannot open %s for appending", metrics);
+            goto out;
+        }
+    }
+    o.on_event = on_event;
+    o.event_ctx = &rep;
+    dt_model *model = NULL;
+    dt_train_result res;
+    s = dt_train_run(&o, ops, comm, &model, &res);
+    if (s == DT_OK && g_rank == 0) {
+        if (res.evaluated)
+            printf("dtrain: done: %lld steps in %.1f s, %.0f samples/s, final loss %.4f, test accuracy %.4f\n",
+                   (long long)res.steps, res.seconds, res.samples_per_s, res.final_loss, res.test_acc);
+        else
+            printf("dtrain: done: %lld steps in %.1f s, %.0f samples/s, final loss %.4f\n", (long long)res.steps,
+                   res.seconds, res.samples_per_s, res.final_loss);
+        if (save) {
+            const char *meta[] = {"format", "pt", "model", o.model};
+            s = dt_model_save(model, save, meta, 2);
+            if (s == DT_OK) printf("dtrain: saved weights to %s\n", save);
+        }
+    }
+    if (rep.metrics) fclose(rep.metrics);
+    dt_model_free(model);
+out:
+    if (s != DT_OK) {
+        int rc = fail(s);
+        dt_comm_destroy(comm);
+        return rc;
+    }
+    dt_comm_destroy(comm);
+    return 0;
+}
+
+/* ---- eval and model -------------------------------------------------------------------- */
+
+static int cmd_eval(int argc, char **argv) {
+    const char *spec = NULL, *weights = NULL, *data = "/usr/share/datasets/fashion-mnist";
+    int64_t threads = 0;
+    dt_status s = DT_OK;
+    for (int i = 1; i < argc && s == DT_OK;) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage_eval, stdout); return 0; }
+        if (dt_arg_match("--model", argc, argv, &i, &v, &s)) spec = v;
+        else if (dt_arg_match("--weights", argc, argv, &i, &v, &s)) weights = v;
+        else if (dt_arg_match("--data", argc, argv, &i, &v, &s)) data = v;
+        else if (dt_arg_match("--threads", argc, argv, &i, &v, &s)) { if (s == DT_OK) s = dt_arg_int("--threads", v, 1, 4096, 0, &threads); }
+        else s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain eval --help)", argv[i]);
+    }
+    if (s == DT_OK && !spec) s = dt_error(DT_ERR_INVALID, "--model: required (a preset, a layer list or @FILE)");
+    if (s == DT_OK && !weights) s = dt_error(DT_ERR_INVALID, "--weights: required (a .safetensors file)");
+    if (s != DT_OK) return fail(s);
+    const dt_ops *ops = dt_ops_cpu();
+    dt_dataset *test = NULL;
+    dt_model *m = NULL;
+    double loss = 0, acc = 0;
+    s = setup_threads(ops, threads, 1);
+    if (s == DT_OK && (s = dt_dataset_open(data, DT_SPLIT_TEST, &test)) == DT_ERR_IO) s = DT_ERR_INVALID;
+    if (s == DT_OK) {
+        const dt_dataset_info *info = dt_dataset_get_info(test);
+        dt_shape shape = {.ndim = info->ndim};
+        for (int i = 0; i < info->ndim; i++) shape.d[i] = info->shape[i];
+        s = dt_model_build(spec, &shape, ops, 0, 500, &m);
+    }
+    if (s == DT_OK && (s = dt_model_load(m, weights)) == DT_ERR_IO) s = DT_ERR_INVALID;
+    if (s == DT_OK) s = dt_evaluate(m, test, NULL, &loss, &acc);
+    if (s == DT_OK)
+        printf("test accuracy %.4f  test loss %.4f  (%lld samples, %s)\n", acc, loss,
+               (long long)dt_dataset_get_info(test)->n, weights);
+    dt_model_free(m);
+    dt_dataset_free(test);
+    return s == DT_OK ? 0 : fail(s);
+}
+
+static int cmd_model(int argc, char **argv) {
+    const char *spec = NULL, *data = NULL, *input = "1,28,28";
+    dt_status s = DT_OK;
+    for (int i = 1; i < argc && s == DT_OK;) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage_model, stdout); return 0; }
+        if (dt_arg_match("--model", argc, argv, &i, &v, &s)) spec = v;
+        else if (dt_arg_match("--data", argc, argv, &i, &v, &s)) data = v;
+        else if (dt_arg_match("--input", argc, argv, &i, &v, &s)) input = v;
+        else s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain model --help)", argv[i]);
+    }
+    if (s == DT_OK && !spec) s = dt_error(DT_ERR_INVALID, "--model: required (a preset, a layer list or @FILE)");
+    if (s != DT_OK) return fail(s);
+    dt_shape shape = {0};
+    if (data) {
+        dt_dataset *ds = NULL;
+        if ((s = dt_dataset_open(data, DT_SPLIT_TEST, &ds)) != DT_OK) return fail(s);
+        const dt_dataset_info *info = dt_dataset_get_info(ds);
+        shape.ndim = info->ndim;
+        for (int i = 0; i < info->ndim; i++) shape.d[i] = info->shape[i];
+        dt_dataset_free(ds);
+    } else {
+        char buf[64], *save = NULL;
+        snprintf(buf, sizeof buf, "%s", input);
+        for (char *tok = strtok_r(buf, ",", &save); tok && s == DT_OK; tok = strtok_r(NULL, ",", &save)) {
+            if (shape.ndim == 3) { s = dt_error(DT_ERR_INVALID, "--input: expected C,H,W or F, got '%s'", input); break; }
+            s = dt_arg_int("--input", tok, 1, INT64_C(1) << 31, 0, &shape.d[shape.ndim++]);
+        }
+        if (s == DT_OK && shape.ndim != 1 && shape.ndim != 3)
+            s = dt_error(DT_ERR_INVALID, "--input: expected C,H,W or F, got '%s'", input);
+        if (s != DT_OK) return fail(s);
+    }
+    dt_spec sp;
+    if ((s = dt_spec_parse(spec, &sp)) != DT_OK) return fail(s);
+    if ((s = dt_spec_infer(&sp, &shape)) != DT_OK) { dt_spec_free(&sp); return fail(s); }
+    size_t need = dt_spec_summary(&sp, &shape, NULL, 0);
+    char *text = malloc(need + 1);
+    if (!text) { dt_spec_free(&sp); return fail(dt_error(DT_ERR_NOMEM, "out of memory")); }
+    dt_spec_summary(&sp, &shape, text, need + 1);
+    fputs(text, stdout);
+    free(text);
+    dt_spec_free(&sp);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        fputs(usage_main, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "model")) return cmd_model(argc - 1, argv + 1);
+    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval or model; see dtrain --help)\n", argv[1]);
+    return 2;
+}

@@ -1,0 +1,470 @@
+/*
+ * train.c: the training loop shared by every device and transport (see train.h).
+ *
+ * One step, on rank r of W with S micro-batches of b = B/S samples:
+ *   1. the loader thread has gathered this rank's k = S/W micro-batches
+ *      (k*b samples, micro-batch after micro-batch) into host memory;
+ *   2. for each local micro-batch: forward, then backward of (sum of its
+ *      losses)/B, which overwrites the model's gradient array; the k gradients
+ *      are summed pairwise with a binary counter (acc[l] holds a finished
+ *      subtree of 2^l micro-batches, combined left + right);
+ *   3. the all-reduce sums the per-rank subtrees across ranks in the same tree
+ *      (the tcp backend pairs (0,1),(2,3) first, then (01,23), ...), so the
+ *      gradient is the mean over the global batch with the same bits for every
+ *      power-of-two W dividing S;
+ *   4. optional clipping by the global norm, then the optimizer step at the
+ *      scheduled learning rate.
+ * Micro-batch losses are all-gathered and summed in micro-batch order, so the
+ * reported loss is also the same for every world size.
+ */
+#include "train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "data.h"
+#include "model.h"
+#include "optim.h"
+#include "sampler.h"
+
+#define DT_DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+
+void dt_train_opts_default(dt_train_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->model = "cnn";
+    o->data = DT_DEFAULT_DATA;
+    o->epochs = 15;
+    o->batch = 256;
+    o->optim = "sgd";
+    o->lr = 0.05;
+    o->momentum = 0.9;
+    o->weight_decay = 5e-4;
+    o->schedule = "cosine";
+    o->gamma = 0.1;
+    o->eval = 1;
+    o->log_every = 50;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- pairwise accumulation of micro-batch gradients ------------------------------ */
+
+/* A binary counter of partial sums: after pushing gradients g_0 .. g_{k-1},
+ * acc[l] holds the sum of a complete subtree of 2^l consecutive micro-batches.
+ * For k a power of two the final sum is acc[log2 k], the same tree a reduction
+ * across ranks continues. */
+typedef struct {
+    const dt_ops *ops;
+    size_t  n;           /* floats per gradient */
+    int     levels;      /* allocated slots */
+    float **acc;
+    int64_t pushed;
+} grad_tree;
+
+static dt_status tree_init(grad_tree *t, const dt_ops *ops, size_t n, int64_t k) {
+    memset(t, 0, sizeof *t);
+    t->ops = ops;
+    t->n = n;
+    int levels = 1;
+    while ((INT64_C(1) << (levels - 1)) < k) levels++;
+    t->levels = levels;
+    t->acc = calloc((size_t)levels, sizeof *t->acc);
+    if (!t->acc) return dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
+    if (k == 1) return DT_OK;  /* one micro-batch: the model's gradient array is the sum */
+    for (int l = 0; l < levels; l++)
+        DT_TRY(ops->alloc((void **)&t->acc[l], n * sizeof(float)));
+    return DT_OK;
+}
+
+static void tree_free(grad_tree *t) {
+    if (t->acc)
+        for (int l = 0; l < t->levels; l++) t->ops->free(t->acc[l]);
+    free(t->acc);
+    memset(t, 0, sizeof *t);
+}
+
+/* Push gradient g (the model's gradient array, about to be overwritten).
+ * Leaf i closes T subtrees, T = the trailing ones of i: the new subtree of
+ * 2^T leaves is acc[T-1] + (... + (acc[0] + g)), built in the free slot acc[T]. */
+static dt_status tree_push(grad_tree *t, const float *g) {
+    int64_t i = t->pushed++;
+    if ((i & 1) == 0) return t->ops->copy_d2d(t->acc[0], g, t->n * sizeof(float));
+    int T = 0;
+    while ((i >> T) & 1) T++;
+    DT_TRY(t->ops->add(t->acc[T], t->acc[0], g, t->n));
+    for (int l = 1; l < T; l++) DT_TRY(t->ops->add(t->acc[T], t->acc[l], t->acc[T], t->n));
+    return DT_OK;
+}
+
+/* Write the sum of everything pushed into out (the model's gradient array).
+ * Complete subtrees are combined from the largest (leftmost) down. */
+static dt_status tree_finish(grad_tree *t, float *out) {
+    int64_t k = t->pushed;
+    t->pushed = 0;
+    if (k <= 1) return DT_OK;  /* out already holds the only gradient */
+    int started = 0;
+    /* bit l of k set means acc[l] (or for l = 0, the parked leaf) is a finished subtree */
+    for (int l = t->levels - 1; l >= 0; l--) {
+        if (!((k >> l) & 1)) continue;
+        const float *part = t->acc[l];
+        if (!started) {
+            DT_TRY(t->ops->copy_d2d(out, part, t->n * sizeof(float)));
+            started = 1;
+        } else {
+            DT_TRY(t->ops->add(out, out, part, t->n));
+        }
+    }
+    return DT_OK;
+}
+
+/* ---- evaluation -------------------------------------------------------------------- */
+
+dt_status dt_evaluate(dt_model *m, const dt_dataset *test, dt_comm *comm, double *loss, double *acc) {
+    const dt_ops *ops = dt_model_ops(m);
+    const dt_dataset_info *info = dt_dataset_get_info(test);
+    int W = comm ? dt_comm_size(comm) : 1, r = comm ? dt_comm_rank(comm) : 0;
+    int64_t lo = info->n * r / W, hi = info->n * (r + 1) / W;
+    int maxb = dt_model_max_batch(m);
+    size_t ss = (size_t)info->sample_size;
+    const float *X = dt_dataset_features(test);
+    const int32_t *Y = dt_dataset_labels(test);
+    float *dx = NULL;
+    int32_t *dy = NULL;
+    dt_status s = ops->alloc((void **)&dx, (size_t)maxb * ss * sizeof(float));
+    if (s == DT_OK) s = ops->alloc((void **)&dy, (size_t)maxb * sizeof(int32_t));
+    double sums[2] = {0.0, 0.0};  /* loss sum, correct count */
+    dt_loss lf = {.kind = DT_LOSS_CE, .label_smoothing = 0.0f};
+    for (int64_t i = lo; s == DT_OK && i < hi; i += maxb) {
+        int b = (int)((hi - i) < maxb ? (hi - i) : maxb);
+        s = ops->copy_h2d(dx, X + (size_t)i * ss, (size_t)b * ss * sizeof(float));
+        if (s == DT_OK) s = ops->copy_h2d(dy, Y + i, (size_t)b * sizeof(int32_t));
+        if (s == DT_OK) s = dt_model_forward(m, dx, b, 0, 0, i, NULL);
+        float l = 0.0f;
+        int64_t correct = 0;
+        if (s == DT_OK) s = dt_model_loss(m, &lf, dy, b, 1.0f, &l, &correct);
+        sums[0] += l;
+        sums[1] += (double)correct;
+    }
+    ops->free(dx);
+    ops->free(dy);
+    if (s != DT_OK) return s;
+    if (comm && W > 1) DT_TRY(dt_allreduce(comm, sums, sums, 2, DT_F64, DT_SUM));
+    if (loss) *loss = info->n ? sums[0] / (double)info->n : 0.0;
+    if (acc) *acc = info->n ? sums[1] / (double)info->n : 0.0;
+    return DT_OK;
+}
+
+/* ---- the loop ------------------------------------------------------------------------ */
+
+typedef struct {
+    const dt_train_opts *o;
+    const dt_ops *ops;
+    dt_comm *comm;
+    int rank, world;
+    dt_dataset *train, *test;
+    dt_sampler *sampler;
+    dt_loader *loader;
+    dt_model *model;
+    dt_optim *optim;
+    dt_schedule sched;
+    grad_tree tree;
+    int64_t S, k, b, first_micro;   /* micro-batches, local micro-batches, micro size, first local */
+    int64_t *idx;                    /* this rank's sample indices of one step (k*b) */
+    float *dx;                       /* device batch (k*b, sample) */
+    int32_t *dy;                     /* device labels (k*b) */
+    float *losses, *all_losses;      /* k local / S global micro-batch losses */
+    int64_t spe, total;              /* steps per epoch, total steps */
+    int64_t queued;                  /* steps submitted to the loader */
+    double t_data, t_compute, t_comm;
+} trainer;
+
+static dt_status check_opts(const dt_train_opts *o) {
+    if (o->epochs < 1 && o->max_steps < 1)
+        return dt_error(DT_ERR_INVALID, "--epochs: expected at least 1, got %d", o->epochs);
+    if (o->batch < 1) return dt_error(DT_ERR_INVALID, "--batch: expected a positive global batch, got %lld",
+                                      (long long)o->batch);
+    if (o->micro_batches < 0)
+        return dt_error(DT_ERR_INVALID, "--micro-batches: expected a positive count, got %lld",
+                        (long long)o->micro_batches);
+    if (!(o->lr > 0.0) || !isfinite(o->lr))
+        return dt_error(DT_ERR_INVALID, "--lr: expected a positive learning rate, got %g", o->lr);
+    if (o->weight_decay < 0.0) return dt_error(DT_ERR_INVALID, "--weight-decay: expected >= 0, got %g", o->weight_decay);
+    if (o->clip < 0.0) return dt_error(DT_ERR_INVALID, "--clip: expected >= 0, got %g", o->clip);
+    if (o->label_smoothing < 0.0 || o->label_smoothing >= 1.0)
+        return dt_error(DT_ERR_INVALID, "--label-smoothing: expected a value in [0, 1), got %g", o->label_smoothing);
+    if (o->warmup < 0) return dt_error(DT_ERR_INVALID, "--warmup: expected >= 0, got %lld", (long long)o->warmup);
+    return DT_OK;
+}
+
+static dt_status make_optim(trainer *t) {
+    const dt_train_opts *o = t->o;
+    dt_optim_config cfg;
+    if (strcmp(o->optim, "sgd") == 0) {
+        cfg = dt_optim_sgd_defaults((float)o->lr);
+        cfg.momentum = (float)o->momentum;
+        cfg.nesterov = o->nesterov;
+        cfg.weight_decay = (float)o->weight_decay;
+    } else if (strcmp(o->optim, "adamw") == 0) {
+        cfg = dt_optim_adamw_defaults((float)o->lr);
+        cfg.weight_decay = (float)o->weight_decay;
+    } else {
+        return dt_error(DT_ERR_INVALID, "--optim: expected sgd or adamw, got '%s'", o->optim);
+    }
+    DT_TRY(dt_optim_init(&cfg, t->ops, dt_model_nparams(t->model), &t->optim));
+    memset(&t->sched, 0, sizeof t->sched);
+    t->sched.base_lr = (float)o->lr;
+    t->sched.warmup_steps = o->warmup;
+    t->sched.total_steps = t->total;
+    t->sched.gamma = (float)o->gamma;
+    t->sched.step_size = o->step_size > 0 ? o->step_size : (t->spe > 0 ? t->spe : 1);
+    if (strcmp(o->schedule, "cosine") == 0) t->sched.kind = DT_SCHED_COSINE;
+    else if (strcmp(o->schedule, "constant") == 0) t->sched.kind = DT_SCHED_CONSTANT;
+    else if (strcmp(o->schedule, "step") == 0) t->sched.kind = DT_SCHED_STEP;
+    else return dt_error(DT_ERR_INVALID, "--schedule: expected cosine, constant or step, got '%s'", o->schedule);
+    return dt_schedule_check(&t->sched);
+}
+
+/* Queue the sample indices of global step g (epoch g / spe) with the loader. */
+static dt_status queue_step(trainer *t, int64_t g) {
+    int64_t epoch = g / t->spe, step = g % t->spe;
+    size_t n = 0;
+    DT_TRY(dt_sampler_rank_indices(t->sampler, epoch, step, t->world, t->rank, t->idx, &n));
+    return dt_loader_submit(t->loader, t->idx, n);
+}
+
+/* Parameters start equal on every rank: rank 0's are broadcast (with the same
+ * seed they already are; the broadcast makes it a guarantee, as DDP does). */
+static dt_status sync_start(trainer *t) {
+    if (t->world == 1) return DT_OK;
+    DT_TRY(dt_broadcast(t->comm, dt_model_params(t->model), dt_model_nparams(t->model), DT_F32, 0));
+    if (dt_model_nbuffers(t->model) > 0)
+        DT_TRY(dt_broadcast(t->comm, dt_model_buffers(t->model), dt_model_nbuffers(t->model), DT_F32, 0));
+    return DT_OK;
+}
+
+/* One optimizer step on global step g; *loss receives the global mean loss. */
+static dt_status train_step(trainer *t, int64_t g, double *loss, double *lr_out, double *norm_out) {
+    const dt_ops *ops = t->ops;
+    const dt_dataset_info *info = dt_dataset_get_info(t->train);
+    size_t ss = (size_t)info->sample_size;
+    int64_t epoch = g / t->spe, step = g % t->spe;
+    dt_loss lf = {.kind = DT_LOSS_CE, .label_smoothing = (float)t->o->label_smoothing};
+
+    double t0 = now_s();
+    float *hx;
+    int32_t *hy;
+    size_t n;
+    DT_TRY(dt_loader_next(t->loader, &hx, &hy, &n));
+    if ((int64_t)n != t->k * t->b)
+        return dt_error(DT_ERR_INTERNAL, "loader returned %zu samples, expected %lld", n, (long long)(t->k * t->b));
+    double t1 = now_s();
+    DT_TRY(ops->copy_h2d(t->dx, hx, n * ss * sizeof(float)));
+    DT_TRY(ops->copy_h2d(t->dy, hy, n * sizeof(int32_t)));
+    dt_loader_release(t->loader);
+    /* keep the loader one step ahead */
+    if (t->queued < t->total) DT_TRY(queue_step(t, t->queued++));
+
+    float *grads = dt_model_grads(t->model);
+    for (int64_t i = 0; i < t->k; i++) {
+        int64_t micro = t->first_micro + i;
+        int64_t sample_base = step * t->o->batch + micro * t->b;
+        DT_TRY(dt_model_forward(t->model, t->dx + (size_t)(i * t->b) * ss, (int)t->b, 1,
+                                (uint64_t)epoch, sample_base, NULL));
+        float l = 0.0f;
+        DT_TRY(dt_model_loss_backward(t->model, &lf, t->dy + i * t->b, (int)t->b, (float)t->o->batch, &l));
+        t->losses[i] = l;
+        if (t->k > 1) DT_TRY(tree_push(&t->tree, grads));
+    }
+    DT_TRY(tree_finish(&t->tree, grads));
+    DT_TRY(ops->synchronize());
+    double t2 = now_s();
+
+    if (t->world > 1) {
+        DT_TRY(dt_allreduce(t->comm, grads, grads, dt_model_nparams(t->model), DT_F32, DT_SUM));
+        DT_TRY(dt_allgather(t->comm, t->losses, t->all_losses, (size_t)t->k, DT_F32));
+    } else {
+        memcpy(t->all_losses, t->losses, (size_t)t->k * sizeof(float));
+    }
+    double t3 = now_s();
+
+    float norm = 0.0f;
+    if (t->o->clip > 0.0 || norm_out)
+        DT_TRY(dt_clip_grad_norm(ops, grads, dt_model_nparams(t->model), (float)t->o->clip, &norm));
+    float lr = dt_schedule_lr(&t->sched, g);
+    DT_TRY(dt_optim_step(t->optim, dt_model_params(t->model), grads, lr, 1.0f));
+    DT_TRY(ops->synchronize());
+    double t4 = now_s();
+
+    double sum = 0.0;
+    for (int64_t i = 0; i < t->S; i++) sum += (double)t->all_losses[i];
+    *loss = sum;
+    *lr_out = lr;
+    if (norm_out) *norm_out = norm;
+    t->t_data += t1 - t0;
+    t->t_compute += (t2 - t1) + (t4 - t3);
+    t->t_comm += t3 - t2;
+    return DT_OK;
+}
+
+static void emit(trainer *t, dt_train_event *ev) {
+    ev->t_data = t->t_data;
+    ev->t_compute = t->t_compute;
+    ev->t_comm = t->t_comm;
+    ev->world_size = t->world;
+    ev->micro_batches = (int)t->S;
+    if (t->o->on_event) t->o->on_event(t->o->event_ctx, ev);
+    t->t_data = t->t_compute = t->t_comm = 0.0;
+}
+
+static void trainer_free(trainer *t) {
+    tree_free(&t->tree);
+    dt_loader_free(t->loader);
+    dt_sampler_free(t->sampler);
+    dt_optim_free(t->optim);
+    if (t->ops) {
+        t->ops->free(t->dx);
+        t->ops->free(t->dy);
+    }
+    free(t->idx);
+    free(t->losses);
+    free(t->all_losses);
+    dt_dataset_free(t->train);
+    dt_dataset_free(t->test);
+}
+
+static dt_status trainer_setup(trainer *t) {
+    const dt_train_opts *o = t->o;
+    DT_TRY(check_opts(o));
+    t->world = t->comm ? dt_comm_size(t->comm) : 1;
+    t->rank = t->comm ? dt_comm_rank(t->comm) : 0;
+    t->S = o->micro_batches > 0 ? o->micro_batches : t->world;
+    if (t->S % t->world != 0)
+        return dt_error(DT_ERR_INVALID, "--micro-batches: %lld is not a multiple of the world size %d",
+                        (long long)t->S, t->world);
+    if (o->batch % t->S != 0)
+        return dt_error(DT_ERR_INVALID, "--batch: the global batch %lld is not divisible by %lld micro-batches",
+                        (long long)o->batch, (long long)t->S);
+    t->k = t->S / t->world;
+    t->b = o->batch / t->S;
+
+    /* A data file that cannot be read is bad input (exit 2), not a runtime failure. */
+    dt_status ds = dt_dataset_open_pair(o->data, NULL, &t->train, o->eval ? &t->test : NULL);
+    if (ds != DT_OK) return ds == DT_ERR_IO ? DT_ERR_INVALID : ds;
+    const dt_dataset_info *info = dt_dataset_get_info(t->train);
+    dt_shape shape = {.ndim = info->ndim};
+    for (int i = 0; i < info->ndim; i++) shape.d[i] = info->shape[i];
+
+    DT_TRY(dt_sampler_init(info->n, o->batch, t->S, o->seed, 1, &t->sampler));
+    t->spe = dt_sampler_steps_per_epoch(t->sampler);
+    t->total = t->spe * (int64_t)(o->epochs > 0 ? o->epochs : 1);
+    if (o->max_steps > 0 && (o->epochs < 1 || o->max_steps < t->total)) t->total = o->max_steps;
+    int64_t dummy;
+    DT_TRY(dt_sampler_rank_block(t->sampler, t->world, t->rank, &t->first_micro, &dummy));
+
+    DT_TRY(dt_model_build(o->model, &shape, t->ops, o->seed, (int)t->b, &t->model));
+    const dt_shape *os = dt_model_output_shape(t->model);
+    if (os->ndim != 1 || os->d[0] < info->classes)
+        return dt_error(DT_ERR_INVALID, "--model: the model's output must be (%d) class scores for this data, got %lld values",
+                        info->classes, (long long)dt_shape_numel(os));
+    DT_TRY(make_optim(t));
+    DT_TRY(tree_init(&t->tree, t->ops, dt_model_nparams(t->model), t->k));
+
+    size_t local = (size_t)(t->k * t->b);
+    t->idx = malloc(local * sizeof *t->idx);
+    t->losses = calloc((size_t)t->k, sizeof *t->losses);
+    t->all_losses = calloc((size_t)t->S, sizeof *t->all_losses);
+    if (!t->idx || !t->losses || !t->all_losses) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
+    DT_TRY(t->ops->alloc((void **)&t->dx, local * (size_t)info->sample_size * sizeof(float)));
+    DT_TRY(t->ops->alloc((void **)&t->dy, local * sizeof(int32_t)));
+    DT_TRY(dt_loader_init(t->train, local, &t->loader));
+    DT_TRY(sync_start(t));
+    return DT_OK;
+}
+
+static dt_status run_loop(trainer *t, dt_train_result *res) {
+    const dt_train_opts *o = t->o;
+    const dt_dataset_info *info = dt_dataset_get_info(t->train);
+    dt_train_event ev = {.kind = DT_EV_START, .epochs = o->epochs, .total_steps = t->total,
+                         .steps_per_epoch = t->spe, .nparams = (int64_t)dt_model_nparams(t->model),
+                         .train_samples = info->n,
+                         .test_samples = t->test ? dt_dataset_get_info(t->test)->n : 0};
+    emit(t, &ev);
+
+    for (int d = 0; d < 2 && t->queued < t->total; d++) DT_TRY(queue_step(t, t->queued++));
+
+    double start = now_s(), epoch_start = start, train_time = 0.0;
+    double epoch_loss = 0.0, loss = 0.0, lr = 0.0, norm = 0.0;
+    int64_t epoch_steps = 0;
+    for (int64_t g = 0; g < t->total; g++) {
+        DT_TRY(train_step(t, g, &loss, &lr, &norm));
+        epoch_loss += loss;
+        epoch_steps++;
+        int64_t done = g + 1;
+        int epoch = (int)(g / t->spe);
+        int end_of_epoch = (done % t->spe == 0) || done == t->total;
+        double now = now_s();
+        double elapsed = train_time + (now - epoch_start);
+        double sps = (double)(epoch_steps * o->batch) / (now - epoch_start);
+        if ((o->log_every > 0 && done % o->log_every == 0) || done == t->total) {
+            dt_train_event e = {.kind = DT_EV_STEP, .epoch = epoch, .epochs = o->epochs, .step = done,
+                                .total_steps = t->total, .steps_per_epoch = t->spe,
+                                .step_in_epoch = epoch_steps, .loss = loss, .lr = lr, .grad_norm = norm,
+                                .samples_per_s = sps, .elapsed_s = elapsed,
+                                .eta_s = elapsed / (double)done * (double)(t->total - done)};
+            emit(t, &e);
+        }
+        if (end_of_epoch) {
+            train_time += now - epoch_start;
+            dt_train_event e = {.kind = DT_EV_EPOCH, .epoch = epoch, .epochs = o->epochs, .step = done,
+                                .total_steps = t->total, .steps_per_epoch = t->spe,
+                                .step_in_epoch = epoch_steps, .loss = epoch_loss / (double)epoch_steps,
+                                .lr = lr, .grad_norm = norm, .samples_per_s = sps, .elapsed_s = train_time,
+                                .eta_s = train_time / (double)done * (double)(t->total - done)};
+            if (t->test) {
+                DT_TRY(dt_evaluate(t->model, t->test, t->comm, &e.test_loss, &e.test_acc));
+                e.evaluated = 1;
+                res->test_loss = e.test_loss;
+                res->test_acc = e.test_acc;
+                res->evaluated = 1;
+            }
+            emit(t, &e);
+            epoch_loss = 0.0;
+            epoch_steps = 0;
+            epoch_start = now_s();
+        }
+    }
+    res->steps = t->total;
+    res->final_loss = loss;
+    res->seconds = train_time;
+    res->samples_per_s = train_time > 0 ? (double)(t->total * o->batch) / train_time : 0.0;
+    return DT_OK;
+}
+
+dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
+                       dt_model **model_out, dt_train_result *res) {
+    trainer t;
+    dt_train_result r;
+    memset(&t, 0, sizeof t);
+    memset(&r, 0, sizeof r);
+    t.o = o;
+    t.ops = ops;
+    t.comm = comm;
+    dt_status s = trainer_setup(&t);
+    if (s == DT_OK) s = run_loop(&t, &r);
+    if (s != DT_OK && t.world > 1 && strncmp(dt_last_error(), "rank ", 5) != 0)
+        dt_error_wrap(s, "rank %d: ", t.rank);
+    if (res) *res = r;
+    if (s == DT_OK && model_out) {
+        *model_out = t.model;
+        t.model = NULL;
+    }
+    dt_model_free(t.model);
+    trainer_free(&t);
+    return s;
+}

@@ -1,0 +1,110 @@
+/*
+ * train.h: the training loop shared by every device and transport.
+ *
+ * dt_train_run() trains one model with data parallelism over a communicator
+ * (NULL or size 1: one process). It is written once against the compute
+ * interface (ops.h) and the communication interface (comm.h) and knows neither
+ * device nor transport by name (DESIGN.md rule 1).
+ *
+ * World-size invariance (DESIGN.md rule 2): the global batch B of a step is the
+ * same whatever the world size W; it is split into S micro-batches of B/S
+ * samples and rank r computes the contiguous block [r*S/W, (r+1)*S/W). Each
+ * micro-batch's gradient is the gradient of (sum of its losses) / B, its local
+ * micro-batches are summed pairwise (a binary counter), and the all-reduce
+ * continues the same binary tree across ranks, so for power-of-two W dividing S
+ * the summed gradient, and therefore the weights, are bitwise those of W = 1.
+ *
+ * The library never prints (rule 5): progress reaches the caller through an
+ * event callback, and the program decides how to show it.
+ */
+#ifndef DT_TRAIN_H
+#define DT_TRAIN_H
+
+#include <stdint.h>
+#include "comm.h"
+#include "ops.h"
+#include "status.h"
+
+typedef enum {
+    DT_EV_START,     /* before the first step: sizes are known */
+    DT_EV_STEP,      /* after an optimizer step (every log_every steps and the last one) */
+    DT_EV_EPOCH,     /* after an epoch (or the final partial one) and its evaluation */
+} dt_train_event_kind;
+
+typedef struct {
+    dt_train_event_kind kind;
+    int      epoch;            /* 0-based epoch of the event */
+    int      epochs;
+    int64_t  step;             /* optimizer steps done so far (global count) */
+    int64_t  total_steps;      /* steps this run will do */
+    int64_t  steps_per_epoch;
+    int64_t  step_in_epoch;    /* steps done in this epoch */
+    double   loss;             /* STEP: the step's mean loss over the global batch;
+                                * EPOCH: mean train loss over the epoch's steps */
+    double   lr;               /* learning rate of the last step */
+    double   grad_norm;        /* global gradient norm of the last step (before clipping) */
+    double   samples_per_s;    /* global samples per second over the epoch so far */
+    double   elapsed_s;        /* since the first step */
+    double   eta_s;            /* estimated seconds to the end of the run */
+    int      evaluated;        /* EPOCH: test_loss / test_acc are valid */
+    double   test_loss, test_acc;
+    int64_t  nparams;          /* START: parameter count */
+    int64_t  train_samples, test_samples;
+    int      world_size, micro_batches;
+    /* per-rank time split since the previous event, seconds (this rank) */
+    double   t_data, t_compute, t_comm;
+} dt_train_event;
+
+typedef void (*dt_train_event_fn)(void *ctx, const dt_train_event *ev);
+
+typedef struct {
+    const char *model;          /* spec or preset (model.h); default "cnn" */
+    const char *data;           /* data spec (data.h); default the Fashion-MNIST directory */
+    int         epochs;         /* default 15 */
+    int64_t     max_steps;      /* stop after this many optimizer steps; 0: none */
+    int64_t     batch;          /* global batch; default 256 */
+    int64_t     micro_batches;  /* S; 0: the world size */
+    const char *optim;          /* "sgd" (default) or "adamw" */
+    double      lr;             /* default 0.05 (sgd) */
+    double      momentum;       /* sgd; default 0.9 */
+    int         nesterov;
+    double      weight_decay;   /* default 5e-4 (sgd), 0.01 (adamw) */
+    const char *schedule;       /* "cosine" (default), "constant", "step" */
+    int64_t     step_size;      /* step schedule: steps between decays */
+    double      gamma;          /* step schedule: decay factor */
+    int64_t     warmup;         /* linear warm-up steps; default 0 */
+    double      clip;           /* max global gradient norm; 0: no clipping */
+    double      label_smoothing;
+    uint64_t    seed;           /* default 0 */
+    int         eval;           /* evaluate on the test split after each epoch (default 1) */
+    int         log_every;      /* STEP events every this many steps; default 50 */
+    dt_train_event_fn on_event;
+    void       *event_ctx;
+} dt_train_opts;
+
+/* The defaults listed above. */
+void dt_train_opts_default(dt_train_opts *o);
+
+typedef struct dt_model dt_model;
+
+typedef struct {
+    int64_t steps;
+    double  final_loss;        /* mean loss of the last step */
+    double  test_loss, test_acc;
+    int     evaluated;
+    double  seconds;           /* training time, evaluation excluded */
+    double  samples_per_s;     /* global training throughput */
+} dt_train_result;
+
+/* Train as the options say, on device `ops`, across `comm` (NULL: one process).
+ * On success *model_out (optional) receives the trained model (free it with
+ * dt_model_free); *res (optional) the summary. Every rank calls it. */
+dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
+                       dt_model **model_out, dt_train_result *res);
+
+/* Evaluate a model on the test split of a data spec: mean loss and accuracy.
+ * With comm, the test set is sharded across ranks and the sums all-reduced. */
+typedef struct dt_dataset dt_dataset;
+dt_status dt_evaluate(dt_model *m, const dt_dataset *test, dt_comm *comm, double *loss, double *acc);
+
+#endif /* DT_TRAIN_H */

@@ -1,0 +1,429 @@
+/*
+ * coll_prog.c: a multi-process driver for the communication tests. Started N times (by
+ * the tests/comm_*.sh scripts with RANK/WORLD_SIZE/MASTER_* set, by dtrun or by mpirun),
+ * it joins the job and runs one mode:
+ *
+ *   --mode all      every collective x type x operator, in and out of place, counts 0, 1,
+ *                   odd and not divisible by the world size, large (pipelined) ones,
+ *                   async work, split, send/recv; inputs are small integers, so every
+ *                   result is exact and compared bit for bit. --big adds one 64 MiB
+ *                   all_reduce. Rank 0 prints TAP lines; every rank's exit code is 0
+ *                   only if all its checks passed.
+ *   --mode tree     the world-size invariance check of DESIGN.md rule 2: 8 fixed buffers
+ *                   of awkward floats, rank r holds 8/W of them and pre-sums them
+ *                   pairwise, then all_reduce; rank 0 writes the result bytes to --dump
+ *                   FILE, which must be identical for W = 1, 2, 4, 8.
+ *   --mode mismatch rank 0 calls all_reduce, the others broadcast (expect an error).
+ *   --mode timeout  rank 1 never calls; the others call all_reduce.
+ *   --mode loop     all_reduce of 8 MiB forever (until --iters), for kill tests.
+ *   --mode nullbuf  all_reduce with a NULL send buffer.
+ *   --mode init     init, print "rank R of W on HOST", barrier, destroy.
+ * Options: --init METHOD (default env://), --backend NAME, --iters N, --dump FILE.
+ * Errors print "ERROR: <message>" on stderr and exit 1 (2 for bad arguments).
+ */
+#include "comm.h"
+#include "reduce.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static dt_comm *comm;
+static int R, W, nfail, ntest;
+
+static void check(int cond, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(int cond, const char *fmt, ...) {
+    ntest++;
+    if (!cond) nfail++;
+    if (R != 0 && cond) return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (R == 0) printf("%sok %d - %s\n", cond ? "" : "not ", ntest, msg);
+    else fprintf(stderr, "rank %d: not ok - %s\n", R, msg);
+    fflush(stdout);
+}
+
+static int fail_status(dt_status s, const char *what) {
+    if (s == DT_OK) return 0;
+    fprintf(stderr, "ERROR: %s: %s\n", what, dt_last_error());
+    return 1;
+}
+
+/* ---- typed element access for exact small values ------------------------------------ */
+
+static void set_elem(dt_dtype t, void *p, size_t i, double v) {
+    switch (t) {
+    case DT_F32:  ((float *)p)[i] = (float)v; break;
+    case DT_F64:  ((double *)p)[i] = v; break;
+    case DT_F16:  ((uint16_t *)p)[i] = dt_f32_to_f16((float)v); break;
+    case DT_BF16: ((uint16_t *)p)[i] = dt_f32_to_bf16((float)v); break;
+    case DT_I32:  ((int32_t *)p)[i] = (int32_t)v; break;
+    case DT_I64:  ((int64_t *)p)[i] = (int64_t)v; break;
+    case DT_U8:   ((uint8_t *)p)[i] = (uint8_t)v; break;
+    }
+}
+
+/* Input of rank r, element i: small positive integers; prod stays tiny so every type,
+ * bf16 included, represents the product exactly. */
+static int input(int r, size_t i, dt_redop op) {
+    if (op == DT_PROD) return 1 + (int)((i + (size_t)r) % 2);
+    return 1 + (int)((i * 7 + (size_t)r * 3) % 5);
+}
+
+/* Expected element i of op over ranks, encoded in type t into out[i]. */
+static void expect_elem(dt_dtype t, dt_redop op, size_t i, void *out, int nranks, const int *ranks) {
+    long acc = op == DT_PROD ? 1 : op == DT_MIN ? 1000 : op == DT_MAX ? -1000 : 0;
+    for (int k = 0; k < nranks; k++) {
+        int v = input(ranks ? ranks[k] : k, i, op);
+        if (op == DT_SUM || op == DT_AVG) acc += v;
+        else if (op == DT_PROD) acc *= v;
+        else if (op == DT_MIN) acc = v < acc ? v : acc;
+        else acc = v > acc ? v : acc;
+    }
+    if (op != DT_AVG) { set_elem(t, out, i, (double)acc); return; }
+    switch (t) {   /* avg: the exact sum, then one division in the type's arithmetic */
+    case DT_F32:  ((float *)out)[i] = (float)acc / (float)nranks; break;
+    case DT_F64:  ((double *)out)[i] = (double)acc / nranks; break;
+    case DT_F16:  ((uint16_t *)out)[i] = dt_f32_to_f16((float)acc / (float)nranks); break;
+    case DT_BF16: ((uint16_t *)out)[i] = dt_f32_to_bf16((float)acc / (float)nranks); break;
+    default:      set_elem(t, out, i, (double)(acc / nranks)); break;
+    }
+}
+
+static void fill_input(dt_dtype t, dt_redop op, void *p, size_t n, int r, size_t base) {
+    for (size_t i = 0; i < n; i++) set_elem(t, p, i, input(r, base + i, op));
+}
+
+/* ---- mode all ----------------------------------------------------------------------------- */
+
+static const dt_dtype types[] = { DT_F32, DT_F64, DT_F16, DT_BF16, DT_I32, DT_I64, DT_U8 };
+static const dt_redop ops[] = { DT_SUM, DT_AVG, DT_MIN, DT_MAX, DT_PROD };
+
+static void test_allreduce(dt_dtype t, dt_redop op, size_t n, int inplace) {
+    size_t es = dt_dtype_size(t);
+    char *send = malloc(n * es + 1), *recv = malloc(n * es + 1), *want = malloc(n * es + 1);
+    fill_input(t, op, send, n, R, 0);
+    for (size_t i = 0; i < n; i++) expect_elem(t, op, i, want, W, NULL);
+    dt_status s;
+    if (inplace) s = dt_allreduce(comm, send, send, n, t, op);
+    else { memset(recv, 0xab, n * es); s = dt_allreduce(comm, send, recv, n, t, op); }
+    check(s == DT_OK && memcmp(inplace ? send : recv, want, n * es) == 0, "all_reduce %s %s n=%zu %s%s%s",
+          dt_dtype_name(t), dt_redop_name(op), n, inplace ? "in place" : "out of place",
+          s ? ": " : "", s ? dt_last_error() : "");
+    free(send); free(recv); free(want);
+}
+
+static void test_reduce_scatter(dt_dtype t, dt_redop op, size_t rc, int inplace) {
+    size_t es = dt_dtype_size(t), n = rc * (size_t)W;
+    char *send = malloc(n * es + 1), *recv = malloc(rc * es + 1), *want = malloc(n * es + 1);
+    fill_input(t, op, send, n, R, 0);
+    for (size_t i = 0; i < n; i++) expect_elem(t, op, i, want, W, NULL);
+    char *out = inplace ? send + (size_t)R * rc * es : recv;
+    dt_status s = dt_reduce_scatter(comm, send, out, rc, t, op);
+    check(s == DT_OK && memcmp(out, want + (size_t)R * rc * es, rc * es) == 0, "reduce_scatter %s %s rc=%zu %s%s%s",
+          dt_dtype_name(t), dt_redop_name(op), rc, inplace ? "in place" : "out of place",
+          s ? ": " : "", s ? dt_last_error() : "");
+    free(send); free(recv); free(want);
+}
+
+static void test_allgather(dt_dtype t, size_t cnt, int inplace) {
+    size_t es = dt_dtype_size(t), n = cnt * (size_t)W;
+    char *send = malloc(cnt * es + 1), *recv = malloc(n * es + 1), *want = malloc(n * es + 1);
+    for (int r = 0; r < W; r++) fill_input(t, DT_SUM, want + (size_t)r * cnt * es, cnt, r, 0);
+    fill_input(t, DT_SUM, send, cnt, R, 0);
+    memset(recv, 0xcd, n * es);
+    dt_status s;
+    if (inplace) {
+        memcpy(recv + (size_t)R * cnt * es, send, cnt * es);
+        s = dt_allgather(comm, recv + (size_t)R * cnt * es, recv, cnt, t);
+    } else {
+        s = dt_allgather(comm, send, recv, cnt, t);
+    }
+    check(s == DT_OK && memcmp(recv, want, n * es) == 0, "all_gather %s cnt=%zu %s%s%s", dt_dtype_name(t), cnt,
+          inplace ? "in place" : "out of place", s ? ": " : "", s ? dt_last_error() : "");
+    free(send); free(recv); free(want);
+}
+
+static void test_broadcast(dt_dtype t, size_t n, int root) {
+    size_t es = dt_dtype_size(t);
+    char *buf = malloc(n * es + 1), *want = malloc(n * es + 1);
+    fill_input(t, DT_SUM, want, n, root, 0);
+    if (R == root) memcpy(buf, want, n * es); else memset(buf, 0, n * es);
+    dt_status s = dt_broadcast(comm, buf, n, t, root);
+    check(s == DT_OK && memcmp(buf, want, n * es) == 0, "broadcast %s n=%zu root %d%s%s", dt_dtype_name(t), n, root,
+          s ? ": " : "", s ? dt_last_error() : "");
+    free(buf); free(want);
+}
+
+static void test_reduce(dt_dtype t, dt_redop op, size_t n, int root) {
+    size_t es = dt_dtype_size(t);
+    char *send = malloc(n * es + 1), *recv = malloc(n * es + 1), *want = malloc(n * es + 1);
+    fill_input(t, op, send, n, R, 0);
+    for (size_t i = 0; i < n; i++) expect_elem(t, op, i, want, W, NULL);
+    memset(recv, 0x5a, n * es);
+    dt_status s = dt_reduce(comm, send, R == root ? recv : NULL, n, t, op, root);
+    check(s == DT_OK && (R != root || memcmp(recv, want, n * es) == 0), "reduce %s %s n=%zu root %d%s%s",
+          dt_dtype_name(t), dt_redop_name(op), n, root, s ? ": " : "", s ? dt_last_error() : "");
+    free(send); free(recv); free(want);
+}
+
+static void test_sendrecv(void) {
+    if (W < 2) return;
+    enum { N = 100003 };   /* larger than socket buffers and rings: ordering must not deadlock */
+    int32_t *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+    for (int i = 0; i < N; i++) a[i] = R * 1000000 + i;
+    int next = (R + 1) % W, prev = (R + W - 1) % W;
+    dt_status s1, s2;
+    if (R % 2 == 0) { s1 = dt_send(comm, a, N, DT_I32, next, 7); s2 = dt_recv(comm, b, N, DT_I32, prev, 7); }
+    else { s2 = dt_recv(comm, b, N, DT_I32, prev, 7); s1 = dt_send(comm, a, N, DT_I32, next, 7); }
+    int good = s1 == DT_OK && s2 == DT_OK;
+    for (int i = 0; good && i < N; i++) good = b[i] == prev * 1000000 + i;
+    check(good, "send/recv around the ring%s%s", good ? "" : ": ", good ? "" : dt_last_error());
+    check(dt_send(comm, NULL, 3, DT_I32, next, 0) == DT_ERR_INVALID, "send of a NULL buffer is refused");
+    check(dt_recv(comm, b, 3, DT_I32, R, 0) == DT_ERR_INVALID && strstr(dt_last_error(), "rank"),
+          "recv from this rank is refused, naming the rank");
+    free(a); free(b);
+}
+
+static void test_async(void) {
+    enum { K = 4, N = 50000 };
+    float *buf[K];
+    dt_work *w[K + 1];
+    for (int k = 0; k < K; k++) {
+        buf[k] = malloc(N * sizeof(float));
+        for (int i = 0; i < N; i++) buf[k][i] = (float)(R + k + i % 3);
+        check(dt_allreduce_async(comm, buf[k], buf[k], N, DT_F32, DT_SUM, &w[k]) == DT_OK, "queue all_reduce %d", k);
+    }
+    int32_t bc[5] = { 0 };
+    if (R == 0) for (int i = 0; i < 5; i++) bc[i] = 40 + i;
+    check(dt_broadcast_async(comm, bc, 5, DT_I32, 0, &w[K]) == DT_OK, "queue broadcast");
+    dt_status s = dt_barrier(comm);    /* a blocking call after pending work: runs after it */
+    check(s == DT_OK, "barrier after queued work");
+    int good = 1;
+    for (int k = 0; k < K; k++) {
+        good &= dt_work_wait(w[k]) == DT_OK;
+        for (int i = 0; i < N; i++) {
+            float want = 0;
+            for (int r = 0; r < W; r++) want += (float)(r + k + i % 3);
+            good &= buf[k][i] == want;
+        }
+        free(buf[k]);
+    }
+    check(good, "async all_reduces complete with exact results");
+    check(dt_work_test(w[K]) == 1, "work is done after a later blocking call returned");
+    check(dt_work_wait(w[K]) == DT_OK && bc[0] == 40 && bc[4] == 44, "async broadcast delivered");
+    float x = 1;
+    dt_work *wx = NULL;
+    check(dt_allreduce_async(comm, NULL, &x, 1, DT_F32, DT_SUM, &wx) == DT_ERR_INVALID && !wx,
+          "async call with a NULL buffer fails at once");
+}
+
+static void test_split(void) {
+    dt_comm *sub = NULL;
+    int color = R % 2, key = -R;    /* reverse order inside each group */
+    dt_status s = dt_comm_split(comm, color, key, &sub);
+    check(s == DT_OK && sub, "split by rank parity%s%s", s ? ": " : "", s ? dt_last_error() : "");
+    if (!sub) return;
+    int members[64], n = 0;
+    for (int r = W - 1; r >= 0; r--) if (r % 2 == color) members[n++] = r;
+    int myidx = -1;
+    for (int i = 0; i < n; i++) if (members[i] == R) myidx = i;
+    check(dt_comm_size(sub) == n && dt_comm_rank(sub) == myidx, "group size %d, rank %d (ordered by key)", n, myidx);
+    enum { N = 3001 };
+    int32_t *v = malloc(N * sizeof *v), *want = malloc(N * sizeof *want);
+    fill_input(DT_I32, DT_SUM, v, N, R, 0);
+    for (int i = 0; i < N; i++) expect_elem(DT_I32, DT_SUM, (size_t)i, want, n, members);
+    s = dt_allreduce(sub, v, v, N, DT_I32, DT_SUM);
+    check(s == DT_OK && memcmp(v, want, N * sizeof *v) == 0, "all_reduce inside the group%s%s", s ? ": " : "",
+          s ? dt_last_error() : "");
+    /* the parent still works, interleaved with the child */
+    float one = 1;
+    s = dt_allreduce(comm, &one, &one, 1, DT_F32, DT_SUM);
+    check(s == DT_OK && one == (float)W, "parent all_reduce after split");
+    s = dt_barrier(sub);
+    check(s == DT_OK, "barrier in the group");
+    free(v); free(want);
+    dt_comm *none = (dt_comm *)1;
+    s = dt_comm_split(comm, R == 0 ? -1 : 0, 0, &none);
+    check(s == DT_OK && (R == 0 ? none == NULL : none != NULL), "color < 0 joins no group");
+    if (none && R != 0) {
+        check(dt_comm_size(none) == W - 1, "the others form a group of %d", W - 1);
+        dt_comm_destroy(none);
+    }
+    dt_comm_destroy(sub);
+}
+
+static int mode_all(int big) {
+    size_t counts[] = { 0, 1, 7, (size_t)W * 5 + 3, 70001 };
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t oi = 0; oi < sizeof ops / sizeof ops[0]; oi++)
+            for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+                if (counts[ci] > 100 && types[ti] != DT_F32 && types[ti] != DT_BF16 && types[ti] != DT_U8 &&
+                    ops[oi] != DT_SUM)
+                    continue;   /* keep the run short: large counts for a few types */
+                for (int inplace = 0; inplace < 2; inplace++)
+                    test_allreduce(types[ti], ops[oi], counts[ci], inplace);
+            }
+    size_t rcs[] = { 0, 1, 5, 40001 };
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t oi = 0; oi < sizeof ops / sizeof ops[0]; oi++)
+            for (size_t ci = 0; ci < sizeof rcs / sizeof rcs[0]; ci++) {
+                if (rcs[ci] > 100 && (ops[oi] != DT_SUM || types[ti] == DT_F64)) continue;
+                for (int inplace = 0; inplace < 2; inplace++)
+                    test_reduce_scatter(types[ti], ops[oi], rcs[ci], inplace);
+            }
+    size_t ags[] = { 0, 1, 13, 30001 };
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t ci = 0; ci < sizeof ags / sizeof ags[0]; ci++)
+            for (int inplace = 0; inplace < 2; inplace++) test_allgather(types[ti], ags[ci], inplace);
+    size_t bcs[] = { 0, 1, 77, 300001 };
+    for (int root = 0; root < W; root++)
+        for (size_t ci = 0; ci < sizeof bcs / sizeof bcs[0]; ci++)
+            test_broadcast(root % 2 ? DT_U8 : DT_F32, bcs[ci], root);
+    for (int root = 0; root < W; root++) {
+        test_reduce(DT_F32, DT_SUM, 1001, root);
+        test_reduce(DT_I64, DT_MAX, 3, root);
+        test_reduce(DT_BF16, DT_AVG, 70001, root);
+    }
+    check(dt_barrier(comm) == DT_OK, "barrier");
+    test_sendrecv();
+    test_async();
+    test_split();
+    /* argument errors name the rank and do not disturb the sequence */
+    float f = 0;
+    dt_status s = dt_allreduce(comm, &f, &f, 1, (dt_dtype)42, DT_SUM);
+    check(s == DT_ERR_INVALID && strstr(dt_last_error(), "rank"), "invalid dtype refused: %s", dt_last_error());
+    s = dt_broadcast(comm, &f, 1, DT_F32, W);
+    check(s == DT_ERR_INVALID && strstr(dt_last_error(), "root"), "root out of range refused: %s", dt_last_error());
+    s = dt_allreduce(comm, &f, &f, (size_t)-1 / 2, DT_F32, DT_SUM);
+    check(s == DT_ERR_INVALID && strstr(dt_last_error(), "overflow"), "count overflow refused: %s", dt_last_error());
+    int hosts_ok = 1;
+    for (int r = 0; r < W; r++) hosts_ok &= dt_comm_host(comm, r) != NULL;
+    check(hosts_ok && dt_comm_host(comm, W) == NULL, "host names of every rank");
+    check(dt_comm_local_size(comm) == W && dt_comm_local_rank(comm) == R && dt_comm_node_rank(comm) == 0,
+          "one host: local rank = rank, local size = world size, node 0");
+    if (big) test_allreduce(DT_F32, DT_SUM, (64u << 20) / 4, 1);
+    /* results after everything: the communicator still agrees */
+    int32_t x = 1;
+    s = dt_allreduce(comm, &x, &x, 1, DT_I32, DT_SUM);
+    check(s == DT_OK && x == W, "final all_reduce");
+    if (R == 0) printf("1..%d\n", ntest);
+    return nfail ? 1 : 0;
+}
+
+/* ---- mode tree: world-size invariance ------------------------------------------------------- */
+
+/* Awkward floats: random signs, exponents over 2^-20..2^20, full mantissas. */
+static float awkward(uint64_t j, uint64_t i) {
+    uint64_t x = (j + 1) * 0x9e3779b97f4a7c15ull ^ (i + 1) * 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 31; x *= 0x94d049bb133111ebull; x ^= x >> 29;
+    float m = 1.0f + (float)(x & 0xffffff) / 16777216.0f;
+    int e = (int)((x >> 24) % 41) - 20;
+    return ((x >> 40) & 1 ? -1.0f : 1.0f) * ldexpf(m, e);
+}
+
+static int mode_tree(const char *dump) {
+    if (8 % W) { fprintf(stderr, "ERROR: --mode tree needs a world size dividing 8\n"); return 2; }
+    size_t counts[] = { 1000, 100003 };   /* the small (doubling) and the large (halving) path */
+    FILE *f = NULL;
+    if (R == 0 && dump && !(f = fopen(dump, "wb"))) { fprintf(stderr, "ERROR: cannot write %s\n", dump); return 1; }
+    int rc = 0;
+    for (size_t ci = 0; ci < 2 && !rc; ci++) {
+        size_t n = counts[ci];
+        int per = 8 / W;
+        float *b[8];
+        for (int k = 0; k < per; k++) {
+            b[k] = malloc(n * sizeof(float));
+            for (size_t i = 0; i < n; i++) b[k][i] = awkward((uint64_t)(R * per + k), i);
+        }
+        for (int step = 1; step < per; step *= 2)       /* pairwise: (b0+b1), (b2+b3), then ... */
+            for (int k = 0; k + step < per; k += 2 * step)
+                for (size_t i = 0; i < n; i++) b[k][i] = b[k][i] + b[k + step][i];
+        dt_status s = dt_allreduce(comm, b[0], b[0], n, DT_F32, DT_SUM);
+        if (s != DT_OK) rc = fail_status(s, "all_reduce");
+        else if (f && fwrite(b[0], sizeof(float), n, f) != n) rc = 1;
+        /* and reduce_scatter over the same tree: gather it back to compare the same bytes */
+        if (!rc) {
+            for (int k = 0; k < per; k++)
+                for (size_t i = 0; i < n; i++) b[k][i] = awkward((uint64_t)(R * per + k), i);
+            for (int step = 1; step < per; step *= 2)
+                for (int k = 0; k + step < per; k += 2 * step)
+                    for (size_t i = 0; i < n; i++) b[k][i] = b[k][i] + b[k + step][i];
+            size_t rcn = n / (size_t)W;   /* n - n % W elements go through reduce_scatter */
+            float *part = malloc((rcn + 1) * sizeof(float)), *all = malloc((n + 1) * sizeof(float));
+            s = dt_reduce_scatter(comm, b[0], part, rcn, DT_F32, DT_SUM);
+            if (s == DT_OK) s = dt_allgather(comm, part, all, rcn, DT_F32);
+            if (s != DT_OK) rc = fail_status(s, "reduce_scatter");
+            else if (f && fwrite(all, sizeof(float), rcn * (size_t)W, f) != rcn * (size_t)W) rc = 1;
+            free(part); free(all);
+        }
+        for (int k = 0; k < per; k++) free(b[k]);
+    }
+    if (f && fclose(f) != 0) rc = 1;
+    return rc;
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+    const char *mode = "all", *dump = NULL;
+    long iters = -1;
+    int big = 0;
+    dt_comm_opts o;
+    dt_comm_opts_default(&o);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--mode") && i + 1 < argc) mode = argv[++i];
+        else if (!strcmp(argv[i], "--init") && i + 1 < argc) o.init_method = argv[++i];
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc) o.backend = argv[++i];
+        else if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump = argv[++i];
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--big")) big = 1;
+        else { fprintf(stderr, "coll_prog: unknown argument '%s'\n", argv[i]); return 2; }
+    }
+    dt_status s = dt_comm_init(&o, &comm);
+    if (s != DT_OK) { fail_status(s, "init"); return dt_exit_code(s); }
+    R = dt_comm_rank(comm);
+    W = dt_comm_size(comm);
+    int rc = 0;
+    if (!strcmp(mode, "all")) {
+        rc = mode_all(big);
+    } else if (!strcmp(mode, "tree")) {
+        rc = mode_tree(dump);
+    } else if (!strcmp(mode, "init")) {
+        printf("rank %d of %d on %s (%s)\n", R, W, dt_comm_host(comm, R), dt_comm_backend(comm));
+        rc = fail_status(dt_barrier(comm), "barrier");
+    } else if (!strcmp(mode, "mismatch")) {
+        float v[100] = { 0 };
+        dt_allreduce(comm, v, v, 100, DT_F32, DT_SUM);   /* collective #1 agrees */
+        s = R == 0 ? dt_allreduce(comm, v, v, 100, DT_F32, DT_SUM) : dt_broadcast(comm, v, 100, DT_F32, 0);
+        rc = s == DT_OK ? 0 : fail_status(s, "collective");
+    } else if (!strcmp(mode, "timeout")) {
+        if (R == 1) { sleep(30); rc = 0; }
+        else {
+            float v[10] = { 0 };
+            rc = fail_status(dt_allreduce(comm, v, v, 10, DT_F32, DT_SUM), "all_reduce");
+        }
+    } else if (!strcmp(mode, "loop")) {
+        size_t n = (8u << 20) / 4;
+        float *v = calloc(n, sizeof(float));
+        if (R == 0) { printf("looping\n"); fflush(stdout); }
+        for (long it = 0; (iters < 0 || it < iters) && !rc; it++)
+            rc = fail_status(dt_allreduce(comm, v, v, n, DT_F32, DT_SUM), "all_reduce");
+        free(v);
+    } else if (!strcmp(mode, "nullbuf")) {
+        float v[4] = { 0 };
+        rc = fail_status(dt_allreduce(comm, NULL, v, 4, DT_F32, DT_SUM), "all_reduce");
+    } else {
+        fprintf(stderr, "coll_prog: unknown mode '%s'\n", mode);
+        rc = 2;
+    }
+    dt_comm_destroy(comm);
+    return rc;
+}

@@ -1,0 +1,69 @@
+#!/bin/sh
+# dtrun_signal.sh: Ctrl-C (SIGINT to dtrun) and SIGTERM are forwarded to the ranks, dtrun
+# reaps them and exits 128+sig, and no process of the job is left behind — also when
+# dtrun itself is killed with SIGKILL (the ranks die with it).
+. "$DT_SRCDIR/tests/tap.sh"
+DTRUN="$DT_BUILDDIR/dtrun"
+tmp=$(mktemp -d) || exit 1
+tok="dtrunsig$$"
+trap 'pkill -KILL -f "$tok" 2>/dev/null; rm -rf "$tmp"' EXIT
+
+# Wait (at most 10 s) until every one of $2 ranks has printed "up" into $1.
+wait_up() {
+    i=0
+    while [ "$(grep -c ':up$' "$1" 2>/dev/null)" -lt "$2" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    [ "$(grep -c ':up$' "$1")" -ge "$2" ]
+}
+# Wait (at most 10 s) for process $1 to end; return its exit status.
+wait_pid() {
+    i=0
+    while kill -0 "$1" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    wait "$1"
+}
+
+for sig in INT TERM; do
+    # ranks spawn a grandchild too, to check the whole group goes
+    "$DTRUN" -n 3 sh -c 'sh -c "while :; do sleep 1; done" "$0-child" & echo up; while :; do sleep 1; done' "$tok" \
+        > "$tmp/out" 2> "$tmp/err" &
+    pid=$!
+    wait_up "$tmp/out" 3
+    ok $? "SIG$sig: all ranks started"
+    kill -$sig $pid
+    wait_pid $pid
+    rc=$?
+    case $sig in INT) want=130 ;; TERM) want=143 ;; esac
+    test "$rc" -eq "$want"
+    ok $? "SIG$sig: dtrun exits $want (got $rc)"
+    ok_grep "$tmp/err" "^dtrun: stopped by SIG$sig" "SIG$sig: dtrun says why it stopped"
+    sleep 0.3
+    ! pgrep -f "$tok" > /dev/null
+    ok $? "SIG$sig: no rank or grandchild left behind"
+    pkill -KILL -f "$tok" 2>/dev/null
+done
+
+# Ranks that ignore the forwarded SIGINT are SIGKILLed after the grace period.
+"$DTRUN" -n 2 --grace 1 sh -c 'trap "" INT TERM; echo up; while :; do sleep 1; done' "$tok" > "$tmp/out" 2> "$tmp/err" &
+pid=$!
+wait_up "$tmp/out" 2
+kill -INT $pid
+wait_pid $pid
+rc=$?
+test "$rc" -eq 130
+ok $? "ranks ignoring SIGINT: dtrun still ends, exit 130 (got $rc)"
+sleep 0.3
+! pgrep -f "$tok" > /dev/null
+ok $? "ranks ignoring SIGINT: none left behind"
+pkill -KILL -f "$tok" 2>/dev/null
+
+# dtrun killed with SIGKILL: the ranks die with it (PR_SET_PDEATHSIG).
+"$DTRUN" -n 2 sh -c 'echo up; exec sleep 60' "$tok" > "$tmp/out" 2> "$tmp/err" &
+pid=$!
+wait_up "$tmp/out" 2
+ok $? "SIGKILL: ranks started"
+kill -KILL $pid
+wait $pid 2>/dev/null
+i=0
+while pgrep -f "$tok" > /dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+! pgrep -f "$tok" > /dev/null
+ok $? "SIGKILL to dtrun: no rank outlives it"
+done_testing

@@ -1,0 +1,423 @@
+/* test_model.c: the model spec language (presets, files, every error with its
+ * message), shape inference, PyTorch parameter names/shapes/counts, the
+ * summary table, the registry and the model hooks, on the CPU backend. */
+#include "model.h"
+#include "tap.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const dt_shape MNIST = { 3, { 1, 28, 28 } };
+
+/* Parse + infer for an input; returns the status and leaves the spec freed. */
+static dt_status try_spec(const char *text, const dt_shape *in) {
+    dt_spec s;
+    dt_error_clear();
+    dt_status st = dt_spec_parse(text, &s);
+    if (st != DT_OK) return st;
+    st = dt_spec_infer(&s, in);
+    dt_spec_free(&s);
+    return st;
+}
+
+static void expect_error(const char *text, const dt_shape *in, dt_status want, const char *msg,
+                         const char *what) {
+    dt_status st = try_spec(text, in);
+    is_int(st, want, "%s: status", what);
+    like(dt_last_error(), msg, "%s: message", what);
+}
+
+static void test_parse(void) {
+    dt_spec s;
+    is_int(dt_spec_parse("mlp", &s), DT_OK, "mlp preset parses");
+    is_int(s.n, 6, "mlp has 6 layers");
+    is_int(s.layers[0].kind, DT_LAYER_FLATTEN, "mlp layer 0 is flatten");
+    is_int(s.layers[1].kind, DT_LAYER_LINEAR, "mlp layer 1 is linear");
+    is_int(s.layers[1].out, 1024, "mlp layer 1 has 1024 outputs");
+    is_int(dt_spec_infer(&s, &MNIST), DT_OK, "mlp fits (1, 28, 28)");
+    is_int(s.nparams, 1863690, "mlp parameter count is PyTorch's 1,863,690");
+    is_int(s.ntensors, 6, "mlp has 6 parameter tensors");
+    dt_spec_free(&s);
+
+    is_int(dt_spec_parse("cnn", &s), DT_OK, "cnn preset parses");
+    is_int(s.n, 12, "cnn has 12 layers");
+    is_int(dt_spec_infer(&s, &MNIST), DT_OK, "cnn fits (1, 28, 28)");
+    /* conv 1*32*9+32, bn 2*32, conv 32*64*9+64, bn 2*64, linear 3136*128+128, linear 128*10+10 */
+    int64_t want = (32 * 9 + 32) + 64 + (32 * 64 * 9 + 64) + 128 + (3136 * 128 + 128) + (128 * 10 + 10);
+    is_int(s.nparams, want, "cnn parameter count (%lld)", (long long)want);
+    is_int(s.nparams, 421834, "cnn parameter count is 421,834");
+    is_int(s.layers[7].outs.ndim, 3, "cnn layer 7 output is (C, H, W)");
+    is_int(s.layers[7].outs.d[0], 64, "cnn after second pool: 64 channels");
+    is_int(s.layers[7].outs.d[1], 7, "cnn after second pool: H 7");
+    is_int(s.layers[8].outs.d[0], 3136, "cnn flatten gives 3136 features");
+    is_int(s.layers[0].stride, 1, "conv stride defaults to 1");
+    is_int(s.layers[3].stride, 2, "maxpool stride defaults to the kernel");
+    dt_spec_free(&s);
+
+    is_int(dt_spec_parse("  conv( 8 , 3, stride=2, pad = 1, bias=0 )\n\tbn  gelu dropout(0.25) gap ln tanh linear(3, bias=false)", &s),
+           DT_OK, "spaces inside parentheses and keyword arguments");
+    is_int(s.n, 8, "8 layers");
+    is_int(s.layers[0].stride, 2, "stride=2");
+    is_int(s.layers[0].pad, 1, "pad = 1");
+    is_int(s.layers[0].bias, 0, "bias=0");
+    ok(fabsf(s.layers[3].p - 0.25f) < 1e-7f, "dropout p 0.25");
+    is_str(s.layers[0].text, "conv( 8 , 3, stride=2, pad = 1, bias=0 )", "layer text kept as written");
+    dt_shape in = { 3, { 3, 9, 9 } };
+    is_int(dt_spec_infer(&s, &in), DT_OK, "infers on (3, 9, 9)");
+    is_int(s.layers[0].outs.d[1], 5, "conv k3 s2 p1 on 9 gives 5");
+    is_int(s.layers[4].outs.ndim, 1, "gap gives (C)");
+    is_int(s.layers[4].outs.d[0], 8, "gap keeps 8 channels");
+    is_int(s.nparams, 8 * 3 * 9 + 16 + 16 + 8 * 3, "no conv bias, bn 16, ln 16, linear 24 without bias");
+    is_int(s.layers[7].nparams, 1, "linear without bias has one parameter");
+    dt_spec_free(&s);
+    is_int(dt_spec_parse("dropout", &s), DT_OK, "bare dropout");
+    ok(fabsf(s.layers[0].p - 0.5f) < 1e-7f, "dropout p defaults to 0.5");
+    dt_spec_free(&s);
+    is_int(dt_spec_parse("maxpool(3,stride=2,pad=1) avgpool(2,1)", &s), DT_OK, "pool arguments");
+    is_int(s.layers[0].pad, 1, "maxpool pad");
+    is_int(s.layers[1].stride, 1, "avgpool positional stride");
+    dt_spec_free(&s);
+    ok(dt_spec_preset("mlp") && dt_spec_preset("cnn") && !dt_spec_preset("resnet"), "preset lookup");
+}
+
+static void test_files(void) {
+    char path[] = "/tmp/dt_test_model_XXXXXX";
+    int fd = mkstemp(path);
+    ok(fd >= 0, "temporary spec file");
+    if (fd < 0) return;
+    const char *text = "# a small model\nflatten   # (B, 784)\nlinear(16) relu\n\n  linear(10)  # logits\n";
+    ok(write(fd, text, strlen(text)) == (ssize_t)strlen(text), "spec file written");
+    close(fd);
+    dt_spec s;
+    is_int(dt_spec_parse(path, &s), DT_OK, "a path that exists is read as a file");
+    is_int(s.n, 4, "file: 4 layers, comments ignored");
+    is_int(dt_spec_infer(&s, &MNIST), DT_OK, "file spec infers");
+    is_int(s.nparams, 784 * 16 + 16 + 16 * 10 + 10, "file spec parameter count");
+    dt_spec_free(&s);
+    char at[64];
+    snprintf(at, sizeof at, "@%s", path);
+    is_int(dt_spec_parse(at, &s), DT_OK, "@file is read as a file");
+    is_int(s.n, 4, "@file: 4 layers");
+    dt_spec_free(&s);
+    unlink(path);
+    expect_error(at, &MNIST, DT_ERR_IO, path, "missing @file names the file");
+}
+
+static void test_errors(void) {
+    dt_shape flat = { 1, { 20 } }, small = { 3, { 1, 4, 4 } };
+    expect_error("flatten foo(3) linear(10)", &MNIST, DT_ERR_INVALID, "layer 1 'foo(3)': unknown layer 'foo'", "unknown layer");
+    expect_error("conv(x,3)", &MNIST, DT_ERR_INVALID, "layer 0 'conv(x,3)': 'out' expects a positive integer, got 'x'", "bad integer");
+    expect_error("conv(0,3)", &MNIST, DT_ERR_INVALID, "'out' expects a positive integer, got '0'", "zero out channels");
+    expect_error("conv(32)", &MNIST, DT_ERR_INVALID, "layer 0 'conv(32)': missing argument 'k'", "missing argument");
+    expect_error("flatten linear(1,1,1)", &MNIST, DT_ERR_INVALID, "layer 1 'linear(1,1,1)': too many arguments", "too many arguments");
+    expect_error("flatten linear(10,foo=1)", &MNIST, DT_ERR_INVALID, "unknown argument 'foo' (expected one of: out, bias)", "unknown keyword");
+    expect_error("flatten linear(10,bias=2)", &MNIST, DT_ERR_INVALID, "'bias' expects 0 or 1, got '2'", "bad bool");
+    expect_error("flatten linear(out=10,out=3)", &MNIST, DT_ERR_INVALID, "argument 'out' given twice", "repeated argument");
+    expect_error("flatten linear(bias=0,10)", &MNIST, DT_ERR_INVALID, "positional argument '10' after key=value", "positional after keyword");
+    expect_error("flatten linear(10,)", &MNIST, DT_ERR_INVALID, "empty argument", "empty argument");
+    expect_error("flatten linear()", &MNIST, DT_ERR_INVALID, "empty argument list", "empty list");
+    expect_error("relu(3)", &MNIST, DT_ERR_INVALID, "layer 0 'relu(3)': too many arguments", "argument to relu");
+    expect_error("dropout(1.5)", &MNIST, DT_ERR_INVALID, "dropout 'p' expects a number in [0, 1), got '1.5'", "dropout p out of range");
+    expect_error("conv(3,3", &MNIST, DT_ERR_INVALID, "layer 0 'conv(3,3': unbalanced parentheses", "unbalanced");
+    expect_error("maxpool(2,pad=2)", &MNIST, DT_ERR_INVALID, "pad 2 must be at most half the kernel size 2", "pool pad");
+    expect_error("", &MNIST, DT_ERR_INVALID, "no layers", "empty spec");
+    expect_error("   # nothing\n", &MNIST, DT_ERR_INVALID, "no layers", "only blanks");
+    expect_error("res(relu)", &MNIST, DT_ERR_UNSUPPORTED, "layer 0 'res(relu)': residual blocks", "res unsupported");
+    expect_error("linear(10)", &MNIST, DT_ERR_INVALID,
+                 "layer 0 'linear(10)': linear expects a flat (B, features) input, but its input is (B, 1, 28, 28); add 'flatten' before it",
+                 "linear on 4-D input suggests flatten");
+    expect_error("flatten conv(3,3)", &MNIST, DT_ERR_INVALID, "layer 1 'conv(3,3)'", "conv on flat input names the layer");
+    like(dt_last_error(), "conv expects a (B, C, H, W) input, but its input is (B, 784)", "conv on flat input: expectation");
+    expect_error("maxpool(2)", &flat, DT_ERR_INVALID, "pooling expects a (B, C, H, W) input", "pool on flat input");
+    expect_error("gap", &flat, DT_ERR_INVALID, "gap expects", "gap on flat input");
+    expect_error("conv(8,3) conv(8,3)", &small, DT_ERR_INVALID,
+                 "layer 1 'conv(8,3)': output would be empty for input (B, 8, 2, 2)", "zero-size output");
+    expect_error("maxpool(5)", &small, DT_ERR_INVALID, "layer 0 'maxpool(5)': output would be empty", "pool larger than input");
+    dt_shape bad = { 2, { 3, 4 } };
+    expect_error("relu", &bad, DT_ERR_INVALID, "input shape must be (C, H, W) or (F)", "2-d input rejected");
+}
+
+static void test_summary(void) {
+    dt_spec s;
+    char buf[4096];
+    dt_spec_parse("mlp", &s);
+    dt_spec_infer(&s, &MNIST);
+    size_t n = dt_spec_summary(&s, &MNIST, buf, sizeof buf);
+    ok(n == strlen(buf), "summary length is the text length");
+    like(buf, "Total params: 1,863,690", "summary total with thousands separators");
+    like(buf, "linear(1024)", "summary names the layer");
+    like(buf, "(B, 784)", "summary shows the flatten output");
+    like(buf, "803,840", "linear(1024) row counts weight and bias");
+    like(buf, "Params size (MB): 7.45", "parameter bytes as float32");
+    char small[32];
+    size_t need = dt_spec_summary(&s, &MNIST, small, sizeof small);
+    is_int(need, n, "truncated summary reports the full length");
+    is_int(strlen(small), sizeof small - 1, "truncated summary is terminated");
+    dt_spec_free(&s);
+}
+
+/* ---- built models ------------------------------------------------------------ */
+
+typedef struct { int calls, order_ok, last_first; int seen[64]; } ready_log;
+
+static dt_status on_ready(void *ctx, int first, int n) {
+    ready_log *r = ctx;
+    if (r->calls && first + n != r->last_first) r->order_ok = 0;
+    r->last_first = first;
+    for (int i = first; i < first + n && i < 64; i++) r->seen[i]++;
+    r->calls++;
+    return DT_OK;
+}
+
+/* A fake 2-rank group of identical ranks: sums double, counts double. */
+static int sync_calls[2];
+static dt_status fake_sync(void *ctx, int backward, float *stats, size_t n, int64_t *count) {
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) stats[i] *= 2.0f;
+    if (!backward) *count *= 2;
+    sync_calls[backward]++;
+    return DT_OK;
+}
+
+static void test_built(void) {
+    const dt_ops *ops = dt_ops_cpu();
+    dt_model *m = NULL;
+    is_int(dt_model_build("cnn", &MNIST, ops, 42, 8, &m), DT_OK, "cnn builds");
+    if (!m) return;
+    static const char *names[] = {
+        "0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var", "1.num_batches_tracked",
+        "4.weight", "4.bias", "5.weight", "5.bias", "5.running_mean", "5.running_var", "5.num_batches_tracked",
+        "9.weight", "9.bias", "11.weight", "11.bias",
+    };
+    is_int(dt_model_nstate(m), 18, "cnn has 18 state tensors");
+    is_int(dt_model_nparam_tensors(m), 12, "cnn has 12 parameters");
+    int names_ok = 1;
+    for (int i = 0; i < dt_model_nstate(m) && i < 18; i++) {
+        dt_tensor_info t;
+        dt_model_state(m, i, &t);
+        if (strcmp(t.name, names[i])) { names_ok = 0; diag("state %d is %s, expected %s", i, t.name, names[i]); }
+    }
+    ok(names_ok, "state_dict names and order as PyTorch");
+    dt_tensor_info t;
+    is_int(dt_model_state_find(m, "4.weight", &t), DT_OK, "find 4.weight");
+    ok(t.ndim == 4 && t.shape[0] == 64 && t.shape[1] == 32 && t.shape[2] == 3 && t.shape[3] == 3, "4.weight is [64, 32, 3, 3]");
+    is_int(dt_model_state_find(m, "9.weight", &t), DT_OK, "find 9.weight");
+    ok(t.ndim == 2 && t.shape[0] == 128 && t.shape[1] == 3136, "9.weight is [128, 3136]");
+    ok(t.is_param && t.param_index == 8 && t.grad == dt_model_grads(m) + t.offset, "9.weight is parameter 8 with a gradient view");
+    is_int(dt_model_state_find(m, "5.num_batches_tracked", &t), DT_OK, "find num_batches_tracked");
+    ok(t.dtype == DT_I64 && t.ndim == 0 && t.on_host && !t.is_param && *(int64_t *)t.data == 0, "num_batches_tracked: I64 scalar 0");
+    is_int(dt_model_state_find(m, "2.weight", &t), DT_ERR_INVALID, "relu has no weight");
+    like(dt_last_error(), "no tensor named '2.weight'", "missing name in the message");
+    is_int(dt_model_param(m, 12, &t), DT_ERR_INVALID, "parameter index out of range");
+    size_t total = 0;
+    int contiguous = 1;
+    for (int i = 0; i < dt_model_nparam_tensors(m); i++) {
+        dt_model_param(m, i, &t);
+        if (t.offset != total) contiguous = 0;
+        total += (size_t)t.numel;
+    }
+    ok(contiguous && total == dt_model_nparams(m) && total == 421834, "parameters tile the flat array in order");
+
+    /* initialisation as PyTorch: bounds 1/sqrt(fan_in), bn 1/0, running 0/1 */
+    const float *p = dt_model_params(m);
+    dt_model_state_find(m, "9.weight", &t);
+    float bound = 1.0f / sqrtf(3136.0f), mx = 0;
+    double mean = 0;
+    for (int64_t i = 0; i < t.numel; i++) {
+        float v = fabsf(p[t.offset + (size_t)i]);
+        if (v > mx) mx = v;
+        mean += p[t.offset + (size_t)i];
+    }
+    mean /= (double)t.numel;
+    ok(mx <= bound && mx > 0.95f * bound, "9.weight within U(-1/sqrt(3136), 1/sqrt(3136)) and spans it");
+    ok(fabs(mean) < 0.01 * bound, "9.weight mean near 0 (%g)", mean);
+    dt_model_state_find(m, "1.weight", &t);
+    ok(p[t.offset] == 1.0f && p[t.offset + 31] == 1.0f, "bn weight 1");
+    dt_model_state_find(m, "1.running_var", &t);
+    ok(((float *)t.data)[0] == 1.0f && t.data == dt_model_buffers(m) + t.offset, "running_var 1, in the buffer array");
+
+    /* forward/backward on a batch, hooks */
+    int B = 4;
+    float *x = malloc((size_t)B * 784 * sizeof(float));
+    int32_t labels[4] = { 3, 1, 4, 1 };
+    for (int i = 0; i < B * 784; i++) x[i] = (float)((i * 7919) % 1000) / 1000.0f;
+    ready_log r = { .order_ok = 1 };
+    dt_model_set_grad_ready(m, on_ready, &r);
+    const float *y;
+    float loss = 0;
+    is_int(dt_model_forward(m, x, B, 1, 0, 0, &y), DT_OK, "cnn forward");
+    is_int(dt_model_output_shape(m)->d[0], 10, "output (B, 10)");
+    dt_loss ce = { DT_LOSS_CE, 0.0f };
+    is_int(dt_model_loss_backward(m, &ce, labels, B, (float)B, &loss), DT_OK, "cnn loss + backward");
+    ok(loss > 1.5f && loss < 3.5f, "initial loss near ln(10) (%g)", (double)loss);
+    is_int(r.calls, 6, "grad_ready once per layer with parameters");
+    ok(r.order_ok && r.last_first == 0, "grad_ready in reverse order, ending at parameter 0");
+    int all_once = 1;
+    for (int i = 0; i < 12; i++) all_once &= r.seen[i] == 1;
+    ok(all_once, "every parameter reported exactly once");
+    dt_model_state_find(m, "1.num_batches_tracked", &t);
+    is_int(*(int64_t *)t.data, 1, "num_batches_tracked counts train batches");
+    is_int(dt_model_forward(m, x, 9, 1, 0, 0, &y), DT_ERR_INVALID, "batch above max rejected");
+    like(dt_last_error(), "batch 9 outside [1, 8]", "batch message");
+    dt_model_forward(m, x, B, 1, 0, 0, &y);
+    int32_t badlab[4] = { 3, 1, 10, 1 };
+    ok(dt_model_loss_backward(m, &ce, badlab, B, (float)B, &loss) != DT_OK, "label >= classes rejected");
+
+    /* sync-BN with a fake group of identical ranks gives the local result bitwise */
+    float *y1 = malloc(40 * sizeof(float)), *g1 = malloc(dt_model_nparams(m) * sizeof(float));
+    dt_model_forward(m, x, B, 1, 0, 0, &y);
+    memcpy(y1, y, 40 * sizeof(float));
+    dt_model_loss_backward(m, &ce, labels, B, (float)B, NULL);
+    memcpy(g1, dt_model_grads(m), dt_model_nparams(m) * sizeof(float));
+    dt_model_set_bn_sync(m, fake_sync, NULL);
+    dt_model_forward(m, x, B, 1, 0, 0, &y);
+    ok(memcmp(y1, y, 40 * sizeof(float)) == 0, "sync-BN forward equals local for identical ranks");
+    dt_model_loss_backward(m, &ce, labels, B, (float)B, NULL);
+    /* bn weight/bias grads stay local (DDP sums them); dx uses the global sums */
+    ok(memcmp(g1, dt_model_grads(m), dt_model_nparams(m) * sizeof(float)) == 0, "sync-BN gradients equal local");
+    ok(sync_calls[0] == 2 && sync_calls[1] == 2, "sync hook: called by both batchnorms in forward and backward");
+    dt_model_set_bn_sync(m, NULL, NULL);
+
+    /* eval: running statistics, deterministic, no update */
+    dt_model_state_find(m, "1.num_batches_tracked", &t);
+    int64_t nbt = *(int64_t *)t.data;
+    dt_model_forward(m, x, B, 0, 0, 0, &y);
+    memcpy(y1, y, 40 * sizeof(float));
+    dt_model_forward(m, x, B, 0, 0, 0, &y);
+    ok(memcmp(y1, y, 40 * sizeof(float)) == 0, "eval forward repeats exactly");
+    is_int(*(int64_t *)t.data, nbt, "eval does not count batches");
+    int64_t correct = -1;
+    is_int(dt_model_loss(m, &ce, labels, B, (float)B, &loss, &correct), DT_OK, "eval loss");
+    ok(correct >= 0 && correct <= B, "correct count in [0, B]");
+
+    char buf[4096];
+    dt_model_summary(m, buf, sizeof buf);
+    like(buf, "Total params: 421,834", "cnn summary total");
+    like(buf, "(B, 64, 7, 7)", "cnn summary shows the pooled shape");
+    free(x); free(y1); free(g1);
+    dt_model_free(m);
+
+    m = NULL;
+    is_int(dt_model_build("flatten linear(10)", &MNIST, ops, 1, 0, &m), DT_ERR_INVALID, "max batch 0 rejected");
+    is_int(dt_model_build("linear(10)", &MNIST, ops, 1, 4, &m), DT_ERR_INVALID, "build reports spec errors");
+    ok(m == NULL, "no model on failure");
+}
+
+/* Deferred running statistics: records replayed in order give the buffers of
+ * in-place updates bit for bit; outputs are the same either way. */
+static void test_bn_record(void) {
+    const dt_ops *ops = dt_ops_cpu();
+    dt_shape in = { 3, { 2, 5, 5 } };
+    const char *spec = "conv(3,3,pad=1) bn relu flatten linear(6) bn linear(2)";
+    dt_model *a = NULL, *b = NULL;
+    dt_model_build(spec, &in, ops, 3, 4, &a);
+    dt_model_build(spec, &in, ops, 3, 4, &b);
+    if (!ok(a && b, "two models for the record test")) return;
+    size_t nrec = dt_model_bn_record_size(b);
+    is_int(nrec, (2 * 3 + 2) + (2 * 6 + 2), "record holds [sum|sumsq|count] per bn layer");
+    float x[3][4 * 50], rec[3][32], ya[8], yb[8];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 200; i++) x[k][i] = (float)(((i + 37 * k) * 7919) % 101) / 50.0f - 1.0f;
+    int same_out = 1;
+    for (int k = 0; k < 3; k++) {
+        const float *y;
+        dt_model_forward(a, x[k], 4, 1, 0, 0, &y);
+        memcpy(ya, y, sizeof ya);
+        dt_model_set_bn_record(b, rec[k]);
+        dt_model_forward(b, x[k], 4, 1, 0, 0, &y);
+        memcpy(yb, y, sizeof yb);
+        same_out &= memcmp(ya, yb, sizeof ya) == 0;
+    }
+    ok(same_out, "outputs equal with and without a record");
+    dt_tensor_info ta, tb;
+    dt_model_state_find(b, "1.num_batches_tracked", &tb);
+    is_int(*(int64_t *)tb.data, 0, "recording does not count batches");
+    ok(memcmp(dt_model_buffers(a), dt_model_buffers(b), dt_model_nbuffers(a) * sizeof(float)) != 0,
+       "recording leaves the running buffers alone");
+    for (int k = 0; k < 3; k++) is_int(dt_model_bn_replay(b, rec[k]), DT_OK, "replay record %d", k);
+    ok(memcmp(dt_model_buffers(a), dt_model_buffers(b), dt_model_nbuffers(a) * sizeof(float)) == 0,
+       "replayed running buffers equal in-place updates bit for bit");
+    dt_model_state_find(a, "5.num_batches_tracked", &ta);
+    dt_model_state_find(b, "5.num_batches_tracked", &tb);
+    ok(*(int64_t *)ta.data == 3 && *(int64_t *)tb.data == 3, "num_batches_tracked 3 both ways");
+    dt_model_free(a);
+    dt_model_free(b);
+}
+
+/* Reference values from PyTorch 1.13 for nn.Sequential(Conv2d(2,3,3,padding=1),
+ * BatchNorm2d(3), ReLU(), MaxPool2d(2), Flatten(), Linear(12,4)) with parameter k
+ * (in model.parameters() order, flattened) = 0.3*sin(0.37k + 0.1), input element
+ * i = 0.5*cos(0.11i^2 + 0.3i) of (3, 2, 4, 4), labels (2, 0, 3), one train-mode
+ * forward with cross_entropy(label_smoothing=0.1) and backward, then eval. */
+static const float torch_loss = 1.42721844f;
+static const float torch_grads[115] = {
+    -0.102561787f, -0.0248722266f, 0.0524837002f, 0.0195925795f, -0.0822510421f, 0.0149632292f,
+    -0.00838155393f, -0.0137549564f, -0.00136420759f, -0.0517635532f, 0.0622260496f, 0.039069213f,
+    -0.0151845124f, -0.0036859191f, -0.0409195833f, -0.0738915578f, -0.0357054099f, -0.0426609591f,
+    0.00375835807f, -0.00922741648f, 0.00861110538f, 0.00181962142f, 0.014352384f, -0.0153259244f,
+    -0.0120699825f, 0.00190668448f, 0.00831849966f, -0.021565266f, -0.00341593917f,
+    -0.00227393745f, 0.00602966454f, 0.00369223091f, 0.00762968464f, -0.00996011496f,
+    -0.0186943989f, -0.0103612551f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f,
+    0.0f, 0.0f, -2.42143869e-08f, -1.62981451e-09f, 0.0f, 0.318127066f, -0.20776999f, 0.0f, 0.281658798f,
+    -0.106717423f, 0.0f, 0.00521633355f, 0.0142313614f, -0.0776745602f, -0.0110601112f,
+    0.00383849558f, 0.00400494272f, -0.0146636879f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0272171237f,
+    0.0344048887f, 0.0250487961f, 0.0157041363f, 0.00411009323f, 0.00381131447f, 0.00472880341f,
+    0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0302916858f, -0.0293203201f, 0.0296174362f, 0.017774811f, 0.00451006042f,
+    -0.0111542866f, 0.00559128821f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, -0.0627251416f, -0.0193159301f,
+    0.0230083168f, -0.0224188361f, -0.0124586485f, 0.00333802844f, 0.00434359442f, 0.0f, 0.0f, 0.0f, 0.0f,
+    0.0f, -0.0724343359f, 0.227040887f, -0.0512481555f, -0.103358403f,
+};
+static const float torch_rm[3] = { 0.0340512469f, 0.0362667255f, 0.0335424505f }, torch_rv[3] = { 0.906044483f, 0.906335115f, 0.907097757f };
+static const float torch_eval[12] = {
+    -0.113929391f, -0.192162648f, -0.246648446f, -0.307180583f, -0.134647921f, -0.203319073f,
+    -0.219927028f, -0.310402036f, -0.1371281f, -0.18932347f, -0.224977404f, -0.321680218f,
+};
+
+static int close_to(float a, float b, float atol, float rtol) { return fabsf(a - b) <= atol + rtol * fabsf(b); }
+
+static void test_against_torch(void) {
+    const dt_ops *ops = dt_ops_cpu();
+    dt_shape in = { 3, { 2, 4, 4 } };
+    dt_model *m = NULL;
+    if (!ok(dt_model_build("conv(3,3,pad=1) bn relu maxpool(2) flatten linear(4)", &in, ops, 0, 3, &m) == DT_OK,
+            "reference model builds")) return;
+    is_int(dt_model_nparams(m), 115, "reference model has PyTorch's 115 parameters");
+    float *p = dt_model_params(m), x[96], loss = 0;
+    for (int k = 0; k < 115; k++) p[k] = 0.3f * (float)sin(0.37 * k + 0.1);
+    for (int i = 0; i < 96; i++) x[i] = 0.5f * (float)cos(0.11 * i * i + 0.3 * i);
+    int32_t labels[3] = { 2, 0, 3 };
+    dt_loss ce = { DT_LOSS_CE, 0.1f };
+    dt_model_forward(m, x, 3, 1, 0, 0, NULL);
+    is_int(dt_model_loss_backward(m, &ce, labels, 3, 3.0f, &loss), DT_OK, "reference loss + backward");
+    ok(close_to(loss, torch_loss, 1e-6f, 1e-5f), "loss %.9g equals PyTorch's %.9g", (double)loss, (double)torch_loss);
+    const float *g = dt_model_grads(m);
+    int bad = -1;
+    for (int k = 0; k < 115; k++)
+        if (!close_to(g[k], torch_grads[k], 2e-6f, 1e-4f) && bad < 0) bad = k;
+    if (!ok(bad < 0, "all 115 gradients equal PyTorch's (layouts, bn, pooling, smoothing)"))
+        diag("   gradient %d: %.9g, PyTorch %.9g", bad, (double)g[bad], (double)torch_grads[bad]);
+    const float *buf = dt_model_buffers(m);
+    int stats = 1;
+    for (int c = 0; c < 3; c++) stats &= close_to(buf[c], torch_rm[c], 1e-7f, 1e-5f) && close_to(buf[3 + c], torch_rv[c], 1e-7f, 1e-5f);
+    ok(stats, "running_mean / running_var (unbiased, momentum 0.1) equal PyTorch's");
+    const float *y;
+    dt_model_forward(m, x, 3, 0, 0, 0, &y);
+    int ev = 1;
+    for (int i = 0; i < 12; i++) ev &= close_to(y[i], torch_eval[i], 1e-6f, 1e-5f);
+    ok(ev, "eval-mode outputs equal PyTorch's");
+    dt_model_free(m);
+}
+
+int main(void) {
+    test_parse();
+    test_files();
+    test_errors();
+    test_summary();
+    test_built();
+    test_bn_record();
+    test_against_torch();
+    return done_testing();
+}

@@ -1,0 +1,277 @@
+/* test_nn.c: finite-difference gradient checks of every layer and loss on the
+ * CPU backend.
+ *
+ * For a layer y = f(x; w) and a fixed random r, the scalar L = sum(r * y) has
+ * dL/dx = backward(dy = r) and dL/dw = the layer's parameter gradients. Each is
+ * compared with the central difference (L(v + h) - L(v - h)) / 2h, L summed in
+ * double from the float forward. Tolerance: |num - ana| <= ATOL + RTOL*|ana|
+ * with ATOL = 2e-3, RTOL = 2e-2 (float forward, h = 1e-2 for smooth layers;
+ * piecewise layers use inputs kept more than h away from their kinks).
+ */
+#include "model.h"
+#include "nn.h"
+#include "rng.h"
+#include "tap.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ATOL 2e-3
+#define RTOL 2e-2
+#define MAXCHECK 120   /* elements checked per tensor (spread evenly) */
+
+static const dt_ops *ops;
+
+typedef struct {
+    dt_spec  spec;
+    dt_layer *L;
+    float   *params, *grads, *buffers;
+    dt_nn_ctx c;
+    int      B;
+} harness;
+
+static float urand(uint64_t stream, uint64_t i) { return 2.0f * dt_rng_unit(1234, stream, i) - 1.0f; }
+
+static int setup(harness *h, const char *text, dt_shape in, int B, int train) {
+    memset(h, 0, sizeof *h);
+    if (dt_spec_parse(text, &h->spec) != DT_OK || dt_spec_infer(&h->spec, &in) != DT_OK) {
+        diag("spec '%s': %s", text, dt_last_error());
+        return 0;
+    }
+    h->L = &h->spec.layers[0];
+    size_t np = (size_t)h->spec.nparams;
+    h->params = calloc(np + 1, sizeof(float));
+    h->grads = calloc(np + 1, sizeof(float));
+    h->buffers = calloc(2 * 64 + 1, sizeof(float));
+    h->B = B;
+    dt_nn_ctx c = { .ops = ops, .params = h->params, .grads = h->grads, .buffers = h->buffers,
+                    .train = train, .seed = 99, .epoch = 3, .sample0 = 1000 };
+    h->c = c;
+    if (dt_layer_alloc(ops, h->L, B) != DT_OK || dt_layer_init(&h->c, h->L) != DT_OK) {
+        diag("alloc/init: %s", dt_last_error());
+        return 0;
+    }
+    /* move parameters off their defaults (bn/ln weight 1, bias 0) so every term matters */
+    for (size_t i = 0; i < np; i++) h->params[i] += 0.3f * urand(7, i);
+    return 1;
+}
+
+static void teardown(harness *h) {
+    dt_layer_free(ops, h->L);
+    free(h->params); free(h->grads); free(h->buffers);
+    dt_spec_free(&h->spec);
+}
+
+static double objective(harness *h, const float *x, const float *r) {
+    if (dt_layer_forward(&h->c, h->L, x, h->B) != DT_OK) return NAN;
+    size_t n = (size_t)h->B * (size_t)h->L->out_numel;
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)r[i] * (double)h->L->out_ptr[i];
+    return s;
+}
+
+/* Compare ana (n) with central differences of the objective over v (n). */
+static int compare(harness *h, const float *x, const float *r, float *v, const float *ana, size_t n,
+                   float step, double *maxerr) {
+    int good = 1;
+    size_t stride = n > MAXCHECK ? n / MAXCHECK : 1;
+    for (size_t i = 0; i < n; i += stride) {
+        float keep = v[i];
+        v[i] = keep + step;
+        double lp = objective(h, x, r);
+        v[i] = keep - step;
+        double lm = objective(h, x, r);
+        v[i] = keep;
+        double num = (lp - lm) / (2.0 * step), err = fabs(num - ana[i]);
+        if (err > *maxerr) *maxerr = err;
+        if (!(err <= ATOL + RTOL * fabs(ana[i]))) {
+            if (good) diag("   element %zu: numeric %.6g, analytic %.6g", i, num, (double)ana[i]);
+            good = 0;
+        }
+    }
+    return good;
+}
+
+/* Gradient check of one layer on input shape `in` with batch B. x_kind: 0
+ * uniform(-1,1); 1 values kept >= 0.05 from 0 (relu); 2 distinct values 0.03
+ * apart (maxpool). */
+static void check_layer(const char *spec, dt_shape in, int B, int train, int x_kind, float step) {
+    harness h;
+    char text[128], sh[48];
+    dt_shape_str(&in, 1, sh, sizeof sh);
+    snprintf(text, sizeof text, "%s on %s%s", spec, sh, train ? "" : " (eval)");
+    if (!ok(setup(&h, spec, in, B, train), "%s: setup", text)) return;
+    size_t nx = (size_t)B * (size_t)h.L->in_numel, ny = (size_t)B * (size_t)h.L->out_numel;
+    float *x = malloc(nx * sizeof(float)), *r = malloc(ny * sizeof(float));
+    float *dx = malloc(nx * sizeof(float));
+    for (size_t i = 0; i < nx; i++) {
+        float u = urand(1, i);
+        if (x_kind == 1) u = u < 0 ? u - 0.05f : u + 0.05f;
+        if (x_kind == 2) u = 0.03f * (float)((i * 7919) % nx) - 0.015f * (float)nx;
+        x[i] = u;
+    }
+    for (size_t i = 0; i < ny; i++) r[i] = urand(2, i);
+    dt_status s = dt_layer_forward(&h.c, h.L, x, B);
+    if (s == DT_OK) s = dt_layer_backward(&h.c, h.L, x, r, dx, B);
+    if (!ok(s == DT_OK, "%s: forward and backward", text)) diag("%s", dt_last_error());
+    /* the analytic gradients are from one pass; later forwards only perturb */
+    float *gp = malloc(((size_t)h.spec.nparams + 1) * sizeof(float));
+    memcpy(gp, h.grads, (size_t)h.spec.nparams * sizeof(float));
+    double ex = 0, ep = 0;
+    int good_x = compare(&h, x, r, x, dx, nx, step, &ex);
+    ok(good_x, "%s: dL/dx matches central differences (max err %.2g)", text, ex);
+    if (h.spec.nparams) {
+        int good = compare(&h, x, r, h.params, gp, (size_t)h.spec.nparams, step, &ep);
+        ok(good, "%s: dL/dparams match central differences (max err %.2g)", text, ep);
+    }
+    free(gp); free(x); free(r); free(dx);
+    teardown(&h);
+}
+
+/* Gradient of a model loss with respect to all parameters, through dt_model. */
+static void check_model_loss(const char *spec, const dt_loss *loss, const char *what) {
+    dt_shape in = { 1, { 6 } };
+    int B = 5;
+    dt_model *m = NULL;
+    if (!ok(dt_model_build(spec, &in, ops, 5, B, &m) == DT_OK, "%s: build", what)) return;
+    float x[30], target[5 * 4];
+    int32_t labels[5] = { 0, 3, 1, 3, 2 };
+    for (int i = 0; i < 30; i++) x[i] = urand(3, (uint64_t)i);
+    for (int i = 0; i < 20; i++) target[i] = urand(4, (uint64_t)i);
+    const void *tg = loss->kind == DT_LOSS_CE ? (const void *)labels : (const void *)target;
+    float norm = 8.0f, l0;
+    dt_model_forward(m, x, B, 1, 0, 0, NULL);
+    is_int(dt_model_loss_backward(m, loss, tg, B, norm, &l0), DT_OK, "%s: loss backward", what);
+    size_t n = dt_model_nparams(m);
+    float *g = malloc(n * sizeof(float)), *p = dt_model_params(m);
+    memcpy(g, dt_model_grads(m), n * sizeof(float));
+    double maxerr = 0;
+    int good = 1;
+    for (size_t i = 0; i < n; i++) {
+        float keep = p[i], lp, lm, step = 1e-2f;
+        p[i] = keep + step;
+        dt_model_forward(m, x, B, 1, 0, 0, NULL);
+        dt_model_loss(m, loss, tg, B, norm, &lp, NULL);
+        p[i] = keep - step;
+        dt_model_forward(m, x, B, 1, 0, 0, NULL);
+        dt_model_loss(m, loss, tg, B, norm, &lm, NULL);
+        p[i] = keep;
+        double num = ((double)lp - (double)lm) / (2.0 * step), err = fabs(num - g[i]);
+        if (err > maxerr) maxerr = err;
+        if (!(err <= 1e-3 + RTOL * fabs(g[i]))) good = 0;
+    }
+    ok(good, "%s: parameter gradients of the loss match central differences (max err %.2g)", what, maxerr);
+    free(g);
+    dt_model_free(m);
+}
+
+/* Values of the losses against a double-precision reference. */
+static void check_loss_values(void) {
+    dt_shape in = { 1, { 4 } };
+    dt_model *m = NULL;
+    dt_model_build("tanh", &in, ops, 1, 3, &m);
+    float x[12], tg[12];
+    int32_t lab[3] = { 2, 0, 3 };
+    for (int i = 0; i < 12; i++) { x[i] = urand(5, (uint64_t)i); tg[i] = urand(6, (uint64_t)i); }
+    const float *y;
+    dt_model_forward(m, x, 3, 1, 0, 0, &y);
+    for (int ls = 0; ls < 2; ls++) {
+        double eps = ls ? 0.1 : 0.0, ref = 0;
+        for (int b = 0; b < 3; b++) {
+            double mx = -1e30, z = 0;
+            for (int j = 0; j < 4; j++) mx = fmax(mx, y[b * 4 + j]);
+            for (int j = 0; j < 4; j++) z += exp(y[b * 4 + j] - mx);
+            for (int j = 0; j < 4; j++) {
+                double t = (1 - eps) * (j == lab[b]) + eps / 4;
+                ref -= t * (y[b * 4 + j] - mx - log(z));
+            }
+        }
+        ref /= 3.0;
+        dt_loss ce = { DT_LOSS_CE, (float)eps };
+        float l = 0;
+        dt_model_loss(m, &ce, lab, 3, 3.0f, &l, NULL);
+        ok(fabs(l - ref) < 1e-5, "cross-entropy%s value %g equals reference %g", ls ? " (smoothing 0.1)" : "", (double)l, ref);
+    }
+    double ref = 0;
+    for (int i = 0; i < 12; i++) ref += (y[i] - tg[i]) * (double)(y[i] - tg[i]);
+    ref /= 12.0;   /* PyTorch's mean MSE over B*C elements when normaliser = B */
+    dt_loss mse = { DT_LOSS_MSE, 0 };
+    float l = 0;
+    dt_model_loss(m, &mse, tg, 3, 3.0f, &l, NULL);
+    ok(fabs(l - ref) < 1e-5, "MSE value %g equals PyTorch's mean reduction %g", (double)l, ref);
+    dt_loss bad = { DT_LOSS_CE, 1.5f };
+    is_int(dt_model_loss(m, &bad, lab, 3, 3.0f, &l, NULL), DT_ERR_INVALID, "label smoothing above 1 rejected");
+    is_int(dt_model_loss(m, &mse, tg, 3, 0.0f, &l, NULL), DT_ERR_INVALID, "normaliser 0 rejected");
+    is_int(dt_model_loss(m, &mse, tg, 2, 3.0f, &l, NULL), DT_ERR_INVALID, "loss batch must match the forward");
+    dt_model_free(m);
+}
+
+/* Dropout: fixed mask from (seed, epoch, sample), scaling, eval identity. */
+static void check_dropout(void) {
+    harness h;
+    dt_shape in = { 1, { 50 } };
+    if (!setup(&h, "dropout(0.4)", in, 4, 1)) return;
+    float x[200], y1[200];
+    for (int i = 0; i < 200; i++) x[i] = 1.0f + urand(8, (uint64_t)i) * 0.5f;
+    dt_layer_forward(&h.c, h.L, x, 4);
+    memcpy(y1, h.L->out_ptr, sizeof y1);
+    int kept = 0, right = 1;
+    for (int i = 0; i < 200; i++) {
+        int keep = dt_rng_dropout_keep(99, 0, 3, 1000 + (uint64_t)(i / 50), (uint64_t)(i % 50), 0.4f);
+        kept += keep;
+        float want = keep ? x[i] / 0.6f : 0.0f;
+        if (fabsf(y1[i] - want) > 1e-6f * fabsf(want)) right = 0;
+    }
+    ok(right, "dropout keeps by (seed, stream=index, epoch, sample, element) and scales by 1/(1-p)");
+    ok(kept > 90 && kept < 150, "dropout keeps about 60%% (%d of 200)", kept);
+    /* the same sample at another batch position gets the same mask */
+    h.c.sample0 = 1001;
+    dt_layer_forward(&h.c, h.L, x + 50, 1);
+    ok(memcmp(h.L->out_ptr, y1 + 50, 50 * sizeof(float)) == 0, "a sample's mask does not depend on its batch position");
+    h.c.train = 0;
+    dt_layer_forward(&h.c, h.L, x, 4);
+    ok(h.L->out_ptr == x, "eval dropout is the identity");
+    teardown(&h);
+}
+
+int main(void) {
+    ops = dt_ops_cpu();
+    const dt_shape flat = { 1, { 7 } }, img = { 3, { 3, 6, 5 } }, img2 = { 3, { 2, 5, 6 } };
+    /* spec, input shape, batch, train, input kind (see check_layer), step */
+    static const struct { const char *spec; int shape, B, train, x_kind; float step; } cases[] = {
+        { "linear(4)", 0, 3, 1, 0, 1e-2f },
+        { "linear(5,bias=0)", 0, 2, 1, 0, 1e-2f },
+        { "conv(4,3)", 1, 2, 1, 0, 1e-2f },
+        { "conv(3,3,stride=2,pad=1)", 1, 2, 1, 0, 1e-2f },
+        { "conv(2,2,stride=1,pad=1,bias=0)", 2, 2, 1, 0, 1e-2f },
+        { "maxpool(2)", 1, 2, 1, 2, 1e-3f },
+        { "maxpool(3,stride=2,pad=1)", 2, 2, 1, 2, 1e-3f },
+        { "avgpool(2)", 1, 2, 1, 0, 1e-2f },
+        { "avgpool(3,stride=2,pad=1)", 2, 2, 1, 0, 1e-2f },
+        { "gap", 1, 3, 1, 0, 1e-2f },
+        { "bn", 0, 6, 1, 0, 1e-2f },                 /* BatchNorm1d, batch statistics */
+        { "bn", 1, 3, 1, 0, 1e-2f },                 /* BatchNorm2d */
+        { "bn", 1, 3, 0, 0, 1e-2f },                 /* eval mode: running statistics */
+        { "ln", 0, 4, 1, 0, 1e-2f },
+        { "ln", 2, 2, 1, 0, 1e-2f },
+        { "relu", 1, 2, 1, 1, 1e-2f },
+        { "gelu", 1, 2, 1, 0, 1e-2f },
+        { "tanh", 0, 3, 1, 0, 1e-2f },
+        { "dropout(0.3)", 0, 4, 1, 0, 1e-2f },       /* fixed mask: same (seed, epoch, sample) */
+        { "flatten", 1, 2, 1, 0, 1e-2f },
+    };
+    const dt_shape *shapes[] = { &flat, &img, &img2 };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_layer(cases[i].spec, *shapes[cases[i].shape], cases[i].B, cases[i].train, cases[i].x_kind, cases[i].step);
+    check_dropout();
+
+    dt_loss ce = { DT_LOSS_CE, 0.0f }, ls = { DT_LOSS_CE, 0.1f }, mse = { DT_LOSS_MSE, 0.0f };
+    check_model_loss("linear(4)", &ce, "cross-entropy");
+    check_model_loss("linear(4)", &ls, "cross-entropy with label smoothing");
+    check_model_loss("linear(4)", &mse, "MSE");
+    check_model_loss("linear(5) bn tanh linear(4)", &ce, "linear-bn-tanh-linear through the model");
+    check_loss_values();
+    return done_testing();
+}
