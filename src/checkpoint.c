@@ -1,5 +1,9 @@
 /*
  * checkpoint.c: model weights to and from safetensors files (see checkpoint.h).
+ *
+ * The three building blocks (gather the state into one host buffer, check a
+ * file against the model, copy a checked file in) are shared with the training
+ * checkpoints of ckpt.c, so both write and verify a model file the same way.
  */
 #include "checkpoint.h"
 
@@ -7,84 +11,115 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "safetensors.h"
-
 static dt_st_dtype st_dtype(dt_dtype t) { return t == DT_I64 ? DT_ST_I64 : DT_ST_F32; }
+static size_t state_bytes(const dt_tensor_info *ti) { return (size_t)ti->numel * (ti->dtype == DT_I64 ? 8 : 4); }
 
-/* Copy a state tensor to host memory (malloc'd) for writing or comparing. */
-static dt_status state_to_host(const dt_ops *ops, const dt_tensor_info *ti, void **out) {
-    size_t bytes = (size_t)ti->numel * (ti->dtype == DT_I64 ? 8 : 4);
-    void *h = malloc(bytes ? bytes : 1);
-    if (!h) return dt_error(DT_ERR_NOMEM, "out of memory copying %s to the host", ti->name);
-    dt_status s = ti->on_host ? (memcpy(h, ti->data, bytes), DT_OK) : ops->copy_d2h(h, ti->data, bytes);
-    if (s != DT_OK) { free(h); return s; }
-    *out = h;
+dt_status dt_model_state_add(dt_model *m, dt_st_writer *w, void **host, size_t *nbytes) {
+    const dt_ops *ops = dt_model_ops(m);
+    int n = dt_model_nstate(m);
+    size_t total = 0;
+    *host = NULL;
+    *nbytes = 0;
+    for (int i = 0; i < n; i++) {
+        dt_tensor_info ti;
+        DT_TRY(dt_model_state(m, i, &ti));
+        total += state_bytes(&ti);
+    }
+    /* One buffer, tensors back to back in state_dict order: exactly the data
+     * region of the file, so a checksum over it is the checksum of the file's data. */
+    unsigned char *h = malloc(total ? total : 1);
+    if (!h) return dt_error(DT_ERR_NOMEM, "out of memory copying %zu bytes of model state to the host", total);
+    dt_status s = DT_OK;
+    size_t off = 0;
+    for (int i = 0; s == DT_OK && i < n; i++) {
+        dt_tensor_info ti;
+        s = dt_model_state(m, i, &ti);
+        if (s != DT_OK) break;
+        size_t b = state_bytes(&ti);
+        if (ti.on_host) memcpy(h + off, ti.data, b);
+        else if (b) s = ops->copy_d2h(h + off, ti.data, b);
+        if (s == DT_OK) s = dt_st_writer_add(w, ti.name, st_dtype(ti.dtype), ti.ndim, ti.shape, h + off);
+        off += b;
+    }
+    if (s != DT_OK) {
+        free(h);
+        return s;
+    }
+    *host = h;
+    *nbytes = total;
+    return DT_OK;
+}
+
+/* "64,32,3,3" */
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int d = 0; d < ndim && k + 24 < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? "," : "", (long long)shape[d]);
+}
+
+dt_status dt_model_state_check(dt_model *m, const dt_st_file *f, const char *label) {
+    int n = dt_model_nstate(m);
+    for (int i = 0; i < n; i++) {
+        dt_tensor_info ti;
+        dt_st_tensor st;
+        DT_TRY(dt_model_state(m, i, &ti));
+        if (dt_st_find(f, ti.name, &st) != DT_OK)
+            return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is missing (is this a checkpoint of another model?)",
+                            label, ti.name);
+        int same = st.dtype == st_dtype(ti.dtype) && st.ndim == ti.ndim;
+        for (int d = 0; same && d < ti.ndim; d++) same = st.shape[d] == ti.shape[d];
+        if (!same) {
+            char want[128], got[128];
+            shape_str(want, sizeof want, ti.ndim, ti.shape);
+            shape_str(got, sizeof got, st.ndim, st.shape);
+            return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is %s [%s] in the file, the model expects %s [%s]", label,
+                            ti.name, dt_st_dtype_name(st.dtype), got, dt_st_dtype_name(st_dtype(ti.dtype)), want);
+        }
+    }
+    if (dt_st_count(f) != (size_t)n)
+        return dt_error(DT_ERR_FORMAT, "%s: holds %zu tensors, the model has %d (is this a checkpoint of another model?)",
+                        label, dt_st_count(f), n);
+    return DT_OK;
+}
+
+dt_status dt_model_state_copy(dt_model *m, const dt_st_file *f) {
+    const dt_ops *ops = dt_model_ops(m);
+    int n = dt_model_nstate(m);
+    for (int i = 0; i < n; i++) {
+        dt_tensor_info ti;
+        dt_st_tensor st;
+        DT_TRY(dt_model_state(m, i, &ti));
+        DT_TRY(dt_st_find(f, ti.name, &st));
+        if (st.nbytes != state_bytes(&ti))
+            return dt_error(DT_ERR_INTERNAL, "tensor '%s': %zu bytes in the file, %zu in the model (not checked?)",
+                            ti.name, st.nbytes, state_bytes(&ti));
+        if (ti.on_host) memcpy(ti.data, st.data, st.nbytes);
+        else if (st.nbytes) DT_TRY(ops->copy_h2d(ti.data, st.data, st.nbytes));
+    }
     return DT_OK;
 }
 
 dt_status dt_model_save(dt_model *m, const char *path, const char *const *meta, int nmeta) {
-    const dt_ops *ops = dt_model_ops(m);
-    int n = dt_model_nstate(m);
-    void **host = calloc((size_t)(n > 0 ? n : 1), sizeof *host);
     dt_st_writer *w = NULL;
-    if (!host) return dt_error(DT_ERR_NOMEM, "out of memory saving %s", path);
-    dt_status s = dt_st_writer_init(&w);
-    for (int i = 0; s == DT_OK && i < n; i++) {
-        dt_tensor_info ti;
-        s = dt_model_state(m, i, &ti);
-        if (s == DT_OK) s = state_to_host(ops, &ti, &host[i]);
-        if (s == DT_OK) s = dt_st_writer_add(w, ti.name, st_dtype(ti.dtype), ti.ndim, ti.shape, host[i]);
-    }
+    void *host = NULL;
+    size_t nbytes;
+    DT_TRY(dt_st_writer_init(&w));
+    dt_status s = dt_model_state_add(m, w, &host, &nbytes);
     for (int i = 0; s == DT_OK && meta && i < nmeta; i++)
         s = dt_st_writer_set_meta(w, meta[2 * i], meta[2 * i + 1]);
     if (s == DT_OK) s = dt_st_writer_write(w, path);
     dt_st_writer_free(w);
-    for (int i = 0; i < n; i++) free(host[i]);
     free(host);
     return s;
 }
 
 dt_status dt_model_load(dt_model *m, const char *path) {
-    const dt_ops *ops = dt_model_ops(m);
     dt_st_file *f = NULL;
     DT_TRY(dt_st_open(path, &f));
-    dt_status s = DT_OK;
-    int n = dt_model_nstate(m);
     /* Check everything before changing anything: a failed load leaves the model as it was. */
-    for (int pass = 0; pass < 2 && s == DT_OK; pass++) {
-        if (pass == 1 && dt_st_count(f) != (size_t)n) {
-            s = dt_error(DT_ERR_FORMAT, "%s: holds %zu tensors, the model has %d (is this a checkpoint of another model?)",
-                         path, dt_st_count(f), n);
-            break;
-        }
-        for (int i = 0; s == DT_OK && i < n; i++) {
-            dt_tensor_info ti;
-            dt_st_tensor st;
-            s = dt_model_state(m, i, &ti);
-            if (s != DT_OK) break;
-            if (dt_st_find(f, ti.name, &st) != DT_OK) {
-                s = dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is missing (is this a checkpoint of another model?)",
-                             path, ti.name);
-                break;
-            }
-            int same = st.dtype == st_dtype(ti.dtype) && st.ndim == ti.ndim;
-            for (int d = 0; same && d < ti.ndim; d++) same = st.shape[d] == ti.shape[d];
-            if (!same) {
-                char want[96] = "", got[96] = "";
-                for (int d = 0; d < ti.ndim; d++)
-                    snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "," : "", (long long)ti.shape[d]);
-                for (int d = 0; d < st.ndim && d < DT_ST_MAX_DIMS; d++)
-                    snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "," : "", (long long)st.shape[d]);
-                s = dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is %s [%s] in the file, the model expects %s [%s]",
-                             path, ti.name, dt_st_dtype_name(st.dtype), got, dt_st_dtype_name(st_dtype(ti.dtype)), want);
-                break;
-            }
-            if (pass == 1) {
-                if (ti.on_host) memcpy(ti.data, st.data, st.nbytes);
-                else s = ops->copy_h2d(ti.data, st.data, st.nbytes);
-            }
-        }
-    }
+    dt_status s = dt_model_state_check(m, f, path);
+    if (s == DT_OK) s = dt_model_state_copy(m, f);
     dt_st_close(f);
     return s;
 }

@@ -14,6 +14,7 @@
 #include "config.h"
 
 #include "data.h"
+#include "fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -42,19 +43,8 @@ typedef struct {
 static dt_status rf_open(rfile *f, const char *path) {
     memset(f, 0, sizeof *f);
     f->path = path;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        dt_status s = dt_error(DT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-        close(fd);
-        return s;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        close(fd);
-        return dt_error(DT_ERR_IO, "%s: is a directory, expected an IDX or .npy file", path);
-    }
-    f->file_size = (int64_t)st.st_size;
+    int fd;
+    DT_TRY(dt_file_open_read(path, &fd, &f->file_size));
     unsigned char magic[2] = {0, 0};
     ssize_t got = pread(fd, magic, 2, 0);
     if (got < 0) {

@@ -1,6 +1,5 @@
 /*
- * safetensors.h: safetensors files (the format of Hugging Face's safetensors),
- * and the atomic file writer that checkpoints also use.
+ * safetensors.h: safetensors files (the format of Hugging Face's safetensors).
  *
  * Layout: 8 bytes little-endian u64 N, then N bytes of JSON
  *   {"__metadata__": {"key": "value", ...},
@@ -16,9 +15,8 @@
  * or keys, UTF-8 strings. A file failing any check is rejected with one line
  * naming the file and the problem, and nothing of it is returned.
  *
- * Files are written atomically (DESIGN.md rule 4): a temporary file in the
- * same directory, fsync, rename over the target, fsync of the directory; a
- * crash at any point leaves either the old file or the new one.
+ * Files are written atomically through fileio.h (DESIGN.md rule 4): a crash
+ * at any point leaves either the old file or the complete new one.
  */
 #ifndef DT_SAFETENSORS_H
 #define DT_SAFETENSORS_H
@@ -26,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fileio.h" /* dt_afile, dt_write_atomic */
 #include "status.h"
 
 typedef enum {
@@ -47,7 +46,6 @@ typedef struct {
 
 typedef struct dt_st_writer dt_st_writer;
 typedef struct dt_st_file   dt_st_file;
-typedef struct dt_afile     dt_afile;
 
 /* ---- dtypes --------------------------------------------------------------- */
 const char *dt_st_dtype_name(dt_st_dtype t);              /* "F32", ... */
@@ -84,16 +82,5 @@ size_t    dt_st_meta_count(const dt_st_file *f);
 void      dt_st_meta_at(const dt_st_file *f, size_t i, const char **key, const char **value);
 /* The whole data region (after the header), e.g. for a checksum. */
 void      dt_st_data_region(const dt_st_file *f, const void **data, size_t *len);
-
-/* ---- atomic files --------------------------------------------------------- */
-/* Start writing path: the bytes go to a temporary file beside it. */
-dt_status dt_afile_open(const char *path, dt_afile **out);
-dt_status dt_afile_write(dt_afile *f, const void *buf, size_t n);
-/* fsync, rename over path, fsync the directory; frees f whatever happens. */
-dt_status dt_afile_commit(dt_afile *f);
-/* Drop the temporary file; path is left as it was. */
-void      dt_afile_abort(dt_afile *f);
-/* The whole of it in one call. */
-dt_status dt_write_atomic(const char *path, const void *buf, size_t n);
 
 #endif /* DT_SAFETENSORS_H */

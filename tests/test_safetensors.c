@@ -4,6 +4,7 @@
  * rejected with a message naming the file), and atomic writes. */
 #include "safetensors.h"
 #include "tap.h"
+#include "tmpfiles.h"
 
 #include <dirent.h>
 #include <stdint.h>
@@ -11,36 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static char dir[256];
-
-static const char *pth(const char *name) {
-    static char buf[4][512];
-    static int k = 0;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-    return buf[k];
-}
-
-static unsigned char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    return b;
-}
-
-static void spit(const char *path, const void *b, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(b, 1, n, f) != n || fclose(f) != 0) {
-        fprintf(stderr, "cannot write %s\n", path);
-        exit(1);
-    }
-}
 
 /* A file image from a JSON header (unpadded) and data bytes. */
 static unsigned char *make_file(const char *json, const void *data, size_t dlen, size_t *n) {
@@ -55,7 +26,7 @@ static unsigned char *make_file(const char *json, const void *data, size_t dlen,
 
 /* Count files in dir whose name contains sub. */
 static int count_files(const char *sub) {
-    DIR *d = opendir(dir);
+    DIR *d = opendir(tmp_dir_);
     int n = 0;
     struct dirent *e;
     while (d && (e = readdir(d)))
@@ -92,12 +63,12 @@ static void test_roundtrip(void) {
     ok(dt_st_writer_set_meta(w, "format", "pt") == DT_OK && dt_st_writer_set_meta(w, "checksum", "old") == DT_OK &&
        dt_st_writer_set_meta(w, "checksum", "crc32:1234abcd") == DT_OK &&
        dt_st_writer_set_meta(w, "state", "{\"epoch\": 3, \"step\": 7}\t\\") == DT_OK, "set metadata");
-    is_int(dt_st_writer_write(w, pth("rt.safetensors")), DT_OK, "write");
+    is_int(dt_st_writer_write(w, tmp_path("rt.safetensors")), DT_OK, "write");
     dt_st_writer_free(w);
     ok(count_files(".tmp.") == 0, "no temporary file left behind");
 
     dt_st_file *f = NULL;
-    is_int(dt_st_open(pth("rt.safetensors"), &f), DT_OK, "read it back");
+    is_int(dt_st_open(tmp_path("rt.safetensors"), &f), DT_OK, "read it back");
     if (!f) {
         diag("%s", dt_last_error());
         return;
@@ -146,7 +117,7 @@ static void test_layout(void) {
     dt_st_writer_init(&w);
     dt_st_writer_add(w, "w", DT_ST_F32, 1, s2, v);
     dt_st_writer_set_meta(w, "k", "v");
-    dt_st_writer_write(w, pth("small.safetensors"));
+    dt_st_writer_write(w, tmp_path("small.safetensors"));
     dt_st_writer_free(w);
     const char *json = "{\"__metadata__\":{\"k\":\"v\"},\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
     size_t jl = strlen(json), padded = (jl + 8 + 7) / 8 * 8 - 8;
@@ -158,7 +129,7 @@ static void test_layout(void) {
     const unsigned char data[8] = {0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0xc0};
     memcpy(want + 8 + padded, data, 8);
     size_t n;
-    unsigned char *got = slurp(pth("small.safetensors"), &n);
+    unsigned char *got = tmp_slurp(tmp_path("small.safetensors"), &n);
     is_int(padded, 80, "header of 78 JSON bytes padded to 80");
     ok(got && n == 8 + padded + 8 && memcmp(got, want, n) == 0, "file bytes equal the hand-computed layout");
     free(got);
@@ -196,10 +167,10 @@ static void test_python(void) {
              "h = json.dumps(hdr, indent=1).encode()\n"
              "open(sys.argv[1], 'wb').write(struct.pack('<Q', len(h)) + h + b + c)\n"
              "EOF",
-             pth("py.safetensors"));
+             tmp_path("py.safetensors"));
     is_int(system(cmd), 0, "python3 writes a safetensors file with json + struct");
     dt_st_file *f = NULL;
-    is_int(dt_st_open(pth("py.safetensors"), &f), DT_OK, "dtrain reads it");
+    is_int(dt_st_open(tmp_path("py.safetensors"), &f), DT_OK, "dtrain reads it");
     if (f) {
         dt_st_tensor a, b;
         int good = dt_st_find(f, "a.weight", &a) == DT_OK && dt_st_find(f, "b.bias", &b) == DT_OK &&
@@ -236,7 +207,7 @@ static void test_python(void) {
              "assert ends[0][0] == 0 and ends[-1][1] == len(data)\n"
              "assert all(x[1] == y[0] for x, y in zip(ends, ends[1:]))\n"
              "EOF",
-             pth("rt.safetensors"));
+             tmp_path("rt.safetensors"));
     is_int(system(cmd), 0, "python3 (json + struct) reads dtrain's file: header, values, metadata, offsets");
     /* And PyTorch, when installed, gets the same numbers from the raw bytes. */
     /* Debian's python3-torch lives under /usr/bin/python3, which another python3 may shadow. */
@@ -256,7 +227,7 @@ static void test_python(void) {
                  "b, e = hdr['f16']['data_offsets']\n"
                  "assert torch.frombuffer(data[b:e], dtype=torch.float16).tolist() == [1.0, -2.0, 65504.0]\n"
                  "EOF",
-                 torch_py, pth("rt.safetensors"));
+                 torch_py, tmp_path("rt.safetensors"));
         is_int(system(cmd), 0, "PyTorch decodes the BF16 and F16 tensors to the expected values");
     } else {
         skip(1, "PyTorch not installed");
@@ -276,23 +247,23 @@ static void reject(const char *json, const void *data, size_t dlen, const char *
 
 static void test_corrupt(void) {
     size_t n;
-    unsigned char *good = slurp(pth("small.safetensors"), &n);
+    unsigned char *good = tmp_slurp(tmp_path("small.safetensors"), &n);
     dt_st_file *f = NULL;
     /* truncation at many cut points, through the file layer */
     size_t cuts[] = {0, 1, 7, 8, 9, 40, 87, 88, 89, 92, 95};
     int all = 1;
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
-        spit(pth("cut.safetensors"), good, cuts[i]);
+        tmp_spit(tmp_path("cut.safetensors"), good, cuts[i]);
         f = (dt_st_file *)1;
-        dt_status s = dt_st_open(pth("cut.safetensors"), &f);
+        dt_status s = dt_st_open(tmp_path("cut.safetensors"), &f);
         if (s != DT_ERR_FORMAT || f != NULL || !strstr(dt_last_error(), "cut.safetensors")) {
             diag("cut at %zu: status %d: %s", cuts[i], s, dt_last_error());
             all = 0;
         }
     }
     ok(all, "truncated at 11 cut points (0 to size-1): each rejected naming the file");
-    spit(pth("cut.safetensors"), good, 12);
-    dt_st_open(pth("cut.safetensors"), &f);
+    tmp_spit(tmp_path("cut.safetensors"), good, 12);
+    dt_st_open(tmp_path("cut.safetensors"), &f);
     like(dt_last_error(), "larger than the rest of the file", "  e.g. %s", dt_last_error());
     /* every single-byte flip of the header: rejected or still well-formed, never a crash */
     int rejected = 0, accepted = 0, named = 1;
@@ -373,17 +344,17 @@ static void test_corrupt(void) {
        "whitespace, key order and \\u escapes are accepted");
     dt_st_close(f);
     free(ok_img);
-    is_int(dt_st_open(pth("does-not-exist"), &f), DT_ERR_IO, "a missing file is an I/O error");
+    is_int(dt_st_open(tmp_path("does-not-exist"), &f), DT_ERR_IO, "a missing file is an I/O error");
     like(dt_last_error(), "does-not-exist", "  naming it");
-    unlink(pth("cut.safetensors"));
+    unlink(tmp_path("cut.safetensors"));
 }
 
 static void test_atomic(void) {
-    const char *p = pth("atomic.bin");
+    const char *p = tmp_path("atomic.bin");
     is_int(dt_write_atomic(p, "first", 5), DT_OK, "atomic write");
     is_int(dt_write_atomic(p, "second!", 7), DT_OK, "atomic overwrite");
     size_t n;
-    unsigned char *b = slurp(p, &n);
+    unsigned char *b = tmp_slurp(p, &n);
     ok(b && n == 7 && memcmp(b, "second!", 7) == 0, "the file holds the second content");
     free(b);
     dt_afile *f = NULL;
@@ -391,7 +362,7 @@ static void test_atomic(void) {
     dt_afile_write(f, "partial", 7);
     is_int(count_files("atomic.bin.tmp."), 1, "  a temporary file beside the target while writing");
     dt_afile_abort(f);
-    b = slurp(p, &n);
+    b = tmp_slurp(p, &n);
     ok(b && n == 7 && memcmp(b, "second!", 7) == 0, "abort leaves the old file untouched");
     free(b);
     is_int(count_files(".tmp."), 0, "  and no temporary file");
@@ -405,16 +376,15 @@ static void test_atomic(void) {
 }
 
 int main(void) {
-    snprintf(dir, sizeof dir, "/tmp/dt_test_st.XXXXXX");
-    if (!mkdtemp(dir)) skip_all("cannot create a temporary directory");
+    tmp_init("dt_test_st");
     test_roundtrip();
     test_layout();
     test_python();
     test_corrupt();
     test_atomic();
-    unlink(pth("rt.safetensors"));
-    unlink(pth("small.safetensors"));
-    unlink(pth("py.safetensors"));
-    rmdir(dir);
+    unlink(tmp_path("rt.safetensors"));
+    unlink(tmp_path("small.safetensors"));
+    unlink(tmp_path("py.safetensors"));
+    rmdir(tmp_dir_);
     return done_testing();
 }

@@ -242,13 +242,14 @@ static dt_status rcv_shm(tcp_comm *tc, rcv_t *r, const dt_call *call, int *prog)
     return DT_OK;
 }
 
-/* A shared-memory peer's socket carries nothing after init: readable means it closed. */
-static dt_status check_alive(tcp_comm *tc, int peer, const dt_call *call) {
+/* A shared-memory peer's socket carries nothing after init: readable means it closed.
+ * What it wrote to the ring before it went stays readable, so the caller only gives up
+ * when a further attempt makes no progress. */
+static int peer_gone(tcp_comm *tc, int peer) {
     int fd = tc->w->peers[tc->map[peer]].fd;
     char b;
     ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return lost(tc, peer, call);
-    return DT_OK;
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 /* ---- the exchange --------------------------------------------------------------------- */
@@ -274,6 +275,7 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         }
     }
     double deadline = dt_now() + c->timeout_s, idle_since = 0;
+    int s_gone = 0, r_gone = 0;
     while (s.on || r.on) {
         int prog = 0;
         if (s.on) {
@@ -285,6 +287,8 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
             else DT_TRY(rcv_tcp(tc, &r, call, &prog));
         }
         if (prog || (!s.on && !r.on)) { idle_since = 0; continue; }
+        if (r.on && r_gone) return lost(tc, r.peer, call);
+        if (s.on && s_gone) return lost(tc, s.peer, call);
         double now = dt_now();
         if (idle_since == 0) idle_since = now;
         if (now > deadline) {
@@ -317,8 +321,8 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         int ms = (s_shm || r_shm) ? 1 : (left > 1.0 ? 1000 : (int)(left * 1000) + 1);
         int rc = poll(pf, (nfds_t)np, ms);
         if (rc < 0 && errno != EINTR) return dt_error(DT_ERR_IO, "poll: %s", strerror(errno));
-        if (rc > 0 && ps >= 0 && pf[ps].revents) DT_TRY(check_alive(tc, s.peer, call));
-        if (rc > 0 && pr >= 0 && pf[pr].revents) DT_TRY(check_alive(tc, r.peer, call));
+        if (rc > 0 && ps >= 0 && pf[ps].revents) s_gone = peer_gone(tc, s.peer);
+        if (rc > 0 && pr >= 0 && pf[pr].revents) r_gone = peer_gone(tc, r.peer);
     }
     return DT_OK;
 }

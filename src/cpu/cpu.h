@@ -28,6 +28,12 @@ int dt_cpu_threads(void);
 #define DT_CPU_CHUNK 4096
 double dt_cpu_pairwise(double *v, size_t n);   /* destroys v */
 
+/* Sums over one contiguous run of n floats, for per-channel statistics:
+ *   *s1 = sum a[i],  *s2 = sum a[i] * (b[i] - m)   (b == NULL: sum a[i]^2).
+ * 16 float lanes (lane k takes the elements i = k mod 16), combined in double in a
+ * fixed tree: the order depends on n only, and the lanes vectorise on any x86-64. */
+void dt_cpu_run_sums(const float *a, const float *b, float m, size_t n, double *s1, double *s2);
+
 /* Single-threaded row-major GEMM (a thin wrapper of cblas_sgemm), for use inside
  * parallel regions where each thread owns one output block. */
 void dt_cpu_gemm1(int transA, int transB, int M, int N, int K, float alpha,

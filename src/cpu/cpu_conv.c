@@ -20,20 +20,56 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CONV_GROUP 16     /* samples per group: fixed, never derived from the thread count */
+#define CONV_GROUP 8     /* samples per group: fixed, never derived from the thread count */
 #define PAR_MIN 32768
+
+/* "Same-width" convolutions (stride 1, Q == W, as 3x3 with padding 1) have a faster
+ * im2col: every row of col is the input plane shifted by (r - pad_h) rows and
+ * (s - pad_w) columns, i.e. ONE contiguous copy per row of col, after which the few
+ * entries that wrapped around a row edge are zeroed. */
+static int conv_rowcopy(const dt_conv2d_desc *d) {
+    return d->stride_h == 1 && d->stride_w == 1 && d->Q == d->W;
+}
+
+/* Valid output rows [*p0, *p1) for kernel row r: 0 <= p - pad_h + r < H. */
+static void valid_rows(const dt_conv2d_desc *d, int r, int *p0, int *p1) {
+    int a = d->pad_h - r, b = d->H + d->pad_h - r;
+    *p0 = a < 0 ? 0 : a > d->P ? d->P : a;
+    *p1 = b > d->P ? d->P : b < *p0 ? *p0 : b;
+}
 
 /* im2col for one sample: x (C, H, W) -> col rows (C*R*S) with row stride ld,
  * starting at column 0 of the given pointer; P*Q columns are written per row. */
 static void im2col(const dt_conv2d_desc *d, const float *x, float *col, size_t ld) {
     const int H = d->H, W = d->W, P = d->P, Q = d->Q, sh = d->stride_h, sw = d->stride_w;
+    const int fast = conv_rowcopy(d);
     for (int c = 0; c < d->C; c++)
         for (int r = 0; r < d->R; r++)
             for (int s = 0; s < d->S; s++) {
                 float *row = col + ((size_t)(c * d->R + r) * d->S + s) * ld;
                 const float *xc = x + (size_t)c * H * W;
-                /* valid q: 0 <= q*sw - pw + s < W */
                 int off = s - d->pad_w;
+                if (fast) {
+                    int p0, p1;
+                    valid_rows(d, r, &p0, &p1);
+                    size_t len = (size_t)(p1 - p0) * Q;
+                    int lead = off < 0 ? -off : 0, trail = off > 0 ? off : 0;
+                    float *dst = row + (size_t)p0 * Q;
+                    const float *src = xc + (size_t)(p0 - d->pad_h + r) * W + off;
+                    memset(row, 0, sizeof(float) * (size_t)p0 * Q);
+                    memset(row + (size_t)p1 * Q, 0, sizeof(float) * (size_t)(P - p1) * Q);
+                    if (len > (size_t)(lead + trail)) {
+                        for (size_t i = lead; i < len - trail; i++) dst[i] = src[i];
+                        for (int p = 0; p < p1 - p0; p++) {   /* entries that wrapped past a row edge */
+                            for (int q = 0; q < lead; q++) dst[(size_t)p * Q + q] = 0.0f;
+                            for (int q = Q - trail; q < Q; q++) dst[(size_t)p * Q + q] = 0.0f;
+                        }
+                    } else {
+                        memset(dst, 0, sizeof(float) * len);
+                    }
+                    continue;
+                }
+                /* valid q: 0 <= q*sw - pw + s < W */
                 int q0 = off >= 0 ? 0 : (-off + sw - 1) / sw;
                 int q1 = (W - 1 - off) < 0 ? 0 : (W - 1 - off) / sw + 1;
                 if (q1 > Q) q1 = Q;
@@ -47,26 +83,42 @@ static void im2col(const dt_conv2d_desc *d, const float *x, float *col, size_t l
                     }
                     const float *xr = xc + (size_t)ih * W;
                     for (int q = 0; q < q0; q++) o[q] = 0.0f;
-                    if (sw == 1)
-                        memcpy(o + q0, xr + q0 + off, sizeof(float) * (q1 - q0));
-                    else
-                        for (int q = q0; q < q1; q++) o[q] = xr[q * sw + off];
+                    for (int q = q0; q < q1; q++) o[q] = xr[q * sw + off];
                     for (int q = q1; q < Q; q++) o[q] = 0.0f;
                 }
             }
 }
 
 /* col2im for one sample: dx (C, H, W) = sum of the col entries that read each input,
- * in (c, r, s, p, q) order. dx is overwritten. */
-static void col2im(const dt_conv2d_desc *d, const float *col, size_t ld, float *dx) {
+ * in (c, r, s, p, q) order. dx is overwritten. col is scratch and may be modified:
+ * the fast path zeroes the wrapped entries of a row so it can add it contiguously
+ * (adding +0 leaves every sum unchanged). */
+static void col2im(const dt_conv2d_desc *d, float *col, size_t ld, float *dx) {
     const int H = d->H, W = d->W, P = d->P, Q = d->Q, sh = d->stride_h, sw = d->stride_w;
+    const int fast = conv_rowcopy(d);
     memset(dx, 0, sizeof(float) * (size_t)d->C * H * W);
     for (int c = 0; c < d->C; c++)
         for (int r = 0; r < d->R; r++)
             for (int s = 0; s < d->S; s++) {
-                const float *row = col + ((size_t)(c * d->R + r) * d->S + s) * ld;
+                float *row = col + ((size_t)(c * d->R + r) * d->S + s) * ld;
                 float *xc = dx + (size_t)c * H * W;
                 int off = s - d->pad_w;
+                if (fast) {
+                    int p0, p1;
+                    valid_rows(d, r, &p0, &p1);
+                    size_t len = (size_t)(p1 - p0) * Q;
+                    int lead = off < 0 ? -off : 0, trail = off > 0 ? off : 0;
+                    float *src = row + (size_t)p0 * Q;
+                    float *dst = xc + (size_t)(p0 - d->pad_h + r) * W + off;
+                    if (len > (size_t)(lead + trail)) {
+                        for (int p = 0; p < p1 - p0; p++) {
+                            for (int q = 0; q < lead; q++) src[(size_t)p * Q + q] = 0.0f;
+                            for (int q = Q - trail; q < Q; q++) src[(size_t)p * Q + q] = 0.0f;
+                        }
+                        for (size_t i = lead; i < len - trail; i++) dst[i] += src[i];
+                    }
+                    continue;
+                }
                 int q0 = off >= 0 ? 0 : (-off + sw - 1) / sw;
                 int q1 = (W - 1 - off) < 0 ? 0 : (W - 1 - off) / sw + 1;
                 if (q1 > Q) q1 = Q;
@@ -219,27 +271,29 @@ static dt_status pool_check(const char *fn, const dt_pool2d_desc *d) {
 
 /* The common 2x2 window with stride 2 and no padding, branch-free so it vectorises:
  * the same first-maximum and NaN rules as the general loop (window order a b / c d). */
-static void maxpool_2x2(const float *xp, float *yp, int32_t *ip, int H, int W, int P, int Q) {
+static void maxpool_2x2(const float *xp, float *yp, int32_t *ip, int W, int P, int Q) {
     for (int p = 0; p < P; p++) {
         const float *r0 = xp + (size_t)(2 * p) * W, *r1 = r0 + W;
         float *yr = yp + (size_t)p * Q;
-        int32_t *ir = ip ? ip + (size_t)p * Q : NULL;
-        int base = 2 * p * W;
+        int32_t *ir = ip + (size_t)p * Q;
+        const int base = 2 * p * W;
         for (int q = 0; q < Q; q++) {
             float a = r0[2 * q], b = r0[2 * q + 1], c = r1[2 * q], e = r1[2 * q + 1];
             float best = a;
             int bi = base + 2 * q;
-            int tb = b > best || b != b;
-            best = tb ? b : best; bi = tb ? base + 2 * q + 1 : bi;
-            int tc = c > best || c != c;
-            best = tc ? c : best; bi = tc ? base + W + 2 * q : bi;
-            int te = e > best || e != e;
-            best = te ? e : best; bi = te ? base + W + 2 * q + 1 : bi;
+            int tb = (b > best) | (b != b);
+            best = tb ? b : best;
+            bi = tb ? base + 2 * q + 1 : bi;
+            int tc = (c > best) | (c != c);
+            best = tc ? c : best;
+            bi = tc ? base + W + 2 * q : bi;
+            int te = (e > best) | (e != e);
+            best = te ? e : best;
+            bi = te ? base + W + 2 * q + 1 : bi;
             yr[q] = best;
-            if (ir) ir[q] = bi;
+            ir[q] = bi;
         }
     }
-    (void)H;
 }
 
 dt_status dt_cpu_maxpool2d_forward(const dt_pool2d_desc *d, float *y, int32_t *idx, const float *x) {
@@ -248,9 +302,22 @@ dt_status dt_cpu_maxpool2d_forward(const dt_pool2d_desc *d, float *y, int32_t *i
     const int H = d->H, W = d->W, P = d->P, Q = d->Q, planes = d->N * d->C;
     int nt = dt_cpu_threads();
     if (d->kh == 2 && d->kw == 2 && d->stride_h == 2 && d->stride_w == 2 && d->pad_h == 0 && d->pad_w == 0) {
-        #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)planes * H * W >= PAR_MIN)
-        for (int pl = 0; pl < planes; pl++)
-            maxpool_2x2(x + (size_t)pl * H * W, y + (size_t)pl * P * Q, idx ? idx + (size_t)pl * P * Q : NULL, H, W, P, Q);
+        int failed = 0;
+        #pragma omp parallel num_threads(nt) if ((size_t)planes * H * W >= PAR_MIN)
+        {
+            int32_t *scratch = idx ? NULL : malloc(sizeof(int32_t) * (size_t)P * Q);   /* idx not wanted */
+            if (!idx && !scratch) {
+                #pragma omp atomic write
+                failed = 1;
+            }
+            #pragma omp for schedule(static)
+            for (int pl = 0; pl < planes; pl++)
+                if (idx || scratch)
+                    maxpool_2x2(x + (size_t)pl * H * W, y + (size_t)pl * P * Q,
+                                idx ? idx + (size_t)pl * P * Q : scratch, W, P, Q);
+            free(scratch);
+        }
+        if (failed) return dt_error(DT_ERR_NOMEM, "cpu maxpool2d_forward: out of memory");
         return DT_OK;
     }
     #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)planes * H * W >= PAR_MIN)

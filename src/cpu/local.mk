@@ -9,7 +9,7 @@ libdtrain_la_SOURCES += src/tensor.c src/rng.c
 noinst_LTLIBRARIES += libdtcpu.la
 libdtcpu_la_SOURCES = src/cpu/cpu_ops.c src/cpu/cpu_gemm.c src/cpu/cpu_elem.c src/cpu/cpu_vec.c \
 	src/cpu/cpu_norm.c src/cpu/cpu_conv.c src/cpu/cpu.h
-libdtcpu_la_CFLAGS = $(AM_CFLAGS) -ftree-vectorize -fvect-cost-model=dynamic
+libdtcpu_la_CFLAGS = $(AM_CFLAGS) -ftree-vectorize -fvect-cost-model=dynamic -ffp-contract=off
 libdtrain_la_LIBADD += libdtcpu.la
 dtraininclude_HEADERS += src/ops.h src/tensor.h src/rng.h
 EXTRA_DIST += tests/ops_util.h

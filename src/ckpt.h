@@ -1,0 +1,107 @@
+/*
+ * ckpt.h: training checkpoints that lose nothing, for resuming a run.
+ *
+ * A checkpoint is a directory DIR/step-<12-digit step>/ holding
+ *   model.safetensors        the model's state_dict exactly as dt_model_save
+ *                            writes it (loads in PyTorch, no wrapper prefix);
+ *   train_state.safetensors  the optimizer state arrays ("optim.momentum_buffer",
+ *                            "optim.exp_avg", "optim.exp_avg_sq": F32, flat, of
+ *                            dt_optim_size elements) and, as metadata strings,
+ *                            everything else a resumed run needs: step, epoch,
+ *                            step in epoch, seed, global batch, micro-batch count
+ *                            S, the writer's world size, the model spec, the
+ *                            optimizer kind, hyper-parameters and step count,
+ *                            the schedule, and the trainer's own key/values.
+ * Each file carries "dtrain.checksum" in its metadata: an XXH64 of its tensor
+ * data, tensor table and other metadata, verified on load, so a truncated,
+ * bit-flipped or edited file is never loaded. train_state also records the
+ * model file's checksum, so the two files of a checkpoint belong together.
+ *
+ * The state is global (nothing per rank): a checkpoint written by W ranks
+ * resumes on any other world size.
+ *
+ * Writing is atomic (DESIGN.md rule 4): both files go into
+ * DIR/.tmp-step-<step>-<pid>/ (each fsynced), that directory is fsynced and
+ * renamed to DIR/step-<step>, and DIR is fsynced. A crash at any point leaves
+ * the old set of checkpoints or the new complete one, never a half one under a
+ * step-* name. Leftover .tmp-* directories of dead writers are removed by the
+ * next save (a writer is known dead when its pid is not a live process on the
+ * saving host).
+ */
+#ifndef DT_CKPT_H
+#define DT_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "optim.h"
+#include "status.h"
+
+#define DT_CKPT_FORMAT 1   /* format version written in "dtrain.format" */
+
+/* What a checkpoint says about the run. dt_ckpt_save reads the fields marked
+ * "in"; dt_ckpt_open fills all of them (strings then belong to the dt_ckpt). */
+typedef struct {
+    int64_t     step;           /* in: optimizer steps done (global); names the directory */
+    int64_t     epoch;          /* in: 0-based epoch the next step belongs to */
+    int64_t     step_in_epoch;  /* in: steps of that epoch already done */
+    uint64_t    seed;           /* in */
+    int64_t     batch;          /* in: global batch B */
+    int64_t     micro_batches;  /* in: S */
+    int         world_size;     /* in: W of the writer (resuming on another W is fine) */
+    const char *model_spec;     /* in: the spec text given to dt_model_build (NULL: "") */
+    const char *schedule;       /* in: learning-rate schedule description (NULL: "") */
+    /* filled by dt_ckpt_open (dt_ckpt_save takes them from the optimizer): */
+    int             format;       /* DT_CKPT_FORMAT of the writer */
+    int             has_optim;    /* 0 when saved without an optimizer */
+    dt_optim_config optim;        /* kind and hyper-parameters */
+    int64_t         optim_steps;  /* dt_optim_steps at save time */
+} dt_ckpt_info;
+
+typedef struct dt_ckpt dt_ckpt;  /* an opened, verified checkpoint */
+
+/* ---- writing --------------------------------------------------------------- */
+
+/* Write DIR/step-<info->step> atomically (DIR is created if missing; an
+ * existing checkpoint of the same step is replaced), then keep the `keep`
+ * newest (0: all) and remove stale .tmp-* directories. o may be NULL (no
+ * optimizer state). extra holds nextra pairs {k0, v0, k1, v1, ...} the trainer
+ * wants back on resume (e.g. running loss sums). */
+dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *o, const dt_ckpt_info *info,
+                       const char *const *extra, int nextra);
+/* "DIR/step-000000000100" into path (n bytes); DT_ERR_INVALID if it does not fit. */
+dt_status dt_ckpt_path(const char *dir, int64_t step, char *path, size_t n);
+
+/* ---- finding ---------------------------------------------------------------- */
+
+/* The newest complete and valid checkpoint of DIR into path (n bytes). Newer
+ * ones that fail verification are skipped, one line each ("DIR/step-X: why")
+ * into skipped (optional, skipped_n bytes, "" when none). DT_ERR_IO "no
+ * checkpoint in DIR" when DIR is missing or holds none; DT_ERR_FORMAT when
+ * every one is invalid. */
+dt_status dt_ckpt_latest(const char *dir, char *path, size_t n, char *skipped, size_t skipped_n);
+
+/* ---- reading ---------------------------------------------------------------- */
+
+/* Read both files of the checkpoint directory path into memory and verify them
+ * (format, checksums, metadata); nothing is applied yet. */
+dt_status           dt_ckpt_open(const char *path, dt_ckpt **out);
+void                dt_ckpt_close(dt_ckpt *c);                         /* NULL is fine */
+const dt_ckpt_info *dt_ckpt_info_of(const dt_ckpt *c);                  /* valid until close */
+const char         *dt_ckpt_extra(const dt_ckpt *c, const char *key);   /* a trainer value, or NULL */
+/* Check the model's tensors (names, shapes, dtypes) and the optimizer (kind,
+ * state names and sizes) against the checkpoint, then, only if all of it
+ * matches, copy the state in and set the optimizer's step count. o may be
+ * NULL (weights only). On a check failure m and o are unchanged. */
+dt_status           dt_ckpt_restore(dt_ckpt *c, dt_model *m, dt_optim *o);
+/* Open + restore in one call; *out (optional) receives the open checkpoint
+ * for its info and extras (close it), else it is closed. */
+dt_status           dt_ckpt_load(const char *path, dt_model *m, dt_optim *o, dt_ckpt **out);
+
+/* ---- checksum --------------------------------------------------------------- */
+
+/* XXH64 of n bytes with a seed (the reference algorithm; portable, no tables). */
+uint64_t dt_xxh64(const void *p, size_t n, uint64_t seed);
+
+#endif /* DT_CKPT_H */

@@ -1,0 +1,68 @@
+#!/bin/sh
+# train_cli.sh: dtrain train/eval/model end to end on synthetic data — learning,
+# determinism run after run and across thread counts, weight files, bad input.
+. "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
+D="$DT_BUILDDIR/dtrain"
+[ -x "$D" ] || skip_all "dtrain not built"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+DATA="synthetic:2048,1,8,8,4"
+MLP="flatten linear(32) relu linear(4)"
+CNN="conv(4,3,pad=1) bn relu maxpool(2) dropout(0.1) flatten linear(4)"
+run() { timeout 120 "$D" "$@"; }
+
+run train --data "$DATA" --model "$MLP" --epochs 2 --batch 64 --log-every 0 --metrics "$T/m.jsonl" --save "$T/a.st" > "$T/out1" 2>&1
+ok $? "mlp trains on synthetic data"
+acc=$(sed -n 's/.*test accuracy \([0-9.]*\)$/\1/p' "$T/out1" | tail -1)
+awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.95) }'; ok $? "mlp reaches test accuracy >= 0.95 (got ${acc:-none})"
+loss=$(sed -n 's/.*final loss \([0-9.]*\).*/\1/p' "$T/out1")
+awk -v l="${loss:-9}" 'BEGIN { exit !(l < 0.1) }'; ok $? "final loss below 0.1 (got ${loss:-none})"
+ok_grep "$T/m.jsonl" '"event":"epoch".*"test_acc"' "metrics hold one JSON line per epoch with test accuracy"
+n=$(grep -c '"event":"step"' "$T/m.jsonl"); [ "$n" -ge 1 ]; ok $? "metrics hold step lines ($n)"
+
+run train --data "$DATA" --model "$MLP" --epochs 2 --batch 64 --quiet --save "$T/b.st" > /dev/null 2>&1
+cmp -s "$T/a.st" "$T/b.st"; ok $? "two runs with one seed give the same weight bytes"
+run train --data "$DATA" --model "$MLP" --epochs 2 --batch 64 --quiet --seed 1 --save "$T/c.st" > /dev/null 2>&1
+cmp -s "$T/a.st" "$T/c.st"; [ $? -ne 0 ]; ok $? "another seed gives other weights"
+
+run train --data "$DATA" --model "$CNN" --epochs 1 --batch 64 --quiet --threads 1 --save "$T/t1.st" > /dev/null 2>&1
+ok $? "cnn with batchnorm and dropout trains"
+run train --data "$DATA" --model "$CNN" --epochs 1 --batch 64 --quiet --threads 2 --save "$T/t2.st" > /dev/null 2>&1
+cmp -s "$T/t1.st" "$T/t2.st"; ok $? "1 and 2 threads give the same weight bytes (cnn, bn, dropout)"
+run train --data "$DATA" --model "$CNN" --epochs 1 --batch 64 --quiet --micro-batches 4 --save "$T/s4.st" > /dev/null 2>&1
+ok $? "4 micro-batches in one process"
+
+run eval --data "$DATA" --model "$MLP" --weights "$T/a.st" > "$T/ev" 2>&1
+ok $? "eval loads saved weights"
+ok_grep "$T/ev" "test accuracy $acc" "eval reproduces the training run's final accuracy"
+run eval --data "$DATA" --model "flatten linear(16) relu linear(4)" --weights "$T/a.st" > "$T/ev2" 2>&1
+[ $? -eq 2 ]; ok $? "eval with another model's weights exits 2"
+ok_grep "$T/ev2" "tensor '1.weight'" "the error names the first mismatched tensor"
+head -c 100 "$T/a.st" > "$T/trunc.st"
+run eval --data "$DATA" --model "$MLP" --weights "$T/trunc.st" > "$T/ev3" 2>&1
+[ $? -eq 2 ]; ok $? "a truncated weight file is rejected with exit 2"
+
+run model --model cnn > "$T/sum" 2>&1
+ok_grep "$T/sum" "Total params: 421,834" "model summary of the cnn preset counts PyTorch's parameters"
+run model --model mlp > "$T/sum2" 2>&1
+ok_grep "$T/sum2" "Total params: 1,863,690" "model summary of the mlp preset"
+
+# bad input: one clear line, exit 2
+bad() {  # expected-pattern description args...
+    pat=$1; what=$2; shift 2
+    run "$@" > "$T/bad" 2>&1; rc=$?
+    [ $rc -eq 2 ]; ok $? "$what exits 2 (got $rc)"
+    ok_grep "$T/bad" "$pat" "$what: message names the problem"
+}
+bad "--lr: expected a number" "a malformed --lr" train --data "$DATA" --lr 0.1x
+bad "--epochs" "a negative --epochs" train --data "$DATA" --epochs -3
+bad "unknown flag '--bogus'" "an unknown flag" train --bogus
+bad "unknown layer 'linar'" "an unknown layer" train --data "$DATA" --model "flatten linar(4)"
+bad "add 'flatten'" "a spec that does not fit the data" train --data "$DATA" --model "linear(4)"
+bad "/nonexistent" "a missing data directory" train --data /nonexistent/dir
+printf 'garbage, not IDX' > "$T/x.idx"; printf 'junk' > "$T/y.idx"
+bad "$T/x.idx" "a corrupt data file" train --data "$T/x.idx,$T/y.idx"
+bad "not divisible" "a batch that micro-batches do not divide" train --data "$DATA" --batch 100 --micro-batches 3
+bad "unknown command" "an unknown command" frobnicate
+"$D" train --help > "$T/help" 2>&1; ok $? "train --help exits 0"
+ok_grep "$T/help" "--micro-batches" "train --help documents the flags"
+done_testing
