@@ -191,7 +191,8 @@ struct dt_ops {
     /* -- batch normalisation over (N, HW) per channel C; x is (N, C, HW) (HW = 1 for
      * BatchNorm1d on (N, C)). The statistics are plain sums so the DDP layer can
      * all-reduce them for synchronised batch norm before finalising. --
-     * sum (C) = sum of x, sumsq (C) = sum of x^2 (accumulated in double, rounded once). */
+     * sum (C) = sum of x, sumsq (C) = sum of x^2 (each (n, c) plane in fixed float
+     * lanes, the planes in sample order in double, rounded once). */
     dt_status (*bn_stats)   (float *sum, float *sumsq, const float *x, int N, int C, int HW);
     /* From sums over `count` values per channel: mean (C), invstd (C) = 1/sqrt(var + eps)
      * with the biased var = sumsq/count - mean^2 (clamped at 0). If running_mean is not

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "data.h"
+#include "ddp.h"
 #include "model.h"
 #include "optim.h"
 #include "sampler.h"
@@ -44,6 +45,9 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->schedule = "cosine";
     o->gamma = 0.1;
     o->eval = 1;
+    o->bucket_mb = 25.0;
+    o->overlap = 1;
+    o->lr_scale = "none";
     o->log_every = 50;
 }
 
@@ -51,76 +55,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* ---- pairwise accumulation of micro-batch gradients ------------------------------ */
-
-/* A binary counter of partial sums: after pushing gradients g_0 .. g_{k-1},
- * acc[l] holds the sum of a complete subtree of 2^l consecutive micro-batches.
- * For k a power of two the final sum is acc[log2 k], the same tree a reduction
- * across ranks continues. */
-typedef struct {
-    const dt_ops *ops;
-    size_t  n;           /* floats per gradient */
-    int     levels;      /* allocated slots */
-    float **acc;
-    int64_t pushed;
-} grad_tree;
-
-static dt_status tree_init(grad_tree *t, const dt_ops *ops, size_t n, int64_t k) {
-    memset(t, 0, sizeof *t);
-    t->ops = ops;
-    t->n = n;
-    int levels = 1;
-    while ((INT64_C(1) << (levels - 1)) < k) levels++;
-    t->levels = levels;
-    t->acc = calloc((size_t)levels, sizeof *t->acc);
-    if (!t->acc) return dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
-    if (k == 1) return DT_OK;  /* one micro-batch: the model's gradient array is the sum */
-    for (int l = 0; l < levels; l++)
-        DT_TRY(ops->alloc((void **)&t->acc[l], n * sizeof(float)));
-    return DT_OK;
-}
-
-static void tree_free(grad_tree *t) {
-    if (t->acc)
-        for (int l = 0; l < t->levels; l++) t->ops->free(t->acc[l]);
-    free(t->acc);
-    memset(t, 0, sizeof *t);
-}
-
-/* Push gradient g (the model's gradient array, about to be overwritten).
- * Leaf i closes T subtrees, T = the trailing ones of i: the new subtree of
- * 2^T leaves is acc[T-1] + (... + (acc[0] + g)), built in the free slot acc[T]. */
-static dt_status tree_push(grad_tree *t, const float *g) {
-    int64_t i = t->pushed++;
-    if ((i & 1) == 0) return t->ops->copy_d2d(t->acc[0], g, t->n * sizeof(float));
-    int T = 0;
-    while ((i >> T) & 1) T++;
-    DT_TRY(t->ops->add(t->acc[T], t->acc[0], g, t->n));
-    for (int l = 1; l < T; l++) DT_TRY(t->ops->add(t->acc[T], t->acc[l], t->acc[T], t->n));
-    return DT_OK;
-}
-
-/* Write the sum of everything pushed into out (the model's gradient array).
- * Complete subtrees are combined from the largest (leftmost) down. */
-static dt_status tree_finish(grad_tree *t, float *out) {
-    int64_t k = t->pushed;
-    t->pushed = 0;
-    if (k <= 1) return DT_OK;  /* out already holds the only gradient */
-    int started = 0;
-    /* bit l of k set means acc[l] (or for l = 0, the parked leaf) is a finished subtree */
-    for (int l = t->levels - 1; l >= 0; l--) {
-        if (!((k >> l) & 1)) continue;
-        const float *part = t->acc[l];
-        if (!started) {
-            DT_TRY(t->ops->copy_d2d(out, part, t->n * sizeof(float)));
-            started = 1;
-        } else {
-            DT_TRY(t->ops->add(out, out, part, t->n));
-        }
-    }
-    return DT_OK;
 }
 
 /* ---- evaluation -------------------------------------------------------------------- */
@@ -173,7 +107,7 @@ typedef struct {
     dt_model *model;
     dt_optim *optim;
     dt_schedule sched;
-    grad_tree tree;
+    dt_ddp *ddp;
     int64_t S, k, b, first_micro;   /* micro-batches, local micro-batches, micro size, first local */
     int64_t *idx;                    /* this rank's sample indices of one step (k*b) */
     float *dx;                       /* device batch (k*b, sample) */
@@ -200,6 +134,7 @@ static dt_status check_opts(const dt_train_opts *o) {
     if (o->clip < 0.0) return dt_error(DT_ERR_INVALID, "--clip: expected >= 0, got %g", o->clip);
     if (o->label_smoothing < 0.0 || o->label_smoothing >= 1.0)
         return dt_error(DT_ERR_INVALID, "--label-smoothing: expected a value in [0, 1), got %g", o->label_smoothing);
+    if (!(o->bucket_mb > 0.0)) return dt_error(DT_ERR_INVALID, "--bucket-mb: expected a positive size, got %g", o->bucket_mb);
     if (o->warmup < 0) return dt_error(DT_ERR_INVALID, "--warmup: expected >= 0, got %lld", (long long)o->warmup);
     return DT_OK;
 }
@@ -220,7 +155,12 @@ static dt_status make_optim(trainer *t) {
     }
     DT_TRY(dt_optim_init(&cfg, t->ops, dt_model_nparams(t->model), &t->optim));
     memset(&t->sched, 0, sizeof t->sched);
-    t->sched.base_lr = (float)o->lr;
+    double lr = o->lr;
+    if (strcmp(o->lr_scale, "linear") == 0) lr *= (double)t->world;
+    else if (strcmp(o->lr_scale, "sqrt") == 0) lr *= sqrt((double)t->world);
+    else if (strcmp(o->lr_scale, "none") != 0)
+        return dt_error(DT_ERR_INVALID, "--lr-scale: expected none, linear or sqrt, got '%s'", o->lr_scale);
+    t->sched.base_lr = (float)lr;
     t->sched.warmup_steps = o->warmup;
     t->sched.total_steps = t->total;
     t->sched.gamma = (float)o->gamma;
@@ -238,16 +178,6 @@ static dt_status queue_step(trainer *t, int64_t g) {
     size_t n = 0;
     DT_TRY(dt_sampler_rank_indices(t->sampler, epoch, step, t->world, t->rank, t->idx, &n));
     return dt_loader_submit(t->loader, t->idx, n);
-}
-
-/* Parameters start equal on every rank: rank 0's are broadcast (with the same
- * seed they already are; the broadcast makes it a guarantee, as DDP does). */
-static dt_status sync_start(trainer *t) {
-    if (t->world == 1) return DT_OK;
-    DT_TRY(dt_broadcast(t->comm, dt_model_params(t->model), dt_model_nparams(t->model), DT_F32, 0));
-    if (dt_model_nbuffers(t->model) > 0)
-        DT_TRY(dt_broadcast(t->comm, dt_model_buffers(t->model), dt_model_nbuffers(t->model), DT_F32, 0));
-    return DT_OK;
 }
 
 /* One optimizer step on global step g; *loss receives the global mean loss. */
@@ -280,16 +210,16 @@ static dt_status train_step(trainer *t, int64_t g, double *loss, double *lr_out,
         DT_TRY(dt_model_forward(t->model, t->dx + (size_t)(i * t->b) * ss, (int)t->b, 1,
                                 (uint64_t)epoch, sample_base, NULL));
         float l = 0.0f;
+        DT_TRY(dt_ddp_begin_micro(t->ddp, i));
         DT_TRY(dt_model_loss_backward(t->model, &lf, t->dy + i * t->b, (int)t->b, (float)t->o->batch, &l));
         t->losses[i] = l;
-        if (t->k > 1) DT_TRY(tree_push(&t->tree, grads));
     }
-    DT_TRY(tree_finish(&t->tree, grads));
     DT_TRY(ops->synchronize());
     double t2 = now_s();
+    double wait = 0.0;
+    DT_TRY(dt_ddp_finish(t->ddp, &wait));
 
     if (t->world > 1) {
-        DT_TRY(dt_allreduce(t->comm, grads, grads, dt_model_nparams(t->model), DT_F32, DT_SUM));
         DT_TRY(dt_allgather(t->comm, t->losses, t->all_losses, (size_t)t->k, DT_F32));
         /* records are raw bytes (they hold an int64 count): gathered, never combined */
         if (t->bnrec_n)
@@ -334,7 +264,7 @@ static void emit(trainer *t, dt_train_event *ev) {
 }
 
 static void trainer_free(trainer *t) {
-    tree_free(&t->tree);
+    dt_ddp_free(t->ddp);
     dt_loader_free(t->loader);
     dt_sampler_free(t->sampler);
     dt_optim_free(t->optim);
@@ -385,7 +315,13 @@ static dt_status trainer_setup(trainer *t) {
         return dt_error(DT_ERR_INVALID, "--model: the model's output must be (%d) class scores for this data, got %lld values",
                         info->classes, (long long)dt_shape_numel(os));
     DT_TRY(make_optim(t));
-    DT_TRY(tree_init(&t->tree, t->ops, dt_model_nparams(t->model), t->k));
+    dt_ddp_opts dopt;
+    dt_ddp_opts_default(&dopt);
+    dopt.bucket_bytes = (size_t)(o->bucket_mb * 1048576.0);
+    if (dopt.first_bucket_bytes > dopt.bucket_bytes) dopt.first_bucket_bytes = dopt.bucket_bytes;
+    dopt.overlap = o->overlap;
+    dopt.sync_bn = o->sync_bn;
+    DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
 
     size_t local = (size_t)(t->k * t->b);
     t->idx = malloc(local * sizeof *t->idx);
@@ -394,10 +330,12 @@ static dt_status trainer_setup(trainer *t) {
     if (!t->idx || !t->losses || !t->all_losses) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
     DT_TRY(t->ops->alloc((void **)&t->dx, local * (size_t)info->sample_size * sizeof(float)));
     DT_TRY(t->ops->alloc((void **)&t->dy, local * sizeof(int32_t)));
-    t->bnrec_n = dt_model_bn_record_size(t->model);
+    /* With synchronised batchnorm every rank already sees the global statistics
+     * and updates its buffers in place; otherwise records are replayed in order. */
+    t->bnrec_n = o->sync_bn && t->world > 1 ? 0 : dt_model_bn_record_size(t->model);
     if (t->bnrec_n) DT_TRY(t->ops->alloc((void **)&t->bnrec, (size_t)t->S * t->bnrec_n * sizeof(float)));
     DT_TRY(dt_loader_init(t->train, local, &t->loader));
-    DT_TRY(sync_start(t));
+    DT_TRY(dt_ddp_sync_start(t->ddp));
     return DT_OK;
 }
 
@@ -453,6 +391,8 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
             epoch_start = now_s();
         }
     }
+    /* Every rank must end with the same parameters: a hash per tensor, compared. */
+    DT_TRY(dt_ddp_check_equal(t->ddp));
     res->steps = t->total;
     res->final_loss = loss;
     res->seconds = train_time;

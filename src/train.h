@@ -76,6 +76,10 @@ typedef struct {
     double      clip;           /* max global gradient norm; 0: no clipping */
     double      label_smoothing;
     uint64_t    seed;           /* default 0 */
+    double      bucket_mb;      /* gradient bucket size in MiB (default 25; the first bucket 1) */
+    int         overlap;        /* launch buckets during backward (default 1) */
+    int         sync_bn;        /* batchnorm statistics over all ranks */
+    const char *lr_scale;       /* "none" (default), "linear" or "sqrt": lr x W or x sqrt(W) */
     int         eval;           /* evaluate on the test split after each epoch (default 1) */
     int         log_every;      /* STEP events every this many steps; default 50 */
     dt_train_event_fn on_event;

@@ -16,6 +16,14 @@ for n in 2 4; do
     ok $? "$n processes (tcp) train"
     cmp -s "$T/w1.st" "$T/w$n.st"; ok $? "$n processes give bitwise the weights and buffers of 1 process"
 done
+# buckets of a few KiB (many buckets, launched during backward) and no overlap: same bits
+timeout 180 "$R" -n 2 "$D" train $ARGS --model "$CNN" --bucket-mb 0.002 --save "$T/wb.st" > "$T/ob" 2>&1
+ok $? "2 processes with 2 KiB buckets"
+cmp -s "$T/w1.st" "$T/wb.st"; ok $? "many small buckets overlapped with backward give the same bits"
+timeout 180 "$R" -n 2 "$D" train $ARGS --model "$CNN" --no-overlap --save "$T/wn.st" > "$T/on" 2>&1
+cmp -s "$T/w1.st" "$T/wn.st"; ok $? "--no-overlap gives the same bits"
+timeout 180 "$R" -n 2 "$D" train $ARGS --model "$CNN" --sync-bn --micro-batches 2 --save "$T/ws.st" > "$T/os" 2>&1
+ok $? "--sync-bn trains on 2 processes (ranks verified equal at the end)"
 # the reported loss is the same too
 l1=$(sed -n 's/.*final loss \([0-9.]*\).*/\1/p' "$T/o1"); l4=$(sed -n 's/.*final loss \([0-9.]*\).*/\1/p' "$T/o4")
 [ -n "$l1" ] && [ "$l1" = "$l4" ]; ok $? "final loss printed by 1 and 4 processes agrees ($l1 / $l4)"

@@ -534,14 +534,34 @@ static void test_tensor(void) {
     is_int(dt_tensor_from_host(&t, host, 4), DT_ERR_INVALID, "from_host with the wrong size is rejected");
     int64_t neg[1] = {-1};
     is_int(dt_tensor_alloc(&v, ops, DT_F32, 1, neg), DT_ERR_INVALID, "a negative dimension is rejected");
+    dt_tensor w2, small;
+    int64_t s2[2] = {4, 30}, s3[1] = {7};
+    ok(dt_tensor_alloc(&w2, ops, DT_F32, 2, s2) == DT_OK && dt_tensor_copy(&w2, &t) == DT_OK &&
+       memcmp(w2.data, host, sizeof host) == 0, "tensor_copy between shapes of the same size");
+    ok(dt_tensor_alloc(&small, ops, DT_F32, 1, s3) == DT_OK, "alloc 7 floats");
+    is_int(dt_tensor_copy(&small, &t), DT_ERR_INVALID, "tensor_copy of different sizes is rejected");
+    is_int(dt_tensor_wrap(&v, ops, NULL, DT_F32, 1, s3), DT_ERR_INVALID, "wrapping NULL data is rejected");
+    ok(dt_tensor_wrap(&v, ops, host, DT_F32, 1, s3) == DT_OK && v.data == host && !v.owns, "wrap host memory");
+    dt_tensor_free(&v);
+    ok(host[0] == 0.0f, "freeing a wrapped tensor leaves its memory alone");
+    dt_tensor_free(&w2);
+    dt_tensor_free(&small);
     dt_tensor_free(&t);
     ok(t.data == NULL && t.numel == 0, "tensor_free empties the tensor");
+    is_int(ops->alloc(NULL, 16), DT_ERR_INVALID, "alloc with a NULL result pointer is rejected");
+    void *none = &t;
+    ok(ops->alloc(&none, 0) == DT_OK && none == NULL, "alloc of 0 bytes gives NULL");
+    float lossv, pr[2] = {0.5f, 0.5f};
+    int32_t lb = 0;
+    is_int(ops->xent_forward(&lossv, pr, pr, &lb, 1, 2, 0.0f, 0.0f), DT_ERR_INVALID, "xent_forward rejects norm 0");
+    is_int(ops->layernorm_forward(pr, pr, pr, pr, NULL, NULL, 1, 0, 1e-5f), DT_ERR_INVALID, "layernorm_forward rejects 0 columns");
 
     ok(dt_ops_get("cpu") == dt_ops_cpu(), "dt_ops_get(\"cpu\")");
     ok(dt_ops_get("cuda") == NULL, "dt_ops_get(\"cuda\") is NULL until the CUDA backend exists");
     like(dt_last_error(), "cuda", "and says why");
     ok(dt_ops_get("tpu") == NULL, "an unknown device is NULL");
     like(dt_last_error(), "unknown device \"tpu\"", "naming it");
+    ok(dt_ops_get(NULL) == NULL, "no device name is NULL too");
     is_int(ops->set_threads(0), DT_ERR_INVALID, "set_threads(0) is rejected");
     ok(ops->set_threads(2) == DT_OK && ops->threads() == 2, "set_threads(2)");
 }

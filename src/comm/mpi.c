@@ -52,6 +52,7 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;   /* guards the field
 static int g_worlds;          /* live world communicators of this backend */
 static int g_we_initialised;  /* dtrain called MPI_Init_thread */
 static int g_serialize;       /* MPI gave SERIALIZED only: take g_call_lock around calls */
+static int g_broken;          /* a communicator failed: do not call MPI_Finalize (below) */
 static pthread_mutex_t g_call_lock = PTHREAD_MUTEX_INITIALIZER;
 /* user-defined reductions for f16 and bf16: [0] f16, [1] bf16; by dt_redop */
 static MPI_Op g_half_ops[2][DT_REDOP_COUNT];
@@ -541,11 +542,14 @@ static dt_status mpi_start(void) {
     return DT_OK;
 }
 
+/* After a failure (a peer missing, a mismatch) MPI_Finalize would wait for the peers
+ * that never come, so it is skipped: the process then exits without it, which makes
+ * mpirun/srun end the whole job at once instead of leaving it hanging. */
 static void mpi_stop(void) {
     free_half_ops();
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (g_we_initialised && !finalized) MPI_Finalize();
+    if (g_we_initialised && !finalized && !g_broken) MPI_Finalize();
     g_we_initialised = 0;
 }
 
@@ -628,9 +632,13 @@ fail:
 }
 
 static void mpi_destroy(dt_comm *c) {
-    free_state(state(c));
+    mpi_state *st = state(c);
+    int failed = c->broken || (st && st->broken);
+    if (!failed) free_state(st);   /* after a failure, freeing communicators may block too */
+    else if (st) free(st->stage), free(st);
     c->priv = NULL;
     pthread_mutex_lock(&g_lock);
+    if (failed) g_broken = 1;
     if (--g_worlds == 0) mpi_stop();
     pthread_mutex_unlock(&g_lock);
 }
@@ -658,7 +666,15 @@ static dt_status mpi_split(dt_comm *parent, const dt_call *call, int color, int 
 }
 
 static void mpi_split_destroy(dt_comm *child) {
-    free_state(state(child));
+    mpi_state *st = state(child);
+    if (child->broken || (st && st->broken)) {
+        pthread_mutex_lock(&g_lock);
+        g_broken = 1;
+        pthread_mutex_unlock(&g_lock);
+        if (st) free(st->stage), free(st);
+    } else {
+        free_state(st);
+    }
     child->priv = NULL;
 }
 

@@ -17,6 +17,7 @@
 #include "cpu.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,11 +56,11 @@ static void im2col(const dt_conv2d_desc *d, const float *x, float *col, size_t l
                     size_t len = (size_t)(p1 - p0) * Q;
                     int lead = off < 0 ? -off : 0, trail = off > 0 ? off : 0;
                     float *dst = row + (size_t)p0 * Q;
-                    const float *src = xc + (size_t)(p0 - d->pad_h + r) * W + off;
+                    const float *src = xc + (size_t)(p0 - d->pad_h + r) * W;   /* read at [i + off] */
                     memset(row, 0, sizeof(float) * (size_t)p0 * Q);
                     memset(row + (size_t)p1 * Q, 0, sizeof(float) * (size_t)(P - p1) * Q);
                     if (len > (size_t)(lead + trail)) {
-                        for (size_t i = lead; i < len - trail; i++) dst[i] = src[i];
+                        for (ptrdiff_t i = lead; i < (ptrdiff_t)(len - trail); i++) dst[i] = src[i + off];
                         for (int p = 0; p < p1 - p0; p++) {   /* entries that wrapped past a row edge */
                             for (int q = 0; q < lead; q++) dst[(size_t)p * Q + q] = 0.0f;
                             for (int q = Q - trail; q < Q; q++) dst[(size_t)p * Q + q] = 0.0f;
@@ -109,13 +110,13 @@ static void col2im(const dt_conv2d_desc *d, float *col, size_t ld, float *dx) {
                     size_t len = (size_t)(p1 - p0) * Q;
                     int lead = off < 0 ? -off : 0, trail = off > 0 ? off : 0;
                     float *src = row + (size_t)p0 * Q;
-                    float *dst = xc + (size_t)(p0 - d->pad_h + r) * W + off;
+                    float *dst = xc + (size_t)(p0 - d->pad_h + r) * W;   /* written at [i + off] */
                     if (len > (size_t)(lead + trail)) {
                         for (int p = 0; p < p1 - p0; p++) {
                             for (int q = 0; q < lead; q++) src[(size_t)p * Q + q] = 0.0f;
                             for (int q = Q - trail; q < Q; q++) src[(size_t)p * Q + q] = 0.0f;
                         }
-                        for (size_t i = lead; i < len - trail; i++) dst[i] += src[i];
+                        for (ptrdiff_t i = lead; i < (ptrdiff_t)(len - trail); i++) dst[i + off] += src[i];
                     }
                     continue;
                 }
@@ -258,6 +259,15 @@ dt_status dt_cpu_conv2d_backward(const dt_conv2d_desc *d, float *dx, float *dw, 
 
 /* ---- pooling ---- */
 
+/* The input rows [h0, h1) and columns [w0, w1) of output (p, q)'s window, clipped to the input. */
+static inline void pool_window(const dt_pool2d_desc *d, int p, int q, int *h0, int *h1, int *w0, int *w1) {
+    int a = p * d->stride_h - d->pad_h, b = q * d->stride_w - d->pad_w;
+    *h1 = a + d->kh < d->H ? a + d->kh : d->H;
+    *w1 = b + d->kw < d->W ? b + d->kw : d->W;
+    *h0 = a < 0 ? 0 : a;
+    *w0 = b < 0 ? 0 : b;
+}
+
 static dt_status pool_check(const char *fn, const dt_pool2d_desc *d) {
     if (!d) return dt_error(DT_ERR_INVALID, "cpu %s: NULL descriptor", fn);
     dt_pool2d_desc e = *d;
@@ -325,10 +335,8 @@ dt_status dt_cpu_maxpool2d_forward(const dt_pool2d_desc *d, float *y, int32_t *i
         const float *xp = x + (size_t)pl * H * W;
         for (int p = 0; p < P; p++)
             for (int q = 0; q < Q; q++) {
-                int h0 = p * d->stride_h - d->pad_h, w0 = q * d->stride_w - d->pad_w;
-                int h1 = h0 + d->kh < H ? h0 + d->kh : H, w1 = w0 + d->kw < W ? w0 + d->kw : W;
-                if (h0 < 0) h0 = 0;
-                if (w0 < 0) w0 = 0;
+                int h0, h1, w0, w1;
+                pool_window(d, p, q, &h0, &h1, &w0, &w1);
                 float best = -INFINITY;
                 int bi = h0 * W + w0;
                 for (int h = h0; h < h1; h++)
@@ -378,10 +386,8 @@ dt_status dt_cpu_avgpool2d_forward(const dt_pool2d_desc *d, float *y, const floa
         const float *xp = x + (size_t)pl * H * W;
         for (int p = 0; p < P; p++)
             for (int q = 0; q < Q; q++) {
-                int h0 = p * d->stride_h - d->pad_h, w0 = q * d->stride_w - d->pad_w;
-                int h1 = h0 + d->kh < H ? h0 + d->kh : H, w1 = w0 + d->kw < W ? w0 + d->kw : W;
-                if (h0 < 0) h0 = 0;
-                if (w0 < 0) w0 = 0;
+                int h0, h1, w0, w1;
+                pool_window(d, p, q, &h0, &h1, &w0, &w1);
                 float s = 0.0f;
                 for (int h = h0; h < h1; h++)
                     for (int ww = w0; ww < w1; ww++) s += xp[h * W + ww];
@@ -403,10 +409,8 @@ dt_status dt_cpu_avgpool2d_backward(const dt_pool2d_desc *d, float *dx, const fl
         memset(dp, 0, sizeof(float) * H * W);
         for (int p = 0; p < P; p++)
             for (int q = 0; q < Q; q++) {
-                int h0 = p * d->stride_h - d->pad_h, w0 = q * d->stride_w - d->pad_w;
-                int h1 = h0 + d->kh < H ? h0 + d->kh : H, w1 = w0 + d->kw < W ? w0 + d->kw : W;
-                if (h0 < 0) h0 = 0;
-                if (w0 < 0) w0 = 0;
+                int h0, h1, w0, w1;
+                pool_window(d, p, q, &h0, &h1, &w0, &w1);
                 float g = dy[(size_t)pl * P * Q + p * Q + q] * inv;
                 for (int h = h0; h < h1; h++)
                     for (int ww = w0; ww < w1; ww++) dp[h * W + ww] += g;
@@ -422,9 +426,8 @@ dt_status dt_cpu_global_avgpool_forward(float *y, const float *x, int N, int C, 
     int nt = dt_cpu_threads();
     #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)N * C * HW >= PAR_MIN)
     for (int nc = 0; nc < N * C; nc++) {
-        const float *p = x + (size_t)nc * HW;
-        double s = 0.0;
-        for (int i = 0; i < HW; i++) s += p[i];
+        double s, unused;
+        dt_cpu_run_sums(x + (size_t)nc * HW, NULL, 0.0f, (size_t)HW, &s, &unused);
         y[nc] = (float)(s / HW);
     }
     return DT_OK;

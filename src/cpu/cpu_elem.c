@@ -3,8 +3,9 @@
  *
  * Elementwise kernels are trivially thread-independent (each output has one
  * writer). The reductions here — bias gradients and loss sums — use a partition
- * fixed by the shape: a bias gradient sums each column (or channel) in row order
- * in double on one thread; a loss is per-row values combined pairwise. No
+ * fixed by the shape: a bias gradient sums each column in row order in double (a
+ * channel: each plane in fixed float lanes, planes in order in double) on one
+ * thread; a loss is per-row values combined pairwise. No
  * `reduction(+:...)` clause, no atomics, so 1 and 2 threads give the same bits.
  */
 #include "cpu.h"
@@ -79,17 +80,6 @@ dt_status dt_cpu_bias_grad(float *db, const float *dy, int rows, int cols) {
     return DT_OK;
 }
 
-/* Sum of one contiguous run in double with 8 interleaved accumulators (a fixed
- * pattern, so still deterministic; it lets the compiler keep 8 adds in flight). */
-static double run_sum(const float *x, size_t n) {
-    double a[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) a[k] += x[i + k];
-    for (int k = 0; i < n; i++, k++) a[k] += x[i];
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-}
-
 dt_status dt_cpu_bias_grad_nchw(float *db, const float *dy, int N, int C, int HW) {
     DT_CPU_ARG(N >= 0 && C >= 0 && HW >= 0);
     if (C == 0) return DT_OK;
@@ -97,8 +87,11 @@ dt_status dt_cpu_bias_grad_nchw(float *db, const float *dy, int N, int C, int HW
     int nt = dt_cpu_threads();
     #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)N * C * HW >= PAR_MIN)
     for (int c = 0; c < C; c++) {
-        double acc = 0.0;
-        for (int n = 0; n < N; n++) acc += run_sum(dy + ((size_t)n * C + c) * HW, (size_t)HW);
+        double acc = 0.0, plane, unused;
+        for (int n = 0; n < N; n++) {
+            dt_cpu_run_sums(dy + ((size_t)n * C + c) * HW, NULL, 0.0f, (size_t)HW, &plane, &unused);
+            acc += plane;
+        }
         db[c] = (float)acc;
     }
     return DT_OK;

@@ -13,6 +13,7 @@
 #include "cpu.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -21,12 +22,11 @@
 
 static int cpu_nthreads = 0;   /* 0 until set: then omp_get_max_threads() at first use */
 
+static void cpu_blas_one_thread(void) { openblas_set_num_threads(1); }
+
 static void cpu_blas_single(void) {
-    static int done = 0;
-    if (!done) {
-        openblas_set_num_threads(1);
-        done = 1;
-    }
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, cpu_blas_one_thread);
 }
 
 int dt_cpu_threads(void) {

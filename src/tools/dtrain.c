@@ -73,7 +73,14 @@ static const char *usage_train =
     "  --metrics FILE        append JSON lines: one per logged step and per epoch\n"
     "  --log-every N         progress every N steps  [50]\n"
     "  --quiet               no progress, only the final summary\n"
+    "  --device cpu|cuda     compute device (cuda needs a --with-cuda build)  [cpu]\n"
     "Distributed (when started by a launcher):\n"
+    "  --batch-per-rank N    global batch = N x world size (instead of --batch)\n"
+    "  --lr-scale none|linear|sqrt  multiply --lr by W or sqrt(W) (with --warmup),\n"
+    "                        for a global batch that grows with the world size  [none]\n"
+    "  --bucket-mb X         gradient bucket size in MiB (the first bucket is 1)  [25]\n"
+    "  --no-overlap          all-reduce gradients after backward, not during it\n"
+    "  --sync-bn             batchnorm statistics over all ranks (synchronised BN)\n"
     "  --backend tcp|mpi     communication backend  [$DT_BACKEND or tcp]\n"
     "  --init-method URL     env:// (default), tcp://HOST:PORT or file:///PATH\n";
 
@@ -223,7 +230,8 @@ static int cmd_train(int argc, char **argv) {
     dt_train_opts o;
     dt_train_opts_default(&o);
     const char *save = NULL, *metrics = NULL, *backend = NULL, *init = NULL;
-    int64_t threads = 0, iv;
+    int64_t threads = 0, iv, batch_per_rank = 0;
+    const char *device = "cpu";
     int quiet = 0, wd_given = 0, lr_given = 0;
     dt_status s = DT_OK;
     for (int i = 1; i < argc && s == DT_OK;) {
@@ -233,6 +241,8 @@ static int cmd_train(int argc, char **argv) {
         if (!strcmp(a, "--nesterov")) { o.nesterov = 1; i++; continue; }
         if (!strcmp(a, "--no-eval")) { o.eval = 0; i++; continue; }
         if (!strcmp(a, "--quiet")) { quiet = 1; i++; continue; }
+        if (!strcmp(a, "--no-overlap")) { o.overlap = 0; i++; continue; }
+        if (!strcmp(a, "--sync-bn")) { o.sync_bn = 1; i++; continue; }
 #define FLAG(name) dt_arg_match(name, argc, argv, &i, &v, &s)
         if (FLAG("--model")) o.model = v;
         else if (FLAG("--data")) o.data = v;
@@ -255,6 +265,10 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--save")) save = v;
         else if (FLAG("--metrics")) metrics = v;
         else if (FLAG("--log-every")) { if (s == DT_OK && (s = dt_arg_int("--log-every", v, 0, 1 << 30, 0, &iv)) == DT_OK) o.log_every = (int)iv; }
+        else if (FLAG("--bucket-mb")) { if (s == DT_OK) s = dt_arg_double("--bucket-mb", v, 1e-6, 1e6, &o.bucket_mb); }
+        else if (FLAG("--lr-scale")) o.lr_scale = v;
+        else if (FLAG("--batch-per-rank")) { if (s == DT_OK) s = dt_arg_int("--batch-per-rank", v, 1, 1 << 24, 0, &batch_per_rank); }
+        else if (FLAG("--device")) device = v;
         else if (FLAG("--backend")) backend = v;
         else if (FLAG("--init-method")) init = v;
         else s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain train --help)", a);
@@ -266,10 +280,12 @@ static int cmd_train(int argc, char **argv) {
         if (!lr_given) o.lr = 1e-3;
     }
 
-    const dt_ops *ops = dt_ops_cpu();
+    const dt_ops *ops = dt_ops_get(device);
+    if (!ops) return fail(DT_ERR_INVALID);
     dt_comm *comm = NULL;
     int local_size = 1;
     if ((s = setup_comm(backend, init, &comm, &local_size)) != DT_OK) return fail(s);
+    if (batch_per_rank > 0) o.batch = batch_per_rank * g_world;
     if ((s = setup_threads(ops, threads, local_size)) != DT_OK) goto out;
 
     reporter rep = {.quiet = quiet, .tty = isatty(STDERR_FILENO), .rank0 = g_rank == 0};

@@ -1,0 +1,548 @@
+/*
+ * ckpt.c: training checkpoints (see ckpt.h for the layout and the guarantees).
+ *
+ * Three parts: the checksum (XXH64 over a file's tensor data, then over a
+ * description of its tensor table and metadata, so a changed shape or value
+ * is caught as surely as a flipped data byte); writing a checkpoint into a
+ * temporary directory and renaming it into place; reading one back, verifying
+ * all of it before anything is applied.
+ *
+ * Directory handling (atomic install, pruning, finding the newest valid
+ * checkpoint) lives in ckpt_dir.c.
+ */
+#include "config.h"
+
+#include "ckpt.h"
+#include "ckpt_impl.h"
+#include "checkpoint.h"
+#include "safetensors.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- XXH64 ------------------------------------------------------------------ */
+
+#define P1 0x9E3779B185EBCA87ULL
+#define P2 0xC2B2AE3D27D4EB4FULL
+#define P3 0x165667B19E3779F9ULL
+#define P4 0x85EBCA77C2B2AE63ULL
+#define P5 0x27D4EB2F165667C5ULL
+
+static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+/* Little-endian loads through memcpy: any alignment, no aliasing trouble. */
+static uint64_t rd64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static uint32_t rd32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t xround(uint64_t acc, uint64_t in) { return rotl64(acc + in * P2, 31) * P1; }
+static uint64_t xmerge(uint64_t h, uint64_t v) { return (h ^ xround(0, v)) * P1 + P4; }
+
+uint64_t dt_xxh64(const void *data, size_t n, uint64_t seed) {
+    const unsigned char *p = data, *end = p + n;
+    uint64_t h;
+    if (n >= 32) {
+        /* four lanes over 32-byte stripes */
+        uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
+        for (; end - p >= 32; p += 32) {
+            v1 = xround(v1, rd64(p));
+            v2 = xround(v2, rd64(p + 8));
+            v3 = xround(v3, rd64(p + 16));
+            v4 = xround(v4, rd64(p + 24));
+        }
+        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
+        h = xmerge(xmerge(xmerge(xmerge(h, v1), v2), v3), v4);
+    } else {
+        h = seed + P5;
+    }
+    h += (uint64_t)n;
+    for (; end - p >= 8; p += 8) h = rotl64(h ^ xround(0, rd64(p)), 27) * P1 + P4;
+    if (end - p >= 4) {
+        h = rotl64(h ^ (uint64_t)rd32(p) * P1, 23) * P2 + P3;
+        p += 4;
+    }
+    for (; p < end; p++) h = rotl64(h ^ (uint64_t)*p * P5, 11) * P1;
+    h ^= h >> 33;
+    h *= P2;
+    h ^= h >> 29;
+    h *= P3;
+    h ^= h >> 32;
+    return h;
+}
+
+/* ---- checksums of a file -------------------------------------------------------- */
+
+/* The description hashed after the data: "T" name dtype dims for each tensor
+ * in file order, "M" key value for each metadata pair except the checksum,
+ * fields NUL-separated. Writer and reader build it the same way. */
+typedef struct {
+    char  *p;
+    size_t len, cap;
+    int    oom;
+} desc;
+
+static void desc_put(desc *d, const char *s, size_t n) {
+    if (d->oom) return;
+    if (d->len + n > d->cap) {
+        size_t cap = d->cap ? d->cap : 1024;
+        while (cap < d->len + n) cap *= 2;
+        char *q = realloc(d->p, cap);
+        if (!q) {
+            d->oom = 1;
+            return;
+        }
+        d->p = q;
+        d->cap = cap;
+    }
+    memcpy(d->p + d->len, s, n);
+    d->len += n;
+}
+
+static void desc_tensor(desc *d, const char *name, dt_st_dtype t, int ndim, const int64_t *shape) {
+    const char *dn = dt_st_dtype_name(t);
+    desc_put(d, "T", 1);
+    desc_put(d, name, strlen(name) + 1);
+    desc_put(d, dn, strlen(dn) + 1);
+    for (int i = 0; i < ndim; i++) {
+        char b[24];
+        int k = snprintf(b, sizeof b, "%" PRId64 ",", shape[i]);
+        desc_put(d, b, (size_t)k);
+    }
+    desc_put(d, "", 1);
+}
+
+static void desc_meta(desc *d, const char *k, const char *v) {
+    desc_put(d, "M", 1);
+    desc_put(d, k, strlen(k) + 1);
+    desc_put(d, v, strlen(v) + 1);
+}
+
+/* "xxh64:<16 hex>" of data then description into out (24 bytes). */
+static dt_status desc_sum(desc *d, const void *data, size_t n, char out[24]) {
+    if (d->oom) return dt_error(DT_ERR_NOMEM, "out of memory computing a checkpoint checksum");
+    uint64_t h = dt_xxh64(data, n, 0);
+    h = dt_xxh64(d->p ? d->p : "", d->len, h);
+    snprintf(out, 24, "xxh64:%016" PRIx64, h);
+    return DT_OK;
+}
+
+/* The checksum a file should carry, recomputed from what was read. */
+static dt_status file_sum(const dt_st_file *f, char out[24]) {
+    desc d = {0};
+    for (size_t i = 0; i < dt_st_count(f); i++) {
+        dt_st_tensor t;
+        dt_status s = dt_st_tensor_at(f, i, &t);
+        if (s != DT_OK) {
+            free(d.p);
+            return s;
+        }
+        desc_tensor(&d, t.name, t.dtype, t.ndim, t.shape);
+    }
+    for (size_t i = 0; i < dt_st_meta_count(f); i++) {
+        const char *k, *v;
+        dt_st_meta_at(f, i, &k, &v);
+        if (strcmp(k, DT_CKPT_SUM_KEY_) != 0) desc_meta(&d, k, v);
+    }
+    const void *data;
+    size_t n;
+    dt_st_data_region(f, &data, &n);
+    dt_status s = desc_sum(&d, data, n, out);
+    free(d.p);
+    return s;
+}
+
+/* Open a file of a checkpoint and check its checksum. */
+static dt_status open_verified(const char *path, dt_st_file **out) {
+    dt_st_file *f;
+    *out = NULL;
+    DT_TRY(dt_st_open(path, &f));
+    const char *want = dt_st_meta_get(f, DT_CKPT_SUM_KEY_);
+    char got[24];
+    dt_status s = DT_OK;
+    if (!want) s = dt_error(DT_ERR_FORMAT, "%s: no %s in its metadata (not written by dt_ckpt_save)", path, DT_CKPT_SUM_KEY_);
+    if (s == DT_OK) s = file_sum(f, got);
+    if (s == DT_OK && strcmp(want, got) != 0)
+        s = dt_error(DT_ERR_FORMAT, "%s: checksum mismatch (the file is corrupt): recorded %s, computed %s", path, want,
+                     got);
+    if (s != DT_OK) {
+        dt_st_close(f);
+        return s;
+    }
+    *out = f;
+    return DT_OK;
+}
+
+/* ---- writing ------------------------------------------------------------------- */
+
+/* A safetensors writer that also builds the description for the checksum. */
+typedef struct {
+    dt_st_writer *w;
+    desc          d;
+} swriter;
+
+static dt_status sw_meta(swriter *sw, const char *k, const char *v) {
+    desc_meta(&sw->d, k, v);
+    return dt_st_writer_set_meta(sw->w, k, v);
+}
+
+static dt_status sw_metai(swriter *sw, const char *k, int64_t v) {
+    char b[24];
+    snprintf(b, sizeof b, "%" PRId64, v);
+    return sw_meta(sw, k, b);
+}
+
+static dt_status sw_metaf(swriter *sw, const char *k, float v) {
+    char b[32];
+    snprintf(b, sizeof b, "%.9g", (double)v); /* 9 significant digits give a float back exactly */
+    return sw_meta(sw, k, b);
+}
+
+/* Set the checksum over data (n bytes, the file's whole data region) and write. */
+static dt_status sw_finish(swriter *sw, const void *data, size_t n, const char *path, char sum[24]) {
+    DT_TRY(desc_sum(&sw->d, data, n, sum));
+    DT_TRY(dt_st_writer_set_meta(sw->w, DT_CKPT_SUM_KEY_, sum));
+    return dt_st_writer_write(sw->w, path);
+}
+
+static dt_status write_model(const char *path, dt_model *m, int64_t step, char sum[24]) {
+    swriter sw = {0};
+    void *host = NULL;
+    size_t n = 0;
+    DT_TRY(dt_st_writer_init(&sw.w));
+    dt_status s = dt_model_state_add(m, sw.w, &host, &n);
+    for (int i = 0; s == DT_OK && i < dt_model_nstate(m); i++) {
+        dt_tensor_info ti;
+        s = dt_model_state(m, i, &ti);
+        if (s == DT_OK) desc_tensor(&sw.d, ti.name, ti.dtype == DT_I64 ? DT_ST_I64 : DT_ST_F32, ti.ndim, ti.shape);
+    }
+    if (s == DT_OK) s = sw_meta(&sw, "format", "pt");
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.step", step);
+    if (s == DT_OK) s = sw_finish(&sw, host, n, path, sum);
+    dt_st_writer_free(sw.w);
+    free(sw.d.p);
+    free(host);
+    return s;
+}
+
+static const char *optim_name(int has, dt_optim_kind k) { return !has ? "none" : k == DT_OPTIM_ADAMW ? "adamw" : "sgd"; }
+
+static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, const dt_ckpt_info *in, const char *const *extra,
+                             int nextra, const char *model_sum) {
+    swriter sw = {0};
+    int ns = o ? dt_optim_nstate(o) : 0;
+    size_t n = o ? dt_optim_size(o) : 0, bytes = (size_t)ns * n * sizeof(float);
+    float *host = malloc(bytes ? bytes : 1);
+    if (!host) return dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu bytes of optimizer state", path, bytes);
+    dt_status s = dt_st_writer_init(&sw.w);
+    /* optim.<name>: (n) floats each, back to back in host = the data region */
+    for (int i = 0; s == DT_OK && i < ns; i++) {
+        char name[96];
+        int64_t shape[1] = {(int64_t)n};
+        snprintf(name, sizeof name, "optim.%s", dt_optim_state_name(o, i));
+        if (n) s = ops->copy_d2h(host + (size_t)i * n, dt_optim_state(o, i), n * sizeof(float));
+        if (s == DT_OK) s = dt_st_writer_add(sw.w, name, DT_ST_F32, 1, shape, host + (size_t)i * n);
+        desc_tensor(&sw.d, name, DT_ST_F32, 1, shape);
+    }
+    const dt_optim_config *c = o ? dt_optim_config_of(o) : NULL;
+    dt_optim_config none = {0};
+    if (!c) c = &none;
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.format", DT_CKPT_FORMAT);
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.step", in->step);
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.epoch", in->epoch);
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.step_in_epoch", in->step_in_epoch);
+    if (s == DT_OK) {
+        char b[24];
+        snprintf(b, sizeof b, "%" PRIu64, in->seed);
+        s = sw_meta(&sw, "dtrain.seed", b);
+    }
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.batch", in->batch);
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.micro_batches", in->micro_batches);
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.world_size", in->world_size);
+    if (s == DT_OK) s = sw_meta(&sw, "dtrain.model", in->model_spec ? in->model_spec : "");
+    if (s == DT_OK) s = sw_meta(&sw, "dtrain.schedule", in->schedule ? in->schedule : "");
+    if (s == DT_OK) s = sw_meta(&sw, "dtrain.optimizer", optim_name(o != NULL, c->kind));
+    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.lr", c->lr);
+    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.weight_decay", c->weight_decay);
+    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.momentum", c->momentum);
+    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.dampening", c->dampening);
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.optim.nesterov", c->nesterov);
+    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.beta1", c->beta1);
+    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.beta2", c->beta2);
+    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.eps", c->eps);
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.optim.steps", o ? dt_optim_steps(o) : 0);
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.optim.size", (int64_t)n);
+    if (s == DT_OK) s = sw_meta(&sw, "dtrain.model_checksum", model_sum);
+    for (int i = 0; s == DT_OK && i < nextra; i++) {
+        char key[256];
+        snprintf(key, sizeof key, "%s%s", DT_CKPT_EXTRA_, extra[2 * i]);
+        s = sw_meta(&sw, key, extra[2 * i + 1]);
+    }
+    char sum[24];
+    if (s == DT_OK) s = sw_finish(&sw, host, bytes, path, sum);
+    dt_st_writer_free(sw.w);
+    free(sw.d.p);
+    free(host);
+    return s;
+}
+
+static dt_status check_save_args(const char *dir, int keep, dt_model *m, const dt_ckpt_info *in,
+                                 const char *const *extra, int nextra) {
+    if (!dir || !*dir) return dt_error(DT_ERR_INVALID, "checkpoint: empty directory name");
+    if (!m || !in) return dt_error(DT_ERR_INVALID, "checkpoint: no model or no info to save");
+    if (keep < 0) return dt_error(DT_ERR_INVALID, "checkpoint: keep must be >= 0 (0 keeps all), got %d", keep);
+    if (in->step < 0 || in->step > 999999999999LL)
+        return dt_error(DT_ERR_INVALID, "checkpoint: step %" PRId64 " is out of range [0, 999999999999]", in->step);
+    if (nextra < 0 || (nextra > 0 && !extra))
+        return dt_error(DT_ERR_INVALID, "checkpoint: %d extra key/values but no array", nextra);
+    for (int i = 0; i < nextra; i++) {
+        const char *k = extra[2 * i];
+        if (!k || !*k || !extra[2 * i + 1] || strlen(k) > 200)
+            return dt_error(DT_ERR_INVALID, "checkpoint: extra pair %d has an empty or NULL key or value, or a key "
+                            "over 200 bytes", i);
+        for (int j = 0; j < i; j++)
+            if (strcmp(extra[2 * j], k) == 0)
+                return dt_error(DT_ERR_INVALID, "checkpoint: extra key \"%s\" given twice", k);
+    }
+    return DT_OK;
+}
+
+dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *o, const dt_ckpt_info *info,
+                       const char *const *extra, int nextra) {
+    DT_TRY(check_save_args(dir, keep, m, info, extra, nextra));
+    char tmp[DT_CKPT_PATH_MAX_], final[DT_CKPT_PATH_MAX_], file[DT_CKPT_PATH_MAX_], msum[24];
+    DT_TRY(dt_ckpt_path(dir, info->step, final, sizeof final));
+    char tname[64];
+    snprintf(tname, sizeof tname, "%s%012" PRId64 "-%ld", DT_CKPT_TMP_STEP_, info->step, (long)getpid());
+    DT_TRY(dt_ckpt_join_(tmp, sizeof tmp, dir, tname));
+    DT_TRY(dt_ckpt_mkdirs_(dir));
+    DT_TRY(dt_ckpt_rm_tree_(tmp)); /* a leftover of an earlier failed save of this process */
+    if (mkdir(tmp, 0755) != 0) return dt_error(DT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    dt_status s = dt_ckpt_join_(file, sizeof file, tmp, "model.safetensors");
+    if (s == DT_OK) s = write_model(file, m, info->step, msum);
+    if (s == DT_OK) s = dt_ckpt_join_(file, sizeof file, tmp, "train_state.safetensors");
+    if (s == DT_OK) s = write_state(file, dt_model_ops(m), o, info, extra, nextra, msum);
+    if (s == DT_OK) s = dt_ckpt_fsync_dir_(tmp);
+    if (s == DT_OK) s = dt_ckpt_install_(dir, tmp, final);
+    if (s != DT_OK) {
+        /* best effort; the first error is the one reported */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        dt_ckpt_rm_tree_(tmp);
+        return dt_error(s, "%s", msg);
+    }
+    return dt_ckpt_prune_(dir, keep, info->step);
+}
+
+/* ---- reading ------------------------------------------------------------------- */
+
+struct dt_ckpt {
+    char          path[DT_CKPT_PATH_MAX_];
+    char          state_path[DT_CKPT_PATH_MAX_];
+    dt_st_file   *model, *state;
+    dt_ckpt_info  info;
+    int64_t       optim_size;   /* elements of each optimizer state array */
+};
+
+void dt_ckpt_close(dt_ckpt *c) {
+    if (!c) return;
+    dt_st_close(c->model);
+    dt_st_close(c->state);
+    free(c);
+}
+
+const dt_ckpt_info *dt_ckpt_info_of(const dt_ckpt *c) { return &c->info; }
+
+const char *dt_ckpt_extra(const dt_ckpt *c, const char *key) {
+    char k[256];
+    if (!key || strlen(key) > 200) return NULL;
+    snprintf(k, sizeof k, "%s%s", DT_CKPT_EXTRA_, key);
+    return dt_st_meta_get(c->state, k);
+}
+
+/* Metadata value of key; DT_ERR_FORMAT naming the file when absent. */
+static dt_status meta_str(dt_ckpt *c, const char *key, const char **out) {
+    *out = dt_st_meta_get(c->state, key);
+    if (!*out) return dt_error(DT_ERR_FORMAT, "%s: metadata \"%s\" is missing", c->state_path, key);
+    return DT_OK;
+}
+
+static dt_status meta_int(dt_ckpt *c, const char *key, int64_t lo, int64_t *out) {
+    const char *v, *e;
+    DT_TRY(meta_str(c, key, &v));
+    errno = 0;
+    long long x = strtoll(v, (char **)&e, 10);
+    if (!*v || *e || errno || x < lo)
+        return dt_error(DT_ERR_FORMAT, "%s: metadata \"%s\" = \"%s\" is not an integer >= %" PRId64, c->state_path, key,
+                        v, lo);
+    *out = (int64_t)x;
+    return DT_OK;
+}
+
+static dt_status meta_float(dt_ckpt *c, const char *key, float *out) {
+    const char *v;
+    char *e;
+    DT_TRY(meta_str(c, key, &v));
+    errno = 0;
+    *out = strtof(v, &e);
+    if (!*v || *e || errno) return dt_error(DT_ERR_FORMAT, "%s: metadata \"%s\" = \"%s\" is not a number", c->state_path, key, v);
+    return DT_OK;
+}
+
+/* Fill c->info from train_state's metadata. */
+static dt_status read_info(dt_ckpt *c) {
+    dt_ckpt_info *in = &c->info;
+    int64_t v;
+    const char *kind, *seed;
+    DT_TRY(meta_int(c, "dtrain.format", 1, &v));
+    if (v > DT_CKPT_FORMAT)
+        return dt_error(DT_ERR_FORMAT, "%s: checkpoint format %" PRId64 " is newer than this dtrain reads (%d)",
+                        c->state_path, v, DT_CKPT_FORMAT);
+    in->format = (int)v;
+    DT_TRY(meta_int(c, "dtrain.step", 0, &in->step));
+    DT_TRY(meta_int(c, "dtrain.epoch", 0, &in->epoch));
+    DT_TRY(meta_int(c, "dtrain.step_in_epoch", 0, &in->step_in_epoch));
+    DT_TRY(meta_str(c, "dtrain.seed", &seed));
+    char *e;
+    errno = 0;
+    in->seed = strtoull(seed, &e, 10);
+    if (!*seed || *e || errno || *seed == '-')
+        return dt_error(DT_ERR_FORMAT, "%s: metadata \"dtrain.seed\" = \"%s\" is not an unsigned integer", c->state_path,
+                        seed);
+    DT_TRY(meta_int(c, "dtrain.batch", 0, &in->batch));
+    DT_TRY(meta_int(c, "dtrain.micro_batches", 0, &in->micro_batches));
+    DT_TRY(meta_int(c, "dtrain.world_size", 0, &v));
+    in->world_size = (int)v;
+    DT_TRY(meta_str(c, "dtrain.model", &in->model_spec));
+    DT_TRY(meta_str(c, "dtrain.schedule", &in->schedule));
+    DT_TRY(meta_str(c, "dtrain.optimizer", &kind));
+    if (strcmp(kind, "none") == 0) in->has_optim = 0;
+    else if (strcmp(kind, "sgd") == 0) in->has_optim = 1, in->optim.kind = DT_OPTIM_SGD;
+    else if (strcmp(kind, "adamw") == 0) in->has_optim = 1, in->optim.kind = DT_OPTIM_ADAMW;
+    else return dt_error(DT_ERR_FORMAT, "%s: unknown optimizer \"%s\"", c->state_path, kind);
+    dt_optim_config *oc = &in->optim;
+    DT_TRY(meta_float(c, "dtrain.optim.lr", &oc->lr));
+    DT_TRY(meta_float(c, "dtrain.optim.weight_decay", &oc->weight_decay));
+    DT_TRY(meta_float(c, "dtrain.optim.momentum", &oc->momentum));
+    DT_TRY(meta_float(c, "dtrain.optim.dampening", &oc->dampening));
+    DT_TRY(meta_int(c, "dtrain.optim.nesterov", 0, &v));
+    oc->nesterov = v != 0;
+    DT_TRY(meta_float(c, "dtrain.optim.beta1", &oc->beta1));
+    DT_TRY(meta_float(c, "dtrain.optim.beta2", &oc->beta2));
+    DT_TRY(meta_float(c, "dtrain.optim.eps", &oc->eps));
+    DT_TRY(meta_int(c, "dtrain.optim.steps", 0, &in->optim_steps));
+    DT_TRY(meta_int(c, "dtrain.optim.size", 0, &c->optim_size));
+    return DT_OK;
+}
+
+dt_status dt_ckpt_open(const char *path, dt_ckpt **out) {
+    *out = NULL;
+    if (!path || !*path) return dt_error(DT_ERR_INVALID, "checkpoint: empty path");
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return dt_error(DT_ERR_IO, "%s: no such checkpoint: %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return dt_error(DT_ERR_INVALID, "%s: not a checkpoint directory (expected DIR/step-<step>/)", path);
+    dt_ckpt *c = calloc(1, sizeof *c);
+    if (!c) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    char model_path[DT_CKPT_PATH_MAX_];
+    dt_status s = dt_ckpt_join_(c->path, sizeof c->path, path, NULL);
+    if (s == DT_OK) s = dt_ckpt_join_(c->state_path, sizeof c->state_path, path, "train_state.safetensors");
+    if (s == DT_OK) s = dt_ckpt_join_(model_path, sizeof model_path, path, "model.safetensors");
+    if (s == DT_OK) s = open_verified(c->state_path, &c->state);
+    if (s == DT_OK) s = read_info(c);
+    if (s == DT_OK) s = open_verified(model_path, &c->model);
+    if (s == DT_OK) {
+        /* both files must come from the same save */
+        const char *want = dt_st_meta_get(c->state, "dtrain.model_checksum");
+        const char *got = dt_st_meta_get(c->model, DT_CKPT_SUM_KEY_);
+        if (!want || strcmp(want, got) != 0)
+            s = dt_error(DT_ERR_FORMAT, "%s: model.safetensors (%s) is not the one train_state.safetensors was saved "
+                         "with (%s)", path, got, want ? want : "none recorded");
+    }
+    if (s != DT_OK) {
+        dt_ckpt_close(c);
+        return s;
+    }
+    *out = c;
+    return DT_OK;
+}
+
+static const char *kind_label(dt_optim_kind k) { return k == DT_OPTIM_ADAMW ? "AdamW" : "SGD"; }
+
+/* The optimizer's state names and sizes against train_state's tensors. */
+static dt_status check_optim(dt_ckpt *c, dt_optim *o) {
+    const dt_ckpt_info *in = &c->info;
+    dt_optim_kind want = dt_optim_config_of(o)->kind;
+    if (!in->has_optim)
+        return dt_error(DT_ERR_FORMAT, "%s: holds no optimizer state, the run uses %s", c->state_path, kind_label(want));
+    if (in->optim.kind != want)
+        return dt_error(DT_ERR_FORMAT, "%s: optimizer state is %s, the optimizer is %s (a run cannot resume with "
+                        "another optimizer)", c->state_path, kind_label(in->optim.kind), kind_label(want));
+    size_t n = dt_optim_size(o);
+    if ((uint64_t)c->optim_size != (uint64_t)n)
+        return dt_error(DT_ERR_FORMAT, "%s: optimizer state is for %" PRId64 " parameters, the optimizer has %zu",
+                        c->state_path, c->optim_size, n);
+    int ns = dt_optim_nstate(o), nfile = 0;
+    for (size_t i = 0; i < dt_st_count(c->state); i++) {
+        dt_st_tensor t;
+        DT_TRY(dt_st_tensor_at(c->state, i, &t));
+        if (strncmp(t.name, "optim.", 6) != 0) continue;
+        int found = 0;
+        for (int j = 0; j < ns && !found; j++) found = strcmp(t.name + 6, dt_optim_state_name(o, j)) == 0;
+        if (!found)
+            return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' has no counterpart in this %s optimizer (momentum %g)",
+                            c->state_path, t.name, kind_label(want), (double)dt_optim_config_of(o)->momentum);
+        if (t.dtype != DT_ST_F32 || t.ndim != 1 || (uint64_t)t.shape[0] != (uint64_t)n)
+            return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is %s of %d dimensions in the file, the optimizer "
+                            "expects F32 [%zu]", c->state_path, t.name, dt_st_dtype_name(t.dtype), t.ndim, n);
+        nfile++;
+    }
+    if (nfile != ns) {
+        for (int j = 0; j < ns; j++) {
+            char name[96];
+            dt_st_tensor t;
+            snprintf(name, sizeof name, "optim.%s", dt_optim_state_name(o, j));
+            if (dt_st_find(c->state, name, &t) != DT_OK)
+                return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is missing (the optimizer keeps it)", c->state_path,
+                                name);
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_ckpt_restore(dt_ckpt *c, dt_model *m, dt_optim *o) {
+    char label[DT_CKPT_PATH_MAX_ + 32];
+    snprintf(label, sizeof label, "%s/model.safetensors", c->path);
+    /* Check everything first: a mismatch leaves the model and optimizer as they were. */
+    DT_TRY(dt_model_state_check(m, c->model, label));
+    if (o) DT_TRY(check_optim(c, o));
+    DT_TRY(dt_model_state_copy(m, c->model));
+    if (!o) return DT_OK;
+    for (int j = 0; j < dt_optim_nstate(o); j++) {
+        char name[96];
+        dt_st_tensor t;
+        snprintf(name, sizeof name, "optim.%s", dt_optim_state_name(o, j));
+        DT_TRY(dt_st_find(c->state, name, &t));
+        if (t.nbytes) DT_TRY(dt_model_ops(m)->copy_h2d(dt_optim_state(o, j), t.data, t.nbytes));
+    }
+    dt_optim_set_steps(o, c->info.optim_steps);
+    return DT_OK;
+}
+
+dt_status dt_ckpt_load(const char *path, dt_model *m, dt_optim *o, dt_ckpt **out) {
+    dt_ckpt *c;
+    if (out) *out = NULL;
+    DT_TRY(dt_ckpt_open(path, &c));
+    dt_status s = dt_ckpt_restore(c, m, o);
+    if (s != DT_OK || !out) dt_ckpt_close(c);
+    else *out = c;
+    return s;
+}

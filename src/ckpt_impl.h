@@ -1,0 +1,37 @@
+/*
+ * ckpt_impl.h: what ckpt.c (file formats) and ckpt_dir.c (directories) share;
+ * not installed.
+ */
+#ifndef DT_CKPT_IMPL_H
+#define DT_CKPT_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#define DT_CKPT_PATH_MAX_  4096
+#define DT_CKPT_SUM_KEY_   "dtrain.checksum"   /* metadata key of a file's checksum */
+#define DT_CKPT_EXTRA_     "extra."            /* prefix of the trainer's own keys */
+#define DT_CKPT_STEP_      "step-"             /* a complete checkpoint: step-<12 digits> */
+#define DT_CKPT_TMP_       ".tmp-"             /* every temporary directory: .tmp-<what>-<step>-<pid> */
+#define DT_CKPT_TMP_STEP_  ".tmp-step-"        /* a checkpoint being written */
+#define DT_CKPT_TMP_DEL_   ".tmp-del-"         /* a checkpoint being deleted */
+
+/* a "/" b into out (n bytes), trailing slashes of a dropped; b NULL: a alone.
+ * DT_ERR_INVALID when it does not fit. */
+dt_status dt_ckpt_join_(char *out, size_t n, const char *a, const char *b);
+/* mkdir -p, fsyncing the parent of each directory it creates. */
+dt_status dt_ckpt_mkdirs_(const char *dir);
+/* rm -r of path (a missing path is fine). */
+dt_status dt_ckpt_rm_tree_(const char *path);
+/* fsync a directory so the entries created or renamed in it are durable. */
+dt_status dt_ckpt_fsync_dir_(const char *path);
+/* Rename the complete temporary directory tmp to final inside dir, replacing
+ * an existing final atomically where the system allows, and fsync dir. */
+dt_status dt_ckpt_install_(const char *dir, const char *tmp, const char *final);
+/* After step was saved: keep the keep-1 newest older checkpoints (keep 0: all;
+ * newer ones are never touched) and remove stale .tmp-* of dead writers. */
+dt_status dt_ckpt_prune_(const char *dir, int keep, int64_t step);
+
+#endif /* DT_CKPT_IMPL_H */

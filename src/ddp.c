@@ -1,0 +1,356 @@
+/*
+ * ddp.c: distributed data parallelism for one model (see ddp.h).
+ *
+ * Gradient slices arrive from the model's grad_ready hook in reverse layer
+ * order, so the finished part of the flat gradient array is always a suffix
+ * [ready_lo, n). Buckets are contiguous ranges of whole parameter tensors cut
+ * from the end; a bucket is launched (async all-reduce on the communicator's
+ * worker thread) once ready_lo has passed its start.
+ */
+#include "ddp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DT_MIB ((size_t)1 << 20)
+
+typedef struct {
+    size_t   lo, hi;    /* float range [lo, hi) of the flat gradient array */
+    dt_work *work;      /* in flight, or NULL */
+    int      launched;
+} bucket;
+
+struct dt_ddp {
+    dt_model     *model;
+    const dt_ops *ops;
+    dt_comm      *comm;
+    int           world, rank;
+    dt_ddp_opts   o;
+    int64_t       k;          /* local micro-batches per step */
+    int64_t       micro;      /* current local micro-batch */
+    size_t        n;          /* floats in the gradient array */
+    int           ntensors;
+    size_t       *t_off, *t_len;   /* per parameter tensor: offset and length in floats */
+    /* binary-counter tree of partial sums (k > 1): acc[l] holds a finished
+     * subtree of 2^l micro-batches for every slice pushed so far */
+    int           levels;
+    float       **acc;
+    /* buckets, bucket 0 at the end of the array */
+    int           nb;
+    bucket       *b;
+    size_t        ready_lo;
+    dt_status     hook_status;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+uint64_t dt_hash_bytes(const void *p, size_t n) {
+    const unsigned char *c = p;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) {
+        h ^= c[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+void dt_ddp_opts_default(dt_ddp_opts *o) {
+    o->bucket_bytes = 25 * DT_MIB;
+    o->first_bucket_bytes = 1 * DT_MIB;
+    o->overlap = 1;
+    o->sync_bn = 0;
+}
+
+/* ---- the accumulation tree over slices -------------------------------------------- */
+
+/* Add leaf i (the current micro-batch) of slice [lo, lo+len) of g into the tree.
+ * Leaf i closes T subtrees, T = the trailing ones of i: the new subtree is
+ * acc[T-1] + (... + (acc[0] + g)), built in the free slot acc[T]. */
+static dt_status tree_push(dt_ddp *d, int64_t i, const float *g, size_t lo, size_t len) {
+    const dt_ops *ops = d->ops;
+    if ((i & 1) == 0) return ops->copy_d2d(d->acc[0] + lo, g + lo, len * sizeof(float));
+    int T = 0;
+    while ((i >> T) & 1) T++;
+    DT_TRY(ops->add(d->acc[T] + lo, d->acc[0] + lo, g + lo, len));
+    for (int l = 1; l < T; l++) DT_TRY(ops->add(d->acc[T] + lo, d->acc[l] + lo, d->acc[T] + lo, len));
+    return DT_OK;
+}
+
+/* After all k leaves: the sum of the finished subtrees (largest first) into out. */
+static dt_status tree_finish(dt_ddp *d, float *out, size_t lo, size_t len) {
+    int started = 0;
+    for (int l = d->levels - 1; l >= 0; l--) {
+        if (!((d->k >> l) & 1)) continue;
+        if (!started) DT_TRY(d->ops->copy_d2d(out + lo, d->acc[l] + lo, len * sizeof(float)));
+        else DT_TRY(d->ops->add(out + lo, out + lo, d->acc[l] + lo, len));
+        started = 1;
+    }
+    return DT_OK;
+}
+
+/* ---- buckets ----------------------------------------------------------------------- */
+
+static dt_status launch_ready(dt_ddp *d) {
+    float *g = dt_model_grads(d->model);
+    for (int i = 0; i < d->nb; i++) {
+        bucket *b = &d->b[i];
+        if (b->launched || b->lo < d->ready_lo) continue;
+        b->launched = 1;
+        DT_TRY(dt_allreduce_async(d->comm, g + b->lo, g + b->lo, b->hi - b->lo, DT_F32, DT_SUM, &b->work));
+    }
+    return DT_OK;
+}
+
+/* The model's grad_ready hook: parameters [first, first + count) are final for
+ * this micro-batch. */
+static dt_status on_grad_ready(void *ctx, int first, int count) {
+    dt_ddp *d = ctx;
+    if (count <= 0) return DT_OK;
+    size_t lo = d->t_off[first];
+    size_t hi = d->t_off[first + count - 1] + d->t_len[first + count - 1];
+    float *g = dt_model_grads(d->model);
+    dt_status s = DT_OK;
+    if (d->k > 1) {
+        s = tree_push(d, d->micro, g, lo, hi - lo);
+        if (s == DT_OK && d->micro == d->k - 1) s = tree_finish(d, g, lo, hi - lo);
+    }
+    if (s == DT_OK && d->micro == d->k - 1) {
+        if (lo < d->ready_lo) d->ready_lo = lo;
+        if (d->world > 1 && d->o.overlap) s = launch_ready(d);
+    }
+    if (s != DT_OK && d->hook_status == DT_OK) d->hook_status = s;
+    return s;
+}
+
+/* Synchronised batchnorm: per-channel sums (and the count) over every rank. */
+static dt_status on_bn_sync(void *ctx, int backward, float *stats, size_t n, int64_t *count) {
+    dt_ddp *d = ctx;
+    DT_TRY(dt_allreduce(d->comm, stats, stats, n, DT_F32, DT_SUM));
+    if (!backward) DT_TRY(dt_allreduce(d->comm, count, count, 1, DT_I64, DT_SUM));
+    return DT_OK;
+}
+
+/* Cut buckets from the end: tensors are taken whole, in reverse order, until a
+ * bucket reaches its capacity (the first one smaller, so communication starts
+ * early). */
+static dt_status make_buckets(dt_ddp *d) {
+    d->b = calloc((size_t)(d->ntensors > 0 ? d->ntensors : 1), sizeof *d->b);
+    if (!d->b) return dt_error(DT_ERR_NOMEM, "out of memory for gradient buckets");
+    size_t cap = d->o.first_bucket_bytes / sizeof(float);
+    size_t hi = d->n, lo = d->n;
+    for (int t = d->ntensors - 1; t >= 0; t--) {
+        lo = d->t_off[t];
+        int last = (t == 0);
+        if ((hi - lo) >= cap || last) {
+            d->b[d->nb++] = (bucket){.lo = lo, .hi = hi};
+            hi = lo;
+            cap = d->o.bucket_bytes / sizeof(float);
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_ddp_init(dt_model *m, dt_comm *comm, int64_t k, const dt_ddp_opts *o, dt_ddp **out) {
+    if (k < 1) return dt_error(DT_ERR_INVALID, "ddp: expected at least one local micro-batch, got %lld", (long long)k);
+    dt_ddp *d = calloc(1, sizeof *d);
+    if (!d) return dt_error(DT_ERR_NOMEM, "out of memory for DDP");
+    d->model = m;
+    d->ops = dt_model_ops(m);
+    d->comm = comm;
+    d->world = comm ? dt_comm_size(comm) : 1;
+    d->rank = comm ? dt_comm_rank(comm) : 0;
+    if (o) d->o = *o;
+    else dt_ddp_opts_default(&d->o);
+    if (d->o.bucket_bytes < sizeof(float)) d->o.bucket_bytes = sizeof(float);
+    if (d->o.first_bucket_bytes < sizeof(float)) d->o.first_bucket_bytes = sizeof(float);
+    d->k = k;
+    d->n = dt_model_nparams(m);
+    d->ntensors = dt_model_nparam_tensors(m);
+    d->t_off = calloc((size_t)(d->ntensors + 1), sizeof *d->t_off);
+    d->t_len = calloc((size_t)(d->ntensors + 1), sizeof *d->t_len);
+    dt_status s = (d->t_off && d->t_len) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory for DDP");
+    for (int i = 0; s == DT_OK && i < d->ntensors; i++) {
+        dt_tensor_info ti;
+        s = dt_model_param(m, i, &ti);
+        d->t_off[i] = ti.offset;
+        d->t_len[i] = (size_t)ti.numel;
+    }
+    if (s == DT_OK) s = make_buckets(d);
+    d->levels = 1;
+    while ((INT64_C(1) << (d->levels - 1)) < k) d->levels++;
+    if (s == DT_OK && k > 1) {
+        d->acc = calloc((size_t)d->levels, sizeof *d->acc);
+        if (!d->acc) s = dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
+        for (int l = 0; s == DT_OK && l < d->levels; l++)
+            s = d->ops->alloc((void **)&d->acc[l], d->n * sizeof(float));
+    }
+    if (s != DT_OK) {
+        dt_ddp_free(d);
+        return s;
+    }
+    dt_model_set_grad_ready(m, on_grad_ready, d);
+    if (d->o.sync_bn && d->world > 1) dt_model_set_bn_sync(m, on_bn_sync, d);
+    *out = d;
+    return DT_OK;
+}
+
+void dt_ddp_free(dt_ddp *d) {
+    if (!d) return;
+    for (int i = 0; i < d->nb; i++)
+        if (d->b[i].work) dt_work_wait(d->b[i].work);
+    if (d->acc)
+        for (int l = 0; l < d->levels; l++) d->ops->free(d->acc[l]);
+    if (d->model) {
+        dt_model_set_grad_ready(d->model, NULL, NULL);
+        dt_model_set_bn_sync(d->model, NULL, NULL);
+    }
+    free(d->acc);
+    free(d->b);
+    free(d->t_off);
+    free(d->t_len);
+    free(d);
+}
+
+int dt_ddp_nbuckets(const dt_ddp *d) { return d->nb; }
+size_t dt_ddp_bucket_bytes(const dt_ddp *d, int i) {
+    return (i >= 0 && i < d->nb) ? (d->b[i].hi - d->b[i].lo) * sizeof(float) : 0;
+}
+
+dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i) {
+    if (i < 0 || i >= d->k)
+        return dt_error(DT_ERR_INVALID, "ddp: micro-batch %lld out of range [0, %lld)", (long long)i, (long long)d->k);
+    d->micro = i;
+    d->hook_status = DT_OK;
+    if (i == 0) {
+        d->ready_lo = d->n;
+        for (int b = 0; b < d->nb; b++) d->b[b].launched = 0;
+    }
+    return DT_OK;
+}
+
+dt_status dt_ddp_finish(dt_ddp *d, double *wait_s) {
+    double t0 = now_s();
+    dt_status s = d->hook_status;
+    if (d->ready_lo != 0 && s == DT_OK)
+        s = dt_error(DT_ERR_INTERNAL, "ddp: backward left gradients [0, %zu) unreported", d->ready_lo);
+    if (s == DT_OK && d->world > 1) s = launch_ready(d);
+    /* wait for every bucket, even after a failure, so no buffer is still in use */
+    for (int i = 0; i < d->nb; i++) {
+        if (!d->b[i].work) continue;
+        dt_status w = dt_work_wait(d->b[i].work);
+        d->b[i].work = NULL;
+        if (s == DT_OK) s = w;
+    }
+    if (wait_s) *wait_s = now_s() - t0;
+    return s;
+}
+
+/* ---- start-of-run agreement ---------------------------------------------------------- */
+
+/* A per-tensor signature (name and shape) or checksum, all-gathered; the first
+ * tensor whose value differs between ranks is reported with the ranks. */
+static dt_status compare_across(dt_ddp *d, const uint64_t *mine, int n, const char *what,
+                                const char *(*name_of)(dt_ddp *, int, char *, size_t)) {
+    int W = d->world;
+    uint64_t *all = malloc((size_t)W * (size_t)n * sizeof *all);
+    if (!all) return dt_error(DT_ERR_NOMEM, "out of memory comparing %s across ranks", what);
+    dt_status s = dt_allgather(d->comm, mine, all, (size_t)n, DT_I64);
+    for (int t = 0; s == DT_OK && t < n; t++) {
+        for (int r = 1; r < W; r++) {
+            if (all[(size_t)r * n + t] == all[t]) continue;
+            char nb[128];
+            char ranks[256] = "";
+            size_t used = 0;
+            for (int q = 1; q < W && used < sizeof ranks - 16; q++)
+                if (all[(size_t)q * n + t] != all[t])
+                    used += (size_t)snprintf(ranks + used, sizeof ranks - used, "%s%d", used ? "," : "", q);
+            s = dt_error(DT_ERR_MISMATCH, "rank %d: parameter '%s' has a different %s on rank%s %s than on rank 0",
+                         d->rank, name_of(d, t, nb, sizeof nb), what, strchr(ranks, ',') ? "s" : "", ranks);
+            break;
+        }
+    }
+    free(all);
+    return s;
+}
+
+static const char *param_name(dt_ddp *d, int t, char *buf, size_t n) {
+    dt_tensor_info ti;
+    if (dt_model_param(d->model, t, &ti) != DT_OK) snprintf(buf, n, "#%d", t);
+    else snprintf(buf, n, "%s", ti.name);
+    return buf;
+}
+
+static dt_status param_hashes(dt_ddp *d, uint64_t *h, int values) {
+    float *host = NULL;
+    size_t cap = 0;
+    dt_status s = DT_OK;
+    for (int t = 0; s == DT_OK && t < d->ntensors; t++) {
+        dt_tensor_info ti;
+        s = dt_model_param(d->model, t, &ti);
+        if (s != DT_OK) break;
+        if (!values) {
+            char sig[256];
+            int len = snprintf(sig, sizeof sig, "%s:%d", ti.name, ti.ndim);
+            for (int i = 0; i < ti.ndim && len < (int)sizeof sig - 24; i++)
+                len += snprintf(sig + len, sizeof sig - (size_t)len, ",%lld", (long long)ti.shape[i]);
+            h[t] = dt_hash_bytes(sig, (size_t)len);
+            continue;
+        }
+        size_t bytes = (size_t)ti.numel * sizeof(float);
+        if (bytes > cap) {
+            free(host);
+            host = malloc(bytes);
+            cap = bytes;
+            if (!host) return dt_error(DT_ERR_NOMEM, "out of memory hashing parameters");
+        }
+        s = d->ops->copy_d2h(host, ti.data, bytes);
+        h[t] = dt_hash_bytes(host, bytes);
+    }
+    free(host);
+    return s;
+}
+
+dt_status dt_ddp_check_equal(dt_ddp *d) {
+    if (d->world <= 1) return DT_OK;
+    uint64_t *h = calloc((size_t)d->ntensors + 1, sizeof *h);
+    if (!h) return dt_error(DT_ERR_NOMEM, "out of memory hashing parameters");
+    dt_status s = param_hashes(d, h, 1);
+    if (s == DT_OK) s = compare_across(d, h, d->ntensors, "value (checksum)", param_name);
+    free(h);
+    return s;
+}
+
+dt_status dt_ddp_sync_start(dt_ddp *d) {
+    if (d->world <= 1) return DT_OK;
+    /* same number of parameter tensors and elements everywhere, else nothing below can match */
+    int64_t mine[2] = {d->ntensors, (int64_t)d->n}, *all = malloc(2 * (size_t)d->world * sizeof *all);
+    if (!all) return dt_error(DT_ERR_NOMEM, "out of memory checking the model across ranks");
+    dt_status s = dt_allgather(d->comm, mine, all, 2, DT_I64);
+    for (int r = 1; s == DT_OK && r < d->world; r++)
+        if (all[2 * r] != mine[0] || all[2 * r + 1] != mine[1]) {
+            s = dt_error(DT_ERR_MISMATCH,
+                         "rank %d: the model differs across ranks: rank 0 has %lld parameter tensors (%lld values), "
+                         "rank %d has %lld (%lld values); every rank must build the same model",
+                         d->rank, (long long)all[0], (long long)all[1], r, (long long)all[2 * r],
+                         (long long)all[2 * r + 1]);
+        }
+    free(all);
+    if (s != DT_OK) return s;
+    uint64_t *h = calloc((size_t)d->ntensors + 1, sizeof *h);
+    if (!h) return dt_error(DT_ERR_NOMEM, "out of memory checking the model across ranks");
+    s = param_hashes(d, h, 0);
+    if (s == DT_OK) s = compare_across(d, h, d->ntensors, "name or shape", param_name);
+    free(h);
+    if (s != DT_OK) return s;
+    DT_TRY(dt_broadcast(d->comm, dt_model_params(d->model), d->n, DT_F32, 0));
+    if (dt_model_nbuffers(d->model) > 0)
+        DT_TRY(dt_broadcast(d->comm, dt_model_buffers(d->model), dt_model_nbuffers(d->model), DT_F32, 0));
+    return dt_ddp_check_equal(d);
+}

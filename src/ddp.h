@@ -1,0 +1,70 @@
+/*
+ * ddp.h: distributed data parallelism for one model — the start-of-run
+ * broadcast and check, the fixed-tree accumulation of micro-batch gradients,
+ * and bucketed gradient all-reduces that overlap backward.
+ *
+ * Per optimizer step a rank runs k local micro-batches. Around each backward
+ * the trainer calls dt_ddp_begin_micro(i); the model's grad_ready hook then
+ * hands every finished layer's gradient slice to DDP, which adds it into a
+ * binary-counter tree (left + right, the same tree for any split). During the
+ * last micro-batch each slice is final as soon as its layer is done; once a
+ * bucket (default 25 MiB, the first one 1 MiB, filled from the last parameter
+ * backwards as PyTorch's DDP does) is complete it is all-reduced on the
+ * communicator's worker thread while backward goes on. dt_ddp_finish waits for
+ * the buckets; the model's gradient array then holds the SUM over the global
+ * batch's micro-batches (each micro-batch gradient is already divided by B).
+ *
+ * For power-of-two world sizes the all-reduce continues the same binary tree
+ * across ranks (comm.h), so the result is bitwise independent of the world size
+ * and of the bucket sizes (DESIGN.md rule 2).
+ */
+#ifndef DT_DDP_H
+#define DT_DDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "comm.h"
+#include "model.h"
+#include "status.h"
+
+typedef struct dt_ddp dt_ddp;
+
+typedef struct {
+    size_t bucket_bytes;        /* bucket capacity; default 25 MiB */
+    size_t first_bucket_bytes;  /* the first (last-layer) bucket; default 1 MiB */
+    int    overlap;             /* 1: launch buckets during backward (default); 0: after it */
+    int    sync_bn;             /* 1: batchnorm statistics over all ranks (synchronised BN) */
+} dt_ddp_opts;
+
+void      dt_ddp_opts_default(dt_ddp_opts *o);
+/* DDP for model m over comm (NULL or size 1: only the local accumulation) with
+ * k local micro-batches per step. Installs the model's grad_ready (and, with
+ * sync_bn, bn_sync) hooks. */
+dt_status dt_ddp_init(dt_model *m, dt_comm *comm, int64_t k, const dt_ddp_opts *o, dt_ddp **out);
+void      dt_ddp_free(dt_ddp *d);
+
+/* Start of the run: every rank must hold the same architecture (the parameter
+ * names and shapes are compared across ranks: the error names the first
+ * parameter that differs and the ranks), then rank 0's parameters and buffers
+ * are broadcast and their checksums verified equal on all ranks. */
+dt_status dt_ddp_sync_start(dt_ddp *d);
+
+/* Per step: call begin_micro(i) before the backward of local micro-batch i
+ * (0 .. k-1), then finish() after the last one; the gradient array then holds
+ * the global sum. *wait_s (optional) receives the seconds finish() waited for
+ * communication (the part backward did not hide). */
+dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i);
+dt_status dt_ddp_finish(dt_ddp *d, double *wait_s);
+
+/* Compare every parameter across ranks (norm and 64-bit hash): DT_ERR_MISMATCH
+ * naming the first parameter and the ranks that differ. */
+dt_status dt_ddp_check_equal(dt_ddp *d);
+
+/* Buckets (for reports): count and bytes of bucket i. */
+int    dt_ddp_nbuckets(const dt_ddp *d);
+size_t dt_ddp_bucket_bytes(const dt_ddp *d, int i);
+
+/* 64-bit FNV-1a hash of bytes, for parameter checksums. */
+uint64_t dt_hash_bytes(const void *p, size_t n);
+
+#endif /* DT_DDP_H */

@@ -1,0 +1,113 @@
+#!/bin/bash
+# comm_errors.sh: the tcp backend fails loudly and names the culprit (DESIGN.md rule 3):
+# mismatched collectives, a rank that never calls (timeout), a rank killed mid-collective,
+# junk bytes on the store port and on a peer port, two processes claiming one rank, a
+# wrong world size, a foreign job id, an unknown backend, a malformed init URL and a
+# NULL buffer. Every message must start with the rank that reports it.
+. "$DT_SRCDIR/tests/tap.sh"
+. "$DT_SRCDIR/tests/comm_lib.sh"
+
+# mismatch: rank 0 calls all_reduce where rank 1 calls broadcast
+launch 2 --mode mismatch
+ok $((1 - $?)) "mismatched collectives fail"
+ok_grep "$TMP/out.1" "rank 1: collective #2 mismatch: this rank called broadcast \(f32, 100 elems, root 0\), rank 0 called all_reduce \(f32, 100 elems, sum\)" \
+    "the mismatch names both calls"
+
+# timeout: rank 1 never calls
+start=$(date +%s)
+LAUNCH_ENV="DT_TIMEOUT=2" launch 2 --mode timeout
+el=$(($(date +%s) - start))
+ok_grep "$TMP/out.0" "rank 0: timed out after 2 s in collective #1 all_reduce \(f32, 10 elems, sum\) waiting for rank 1 \(" \
+    "a rank that never calls: timeout naming the collective and the rank"
+[ $el -lt 40 ]; ok $? "and it came in time (${el}s)"
+
+# a rank killed mid-collective, over shared memory and over TCP
+for shm in 1 0; do
+    port=$(free_port)
+    LAUNCH_ENV="DT_SHM=$shm" start_rank 0 2 $port --mode loop; p0=$!
+    env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DT_JOB_ID=$JOB DT_SHM=$shm \
+        "$PROG" --mode loop --iters 100000 > "$TMP/victim" 2>&1 &
+    p1=$!
+    for i in $(seq 50); do grep -q looping "$TMP/out.0" && break; sleep 0.1; done
+    sleep 0.3
+    kill -9 $p1
+    t0=$(date +%s)
+    wait $p0
+    st=$?
+    wait $p1 2>/dev/null
+    el=$(($(date +%s) - t0))
+    [ $st -eq 1 ] && [ $el -le 5 ]; ok $? "DT_SHM=$shm: a SIGKILLed peer ends the survivor within seconds (${el}s, exit $st)"
+    ok_grep "$TMP/out.0" "rank 0: rank 1 \([^)]*:pid $p1\) disconnected during collective #[0-9]+ all_reduce \(f32, 2097152 elems, sum\)" \
+        "DT_SHM=$shm: the error names the dead rank, its host and pid, and the collective"
+done
+
+# junk on the store port and on rank 0's peer port while rank 1 is not there yet
+port=$(free_port)
+start_rank 0 2 $port --mode init; p0=$!
+sleep 0.5
+ports=$(ss -ltnpH 2>/dev/null | grep "pid=$(pgrep -P $p0 coll_prog | head -1)," | sed -E 's/.*:([0-9]+) .*/\1/' | sort -u)
+[ -z "$ports" ] && ports=$port
+njunk=0
+for pt in $ports; do
+    if (exec 3<>/dev/tcp/127.0.0.1/$pt && printf 'GET / HTTP/1.0\r\n\r\n\x00\xff\xfe garbage' >&3 && sleep 0.1) 2>/dev/null; then
+        njunk=$((njunk + 1))
+    fi
+    # a request that claims a 4 GiB value
+    python3 -c "import socket,struct,sys; s=socket.create_connection(('127.0.0.1',$pt)); s.sendall(struct.pack('<7I',0x54535444,1,2,0,0,0xffffffff,0)); s.settimeout(2)
+try: s.recv(100)
+except Exception: pass" 2>/dev/null
+done
+[ $njunk -ge 2 ]; ok $? "junk written to the store port and the peer port ($njunk ports)"
+start_rank 1 2 $port --mode init; p1=$!
+wait $p0; s0=$?
+wait $p1; s1=$?
+[ $s0 -eq 0 ] && [ $s1 -eq 0 ]; ok $? "the job still forms and runs after the junk"
+
+# a second process claiming an existing rank
+port=$(free_port)
+start_rank 0 2 $port --mode loop --iters 200; p0=$!
+start_rank 1 2 $port --mode loop --iters 200; p1=$!
+for i in $(seq 50); do grep -q looping "$TMP/out.0" && break; sleep 0.1; done
+mv "$TMP/out.1" "$TMP/first.1"
+env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DT_JOB_ID=$JOB DT_TIMEOUT=5 \
+    timeout 30 "$PROG" --mode init > "$TMP/dup" 2>&1
+st=$?
+wait $p0; wait $p1
+[ $st -eq 2 ]; ok $? "a second rank 1 is refused (exit $st)"
+ok_grep "$TMP/dup" "rank 1: rank 1 is claimed twice: by [^ ]+:[0-9]+ and by this process" "the error names both claimants"
+
+# wrong world size
+port=$(free_port)
+LAUNCH_ENV="DT_TIMEOUT=3" start_rank 0 2 $port --mode init; p0=$!
+env RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DT_JOB_ID=$JOB DT_TIMEOUT=3 \
+    timeout 30 "$PROG" --mode init > "$TMP/ws" 2>&1
+st=$?
+wait $p0; s0=$?
+[ $st -ne 0 ] && [ $s0 -ne 0 ]; ok $? "wrong world size: both fail"
+ok_grep "$TMP/ws" "rank 1: world size mismatch: this process has WORLD_SIZE=3, rank 0 has 2" "the error names both sizes"
+ok_grep "$TMP/out.0" "rank 0: timed out after 3 s waiting for rank\(s\) 1 to join" "rank 0 names the rank that never joined"
+
+# a foreign job id
+port=$(free_port)
+LAUNCH_ENV="DT_TIMEOUT=3" start_rank 0 2 $port --mode init; p0=$!
+env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DT_JOB_ID=intruder DT_TIMEOUT=3 \
+    timeout 30 "$PROG" --mode init > "$TMP/job" 2>&1
+st=$?
+wait $p0
+[ $st -ne 0 ]; ok $? "a process of another job is refused"
+ok_grep "$TMP/job" "rank 1: .*serves job '$JOB', the request came from job 'intruder'" "the error names both job ids"
+
+# unknown backend, malformed init URLs, NULL buffer
+LAUNCH_ENV="DT_BACKEND=carrier-pigeon" launch 1 --mode init
+ok_grep "$TMP/out.0" "rank 0: unknown backend 'carrier-pigeon'" "unknown backend"
+for url in "tcp://127.0.0.1" "tcp://127.0.0.1:99999" "http://x" "file://relative/path"; do
+    launch 2 --mode init --init "$url"
+    st=$?
+    [ $st -ne 0 ] && grep -q "rank 1: malformed init method '$url'" "$TMP/out.1"
+    ok $? "malformed init method '$url' is refused"
+done
+launch 2 --mode nullbuf
+ok_grep "$TMP/out.1" "rank 1: all_reduce: send buffer is NULL with count 4" "a NULL buffer is refused, naming the rank"
+NO_MASTER=1 launch 2 --mode init
+ok_grep "$TMP/out.0" "rank 0: init method env:// needs MASTER_ADDR and MASTER_PORT" "env:// without a master address"
+done_testing
