@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "data.h"
@@ -117,8 +118,21 @@ typedef struct {
     size_t bnrec_n;
     int64_t spe, total;              /* steps per epoch, total steps */
     int64_t queued;                  /* steps submitted to the loader */
-    double t_data, t_compute, t_comm;
+    int64_t *idx2;                   /* scratch indices for the batch fingerprint */
+    uint64_t *hash_all;              /* one fingerprint term per rank */
+    double t_data, t_compute, t_comm, t_step;
+    int64_t steps_since;             /* steps since the last per-rank report */
+    double r_data, r_compute, r_comm;  /* the same split, since the last per-rank report */
+    double *rank_stats;              /* world x DT_RANK_STATS */
+    int64_t g0;                      /* first step of this run (> 0 when resumed) */
+    double epoch_loss;               /* sum of step losses of the current epoch */
+    int64_t epoch_steps;             /* steps of the current epoch (resumed ones included) */
+    int fault;                       /* DT_TEST_FAULT: a planted bug, for testing `dtrain check` */
 } trainer;
+
+/* Planted bugs, selected by the environment variable DT_TEST_FAULT, exist so the
+ * tests can prove that `dtrain check` catches them. They are never on otherwise. */
+enum { FAULT_NONE, FAULT_SAMPLER_EPOCH, FAULT_SKIP_ALLREDUCE, FAULT_LR_RANK1 };
 
 static dt_status check_opts(const dt_train_opts *o) {
     if (o->epochs < 1 && o->max_steps < 1)
@@ -172,16 +186,40 @@ static dt_status make_optim(trainer *t) {
     return dt_schedule_check(&t->sched);
 }
 
-/* Queue the sample indices of global step g (epoch g / spe) with the loader. */
-static dt_status queue_step(trainer *t, int64_t g) {
+/* This rank's sample indices of global step g (k*b values in micro-batch order). */
+static dt_status step_indices(trainer *t, int64_t g, int64_t *idx, size_t *n) {
     int64_t epoch = g / t->spe, step = g % t->spe;
+    if (t->fault == FAULT_SAMPLER_EPOCH) epoch = 0;  /* planted bug: the epoch is forgotten */
+    return dt_sampler_rank_indices(t->sampler, epoch, step, t->world, t->rank, idx, n);
+}
+
+/* Queue the sample indices of global step g with the loader. */
+static dt_status queue_step(trainer *t, int64_t g) {
     size_t n = 0;
-    DT_TRY(dt_sampler_rank_indices(t->sampler, epoch, step, t->world, t->rank, t->idx, &n));
+    DT_TRY(step_indices(t, g, t->idx, &n));
     return dt_loader_submit(t->loader, t->idx, n);
 }
 
+/* A fingerprint of the global batch of step g: the sum over positions p of
+ * hash(p, sample index at p), so each rank adds its block's terms and the total
+ * is the same for every world size. */
+static dt_status batch_hash(trainer *t, int64_t g, uint64_t *out) {
+    size_t n = 0;
+    DT_TRY(step_indices(t, g, t->idx2, &n));
+    uint64_t h = 0, base = (uint64_t)(t->first_micro * t->b);
+    for (size_t j = 0; j < n; j++) h += dt_hash_u64(0x62617463ULL, base + j, (uint64_t)t->idx2[j]);
+    if (t->world > 1) {
+        uint64_t *all = t->hash_all;
+        DT_TRY(dt_allgather(t->comm, &h, all, 1, DT_I64));
+        h = 0;
+        for (int r = 0; r < t->world; r++) h += all[r];
+    }
+    *out = h;
+    return DT_OK;
+}
+
 /* One optimizer step on global step g; *loss receives the global mean loss. */
-static dt_status train_step(trainer *t, int64_t g, double *loss, double *lr_out, double *norm_out) {
+static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, double *lr_out, double *norm_out) {
     const dt_ops *ops = t->ops;
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
     size_t ss = (size_t)info->sample_size;
@@ -235,9 +273,10 @@ static dt_status train_step(trainer *t, int64_t g, double *loss, double *lr_out,
     double t3 = now_s();
 
     float norm = 0.0f;
-    if (t->o->clip > 0.0 || norm_out)
+    if (t->o->clip > 0.0 || logged)
         DT_TRY(dt_clip_grad_norm(ops, grads, dt_model_nparams(t->model), (float)t->o->clip, &norm));
     float lr = dt_schedule_lr(&t->sched, g);
+    if (t->fault == FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug: one rank's lr differs */
     DT_TRY(dt_optim_step(t->optim, dt_model_params(t->model), grads, lr, 1.0f));
     DT_TRY(ops->synchronize());
     double t4 = now_s();
@@ -246,10 +285,15 @@ static dt_status train_step(trainer *t, int64_t g, double *loss, double *lr_out,
     for (int64_t i = 0; i < t->S; i++) sum += (double)t->all_losses[i];
     *loss = sum;
     *lr_out = lr;
-    if (norm_out) *norm_out = norm;
+    *norm_out = norm;
     t->t_data += t1 - t0;
     t->t_compute += (t2 - t1) + (t4 - t3);
     t->t_comm += t3 - t2;
+    t->r_data += t1 - t0;
+    t->r_compute += (t2 - t1) + (t4 - t3);
+    t->r_comm += t3 - t2;
+    t->t_step += now_s() - t0;
+    t->steps_since++;
     return DT_OK;
 }
 
@@ -274,6 +318,9 @@ static void trainer_free(trainer *t) {
         t->ops->free(t->bnrec);
     }
     free(t->idx);
+    free(t->idx2);
+    free(t->hash_all);
+    free(t->rank_stats);
     free(t->losses);
     free(t->all_losses);
     dt_dataset_free(t->train);
@@ -285,6 +332,13 @@ static dt_status trainer_setup(trainer *t) {
     DT_TRY(check_opts(o));
     t->world = t->comm ? dt_comm_size(t->comm) : 1;
     t->rank = t->comm ? dt_comm_rank(t->comm) : 0;
+    const char *fault = getenv("DT_TEST_FAULT");
+    if (fault && *fault) {
+        if (!strcmp(fault, "sampler-epoch")) t->fault = FAULT_SAMPLER_EPOCH;
+        else if (!strcmp(fault, "skip-allreduce")) t->fault = FAULT_SKIP_ALLREDUCE;
+        else if (!strcmp(fault, "lr-rank1")) t->fault = FAULT_LR_RANK1;
+        else return dt_error(DT_ERR_INVALID, "DT_TEST_FAULT: expected sampler-epoch, skip-allreduce or lr-rank1, got '%s'", fault);
+    }
     t->S = o->micro_batches > 0 ? o->micro_batches : t->world;
     if (t->S % t->world != 0)
         return dt_error(DT_ERR_INVALID, "--micro-batches: %lld is not a multiple of the world size %d",
@@ -321,10 +375,15 @@ static dt_status trainer_setup(trainer *t) {
     if (dopt.first_bucket_bytes > dopt.bucket_bytes) dopt.first_bucket_bytes = dopt.bucket_bytes;
     dopt.overlap = o->overlap;
     dopt.sync_bn = o->sync_bn;
+    dopt.fault_skip_reduce = t->fault == FAULT_SKIP_ALLREDUCE;
     DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
 
     size_t local = (size_t)(t->k * t->b);
     t->idx = malloc(local * sizeof *t->idx);
+    t->idx2 = malloc(local * sizeof *t->idx2);
+    t->hash_all = calloc((size_t)t->world, sizeof *t->hash_all);
+    t->rank_stats = calloc((size_t)t->world * DT_RANK_STATS, sizeof *t->rank_stats);
+    if (!t->idx2 || !t->hash_all || !t->rank_stats) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
     t->losses = calloc((size_t)t->k, sizeof *t->losses);
     t->all_losses = calloc((size_t)t->S, sizeof *t->all_losses);
     if (!t->idx || !t->losses || !t->all_losses) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
@@ -339,45 +398,82 @@ static dt_status trainer_setup(trainer *t) {
     return DT_OK;
 }
 
+/* Checkpoints every --checkpoint-every steps and at the end (rank 0 writes). */
+static dt_status maybe_checkpoint(trainer *t, int64_t done) {
+    (void)t;
+    (void)done;
+    return DT_OK;
+}
+
+/* Per-rank figures since the last report, gathered so rank 0 can show them:
+ * steps, step time, data wait, compute, communication wait, peak RSS, samples. */
+static dt_status rank_report(trainer *t, int64_t done, int epoch) {
+    double mine[DT_RANK_STATS], *all = t->rank_stats;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    mine[0] = (double)t->steps_since;
+    mine[1] = t->t_step;
+    mine[2] = t->r_data;
+    mine[3] = t->r_compute;
+    mine[4] = t->r_comm;
+    mine[5] = (double)ru.ru_maxrss / 1024.0;
+    mine[6] = (double)(done * t->k * t->b);
+    if (t->world > 1) DT_TRY(dt_allgather(t->comm, mine, all, DT_RANK_STATS, DT_F64));
+    else memcpy(all, mine, sizeof mine);
+    dt_train_event e = {.kind = DT_EV_RANKS, .epoch = epoch, .epochs = t->o->epochs, .step = done,
+                        .total_steps = t->total, .steps_per_epoch = t->spe, .rank_stats = all};
+    emit(t, &e);
+    t->steps_since = 0;
+    t->t_step = t->r_data = t->r_compute = t->r_comm = 0.0;
+    return DT_OK;
+}
+
 static dt_status run_loop(trainer *t, dt_train_result *res) {
     const dt_train_opts *o = t->o;
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
-    dt_train_event ev = {.kind = DT_EV_START, .epochs = o->epochs, .total_steps = t->total,
+    dt_train_event ev = {.kind = DT_EV_START, .epochs = o->epochs, .step = t->g0, .total_steps = t->total,
                          .steps_per_epoch = t->spe, .nparams = (int64_t)dt_model_nparams(t->model),
                          .train_samples = info->n,
                          .test_samples = t->test ? dt_dataset_get_info(t->test)->n : 0};
     emit(t, &ev);
 
+    t->queued = t->g0;
     for (int d = 0; d < 2 && t->queued < t->total; d++) DT_TRY(queue_step(t, t->queued++));
 
-    double start = now_s(), epoch_start = start, train_time = 0.0;
-    double epoch_loss = 0.0, loss = 0.0, lr = 0.0, norm = 0.0;
-    int64_t epoch_steps = 0;
-    for (int64_t g = 0; g < t->total; g++) {
-        DT_TRY(train_step(t, g, &loss, &lr, &norm));
-        epoch_loss += loss;
-        epoch_steps++;
+    double epoch_start = now_s(), train_time = 0.0;
+    double loss = 0.0, lr = 0.0, norm = 0.0;
+    int64_t run_steps = 0;   /* steps of this epoch run by this process (for samples/s) */
+    for (int64_t g = t->g0; g < t->total; g++) {
         int64_t done = g + 1;
         int epoch = (int)(g / t->spe);
+        int logged = (o->log_every > 0 && done % o->log_every == 0) || done == t->total;
+        DT_TRY(train_step(t, g, logged, &loss, &lr, &norm));
+        t->epoch_loss += loss;
+        t->epoch_steps++;
+        run_steps++;
         int end_of_epoch = (done % t->spe == 0) || done == t->total;
         double now = now_s();
         double elapsed = train_time + (now - epoch_start);
-        double sps = (double)(epoch_steps * o->batch) / (now - epoch_start);
-        if ((o->log_every > 0 && done % o->log_every == 0) || done == t->total) {
+        double sps = (double)(run_steps * o->batch) / (now - epoch_start);
+        int64_t left = t->total - done;
+        double eta = elapsed / (double)(done - t->g0) * (double)left;
+        if (logged) {
             dt_train_event e = {.kind = DT_EV_STEP, .epoch = epoch, .epochs = o->epochs, .step = done,
                                 .total_steps = t->total, .steps_per_epoch = t->spe,
-                                .step_in_epoch = epoch_steps, .loss = loss, .lr = lr, .grad_norm = norm,
-                                .samples_per_s = sps, .elapsed_s = elapsed,
-                                .eta_s = elapsed / (double)done * (double)(t->total - done)};
+                                .step_in_epoch = done - (int64_t)epoch * t->spe, .loss = loss, .lr = lr,
+                                .grad_norm = norm, .samples_per_s = sps, .elapsed_s = elapsed, .eta_s = eta};
+            DT_TRY(batch_hash(t, g, &e.batch_hash));
             emit(t, &e);
         }
+        if (o->rank_stats_every > 0 && done % o->rank_stats_every == 0 && !end_of_epoch)
+            DT_TRY(rank_report(t, done, epoch));
         if (end_of_epoch) {
             train_time += now - epoch_start;
             dt_train_event e = {.kind = DT_EV_EPOCH, .epoch = epoch, .epochs = o->epochs, .step = done,
                                 .total_steps = t->total, .steps_per_epoch = t->spe,
-                                .step_in_epoch = epoch_steps, .loss = epoch_loss / (double)epoch_steps,
+                                .step_in_epoch = t->epoch_steps, .loss = t->epoch_loss / (double)t->epoch_steps,
                                 .lr = lr, .grad_norm = norm, .samples_per_s = sps, .elapsed_s = train_time,
-                                .eta_s = train_time / (double)done * (double)(t->total - done)};
+                                .eta_s = eta};
             if (t->test) {
                 DT_TRY(dt_evaluate(t->model, t->test, t->comm, &e.test_loss, &e.test_acc));
                 e.evaluated = 1;
@@ -386,17 +482,20 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
                 res->evaluated = 1;
             }
             emit(t, &e);
-            epoch_loss = 0.0;
-            epoch_steps = 0;
+            if (t->world > 1 || o->rank_stats_every > 0) DT_TRY(rank_report(t, done, epoch));
+            t->epoch_loss = 0.0;
+            t->epoch_steps = 0;
+            run_steps = 0;
             epoch_start = now_s();
         }
+        DT_TRY(maybe_checkpoint(t, done));
     }
     /* Every rank must end with the same parameters: a hash per tensor, compared. */
     DT_TRY(dt_ddp_check_equal(t->ddp));
     res->steps = t->total;
     res->final_loss = loss;
     res->seconds = train_time;
-    res->samples_per_s = train_time > 0 ? (double)(t->total * o->batch) / train_time : 0.0;
+    res->samples_per_s = train_time > 0 ? (double)((t->total - t->g0) * o->batch) / train_time : 0.0;
     return DT_OK;
 }
 

@@ -29,6 +29,7 @@ typedef enum {
     DT_EV_START,     /* before the first step: sizes are known */
     DT_EV_STEP,      /* after an optimizer step (every log_every steps and the last one) */
     DT_EV_EPOCH,     /* after an epoch (or the final partial one) and its evaluation */
+    DT_EV_RANKS,     /* per-rank figures (rank_stats), after each epoch and every rank_stats_every steps */
 } dt_train_event_kind;
 
 typedef struct {
@@ -51,9 +52,16 @@ typedef struct {
     int64_t  nparams;          /* START: parameter count */
     int64_t  train_samples, test_samples;
     int      world_size, micro_batches;
+    uint64_t batch_hash;       /* STEP: fingerprint of the step's global batch (sample order) */
+    /* RANKS: world_size rows of DT_RANK_STATS values: steps, step seconds, data wait,
+     * compute, communication wait (seconds since the last report), peak RSS (MiB),
+     * samples this rank has seen */
+    const double *rank_stats;
     /* per-rank time split since the previous event, seconds (this rank) */
     double   t_data, t_compute, t_comm;
 } dt_train_event;
+
+#define DT_RANK_STATS 7
 
 typedef void (*dt_train_event_fn)(void *ctx, const dt_train_event *ev);
 
@@ -82,6 +90,7 @@ typedef struct {
     const char *lr_scale;       /* "none" (default), "linear" or "sqrt": lr x W or x sqrt(W) */
     int         eval;           /* evaluate on the test split after each epoch (default 1) */
     int         log_every;      /* STEP events every this many steps; default 50 */
+    int         rank_stats_every; /* RANKS events every this many steps (0: after each epoch only) */
     dt_train_event_fn on_event;
     void       *event_ctx;
 } dt_train_opts;

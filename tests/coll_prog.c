@@ -14,7 +14,7 @@
  *                   pairwise, then all_reduce; rank 0 writes the result bytes to --dump
  *                   FILE, which must be identical for W = 1, 2, 4, 8.
  *   --mode mismatch rank 0 calls all_reduce, the others broadcast (expect an error).
- *   --mode timeout  rank 1 never calls; the others call all_reduce.
+ *   --mode timeout  rank 1 never calls (sleeps past the timeout); the others call all_reduce.
  *   --mode loop     all_reduce of 8 MiB forever (until --iters), for kill tests.
  *   --mode nullbuf  all_reduce with a NULL send buffer.
  *   --mode init     init, print "rank R of W on HOST", barrier, destroy.
@@ -414,7 +414,7 @@ int main(int argc, char **argv) {
         s = R == 0 ? dt_allreduce(comm, v, v, 100, DT_F32, DT_SUM) : dt_broadcast(comm, v, 100, DT_F32, 0);
         rc = s == DT_OK ? 0 : fail_status(s, "collective");
     } else if (!strcmp(mode, "timeout")) {
-        if (R == 1) { sleep(30); rc = 0; }
+        if (R == 1) { sleep((unsigned)dt_comm_timeout(comm) + 2); rc = 0; }   /* never calls */
         else {
             float v[10] = { 0 };
             rc = fail_status(dt_allreduce(comm, v, v, 10, DT_F32, DT_SUM), "all_reduce");

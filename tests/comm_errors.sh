@@ -49,13 +49,25 @@ ports=$(ss -ltnpH 2>/dev/null | grep "pid=$(pgrep -P $p0 coll_prog | head -1)," 
 [ -z "$ports" ] && ports=$port
 njunk=0
 for pt in $ports; do
-    if (exec 3<>/dev/tcp/127.0.0.1/$pt && printf 'GET / HTTP/1.0\r\n\r\n\x00\xff\xfe garbage' >&3 && sleep 0.1) 2>/dev/null; then
-        njunk=$((njunk + 1))
-    fi
-    # a request that claims a 4 GiB value
-    python3 -c "import socket,struct,sys; s=socket.create_connection(('127.0.0.1',$pt)); s.sendall(struct.pack('<7I',0x54535444,1,2,0,0,0xffffffff,0)); s.settimeout(2)
-try: s.recv(100)
-except Exception: pass" 2>/dev/null
+    # HTTP-ish text and binary noise, then a request that claims a 4 GiB value
+    if python3 - $pt <<'PY' 2>/dev/null; then njunk=$((njunk + 1)); fi
+import socket, struct, sys
+port = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", port))
+try:
+    s.sendall(b"GET / HTTP/1.0\r\n\r\n\x00\xff\xfe garbage")
+except OSError:
+    pass
+s.close()
+s = socket.create_connection(("127.0.0.1", port))
+s.settimeout(2)
+try:
+    s.sendall(struct.pack("<7I", 0x54535444, 1, 2, 0, 0, 0xFFFFFFFF, 0))
+    s.recv(100)
+except OSError:
+    pass
+s.close()
+PY
 done
 [ $njunk -ge 2 ]; ok $? "junk written to the store port and the peer port ($njunk ports)"
 start_rank 1 2 $port --mode init; p1=$!

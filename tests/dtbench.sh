@@ -68,18 +68,20 @@ bad() {
     test "$rc" -eq 2 && test "$(wc -l < "$tmp/err")" -eq 1 && grep -Eq -- "$pat" "$tmp/err"
     ok $? "dtbench $* -> exit 2 with '$pat' (rc $rc)"
 }
-bad "^dtbench: -b: expected a size" -b 4Q
-bad "^dtbench: -e: expected a size" -e -5
+bad "^dtbench: -b: expected an integer \(optionally with K, M or G\), got '4Q'" -b 4Q
+bad "^dtbench: -e: expected a value in \[1, 1099511627776\], got '-5'" -e -5
+bad "^dtbench: -e: expected a value in \[1, 1099511627776\], got '2048G'" -e 2048G
 bad "^dtbench: -b 1048576 is larger than -e 4096" -b 1M -e 4K
 bad "^dtbench: -f: expected a factor > 1" -f 1
 bad "^dtbench: -o: expected all_reduce" -o alltoall
 bad "^dtbench: -d: expected f32" -d f8
 bad "^dtbench: -r: expected sum" -r xor
-bad "^dtbench: -n: expected an integer" -n 0
-bad "^dtbench: -c: expected an integer in 0..1" -c 2
+bad "^dtbench: -n: expected a value in \[1, 1000000\], got '0'" -n 0
+bad "^dtbench: -c: expected a value in \[0, 1\], got '2'" -c 2
+bad "^dtbench: -f: expected a number, got 'x'" -f x
 bad "^dtbench: --backend: expected tcp, mpi or nccl" --backend=ib
 bad "^dtbench: unknown option '--bogus'" --bogus
-bad "^dtbench: -w: missing value" -w
+bad "^dtbench: -w: expected a value after it" -w
 timeout 20 "$DTBENCH" --help > "$tmp/out" 2>&1
 ok $? "--help exits 0"
 ok_grep "$tmp/out" "busbw" "--help explains the columns"

@@ -1,1 +1,490 @@
-int main(void) { return 0; }
+/* test_ckpt.c: training checkpoints (ckpt.h) on the CPU backend: the XXH64
+ * checksum against reference values, a bitwise round trip of model, buffers
+ * and optimizer state (SGD and AdamW) and of a step taken after resuming,
+ * keep-last-K pruning, the newest valid checkpoint in the presence of
+ * truncated, bit-flipped, mixed and half-written ones, dead writers'
+ * leftovers, and every refusal (another model, another optimizer, a missing
+ * directory, bad arguments) leaving the model untouched. */
+#include "config.h" /* _GNU_SOURCE: memmem */
+
+#include "ckpt.h"
+#include "checkpoint.h"
+#include "tap.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SPEC  "flatten linear(16) bn relu linear(4)"
+#define OTHER "flatten linear(8) bn relu linear(4)"
+#define B 8
+
+static const dt_shape IN = {3, {1, 4, 4}};
+static char tmpdir[256];
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+static const char *pth(const char *a, const char *b) {
+    static char buf[4][1024];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", a, b);
+    return buf[k];
+}
+
+static unsigned char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    unsigned char *b = NULL;
+    long len = -1;
+    *n = 0;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
+    if (len >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)len + 1)) != NULL) *n = fread(b, 1, (size_t)len, f);
+    fclose(f);
+    return b;
+}
+
+static void spit(const char *path, const void *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(b, 1, n, f) != n || fclose(f) != 0) {
+        printf("Bail out! cannot write %s\n", path);
+        exit(1);
+    }
+}
+
+static int exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Number of entries of dir starting with prefix. */
+static int count_prefix(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+static void rm_rf(const char *path) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0) diag("could not remove %s", path);
+}
+
+static dt_model *build(const char *spec, uint64_t seed) {
+    dt_model *m = NULL;
+    if (dt_model_build(spec, &IN, dt_ops_cpu(), seed, B, &m) != DT_OK) {
+        printf("Bail out! building %s: %s\n", spec, dt_last_error());
+        exit(1);
+    }
+    return m;
+}
+
+static dt_optim *optim(int adamw, dt_model *m, float momentum) {
+    dt_optim_config c = adamw ? dt_optim_adamw_defaults(1e-2f) : dt_optim_sgd_defaults(0.1f);
+    if (!adamw) c.momentum = momentum;
+    dt_optim *o = NULL;
+    if (dt_optim_init(&c, dt_ops_cpu(), dt_model_nparams(m), &o) != DT_OK) {
+        printf("Bail out! optimizer: %s\n", dt_last_error());
+        exit(1);
+    }
+    return o;
+}
+
+/* One training step on batch number k (deterministic data from k). */
+static void train_step(dt_model *m, dt_optim *o, int k) {
+    float x[B * 16];
+    int32_t y[B];
+    unsigned r = 12345u + 977u * (unsigned)k;
+    for (int i = 0; i < B * 16; i++) {
+        r = r * 1664525u + 1013904223u;
+        x[i] = (float)((r >> 8) & 0xFFFF) / 32768.0f - 1.0f;
+    }
+    for (int i = 0; i < B; i++) y[i] = (i + k) % 4;
+    dt_loss loss = {DT_LOSS_CE, 0.0f};
+    if (dt_model_forward(m, x, B, 1, 0, (int64_t)k * B, NULL) != DT_OK ||
+        dt_model_loss_backward(m, &loss, y, B, (float)B, NULL) != DT_OK ||
+        dt_optim_step(o, dt_model_params(m), dt_model_grads(m), 0.1f, 1.0f) != DT_OK) {
+        printf("Bail out! training step: %s\n", dt_last_error());
+        exit(1);
+    }
+}
+
+/* Everything a checkpoint should bring back, as bytes: params, buffers,
+ * num_batches_tracked values, optimizer state arrays, step count. */
+typedef struct {
+    unsigned char *p;
+    size_t         n;
+} snap;
+
+static snap take(dt_model *m, dt_optim *o) {
+    size_t np = dt_model_nparams(m), nb = dt_model_nbuffers(m), no = o ? dt_optim_size(o) : 0;
+    int ns = o ? dt_optim_nstate(o) : 0;
+    snap s = {NULL, 0};
+    size_t cap = (np + nb + (size_t)ns * no) * 4 + 64 * 8 + 8;
+    s.p = malloc(cap);
+    if (!s.p) exit(1);
+#define PUT(src, len) do { memcpy(s.p + s.n, (src), (len)); s.n += (len); } while (0)
+    PUT(dt_model_params(m), np * 4);
+    PUT(dt_model_buffers(m), nb * 4);
+    for (int i = 0; i < dt_model_nstate(m) && s.n + 8 <= cap; i++) {
+        dt_tensor_info ti;
+        if (dt_model_state(m, i, &ti) == DT_OK && ti.on_host) PUT(ti.data, 8);
+    }
+    for (int i = 0; i < ns; i++) PUT(dt_optim_state(o, i), no * 4);
+    if (o) {
+        int64_t st = dt_optim_steps(o);
+        PUT(&st, 8);
+    }
+#undef PUT
+    return s;
+}
+
+static int same(snap a, snap b) { return a.n == b.n && memcmp(a.p, b.p, a.n) == 0; }
+
+static dt_ckpt_info info_at(int64_t step) {
+    dt_ckpt_info in;
+    memset(&in, 0, sizeof in);
+    in.step = step;
+    in.epoch = 2;
+    in.step_in_epoch = step % 7;
+    in.seed = 0xFEEDFACECAFEBEEFULL;
+    in.batch = 256;
+    in.micro_batches = 4;
+    in.world_size = 2;
+    in.model_spec = SPEC;
+    in.schedule = "cosine total=100 warmup=5 min=0";
+    return in;
+}
+
+static dt_status save(const char *dir, int keep, dt_model *m, dt_optim *o, int64_t step) {
+    dt_ckpt_info in = info_at(step);
+    char v[32];
+    snprintf(v, sizeof v, "%.17g", 0.1 * (double)step);
+    const char *extra[] = {"loss_sum", v, "note", "a \"quoted\"\nline"};
+    return dt_ckpt_save(dir, keep, m, o, &in, extra, 2);
+}
+
+/* ---- tests ------------------------------------------------------------------- */
+
+static void test_hash(void) {
+    /* reference values of XXH64 with seed 0 */
+    ok(dt_xxh64("", 0, 0) == 0xEF46DB3751D8E999ULL, "xxh64(\"\")");
+    ok(dt_xxh64("abc", 3, 0) == 0x44BC2CF5AD770999ULL, "xxh64(\"abc\")");
+    const char *s = "Nobody inspects the spammish repetition";
+    ok(dt_xxh64(s, strlen(s), 0) == 0xFBCEA83C8A378BF1ULL, "xxh64 over 32-byte stripes (39 bytes)");
+    ok(dt_xxh64("abc", 3, 1) != dt_xxh64("abc", 3, 0), "the seed changes the hash");
+}
+
+static void test_round_trip(int adamw) {
+    const char *what = adamw ? "AdamW" : "SGD";
+    char dir[512], path[1024];
+    snprintf(dir, sizeof dir, "%s/rt-%s/nested/ckpt", tmpdir, what);
+    dt_model *a = build(SPEC, 1), *b = build(SPEC, 2);
+    dt_optim *oa = optim(adamw, a, 0.9f), *ob = optim(adamw, b, 0.9f);
+    for (int k = 0; k < 3; k++) train_step(a, oa, k);
+    snap sa = take(a, oa);
+    is_int(save(dir, 0, a, oa, 3), DT_OK, "%s: save into a directory that does not exist yet", what);
+    dt_ckpt_path(dir, 3, path, sizeof path);
+    like(path, "/step-000000000003", "%s: the checkpoint is DIR/step-<12 digits>", what);
+    ok(exists(pth(path, "model.safetensors")) && exists(pth(path, "train_state.safetensors")),
+       "%s: model.safetensors and train_state.safetensors are there", what);
+    is_int(count_prefix(dir, ".tmp-"), 0, "%s: no temporary directory is left", what);
+    ok(!same(sa, take(b, ob)), "%s: the fresh model differs before loading", what);
+
+    dt_ckpt *c = NULL;
+    is_int(dt_ckpt_load(path, b, ob, &c), DT_OK, "%s: load", what);
+    ok(same(sa, take(b, ob)), "%s: params, buffers, num_batches_tracked, optimizer state and step count are bitwise "
+       "the saved ones", what);
+    if (c) {
+        const dt_ckpt_info *in = dt_ckpt_info_of(c);
+        dt_ckpt_info want = info_at(3);
+        const dt_optim_config *oc = dt_optim_config_of(oa);
+        ok(in->step == 3 && in->epoch == want.epoch && in->step_in_epoch == want.step_in_epoch &&
+           in->seed == want.seed && in->batch == 256 && in->micro_batches == 4 && in->world_size == 2,
+           "%s: step, epoch, step in epoch, seed, batch, S, world size come back", what);
+        is_str(in->model_spec, SPEC, "%s: model spec comes back", what);
+        is_str(in->schedule, want.schedule, "%s: schedule comes back", what);
+        is_int(in->format, DT_CKPT_FORMAT, "%s: format version", what);
+        ok(in->has_optim && in->optim.kind == oc->kind && in->optim.lr == oc->lr &&
+           in->optim.weight_decay == oc->weight_decay && in->optim.momentum == oc->momentum &&
+           in->optim.beta1 == oc->beta1 && in->optim.beta2 == oc->beta2 && in->optim.eps == oc->eps,
+           "%s: optimizer kind and hyper-parameters come back exactly", what);
+        is_int(in->optim_steps, 3, "%s: optimizer step count", what);
+        is_str(dt_ckpt_extra(c, "loss_sum"), "0.30000000000000004", "%s: trainer key/value comes back", what);
+        is_str(dt_ckpt_extra(c, "note"), "a \"quoted\"\nline", "%s: a value with quotes and a newline comes back",
+               what);
+        ok(dt_ckpt_extra(c, "nothing") == NULL, "%s: an absent extra key is NULL", what);
+        dt_ckpt_close(c);
+    }
+    /* resuming: the next step from the loaded state is bitwise the uninterrupted one */
+    train_step(a, oa, 3);
+    train_step(b, ob, 3);
+    ok(same(take(a, oa), take(b, ob)), "%s: a step after resuming is bitwise the uninterrupted step", what);
+
+    /* the model file is a plain weights file as dt_model_save writes it */
+    dt_model *w = build(SPEC, 3);
+    is_int(dt_model_load(w, pth(path, "model.safetensors")), DT_OK, "%s: model.safetensors loads with dt_model_load",
+           what);
+    free(sa.p);
+    dt_model_free(w);
+    dt_optim_free(oa);
+    dt_optim_free(ob);
+    dt_model_free(a);
+    dt_model_free(b);
+}
+
+static void test_keep_and_latest(void) {
+    char dir[512], path[1024], skipped[2048];
+    snprintf(dir, sizeof dir, "%s/keep", tmpdir);
+    dt_model *m = build(SPEC, 1);
+    dt_optim *o = optim(0, m, 0.9f);
+    int okall = 1;
+    for (int64_t s = 1; s <= 5; s++) {
+        train_step(m, o, (int)s);
+        okall &= save(dir, 3, m, o, s * 10) == DT_OK;
+    }
+    ok(okall, "five saves with keep 3");
+    ok(!exists(pth(dir, "step-000000000010")) && !exists(pth(dir, "step-000000000020")) &&
+       exists(pth(dir, "step-000000000030")) && exists(pth(dir, "step-000000000040")) &&
+       exists(pth(dir, "step-000000000050")), "keep 3 leaves the three newest");
+    is_int(count_prefix(dir, "step-"), 3, "exactly three checkpoints");
+    is_int(dt_ckpt_latest(dir, path, sizeof path, skipped, sizeof skipped), DT_OK, "latest");
+    like(path, "step-000000000050", "latest picks the newest");
+    is_str(skipped, "", "nothing skipped");
+
+    /* a save of an older step (a run resumed from before) never deletes newer ones */
+    is_int(save(dir, 1, m, o, 35), DT_OK, "save step 35 with keep 1");
+    ok(exists(pth(dir, "step-000000000035")) && exists(pth(dir, "step-000000000040")) &&
+       exists(pth(dir, "step-000000000050")) && !exists(pth(dir, "step-000000000030")),
+       "keep 1 removed the older step 30 but not the newer 40, 50");
+
+    /* keep 0 keeps everything */
+    is_int(save(dir, 0, m, o, 60), DT_OK, "save with keep 0");
+    is_int(count_prefix(dir, "step-"), 4, "keep 0 removed nothing");
+
+    /* saving a step that exists replaces it as a whole */
+    snap before = take(m, o);
+    train_step(m, o, 99);
+    is_int(save(dir, 0, m, o, 60), DT_OK, "save step 60 again");
+    dt_model *r = build(SPEC, 7);
+    dt_optim *ro = optim(0, r, 0.9f);
+    dt_ckpt_latest(dir, path, sizeof path, NULL, 0);
+    is_int(dt_ckpt_load(path, r, ro, NULL), DT_OK, "load the replaced step 60");
+    ok(same(take(r, ro), take(m, o)) && !same(take(r, ro), before), "the replacement holds the new state");
+    is_int(count_prefix(dir, ".tmp-"), 0, "no temporary directory left after a replacement");
+    free(before.p);
+    dt_optim_free(ro);
+    dt_model_free(r);
+    dt_optim_free(o);
+    dt_model_free(m);
+}
+
+/* Damage the newest checkpoint in several ways; each time it is refused and
+ * latest falls back to the one before. */
+static void test_damage(void) {
+    char dir[512], path[1024], skipped[4096];
+    snprintf(dir, sizeof dir, "%s/damage", tmpdir);
+    dt_model *m = build(SPEC, 1);
+    dt_optim *o = optim(0, m, 0.9f);
+    train_step(m, o, 0);
+    is_int(save(dir, 0, m, o, 100), DT_OK, "save step 100");
+    train_step(m, o, 1);
+    is_int(save(dir, 0, m, o, 200), DT_OK, "save step 200");
+    char newest[1024];
+    dt_ckpt_path(dir, 200, newest, sizeof newest);
+
+    const char *files[] = {"model.safetensors", "train_state.safetensors"};
+    for (int f = 0; f < 2; f++) {
+        const char *fp = pth(newest, files[f]);
+        size_t n;
+        unsigned char *orig = slurp(fp, &n);
+        ok(orig && n > 200, "%s read (%zu bytes)", files[f], n);
+        if (!orig) continue;
+        uint64_t hl = 0;
+        for (int i = 7; i >= 0; i--) hl = (hl << 8) | orig[i];
+        size_t cuts[] = {0, 5, 8, 8 + (size_t)hl / 2, 8 + (size_t)hl, 8 + (size_t)hl + 3, n - 4, n - 1};
+        int refused = 0, fell_back = 0, named = 0;
+        for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+            spit(fp, orig, cuts[i]);
+            dt_ckpt *c = NULL;
+            refused += dt_ckpt_open(newest, &c) == DT_ERR_FORMAT;
+            dt_ckpt_close(c);
+            fell_back += dt_ckpt_latest(dir, path, sizeof path, skipped, sizeof skipped) == DT_OK &&
+                         strstr(path, "step-000000000100") != NULL;
+            named += strstr(skipped, "step-000000000200") != NULL && strstr(skipped, files[f]) != NULL;
+        }
+        is_int(refused, 8, "%s truncated at 8 points: refused as corrupt each time", files[f]);
+        is_int(fell_back, 8, "%s truncated: latest falls back to step 100 each time", files[f]);
+        is_int(named, 8, "%s truncated: the skipped message names the checkpoint and file", files[f]);
+
+        /* one flipped bit in the last data byte */
+        orig[n - 1] ^= 0x10;
+        spit(fp, orig, n);
+        dt_ckpt *c = NULL;
+        is_int(dt_ckpt_open(newest, &c), DT_ERR_FORMAT, "%s with a flipped data bit is refused", files[f]);
+        like(dt_last_error(), "checksum mismatch", "%s: the error says checksum mismatch", files[f]);
+        dt_ckpt_latest(dir, path, sizeof path, skipped, sizeof skipped);
+        like(path, "step-000000000100", "%s flipped: latest falls back to step 100", files[f]);
+        like(skipped, "checksum mismatch", "%s flipped: the skipped message says why", files[f]);
+        orig[n - 1] ^= 0x10;
+
+        /* a changed metadata digit (same length, valid JSON) */
+        const char *key = f ? "\"dtrain.step_in_epoch\":\"" : "\"dtrain.step\":\"";
+        unsigned char *at = memmem(orig, n, key, strlen(key));
+        ok(at != NULL, "%s: found %s in the header", files[f], key);
+        if (at) {
+            unsigned char *d = at + strlen(key), was = *d;
+            *d = was == '1' ? '2' : '1';
+            spit(fp, orig, n);
+            is_int(dt_ckpt_open(newest, &c), DT_ERR_FORMAT, "%s with an edited metadata value is refused", files[f]);
+            *d = was;
+        }
+        spit(fp, orig, n);
+        is_int(dt_ckpt_open(newest, &c), DT_OK, "%s restored: the checkpoint verifies again", files[f]);
+        dt_ckpt_close(c);
+        free(orig);
+    }
+
+    /* files of two different saves in one directory */
+    size_t n;
+    char older[1024];
+    dt_ckpt_path(dir, 100, older, sizeof older);
+    unsigned char *keep = slurp(pth(newest, "model.safetensors"), &n), *other;
+    size_t on;
+    other = slurp(pth(older, "model.safetensors"), &on);
+    spit(pth(newest, "model.safetensors"), other, on);
+    dt_ckpt *c = NULL;
+    is_int(dt_ckpt_open(newest, &c), DT_ERR_FORMAT, "a model.safetensors from another save is refused");
+    like(dt_last_error(), "is not the one", "the error says the files do not belong together");
+    spit(pth(newest, "model.safetensors"), keep, n);
+    free(keep);
+    free(other);
+
+    /* a crashed writer: half-written .tmp-* with a dead pid, a step-* without files */
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    waitpid(child, NULL, 0);
+    char tmpname[128], tmpp[1024], live[128];
+    snprintf(tmpname, sizeof tmpname, ".tmp-step-000000000300-%ld", (long)child);
+    snprintf(tmpp, sizeof tmpp, "%s", pth(dir, tmpname));
+    mkdir(tmpp, 0755);
+    spit(pth(tmpp, "model.safetensors"), "half", 4);
+    snprintf(live, sizeof live, ".tmp-step-000000000400-%ld", (long)getppid());
+    mkdir(pth(dir, live), 0755);
+    mkdir(pth(dir, "step-000000000500"), 0755);
+    is_int(dt_ckpt_latest(dir, path, sizeof path, skipped, sizeof skipped), DT_OK, "latest with leftovers");
+    like(path, "step-000000000200", "latest ignores .tmp-* and skips an empty step-500");
+    like(skipped, "step-000000000500", "the empty step-500 is reported as skipped");
+    is_int(save(dir, 0, m, o, 250), DT_OK, "the next save");
+    ok(!exists(tmpp), "the next save removed the dead writer's .tmp-* directory");
+    ok(exists(pth(dir, live)), "a .tmp-* of a live process is left alone");
+    rmdir(pth(dir, live));
+    rmdir(pth(dir, "step-000000000500"));
+
+    /* every checkpoint damaged */
+    char emptyd[512];
+    snprintf(emptyd, sizeof emptyd, "%s/alldamaged", tmpdir);
+    mkdir(emptyd, 0755);
+    mkdir(pth(emptyd, "step-000000000001"), 0755);
+    is_int(dt_ckpt_latest(emptyd, path, sizeof path, NULL, 0), DT_ERR_FORMAT, "only damaged checkpoints: an error");
+    like(dt_last_error(), "no valid checkpoint in", "... saying there is no valid checkpoint");
+    dt_optim_free(o);
+    dt_model_free(m);
+}
+
+static void test_refusals(void) {
+    char dir[512], path[1024], ck[1024];
+    snprintf(dir, sizeof dir, "%s/refuse", tmpdir);
+    dt_model *m = build(SPEC, 1);
+    dt_optim *o = optim(0, m, 0.9f);
+    train_step(m, o, 0);
+    is_int(save(dir, 0, m, o, 100), DT_OK, "save step 100");
+    dt_ckpt_path(dir, 100, ck, sizeof ck);
+    snprintf(path, sizeof path, "%s", ck);
+
+    /* another model: the first mismatched tensor is named, nothing changes */
+    dt_model *x = build(OTHER, 5);
+    dt_optim *xo = optim(0, x, 0.9f);
+    snap before = take(x, xo);
+    is_int(dt_ckpt_load(path, x, xo, NULL), DT_ERR_FORMAT, "loading into another model fails");
+    like(dt_last_error(), "step-000000000100/model.safetensors: tensor '1.weight' is F32 [16,16] in the file, the "
+         "model expects F32 [8,16]", "the error names the file and the first mismatched tensor");
+    ok(same(before, take(x, xo)), "the other model and its optimizer are unchanged");
+    free(before.p);
+
+    /* SGD state into AdamW */
+    dt_model *y = build(SPEC, 6);
+    dt_optim *yo = optim(1, y, 0);
+    before = take(y, yo);
+    is_int(dt_ckpt_load(path, y, yo, NULL), DT_ERR_FORMAT, "SGD state into AdamW fails");
+    like(dt_last_error(), "optimizer state is SGD, the optimizer is AdamW", "the error names both optimizers");
+    ok(same(before, take(y, yo)), "the model is unchanged after the optimizer refusal");
+    free(before.p);
+
+    /* SGD with momentum into SGD without */
+    dt_optim *zo = optim(0, y, 0.0f);
+    is_int(dt_ckpt_load(path, y, zo, NULL), DT_ERR_FORMAT, "momentum state into SGD without momentum fails");
+    like(dt_last_error(), "optim.momentum_buffer", "the error names the state array");
+    /* weights only */
+    is_int(dt_ckpt_load(path, y, NULL, NULL), DT_OK, "weights only (no optimizer) load");
+
+    /* missing and empty directories, not a checkpoint */
+    char nodir[512], empty[512];
+    snprintf(nodir, sizeof nodir, "%s/does-not-exist", tmpdir);
+    is_int(dt_ckpt_latest(nodir, path, sizeof path, NULL, 0), DT_ERR_IO, "latest of a missing directory fails");
+    like(dt_last_error(), "no checkpoint in", "... saying no checkpoint in DIR");
+    like(dt_last_error(), "does-not-exist", "... naming the directory");
+    snprintf(empty, sizeof empty, "%s/empty", tmpdir);
+    mkdir(empty, 0755);
+    is_int(dt_ckpt_latest(empty, path, sizeof path, NULL, 0), DT_ERR_IO, "latest of an empty directory fails");
+    like(dt_last_error(), "no checkpoint in", "... saying no checkpoint in DIR");
+    is_int(dt_ckpt_load(pth(nodir, "step-000000000001"), y, yo, NULL), DT_ERR_IO, "load of a missing checkpoint fails");
+    like(dt_last_error(), "no such checkpoint", "... saying so");
+    is_int(dt_ckpt_load(pth(ck, "model.safetensors"), y, yo, NULL), DT_ERR_INVALID, "load of a file, not a directory");
+    like(dt_last_error(), "not a checkpoint directory", "... saying what was expected");
+
+    /* bad arguments */
+    dt_ckpt_info in = info_at(1);
+    const char *dup[] = {"a", "1", "a", "2"};
+    is_int(dt_ckpt_save(dir, -1, m, o, &in, NULL, 0), DT_ERR_INVALID, "keep -1 is refused");
+    is_int(dt_ckpt_save(dir, 0, m, o, &in, dup, 2), DT_ERR_INVALID, "an extra key given twice is refused");
+    like(dt_last_error(), "\"a\" given twice", "... naming it");
+    in.step = -5;
+    is_int(dt_ckpt_save(dir, 0, m, o, &in, NULL, 0), DT_ERR_INVALID, "a negative step is refused");
+    in.step = 1;
+    char filedir[512];
+    snprintf(filedir, sizeof filedir, "%s/afile", tmpdir);
+    spit(filedir, "x", 1);
+    is_int(dt_ckpt_save(filedir, 0, m, o, &in, NULL, 0), DT_ERR_IO, "saving under a regular file fails");
+    like(dt_last_error(), "afile", "... naming it");
+
+    dt_optim_free(zo);
+    dt_optim_free(yo);
+    dt_model_free(y);
+    dt_optim_free(xo);
+    dt_model_free(x);
+    dt_optim_free(o);
+    dt_model_free(m);
+}
+
+int main(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/dt_ckpt.XXXXXX");
+    if (!mkdtemp(tmpdir)) skip_all("cannot create a temporary directory");
+    test_hash();
+    test_round_trip(0);
+    test_round_trip(1);
+    test_keep_and_latest();
+    test_damage();
+    test_refusals();
+    rm_rf(tmpdir);
+    return done_testing();
+}

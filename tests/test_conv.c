@@ -68,6 +68,7 @@ static void test_gemm(void) {
     test_gemm_threads(1, 0, 1024, 784, 128);   /* weights  dW = dy^T x */
     test_gemm_threads(0, 0, 128, 784, 1024);   /* data     dx = dy W   */
     test_gemm_threads(0, 1, 256, 1024, 1024);
+    test_gemm_threads(0, 1, 256, 128, 3136);   /* the cnn's fc1: a narrow output cut into 64-row blocks */
 
     /* batched: 3 independent products */
     int M = 9, N = 11, K = 13, batch = 3;

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CONV_GROUP 8     /* samples per group: fixed, never derived from the thread count */
+#define CONV_GROUP 4     /* samples per group: fixed, never derived from the thread count */
 #define PAR_MIN 32768
 
 /* "Same-width" convolutions (stride 1, Q == W, as 3x3 with padding 1) have a faster

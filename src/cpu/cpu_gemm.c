@@ -11,13 +11,16 @@
  *
  * Blocks are about 256 x 256 outputs: big enough for OpenBLAS's packed kernels to
  * run near peak (the packing of a 256-row panel of A is amortised over 256 columns),
- * small enough that the mlp's 256x1024 outputs give 4 blocks to share among threads.
+ * small enough that the mlp's 256x1024 outputs give 4 blocks to share among threads;
+ * smaller outputs are cut down to 64-wide blocks to still give 4.
  */
 #include "cpu.h"
 
 #include <cblas.h>
 
 #define GEMM_TILE 256                    /* target block edge */
+#define GEMM_MIN_TILE 64                 /* smallest block edge when splitting further */
+#define GEMM_MIN_BLOCKS 4                /* aim for at least this many blocks */
 #define GEMM_SERIAL_WORK (1LL << 21)     /* below this many multiply-adds: one block */
 
 void dt_cpu_gemm1(int transA, int transB, int M, int N, int K, float alpha,
@@ -45,24 +48,41 @@ static dt_status gemm_check(const char *fn, int transA, int transB, int M, int N
     return DT_OK;
 }
 
-/* Split `n` into pieces of about GEMM_TILE, rounded up to 16 (one AVX-512 vector). */
-static int gemm_piece(int n) {
-    int parts = (n + GEMM_TILE - 1) / GEMM_TILE;
+/* Split `n` into pieces of about `tile`, rounded up to 16 (one AVX-512 vector). */
+static int gemm_piece(int n, int tile) {
+    int parts = (n + tile - 1) / tile;
     if (parts < 1) parts = 1;
     int piece = (n + parts - 1) / parts;
     piece = (piece + 15) & ~15;
     return piece > 0 ? piece : 1;
 }
 
+/* The block grid of an M x N output: tiles of about GEMM_TILE, halved along the longer
+ * side (down to GEMM_MIN_TILE) until there are GEMM_MIN_BLOCKS blocks, so a 256x128
+ * output still gives every thread work. A function of the shape only. */
+static void gemm_grid(int M, int N, int K, int *mb, int *nb) {
+    *mb = M;
+    *nb = N;
+    if ((long long)M * N * (K > 0 ? K : 1) < GEMM_SERIAL_WORK) return;
+    int tm = GEMM_TILE, tn = GEMM_TILE;
+    for (;;) {
+        *mb = gemm_piece(M, tm);
+        *nb = gemm_piece(N, tn);
+        long long blocks = (long long)((M + *mb - 1) / *mb) * ((N + *nb - 1) / *nb);
+        if (blocks >= GEMM_MIN_BLOCKS) return;
+        if (*mb >= *nb && tm > GEMM_MIN_TILE && M > GEMM_MIN_TILE) tm /= 2;
+        else if (tn > GEMM_MIN_TILE && N > GEMM_MIN_TILE) tn /= 2;
+        else if (tm > GEMM_MIN_TILE && M > GEMM_MIN_TILE) tm /= 2;
+        else return;
+    }
+}
+
 dt_status dt_cpu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     DT_TRY(gemm_check("sgemm", transA, transB, M, N, K, A, lda, B, ldb, C, ldc));
     if (M == 0 || N == 0) return DT_OK;
-    int mb = M, nb = N;
-    if ((long long)M * N * (K > 0 ? K : 1) >= GEMM_SERIAL_WORK) {
-        mb = gemm_piece(M);
-        nb = gemm_piece(N);
-    }
+    int mb, nb;
+    gemm_grid(M, N, K, &mb, &nb);
     int rb = (M + mb - 1) / mb, cb = (N + nb - 1) / nb, nblocks = rb * cb;
     int nt = dt_cpu_threads();
     if (nt > nblocks) nt = nblocks;

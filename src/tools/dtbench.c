@@ -20,11 +20,11 @@
  * wrong elements summed over ranks, and dtbench exits 1 when it is not 0.
  */
 #include "config.h"
+#include "args.h"
 #include "comm.h"
 #include "reduce.h"
 #include "status.h"
 
-#include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -77,85 +77,51 @@ static void die_usage(const char *fmt, ...) {
     exit(2);
 }
 
-/* "4096", "4K", "1M", "256MiB", "2G": bytes (K = 1024). */
-static size_t parse_size(const char *flag, const char *v) {
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (end == v || errno || v[0] == '-') die_usage("%s: expected a size like 4096, 4K, 1M or 256M, got '%s'", flag, v);
-    unsigned long long mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1ull << 10; end++; break;
-    case 'm': case 'M': mul = 1ull << 20; end++; break;
-    case 'g': case 'G': mul = 1ull << 30; end++; break;
-    default: break;
-    }
-    if (mul > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0)) end += strlen(end);
-    else if (mul == 1 && strcmp(end, "B") == 0) end++;
-    if (*end || x == 0 || x > (1ull << 40) / mul)
-        die_usage("%s: expected a size like 4096, 4K, 1M or 256M (1 B .. 1 TiB), got '%s'", flag, v);
-    return (size_t)(x * mul);
-}
-
-static long parse_int(const char *flag, const char *v, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || errno || x < lo || x > hi)
-        die_usage("%s: expected an integer in %ld..%ld, got '%s'", flag, lo, hi, v);
-    return x;
+/* A flag value parsed by args.c, or the program ends with its one-line message. */
+static void arg_or_die(dt_status s) {
+    if (s != DT_OK) die_usage("%s", dt_last_error());
 }
 
 static void parse_args(int argc, char **argv, bench_cfg *cfg) {
     *cfg = (bench_cfg){ .minb = 4096, .maxb = 64u << 20, .factor = 2, .op = OP_ALLREDUCE,
                         .dtype = DT_F32, .redop = DT_SUM, .warmup = 5, .iters = 20, .check = 1 };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+    static const char *const flags[] = { "-b", "-e", "-f", "-o", "-d", "-r", "-w", "-n", "-c", "--backend" };
+    for (int i = 1; i < argc;) {
+        const char *a = argv[i], *v = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(usage, stdout); exit(0); }
-        const char *v = NULL;
-        const char *eq = strchr(a, '=');
-        char flag[32];
-        if (!strncmp(a, "--", 2) && eq && (size_t)(eq - a) < sizeof flag) {
-            memcpy(flag, a, (size_t)(eq - a));
-            flag[eq - a] = '\0';
-            v = eq + 1;
-            a = flag;
-        }
-        static const char *const known[] = { "-b", "-e", "-f", "-o", "-d", "-r", "-w", "-n", "-c", "--backend" };
-        int ok = 0;
-        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) ok |= !strcmp(a, known[k]);
-        if (!ok) die_usage("unknown option '%s'", argv[i]);
-        if (!v) {
-            if (i + 1 >= argc) die_usage("%s: missing value", a);
-            v = argv[++i];
-        }
-        if (!strcmp(a, "-b")) cfg->minb = parse_size(a, v);
-        else if (!strcmp(a, "-e")) cfg->maxb = parse_size(a, v);
-        else if (!strcmp(a, "-f")) {
-            char *end;
-            errno = 0;
-            double f = strtod(v, &end);
-            if (!*v || *end || errno || !(f > 1 && f <= 1024)) die_usage("-f: expected a factor > 1, got '%s'", v);
-            cfg->factor = f;
-        } else if (!strcmp(a, "-o")) {
+        dt_status err = DT_OK;
+        size_t k = 0;
+        while (k < sizeof flags / sizeof flags[0] && !dt_arg_match(flags[k], argc, argv, &i, &v, &err)) k++;
+        if (k == sizeof flags / sizeof flags[0]) die_usage("unknown option '%s'", a);
+        arg_or_die(err);
+        const char *f = flags[k];
+        int64_t x;
+        if (!strcmp(f, "-b") || !strcmp(f, "-e")) {
+            arg_or_die(dt_arg_int(f, v, 1, (int64_t)1 << 40, 1, &x));
+            *(f[1] == 'b' ? &cfg->minb : &cfg->maxb) = (size_t)x;
+        } else if (!strcmp(f, "-f")) {
+            arg_or_die(dt_arg_double(f, v, 1, 1024, &cfg->factor));
+            if (!(cfg->factor > 1)) die_usage("-f: expected a factor > 1, got '%s'", v);
+        } else if (!strcmp(f, "-o")) {
             static const char *const alias[] = { "allreduce", "bcast", "allgather", "reducescatter", "reduce" };
             int found = -1;
-            for (int k = 0; k < 5; k++) if (!strcmp(v, op_names[k]) || !strcmp(v, alias[k])) found = k;
+            for (int o = 0; o < 5; o++) if (!strcmp(v, op_names[o]) || !strcmp(v, alias[o])) found = o;
             if (found < 0) die_usage("-o: expected all_reduce, broadcast, all_gather, reduce_scatter or reduce, got '%s'", v);
             cfg->op = (bench_op)found;
-        } else if (!strcmp(a, "-d")) {
+        } else if (!strcmp(f, "-d")) {
             if (dt_dtype_parse(v, &cfg->dtype) != DT_OK)
                 die_usage("-d: expected f32, f64, f16, bf16, i32, i64 or u8, got '%s'", v);
-        } else if (!strcmp(a, "-r")) {
+        } else if (!strcmp(f, "-r")) {
             if (dt_redop_parse(v, &cfg->redop) != DT_OK)
                 die_usage("-r: expected sum, avg, min, max or prod, got '%s'", v);
-        } else if (!strcmp(a, "-w")) cfg->warmup = (int)parse_int(a, v, 0, 1000000);
-        else if (!strcmp(a, "-n")) cfg->iters = (int)parse_int(a, v, 1, 1000000);
-        else if (!strcmp(a, "-c")) cfg->check = (int)parse_int(a, v, 0, 1);
-        else if (!strcmp(a, "--backend")) {
+        } else if (!strcmp(f, "--backend")) {
             if (strcmp(v, "tcp") && strcmp(v, "mpi") && strcmp(v, "nccl"))
                 die_usage("--backend: expected tcp, mpi or nccl, got '%s'", v);
             cfg->backend = v;
+        } else {   /* -w, -n, -c */
+            int64_t lo = f[1] == 'n' ? 1 : 0, hi = f[1] == 'c' ? 1 : 1000000;
+            arg_or_die(dt_arg_int(f, v, lo, hi, 0, &x));
+            *(f[1] == 'w' ? &cfg->warmup : f[1] == 'n' ? &cfg->iters : &cfg->check) = (int)x;
         }
     }
     if (cfg->minb > cfg->maxb) die_usage("-b %zu is larger than -e %zu", cfg->minb, cfg->maxb);

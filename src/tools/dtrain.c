@@ -73,6 +73,8 @@ static const char *usage_train =
     "  --metrics FILE        append JSON lines: one per logged step and per epoch\n"
     "  --log-every N         progress every N steps  [50]\n"
     "  --quiet               no progress, only the final summary\n"
+    "  --rank-stats K        per-rank step/data/compute/comm times, memory and samples\n"
+    "                        every K steps (0: after each epoch, when distributed)  [0]\n"
     "  --device cpu|cuda     compute device (cuda needs a --with-cuda build)  [cpu]\n"
     "Distributed (when started by a launcher):\n"
     "  --batch-per-rank N    global batch = N x world size (instead of --batch)\n"
@@ -156,6 +158,42 @@ static void fmt_duration(double s, char *buf, size_t n) {
     else snprintf(buf, n, "%lds", t);
 }
 
+/* The per-rank table: one row per rank, the slowest named, so an unbalanced or
+ * slow rank stands out. */
+static void show_ranks(reporter *r, const dt_train_event *ev) {
+    const double *st = ev->rank_stats;
+    int W = ev->world_size, slow = 0;
+    for (int q = 1; q < W; q++) {
+        double a = st[q * DT_RANK_STATS + 1] / (st[q * DT_RANK_STATS] > 0 ? st[q * DT_RANK_STATS] : 1);
+        double b = st[slow * DT_RANK_STATS + 1] / (st[slow * DT_RANK_STATS] > 0 ? st[slow * DT_RANK_STATS] : 1);
+        if (a > b) slow = q;
+    }
+    if (r->metrics) {
+        for (int q = 0; q < W; q++) {
+            const double *x = st + q * DT_RANK_STATS;
+            fprintf(r->metrics,
+                    "{\"event\":\"rank\",\"step\":%lld,\"rank\":%d,\"steps\":%.0f,\"step_s\":%.6f,\"data_s\":%.6f,"
+                    "\"compute_s\":%.6f,\"comm_s\":%.6f,\"peak_rss_mb\":%.1f,\"samples\":%.0f}\n",
+                    (long long)ev->step, q, x[0], x[1], x[2], x[3], x[4], x[5], x[6]);
+        }
+        fflush(r->metrics);
+    }
+    if (r->quiet) return;
+    if (r->bar_open) {
+        fputs("\r\033[K", stderr);
+        r->bar_open = 0;
+    }
+    printf("per-rank, ms per step over the last %.0f steps (step %lld):\n", st[0], (long long)ev->step);
+    printf("  rank    step    data  compute    comm  peak MiB    samples\n");
+    for (int q = 0; q < W; q++) {
+        const double *x = st + q * DT_RANK_STATS;
+        double n = x[0] > 0 ? x[0] : 1;
+        printf("  %4d %7.1f %7.1f %8.1f %7.1f %9.1f %10.0f%s\n", q, 1e3 * x[1] / n, 1e3 * x[2] / n,
+               1e3 * x[3] / n, 1e3 * x[4] / n, x[5], x[6], (W > 1 && q == slow) ? "  <- slowest" : "");
+    }
+    fflush(stdout);
+}
+
 static void on_event(void *ctx, const dt_train_event *ev) {
     reporter *r = ctx;
     if (!r->rank0) return;
@@ -168,13 +206,17 @@ static void on_event(void *ctx, const dt_train_event *ev) {
         fflush(stdout);
         return;
     }
+    if (ev->kind == DT_EV_RANKS) {
+        show_ranks(r, ev);
+        return;
+    }
     if (r->metrics) {
         if (ev->kind == DT_EV_STEP)
             fprintf(r->metrics,
                     "{\"event\":\"step\",\"epoch\":%d,\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
-                    "\"samples_per_s\":%.1f,\"elapsed_s\":%.3f,\"world_size\":%d}\n",
-                    ev->epoch, (long long)ev->step, ev->loss, ev->lr, ev->grad_norm, ev->samples_per_s,
-                    ev->elapsed_s, ev->world_size);
+                    "\"batch_hash\":\"%016llx\",\"samples_per_s\":%.1f,\"elapsed_s\":%.3f,\"world_size\":%d}\n",
+                    ev->epoch, (long long)ev->step, ev->loss, ev->lr, ev->grad_norm,
+                    (unsigned long long)ev->batch_hash, ev->samples_per_s, ev->elapsed_s, ev->world_size);
         else if (ev->evaluated)
             fprintf(r->metrics,
                     "{\"event\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.9g,\"test_loss\":%.9g,"
@@ -265,6 +307,7 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--save")) save = v;
         else if (FLAG("--metrics")) metrics = v;
         else if (FLAG("--log-every")) { if (s == DT_OK && (s = dt_arg_int("--log-every", v, 0, 1 << 30, 0, &iv)) == DT_OK) o.log_every = (int)iv; }
+        else if (FLAG("--rank-stats")) { if (s == DT_OK && (s = dt_arg_int("--rank-stats", v, 0, 1 << 30, 0, &iv)) == DT_OK) o.rank_stats_every = (int)iv; }
         else if (FLAG("--bucket-mb")) { if (s == DT_OK) s = dt_arg_double("--bucket-mb", v, 1e-6, 1e6, &o.bucket_mb); }
         else if (FLAG("--lr-scale")) o.lr_scale = v;
         else if (FLAG("--batch-per-rank")) { if (s == DT_OK) s = dt_arg_int("--batch-per-rank", v, 1, 1 << 24, 0, &batch_per_rank); }

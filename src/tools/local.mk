@@ -3,7 +3,7 @@
 bin_PROGRAMS += dtrun dtbench
 dtrun_SOURCES = src/tools/dtrun.c
 dtrun_LDADD =
-dtbench_SOURCES = src/tools/dtbench.c
+dtbench_SOURCES = src/tools/dtbench.c src/tools/args.c src/tools/args.h
 
 
 TESTS += tests/dtrun_env.sh tests/dtrun_output.sh tests/dtrun_fail.sh tests/dtrun_signal.sh \

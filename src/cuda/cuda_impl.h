@@ -1,0 +1,95 @@
+/*
+ * cuda_impl.h: what the .cu files of the CUDA backend share (not installed).
+ *
+ * The backend is split by idea: cuda_ops.cu (context, memory, GEMM, the table),
+ * cuda_elem.cu (bias, activations, dropout, losses, vector ops, casts, optimizers,
+ * random fills, sums), cuda_nn.cu (convolution, pooling, batch and layer norm).
+ *
+ * Checking: every CUDA and cuBLAS call goes through DT_CU / DT_CUBLAS, which return a
+ * dt_status whose message names the kernel, the call and CUDA's reason; kernel
+ * launches are checked with DT_CU_LAUNCH (cudaGetLastError). Nothing prints or exits.
+ *
+ * Determinism: no reduction uses atomics. A reduction is a fixed tree: each block sums
+ * a partition fixed by the shape (never by the device's SM count) with a shared-memory
+ * tree of a fixed width (DT_CU_RED_THREADS), and the block partials are combined in a
+ * second pass in index order. Two runs give the same bits.
+ */
+#ifndef DT_CUDA_IMPL_H
+#define DT_CUDA_IMPL_H
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "ops.h"
+#include "status.h"
+}
+#include "dt_cuda.h"
+
+/* Map a CUDA error onto a dt_status and leave "cuda FN: CALL failed: REASON". */
+dt_status dt_cu_fail(cudaError_t e, const char *fn, const char *call);
+dt_status dt_cublas_fail(cublasStatus_t e, const char *fn, const char *call);
+
+#define DT_CU(call) do { \
+    cudaError_t dt_cu_e_ = (call); \
+    if (dt_cu_e_ != cudaSuccess) return dt_cu_fail(dt_cu_e_, __func__, #call); \
+} while (0)
+#define DT_CUBLAS(call) do { \
+    cublasStatus_t dt_cb_e_ = (call); \
+    if (dt_cb_e_ != CUBLAS_STATUS_SUCCESS) return dt_cublas_fail(dt_cb_e_, __func__, #call); \
+} while (0)
+#define DT_CU_LAUNCH(name) do { \
+    cudaError_t dt_cu_e_ = cudaGetLastError(); \
+    if (dt_cu_e_ != cudaSuccess) return dt_cu_fail(dt_cu_e_, __func__, "launch of " name); \
+} while (0)
+/* Check an argument; on failure name the kernel and the condition. */
+#define DT_CU_ARG(cond) do { \
+    if (!(cond)) return dt_error(DT_ERR_INVALID, "cuda %s: bad argument (%s)", __func__, #cond); \
+} while (0)
+
+/* ---- the context (cuda_ops.cu) ---- */
+
+/* Make sure the backend is initialised and this thread uses its device. Every table
+ * function calls it first. */
+dt_status    dt_cu_enter(void);
+cudaStream_t dt_cu_stream(void);
+cublasHandle_t dt_cu_blas(void);
+
+/* Scratch memory owned by the backend, valid until the next dt_cu_scratch call (work
+ * on the one stream is ordered, so reuse across kernels is safe). Grows on demand. */
+dt_status dt_cu_scratch(void **p, size_t bytes);
+
+/* Errors found by kernels (a label out of range, a bad argmax index) are recorded in a
+ * device word per kind and reported by the next synchronize() or copy_d2h. */
+enum { DT_CU_ERR_XENT_FWD, DT_CU_ERR_XENT_BWD, DT_CU_ERR_MAXPOOL_BWD, DT_CU_ERR_COUNT };
+int *dt_cu_err_flags(void);   /* device array of DT_CU_ERR_COUNT ints; 0 = fine, else row/index + 1 */
+
+/* Row-major GEMM on the compute stream (used by the convolutions too). */
+dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K, float alpha,
+                     const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+/* ---- launch geometry ---- */
+
+#define DT_CU_THREADS 256        /* elementwise kernels */
+#define DT_CU_RED_THREADS 256    /* every reduction tree has this width (a power of two) */
+#define DT_CU_CHUNK 4096         /* fixed-size chunks of sum / sumsq / mse, as the CPU's */
+
+/* Blocks for a grid-stride loop over n elements: enough to fill a large GPU, capped so
+ * the count fits the grid limit. The partition of the work does not matter for
+ * elementwise kernels (one writer per output). */
+static inline unsigned dt_cu_blocks(size_t n) {
+    size_t b = (n + DT_CU_THREADS - 1) / DT_CU_THREADS;
+    if (b < 1) b = 1;
+    if (b > 65535u * 8u) b = 65535u * 8u;
+    return (unsigned)b;
+}
+
+/* Pairwise combination of n doubles in `v` (device; destroyed), in the order of the
+ * CPU's dt_cpu_pairwise: level by level, v[i] = v[2i] + v[2i+1], an odd last element
+ * carried. `tmp` holds n doubles of scratch. *out (device float) = (float)(total / divisor),
+ * rounded once, as the CPU's losses and sums. n = 0 gives 0. */
+dt_status dt_cu_pairwise(double *v, double *tmp, size_t n, double divisor, float *out);
+
+#endif /* DT_CUDA_IMPL_H */

@@ -1,0 +1,81 @@
+/*
+ * dt_cuda.h: the CUDA compute backend's own API — the dt_ops table, the device, the
+ * compute stream, memory statistics and the TF32 switch.
+ *
+ * Only code inside the compute layer (src/cpu/cpu_ops.c's dt_ops_get) and the NCCL
+ * communication backend include this header; the trainer reaches the backend through
+ * dt_ops_get("cuda") (DESIGN.md rule 1). Built only with ./configure --with-cuda.
+ *
+ * Device: chosen once, at first use, as the launch environment's local rank
+ * (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID; see
+ * launch_env.h) modulo the number of visible devices, 0 when there is no local rank.
+ * Never hard-coded: restrict the visible devices with CUDA_VISIBLE_DEVICES.
+ *
+ * Streams: every kernel and copy of the dt_ops table runs in order on one compute
+ * stream, so kernels need no synchronisation among themselves. A communication
+ * library that runs on its own stream orders itself with the two wait functions
+ * below (event record + cudaStreamWaitEvent, so the host never blocks):
+ *     dt_cuda_stream_wait_compute(comm_stream);   // comm sees the gradients
+ *     ... ncclAllReduce(..., comm_stream) ...
+ *     dt_cuda_compute_wait_stream(comm_stream);   // the optimizer sees the sums
+ * Streams are passed as void * (a cudaStream_t) so this header needs no CUDA header.
+ *
+ * The table's functions are not meant to be called from two host threads at once (one
+ * compute stream, one scratch arena); the memory statistics and the wait functions are
+ * thread-safe.
+ *
+ * TF32: off by default (GEMMs and convolutions in full FP32, so results agree with
+ * the CPU to ~1e-6). DT_ALLOW_TF32=1 in the environment, or dt_cuda_set_allow_tf32(1)
+ * (what a program's --allow-tf32 flag should call), lets cuBLAS use TF32 tensor cores.
+ */
+#ifndef DT_CUDA_H
+#define DT_CUDA_H
+
+#include <stddef.h>
+#include "ops.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The CUDA backend's table; NULL with a message for dt_last_error() when no CUDA
+ * device can be used (no device, no driver, initialisation failed). */
+const dt_ops *dt_ops_cuda(void);
+
+/* Number of visible CUDA devices into *n; an error (with CUDA's reason) when the
+ * runtime cannot count them, as on a machine without a driver. */
+dt_status dt_cuda_device_count(int *n);
+/* Select the device (local rank mod device count), create the compute stream and the
+ * cuBLAS handle. Idempotent; every other function calls it when needed. */
+dt_status dt_cuda_init(void);
+/* The selected device ordinal, -1 before dt_cuda_init succeeded. */
+int       dt_cuda_device(void);
+/* Make the calling thread use the selected device (cudaSetDevice); for threads other
+ * than the one that initialised the backend, e.g. a communication worker. */
+dt_status dt_cuda_bind_thread(void);
+
+/* The compute stream (a cudaStream_t); NULL before dt_cuda_init succeeded. */
+void     *dt_cuda_compute_stream(void);
+/* `stream` waits (on the device) for the work queued on the compute stream so far. */
+dt_status dt_cuda_stream_wait_compute(void *stream);
+/* The compute stream waits (on the device) for the work queued on `stream` so far. */
+dt_status dt_cuda_compute_wait_stream(void *stream);
+
+/* Bytes of device memory currently allocated through the table's alloc, and the
+ * highest value since start or the last reset (like torch.cuda.max_memory_allocated).
+ * Scratch buffers the kernels keep (im2col, reduction partials) are counted too. */
+size_t    dt_cuda_memory_allocated(void);
+size_t    dt_cuda_max_memory_allocated(void);
+void      dt_cuda_reset_peak_memory(void);
+
+/* Let cuBLAS use TF32 tensor cores for FP32 GEMMs (1) or not (0, the default unless
+ * DT_ALLOW_TF32=1). */
+dt_status dt_cuda_set_allow_tf32(int allow);
+int       dt_cuda_allow_tf32(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DT_CUDA_H */
