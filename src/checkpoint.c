@@ -78,8 +78,8 @@ dt_status dt_model_state_check(dt_model *m, const dt_st_file *f, const char *lab
         }
     }
     if (dt_st_count(f) != (size_t)n)
-        return dt_error(DT_ERR_FORMAT, "%s: holds %zu tensors, the model has %d (is this a checkpoint of another model?)",
-                        label, dt_st_count(f), n);
+        return dt_error(DT_ERR_FORMAT, "%s: holds %zu tensors, the model has %d (is this a checkpoint of another "
+                        "model?)", label, dt_st_count(f), n);
     return DT_OK;
 }
 

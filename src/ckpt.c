@@ -167,7 +167,8 @@ static dt_status open_verified(const char *path, dt_st_file **out) {
     const char *want = dt_st_meta_get(f, DT_CKPT_SUM_KEY_);
     char got[24];
     dt_status s = DT_OK;
-    if (!want) s = dt_error(DT_ERR_FORMAT, "%s: no %s in its metadata (not written by dt_ckpt_save)", path, DT_CKPT_SUM_KEY_);
+    if (!want)
+        s = dt_error(DT_ERR_FORMAT, "%s: no %s in its metadata (not written by dt_ckpt_save)", path, DT_CKPT_SUM_KEY_);
     if (s == DT_OK) s = file_sum(f, got);
     if (s == DT_OK && strcmp(want, got) != 0)
         s = dt_error(DT_ERR_FORMAT, "%s: checksum mismatch (the file is corrupt): recorded %s, computed %s", path, want,
@@ -200,8 +201,13 @@ static dt_status sw_metai(swriter *sw, const char *k, int64_t v) {
 }
 
 static dt_status sw_metaf(swriter *sw, const char *k, float v) {
+    /* the shortest text that gives the float back exactly ("0.1", not
+     * "0.100000001"); 9 significant digits always do */
     char b[32];
-    snprintf(b, sizeof b, "%.9g", (double)v); /* 9 significant digits give a float back exactly */
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(b, sizeof b, "%.*g", prec, (double)v);
+        if (strtof(b, NULL) == v) break;
+    }
     return sw_meta(sw, k, b);
 }
 
@@ -232,10 +238,12 @@ static dt_status write_model(const char *path, dt_model *m, int64_t step, char s
     return s;
 }
 
-static const char *optim_name(int has, dt_optim_kind k) { return !has ? "none" : k == DT_OPTIM_ADAMW ? "adamw" : "sgd"; }
+static const char *optim_name(int has, dt_optim_kind k) {
+    return !has ? "none" : k == DT_OPTIM_ADAMW ? "adamw" : "sgd";
+}
 
-static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, const dt_ckpt_info *in, const char *const *extra,
-                             int nextra, const char *model_sum) {
+static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, const dt_ckpt_info *in,
+                             const char *const *extra, int nextra, const char *model_sum) {
     swriter sw = {0};
     int ns = o ? dt_optim_nstate(o) : 0;
     size_t n = o ? dt_optim_size(o) : 0, bytes = (size_t)ns * n * sizeof(float);
@@ -293,13 +301,20 @@ static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, c
     return s;
 }
 
-static dt_status check_save_args(const char *dir, int keep, dt_model *m, const dt_ckpt_info *in,
+static dt_status check_save_args(const char *dir, int keep, dt_model *m, dt_optim *o, const dt_ckpt_info *in,
                                  const char *const *extra, int nextra) {
     if (!dir || !*dir) return dt_error(DT_ERR_INVALID, "checkpoint: empty directory name");
     if (!m || !in) return dt_error(DT_ERR_INVALID, "checkpoint: no model or no info to save");
+    if (o && dt_optim_size(o) != dt_model_nparams(m))
+        return dt_error(DT_ERR_INVALID, "checkpoint: the optimizer is over %zu parameters, the model has %zu",
+                        dt_optim_size(o), dt_model_nparams(m));
     if (keep < 0) return dt_error(DT_ERR_INVALID, "checkpoint: keep must be >= 0 (0 keeps all), got %d", keep);
     if (in->step < 0 || in->step > 999999999999LL)
         return dt_error(DT_ERR_INVALID, "checkpoint: step %" PRId64 " is out of range [0, 999999999999]", in->step);
+    if (in->epoch < 0 || in->step_in_epoch < 0 || in->batch < 0 || in->micro_batches < 0 || in->world_size < 0)
+        return dt_error(DT_ERR_INVALID, "checkpoint: negative epoch (%" PRId64 "), step in epoch (%" PRId64 "), "
+                        "batch (%" PRId64 "), micro-batch count (%" PRId64 ") or world size (%d)", in->epoch,
+                        in->step_in_epoch, in->batch, in->micro_batches, in->world_size);
     if (nextra < 0 || (nextra > 0 && !extra))
         return dt_error(DT_ERR_INVALID, "checkpoint: %d extra key/values but no array", nextra);
     for (int i = 0; i < nextra; i++) {
@@ -316,7 +331,7 @@ static dt_status check_save_args(const char *dir, int keep, dt_model *m, const d
 
 dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *o, const dt_ckpt_info *info,
                        const char *const *extra, int nextra) {
-    DT_TRY(check_save_args(dir, keep, m, info, extra, nextra));
+    DT_TRY(check_save_args(dir, keep, m, o, info, extra, nextra));
     char tmp[DT_CKPT_PATH_MAX_], final[DT_CKPT_PATH_MAX_], file[DT_CKPT_PATH_MAX_], msum[24];
     DT_TRY(dt_ckpt_path(dir, info->step, final, sizeof final));
     char tname[64];
@@ -392,7 +407,8 @@ static dt_status meta_float(dt_ckpt *c, const char *key, float *out) {
     DT_TRY(meta_str(c, key, &v));
     errno = 0;
     *out = strtof(v, &e);
-    if (!*v || *e || errno) return dt_error(DT_ERR_FORMAT, "%s: metadata \"%s\" = \"%s\" is not a number", c->state_path, key, v);
+    if (!*v || *e || errno)
+        return dt_error(DT_ERR_FORMAT, "%s: metadata \"%s\" = \"%s\" is not a number", c->state_path, key, v);
     return DT_OK;
 }
 
@@ -414,8 +430,8 @@ static dt_status read_info(dt_ckpt *c) {
     errno = 0;
     in->seed = strtoull(seed, &e, 10);
     if (!*seed || *e || errno || *seed == '-')
-        return dt_error(DT_ERR_FORMAT, "%s: metadata \"dtrain.seed\" = \"%s\" is not an unsigned integer", c->state_path,
-                        seed);
+        return dt_error(DT_ERR_FORMAT, "%s: metadata \"dtrain.seed\" = \"%s\" is not an unsigned integer",
+                        c->state_path, seed);
     DT_TRY(meta_int(c, "dtrain.batch", 0, &in->batch));
     DT_TRY(meta_int(c, "dtrain.micro_batches", 0, &in->micro_batches));
     DT_TRY(meta_int(c, "dtrain.world_size", 0, &v));
@@ -482,7 +498,8 @@ static dt_status check_optim(dt_ckpt *c, dt_optim *o) {
     const dt_ckpt_info *in = &c->info;
     dt_optim_kind want = dt_optim_config_of(o)->kind;
     if (!in->has_optim)
-        return dt_error(DT_ERR_FORMAT, "%s: holds no optimizer state, the run uses %s", c->state_path, kind_label(want));
+        return dt_error(DT_ERR_FORMAT, "%s: holds no optimizer state, the run uses %s", c->state_path,
+                        kind_label(want));
     if (in->optim.kind != want)
         return dt_error(DT_ERR_FORMAT, "%s: optimizer state is %s, the optimizer is %s (a run cannot resume with "
                         "another optimizer)", c->state_path, kind_label(in->optim.kind), kind_label(want));

@@ -67,7 +67,9 @@ typedef struct dt_ckpt dt_ckpt;  /* an opened, verified checkpoint */
  * existing checkpoint of the same step is replaced), then keep the `keep`
  * newest (0: all) and remove stale .tmp-* directories. o may be NULL (no
  * optimizer state). extra holds nextra pairs {k0, v0, k1, v1, ...} the trainer
- * wants back on resume (e.g. running loss sums). */
+ * wants back on resume (e.g. running loss sums). The optimizer's state must
+ * live on the model's device (its arrays are copied with the model's ops).
+ * Call it on one rank (rank 0): the state is global. */
 dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *o, const dt_ckpt_info *info,
                        const char *const *extra, int nextra);
 /* "DIR/step-000000000100" into path (n bytes); DT_ERR_INVALID if it does not fit. */

@@ -111,7 +111,8 @@ static dt_status rm_tree(const char *path, int depth) {
         if (s == DT_OK && rmdir(path) != 0) s = dt_error(DT_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
         return s;
     }
-    if (unlink(path) != 0 && errno != ENOENT) return dt_error(DT_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    if (unlink(path) != 0 && errno != ENOENT)
+        return dt_error(DT_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
     return DT_OK;
 }
 
@@ -274,7 +275,8 @@ dt_status dt_ckpt_prune_(const char *dir, int keep, int64_t step) {
         free(v);
     }
     if (s == DT_OK) s = dt_ckpt_fsync_dir_(dir);
-    if (s != DT_OK) return dt_error_wrap(s, "checkpoint of step %" PRId64 " saved, but cleaning %s failed: ", step, dir);
+    if (s != DT_OK)
+        return dt_error_wrap(s, "checkpoint of step %" PRId64 " saved, but cleaning %s failed: ", step, dir);
     return DT_OK;
 }
 
@@ -318,6 +320,7 @@ dt_status dt_ckpt_latest(const char *dir, char *path, size_t n, char *skipped, s
     }
     free(v);
     if (s == DT_ERR_FORMAT)
-        return dt_error(DT_ERR_FORMAT, "no valid checkpoint in %s: all %zu are damaged; the newest: %s", dir, cnt, first);
+        return dt_error(DT_ERR_FORMAT, "no valid checkpoint in %s: all %zu are damaged; the newest: %s", dir, cnt,
+                        first);
     return s;
 }

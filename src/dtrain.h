@@ -1,11 +1,39 @@
 /*
  * dtrain.h: the public interface of libdtrain, one header to include.
  *
- *   status.h      errors: dt_status, dt_last_error()
+ *   status.h       errors: dt_status, dt_last_error()
+ *   comm.h         communicators and collectives (tcp, mpi, nccl backends)
+ *   launch_env.h   rank discovery from dtrun, torchrun, Open MPI, MPICH, Slurm
+ *   ops.h          the compute interface (one table of kernels per device)
+ *   tensor.h       thin tensors over a device
+ *   rng.h          counter-based random numbers (Philox4x32-10)
+ *   nn.h           layers
+ *   model.h        the model spec language, parameters, forward and backward
+ *   optim.h        SGD, AdamW, learning-rate schedules, gradient clipping
+ *   data.h         datasets (IDX, NPY, synthetic) and the prefetching loader
+ *   sampler.h      the world-size-invariant sampler
+ *   safetensors.h  safetensors files (and fileio.h: atomic writes)
+ *   checkpoint.h   model weights to and from safetensors
+ *   ddp.h          distributed data parallelism for one model
+ *   train.h        the training loop
  */
 #ifndef DTRAIN_H
 #define DTRAIN_H
 
 #include "status.h"
+#include "comm.h"
+#include "launch_env.h"
+#include "ops.h"
+#include "tensor.h"
+#include "rng.h"
+#include "nn.h"
+#include "model.h"
+#include "optim.h"
+#include "data.h"
+#include "sampler.h"
+#include "safetensors.h"
+#include "checkpoint.h"
+#include "ddp.h"
+#include "train.h"
 
 #endif /* DTRAIN_H */

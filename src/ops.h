@@ -113,7 +113,9 @@ struct dt_ops {
     /* -- GEMM (row-major, as cblas with CblasRowMajor) --
      * C(M,N) = alpha * op(A)(M,K) * op(B)(K,N) + beta * C; op(X) = X or X^T when trans != 0.
      * A is (M, K) with row stride lda (or (K, M) when transA), B is (K, N) with ldb
-     * (or (N, K) when transB), C is (M, N) with ldc. beta = 0 ignores C's old contents. */
+     * (or (N, K) when transB), C is (M, N) with ldc. beta = 0 ignores C's old contents.
+     * The CPU backend cuts C into blocks fixed by (M, N, K) and never splits K, so the
+     * bits do not depend on the thread count. */
     dt_status (*sgemm)(int transA, int transB, int M, int N, int K,
                        float alpha, const float *A, int lda, const float *B, int ldb,
                        float beta, float *C, int ldc);
@@ -156,7 +158,7 @@ struct dt_ops {
      *   logits (B, C), labels (B) in [0, C) or < 0 to ignore the row (as ignore_index),
      *   probs (B, C) receives the softmax (kept for backward), loss (1) receives
      *   sum_rows(-sum_c target_c * log p_c) / norm with target = (1-ls)*onehot + ls/C.
-     * A label >= C gives DT_ERR_INVALID. */
+     * A label >= C gives DT_ERR_INVALID. With every label < 0 it only computes probs. */
     dt_status (*xent_forward) (float *loss, float *probs, const float *logits, const int32_t *labels,
                                int B, int C, float label_smoothing, float norm);
     /* dlogits (B, C) = (probs - target) / norm (0 for ignored rows); in place over probs allowed. */
@@ -222,7 +224,7 @@ struct dt_ops {
      * x, y (rows, cols), gamma/beta (cols) (NULL = no affine), mean/rstd (rows) saved. */
     dt_status (*layernorm_forward) (float *y, float *mean, float *rstd, const float *x,
                                     const float *gamma, const float *beta, int rows, int cols, float eps);
-    /* dx (rows, cols); dgamma, dbeta (cols) (NULL to skip; sums over rows in fixed chunks). */
+    /* dx (rows, cols); dgamma, dbeta (cols) (NULL to skip; summed over rows in row order, in double). */
     dt_status (*layernorm_backward)(float *dx, float *dgamma, float *dbeta, const float *dy,
                                     const float *x, const float *mean, const float *rstd,
                                     const float *gamma, int rows, int cols);

@@ -80,7 +80,8 @@ float dt_rng_unit(uint64_t seed, uint64_t stream, uint64_t index);
 float dt_rng_normal1(uint64_t seed, uint64_t stream, uint64_t index);
 
 /* The dropout keep decision for (seed, stream, epoch, sample, element) at drop
- * probability p: 1 keep, 0 drop. Used by the CPU kernel and by tests. */
+ * probability p: 1 keep, 0 drop. The kernels compute the same decisions four
+ * elements per Philox block; this is the definition they are tested against. */
 int dt_rng_dropout_keep(uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample,
                         uint64_t element, float p);
 

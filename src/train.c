@@ -20,11 +20,14 @@
 #include "train.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "ckpt.h"
 #include "data.h"
 #include "ddp.h"
 #include "model.h"
@@ -49,6 +52,7 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->bucket_mb = 25.0;
     o->overlap = 1;
     o->lr_scale = "none";
+    o->ckpt_keep = 3;
     o->log_every = 50;
 }
 
@@ -125,6 +129,8 @@ typedef struct {
     double r_data, r_compute, r_comm;  /* the same split, since the last per-rank report */
     double *rank_stats;              /* world x DT_RANK_STATS */
     int64_t g0;                      /* first step of this run (> 0 when resumed) */
+    dt_ckpt *resume;                 /* the checkpoint to resume from, until restored */
+    char note[1536];                 /* what resume did, for the START event */
     double epoch_loss;               /* sum of step losses of the current epoch */
     int64_t epoch_steps;             /* steps of the current epoch (resumed ones included) */
     int fault;                       /* DT_TEST_FAULT: a planted bug, for testing `dtrain check` */
@@ -309,6 +315,7 @@ static void emit(trainer *t, dt_train_event *ev) {
 
 static void trainer_free(trainer *t) {
     dt_ddp_free(t->ddp);
+    dt_ckpt_close(t->resume);
     dt_loader_free(t->loader);
     dt_sampler_free(t->sampler);
     dt_optim_free(t->optim);
@@ -327,6 +334,94 @@ static void trainer_free(trainer *t) {
     dt_dataset_free(t->test);
 }
 
+/* Checkpoints every --checkpoint-every steps and at the end. The state is the
+ * same on every rank, so rank 0 alone writes it. */
+static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
+    const dt_train_opts *o = t->o;
+    if (!o->ckpt_dir || t->rank != 0) return DT_OK;
+    if (!force && !((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == t->total)) return DT_OK;
+    char loss[64], total[32];
+    snprintf(loss, sizeof loss, "%.17g", t->epoch_loss);
+    snprintf(total, sizeof total, "%lld", (long long)t->total);
+    const char *extra[] = {"epoch_loss", loss, "total_steps", total};
+    dt_ckpt_info info = {.step = done, .epoch = done / t->spe, .step_in_epoch = done % t->spe,
+                         .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
+                         .model_spec = o->model, .schedule = o->schedule};
+    dt_status s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, 2);
+    if (s != DT_OK) dt_error_wrap(s, "checkpoint at step %lld: ", (long long)done);
+    return s;
+}
+
+/* Which checkpoint to resume from: rank 0 decides and tells the others, so all
+ * ranks load the same one (the directory must be visible to every rank). */
+static dt_status resume_open(trainer *t) {
+    const dt_train_opts *o = t->o;
+    char path[4096] = "", skipped[1024] = "";
+    int found = 0;
+    if (t->rank == 0) {
+        const char *where = o->resume;
+        if (!strcmp(where, "auto")) {
+            if (!o->ckpt_dir) return dt_error(DT_ERR_INVALID, "--resume auto: needs --checkpoint-dir");
+            where = o->ckpt_dir;
+        }
+        char probe[4096];
+        snprintf(probe, sizeof probe, "%s/train_state.safetensors", where);
+        if (access(probe, F_OK) == 0) {            /* one step-* directory */
+            snprintf(path, sizeof path, "%s", where);
+            found = 1;
+        } else {
+            dt_status s = dt_ckpt_latest(where, path, sizeof path, skipped, sizeof skipped);
+            if (s == DT_OK) found = 1;
+            else if (!(s == DT_ERR_IO && !strcmp(o->resume, "auto"))) return s;  /* auto: nothing yet is fine */
+        }
+    }
+    if (t->world > 1) {
+        int64_t f = found;
+        DT_TRY(dt_broadcast(t->comm, &f, 1, DT_I64, 0));
+        DT_TRY(dt_broadcast(t->comm, path, sizeof path, DT_U8, 0));
+        found = (int)f;
+    }
+    if (!found) {
+        snprintf(t->note, sizeof t->note, "no checkpoint in %s yet: starting from step 0", o->ckpt_dir);
+        return DT_OK;
+    }
+    DT_TRY(dt_ckpt_open(path, &t->resume));
+    const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
+    if (ci->seed != o->seed)
+        return dt_error(DT_ERR_INVALID, "--resume: %s was written with --seed %llu, this run has --seed %llu",
+                        path, (unsigned long long)ci->seed, (unsigned long long)o->seed);
+    if (ci->batch != o->batch)
+        return dt_error(DT_ERR_INVALID, "--resume: %s was written with a global batch of %lld, this run has --batch %lld",
+                        path, (long long)ci->batch, (long long)o->batch);
+    if (o->micro_batches > 0 && o->micro_batches != ci->micro_batches)
+        return dt_error(DT_ERR_INVALID, "--resume: %s was written with --micro-batches %lld; resume with the same "
+                        "value (or omit the flag) to continue the same computation",
+                        path, (long long)ci->micro_batches);
+    snprintf(t->note, sizeof t->note, "resumed from %s (step %lld)%s%s", path, (long long)ci->step,
+             skipped[0] ? "; skipped: " : "", skipped);
+    return DT_OK;
+}
+
+/* Restore model, optimizer and loop position from the opened checkpoint. */
+static dt_status resume_restore(trainer *t) {
+    const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
+    const char *total = dt_ckpt_extra(t->resume, "total_steps");
+    if (total && strtoll(total, NULL, 10) != t->total)
+        return dt_error(DT_ERR_INVALID, "--resume: the checkpointed run has %s steps in all, this one %lld; resume "
+                        "with the same --epochs/--steps so the schedule continues unchanged", total, (long long)t->total);
+    if (ci->step > t->total)
+        return dt_error(DT_ERR_INVALID, "--resume: the checkpoint is at step %lld, past this run's %lld steps",
+                        (long long)ci->step, (long long)t->total);
+    DT_TRY(dt_ckpt_restore(t->resume, t->model, t->optim));
+    const char *el = dt_ckpt_extra(t->resume, "epoch_loss");
+    t->g0 = ci->step;
+    t->epoch_loss = el ? strtod(el, NULL) : 0.0;
+    t->epoch_steps = ci->step % t->spe;
+    dt_ckpt_close(t->resume);
+    t->resume = NULL;
+    return DT_OK;
+}
+
 static dt_status trainer_setup(trainer *t) {
     const dt_train_opts *o = t->o;
     DT_TRY(check_opts(o));
@@ -339,7 +434,13 @@ static dt_status trainer_setup(trainer *t) {
         else if (!strcmp(fault, "lr-rank1")) t->fault = FAULT_LR_RANK1;
         else return dt_error(DT_ERR_INVALID, "DT_TEST_FAULT: expected sampler-epoch, skip-allreduce or lr-rank1, got '%s'", fault);
     }
-    t->S = o->micro_batches > 0 ? o->micro_batches : t->world;
+    if (o->resume) DT_TRY(resume_open(t));
+    t->S = o->micro_batches > 0 ? o->micro_batches
+         : t->resume ? dt_ckpt_info_of(t->resume)->micro_batches : t->world;
+    if (t->S % t->world != 0 && t->resume && o->micro_batches == 0)
+        return dt_error(DT_ERR_INVALID, "--resume: the checkpoint was written with %lld micro-batches, which %d "
+                        "processes cannot split; resume on a world size dividing %lld",
+                        (long long)t->S, t->world, (long long)t->S);
     if (t->S % t->world != 0)
         return dt_error(DT_ERR_INVALID, "--micro-batches: %lld is not a multiple of the world size %d",
                         (long long)t->S, t->world);
@@ -394,14 +495,8 @@ static dt_status trainer_setup(trainer *t) {
     t->bnrec_n = o->sync_bn && t->world > 1 ? 0 : dt_model_bn_record_size(t->model);
     if (t->bnrec_n) DT_TRY(t->ops->alloc((void **)&t->bnrec, (size_t)t->S * t->bnrec_n * sizeof(float)));
     DT_TRY(dt_loader_init(t->train, local, &t->loader));
+    if (t->resume) DT_TRY(resume_restore(t));
     DT_TRY(dt_ddp_sync_start(t->ddp));
-    return DT_OK;
-}
-
-/* Checkpoints every --checkpoint-every steps and at the end (rank 0 writes). */
-static dt_status maybe_checkpoint(trainer *t, int64_t done) {
-    (void)t;
-    (void)done;
     return DT_OK;
 }
 
@@ -434,7 +529,8 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
     dt_train_event ev = {.kind = DT_EV_START, .epochs = o->epochs, .step = t->g0, .total_steps = t->total,
                          .steps_per_epoch = t->spe, .nparams = (int64_t)dt_model_nparams(t->model),
                          .train_samples = info->n,
-                         .test_samples = t->test ? dt_dataset_get_info(t->test)->n : 0};
+                         .test_samples = t->test ? dt_dataset_get_info(t->test)->n : 0,
+                         .note = t->note[0] ? t->note : NULL};
     emit(t, &ev);
 
     t->queued = t->g0;
@@ -488,7 +584,15 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
             run_steps = 0;
             epoch_start = now_s();
         }
-        DT_TRY(maybe_checkpoint(t, done));
+        int stop = o->stop_at > 0 && done >= o->stop_at && done < t->total;
+        DT_TRY(maybe_checkpoint(t, done, stop));
+        if (stop) {
+            /* an interruption on purpose: checkpointed above, end without finishing */
+            res->stopped = 1;
+            res->steps = done;
+            res->final_loss = loss;
+            return DT_OK;
+        }
     }
     /* Every rank must end with the same parameters: a hash per tensor, compared. */
     DT_TRY(dt_ddp_check_equal(t->ddp));

@@ -51,6 +51,7 @@ typedef struct {
     double   test_loss, test_acc;
     int64_t  nparams;          /* START: parameter count */
     int64_t  train_samples, test_samples;
+    const char *note;          /* START: what resume did ("resumed from ..."), else NULL */
     int      world_size, micro_batches;
     uint64_t batch_hash;       /* STEP: fingerprint of the step's global batch (sample order) */
     /* RANKS: world_size rows of DT_RANK_STATS values: steps, step seconds, data wait,
@@ -89,6 +90,13 @@ typedef struct {
     int         sync_bn;        /* batchnorm statistics over all ranks */
     const char *lr_scale;       /* "none" (default), "linear" or "sqrt": lr x W or x sqrt(W) */
     int         eval;           /* evaluate on the test split after each epoch (default 1) */
+    const char *ckpt_dir;       /* write checkpoints here (NULL: none) */
+    int64_t     ckpt_every;     /* ... every this many steps (0: only at the end) */
+    int         ckpt_keep;      /* keep the newest K checkpoints (0: all); default 3 */
+    int64_t     stop_at;        /* end this process's run after global step N (0: never), as an
+                                 * interruption would, leaving the schedule of the full run */
+    const char *resume;         /* NULL, "auto" (newest in ckpt_dir, if any), a checkpoint
+                                 * directory (its newest) or one step-* directory */
     int         log_every;      /* STEP events every this many steps; default 50 */
     int         rank_stats_every; /* RANKS events every this many steps (0: after each epoch only) */
     dt_train_event_fn on_event;
@@ -105,6 +113,7 @@ typedef struct {
     double  final_loss;        /* mean loss of the last step */
     double  test_loss, test_acc;
     int     evaluated;
+    int     stopped;           /* ended early at opts.stop_at */
     double  seconds;           /* training time, evaluation excluded */
     double  samples_per_s;     /* global training throughput */
 } dt_train_result;

@@ -3,7 +3,8 @@ libdtrain_la_SOURCES += src/train.c src/checkpoint.c src/ddp.c
 dtraininclude_HEADERS += src/train.h src/checkpoint.h src/ddp.h
 
 bin_PROGRAMS += dtrain
-dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h
+dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h \
+	src/tools/check.c src/tools/plot.c src/tools/tools.h
 
-TESTS += tests/train_cli.sh tests/ddp_invariance.sh
-EXTRA_DIST += tests/train_cli.sh tests/ddp_invariance.sh
+TESTS += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh
+EXTRA_DIST += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh

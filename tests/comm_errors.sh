@@ -11,7 +11,7 @@
 launch 2 --mode mismatch
 ok $((1 - $?)) "mismatched collectives fail"
 ok_grep "$TMP/out.1" "rank 1: collective #2 mismatch: this rank called broadcast \(f32, 100 elems, root 0\), rank 0 called all_reduce \(f32, 100 elems, sum\)" \
-    "the mismatch names both calls"
+    "the mismatch names both calls (reported through dt_work_wait)"
 
 # timeout: rank 1 never calls
 start=$(date +%s)
@@ -19,7 +19,11 @@ LAUNCH_ENV="DT_TIMEOUT=2" launch 2 --mode timeout
 el=$(($(date +%s) - start))
 ok_grep "$TMP/out.0" "rank 0: timed out after 2 s in collective #1 all_reduce \(f32, 10 elems, sum\) waiting for rank 1 \(" \
     "a rank that never calls: timeout naming the collective and the rank"
-[ $el -lt 40 ]; ok $? "and it came in time (${el}s)"
+[ $el -lt 10 ]; ok $? "and it came in time (${el}s)"
+
+# the per-communicator setter overrides the environment
+LAUNCH_ENV="DT_TIMEOUT=30" launch 2 --mode timeout --timeout 1
+ok_grep "$TMP/out.0" "rank 0: timed out after 1 s in collective #1 all_reduce" "dt_comm_set_timeout applies to later calls"
 
 # a rank killed mid-collective, over shared memory and over TCP
 for shm in 1 0; do
@@ -69,7 +73,11 @@ except OSError:
 s.close()
 PY
 done
-[ $njunk -ge 2 ]; ok $? "junk written to the store port and the peer port ($njunk ports)"
+if command -v ss > /dev/null; then
+    [ $njunk -ge 2 ]; ok $? "junk written to the store port and the peer port ($njunk ports)"
+else
+    skip "ss is not installed: junk went to the store port only"
+fi
 start_rank 1 2 $port --mode init; p1=$!
 wait $p0; s0=$?
 wait $p1; s1=$?

@@ -31,11 +31,13 @@ ok_grep "$tmp/out2" "^\[rank0\]:J=." "second run has a job id"
 ! grep -q "J=$jobs\$" "$tmp/out2"
 ok $? "a second run gets another job id"
 
-# Given values win: --master-addr/--master-port, DT_JOB_ID, OMP_NUM_THREADS.
-DT_JOB_ID=myjob OMP_NUM_THREADS=7 OPENBLAS_NUM_THREADS=5 timeout 20 "$DTRUN" --nproc-per-node 2 \
+# Given values win: --master-addr/--master-port, DT_JOB_ID (even a long one),
+# OMP_NUM_THREADS.
+long=job-$(printf '%0100d' 7)
+DT_JOB_ID=$long OMP_NUM_THREADS=7 OPENBLAS_NUM_THREADS=5 timeout 20 "$DTRUN" --nproc-per-node 2 \
     --master-addr localhost --master-port 23456 -- sh -c "$show" > "$tmp/out3" 2>&1
 ok $? "--nproc-per-node 2 with given master runs"
-ok_grep "$tmp/out3" "^\[rank1\]:R=1 L=1 W=2 LW=2 N=0 G=0 M=localhost P=23456 J=myjob OMP=7 OB=5\$" "given master, job id and thread counts are passed through"
+ok_grep "$tmp/out3" "^\[rank1\]:R=1 L=1 W=2 LW=2 N=0 G=0 M=localhost P=23456 J=$long OMP=7 OB=5\$" "given master, job id and thread counts are passed through"
 ok_grep "$tmp/out3" "^\[rank0\]:R=0 " "rank 0 ran"
 
 done_testing

@@ -5,7 +5,10 @@
 DTRUN="$DT_BUILDDIR/dtrun"
 tmp=$(mktemp -d) || exit 1
 tok="dtrunfail$$"
-trap 'pkill -KILL -f "$tok" 2>/dev/null; rm -rf "$tmp"' EXIT
+# the job's processes carry $tok (unique to this run) in their command line; whatever a
+# failed check leaves behind is killed by pid at the end
+cleanup() { pids=$(pgrep -f "$tok"); [ -z "$pids" ] || kill -KILL $pids 2>/dev/null; }
+trap 'cleanup; rm -rf "$tmp"' EXIT
 
 # All ranks exit 0 -> 0.
 timeout 20 "$DTRUN" -n 3 true

@@ -6,7 +6,10 @@
 DTRUN="$DT_BUILDDIR/dtrun"
 tmp=$(mktemp -d) || exit 1
 tok="dtrunsig$$"
-trap 'pkill -KILL -f "$tok" 2>/dev/null; rm -rf "$tmp"' EXIT
+# the job's processes carry $tok (unique to this run) in their command line; whatever a
+# failed check leaves behind is killed by pid at the end
+cleanup() { pids=$(pgrep -f "$tok"); [ -z "$pids" ] || kill -KILL $pids 2>/dev/null; }
+trap 'cleanup; rm -rf "$tmp"' EXIT
 
 # Wait (at most 10 s) until every one of $2 ranks has printed "up" into $1.
 wait_up() {
@@ -38,7 +41,7 @@ for sig in INT TERM; do
     sleep 0.3
     ! pgrep -f "$tok" > /dev/null
     ok $? "SIG$sig: no rank or grandchild left behind"
-    pkill -KILL -f "$tok" 2>/dev/null
+    cleanup
 done
 
 # Ranks that ignore the forwarded SIGINT are SIGKILLed after the grace period.
@@ -53,7 +56,7 @@ ok $? "ranks ignoring SIGINT: dtrun still ends, exit 130 (got $rc)"
 sleep 0.3
 ! pgrep -f "$tok" > /dev/null
 ok $? "ranks ignoring SIGINT: none left behind"
-pkill -KILL -f "$tok" 2>/dev/null
+cleanup
 
 # dtrun killed with SIGKILL: the ranks die with it (PR_SET_PDEATHSIG).
 "$DTRUN" -n 2 sh -c 'echo up; exec sleep 60' "$tok" > "$tmp/out" 2> "$tmp/err" &

@@ -13,6 +13,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,10 @@ static const char *pth(const char *a, const char *b) {
     static char buf[4][1024];
     static int k;
     k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", a, b);
+    if (snprintf(buf[k], sizeof buf[k], "%s/%s", a, b) >= (int)sizeof buf[k]) {
+        printf("Bail out! path too long: %s/%s\n", a, b);
+        exit(1);
+    }
     return buf[k];
 }
 
@@ -44,7 +48,8 @@ static unsigned char *slurp(const char *path, size_t *n) {
     *n = 0;
     if (!f) return NULL;
     if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
-    if (len >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)len + 1)) != NULL) *n = fread(b, 1, (size_t)len, f);
+    if (len >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)len + 1)) != NULL)
+        *n = fread(b, 1, (size_t)len, f);
     fclose(f);
     return b;
 }
@@ -150,6 +155,22 @@ static snap take(dt_model *m, dt_optim *o) {
 
 static int same(snap a, snap b) { return a.n == b.n && memcmp(a.p, b.p, a.n) == 0; }
 
+/* The state of (m, o) is bitwise a. */
+static int holds(snap a, dt_model *m, dt_optim *o) {
+    snap b = take(m, o);
+    int r = same(a, b);
+    free(b.p);
+    return r;
+}
+
+/* Two models with their optimizers hold bitwise the same state. */
+static int alike(dt_model *m1, dt_optim *o1, dt_model *m2, dt_optim *o2) {
+    snap a = take(m1, o1);
+    int r = holds(a, m2, o2);
+    free(a.p);
+    return r;
+}
+
 static dt_ckpt_info info_at(int64_t step) {
     dt_ckpt_info in;
     memset(&in, 0, sizeof in);
@@ -198,11 +219,11 @@ static void test_round_trip(int adamw) {
     ok(exists(pth(path, "model.safetensors")) && exists(pth(path, "train_state.safetensors")),
        "%s: model.safetensors and train_state.safetensors are there", what);
     is_int(count_prefix(dir, ".tmp-"), 0, "%s: no temporary directory is left", what);
-    ok(!same(sa, take(b, ob)), "%s: the fresh model differs before loading", what);
+    ok(!holds(sa, b, ob), "%s: the fresh model differs before loading", what);
 
     dt_ckpt *c = NULL;
     is_int(dt_ckpt_load(path, b, ob, &c), DT_OK, "%s: load", what);
-    ok(same(sa, take(b, ob)), "%s: params, buffers, num_batches_tracked, optimizer state and step count are bitwise "
+    ok(holds(sa, b, ob), "%s: params, buffers, num_batches_tracked, optimizer state and step count are bitwise "
        "the saved ones", what);
     if (c) {
         const dt_ckpt_info *in = dt_ckpt_info_of(c);
@@ -228,12 +249,29 @@ static void test_round_trip(int adamw) {
     /* resuming: the next step from the loaded state is bitwise the uninterrupted one */
     train_step(a, oa, 3);
     train_step(b, ob, 3);
-    ok(same(take(a, oa), take(b, ob)), "%s: a step after resuming is bitwise the uninterrupted step", what);
+    ok(alike(a, oa, b, ob), "%s: a step after resuming is bitwise the uninterrupted step", what);
 
     /* the model file is a plain weights file as dt_model_save writes it */
     dt_model *w = build(SPEC, 3);
     is_int(dt_model_load(w, pth(path, "model.safetensors")), DT_OK, "%s: model.safetensors loads with dt_model_load",
            what);
+    ok(memcmp(dt_model_params(w), sa.p, dt_model_nparams(w) * 4) == 0, "%s: ... giving the saved weights", what);
+    const char *plain = pth(tmpdir, adamw ? "plain-adamw.safetensors" : "plain-sgd.safetensors");
+    dt_st_file *f1 = NULL, *f2 = NULL;
+    const char *meta[] = {"format", "pt"};
+    is_int(dt_model_save(w, plain, meta, 1), DT_OK, "%s: dt_model_save of the same weights", what);
+    dt_st_open(plain, &f1);
+    dt_st_open(pth(path, "model.safetensors"), &f2);
+    int eq = f1 && f2 && dt_st_count(f1) == dt_st_count(f2);
+    for (size_t i = 0; eq && i < dt_st_count(f1); i++) {
+        dt_st_tensor t1, t2;
+        eq = dt_st_tensor_at(f1, i, &t1) == DT_OK && dt_st_tensor_at(f2, i, &t2) == DT_OK &&
+             strcmp(t1.name, t2.name) == 0 && t1.dtype == t2.dtype && t1.ndim == t2.ndim && t1.nbytes == t2.nbytes &&
+             memcmp(t1.shape, t2.shape, sizeof t1.shape) == 0 && memcmp(t1.data, t2.data, t1.nbytes) == 0;
+    }
+    ok(eq, "%s: model.safetensors holds the tensors of dt_model_save, in the same order, bit for bit", what);
+    dt_st_close(f1);
+    dt_st_close(f2);
     free(sa.p);
     dt_model_free(w);
     dt_optim_free(oa);
@@ -279,7 +317,7 @@ static void test_keep_and_latest(void) {
     dt_optim *ro = optim(0, r, 0.9f);
     dt_ckpt_latest(dir, path, sizeof path, NULL, 0);
     is_int(dt_ckpt_load(path, r, ro, NULL), DT_OK, "load the replaced step 60");
-    ok(same(take(r, ro), take(m, o)) && !same(take(r, ro), before), "the replacement holds the new state");
+    ok(alike(r, ro, m, o) && !holds(before, r, ro), "the replacement holds the new state");
     is_int(count_prefix(dir, ".tmp-"), 0, "no temporary directory left after a replacement");
     free(before.p);
     dt_optim_free(ro);
@@ -401,6 +439,58 @@ static void test_damage(void) {
     dt_model_free(m);
 }
 
+/* Writers killed (SIGKILL) at random moments while saving, replacing and
+ * pruning: every step-* left behind verifies, and the next save cleans up. */
+static void test_crash(void) {
+    char dir[512], path[1024];
+    snprintf(dir, sizeof dir, "%s/crash", tmpdir);
+    dt_model *m = build(SPEC, 1);
+    dt_optim *o = optim(0, m, 0.9f);
+    train_step(m, o, 0);
+    is_int(save(dir, 2, m, o, 1), DT_OK, "a first checkpoint");
+    unsigned r = 2024u;
+    int all_valid = 1, kills = 0, saved = 0, tmp_seen = 0;
+    for (int it = 0; it < 12; it++) {
+        pid_t child = fork();
+        if (child < 0) break;
+        if (child == 0) {
+            /* each step twice: the second save replaces the first; keep 2 prunes */
+            for (int k = 0; k < 400; k++)
+                if (save(dir, 2, m, o, 10 + 100 * it + k / 2) != DT_OK) _exit(3);
+            _exit(0);
+        }
+        r = r * 1664525u + 1013904223u;
+        usleep(1000 + (r >> 8) % 30000);
+        kills += kill(child, SIGKILL) == 0;
+        int st = 0;
+        waitpid(child, &st, 0);
+        if (WIFEXITED(st) && WEXITSTATUS(st) != 0) diag("writer %d failed with status %d", it, WEXITSTATUS(st));
+        DIR *d = opendir(dir);
+        struct dirent *e;
+        while (d && (e = readdir(d)) != NULL) {
+            if (strncmp(e->d_name, "step-", 5) != 0) continue;
+            dt_ckpt *c = NULL;
+            if (dt_ckpt_open(pth(dir, e->d_name), &c) != DT_OK) {
+                all_valid = 0;
+                diag("after kill %d: %s", it, dt_last_error());
+            }
+            saved++;
+            dt_ckpt_close(c);
+        }
+        if (d) closedir(d);
+        tmp_seen += count_prefix(dir, ".tmp-");
+    }
+    diag("%d writers killed, %d checkpoints checked, %d leftovers of interrupted saves", kills, saved, tmp_seen);
+    ok(kills >= 10 && saved >= 12, "writers were killed while saving");
+    ok(all_valid, "every step-* directory left by a killed writer verifies");
+    is_int(dt_ckpt_latest(dir, path, sizeof path, NULL, 0), DT_OK, "latest after the kills");
+    is_int(save(dir, 2, m, o, 100000), DT_OK, "a save after the kills");
+    is_int(count_prefix(dir, ".tmp-"), 0, "it removed every leftover of the killed writers");
+    is_int(count_prefix(dir, "step-"), 2, "and kept two checkpoints");
+    dt_optim_free(o);
+    dt_model_free(m);
+}
+
 static void test_refusals(void) {
     char dir[512], path[1024], ck[1024];
     snprintf(dir, sizeof dir, "%s/refuse", tmpdir);
@@ -418,7 +508,7 @@ static void test_refusals(void) {
     is_int(dt_ckpt_load(path, x, xo, NULL), DT_ERR_FORMAT, "loading into another model fails");
     like(dt_last_error(), "step-000000000100/model.safetensors: tensor '1.weight' is F32 [16,16] in the file, the "
          "model expects F32 [8,16]", "the error names the file and the first mismatched tensor");
-    ok(same(before, take(x, xo)), "the other model and its optimizer are unchanged");
+    ok(holds(before, x, xo), "the other model and its optimizer are unchanged");
     free(before.p);
 
     /* SGD state into AdamW */
@@ -427,7 +517,7 @@ static void test_refusals(void) {
     before = take(y, yo);
     is_int(dt_ckpt_load(path, y, yo, NULL), DT_ERR_FORMAT, "SGD state into AdamW fails");
     like(dt_last_error(), "optimizer state is SGD, the optimizer is AdamW", "the error names both optimizers");
-    ok(same(before, take(y, yo)), "the model is unchanged after the optimizer refusal");
+    ok(holds(before, y, yo), "the model is unchanged after the optimizer refusal");
     free(before.p);
 
     /* SGD with momentum into SGD without */
@@ -436,6 +526,13 @@ static void test_refusals(void) {
     like(dt_last_error(), "optim.momentum_buffer", "the error names the state array");
     /* weights only */
     is_int(dt_ckpt_load(path, y, NULL, NULL), DT_OK, "weights only (no optimizer) load");
+    char wdir[512], wck[1024];
+    snprintf(wdir, sizeof wdir, "%s/weights-only", tmpdir);
+    dt_ckpt_info win = info_at(7);
+    is_int(dt_ckpt_save(wdir, 0, m, NULL, &win, NULL, 0), DT_OK, "save without an optimizer");
+    dt_ckpt_path(wdir, 7, wck, sizeof wck);
+    is_int(dt_ckpt_load(wck, y, yo, NULL), DT_ERR_FORMAT, "loading it with an optimizer fails");
+    like(dt_last_error(), "holds no optimizer state", "... saying the checkpoint holds none");
 
     /* missing and empty directories, not a checkpoint */
     char nodir[512], empty[512];
@@ -458,6 +555,9 @@ static void test_refusals(void) {
     is_int(dt_ckpt_save(dir, -1, m, o, &in, NULL, 0), DT_ERR_INVALID, "keep -1 is refused");
     is_int(dt_ckpt_save(dir, 0, m, o, &in, dup, 2), DT_ERR_INVALID, "an extra key given twice is refused");
     like(dt_last_error(), "\"a\" given twice", "... naming it");
+    in.batch = -1;
+    is_int(dt_ckpt_save(dir, 0, m, o, &in, NULL, 0), DT_ERR_INVALID, "a negative batch is refused");
+    in.batch = 256;
     in.step = -5;
     is_int(dt_ckpt_save(dir, 0, m, o, &in, NULL, 0), DT_ERR_INVALID, "a negative step is refused");
     in.step = 1;
@@ -484,6 +584,7 @@ int main(void) {
     test_round_trip(1);
     test_keep_and_latest();
     test_damage();
+    test_crash();
     test_refusals();
     rm_rf(tmpdir);
     return done_testing();

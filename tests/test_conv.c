@@ -210,6 +210,8 @@ static void test_conv(void) {
     test_conv_case(17, 1, 6, 6, 3, 5, 5, 1, 2, 0);   /* more than one group of samples, 5x5 */
     test_conv_case(2, 4, 5, 5, 2, 1, 1, 1, 0, 0);    /* 1x1 */
     test_conv_case(1, 2, 4, 7, 3, 2, 4, 3, 0, 0);    /* non-square kernel, stride 3 */
+    test_conv_case(2, 2, 6, 1, 3, 5, 5, 1, 2, 0);    /* padding wider than the image */
+    test_conv_case(2, 3, 2, 2, 2, 5, 5, 1, 2, 1);    /* padding wider than the image, both ways */
     test_conv_fd();
     test_conv_threads();
 

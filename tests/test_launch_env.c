@@ -132,6 +132,13 @@ int main(void) {
     is_int(dt_launch_env_discover(&e), DT_OK, "Slurm with overrides");
     check_env(&e, "slurm", 0, 2, -1, -1, 0, "login1", 5555, "mine");
 
+    /* mpirun inside a Slurm job: ranks from Open MPI, master guessed from Slurm */
+    clean_env();
+    set("OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "4", "SLURM_PROCID", "0", "SLURM_NTASKS", "2",
+        "SLURM_JOB_NODELIST", "cn[100-101]", "SLURM_JOB_ID", "20005", NULL);
+    is_int(dt_launch_env_discover(&e), DT_OK, "Open MPI inside Slurm");
+    check_env(&e, "openmpi", 1, 4, -1, -1, -1, "cn100", 20005, "20005");
+
     /* PMIx namespace as a job id */
     clean_env();
     set("PMI_RANK", "0", "PMI_SIZE", "1", "PMIX_NAMESPACE", "ns7", NULL);

@@ -5,6 +5,7 @@
  * vectors; casts exhaustively; thread-count independence of every reduction; bad
  * arguments; and the tensor helpers.
  */
+#include "config.h"
 #include "ops_util.h"
 #include "rng.h"
 #include "tensor.h"
@@ -287,6 +288,11 @@ static void test_losses(void) {
         ok(tu_close(d, fd, n, 1e-3, 1e-6), "xent_backward matches finite differences (label_smoothing=%g, one row ignored)", ls);
         free(fd);
     }
+    float *inplace = tu_alloc(n);
+    memcpy(inplace, probs, n * 4);
+    ok(ops->xent_backward(inplace, inplace, labels, B, C, 0.1f, 64.0f) == DT_OK && memcmp(inplace, d, n * 4) == 0,
+       "xent_backward in place over probs gives the same bytes");
+    free(inplace);
     int zero = 1;
     for (int c = 0; c < C; c++) zero &= d[5 * C + c] == 0.0f;
     ok(zero, "xent_backward: an ignored row has zero gradient");
@@ -557,8 +563,19 @@ static void test_tensor(void) {
     is_int(ops->layernorm_forward(pr, pr, pr, pr, NULL, NULL, 1, 0, 1e-5f), DT_ERR_INVALID, "layernorm_forward rejects 0 columns");
 
     ok(dt_ops_get("cpu") == dt_ops_cpu(), "dt_ops_get(\"cpu\")");
-    ok(dt_ops_get("cuda") == NULL, "dt_ops_get(\"cuda\") is NULL until the CUDA backend exists");
-    like(dt_last_error(), "cuda", "and says why");
+    const dt_ops *cuda = dt_ops_get("cuda");
+#ifdef DT_HAVE_CUDA
+    if (cuda) {
+        is_str(cuda->name, "cuda", "dt_ops_get(\"cuda\") gives the CUDA table in a CUDA build");
+        ok(1, "(a CUDA device is usable)");
+    } else {
+        ok(1, "dt_ops_get(\"cuda\") in a CUDA build without a usable device is NULL");
+        ok(dt_last_error()[0] != '\0', "and says why: %s", dt_last_error());
+    }
+#else
+    ok(cuda == NULL, "dt_ops_get(\"cuda\") is NULL in a build without CUDA");
+    like(dt_last_error(), "no CUDA backend", "and says why");
+#endif
     ok(dt_ops_get("tpu") == NULL, "an unknown device is NULL");
     like(dt_last_error(), "unknown device \"tpu\"", "naming it");
     ok(dt_ops_get(NULL) == NULL, "no device name is NULL too");

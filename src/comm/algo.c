@@ -138,8 +138,8 @@ dt_status dt_algo_allreduce(const dt_p2p *p, const dt_call *call, const void *se
     }
     if (is_pow2(W) && (bytes <= DT_ALGO_SMALL_BYTES || n < (size_t)W)) {
         /* recursive doubling on whole buffers: same pairs, same tree, log2(W) messages */
-        char *snap = tmp_alloc(bytes);
-        if (!snap) return nomem(bytes);
+        char *snap = NULL;
+        if (W > 2 && !(snap = tmp_alloc(bytes))) return nomem(bytes);
         dt_status s = DT_OK;
         const char *cur = send;
         for (int k = 0; (1 << k) < W && s == DT_OK; k++) {

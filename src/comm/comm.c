@@ -18,6 +18,7 @@
 #include "reduce.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -261,7 +262,7 @@ struct dt_work {
     op_t       op;
     dt_comm   *c;
     dt_status  status;
-    int        done;
+    _Atomic int done;         /* set last, with release order: a done handle never touches c */
     char       msg[1024];
     dt_work   *next;
 };
@@ -357,7 +358,7 @@ static void *worker_main(void *arg) {
         snprintf(w->msg, sizeof w->msg, "%s", s == DT_OK ? "" : dt_last_error());
         a->head = w->next;
         if (!a->head) a->tail = NULL;
-        w->done = 1;
+        atomic_store_explicit(&w->done, 1, memory_order_release);
         a->pending--;
         pthread_cond_broadcast(&a->cv);
     }
@@ -416,10 +417,12 @@ static dt_status submit(dt_comm *c, const op_t *o, dt_work **w) {
 
 dt_status dt_work_wait(dt_work *w) {
     if (!w) return dt_error(DT_ERR_INVALID, "dt_work_wait: work handle is NULL");
-    dt_async *a = w->c->async;
-    pthread_mutex_lock(&a->mu);
-    while (!w->done) pthread_cond_wait(&a->cv, &a->mu);
-    pthread_mutex_unlock(&a->mu);
+    if (!atomic_load_explicit(&w->done, memory_order_acquire)) {
+        dt_async *a = w->c->async;
+        pthread_mutex_lock(&a->mu);
+        while (!w->done) pthread_cond_wait(&a->cv, &a->mu);
+        pthread_mutex_unlock(&a->mu);
+    }
     dt_status s = w->status;
     if (s != DT_OK) dt_error(s, "%s", w->msg);
     free(w);
@@ -428,11 +431,7 @@ dt_status dt_work_wait(dt_work *w) {
 
 int dt_work_test(dt_work *w) {
     if (!w) return 1;
-    dt_async *a = w->c->async;
-    pthread_mutex_lock(&a->mu);
-    int d = w->done;
-    pthread_mutex_unlock(&a->mu);
-    return d;
+    return atomic_load_explicit(&w->done, memory_order_acquire);
 }
 
 /* Common checks; fills the call and takes a sequence number. */

@@ -117,7 +117,8 @@ dt_status dt_allgather_async     (dt_comm *c, const void *send, void *recv, size
 dt_status dt_reduce_scatter_async(dt_comm *c, const void *send, void *recv, size_t recv_count, dt_dtype t, dt_redop op, dt_work **w);
 
 /* Block until done; return the operation's status (its message set on this thread)
- * and free the handle. */
+ * and free the handle. Handles stay valid after dt_comm_destroy (which waits for the
+ * work to finish), so they may be waited on or tested later. */
 dt_status dt_work_wait(dt_work *w);
 /* 1 when done (dt_work_wait will not block), 0 when still running. */
 int       dt_work_test(dt_work *w);

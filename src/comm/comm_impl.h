@@ -107,8 +107,9 @@ typedef struct dt_backend dt_backend;
 struct dt_comm {
     int               rank, size;
     int               local_rank, local_size, node_rank;
-    char            **hosts;        /* [size] host names, filled by the backend's init */
-    int              *pids;         /* [size] process ids (0 if unknown) */
+    char            **hosts;        /* [size] malloc'd host names, filled by the backend's init;
+                                       comm.c frees them (and the array) at destroy */
+    int              *pids;         /* [size] process ids (0 if unknown); malloc'd, freed by comm.c */
     double            timeout_s;
     char              job_id[128];
     int               deterministic;

@@ -1,11 +1,8 @@
 # src/comm/launch.mk: rank discovery (launch_env.c) and the MPI backend (mpi.c).
 # mpi.c alone needs MPI's compiler flags, so it is built as a convenience library with
-# its own CFLAGS and folded into libdtrain; the rest of the tree never sees mpi.h.
+# its own CPPFLAGS and folded into libdtrain; the rest of the tree never sees mpi.h.
 libdtrain_la_SOURCES += src/comm/launch_env.c
 dtraininclude_HEADERS += src/comm/launch_env.h
-
-check_PROGRAMS += tests/test_launch_env tests/test_hostlist
-TESTS += tests/test_launch_env tests/test_hostlist
 
 if HAVE_MPI
 noinst_LTLIBRARIES += libdtmpi.la
@@ -13,9 +10,9 @@ libdtmpi_la_SOURCES = src/comm/mpi.c
 libdtmpi_la_CPPFLAGS = $(AM_CPPFLAGS) $(MPI_CFLAGS)
 libdtrain_la_LIBADD += libdtmpi.la
 endif
-EXTRA_DIST += src/comm/mpi.c
 
+check_PROGRAMS += tests/test_launch_env tests/test_hostlist tests/coll_dump
+TESTS += tests/test_launch_env tests/test_hostlist
 # multi-process tests over MPI: they skip, saying why, when configure found no mpirun
 TESTS += tests/mpi_coll.sh tests/mpi_determinism.sh
 EXTRA_DIST += tests/mpi_coll.sh tests/mpi_determinism.sh
-check_PROGRAMS += tests/coll_dump

@@ -11,7 +11,11 @@
  *      SLURM_STEP_NODELIST / SLURM_JOB_NODELIST (compressed), SLURM_JOB_ID
  * MASTER_ADDR/MASTER_PORT, when set, override any launcher's guess; under Slurm the
  * master defaults to the first host of the node list and the port is derived from
- * the job id.
+ * the job id (20000 + SLURM_JOB_ID % 20000), so every task finds the same one unaided.
+ * (That guess applies whenever a Slurm node list is set, also under mpirun in a Slurm
+ * job.) Otherwise, without MASTER_ADDR, the master stays unknown ("", 0). Open MPI and
+ * MPICH give no node index: node_rank stays -1 and the comm layer numbers nodes from
+ * the ranks' host names.
  */
 #ifndef DT_LAUNCH_ENV_H
 #define DT_LAUNCH_ENV_H

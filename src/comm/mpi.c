@@ -249,21 +249,22 @@ static dt_status mpi_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         }
         rbuf = st->stage;
     }
-    /* headers first (small, so they complete at once), then the payloads, all in flight
-     * together: both directions of an exchange proceed at the same time */
+    /* Headers and payloads are all posted at once, so an exchange costs one round trip;
+     * the received header is checked before the payload is waited for and used. After
+     * a mismatch the payload requests are abandoned with the broken communicator. */
     if (x->src >= 0 && MPI_Irecv(rh, HDR_WORDS, MPI_UINT64_T, x->src, XFER_TAG_HDR, st->coll, &hreq[nh++]) != MPI_SUCCESS)
         return broken(st, dt_error(DT_ERR_PEER, "MPI_Irecv of a message header failed"));
+    if (x->src >= 0) DT_TRY(post_payload(st, 0, rbuf, x->rbytes, x->src, XFER_TAG_DATA, st->coll, dreq, &nd, MAX_REQ));
     if (x->dst >= 0) {
         fill_header(sh, call, x->sbytes);
         if (MPI_Isend(sh, HDR_WORDS, MPI_UINT64_T, x->dst, XFER_TAG_HDR, st->coll, &hreq[nh++]) != MPI_SUCCESS)
             return broken(st, dt_error(DT_ERR_PEER, "MPI_Isend of a message header failed"));
-    }
-    DT_TRY(wait_all(st, hreq, nh, call, x->src >= 0 ? x->src : x->dst, "exchanging message headers"));
-    if (x->src >= 0) DT_TRY(check_header(st, rh, call, x->src, x->rbytes));
-    if (x->src >= 0) DT_TRY(post_payload(st, 0, rbuf, x->rbytes, x->src, XFER_TAG_DATA, st->coll, dreq, &nd, MAX_REQ));
-    if (x->dst >= 0)
         DT_TRY(post_payload(st, 1, (void *)x->sbuf, x->sbytes, x->dst, XFER_TAG_DATA, st->coll, dreq, &nd, MAX_REQ));
-    DT_TRY(wait_all(st, dreq, nd, call, x->src >= 0 ? x->src : x->dst, "exchanging data"));
+    }
+    int peer = x->src >= 0 ? x->src : x->dst;
+    DT_TRY(wait_all(st, hreq, nh, call, peer, "exchanging message headers"));
+    if (x->src >= 0) DT_TRY(check_header(st, rh, call, x->src, x->rbytes));
+    DT_TRY(wait_all(st, dreq, nd, call, peer, "exchanging data"));
     if (x->src >= 0 && x->racc) {
         size_t n = x->rbytes / dt_dtype_size(call->dtype);
         dt_reduce_apply(call->op, call->dtype, x->rbuf, x->racc, st->stage, n);

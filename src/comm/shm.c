@@ -120,6 +120,13 @@ void dt_shm_write_commit(dt_shm_ring *r, size_t n) {
     atomic_store_explicit(&r->ctrl->head, r->pos, memory_order_release);
 }
 
+size_t dt_shm_size(const dt_shm_ring *r) { return r->size; }
+
+int dt_shm_write_empty(dt_shm_ring *r, size_t *to_end) {
+    *to_end = r->size - (size_t)(r->pos & (r->size - 1));
+    return atomic_load_explicit(&r->ctrl->tail, memory_order_acquire) == r->pos;
+}
+
 size_t dt_shm_read_span(dt_shm_ring *r, const void **p) {
     uint64_t head = atomic_load_explicit(&r->ctrl->head, memory_order_acquire);
     size_t n = (size_t)(head - r->pos), off = (size_t)(r->pos & (r->size - 1)), cont = r->size - off;

@@ -30,6 +30,10 @@ void      dt_shm_close (dt_shm_ring *r);
 /* Producer: a contiguous writable span (0 bytes when full), then publish n of it. */
 size_t    dt_shm_write_span  (dt_shm_ring *r, void **p);
 void      dt_shm_write_commit(dt_shm_ring *r, size_t n);
+/* Producer: 1 when the consumer has taken everything written; *to_end gets the bytes
+ * from the write position to the end of the data area. */
+int       dt_shm_write_empty (dt_shm_ring *r, size_t *to_end);
+size_t    dt_shm_size        (const dt_shm_ring *r);   /* bytes of the data area */
 /* Consumer: a contiguous readable span (0 when empty), then release n of it. */
 size_t    dt_shm_read_span   (dt_shm_ring *r, const void **p);
 void      dt_shm_read_commit (dt_shm_ring *r, size_t n);

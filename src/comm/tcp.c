@@ -14,7 +14,8 @@
  *      nonce), so junk bytes or another job's process on a port are refused and ignored;
  *   4. pairs on the same host (same host name and boot id) switch their data path to
  *      shared-memory rings (unless DT_SHM=0); the socket stays open so the death of the
- *      peer is still seen as end of file.
+ *      peer is still seen as end of file. A waiting rank spins DT_SHM_SPIN_US
+ *      microseconds (default 50, or 5 when ranks outnumber cores) before yielding.
  * The data path lives in tcp_xfer.c; the algorithms in algo.c run over it.
  */
 #include "config.h"
@@ -524,6 +525,14 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     close(lfd);
     lfd = -1;
     if ((s = setup_shm(w, regs, deadline)) != DT_OK) goto fail;
+    {
+        /* spinning only pays when every local rank can have a core of its own */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int local = 0;
+        for (int i = 0; i < size; i++) local += same_host(&regs[i], me);
+        const char *spin = getenv("DT_SHM_SPIN_US");
+        w->spin_s = spin && *spin ? atof(spin) * 1e-6 : cores >= local ? 50e-6 : 5e-6;
+    }
 done:
     if ((s = fill_comm(c, w, regs)) != DT_OK) goto fail;
     free(regs);

@@ -16,6 +16,7 @@
 /* Message header, on sockets and rings alike (little-endian):
  *   magic u32, ctx u32, seq u64, fp.a u64, fp.b u64, payload bytes u64 */
 #define TCP_MSG_MAGIC 0x534d5444u   /* "DTMS" */
+#define SHM_SKIP_MAGIC 0x4b534444u  /* "DDSK": ring record "skip to the start of the ring" */
 #define TCP_HDR_BYTES 40
 #define SHM_HDR_BYTES 64            /* ring records are 64-byte aligned */
 
@@ -32,6 +33,7 @@ typedef struct {
     char             file_path[1024]; /* file:// rendezvous file written by rank 0 */
     unsigned char   *stage;         /* receive staging for reductions over TCP */
     size_t           stage_cap;
+    double           spin_s;        /* busy-wait this long on rings before yielding */
     int              refs;          /* the world communicator and its split children */
     int              broken;        /* an error desynchronised the streams */
     char             broken_msg[512];

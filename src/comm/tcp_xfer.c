@@ -30,6 +30,7 @@
 #include <sys/uio.h>
 
 #define CHUNK (256u << 10)
+#define SMALL_REWIND (64u << 10)   /* messages up to this size rewind an empty ring */
 
 typedef struct {
     int on, peer;
@@ -183,6 +184,16 @@ static void snd_shm(snd_t *s, int *prog) {
     void *p;
     size_t span;
     if (!s->hdone) {
+        size_t to_end;
+        if (s->len <= SMALL_REWIND && dt_shm_write_empty(q, &to_end) && to_end < dt_shm_size(q)) {
+            /* The ring is empty: jump back to its start, so small messages keep reusing
+             * the same few cache lines instead of walking cold memory. */
+            span = dt_shm_write_span(q, &p);
+            unsigned char skip[SHM_HDR_BYTES] = { 0 };
+            dt_put32(skip, SHM_SKIP_MAGIC);
+            memcpy(p, skip, sizeof skip);
+            dt_shm_write_commit(q, to_end);
+        }
         span = dt_shm_write_span(q, &p);
         if (span < SHM_HDR_BYTES) return;
         memcpy(p, s->hdr, SHM_HDR_BYTES);
@@ -220,6 +231,12 @@ static dt_status rcv_shm(tcp_comm *tc, rcv_t *r, const dt_call *call, int *prog)
     if (!r->have_hdr) {
         span = dt_shm_read_span(q, &p);
         if (span < SHM_HDR_BYTES) return DT_OK;
+        if (dt_get32(p) == SHM_SKIP_MAGIC) {      /* the sender rewound to the ring's start */
+            dt_shm_read_commit(q, span);
+            *prog = 1;
+            span = dt_shm_read_span(q, &p);
+            if (span < SHM_HDR_BYTES) return DT_OK;
+        }
         memcpy(r->hdr, p, TCP_HDR_BYTES);
         DT_TRY(check_header(tc, r, call));
         dt_shm_read_commit(q, SHM_HDR_BYTES);
@@ -300,9 +317,10 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         int s_tcp = s.on && !s.tp->out, r_tcp = r.on && !r.tp->in;
         int s_shm = s.on && s.tp->out, r_shm = r.on && r.tp->in;
         double idle = now - idle_since;
-        if ((s_shm || r_shm) && idle < 1e-3) {
-            /* shared memory: spin for a few microseconds, then give the core away */
-            if (idle < 20e-6) {
+        if ((s_shm || r_shm) && idle < w->spin_s + 1e-3) {
+            /* shared memory: spin while the peer is likely running on another core, then
+             * give the core away (at once when ranks outnumber cores) */
+            if (idle < w->spin_s) {
 #if defined(__x86_64__) || defined(__i386__)
                 __builtin_ia32_pause();
 #endif

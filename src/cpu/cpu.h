@@ -28,6 +28,19 @@ int dt_cpu_threads(void);
 #define DT_CPU_CHUNK 4096
 double dt_cpu_pairwise(double *v, size_t n);   /* destroys v */
 
+/* Hot loops are compiled for AVX-512, AVX2 and the x86-64 baseline, picked at load
+ * time (GCC/Clang function multiversioning); elsewhere they are plain functions. The
+ * lanes of the kernels are explicit, and floating-point contraction is off for the
+ * backend (local.mk), so every version computes the same bits. */
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define DT_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef DT_CPU_CLONES
+#define DT_CPU_CLONES
+#endif
+
 /* Sums over one contiguous run of n floats, for per-channel statistics:
  *   *s1 = sum a[i],  *s2 = sum a[i] * (b[i] - m)   (b == NULL: sum a[i]^2).
  * 16 float lanes (lane k takes the elements i = k mod 16), combined in double in a

@@ -1,18 +1,19 @@
 /*
  * cpu_conv.c: 2-d convolution (im2col + GEMM) and pooling on the CPU.
  *
- * Convolution works on fixed groups of CONV_GROUP samples. For a group of g samples
- * the im2col matrix is col (C*R*S, g*P*Q): sample s fills columns [s*P*Q, (s+1)*P*Q).
- * Then, with single-threaded GEMMs inside each OpenMP worker,
+ * Convolution works on groups of g samples (conv_group, a function of the shape). The
+ * im2col matrix of a group is col (C*R*S, g*P*Q): sample s fills columns
+ * [s*P*Q, (s+1)*P*Q). Then, with single-threaded GEMMs inside each OpenMP worker,
  *   forward:  yg (K, g*PQ)     = w (K, CRS) x col             (scattered to y (N, K, P, Q))
  *   backward: dwg (K, CRS)     = dyg (K, g*PQ) x col^T         (one partial per group)
  *             dcol (CRS, g*PQ) = w^T x dyg, then col2im        (per sample: no reduction)
- * One GEMM per group instead of per sample keeps the GEMM inner dimension large
- * (g*PQ), which is where OpenBLAS is fast.
+ * One GEMM per group instead of per sample keeps the GEMMs wide (g*PQ columns),
+ * which is where OpenBLAS is fast.
  *
- * Determinism: the groups depend on N only. dw is the sum of the group partials,
- * combined pairwise in group order after the parallel loop, so dw has the same bits
- * on any thread count; dx of a sample is written by one thread in a fixed order.
+ * Determinism: the groups depend on the shape only. dw is the sum of the group
+ * partials, combined pairwise in group order after the parallel loop, so dw has the
+ * same bits on any thread count; dx of a sample is written by one thread in a fixed
+ * order.
  */
 #include "cpu.h"
 
@@ -21,7 +22,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CONV_GROUP 4     /* samples per group: fixed, never derived from the thread count */
+#define CONV_GROUP_MAX 16      /* samples per group, at most */
+#define CONV_GROUP_COLS 4096   /* ... and about this many output positions per group */
+
+/* Samples per group: the largest power of two <= CONV_GROUP_MAX with g*P*Q <= 4096
+ * (at least 1, at most N), so the GEMMs are wide but a group's im2col stays near the
+ * L2 cache. A function of the shape only — never of the thread count — because the
+ * groups fix the summation order of dw. */
+static int conv_group(const dt_conv2d_desc *d) {
+    int g = 1;
+    while (g * 2 <= CONV_GROUP_MAX && (int64_t)g * 2 * d->P * d->Q <= CONV_GROUP_COLS) g *= 2;
+    return g < d->N ? g : d->N;
+}
 #define PAR_MIN 32768
 
 /* "Same-width" convolutions (stride 1, Q == W, as 3x3 with padding 1) have a faster
@@ -62,8 +74,8 @@ static void im2col(const dt_conv2d_desc *d, const float *x, float *col, size_t l
                     if (len > (size_t)(lead + trail)) {
                         for (ptrdiff_t i = lead; i < (ptrdiff_t)(len - trail); i++) dst[i] = src[i + off];
                         for (int p = 0; p < p1 - p0; p++) {   /* entries that wrapped past a row edge */
-                            for (int q = 0; q < lead; q++) dst[(size_t)p * Q + q] = 0.0f;
-                            for (int q = Q - trail; q < Q; q++) dst[(size_t)p * Q + q] = 0.0f;
+                            for (int q = 0; q < lead && q < Q; q++) dst[(size_t)p * Q + q] = 0.0f;
+                            for (int q = Q - trail < 0 ? 0 : Q - trail; q < Q; q++) dst[(size_t)p * Q + q] = 0.0f;
                         }
                     } else {
                         memset(dst, 0, sizeof(float) * len);
@@ -113,8 +125,8 @@ static void col2im(const dt_conv2d_desc *d, float *col, size_t ld, float *dx) {
                     float *dst = xc + (size_t)(p0 - d->pad_h + r) * W;   /* written at [i + off] */
                     if (len > (size_t)(lead + trail)) {
                         for (int p = 0; p < p1 - p0; p++) {
-                            for (int q = 0; q < lead; q++) src[(size_t)p * Q + q] = 0.0f;
-                            for (int q = Q - trail; q < Q; q++) src[(size_t)p * Q + q] = 0.0f;
+                            for (int q = 0; q < lead && q < Q; q++) src[(size_t)p * Q + q] = 0.0f;
+                            for (int q = Q - trail < 0 ? 0 : Q - trail; q < Q; q++) src[(size_t)p * Q + q] = 0.0f;
                         }
                         for (ptrdiff_t i = lead; i < (ptrdiff_t)(len - trail); i++) dst[i + off] += src[i];
                     }
@@ -150,7 +162,7 @@ dt_status dt_cpu_conv2d_forward(const dt_conv2d_desc *d, float *y, const float *
     DT_TRY(conv_check("conv2d_forward", d));
     DT_CPU_ARG(y && x && w);
     const int N = d->N, K = d->K, CRS = d->C * d->R * d->S, PQ = d->P * d->Q;
-    const int G = N < CONV_GROUP ? N : CONV_GROUP, ngroups = (N + G - 1) / G;
+    const int G = conv_group(d), ngroups = (N + G - 1) / G;
     const size_t chw = (size_t)d->C * d->H * d->W;
     int nt = dt_cpu_threads();
     if (nt > ngroups) nt = ngroups;
@@ -197,7 +209,7 @@ dt_status dt_cpu_conv2d_backward(const dt_conv2d_desc *d, float *dx, float *dw, 
     if (dbias) DT_TRY(dt_cpu_bias_grad_nchw(dbias, dy, d->N, d->K, d->P * d->Q));
     if (!dx && !dw) return DT_OK;
     const int N = d->N, K = d->K, CRS = d->C * d->R * d->S, PQ = d->P * d->Q;
-    const int G = N < CONV_GROUP ? N : CONV_GROUP, ngroups = (N + G - 1) / G;
+    const int G = conv_group(d), ngroups = (N + G - 1) / G;
     const size_t chw = (size_t)d->C * d->H * d->W, wsize = (size_t)K * CRS;
     float *partial = NULL;   /* (ngroups, K, CRS): dw of each group */
     if (dw) {

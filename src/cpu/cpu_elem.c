@@ -264,8 +264,8 @@ dt_status dt_cpu_xent_backward(float *dlogits, const float *probs, const int32_t
             for (int c = 0; c < C; c++) d[c] = 0.0f;
             continue;
         }
-        for (int c = 0; c < C; c++) d[c] = (p[c] - off) * inv;
-        d[labels[i]] = (p[labels[i]] - off - on) * inv;
+        const int y = labels[i];   /* one pass, reading p[c] before writing d[c]: in place is fine */
+        for (int c = 0; c < C; c++) d[c] = (p[c] - off - (c == y ? on : 0.0f)) * inv;
     }
     return DT_OK;
 }

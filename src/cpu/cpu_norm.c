@@ -16,7 +16,7 @@
 
 typedef float v16f __attribute__((vector_size(64)));   /* GCC/Clang generic vectors */
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+DT_CPU_CLONES
 void dt_cpu_run_sums(const float *a, const float *b, float m, size_t n, double *s1, double *s2) {
     v16f l1 = {0}, l2 = {0}, va, vb;
     size_t i = 0;

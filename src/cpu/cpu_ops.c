@@ -1,5 +1,6 @@
 /*
- * cpu_ops.c: the CPU backend's table — memory, threads — and the backend lookup.
+ * cpu_ops.c: the CPU backend's table — memory, threads — and the backend lookup
+ * (dt_ops_get: "cpu" here, "cuda" from src/cuda/ in a --with-cuda build).
  *
  * Device memory is host memory here: 64-byte aligned (one cache line, one AVX-512
  * vector) so kernels vectorise without peeling. "Pinned" host memory is the same
@@ -10,7 +11,13 @@
  * with the thread count (DESIGN.md rule 2), so cpu_gemm.c parallelises over fixed
  * output blocks instead.
  */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
 #include "cpu.h"
+#ifdef DT_HAVE_CUDA
+#include "cuda/dt_cuda.h"
+#endif
 
 #include <cblas.h>
 #include <pthread.h>
@@ -175,8 +182,12 @@ const dt_ops *dt_ops_get(const char *device) {
     }
     if (strcmp(device, "cpu") == 0) return dt_ops_cpu();
     if (strcmp(device, "cuda") == 0) {
-        dt_error(DT_ERR_UNSUPPORTED, "device \"cuda\": the CUDA compute backend is not built yet");
+#ifdef DT_HAVE_CUDA
+        return dt_ops_cuda();   /* NULL with the backend's own message when no device is usable */
+#else
+        dt_error(DT_ERR_UNSUPPORTED, "device \"cuda\": this build has no CUDA backend (configure --with-cuda)");
         return NULL;
+#endif
     }
     dt_error(DT_ERR_INVALID, "unknown device \"%s\" (expected \"cpu\" or \"cuda\")", device);
     return NULL;

@@ -92,4 +92,23 @@ static inline unsigned dt_cu_blocks(size_t n) {
  * rounded once, as the CPU's losses and sums. n = 0 gives 0. */
 dt_status dt_cu_pairwise(double *v, double *tmp, size_t n, double divisor, float *out);
 
+/* Sum of one value per thread over a block of DT_CU_RED_THREADS threads: a fixed
+ * binary tree in shared memory `sh` (DT_CU_RED_THREADS doubles). Every thread of the
+ * block must call it; all get the total. */
+static __device__ inline double dt_cu_block_sum(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = DT_CU_RED_THREADS / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    double r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+/* Grid-stride loop over [0, n). */
+#define DT_CU_FOR(i, n) \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)(n); i += (size_t)gridDim.x * blockDim.x)
+
 #endif /* DT_CUDA_IMPL_H */

@@ -1,8 +1,39 @@
-# src/cuda/local.mk: the CUDA compute backend, built with nvcc through libtool when
-# ./configure --with-cuda is given. (Kernels arrive with the GPU issue.)
+# src/cuda/local.mk: the CUDA compute backend (./configure --with-cuda) and the NCCL
+# communication backend (--with-nccl).
+#
+# The .cu files are compiled by nvcc through libtool (build-aux/nvcc-wrap turns the
+# -fPIC libtool adds into -Xcompiler -fPIC), straight into libdtrain. The kernels use
+# C++ (std::mutex, std::unordered_map), hence -lstdc++. --fmad=false: no fused
+# multiply-adds, so elementwise kernels round as the CPU backend does (built with
+# -ffp-contract=off) and agree with it bit for bit where the math is the same.
+NVCCFLAGS = -O3 -std=c++17 --fmad=false --compiler-options=-Wall,-Wextra
+CUDA_SRC = src/cuda/cuda_ops.cu src/cuda/cuda_elem.cu src/cuda/cuda_nn.cu
+CUDA_HDR = src/cuda/cuda_impl.h src/cuda/dt_cuda.h src/ops.h src/status.h src/rng.h
+EXTRA_DIST += $(CUDA_SRC) src/cuda/cuda_impl.h src/cuda/dt_cuda.h build-aux/nvcc-wrap src/comm/nccl.c \
+	tests/test_cuda_ops.c tests/gpu_train.sh tests/gpu_nccl.sh
+
 if HAVE_CUDA
 AM_CPPFLAGS += $(CUDA_CFLAGS)
+SUFFIXES = .cu
+.cu.lo:
+	@$(MKDIR_P) $(@D)
+	$(AM_V_CC)$(LIBTOOL) $(AM_V_lt) --tag=CC $(AM_LIBTOOLFLAGS) $(LIBTOOLFLAGS) --mode=compile \
+	  $(SHELL) $(top_srcdir)/build-aux/nvcc-wrap $(NVCC) $(NVCC_ARCH_FLAGS) $(NVCCFLAGS) \
+	  $(DEFS) $(DEFAULT_INCLUDES) $(AM_CPPFLAGS) $(CPPFLAGS) -c -o $@ $<
+libdtrain_la_SOURCES += $(CUDA_SRC) src/cuda/cuda_impl.h
+libdtrain_la_LIBADD += -lstdc++
+dtraininclude_HEADERS += src/cuda/dt_cuda.h
+src/cuda/cuda_ops.lo src/cuda/cuda_elem.lo src/cuda/cuda_nn.lo: $(CUDA_HDR)
+
+check_PROGRAMS += tests/test_cuda_ops
+TESTS += tests/test_cuda_ops
+tests_test_cuda_ops_SOURCES = tests/test_cuda_ops.c
 endif
+
 if HAVE_NCCL
 AM_CPPFLAGS += $(NCCL_CFLAGS)
+libdtrain_la_SOURCES += src/comm/nccl.c
 endif
+
+# GPU shell tests: they skip, saying why, without a CUDA build or a GPU
+TESTS += tests/gpu_train.sh tests/gpu_nccl.sh

@@ -23,6 +23,7 @@
 #include "launch_env.h"
 #include "model.h"
 #include "ops.h"
+#include "tools.h"
 #include "train.h"
 
 static const char *usage_main =
@@ -32,6 +33,8 @@ static const char *usage_main =
     "  train    train a model (default: the cnn preset on Fashion-MNIST)\n"
     "  eval     evaluate saved weights on the test split\n"
     "  model    print a model's layers, output shapes and parameter counts\n"
+    "  check    prove that N processes compute what 1 process computes (dtrain check --np 2)\n"
+    "  plot     draw the loss curves of metrics files (PNG through gnuplot, or --text)\n"
     "\n"
     "Run `dtrain COMMAND --help` for the flags of a command. For several processes,\n"
     "start it under a launcher: `dtrun -n 2 dtrain train`, `mpirun -np 2 dtrain train`\n"
@@ -72,6 +75,17 @@ static const char *usage_train =
     "  --save FILE           write the final weights (safetensors, PyTorch names)\n"
     "  --metrics FILE        append JSON lines: one per logged step and per epoch\n"
     "  --log-every N         progress every N steps  [50]\n"
+    "Checkpoints (a directory per step: model.safetensors + train_state.safetensors,\n"
+    "written atomically by rank 0; a resumed run is bitwise the uninterrupted one,\n"
+    "also on another world size):\n"
+    "  --checkpoint-dir DIR  write checkpoints into DIR (at the end, and see below)\n"
+    "  --checkpoint-every N  also every N steps  [0: only at the end]\n"
+    "  --keep K              keep the newest K checkpoints (0: all)  [3]\n"
+    "  --resume auto|PATH    auto: continue from the newest valid checkpoint in\n"
+    "                        --checkpoint-dir (start fresh if there is none); PATH: a\n"
+    "                        checkpoint directory or one step-* directory in it\n"
+    "  --stop-at N           stop after global step N with a checkpoint, as an\n"
+    "                        interruption would (for time-limited jobs)\n"
     "  --quiet               no progress, only the final summary\n"
     "  --rank-stats K        per-rank step/data/compute/comm times, memory and samples\n"
     "                        every K steps (0: after each epoch, when distributed)  [0]\n"
@@ -198,6 +212,7 @@ static void on_event(void *ctx, const dt_train_event *ev) {
     reporter *r = ctx;
     if (!r->rank0) return;
     if (ev->kind == DT_EV_START) {
+        if (ev->note) printf("dtrain: %s\n", ev->note);
         if (!r->quiet)
             printf("dtrain: %lld parameters, %lld training samples, %lld steps per epoch, %d process%s, %d micro-batch%s\n",
                    (long long)ev->nparams, (long long)ev->train_samples, (long long)ev->steps_per_epoch,
@@ -307,6 +322,11 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--save")) save = v;
         else if (FLAG("--metrics")) metrics = v;
         else if (FLAG("--log-every")) { if (s == DT_OK && (s = dt_arg_int("--log-every", v, 0, 1 << 30, 0, &iv)) == DT_OK) o.log_every = (int)iv; }
+        else if (FLAG("--checkpoint-dir")) o.ckpt_dir = v;
+        else if (FLAG("--checkpoint-every")) { if (s == DT_OK) s = dt_arg_int("--checkpoint-every", v, 0, INT64_MAX, 0, &o.ckpt_every); }
+        else if (FLAG("--keep")) { if (s == DT_OK && (s = dt_arg_int("--keep", v, 0, 1 << 30, 0, &iv)) == DT_OK) o.ckpt_keep = (int)iv; }
+        else if (FLAG("--resume")) o.resume = v;
+        else if (FLAG("--stop-at")) { if (s == DT_OK) s = dt_arg_int("--stop-at", v, 1, INT64_MAX, 0, &o.stop_at); }
         else if (FLAG("--rank-stats")) { if (s == DT_OK && (s = dt_arg_int("--rank-stats", v, 0, 1 << 30, 0, &iv)) == DT_OK) o.rank_stats_every = (int)iv; }
         else if (FLAG("--bucket-mb")) { if (s == DT_OK) s = dt_arg_double("--bucket-mb", v, 1e-6, 1e6, &o.bucket_mb); }
         else if (FLAG("--lr-scale")) o.lr_scale = v;
@@ -345,7 +365,10 @@ static int cmd_train(int argc, char **argv) {
     dt_train_result res;
     s = dt_train_run(&o, ops, comm, &model, &res);
     if (s == DT_OK && g_rank == 0) {
-        if (res.evaluated)
+        if (res.stopped)
+            printf("dtrain: stopped at step %lld as asked (--stop-at); resume with --resume auto\n",
+                   (long long)res.steps);
+        else if (res.evaluated)
             printf("dtrain: done: %lld steps in %.1f s, %.0f samples/s, final loss %.4f, test accuracy %.4f\n",
                    (long long)res.steps, res.seconds, res.samples_per_s, res.final_loss, res.test_acc);
         else
@@ -462,6 +485,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(argv[1], "model")) return cmd_model(argc - 1, argv + 1);
-    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval or model; see dtrain --help)\n", argv[1]);
+    if (!strcmp(argv[1], "check")) return dtrain_check_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "plot")) return dtrain_plot_main(argc - 1, argv + 1);
+    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval, model, check or plot; see dtrain --help)\n", argv[1]);
     return 2;
 }

@@ -101,7 +101,7 @@ typedef struct {
     char   master_addr[256];
     int    master_port;    /* 0: pick a free one */
     double grace_s;
-    char   job_id[64];
+    char   job_id[64];     /* generated id, or "" to keep the inherited DT_JOB_ID */
     char **argv;           /* PROGRAM ARGS..., NULL-terminated */
 } dtrun_cfg;
 
@@ -350,6 +350,7 @@ static void child_exec(const dtrun_cfg *cfg, const dtrun_rank *rk, int pgid, pid
     signal(SIGPIPE, SIG_DFL);
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) _exit(127);
+    if (devnull > 2) close(devnull);   /* the pipe ends are close-on-exec already */
     char v[64];
     int global = cfg->node_rank * cfg->nproc + rk->rank;
     snprintf(v, sizeof v, "%d", global);                    setenv("RANK", v, 1);
@@ -360,7 +361,7 @@ static void child_exec(const dtrun_cfg *cfg, const dtrun_rank *rk, int pgid, pid
     setenv("GROUP_RANK", v, 1);
     setenv("MASTER_ADDR", cfg->master_addr, 1);
     snprintf(v, sizeof v, "%d", cfg->master_port);          setenv("MASTER_PORT", v, 1);
-    setenv("DT_JOB_ID", cfg->job_id, 1);
+    if (cfg->job_id[0]) setenv("DT_JOB_ID", cfg->job_id, 1);
     setenv("OMP_NUM_THREADS", threads, 0);
     setenv("OPENBLAS_NUM_THREADS", threads, 0);
     execvp(cfg->argv[0], cfg->argv);
@@ -531,9 +532,11 @@ static void supervise(const dtrun_cfg *cfg, dtrun_rank *rk, pid_t pgid, int sfd,
 
 /* ---- main ------------------------------------------------------------------------------ */
 
+/* A fresh job id when DT_JOB_ID is not set ("" when it is: the ranks inherit it as is). */
 static void make_job_id(char *out, size_t n) {
     const char *env = getenv("DT_JOB_ID");
-    if (env && *env) { snprintf(out, n, "%s", env); return; }
+    out[0] = '\0';
+    if (env && *env) return;
     unsigned char rnd[8];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
         uint64_t x = (uint64_t)getpid() * 0x9E3779B97F4A7C15ULL ^ (uint64_t)time(NULL);

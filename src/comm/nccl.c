@@ -1,0 +1,509 @@
+/*
+ * nccl.c: the "nccl" communication backend — dtrain's collectives on NVIDIA's NCCL,
+ * for buffers in GPU memory.
+ *
+ * Built only with ./configure --with-cuda --with-nccl (DT_HAVE_NCCL); the one file
+ * that includes nccl.h. Buffers given to this backend are DEVICE pointers (from the
+ * CUDA compute backend's alloc), on the device dt_cuda.h selected from the local rank.
+ * Host pointers are not supported; use the tcp or mpi backend for those.
+ *
+ * Set-up never needs MPI. The backend first runs the tcp backend's rendezvous
+ * (tcp.c: the store, rank claims, host names, a socket mesh). Rank 0 then makes the
+ * ncclUniqueId and sets it in dtrain's store; the other ranks wait for it there. So
+ * Slurm clusters without PMIx work, and every rank knows its peers' host names for
+ * error messages. The tcp mesh stays up as a side channel (below).
+ *
+ * Rule 3 (fail loudly, never hang):
+ *   - before each collective and point-to-point call, a dissemination barrier over the
+ *     tcp side channel carries the call's fingerprint (DT_NCCL_CHECK=0 skips it), so a
+ *     rank that calls a different collective gets DT_ERR_MISMATCH naming both calls, and
+ *     a rank that never arrives gets the tcp backend's timeout naming the missing rank,
+ *     before anything is handed to NCCL;
+ *   - the NCCL communicator is non-blocking (ncclCommInitRankConfig with blocking = 0):
+ *     init and every operation are polled with ncclCommGetAsyncError and
+ *     cudaStreamQuery until done or until the communicator's timeout, then the
+ *     communicator is aborted (ncclCommAbort) and the error names this rank, the
+ *     collective's sequence number and description; later calls fail fast.
+ *
+ * Streams: NCCL runs on the backend's own stream, ordered after the compute stream
+ * with an event (dt_cuda_stream_wait_compute), so a collective sees every kernel
+ * queued before it. Calls are blocking: they return when the result is in place.
+ *
+ * Reduction order: NCCL chooses rings or trees by size and topology, so sums may differ
+ * in the last bits from the tcp backend and between world sizes. With deterministic mode
+ * (opts.deterministic or DT_DETERMINISTIC=1) all_reduce, reduce_scatter and reduce
+ * instead copy to pinned host memory and run dtrain's own algorithms (algo.c) over the
+ * tcp side channel, bitwise equal to the tcp backend (DESIGN.md rule 2), at host speed.
+ * Broadcast and all_gather move data without arithmetic and always use NCCL.
+ *
+ * Types: f32, f64, f16, bf16, i32, i64, u8; ops: sum, avg (ncclAvg), min, max, prod.
+ * NCCL_SOCKET_IFNAME is set from DT_SOCKET_IFNAME when it is unset.
+ */
+#include "config.h"
+#include "comm_impl.h"
+#include "tcp_impl.h"
+#include "cuda/dt_cuda.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    dt_comm      *c;
+    void         *tcp;          /* the tcp backend's state: store, side channel (c->p2p) */
+    ncclComm_t    nc;
+    cudaStream_t  stream;
+    int           check;        /* fingerprint barrier before each call */
+    int           broken;
+    char          broken_msg[512];
+    void         *stage;        /* pinned host staging for deterministic reductions */
+    size_t        stage_cap;
+} nccl_state;
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+static dt_status nccl_status(ncclResult_t r) {
+    switch (r) {
+    case ncclInvalidArgument: case ncclInvalidUsage: return DT_ERR_INVALID;
+    case ncclInternalError:                          return DT_ERR_INTERNAL;
+    case ncclUnhandledCudaError:                     return DT_ERR_IO;
+    default:                                         return DT_ERR_PEER;
+    }
+}
+
+static dt_status set_broken(nccl_state *st, dt_status s) {
+    st->broken = 1;
+    snprintf(st->broken_msg, sizeof st->broken_msg, "%s", dt_last_error());
+    return s;
+}
+
+/* "in collective #57 all_reduce (f32, 1048576 elems, sum)" or "in send (f32, ...)" */
+static const char *where(const dt_call *call, char *buf, size_t n) {
+    if (call->seq) snprintf(buf, n, "in collective #%llu %s", (unsigned long long)call->seq, call->desc);
+    else snprintf(buf, n, "in %s", call->desc);
+    return buf;
+}
+
+static dt_status nccl_fail(nccl_state *st, ncclResult_t r, const char *what, const dt_call *call) {
+    char w[200];
+    const char *detail = st->nc ? ncclGetLastError(st->nc) : NULL;
+    dt_status s = dt_error(nccl_status(r), "%s failed %s: %s%s%s", what, where(call, w, sizeof w),
+                           ncclGetErrorString(r), detail && *detail ? ": " : "", detail ? detail : "");
+    if (st->nc) {
+        ncclCommAbort(st->nc);
+        st->nc = NULL;
+    }
+    return set_broken(st, s);
+}
+
+static dt_status cuda_fail(nccl_state *st, cudaError_t e, const char *what, const dt_call *call) {
+    char w[200];
+    return set_broken(st, dt_error(DT_ERR_IO, "%s failed %s: %s", what, where(call, w, sizeof w), cudaGetErrorString(e)));
+}
+
+/* ---- waiting with a deadline --------------------------------------------------------- */
+
+static void pause_briefly(unsigned long spins) {
+    if (spins < 1000) { sched_yield(); return; }
+    struct timespec ts = { 0, 50000 };   /* 50 us: latency is not the point once we wait this long */
+    nanosleep(&ts, NULL);
+}
+
+static dt_status timed_out(nccl_state *st, const dt_call *call, const char *phase) {
+    char w[200];
+    if (st->nc) {
+        ncclCommAbort(st->nc);
+        st->nc = NULL;
+    }
+    return set_broken(st, dt_error(DT_ERR_TIMEOUT, "timed out after %g s %s (nccl, %s): a peer stopped or died "
+                                   "during the operation; the NCCL communicator was aborted",
+                                   st->c->timeout_s, where(call, w, sizeof w), phase));
+}
+
+/* A non-blocking NCCL call returned r: wait until the communicator leaves ncclInProgress. */
+static dt_status settle(nccl_state *st, ncclResult_t r, const char *what, const dt_call *call, double deadline) {
+    for (unsigned long spins = 0; r == ncclInProgress; spins++) {
+        if (dt_now() > deadline) return timed_out(st, call, what);
+        pause_briefly(spins);
+        ncclResult_t a = ncclCommGetAsyncError(st->nc, &r);
+        if (a != ncclSuccess) r = a;
+    }
+    if (r != ncclSuccess) return nccl_fail(st, r, what, call);
+    return DT_OK;
+}
+
+/* Wait for the backend's stream to drain, watching NCCL's asynchronous errors. */
+static dt_status wait_stream(nccl_state *st, const dt_call *call, double deadline) {
+    for (unsigned long spins = 0;; spins++) {
+        cudaError_t q = cudaStreamQuery(st->stream);
+        if (q == cudaSuccess) return DT_OK;
+        if (q != cudaErrorNotReady) return cuda_fail(st, q, "cudaStreamQuery", call);
+        ncclResult_t a = ncclSuccess;
+        ncclResult_t g = ncclCommGetAsyncError(st->nc, &a);
+        if (g != ncclSuccess) a = g;
+        if (a != ncclSuccess && a != ncclInProgress) return nccl_fail(st, a, "NCCL", call);
+        if (dt_now() > deadline) return timed_out(st, call, "waiting for the stream");
+        pause_briefly(spins);
+    }
+}
+
+/* ---- the tcp side channel ------------------------------------------------------------ */
+
+/* Run a tcp backend entry with c->priv pointing at its own state. */
+#define WITH_TCP(c, st, stmt) do { void *nccl_save_ = (c)->priv; (c)->priv = (st)->tcp; stmt; (c)->priv = nccl_save_; } while (0)
+
+/* Every rank of the call agrees on it, or the tcp layer names the mismatch or the
+ * missing rank. p2p: a zero-byte message each way carrying the fingerprint. */
+static dt_status preflight(nccl_state *st, const dt_call *call) {
+    if (!st->check || st->c->size == 1) return DT_OK;
+    const dt_p2p *p = &st->c->p2p;
+    dt_status s;
+    if (call->kind == DT_CALL_P2P) {
+        dt_xfer x = { .dst = call->is_send ? call->root : -1, .src = call->is_send ? -1 : call->root };
+        s = p->xfer(p->ctx, &x, call);
+    } else {
+        s = dt_algo_barrier(p, call);
+    }
+    return s == DT_OK ? DT_OK : set_broken(st, s);
+}
+
+/* ---- types ----------------------------------------------------------------------------- */
+
+static ncclDataType_t nccl_type(dt_dtype t) {
+    switch (t) {
+    case DT_F32:  return ncclFloat32;
+    case DT_F64:  return ncclFloat64;
+    case DT_F16:  return ncclFloat16;
+    case DT_BF16: return ncclBfloat16;
+    case DT_I32:  return ncclInt32;
+    case DT_I64:  return ncclInt64;
+    case DT_U8:   return ncclUint8;
+    }
+    return ncclFloat32;
+}
+
+static ncclRedOp_t nccl_op(dt_redop op) {
+    switch (op) {
+    case DT_SUM:  return ncclSum;
+    case DT_AVG:  return ncclAvg;
+    case DT_MIN:  return ncclMin;
+    case DT_MAX:  return ncclMax;
+    case DT_PROD: return ncclProd;
+    }
+    return ncclSum;
+}
+
+/* ---- one operation: checks, ordering, launch, wait ------------------------------------ */
+
+/* Start of every operation: fail fast when broken, bind the device, agree on the call,
+ * order our stream after the compute stream. */
+static dt_status begin(dt_comm *c, const dt_call *call, nccl_state **out) {
+    nccl_state *st = c->priv;
+    *out = st;
+    if (st->broken || !st->nc) return dt_error(DT_ERR_PEER, "%s", st->broken_msg[0] ? st->broken_msg : "the NCCL communicator is gone");
+    DT_TRY(dt_cuda_bind_thread());
+    DT_TRY(preflight(st, call));
+    dt_status s = dt_cuda_stream_wait_compute((void *)st->stream);
+    return s == DT_OK ? DT_OK : set_broken(st, s);
+}
+
+static dt_status finish(nccl_state *st, ncclResult_t r, const char *what, const dt_call *call) {
+    double deadline = dt_now() + st->c->timeout_s;
+    DT_TRY(settle(st, r, what, call, deadline));
+    return wait_stream(st, call, deadline);
+}
+
+/* Device-to-device copy on our stream (in-place rearrangements). */
+static dt_status d2d(nccl_state *st, void *dst, const void *src, size_t bytes, const dt_call *call) {
+    if (!bytes || dst == src) return DT_OK;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st->stream);
+    return e == cudaSuccess ? DT_OK : cuda_fail(st, e, "cudaMemcpyAsync", call);
+}
+
+static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
+    const char *x = a, *y = b;
+    return x < y + bn && y < x + an;
+}
+
+/* ---- deterministic reductions: host staging + algo.c over the tcp side channel ------- */
+
+static dt_status stage_reserve(nccl_state *st, size_t bytes, const dt_call *call) {
+    if (bytes <= st->stage_cap) return DT_OK;
+    if (st->stage) cudaFreeHost(st->stage);
+    st->stage = NULL;
+    st->stage_cap = 0;
+    cudaError_t e = cudaHostAlloc(&st->stage, bytes, cudaHostAllocPortable);
+    if (e != cudaSuccess) return cuda_fail(st, e, "cudaHostAlloc of the staging buffer", call);
+    st->stage_cap = bytes;
+    return DT_OK;
+}
+
+static dt_status copy_sync(nccl_state *st, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind k,
+                           const dt_call *call) {
+    if (!bytes) return DT_OK;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, k, st->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st->stream);
+    return e == cudaSuccess ? DT_OK : cuda_fail(st, e, "cudaMemcpyAsync (staging)", call);
+}
+
+/* in_bytes of send go to the host, the algorithm runs there, out_bytes come back to recv. */
+static dt_status staged(dt_comm *c, nccl_state *st, const dt_call *call, const void *send, void *recv,
+                        size_t in_bytes, size_t out_bytes, int write_back) {
+    DT_TRY(stage_reserve(st, in_bytes + out_bytes, call));
+    char *hin = st->stage, *hout = hin + in_bytes;
+    DT_TRY(copy_sync(st, hin, send, in_bytes, cudaMemcpyDeviceToHost, call));
+    dt_status s;
+    switch (call->kind) {
+    case DT_CALL_ALLREDUCE:      s = dt_algo_allreduce(&c->p2p, call, hin, hout); break;
+    case DT_CALL_REDUCE_SCATTER: s = dt_algo_reduce_scatter(&c->p2p, call, hin, hout); break;
+    default:                     s = dt_algo_reduce(&c->p2p, call, hin, hout); break;
+    }
+    if (s != DT_OK) return set_broken(st, s);
+    return write_back ? copy_sync(st, recv, hout, out_bytes, cudaMemcpyHostToDevice, call) : DT_OK;
+}
+
+/* ---- collectives ------------------------------------------------------------------------ */
+
+static dt_status nccl_allreduce(dt_comm *c, const dt_call *call, const void *send, void *recv) {
+    nccl_state *st;
+    DT_TRY(begin(c, call, &st));
+    size_t bytes = call->count * dt_dtype_size(call->dtype);
+    if (c->deterministic) return staged(c, st, call, send, recv, bytes, bytes, 1);
+    return finish(st, ncclAllReduce(send, recv, call->count, nccl_type(call->dtype), nccl_op(call->op), st->nc, st->stream),
+                  "ncclAllReduce", call);
+}
+
+static dt_status nccl_broadcast(dt_comm *c, const dt_call *call, void *buf) {
+    nccl_state *st;
+    DT_TRY(begin(c, call, &st));
+    return finish(st, ncclBroadcast(buf, buf, call->count, nccl_type(call->dtype), call->root, st->nc, st->stream),
+                  "ncclBroadcast", call);
+}
+
+/* NCCL's in-place all_gather wants send == recv + rank*count; comm.h also allows
+ * send == recv (this rank's block at the start) and any disjoint send. */
+static dt_status nccl_allgather(dt_comm *c, const dt_call *call, const void *send, void *recv) {
+    nccl_state *st;
+    if (call->kind == DT_CALL_SPLIT) {   /* comm.c's agreement on the groups: host memory */
+        st = c->priv;
+        if (st->broken) return dt_error(DT_ERR_PEER, "%s", st->broken_msg);
+        dt_status s = dt_algo_allgather(&c->p2p, call, send, recv);
+        return s == DT_OK ? DT_OK : set_broken(st, s);
+    }
+    DT_TRY(begin(c, call, &st));
+    size_t cb = call->count * dt_dtype_size(call->dtype);
+    char *mine = (char *)recv + (size_t)c->rank * cb;
+    const void *src = send;
+    if (send != mine && overlaps(send, cb, recv, cb * (size_t)c->size)) {
+        DT_TRY(d2d(st, mine, send, cb, call));   /* send == recv: block 0 -> block rank, disjoint for rank > 0 */
+        src = mine;
+    }
+    return finish(st, ncclAllGather(src, recv, call->count, nccl_type(call->dtype), st->nc, st->stream),
+                  "ncclAllGather", call);
+}
+
+/* NCCL's in-place reduce_scatter wants recv == send + rank*count; for send == recv the
+ * result is computed there, then moved to the start. */
+static dt_status nccl_reduce_scatter(dt_comm *c, const dt_call *call, const void *send, void *recv) {
+    nccl_state *st;
+    DT_TRY(begin(c, call, &st));
+    size_t rb = call->count * dt_dtype_size(call->dtype), total = rb * (size_t)c->size;
+    if (c->deterministic) return staged(c, st, call, send, recv, total, rb, 1);
+    char *natural = (char *)send + (size_t)c->rank * rb;
+    void *dst = recv;
+    if ((char *)recv != natural && overlaps(send, total, recv, rb)) dst = natural;
+    DT_TRY(finish(st, ncclReduceScatter(send, dst, call->count, nccl_type(call->dtype), nccl_op(call->op), st->nc,
+                                        st->stream), "ncclReduceScatter", call));
+    if (dst != recv) {
+        DT_TRY(d2d(st, recv, dst, rb, call));
+        return wait_stream(st, call, dt_now() + st->c->timeout_s);
+    }
+    return DT_OK;
+}
+
+static dt_status nccl_reduce(dt_comm *c, const dt_call *call, const void *send, void *recv) {
+    nccl_state *st;
+    DT_TRY(begin(c, call, &st));
+    size_t bytes = call->count * dt_dtype_size(call->dtype);
+    if (c->deterministic) return staged(c, st, call, send, recv, bytes, bytes, c->rank == call->root);
+    return finish(st, ncclReduce(send, c->rank == call->root ? recv : NULL, call->count, nccl_type(call->dtype),
+                                 nccl_op(call->op), call->root, st->nc, st->stream), "ncclReduce", call);
+}
+
+/* ---- point to point: one ncclSend / ncclRecv in a group ------------------------------- */
+
+static dt_status p2p(dt_comm *c, const dt_call *call, void *buf) {
+    nccl_state *st;
+    DT_TRY(begin(c, call, &st));
+    double deadline = dt_now() + c->timeout_s;
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return nccl_fail(st, r, "ncclGroupStart", call);
+    r = call->is_send ? ncclSend(buf, call->count, nccl_type(call->dtype), call->root, st->nc, st->stream)
+                      : ncclRecv(buf, call->count, nccl_type(call->dtype), call->root, st->nc, st->stream);
+    ncclResult_t e = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(st, r, call->is_send ? "ncclSend" : "ncclRecv", call);
+    DT_TRY(settle(st, e, "ncclGroupEnd", call, deadline));
+    return wait_stream(st, call, deadline);
+}
+
+static dt_status nccl_send(dt_comm *c, const dt_call *call, const void *buf) { return p2p(c, call, (void *)buf); }
+static dt_status nccl_recv(dt_comm *c, const dt_call *call, void *buf) { return p2p(c, call, buf); }
+
+/* ---- set-up and tear-down ---------------------------------------------------------------- */
+
+static void state_free(nccl_state *st) {
+    if (!st) return;
+    if (st->nc) {
+        if (st->broken) ncclCommAbort(st->nc);
+        else if (ncclCommDestroy(st->nc) != ncclSuccess) ncclCommAbort(st->nc);
+    }
+    if (st->stream) cudaStreamDestroy(st->stream);
+    if (st->stage) cudaFreeHost(st->stage);
+    free(st);
+}
+
+static dt_status state_new(dt_comm *c, nccl_state **out) {
+    nccl_state *st = calloc(1, sizeof *st);
+    if (!st) return dt_error(DT_ERR_NOMEM, "out of memory");
+    st->c = c;
+    const char *chk = getenv("DT_NCCL_CHECK");
+    st->check = !(chk && strcmp(chk, "0") == 0);
+    cudaError_t e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        free(st);
+        return dt_error(DT_ERR_IO, "cudaStreamCreateWithFlags failed: %s", cudaGetErrorString(e));
+    }
+    *out = st;
+    return DT_OK;
+}
+
+/* Wait for a non-blocking init or split to finish. */
+static dt_status settle_init(nccl_state *st, ncclResult_t r, const char *what, double deadline) {
+    dt_call call = { .kind = DT_CALL_INIT };
+    snprintf(call.desc, sizeof call.desc, "NCCL communicator set-up (%d ranks)", st->c->size);
+    return settle(st, r, what, &call, deadline);
+}
+
+static void nccl_destroy(dt_comm *c) {
+    nccl_state *st = c->priv;
+    if (!st) return;
+    dt_cuda_bind_thread();
+    void *tcp = st->tcp;
+    state_free(st);
+    c->priv = tcp;
+    dt_backend_tcp.destroy(c);
+}
+
+static dt_status nccl_init(dt_comm *c, const dt_comm_opts *opts) {
+    const char *ifn = getenv("DT_SOCKET_IFNAME");
+    if (ifn && *ifn && !getenv("NCCL_SOCKET_IFNAME") && setenv("NCCL_SOCKET_IFNAME", ifn, 0) != 0)
+        return dt_error(DT_ERR_IO, "cannot set NCCL_SOCKET_IFNAME");
+    DT_TRY(dt_backend_tcp.init(c, opts));   /* rank, size, hosts, store, side channel */
+    void *tcp = c->priv;
+    nccl_state *st = NULL;
+    dt_status s = dt_cuda_bind_thread();    /* the device of this local rank */
+    if (s == DT_OK) s = state_new(c, &st);
+    if (s != DT_OK) {
+        dt_backend_tcp.destroy(c);
+        return s;
+    }
+    st->tcp = tcp;
+    c->priv = st;
+    double deadline = dt_now() + c->timeout_s;
+
+    /* the unique id: made by rank 0, carried by dtrain's store */
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    ncclResult_t r = ncclSuccess;
+    if (c->rank == 0) r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) {
+        s = dt_error(nccl_status(r), "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+    } else if (c->size > 1) {
+        dt_store *store = ((tcp_comm *)tcp)->w->store;
+        char key[64];
+        snprintf(key, sizeof key, "nccl/unique_id/%u", (unsigned)c->ctx);
+        if (c->rank == 0) {
+            s = dt_store_set(store, key, &id, sizeof id);
+        } else {
+            void *v = NULL;
+            size_t n = 0;
+            double left = deadline - dt_now();
+            s = dt_store_get(store, key, &v, &n, left > 0 ? left : 0);
+            if (s == DT_OK && n != sizeof id)
+                s = dt_error(DT_ERR_FORMAT, "the NCCL unique id in the store has %zu bytes, expected %zu", n, sizeof id);
+            if (s == DT_OK) memcpy(&id, v, sizeof id);
+            else dt_error_wrap(s, "waiting for rank 0's NCCL unique id in the store: ");
+            free(v);
+        }
+    }
+    if (s == DT_OK) {
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 0;
+        r = ncclCommInitRankConfig(&st->nc, c->size, id, c->rank, &cfg);
+        if (r != ncclSuccess && r != ncclInProgress)
+            s = dt_error(nccl_status(r), "ncclCommInitRankConfig failed: %s", ncclGetErrorString(r));
+        else
+            s = settle_init(st, r, "ncclCommInitRankConfig", deadline);
+    }
+    if (s != DT_OK) nccl_destroy(c);   /* also the tcp side channel */
+    return s;
+}
+
+static dt_status nccl_split(dt_comm *parent, const dt_call *call, int color, int key, dt_comm *child) {
+    nccl_state *pst;
+    DT_TRY(begin(parent, call, &pst));
+    dt_status s;
+    WITH_TCP(parent, pst, s = dt_backend_tcp.split(parent, call, color, key, child));
+    if (s != DT_OK) return s;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t nc = NULL;
+    double deadline = dt_now() + parent->timeout_s;
+    DT_TRY(settle(pst, ncclCommSplit(pst->nc, child ? color : NCCL_SPLIT_NOCOLOR, key, &nc, &cfg), "ncclCommSplit",
+                  call, deadline));
+    if (!child) return DT_OK;
+    void *tcp = child->priv;
+    nccl_state *st = NULL;
+    if ((s = state_new(child, &st)) != DT_OK) {
+        if (nc) ncclCommDestroy(nc);
+        dt_backend_tcp.split_destroy(child);
+        return s;
+    }
+    st->tcp = tcp;
+    st->nc = nc;
+    child->priv = st;
+    /* the child's own non-blocking set-up may still be running */
+    ncclResult_t a = ncclSuccess;
+    ncclCommGetAsyncError(nc, &a);
+    return settle(st, a, "ncclCommSplit", call, deadline);
+}
+
+static void nccl_split_destroy(dt_comm *child) {
+    nccl_state *st = child->priv;
+    if (!st) return;
+    dt_cuda_bind_thread();
+    void *tcp = st->tcp;
+    state_free(st);
+    child->priv = tcp;
+    dt_backend_tcp.split_destroy(child);
+}
+
+const dt_backend dt_backend_nccl = {
+    .name           = "nccl",
+    .init           = nccl_init,
+    .destroy        = nccl_destroy,
+    .allreduce      = nccl_allreduce,
+    .broadcast      = nccl_broadcast,
+    .allgather      = nccl_allgather,
+    .reduce_scatter = nccl_reduce_scatter,
+    .reduce         = nccl_reduce,
+    /* barrier: NULL, so comm.c runs algo.c's barrier over the tcp side channel */
+    .send           = nccl_send,
+    .recv           = nccl_recv,
+    .split          = nccl_split,
+    .split_destroy  = nccl_split_destroy,
+};

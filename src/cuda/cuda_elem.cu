@@ -1,0 +1,624 @@
+/*
+ * cuda_elem.cu: bias, activations, dropout, losses, metrics, deterministic sums,
+ * elementwise arithmetic, casts, fused optimizer steps and random fills on the GPU.
+ *
+ * Same semantics as src/cpu/cpu_elem.c and cpu_vec.c, formula for formula: the
+ * optimizer scalars are computed on the host exactly as the CPU does, the casts and
+ * the Philox generator (rng.h, compiled for the device) are the same code, so those
+ * kernels match the CPU bit for bit (with --fmad=false). Transcendentals (expf, erff,
+ * tanhf, log) are CUDA's and may differ from glibc's in the last bit or two.
+ *
+ * Reductions (bias gradients, losses, sums) never use atomics: a block owns a fixed
+ * piece (a column tile, a channel, a row, a 4096-element chunk) and sums it with the
+ * fixed tree of dt_cu_block_sum in double; pieces are combined by dt_cu_pairwise.
+ */
+#include "cuda_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+extern "C" {
+#include "rng.h"
+}
+
+#define LAUNCH(kernel, n, ...) do { \
+    kernel<<<dt_cu_blocks(n), DT_CU_THREADS, 0, dt_cu_stream()>>>(__VA_ARGS__); \
+    DT_CU_LAUNCH(#kernel); \
+} while (0)
+
+/* ---- bias ---- */
+
+__global__ void k_bias_add(float *y, const float *b, int cols, size_t n, int relu) {
+    DT_CU_FOR(i, n) {
+        float v = y[i] + b[i % cols];
+        y[i] = relu ? (v > 0.0f ? v : 0.0f) : v;
+    }
+}
+
+__global__ void k_bias_add_nchw(float *y, const float *b, int C, int HW, size_t n) {
+    DT_CU_FOR(i, n) y[i] += b[(i / HW) % C];
+}
+
+static dt_status cu_bias_add(float *y, const float *b, int rows, int cols) {
+    DT_CU_ARG(rows >= 0 && cols >= 0);
+    size_t n = (size_t)rows * cols;
+    if (n == 0) return DT_OK;
+    DT_CU_ARG(y && b);
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_bias_add, n, y, b, cols, n, 0);
+    return DT_OK;
+}
+
+static dt_status cu_bias_relu(float *y, const float *b, int rows, int cols) {
+    DT_CU_ARG(rows >= 0 && cols >= 0);
+    size_t n = (size_t)rows * cols;
+    if (n == 0) return DT_OK;
+    DT_CU_ARG(y && b);
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_bias_add, n, y, b, cols, n, 1);
+    return DT_OK;
+}
+
+static dt_status cu_bias_add_nchw(float *y, const float *b, int N, int C, int HW) {
+    DT_CU_ARG(N >= 0 && C >= 0 && HW >= 0);
+    size_t n = (size_t)N * C * HW;
+    if (n == 0) return DT_OK;
+    DT_CU_ARG(y && b);
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_bias_add_nchw, n, y, b, C, HW, n);
+    return DT_OK;
+}
+
+/* db (cols) = column sums of dy (rows, cols). Block = 32 columns x 8 row lanes: lane y
+ * sums rows y, y+8, ... in double; the 8 lanes are added in lane order. */
+__global__ void k_bias_grad(float *db, const float *dy, int rows, int cols) {
+    __shared__ double sh[8][33];
+    int j = blockIdx.x * 32 + threadIdx.x;
+    double a = 0.0;
+    if (j < cols)
+        for (int i = threadIdx.y; i < rows; i += 8) a += dy[(size_t)i * cols + j];
+    sh[threadIdx.y][threadIdx.x] = a;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < cols) {
+        double t = ((sh[0][threadIdx.x] + sh[1][threadIdx.x]) + (sh[2][threadIdx.x] + sh[3][threadIdx.x])) +
+                   ((sh[4][threadIdx.x] + sh[5][threadIdx.x]) + (sh[6][threadIdx.x] + sh[7][threadIdx.x]));
+        db[j] = (float)t;
+    }
+}
+
+static dt_status cu_bias_grad(float *db, const float *dy, int rows, int cols) {
+    DT_CU_ARG(rows >= 0 && cols >= 0);
+    if (cols == 0) return DT_OK;
+    DT_CU_ARG(db && (rows == 0 || dy));
+    DT_TRY(dt_cu_enter());
+    k_bias_grad<<<(cols + 31) / 32, dim3(32, 8), 0, dt_cu_stream()>>>(db, dy, rows, cols);
+    DT_CU_LAUNCH("k_bias_grad");
+    return DT_OK;
+}
+
+/* db (C) = sum of dy (N, C, HW) over N and HW: one block per channel. */
+__global__ void k_bias_grad_nchw(float *db, const float *dy, int N, int C, int HW) {
+    __shared__ double sh[DT_CU_RED_THREADS];
+    const int c = blockIdx.x;
+    const size_t m = (size_t)N * HW;
+    double a = 0.0;
+    for (size_t t = threadIdx.x; t < m; t += DT_CU_RED_THREADS)
+        a += dy[((t / HW) * C + c) * HW + t % HW];
+    a = dt_cu_block_sum(a, sh);
+    if (threadIdx.x == 0) db[c] = (float)a;
+}
+
+static dt_status cu_bias_grad_nchw(float *db, const float *dy, int N, int C, int HW) {
+    DT_CU_ARG(N >= 0 && C >= 0 && HW >= 0);
+    if (C == 0) return DT_OK;
+    DT_CU_ARG(db && ((size_t)N * HW == 0 || dy));
+    DT_TRY(dt_cu_enter());
+    k_bias_grad_nchw<<<C, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(db, dy, N, C, HW);
+    DT_CU_LAUNCH("k_bias_grad_nchw");
+    return DT_OK;
+}
+
+/* ---- activations ---- */
+
+enum { ACT_RELU_F, ACT_RELU_B, ACT_GELU_F, ACT_GELU_B, ACT_TANH_F, ACT_TANH_B };
+
+/* out = f(a) (forward) or f'(b) * a (backward; b is x or y as ops.h says). */
+__global__ void k_act(int kind, float *out, const float *a, const float *b, size_t n) {
+    const float inv_sqrt_2pi = 0.39894228040143267794f, sqrt1_2 = (float)M_SQRT1_2;
+    DT_CU_FOR(i, n) {
+        float v;
+        switch (kind) {
+        case ACT_RELU_F: v = a[i] > 0.0f ? a[i] : 0.0f; break;
+        case ACT_RELU_B: v = b[i] > 0.0f ? a[i] : 0.0f; break;
+        case ACT_GELU_F: v = 0.5f * a[i] * (1.0f + erff(a[i] * sqrt1_2)); break;
+        case ACT_GELU_B: {
+            float x = b[i];
+            float cdf = 0.5f * (1.0f + erff(x * sqrt1_2));
+            float pdf = inv_sqrt_2pi * expf(-0.5f * x * x);
+            v = a[i] * (cdf + x * pdf);
+            break;
+        }
+        case ACT_TANH_F: v = tanhf(a[i]); break;
+        default:         v = a[i] * (1.0f - b[i] * b[i]); break;
+        }
+        out[i] = v;
+    }
+}
+
+static dt_status act(const char *fn, int kind, float *out, const float *a, const float *b, size_t n) {
+    if (n == 0) return DT_OK;
+    if (!out || !a || (kind % 2 == 1 && !b)) return dt_error(DT_ERR_INVALID, "cuda %s: NULL pointer", fn);
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_act, n, kind, out, a, b, n);
+    return DT_OK;
+}
+
+static dt_status cu_relu_forward(float *y, const float *x, size_t n) { return act("relu_forward", ACT_RELU_F, y, x, NULL, n); }
+static dt_status cu_relu_backward(float *dx, const float *dy, const float *y, size_t n) { return act("relu_backward", ACT_RELU_B, dx, dy, y, n); }
+static dt_status cu_gelu_forward(float *y, const float *x, size_t n) { return act("gelu_forward", ACT_GELU_F, y, x, NULL, n); }
+static dt_status cu_gelu_backward(float *dx, const float *dy, const float *x, size_t n) { return act("gelu_backward", ACT_GELU_B, dx, dy, x, n); }
+static dt_status cu_tanh_forward(float *y, const float *x, size_t n) { return act("tanh_forward", ACT_TANH_F, y, x, NULL, n); }
+static dt_status cu_tanh_backward(float *dx, const float *dy, const float *y, size_t n) { return act("tanh_backward", ACT_TANH_B, dx, dy, y, n); }
+
+/* ---- dropout: thread t owns elements 4t..4t+3 of a row: one Philox block, as the CPU ---- */
+
+__global__ void k_dropout(float *y, const float *x, int rows, int cols, float p, float scale,
+                          dt_philox_key key, uint32_t stream, uint32_t epoch, uint64_t sample0) {
+    const size_t groups = (size_t)(cols + 3) / 4, n = (size_t)rows * groups;
+    DT_CU_FOR(t, n) {
+        size_t i = t / groups;
+        int j0 = (int)(t % groups) * 4;
+        uint64_t sample = sample0 + i;
+        dt_philox_ctr c = {{(uint32_t)((uint64_t)j0 >> 2), (uint32_t)sample, epoch, stream}};
+        dt_philox_ctr r = dt_philox4x32_10(c, key);
+        int w = cols - j0 < 4 ? cols - j0 : 4;
+        const float *xr = x + i * cols;
+        float *yr = y + i * cols;
+        for (int k = 0; k < w; k++) yr[j0 + k] = dt_u32_to_unit(r.v[k]) >= p ? xr[j0 + k] * scale : 0.0f;
+    }
+}
+
+static dt_status dropout_apply(const char *fn, float *y, const float *x, int rows, int cols, float p,
+                               uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0) {
+    if (rows < 0 || cols < 0) return dt_error(DT_ERR_INVALID, "cuda %s: negative shape (%d, %d)", fn, rows, cols);
+    if (!(p >= 0.0f && p < 1.0f)) return dt_error(DT_ERR_INVALID, "cuda %s: drop probability %g is not in [0, 1)", fn, (double)p);
+    size_t n = (size_t)rows * cols;
+    if (n == 0) return DT_OK;
+    if (!y || !x) return dt_error(DT_ERR_INVALID, "cuda %s: NULL pointer", fn);
+    DT_TRY(dt_cu_enter());
+    if (p == 0.0f) {
+        if (y != x) DT_CU(cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, dt_cu_stream()));
+        return DT_OK;
+    }
+    const float scale = 1.0f / (1.0f - p);
+    size_t groups = (size_t)rows * ((cols + 3) / 4);
+    LAUNCH(k_dropout, groups, y, x, rows, cols, p, scale, dt_philox_seed(seed), stream, epoch, sample0);
+    return DT_OK;
+}
+
+static dt_status cu_dropout_forward(float *y, const float *x, int rows, int cols, float p,
+                                    uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0) {
+    return dropout_apply("dropout_forward", y, x, rows, cols, p, seed, stream, epoch, sample0);
+}
+
+static dt_status cu_dropout_backward(float *dx, const float *dy, int rows, int cols, float p,
+                                     uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0) {
+    return dropout_apply("dropout_backward", dx, dy, rows, cols, p, seed, stream, epoch, sample0);
+}
+
+/* ---- losses ---- */
+
+/* Block max over float (order does not matter for max); every thread gets it. */
+static __device__ float block_max(float v, float *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = DT_CU_RED_THREADS / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] = sh[threadIdx.x + s] > sh[threadIdx.x] ? sh[threadIdx.x + s] : sh[threadIdx.x];
+        __syncthreads();
+    }
+    float r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+/* One block per row: probs = softmax, rowloss[i] = -sum target * log p (double). */
+__global__ void k_xent_forward(double *rowloss, float *probs, const float *logits, const int32_t *labels,
+                               int C, double ls, int *err) {
+    __shared__ double sh[DT_CU_RED_THREADS];
+    __shared__ float shf[DT_CU_RED_THREADS];
+    const int i = blockIdx.x;
+    const float *x = logits + (size_t)i * C;
+    float *p = probs + (size_t)i * C;
+    float mx = x[0];
+    for (int c = threadIdx.x; c < C; c += DT_CU_RED_THREADS) mx = x[c] > mx ? x[c] : mx;
+    mx = block_max(mx, shf);
+    double s = 0.0, sx = 0.0;
+    for (int c = threadIdx.x; c < C; c += DT_CU_RED_THREADS) {
+        float e = expf(x[c] - mx);
+        p[c] = e;
+        s += e;
+        sx += x[c];
+    }
+    s = dt_cu_block_sum(s, sh);
+    sx = dt_cu_block_sum(sx, sh);
+    float inv = (float)(1.0 / s);
+    for (int c = threadIdx.x; c < C; c += DT_CU_RED_THREADS) p[c] *= inv;
+    if (threadIdx.x == 0) {
+        int32_t l = labels[i];
+        if (l >= C) {
+            err[DT_CU_ERR_XENT_FWD] = i + 1;
+            rowloss[i] = 0.0;
+        } else if (l < 0) {
+            rowloss[i] = 0.0;
+        } else {
+            double lse = mx + log(s);
+            rowloss[i] = lse - ((1.0 - ls) * x[l] + ls / C * sx);
+        }
+    }
+}
+
+static dt_status cu_xent_forward(float *loss, float *probs, const float *logits, const int32_t *labels,
+                                 int B, int C, float label_smoothing, float norm) {
+    DT_CU_ARG(B >= 0 && C >= 1);
+    DT_CU_ARG(loss && (B == 0 || (probs && logits && labels)));
+    DT_CU_ARG(label_smoothing >= 0.0f && label_smoothing <= 1.0f);
+    DT_CU_ARG(norm > 0.0f);
+    DT_TRY(dt_cu_enter());
+    double *rows = NULL;
+    DT_TRY(dt_cu_scratch((void **)&rows, sizeof(double) * 2 * (B > 0 ? B : 1)));
+    if (B > 0) {
+        k_xent_forward<<<B, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(rows, probs, logits, labels, C,
+                                                                     (double)label_smoothing, dt_cu_err_flags());
+        DT_CU_LAUNCH("k_xent_forward");
+    }
+    return dt_cu_pairwise(rows, rows + (B > 0 ? B : 1), (size_t)B, (double)norm, loss);
+}
+
+__global__ void k_xent_backward(float *d, const float *probs, const int32_t *labels, int C, size_t n,
+                                float inv, float off, float on, int *err) {
+    DT_CU_FOR(t, n) {
+        size_t i = t / C;
+        int c = (int)(t % C);
+        int32_t l = labels[i];
+        if (l >= C) {
+            err[DT_CU_ERR_XENT_BWD] = (int)i + 1;
+            d[t] = 0.0f;
+        } else if (l < 0) {
+            d[t] = 0.0f;
+        } else {
+            d[t] = c == l ? (probs[t] - off - on) * inv : (probs[t] - off) * inv;
+        }
+    }
+}
+
+static dt_status cu_xent_backward(float *dlogits, const float *probs, const int32_t *labels,
+                                  int B, int C, float label_smoothing, float norm) {
+    DT_CU_ARG(B >= 0 && C >= 1);
+    DT_CU_ARG(B == 0 || (dlogits && probs && labels));
+    DT_CU_ARG(label_smoothing >= 0.0f && label_smoothing <= 1.0f);
+    DT_CU_ARG(norm > 0.0f);
+    if (B == 0) return DT_OK;
+    DT_TRY(dt_cu_enter());
+    const float inv = 1.0f / norm, off = label_smoothing / C, on = 1.0f - label_smoothing;
+    size_t n = (size_t)B * C;
+    LAUNCH(k_xent_backward, n, dlogits, probs, labels, C, n, inv, off, on, dt_cu_err_flags());
+    return DT_OK;
+}
+
+/* ---- fixed-chunk sums: sum (mode 0), sum of squares (1), squared differences (2) ---- */
+
+__global__ void k_chunk_sums(double *part, const float *x, const float *y, size_t n, int mode) {
+    __shared__ double sh[DT_CU_RED_THREADS];
+    size_t i0 = (size_t)blockIdx.x * DT_CU_CHUNK, i1 = i0 + DT_CU_CHUNK < n ? i0 + DT_CU_CHUNK : n;
+    double a = 0.0;
+    for (size_t i = i0 + threadIdx.x; i < i1; i += DT_CU_RED_THREADS) {
+        double v = mode == 2 ? (double)x[i] - y[i] : (double)x[i];
+        a += mode == 0 ? v : v * v;
+    }
+    a = dt_cu_block_sum(a, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = a;
+}
+
+static dt_status chunk_total(float *out, const float *x, const float *y, size_t n, int mode, double divisor) {
+    size_t nch = (n + DT_CU_CHUNK - 1) / DT_CU_CHUNK;
+    double *part = NULL;
+    DT_TRY(dt_cu_scratch((void **)&part, sizeof(double) * 2 * (nch > 0 ? nch : 1)));
+    if (nch > 0) {
+        k_chunk_sums<<<(unsigned)nch, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(part, x, y, n, mode);
+        DT_CU_LAUNCH("k_chunk_sums");
+    }
+    return dt_cu_pairwise(part, part + (nch > 0 ? nch : 1), nch, divisor, out);
+}
+
+static dt_status cu_mse_forward(float *loss, const float *pred, const float *target, size_t n, float norm) {
+    DT_CU_ARG(loss && (n == 0 || (pred && target)));
+    DT_CU_ARG(norm > 0.0f);
+    DT_TRY(dt_cu_enter());
+    return chunk_total(loss, pred, target, n, 2, (double)norm);
+}
+
+__global__ void k_mse_backward(float *d, const float *p, const float *t, size_t n, float k) {
+    DT_CU_FOR(i, n) d[i] = k * (p[i] - t[i]);
+}
+
+static dt_status cu_mse_backward(float *dpred, const float *pred, const float *target, size_t n, float norm) {
+    if (n == 0) return DT_OK;
+    DT_CU_ARG(dpred && pred && target);
+    DT_CU_ARG(norm > 0.0f);
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_mse_backward, n, dpred, pred, target, n, 2.0f / norm);
+    return DT_OK;
+}
+
+static dt_status cu_sum(float *out, const float *x, size_t n) {
+    DT_CU_ARG(out && (n == 0 || x));
+    DT_TRY(dt_cu_enter());
+    return chunk_total(out, x, NULL, n, 0, 1.0);
+}
+
+static dt_status cu_sumsq(float *out, const float *x, size_t n) {
+    DT_CU_ARG(out && (n == 0 || x));
+    DT_TRY(dt_cu_enter());
+    return chunk_total(out, x, NULL, n, 1, 1.0);
+}
+
+/* ---- metrics: the CPU's rule, first maximum wins and a NaN beats any number ---- */
+
+static __device__ int row_argmax(const float *r, int cols) {
+    int best = 0;
+    for (int c = 1; c < cols; c++)
+        if (r[c] > r[best] || (isnan(r[c]) && !isnan(r[best]))) best = c;
+    return best;
+}
+
+__global__ void k_argmax(int32_t *idx, const float *x, int rows, int cols) {
+    DT_CU_FOR(i, rows) idx[i] = row_argmax(x + i * cols, cols);
+}
+
+static dt_status cu_argmax_rows(int32_t *idx, const float *x, int rows, int cols) {
+    DT_CU_ARG(rows >= 0 && cols >= 1);
+    if (rows == 0) return DT_OK;
+    DT_CU_ARG(idx && x);
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_argmax, (size_t)rows, idx, x, rows, cols);
+    return DT_OK;
+}
+
+/* One block: thread t counts rows t, t+256, ...; the counts are added in a fixed tree
+ * (integers, so any order is exact; the tree keeps the no-atomics rule anyway). */
+__global__ void k_count_correct(int32_t *correct, const float *logits, const int32_t *labels, int B, int C) {
+    __shared__ double sh[DT_CU_RED_THREADS];
+    double n = 0.0;
+    for (int i = threadIdx.x; i < B; i += DT_CU_RED_THREADS)
+        n += labels[i] >= 0 && row_argmax(logits + (size_t)i * C, C) == labels[i];
+    n = dt_cu_block_sum(n, sh);
+    if (threadIdx.x == 0) *correct = (int32_t)n;
+}
+
+static dt_status cu_count_correct(int32_t *correct, const float *logits, const int32_t *labels, int B, int C) {
+    DT_CU_ARG(B >= 0 && C >= 1);
+    DT_CU_ARG(correct && (B == 0 || (logits && labels)));
+    DT_TRY(dt_cu_enter());
+    k_count_correct<<<1, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(correct, logits, labels, B, C);
+    DT_CU_LAUNCH("k_count_correct");
+    return DT_OK;
+}
+
+/* ---- elementwise ---- */
+
+enum { EW_FILL, EW_SCALE, EW_AXPY, EW_ADD, EW_MUL };
+
+__global__ void k_elementwise(int kind, float *z, const float *x, const float *y, float alpha, size_t n) {
+    DT_CU_FOR(i, n) {
+        switch (kind) {
+        case EW_FILL:  z[i] = alpha; break;
+        case EW_SCALE: z[i] *= alpha; break;
+        case EW_AXPY:  z[i] += alpha * x[i]; break;
+        case EW_ADD:   z[i] = x[i] + y[i]; break;
+        default:       z[i] = x[i] * y[i]; break;
+        }
+    }
+}
+
+static dt_status elementwise(const char *fn, int kind, float *z, const float *x, const float *y, float alpha, size_t n) {
+    if (n == 0) return DT_OK;
+    if (!z || (kind >= EW_AXPY && !x) || (kind >= EW_ADD && !y)) return dt_error(DT_ERR_INVALID, "cuda %s: NULL pointer", fn);
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_elementwise, n, kind, z, x, y, alpha, n);
+    return DT_OK;
+}
+
+static dt_status cu_fill(float *x, float value, size_t n) { return elementwise("fill", EW_FILL, x, NULL, NULL, value, n); }
+static dt_status cu_scale(float *x, float alpha, size_t n) { return elementwise("scale", EW_SCALE, x, NULL, NULL, alpha, n); }
+static dt_status cu_axpy(float *y, float alpha, const float *x, size_t n) { return elementwise("axpy", EW_AXPY, y, x, NULL, alpha, n); }
+static dt_status cu_add(float *z, const float *x, const float *y, size_t n) { return elementwise("add", EW_ADD, z, x, y, 0.0f, n); }
+static dt_status cu_mul(float *z, const float *x, const float *y, size_t n) { return elementwise("mul", EW_MUL, z, x, y, 0.0f, n); }
+
+/* ---- casts: the CPU's bit manipulations (round to nearest even, NaN quiet, f16 overflow to inf) ---- */
+
+static __device__ inline uint16_t to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static __device__ inline uint16_t to_f16(float f) {
+    uint32_t u = __float_as_uint(f), sign = (u >> 16) & 0x8000u;
+    u &= 0x7fffffffu;
+    if (u >= 0x7f800000u) return (uint16_t)(sign | (u > 0x7f800000u ? 0x7e00u | ((u >> 13) & 0x3ffu) : 0x7c00u));
+    if (u >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+    if (u < 0x38800000u) return (uint16_t)(sign | (uint32_t)rintf(__uint_as_float(u) * 16777216.0f));
+    u += 0xc8000fffu + ((u >> 13) & 1u);
+    return (uint16_t)(sign | (u >> 13));
+}
+
+static __device__ inline float from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) return __uint_as_float(__float_as_uint((float)m * (1.0f / 16777216.0f)) | sign);
+    if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+enum { CAST_TO_BF16, CAST_FROM_BF16, CAST_TO_F16, CAST_FROM_F16 };
+
+__global__ void k_cast(int kind, void *dst, const void *src, size_t n) {
+    DT_CU_FOR(i, n) {
+        switch (kind) {
+        case CAST_TO_BF16:   ((uint16_t *)dst)[i] = to_bf16(((const float *)src)[i]); break;
+        case CAST_FROM_BF16: ((float *)dst)[i] = __uint_as_float((uint32_t)((const uint16_t *)src)[i] << 16); break;
+        case CAST_TO_F16:    ((uint16_t *)dst)[i] = to_f16(((const float *)src)[i]); break;
+        default:             ((float *)dst)[i] = from_f16(((const uint16_t *)src)[i]); break;
+        }
+    }
+}
+
+static dt_status cast(const char *fn, int kind, void *dst, const void *src, size_t n) {
+    if (n == 0) return DT_OK;
+    if (!dst || !src) return dt_error(DT_ERR_INVALID, "cuda %s: NULL pointer", fn);
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_cast, n, kind, dst, src, n);
+    return DT_OK;
+}
+
+static dt_status cu_f32_to_bf16(uint16_t *d, const float *s, size_t n) { return cast("f32_to_bf16", CAST_TO_BF16, d, s, n); }
+static dt_status cu_bf16_to_f32(float *d, const uint16_t *s, size_t n) { return cast("bf16_to_f32", CAST_FROM_BF16, d, s, n); }
+static dt_status cu_f32_to_f16(uint16_t *d, const float *s, size_t n) { return cast("f32_to_f16", CAST_TO_F16, d, s, n); }
+static dt_status cu_f16_to_f32(float *d, const uint16_t *s, size_t n) { return cast("f16_to_f32", CAST_FROM_F16, d, s, n); }
+
+/* ---- optimizers: scalars prepared on the host exactly as cpu_vec.c does ---- */
+
+__global__ void k_sgd(float *p, const float *grad, float *buf, size_t n, float lr, float mom, float damp1,
+                      float wd, float gs, int first, int nest) {
+    DT_CU_FOR(i, n) {
+        float g = gs * grad[i];
+        if (wd != 0.0f) g += wd * p[i];
+        if (mom != 0.0f) {
+            float b = first ? g : mom * buf[i] + damp1 * g;
+            buf[i] = b;
+            g = nest ? g + mom * b : b;
+        }
+        p[i] -= lr * g;
+    }
+}
+
+static dt_status cu_sgd_update(float *p, const float *grad, float *buf, size_t n, const dt_sgd_args *a) {
+    DT_CU_ARG(a);
+    if (n == 0) return DT_OK;
+    DT_CU_ARG(p && grad && (a->momentum == 0.0f || buf));
+    DT_CU_ARG(a->lr >= 0.0 && a->momentum >= 0.0 && a->weight_decay >= 0.0);
+    DT_CU_ARG(!a->nesterov || (a->momentum > 0.0 && a->dampening == 0.0));
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_sgd, n, p, grad, buf, n, (float)a->lr, (float)a->momentum, (float)(1.0 - a->dampening),
+           (float)a->weight_decay, (float)a->grad_scale, a->first_step, a->nesterov);
+    return DT_OK;
+}
+
+__global__ void k_adamw(float *p, const float *grad, float *m, float *v, size_t n, float step_size, float bc2_sqrt,
+                        float decay, float b1, float b2, float omb1, float omb2, float eps, float gs) {
+    DT_CU_FOR(i, n) {
+        float g = gs * grad[i];
+        float pi = p[i] * decay;
+        float mi = b1 * m[i] + omb1 * g;
+        float vi = b2 * v[i] + omb2 * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+    }
+}
+
+static dt_status cu_adamw_update(float *p, const float *grad, float *m, float *v, size_t n, const dt_adamw_args *a) {
+    DT_CU_ARG(a);
+    if (n == 0) return DT_OK;
+    DT_CU_ARG(p && grad && m && v);
+    DT_CU_ARG(a->step >= 1);
+    DT_CU_ARG(a->lr >= 0.0 && a->eps >= 0.0 && a->weight_decay >= 0.0);
+    DT_CU_ARG(a->beta1 >= 0.0 && a->beta1 < 1.0 && a->beta2 >= 0.0 && a->beta2 < 1.0);
+    DT_TRY(dt_cu_enter());
+    const double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
+    LAUNCH(k_adamw, n, p, grad, m, v, n, (float)(a->lr / bc1), (float)sqrt(bc2), (float)(1.0 - a->lr * a->weight_decay),
+           (float)a->beta1, (float)a->beta2, (float)(1.0 - a->beta1), (float)(1.0 - a->beta2), (float)a->eps,
+           (float)a->grad_scale);
+    return DT_OK;
+}
+
+/* ---- random fills: element i is block (offset + i, stream) of Philox, as rng.c ---- */
+
+__global__ void k_rng(float *x, size_t n, int normal, float a, float b, dt_philox_key key, uint64_t stream, uint64_t offset) {
+    DT_CU_FOR(i, n) {
+        uint64_t index = offset + i;
+        dt_philox_ctr c = {{(uint32_t)index, (uint32_t)(index >> 32), (uint32_t)stream, (uint32_t)(stream >> 32)}};
+        dt_philox_ctr r = dt_philox4x32_10(c, key);
+        if (normal) {
+            double u1 = dt_u32_to_unit_open0(r.v[0]), u2 = dt_u32_to_unit(r.v[1]);
+            x[i] = a + b * (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2));
+        } else {
+            x[i] = a + b * dt_u32_to_unit(r.v[0]);
+        }
+    }
+}
+
+static dt_status cu_rng_uniform(float *x, size_t n, float lo, float hi, uint64_t seed, uint64_t stream, uint64_t offset) {
+    if (n == 0) return DT_OK;
+    DT_CU_ARG(x);
+    DT_CU_ARG(lo <= hi);
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_rng, n, x, n, 0, lo, hi - lo, dt_philox_seed(seed), stream, offset);
+    return DT_OK;
+}
+
+static dt_status cu_rng_normal(float *x, size_t n, float mean, float std, uint64_t seed, uint64_t stream, uint64_t offset) {
+    if (n == 0) return DT_OK;
+    DT_CU_ARG(x);
+    DT_CU_ARG(std >= 0.0f);
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_rng, n, x, n, 1, mean, std, dt_philox_seed(seed), stream, offset);
+    return DT_OK;
+}
+
+/* ---- this file's part of the table ---- */
+
+void dt_cu_fill_elem(dt_ops *t) {
+    t->bias_add       = cu_bias_add;
+    t->bias_relu      = cu_bias_relu;
+    t->bias_add_nchw  = cu_bias_add_nchw;
+    t->bias_grad      = cu_bias_grad;
+    t->bias_grad_nchw = cu_bias_grad_nchw;
+
+    t->relu_forward  = cu_relu_forward;
+    t->relu_backward = cu_relu_backward;
+    t->gelu_forward  = cu_gelu_forward;
+    t->gelu_backward = cu_gelu_backward;
+    t->tanh_forward  = cu_tanh_forward;
+    t->tanh_backward = cu_tanh_backward;
+
+    t->dropout_forward  = cu_dropout_forward;
+    t->dropout_backward = cu_dropout_backward;
+
+    t->xent_forward  = cu_xent_forward;
+    t->xent_backward = cu_xent_backward;
+    t->mse_forward   = cu_mse_forward;
+    t->mse_backward  = cu_mse_backward;
+
+    t->argmax_rows   = cu_argmax_rows;
+    t->count_correct = cu_count_correct;
+    t->sum           = cu_sum;
+    t->sumsq         = cu_sumsq;
+
+    t->fill  = cu_fill;
+    t->scale = cu_scale;
+    t->axpy  = cu_axpy;
+    t->add   = cu_add;
+    t->mul   = cu_mul;
+
+    t->f32_to_bf16 = cu_f32_to_bf16;
+    t->bf16_to_f32 = cu_bf16_to_f32;
+    t->f32_to_f16  = cu_f32_to_f16;
+    t->f16_to_f32  = cu_f16_to_f32;
+
+    t->sgd_update   = cu_sgd_update;
+    t->adamw_update = cu_adamw_update;
+
+    t->rng_uniform = cu_rng_uniform;
+    t->rng_normal  = cu_rng_normal;
+}

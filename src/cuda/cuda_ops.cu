@@ -1,0 +1,440 @@
+/*
+ * cuda_ops.cu: the CUDA backend's context (device, compute stream, cuBLAS handle),
+ * memory with allocation statistics, GEMM over cuBLAS, and the dt_ops table.
+ *
+ * Context: created at first use. The device is the launch environment's local rank
+ * modulo the device count (dt_cuda.h), so N ranks on a node with N GPUs take one each.
+ * All work goes to one compute stream, a plain (blocking) stream rather than a
+ * non-blocking one, so work that other libraries in the process put on the legacy
+ * default stream stays ordered with ours.
+ *
+ * Copies: host-to-device and device-to-host copies wait for completion before they
+ * return (the caller may reuse or read its host buffer at once, pageable or pinned);
+ * device-to-device copies, memsets and kernels are queued and return at once.
+ *
+ * GEMM: row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so cuBLAS
+ * gets the operands swapped (B first) and the sizes as (N, M, K). TF32 is off unless
+ * allowed (dt_cuda.h). cuBLAS returns the same bits run after run on the same GPU
+ * model and library version (its documented reproducibility with one stream).
+ */
+#include "cuda_impl.h"
+
+#include <mutex>
+#include <stdlib.h>
+#include <string.h>
+#include <unordered_map>
+
+extern "C" {
+#include "launch_env.h"
+}
+
+/* ---- errors ---- */
+
+dt_status dt_cu_fail(cudaError_t e, const char *fn, const char *call) {
+    dt_status s = DT_ERR_IO;
+    if (e == cudaErrorMemoryAllocation) s = DT_ERR_NOMEM;
+    else if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorNoKernelImageForDevice)
+        s = DT_ERR_UNSUPPORTED;
+    else if (e == cudaErrorInvalidValue || e == cudaErrorInvalidDevicePointer)
+        s = DT_ERR_INVALID;
+    return dt_error(s, "cuda %s: %s failed: %s (%s)", fn, call, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+dt_status dt_cublas_fail(cublasStatus_t e, const char *fn, const char *call) {
+    dt_status s = e == CUBLAS_STATUS_ALLOC_FAILED ? DT_ERR_NOMEM
+                : e == CUBLAS_STATUS_INVALID_VALUE ? DT_ERR_INVALID
+                : e == CUBLAS_STATUS_NOT_SUPPORTED || e == CUBLAS_STATUS_ARCH_MISMATCH ? DT_ERR_UNSUPPORTED
+                : DT_ERR_IO;
+    return dt_error(s, "cuda %s: %s failed: %s", fn, call, cublasGetStatusString(e));
+}
+
+/* ---- the context ---- */
+
+static struct {
+    std::mutex     mu;            /* guards initialisation and the memory map */
+    int            ready;
+    int            device;
+    cudaStream_t   stream;
+    cublasHandle_t blas;
+    int            tf32;
+    int            threads;
+    void          *scratch;
+    size_t         scratch_bytes;
+    int           *err;           /* device flags, DT_CU_ERR_COUNT ints */
+    int           *err_host;      /* pinned mirror */
+    std::unordered_map<void *, size_t> *sizes;
+    size_t         cur, peak;
+} g = {};
+
+static thread_local int t_device = -1;
+
+static void mem_track(void *p, size_t bytes) {
+    std::lock_guard<std::mutex> l(g.mu);
+    if (!g.sizes) g.sizes = new std::unordered_map<void *, size_t>();
+    (*g.sizes)[p] = bytes;
+    g.cur += bytes;
+    if (g.cur > g.peak) g.peak = g.cur;
+}
+
+static void mem_untrack(void *p) {
+    std::lock_guard<std::mutex> l(g.mu);
+    if (!g.sizes) return;
+    auto it = g.sizes->find(p);
+    if (it == g.sizes->end()) return;
+    g.cur -= it->second;
+    g.sizes->erase(it);
+}
+
+extern "C" size_t dt_cuda_memory_allocated(void) { std::lock_guard<std::mutex> l(g.mu); return g.cur; }
+extern "C" size_t dt_cuda_max_memory_allocated(void) { std::lock_guard<std::mutex> l(g.mu); return g.peak; }
+extern "C" void dt_cuda_reset_peak_memory(void) { std::lock_guard<std::mutex> l(g.mu); g.peak = g.cur; }
+
+extern "C" dt_status dt_cuda_device_count(int *n) {
+    if (!n) return dt_error(DT_ERR_INVALID, "cuda device_count: NULL result pointer");
+    *n = 0;
+    DT_CU(cudaGetDeviceCount(n));
+    return DT_OK;
+}
+
+static dt_status apply_math_mode(void) {
+    DT_CUBLAS(cublasSetMathMode(g.blas, g.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    return DT_OK;
+}
+
+/* Called with g.mu held. */
+static dt_status ctx_create(void) {
+    int n = 0;
+    DT_TRY(dt_cuda_device_count(&n));
+    if (n < 1) return dt_error(DT_ERR_UNSUPPORTED, "cuda: no CUDA device is visible");
+    dt_launch_env env;
+    DT_TRY(dt_launch_env_discover(&env));
+    int dev = env.local_rank >= 0 ? env.local_rank % n : 0;
+    DT_CU(cudaSetDevice(dev));
+    DT_CU(cudaStreamCreate(&g.stream));
+    DT_CUBLAS(cublasCreate(&g.blas));
+    DT_CUBLAS(cublasSetStream(g.blas, g.stream));
+    DT_CUBLAS(cublasSetPointerMode(g.blas, CUBLAS_POINTER_MODE_HOST));
+    const char *tf = getenv("DT_ALLOW_TF32");
+    g.tf32 = tf && *tf && strcmp(tf, "0") != 0;
+    DT_TRY(apply_math_mode());
+    DT_CU(cudaMalloc((void **)&g.err, sizeof(int) * DT_CU_ERR_COUNT));
+    DT_CU(cudaMemset(g.err, 0, sizeof(int) * DT_CU_ERR_COUNT));
+    DT_CU(cudaHostAlloc((void **)&g.err_host, sizeof(int) * DT_CU_ERR_COUNT, cudaHostAllocPortable));
+    g.device = dev;
+    g.threads = 1;
+    t_device = dev;
+    g.ready = 1;
+    return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_init(void) {
+    if (!__atomic_load_n(&g.ready, __ATOMIC_ACQUIRE)) {
+        std::lock_guard<std::mutex> l(g.mu);
+        if (!g.ready) {
+            dt_status s = ctx_create();
+            if (s != DT_OK) return s;
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_cu_enter(void) {
+    DT_TRY(dt_cuda_init());
+    if (t_device != g.device) {
+        DT_CU(cudaSetDevice(g.device));
+        t_device = g.device;
+    }
+    return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_bind_thread(void) { return dt_cu_enter(); }
+extern "C" int dt_cuda_device(void) { return g.ready ? g.device : -1; }
+extern "C" void *dt_cuda_compute_stream(void) { return g.ready ? (void *)g.stream : NULL; }
+cudaStream_t dt_cu_stream(void) { return g.stream; }
+cublasHandle_t dt_cu_blas(void) { return g.blas; }
+int *dt_cu_err_flags(void) { return g.err; }
+
+/* One event per ordering: recorded on `from`, waited for by `to`, then destroyed
+ * (destroying an event with a pending wait is allowed: the wait still happens). */
+static dt_status order_after(cudaStream_t to, cudaStream_t from) {
+    cudaEvent_t ev;
+    DT_CU(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ev, from);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(to, ev, 0);
+    cudaEventDestroy(ev);
+    if (e != cudaSuccess) return dt_cu_fail(e, __func__, "cudaEventRecord/cudaStreamWaitEvent");
+    return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_stream_wait_compute(void *stream) {
+    DT_TRY(dt_cu_enter());
+    return order_after((cudaStream_t)stream, g.stream);
+}
+
+extern "C" dt_status dt_cuda_compute_wait_stream(void *stream) {
+    DT_TRY(dt_cu_enter());
+    return order_after(g.stream, (cudaStream_t)stream);
+}
+
+extern "C" dt_status dt_cuda_set_allow_tf32(int allow) {
+    DT_TRY(dt_cu_enter());
+    g.tf32 = allow != 0;
+    return apply_math_mode();
+}
+
+extern "C" int dt_cuda_allow_tf32(void) { return g.tf32; }
+
+dt_status dt_cu_scratch(void **p, size_t bytes) {
+    if (bytes > g.scratch_bytes) {
+        size_t want = bytes + bytes / 4;   /* a little headroom: shapes vary by a few percent */
+        if (g.scratch) {
+            cudaFree(g.scratch);           /* synchronises: earlier kernels are done with it */
+            mem_untrack(g.scratch);
+            g.scratch = NULL;
+            g.scratch_bytes = 0;
+        }
+        DT_CU(cudaMalloc(&g.scratch, want));
+        mem_track(g.scratch, want);
+        g.scratch_bytes = want;
+    }
+    *p = g.scratch;
+    return DT_OK;
+}
+
+/* ---- kernel-found errors ---- */
+
+static const char *const err_what[DT_CU_ERR_COUNT] = {
+    "xent_forward: a label is out of range for the class count, in row",
+    "xent_backward: a label is out of range for the class count, in row",
+    "maxpool2d_backward: an argmax index is outside its plane, at output",
+};
+
+/* Called after the stream synchronised with the flags copied into g.err_host. */
+static dt_status check_flags(void) {
+    for (int i = 0; i < DT_CU_ERR_COUNT; i++)
+        if (g.err_host[i]) {
+            int where = g.err_host[i] - 1;
+            DT_CU(cudaMemsetAsync(g.err, 0, sizeof(int) * DT_CU_ERR_COUNT, g.stream));
+            memset(g.err_host, 0, sizeof(int) * DT_CU_ERR_COUNT);
+            return dt_error(DT_ERR_INVALID, "cuda %s %d (reported at the next synchronisation)", err_what[i], where);
+        }
+    return DT_OK;
+}
+
+static dt_status sync_and_check(void) {
+    DT_CU(cudaMemcpyAsync(g.err_host, g.err, sizeof(int) * DT_CU_ERR_COUNT, cudaMemcpyDeviceToHost, g.stream));
+    DT_CU(cudaStreamSynchronize(g.stream));
+    return check_flags();
+}
+
+/* ---- memory and execution ---- */
+
+static dt_status cu_alloc(void **p, size_t bytes) {
+    if (!p) return dt_error(DT_ERR_INVALID, "cuda alloc: NULL result pointer");
+    *p = NULL;
+    if (bytes == 0) return DT_OK;
+    DT_TRY(dt_cu_enter());
+    void *q = NULL;
+    cudaError_t e = cudaMalloc(&q, bytes);   /* 256-byte aligned */
+    if (e != cudaSuccess) {
+        cudaGetLastError();   /* clear the non-sticky error */
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_NOMEM : DT_ERR_IO,
+                        "cuda alloc: cudaMalloc of %zu bytes failed: %s (device %d: %zu of %zu bytes free, %zu allocated by dtrain)",
+                        bytes, cudaGetErrorString(e), g.device, fr, tot, dt_cuda_memory_allocated());
+    }
+    mem_track(q, bytes);
+    *p = q;
+    return DT_OK;
+}
+
+static void cu_free(void *p) {
+    if (!p || dt_cu_enter() != DT_OK) return;
+    mem_untrack(p);
+    cudaFree(p);
+}
+
+static dt_status cu_zero(void *p, size_t bytes) {
+    if (bytes == 0) return DT_OK;
+    if (!p) return dt_error(DT_ERR_INVALID, "cuda zero: NULL pointer for %zu bytes", bytes);
+    DT_TRY(dt_cu_enter());
+    DT_CU(cudaMemsetAsync(p, 0, bytes, g.stream));
+    return DT_OK;
+}
+
+static dt_status cu_copy_h2d(void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return DT_OK;
+    if (!dst || !src) return dt_error(DT_ERR_INVALID, "cuda copy_h2d: NULL pointer for %zu bytes", bytes);
+    DT_TRY(dt_cu_enter());
+    DT_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.stream));
+    DT_CU(cudaStreamSynchronize(g.stream));   /* src may be reused as soon as we return */
+    return DT_OK;
+}
+
+static dt_status cu_copy_d2h(void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return DT_OK;
+    if (!dst || !src) return dt_error(DT_ERR_INVALID, "cuda copy_d2h: NULL pointer for %zu bytes", bytes);
+    DT_TRY(dt_cu_enter());
+    DT_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.stream));
+    return sync_and_check();
+}
+
+static dt_status cu_copy_d2d(void *dst, const void *src, size_t bytes) {
+    if (bytes == 0 || dst == src) return DT_OK;
+    if (!dst || !src) return dt_error(DT_ERR_INVALID, "cuda copy_d2d: NULL pointer for %zu bytes", bytes);
+    DT_TRY(dt_cu_enter());
+    DT_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g.stream));
+    return DT_OK;
+}
+
+static dt_status cu_host_alloc(void **p, size_t bytes) {
+    if (!p) return dt_error(DT_ERR_INVALID, "cuda host_alloc: NULL result pointer");
+    *p = NULL;
+    if (bytes == 0) return DT_OK;
+    DT_TRY(dt_cu_enter());
+    DT_CU(cudaHostAlloc(p, bytes, cudaHostAllocPortable));
+    return DT_OK;
+}
+
+static void cu_host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
+static dt_status cu_synchronize(void) {
+    DT_TRY(dt_cu_enter());
+    return sync_and_check();
+}
+
+/* The GPU has no host threads to set; the count is kept so threads() answers what
+ * set_threads() was given. */
+static dt_status cu_set_threads(int n) {
+    if (n < 1) return dt_error(DT_ERR_INVALID, "cuda set_threads: thread count must be >= 1, got %d", n);
+    g.threads = n;
+    return DT_OK;
+}
+
+static int cu_threads(void) { return g.threads > 0 ? g.threads : 1; }
+
+/* ---- GEMM ---- */
+
+/* C (M, N) with row stride ldc: C = beta * C (beta = 0 writes zeros, NaN or not). */
+__global__ void k_scale_matrix(float *C, int M, int N, int ldc, float beta) {
+    size_t total = (size_t)M * N;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        float *c = C + (i / N) * (size_t)ldc + i % N;
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+static dt_status gemm_check(const char *fn, int transA, int transB, int M, int N, int K,
+                            const float *A, int lda, const float *B, int ldb, const float *C, int ldc) {
+    if (M < 0 || N < 0 || K < 0)
+        return dt_error(DT_ERR_INVALID, "cuda %s: negative size M=%d N=%d K=%d", fn, M, N, K);
+    int acols = transA ? M : K, bcols = transB ? K : N;
+    if (lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) || ldc < (N > 1 ? N : 1))
+        return dt_error(DT_ERR_INVALID, "cuda %s: leading dimension too small (lda=%d ldb=%d ldc=%d for M=%d N=%d K=%d, transA=%d transB=%d)",
+                        fn, lda, ldb, ldc, M, N, K, transA, transB);
+    if ((M > 0 && N > 0 && !C) || (M > 0 && N > 0 && K > 0 && (!A || !B)))
+        return dt_error(DT_ERR_INVALID, "cuda %s: NULL matrix pointer", fn);
+    return DT_OK;
+}
+
+dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K, float alpha,
+                     const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    if (M == 0 || N == 0) return DT_OK;
+    if (K == 0) {   /* C = beta*C, as the CPU backend */
+        k_scale_matrix<<<dt_cu_blocks((size_t)M * N), DT_CU_THREADS, 0, g.stream>>>(C, M, N, ldc, beta);
+        DT_CU_LAUNCH("k_scale_matrix");
+        return DT_OK;
+    }
+    cublasStatus_t e = cublasSgemm(g.blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc);
+    if (e != CUBLAS_STATUS_SUCCESS) return dt_cublas_fail(e, fn, "cublasSgemm");
+    return DT_OK;
+}
+
+static dt_status cu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
+                          const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    DT_TRY(gemm_check("sgemm", transA, transB, M, N, K, A, lda, B, ldb, C, ldc));
+    DT_TRY(dt_cu_enter());
+    return dt_cu_gemm("sgemm", transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+static dt_status cu_sgemm_batched(int transA, int transB, int M, int N, int K, float alpha,
+                                  const float *A, int lda, int64_t strideA, const float *B, int ldb, int64_t strideB,
+                                  float beta, float *C, int ldc, int64_t strideC, int batch) {
+    DT_TRY(gemm_check("sgemm_batched", transA, transB, M, N, K, A, lda, B, ldb, C, ldc));
+    if (batch < 0) return dt_error(DT_ERR_INVALID, "cuda sgemm_batched: negative batch %d", batch);
+    if (strideC < (int64_t)M * ldc && batch > 1 && strideC >= 0)
+        return dt_error(DT_ERR_INVALID, "cuda sgemm_batched: outputs overlap (strideC=%lld < M*ldc=%lld)",
+                        (long long)strideC, (long long)M * ldc);
+    if (batch == 0 || M == 0 || N == 0) return DT_OK;
+    DT_TRY(dt_cu_enter());
+    if (batch == 1 || K == 0) {
+        for (int i = 0; i < batch; i++)
+            DT_TRY(dt_cu_gemm("sgemm_batched", transA, transB, M, N, K, alpha, A + i * strideA, lda,
+                              B + i * strideB, ldb, beta, C + i * strideC, ldc));
+        return DT_OK;
+    }
+    DT_CUBLAS(cublasSgemmStridedBatched(g.blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                        N, M, K, &alpha, B, ldb, strideB, A, lda, strideA, &beta, C, ldc, strideC, batch));
+    return DT_OK;
+}
+
+/* ---- pairwise combination (shared by the sums and losses) ---- */
+
+/* One block: level by level, dst[i] = src[2i] + src[2i+1] (odd last carried), buffers
+ * swapped between levels; the same tree as dt_cpu_pairwise. */
+__global__ void k_pairwise(double *v, double *tmp, size_t n, double divisor, float *out) {
+    double *src = v, *dst = tmp;
+    while (n > 1) {
+        size_t h = n / 2;
+        for (size_t i = threadIdx.x; i < h; i += blockDim.x) dst[i] = src[2 * i] + src[2 * i + 1];
+        if ((n & 1) && threadIdx.x == 0) dst[h] = src[n - 1];
+        __syncthreads();
+        n = h + (n & 1);
+        double *t = src; src = dst; dst = t;
+    }
+    if (threadIdx.x == 0) *out = (float)((n ? src[0] : 0.0) / divisor);
+}
+
+dt_status dt_cu_pairwise(double *v, double *tmp, size_t n, double divisor, float *out) {
+    k_pairwise<<<1, 1024, 0, g.stream>>>(v, tmp, n, divisor, out);
+    DT_CU_LAUNCH("k_pairwise");
+    return DT_OK;
+}
+
+/* ---- the table ---- */
+
+void dt_cu_fill_elem(dt_ops *t);   /* cuda_elem.cu */
+void dt_cu_fill_nn(dt_ops *t);     /* cuda_nn.cu */
+
+static dt_ops g_table;
+
+static void table_fill(void) {
+    dt_ops *t = &g_table;
+    t->name        = "cuda";
+    t->alloc       = cu_alloc;
+    t->free        = cu_free;
+    t->zero        = cu_zero;
+    t->copy_h2d    = cu_copy_h2d;
+    t->copy_d2h    = cu_copy_d2h;
+    t->copy_d2d    = cu_copy_d2d;
+    t->host_alloc  = cu_host_alloc;
+    t->host_free   = cu_host_free;
+    t->synchronize = cu_synchronize;
+    t->set_threads = cu_set_threads;
+    t->threads     = cu_threads;
+    t->sgemm         = cu_sgemm;
+    t->sgemm_batched = cu_sgemm_batched;
+    dt_cu_fill_elem(t);
+    dt_cu_fill_nn(t);
+}
+
+extern "C" const dt_ops *dt_ops_cuda(void) {
+    static std::once_flag once;
+    if (dt_cu_enter() != DT_OK) return NULL;   /* the message says why */
+    std::call_once(once, table_fill);
+    return &g_table;
+}

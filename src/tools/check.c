@@ -1,0 +1,754 @@
+/*
+ * check.c: `dtrain check --np N [train flags]` proves that a distributed run is
+ * the 1-process run (DESIGN.md rule 2), with the checks practitioners use to
+ * trust data parallelism, each turned from "looks similar" into an exact test:
+ *
+ *   end to end     a short run on N processes (dtrun) exits 0
+ *   loss curve     the loss of every step, 1 process against N, is bitwise equal
+ *                  (N a power of two) or within 1e-5 relative (otherwise)
+ *   batch order    the fingerprint of every step's global batch is the same
+ *   epoch order    step s of epoch 1 draws another batch than step s of epoch 0
+ *                  (the classic bug: the sampler is never told the epoch)
+ *   ranks agree    the N-process run's end-of-run comparison of every parameter
+ *                  across ranks passed
+ *   bitwise        the saved weights of 1 and N processes are byte for byte equal
+ *
+ * It runs `dtrain train` as child processes (1 process, then N under dtrun) with
+ * the user's flags plus its own (--steps, --log-every 1, --metrics, --save), each
+ * under a deadline, their output in a temporary directory that is kept and named
+ * when something fails. Run length: enough steps to cross one epoch boundary
+ * (steps per epoch + 1) when that is at most CHECK_MAX_STEPS, else 4 steps (fewer
+ * if --steps says so); when the runs do not cross an epoch, the epoch-order check
+ * gets its own N-process run of 3 steps on a synthetic data set of the same sample
+ * shape and 2 global batches (the sampler does not look at the data).
+ *
+ * Also the child-process helper of tools.h (dtrain plot runs gnuplot with it).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "data.h"
+#include "safetensors.h"
+#include "tools.h"
+#include "train.h"
+
+extern char **environ;
+
+#define CHECK_MAX_STEPS 32      /* longest run that crosses an epoch boundary */
+#define CHECK_SHORT_STEPS 4     /* run length when an epoch is longer than that */
+#define CHECK_LOSS_RTOL 1e-5    /* loss tolerance when N is not a power of two */
+#define CHECK_WEIGHT_TOL 1e-4   /* weight tolerance (relative to max(1, |w|max)) then */
+
+static const char *usage_check =
+    "usage: dtrain check --np N [--timeout SEC] [--keep-runs] [train flags...]\n"
+    "\n"
+    "Trains briefly on 1 process and on N processes (started with dtrun) with the\n"
+    "given `dtrain train` flags, and proves that the distributed run is the\n"
+    "1-process run:\n"
+    "  end to end    the N-process run exits 0\n"
+    "  loss curve    the loss of every step is bitwise equal when N is a power of\n"
+    "                two (DESIGN.md rule 2), within 1e-5 relative otherwise; the\n"
+    "                first step that differs is shown with both values\n"
+    "  batch order   every step's global batch has the same fingerprint\n"
+    "  epoch order   step s of epoch 1 draws another batch than step s of epoch 0\n"
+    "                (a sampler that is not told the epoch repeats its order)\n"
+    "  ranks agree   the N-process run's end-of-run comparison of every parameter\n"
+    "                across ranks passed (else: the parameter and the ranks)\n"
+    "  bitwise       the final weights of 1 and N processes are byte for byte\n"
+    "                equal (N not a power of two: within 1e-4 of max(1, |w|))\n"
+    "\n"
+    "Both runs use the same global batch and S micro-batches (--micro-batches,\n"
+    "default N). They run steps-per-epoch + 1 steps when that is at most 32, so they\n"
+    "cross an epoch boundary; else 4 steps, and the epoch-order check gets its own\n"
+    "3-step N-process run on synthetic data of the same shape (2 global batches).\n"
+    "A smaller --steps shortens the runs. check sets --steps, --epochs, --log-every,\n"
+    "--metrics, --save, --no-eval and --quiet itself and drops the checkpoint flags\n"
+    "(both runs start from scratch); --batch-per-rank B means a\n"
+    "global batch of B x N for both runs; --lr-scale is refused (it would change\n"
+    "the learning rate with the world size).\n"
+    "\n"
+    "  --np N          processes of the distributed run (2..1024; required)\n"
+    "  --timeout SEC   limit for each run; it is killed after that  [300]\n"
+    "  --keep-runs     keep the runs' directory even when every check passes\n"
+    "\n"
+    "dtrun is found next to dtrain or at $DTRUN. Prints a table of the checks;\n"
+    "exit status 0 when all pass, 1 when one fails (the runs' output directory is\n"
+    "printed), 2 for bad flags.\n";
+
+/* ---- child processes ------------------------------------------------------------------ */
+
+static volatile sig_atomic_t g_stop;   /* SIGINT/SIGTERM while a child runs */
+
+static void on_signal(int sig) { g_stop = sig; }
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The launch variables a child must not inherit (launch_env.c reads them). */
+static int is_launch_var(const char *kv) {
+    static const char *const names[] = {
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+        "MASTER_PORT", "DT_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+        "MPI_LOCALNRANKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NODEID",
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        size_t n = strlen(names[i]);
+        if (!strncmp(kv, names[i], n) && kv[n] == '=') return 1;
+    }
+    return 0;
+}
+
+/* Wait for pid until the deadline; 1 when it ended (*st set), 0 when not. */
+static int wait_until(pid_t pid, double deadline, int *st) {
+    for (;;) {
+        pid_t w = waitpid(pid, st, WNOHANG);
+        if (w == pid) return 1;
+        if (w < 0 && errno != EINTR) return 1;  /* not our child any more: nothing to wait for */
+        if (mono_s() >= deadline || g_stop) return 0;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+int dt_tool_run(char *const argv[], const char *log, double timeout_s, int *timed_out) {
+    *timed_out = 0;
+    size_t ne = 0;
+    while (environ[ne]) ne++;
+    char **envp = malloc((ne + 1) * sizeof *envp);
+    if (!envp) { dt_error(DT_ERR_NOMEM, "out of memory starting %s", argv[0]); return -1; }
+    size_t k = 0;
+    for (size_t i = 0; i < ne; i++)
+        if (!is_launch_var(environ[i])) envp[k++] = environ[i];
+    envp[k] = NULL;
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        dt_error(DT_ERR_IO, "cannot open %s for the output of %s (%s)", log, argv[0], strerror(errno));
+        free(envp);
+        return -1;
+    }
+    int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        dt_error(DT_ERR_IO, "cannot open /dev/null (%s)", strerror(errno));
+        close(fd);
+        free(envp);
+        return -1;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* its own process group, so a timeout can stop it and everything it started */
+        setpgid(0, 0);
+        if (dup2(in, 0) < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(127);
+        execve(argv[0], argv, envp);
+        dprintf(2, "cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    int err = errno;
+    close(fd);
+    close(in);
+    free(envp);
+    if (pid < 0) { dt_error(DT_ERR_IO, "cannot start %s: fork: %s", argv[0], strerror(err)); return -1; }
+    setpgid(pid, pid);  /* also here: whichever runs first */
+    int st = 0;
+    if (!wait_until(pid, mono_s() + timeout_s, &st)) {
+        *timed_out = !g_stop;
+        kill(-pid, SIGTERM);
+        if (!wait_until(pid, mono_s() + 5.0, &st)) {
+            kill(-pid, SIGKILL);
+            while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+        }
+        if (g_stop) return 128 + g_stop;
+        return 124;
+    }
+    if (WIFEXITED(st)) return WEXITSTATUS(st);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return 1;
+}
+
+void dt_tool_last_line(const char *path, char *buf, size_t n) {
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    while ((len = getline(&line, &cap, f)) != -1) {
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+        if (len == 0 || line[0] == '#') continue;
+        snprintf(buf, n, "%s", line);
+    }
+    free(line);
+    fclose(f);
+}
+
+/* ---- the runs ------------------------------------------------------------------------- */
+
+/* What check learned from its flags and the data set. */
+typedef struct {
+    int      np;
+    double   timeout_s;
+    int      keep;
+    const char *data;
+    int64_t  batch, micro, steps, epochs, spe;
+    int      spans;            /* the runs cross an epoch boundary */
+    char     synth[128];       /* the sampler run's data set when they do not */
+    char   **pass;             /* the user's train flags that go through unchanged */
+    int      npass;
+    char     self[4096], dtrun[4200], dir[4096];
+} check_cfg;
+
+typedef struct {
+    const char *name;          /* "np1", "np2", "sampler" */
+    int  rc, timed_out;
+    double secs;
+    char log[4200], metrics[4200], weights[4200];
+} run_info;
+
+/* Flags of `dtrain train` that take no value. */
+static int is_bool_flag(const char *a) {
+    return !strcmp(a, "--nesterov") || !strcmp(a, "--no-eval") || !strcmp(a, "--quiet") ||
+           !strcmp(a, "--no-overlap") || !strcmp(a, "--sync-bn");
+}
+
+static dt_status find_programs(check_cfg *c) {
+    ssize_t len = readlink("/proc/self/exe", c->self, sizeof c->self - 1);
+    if (len <= 0) return dt_error(DT_ERR_IO, "cannot find the dtrain program (/proc/self/exe: %s)", strerror(errno));
+    c->self[len] = '\0';
+    const char *env = getenv("DTRUN");
+    if (env && *env) {
+        if (access(env, X_OK) != 0) return dt_error(DT_ERR_INVALID, "$DTRUN: %s is not an executable program", env);
+        snprintf(c->dtrun, sizeof c->dtrun, "%s", env);
+        return DT_OK;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", c->self);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    snprintf(c->dtrun, sizeof c->dtrun, "%s/dtrun", dir);
+    if (access(c->dtrun, X_OK) == 0) return DT_OK;
+    /* a libtool build runs the program from .libs/, next to which dtrun is not */
+    size_t dl = strlen(dir);
+    if (dl >= 6 && !strcmp(dir + dl - 6, "/.libs")) {
+        dir[dl - 6] = '\0';
+        snprintf(c->dtrun, sizeof c->dtrun, "%s/dtrun", dir);
+        if (access(c->dtrun, X_OK) == 0) return DT_OK;
+    }
+    return dt_error(DT_ERR_IO, "dtrun not found next to %s (set $DTRUN to the launcher)", c->self);
+}
+
+/* Parse check's own flags and the train flags it must know; the rest passes through. */
+static dt_status parse_flags(int argc, char **argv, check_cfg *c, int *help) {
+    dt_train_opts o;
+    dt_train_opts_default(&o);
+    int64_t bpr = 0, user_steps = 0, iv;
+    c->data = o.data;
+    c->batch = o.batch;
+    c->timeout_s = 300;
+    c->pass = calloc((size_t)argc + 1, sizeof *c->pass);
+    if (!c->pass) return dt_error(DT_ERR_NOMEM, "out of memory");
+    for (int i = 1; i < argc;) {
+        const char *a = argv[i], *v = NULL;
+        dt_status s = DT_OK;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { *help = 1; return DT_OK; }
+        if (!strcmp(a, "--keep-runs")) { c->keep = 1; i++; continue; }
+        if (!strcmp(a, "--quiet") || !strcmp(a, "--no-eval")) { i++; continue; }  /* check sets them */
+        if (is_bool_flag(a)) { c->pass[c->npass++] = argv[i++]; continue; }
+        if (strncmp(a, "--", 2) != 0 || !a[2])
+            return dt_error(DT_ERR_INVALID, "unexpected argument '%s' (dtrain check takes flags only; see --help)", a);
+        /* every other flag has a value: "--flag VALUE" or "--flag=VALUE" */
+        char name[64];
+        size_t nl = strcspn(a, "=");
+        if (nl >= sizeof name) return dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain check --help)", a);
+        memcpy(name, a, nl);
+        name[nl] = '\0';
+        int start = i;
+        if (!dt_arg_match(name, argc, argv, &i, &v, &s)) return dt_error(DT_ERR_INTERNAL, "flag '%s' not matched", a);
+        if (s != DT_OK) return s;
+        if (!strcmp(name, "--np")) {
+            DT_TRY(dt_arg_int("--np", v, 2, 1024, 0, &iv));
+            c->np = (int)iv;
+        }
+        else if (!strcmp(name, "--timeout")) DT_TRY(dt_arg_double("--timeout", v, 1, 1e6, &c->timeout_s));
+        else if (!strcmp(name, "--data")) c->data = v;
+        else if (!strcmp(name, "--batch")) DT_TRY(dt_arg_int("--batch", v, 1, 1 << 24, 0, &c->batch));
+        else if (!strcmp(name, "--batch-per-rank")) DT_TRY(dt_arg_int("--batch-per-rank", v, 1, 1 << 24, 0, &bpr));
+        else if (!strcmp(name, "--micro-batches")) DT_TRY(dt_arg_int("--micro-batches", v, 1, 1 << 20, 0, &c->micro));
+        else if (!strcmp(name, "--steps")) DT_TRY(dt_arg_int("--steps", v, 0, INT64_MAX, 0, &user_steps));
+        else if (!strcmp(name, "--epochs") || !strcmp(name, "--log-every") || !strcmp(name, "--metrics") ||
+                 !strcmp(name, "--save")) {
+            /* check sets these itself */
+        } else if (!strcmp(name, "--checkpoint-dir") || !strcmp(name, "--checkpoint-every") ||
+                   !strcmp(name, "--keep") || !strcmp(name, "--resume") || !strcmp(name, "--stop-at")) {
+            /* both runs would share (and resume from) the same checkpoints: check trains from scratch */
+        } else if (!strcmp(name, "--lr-scale")) {
+            if (strcmp(v, "none") != 0)
+                return dt_error(DT_ERR_INVALID, "--lr-scale: '%s' makes the learning rate depend on the world size, "
+                                "so 1 and N processes cannot agree; pass the scaled --lr instead", v);
+        } else {
+            for (int j = start; j < i; j++) c->pass[c->npass++] = argv[j];
+        }
+    }
+    if (c->np == 0) return dt_error(DT_ERR_INVALID, "--np: required (the number of processes to compare with 1)");
+    if (bpr > 0) c->batch = bpr * c->np;
+    if (c->micro == 0) c->micro = c->np;
+    if (c->micro % c->np != 0)
+        return dt_error(DT_ERR_INVALID, "--micro-batches: %lld is not a multiple of --np %d", (long long)c->micro, c->np);
+    if (c->batch % c->micro != 0)
+        return dt_error(DT_ERR_INVALID, "--batch: the global batch %lld is not divisible by %lld micro-batches",
+                        (long long)c->batch, (long long)c->micro);
+
+    /* the data set: its size says how long an epoch is, its shape the synthetic one */
+    dt_dataset *ds = NULL;
+    dt_status s = dt_dataset_open(c->data, DT_SPLIT_TRAIN, &ds);
+    if (s != DT_OK) return s == DT_ERR_IO ? DT_ERR_INVALID : s;
+    const dt_dataset_info *info = dt_dataset_get_info(ds);
+    int64_t n = info->n;
+    int64_t C = info->ndim == 3 ? info->shape[0] : 1, H = info->ndim == 3 ? info->shape[1] : 1;
+    int64_t W = info->ndim == 3 ? info->shape[2] : info->shape[0];
+    int classes = info->classes;
+    dt_dataset_free(ds);
+    if (c->batch > n)
+        return dt_error(DT_ERR_INVALID, "--batch: the global batch %lld is larger than the %lld training samples of %s",
+                        (long long)c->batch, (long long)n, c->data);
+    c->spe = n / c->batch;
+    c->steps = c->spe + 1 <= CHECK_MAX_STEPS ? (c->spe + 1 > CHECK_SHORT_STEPS ? c->spe + 1 : CHECK_SHORT_STEPS)
+                                             : CHECK_SHORT_STEPS;
+    if (user_steps > 0 && user_steps < c->steps) c->steps = user_steps;
+    c->epochs = (c->steps + c->spe - 1) / c->spe;
+    c->spans = c->steps > c->spe;
+    snprintf(c->synth, sizeof c->synth, "synthetic:%lld,%lld,%lld,%lld,%d", (long long)(2 * c->batch), (long long)C,
+             (long long)H, (long long)W, classes);
+    return DT_OK;
+}
+
+/* One `dtrain train` run: 1 process, or N under dtrun; sampler != 0: the epoch-order run. */
+static void run_train(const check_cfg *c, run_info *r, int nproc, int sampler) {
+    char num[5][32];
+    const char *argv[64 + 256];
+    int k = 0;
+    if (nproc > 1) {
+        snprintf(num[0], sizeof num[0], "%d", nproc);
+        argv[k++] = c->dtrun;
+        argv[k++] = "-n";
+        argv[k++] = num[0];
+    }
+    argv[k++] = c->self;
+    argv[k++] = "train";
+    int nf = c->npass < 256 ? c->npass : 256;
+    for (int i = 0; i < nf; i++) {
+        /* --backend/--init-method belong to the distributed run; the reference is a plain one */
+        if (nproc == 1 && (!strncmp(c->pass[i], "--backend", 9) || !strncmp(c->pass[i], "--init-method", 13))) {
+            if (!strchr(c->pass[i], '=')) i++;
+            continue;
+        }
+        argv[k++] = c->pass[i];
+    }
+    int64_t steps = sampler ? 3 : c->steps, epochs = sampler ? 2 : c->epochs;
+    snprintf(num[1], sizeof num[1], "%lld", (long long)c->batch);
+    snprintf(num[2], sizeof num[2], "%lld", (long long)c->micro);
+    snprintf(num[3], sizeof num[3], "%lld", (long long)steps);
+    snprintf(num[4], sizeof num[4], "%lld", (long long)epochs);
+    const char *tail[] = {"--data", sampler ? c->synth : c->data, "--batch", num[1], "--micro-batches", num[2],
+                          "--steps", num[3], "--epochs", num[4], "--log-every", "1", "--metrics", r->metrics,
+                          "--no-eval", "--quiet"};
+    for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++) argv[k++] = tail[i];
+    if (!sampler) {
+        argv[k++] = "--save";
+        argv[k++] = r->weights;
+    }
+    argv[k] = NULL;
+    double t0 = mono_s();
+    r->rc = dt_tool_run((char *const *)argv, r->log, c->timeout_s, &r->timed_out);
+    r->secs = mono_s() - t0;
+    if (r->rc < 0) {
+        /* could not even start it: say so in its log, where the checks look */
+        FILE *f = fopen(r->log, "a");
+        if (f) { fprintf(f, "dtrain check: %s\n", dt_last_error()); fclose(f); }
+        r->rc = 1;
+    }
+    printf("  run %-8s %d process%s: exit %d%s, %.1f s\n", r->name, nproc, nproc == 1 ? "" : "es", r->rc,
+           r->timed_out ? " (timed out)" : "", r->secs);
+    fflush(stdout);
+}
+
+static void run_paths(const check_cfg *c, run_info *r, const char *name) {
+    r->name = name;
+    snprintf(r->log, sizeof r->log, "%s/%s.log", c->dir, name);
+    snprintf(r->metrics, sizeof r->metrics, "%s/%s.jsonl", c->dir, name);
+    snprintf(r->weights, sizeof r->weights, "%s/%s.safetensors", c->dir, name);
+}
+
+/* ---- the checks ------------------------------------------------------------------------ */
+
+typedef struct {
+    const char *name;
+    int  pass;                 /* 1 pass, 0 fail */
+    char detail[640];
+} check_row;
+
+static void row_set(check_row *r, int pass, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void row_set(check_row *r, int pass, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->detail, sizeof r->detail, fmt, ap);
+    va_end(ap);
+    r->pass = pass;
+}
+
+/* A run's failure in a few words: "timed out after 300 s" or "exit 1: <last line>". */
+static void run_failure(const run_info *r, double timeout_s, char *buf, size_t n) {
+    char last[400];
+    dt_tool_last_line(r->log, last, sizeof last);
+    if (r->timed_out) snprintf(buf, n, "timed out after %.0f s (killed)", timeout_s);
+    else snprintf(buf, n, "exit %d%s%s", r->rc, last[0] ? ": " : "", last);
+}
+
+/* The cross-rank comparison's message from a log ("rank R: parameter 'X' has a
+ * different value (checksum) on rank(s) ... than on rank 0"), or 0. */
+static int find_rank_mismatch(const char *log, char *buf, size_t n) {
+    FILE *f = fopen(log, "r");
+    if (!f) return 0;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int found = 0;
+    while (!found && (len = getline(&line, &cap, f)) != -1) {
+        if (!strstr(line, "parameter '") || !strstr(line, "has a different")) continue;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+        const char *p = strstr(line, "dtrain: ");
+        p = p ? p + 8 : line;
+        snprintf(buf, n, "%s", p);
+        found = 1;
+    }
+    free(line);
+    fclose(f);
+    return found;
+}
+
+static void check_loss_and_order(const check_cfg *c, const dt_step_rec *a, size_t na, const dt_step_rec *b,
+                                 size_t nb, check_row *loss, check_row *order) {
+    int pow2 = (c->np & (c->np - 1)) == 0;
+    char rule[96];
+    if (pow2) snprintf(rule, sizeof rule, "bitwise: %d is a power of two", c->np);
+    else snprintf(rule, sizeof rule, "within %g relative: %d is not a power of two", CHECK_LOSS_RTOL, c->np);
+    size_t n = na < nb ? na : nb;
+    double worst = 0;
+    loss->pass = order->pass = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (a[i].step != b[i].step) {
+            row_set(loss, 0, "the runs logged different steps (%lld and %lld at line %zu)", (long long)a[i].step,
+                    (long long)b[i].step, i + 1);
+            break;
+        }
+        int same = !strcmp(a[i].loss_text, b[i].loss_text);
+        if (!same && !pow2) {
+            double d = fabs(a[i].loss - b[i].loss), m = fmax(fabs(a[i].loss), fabs(b[i].loss));
+            double rel = m > 0 ? d / m : d;
+            if (rel > worst) worst = rel;
+            same = rel <= CHECK_LOSS_RTOL;
+        }
+        if (!same) {
+            row_set(loss, 0, "diverges at step %lld: 1 process %s, %d processes %s (%s)", (long long)a[i].step,
+                    a[i].loss_text, c->np, b[i].loss_text, rule);
+            break;
+        }
+    }
+    if (loss->pass < 0) {
+        if (na != nb || na != (size_t)c->steps)
+            row_set(loss, 0, "1 process logged %zu steps, %d processes %zu (expected %lld)", na, c->np, nb,
+                    (long long)c->steps);
+        else if (pow2) row_set(loss, 1, "%zu steps, every loss bitwise equal (%s)", n, rule);
+        else row_set(loss, 1, "%zu steps, largest relative difference %.2g (%s)", n, worst, rule);
+    }
+    for (size_t i = 0; i < n && order->pass < 0; i++) {
+        if (!a[i].hash[0] || !b[i].hash[0])
+            row_set(order, 0, "step %lld has no batch_hash in the metrics", (long long)a[i].step);
+        else if (strcmp(a[i].hash, b[i].hash) != 0)
+            row_set(order, 0, "step %lld: 1 process trained on batch %s, %d processes on %s", (long long)a[i].step,
+                    a[i].hash, c->np, b[i].hash);
+    }
+    if (order->pass < 0) {
+        if (n == 0) row_set(order, 0, "no steps to compare");
+        else row_set(order, 1, "the %zu steps' global batches have the same fingerprints", n);
+    }
+}
+
+/* Step s of epoch 1 against step s of epoch 0, in one run's metrics. */
+static void check_epochs(const dt_step_rec *r, size_t n, const char *what, check_row *row) {
+    size_t e0 = 0, e1 = 0, repeats = 0, first = 0;
+    while (e0 < n && r[e0].epoch == 0) e0++;
+    for (size_t i = e0; i < n && r[i].epoch == 1; i++) e1++;
+    if (e0 == 0 || e1 == 0) {
+        row_set(row, 0, "%s did not log steps of both epoch 0 and epoch 1", what);
+        return;
+    }
+    size_t m = e1 < e0 ? e1 : e0;
+    for (size_t j = 0; j < m; j++) {
+        if (!r[j].hash[0] || !r[e0 + j].hash[0]) {
+            row_set(row, 0, "%s: step %lld has no batch_hash in the metrics", what, (long long)r[j].step);
+            return;
+        }
+        if (!strcmp(r[j].hash, r[e0 + j].hash) && repeats++ == 0) first = j;
+    }
+    if (repeats == m)
+        row_set(row, 0, "epoch 1 repeats epoch 0's batches (step 1 of both: %s; %zu of %zu compared): the sampler "
+                "ignores the epoch (%s)", r[0].hash, repeats, m, what);
+    else if (repeats)
+        row_set(row, 0, "step %zu of epoch 1 repeats step %zu of epoch 0 (batch %s; %zu of %zu compared) (%s)", first + 1,
+                first + 1, r[first].hash, repeats, m, what);
+    else
+        row_set(row, 1, "%zu step%s of epoch 1 draw%s other batches than epoch 0 (%s)", m, m == 1 ? "" : "s",
+                m == 1 ? "s" : "", what);
+}
+
+/* Largest |x - y| over two tensors of the same dtype and size; -1 for non-numeric dtypes. */
+static double max_abs_diff(const dt_st_tensor *x, const dt_st_tensor *y, double *maxabs) {
+    size_t esz = dt_st_dtype_size(x->dtype), cnt = esz ? x->nbytes / esz : 0;
+    double worst = 0;
+    *maxabs = 0;
+    for (size_t i = 0; i < cnt; i++) {
+        double a, b;
+        switch (x->dtype) {
+        case DT_ST_F32: a = ((const float *)x->data)[i]; b = ((const float *)y->data)[i]; break;
+        case DT_ST_F64: a = ((const double *)x->data)[i]; b = ((const double *)y->data)[i]; break;
+        case DT_ST_I64: a = (double)((const int64_t *)x->data)[i]; b = (double)((const int64_t *)y->data)[i]; break;
+        case DT_ST_I32: a = ((const int32_t *)x->data)[i]; b = ((const int32_t *)y->data)[i]; break;
+        default: return -1;
+        }
+        double d = fabs(a - b);
+        if (!(d <= worst)) worst = d;  /* NaN counts as the worst */
+        if (fabs(a) > *maxabs) *maxabs = fabs(a);
+    }
+    return worst;
+}
+
+static void check_weights(const check_cfg *c, const run_info *r1, const run_info *rn, check_row *row) {
+    int pow2 = (c->np & (c->np - 1)) == 0;
+    dt_st_file *fa = NULL, *fb = NULL;
+    if (dt_st_open(r1->weights, &fa) != DT_OK) {
+        row_set(row, 0, "cannot read the 1-process weights: %s", dt_last_error());
+        return;
+    }
+    if (access(rn->weights, F_OK) != 0) {
+        row_set(row, 0, "the %d-process run saved no weights (it failed; see end to end)", c->np);
+        dt_st_close(fa);
+        return;
+    }
+    if (dt_st_open(rn->weights, &fb) != DT_OK) {
+        row_set(row, 0, "cannot read the %d-process weights: %s", c->np, dt_last_error());
+        dt_st_close(fa);
+        return;
+    }
+    size_t nt = dt_st_count(fa), differ = 0, bytes = 0;
+    int failed = 0;
+    if (dt_st_count(fb) != nt) {
+        row_set(row, 0, "1 process saved %zu tensors, %d processes %zu", nt, c->np, dt_st_count(fb));
+        failed = 1;
+    }
+    for (size_t i = 0; i < nt && !failed; i++) {
+        dt_st_tensor x, y;
+        if (dt_st_tensor_at(fa, i, &x) != DT_OK) { row_set(row, 0, "%s", dt_last_error()); failed = 1; break; }
+        if (dt_st_find(fb, x.name, &y) != DT_OK) {
+            row_set(row, 0, "'%s' is missing from the %d-process weights", x.name, c->np);
+            failed = 1;
+            break;
+        }
+        if (x.dtype != y.dtype || x.ndim != y.ndim || x.nbytes != y.nbytes ||
+            memcmp(x.shape, y.shape, (size_t)x.ndim * sizeof x.shape[0]) != 0) {
+            row_set(row, 0, "'%s' has another dtype or shape in the %d-process weights", x.name, c->np);
+            failed = 1;
+            break;
+        }
+        bytes += x.nbytes;
+        if (memcmp(x.data, y.data, x.nbytes) == 0) continue;
+        differ++;
+        if (failed == 2) continue;  /* the first failing tensor is named already; count the rest */
+        double maxabs = 0, d = max_abs_diff(&x, &y, &maxabs);
+        int integer = x.dtype == DT_ST_I64 || x.dtype == DT_ST_I32;
+        if (!pow2 && !integer && d >= 0 && d <= CHECK_WEIGHT_TOL * fmax(1.0, maxabs)) continue;
+        if (d >= 0) row_set(row, 0, "'%s' is the first tensor that differs: max abs difference %.3g", x.name, d);
+        else row_set(row, 0, "'%s' is the first tensor that differs (dtype %s)", x.name, dt_st_dtype_name(x.dtype));
+        failed = 2;
+    }
+    /* a mismatch of names or shapes stops the loop; otherwise every tensor was seen */
+    if (failed == 2) {
+        size_t len = strlen(row->detail);
+        snprintf(row->detail + len, sizeof row->detail - len, "; %zu of %zu tensors differ", differ, nt);
+    } else if (!failed) {
+        if (differ == 0)
+            row_set(row, 1, "%zu tensors, %zu bytes, every byte equal", nt, bytes);
+        else
+            row_set(row, 1, "%zu of %zu tensors differ, within %g of max(1, |w|) (%d is not a power of two, so "
+                    "bitwise equality is not promised)", differ, nt, CHECK_WEIGHT_TOL, c->np);
+    }
+    dt_st_close(fa);
+    dt_st_close(fb);
+}
+
+/* ---- main ------------------------------------------------------------------------------ */
+
+static void remove_dir(const char *dir, const run_info *runs, int nrun) {
+    for (int i = 0; i < nrun; i++) {
+        unlink(runs[i].log);
+        unlink(runs[i].metrics);
+        unlink(runs[i].weights);
+    }
+    if (rmdir(dir) != 0) fprintf(stderr, "dtrain check: could not remove %s (%s)\n", dir, strerror(errno));
+}
+
+static int bad(dt_status s) {
+    fprintf(stderr, "dtrain check: %s\n", dt_last_error());
+    return dt_exit_code(s) == 0 ? 2 : dt_exit_code(s);
+}
+
+int dtrain_check_main(int argc, char **argv) {
+    check_cfg c;
+    memset(&c, 0, sizeof c);
+    int help = 0;
+    dt_status s = parse_flags(argc, argv, &c, &help);
+    if (help) { free(c.pass); fputs(usage_check, stdout); return 0; }
+    if (s == DT_OK) s = find_programs(&c);
+    if (s != DT_OK) { free(c.pass); return bad(s); }
+
+    const char *tmp = getenv("TMPDIR");
+    snprintf(c.dir, sizeof c.dir, "%s/dtrain-check-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(c.dir)) {
+        free(c.pass);
+        return bad(dt_error(DT_ERR_IO, "cannot create a directory for the runs in %s (%s)", tmp && *tmp ? tmp : "/tmp",
+                            strerror(errno)));
+    }
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+
+    int pow2 = (c.np & (c.np - 1)) == 0;
+    printf("dtrain check: 1 process against %d, %lld step%s (%lld per epoch), global batch %lld in %lld micro-batches\n",
+           c.np, (long long)c.steps, c.steps == 1 ? "" : "s", (long long)c.spe, (long long)c.batch,
+           (long long)c.micro);
+    fflush(stdout);
+    char nname[16];
+    snprintf(nname, sizeof nname, "np%d", c.np);
+    run_info runs[3];
+    memset(runs, 0, sizeof runs);
+    int nrun = 0, rc = 0;
+    run_info *r1 = &runs[nrun++], *rn = &runs[nrun++], *rs = NULL;
+    run_paths(&c, r1, "np1");
+    run_paths(&c, rn, nname);
+    char why[512];
+
+    run_train(&c, r1, 1, 0);
+    if (g_stop) { rc = 128 + g_stop; goto out; }
+    if (r1->rc != 0) {
+        run_failure(r1, c.timeout_s, why, sizeof why);
+        if (r1->rc == 2) {
+            fprintf(stderr, "dtrain check: the 1-process run rejected the flags: %s\n", why);
+            rc = 2;
+        } else {
+            fprintf(stderr, "dtrain check: the 1-process reference run failed (%s); its output is in %s\n", why,
+                    r1->log);
+            rc = 1;
+        }
+        goto out;
+    }
+    run_train(&c, rn, c.np, 0);
+    if (g_stop) { rc = 128 + g_stop; goto out; }
+    if (!c.spans) {
+        rs = &runs[nrun++];
+        run_paths(&c, rs, "sampler");
+        run_train(&c, rs, c.np, 1);
+        if (g_stop) { rc = 128 + g_stop; goto out; }
+    }
+
+    check_row rows[6] = {{.name = "end to end"}, {.name = "loss curve"}, {.name = "batch order"},
+                         {.name = "epoch order"}, {.name = "ranks agree"}, {.name = "bitwise"}};
+    dt_step_rec *a = NULL, *b = NULL, *e = NULL;
+    size_t na = 0, nb = 0, ne = 0;
+    int runs_a = 0, runs_b = 0, runs_e = 0;
+    char mismatch[512];
+    int has_mismatch = find_rank_mismatch(rn->log, mismatch, sizeof mismatch);
+
+    /* end to end */
+    if (rn->rc == 0) {
+        row_set(&rows[0], 1, "%d processes ran %lld steps and exited 0 (%.1f s)", c.np, (long long)c.steps, rn->secs);
+    } else {
+        run_failure(rn, c.timeout_s, why, sizeof why);
+        if (has_mismatch)
+            row_set(&rows[0], 0, "exit %d after its steps: the end-of-run parameter comparison failed (see ranks agree)",
+                    rn->rc);
+        else row_set(&rows[0], 0, "%d processes: %s", c.np, why);
+    }
+    /* loss curve and batch order */
+    if (dt_tool_read_steps(r1->metrics, &a, &na, &runs_a) != DT_OK ||
+        dt_tool_read_steps(rn->metrics, &b, &nb, &runs_b) != DT_OK) {
+        row_set(&rows[1], 0, "%s", dt_last_error());
+        row_set(&rows[2], 0, "%s", dt_last_error());
+    } else {
+        check_loss_and_order(&c, a, na, b, nb, &rows[1], &rows[2]);
+    }
+    /* epoch order: from the N-process run when it crossed an epoch, else its own run */
+    if (c.spans) {
+        char what[64];
+        snprintf(what, sizeof what, "the %d-process run", c.np);
+        check_epochs(b, nb, what, &rows[3]);
+    } else if (dt_tool_read_steps(rs->metrics, &e, &ne, &runs_e) != DT_OK) {
+        row_set(&rows[3], 0, "%s", dt_last_error());
+    } else {
+        char what[200];
+        snprintf(what, sizeof what, "%d processes on %s", c.np, c.synth);
+        if (rs->rc != 0 && ne < 3) {
+            run_failure(rs, c.timeout_s, why, sizeof why);
+            row_set(&rows[3], 0, "the epoch-order run failed: %s", why);
+        } else {
+            check_epochs(e, ne, what, &rows[3]);
+        }
+    }
+    /* ranks agree */
+    if (rn->rc == 0) row_set(&rows[4], 1, "every parameter has the same checksum on all %d ranks", c.np);
+    else if (has_mismatch) row_set(&rows[4], 0, "%s", mismatch);
+    else row_set(&rows[4], 0, "not reached: the %d-process run failed before the comparison (see end to end)", c.np);
+    /* bitwise */
+    check_weights(&c, r1, rn, &rows[5]);
+    if (!pow2) rows[5].name = "weights";
+    free(a);
+    free(b);
+    free(e);
+
+    int failed = 0;
+    printf("\n%-12s %-6s %s\n", "check", "result", "detail");
+    for (int i = 0; i < 6; i++) {
+        printf("%-12s %-6s %s\n", rows[i].name, rows[i].pass == 1 ? "PASS" : "FAIL", rows[i].detail);
+        failed += rows[i].pass != 1;
+    }
+    if (failed) {
+        printf("\ndtrain check: %d of 6 checks failed; the runs' output is in %s\n", failed, c.dir);
+        rc = 1;
+    } else {
+        printf("\ndtrain check: all 6 checks passed: %d processes compute what 1 process computes\n", c.np);
+    }
+out:
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    fflush(stdout);
+    if ((rc == 0 && !c.keep) || rc == 2) remove_dir(c.dir, runs, nrun);  /* bad flags: the child said why */
+    else if (rc == 0 || rc > 128) printf("dtrain check: the runs' output is in %s\n", c.dir);
+    free(c.pass);
+    return rc;
+}

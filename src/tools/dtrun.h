@@ -1,0 +1,120 @@
+/*
+ * dtrun.h: what the three parts of dtrun share.
+ *
+ *   dtrun.c        command line (flags and DTRUN_* variables), the attempt loop, the
+ *                  final report and exit status
+ *   dtrun_ranks.c  one attempt on this node: fork the ranks, carry their output
+ *                  (prefix, filter, log files, the last stderr lines), supervise them
+ *   dtrun_rdzv.c   multi-node: node 0's dtrun serves a small line protocol on
+ *                  --master-port; the other nodes join, learn the layout, report local
+ *                  failures and hear the job's first failure, restarts and the end
+ *
+ * The rendezvous is dtrun's own and not the comm layer's store: the dtruns must notice
+ * at once when a node disappears (a closed connection, missing heartbeats), which a
+ * request/response store cannot tell, and everything runs in one poll() loop.
+ */
+#ifndef DTRUN_H
+#define DTRUN_H
+
+#include <poll.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#define DTRUN_MAX_RANKS  4096
+#define DTRUN_MAX_NODES  4096
+#define DTRUN_TAIL       10           /* stderr lines of a rank kept for the failure report */
+
+typedef struct {
+    int    nproc;          /* ranks on this node */
+    int    nnodes;
+    int    node_rank;
+    char   master_addr[256];
+    int    master_port;    /* 0: pick a free one (single node only) */
+    int    port_given;
+    double grace_s;
+    int    max_restarts;
+    double monitor_s;      /* heartbeat period between the dtruns */
+    double hb_timeout_s;   /* a node silent this long is lost */
+    double rdzv_timeout_s; /* how long to wait for the nodes to meet */
+    char   log_dir[1024];  /* "" : no log files */
+    int    tee;            /* with log_dir: also print on the console */
+    char  *ranks_filter;   /* NULL: show every rank; else a bitmap over global ranks */
+    char   run_id[128];    /* given with --run-id, or "" */
+    char **argv;           /* PROGRAM ARGS..., NULL-terminated */
+} dtrun_cfg;
+
+/* The unfinished line of one stream of one rank. */
+typedef struct {
+    int    fd;        /* read end of the pipe; -1 once closed */
+    int    out;       /* 1 or 2: where its lines go */
+    char  *buf;
+    size_t len, cap;
+} dtrun_stream;
+
+typedef struct {
+    int          rank;        /* local rank */
+    pid_t        pid;
+    int          status;      /* wait status once reaped */
+    int          reaped;
+    dtrun_stream s[2];        /* stdout, stderr */
+    FILE        *log;         /* --log-dir file, or NULL */
+    char        *tail[DTRUN_TAIL];   /* ring of the last stderr lines */
+    int          ntail;
+} dtrun_rank;
+
+typedef struct dtrun_net dtrun_net;
+
+/* One node's view of the job. */
+typedef struct {
+    const dtrun_cfg *cfg;
+    char         host[256];
+    char       **hosts;       /* host of every node (the layout), or NULL */
+    dtrun_rank  *rk;
+    pid_t        pgid;
+    int          sfd;         /* signalfd: SIGCHLD, SIGINT, SIGTERM, SIGHUP */
+    FILE        *log;         /* dtrun's own log in --log-dir, or NULL */
+    dtrun_net   *net;         /* NULL on a single node */
+    /* this attempt */
+    int          attempt;
+    int          rank_port;   /* MASTER_PORT given to the ranks */
+    char         job_id[192]; /* DT_JOB_ID given to the ranks, "" to inherit */
+    int          alive;
+    int          stopping;
+    double       kill_at;     /* > 0: SIGKILL the ranks at this time */
+    int          signal;      /* a signal that stopped this dtrun */
+    /* the job's first failure (this node's or another's), NULL while there is none */
+    char        *fail;        /* lines without "dtrun: " */
+    int          fail_code;   /* the exit status it implies */
+    int          no_restart;  /* restarting would not help (a signal, a lost node) */
+} dtrun_job;
+
+/* dtrun.c */
+void   dtrun_say(dtrun_job *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void   dtrun_say_block(dtrun_job *job, const char *text);
+double dtrun_now(void);
+const char *dtrun_signame(int sig);
+void   dtrun_clock(char *out, size_t n);
+int    dtrun_free_port(void);
+
+/* dtrun_ranks.c */
+int  dtrun_spawn(dtrun_job *job);                 /* 0, or -1 after a message */
+void dtrun_supervise(dtrun_job *job);             /* until every local rank is reaped */
+void dtrun_signal_ranks(dtrun_job *job, int sig);
+/* Record the job's first failure (if none yet) and stop the local ranks. */
+void dtrun_stop(dtrun_job *job, const char *desc, int code, int no_restart);
+void dtrun_close_logs(dtrun_job *job);
+
+/* dtrun_rdzv.c */
+int  dtrun_net_start(dtrun_job *job);             /* rendezvous; 0, or an exit status */
+int  dtrun_net_pollfds(dtrun_job *job, struct pollfd *pfd, int max);
+void dtrun_net_ready(dtrun_job *job, struct pollfd *pfd, int n);
+double dtrun_net_deadline(dtrun_job *job);        /* next heartbeat due, 0 if none */
+void dtrun_net_tick(dtrun_job *job);              /* send and check heartbeats */
+/* A local failure: tell the master (or, on node 0, tell everyone). */
+void dtrun_net_failure(dtrun_job *job, const char *desc, int code, int no_restart);
+/* Local ranks ended: wait for the job's decision. Returns -1 to run the next attempt
+ * (job->attempt and rank_port updated), else the exit status of the job. */
+int  dtrun_net_after(dtrun_job *job);
+void dtrun_net_close(dtrun_job *job);
+
+#endif /* DTRUN_H */

@@ -1,0 +1,3 @@
+#!/bin/sh
+. "$DT_SRCDIR/tests/tap.sh"
+skip_all "stub"
