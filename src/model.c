@@ -140,6 +140,11 @@ dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *
         (s = ops->alloc((void **)&m->scalar, 2 * sizeof(float))) != DT_OK)
         goto fail;
     if (m->nparams && (s = ops->zero(m->grads, m->nparams * sizeof(float))) != DT_OK) goto fail;
+    for (int i = 0; i + 1 < m->spec.n; i++) {
+        dt_layer *L = &m->spec.layers[i], *N = &m->spec.layers[i + 1];
+        int can = L->kind == DT_LAYER_LINEAR || L->kind == DT_LAYER_CONV || L->kind == DT_LAYER_BN;
+        if (can && N->kind == DT_LAYER_RELU) L->fuse_relu = N->relu_fused = 1;
+    }
     dt_nn_ctx c = nn_ctx(m, 0);
     for (int i = 0; i < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i];

@@ -119,10 +119,10 @@ static dt_status bn_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int
             L->num_batches_tracked++;
         }
         L->bn_count = count;
-        DT_TRY(o->bn_apply(L->y, x, mean, invstd, gamma, beta, B, C, HW, 0));
+        DT_TRY(o->bn_apply(L->y, x, mean, invstd, gamma, beta, B, C, HW, L->fuse_relu));
     } else {
         DT_TRY(o->bn_invstd(invstd, c->buffers + L->rv_off, C, BN_EPS));
-        DT_TRY(o->bn_apply(L->y, x, c->buffers + L->rm_off, invstd, gamma, beta, B, C, HW, 0));
+        DT_TRY(o->bn_apply(L->y, x, c->buffers + L->rm_off, invstd, gamma, beta, B, C, HW, L->fuse_relu));
     }
     return DT_OK;
 }
@@ -185,14 +185,14 @@ dt_status dt_layer_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int 
         /* y (B, out) = x (B, in) @ W^T (in, out) + b */
         int in = (int)L->in_numel;
         DT_TRY(o->sgemm(0, 1, B, L->out, in, 1.0f, x, in, w, in, 0.0f, L->y, L->out));
-        if (b) DT_TRY(o->bias_add(L->y, b, B, L->out));
-        return DT_OK;
+        if (b) return L->fuse_relu ? o->bias_relu(L->y, b, B, L->out) : o->bias_add(L->y, b, B, L->out);
+        return L->fuse_relu ? o->relu_forward(L->y, L->y, n) : DT_OK;
     }
     case DT_LAYER_CONV: {
         dt_conv2d_desc d;
         conv_desc(L, B, &d);
         DT_TRY(dt_conv2d_desc_init(&d));
-        return o->conv2d_forward(&d, L->y, x, w, b, 0);
+        return o->conv2d_forward(&d, L->y, x, w, b, L->fuse_relu);
     }
     case DT_LAYER_MAXPOOL:
     case DT_LAYER_AVGPOOL: {
@@ -211,7 +211,9 @@ dt_status dt_layer_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int 
         int rows = (int)((int64_t)B * ln_rows(L));
         return o->layernorm_forward(L->y, L->save, L->save + rows, x, w, b, rows, cols, LN_EPS);
     }
-    case DT_LAYER_RELU: return o->relu_forward(L->y, x, n);
+    case DT_LAYER_RELU:
+        if (L->relu_fused) { L->out_ptr = (float *)x; return DT_OK; }  /* applied by the layer before */
+        return o->relu_forward(L->y, x, n);
     case DT_LAYER_GELU: return o->gelu_forward(L->y, x, n);
     case DT_LAYER_TANH: return o->tanh_forward(L->y, x, n);
     case DT_LAYER_DROPOUT:
@@ -270,7 +272,7 @@ dt_status dt_layer_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, con
          * caller does not want it (this layer's output is dead in backward) */
         return o->layernorm_backward(dx ? dx : L->y, dw, db, dy, x, L->save, L->save + rows, w, rows, cols);
     }
-    case DT_LAYER_RELU: return dx ? o->relu_backward(dx, dy, L->y, n) : DT_OK;
+    case DT_LAYER_RELU: return dx ? o->relu_backward(dx, dy, L->relu_fused ? x : L->y, n) : DT_OK;
     case DT_LAYER_GELU: return dx ? o->gelu_backward(dx, dy, x, n) : DT_OK;
     case DT_LAYER_TANH: return dx ? o->tanh_backward(dx, dy, L->y, n) : DT_OK;
     case DT_LAYER_DROPOUT:

@@ -98,6 +98,10 @@ typedef struct dt_layer {
     float  *save;            /* bn: [mean|invstd|s1|s2|zero] (5C); ln: [mean|rstd] (2 rows) */
     int32_t *idx;            /* maxpool: argmax of each output (B, outs) */
     int     last_train;      /* mode of the last forward */
+    /* relu fusion (set by the model builder): a linear, conv or bn followed by relu
+     * applies the relu itself (fuse_relu) and the relu layer passes its input on
+     * (relu_fused), saving one pass over the activations; the bits are the same. */
+    int     fuse_relu, relu_fused;
 } dt_layer;
 
 /* Everything a layer pass needs besides the layer itself. */

@@ -137,17 +137,19 @@ dt_status dt_algo_allreduce(const dt_p2p *p, const dt_call *call, const void *se
         return DT_OK;
     }
     if (is_pow2(W) && (bytes <= DT_ALGO_SMALL_BYTES || n < (size_t)W)) {
-        /* recursive doubling on whole buffers: same pairs, same tree, log2(W) messages */
-        char *snap = NULL;
-        if (W > 2 && !(snap = tmp_alloc(bytes))) return nomem(bytes);
+        /* recursive doubling on whole buffers: same pairs, same tree, log2(W) messages.
+         * What is sent must not change while the reduction writes recv, so from recv it
+         * goes out of a snapshot (a transport may receive before it has sent). */
+        char local[4096], *snap = local;
+        if (bytes > sizeof local && !(snap = tmp_alloc(bytes))) return nomem(bytes);
         dt_status s = DT_OK;
         const char *cur = send;
         for (int k = 0; (1 << k) < W && s == DT_OK; k++) {
             int partner = r ^ (1 << k);
-            if (k > 0) { memcpy(snap, recv, bytes); cur = snap; }   /* send a snapshot: recv is being written */
+            if (k > 0 || send == recv) { memcpy(snap, recv, bytes); cur = snap; }
             s = xchg(p, call, partner, cur, bytes, partner, recv, bytes, cur);
         }
-        free(snap);
+        if (snap != local) free(snap);
         if (s == DT_OK) finish_avg(p, call, recv, n);
         return s;
     }

@@ -185,9 +185,12 @@ static void snd_shm(snd_t *s, int *prog) {
     size_t span;
     if (!s->hdone) {
         size_t to_end;
-        if (s->len <= SMALL_REWIND && dt_shm_write_empty(q, &to_end) && to_end < dt_shm_size(q)) {
+        if (s->len <= SMALL_REWIND && dt_shm_write_empty(q, &to_end) &&
+            dt_shm_size(q) - to_end >= SHM_HDR_BYTES + round64(s->len)) {
             /* The ring is empty: jump back to its start, so small messages keep reusing
-             * the same few cache lines instead of walking cold memory. */
+             * the same few cache lines instead of walking cold memory. (Only when the
+             * message fits before the write position: the skipped bytes stay in use until
+             * the receiver has seen the skip record.) */
             span = dt_shm_write_span(q, &p);
             unsigned char skip[SHM_HDR_BYTES] = { 0 };
             dt_put32(skip, SHM_SKIP_MAGIC);

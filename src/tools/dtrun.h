@@ -103,6 +103,8 @@ void dtrun_signal_ranks(dtrun_job *job, int sig);
 /* Record the job's first failure (if none yet) and stop the local ranks. */
 void dtrun_stop(dtrun_job *job, const char *desc, int code, int no_restart);
 void dtrun_close_logs(dtrun_job *job);
+/* Drain the signalfd while no rank runs: the first SIGINT/SIGTERM/SIGHUP, or 0. */
+int  dtrun_read_signal(dtrun_job *job);
 
 /* dtrun_rdzv.c */
 int  dtrun_net_start(dtrun_job *job);             /* rendezvous; 0, or an exit status */

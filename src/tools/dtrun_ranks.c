@@ -1,0 +1,461 @@
+/*
+ * dtrun_ranks.c: one attempt of the job on this node — start the local ranks, carry
+ * their output, and supervise them until every one has been reaped.
+ *
+ * Output: each whole line a rank writes is printed with one write(), prefixed
+ * "[rankK]:" (K the global rank), on dtrun's stdout or stderr like the rank wrote it,
+ * so lines of different ranks never interleave. With --log-dir the lines go (without
+ * prefix) to DIR/rankK.log instead, and also to the console with --tee; --ranks-filter
+ * limits what reaches the console. The last DTRUN_TAIL stderr lines of every rank are
+ * kept whatever is shown, for the failure report.
+ *
+ * No rank outlives dtrun: the ranks share their own process group, which dtrun signals
+ * as a whole (grandchildren included), and each child asks the kernel for SIGKILL if
+ * dtrun dies (PR_SET_PDEATHSIG), in case dtrun itself is killed with SIGKILL.
+ *
+ * Everything runs in one thread with poll(): rank output pipes, a signalfd for SIGCHLD,
+ * SIGINT, SIGTERM and SIGHUP (no signal-handler reentrancy), and on several nodes the
+ * connections of the rendezvous (dtrun_rdzv.c).
+ */
+#include "config.h"
+#include "dtrun.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define DTRUN_LINE_MAX   (4u << 20)   /* a "line" longer than this is flushed in pieces */
+#define DTRUN_DRAIN_S    2.0          /* after the ranks exit, wait this long for pipes to close */
+#define DTRUN_NET_FDS    (DTRUN_MAX_NODES + 8)
+
+static int usable_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* Write all of buf; on EPIPE (our reader went away) stop writing to that fd for good. */
+static void write_all(int fd, const char *buf, size_t n) {
+    static int dead[3];
+    if (fd < 3 && dead[fd]) return;
+    while (n > 0) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (fd < 3) dead[fd] = 1;
+            return;
+        }
+        buf += w;
+        n -= (size_t)w;
+    }
+}
+
+static int global_rank(const dtrun_job *job, int local) {
+    return job->cfg->node_rank * job->cfg->nproc + local;
+}
+
+/* One whole line of rank r's stream k (0 stdout, 1 stderr): keep, log, show. */
+static void emit_line(dtrun_job *job, dtrun_rank *rk, int k, const char *text, size_t n) {
+    const dtrun_cfg *cfg = job->cfg;
+    int g = global_rank(job, rk->rank);
+    if (k == 1) {
+        char *copy = malloc(n + 1);
+        if (copy) {
+            memcpy(copy, text, n);
+            copy[n] = '\0';
+            int slot = rk->ntail % DTRUN_TAIL;
+            free(rk->tail[slot]);
+            rk->tail[slot] = copy;
+            rk->ntail++;
+        }
+    }
+    if (rk->log) {
+        fwrite(text, 1, n, rk->log);
+        fputc('\n', rk->log);
+    }
+    if (cfg->log_dir[0] && !cfg->tee) return;
+    if (cfg->ranks_filter && !cfg->ranks_filter[g]) return;
+    char pre[32];
+    int pn = snprintf(pre, sizeof pre, "[rank%d]:", g);
+    char stackbuf[8192];
+    char *line = n + (size_t)pn + 1 <= sizeof stackbuf ? stackbuf : malloc(n + (size_t)pn + 1);
+    int out = rk->s[k].out;
+    if (!line) {   /* no memory: still print, in pieces */
+        write_all(out, pre, (size_t)pn);
+        write_all(out, text, n);
+        write_all(out, "\n", 1);
+        return;
+    }
+    memcpy(line, pre, (size_t)pn);
+    memcpy(line + pn, text, n);
+    line[(size_t)pn + n] = '\n';
+    write_all(out, line, (size_t)pn + n + 1);
+    if (line != stackbuf) free(line);
+}
+
+/* Read what is available; emit every complete line; at EOF emit the rest and close. */
+static void stream_read(dtrun_job *job, dtrun_rank *rk, int k) {
+    dtrun_stream *st = &rk->s[k];
+    for (;;) {
+        if (st->cap - st->len < 65536) {
+            size_t cap = st->cap ? st->cap * 2 : 65536 * 2;
+            char *b = realloc(st->buf, cap);
+            if (!b) {   /* keep going with what we have: flush the partial line */
+                if (st->len) emit_line(job, rk, k, st->buf, st->len);
+                st->len = 0;
+                if (st->cap == 0) return;
+            } else {
+                st->buf = b;
+                st->cap = cap;
+            }
+        }
+        ssize_t r = read(st->fd, st->buf + st->len, st->cap - st->len);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            r = 0;   /* treat a read error as EOF */
+        }
+        if (r == 0) {
+            if (st->len) emit_line(job, rk, k, st->buf, st->len);
+            st->len = 0;
+            close(st->fd);
+            st->fd = -1;
+            return;
+        }
+        size_t start = 0, end = st->len + (size_t)r;
+        for (size_t i = st->len; i < end; i++)
+            if (st->buf[i] == '\n') {
+                emit_line(job, rk, k, st->buf + start, i - start);
+                start = i + 1;
+            }
+        st->len = end - start;
+        memmove(st->buf, st->buf + start, st->len);
+        if (st->len >= DTRUN_LINE_MAX) {   /* runaway line: emit it in pieces */
+            emit_line(job, rk, k, st->buf, st->len);
+            st->len = 0;
+        }
+    }
+}
+
+/* In the child, after fork: become the rank and exec the program. Never returns. */
+static void child_exec(const dtrun_job *job, const dtrun_rank *rk, pid_t parent,
+                       int out_w, int err_w, const char *threads) {
+    const dtrun_cfg *cfg = job->cfg;
+    /* die with dtrun, even if dtrun is SIGKILLed; then check dtrun did not die already */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
+    setpgid(0, job->pgid);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGPIPE, SIG_DFL);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) _exit(127);
+    if (devnull > 2) close(devnull);   /* the pipe ends are close-on-exec already */
+    char v[64];
+    snprintf(v, sizeof v, "%d", global_rank(job, rk->rank)); setenv("RANK", v, 1);
+    snprintf(v, sizeof v, "%d", rk->rank);                  setenv("LOCAL_RANK", v, 1);
+    snprintf(v, sizeof v, "%d", cfg->nnodes * cfg->nproc);  setenv("WORLD_SIZE", v, 1);
+    snprintf(v, sizeof v, "%d", cfg->nproc);                setenv("LOCAL_WORLD_SIZE", v, 1);
+    snprintf(v, sizeof v, "%d", cfg->node_rank);            setenv("NODE_RANK", v, 1);
+    setenv("GROUP_RANK", v, 1);
+    snprintf(v, sizeof v, "%d", cfg->nnodes);               setenv("DT_NNODES", v, 1);
+    setenv("MASTER_ADDR", cfg->master_addr, 1);
+    snprintf(v, sizeof v, "%d", job->rank_port);            setenv("MASTER_PORT", v, 1);
+    if (job->job_id[0]) setenv("DT_JOB_ID", job->job_id, 1);
+    snprintf(v, sizeof v, "%d", job->attempt);              setenv("DT_RESTART_COUNT", v, 1);
+    snprintf(v, sizeof v, "%d", cfg->max_restarts);         setenv("DT_MAX_RESTARTS", v, 1);
+    setenv("OMP_NUM_THREADS", threads, 0);
+    setenv("OPENBLAS_NUM_THREADS", threads, 0);
+    execvp(cfg->argv[0], cfg->argv);
+    dprintf(2, "dtrun: cannot run '%s': %s\n", cfg->argv[0], strerror(errno));
+    _exit(127);
+}
+
+/* Open DIR/rankK.log for appending (one file over all attempts, a header per restart). */
+static FILE *open_rank_log(dtrun_job *job, int g) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/rank%d.log", job->cfg->log_dir, g);
+    FILE *f = fopen(path, job->attempt == 0 ? "w" : "a");
+    if (!f) {
+        dtrun_say(job, "cannot open the log file %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    setvbuf(f, NULL, _IOLBF, 0);
+    if (job->attempt > 0) fprintf(f, "--- dtrun: restart %d ---\n", job->attempt);
+    return f;
+}
+
+void dtrun_close_logs(dtrun_job *job) {
+    for (int r = 0; r < job->cfg->nproc; r++) {
+        dtrun_rank *rk = &job->rk[r];
+        if (rk->log) fclose(rk->log);
+        rk->log = NULL;
+        for (int i = 0; i < DTRUN_TAIL; i++) { free(rk->tail[i]); rk->tail[i] = NULL; }
+        rk->ntail = 0;
+    }
+}
+
+int dtrun_spawn(dtrun_job *job) {
+    const dtrun_cfg *cfg = job->cfg;
+    char threads[16];
+    int t = usable_cores() / cfg->nproc;
+    snprintf(threads, sizeof threads, "%d", t < 1 ? 1 : t);
+    pid_t parent = getpid();
+    job->pgid = 0;
+    job->alive = 0;
+    job->stopping = 0;
+    job->kill_at = 0;
+    memset(job->rk, 0, (size_t)cfg->nproc * sizeof *job->rk);
+    for (int r = 0; r < cfg->nproc; r++) {
+        dtrun_rank *rk = &job->rk[r];
+        int po[2], pe[2];
+        rk->rank = r;
+        rk->s[0].fd = rk->s[1].fd = -1;
+        rk->s[0].out = 1;
+        rk->s[1].out = 2;
+        if (cfg->log_dir[0] && !(rk->log = open_rank_log(job, global_rank(job, r)))) goto fail_quiet;
+        if (pipe2(po, O_CLOEXEC) != 0) goto fail;
+        if (pipe2(pe, O_CLOEXEC) != 0) { close(po[0]); close(po[1]); goto fail; }
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid < 0) { close(po[0]); close(po[1]); close(pe[0]); close(pe[1]); goto fail; }
+        if (pid == 0) child_exec(job, rk, parent, po[1], pe[1], threads);
+        /* also set the group here, so kill(-pgid) reaches the child before it runs */
+        (void)setpgid(pid, job->pgid);   /* EACCES once the child has exec'd: it set it itself */
+        if (job->pgid == 0) job->pgid = pid;
+        rk->pid = pid;
+        job->alive++;
+        close(po[1]);
+        close(pe[1]);
+        rk->s[0].fd = po[0];
+        rk->s[1].fd = pe[0];
+        fcntl(po[0], F_SETFL, O_NONBLOCK);
+        fcntl(pe[0], F_SETFL, O_NONBLOCK);
+        continue;
+    fail:
+        dtrun_say(job, "cannot start rank %d: %s", global_rank(job, r), strerror(errno));
+    fail_quiet:
+        for (int q = 0; q < r; q++) {
+            kill(job->rk[q].pid, SIGKILL);
+            waitpid(job->rk[q].pid, NULL, 0);
+            job->rk[q].reaped = 1;
+            for (int k = 0; k < 2; k++) if (job->rk[q].s[k].fd >= 0) close(job->rk[q].s[k].fd);
+        }
+        job->alive = 0;
+        dtrun_close_logs(job);
+        return -1;
+    }
+    return 0;
+}
+
+void dtrun_signal_ranks(dtrun_job *job, int sig) {
+    if (job->pgid > 0) kill(-job->pgid, sig);   /* the whole group: grandchildren too */
+    for (int r = 0; r < job->cfg->nproc; r++)
+        if (job->rk[r].pid > 0 && !job->rk[r].reaped) kill(job->rk[r].pid, sig);
+}
+
+void dtrun_stop(dtrun_job *job, const char *desc, int code, int no_restart) {
+    if (!job->fail && desc) {
+        job->fail = strdup(desc);
+        job->fail_code = code;
+        job->no_restart = no_restart;
+    }
+    if (!job->stopping && job->alive > 0) {
+        job->stopping = 1;
+        dtrun_signal_ranks(job, SIGTERM);
+        job->kill_at = dtrun_now() + job->cfg->grace_s;
+    }
+    job->stopping = 1;
+}
+
+/* The report of a local rank's failure: what, where, when, and its last stderr lines. */
+static char *describe_failure(dtrun_job *job, dtrun_rank *rk) {
+    size_t cap = 1024;
+    for (int i = 0; i < DTRUN_TAIL; i++) if (rk->tail[i]) cap += strlen(rk->tail[i]) + 8;
+    char *d = malloc(cap);
+    if (!d) return NULL;
+    char how[64], when[64];
+    if (WIFSIGNALED(rk->status)) snprintf(how, sizeof how, "killed by signal %s", dtrun_signame(WTERMSIG(rk->status)));
+    else snprintf(how, sizeof how, "exit code %d", WEXITSTATUS(rk->status));
+    dtrun_clock(when, sizeof when);
+    size_t n = (size_t)snprintf(d, cap, "rank %d (pid %d) failed first: %s\n"
+                                "  on node %d (%s), local rank %d, at %s, attempt %d of %d",
+                                global_rank(job, rk->rank), (int)rk->pid, how, job->cfg->node_rank,
+                                job->host, rk->rank, when, job->attempt + 1, job->cfg->max_restarts + 1);
+    int have = rk->ntail < DTRUN_TAIL ? rk->ntail : DTRUN_TAIL;
+    if (have == 0) {
+        n += (size_t)snprintf(d + n, cap - n, "\n  it wrote nothing to stderr");
+    } else {
+        n += (size_t)snprintf(d + n, cap - n, "\n  last %d line%s of its stderr:", have, have == 1 ? "" : "s");
+        for (int i = rk->ntail - have; i < rk->ntail; i++)
+            n += (size_t)snprintf(d + n, cap - n, "\n  | %s", rk->tail[i % DTRUN_TAIL]);
+    }
+    /* the text travels between nodes as one line: no control characters in it */
+    for (char *p = d; *p; p++) if ((unsigned char)*p < 32 && *p != '\n') *p = ' ';
+    return d;
+}
+
+static int rank_code(int status) {
+    return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+/* A local rank ended: a failure stops the job (on every node). */
+static void rank_ended(dtrun_job *job, dtrun_rank *rk) {
+    if (WIFEXITED(rk->status) && WEXITSTATUS(rk->status) == 0) return;
+    if (job->stopping) return;   /* ending because we stopped it */
+    char *desc = describe_failure(job, rk);
+    const char *d = desc ? desc : "a rank failed (no memory for the details)";
+    int code = rank_code(rk->status);
+    if (job->net) dtrun_net_failure(job, d, code, 0);
+    dtrun_stop(job, d, code, 0);
+    free(desc);
+}
+
+/* A signal to dtrun: forward it (a second one means SIGKILL now); the job ends. */
+static void got_signal(dtrun_job *job, int sig) {
+    if (job->signal && job->stopping) {
+        dtrun_signal_ranks(job, SIGKILL);
+        return;
+    }
+    if (!job->signal) job->signal = sig;
+    if (job->net) {
+        char d[512], when[64];
+        dtrun_clock(when, sizeof when);
+        snprintf(d, sizeof d, "dtrun on node %d (%s) was stopped by %s at %s",
+                 job->cfg->node_rank, job->host, dtrun_signame(sig), when);
+        dtrun_net_failure(job, d, 128 + sig, 1);
+    }
+    if (!job->stopping) {
+        job->stopping = 1;
+        if (job->alive > 0) {
+            dtrun_signal_ranks(job, sig);
+            job->kill_at = dtrun_now() + job->cfg->grace_s;
+        }
+    }
+    job->no_restart = 1;
+}
+
+/* Read the signalfd: signals to forward, children to reap. */
+static void handle_signals(dtrun_job *job) {
+    struct signalfd_siginfo si;
+    while (read(job->sfd, &si, sizeof si) == (ssize_t)sizeof si)
+        if ((int)si.ssi_signo != SIGCHLD) got_signal(job, (int)si.ssi_signo);
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) break;
+        for (int r = 0; r < job->cfg->nproc; r++) {
+            dtrun_rank *rk = &job->rk[r];
+            if (rk->reaped || rk->pid != pid) continue;
+            rk->reaped = 1;
+            rk->status = status;
+            job->alive--;
+            rank_ended(job, rk);
+        }
+    }
+    if (job->alive == 0) job->kill_at = 0;
+}
+
+void dtrun_supervise(dtrun_job *job) {
+    int n = job->cfg->nproc;
+    double drain_until = 0;
+    size_t max = (size_t)(2 * n + 1 + DTRUN_NET_FDS);
+    struct pollfd *pfd = calloc(max, sizeof *pfd);
+    int *who = calloc(max, sizeof *who);   /* 2 * local rank + stream */
+    if (!pfd || !who) {
+        dtrun_say(job, "out of memory; stopping the ranks");
+        dtrun_signal_ranks(job, SIGKILL);
+        for (int r = 0; r < n; r++)
+            if (!job->rk[r].reaped) { waitpid(job->rk[r].pid, &job->rk[r].status, 0); job->rk[r].reaped = 1; }
+        job->alive = 0;
+        dtrun_stop(job, "dtrun ran out of memory", 1, 1);
+        free(pfd); free(who);
+        return;
+    }
+    for (;;) {
+        int np = 0;
+        pfd[np].fd = job->sfd; pfd[np].events = POLLIN; np++;
+        for (int r = 0; r < n; r++)
+            for (int k = 0; k < 2; k++)
+                if (job->rk[r].s[k].fd >= 0) {
+                    pfd[np].fd = job->rk[r].s[k].fd;
+                    pfd[np].events = POLLIN;
+                    who[np] = 2 * r + k;
+                    np++;
+                }
+        int nout = np;
+        if (job->net) np += dtrun_net_pollfds(job, pfd + np, DTRUN_NET_FDS);
+        double t = dtrun_now();
+        if (job->alive == 0) {
+            if (nout == 1) break;                     /* all output drained */
+            if (drain_until == 0) drain_until = t + DTRUN_DRAIN_S;
+            if (t >= drain_until) break;              /* a grandchild holds a pipe open */
+        }
+        if (job->kill_at > 0 && t >= job->kill_at) {
+            dtrun_signal_ranks(job, SIGKILL);
+            job->kill_at = 0;
+        }
+        double next = 0;
+        if (job->kill_at > 0) next = job->kill_at;
+        if (drain_until > 0 && (next == 0 || drain_until < next)) next = drain_until;
+        double hb = job->net ? dtrun_net_deadline(job) : 0;
+        if (hb > 0 && (next == 0 || hb < next)) next = hb;
+        int timeout = next > 0 ? (int)((next - t) * 1000) + 1 : -1;
+        if (timeout < -1) timeout = 0;
+        int pr = poll(pfd, (nfds_t)np, timeout);
+        if (pr < 0) {
+            if (errno == EINTR) continue;
+            dtrun_say(job, "poll: %s; stopping the ranks", strerror(errno));
+            dtrun_signal_ranks(job, SIGKILL);
+            dtrun_stop(job, "dtrun's poll() failed", 1, 1);
+            break;
+        }
+        for (int i = 1; i < nout; i++)
+            if (pfd[i].revents) stream_read(job, &job->rk[who[i] / 2], who[i] % 2);
+        if (job->net) {
+            dtrun_net_ready(job, pfd + nout, np - nout);
+            dtrun_net_tick(job);
+        }
+        if (pfd[0].revents) handle_signals(job);
+    }
+    /* what a rank's survivor still holds open: flush and close */
+    for (int r = 0; r < n; r++)
+        for (int k = 0; k < 2; k++) {
+            dtrun_stream *st = &job->rk[r].s[k];
+            if (st->fd >= 0) {
+                if (st->len) emit_line(job, &job->rk[r], k, st->buf, st->len);
+                close(st->fd);
+                st->fd = -1;
+            }
+            free(st->buf);
+            st->buf = NULL;
+            st->len = st->cap = 0;
+        }
+    /* make sure nothing of the attempt survives (a grandchild in our group) */
+    if (job->pgid > 0) kill(-job->pgid, SIGKILL);
+    /* the ranks are gone: reap what is left so the next attempt starts clean */
+    for (int r = 0; r < n; r++)
+        if (!job->rk[r].reaped) { waitpid(job->rk[r].pid, &job->rk[r].status, 0); job->rk[r].reaped = 1; }
+    free(pfd); free(who);
+}
+
+int dtrun_read_signal(dtrun_job *job) {
+    struct signalfd_siginfo si;
+    int sig = 0;
+    while (read(job->sfd, &si, sizeof si) == (ssize_t)sizeof si)
+        if ((int)si.ssi_signo != SIGCHLD && !sig) sig = (int)si.ssi_signo;
+    while (waitpid(-1, NULL, WNOHANG) > 0) {}
+    return sig;
+}
