@@ -42,4 +42,11 @@ ok $st "3 ranks, file:// (a stale file of another job is ignored)"
 LAUNCH_ENV="DT_SHM=0"
 rm -f "$rdv"
 run_all 2 "2 ranks, file://, TCP only" --init "file://$rdv"
+# interface selection
+LAUNCH_ENV="DT_SOCKET_IFNAME=lo DT_SHM=0" launch 2 --mode init
+ok $? "DT_SOCKET_IFNAME=lo"
+LAUNCH_ENV="DT_SOCKET_IFNAME=nosuchif0" launch 2 --mode init
+st=$?
+[ $st -ne 0 ] && grep -q "rank 1: DT_SOCKET_IFNAME=nosuchif0: no up IPv4 interface matches" "$TMP/out.1"
+ok $? "an unknown DT_SOCKET_IFNAME is an error naming the variable"
 done_testing

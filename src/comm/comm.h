@@ -18,6 +18,13 @@
  *     with "rank R: ". After a transport error the communicator is broken: later calls
  *     fail fast with the same message; destroy it.
  *
+ * Environment (each overridden by the corresponding option where there is one):
+ *   DT_BACKEND        tcp | mpi | nccl                 DT_TIMEOUT       seconds (600)
+ *   DT_DETERMINISTIC  1: mpi/nccl run dtrain's tree    DT_SHM           0: no shared memory
+ *   DT_SOCKET_IFNAME  "eth0,ib0" or "^docker0": interfaces for peer connections
+ *   DT_SHM_SPIN_US    busy-wait before yielding on shared memory (50; 5 when oversubscribed)
+ *   RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, DT_JOB_ID, ... (launch_env.h)
+ *
  * Reduction order: on the "tcp" backend (and "mpi" in deterministic mode) all_reduce,
  * reduce_scatter and reduce over a power-of-two world size sum every element over one
  * fixed binary tree of ranks ((0,1),(2,3) first, then (01,23), ...), so a rank that

@@ -480,6 +480,10 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     const char *job = c->job_id;
     if (size == 1) goto done;
 
+    /* a bad DT_SOCKET_IFNAME fails every rank alike, before anyone waits for anyone */
+    if (getenv("DT_SOCKET_IFNAME") && (s = dt_sock_pick_addr("127.0.0.1", me->addr, sizeof me->addr)) != DT_OK)
+        goto fail;
+
     /* 1-2: the store */
     char store_host[256];
     if (m.file) {

@@ -118,11 +118,21 @@ static int wait_until(pid_t pid, double deadline, int *st) {
     for (;;) {
         pid_t w = waitpid(pid, st, WNOHANG);
         if (w == pid) return 1;
-        if (w < 0 && errno != EINTR) return 1;  /* not our child any more: nothing to wait for */
+        if (w < 0 && errno != EINTR) {  /* not our child any more: nothing to wait for */
+            *st = -1;
+            return 1;
+        }
         if (mono_s() >= deadline || g_stop) return 0;
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
+}
+
+/* dup2 in a child; when src already is dst (a parent started with that descriptor
+ * closed), only its close-on-exec flag must go. */
+static int redirect(int src, int dst) {
+    if (src == dst) return fcntl(dst, F_SETFD, 0);
+    return dup2(src, dst);
 }
 
 int dt_tool_run(char *const argv[], const char *log, double timeout_s, int *timed_out) {
@@ -153,7 +163,7 @@ int dt_tool_run(char *const argv[], const char *log, double timeout_s, int *time
     if (pid == 0) {
         /* its own process group, so a timeout can stop it and everything it started */
         setpgid(0, 0);
-        if (dup2(in, 0) < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(127);
+        if (redirect(in, 0) < 0 || redirect(fd, 1) < 0 || redirect(fd, 2) < 0) _exit(127);
         execve(argv[0], argv, envp);
         dprintf(2, "cannot run %s: %s\n", argv[0], strerror(errno));
         _exit(127);
@@ -175,6 +185,7 @@ int dt_tool_run(char *const argv[], const char *log, double timeout_s, int *time
         if (g_stop) return 128 + g_stop;
         return 124;
     }
+    if (st == -1) { dt_error(DT_ERR_IO, "waiting for %s: %s", argv[0], strerror(errno)); return -1; }
     if (WIFEXITED(st)) return WEXITSTATUS(st);
     if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
     return 1;
@@ -203,6 +214,7 @@ typedef struct {
     int      np;
     double   timeout_s;
     int      keep;
+    int      sync_bn;          /* --sync-bn given: a note, the runs differ by design */
     const char *data;
     int64_t  batch, micro, steps, epochs, spe;
     int      spans;            /* the runs cross an epoch boundary */
@@ -267,6 +279,7 @@ static dt_status parse_flags(int argc, char **argv, check_cfg *c, int *help) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { *help = 1; return DT_OK; }
         if (!strcmp(a, "--keep-runs")) { c->keep = 1; i++; continue; }
         if (!strcmp(a, "--quiet") || !strcmp(a, "--no-eval")) { i++; continue; }  /* check sets them */
+        if (!strcmp(a, "--sync-bn")) c->sync_bn = 1;
         if (is_bool_flag(a)) { c->pass[c->npass++] = argv[i++]; continue; }
         if (strncmp(a, "--", 2) != 0 || !a[2])
             return dt_error(DT_ERR_INVALID, "unexpected argument '%s' (dtrain check takes flags only; see --help)", a);
@@ -575,7 +588,7 @@ static void check_weights(const check_cfg *c, const run_info *r1, const run_info
         row_set(row, 0, "1 process saved %zu tensors, %d processes %zu", nt, c->np, dt_st_count(fb));
         failed = 1;
     }
-    for (size_t i = 0; i < nt && !failed; i++) {
+    for (size_t i = 0; i < nt && failed != 1; i++) {
         dt_st_tensor x, y;
         if (dt_st_tensor_at(fa, i, &x) != DT_OK) { row_set(row, 0, "%s", dt_last_error()); failed = 1; break; }
         if (dt_st_find(fb, x.name, &y) != DT_OK) {
@@ -632,6 +645,69 @@ static int bad(dt_status s) {
     return dt_exit_code(s) == 0 ? 2 : dt_exit_code(s);
 }
 
+/* Judge the runs: the table of checks on stdout; returns how many failed. */
+static int judge(const check_cfg *c, const run_info *r1, const run_info *rn, const run_info *rs) {
+    check_row rows[6] = {{.name = "end to end"}, {.name = "loss curve"}, {.name = "batch order"},
+                         {.name = "epoch order"}, {.name = "ranks agree"}, {.name = "bitwise"}};
+    dt_step_rec *a = NULL, *b = NULL, *e = NULL;
+    size_t na = 0, nb = 0, ne = 0;
+    char mismatch[512], why[512];
+    int has_mismatch = find_rank_mismatch(rn->log, mismatch, sizeof mismatch);
+
+    /* end to end */
+    if (rn->rc == 0) {
+        row_set(&rows[0], 1, "%d processes ran %lld steps and exited 0 (%.1f s)", c->np, (long long)c->steps, rn->secs);
+    } else {
+        run_failure(rn, c->timeout_s, why, sizeof why);
+        if (has_mismatch)
+            row_set(&rows[0], 0, "exit %d after its steps: the end-of-run parameter comparison failed (see ranks agree)",
+                    rn->rc);
+        else row_set(&rows[0], 0, "%d processes: %s", c->np, why);
+    }
+    /* loss curve and batch order */
+    if (read_run_steps(r1, &a, &na) != DT_OK || read_run_steps(rn, &b, &nb) != DT_OK) {
+        row_set(&rows[1], 0, "%s", dt_last_error());
+        row_set(&rows[2], 0, "%s", dt_last_error());
+    } else {
+        check_loss_and_order(c, a, na, b, nb, &rows[1], &rows[2]);
+    }
+    /* epoch order: from the N-process run when it crossed an epoch, else its own run */
+    if (c->spans) {
+        char what[64];
+        snprintf(what, sizeof what, "the %d-process run", c->np);
+        check_epochs(b, nb, what, &rows[3]);
+    } else if (read_run_steps(rs, &e, &ne) != DT_OK) {
+        row_set(&rows[3], 0, "%s", dt_last_error());
+    } else {
+        char what[200];
+        snprintf(what, sizeof what, "%d processes on %s", c->np, c->synth);
+        if (rs->rc != 0 && ne < 3) {
+            run_failure(rs, c->timeout_s, why, sizeof why);
+            row_set(&rows[3], 0, "the epoch-order run failed: %s", why);
+        } else {
+            check_epochs(e, ne, what, &rows[3]);
+        }
+    }
+    /* ranks agree */
+    if (rn->rc == 0) row_set(&rows[4], 1, "every parameter has the same checksum on all %d ranks", c->np);
+    else if (has_mismatch) row_set(&rows[4], 0, "%s", mismatch);
+    else row_set(&rows[4], 0, "not reached: the %d-process run failed before the comparison (see end to end)", c->np);
+    /* bitwise */
+    check_weights(c, r1, rn, &rows[5]);
+    if (c->np & (c->np - 1)) rows[5].name = "weights";  /* not a power of two: tolerance */
+    free(a);
+    free(b);
+    free(e);
+
+    int failed = 0;
+    printf("\n%-12s %-6s %s\n", "check", "result", "detail");
+    for (int i = 0; i < 6; i++) {
+        printf("%-12s %-6s %s\n", rows[i].name, rows[i].pass == 1 ? "PASS" : "FAIL", rows[i].detail);
+        failed += rows[i].pass != 1;
+    }
+    return failed;
+}
+
 int dtrain_check_main(int argc, char **argv) {
     check_cfg c;
     memset(&c, 0, sizeof c);
@@ -659,6 +735,9 @@ int dtrain_check_main(int argc, char **argv) {
     printf("dtrain check: 1 process against %d, %lld step%s (%lld per epoch), global batch %lld in %lld micro-batches\n",
            c.np, (long long)c.steps, c.steps == 1 ? "" : "s", (long long)c.spe, (long long)c.batch,
            (long long)c.micro);
+    if (c.sync_bn)
+        printf("note: --sync-bn computes batchnorm statistics over all ranks' samples together, one process over\n"
+               "each micro-batch: the loss curve and the weights are not expected to agree\n");
     fflush(stdout);
     char nname[16];
     snprintf(nname, sizeof nname, "np%d", c.np);
@@ -695,64 +774,7 @@ int dtrain_check_main(int argc, char **argv) {
         if (g_stop) { rc = 128 + g_stop; goto out; }
     }
 
-    check_row rows[6] = {{.name = "end to end"}, {.name = "loss curve"}, {.name = "batch order"},
-                         {.name = "epoch order"}, {.name = "ranks agree"}, {.name = "bitwise"}};
-    dt_step_rec *a = NULL, *b = NULL, *e = NULL;
-    size_t na = 0, nb = 0, ne = 0;
-    char mismatch[512];
-    int has_mismatch = find_rank_mismatch(rn->log, mismatch, sizeof mismatch);
-
-    /* end to end */
-    if (rn->rc == 0) {
-        row_set(&rows[0], 1, "%d processes ran %lld steps and exited 0 (%.1f s)", c.np, (long long)c.steps, rn->secs);
-    } else {
-        run_failure(rn, c.timeout_s, why, sizeof why);
-        if (has_mismatch)
-            row_set(&rows[0], 0, "exit %d after its steps: the end-of-run parameter comparison failed (see ranks agree)",
-                    rn->rc);
-        else row_set(&rows[0], 0, "%d processes: %s", c.np, why);
-    }
-    /* loss curve and batch order */
-    if (read_run_steps(r1, &a, &na) != DT_OK || read_run_steps(rn, &b, &nb) != DT_OK) {
-        row_set(&rows[1], 0, "%s", dt_last_error());
-        row_set(&rows[2], 0, "%s", dt_last_error());
-    } else {
-        check_loss_and_order(&c, a, na, b, nb, &rows[1], &rows[2]);
-    }
-    /* epoch order: from the N-process run when it crossed an epoch, else its own run */
-    if (c.spans) {
-        char what[64];
-        snprintf(what, sizeof what, "the %d-process run", c.np);
-        check_epochs(b, nb, what, &rows[3]);
-    } else if (read_run_steps(rs, &e, &ne) != DT_OK) {
-        row_set(&rows[3], 0, "%s", dt_last_error());
-    } else {
-        char what[200];
-        snprintf(what, sizeof what, "%d processes on %s", c.np, c.synth);
-        if (rs->rc != 0 && ne < 3) {
-            run_failure(rs, c.timeout_s, why, sizeof why);
-            row_set(&rows[3], 0, "the epoch-order run failed: %s", why);
-        } else {
-            check_epochs(e, ne, what, &rows[3]);
-        }
-    }
-    /* ranks agree */
-    if (rn->rc == 0) row_set(&rows[4], 1, "every parameter has the same checksum on all %d ranks", c.np);
-    else if (has_mismatch) row_set(&rows[4], 0, "%s", mismatch);
-    else row_set(&rows[4], 0, "not reached: the %d-process run failed before the comparison (see end to end)", c.np);
-    /* bitwise */
-    check_weights(&c, r1, rn, &rows[5]);
-    if (!pow2) rows[5].name = "weights";
-    free(a);
-    free(b);
-    free(e);
-
-    int failed = 0;
-    printf("\n%-12s %-6s %s\n", "check", "result", "detail");
-    for (int i = 0; i < 6; i++) {
-        printf("%-12s %-6s %s\n", rows[i].name, rows[i].pass == 1 ? "PASS" : "FAIL", rows[i].detail);
-        failed += rows[i].pass != 1;
-    }
+    int failed = judge(&c, r1, rn, rs);
     if (failed) {
         printf("\ndtrain check: %d of 6 checks failed; the runs' output is in %s\n", failed, c.dir);
         rc = 1;

@@ -1,75 +1,86 @@
 /*
- * dtrun.c: start the N ranks of a job on this node and watch over them.
+ * dtrun.c: start the ranks of a job on this node, meet the other nodes, and watch over
+ * the whole job.
  *
- *   dtrun -n 2 ./dtbench -o all_reduce
+ *   dtrun -n 2 ./dtbench -o all_reduce                               one node
+ *   dtrun -n 4 --nnodes 2 --node-rank R --master-addr node0 --master-port 29500 ./dtrain train
  *
  * It does what torchrun does for PyTorch, for any program: every rank gets RANK,
- * LOCAL_RANK, WORLD_SIZE, ... (the variables launch_env.c reads), its stdout and stderr
- * come back through pipes with a "[rankK]:" prefix on every whole line, and the job
- * ends as a unit: the first rank that fails takes the others down (SIGTERM, then
- * SIGKILL after a grace period) and dtrun names it, so a crash on one rank never
- * leaves the others hanging in a collective (DESIGN.md rule 3).
+ * LOCAL_RANK, WORLD_SIZE, ... (the variables launch_env.c reads), its output comes back
+ * prefixed "[rankK]:", and the job ends as a unit: the first rank that fails on any node
+ * takes every rank down and every dtrun names it — rank, node, how, when and its last
+ * stderr lines — so a crash never leaves the others hanging in a collective (DESIGN.md
+ * rule 3). With --max-restarts K the job is started again, up to K times.
  *
- * No rank outlives dtrun: the ranks share their own process group, which dtrun
- * signals as a whole (grandchildren included), and each child asks the kernel for
- * SIGKILL if dtrun dies (PR_SET_PDEATHSIG) in case dtrun itself is killed with SIGKILL.
- *
- * Structure, so that multiple nodes and restarts fit later: a job is described by
- * dtrun_cfg (nnodes and node_rank are fixed to 1 and 0 today), one attempt is
- * spawn_ranks() + supervise(), which returns an outcome saying who failed first and
- * how; a restart loop would call them again with a new port and attempt number.
- *
- * Everything runs in one thread with poll(): rank output pipes and a signalfd for
- * SIGCHLD, SIGINT, SIGTERM and SIGHUP, so there is no signal-handler reentrancy.
+ * This file holds the command line, the attempt loop and the final report; the ranks
+ * of one attempt are in dtrun_ranks.c, the meeting of the nodes in dtrun_rdzv.c.
  */
 #include "config.h"
+#include "dtrun.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
-#include <sys/types.h>
-#include <sys/wait.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-#define DTRUN_MAX_RANKS  4096
-#define DTRUN_LINE_MAX   (4u << 20)   /* a "line" longer than this is flushed in pieces */
-#define DTRUN_DRAIN_S    2.0          /* after the ranks exit, wait this long for pipes to close */
 
 static const char usage[] =
 "usage: dtrun -n N [options] [--] PROGRAM [ARGS...]\n"
 "\n"
 "Start N ranks of PROGRAM on this node, each with the launch variables dtrain (and\n"
-"torchrun-style programs) read, and supervise them as one job.\n"
+"torchrun-style programs) read, and supervise them as one job, on one node or many.\n"
 "\n"
-"options:\n"
-"  -n N, --nproc-per-node N  number of ranks to start (1..4096; required)\n"
-"  --master-addr A           rendezvous address given to the ranks (default 127.0.0.1)\n"
-"  --master-port P           rendezvous port (default: a free port chosen by dtrun)\n"
+"options (each may also be given as the variable in brackets; a flag wins):\n"
+"  -n N, --nproc-per-node N  ranks on this node (1..4096; required)  [DTRUN_NPROC_PER_NODE]\n"
+"  --nnodes M                nodes in the job (default 1)             [DTRUN_NNODES]\n"
+"  --node-rank R             this node's index, 0..M-1 (default 0)    [DTRUN_NODE_RANK]\n"
+"  --master-addr A           node 0's address, given to the ranks as MASTER_ADDR\n"
+"                            (default 127.0.0.1)                      [DTRUN_MASTER_ADDR]\n"
+"  --master-port P           one node: the ranks' MASTER_PORT (default: a free port);\n"
+"                            several nodes: the port node 0's dtrun serves the\n"
+"                            rendezvous on (default 29500)           [DTRUN_MASTER_PORT]\n"
+"  --rdzv-endpoint HOST:PORT the same as --master-addr HOST --master-port PORT\n"
+"                                                                     [DTRUN_RDZV_ENDPOINT]\n"
+"  --rdzv-timeout S          how long the nodes wait for each other (default 300)\n"
+"                                                                     [DTRUN_RDZV_TIMEOUT]\n"
+"  --max-restarts K          restart all ranks after a failure, up to K times\n"
+"                            (default 0)                              [DTRUN_MAX_RESTARTS]\n"
+"  --monitor-interval S      seconds between the heartbeats the dtruns of a job send\n"
+"                            each other (default 1)                   [DTRUN_MONITOR_INTERVAL]\n"
+"  --heartbeat-timeout S     a node silent this long is lost (default 30)\n"
+"                                                                     [DTRUN_HEARTBEAT_TIMEOUT]\n"
+"  --log-dir DIR             write each rank's output to DIR/rankK.log and dtrun's own\n"
+"                            messages to DIR/dtrun-nodeR.log instead of the console\n"
+"                                                                     [DTRUN_LOG_DIR]\n"
+"  --tee                     with --log-dir, print on the console too  [DTRUN_TEE=1]\n"
+"  --ranks-filter LIST       show only these ranks' output on the console, e.g. 0,2-3\n"
+"                            (log files still get everything)         [DTRUN_RANKS_FILTER]\n"
+"  --run-id ID               the job's id, given to the ranks as DT_JOB_ID; nodes that\n"
+"                            give different ids are refused          [DTRUN_RUN_ID]\n"
 "  --grace S                 seconds between SIGTERM and SIGKILL when the job is\n"
-"                            being stopped (default 5)\n"
+"                            being stopped (default 5)                [DTRUN_GRACE]\n"
 "  -h, --help                this text\n"
 "  --                        end of options (PROGRAM may also simply follow them)\n"
 "\n"
 "every rank's environment:\n"
-"  RANK, LOCAL_RANK          0..N-1\n"
-"  WORLD_SIZE, LOCAL_WORLD_SIZE   N\n"
-"  NODE_RANK, GROUP_RANK     0\n"
-"  MASTER_ADDR, MASTER_PORT  as above\n"
-"  DT_JOB_ID                 inherited if set, else a fresh random id shared by the ranks\n"
+"  RANK                      node_rank * N + LOCAL_RANK\n"
+"  LOCAL_RANK                0..N-1\n"
+"  WORLD_SIZE                M * N;  LOCAL_WORLD_SIZE  N;  DT_NNODES  M\n"
+"  NODE_RANK, GROUP_RANK     this node's index\n"
+"  MASTER_ADDR, MASTER_PORT  where rank 0 serves the job's store (on several nodes the\n"
+"                            port is a free one node 0 chooses for each attempt)\n"
+"  DT_JOB_ID                 --run-id, else inherited if set, else a fresh random id;\n"
+"                            \"-rK\" is appended on restart K\n"
+"  DT_RESTART_COUNT          0 on the first attempt, K on restart K\n"
+"  DT_MAX_RESTARTS           --max-restarts\n"
 "  OMP_NUM_THREADS, OPENBLAS_NUM_THREADS   max(1, cores / N) unless already set\n"
 "stdin of every rank is /dev/null.\n"
 "\n"
@@ -77,121 +88,91 @@ static const char usage[] =
 "stdout or stderr like the rank wrote it; a last line without a newline is printed\n"
 "with one added.\n"
 "\n"
-"failure: when a rank exits non-zero or is killed by a signal, dtrun sends SIGTERM\n"
-"to the other ranks, SIGKILL after the grace period, and prints\n"
+"several nodes: start one dtrun per node with the same -n, --nnodes, --master-addr and\n"
+"--master-port and its own --node-rank. Node 0's dtrun serves the rendezvous; the others\n"
+"retry reaching it until --rdzv-timeout, saying why they cannot. Nodes that disagree\n"
+"about --nnodes, --nproc-per-node or --run-id, or a node rank given twice, are refused\n"
+"with a message naming both. The dtruns watch each other: a node whose dtrun dies, or\n"
+"that stays silent for --heartbeat-timeout, is lost, and the job ends.\n"
+"\n"
+"failure: when a rank on any node exits non-zero or is killed by a signal, every node\n"
+"sends its ranks SIGTERM, SIGKILL after the grace period, and every dtrun prints\n"
 "  dtrun: rank K (pid P) failed first: exit code C   (or: killed by signal SIGNAME)\n"
-"SIGINT, SIGTERM and SIGHUP sent to dtrun are forwarded to every rank (a second one\n"
-"sends SIGKILL); dtrun waits for all ranks before it exits. Ranks run in their own\n"
-"process group and are killed if dtrun dies.\n"
+"  dtrun:   on node R (host), local rank L, at TIME, attempt A of K+1\n"
+"  dtrun:   last lines of its stderr: ...\n"
+"With --max-restarts K every rank is then started again, up to K times. SIGINT, SIGTERM\n"
+"and SIGHUP sent to a dtrun are forwarded to its ranks (a second one sends SIGKILL) and\n"
+"end the job on every node, without restart; dtrun waits for its ranks before it exits.\n"
+"Ranks run in their own process group and are killed if dtrun dies.\n"
 "\n"
 "exit status:\n"
-"  0        every rank exited 0\n"
+"  0        every rank exited 0 (on the last attempt)\n"
 "  C        the first rank to fail exited with code C\n"
-"  128+S    the first rank to fail was killed by signal S, or dtrun itself was\n"
+"  128+S    the first rank to fail was killed by signal S, or a dtrun of the job was\n"
 "           stopped by signal S (130 for SIGINT)\n"
-"  1        dtrun could not start the job (fork, pipe, exec setup failed)\n"
-"  2        bad command line\n";
+"  1        dtrun could not start the job, or a node was lost\n"
+"  2        bad command line, or nodes that disagree\n";
 
-/* ---- configuration ------------------------------------------------------------------ */
+/* ---- messages and small helpers ------------------------------------------------------- */
 
-typedef struct {
-    int    nproc;          /* ranks on this node */
-    int    nnodes;         /* always 1 for now */
-    int    node_rank;      /* always 0 for now */
-    char   master_addr[256];
-    int    master_port;    /* 0: pick a free one */
-    double grace_s;
-    char   job_id[64];     /* generated id, or "" to keep the inherited DT_JOB_ID */
-    char **argv;           /* PROGRAM ARGS..., NULL-terminated */
-} dtrun_cfg;
+static FILE *say_log;   /* dtrun's own log file in --log-dir */
 
-static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die_usage(const char *fmt, ...) {
+static void say_line(const char *line) {
+    char buf[8192];
+    int n = snprintf(buf, sizeof buf, "dtrun: %s\n", line);
+    if (n > (int)sizeof buf - 1) n = (int)sizeof buf - 1;
+    ssize_t w = write(2, buf, (size_t)n);
+    (void)w;
+    if (say_log) {
+        char when[64];
+        dtrun_clock(when, sizeof when);
+        fprintf(say_log, "%s %s\n", when, line);
+        fflush(say_log);
+    }
+}
+
+void dtrun_say(dtrun_job *job, const char *fmt, ...) {
+    (void)job;
+    char buf[4096];
     va_list ap;
     va_start(ap, fmt);
-    fputs("dtrun: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs(" (see dtrun --help)\n", stderr);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    exit(2);
+    say_line(buf);
 }
 
-static long parse_long_flag(const char *flag, const char *v, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || errno || x < lo || x > hi)
-        die_usage("%s: expected an integer in %ld..%ld, got '%s'", flag, lo, hi, v);
-    return x;
-}
-
-/* "--flag VALUE" or "--flag=VALUE": return the value and advance *i. */
-static const char *flag_value(int argc, char **argv, int *i, const char *name) {
-    const char *a = argv[*i];
-    size_t n = strlen(name);
-    if (strncmp(a, name, n) == 0 && a[n] == '=') return a + n + 1;
-    if (*i + 1 >= argc) die_usage("%s: missing value", name);
-    return argv[++*i];
-}
-
-static int flag_is(const char *a, const char *name) {
-    size_t n = strlen(name);
-    return strncmp(a, name, n) == 0 && (a[n] == '\0' || a[n] == '=');
-}
-
-static void parse_args(int argc, char **argv, dtrun_cfg *cfg) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->nproc = 0;
-    cfg->nnodes = 1;
-    cfg->grace_s = 5.0;
-    snprintf(cfg->master_addr, sizeof cfg->master_addr, "127.0.0.1");
-    int i = 1;
-    for (; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--") == 0) { i++; break; }
-        if (a[0] != '-' || a[1] == '\0') break;   /* PROGRAM */
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            fputs(usage, stdout);
-            exit(0);
-        } else if (strcmp(a, "-n") == 0 || flag_is(a, "--nproc-per-node")) {
-            const char *name = a[1] == 'n' ? "-n" : "--nproc-per-node";
-            cfg->nproc = (int)parse_long_flag(name, flag_value(argc, argv, &i, name), 1, DTRUN_MAX_RANKS);
-        } else if (strncmp(a, "-n", 2) == 0 && a[2] != '-') {
-            cfg->nproc = (int)parse_long_flag("-n", a + 2, 1, DTRUN_MAX_RANKS);
-        } else if (flag_is(a, "--master-addr")) {
-            const char *v = flag_value(argc, argv, &i, "--master-addr");
-            if (!*v || strlen(v) >= sizeof cfg->master_addr)
-                die_usage("--master-addr: expected a host name or address, got '%s'", v);
-            snprintf(cfg->master_addr, sizeof cfg->master_addr, "%s", v);
-        } else if (flag_is(a, "--master-port")) {
-            cfg->master_port = (int)parse_long_flag("--master-port",
-                                   flag_value(argc, argv, &i, "--master-port"), 1, 65535);
-        } else if (flag_is(a, "--grace")) {
-            const char *v = flag_value(argc, argv, &i, "--grace");
-            char *end;
-            errno = 0;
-            double g = strtod(v, &end);
-            if (!*v || *end || errno || !(g >= 0 && g <= 3600))
-                die_usage("--grace: expected seconds in 0..3600, got '%s'", v);
-            cfg->grace_s = g;
-        } else {
-            die_usage("unknown option '%s'", a);
-        }
+/* A multi-line text, each line behind "dtrun: ". */
+void dtrun_say_block(dtrun_job *job, const char *text) {
+    (void)job;
+    const char *p = text;
+    while (*p) {
+        const char *e = strchr(p, '\n');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        char line[4096];
+        snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), p);
+        say_line(line);
+        p += n + (e ? 1 : 0);
     }
-    if (cfg->nproc == 0) die_usage("-n N (the number of ranks) is required");
-    if (i >= argc) die_usage("no program to run");
-    cfg->argv = argv + i;
 }
 
-/* ---- small helpers -------------------------------------------------------------------- */
-
-static double now_s(void) {
+double dtrun_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static const char *signame(int sig) {
+/* Wall-clock time, UTC, to the millisecond: "2026-11-29 10:50:01.123 UTC". */
+void dtrun_clock(char *out, size_t n) {
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    char d[32];
+    strftime(d, sizeof d, "%Y-%m-%d %H:%M:%S", &tm);
+    snprintf(out, n, "%s.%03d UTC", d, (int)(ts.tv_nsec / 1000000));
+}
+
+const char *dtrun_signame(int sig) {
     static char buf[32];
     switch (sig) {
     case SIGHUP: return "SIGHUP";   case SIGINT: return "SIGINT";   case SIGQUIT: return "SIGQUIT";
@@ -205,32 +186,15 @@ static const char *signame(int sig) {
     return buf;
 }
 
-/* Write all of buf; on EPIPE (our reader went away) stop writing to that fd for good. */
-static void write_all(int fd, const char *buf, size_t n) {
-    static int dead[3];
-    if (fd < 3 && dead[fd]) return;
-    while (n > 0) {
-        ssize_t w = write(fd, buf, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            if (fd < 3) dead[fd] = 1;
-            return;
-        }
-        buf += w;
-        n -= (size_t)w;
-    }
-}
-
 /* A free TCP port: bind port 0, read what the kernel chose, release it. The ranks bind
  * it again moments later; a race with another program is possible but rare. */
-static int free_port(void) {
+int dtrun_free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return 0;
     struct sockaddr_in sa;
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    sa.sin_port = 0;
     socklen_t len = sizeof sa;
     int port = 0;
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
@@ -240,303 +204,223 @@ static int free_port(void) {
     return port;
 }
 
-static int usable_cores(void) {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        int n = CPU_COUNT(&set);
-        if (n > 0) return n;
+/* Is a given port free to listen on here? 0 if so, else errno. (Like the store, with
+ * SO_REUSEADDR, so a port in TIME_WAIT from a previous run counts as free.) */
+static int port_taken(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return errno;
+    int one = 1, err = 0;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    sa.sin_port = htons((uint16_t)port);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1) != 0) err = errno;
+    close(fd);
+    return err;
+}
+
+/* ---- command line ------------------------------------------------------------------- */
+
+static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die_usage(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("dtrun: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(" (see dtrun --help)\n", stderr);
+    va_end(ap);
+    exit(2);
+}
+
+static long parse_long(const char *what, const char *v, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || errno || x < lo || x > hi)
+        die_usage("%s: expected an integer in %ld..%ld, got '%s'", what, lo, hi, v);
+    return x;
+}
+
+static double parse_seconds(const char *what, const char *v, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (!*v || *end || errno || !(x >= lo && x <= hi))
+        die_usage("%s: expected seconds in %g..%g, got '%s'", what, lo, hi, v);
+    return x;
+}
+
+static void copy_value(const char *what, char *dst, size_t cap, const char *v, const char *expected) {
+    if (!*v || strlen(v) >= cap) die_usage("%s: expected %s, got '%s'", what, expected, v);
+    snprintf(dst, cap, "%s", v);
+}
+
+enum { O_NPROC, O_NNODES, O_NODE_RANK, O_ADDR, O_PORT, O_RDZV, O_RDZV_TIMEOUT, O_RESTARTS,
+       O_MONITOR, O_HB_TIMEOUT, O_LOG_DIR, O_TEE, O_FILTER, O_RUN_ID, O_GRACE, O_COUNT };
+
+static const struct { const char *flag, *env; int takes_value; } options[O_COUNT] = {
+    [O_NPROC]        = { "--nproc-per-node",    "DTRUN_NPROC_PER_NODE",    1 },
+    [O_NNODES]       = { "--nnodes",            "DTRUN_NNODES",            1 },
+    [O_NODE_RANK]    = { "--node-rank",         "DTRUN_NODE_RANK",         1 },
+    [O_ADDR]         = { "--master-addr",       "DTRUN_MASTER_ADDR",       1 },
+    [O_PORT]         = { "--master-port",       "DTRUN_MASTER_PORT",       1 },
+    [O_RDZV]         = { "--rdzv-endpoint",     "DTRUN_RDZV_ENDPOINT",     1 },
+    [O_RDZV_TIMEOUT] = { "--rdzv-timeout",      "DTRUN_RDZV_TIMEOUT",      1 },
+    [O_RESTARTS]     = { "--max-restarts",      "DTRUN_MAX_RESTARTS",      1 },
+    [O_MONITOR]      = { "--monitor-interval",  "DTRUN_MONITOR_INTERVAL",  1 },
+    [O_HB_TIMEOUT]   = { "--heartbeat-timeout", "DTRUN_HEARTBEAT_TIMEOUT", 1 },
+    [O_LOG_DIR]      = { "--log-dir",           "DTRUN_LOG_DIR",           1 },
+    [O_TEE]          = { "--tee",               "DTRUN_TEE",               0 },
+    [O_FILTER]       = { "--ranks-filter",      "DTRUN_RANKS_FILTER",      1 },
+    [O_RUN_ID]       = { "--run-id",            "DTRUN_RUN_ID",            1 },
+    [O_GRACE]        = { "--grace",             "DTRUN_GRACE",             1 },
+};
+
+static const char *filter_text;   /* checked once the world size is known */
+
+/* Apply option o with value v; `what` names the flag or variable in messages. */
+static void apply(dtrun_cfg *cfg, int o, const char *what, const char *v) {
+    switch (o) {
+    case O_NPROC:   cfg->nproc = (int)parse_long(what, v, 1, DTRUN_MAX_RANKS); break;
+    case O_NNODES:  cfg->nnodes = (int)parse_long(what, v, 1, DTRUN_MAX_NODES); break;
+    case O_NODE_RANK: cfg->node_rank = (int)parse_long(what, v, 0, DTRUN_MAX_NODES - 1); break;
+    case O_ADDR:
+        copy_value(what, cfg->master_addr, sizeof cfg->master_addr, v, "a host name or address");
+        break;
+    case O_PORT:
+        cfg->master_port = (int)parse_long(what, v, 1, 65535);
+        cfg->port_given = 1;
+        break;
+    case O_RDZV: {
+        const char *colon = strrchr(v, ':');
+        if (!colon || colon == v || (size_t)(colon - v) >= sizeof cfg->master_addr)
+            die_usage("%s: expected HOST:PORT, got '%s'", what, v);
+        snprintf(cfg->master_addr, sizeof cfg->master_addr, "%.*s", (int)(colon - v), v);
+        char pw[128];
+        snprintf(pw, sizeof pw, "%s (the port)", what);
+        cfg->master_port = (int)parse_long(pw, colon + 1, 1, 65535);
+        cfg->port_given = 1;
+        break;
     }
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
-/* ---- ranks and their output ------------------------------------------------------------ */
-
-/* The unfinished line of one stream of one rank. */
-typedef struct {
-    int    fd;        /* read end of the pipe; -1 once closed */
-    int    out;       /* 1 or 2: where its lines go */
-    char  *buf;
-    size_t len, cap;
-} dtrun_stream;
-
-typedef struct {
-    int          rank;
-    pid_t        pid;     /* 0 once reaped */
-    int          status;  /* wait status once reaped */
-    int          reaped;
-    dtrun_stream s[2];    /* stdout, stderr */
-} dtrun_rank;
-
-typedef struct {
-    int   failed_rank;   /* -1: nobody failed */
-    pid_t failed_pid;
-    int   failed_status;
-    int   signal;        /* a signal that stopped dtrun, 0 if none */
-} dtrun_outcome;
-
-/* Print one line "[rankK]:" + text + "\n" with a single write, so lines of different
- * ranks never interleave. */
-static void emit_line(int out, int rank, const char *text, size_t n) {
-    char pre[32];
-    int pn = snprintf(pre, sizeof pre, "[rank%d]:", rank);
-    char stackbuf[8192];
-    char *line = n + (size_t)pn + 1 <= sizeof stackbuf ? stackbuf : malloc(n + (size_t)pn + 1);
-    if (!line) {   /* no memory: still print, in pieces */
-        write_all(out, pre, (size_t)pn);
-        write_all(out, text, n);
-        write_all(out, "\n", 1);
-        return;
-    }
-    memcpy(line, pre, (size_t)pn);
-    memcpy(line + pn, text, n);
-    line[(size_t)pn + n] = '\n';
-    write_all(out, line, (size_t)pn + n + 1);
-    if (line != stackbuf) free(line);
-}
-
-/* Read what is available; print every complete line; at EOF print the rest and close. */
-static void stream_read(dtrun_stream *st, int rank) {
-    for (;;) {
-        if (st->cap - st->len < 65536) {
-            size_t cap = st->cap ? st->cap * 2 : 65536 * 2;
-            char *b = realloc(st->buf, cap);
-            if (!b) {   /* keep going with what we have: flush the partial line */
-                emit_line(st->out, rank, st->buf, st->len);
-                st->len = 0;
-                if (st->cap - st->len < 1) return;
-            } else {
-                st->buf = b;
-                st->cap = cap;
-            }
-        }
-        ssize_t r = read(st->fd, st->buf + st->len, st->cap - st->len);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-            r = 0;   /* treat a read error as EOF */
-        }
-        if (r == 0) {
-            if (st->len) emit_line(st->out, rank, st->buf, st->len);
-            st->len = 0;
-            close(st->fd);
-            st->fd = -1;
-            return;
-        }
-        size_t start = 0, end = st->len + (size_t)r;
-        for (size_t i = st->len; i < end; i++)
-            if (st->buf[i] == '\n') {
-                emit_line(st->out, rank, st->buf + start, i - start);
-                start = i + 1;
-            }
-        st->len = end - start;
-        memmove(st->buf, st->buf + start, st->len);
-        if (st->len >= DTRUN_LINE_MAX) {   /* runaway line: print it in pieces */
-            emit_line(st->out, rank, st->buf, st->len);
-            st->len = 0;
-        }
+    case O_RDZV_TIMEOUT: cfg->rdzv_timeout_s = parse_seconds(what, v, 0.1, 86400); break;
+    case O_RESTARTS: cfg->max_restarts = (int)parse_long(what, v, 0, 1000000); break;
+    case O_MONITOR:  cfg->monitor_s = parse_seconds(what, v, 0.01, 3600); break;
+    case O_HB_TIMEOUT: cfg->hb_timeout_s = parse_seconds(what, v, 0.1, 86400); break;
+    case O_LOG_DIR:
+        copy_value(what, cfg->log_dir, sizeof cfg->log_dir, v, "a directory");
+        break;
+    case O_TEE:
+        if (!v || strcmp(v, "1") == 0) cfg->tee = 1;
+        else if (strcmp(v, "0") == 0) cfg->tee = 0;
+        else die_usage("%s: expected 0 or 1, got '%s'", what, v);
+        break;
+    case O_FILTER: filter_text = v; break;
+    case O_RUN_ID:
+        copy_value(what, cfg->run_id, sizeof cfg->run_id, v, "an id of 1..127 characters");
+        for (const char *p = v; *p; p++)
+            if (*p <= ' ' || *p == 127) die_usage("%s: expected an id without spaces, got '%s'", what, v);
+        break;
+    case O_GRACE: cfg->grace_s = parse_seconds(what, v, 0, 3600); break;
     }
 }
 
-/* In the child, after fork: become rank r and exec the program. Never returns. */
-static void child_exec(const dtrun_cfg *cfg, const dtrun_rank *rk, int pgid, pid_t parent,
-                       int out_w, int err_w, const char *threads) {
-    /* die with dtrun, even if dtrun is SIGKILLed; then check dtrun did not die already */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
-    setpgid(0, pgid);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    signal(SIGPIPE, SIG_DFL);
-    int devnull = open("/dev/null", O_RDONLY);
-    if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) _exit(127);
-    if (devnull > 2) close(devnull);   /* the pipe ends are close-on-exec already */
-    char v[64];
-    int global = cfg->node_rank * cfg->nproc + rk->rank;
-    snprintf(v, sizeof v, "%d", global);                    setenv("RANK", v, 1);
-    snprintf(v, sizeof v, "%d", rk->rank);                  setenv("LOCAL_RANK", v, 1);
-    snprintf(v, sizeof v, "%d", cfg->nnodes * cfg->nproc);  setenv("WORLD_SIZE", v, 1);
-    snprintf(v, sizeof v, "%d", cfg->nproc);                setenv("LOCAL_WORLD_SIZE", v, 1);
-    snprintf(v, sizeof v, "%d", cfg->node_rank);            setenv("NODE_RANK", v, 1);
-    setenv("GROUP_RANK", v, 1);
-    setenv("MASTER_ADDR", cfg->master_addr, 1);
-    snprintf(v, sizeof v, "%d", cfg->master_port);          setenv("MASTER_PORT", v, 1);
-    if (cfg->job_id[0]) setenv("DT_JOB_ID", cfg->job_id, 1);
-    setenv("OMP_NUM_THREADS", threads, 0);
-    setenv("OPENBLAS_NUM_THREADS", threads, 0);
-    execvp(cfg->argv[0], cfg->argv);
-    dprintf(2, "dtrun: cannot run '%s': %s\n", cfg->argv[0], strerror(errno));
-    _exit(127);
-}
-
-/* Fork the ranks. On failure the ranks already started are killed and reaped. */
-static int spawn_ranks(const dtrun_cfg *cfg, dtrun_rank *rk, pid_t *pgid) {
-    char threads[16];
-    int t = usable_cores() / cfg->nproc;
-    snprintf(threads, sizeof threads, "%d", t < 1 ? 1 : t);
-    pid_t parent = getpid();
-    *pgid = 0;
-    for (int r = 0; r < cfg->nproc; r++) {
-        int po[2], pe[2];
-        rk[r].rank = r;
-        rk[r].s[0].fd = rk[r].s[1].fd = -1;
-        rk[r].s[0].out = 1;
-        rk[r].s[1].out = 2;
-        if (pipe2(po, O_CLOEXEC) != 0) goto fail;
-        if (pipe2(pe, O_CLOEXEC) != 0) { close(po[0]); close(po[1]); goto fail; }
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid < 0) { close(po[0]); close(po[1]); close(pe[0]); close(pe[1]); goto fail; }
-        if (pid == 0) child_exec(cfg, &rk[r], *pgid, parent, po[1], pe[1], threads);
-        /* also set the group here, so kill(-pgid) reaches the child before it runs */
-        (void)setpgid(pid, *pgid);   /* EACCES once the child has exec'd: it set it itself */
-        if (*pgid == 0) *pgid = pid;
-        rk[r].pid = pid;
-        close(po[1]);
-        close(pe[1]);
-        rk[r].s[0].fd = po[0];
-        rk[r].s[1].fd = pe[0];
-        fcntl(po[0], F_SETFL, O_NONBLOCK);
-        fcntl(pe[0], F_SETFL, O_NONBLOCK);
-        continue;
-    fail:
-        fprintf(stderr, "dtrun: cannot start rank %d: %s\n", r, strerror(errno));
-        for (int q = 0; q < r; q++) {
-            kill(rk[q].pid, SIGKILL);
-            waitpid(rk[q].pid, NULL, 0);
-            rk[q].reaped = 1;
-            for (int k = 0; k < 2; k++) if (rk[q].s[k].fd >= 0) close(rk[q].s[k].fd);
+/* "0,2-3" over ranks 0..world-1 into a bitmap. */
+static char *parse_filter(const char *what, const char *text, int world) {
+    char *map = calloc((size_t)world, 1);
+    if (!map) die_usage("out of memory");
+    const char *p = text;
+    while (*p) {
+        char *end;
+        long a = strtol(p, &end, 10), b;
+        if (end == p || a < 0) goto bad;
+        b = a;
+        if (*end == '-') {
+            const char *q = end + 1;
+            b = strtol(q, &end, 10);
+            if (end == q || b < a) goto bad;
         }
-        return -1;
+        if (b >= world)
+            die_usage("%s: rank %ld is outside 0..%d of this job, got '%s'", what, b, world - 1, text);
+        for (long r = a; r <= b; r++) map[r] = 1;
+        if (*end == ',') end++;
+        else if (*end) goto bad;
+        p = end;
     }
-    return 0;
+    return map;
+bad:
+    die_usage("%s: expected ranks like 0,2-3, got '%s'", what, text);
 }
 
-static void signal_ranks(dtrun_rank *rk, int n, pid_t pgid, int sig) {
-    if (pgid > 0) kill(-pgid, sig);   /* the whole group: grandchildren too */
-    for (int r = 0; r < n; r++)
-        if (!rk[r].reaped) kill(rk[r].pid, sig);   /* in case a rank left the group */
-}
-
-static int rank_failed(int status) {
-    return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-}
-
-/* Run the job until every rank is reaped and its output drained. */
-static void supervise(const dtrun_cfg *cfg, dtrun_rank *rk, pid_t pgid, int sfd, dtrun_outcome *oc) {
-    int n = cfg->nproc, alive = n;
-    double kill_at = 0;   /* > 0: SIGKILL the group at this time */
-    double drain_until = 0;
-    int stopping = 0;
-    oc->failed_rank = -1;
-    oc->signal = 0;
-    struct pollfd *pfd = calloc((size_t)(2 * n + 1), sizeof *pfd);
-    dtrun_stream **which = calloc((size_t)(2 * n + 1), sizeof *which);
-    int *rank_of = calloc((size_t)(2 * n + 1), sizeof *rank_of);
-    if (!pfd || !which || !rank_of) {
-        fprintf(stderr, "dtrun: out of memory; stopping the ranks\n");
-        signal_ranks(rk, n, pgid, SIGKILL);
-        for (int r = 0; r < n; r++) if (!rk[r].reaped) waitpid(rk[r].pid, &rk[r].status, 0);
-        oc->failed_rank = -2;
-        free(pfd); free(which); free(rank_of);
-        return;
+static void parse_args(int argc, char **argv, dtrun_cfg *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->nnodes = 1;
+    cfg->grace_s = 5.0;
+    cfg->monitor_s = 1.0;
+    cfg->hb_timeout_s = 30.0;
+    cfg->rdzv_timeout_s = 300.0;
+    snprintf(cfg->master_addr, sizeof cfg->master_addr, "127.0.0.1");
+    const char *filter_what = "--ranks-filter";
+    /* variables first, so that flags win */
+    for (int o = 0; o < O_COUNT; o++) {
+        const char *v = getenv(options[o].env);
+        if (!v || (!*v && o != O_TEE)) continue;
+        apply(cfg, o, options[o].env, v);
+        if (o == O_FILTER) filter_what = options[o].env;
     }
-    for (;;) {
-        int np = 0;
-        pfd[np].fd = sfd; pfd[np].events = POLLIN; np++;
-        for (int r = 0; r < n; r++)
-            for (int k = 0; k < 2; k++)
-                if (rk[r].s[k].fd >= 0) {
-                    pfd[np].fd = rk[r].s[k].fd;
-                    pfd[np].events = POLLIN;
-                    which[np] = &rk[r].s[k];
-                    rank_of[np] = r;
-                    np++;
-                }
-        double t = now_s();
-        if (alive == 0) {
-            if (np == 1) break;                       /* all output drained */
-            if (drain_until == 0) drain_until = t + DTRUN_DRAIN_S;
-            if (t >= drain_until) break;              /* a grandchild holds a pipe open */
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) { i++; break; }
+        if (a[0] != '-' || a[1] == '\0') break;   /* PROGRAM */
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            fputs(usage, stdout);
+            exit(0);
         }
-        if (kill_at > 0 && t >= kill_at) {
-            signal_ranks(rk, n, pgid, SIGKILL);
-            kill_at = 0;
+        if (strcmp(a, "-n") == 0) {
+            if (i + 1 >= argc) die_usage("-n: missing value");
+            apply(cfg, O_NPROC, "-n", argv[++i]);
+            continue;
         }
-        int timeout = -1;
-        double next = 0;
-        if (kill_at > 0) next = kill_at;
-        if (drain_until > 0 && (next == 0 || drain_until < next)) next = drain_until;
-        if (next > 0) timeout = (int)((next - t) * 1000) + 1;
-        int pr = poll(pfd, (nfds_t)np, timeout);
-        if (pr < 0) {
-            if (errno == EINTR) continue;
-            fprintf(stderr, "dtrun: poll: %s; stopping the ranks\n", strerror(errno));
-            signal_ranks(rk, n, pgid, SIGKILL);
-            break;
+        if (strncmp(a, "-n", 2) == 0 && a[2] != '-') {
+            apply(cfg, O_NPROC, "-n", a + 2);
+            continue;
         }
-        for (int i = 1; i < np; i++)
-            if (pfd[i].revents) stream_read(which[i], rank_of[i]);
-        if (!pfd[0].revents) continue;
-        struct signalfd_siginfo si;
-        while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
-            int sig = (int)si.ssi_signo;
-            if (sig == SIGCHLD) continue;   /* reaped below */
-            /* SIGINT/SIGTERM/SIGHUP: forward; a second one means "now" */
-            if (!oc->signal) oc->signal = sig;
-            if (!stopping) {
-                stopping = 1;
-                signal_ranks(rk, n, pgid, sig);
-                kill_at = now_s() + cfg->grace_s;
-            } else {
-                signal_ranks(rk, n, pgid, SIGKILL);
-            }
+        int o = 0;
+        size_t fl = 0;
+        for (; o < O_COUNT; o++) {
+            fl = strlen(options[o].flag);
+            if (strncmp(a, options[o].flag, fl) == 0 && (a[fl] == '\0' || a[fl] == '=')) break;
         }
-        for (;;) {
-            int status;
-            pid_t pid = waitpid(-1, &status, WNOHANG);
-            if (pid <= 0) break;
-            for (int r = 0; r < n; r++) {
-                if (rk[r].reaped || rk[r].pid != pid) continue;
-                rk[r].reaped = 1;
-                rk[r].status = status;
-                alive--;
-                if (rank_failed(status) && !stopping) {
-                    oc->failed_rank = r;
-                    oc->failed_pid = pid;
-                    oc->failed_status = status;
-                    stopping = 1;
-                    signal_ranks(rk, n, pgid, SIGTERM);
-                    kill_at = now_s() + cfg->grace_s;
-                }
-            }
+        if (o == O_COUNT) die_usage("unknown option '%s'", a);
+        const char *v = NULL;
+        if (a[fl] == '=') v = a + fl + 1;
+        else if (options[o].takes_value) {
+            if (i + 1 >= argc) die_usage("%s: missing value", options[o].flag);
+            v = argv[++i];
         }
-        if (alive == 0) kill_at = 0;
+        apply(cfg, o, options[o].flag, v);
+        if (o == O_FILTER) filter_what = options[o].flag;
     }
-    /* Anything still open belongs to a process that outlived its rank: flush and close. */
-    for (int r = 0; r < n; r++)
-        for (int k = 0; k < 2; k++) {
-            dtrun_stream *st = &rk[r].s[k];
-            if (st->fd >= 0) {
-                if (st->len) emit_line(st->out, r, st->buf, st->len);
-                close(st->fd);
-                st->fd = -1;
-            }
-            free(st->buf);
-            st->buf = NULL;
-        }
-    /* make sure nothing of the job survives (a grandchild in our group) */
-    if (pgid > 0) kill(-pgid, SIGKILL);
-    free(pfd); free(which); free(rank_of);
+    if (cfg->nproc == 0) die_usage("-n N (the number of ranks) is required");
+    if (cfg->node_rank >= cfg->nnodes)
+        die_usage("--node-rank %d: expected 0..%d for --nnodes %d", cfg->node_rank, cfg->nnodes - 1, cfg->nnodes);
+    if ((long)cfg->nnodes * cfg->nproc > 1000000)
+        die_usage("--nnodes %d x --nproc-per-node %d: more than 1000000 ranks", cfg->nnodes, cfg->nproc);
+    if (cfg->nnodes > 1 && !cfg->port_given) cfg->master_port = 29500;
+    if (filter_text) cfg->ranks_filter = parse_filter(filter_what, filter_text, cfg->nnodes * cfg->nproc);
+    if (i >= argc) die_usage("no program to run");
+    cfg->argv = argv + i;
 }
 
-/* ---- main ------------------------------------------------------------------------------ */
+/* ---- the job ------------------------------------------------------------------------ */
 
-/* A fresh job id when DT_JOB_ID is not set ("" when it is: the ranks inherit it as is). */
-static void make_job_id(char *out, size_t n) {
+/* The id of the first attempt: --run-id, else the inherited DT_JOB_ID, else a fresh one. */
+static void base_run_id(const dtrun_cfg *cfg, char *out, size_t n) {
     const char *env = getenv("DT_JOB_ID");
-    out[0] = '\0';
-    if (env && *env) return;
+    if (cfg->run_id[0]) { snprintf(out, n, "%s", cfg->run_id); return; }
+    if (env && *env) { snprintf(out, n, "%s", env); return; }
     unsigned char rnd[8];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
         uint64_t x = (uint64_t)getpid() * 0x9E3779B97F4A7C15ULL ^ (uint64_t)time(NULL);
@@ -547,14 +431,43 @@ static void make_job_id(char *out, size_t n) {
         snprintf(out + strlen(out), n - strlen(out), "%02x", rnd[i]);
 }
 
+char dtrun_base_id[160];
+
+static void set_job_id(dtrun_job *job) {
+    const char *env = getenv("DT_JOB_ID");
+    if (job->attempt == 0 && !job->cfg->run_id[0] && env && *env && strcmp(env, dtrun_base_id) == 0)
+        job->job_id[0] = '\0';   /* inherited as it is, whatever its length */
+    else if (job->attempt == 0)
+        snprintf(job->job_id, sizeof job->job_id, "%s", dtrun_base_id);
+    else
+        snprintf(job->job_id, sizeof job->job_id, "%.*s-r%d", 120, dtrun_base_id, job->attempt);
+}
+
+static int open_log_dir(dtrun_job *job) {
+    const dtrun_cfg *cfg = job->cfg;
+    if (mkdir(cfg->log_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "dtrun: --log-dir %s: cannot create it: %s\n", cfg->log_dir, strerror(errno));
+        return -1;
+    }
+    char path[1100];
+    snprintf(path, sizeof path, "%s/dtrun-node%d.log", cfg->log_dir, cfg->node_rank);
+    if (!(say_log = fopen(path, "w"))) {
+        fprintf(stderr, "dtrun: --log-dir: cannot write %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    job->log = say_log;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     dtrun_cfg cfg;
     parse_args(argc, argv, &cfg);
-    if (cfg.master_port == 0 && (cfg.master_port = free_port()) == 0) {
-        fprintf(stderr, "dtrun: cannot find a free TCP port: %s (give --master-port)\n", strerror(errno));
-        return 1;
-    }
-    make_job_id(cfg.job_id, sizeof cfg.job_id);
+    dtrun_job job;
+    memset(&job, 0, sizeof job);
+    job.cfg = &cfg;
+    if (gethostname(job.host, sizeof job.host - 1) != 0) snprintf(job.host, sizeof job.host, "unknown-host");
+    base_run_id(&cfg, dtrun_base_id, sizeof dtrun_base_id);
+    if (cfg.log_dir[0] && open_log_dir(&job) != 0) return 1;
 
     /* Signals arrive through a signalfd; blocked before fork, unblocked in the children. */
     sigset_t mask;
@@ -564,47 +477,76 @@ int main(int argc, char **argv) {
     sigaddset(&mask, SIGTERM);
     sigaddset(&mask, SIGHUP);
     if (sigprocmask(SIG_BLOCK, &mask, NULL) != 0) {
-        fprintf(stderr, "dtrun: sigprocmask: %s\n", strerror(errno));
+        dtrun_say(&job, "sigprocmask: %s", strerror(errno));
         return 1;
     }
-    int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (sfd < 0) {
-        fprintf(stderr, "dtrun: signalfd: %s\n", strerror(errno));
+    job.sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (job.sfd < 0) {
+        dtrun_say(&job, "signalfd: %s", strerror(errno));
         return 1;
     }
-    signal(SIGPIPE, SIG_IGN);   /* a closed stdout must not kill the supervisor */
+    signal(SIGPIPE, SIG_IGN);   /* a closed stdout or peer must not kill the supervisor */
     /* A blocked signal that is also ignored is discarded, never reaching the signalfd.
      * Shells start background commands with SIGINT ignored; dtrun still wants to hear
      * it, so restore the default (it stays blocked). SIGHUP ignored by nohup stays so. */
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
 
-    dtrun_rank *rk = calloc((size_t)cfg.nproc, sizeof *rk);
-    if (!rk) {
-        fprintf(stderr, "dtrun: out of memory\n");
+    if (!(job.rk = calloc((size_t)cfg.nproc, sizeof *job.rk))) {
+        dtrun_say(&job, "out of memory");
         return 1;
     }
-    pid_t pgid;
-    if (spawn_ranks(&cfg, rk, &pgid) != 0) return 1;
-
-    dtrun_outcome oc = {0};
-    supervise(&cfg, rk, pgid, sfd, &oc);
-    free(rk);
-    if (oc.failed_rank == -2) return 1;
-    if (oc.failed_rank >= 0) {
-        int st = oc.failed_status;
-        if (WIFSIGNALED(st)) {
-            fprintf(stderr, "dtrun: rank %d (pid %d) failed first: killed by signal %s\n",
-                    oc.failed_rank, (int)oc.failed_pid, signame(WTERMSIG(st)));
-            return 128 + WTERMSIG(st);
+    if (cfg.nnodes > 1) {
+        int rc = dtrun_net_start(&job);   /* meets the other nodes; sets rank_port */
+        if (rc) return rc;
+    } else if (cfg.port_given) {
+        int err = port_taken(cfg.master_port);
+        if (err) {
+            dtrun_say(&job, "--master-port %d cannot be used on this host: %s (another job may hold it; "
+                      "choose another port or omit --master-port)", cfg.master_port, strerror(err));
+            return 1;
         }
-        fprintf(stderr, "dtrun: rank %d (pid %d) failed first: exit code %d\n",
-                oc.failed_rank, (int)oc.failed_pid, WEXITSTATUS(st));
-        return WEXITSTATUS(st);
+        job.rank_port = cfg.master_port;
     }
-    if (oc.signal) {
-        fprintf(stderr, "dtrun: stopped by %s; all ranks ended\n", signame(oc.signal));
-        return 128 + oc.signal;
+
+    for (;;) {
+        if (cfg.nnodes == 1 && !cfg.port_given && !(job.rank_port = dtrun_free_port())) {
+            dtrun_say(&job, "cannot find a free TCP port: %s (give --master-port)", strerror(errno));
+            return 1;
+        }
+        set_job_id(&job);
+        if (dtrun_spawn(&job) != 0) {
+            if (!job.net) return 1;
+            char d[512];
+            snprintf(d, sizeof d, "node %d (%s) could not start its ranks", cfg.node_rank, job.host);
+            dtrun_net_failure(&job, d, 1, 1);
+            dtrun_stop(&job, d, 1, 1);
+        } else {
+            dtrun_supervise(&job);
+        }
+        dtrun_close_logs(&job);
+        int rc;
+        if (job.net) {
+            rc = dtrun_net_after(&job);   /* the job's decision, from node 0 */
+        } else if (job.fail && !job.no_restart && job.attempt < cfg.max_restarts) {
+            dtrun_say_block(&job, job.fail);
+            dtrun_say(&job, "restarting all ranks (restart %d of %d)", job.attempt + 1, cfg.max_restarts);
+            job.attempt++;
+            rc = -1;
+        } else {
+            rc = job.fail ? job.fail_code : job.signal ? 128 + job.signal : 0;
+            if (job.fail) dtrun_say_block(&job, job.fail);
+        }
+        if (rc >= 0) {
+            if (job.signal) dtrun_say(&job, "stopped by %s; all ranks ended", dtrun_signame(job.signal));
+            dtrun_net_close(&job);
+            free(job.rk);
+            free(cfg.ranks_filter);
+            if (say_log) fclose(say_log);
+            return rc;
+        }
+        free(job.fail);
+        job.fail = NULL;
+        job.no_restart = 0;
     }
-    return 0;
 }

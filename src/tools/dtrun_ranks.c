@@ -330,19 +330,19 @@ static void got_signal(dtrun_job *job, int sig) {
         return;
     }
     if (!job->signal) job->signal = sig;
-    if (job->net) {
-        char d[512], when[64];
-        dtrun_clock(when, sizeof when);
-        snprintf(d, sizeof d, "dtrun on node %d (%s) was stopped by %s at %s",
-                 job->cfg->node_rank, job->host, dtrun_signame(sig), when);
-        dtrun_net_failure(job, d, 128 + sig, 1);
-    }
     if (!job->stopping) {
         job->stopping = 1;
         if (job->alive > 0) {
             dtrun_signal_ranks(job, sig);
             job->kill_at = dtrun_now() + job->cfg->grace_s;
         }
+    }
+    if (job->net) {   /* the other nodes stop too */
+        char d[512], when[64];
+        dtrun_clock(when, sizeof when);
+        snprintf(d, sizeof d, "dtrun on node %d (%s) was stopped by %s at %s",
+                 job->cfg->node_rank, job->host, dtrun_signame(sig), when);
+        dtrun_net_failure(job, d, 128 + sig, 1);
     }
     job->no_restart = 1;
 }

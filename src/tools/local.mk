@@ -1,7 +1,8 @@
 # src/tools/local.mk: the programs (see Makefile.am): dtrun, the single-node launcher,
-# and dtbench, the collective benchmark. dtrun needs nothing from libdtrain.
+# and dtbench, the collective benchmark. dtrun needs nothing from libdtrain: it has its
+# own small rendezvous between nodes (dtrun_rdzv.c says why).
 bin_PROGRAMS += dtrun dtbench
-dtrun_SOURCES = src/tools/dtrun.c
+dtrun_SOURCES = src/tools/dtrun.c src/tools/dtrun.h src/tools/dtrun_ranks.c src/tools/dtrun_rdzv.c
 dtrun_LDADD =
 dtbench_SOURCES = src/tools/dtbench.c src/tools/args.c src/tools/args.h
 

@@ -223,7 +223,7 @@ static void plot_text(const series *sr, int ns, int width, int height, const cha
             int row = (int)llround((ymax - r->loss) / (ymax - ymin) * (height - 1));
             cell[(size_t)row * (size_t)width + (size_t)col] |= 1u << k;
         }
-    printf("%s (loss against step)\n", title);
+    printf("%s\n", title);
     for (int row = 0; row < height; row++) {
         double y = ymax - (ymax - ymin) * row / (height - 1);
         if (row == 0 || row == height - 1 || row == (height - 1) / 2) printf("%10.4g |", y);
@@ -248,7 +248,8 @@ static void plot_text(const series *sr, int ns, int width, int height, const cha
     snprintf(hi, sizeof hi, "%lld", (long long)xmax);
     int gap = width - (int)strlen(lo) - (int)strlen(hi);
     printf("%10s  %s%*s%s  step\n", "", lo, gap > 1 ? gap : 1, "", hi);
-    for (int k = 0; k < ns; k++) printf("  %c %s (%zu steps)\n", text_marks[k], sr[k].label, sr[k].n);
+    for (int k = 0; k < ns; k++)
+        printf("  %c %s (%zu step%s)\n", text_marks[k], sr[k].label, sr[k].n, sr[k].n == 1 ? "" : "s");
     if (ns > 1) printf("  # several runs on the same point\n");
     free(cell);
 }
@@ -317,12 +318,16 @@ static int plot_png(const series *sr, int ns, const char *out, int width, int he
     }
     int rc = 1;
     char p[4200], script[4200], log[4200];
+    size_t finite[PLOT_MAX_SERIES] = {0};
     for (int k = 0; k < ns; k++) {
         snprintf(p, sizeof p, "%s/series%d.dat", dir, k);
         FILE *f = fopen(p, "w");
         if (!f) { fprintf(stderr, "dtrain plot: cannot write %s (%s)\n", p, strerror(errno)); goto out; }
         for (size_t i = 0; i < sr[k].n; i++)
-            if (isfinite(sr[k].recs[i].loss)) fprintf(f, "%lld %s\n", (long long)sr[k].recs[i].step, sr[k].recs[i].loss_text);
+            if (isfinite(sr[k].recs[i].loss)) {
+                fprintf(f, "%lld %s\n", (long long)sr[k].recs[i].step, sr[k].recs[i].loss_text);
+                finite[k]++;
+            }
         if (fclose(f) != 0) { fprintf(stderr, "dtrain plot: cannot write %s (%s)\n", p, strerror(errno)); goto out; }
     }
     snprintf(script, sizeof script, "%s/plot.gp", dir);
@@ -340,6 +345,7 @@ static int plot_png(const series *sr, int ns, const char *out, int width, int he
     fputs("\nset title ", f);
     put_quoted(f, title);
     fputs("\nset xlabel 'step'\nset ylabel 'loss'\nset grid\nset key top right box opaque\n"
+          "set offsets graph 0.02, graph 0.02, 0, 0\n"
           "set style line 1 lc rgb '#1f77b4' lw 5\n"
           "set style line 2 lc rgb '#d62728' lw 2 dt 2\n"
           "set style line 3 lc rgb '#2ca02c' lw 2 dt 3\n"
@@ -350,7 +356,8 @@ static int plot_png(const series *sr, int ns, const char *out, int width, int he
         snprintf(p, sizeof p, "%s/series%d.dat", dir, k);
         if (k) fputs(", \\\n     ", f);
         put_quoted(f, p);
-        fprintf(f, " using 1:2 with lines ls %d title ", k % 5 + 1);
+        /* a single point makes no line: draw it as a point */
+        fprintf(f, " using 1:2 with %s ls %d title ", finite[k] > 1 ? "lines" : "linespoints", k % 5 + 1);
         put_quoted(f, sr[k].label);
     }
     fputc('\n', f);

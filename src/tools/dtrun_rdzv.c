@@ -1,0 +1,767 @@
+/*
+ * dtrun_rdzv.c: how the dtruns of a multi-node job meet and stay in touch.
+ *
+ * Node 0's dtrun listens on --master-port; every other dtrun connects (retrying until
+ * --rdzv-timeout, saying why it cannot) and keeps that one connection for the whole job.
+ * The protocol is text, one message per line:
+ *
+ *   node -> 0   HELLO 1 <node_rank> <nnodes> <nproc> <run_id|-> <host>
+ *   0 -> node   REFUSE <exit> <why>            (and the connection is closed)
+ *   0 -> node   LAYOUT <run_id> <host of node 0> <host of node 1> ...
+ *   0 -> node   START <attempt> <port>         (the ranks' MASTER_PORT for this attempt)
+ *   node -> 0   FAIL <attempt> <exit> <no_restart> <report>
+ *   0 -> node   STOP <exit> <no_restart> <report>   (the job's first failure)
+ *   node -> 0   IDLE <attempt>                 (every local rank of the attempt ended)
+ *   0 -> node   EXIT <exit>                    (the job is over)
+ *   both ways   HB                             (every --monitor-interval)
+ *
+ * A report's newlines travel as tabs (control characters were removed before). Node 0
+ * decides: the first failure it hears of (its own, a FAIL, a lost node) is the job's;
+ * when every node is idle it restarts the job (START with a new port) or ends it.
+ * A connection that closes, or stays silent for --heartbeat-timeout, is a lost node;
+ * a node that loses node 0 stops its ranks and exits 1.
+ */
+#include "config.h"
+#include "dtrun.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MAX_LINE     (1u << 20)
+#define MAX_PENDING  64
+
+typedef struct {
+    int    fd;          /* -1: none */
+    char  *buf;
+    size_t len, cap;
+    double last_rx;
+    char   host[256];
+    int    joined;      /* server: HELLO accepted */
+    int    idle;        /* server: its ranks of this attempt ended */
+    int    lost;
+} peer;
+
+struct dtrun_net {
+    int    server;
+    int    lfd;                    /* server: listening socket */
+    peer  *nodes;                  /* server: by node rank (slot 0 unused) */
+    peer   pending[MAX_PENDING];   /* server: connections that have not said HELLO */
+    peer   master;                 /* others: the connection to node 0 */
+    double next_hb;
+    int    started;                /* past the rendezvous: heartbeats count */
+    int    decided;                /* 0 none, 1 restart, 2 exit */
+    int    decided_code, next_attempt, next_port;
+    int    any_lost;
+};
+
+extern char dtrun_base_id[160];
+
+/* ---- connections ---------------------------------------------------------------------- */
+
+static void peer_init(peer *p) {
+    memset(p, 0, sizeof *p);
+    p->fd = -1;
+}
+
+static void peer_close(peer *p) {
+    if (p->fd >= 0) close(p->fd);
+    p->fd = -1;
+    free(p->buf);
+    p->buf = NULL;
+    p->len = p->cap = 0;
+}
+
+static void send_line(peer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void send_line(peer *p, const char *fmt, ...) {
+    if (p->fd < 0) return;
+    char stack[4096], *buf = stack;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(stack, sizeof stack, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n + 2 > sizeof stack) {
+        if (!(buf = malloc((size_t)n + 2))) return;
+        va_start(ap, fmt);
+        vsnprintf(buf, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    buf[n++] = '\n';
+    size_t off = 0;
+    double give_up = dtrun_now() + 2.0;   /* a peer that takes nothing for 2 s is lost anyway */
+    while (off < (size_t)n) {
+        ssize_t w = send(p->fd, buf + off, (size_t)n - off, MSG_NOSIGNAL);
+        if (w > 0) { off += (size_t)w; continue; }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && dtrun_now() < give_up) {
+            struct pollfd pf = { .fd = p->fd, .events = POLLOUT };
+            (void)poll(&pf, 1, 100);
+            continue;
+        }
+        break;   /* the reader notices the broken connection */
+    }
+    if (buf != stack) free(buf);
+}
+
+/* Read what is there. 0: fine; -1: closed or failed (why in *err). */
+static int peer_fill(peer *p, const char **err) {
+    for (;;) {
+        if (p->cap - p->len < 4096) {
+            size_t cap = p->cap ? 2 * p->cap : 8192;
+            if (cap > MAX_LINE + 8192) { *err = "a message longer than 1 MiB"; return -1; }
+            char *b = realloc(p->buf, cap);
+            if (!b) { *err = "out of memory"; return -1; }
+            p->buf = b;
+            p->cap = cap;
+        }
+        ssize_t r = recv(p->fd, p->buf + p->len, p->cap - p->len, 0);
+        if (r > 0) { p->len += (size_t)r; p->last_rx = dtrun_now(); continue; }
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        *err = r == 0 ? "its connection closed" : strerror(errno);
+        return -1;
+    }
+}
+
+/* Take the next whole line out of p's buffer (NUL-terminated in place, valid until the
+ * next call); NULL when there is none. */
+static char *peer_line(peer *p, size_t *consumed) {
+    char *nl = p->len ? memchr(p->buf + *consumed, '\n', p->len - *consumed) : NULL;
+    if (!nl) {
+        memmove(p->buf, p->buf + *consumed, p->len - *consumed);
+        p->len -= *consumed;
+        *consumed = 0;
+        return NULL;
+    }
+    char *line = p->buf + *consumed;
+    *nl = '\0';
+    *consumed = (size_t)(nl - p->buf) + 1;
+    return line;
+}
+
+static void set_socket_opts(int fd) {
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
+
+/* Report text <-> one line: newlines travel as tabs. */
+static char *encode(const char *desc) {
+    char *e = strdup(desc);
+    if (!e) return NULL;
+    for (char *p = e; *p; p++) {
+        if (*p == '\n') *p = '\t';
+        else if (*p == '\t') *p = ' ';
+    }
+    return e;
+}
+static void decode(char *s) {
+    for (; *s; s++) if (*s == '\t') *s = '\n';
+}
+
+/* Wait up to ms for the signalfd (and fds); returns a signal that arrived, or 0. */
+static int sleep_or_signal(dtrun_job *job, int ms) {
+    struct pollfd pf = { .fd = job->sfd, .events = POLLIN };
+    if (poll(&pf, 1, ms) > 0) return dtrun_read_signal(job);
+    return 0;
+}
+
+/* ---- node 0 -------------------------------------------------------------------------- */
+
+static void broadcast(dtrun_net *net, int nnodes, const char *fmt, const char *arg) {
+    for (int i = 1; i < nnodes; i++)
+        if (net->nodes[i].fd >= 0 && net->nodes[i].joined) send_line(&net->nodes[i], fmt, arg);
+}
+
+/* A failure of the job heard by node 0: the first one is the job's, and goes to all. */
+static void server_failure(dtrun_job *job, const char *desc, int code, int no_restart) {
+    dtrun_net *net = job->net;
+    if (!job->fail) {
+        dtrun_stop(job, desc, code, no_restart);
+        char *e = encode(desc);
+        if (e) {
+            char head[64];
+            snprintf(head, sizeof head, "%d %d ", code, no_restart);
+            for (int i = 1; i < job->cfg->nnodes; i++)
+                if (net->nodes[i].fd >= 0) send_line(&net->nodes[i], "STOP %s%s", head, e);
+            free(e);
+        }
+    } else {
+        dtrun_stop(job, NULL, 0, 0);
+    }
+    if (no_restart) job->no_restart = 1;
+}
+
+static void node_lost(dtrun_job *job, int i, const char *why) {
+    dtrun_net *net = job->net;
+    peer *p = &net->nodes[i];
+    char when[64], d[1024];
+    dtrun_clock(when, sizeof when);
+    snprintf(d, sizeof d, "node %d (%s) was lost at %s: %s", i, p->host, when, why);
+    if (job->fail) dtrun_say(job, "%s", d);   /* else it is the first failure, reported at the end */
+    peer_close(p);
+    p->lost = p->idle = 1;
+    net->any_lost = 1;
+    server_failure(job, d, 1, 1);
+}
+
+static void server_line(dtrun_job *job, int i, char *line) {
+    int a, code, nr, off = 0;
+    if (strcmp(line, "HB") == 0) return;
+    if (sscanf(line, "FAIL %d %d %d %n", &a, &code, &nr, &off) == 3 && off > 0) {
+        if (a != job->attempt) return;   /* a report from an attempt already over */
+        decode(line + off);
+        server_failure(job, line + off, code, nr);
+    } else if (sscanf(line, "IDLE %d", &a) == 1) {
+        if (a == job->attempt) job->net->nodes[i].idle = 1;
+    } else {
+        dtrun_say(job, "node %d (%s) sent something unexpected: '%.80s'", i, job->net->nodes[i].host, line);
+    }
+}
+
+/* Check a HELLO against this node's configuration; "" if it may join, else why not. */
+static int check_hello(dtrun_job *job, const char *line, int *node, peer *p, char *why, size_t n) {
+    const dtrun_cfg *cfg = job->cfg;
+    int ver, nr, nn, np;
+    char run[160], host[256];
+    if (sscanf(line, "HELLO %d %d %d %d %159s %255s", &ver, &nr, &nn, &np, run, host) != 6 || ver != 1) {
+        snprintf(why, n, "not a dtrun of this version (sent '%.60s')", line);
+        return 2;
+    }
+    snprintf(p->host, sizeof p->host, "%s", host);
+    *node = nr;
+    if (nn != cfg->nnodes)
+        snprintf(why, n, "the nodes disagree about --nnodes: node %d (%s) says %d, node 0 (%s) says %d",
+                 nr, host, nn, job->host, cfg->nnodes);
+    else if (np != cfg->nproc)
+        snprintf(why, n, "the nodes disagree about --nproc-per-node: node %d (%s) says %d, node 0 (%s) says %d",
+                 nr, host, np, job->host, cfg->nproc);
+    else if (nr == 0)
+        snprintf(why, n, "node rank 0 given twice: %s (serving the rendezvous) and %s", job->host, host);
+    else if (nr < 0 || nr >= cfg->nnodes)
+        snprintf(why, n, "node %s says --node-rank %d, outside 0..%d for --nnodes %d", host, nr, cfg->nnodes - 1,
+                 cfg->nnodes);
+    else if (job->net->nodes[nr].joined && job->net->nodes[nr].fd >= 0)
+        snprintf(why, n, "node rank %d given twice: %s (joined first) and %s", nr, job->net->nodes[nr].host, host);
+    else if (strcmp(run, "-") != 0 && cfg->run_id[0] && strcmp(run, cfg->run_id) != 0)
+        snprintf(why, n, "the nodes disagree about --run-id: node %d (%s) says '%s', node 0 (%s) says '%s'",
+                 nr, host, run, job->host, cfg->run_id);
+    else if (strcmp(run, "-") != 0 && !cfg->run_id[0])
+        snprintf(why, n, "the nodes disagree about --run-id: node %d (%s) says '%s', node 0 (%s) gives none",
+                 nr, host, run, job->host);
+    else if (job->net->started)
+        snprintf(why, n, "node %d (%s) came too late: the job has started without it", nr, host);
+    else
+        return 0;
+    return 2;
+}
+
+/* Read from pending connections: a HELLO joins or is refused. */
+static void pending_ready(dtrun_job *job, peer *p) {
+    const char *err;
+    int bad = peer_fill(p, &err);
+    size_t used = 0;
+    char *line = peer_line(p, &used);
+    if (!line) {
+        if (bad || p->len > 4096) peer_close(p);
+        return;
+    }
+    char why[1400];
+    int node = -1;
+    int rc = check_hello(job, line, &node, p, why, sizeof why);
+    if (rc) {
+        dtrun_say(job, "refused a node: %s", why);
+        send_line(p, "REFUSE %d %s", rc, why);
+        peer_close(p);
+        return;
+    }
+    peer *slot = &job->net->nodes[node];
+    peer_close(slot);
+    *slot = *p;
+    slot->joined = 1;
+    slot->last_rx = dtrun_now();
+    peer_init(p);
+    slot->len = 0;   /* nothing may follow a HELLO before START */
+}
+
+static void accept_ready(dtrun_job *job) {
+    dtrun_net *net = job->net;
+    for (;;) {
+        int fd = accept(net->lfd, NULL, NULL);
+        if (fd < 0) return;
+        int k = 0;
+        while (k < MAX_PENDING && net->pending[k].fd >= 0) k++;
+        if (k == MAX_PENDING) { close(fd); continue; }
+        set_socket_opts(fd);
+        net->pending[k].fd = fd;
+        net->pending[k].last_rx = dtrun_now();
+    }
+}
+
+static int server_start(dtrun_job *job) {
+    const dtrun_cfg *cfg = job->cfg;
+    dtrun_net *net = job->net;
+    net->server = 1;
+    if (!(net->nodes = calloc((size_t)cfg->nnodes, sizeof *net->nodes))) {
+        dtrun_say(job, "out of memory");
+        return 1;
+    }
+    for (int i = 0; i < cfg->nnodes; i++) peer_init(&net->nodes[i]);
+    for (int i = 0; i < MAX_PENDING; i++) peer_init(&net->pending[i]);
+    snprintf(net->nodes[0].host, sizeof net->nodes[0].host, "%s", job->host);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    sa.sin_port = htons((uint16_t)cfg->master_port);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 128) != 0) {
+        dtrun_say(job, "node 0 cannot serve the rendezvous on port %d (--master-port): %s "
+                  "(another job may hold it; choose another port)", cfg->master_port, strerror(errno));
+        if (fd >= 0) close(fd);
+        return 1;
+    }
+    set_socket_opts(fd);
+    net->lfd = fd;
+    dtrun_say(job, "node 0 of %d (%s): waiting up to %g s for the other nodes on port %d",
+              cfg->nnodes, job->host, cfg->rdzv_timeout_s, cfg->master_port);
+    double deadline = dtrun_now() + cfg->rdzv_timeout_s;
+    for (;;) {
+        int missing = 0;
+        for (int i = 1; i < cfg->nnodes; i++) if (!net->nodes[i].joined) missing++;
+        if (!missing) break;
+        double t = dtrun_now();
+        if (t >= deadline) {
+            char list[512] = "";
+            for (int i = 1, n = 0; i < cfg->nnodes && n < 40; i++)
+                if (!net->nodes[i].joined)
+                    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", n++ ? "," : "", i);
+            char why[768];
+            snprintf(why, sizeof why, "the rendezvous timed out after %g s (--rdzv-timeout): node%s %s never joined",
+                     cfg->rdzv_timeout_s, missing > 1 ? "s" : "", list);
+            dtrun_say(job, "%s", why);
+            broadcast(net, cfg->nnodes, "REFUSE 1 %s", why);
+            return 1;
+        }
+        struct pollfd pfd[2 + MAX_PENDING + DTRUN_MAX_NODES];
+        int np = 0;
+        pfd[np++] = (struct pollfd){ .fd = job->sfd, .events = POLLIN };
+        pfd[np++] = (struct pollfd){ .fd = net->lfd, .events = POLLIN };
+        for (int k = 0; k < MAX_PENDING; k++) pfd[np++] = (struct pollfd){ .fd = net->pending[k].fd, .events = POLLIN };
+        for (int i = 1; i < cfg->nnodes; i++) pfd[np++] = (struct pollfd){ .fd = net->nodes[i].fd, .events = POLLIN };
+        int ms = (int)((deadline - t) * 1000) + 1;
+        if (poll(pfd, (nfds_t)np, ms > 1000 ? 1000 : ms) < 0 && errno != EINTR) {
+            dtrun_say(job, "poll: %s", strerror(errno));
+            return 1;
+        }
+        if (pfd[0].revents) {
+            int sig = dtrun_read_signal(job);
+            if (sig) {
+                char why[512];
+                snprintf(why, sizeof why, "dtrun on node 0 (%s) was stopped by %s during the rendezvous",
+                         job->host, dtrun_signame(sig));
+                broadcast(net, cfg->nnodes, "REFUSE 1 %s", why);
+                dtrun_say(job, "stopped by %s during the rendezvous", dtrun_signame(sig));
+                return 128 + sig;
+            }
+        }
+        if (pfd[1].revents) accept_ready(job);
+        for (int k = 0; k < MAX_PENDING; k++) if (pfd[2 + k].revents) pending_ready(job, &net->pending[k]);
+        for (int i = 1; i < cfg->nnodes; i++) {
+            peer *p = &net->nodes[i];
+            if (p->fd < 0 || !pfd[2 + MAX_PENDING + i - 1].revents) continue;
+            const char *err;
+            if (peer_fill(p, &err) != 0) {   /* it left before the start: its slot is free again */
+                dtrun_say(job, "node %d (%s) left during the rendezvous: %s; waiting for it again", i, p->host, err);
+                peer_close(p);
+                p->joined = 0;
+            }
+            p->len = 0;
+        }
+    }
+    job->rank_port = dtrun_free_port();
+    if (!job->rank_port) {
+        dtrun_say(job, "cannot find a free TCP port for the ranks: %s", strerror(errno));
+        broadcast(net, cfg->nnodes, "REFUSE 1 %s", "node 0 found no free port for the ranks");
+        return 1;
+    }
+    /* LAYOUT <run id> <hosts...> */
+    size_t cap = 256 + (size_t)cfg->nnodes * 258;
+    char *lay = malloc(cap);
+    if (!lay) { dtrun_say(job, "out of memory"); return 1; }
+    snprintf(lay, cap, "%s", dtrun_base_id);
+    for (int i = 0; i < cfg->nnodes; i++) snprintf(lay + strlen(lay), cap - strlen(lay), " %s", net->nodes[i].host);
+    broadcast(net, cfg->nnodes, "LAYOUT %s", lay);
+    free(lay);
+    char port[32];
+    snprintf(port, sizeof port, "0 %d", job->rank_port);
+    broadcast(net, cfg->nnodes, "START %s", port);
+    for (int i = 1; i < cfg->nnodes; i++) net->nodes[i].last_rx = dtrun_now();
+    return 0;
+}
+
+/* ---- the other nodes ----------------------------------------------------------------- */
+
+/* One connection attempt, bounded by ms; fd or -1 with errno set. */
+static int try_connect(const char *host, int port, int ms, char *err, size_t n) {
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int g = getaddrinfo(host, ps, &hints, &res);
+    if (g != 0) { snprintf(err, n, "%s", gai_strerror(g)); return -1; }
+    int fd = -1;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0) { snprintf(err, n, "%s", strerror(errno)); continue; }
+        (void)fcntl(fd, F_SETFL, O_NONBLOCK);
+        int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+        if (rc != 0 && errno == EINPROGRESS) {
+            struct pollfd pf = { .fd = fd, .events = POLLOUT };
+            int e = 0;
+            socklen_t el = sizeof e;
+            rc = poll(&pf, 1, ms);
+            if (rc == 0) { errno = ETIMEDOUT; rc = -1; }
+            else if (rc > 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e != 0) { errno = e; rc = -1; }
+            else if (rc > 0) rc = 0;
+        }
+        if (rc == 0) break;
+        snprintf(err, n, "%s", strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+static void master_lost(dtrun_job *job, const char *why) {
+    dtrun_net *net = job->net;
+    char when[64], d[1024];
+    dtrun_clock(when, sizeof when);
+    snprintf(d, sizeof d, "lost node 0 (%s, the master at %s:%d) at %s: %s", job->hosts ? job->hosts[0] : "?",
+             job->cfg->master_addr, job->cfg->master_port, when, why);
+    if (job->fail) dtrun_say(job, "%s", d);   /* else it is the first failure, reported at the end */
+    peer_close(&net->master);
+    net->any_lost = 1;
+    dtrun_stop(job, d, 1, 1);
+    if (!net->decided) { net->decided = 2; net->decided_code = 1; }
+}
+
+static void client_line(dtrun_job *job, char *line) {
+    dtrun_net *net = job->net;
+    int code, nr, a, port, off = 0;
+    if (strcmp(line, "HB") == 0) return;
+    if (sscanf(line, "STOP %d %d %n", &code, &nr, &off) == 2 && off > 0) {
+        decode(line + off);
+        free(job->fail);   /* node 0's word on the first failure replaces what we saw */
+        job->fail = NULL;
+        dtrun_stop(job, line + off, code, nr);
+    } else if (sscanf(line, "START %d %d", &a, &port) == 2) {
+        net->decided = 1;
+        net->next_attempt = a;
+        net->next_port = port;
+    } else if (sscanf(line, "EXIT %d", &code) == 1) {
+        net->decided = 2;
+        net->decided_code = code;
+    } else if (sscanf(line, "REFUSE %d %n", &code, &off) == 1 && off > 0) {
+        dtrun_say(job, "refused by node 0 at %s:%d: %s", job->cfg->master_addr, job->cfg->master_port, line + off);
+        net->decided = 2;   /* the caller closes the connection */
+        net->decided_code = code;
+    } else if (strncmp(line, "LAYOUT ", 7) == 0) {
+        char *save = NULL, *tok = strtok_r(line + 7, " ", &save);
+        if (tok) snprintf(dtrun_base_id, sizeof dtrun_base_id, "%s", tok);
+        int nn = job->cfg->nnodes;
+        if (!job->hosts && !(job->hosts = calloc((size_t)nn, sizeof *job->hosts))) return;
+        for (int i = 0; i < nn && (tok = strtok_r(NULL, " ", &save)); i++) job->hosts[i] = strdup(tok);
+    }
+}
+
+static int client_start(dtrun_job *job) {
+    const dtrun_cfg *cfg = job->cfg;
+    dtrun_net *net = job->net;
+    peer_init(&net->master);
+    double t0 = dtrun_now(), deadline = t0 + cfg->rdzv_timeout_s, next_note = 0;
+    char err[256] = "", said[256] = "";
+    int fd = -1;
+    while (fd < 0) {
+        fd = try_connect(cfg->master_addr, cfg->master_port, 2000, err, sizeof err);
+        if (fd >= 0) break;
+        double t = dtrun_now();
+        if (t >= deadline) {
+            dtrun_say(job, "node %d could not reach node 0 at %s:%d within %g s (--rdzv-timeout): %s",
+                      cfg->node_rank, cfg->master_addr, cfg->master_port, cfg->rdzv_timeout_s, err);
+            return 1;
+        }
+        if (strcmp(err, said) != 0 || t >= next_note) {
+            dtrun_say(job, "node %d cannot reach node 0 at %s:%d: %s; retrying for up to %.0f s more",
+                      cfg->node_rank, cfg->master_addr, cfg->master_port, err, deadline - t);
+            snprintf(said, sizeof said, "%s", err);
+            next_note = t + 30;
+        }
+        int sig = sleep_or_signal(job, 500);
+        if (sig) {
+            dtrun_say(job, "stopped by %s while waiting for node 0", dtrun_signame(sig));
+            return 128 + sig;
+        }
+    }
+    set_socket_opts(fd);
+    net->master.fd = fd;
+    send_line(&net->master, "HELLO 1 %d %d %d %s %s", cfg->node_rank, cfg->nnodes, cfg->nproc,
+              cfg->run_id[0] ? cfg->run_id : "-", job->host);
+    while (!net->decided) {
+        double t = dtrun_now();
+        if (t >= deadline) {
+            dtrun_say(job, "node %d: the rendezvous at %s:%d did not complete within %g s (--rdzv-timeout)",
+                      cfg->node_rank, cfg->master_addr, cfg->master_port, cfg->rdzv_timeout_s);
+            return 1;
+        }
+        struct pollfd pfd[2] = { { .fd = job->sfd, .events = POLLIN }, { .fd = fd, .events = POLLIN } };
+        int ms = (int)((deadline - t) * 1000) + 1;
+        if (poll(pfd, 2, ms > 1000 ? 1000 : ms) < 0 && errno != EINTR) {
+            dtrun_say(job, "poll: %s", strerror(errno));
+            return 1;
+        }
+        if (pfd[0].revents) {
+            int sig = dtrun_read_signal(job);
+            if (sig) {
+                dtrun_say(job, "stopped by %s during the rendezvous", dtrun_signame(sig));
+                return 128 + sig;
+            }
+        }
+        if (!pfd[1].revents) continue;
+        const char *e;
+        int bad = peer_fill(&net->master, &e);
+        size_t used = 0;
+        char *line;
+        while (!net->decided && (line = peer_line(&net->master, &used))) client_line(job, line);
+        /* keep what follows START for the supervisor */
+        if (used && net->master.buf) {
+            memmove(net->master.buf, net->master.buf + used, net->master.len - used);
+            net->master.len -= used;
+        }
+        if (net->decided == 2) return net->decided_code;
+        if (bad && !net->decided) {
+            dtrun_say(job, "node 0 at %s:%d closed the connection during the rendezvous: %s",
+                      cfg->master_addr, cfg->master_port, e);
+            return 1;
+        }
+    }
+    /* decided == 1: START 0 <port> */
+    net->decided = 0;
+    job->rank_port = net->next_port;
+    net->master.last_rx = dtrun_now();
+    return 0;
+}
+
+/* ---- the interface to dtrun.c and dtrun_ranks.c ------------------------------------- */
+
+int dtrun_net_start(dtrun_job *job) {
+    const dtrun_cfg *cfg = job->cfg;
+    if (!(job->net = calloc(1, sizeof *job->net))) {
+        dtrun_say(job, "out of memory");
+        return 1;
+    }
+    job->net->lfd = -1;
+    int rc = cfg->node_rank == 0 ? server_start(job) : client_start(job);
+    if (rc) return rc;
+    if (cfg->node_rank == 0) {
+        if ((job->hosts = calloc((size_t)cfg->nnodes, sizeof *job->hosts)))
+            for (int i = 0; i < cfg->nnodes; i++) job->hosts[i] = strdup(job->net->nodes[i].host);
+    }
+    job->net->started = 1;
+    job->net->next_hb = dtrun_now() + cfg->monitor_s;
+    /* the layout, once, on every node */
+    char nodes[1024] = "";
+    for (int i = 0; i < cfg->nnodes && strlen(nodes) < 900; i++)
+        snprintf(nodes + strlen(nodes), sizeof nodes - strlen(nodes), "%s%d=%s", i ? " " : "", i,
+                 job->hosts && job->hosts[i] ? job->hosts[i] : "?");
+    dtrun_say(job, "node %d of %d (%s): ranks %d..%d of %d; nodes: %s", cfg->node_rank, cfg->nnodes, job->host,
+              cfg->node_rank * cfg->nproc, (cfg->node_rank + 1) * cfg->nproc - 1, cfg->nnodes * cfg->nproc, nodes);
+    return 0;
+}
+
+int dtrun_net_pollfds(dtrun_job *job, struct pollfd *pfd, int max) {
+    dtrun_net *net = job->net;
+    int n = 0;
+    if (!net->server) {
+        if (net->master.fd >= 0 && n < max) pfd[n++] = (struct pollfd){ .fd = net->master.fd, .events = POLLIN };
+        return n;
+    }
+    if (n < max) pfd[n++] = (struct pollfd){ .fd = net->lfd, .events = POLLIN };
+    for (int k = 0; k < MAX_PENDING && n < max; k++)
+        if (net->pending[k].fd >= 0) pfd[n++] = (struct pollfd){ .fd = net->pending[k].fd, .events = POLLIN };
+    for (int i = 1; i < job->cfg->nnodes && n < max; i++)
+        if (net->nodes[i].fd >= 0) pfd[n++] = (struct pollfd){ .fd = net->nodes[i].fd, .events = POLLIN };
+    return n;
+}
+
+void dtrun_net_ready(dtrun_job *job, struct pollfd *pfd, int n) {
+    dtrun_net *net = job->net;
+    for (int j = 0; j < n; j++) {
+        if (!pfd[j].revents) continue;
+        int fd = pfd[j].fd;
+        if (!net->server) {
+            if (fd != net->master.fd) continue;
+            const char *err;
+            int bad = peer_fill(&net->master, &err);
+            size_t used = 0;
+            char *line;
+            while ((line = peer_line(&net->master, &used))) client_line(job, line);
+            if (bad && net->master.fd >= 0) master_lost(job, err);
+            continue;
+        }
+        if (fd == net->lfd) { accept_ready(job); continue; }
+        for (int k = 0; k < MAX_PENDING; k++)
+            if (net->pending[k].fd == fd) pending_ready(job, &net->pending[k]);
+        for (int i = 1; i < job->cfg->nnodes; i++) {
+            peer *p = &net->nodes[i];
+            if (p->fd != fd) continue;
+            const char *err;
+            int bad = peer_fill(p, &err);
+            size_t used = 0;
+            char *line;
+            while ((line = peer_line(p, &used))) server_line(job, i, line);
+            if (bad) node_lost(job, i, err);
+        }
+    }
+}
+
+double dtrun_net_deadline(dtrun_job *job) {
+    return job->net && job->net->started ? job->net->next_hb : 0;
+}
+
+void dtrun_net_tick(dtrun_job *job) {
+    dtrun_net *net = job->net;
+    const dtrun_cfg *cfg = job->cfg;
+    double t = dtrun_now();
+    if (t < net->next_hb) return;
+    net->next_hb = t + cfg->monitor_s;
+    char why[128];
+    snprintf(why, sizeof why, "no heartbeat for %g s (--heartbeat-timeout)", cfg->hb_timeout_s);
+    if (!net->server) {
+        send_line(&net->master, "HB");
+        if (net->master.fd >= 0 && t - net->master.last_rx > cfg->hb_timeout_s) master_lost(job, why);
+        return;
+    }
+    for (int i = 1; i < cfg->nnodes; i++) {
+        peer *p = &net->nodes[i];
+        if (p->fd < 0) continue;
+        send_line(p, "HB");
+        if (t - p->last_rx > cfg->hb_timeout_s) node_lost(job, i, why);
+    }
+}
+
+void dtrun_net_failure(dtrun_job *job, const char *desc, int code, int no_restart) {
+    dtrun_net *net = job->net;
+    if (net->server) {
+        server_failure(job, desc, code, no_restart);
+        return;
+    }
+    char *e = encode(desc);
+    if (e) send_line(&net->master, "FAIL %d %d %d %s", job->attempt, code, no_restart, e);
+    free(e);
+}
+
+/* Node 0: is every node done with this attempt? Then restart or end, and say so. */
+static int server_decide(dtrun_job *job) {
+    dtrun_net *net = job->net;
+    const dtrun_cfg *cfg = job->cfg;
+    for (int i = 1; i < cfg->nnodes; i++) if (!net->nodes[i].idle && !net->nodes[i].lost) return 0;
+    if (job->fail && !job->no_restart && !net->any_lost && job->attempt < cfg->max_restarts) {
+        int port = dtrun_free_port();
+        if (port) {
+            net->decided = 1;
+            net->next_attempt = job->attempt + 1;
+            net->next_port = port;
+            char m[64];
+            snprintf(m, sizeof m, "%d %d", net->next_attempt, port);
+            broadcast(net, cfg->nnodes, "START %s", m);
+            return 1;
+        }
+        dtrun_say(job, "no free TCP port for a restart: %s", strerror(errno));
+    }
+    net->decided = 2;
+    net->decided_code = job->fail ? job->fail_code : job->signal ? 128 + job->signal : 0;
+    char m[32];
+    snprintf(m, sizeof m, "%d", net->decided_code);
+    broadcast(net, cfg->nnodes, "EXIT %s", m);
+    return 1;
+}
+
+int dtrun_net_after(dtrun_job *job) {
+    dtrun_net *net = job->net;
+    const dtrun_cfg *cfg = job->cfg;
+    if (!net->server) send_line(&net->master, "IDLE %d", job->attempt);
+    while (!net->decided && !(net->server && server_decide(job))) {
+        struct pollfd pfd[1 + 1 + MAX_PENDING + DTRUN_MAX_NODES];
+        pfd[0] = (struct pollfd){ .fd = job->sfd, .events = POLLIN };
+        int np = 1 + dtrun_net_pollfds(job, pfd + 1, MAX_PENDING + DTRUN_MAX_NODES);
+        double wait = net->next_hb - dtrun_now();
+        int ms = wait > 0 ? (int)(wait * 1000) + 1 : 0;
+        if (poll(pfd, (nfds_t)np, ms) < 0 && errno != EINTR) {
+            dtrun_say(job, "poll: %s", strerror(errno));
+            return 1;
+        }
+        if (pfd[0].revents) {
+            int sig = dtrun_read_signal(job);
+            if (sig && !job->signal) {
+                job->signal = sig;
+                char d[512], when[64];
+                dtrun_clock(when, sizeof when);
+                snprintf(d, sizeof d, "dtrun on node %d (%s) was stopped by %s at %s", cfg->node_rank, job->host,
+                         dtrun_signame(sig), when);
+                dtrun_net_failure(job, d, 128 + sig, 1);
+                if (!job->fail) dtrun_stop(job, d, 128 + sig, 1);
+                job->no_restart = 1;
+                if (!net->server) {   /* do not wait for node 0 once told to stop */
+                    net->decided = 2;
+                    net->decided_code = 128 + sig;
+                }
+            }
+        }
+        dtrun_net_ready(job, pfd + 1, np - 1);
+        dtrun_net_tick(job);
+    }
+    if (net->decided == 1) {
+        net->decided = 0;
+        if (job->fail) dtrun_say_block(job, job->fail);
+        dtrun_say(job, "restarting all ranks (restart %d of %d)", net->next_attempt, cfg->max_restarts);
+        job->attempt = net->next_attempt;
+        job->rank_port = net->next_port;
+        if (net->server) for (int i = 1; i < cfg->nnodes; i++) net->nodes[i].idle = 0;
+        return -1;
+    }
+    if (job->fail) dtrun_say_block(job, job->fail);
+    return net->decided_code;
+}
+
+void dtrun_net_close(dtrun_job *job) {
+    dtrun_net *net = job->net;
+    if (job->hosts) {
+        for (int i = 0; i < job->cfg->nnodes; i++) free(job->hosts[i]);
+        free(job->hosts);
+        job->hosts = NULL;
+    }
+    if (!net) return;
+    peer_close(&net->master);
+    if (net->nodes) for (int i = 0; i < job->cfg->nnodes; i++) peer_close(&net->nodes[i]);
+    if (net->server) for (int k = 0; k < MAX_PENDING; k++) peer_close(&net->pending[k]);
+    if (net->lfd >= 0) close(net->lfd);
+    free(net->nodes);
+    free(net);
+    job->net = NULL;
+}
