@@ -7,7 +7,10 @@
 # with SGD (momentum 0.9, lr 0.05 cosine, weight decay 5e-4) and prints samples/s:
 #   - dtrain, 1 process x 2 threads, and PyTorch 1.13 (peers/torch_ddp_fmnist.py MODEL 1 N);
 #   - dtrain, 2 processes x 1 thread (dtrun -n 2), and PyTorch DDP with Gloo, 2 processes;
-#   - dtrain, 1 process x 1 thread, for the scaling ratio 2x1 / 1x1.
+#   - dtrain, 1 process x 1 thread, for the scaling ratio 2x1 / 1x1;
+#   - overlap: on 2 processes, the communication wait per step with buckets launched
+#     during backward against --no-overlap (all-reduce after backward); the hidden
+#     fraction is 1 - wait(overlap) / wait(no overlap).
 # PyTorch's figure excludes its first 20 steps; dtrain's counts every step of the epoch.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -44,4 +47,20 @@ for m in mlp cnn; do
     d11=$(dtrain_sps $m 1 1)
     printf "%-5s %-14s %12s %12s %8s\n" $m "1 proc x 1 thr" "${d11:-fail}" "" ""
     echo "$m scaling 2x1 / 1x1: $(ratio "${d2:-0}" "${d11:-0}")"
+done
+
+comm_wait_ms() {  # $1 model, $2 extra flag: mean communication wait per step (ms) on rank 0
+    local f; f=$(mktemp)
+    OMP_NUM_THREADS=1 "$B/dtrun" -n 2 "$B/dtrain" train --model "$1" --steps 100 --threads 1 --no-eval \
+        --quiet --rank-stats 100 --metrics "$f" $2 > /dev/null 2>&1
+    sed -n 's/.*"event":"rank","step":100,"rank":0,"steps":\([0-9]*\),.*"comm_s":\([0-9.]*\).*/\1 \2/p' "$f" |
+        awk '{ if ($1 > 0) printf "%.2f", 1000 * $2 / $1 }'
+    rm -f "$f"
+}
+echo
+printf "%-5s %22s %22s %8s\n" model "comm wait, overlap (ms)" "comm wait, after (ms)" hidden
+for m in mlp cnn; do
+    a=$(comm_wait_ms $m ""); b=$(comm_wait_ms $m --no-overlap)
+    h=$(awk -v a="${a:-0}" -v b="${b:-0}" 'BEGIN { if (b > 0) printf "%.0f%%", 100 * (1 - a / b); else printf "n/a" }')
+    printf "%-5s %22s %22s %8s\n" $m "${a:-fail}" "${b:-fail}" "$h"
 done

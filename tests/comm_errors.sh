@@ -21,6 +21,11 @@ ok_grep "$TMP/out.0" "rank 0: timed out after 2 s in collective #1 all_reduce \(
     "a rank that never calls: timeout naming the collective and the rank"
 [ $el -lt 10 ]; ok $? "and it came in time (${el}s)"
 
+# three ranks: the waiting ones find out together which rank never came
+LAUNCH_ENV="DT_TIMEOUT=2" launch 3 --mode timeout
+ok_grep "$TMP/out.2" "rank 2: timed out after 2 s in collective #1 .*; rank 1 \([^)]*:pid [0-9]+\) never joined it, rank\(s\) 0,2 waiting" \
+    "3 ranks: the timeout names the rank that never joined and the ranks waiting"
+
 # the per-communicator setter overrides the environment
 LAUNCH_ENV="DT_TIMEOUT=30" launch 2 --mode timeout --timeout 1
 ok_grep "$TMP/out.0" "rank 0: timed out after 1 s in collective #1 all_reduce" "dt_comm_set_timeout applies to later calls"
@@ -128,6 +133,15 @@ for url in "tcp://127.0.0.1" "tcp://127.0.0.1:99999" "http://x" "file://relative
 done
 launch 2 --mode nullbuf
 ok_grep "$TMP/out.1" "rank 1: all_reduce: send buffer is NULL with count 4" "a NULL buffer is refused, naming the rank"
+LAUNCH_ENV="DT_TIMEOUT=soon" launch 1 --mode init
+ok_grep "$TMP/out.0" "rank 0: DT_TIMEOUT='soon': expected a positive number of seconds" "a malformed DT_TIMEOUT is refused"
+# file:// with only a stale file of another job and no rank 0: a clear timeout
+echo "dtrain-store 1 otherjob 127.0.0.1 9 deadbeef" > "$TMP/stale"
+env RANK=1 WORLD_SIZE=2 DT_JOB_ID=$JOB DT_TIMEOUT=1 timeout 30 "$PROG" --mode init --init "file://$TMP/stale" > "$TMP/fto" 2>&1
+st=$?
+[ $st -eq 1 ]; ok $? "file:// without a live store times out (exit $st)"
+ok_grep "$TMP/fto" "rank 1: file://$TMP/stale: no store for job '$JOB' appeared before the timeout \(the file is from job 'otherjob'\)" \
+    "the error says what the file held"
 NO_MASTER=1 launch 2 --mode init
 ok_grep "$TMP/out.0" "rank 0: init method env:// needs MASTER_ADDR and MASTER_PORT" "env:// without a master address"
 done_testing

@@ -12,7 +12,7 @@ grep -q "define DT_HAVE_NCCL 1" "$B/config.h" 2>/dev/null || skip_all "not confi
 PROG="$B/tests/gpu_nccl_prog"
 [ -x "$PROG" ] || skip_all "gpu_nccl_prog is not built"
 n=$(gpu_count)
-[ "$n" -ge 2 ] || skip_all "needs 2 or more GPUs, $n visible"
+[ "$n" -ge 2 ] || skip_all "needs 2 or more GPUs, $n visible (nvidia-smi -L, CUDA_VISIBLE_DEVICES)"
 [ "$n" -gt 4 ] && n=4
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

@@ -182,10 +182,11 @@ dt_status dt_comm_init(const dt_comm_opts *opts, dt_comm **out) {
     if (!bname || !*bname) bname = getenv("DT_BACKEND");
     if (!bname || !*bname) bname = "tcp";
     const dt_backend *b = find_backend(bname);
+    /* errors before the backend knows the rank still name it, when the launcher told */
+    dt_launch_env env;
+    int rank = opts->rank;
+    if (rank < 0 && dt_launch_env_discover(&env) == DT_OK) rank = env.rank;
     if (!b) {
-        dt_launch_env env;
-        int rank = opts->rank;
-        if (rank < 0 && dt_launch_env_discover(&env) == DT_OK) rank = env.rank;
         char pre[32] = "";
         if (rank >= 0) snprintf(pre, sizeof pre, "rank %d: ", rank);
         int known = !strcmp(bname, "mpi") || !strcmp(bname, "nccl");
@@ -218,7 +219,7 @@ dt_status dt_comm_init(const dt_comm_opts *opts, dt_comm **out) {
         s = b->init(c, opts);
     }
     if (s != DT_OK) {
-        if (c->rank >= 0) dt_error_wrap(s, "rank %d: ", c->rank);
+        if (c->rank >= 0 || rank >= 0) dt_error_wrap(s, "rank %d: ", c->rank >= 0 ? c->rank : rank);
         free_comm(c);
         return s;
     }
@@ -342,8 +343,11 @@ static dt_status run(dt_comm *c, const op_t *o) {
     return s;
 }
 
+_Thread_local int dt_comm_on_worker;
+
 static void *worker_main(void *arg) {
     dt_comm *c = arg;
+    dt_comm_on_worker = 1;
     dt_async *a = c->async;
     pthread_mutex_lock(&a->mu);
     for (;;) {

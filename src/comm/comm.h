@@ -9,7 +9,7 @@
  * Conventions:
  *   - counts are in elements of the given dtype, never bytes;
  *   - send == recv means in place (for all_gather: send may also be recv + rank*count;
- *     for reduce_scatter: send may also point at recv - rank*recv_count);
+ *     for reduce_scatter: recv may also be send + rank*recv_count);
  *   - every call is collective over the communicator unless it says otherwise, and
  *     every rank must issue the same collectives in the same order: a rank that calls
  *     a different one gets DT_ERR_MISMATCH naming both calls, never wrong data;
@@ -22,7 +22,8 @@
  *   DT_BACKEND        tcp | mpi | nccl                 DT_TIMEOUT       seconds (600)
  *   DT_DETERMINISTIC  1: mpi/nccl run dtrain's tree    DT_SHM           0: no shared memory
  *   DT_SOCKET_IFNAME  "eth0,ib0" or "^docker0": interfaces for peer connections
- *   DT_SHM_SPIN_US    busy-wait before yielding on shared memory (50; 5 when oversubscribed)
+ *   DT_SHM_SPIN_US    busy-wait before yielding on shared memory (default 1000 in blocking
+ *                     calls, 20 on the async worker, 5 when ranks outnumber cores)
  *   RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, DT_JOB_ID, ... (launch_env.h)
  *
  * Reduction order: on the "tcp" backend (and "mpi" in deterministic mode) all_reduce,
@@ -108,7 +109,9 @@ dt_status dt_barrier       (dt_comm *c);
 /* ---- point to point (not collective: only the two ranks take part) -------------- */
 
 /* Messages between a pair arrive in the order sent; the receiver's peer, tag, count
- * and dtype must match the sender's (a mismatch is DT_ERR_MISMATCH). */
+ * and dtype must match the sender's (a mismatch is DT_ERR_MISMATCH). They share the
+ * pair's stream with the collectives: receive a message before joining a collective the
+ * sender joined after sending it. A large send may block until the peer receives it. */
 dt_status dt_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int peer, int tag);
 dt_status dt_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int peer, int tag);
 

@@ -158,6 +158,10 @@ extern const dt_backend dt_backend_mpi;
 extern const dt_backend dt_backend_nccl;
 #endif
 
+/* 1 on comm.c's async worker threads, 0 elsewhere: computation usually runs beside
+ * async work, so a transport should not busy-wait long there. */
+extern _Thread_local int dt_comm_on_worker;
+
 /* comm.c helpers for backends */
 /* "host:pid 4711" (or "host" when the pid is unknown) for rank r, into buf. */
 const char *dt_comm_peer_name(const dt_comm *c, int r, char *buf, size_t n);

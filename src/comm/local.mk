@@ -6,7 +6,7 @@ libdtrain_la_SOURCES += src/comm/comm.c src/comm/comm_impl.h src/comm/store.c sr
 	src/comm/tcp.c src/comm/tcp_xfer.c src/comm/tcp_impl.h src/comm/shm.c src/comm/shm.h
 dtraininclude_HEADERS += src/comm/comm.h
 
-check_PROGRAMS += tests/test_reduce tests/test_store tests/coll_prog
-TESTS += tests/test_reduce tests/test_store
+check_PROGRAMS += tests/test_reduce tests/test_store tests/test_algo tests/coll_prog
+TESTS += tests/test_reduce tests/test_store tests/test_algo
 TESTS += tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh
 EXTRA_DIST += tests/comm_lib.sh tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh

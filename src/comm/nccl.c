@@ -14,11 +14,12 @@
  * error messages. The tcp mesh stays up as a side channel (below).
  *
  * Rule 3 (fail loudly, never hang):
- *   - before each collective and point-to-point call, a dissemination barrier over the
- *     tcp side channel carries the call's fingerprint (DT_NCCL_CHECK=0 skips it), so a
- *     rank that calls a different collective gets DT_ERR_MISMATCH naming both calls, and
- *     a rank that never arrives gets the tcp backend's timeout naming the missing rank,
- *     before anything is handed to NCCL;
+ *   - before each collective, the ranks all-gather their calls' fingerprints over the
+ *     tcp side channel (point-to-point calls: the pair exchanges them), so a rank that
+ *     calls a different collective gets DT_ERR_MISMATCH naming both calls on EVERY rank,
+ *     and a rank that never arrives gets the tcp backend's timeout naming the missing
+ *     rank, before anything is handed to NCCL (DT_NCCL_CHECK=0 skips this: one small
+ *     host round trip per call);
  *   - the NCCL communicator is non-blocking (ncclCommInitRankConfig with blocking = 0):
  *     init and every operation are polled with ncclCommGetAsyncError and
  *     cudaStreamQuery until done or until the communicator's timeout, then the
@@ -156,18 +157,43 @@ static dt_status wait_stream(nccl_state *st, const dt_call *call, double deadlin
 /* Run a tcp backend entry with c->priv pointing at its own state. */
 #define WITH_TCP(c, st, stmt) do { void *nccl_save_ = (c)->priv; (c)->priv = (st)->tcp; stmt; (c)->priv = nccl_save_; } while (0)
 
-/* Every rank of the call agrees on it, or the tcp layer names the mismatch or the
- * missing rank. p2p: a zero-byte message each way carrying the fingerprint. */
+/* Every rank of the call agrees on it before NCCL sees it. Collectives: an all-gather
+ * over the tcp side channel of each rank's (fingerprint, sequence number), under a
+ * call that is the same on every rank, so it always completes and every rank can name
+ * the first rank whose call differs; a rank that never arrives gets the tcp timeout
+ * naming it. p2p: a zero-byte message each way whose header carries the fingerprint. */
 static dt_status preflight(nccl_state *st, const dt_call *call) {
-    if (!st->check || st->c->size == 1) return DT_OK;
-    const dt_p2p *p = &st->c->p2p;
+    dt_comm *c = st->c;
+    if (!st->check || c->size == 1) return DT_OK;
+    const dt_p2p *p = &c->p2p;
     dt_status s;
     if (call->kind == DT_CALL_P2P) {
         dt_xfer x = { .dst = call->is_send ? call->root : -1, .src = call->is_send ? -1 : call->root };
         s = p->xfer(p->ctx, &x, call);
-    } else {
-        s = dt_algo_barrier(p, call);
+        return s == DT_OK ? DT_OK : set_broken(st, s);
     }
+    dt_call pre = { .kind = DT_CALL_ALLGATHER, .dtype = DT_U8, .op = DT_SUM, .count = 3 * sizeof(uint64_t),
+                    .root = -1, .seq = call->seq, .ctx = call->ctx };
+    snprintf(pre.desc, sizeof pre.desc, "%s", call->desc);   /* errors name the real call */
+    dt_fp fp = dt_call_fp(call);
+    uint64_t mine[3] = { fp.a, fp.b, call->seq };
+    uint64_t *all = malloc(sizeof mine * (size_t)c->size);
+    if (!all) return dt_error(DT_ERR_NOMEM, "out of memory");
+    s = dt_algo_allgather(p, &pre, mine, all);
+    for (int k = 0; s == DT_OK && k < c->size; k++) {
+        const uint64_t *o = all + 3 * k;
+        if (o[0] == fp.a && o[1] == fp.b && o[2] == call->seq) continue;
+        char theirs[112];
+        dt_fp_describe((dt_fp){ o[0], o[1] }, theirs, sizeof theirs);
+        if (o[2] == call->seq)
+            s = dt_error(DT_ERR_MISMATCH, "collective #%llu mismatch: this rank called %s, rank %d called %s",
+                         (unsigned long long)call->seq, call->desc, k, theirs);
+        else
+            s = dt_error(DT_ERR_MISMATCH, "mismatch: this rank called %s as its collective #%llu, rank %d called %s "
+                         "as its collective #%llu", call->desc, (unsigned long long)call->seq, k, theirs,
+                         (unsigned long long)o[2]);
+    }
+    free(all);
     return s == DT_OK ? DT_OK : set_broken(st, s);
 }
 
@@ -355,12 +381,29 @@ static dt_status nccl_recv(dt_comm *c, const dt_call *call, void *buf) { return 
 
 /* ---- set-up and tear-down ---------------------------------------------------------------- */
 
+/* Close the NCCL communicator: finalize (non-blocking, polled within the timeout) and
+ * destroy; a broken communicator, or one that does not finalize, is aborted. */
+static void comm_close(nccl_state *st) {
+    if (!st->nc) return;
+    if (!st->broken) {
+        ncclResult_t r = ncclCommFinalize(st->nc);
+        double deadline = dt_now() + st->c->timeout_s;
+        for (unsigned long spins = 0; r == ncclInProgress && dt_now() < deadline; spins++) {
+            pause_briefly(spins);
+            if (ncclCommGetAsyncError(st->nc, &r) != ncclSuccess) r = ncclInternalError;
+        }
+        if (r == ncclSuccess && ncclCommDestroy(st->nc) == ncclSuccess) {
+            st->nc = NULL;
+            return;
+        }
+    }
+    ncclCommAbort(st->nc);
+    st->nc = NULL;
+}
+
 static void state_free(nccl_state *st) {
     if (!st) return;
-    if (st->nc) {
-        if (st->broken) ncclCommAbort(st->nc);
-        else if (ncclCommDestroy(st->nc) != ncclSuccess) ncclCommAbort(st->nc);
-    }
+    comm_close(st);
     if (st->stream) cudaStreamDestroy(st->stream);
     if (st->stage) cudaFreeHost(st->stage);
     free(st);
@@ -463,23 +506,24 @@ static dt_status nccl_split(dt_comm *parent, const dt_call *call, int color, int
     cfg.blocking = 0;
     ncclComm_t nc = NULL;
     double deadline = dt_now() + parent->timeout_s;
-    DT_TRY(settle(pst, ncclCommSplit(pst->nc, child ? color : NCCL_SPLIT_NOCOLOR, key, &nc, &cfg), "ncclCommSplit",
-                  call, deadline));
-    if (!child) return DT_OK;
+    ncclResult_t r = ncclCommSplit(pst->nc, child ? color : NCCL_SPLIT_NOCOLOR, key, &nc, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        if (child) dt_backend_tcp.split_destroy(child);
+        return nccl_fail(pst, r, "ncclCommSplit", call);
+    }
+    /* a non-blocking split reports its progress on the new communicator */
+    if (!child) return settle(pst, ncclSuccess, "ncclCommSplit", call, deadline);
     void *tcp = child->priv;
     nccl_state *st = NULL;
     if ((s = state_new(child, &st)) != DT_OK) {
-        if (nc) ncclCommDestroy(nc);
+        if (nc) ncclCommAbort(nc);
         dt_backend_tcp.split_destroy(child);
         return s;
     }
     st->tcp = tcp;
     st->nc = nc;
     child->priv = st;
-    /* the child's own non-blocking set-up may still be running */
-    ncclResult_t a = ncclSuccess;
-    ncclCommGetAsyncError(nc, &a);
-    return settle(st, a, "ncclCommSplit", call, deadline);
+    return settle(st, ncclInProgress, "ncclCommSplit", call, deadline);
 }
 
 static void nccl_split_destroy(dt_comm *child) {

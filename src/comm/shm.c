@@ -17,16 +17,26 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #define SHM_MAGIC 0x44545348524e4731ull   /* "DTSHRNG1" */
 #define CTRL_BYTES 4096
 
+/* A side that has nothing to do sleeps on a futex "bell" in the segment after raising
+ * its waiters flag; the other side rings the bell (a syscall) only when the flag is up,
+ * so the streaming fast path makes no system call. Lost wake-ups are excluded by the
+ * order: the sleeper reads the bell, raises the flag, re-checks the counter, then sleeps
+ * only if the bell is unchanged; the other side publishes the counter, then reads the
+ * flag (all sequentially consistent). */
 typedef struct {
     uint64_t magic, size;
     _Alignas(64) _Atomic uint64_t head;   /* bytes ever written (producer) */
     _Alignas(64) _Atomic uint64_t tail;   /* bytes ever consumed (consumer) */
+    _Alignas(64) _Atomic uint32_t data_bell, data_waiters;    /* consumer sleeps for data */
+    _Alignas(64) _Atomic uint32_t space_bell, space_waiters;  /* producer sleeps for space */
 } ring_ctrl;
 
 struct dt_shm_ring {
@@ -34,7 +44,29 @@ struct dt_shm_ring {
     char *data;
     size_t size, map_bytes;
     uint64_t pos;           /* local copy of our own counter (head or tail) */
+    uint64_t seen;          /* the other side's counter when we last looked */
 };
+
+static void bell_wait(_Atomic uint32_t *bell, uint32_t old, double timeout_s) {
+    struct timespec ts = { (time_t)timeout_s, (long)((timeout_s - (double)(time_t)timeout_s) * 1e9) };
+    /* EAGAIN (the bell rang already), EINTR and ETIMEDOUT all mean "look again" */
+    syscall(SYS_futex, (uint32_t *)bell, FUTEX_WAIT, old, &ts, NULL, 0);
+}
+
+/* Sleep on bell unless counter has moved past seen (the sleeper's half of the protocol). */
+static void sleep_until_moved(_Atomic uint32_t *bell, _Atomic uint32_t *waiters, _Atomic uint64_t *counter,
+                              uint64_t seen, double timeout_s) {
+    uint32_t b = atomic_load(bell);
+    atomic_store(waiters, 1);
+    if (atomic_load(counter) == seen) bell_wait(bell, b, timeout_s);
+    atomic_store(waiters, 0);
+}
+
+static void bell_ring(_Atomic uint32_t *bell, _Atomic uint32_t *waiters) {
+    if (!atomic_load(waiters)) return;
+    atomic_fetch_add(bell, 1);
+    syscall(SYS_futex, (uint32_t *)bell, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
 
 static dt_status map_ring(int fd, size_t total, dt_shm_ring **out) {
     void *m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -73,6 +105,8 @@ dt_status dt_shm_create(size_t bytes, char *name, size_t name_len, dt_shm_ring *
     (*out)->ctrl->size = bytes;
     atomic_store(&(*out)->ctrl->head, 0);
     atomic_store(&(*out)->ctrl->tail, 0);
+    atomic_store(&(*out)->ctrl->data_waiters, 0);
+    atomic_store(&(*out)->ctrl->space_waiters, 0);
     (*out)->size = bytes;
     return DT_OK;
 }
@@ -109,6 +143,7 @@ void dt_shm_close(dt_shm_ring *r) {
 
 size_t dt_shm_write_span(dt_shm_ring *r, void **p) {
     uint64_t tail = atomic_load_explicit(&r->ctrl->tail, memory_order_acquire);
+    r->seen = tail;
     size_t used = (size_t)(r->pos - tail), off = (size_t)(r->pos & (r->size - 1));
     size_t n = r->size - used, cont = r->size - off;
     *p = r->data + off;
@@ -117,7 +152,13 @@ size_t dt_shm_write_span(dt_shm_ring *r, void **p) {
 
 void dt_shm_write_commit(dt_shm_ring *r, size_t n) {
     r->pos += n;
-    atomic_store_explicit(&r->ctrl->head, r->pos, memory_order_release);
+    atomic_store(&r->ctrl->head, r->pos);
+    bell_ring(&r->ctrl->data_bell, &r->ctrl->data_waiters);
+}
+
+void dt_shm_wait_space(dt_shm_ring *r, double timeout_s) {
+    ring_ctrl *c = r->ctrl;
+    sleep_until_moved(&c->space_bell, &c->space_waiters, &c->tail, r->seen, timeout_s);
 }
 
 size_t dt_shm_size(const dt_shm_ring *r) { return r->size; }
@@ -129,6 +170,7 @@ int dt_shm_write_empty(dt_shm_ring *r, size_t *to_end) {
 
 size_t dt_shm_read_span(dt_shm_ring *r, const void **p) {
     uint64_t head = atomic_load_explicit(&r->ctrl->head, memory_order_acquire);
+    r->seen = head;
     size_t n = (size_t)(head - r->pos), off = (size_t)(r->pos & (r->size - 1)), cont = r->size - off;
     *p = r->data + off;
     return n < cont ? n : cont;
@@ -136,5 +178,11 @@ size_t dt_shm_read_span(dt_shm_ring *r, const void **p) {
 
 void dt_shm_read_commit(dt_shm_ring *r, size_t n) {
     r->pos += n;
-    atomic_store_explicit(&r->ctrl->tail, r->pos, memory_order_release);
+    atomic_store(&r->ctrl->tail, r->pos);
+    bell_ring(&r->ctrl->space_bell, &r->ctrl->space_waiters);
+}
+
+void dt_shm_wait_data(dt_shm_ring *r, double timeout_s) {
+    ring_ctrl *c = r->ctrl;
+    sleep_until_moved(&c->data_bell, &c->data_waiters, &c->head, r->seen, timeout_s);
 }

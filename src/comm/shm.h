@@ -8,7 +8,8 @@
  *
  * Positions are free-running 64-bit byte counters: head (written by the producer only)
  * and tail (consumer only) sit on separate cache lines and are published with
- * release/acquire ordering. The receiver creates the ring it reads from, the sender
+ * release/acquire ordering; a side with nothing to do sleeps on a futex in the segment
+ * and is woken by the other. The receiver creates the ring it reads from, the sender
  * opens it by name, and the name is unlinked once both have it mapped, so nothing is
  * left in /dev/shm after init even if a process is killed later.
  */
@@ -37,5 +38,9 @@ size_t    dt_shm_size        (const dt_shm_ring *r);   /* bytes of the data area
 /* Consumer: a contiguous readable span (0 when empty), then release n of it. */
 size_t    dt_shm_read_span   (dt_shm_ring *r, const void **p);
 void      dt_shm_read_commit (dt_shm_ring *r, size_t n);
+/* Sleep (at most timeout_s) until the other side moves past what the last span call
+ * saw: new data for the consumer, free space for the producer. Callers re-check. */
+void      dt_shm_wait_data   (dt_shm_ring *r, double timeout_s);
+void      dt_shm_wait_space  (dt_shm_ring *r, double timeout_s);
 
 #endif /* DT_SHM_H */

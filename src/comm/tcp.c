@@ -15,7 +15,8 @@
  *   4. pairs on the same host (same host name and boot id) switch their data path to
  *      shared-memory rings (unless DT_SHM=0); the socket stays open so the death of the
  *      peer is still seen as end of file. A waiting rank spins DT_SHM_SPIN_US
- *      microseconds (default 50, or 5 when ranks outnumber cores) before yielding.
+ *      microseconds before yielding (default 1000 for blocking calls and 20 on the
+ *      async worker, 5 when ranks outnumber cores).
  * The data path lives in tcp_xfer.c; the algorithms in algo.c run over it.
  */
 #include "config.h"
@@ -38,6 +39,8 @@
 #define HS_BYTES  32
 #define SHM_NAME_BYTES 128
 #define DEFAULT_RING_BYTES (4u << 20)
+#define SHM_MIN_RING_BYTES (256u << 10)
+#define SHM_BUDGET_BYTES   (32u << 20)
 
 typedef struct {
     char addr[64];
@@ -337,8 +340,12 @@ static int same_host(const reg_t *a, const reg_t *b) {
 static dt_status setup_shm(tcp_world *w, const reg_t *regs, double deadline) {
     const char *e = getenv("DT_SHM");
     if (e && strcmp(e, "0") == 0) return DT_OK;
+    int n = w->size, local = 0;
+    for (int j = 0; j < n; j++) local += same_host(&regs[j], &regs[w->rank]);
+    /* one ring per same-host peer: keep a rank's rings within SHM_BUDGET_BYTES, so a big
+     * node with many ranks does not fill /dev/shm (rings stay >= SHM_MIN_RING_BYTES) */
     size_t ring = DEFAULT_RING_BYTES;
-    int n = w->size;
+    while (ring > SHM_MIN_RING_BYTES && ring * (size_t)(local > 1 ? local - 1 : 1) > SHM_BUDGET_BYTES) ring /= 2;
     char (*names)[SHM_NAME_BYTES] = calloc((size_t)n, SHM_NAME_BYTES);
     if (!names) return dt_error(DT_ERR_NOMEM, "out of memory");
     dt_status s = DT_OK;
@@ -465,8 +472,6 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     tc->w = w;
     tc->c = c;
     c->priv = tc;
-    c->rank = rank;
-    c->size = size;
 
     reg_t *me = &regs[rank];
     me->pid = (int)getpid();
@@ -530,12 +535,17 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     lfd = -1;
     if ((s = setup_shm(w, regs, deadline)) != DT_OK) goto fail;
     {
-        /* spinning only pays when every local rank can have a core of its own */
+        /* Spinning only pays when every local rank can have a core of its own; then a
+         * blocked caller spins like MPI does (yielding hands the core to whatever else
+         * runs, and getting it back costs a scheduler round), while the async worker,
+         * which shares the process's cores with computation, yields soon. */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int local = 0;
         for (int i = 0; i < size; i++) local += same_host(&regs[i], me);
         const char *spin = getenv("DT_SHM_SPIN_US");
-        w->spin_s = spin && *spin ? atof(spin) * 1e-6 : cores >= local ? 50e-6 : 5e-6;
+        int own_core = cores >= local;
+        w->spin_s = spin && *spin ? atof(spin) * 1e-6 : own_core ? 1e-3 : 5e-6;
+        w->spin_worker_s = spin && *spin ? atof(spin) * 1e-6 : own_core ? 20e-6 : 5e-6;
     }
 done:
     if ((s = fill_comm(c, w, regs)) != DT_OK) goto fail;

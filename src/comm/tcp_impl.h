@@ -34,6 +34,7 @@ typedef struct {
     unsigned char   *stage;         /* receive staging for reductions over TCP */
     size_t           stage_cap;
     double           spin_s;        /* busy-wait this long on rings before yielding */
+    double           spin_worker_s; /* the same on the async worker thread */
     int              refs;          /* the world communicator and its split children */
     int              broken;        /* an error desynchronised the streams */
     char             broken_msg[512];

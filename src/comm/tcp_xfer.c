@@ -11,9 +11,10 @@
  * Every message starts with a header {magic, context, sequence number, fingerprint,
  * bytes}; the receiver checks it against its own call, which turns "ranks called
  * different collectives" into an error naming both calls (DESIGN.md rule 3).
- * Waiting spins briefly, then yields, then sleeps in poll() on the sockets — which is
- * also how the death of a peer that talks to us over shared memory is noticed: its
- * socket reports end of file.
+ * Waiting spins briefly, then sleeps: on a futex in the ring when only shared memory is
+ * involved (the peer wakes us), in poll() on the sockets otherwise. A peer that talks to
+ * us over shared memory is checked on every wake-up: its socket reports end of file when
+ * it dies.
  */
 #include "config.h"
 #include "tcp_impl.h"
@@ -22,12 +23,12 @@
 
 #include <errno.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #define CHUNK (256u << 10)
 #define SMALL_REWIND (64u << 10)   /* messages up to this size rewind an empty ring */
@@ -60,9 +61,14 @@ static const char *where(const dt_call *call, char *buf, size_t n) {
     return buf;
 }
 
+/* After an error the byte streams may be out of step, so the world is unusable. Hang up
+ * on every peer as well: ranks waiting on this one then fail within moments ("rank R
+ * disconnected") instead of sitting out their timeout (DESIGN.md rule 3). */
 static dt_status broken(tcp_world *w, dt_status s) {
     w->broken = 1;
     snprintf(w->broken_msg, sizeof w->broken_msg, "%s", dt_last_error());
+    for (int i = 0; i < w->size; i++)
+        if (w->peers[i].fd >= 0) shutdown(w->peers[i].fd, SHUT_RDWR);
     return s;
 }
 
@@ -272,6 +278,60 @@ static int peer_gone(tcp_comm *tc, int peer) {
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+/* ---- timeouts ---------------------------------------------------------------------------- */
+
+/* Who never arrived? Each rank that times out in a collective leaves a mark in the store
+ * and, for a moment, looks for the others' marks: the ranks without one are the ones
+ * that never joined (DESIGN.md rule 3). Without a store the message names the peer this
+ * rank was waiting for. */
+static dt_status timed_out(tcp_comm *tc, const dt_call *call, int who) {
+    dt_comm *c = tc->c;
+    dt_store *st = tc->w->store;
+    char wh[200], tail[400] = "";
+    where(call, wh, sizeof wh);
+    char key[96];
+    snprintf(key, sizeof key, "stuck/%u/%llu/%d", call->ctx, (unsigned long long)call->seq, c->rank);
+    if (st && call->seq && c->size > 1 && dt_store_set(st, key, "", 0) == DT_OK) {
+        int *waiting = calloc((size_t)c->size, sizeof *waiting), nwait = 0;
+        double until = dt_now() + (c->timeout_s < 2 ? c->timeout_s / 2 : 1.0);
+        while (waiting) {
+            nwait = 0;
+            for (int i = 0; i < c->size; i++) {
+                void *v = NULL;
+                size_t n;
+                snprintf(key, sizeof key, "stuck/%u/%llu/%d", call->ctx, (unsigned long long)call->seq, i);
+                if (!waiting[i] && dt_store_get(st, key, &v, &n, 0) == DT_OK) waiting[i] = 1;
+                free(v);
+                nwait += waiting[i];
+            }
+            if (nwait == c->size || dt_now() > until) break;
+            struct timespec ts = { 0, 50 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+        }
+        if (waiting && nwait < c->size) {
+            char absent[200] = "", present[200] = "", who_s[300] = "";
+            size_t la = 0, lp = 0;
+            int nabs = 0, first = -1;
+            for (int i = 0; i < c->size; i++) {
+                char *b = waiting[i] ? present : absent;
+                size_t *l = waiting[i] ? &lp : &la;
+                if (*l < sizeof absent - 12) *l += (size_t)snprintf(b + *l, sizeof absent - *l, "%s%d", *l ? "," : "", i);
+                if (!waiting[i] && first < 0) first = i;
+                nabs += !waiting[i];
+            }
+            if (nabs == 1) {
+                dt_comm_peer_name(c, first, who_s, sizeof who_s);
+                snprintf(tail, sizeof tail, "; rank %d (%s) never joined it, rank(s) %s waiting", first, who_s, present);
+            } else {
+                snprintf(tail, sizeof tail, "; ranks %s never joined it, rank(s) %s waiting", absent, present);
+            }
+        }
+        free(waiting);
+    }
+    return dt_error(DT_ERR_TIMEOUT, "timed out after %g s in %s waiting for rank %d (%s)%s", c->timeout_s, wh, who,
+                    c->hosts[who], tail);
+}
+
 /* ---- the exchange --------------------------------------------------------------------- */
 
 dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
@@ -295,6 +355,7 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         }
     }
     double deadline = dt_now() + c->timeout_s, idle_since = 0;
+    double spin = dt_comm_on_worker ? w->spin_worker_s : w->spin_s;
     int s_gone = 0, r_gone = 0;
     while (s.on || r.on) {
         int prog = 0;
@@ -311,25 +372,26 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         if (s.on && s_gone) return lost(tc, s.peer, call);
         double now = dt_now();
         if (idle_since == 0) idle_since = now;
-        if (now > deadline) {
-            int who = r.on ? r.peer : s.peer;
-            char wh[200];
-            return broken(w, dt_error(DT_ERR_TIMEOUT, "timed out after %g s in %s waiting for rank %d (%s)",
-                                      c->timeout_s, where(call, wh, sizeof wh), who, c->hosts[who]));
-        }
+        if (now > deadline) return broken(w, timed_out(tc, call, r.on ? r.peer : s.peer));
         int s_tcp = s.on && !s.tp->out, r_tcp = r.on && !r.tp->in;
         int s_shm = s.on && s.tp->out, r_shm = r.on && r.tp->in;
         double idle = now - idle_since;
-        if ((s_shm || r_shm) && idle < w->spin_s + 1e-3) {
-            /* shared memory: spin while the peer is likely running on another core, then
-             * give the core away (at once when ranks outnumber cores) */
-            if (idle < w->spin_s) {
+        if ((s_shm || r_shm) && idle < spin) {
+            /* shared memory: spin while the peer is likely running on another core */
 #if defined(__x86_64__) || defined(__i386__)
-                __builtin_ia32_pause();
+            __builtin_ia32_pause();
 #endif
-            } else {
-                sched_yield();
-            }
+            continue;
+        }
+        if ((s_shm || r_shm) && !s_tcp && !r_tcp) {
+            /* then sleep until the peer rings (bounded, to notice its death and the
+             * deadline); with both directions pending either may move, so nap briefly */
+            double nap = (r_shm && s_shm) ? 1e-3 : 50e-3, left = deadline - now;
+            if (nap > left) nap = left > 0 ? left : 0;
+            if (r_shm) dt_shm_wait_data(r.tp->in, nap);
+            else dt_shm_wait_space(s.tp->out, nap);
+            if (r_shm && peer_gone(tc, r.peer)) r_gone = 1;
+            if (s_shm && peer_gone(tc, s.peer)) s_gone = 1;
             continue;
         }
         struct pollfd pf[4];

@@ -8,9 +8,10 @@
  * kernels match the CPU bit for bit (with --fmad=false). Transcendentals (expf, erff,
  * tanhf, log) are CUDA's and may differ from glibc's in the last bit or two.
  *
- * Reductions (bias gradients, losses, sums) never use atomics: a block owns a fixed
- * piece (a column tile, a channel, a row, a 4096-element chunk) and sums it with the
- * fixed tree of dt_cu_block_sum in double; pieces are combined by dt_cu_pairwise.
+ * Reductions (bias gradients, losses, sums) never use atomics and follow the CPU's
+ * order (cuda_impl.h): one thread per column, row or 4096-element chunk sums it exactly
+ * as cpu_elem.c / cpu_vec.c do, and the partials are combined by dt_cu_pairwise, the
+ * CPU's pairwise tree. So the sums are the CPU's bit for bit.
  */
 #include "cuda_impl.h"
 
@@ -69,20 +70,13 @@ static dt_status cu_bias_add_nchw(float *y, const float *b, int N, int C, int HW
     return DT_OK;
 }
 
-/* db (cols) = column sums of dy (rows, cols). Block = 32 columns x 8 row lanes: lane y
- * sums rows y, y+8, ... in double; the 8 lanes are added in lane order. */
+/* db (cols) = column sums of dy (rows, cols): one thread per column, rows in order, in
+ * double (cpu_elem.c's order); adjacent threads read adjacent columns. */
 __global__ void k_bias_grad(float *db, const float *dy, int rows, int cols) {
-    __shared__ double sh[8][33];
-    int j = blockIdx.x * 32 + threadIdx.x;
-    double a = 0.0;
-    if (j < cols)
-        for (int i = threadIdx.y; i < rows; i += 8) a += dy[(size_t)i * cols + j];
-    sh[threadIdx.y][threadIdx.x] = a;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < cols) {
-        double t = ((sh[0][threadIdx.x] + sh[1][threadIdx.x]) + (sh[2][threadIdx.x] + sh[3][threadIdx.x])) +
-                   ((sh[4][threadIdx.x] + sh[5][threadIdx.x]) + (sh[6][threadIdx.x] + sh[7][threadIdx.x]));
-        db[j] = (float)t;
+    DT_CU_FOR(j, cols) {
+        double a = 0.0;
+        for (int i = 0; i < rows; i++) a += dy[(size_t)i * cols + j];
+        db[j] = (float)a;
     }
 }
 
@@ -91,21 +85,8 @@ static dt_status cu_bias_grad(float *db, const float *dy, int rows, int cols) {
     if (cols == 0) return DT_OK;
     DT_CU_ARG(db && (rows == 0 || dy));
     DT_TRY(dt_cu_enter());
-    k_bias_grad<<<(cols + 31) / 32, dim3(32, 8), 0, dt_cu_stream()>>>(db, dy, rows, cols);
-    DT_CU_LAUNCH("k_bias_grad");
+    LAUNCH(k_bias_grad, (size_t)cols, db, dy, rows, cols);
     return DT_OK;
-}
-
-/* db (C) = sum of dy (N, C, HW) over N and HW: one block per channel. */
-__global__ void k_bias_grad_nchw(float *db, const float *dy, int N, int C, int HW) {
-    __shared__ double sh[DT_CU_RED_THREADS];
-    const int c = blockIdx.x;
-    const size_t m = (size_t)N * HW;
-    double a = 0.0;
-    for (size_t t = threadIdx.x; t < m; t += DT_CU_RED_THREADS)
-        a += dy[((t / HW) * C + c) * HW + t % HW];
-    a = dt_cu_block_sum(a, sh);
-    if (threadIdx.x == 0) db[c] = (float)a;
 }
 
 static dt_status cu_bias_grad_nchw(float *db, const float *dy, int N, int C, int HW) {
@@ -113,9 +94,7 @@ static dt_status cu_bias_grad_nchw(float *db, const float *dy, int N, int C, int
     if (C == 0) return DT_OK;
     DT_CU_ARG(db && ((size_t)N * HW == 0 || dy));
     DT_TRY(dt_cu_enter());
-    k_bias_grad_nchw<<<C, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(db, dy, N, C, HW);
-    DT_CU_LAUNCH("k_bias_grad_nchw");
-    return DT_OK;
+    return dt_cu_channel_sums(db, NULL, dy, NULL, NULL, NULL, N, C, HW);
 }
 
 /* ---- activations ---- */
@@ -208,45 +187,26 @@ static dt_status cu_dropout_backward(float *dx, const float *dy, int rows, int c
 
 /* ---- losses ---- */
 
-/* Block max over float (order does not matter for max); every thread gets it. */
-static __device__ float block_max(float v, float *sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = DT_CU_RED_THREADS / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) sh[threadIdx.x] = sh[threadIdx.x + s] > sh[threadIdx.x] ? sh[threadIdx.x + s] : sh[threadIdx.x];
-        __syncthreads();
-    }
-    float r = sh[0];
-    __syncthreads();
-    return r;
-}
-
-/* One block per row: probs = softmax, rowloss[i] = -sum target * log p (double). */
+/* One thread per row, the CPU's loop: probs = softmax, rowloss[i] = -sum target * log p
+ * (double). */
 __global__ void k_xent_forward(double *rowloss, float *probs, const float *logits, const int32_t *labels,
-                               int C, double ls, int *err) {
-    __shared__ double sh[DT_CU_RED_THREADS];
-    __shared__ float shf[DT_CU_RED_THREADS];
-    const int i = blockIdx.x;
-    const float *x = logits + (size_t)i * C;
-    float *p = probs + (size_t)i * C;
-    float mx = x[0];
-    for (int c = threadIdx.x; c < C; c += DT_CU_RED_THREADS) mx = x[c] > mx ? x[c] : mx;
-    mx = block_max(mx, shf);
-    double s = 0.0, sx = 0.0;
-    for (int c = threadIdx.x; c < C; c += DT_CU_RED_THREADS) {
-        float e = expf(x[c] - mx);
-        p[c] = e;
-        s += e;
-        sx += x[c];
-    }
-    s = dt_cu_block_sum(s, sh);
-    sx = dt_cu_block_sum(sx, sh);
-    float inv = (float)(1.0 / s);
-    for (int c = threadIdx.x; c < C; c += DT_CU_RED_THREADS) p[c] *= inv;
-    if (threadIdx.x == 0) {
+                               int B, int C, double ls, int *err) {
+    DT_CU_FOR(i, B) {
+        const float *x = logits + i * C;
+        float *p = probs + i * C;
+        float mx = x[0];
+        for (int c = 1; c < C; c++) mx = x[c] > mx ? x[c] : mx;
+        double s = 0.0, sx = 0.0;
+        for (int c = 0; c < C; c++) {
+            p[c] = expf(x[c] - mx);
+            s += p[c];
+            sx += x[c];
+        }
+        float inv = (float)(1.0 / s);
+        for (int c = 0; c < C; c++) p[c] *= inv;
         int32_t l = labels[i];
         if (l >= C) {
-            err[DT_CU_ERR_XENT_FWD] = i + 1;
+            err[DT_CU_ERR_XENT_FWD] = (int)i + 1;
             rowloss[i] = 0.0;
         } else if (l < 0) {
             rowloss[i] = 0.0;
@@ -267,9 +227,8 @@ static dt_status cu_xent_forward(float *loss, float *probs, const float *logits,
     double *rows = NULL;
     DT_TRY(dt_cu_scratch((void **)&rows, sizeof(double) * 2 * (B > 0 ? B : 1)));
     if (B > 0) {
-        k_xent_forward<<<B, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(rows, probs, logits, labels, C,
-                                                                     (double)label_smoothing, dt_cu_err_flags());
-        DT_CU_LAUNCH("k_xent_forward");
+        LAUNCH(k_xent_forward, (size_t)B, rows, probs, logits, labels, B, C, (double)label_smoothing,
+               dt_cu_err_flags());
     }
     return dt_cu_pairwise(rows, rows + (B > 0 ? B : 1), (size_t)B, (double)norm, loss);
 }
@@ -307,16 +266,40 @@ static dt_status cu_xent_backward(float *dlogits, const float *probs, const int3
 
 /* ---- fixed-chunk sums: sum (mode 0), sum of squares (1), squared differences (2) ---- */
 
-__global__ void k_chunk_sums(double *part, const float *x, const float *y, size_t n, int mode) {
-    __shared__ double sh[DT_CU_RED_THREADS];
-    size_t i0 = (size_t)blockIdx.x * DT_CU_CHUNK, i1 = i0 + DT_CU_CHUNK < n ? i0 + DT_CU_CHUNK : n;
+/* Sum (squares = 0) or sum of squares (1) of each 4096-element chunk, as cpu_vec.c's
+ * chunk_sum: 8 double accumulators, accumulator k taking the elements i = k mod 8 in
+ * order, combined ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)). Here 8 threads per chunk, thread
+ * k owning accumulator k (so a warp reads contiguous memory), and the combination in
+ * shared memory in that tree. Launched with DT_CU_THREADS threads per block. */
+__global__ void k_chunk_lanes(double *part, const float *x, size_t n, size_t nch, int squares) {
+    __shared__ double sh[DT_CU_THREADS];
+    const int tid = threadIdx.x, k = tid & 7;
+    const size_t ch = ((size_t)blockIdx.x * DT_CU_THREADS + tid) >> 3;
     double a = 0.0;
-    for (size_t i = i0 + threadIdx.x; i < i1; i += DT_CU_RED_THREADS) {
-        double v = mode == 2 ? (double)x[i] - y[i] : (double)x[i];
-        a += mode == 0 ? v : v * v;
+    if (ch < nch) {
+        size_t i1 = (ch + 1) * DT_CU_CHUNK < n ? (ch + 1) * DT_CU_CHUNK : n;
+        for (size_t i = ch * DT_CU_CHUNK + k; i < i1; i += 8) a += squares ? (double)x[i] * x[i] : (double)x[i];
     }
-    a = dt_cu_block_sum(a, sh);
-    if (threadIdx.x == 0) part[blockIdx.x] = a;
+    sh[tid] = a;
+    __syncthreads();
+    if (k % 2 == 0) sh[tid] += sh[tid + 1];
+    __syncthreads();
+    if (k % 4 == 0) sh[tid] += sh[tid + 2];
+    __syncthreads();
+    if (k == 0 && ch < nch) part[ch] = sh[tid] + sh[tid + 4];
+}
+
+/* Squared differences of each chunk: one thread, one accumulator, in order (cpu_elem.c). */
+__global__ void k_chunk_sqdiff(double *part, const float *x, const float *y, size_t n, size_t nch) {
+    DT_CU_FOR(ch, nch) {
+        size_t i = ch * DT_CU_CHUNK, i1 = i + DT_CU_CHUNK < n ? i + DT_CU_CHUNK : n;
+        double a = 0.0;
+        for (; i < i1; i++) {
+            double d = (double)x[i] - y[i];
+            a += d * d;
+        }
+        part[ch] = a;
+    }
 }
 
 static dt_status chunk_total(float *out, const float *x, const float *y, size_t n, int mode, double divisor) {
@@ -324,8 +307,13 @@ static dt_status chunk_total(float *out, const float *x, const float *y, size_t 
     double *part = NULL;
     DT_TRY(dt_cu_scratch((void **)&part, sizeof(double) * 2 * (nch > 0 ? nch : 1)));
     if (nch > 0) {
-        k_chunk_sums<<<(unsigned)nch, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(part, x, y, n, mode);
-        DT_CU_LAUNCH("k_chunk_sums");
+        if (mode == 2) {
+            LAUNCH(k_chunk_sqdiff, nch, part, x, y, n, nch);
+        } else {
+            k_chunk_lanes<<<(unsigned)((nch * 8 + DT_CU_THREADS - 1) / DT_CU_THREADS), DT_CU_THREADS, 0, dt_cu_stream()>>>(
+                part, x, n, nch, mode);
+            DT_CU_LAUNCH("k_chunk_lanes");
+        }
     }
     return dt_cu_pairwise(part, part + (nch > 0 ? nch : 1), nch, divisor, out);
 }
@@ -384,6 +372,18 @@ static dt_status cu_argmax_rows(int32_t *idx, const float *x, int rows, int cols
     return DT_OK;
 }
 
+/* Sum of one value per thread over a block of DT_CU_RED_THREADS threads: a fixed
+ * binary tree in shared memory `sh`. Every thread of the block must call it. */
+static __device__ double block_sum(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = DT_CU_RED_THREADS / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    return sh[0];
+}
+
 /* One block: thread t counts rows t, t+256, ...; the counts are added in a fixed tree
  * (integers, so any order is exact; the tree keeps the no-atomics rule anyway). */
 __global__ void k_count_correct(int32_t *correct, const float *logits, const int32_t *labels, int B, int C) {
@@ -391,7 +391,7 @@ __global__ void k_count_correct(int32_t *correct, const float *logits, const int
     double n = 0.0;
     for (int i = threadIdx.x; i < B; i += DT_CU_RED_THREADS)
         n += labels[i] >= 0 && row_argmax(logits + (size_t)i * C, C) == labels[i];
-    n = dt_cu_block_sum(n, sh);
+    n = block_sum(n, sh);
     if (threadIdx.x == 0) *correct = (int32_t)n;
 }
 

@@ -9,10 +9,13 @@
  * dt_status whose message names the kernel, the call and CUDA's reason; kernel
  * launches are checked with DT_CU_LAUNCH (cudaGetLastError). Nothing prints or exits.
  *
- * Determinism: no reduction uses atomics. A reduction is a fixed tree: each block sums
- * a partition fixed by the shape (never by the device's SM count) with a shared-memory
- * tree of a fixed width (DT_CU_RED_THREADS), and the block partials are combined in a
- * second pass in index order. Two runs give the same bits.
+ * Determinism: no reduction uses atomics. Each reduction follows the CPU backend's own
+ * order (ops.h, src/cpu/): a partition fixed by the shape (a column, a row, an (n, c)
+ * plane in 16 float lanes, a 4096-element chunk with 8 double accumulators), each lane
+ * or accumulator owned by one thread and summed in index order, lanes combined in the
+ * CPU's fixed tree, and the partials combined in a second pass in index order (pairwise
+ * for chunks and rows, in sample order for planes). Two runs give the same bits, and
+ * the sums are the CPU's bit for bit.
  */
 #ifndef DT_CUDA_IMPL_H
 #define DT_CUDA_IMPL_H
@@ -73,16 +76,19 @@ dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K
 /* ---- launch geometry ---- */
 
 #define DT_CU_THREADS 256        /* elementwise kernels */
-#define DT_CU_RED_THREADS 256    /* every reduction tree has this width (a power of two) */
+#define DT_CU_RED_THREADS 256    /* block-level trees have this width (a power of two) */
 #define DT_CU_CHUNK 4096         /* fixed-size chunks of sum / sumsq / mse, as the CPU's */
 
-/* Blocks for a grid-stride loop over n elements: enough to fill a large GPU, capped so
- * the count fits the grid limit. The partition of the work does not matter for
- * elementwise kernels (one writer per output). */
+/* Blocks for a grid-stride loop over n elements: enough to fill a large GPU, capped at
+ * DT_CU_MAX_BLOCKS. The partition of the work does not matter for these kernels (one
+ * writer per output), so the cap may be anything >= 1 (tests/gpu_emu.sh sets it small). */
+#ifndef DT_CU_MAX_BLOCKS
+#define DT_CU_MAX_BLOCKS (65535u * 8u)
+#endif
 static inline unsigned dt_cu_blocks(size_t n) {
     size_t b = (n + DT_CU_THREADS - 1) / DT_CU_THREADS;
     if (b < 1) b = 1;
-    if (b > 65535u * 8u) b = 65535u * 8u;
+    if (b > DT_CU_MAX_BLOCKS) b = DT_CU_MAX_BLOCKS;
     return (unsigned)b;
 }
 
@@ -92,20 +98,13 @@ static inline unsigned dt_cu_blocks(size_t n) {
  * rounded once, as the CPU's losses and sums. n = 0 gives 0. */
 dt_status dt_cu_pairwise(double *v, double *tmp, size_t n, double divisor, float *out);
 
-/* Sum of one value per thread over a block of DT_CU_RED_THREADS threads: a fixed
- * binary tree in shared memory `sh` (DT_CU_RED_THREADS doubles). Every thread of the
- * block must call it; all get the total. */
-static __device__ inline double dt_cu_block_sum(double v, double *sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = DT_CU_RED_THREADS / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    double r = sh[0];
-    __syncthreads();
-    return r;
-}
+/* Per-channel sums over x (N, C, HW) in the CPU's order (cuda_nn.cu): each (n, c) plane
+ * as the CPU's dt_cpu_run_sums (16 float lanes, lane k taking i = k mod 16, combined in
+ * double in a fixed tree), the planes of a channel in sample order in double, rounded once.
+ *   o1 (C) = sum a;  o2 (C) = sum a*a (b == NULL) or invstd[c] * sum a*(b - mean[c]).
+ * o2 may be NULL. Uses the scratch arena. */
+dt_status dt_cu_channel_sums(float *o1, float *o2, const float *a, const float *b, const float *mean,
+                             const float *invstd, int N, int C, int HW);
 
 /* Grid-stride loop over [0, n). */
 #define DT_CU_FOR(i, n) \

@@ -12,8 +12,9 @@
  *
  * Every scatter-add of the CPU (col2im, pooling backward) is a gather here: each input
  * element sums its contributions in the order the CPU adds them, starting from 0, so
- * given equal inputs the bits are equal. Per-channel statistics are one block per
- * channel with the fixed tree of dt_cu_block_sum.
+ * given equal inputs the bits are equal. Per-channel statistics, global average pooling
+ * and layer norm sum in the CPU's order too (cuda_impl.h): a thread per (n, c) plane
+ * in 16 float lanes then the planes in sample order, a thread per row or column.
  */
 #include "cuda_impl.h"
 
@@ -281,15 +282,8 @@ static dt_status cu_avgpool2d_backward(const dt_pool2d_desc *d, float *dx, const
     return pool_launch("avgpool2d_backward", d, dx, NULL, NULL, dy, NULL, 1, 1);
 }
 
-/* y (N*C) = mean of each plane: one thread per plane, in order, in double (the CPU's loop). */
-__global__ void k_gap_forward(float *y, const float *x, size_t planes, int HW) {
-    DT_CU_FOR(i, planes) {
-        const float *p = x + i * HW;
-        double s = 0.0;
-        for (int k = 0; k < HW; k++) s += p[k];
-        y[i] = (float)(s / HW);
-    }
-}
+static dt_status plane_sums(double *part, float *avg, const float *a, const float *b, const float *mean, int C, int HW,
+                            size_t planes);   /* below, with batch norm */
 
 __global__ void k_gap_backward(float *dx, const float *dy, size_t n, int HW, float inv) {
     DT_CU_FOR(i, n) dx[i] = dy[i / HW] * inv;
@@ -301,9 +295,7 @@ static dt_status cu_global_avgpool_forward(float *y, const float *x, int N, int 
     if (planes == 0) return DT_OK;
     DT_CU_ARG(y && x);
     DT_TRY(dt_cu_enter());
-    k_gap_forward<<<dt_cu_blocks(planes), DT_CU_THREADS, 0, dt_cu_stream()>>>(y, x, planes, HW);
-    DT_CU_LAUNCH("k_gap_forward");
-    return DT_OK;
+    return plane_sums(NULL, y, x, NULL, NULL, 1, HW, planes);   /* y = run sum / HW, the CPU's order */
 }
 
 static dt_status cu_global_avgpool_backward(float *dx, const float *dy, int N, int C, int HW) {
@@ -319,36 +311,85 @@ static dt_status cu_global_avgpool_backward(float *dx, const float *dy, int N, i
 
 /* ---- batch norm ---- */
 
-/* One block per channel over x (N, C, HW): s1 = sum a, s2 = sum a*a (b == NULL) or
- * sum a*(b - mean[c]) (b != NULL), both in double over the fixed tree. */
-__global__ void k_channel_sums(float *o1, float *o2, const float *a, const float *b, const float *mean,
-                               const float *invstd, int N, int C, int HW) {
-    __shared__ double sh[DT_CU_RED_THREADS];
-    const int c = blockIdx.x;
-    const size_t m = (size_t)N * HW;
-    const float mc = b ? mean[c] : 0.0f;
-    double s1 = 0.0, s2 = 0.0;
-    for (size_t t = threadIdx.x; t < m; t += DT_CU_RED_THREADS) {
-        size_t i = ((t / HW) * C + c) * HW + t % HW;
-        float v = a[i];
-        s1 += v;
-        s2 += (double)v * (b ? (double)(b[i] - mc) : (double)v);
+/* The run sums of each (n, c) plane of a (N*C planes of HW) as the CPU's dt_cpu_run_sums
+ * computes them on one thread, here with 16 threads per plane: thread k owns float lane k (the
+ * elements i = k mod 16, in order), so a half-warp reads contiguous memory; the lanes
+ * are combined in shared memory in the CPU's tree. part (planes, 2) gets the sums
+ * (b != NULL: against mean[p % C]); or, with avg != NULL, avg (planes) = sum / HW.
+ * Launched with DT_CU_THREADS threads per block. */
+__global__ void k_plane_sums(double *part, float *avg, const float *a, const float *b, const float *mean, int C,
+                             int HW, size_t planes) {
+    __shared__ double s1[DT_CU_THREADS], s2[DT_CU_THREADS];
+    const int tid = threadIdx.x, k = tid & 15;
+    const size_t p = ((size_t)blockIdx.x * DT_CU_THREADS + tid) >> 4;
+    float l1 = 0.0f, l2 = 0.0f;
+    if (p < planes) {
+        const float *x = a + p * HW, *y = b ? b + p * HW : NULL;
+        const float m = b ? mean[p % C] : 0.0f;
+        for (int i = k; i < HW; i += 16) {
+            float v = x[i];
+            l1 += v;
+            l2 += v * (y ? y[i] - m : v);
+        }
     }
-    s1 = dt_cu_block_sum(s1, sh);
-    s2 = dt_cu_block_sum(s2, sh);
-    if (threadIdx.x == 0) {
+    s1[tid] = l1;
+    s2[tid] = l2;
+    __syncthreads();
+    if (k < 8) { s1[tid] += s1[tid + 8]; s2[tid] += s2[tid + 8]; }   /* t_k = l_k + l_(k+8), in double */
+    __syncthreads();
+    if (k < 4) { s1[tid] += s1[tid + 4]; s2[tid] += s2[tid + 4]; }
+    __syncthreads();
+    if (k < 2) { s1[tid] += s1[tid + 2]; s2[tid] += s2[tid + 2]; }
+    __syncthreads();
+    if (k == 0 && p < planes) {
+        double t1 = s1[tid] + s1[tid + 1];   /* ((t0+t4)+(t2+t6)) + ((t1+t5)+(t3+t7)) */
+        if (avg) {
+            avg[p] = (float)(t1 / HW);
+        } else {
+            part[2 * p] = t1;
+            part[2 * p + 1] = s2[tid] + s2[tid + 1];
+        }
+    }
+}
+
+static dt_status plane_sums(double *part, float *avg, const float *a, const float *b, const float *mean, int C, int HW,
+                            size_t planes) {
+    size_t blocks = (planes * 16 + DT_CU_THREADS - 1) / DT_CU_THREADS;
+    k_plane_sums<<<(unsigned)blocks, DT_CU_THREADS, 0, dt_cu_stream()>>>(part, avg, a, b, mean, C, HW, planes);
+    DT_CU_LAUNCH("k_plane_sums");
+    return DT_OK;
+}
+
+/* One thread per channel: the planes in sample order, in double, rounded once. */
+__global__ void k_channel_combine(float *o1, float *o2, const double *part, const float *invstd, int N, int C) {
+    DT_CU_FOR(c, C) {
+        double s1 = 0.0, s2 = 0.0;
+        for (int n = 0; n < N; n++) {
+            s1 += part[2 * ((size_t)n * C + c)];
+            s2 += part[2 * ((size_t)n * C + c) + 1];
+        }
         o1[c] = (float)s1;
-        o2[c] = (float)(b ? s2 * invstd[c] : s2);
+        if (o2) o2[c] = (float)(invstd ? s2 * invstd[c] : s2);
     }
+}
+
+dt_status dt_cu_channel_sums(float *o1, float *o2, const float *a, const float *b, const float *mean,
+                             const float *invstd, int N, int C, int HW) {
+    size_t planes = (size_t)N * C;
+    double *part = NULL;
+    DT_TRY(dt_cu_scratch((void **)&part, sizeof(double) * 2 * (planes ? planes : 1)));
+    if (planes && HW > 0) DT_TRY(plane_sums(part, NULL, a, b, mean, C, HW, planes));
+    k_channel_combine<<<dt_cu_blocks((size_t)C), DT_CU_THREADS, 0, dt_cu_stream()>>>(
+        o1, o2, part, invstd, HW > 0 ? N : 0, C);
+    DT_CU_LAUNCH("k_channel_combine");
+    return DT_OK;
 }
 
 static dt_status cu_bn_stats(float *sum, float *sumsq, const float *x, int N, int C, int HW) {
     DT_CU_ARG(N >= 0 && C >= 1 && HW >= 0);
     DT_CU_ARG(sum && sumsq && ((size_t)N * HW == 0 || x));
     DT_TRY(dt_cu_enter());
-    k_channel_sums<<<C, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(sum, sumsq, x, NULL, NULL, NULL, N, C, HW);
-    DT_CU_LAUNCH("k_channel_sums");
-    return DT_OK;
+    return dt_cu_channel_sums(sum, sumsq, x, NULL, NULL, NULL, N, C, HW);
 }
 
 __global__ void k_bn_finalize(float *mean, float *invstd, const float *sum, const float *sumsq, int C,
@@ -419,9 +460,7 @@ static dt_status cu_bn_backward_reduce(float *sum_dy, float *sum_dy_xhat, const 
     DT_CU_ARG(N >= 0 && C >= 1 && HW >= 0);
     DT_CU_ARG(sum_dy && sum_dy_xhat && mean && invstd && ((size_t)N * HW == 0 || (dy && x)));
     DT_TRY(dt_cu_enter());
-    k_channel_sums<<<C, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(sum_dy, sum_dy_xhat, dy, x, mean, invstd, N, C, HW);
-    DT_CU_LAUNCH("k_channel_sums");
-    return DT_OK;
+    return dt_cu_channel_sums(sum_dy, sum_dy_xhat, dy, x, mean, invstd, N, C, HW);
 }
 
 __global__ void k_bn_backward_dx(float *dx, const float *dy, const float *x, const float *mean, const float *invstd,
@@ -450,26 +489,25 @@ static dt_status cu_bn_backward_dx(float *dx, const float *dy, const float *x, c
     return DT_OK;
 }
 
-/* ---- layer norm: one block per row ---- */
+/* ---- layer norm: one thread per row (statistics, dx) or per column (dgamma, dbeta),
+ * the loops of cpu_norm.c ---- */
 
 __global__ void k_ln_forward(float *y, float *mean, float *rstd, const float *x, const float *gamma,
-                             const float *beta, int cols, float eps) {
-    __shared__ double sh[DT_CU_RED_THREADS];
-    const float *xr = x + (size_t)blockIdx.x * cols;
-    float *yr = y + (size_t)blockIdx.x * cols;
-    double s = 0.0;
-    for (int j = threadIdx.x; j < cols; j += DT_CU_RED_THREADS) s += xr[j];
-    double m = dt_cu_block_sum(s, sh) / cols, v = 0.0;
-    for (int j = threadIdx.x; j < cols; j += DT_CU_RED_THREADS) v += ((double)xr[j] - m) * ((double)xr[j] - m);
-    v = dt_cu_block_sum(v, sh);
-    float mf = (float)m, r = (float)(1.0 / sqrt(v / cols + eps));
-    if (threadIdx.x == 0) {
-        mean[blockIdx.x] = mf;
-        rstd[blockIdx.x] = r;
-    }
-    for (int j = threadIdx.x; j < cols; j += DT_CU_RED_THREADS) {
-        float h = (xr[j] - mf) * r;
-        yr[j] = gamma ? h * gamma[j] + (beta ? beta[j] : 0.0f) : h + (beta ? beta[j] : 0.0f);
+                             const float *beta, int rows, int cols, float eps) {
+    DT_CU_FOR(i, rows) {
+        const float *xr = x + i * cols;
+        float *yr = y + i * cols;
+        double s = 0.0;
+        for (int j = 0; j < cols; j++) s += xr[j];
+        double m = s / cols, v = 0.0;
+        for (int j = 0; j < cols; j++) v += ((double)xr[j] - m) * ((double)xr[j] - m);
+        float mf = (float)m, r = (float)(1.0 / sqrt(v / cols + eps));
+        mean[i] = mf;
+        rstd[i] = r;
+        for (int j = 0; j < cols; j++) {
+            float h = (xr[j] - mf) * r;
+            yr[j] = gamma ? h * gamma[j] + (beta ? beta[j] : 0.0f) : h + (beta ? beta[j] : 0.0f);
+        }
     }
 }
 
@@ -479,51 +517,44 @@ static dt_status cu_layernorm_forward(float *y, float *mean, float *rstd, const 
     if (rows == 0) return DT_OK;
     DT_CU_ARG(y && mean && rstd && x);
     DT_TRY(dt_cu_enter());
-    k_ln_forward<<<rows, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(y, mean, rstd, x, gamma, beta, cols, eps);
+    k_ln_forward<<<dt_cu_blocks((size_t)rows), DT_CU_THREADS, 0, dt_cu_stream()>>>(y, mean, rstd, x, gamma, beta,
+                                                                                   rows, cols, eps);
     DT_CU_LAUNCH("k_ln_forward");
     return DT_OK;
 }
 
 __global__ void k_ln_backward_dx(float *dx, const float *dy, const float *x, const float *mean, const float *rstd,
-                                 const float *gamma, int cols) {
-    __shared__ double sh[DT_CU_RED_THREADS];
-    const size_t off = (size_t)blockIdx.x * cols;
-    const float *g = dy + off, *xr = x + off;
-    float *d = dx + off;
-    const float m = mean[blockIdx.x], r = rstd[blockIdx.x];
-    double a = 0.0, b = 0.0;
-    for (int j = threadIdx.x; j < cols; j += DT_CU_RED_THREADS) {
-        float dh = g[j] * (gamma ? gamma[j] : 1.0f);
-        a += dh;
-        b += (double)dh * ((xr[j] - m) * r);
-    }
-    const float ma = (float)(dt_cu_block_sum(a, sh) / cols), mb = (float)(dt_cu_block_sum(b, sh) / cols);
-    for (int j = threadIdx.x; j < cols; j += DT_CU_RED_THREADS) {
-        float dh = g[j] * (gamma ? gamma[j] : 1.0f);
-        d[j] = r * (dh - ma - (xr[j] - m) * r * mb);
+                                 const float *gamma, int rows, int cols) {
+    DT_CU_FOR(i, rows) {
+        const float *g = dy + i * cols, *xr = x + i * cols;
+        float *d = dx + i * cols;
+        const float m = mean[i], r = rstd[i];
+        double a = 0.0, b = 0.0;   /* sums of dxhat and dxhat*xhat over the row */
+        for (int j = 0; j < cols; j++) {
+            float dh = g[j] * (gamma ? gamma[j] : 1.0f);
+            a += dh;
+            b += (double)dh * ((xr[j] - m) * r);
+        }
+        const float ma = (float)(a / cols), mb = (float)(b / cols);
+        for (int j = 0; j < cols; j++) {
+            float dh = g[j] * (gamma ? gamma[j] : 1.0f);
+            d[j] = r * (dh - ma - (xr[j] - m) * r * mb);
+        }
     }
 }
 
-/* dgamma, dbeta (cols): column sums over rows; block = 32 columns x 8 row lanes, lanes
- * added in lane order (as k_bias_grad). */
+/* dgamma, dbeta (cols): one thread per column, rows in order, in double. */
 __global__ void k_ln_backward_params(float *dgamma, float *dbeta, const float *dy, const float *x,
                                      const float *mean, const float *rstd, int rows, int cols) {
-    __shared__ double sg[8][33], sb[8][33];
-    int j = blockIdx.x * 32 + threadIdx.x;
-    double ag = 0.0, ab = 0.0;
-    if (j < cols)
-        for (int i = threadIdx.y; i < rows; i += 8) {
+    DT_CU_FOR(j, cols) {
+        double ag = 0.0, ab = 0.0;
+        for (int i = 0; i < rows; i++) {
             float g = dy[(size_t)i * cols + j], xv = x[(size_t)i * cols + j];
             ag += (double)g * ((xv - mean[i]) * rstd[i]);
             ab += g;
         }
-    sg[threadIdx.y][threadIdx.x] = ag;
-    sb[threadIdx.y][threadIdx.x] = ab;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < cols) {
-        const int t = threadIdx.x;
-        if (dgamma) dgamma[j] = (float)(((sg[0][t] + sg[1][t]) + (sg[2][t] + sg[3][t])) + ((sg[4][t] + sg[5][t]) + (sg[6][t] + sg[7][t])));
-        if (dbeta)  dbeta[j]  = (float)(((sb[0][t] + sb[1][t]) + (sb[2][t] + sb[3][t])) + ((sb[4][t] + sb[5][t]) + (sb[6][t] + sb[7][t])));
+        if (dgamma) dgamma[j] = (float)ag;
+        if (dbeta) dbeta[j] = (float)ab;
     }
 }
 
@@ -534,11 +565,13 @@ static dt_status cu_layernorm_backward(float *dx, float *dgamma, float *dbeta, c
     DT_CU_ARG(rows == 0 || (dy && x && mean && rstd));
     DT_TRY(dt_cu_enter());
     if (dx && rows > 0) {
-        k_ln_backward_dx<<<rows, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(dx, dy, x, mean, rstd, gamma, cols);
+        k_ln_backward_dx<<<dt_cu_blocks((size_t)rows), DT_CU_THREADS, 0, dt_cu_stream()>>>(dx, dy, x, mean, rstd,
+                                                                                            gamma, rows, cols);
         DT_CU_LAUNCH("k_ln_backward_dx");
     }
     if (dgamma || dbeta) {
-        k_ln_backward_params<<<(cols + 31) / 32, dim3(32, 8), 0, dt_cu_stream()>>>(dgamma, dbeta, dy, x, mean, rstd, rows, cols);
+        k_ln_backward_params<<<dt_cu_blocks((size_t)cols), DT_CU_THREADS, 0, dt_cu_stream()>>>(
+            dgamma, dbeta, dy, x, mean, rstd, rows, cols);
         DT_CU_LAUNCH("k_ln_backward_params");
     }
     return DT_OK;

@@ -10,7 +10,8 @@ NVCCFLAGS = -O3 -std=c++17 --fmad=false --compiler-options=-Wall,-Wextra
 CUDA_SRC = src/cuda/cuda_ops.cu src/cuda/cuda_elem.cu src/cuda/cuda_nn.cu
 CUDA_HDR = src/cuda/cuda_impl.h src/cuda/dt_cuda.h src/ops.h src/status.h src/rng.h
 EXTRA_DIST += $(CUDA_SRC) src/cuda/cuda_impl.h src/cuda/dt_cuda.h build-aux/nvcc-wrap src/comm/nccl.c \
-	tests/test_cuda_ops.c tests/gpu_nccl_prog.c tests/gpu_lib.sh tests/gpu_train.sh tests/gpu_nccl.sh bench/gpu.sh
+	tests/test_cuda_ops.c tests/gpu_nccl_prog.c tests/gpu_lib.sh tests/gpu_train.sh tests/gpu_nccl.sh \
+	tests/gpu_emu.sh tests/gpu_emu/cuda_runtime.h tests/gpu_emu/cublas_v2.h tests/gpu_emu/emu.cpp
 
 if HAVE_CUDA
 AM_CPPFLAGS += $(CUDA_CFLAGS)
@@ -37,5 +38,6 @@ check_PROGRAMS += tests/gpu_nccl_prog
 tests_gpu_nccl_prog_SOURCES = tests/gpu_nccl_prog.c
 endif
 
-# GPU shell tests: they skip, saying why, without a CUDA build or a GPU
-TESTS += tests/gpu_train.sh tests/gpu_nccl.sh
+# GPU shell tests: they skip, saying why, without a CUDA build or a GPU; gpu_emu.sh runs
+# the kernels on the CPU in any build (g++ and stand-ins for CUDA, see the script)
+TESTS += tests/gpu_emu.sh tests/gpu_train.sh tests/gpu_nccl.sh

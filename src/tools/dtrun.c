@@ -431,7 +431,7 @@ static void base_run_id(const dtrun_cfg *cfg, char *out, size_t n) {
         snprintf(out + strlen(out), n - strlen(out), "%02x", rnd[i]);
 }
 
-char dtrun_base_id[160];
+char dtrun_base_id[160];   /* dtrun.h */
 
 static void set_job_id(dtrun_job *job) {
     const char *env = getenv("DT_JOB_ID");

@@ -89,6 +89,7 @@ typedef struct {
 } dtrun_job;
 
 /* dtrun.c */
+extern char dtrun_base_id[160];   /* the job's id before restarts; node 0's on every node */
 void   dtrun_say(dtrun_job *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void   dtrun_say_block(dtrun_job *job, const char *text);
 double dtrun_now(void);

@@ -29,6 +29,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <arpa/inet.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -45,6 +46,7 @@ typedef struct {
     size_t len, cap;
     double last_rx;
     char   host[256];
+    char   addr[64];    /* server: the peer's address, to tell apart nodes with one name */
     int    joined;      /* server: HELLO accepted */
     int    idle;        /* server: its ranks of this attempt ended */
     int    lost;
@@ -62,8 +64,6 @@ struct dtrun_net {
     int    decided_code, next_attempt, next_port;
     int    any_lost;
 };
-
-extern char dtrun_base_id[160];
 
 /* ---- connections ---------------------------------------------------------------------- */
 
@@ -234,13 +234,14 @@ static void server_line(dtrun_job *job, int i, char *line) {
 static int check_hello(dtrun_job *job, const char *line, int *node, peer *p, char *why, size_t n) {
     const dtrun_cfg *cfg = job->cfg;
     int ver, nr, nn, np;
-    char run[160], host[256];
+    char run[160], host[340];
     if (sscanf(line, "HELLO %d %d %d %d %159s %255s", &ver, &nr, &nn, &np, run, host) != 6 || ver != 1) {
         snprintf(why, n, "not a dtrun of this version (sent '%.60s')", line);
         return 2;
     }
-    snprintf(p->host, sizeof p->host, "%s", host);
+    snprintf(p->host, sizeof p->host, "%.255s", host);
     *node = nr;
+    snprintf(host + strlen(host), sizeof host - strlen(host), " at %s", p->addr);
     if (nn != cfg->nnodes)
         snprintf(why, n, "the nodes disagree about --nnodes: node %d (%s) says %d, node 0 (%s) says %d",
                  nr, host, nn, job->host, cfg->nnodes);
@@ -253,7 +254,8 @@ static int check_hello(dtrun_job *job, const char *line, int *node, peer *p, cha
         snprintf(why, n, "node %s says --node-rank %d, outside 0..%d for --nnodes %d", host, nr, cfg->nnodes - 1,
                  cfg->nnodes);
     else if (job->net->nodes[nr].joined && job->net->nodes[nr].fd >= 0)
-        snprintf(why, n, "node rank %d given twice: %s (joined first) and %s", nr, job->net->nodes[nr].host, host);
+        snprintf(why, n, "node rank %d given twice: %s at %s (joined first) and %s", nr, job->net->nodes[nr].host,
+                 job->net->nodes[nr].addr, host);
     else if (strcmp(run, "-") != 0 && cfg->run_id[0] && strcmp(run, cfg->run_id) != 0)
         snprintf(why, n, "the nodes disagree about --run-id: node %d (%s) says '%s', node 0 (%s) says '%s'",
                  nr, host, run, job->host, cfg->run_id);
@@ -304,6 +306,14 @@ static void accept_ready(dtrun_job *job) {
         while (k < MAX_PENDING && net->pending[k].fd >= 0) k++;
         if (k == MAX_PENDING) { close(fd); continue; }
         set_socket_opts(fd);
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        char a[64] = "?";
+        if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_INET)
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, a, sizeof a);
+        else if (ss.ss_family == AF_INET6)
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, a, sizeof a);
+        snprintf(net->pending[k].addr, sizeof net->pending[k].addr, "%s", a);
         net->pending[k].fd = fd;
         net->pending[k].last_rx = dtrun_now();
     }
@@ -621,7 +631,8 @@ void dtrun_net_ready(dtrun_job *job, struct pollfd *pfd, int n) {
             size_t used = 0;
             char *line;
             while ((line = peer_line(&net->master, &used))) client_line(job, line);
-            if (bad && net->master.fd >= 0) master_lost(job, err);
+            if (bad && net->decided == 2) peer_close(&net->master);   /* closed after EXIT: fine */
+            else if (bad && net->master.fd >= 0) master_lost(job, err);
             continue;
         }
         if (fd == net->lfd) { accept_ready(job); continue; }

@@ -1,4 +1,4 @@
-# src/tools/local.mk: the programs (see Makefile.am): dtrun, the single-node launcher,
+# src/tools/local.mk: the programs (see Makefile.am): dtrun, the launcher (one node or many),
 # and dtbench, the collective benchmark. dtrun needs nothing from libdtrain: it has its
 # own small rendezvous between nodes (dtrun_rdzv.c says why).
 bin_PROGRAMS += dtrun dtbench
@@ -8,6 +8,10 @@ dtbench_SOURCES = src/tools/dtbench.c src/tools/args.c src/tools/args.h
 
 
 TESTS += tests/dtrun_env.sh tests/dtrun_output.sh tests/dtrun_fail.sh tests/dtrun_signal.sh \
-	tests/dtrun_flags.sh tests/dtbench.sh
+	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh
 EXTRA_DIST += tests/dtrun_env.sh tests/dtrun_output.sh tests/dtrun_fail.sh tests/dtrun_signal.sh \
-	tests/dtrun_flags.sh tests/dtbench.sh
+	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh tests/dtrun_lib.sh
+# launching on real components: two nodes in network namespaces (root), a single-host
+# Slurm (slurm-wlm, munge), mpirun with the tcp and mpi backends; each skips saying why
+TESTS += tests/launch_netns.sh tests/launch_slurm.sh tests/launch_mpirun.sh
+EXTRA_DIST += tests/launch_netns.sh tests/launch_slurm.sh tests/launch_mpirun.sh

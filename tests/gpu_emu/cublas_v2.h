@@ -1,0 +1,28 @@
+/* gpu_emu/cublas_v2.h: a stand-in for cuBLAS (see cuda_runtime.h here): GEMMs go to
+ * OpenBLAS's column-major cblas_sgemm, so the backend's operand order is what is tested. */
+#ifndef DT_GPU_EMU_CUBLAS_H
+#define DT_GPU_EMU_CUBLAS_H
+#include "cuda_runtime.h"
+
+typedef enum {
+    CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_ALLOC_FAILED = 3, CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_ARCH_MISMATCH = 8, CUBLAS_STATUS_NOT_SUPPORTED = 15,
+} cublasStatus_t;
+typedef enum { CUBLAS_OP_N, CUBLAS_OP_T } cublasOperation_t;
+typedef enum { CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH } cublasMath_t;
+typedef enum { CUBLAS_POINTER_MODE_HOST } cublasPointerMode_t;
+typedef struct emu_blas *cublasHandle_t;
+
+cublasStatus_t cublasCreate(cublasHandle_t *h);
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t cublasSetPointerMode(cublasHandle_t h, cublasPointerMode_t m);
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m);
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                           const float *alpha, const float *A, int lda, const float *B, int ldb,
+                           const float *beta, float *C, int ldc);
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                         int k, const float *alpha, const float *A, int lda, long long sa,
+                                         const float *B, int ldb, long long sb, const float *beta, float *C, int ldc,
+                                         long long sc, int batch);
+const char *cublasGetStatusString(cublasStatus_t s);
+#endif

@@ -1,0 +1,98 @@
+#!/bin/sh
+# launch_netns.sh: two nodes on one machine. Two network namespaces joined by a veth pair
+# (10.231.0.1/24 and 10.231.0.2/24, addresses that exist only inside these namespaces),
+# one dtrun in each with --nnodes 2 and DT_SOCKET_IFNAME naming its veth: collectives
+# (dtbench) and a short training run across them; then one node's dtrun is killed, and
+# then the link is cut, and the other node must end naming the lost node in time.
+# Needs root and iproute2's `ip netns`; skips saying why otherwise.
+. "$DT_SRCDIR/tests/tap.sh"
+. "$DT_SRCDIR/tests/dtrun_lib.sh"
+DTRUN="$DT_BUILDDIR/dtrun"
+[ "$(id -u)" -eq 0 ] || skip_all "needs root to create network namespaces"
+command -v ip > /dev/null || skip_all "needs ip (iproute2)"
+[ -x "$DT_BUILDDIR/dtbench" ] || skip_all "dtbench is not built"
+
+nsa="dtna$$"; nsb="dtnb$$"       # unique per run: another run may be going on at once
+va="dtva$$"; vb="dtvb$$"         # interface names stay under 16 characters
+ipa=10.231.0.1; ipb=10.231.0.2
+tmp=$(mktemp -d) || exit 1
+cleanup() {
+    for ns in "$nsa" "$nsb"; do
+        pids=$(ip netns pids "$ns" 2>/dev/null)
+        [ -z "$pids" ] || kill -KILL $pids 2>/dev/null
+    done
+    ip netns del "$nsa" 2>/dev/null
+    ip netns del "$nsb" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+setup_link() {
+    ip link add "$va" type veth peer name "$vb" &&
+    ip link set "$va" netns "$nsa" && ip link set "$vb" netns "$nsb" &&
+    ip -n "$nsa" addr add "$ipa/24" dev "$va" && ip -n "$nsb" addr add "$ipb/24" dev "$vb" &&
+    ip -n "$nsa" link set "$va" up && ip -n "$nsb" link set "$vb" up
+}
+{ ip netns add "$nsa" && ip netns add "$nsb" && ip -n "$nsa" link set lo up && ip -n "$nsb" link set lo up &&
+  setup_link; } > "$tmp/setup" 2>&1 || skip_all "cannot create the namespaces and veth pair: $(head -1 "$tmp/setup")"
+
+port=29500   # each namespace has its own ports: no clash with anything outside
+# node R ARGS...: start node R's dtrun in its namespace, in the background; $! is its pid
+node() {
+    r=$1; shift
+    if [ "$r" = 0 ]; then ns=$nsa; v=$va; else ns=$nsb; v=$vb; fi
+    rm -f "$tmp/out$r" "$tmp/err$r"   # waits below look for what this run writes
+    (DT_SOCKET_IFNAME=$v DT_TIMEOUT=30 exec ip netns exec "$ns" "$DTRUN" -n 2 --nnodes 2 --node-rank "$r" \
+        --master-addr "$ipa" --master-port "$port" "$@" > "$tmp/out$r" 2> "$tmp/err$r") &
+}
+
+# 1. collectives across the namespaces
+both_nodes 60 "$DT_BUILDDIR/dtbench" -b 4K -e 64K -n 5 -w 1
+both_ok "dtbench all_reduce, 2 namespaces x 2 ranks: both nodes exit 0"
+ok_grep "$tmp/out0" '^\[rank0\]:# dtbench: all_reduce, backend tcp, 4 ranks' "rank 0 reports a 4-rank job"
+ok_grep "$tmp/out0" '^\[rank0\]: +65536 .* 0$' "64 KiB all_reduce across the veth, no wrong element"
+ok_grep "$tmp/err1" "^dtrun: node 1 of 2 \(.*\): ranks 2\.\.3 of 4" "node 1 learned the layout"
+
+both_nodes 60 "$DT_BUILDDIR/dtbench" -o all_gather -b 4K -e 16K -n 3 -w 1
+both_ok "dtbench all_gather across the namespaces"
+
+# 2. a short training run across the namespaces
+if [ -x "$DT_BUILDDIR/dtrain" ]; then
+    cat > "$tmp/train.sh" <<EOF
+exec "$DT_BUILDDIR/dtrain" train --data synthetic:1024,1,8,8,4 --model "flatten linear(16) relu linear(4)" --epochs 1 --batch 64
+EOF
+    both_nodes 90 sh "$tmp/train.sh"
+    both_ok "dtrain train over 2 nodes exits 0"
+    ok_grep "$tmp/out0" '^\[rank0\]:dtrain: done: ' "rank 0 finished training"
+else
+    skip "dtrain is not built"; skip "dtrain is not built"
+fi
+
+# 3. node 1's dtrun is killed: node 0 ends within 10 s, naming node 1
+node 1 "$DT_BUILDDIR/dtbench" -b 4K -e 4K -n 1000000 -w 1; p1=$!
+node 0 --heartbeat-timeout 5 "$DT_BUILDDIR/dtbench" -b 4K -e 4K -n 1000000 -w 1; p0=$!
+i=0; while ! grep -q 'ranks 0\.\.1' "$tmp/err0" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+sleep 1   # the ranks are in their collectives
+kill_node1 $p0 $p1
+sleep 0.5
+test -z "$(ip netns pids "$nsa")" && test -z "$(ip netns pids "$nsb")"
+ok $? "no process left in either namespace"
+
+# 4. the link is cut: both nodes notice within the heartbeat timeout and end, naming the other
+node 1 --heartbeat-timeout 3 --monitor-interval 0.5 "$DT_BUILDDIR/dtbench" -b 4K -e 4K -n 1000000 -w 1; p1=$!
+node 0 --heartbeat-timeout 3 --monitor-interval 0.5 "$DT_BUILDDIR/dtbench" -b 4K -e 4K -n 1000000 -w 1; p0=$!
+i=0; while ! grep -q 'ranks 0\.\.1' "$tmp/err0" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+sleep 1
+ip -n "$nsa" link del "$va"      # deletes the pair: the nodes can no longer reach each other
+start=$(date +%s)
+wait_for $p0 30; rc0=$?
+wait_for $p1 30; rc1=$?
+el=$(( $(date +%s) - start ))
+test $rc0 -ne 0 && test $rc1 -ne 0 && test $el -le 15
+ok $? "link cut: both nodes end with an error within 15 s (exit $rc0, $rc1 after ${el}s)"
+ok_grep "$tmp/err0" "node 1 \(.*\) was lost at .* UTC: no heartbeat for 3 s" "node 0 names node 1 as lost"
+ok_grep "$tmp/err1" "lost node 0 \(.*, the master at $ipa:$port\) at .* UTC: no heartbeat for 3 s" "node 1 names node 0 as lost"
+sleep 0.5
+test -z "$(ip netns pids "$nsa")" && test -z "$(ip netns pids "$nsb")"
+ok $? "no process left in either namespace"
+done_testing
