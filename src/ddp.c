@@ -43,6 +43,10 @@ struct dt_ddp {
     bucket       *b;
     size_t        ready_lo;
     dt_status     hook_status;
+    /* When the device's memory is not host memory and the backend takes host
+     * buffers (tcp, mpi with a GPU), collectives go through a host copy. */
+    int           stage;
+    float        *host;       /* n floats of pinned host memory (stage) */
 };
 
 static double now_s(void) {
@@ -105,7 +109,12 @@ static dt_status launch_ready(dt_ddp *d) {
         if (b->launched || b->lo < d->ready_lo) continue;
         b->launched = 1;
         if (d->o.fault_skip_reduce) continue;
-        DT_TRY(dt_allreduce_async(d->comm, g + b->lo, g + b->lo, b->hi - b->lo, DT_F32, DT_SUM, &b->work));
+        float *buf = g;
+        if (d->stage) {
+            DT_TRY(d->ops->copy_d2h(d->host + b->lo, g + b->lo, (b->hi - b->lo) * sizeof(float)));
+            buf = d->host;
+        }
+        DT_TRY(dt_allreduce_async(d->comm, buf + b->lo, buf + b->lo, b->hi - b->lo, DT_F32, DT_SUM, &b->work));
     }
     return DT_OK;
 }
@@ -131,10 +140,46 @@ static dt_status on_grad_ready(void *ctx, int first, int count) {
     return s;
 }
 
+/* Device-memory collectives: direct, or through a host copy when staging. */
+dt_status dt_ddp_allreduce_dev(dt_ddp *d, float *buf, size_t n) {
+    if (!d->stage) return dt_allreduce(d->comm, buf, buf, n, DT_F32, DT_SUM);
+    float *h = NULL;
+    DT_TRY(d->ops->host_alloc((void **)&h, n * sizeof(float)));
+    dt_status s = d->ops->copy_d2h(h, buf, n * sizeof(float));
+    if (s == DT_OK) s = dt_allreduce(d->comm, h, h, n, DT_F32, DT_SUM);
+    if (s == DT_OK) s = d->ops->copy_h2d(buf, h, n * sizeof(float));
+    d->ops->host_free(h);
+    return s;
+}
+
+dt_status dt_ddp_allgather_dev(dt_ddp *d, const void *send, void *recv, size_t bytes) {
+    if (!d->stage) return dt_allgather(d->comm, send, recv, bytes, DT_U8);
+    size_t all = bytes * (size_t)d->world;
+    unsigned char *h = NULL;
+    DT_TRY(d->ops->host_alloc((void **)&h, all ? all : 1));
+    unsigned char *mine = h + bytes * (size_t)d->rank;
+    dt_status s = d->ops->copy_d2h(mine, send, bytes);
+    if (s == DT_OK) s = dt_allgather(d->comm, mine, h, bytes, DT_U8);
+    if (s == DT_OK) s = d->ops->copy_h2d(recv, h, all);
+    d->ops->host_free(h);
+    return s;
+}
+
+dt_status dt_ddp_broadcast_dev(dt_ddp *d, void *buf, size_t bytes, int root) {
+    if (!d->stage) return dt_broadcast(d->comm, buf, bytes, DT_U8, root);
+    unsigned char *h = NULL;
+    DT_TRY(d->ops->host_alloc((void **)&h, bytes ? bytes : 1));
+    dt_status s = d->ops->copy_d2h(h, buf, bytes);
+    if (s == DT_OK) s = dt_broadcast(d->comm, h, bytes, DT_U8, root);
+    if (s == DT_OK) s = d->ops->copy_h2d(buf, h, bytes);
+    d->ops->host_free(h);
+    return s;
+}
+
 /* Synchronised batchnorm: per-channel sums (and the count) over every rank. */
 static dt_status on_bn_sync(void *ctx, int backward, float *stats, size_t n, int64_t *count) {
     dt_ddp *d = ctx;
-    DT_TRY(dt_allreduce(d->comm, stats, stats, n, DT_F32, DT_SUM));
+    DT_TRY(dt_ddp_allreduce_dev(d, stats, n));
     if (!backward) DT_TRY(dt_allreduce(d->comm, count, count, 1, DT_I64, DT_SUM));
     return DT_OK;
 }
@@ -197,6 +242,11 @@ dt_status dt_ddp_init(dt_model *m, dt_comm *comm, int64_t k, const dt_ddp_opts *
         dt_ddp_free(d);
         return s;
     }
+    d->stage = d->world > 1 && !d->ops->host_memory && !dt_comm_device_buffers(comm);
+    if (d->stage && (s = d->ops->host_alloc((void **)&d->host, d->n * sizeof(float))) != DT_OK) {
+        dt_ddp_free(d);
+        return s;
+    }
     dt_model_set_grad_ready(m, on_grad_ready, d);
     if (d->o.sync_bn && d->world > 1) dt_model_set_bn_sync(m, on_bn_sync, d);
     *out = d;
@@ -213,6 +263,7 @@ void dt_ddp_free(dt_ddp *d) {
         dt_model_set_grad_ready(d->model, NULL, NULL);
         dt_model_set_bn_sync(d->model, NULL, NULL);
     }
+    if (d->host) d->ops->host_free(d->host);
     free(d->acc);
     free(d->b);
     free(d->t_off);
@@ -239,6 +290,7 @@ dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i) {
 
 dt_status dt_ddp_finish(dt_ddp *d, double *wait_s) {
     double t0 = now_s();
+    float *g = dt_model_grads(d->model);
     dt_status s = d->hook_status;
     if (d->ready_lo != 0 && s == DT_OK)
         s = dt_error(DT_ERR_INTERNAL, "ddp: backward left gradients [0, %zu) unreported", d->ready_lo);
@@ -248,6 +300,8 @@ dt_status dt_ddp_finish(dt_ddp *d, double *wait_s) {
         if (!d->b[i].work) continue;
         dt_status w = dt_work_wait(d->b[i].work);
         d->b[i].work = NULL;
+        if (w == DT_OK && d->stage)
+            w = d->ops->copy_h2d(g + d->b[i].lo, d->host + d->b[i].lo, (d->b[i].hi - d->b[i].lo) * sizeof(float));
         if (s == DT_OK) s = w;
     }
     if (wait_s) *wait_s = now_s() - t0;
@@ -351,8 +405,8 @@ dt_status dt_ddp_sync_start(dt_ddp *d) {
     if (s == DT_OK) s = compare_across(d, h, d->ntensors, "name or shape", param_name);
     free(h);
     if (s != DT_OK) return s;
-    DT_TRY(dt_broadcast(d->comm, dt_model_params(d->model), d->n, DT_F32, 0));
+    DT_TRY(dt_ddp_broadcast_dev(d, dt_model_params(d->model), d->n * sizeof(float), 0));
     if (dt_model_nbuffers(d->model) > 0)
-        DT_TRY(dt_broadcast(d->comm, dt_model_buffers(d->model), dt_model_nbuffers(d->model), DT_F32, 0));
+        DT_TRY(dt_ddp_broadcast_dev(d, dt_model_buffers(d->model), dt_model_nbuffers(d->model) * sizeof(float), 0));
     return dt_ddp_check_equal(d);
 }

@@ -96,6 +96,7 @@ typedef struct dt_ops dt_ops;
 
 struct dt_ops {
     const char *name;                                              /* "cpu", "cuda" */
+    int         host_memory;                                       /* 1: device pointers are host pointers */
 
     /* -- memory and execution -- */
     dt_status (*alloc)      (void **p, size_t bytes);              /* device memory, 64-byte aligned; bytes=0 gives NULL */

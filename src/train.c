@@ -267,8 +267,8 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         DT_TRY(dt_allgather(t->comm, t->losses, t->all_losses, (size_t)t->k, DT_F32));
         /* records are raw bytes (they hold an int64 count): gathered, never combined */
         if (t->bnrec_n)
-            DT_TRY(dt_allgather(t->comm, t->bnrec + (size_t)t->first_micro * t->bnrec_n, t->bnrec,
-                                (size_t)t->k * t->bnrec_n * sizeof(float), DT_U8));
+            DT_TRY(dt_ddp_allgather_dev(t->ddp, t->bnrec + (size_t)t->first_micro * t->bnrec_n, t->bnrec,
+                                        (size_t)t->k * t->bnrec_n * sizeof(float)));
     } else {
         memcpy(t->all_losses, t->losses, (size_t)t->k * sizeof(float));
     }

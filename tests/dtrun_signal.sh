@@ -24,7 +24,7 @@ wait_pid() {
     wait "$1"
 }
 
-for sig in INT TERM; do
+for sig in INT TERM HUP; do
     # ranks spawn a grandchild too, to check the whole group goes
     "$DTRUN" -n 3 sh -c 'sh -c "while :; do sleep 1; done" "$0-child" & echo up; while :; do sleep 1; done' "$tok" \
         > "$tmp/out" 2> "$tmp/err" &
@@ -34,7 +34,7 @@ for sig in INT TERM; do
     kill -$sig $pid
     wait_pid $pid
     rc=$?
-    case $sig in INT) want=130 ;; TERM) want=143 ;; esac
+    case $sig in INT) want=130 ;; TERM) want=143 ;; HUP) want=129 ;; esac
     test "$rc" -eq "$want"
     ok $? "SIG$sig: dtrun exits $want (got $rc)"
     ok_grep "$tmp/err" "^dtrun: stopped by SIG$sig" "SIG$sig: dtrun says why it stopped"

@@ -233,6 +233,7 @@ int         dt_comm_local_rank(const dt_comm *c) { return c->local_rank; }
 int         dt_comm_local_size(const dt_comm *c) { return c->local_size; }
 int         dt_comm_node_rank(const dt_comm *c)  { return c->node_rank; }
 const char *dt_comm_backend(const dt_comm *c)    { return c->backend->name; }
+int         dt_comm_device_buffers(const dt_comm *c) { return c && c->backend->device_buffers; }
 const char *dt_comm_host(const dt_comm *c, int r) {
     return c && r >= 0 && r < c->size && c->hosts ? c->hosts[r] : NULL;
 }

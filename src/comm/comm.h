@@ -14,6 +14,8 @@
  *     every rank must issue the same collectives in the same order: a rank that calls
  *     a different one gets DT_ERR_MISMATCH naming both calls, never wrong data;
  *   - every blocking wait honours the communicator's timeout (DESIGN.md rule 3);
+ *   - one thread at a time issues calls on a communicator (its async work runs on the
+ *     communicator's own worker thread);
  *   - errors come back as a dt_status with a message for dt_last_error() that starts
  *     with "rank R: ". After a transport error the communicator is broken: later calls
  *     fail fast with the same message; destroy it.
@@ -83,6 +85,7 @@ int         dt_comm_local_rank(const dt_comm *c);             /* index among ran
 int         dt_comm_local_size(const dt_comm *c);             /* ranks on this host */
 int         dt_comm_node_rank (const dt_comm *c);             /* index of this host (order of first rank) */
 const char *dt_comm_backend   (const dt_comm *c);             /* "tcp", "mpi", "nccl" */
+int         dt_comm_device_buffers(const dt_comm *c);     /* 1: buffers are device (GPU) memory (nccl) */
 const char *dt_comm_host      (const dt_comm *c, int rank);   /* that rank's host name; NULL if out of range */
 dt_status   dt_comm_set_timeout(dt_comm *c, double seconds);  /* for later calls; > 0 */
 double      dt_comm_timeout   (const dt_comm *c);

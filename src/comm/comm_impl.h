@@ -130,6 +130,7 @@ struct dt_comm {
  * c->p2p instead. Every entry gets a validated call (seq, ctx and desc filled). */
 struct dt_backend {
     const char *name;
+    int         device_buffers;  /* 1: collectives take device (GPU) pointers, as NCCL does */
     /* Fill rank, size, local_rank, local_size, node_rank, hosts, pids, priv and (if it can)
      * p2p. c->timeout_s, job_id and deterministic are already set from the options. */
     dt_status (*init)          (dt_comm *c, const dt_comm_opts *opts);

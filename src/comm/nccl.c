@@ -538,6 +538,7 @@ static void nccl_split_destroy(dt_comm *child) {
 
 const dt_backend dt_backend_nccl = {
     .name           = "nccl",
+    .device_buffers = 1,
     .init           = nccl_init,
     .destroy        = nccl_destroy,
     .allreduce      = nccl_allreduce,

@@ -377,7 +377,8 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         int s_shm = s.on && s.tp->out, r_shm = r.on && r.tp->in;
         double idle = now - idle_since;
         if ((s_shm || r_shm) && idle < spin) {
-            /* shared memory: spin while the peer is likely running on another core */
+            /* shared memory: spin while the peer is likely running on another core (not
+             * on sockets: there the poll() below wakes sooner than busy retries get data) */
 #if defined(__x86_64__) || defined(__i386__)
             __builtin_ia32_pause();
 #endif

@@ -93,6 +93,7 @@ static dt_status cpu_synchronize(void) { return DT_OK; }
 const dt_ops *dt_ops_cpu(void) {
     static const dt_ops table = {
         .name        = "cpu",
+        .host_memory = 1,
         .alloc       = cpu_alloc,
         .free        = cpu_free,
         .zero        = cpu_zero,

@@ -415,6 +415,7 @@ static dt_ops g_table;
 static void table_fill(void) {
     dt_ops *t = &g_table;
     t->name        = "cuda";
+    t->host_memory = 0;
     t->alloc       = cu_alloc;
     t->free        = cu_free;
     t->zero        = cu_zero;

@@ -89,7 +89,9 @@ static const char *usage_train =
     "  --quiet               no progress, only the final summary\n"
     "  --rank-stats K        per-rank step/data/compute/comm times, memory and samples\n"
     "                        every K steps (0: after each epoch, when distributed)  [0]\n"
-    "  --device cpu|cuda     compute device (cuda needs a --with-cuda build)  [cpu]\n"
+    "  --device cpu|cuda     compute device (cuda needs a --with-cuda build; each rank\n"
+    "                        takes the GPU of its local rank)  [cpu]\n"
+    "  --allow-tf32          let cuBLAS use TF32 for GEMMs (faster, fewer mantissa bits)\n"
     "Distributed (when started by a launcher):\n"
     "  --batch-per-rank N    global batch = N x world size (instead of --batch)\n"
     "  --lr-scale none|linear|sqrt  multiply --lr by W or sqrt(W) (with --warmup),\n"
@@ -97,7 +99,7 @@ static const char *usage_train =
     "  --bucket-mb X         gradient bucket size in MiB (the first bucket is 1)  [25]\n"
     "  --no-overlap          all-reduce gradients after backward, not during it\n"
     "  --sync-bn             batchnorm statistics over all ranks (synchronised BN)\n"
-    "  --backend tcp|mpi     communication backend  [$DT_BACKEND or tcp]\n"
+    "  --backend tcp|mpi|nccl  communication backend  [$DT_BACKEND or tcp]\n"
     "  --init-method URL     env:// (default), tcp://HOST:PORT or file:///PATH\n";
 
 static const char *usage_eval =
@@ -300,6 +302,7 @@ static int cmd_train(int argc, char **argv) {
         if (!strcmp(a, "--quiet")) { quiet = 1; i++; continue; }
         if (!strcmp(a, "--no-overlap")) { o.overlap = 0; i++; continue; }
         if (!strcmp(a, "--sync-bn")) { o.sync_bn = 1; i++; continue; }
+        if (!strcmp(a, "--allow-tf32")) { setenv("DT_ALLOW_TF32", "1", 1); i++; continue; }
 #define FLAG(name) dt_arg_match(name, argc, argv, &i, &v, &s)
         if (FLAG("--model")) o.model = v;
         else if (FLAG("--data")) o.data = v;
