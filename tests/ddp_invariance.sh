@@ -34,7 +34,23 @@ if [ -n "${MPIRUN:-}" ] && [ -x "$MPIRUN" ]; then
         "$D" train $ARGS --model "$CNN" --backend mpi --save "$T/wm.st" > "$T/om" 2>&1
     ok $? "2 processes under mpirun (mpi backend, deterministic)"
     cmp -s "$T/w1.st" "$T/wm.st"; ok $? "mpi deterministic gives bitwise the weights of 1 process"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DT_DETERMINISTIC=1 \
+        timeout 240 "$MPIRUN" --allow-run-as-root --oversubscribe -np 4 \
+        "$D" train $ARGS --model "$CNN" --backend mpi --save "$T/wm4.st" > "$T/om4" 2>&1
+    ok $? "4 processes under mpirun (mpi backend, deterministic)"
+    cmp -s "$T/w1.st" "$T/wm4.st"; ok $? "4 processes over mpi give bitwise the weights of 1 process"
 else
-    skip "MPI not configured"; skip "MPI not configured"
+    for i in 1 2 3 4; do skip "MPI not configured"; done
 fi
+
+# a model that differs across ranks is caught at the start, naming the parameter and the rank
+timeout 60 "$R" -n 2 sh -c 'm="$1"; [ "$RANK" = 1 ] && m="$2"; shift 2; exec "$@" --model "$m"' sh \
+    "$CNN" "conv(8,3,pad=1) bn relu maxpool(2) dropout(0.1) flatten linear(16) relu linear(4)" \
+    "$D" train $ARGS > "$T/odiff" 2>&1
+[ $? -ne 0 ]; ok $? "ranks that build different models fail"
+ok_grep "$T/odiff" "parameter '0.weight' has a different name or shape on rank 1" "the error names the first differing parameter and the rank"
+timeout 60 "$R" -n 2 sh -c 'm="$1"; [ "$RANK" = 1 ] && m="$2"; shift 2; exec "$@" --model "$m"' sh \
+    "$CNN" "flatten linear(4)" "$D" train $ARGS > "$T/odiff2" 2>&1
+[ $? -ne 0 ]; ok $? "ranks with a different number of parameters fail"
+ok_grep "$T/odiff2" "the model differs across ranks: rank 0 has [0-9]+ parameter tensors" "the error says what differs"
 done_testing
