@@ -66,6 +66,23 @@ sleep 0.3
 ok $? "no rank left on either node"
 cleanup
 
+# --max-restarts 1 on both nodes: rank 3 fails on its first attempt only; every rank of
+# both nodes starts again with DT_RESTART_COUNT=1 and a new common port, and the job ends 0.
+port=$(free_port)
+flaky='if [ "$RANK" = 3 ] && [ "$DT_RESTART_COUNT" = 0 ]; then echo "flaky $RANK" >&2; exit 6; fi
+sleep 0.3; echo "R=$RANK RC=$DT_RESTART_COUNT P=$MASTER_PORT J=$DT_JOB_ID"'
+both_nodes 30 --max-restarts 1 --run-id again sh -c "$flaky" "$tok"
+both_ok "--max-restarts 1 over two nodes recovers rank 3"
+cat "$tmp/out0" "$tmp/out1" > "$tmp/all"
+test "$(grep -c '^\[rank[0-3]\]:R=[0-3] RC=1 P=[0-9]* J=again-r1$' "$tmp/all")" -eq 4
+ok $? "all four ranks ran again with DT_RESTART_COUNT=1 and job id again-r1"
+test "$(sed -n 's/.* P=\([0-9]*\) .*/\1/p' "$tmp/all" | sort -u | wc -l)" -eq 1
+ok $? "the restarted ranks share one MASTER_PORT"
+for r in 0 1; do
+    ok_grep "$tmp/err$r" '^dtrun: rank 3 \(pid [0-9]+\) failed first: exit code 6$' "node $r reports rank 3's failure"
+    ok_grep "$tmp/err$r" '^dtrun: restarting all ranks \(restart 1 of 1\)$' "node $r restarts"
+done
+
 # The dtrun of node 1 is killed: node 0 ends, naming the lost node.
 port=$(free_port)
 node 1 sh -c 'echo up; exec sleep 30' "$tok"; p1=$!

@@ -17,15 +17,20 @@ wait_up() {
     while [ "$(grep -c ':up$' "$1" 2>/dev/null)" -lt "$2" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
     [ "$(grep -c ':up$' "$1")" -ge "$2" ]
 }
-# Wait (at most 10 s) for process $1 to end; return its exit status.
+# Wait (at most 10 s) for process $1 to end (then kill it); return its exit status.
 wait_pid() {
     i=0
     while kill -0 "$1" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    kill -0 "$1" 2>/dev/null && { echo "# pid $1 still running after 10 s: killed"; kill -KILL "$1"; }
     wait "$1"
 }
+# Empty the output file in this shell before a run: wait_up must not see the lines of
+# the previous run (the redirection of a background command happens later, in its child).
+fresh() { : > "$tmp/out"; : > "$tmp/err"; }
 
 for sig in INT TERM HUP; do
     # ranks spawn a grandchild too, to check the whole group goes
+    fresh
     "$DTRUN" -n 3 sh -c 'sh -c "while :; do sleep 1; done" "$0-child" & echo up; while :; do sleep 1; done' "$tok" \
         > "$tmp/out" 2> "$tmp/err" &
     pid=$!
@@ -45,6 +50,7 @@ for sig in INT TERM HUP; do
 done
 
 # Ranks that ignore the forwarded SIGINT are SIGKILLed after the grace period.
+fresh
 "$DTRUN" -n 2 --grace 1 sh -c 'trap "" INT TERM; echo up; while :; do sleep 1; done' "$tok" > "$tmp/out" 2> "$tmp/err" &
 pid=$!
 wait_up "$tmp/out" 2
@@ -59,6 +65,7 @@ ok $? "ranks ignoring SIGINT: none left behind"
 cleanup
 
 # dtrun killed with SIGKILL: the ranks die with it (PR_SET_PDEATHSIG).
+fresh
 "$DTRUN" -n 2 sh -c 'echo up; exec sleep 60' "$tok" > "$tmp/out" 2> "$tmp/err" &
 pid=$!
 wait_up "$tmp/out" 2

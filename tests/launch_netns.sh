@@ -37,12 +37,17 @@ setup_link() {
   setup_link; } > "$tmp/setup" 2>&1 || skip_all "cannot create the namespaces and veth pair: $(head -1 "$tmp/setup")"
 
 port=29500   # each namespace has its own ports: no clash with anything outside
+uts="unshare --uts"
+unshare --uts true 2>/dev/null || skip_all "cannot create a UTS namespace (unshare --uts)"
 # node R ARGS...: start node R's dtrun in its namespace, in the background; $! is its pid
 node() {
     r=$1; shift
     if [ "$r" = 0 ]; then ns=$nsa; v=$va; else ns=$nsb; v=$vb; fi
     rm -f "$tmp/out$r" "$tmp/err$r"   # waits below look for what this run writes
-    (DT_SOCKET_IFNAME=$v DT_TIMEOUT=30 exec ip netns exec "$ns" "$DTRUN" -n 2 --nnodes 2 --node-rank "$r" \
+    # its own UTS namespace too, so each node has its own host name as real nodes do
+    # (ranks on one host exchange through shared memory; across hosts, over the veth)
+    (DT_SOCKET_IFNAME=$v DT_TIMEOUT=30 exec ip netns exec "$ns" $uts sh -c 'h=$1; shift; hostname "$h"; exec "$@"' \
+        sh "dtnode$r" "$DTRUN" -n 2 --nnodes 2 --node-rank "$r" \
         --master-addr "$ipa" --master-port "$port" "$@" > "$tmp/out$r" 2> "$tmp/err$r") &
 }
 
