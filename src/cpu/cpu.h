@@ -21,6 +21,11 @@
 
 /* The OpenMP thread count every parallel region of the backend uses. */
 int dt_cpu_threads(void);
+/* Per-thread scratch memory, kept between calls (slot 0..3): large per-call
+ * buffers (im2col) would otherwise come from fresh mmap'd pages, and the page
+ * faults of every step cost as much as a kernel. Valid until the next call with
+ * the same slot on the same thread; NULL when out of memory. */
+float    *dt_cpu_scratch(int slot, size_t floats);
 
 /* Fixed-chunk reductions: elements are summed in double over chunks of
  * DT_CPU_CHUNK, and the chunk sums are combined by pairwise summation in index

@@ -169,8 +169,8 @@ dt_status dt_cpu_conv2d_forward(const dt_conv2d_desc *d, float *y, const float *
     int failed = 0;
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        float *col = malloc(sizeof(float) * (size_t)CRS * G * PQ);
-        float *yg = malloc(sizeof(float) * (size_t)K * G * PQ);
+        float *col = dt_cpu_scratch(0, (size_t)CRS * G * PQ);
+        float *yg = dt_cpu_scratch(1, (size_t)K * G * PQ);
         if (!col || !yg) {
             #pragma omp atomic write
             failed = 1;
@@ -193,8 +193,6 @@ dt_status dt_cpu_conv2d_forward(const dt_conv2d_desc *d, float *y, const float *
                         for (int i = 0; i < PQ; i++) dst[i] = src[i] + b;
                 }
         }
-        free(col);
-        free(yg);
     }
     if (failed) return dt_error(DT_ERR_NOMEM, "cpu conv2d_forward: out of memory for the im2col buffers");
     return DT_OK;
@@ -213,7 +211,7 @@ dt_status dt_cpu_conv2d_backward(const dt_conv2d_desc *d, float *dx, float *dw, 
     const size_t chw = (size_t)d->C * d->H * d->W, wsize = (size_t)K * CRS;
     float *partial = NULL;   /* (ngroups, K, CRS): dw of each group */
     if (dw) {
-        partial = malloc(sizeof(float) * wsize * ngroups);
+        partial = dt_cpu_scratch(2, wsize * ngroups);
         if (!partial) return dt_error(DT_ERR_NOMEM, "cpu conv2d_backward: out of memory for %d weight partials", ngroups);
     }
     int nt = dt_cpu_threads();
@@ -221,8 +219,8 @@ dt_status dt_cpu_conv2d_backward(const dt_conv2d_desc *d, float *dx, float *dw, 
     int failed = 0;
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        float *col = malloc(sizeof(float) * (size_t)CRS * G * PQ);
-        float *dyg = malloc(sizeof(float) * (size_t)K * G * PQ);
+        float *col = dt_cpu_scratch(0, (size_t)CRS * G * PQ);
+        float *dyg = dt_cpu_scratch(1, (size_t)K * G * PQ);
         if (!col || !dyg) {
             #pragma omp atomic write
             failed = 1;
@@ -245,11 +243,8 @@ dt_status dt_cpu_conv2d_backward(const dt_conv2d_desc *d, float *dx, float *dw, 
                 for (int s = 0; s < g; s++) col2im(d, col + (size_t)s * PQ, ld, dx + (size_t)(n0 + s) * chw);
             }
         }
-        free(col);
-        free(dyg);
     }
     if (failed) {
-        free(partial);
         return dt_error(DT_ERR_NOMEM, "cpu conv2d_backward: out of memory for the im2col buffers");
     }
     if (dw) {
@@ -264,7 +259,6 @@ dt_status dt_cpu_conv2d_backward(const dt_conv2d_desc *d, float *dx, float *dw, 
             }
         }
         memcpy(dw, partial, sizeof(float) * wsize);
-        free(partial);
     }
     return DT_OK;
 }

@@ -235,3 +235,19 @@ dt_status dt_pool2d_desc_init(dt_pool2d_desc *d) {
     d->Q = (int)(wp / d->stride_w + 1);
     return DT_OK;
 }
+
+/* ---- per-thread scratch ------------------------------------------------------------ */
+
+#define DT_CPU_SCRATCH_SLOTS 4
+static _Thread_local struct { float *p; size_t cap; } scratch_tl[DT_CPU_SCRATCH_SLOTS];
+
+float *dt_cpu_scratch(int slot, size_t floats) {
+    if (slot < 0 || slot >= DT_CPU_SCRATCH_SLOTS) return NULL;
+    if (scratch_tl[slot].cap < floats) {
+        free(scratch_tl[slot].p);
+        size_t bytes = (floats * sizeof(float) + 63) & ~(size_t)63;
+        scratch_tl[slot].p = aligned_alloc(64, bytes ? bytes : 64);
+        scratch_tl[slot].cap = scratch_tl[slot].p ? floats : 0;
+    }
+    return scratch_tl[slot].p;
+}
