@@ -19,8 +19,11 @@ EPOCHS=${1:-1}
 PEERS=${DT_PEERS:-$here/../../shared/peers}
 [ -d "$PEERS" ] || PEERS=$here/../shared/peers
 [ -x "$B/dtrain" ] || { echo "bench/train.sh: no dtrain in $B (set DT_BUILDDIR)"; exit 2; }
+# Debian's python3-torch lives under /usr/bin/python3, which another python3 on PATH may shadow.
 have_torch=0
-python3 -c 'import torch' 2>/dev/null && [ -f "$PEERS/torch_ddp_fmnist.py" ] && have_torch=1
+for py in ${PYTHON:-python3 /usr/bin/python3}; do
+    if "$py" -c 'import torch' 2>/dev/null && [ -f "$PEERS/torch_ddp_fmnist.py" ]; then PY=$py; have_torch=1; break; fi
+done
 
 dtrain_sps() {  # $1 model, $2 procs, $3 threads
     local out
@@ -34,9 +37,9 @@ dtrain_sps() {  # $1 model, $2 procs, $3 threads
 }
 torch_sps() {  # $1 model, $2 procs
     [ "$have_torch" -eq 1 ] || { echo "n/a"; return; }
-    python3 "$PEERS/torch_ddp_fmnist.py" "$1" "$2" "$EPOCHS" 2>/dev/null | sed -n 's/.*samples_per_s=\([0-9]*\).*/\1/p'
+    "$PY" "$PEERS/torch_ddp_fmnist.py" "$1" "$2" "$EPOCHS" 2>/dev/null | sed -n 's/.*samples_per_s=\([0-9]*\).*/\1/p'
 }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0 && a > 0) printf "%.2f", a / b; else printf "n/a" }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { a += 0; b += 0; if (b > 0 && a > 0) printf "%.2f", a / b; else printf "n/a" }'; }
 
 printf "%-5s %-14s %12s %12s %8s\n" model config dtrain pytorch ratio
 for m in mlp cnn; do
