@@ -43,6 +43,16 @@ else
     for i in 1 2 3 4; do skip "MPI not configured"; done
 fi
 
+# --batch-per-rank and --lr-scale: global batch 2 x 32, lr 0.05 x 2 reached after a 2-step warm-up
+timeout 120 "$R" -n 2 "$D" train --data synthetic:1024,1,8,8,4 --model "flatten linear(4)" --batch-per-rank 32 \
+    --lr-scale linear --warmup 2 --steps 4 --log-every 1 --metrics "$T/lrs.jsonl" --quiet > "$T/olrs" 2>&1
+ok $? "--batch-per-rank with --lr-scale linear and --warm-up on 2 processes"
+ok_grep "$T/lrs.jsonl" '"step":1,.*"lr":0.050000' "warm-up step 1 uses half the scaled rate"
+ok_grep "$T/lrs.jsonl" '"step":2,.*"lr":0.100000' "after warm-up the rate is --lr x world size"
+timeout 60 "$D" train --data synthetic:1024,1,8,8,4 --lr-scale cubic > "$T/olrs2" 2>&1
+[ $? -eq 2 ]; ok $? "an unknown --lr-scale exits 2"
+ok_grep "$T/olrs2" "--lr-scale: expected none, linear or sqrt" "and names the choices"
+
 # a model that differs across ranks is caught at the start, naming the parameter and the rank
 timeout 60 "$R" -n 2 sh -c 'm="$1"; [ "$RANK" = 1 ] && m="$2"; shift 2; exec "$@" --model "$m"' sh \
     "$CNN" "conv(8,3,pad=1) bn relu maxpool(2) dropout(0.1) flatten linear(16) relu linear(4)" \
