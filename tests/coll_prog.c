@@ -335,11 +335,14 @@ static float awkward(uint64_t j, uint64_t i) {
 
 static int mode_tree(const char *dump) {
     if (8 % W) { fprintf(stderr, "ERROR: --mode tree needs a world size dividing 8\n"); return 2; }
-    size_t counts[] = { 1000, 100000 };   /* the small (doubling) and the large (halving) path */
+    /* the small (doubling) path, the large (halving) path through the rings, and a size
+     * whose messages (4 MiB at 2 ranks) go by cross-memory reads between same-host ranks
+     * under DT_CMA=1 */
+    size_t counts[] = { 1000, 100000, 1u << 21 };
     FILE *f = NULL;
     if (R == 0 && dump && !(f = fopen(dump, "wb"))) { fprintf(stderr, "ERROR: cannot write %s\n", dump); return 1; }
     int rc = 0;
-    for (size_t ci = 0; ci < 2 && !rc; ci++) {
+    for (size_t ci = 0; ci < sizeof counts / sizeof counts[0] && !rc; ci++) {
         size_t n = counts[ci];
         int per = 8 / W;
         float *b[8];

@@ -16,6 +16,9 @@ run_all() {   # run_all N "description" ARGS...
 
 LAUNCH_ENV= run_all 2 "2 ranks, env://, shared memory, with a 64 MiB all_reduce" --big
 LAUNCH_ENV="DT_SHM=0" run_all 2 "2 ranks, env://, TCP only, with a 64 MiB all_reduce" --big
+LAUNCH_ENV="DT_CMA=0" run_all 2 "2 ranks, env://, shared memory without cross-memory reads, with a 64 MiB all_reduce" --big
+LAUNCH_ENV="DT_CMA=1" run_all 2 "2 ranks, env://, cross-memory reads for large messages, with a 64 MiB all_reduce" --big
+LAUNCH_ENV="DT_CMA=1" run_all 3 "3 ranks (rings), cross-memory reads for large messages, with a 64 MiB all_reduce" --big
 LAUNCH_ENV= run_all 3 "3 ranks (rings), shared memory"
 LAUNCH_ENV="DT_SHM=0" run_all 3 "3 ranks (rings), TCP only"
 LAUNCH_ENV= run_all 4 "4 ranks, shared memory"

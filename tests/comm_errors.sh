@@ -30,11 +30,13 @@ ok_grep "$TMP/out.2" "rank 2: timed out after 2 s in collective #1 .*; rank 1 \(
 LAUNCH_ENV="DT_TIMEOUT=30" launch 2 --mode timeout --timeout 1
 ok_grep "$TMP/out.0" "rank 0: timed out after 1 s in collective #1 all_reduce" "dt_comm_set_timeout applies to later calls"
 
-# a rank killed mid-collective, over shared memory and over TCP
-for shm in 1 0; do
+# a rank killed mid-collective, over shared memory (also with every large message read
+# from the peer's memory) and over TCP
+for shm in 1 1cma 0; do
+    cma=; [ $shm = 1cma ] && { shm=1; cma="DT_CMA=1"; }
     port=$(free_port)
-    LAUNCH_ENV="DT_SHM=$shm" start_rank 0 2 $port --mode loop; p0=$!
-    env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DT_JOB_ID=$JOB DT_SHM=$shm \
+    LAUNCH_ENV="DT_SHM=$shm $cma" start_rank 0 2 $port --mode loop; p0=$!
+    env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DT_JOB_ID=$JOB DT_SHM=$shm $cma \
         "$PROG" --mode loop --iters 100000 > "$TMP/victim" 2>&1 &
     p1=$!
     for i in $(seq 50); do grep -q looping "$TMP/out.0" && break; sleep 0.1; done
@@ -45,9 +47,9 @@ for shm in 1 0; do
     st=$?
     wait $p1 2>/dev/null
     el=$(($(date +%s) - t0))
-    [ $st -eq 1 ] && [ $el -le 5 ]; ok $? "DT_SHM=$shm: a SIGKILLed peer ends the survivor within seconds (${el}s, exit $st)"
+    [ $st -eq 1 ] && [ $el -le 5 ]; ok $? "DT_SHM=$shm${cma:+ $cma}: a SIGKILLed peer ends the survivor within seconds (${el}s, exit $st)"
     ok_grep "$TMP/out.0" "rank 0: rank 1 \([^)]*:pid $p1\) disconnected during collective #[0-9]+ all_reduce \(f32, 2097152 elems, sum\)" \
-        "DT_SHM=$shm: the error names the dead rank, its host and pid, and the collective"
+        "DT_SHM=$shm${cma:+ $cma}: the error names the dead rank, its host and pid, and the collective"
 done
 
 # junk on the store port and on rank 0's peer port while rank 1 is not there yet

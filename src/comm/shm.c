@@ -36,7 +36,9 @@ typedef struct {
     _Alignas(64) _Atomic uint64_t head;   /* bytes ever written (producer) */
     _Alignas(64) _Atomic uint64_t tail;   /* bytes ever consumed (consumer) */
     _Alignas(64) _Atomic uint32_t data_bell, data_waiters;    /* consumer sleeps for data */
-    _Alignas(64) _Atomic uint32_t space_bell, space_waiters;  /* producer sleeps for space */
+    _Alignas(64) _Atomic uint32_t space_bell, space_waiters;  /* producer sleeps for space
+                                                                 or for an acknowledgement */
+    _Alignas(64) _Atomic uint64_t acks;   /* messages the consumer has acknowledged */
 } ring_ctrl;
 
 struct dt_shm_ring {
@@ -107,6 +109,7 @@ dt_status dt_shm_create(size_t bytes, char *name, size_t name_len, dt_shm_ring *
     atomic_store(&(*out)->ctrl->tail, 0);
     atomic_store(&(*out)->ctrl->data_waiters, 0);
     atomic_store(&(*out)->ctrl->space_waiters, 0);
+    atomic_store(&(*out)->ctrl->acks, 0);
     (*out)->size = bytes;
     return DT_OK;
 }
@@ -185,4 +188,18 @@ void dt_shm_read_commit(dt_shm_ring *r, size_t n) {
 void dt_shm_wait_data(dt_shm_ring *r, double timeout_s) {
     ring_ctrl *c = r->ctrl;
     sleep_until_moved(&c->data_bell, &c->data_waiters, &c->head, r->seen, timeout_s);
+}
+
+void dt_shm_ack(dt_shm_ring *r) {
+    atomic_fetch_add(&r->ctrl->acks, 1);
+    bell_ring(&r->ctrl->space_bell, &r->ctrl->space_waiters);
+}
+
+uint64_t dt_shm_acks(dt_shm_ring *r) {
+    return atomic_load_explicit(&r->ctrl->acks, memory_order_acquire);
+}
+
+void dt_shm_wait_ack(dt_shm_ring *r, uint64_t seen, double timeout_s) {
+    ring_ctrl *c = r->ctrl;
+    sleep_until_moved(&c->space_bell, &c->space_waiters, &c->acks, seen, timeout_s);
 }

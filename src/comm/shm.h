@@ -17,6 +17,7 @@
 #define DT_SHM_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "status.h"
 
 typedef struct dt_shm_ring dt_shm_ring;
@@ -42,5 +43,11 @@ void      dt_shm_read_commit (dt_shm_ring *r, size_t n);
  * saw: new data for the consumer, free space for the producer. Callers re-check. */
 void      dt_shm_wait_data   (dt_shm_ring *r, double timeout_s);
 void      dt_shm_wait_space  (dt_shm_ring *r, double timeout_s);
+/* Acknowledgements, for messages whose payload the consumer fetches out of band (tcp_xfer.c:
+ * cross-memory reads): the consumer counts one up when it is done with the sender's buffer;
+ * the producer reads the count, or sleeps (at most timeout_s) until it differs from seen. */
+void      dt_shm_ack         (dt_shm_ring *r);
+uint64_t  dt_shm_acks        (dt_shm_ring *r);
+void      dt_shm_wait_ack    (dt_shm_ring *r, uint64_t seen, double timeout_s);
 
 #endif /* DT_SHM_H */

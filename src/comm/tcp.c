@@ -16,7 +16,9 @@
  *      shared-memory rings (unless DT_SHM=0); the socket stays open so the death of the
  *      peer is still seen as end of file. A waiting rank spins DT_SHM_SPIN_US
  *      microseconds before yielding (default 1000 for blocking calls and 20 on the
- *      async worker, 5 when ranks outnumber cores).
+ *      async worker, 5 when ranks outnumber cores). Pairs that can read each other's
+ *      memory (process_vm_readv, tested once here; DT_CMA=0 skips the test) move large
+ *      collective messages without the ring when the sender sets DT_CMA=1 (tcp_xfer.c).
  * The data path lives in tcp_xfer.c; the algorithms in algo.c run over it.
  */
 #include "config.h"
@@ -31,6 +33,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -337,6 +340,56 @@ static int same_host(const reg_t *a, const reg_t *b) {
     return strcmp(a->host, b->host) == 0 && strcmp(a->boot, b->boot) == 0;
 }
 
+/* Cross-memory attach between shared-memory peers: large messages are then read straight
+ * out of the sender's buffer (process_vm_readv) instead of being copied through the ring
+ * (tcp_xfer.c). Whether it works depends on the kernel (ENOSYS), the ptrace policy (EPERM
+ * under Yama scope >= 1 for non-descendants) and pid namespaces (a peer's pid may name
+ * another process here), so each pair tests it once: every rank publishes the address
+ * and value of a random token, the peer reads that address from the registered pid and
+ * compares. A pair can use it only when both directions work and neither side set
+ * DT_CMA=0; a side sends large collective messages that way only with DT_CMA=1 (off by
+ * default: slower than the ring when the ranks share a cache, see tcp_xfer.c).
+ * Any failure here just leaves the pair on the rings. */
+static dt_status setup_cma(tcp_world *w, const reg_t *regs, double deadline) {
+    const char *e = getenv("DT_CMA");
+    unsigned char want = !(e && strcmp(e, "0") == 0);
+    w->cma_token = make_nonce();
+    int n = w->size;
+    dt_status s = DT_OK;
+    for (int j = 0; j < n; j++) w->peers[j].pid = regs[j].pid;
+    /* 1. to each ring peer: {want u8, token address u64, token u64} */
+    for (int j = 0; j < n && s == DT_OK; j++) {
+        if (!w->peers[j].in) continue;
+        unsigned char m[17];
+        m[0] = want;
+        dt_put64(m + 1, (uint64_t)(uintptr_t)&w->cma_token);
+        dt_put64(m + 9, w->cma_token);
+        s = dt_sock_write_all(w->peers[j].fd, m, sizeof m, deadline);
+    }
+    /* 2. read the peer's token through its memory, and say whether that worked */
+    for (int j = 0; j < n && s == DT_OK; j++) {
+        if (!w->peers[j].in) continue;
+        unsigned char m[17], okb = 0;
+        if ((s = dt_sock_read_all(w->peers[j].fd, m, sizeof m, deadline)) != DT_OK) break;
+        if (want && m[0] && regs[j].pid > 0) {
+            uint64_t v = 0;
+            struct iovec lo = { &v, sizeof v }, ro = { (void *)(uintptr_t)dt_get64(m + 1), sizeof v };
+            ssize_t got = process_vm_readv((pid_t)regs[j].pid, &lo, 1, &ro, 1, 0);
+            okb = got == (ssize_t)sizeof v && v == dt_get64(m + 9);
+        }
+        s = dt_sock_write_all(w->peers[j].fd, &okb, 1, deadline);
+        w->peers[j].cma = okb;
+    }
+    /* 3. both directions work, or the pair copies through the ring */
+    for (int j = 0; j < n && s == DT_OK; j++) {
+        if (!w->peers[j].in) continue;
+        unsigned char okb = 0;
+        if ((s = dt_sock_read_all(w->peers[j].fd, &okb, 1, deadline)) != DT_OK) break;
+        w->peers[j].cma = w->peers[j].cma && okb ? (e && strcmp(e, "1") == 0 ? 2 : 1) : 0;
+    }
+    return s;
+}
+
 static dt_status setup_shm(tcp_world *w, const reg_t *regs, double deadline) {
     const char *e = getenv("DT_SHM");
     if (e && strcmp(e, "0") == 0) return DT_OK;
@@ -380,6 +433,7 @@ static dt_status setup_shm(tcp_world *w, const reg_t *regs, double deadline) {
     }
     for (int j = 0; j < n; j++) dt_shm_unlink(names[j]);
     free(names);
+    if (s == DT_OK) s = setup_cma(w, regs, deadline);
     if (s != DT_OK) return dt_error_wrap(s, "setting up shared memory: ");
     return DT_OK;
 }

@@ -19,10 +19,20 @@
 #define SHM_SKIP_MAGIC 0x4b534444u  /* "DDSK": ring record "skip to the start of the ring" */
 #define TCP_HDR_BYTES 40
 #define SHM_HDR_BYTES 64            /* ring records are 64-byte aligned */
+/* A ring header whose bytes 40..43 hold CMA_MAGIC carries no payload: the receiver reads
+ * the bytes straight out of the sender's buffer at the address in bytes 48..55
+ * (process_vm_readv) and acknowledges through the ring's ack counter (tcp_xfer.c). */
+#define CMA_MAGIC 0x414d4344u       /* "DCMA" */
 
 typedef struct {
     int          fd;                /* connection to the peer; -1 for this rank */
     dt_shm_ring *in, *out;          /* same-host rings, or NULL for TCP */
+    int          pid;               /* the peer's process id */
+    int          cma;               /* 0: no cross-memory reads with this peer; 1: both sides
+                                       can read each other's memory (process_vm_readv) and
+                                       accept such messages; 2: and this side sends large
+                                       collective messages that way (DT_CMA=1) */
+    uint64_t     cma_sent;          /* cross-memory messages sent to it (acks expected) */
 } tcp_peer;
 
 typedef struct {
@@ -35,6 +45,7 @@ typedef struct {
     size_t           stage_cap;
     double           spin_s;        /* busy-wait this long on rings before yielding */
     double           spin_worker_s; /* the same on the async worker thread */
+    volatile uint64_t cma_token;    /* random; same-host peers read it to test process_vm_readv */
     int              refs;          /* the world communicator and its split children */
     int              broken;        /* an error desynchronised the streams */
     char             broken_msg[512];
