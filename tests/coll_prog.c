@@ -24,6 +24,7 @@
  * Errors print "ERROR: <message>" on stderr and exit 1 (2 for bad arguments).
  */
 #include "comm.h"
+#include "rank_tap.h"
 #include "reduce.h"
 
 #include <math.h>
@@ -35,22 +36,6 @@
 #include <unistd.h>
 
 static dt_comm *comm;
-static int R, W, nfail, ntest;
-
-static void check(int cond, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(int cond, const char *fmt, ...) {
-    ntest++;
-    if (!cond) nfail++;
-    if (R != 0 && cond) return;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (R == 0) printf("%sok %d - %s\n", cond ? "" : "not ", ntest, msg);
-    else fprintf(stderr, "rank %d: not ok - %s\n", R, msg);
-    fflush(stdout);
-}
 
 static int fail_status(dt_status s, const char *what) {
     if (s == DT_OK) return 0;

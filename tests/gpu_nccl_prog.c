@@ -16,6 +16,7 @@
  * Errors print "ERROR: <message>" on stderr and exit 1.
  */
 #include "comm.h"
+#include "rank_tap.h"
 #include "ops.h"
 #include "status.h"
 
@@ -29,21 +30,6 @@
 
 static const dt_ops *G;
 static dt_comm *comm;
-static int R, W, nfail, ntest;
-
-static void check(int cond, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(int cond, const char *fmt, ...) {
-    ntest++;
-    if (!cond) nfail++;
-    if (R != 0 && cond) return;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (R == 0) printf("%sok %d - %s\n", cond ? "" : "not ", ntest, msg);
-    else fprintf(stderr, "rank %d: not ok - %s\n", R, msg);
-}
 
 static void die(const char *what) {
     fprintf(stderr, "ERROR: %s: %s\n", what, dt_last_error());
