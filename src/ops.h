@@ -110,6 +110,10 @@ struct dt_ops {
     dt_status (*synchronize)(void);                                /* wait for all queued work */
     dt_status (*set_threads)(int n);                               /* compute threads (OpenMP on cpu); n >= 1 */
     int       (*threads)    (void);                                /* current compute threads */
+    /* device memory held now and at most so far, in bytes (as torch.cuda's
+     * memory_allocated / max_memory_allocated); NULL when the device does not
+     * track it (cpu: the process's resident memory tells instead) */
+    void      (*memory)     (size_t *current, size_t *peak);
 
     /* -- GEMM (row-major, as cblas with CblasRowMajor) --
      * C(M,N) = alpha * op(A)(M,K) * op(B)(K,N) + beta * C; op(X) = X or X^T when trans != 0.

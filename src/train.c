@@ -334,6 +334,12 @@ static void trainer_free(trainer *t) {
     dt_dataset_free(t->test);
 }
 
+static void *loader_alloc(void *ctx, size_t bytes) {
+    void *p = NULL;
+    return ((const dt_ops *)ctx)->host_alloc(&p, bytes) == DT_OK ? p : NULL;
+}
+static void loader_free(void *ctx, void *p) { ((const dt_ops *)ctx)->host_free(p); }
+
 /* Checkpoints every --checkpoint-every steps and at the end. The state is the
  * same on every rank, so rank 0 alone writes it. */
 static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
@@ -494,7 +500,11 @@ static dt_status trainer_setup(trainer *t) {
      * and updates its buffers in place; otherwise records are replayed in order. */
     t->bnrec_n = o->sync_bn && t->world > 1 ? 0 : dt_model_bn_record_size(t->model);
     if (t->bnrec_n) DT_TRY(t->ops->alloc((void **)&t->bnrec, (size_t)t->S * t->bnrec_n * sizeof(float)));
-    DT_TRY(dt_loader_init(t->train, local, &t->loader));
+    /* batches are gathered into the device's pinned host memory, so the copy to
+     * the device can be a DMA (on the CPU this is plain aligned memory) */
+    dt_loader_opts lo = {.depth = 2, .timeout_s = 600, .alloc = loader_alloc, .free = loader_free,
+                         .alloc_ctx = (void *)t->ops};
+    DT_TRY(dt_loader_init_opts(t->train, local, &lo, &t->loader));
     if (t->resume) DT_TRY(resume_restore(t));
     DT_TRY(dt_ddp_sync_start(t->ddp));
     return DT_OK;
@@ -512,6 +522,11 @@ static dt_status rank_report(trainer *t, int64_t done, int epoch) {
     mine[3] = t->r_compute;
     mine[4] = t->r_comm;
     mine[5] = (double)ru.ru_maxrss / 1024.0;
+    if (t->ops->memory) {   /* a device that tracks its memory: its peak, as torch.cuda does */
+        size_t cur = 0, peak = 0;
+        t->ops->memory(&cur, &peak);
+        mine[5] = (double)peak / 1048576.0;
+    }
     mine[6] = (double)(done * t->k * t->b);
     if (t->world > 1) DT_TRY(dt_allgather(t->comm, mine, all, DT_RANK_STATS, DT_F64));
     else memcpy(all, mine, sizeof mine);

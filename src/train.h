@@ -55,7 +55,8 @@ typedef struct {
     int      world_size, micro_batches;
     uint64_t batch_hash;       /* STEP: fingerprint of the step's global batch (sample order) */
     /* RANKS: world_size rows of DT_RANK_STATS values: steps, step seconds, data wait,
-     * compute, communication wait (seconds since the last report), peak RSS (MiB),
+     * compute, communication wait (seconds since the last report), peak memory (MiB:
+     * the device's own count when it keeps one, else the resident set),
      * samples this rank has seen */
     const double *rank_stats;
     /* per-rank time split since the previous event, seconds (this rank) */

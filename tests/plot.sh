@@ -16,7 +16,7 @@ metrics() {  # metrics FILE SCALE: 20 steps of loss SCALE * 2 / step
             printf "\"batch_hash\":\"%016x\",\"samples_per_s\":100.0,\"elapsed_s\":0.1,\"world_size\":1}\n", i
             if (i % 10 == 0) printf "{\"event\":\"epoch\",\"epoch\":%d,\"step\":%d,\"train_loss\":0.5,\"samples_per_s\":1.0,\"elapsed_s\":1.0,\"world_size\":1}\n", i / 10 - 1, i
         }
-        print "{\"event\":\"rank\",\"step\":20,\"rank\":0,\"steps\":20,\"step_s\":0.1,\"data_s\":0.0,\"compute_s\":0.1,\"comm_s\":0.0,\"peak_rss_mb\":10.0,\"samples\":100}"
+        print "{\"event\":\"rank\",\"step\":20,\"rank\":0,\"steps\":20,\"step_s\":0.1,\"data_s\":0.0,\"compute_s\":0.1,\"comm_s\":0.0,\"peak_mem_mb\":10.0,\"samples\":100}"
     }' > "$1"
 }
 metrics "$T/np1.jsonl" 1; cp "$T/np1.jsonl" "$T/np2.jsonl"; metrics "$T/other.jsonl" 1.5

@@ -297,6 +297,11 @@ static dt_status cu_host_alloc(void **p, size_t bytes) {
     return DT_OK;
 }
 
+static void cu_memory(size_t *current, size_t *peak) {
+    if (current) *current = dt_cuda_memory_allocated();
+    if (peak) *peak = dt_cuda_max_memory_allocated();
+}
+
 static void cu_host_free(void *p) {
     if (p) cudaFreeHost(p);
 }
@@ -424,6 +429,7 @@ static void table_fill(void) {
     t->copy_d2d    = cu_copy_d2d;
     t->host_alloc  = cu_host_alloc;
     t->host_free   = cu_host_free;
+    t->memory      = cu_memory;
     t->synchronize = cu_synchronize;
     t->set_threads = cu_set_threads;
     t->threads     = cu_threads;

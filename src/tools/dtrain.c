@@ -189,7 +189,7 @@ static void show_ranks(reporter *r, const dt_train_event *ev) {
             const double *x = st + q * DT_RANK_STATS;
             fprintf(r->metrics,
                     "{\"event\":\"rank\",\"step\":%lld,\"rank\":%d,\"steps\":%.0f,\"step_s\":%.6f,\"data_s\":%.6f,"
-                    "\"compute_s\":%.6f,\"comm_s\":%.6f,\"peak_rss_mb\":%.1f,\"samples\":%.0f}\n",
+                    "\"compute_s\":%.6f,\"comm_s\":%.6f,\"peak_mem_mb\":%.1f,\"samples\":%.0f}\n",
                     (long long)ev->step, q, x[0], x[1], x[2], x[3], x[4], x[5], x[6]);
         }
         fflush(r->metrics);
