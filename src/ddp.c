@@ -8,6 +8,7 @@
  * worker thread) once ready_lo has passed its start.
  */
 #include "ddp.h"
+#include "ckpt.h"   /* dt_xxh64 */
 
 #include <math.h>
 #include <stdio.h>
@@ -53,16 +54,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-uint64_t dt_hash_bytes(const void *p, size_t n) {
-    const unsigned char *c = p;
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < n; i++) {
-        h ^= c[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
 }
 
 void dt_ddp_opts_default(dt_ddp_opts *o) {
@@ -141,7 +132,7 @@ static dt_status on_grad_ready(void *ctx, int first, int count) {
 }
 
 /* Device-memory collectives: direct, or through a host copy when staging. */
-dt_status dt_ddp_allreduce_dev(dt_ddp *d, float *buf, size_t n) {
+static dt_status allreduce_dev(dt_ddp *d, float *buf, size_t n) {
     if (!d->stage) return dt_allreduce(d->comm, buf, buf, n, DT_F32, DT_SUM);
     float *h = NULL;
     DT_TRY(d->ops->host_alloc((void **)&h, n * sizeof(float)));
@@ -165,7 +156,7 @@ dt_status dt_ddp_allgather_dev(dt_ddp *d, const void *send, void *recv, size_t b
     return s;
 }
 
-dt_status dt_ddp_broadcast_dev(dt_ddp *d, void *buf, size_t bytes, int root) {
+static dt_status broadcast_dev(dt_ddp *d, void *buf, size_t bytes, int root) {
     if (!d->stage) return dt_broadcast(d->comm, buf, bytes, DT_U8, root);
     unsigned char *h = NULL;
     DT_TRY(d->ops->host_alloc((void **)&h, bytes ? bytes : 1));
@@ -179,7 +170,7 @@ dt_status dt_ddp_broadcast_dev(dt_ddp *d, void *buf, size_t bytes, int root) {
 /* Synchronised batchnorm: per-channel sums (and the count) over every rank. */
 static dt_status on_bn_sync(void *ctx, int backward, float *stats, size_t n, int64_t *count) {
     dt_ddp *d = ctx;
-    DT_TRY(dt_ddp_allreduce_dev(d, stats, n));
+    DT_TRY(allreduce_dev(d, stats, n));
     if (!backward) DT_TRY(dt_allreduce(d->comm, count, count, 1, DT_I64, DT_SUM));
     return DT_OK;
 }
@@ -271,11 +262,6 @@ void dt_ddp_free(dt_ddp *d) {
     free(d);
 }
 
-int dt_ddp_nbuckets(const dt_ddp *d) { return d->nb; }
-size_t dt_ddp_bucket_bytes(const dt_ddp *d, int i) {
-    return (i >= 0 && i < d->nb) ? (d->b[i].hi - d->b[i].lo) * sizeof(float) : 0;
-}
-
 dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i) {
     if (i < 0 || i >= d->k)
         return dt_error(DT_ERR_INVALID, "ddp: micro-batch %lld out of range [0, %lld)", (long long)i, (long long)d->k);
@@ -310,10 +296,16 @@ dt_status dt_ddp_finish(dt_ddp *d, double *wait_s) {
 
 /* ---- start-of-run agreement ---------------------------------------------------------- */
 
+static const char *param_name(dt_ddp *d, int t, char *buf, size_t n) {
+    dt_tensor_info ti;
+    if (dt_model_param(d->model, t, &ti) != DT_OK) snprintf(buf, n, "#%d", t);
+    else snprintf(buf, n, "%s", ti.name);
+    return buf;
+}
+
 /* A per-tensor signature (name and shape) or checksum, all-gathered; the first
  * tensor whose value differs between ranks is reported with the ranks. */
-static dt_status compare_across(dt_ddp *d, const uint64_t *mine, int n, const char *what,
-                                const char *(*name_of)(dt_ddp *, int, char *, size_t)) {
+static dt_status compare_across(dt_ddp *d, const uint64_t *mine, int n, const char *what) {
     int W = d->world;
     uint64_t *all = malloc((size_t)W * (size_t)n * sizeof *all);
     if (!all) return dt_error(DT_ERR_NOMEM, "out of memory comparing %s across ranks", what);
@@ -328,7 +320,7 @@ static dt_status compare_across(dt_ddp *d, const uint64_t *mine, int n, const ch
                 if (all[(size_t)q * n + t] != all[t])
                     used += (size_t)snprintf(ranks + used, sizeof ranks - used, "%s%d", used ? "," : "", q);
             s = dt_error(DT_ERR_MISMATCH, "rank %d: parameter '%s' has a different %s on rank%s %s than on rank 0",
-                         d->rank, name_of(d, t, nb, sizeof nb), what, strchr(ranks, ',') ? "s" : "", ranks);
+                         d->rank, param_name(d, t, nb, sizeof nb), what, strchr(ranks, ',') ? "s" : "", ranks);
             break;
         }
     }
@@ -336,12 +328,6 @@ static dt_status compare_across(dt_ddp *d, const uint64_t *mine, int n, const ch
     return s;
 }
 
-static const char *param_name(dt_ddp *d, int t, char *buf, size_t n) {
-    dt_tensor_info ti;
-    if (dt_model_param(d->model, t, &ti) != DT_OK) snprintf(buf, n, "#%d", t);
-    else snprintf(buf, n, "%s", ti.name);
-    return buf;
-}
 
 static dt_status param_hashes(dt_ddp *d, uint64_t *h, int values) {
     float *host = NULL;
@@ -356,7 +342,7 @@ static dt_status param_hashes(dt_ddp *d, uint64_t *h, int values) {
             int len = snprintf(sig, sizeof sig, "%s:%d", ti.name, ti.ndim);
             for (int i = 0; i < ti.ndim && len < (int)sizeof sig - 24; i++)
                 len += snprintf(sig + len, sizeof sig - (size_t)len, ",%lld", (long long)ti.shape[i]);
-            h[t] = dt_hash_bytes(sig, (size_t)len);
+            h[t] = dt_xxh64(sig, (size_t)len, 0);
             continue;
         }
         size_t bytes = (size_t)ti.numel * sizeof(float);
@@ -367,7 +353,7 @@ static dt_status param_hashes(dt_ddp *d, uint64_t *h, int values) {
             if (!host) return dt_error(DT_ERR_NOMEM, "out of memory hashing parameters");
         }
         s = d->ops->copy_d2h(host, ti.data, bytes);
-        h[t] = dt_hash_bytes(host, bytes);
+        h[t] = dt_xxh64(host, bytes, 0);
     }
     free(host);
     return s;
@@ -378,7 +364,7 @@ dt_status dt_ddp_check_equal(dt_ddp *d) {
     uint64_t *h = calloc((size_t)d->ntensors + 1, sizeof *h);
     if (!h) return dt_error(DT_ERR_NOMEM, "out of memory hashing parameters");
     dt_status s = param_hashes(d, h, 1);
-    if (s == DT_OK) s = compare_across(d, h, d->ntensors, "value (checksum)", param_name);
+    if (s == DT_OK) s = compare_across(d, h, d->ntensors, "value (checksum)");
     free(h);
     return s;
 }
@@ -402,11 +388,11 @@ dt_status dt_ddp_sync_start(dt_ddp *d) {
     uint64_t *h = calloc((size_t)d->ntensors + 1, sizeof *h);
     if (!h) return dt_error(DT_ERR_NOMEM, "out of memory checking the model across ranks");
     s = param_hashes(d, h, 0);
-    if (s == DT_OK) s = compare_across(d, h, d->ntensors, "name or shape", param_name);
+    if (s == DT_OK) s = compare_across(d, h, d->ntensors, "name or shape");
     free(h);
     if (s != DT_OK) return s;
-    DT_TRY(dt_ddp_broadcast_dev(d, dt_model_params(d->model), d->n * sizeof(float), 0));
+    DT_TRY(broadcast_dev(d, dt_model_params(d->model), d->n * sizeof(float), 0));
     if (dt_model_nbuffers(d->model) > 0)
-        DT_TRY(dt_ddp_broadcast_dev(d, dt_model_buffers(d->model), dt_model_nbuffers(d->model) * sizeof(float), 0));
+        DT_TRY(broadcast_dev(d, dt_model_buffers(d->model), dt_model_nbuffers(d->model) * sizeof(float), 0));
     return dt_ddp_check_equal(d);
 }

@@ -61,17 +61,9 @@ dt_status dt_ddp_finish(dt_ddp *d, double *wait_s);
  * naming the first parameter and the ranks that differ. */
 dt_status dt_ddp_check_equal(dt_ddp *d);
 
-/* Collectives over device memory for the trainer: direct when the backend takes
- * device pointers or the device's memory is host memory, else through a host copy. */
-dt_status dt_ddp_allreduce_dev(dt_ddp *d, float *buf, size_t n);                      /* f32 sum, in place */
-dt_status dt_ddp_allgather_dev(dt_ddp *d, const void *send, void *recv, size_t bytes); /* bytes per rank */
-dt_status dt_ddp_broadcast_dev(dt_ddp *d, void *buf, size_t bytes, int root);
-
-/* Buckets (for reports): count and bytes of bucket i. */
-int    dt_ddp_nbuckets(const dt_ddp *d);
-size_t dt_ddp_bucket_bytes(const dt_ddp *d, int i);
-
-/* 64-bit FNV-1a hash of bytes, for parameter checksums. */
-uint64_t dt_hash_bytes(const void *p, size_t n);
+/* All-gather over device memory (bytes per rank; send may lie in recv at this
+ * rank's place): direct when the backend takes device pointers or the device's
+ * memory is host memory, else through a host copy. */
+dt_status dt_ddp_allgather_dev(dt_ddp *d, const void *send, void *recv, size_t bytes);
 
 #endif /* DT_DDP_H */

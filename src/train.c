@@ -122,11 +122,12 @@ typedef struct {
     size_t bnrec_n;
     int64_t spe, total;              /* steps per epoch, total steps */
     int64_t queued;                  /* steps submitted to the loader */
-    int64_t *idx2;                   /* scratch indices for the batch fingerprint */
+    uint64_t hash_term[4];           /* this rank's fingerprint term of queued step g, at g % 4
+                                      * (the loader runs at most 2 steps ahead) */
     uint64_t *hash_all;              /* one fingerprint term per rank */
+    /* this rank's time split since the last per-rank report, seconds */
     double t_data, t_compute, t_comm, t_step;
-    int64_t steps_since;             /* steps since the last per-rank report */
-    double r_data, r_compute, r_comm;  /* the same split, since the last per-rank report */
+    int64_t steps_since;
     double *rank_stats;              /* world x DT_RANK_STATS */
     int64_t g0;                      /* first step of this run (> 0 when resumed) */
     dt_ckpt *resume;                 /* the checkpoint to resume from, until restored */
@@ -199,26 +200,26 @@ static dt_status step_indices(trainer *t, int64_t g, int64_t *idx, size_t *n) {
     return dt_sampler_rank_indices(t->sampler, epoch, step, t->world, t->rank, idx, n);
 }
 
-/* Queue the sample indices of global step g with the loader. */
+/* Queue the sample indices of global step g with the loader, and note this
+ * rank's term of the step's fingerprint: the sum over positions p of
+ * hash(p, sample index at p), so each rank adds its block's terms and the total
+ * is the same for every world size. */
 static dt_status queue_step(trainer *t, int64_t g) {
     size_t n = 0;
     DT_TRY(step_indices(t, g, t->idx, &n));
+    uint64_t h = 0, base = (uint64_t)(t->first_micro * t->b);
+    for (size_t j = 0; j < n; j++) h += dt_hash_u64(0x62617463ULL, base + j, (uint64_t)t->idx[j]);
+    t->hash_term[g % 4] = h;
     return dt_loader_submit(t->loader, t->idx, n);
 }
 
-/* A fingerprint of the global batch of step g: the sum over positions p of
- * hash(p, sample index at p), so each rank adds its block's terms and the total
- * is the same for every world size. */
+/* The fingerprint of the global batch of step g (collective when distributed). */
 static dt_status batch_hash(trainer *t, int64_t g, uint64_t *out) {
-    size_t n = 0;
-    DT_TRY(step_indices(t, g, t->idx2, &n));
-    uint64_t h = 0, base = (uint64_t)(t->first_micro * t->b);
-    for (size_t j = 0; j < n; j++) h += dt_hash_u64(0x62617463ULL, base + j, (uint64_t)t->idx2[j]);
+    uint64_t h = t->hash_term[g % 4];
     if (t->world > 1) {
-        uint64_t *all = t->hash_all;
-        DT_TRY(dt_allgather(t->comm, &h, all, 1, DT_I64));
+        DT_TRY(dt_allgather(t->comm, &h, t->hash_all, 1, DT_I64));
         h = 0;
-        for (int r = 0; r < t->world; r++) h += all[r];
+        for (int r = 0; r < t->world; r++) h += t->hash_all[r];
     }
     *out = h;
     return DT_OK;
@@ -295,22 +296,15 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     t->t_data += t1 - t0;
     t->t_compute += (t2 - t1) + (t4 - t3);
     t->t_comm += t3 - t2;
-    t->r_data += t1 - t0;
-    t->r_compute += (t2 - t1) + (t4 - t3);
-    t->r_comm += t3 - t2;
     t->t_step += now_s() - t0;
     t->steps_since++;
     return DT_OK;
 }
 
 static void emit(trainer *t, dt_train_event *ev) {
-    ev->t_data = t->t_data;
-    ev->t_compute = t->t_compute;
-    ev->t_comm = t->t_comm;
     ev->world_size = t->world;
     ev->micro_batches = (int)t->S;
     if (t->o->on_event) t->o->on_event(t->o->event_ctx, ev);
-    t->t_data = t->t_compute = t->t_comm = 0.0;
 }
 
 static void trainer_free(trainer *t) {
@@ -325,7 +319,6 @@ static void trainer_free(trainer *t) {
         t->ops->free(t->bnrec);
     }
     free(t->idx);
-    free(t->idx2);
     free(t->hash_all);
     free(t->rank_stats);
     free(t->losses);
@@ -487,10 +480,9 @@ static dt_status trainer_setup(trainer *t) {
 
     size_t local = (size_t)(t->k * t->b);
     t->idx = malloc(local * sizeof *t->idx);
-    t->idx2 = malloc(local * sizeof *t->idx2);
     t->hash_all = calloc((size_t)t->world, sizeof *t->hash_all);
     t->rank_stats = calloc((size_t)t->world * DT_RANK_STATS, sizeof *t->rank_stats);
-    if (!t->idx2 || !t->hash_all || !t->rank_stats) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
+    if (!t->hash_all || !t->rank_stats) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
     t->losses = calloc((size_t)t->k, sizeof *t->losses);
     t->all_losses = calloc((size_t)t->S, sizeof *t->all_losses);
     if (!t->idx || !t->losses || !t->all_losses) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
@@ -518,9 +510,9 @@ static dt_status rank_report(trainer *t, int64_t done, int epoch) {
     getrusage(RUSAGE_SELF, &ru);
     mine[0] = (double)t->steps_since;
     mine[1] = t->t_step;
-    mine[2] = t->r_data;
-    mine[3] = t->r_compute;
-    mine[4] = t->r_comm;
+    mine[2] = t->t_data;
+    mine[3] = t->t_compute;
+    mine[4] = t->t_comm;
     mine[5] = (double)ru.ru_maxrss / 1024.0;
     if (t->ops->memory) {   /* a device that tracks its memory: its peak, as torch.cuda does */
         size_t cur = 0, peak = 0;
@@ -534,7 +526,7 @@ static dt_status rank_report(trainer *t, int64_t done, int epoch) {
                         .total_steps = t->total, .steps_per_epoch = t->spe, .rank_stats = all};
     emit(t, &e);
     t->steps_since = 0;
-    t->t_step = t->r_data = t->r_compute = t->r_comm = 0.0;
+    t->t_step = t->t_data = t->t_compute = t->t_comm = 0.0;
     return DT_OK;
 }
 

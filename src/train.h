@@ -59,8 +59,6 @@ typedef struct {
      * the device's own count when it keeps one, else the resident set),
      * samples this rank has seen */
     const double *rank_stats;
-    /* per-rank time split since the previous event, seconds (this rank) */
-    double   t_data, t_compute, t_comm;
 } dt_train_event;
 
 #define DT_RANK_STATS 7
