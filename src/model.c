@@ -16,11 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One entry of the state registry. */
+/* One entry of the state registry: tensor t of layer `layer`. */
 typedef struct {
-    char     name[32];
-    int      layer;
-    int      what;      /* 0 weight, 1 bias, 2 running_mean, 3 running_var, 4 num_batches_tracked */
+    char     name[64];  /* "<module path>.<suffix>": "3.0.weight" */
+    int      layer, t;
     int      param_index;
 } state_entry;
 
@@ -59,27 +58,24 @@ static dt_nn_ctx nn_ctx(dt_model *m, int train) {
     return c;
 }
 
-/* Build the state_dict-ordered registry: per layer, weight, bias, then buffers. */
+/* Build the state_dict-ordered registry: the layers' tensors in flat (pre-)order,
+ * each layer's as its row declared them (parameters, then buffers). */
 static dt_status build_registry(dt_model *m) {
     int cap = 0;
-    for (int i = 0; i < m->spec.n; i++) cap += 2 + (m->spec.layers[i].kind == DT_LAYER_BN ? 3 : 0);
+    for (int i = 0; i < m->spec.n; i++) cap += m->spec.layers[i].ntensors;
     m->state = calloc((size_t)cap + 1, sizeof *m->state);
     m->param_state = calloc((size_t)m->spec.ntensors + 1, sizeof *m->param_state);
     if (!m->state || !m->param_state) return dt_error(DT_ERR_NOMEM, "model: out of memory");
-    static const char *suffix[] = { "weight", "bias", "running_mean", "running_var", "num_batches_tracked" };
     int n = 0, np = 0;
     for (int i = 0; i < m->spec.n; i++) {
         const dt_layer *L = &m->spec.layers[i];
-        for (int what = 0; what < 5; what++) {
-            int present = (what == 0 && L->w_numel) || (what == 1 && L->b_numel) ||
-                          (what >= 2 && L->kind == DT_LAYER_BN);
-            if (!present) continue;
+        for (int t = 0; t < L->ntensors; t++) {
             state_entry *e = &m->state[n];
-            snprintf(e->name, sizeof e->name, "%d.%s", i, suffix[what]);
+            snprintf(e->name, sizeof e->name, "%s.%s", L->name, L->t[t].suffix);
             e->layer = i;
-            e->what = what;
-            e->param_index = what < 2 ? np : -1;
-            if (what < 2) m->param_state[np++] = n;
+            e->t = t;
+            e->param_index = L->t[t].role == DT_TENSOR_PARAM ? np : -1;
+            if (L->t[t].role == DT_TENSOR_PARAM) m->param_state[np++] = n;
             n++;
         }
     }
@@ -122,12 +118,10 @@ dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *
     if (s != DT_OK) goto fail;
     if ((s = build_registry(m)) != DT_OK) goto fail;
     m->nparams = (size_t)m->spec.nparams;
+    m->nbuffers = m->spec.nbuffers;
     int64_t maxact = dt_shape_numel(input);
-    for (int i = 0; i < m->spec.n; i++) {
-        dt_layer *L = &m->spec.layers[i];
-        if (L->kind == DT_LAYER_BN) m->nbuffers += 2 * (size_t)L->in.d[0];
-        if (L->out_numel > maxact) maxact = L->out_numel;
-    }
+    for (int i = 0; i < m->spec.n; i++)
+        if (m->spec.layers[i].out_numel > maxact) maxact = m->spec.layers[i].out_numel;
     const dt_layer *last = &m->spec.layers[m->spec.n - 1];
     size_t actb = (size_t)max_batch * (size_t)maxact * sizeof(float);
     if ((s = ops->alloc((void **)&m->params, m->nparams * sizeof(float))) != DT_OK ||
@@ -142,8 +136,7 @@ dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *
     if (m->nparams && (s = ops->zero(m->grads, m->nparams * sizeof(float))) != DT_OK) goto fail;
     for (int i = 0; i + 1 < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i], *N = &m->spec.layers[i + 1];
-        int can = L->kind == DT_LAYER_LINEAR || L->kind == DT_LAYER_CONV || L->kind == DT_LAYER_BN;
-        if (can && N->kind == DT_LAYER_RELU) L->fuse_relu = N->relu_fused = 1;
+        if ((L->def->flags & DT_LDEF_FUSE_RELU) && N->kind == DT_LAYER_RELU) L->fuse_relu = N->relu_fused = 1;
     }
     dt_nn_ctx c = nn_ctx(m, 0);
     for (int i = 0; i < m->spec.n; i++) {
@@ -188,50 +181,31 @@ dt_status dt_model_state(dt_model *m, int i, dt_tensor_info *info) {
     if (i < 0 || i >= m->nstate)
         return dt_error(DT_ERR_INVALID, "model: state tensor %d out of range [0, %d)", i, m->nstate);
     const state_entry *e = &m->state[i];
-    dt_layer *L = &m->spec.layers[e->layer];
+    const dt_layer_tensor *T = &m->spec.layers[e->layer].t[e->t];
     memset(info, 0, sizeof *info);
     info->name = e->name;
-    info->is_param = e->what < 2;
+    info->is_param = T->role == DT_TENSOR_PARAM;
     info->param_index = e->param_index;
-    info->dtype = DT_F32;
-    info->ndim = 1;
-    switch (e->what) {
-    case 0:
-        info->offset = L->w_off;
-        info->numel = (int64_t)L->w_numel;
-        if (L->kind == DT_LAYER_LINEAR) {
-            info->ndim = 2;
-            info->shape[0] = L->out;
-            info->shape[1] = L->in_numel;
-        } else if (L->kind == DT_LAYER_CONV) {
-            info->ndim = 4;
-            info->shape[0] = L->out;
-            info->shape[1] = L->in.d[0];
-            info->shape[2] = info->shape[3] = L->k;
-        } else {
-            info->shape[0] = (int64_t)L->w_numel;
-        }
+    info->ndim = T->ndim;
+    memcpy(info->shape, T->shape, sizeof info->shape);
+    info->numel = T->numel;
+    info->offset = T->offset;
+    switch (T->role) {
+    case DT_TENSOR_PARAM:
+        info->dtype = DT_F32;
+        info->data = m->params + T->offset;
+        info->grad = m->grads + T->offset;
         break;
-    case 1:
-        info->offset = L->b_off;
-        info->numel = info->shape[0] = (int64_t)L->b_numel;
+    case DT_TENSOR_BUFFER:
+        info->dtype = DT_F32;
+        info->data = m->buffers + T->offset;
         break;
-    case 2:
-    case 3:
-        info->offset = e->what == 2 ? L->rm_off : L->rv_off;
-        info->numel = info->shape[0] = L->in.d[0];
-        info->data = m->buffers + info->offset;
-        return DT_OK;
-    default:
-        info->ndim = 0;
-        info->numel = 1;
+    case DT_TENSOR_COUNTER:
         info->dtype = DT_I64;
         info->on_host = 1;
-        info->data = &L->num_batches_tracked;
-        return DT_OK;
+        info->data = T->counter;
+        break;
     }
-    info->data = m->params + info->offset;
-    info->grad = m->grads + info->offset;
     return DT_OK;
 }
 
@@ -262,7 +236,7 @@ dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
     for (int i = 0; i < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i];
         dt_status s = dt_layer_forward(&c, L, cur, B);
-        if (s != DT_OK) return dt_error_wrap(s, "forward, layer %d '%s': ", i, L->text);
+        if (s != DT_OK) return dt_error_wrap(s, "forward, layer %s '%s': ", L->name, L->text);
         cur = L->out_ptr;
     }
     if (out) *out = cur;
@@ -324,14 +298,14 @@ dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *t
         dt_layer *L = &m->spec.layers[i];
         const float *x = i ? m->spec.layers[i - 1].out_ptr : m->x;
         float *dx;
-        if (L->kind == DT_LAYER_FLATTEN) dx = (float *)dy;          /* same memory, another shape */
+        if (L->def->flags & DT_LDEF_GRAD_IN_PLACE) dx = (float *)dy; /* same memory */
         else if (i == 0) dx = NULL;                                  /* no gradient for the data */
         else { dx = m->dbuf[which]; which ^= 1; }
         dt_status s = dt_layer_backward(&c, L, x, dy, dx, B);
-        if (s != DT_OK) return dt_error_wrap(s, "backward, layer %d '%s': ", i, L->text);
+        if (s != DT_OK) return dt_error_wrap(s, "backward, layer %s '%s': ", L->name, L->text);
         if (L->nparams && m->grad_ready) {
             s = m->grad_ready(m->grad_ready_ctx, L->first_param, L->nparams);
-            if (s != DT_OK) return dt_error_wrap(s, "gradient hook after layer %d: ", i);
+            if (s != DT_OK) return dt_error_wrap(s, "gradient hook after layer %s: ", L->name);
         }
         dy = dx;
     }

@@ -4,9 +4,11 @@
  *
  * A model is written as a whitespace-separated layer list, e.g.
  *     conv(32,3,pad=1) bn relu maxpool(2) flatten linear(128) relu linear(10)
- * or a preset name (mlp, cnn), or "@file" / the path of a file holding the
- * list (lines, '#' comments). Shapes are inferred from the per-sample input
- * shape of the data.
+ * whose elements may be containers: seq(...) (a nested nn.Sequential) and
+ * residual(...) (y = x + f(x), f the nested list), named as PyTorch names
+ * nested modules ("3.0.weight"); or a preset name (mlp, cnn, resnet), or
+ * "@file" / the path of a file holding the list (lines, '#' comments). Shapes
+ * are inferred from the per-sample input shape of the data.
  *
  * Parameters live in one flat contiguous device array in PyTorch parameter
  * order, gradients in a second one of the same layout: DDP buckets and fused
@@ -28,12 +30,14 @@
 
 /* ---- spec ---------------------------------------------------------------- */
 
-/* A parsed layer list. Shapes and parameter counts are filled by dt_spec_infer. */
+/* A parsed model, flattened into execution order (a residual block is its
+ * opening row, its layers, and its closing row). Shapes and parameter counts are filled by dt_spec_infer. */
 typedef struct {
     int       n;
     dt_layer *layers;
     int64_t   nparams;      /* total parameter elements (after dt_spec_infer) */
     int       ntensors;     /* number of parameter tensors */
+    size_t    nbuffers;     /* floats of float buffers (running statistics) */
     size_t    nrecord;      /* floats of a batchnorm statistics record (see below) */
 } dt_spec;
 

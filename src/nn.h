@@ -1,15 +1,28 @@
 /*
- * nn.h: the layers of a dtrain model and their forward/backward passes.
+ * nn.h: the layers of a dtrain model — one row per kind — and their passes.
  *
- * A model is a flat list of layers with nn.Sequential semantics: layer i gets
- * the output of layer i-1, and its parameters are named "<i>.weight" and
- * "<i>.bias" exactly as PyTorch numbers them (flatten and relu take indices
- * too), so weights move to and from PyTorch by name.
+ * A layer kind is one row of a table (dt_layer_def) with labelled
+ * initialisers: its spec name, its argument schema (which the parser and its
+ * error messages read), shape inference (which also declares the parameters
+ * and buffers with their PyTorch names and shapes), initialisation, forward
+ * and backward. The spec parser, the model builder, the parameter registry and
+ * the summary read rows; nothing switches on the kind. A kind's own arguments
+ * and state live in its own struct (dt_layer.self), not in dt_layer.
+ *
+ * Models are trees: seq(...) and residual(...) containers hold layers and are
+ * named as nested nn.Sequential modules are ("3.0.weight"). The builder
+ * flattens a tree into one list in execution order; a residual block becomes
+ * a "residual" row that opens it (its output is its input) and a
+ * "residual_end" row that closes it (y = f(x) + x), so forward and backward
+ * stay a walk over one list.
  *
  * Shapes here are per sample, without the batch dimension: (C, H, W) for
  * images, (F) for flat features. Every buffer is device memory obtained from
  * the dt_ops table, and every numeric step goes through that table, so the same
  * code runs on the CPU and the CUDA backend (DESIGN.md rule 1).
+ *
+ * Adding a layer: one entry in DT_LAYER_LIST below and its row in
+ * src/layers*.c (an element-wise one is one line there, over its ops).
  */
 #ifndef DT_NN_H
 #define DT_NN_H
@@ -20,19 +33,28 @@
 #include "ops.h"
 #include "status.h"
 
+/* The layer kinds: X(ENUM_SUFFIX, row_name). The row of kind DT_LAYER_<K> is
+ * the dt_layer_def dt_layer_def_<row_name>. */
+#define DT_LAYER_LIST(X)                                                                   \
+    X(LINEAR, linear)             /* linear(out[,bias=0])                 (F) -> (out) */   \
+    X(CONV, conv)                 /* conv(out,k[,stride][,pad][,bias])  (C,H,W) -> (out,H',W') */ \
+    X(MAXPOOL, maxpool)           /* maxpool(k[,stride][,pad]), stride defaults to k */   \
+    X(AVGPOOL, avgpool)           /* avgpool(k[,stride][,pad]), count_include_pad as PyTorch */ \
+    X(GAP, gap)                   /* global average pool        (C,H,W) -> (C) */          \
+    X(BN, bn)                     /* BatchNorm1d on (F), BatchNorm2d on (C,H,W) */         \
+    X(LN, ln)                     /* LayerNorm over the last dimension */                  \
+    X(RELU, relu)                                                                          \
+    X(GELU, gelu)                 /* exact (erf) GELU, PyTorch's default */                \
+    X(TANH, tanh)                                                                          \
+    X(DROPOUT, dropout)           /* dropout(p), inverted: kept values scaled by 1/(1-p) */ \
+    X(FLATTEN, flatten)           /* (C,H,W) -> (C*H*W) */                                 \
+    X(RESIDUAL, residual)         /* residual(layers...): opens y = x + f(x) */            \
+    X(RESIDUAL_END, residual_end) /* closes it (internal: not written in specs) */
+
 typedef enum {
-    DT_LAYER_LINEAR,   /* linear(out[,bias=0])                 (F) -> (out) */
-    DT_LAYER_CONV,     /* conv(out,k[,stride=s][,pad=p][,bias=0]) (C,H,W) -> (out,H',W') */
-    DT_LAYER_MAXPOOL,  /* maxpool(k[,stride][,pad]), stride defaults to k */
-    DT_LAYER_AVGPOOL,  /* avgpool(k[,stride][,pad]), count_include_pad as PyTorch */
-    DT_LAYER_GAP,      /* global average pool        (C,H,W) -> (C) */
-    DT_LAYER_BN,       /* BatchNorm1d on (F), BatchNorm2d on (C,H,W) */
-    DT_LAYER_LN,       /* LayerNorm over the last dimension */
-    DT_LAYER_RELU,
-    DT_LAYER_GELU,     /* exact (erf) GELU, PyTorch's default */
-    DT_LAYER_TANH,
-    DT_LAYER_DROPOUT,  /* dropout(p), inverted: kept values scaled by 1/(1-p) */
-    DT_LAYER_FLATTEN,  /* (C,H,W) -> (C*H*W) */
+#define DT_LAYER_ENUM_(K, name) DT_LAYER_##K,
+    DT_LAYER_LIST(DT_LAYER_ENUM_)
+#undef DT_LAYER_ENUM_
     DT_LAYER_NKINDS
 } dt_layer_kind;
 
@@ -46,8 +68,6 @@ typedef struct {
 int64_t     dt_shape_numel(const dt_shape *s);
 /* Writes "(B, C, H, W)"-style text (with batch "B" when with_batch) into buf. */
 void        dt_shape_str(const dt_shape *s, int with_batch, char *buf, size_t n);
-/* The spec name of a layer kind ("linear", "conv", ...). */
-const char *dt_layer_kind_name(dt_layer_kind k);
 
 /* Called with per-channel statistics of a train-mode batchnorm so DDP can make
  * them global (synchronised batchnorm). Forward (backward = 0): stats is device
@@ -61,48 +81,54 @@ typedef dt_status (*dt_bn_sync_fn)(void *ctx, int backward, float *stats, size_t
  * in reverse layer order), so DDP can launch buckets while backward goes on. */
 typedef dt_status (*dt_grad_ready_fn)(void *ctx, int first_param, int nparams);
 
-/* One layer: its spec arguments, inferred shapes, and where its parameters,
- * buffers and saved state live. Filled by dt_spec_parse / dt_spec_infer and the
- * model builder. */
-typedef struct dt_layer {
-    dt_layer_kind kind;
-    char    text[64];        /* the spec text as written, for messages and the summary */
-    int     index;           /* position in the layer list = nn.Sequential index */
+/* ---- the layer table ------------------------------------------------------ */
 
-    /* arguments */
-    int     out;             /* linear: out features; conv: out channels */
-    int     k, stride, pad;  /* conv / pools */
-    int     bias;            /* linear / conv: has a bias (default 1) */
-    float   p;               /* dropout probability */
+typedef struct dt_layer     dt_layer;
+typedef struct dt_layer_def dt_layer_def;
 
-    /* shapes, per sample */
-    dt_shape in, outs;
-    int64_t in_numel, out_numel;
+/* One argument of a layer kind, in positional order. Values are checked
+ * against [lo, hi] (hi excluded when hi_open); a bad one gets the message
+ * "'<expect>', got '<text>'". */
+typedef enum { DT_ARG_INT, DT_ARG_BOOL, DT_ARG_FLOAT } dt_arg_type;
+typedef struct {
+    const char *name;        /* "out", "k", "p" */
+    dt_arg_type type;        /* stored as int (INT, BOOL) or float (FLOAT) */
+    size_t      offset;      /* of the field in the kind's own struct */
+    int         required;    /* required arguments come first */
+    double      def;         /* default when not given */
+    double      lo, hi;      /* accepted range */
+    int         hi_open;     /* 1: hi itself is refused */
+    const char *expect;      /* "'out' expects a positive integer" */
+} dt_arg_def;
 
-    /* parameters: offsets (in floats) into the model's flat parameter/gradient
-     * arrays, in PyTorch order (weight then bias). */
-    int     nparams;         /* 0, 1 or 2 */
-    int     first_param;     /* index of the first parameter in the model registry */
-    size_t  w_off, w_numel;  /* weight: linear [out,in], conv [out,in,k,k], bn/ln [C] */
-    size_t  b_off, b_numel;  /* bias (b_numel 0 when absent) */
-    /* batchnorm buffers: offsets (floats) into the model's buffer array */
-    size_t  rm_off, rv_off;  /* running_mean [C], running_var [C] */
-    int64_t num_batches_tracked;
-    int64_t bn_count;        /* values per channel behind the last train statistics */
-    size_t  rec_off;         /* bn: offset (floats) of its [sum|sumsq|count] (2C+2) in a record */
+/* What a parameter or buffer of a layer is. */
+typedef enum {
+    DT_TENSOR_PARAM,         /* float parameter, has a gradient (model.parameters()) */
+    DT_TENSOR_BUFFER,        /* float buffer in the model's buffer array (running_mean) */
+    DT_TENSOR_COUNTER        /* host int64 scalar (num_batches_tracked) */
+} dt_tensor_role;
 
-    /* device memory, sized for the model's max batch (dt_layer_alloc) */
-    float  *y;               /* own output buffer (B, outs); NULL for flatten */
-    float  *out_ptr;         /* output of the last forward: y, or the input for
-                              * flatten and for dropout in eval mode */
-    float  *save;            /* bn: [mean|invstd|s1|s2|zero] (5C); ln: [mean|rstd] (2 rows) */
-    int32_t *idx;            /* maxpool: argmax of each output (B, outs) */
-    int     last_train;      /* mode of the last forward */
-    /* relu fusion (set by the model builder): a linear, conv or bn followed by relu
-     * applies the relu itself (fuse_relu) and the relu layer passes its input on
-     * (relu_fused), saving one pass over the activations; the bits are the same. */
-    int     fuse_relu, relu_fused;
-} dt_layer;
+#define DT_LAYER_MAX_TENSORS 6
+
+/* A parameter or buffer declared by a row's infer, in state_dict order. */
+typedef struct {
+    const char    *suffix;   /* "weight", "running_var": the name after the module path */
+    dt_tensor_role role;
+    int            ndim;
+    int64_t        shape[4];
+    int64_t        numel;
+    size_t         offset;   /* floats into params/grads (PARAM) or buffers (BUFFER) */
+    int64_t       *counter;  /* COUNTER: the host value, inside the layer's own struct */
+} dt_layer_tensor;
+
+/* Row flags. */
+enum {
+    DT_LDEF_NO_OUTPUT     = 1 << 0,  /* output is the input memory (no y buffer allocated) */
+    DT_LDEF_GRAD_IN_PLACE = 1 << 1,  /* backward leaves dx in dy's memory (dx == dy) */
+    DT_LDEF_FUSE_RELU     = 1 << 2,  /* can apply a following relu itself (sets fuse_relu) */
+    DT_LDEF_CONTAINER     = 1 << 3,  /* written kind(layers...): its arguments are a layer list */
+    DT_LDEF_INTERNAL      = 1 << 4   /* made by the builder, never written in a spec */
+};
 
 /* Everything a layer pass needs besides the layer itself. */
 typedef struct {
@@ -118,21 +144,101 @@ typedef struct {
                                    * here instead of updating the running buffers */
 } dt_nn_ctx;
 
+/* A layer kind. Required: name, help, torch, infer, forward, backward. */
+struct dt_layer_def {
+    const char       *name;        /* spec name: "linear" */
+    const char       *help;        /* spec syntax: "linear(out[, bias=1])" */
+    const char       *torch;       /* the PyTorch module: "nn.Linear" */
+    unsigned          flags;       /* DT_LDEF_* */
+    size_t            self_size;   /* bytes of the kind's own struct (arguments first) */
+    const dt_arg_def *args;        /* positional order, ended by a zero entry; NULL: none */
+    const dt_layer_def *closer;    /* CONTAINER: the row that ends the block */
+    /* after the arguments are read: derived defaults and cross-argument checks */
+    dt_status (*check)   (dt_layer *L);
+    /* out = the output shape for input L->in; declares tensors (dt_layer_tensor_add) */
+    dt_status (*infer)   (dt_layer *L, dt_shape *out);
+    /* device state beyond the output y (allocated by the driver unless NO_OUTPUT) */
+    dt_status (*alloc)   (const dt_ops *ops, dt_layer *L, int max_batch);
+    void      (*free)    (const dt_ops *ops, dt_layer *L);
+    /* parameters and buffers as PyTorch initialises them, from (seed, parameter index) */
+    dt_status (*init)    (const dt_nn_ctx *c, dt_layer *L);
+    /* y = layer(x): x (B, in); the result is left in L->out_ptr (B, outs) */
+    dt_status (*forward) (const dt_nn_ctx *c, dt_layer *L, const float *x, int B);
+    /* backward of the last forward: dy (B, outs) -> dx (B, in) (NULL: not wanted);
+     * parameter gradients are OVERWRITTEN in c->grads */
+    dt_status (*backward)(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy,
+                          float *dx, int B);
+    /* deferred running statistics: apply a record written by a train forward */
+    dt_status (*replay)  (const dt_nn_ctx *c, dt_layer *L, const float *rec);
+};
+
+/* The row of a kind, and the kind of a spec name (-1 when none). */
+const dt_layer_def *dt_layer_def_of(dt_layer_kind k);
+int                 dt_layer_kind_find(const char *name);
+/* The spec name of a layer kind ("linear", "conv", ...). */
+const char         *dt_layer_kind_name(dt_layer_kind k);
+/* "linear, conv, ..." : every kind a spec may name, for messages and --help. */
+const char         *dt_layer_kind_list(void);
+/* NULL when the row has every required member, else the name of the first missing one. */
+const char         *dt_layer_def_missing(const dt_layer_def *d);
+
+/* One layer of a model: what every kind shares. Filled by dt_spec_parse /
+ * dt_spec_infer and the model builder. */
+struct dt_layer {
+    const dt_layer_def *def;
+    dt_layer_kind kind;
+    char     text[64];       /* the spec text as written, for messages and the summary */
+    char     name[48];       /* module path: "3", "3.0" (nn.Sequential nesting) */
+    int      index;          /* position in the flat layer list (dropout stream) */
+    int      depth;          /* container nesting depth, 0 at the top */
+    void    *self;           /* the kind's own struct (def->self_size bytes) */
+
+    /* shapes, per sample */
+    dt_shape in, outs;
+    int64_t  in_numel, out_numel;
+
+    /* parameters and buffers, in state_dict order */
+    int             ntensors;
+    dt_layer_tensor t[DT_LAYER_MAX_TENSORS];
+    int      nparams;        /* PARAM tensors among them */
+    int      first_param;    /* index of the first parameter in the model registry */
+    size_t   nrecord;        /* floats of this layer's deferred-statistics record (bn) */
+    size_t   rec_off;        /* its offset in a record */
+
+    /* device memory, sized for the model's max batch (dt_layer_alloc) */
+    float   *y;              /* own output buffer (B, outs); NULL for NO_OUTPUT rows */
+    float   *out_ptr;        /* output of the last forward: y, or the input for views */
+    int      last_train;     /* mode of the last forward */
+    /* relu fusion (set by the model builder): a FUSE_RELU layer followed by relu
+     * applies the relu itself (fuse_relu) and the relu passes its input on
+     * (relu_fused), saving one pass over the activations; the bits are the same. */
+    int      fuse_relu, relu_fused;
+    dt_layer *partner;       /* residual / residual_end: the other end of the block */
+};
+
+/* Declare a tensor of L (from a row's infer): PARAM/BUFFER get their offsets
+ * later from dt_spec_infer; counter is the host int64 of a COUNTER. ndim 0..4. */
+dt_status dt_layer_tensor_add(dt_layer *L, const char *suffix, dt_tensor_role role, int64_t *counter,
+                              int ndim, const int64_t *shape);
+/* The device pointer of L's i-th tensor in c's arrays (params or buffers), NULL if absent. */
+float    *dt_layer_tensor_ptr(const dt_nn_ctx *c, const dt_layer *L, int i);
+/* The value of a named argument of L (as a double); NAN when the kind has none. */
+double    dt_layer_arg(const dt_layer *L, const char *name);
+
 /* Allocate a layer's output and saved state for max_batch samples / free them. */
 dt_status dt_layer_alloc(const dt_ops *ops, dt_layer *L, int max_batch);
 void      dt_layer_free(const dt_ops *ops, dt_layer *L);
 /* Initialise the layer's parameters and buffers as PyTorch's defaults, drawn
  * from (seed, parameter index) with the counter-based generator. */
 dt_status dt_layer_init(const dt_nn_ctx *c, dt_layer *L);
-/* Apply a batchnorm's running-statistics update from a record written by a
- * train forward (rec points at the record's start), as that forward would
- * have; increments num_batches_tracked. No-op for other layers. */
+/* Apply the deferred running-statistics update of L from a record written by
+ * a train forward (rec points at the record's start); no-op for kinds without. */
 dt_status dt_layer_bn_replay(const dt_nn_ctx *c, dt_layer *L, const float *rec);
 /* y = layer(x): x (B, in), result in L->out_ptr (B, outs). */
 dt_status dt_layer_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B);
 /* Backward of the last forward: dy (B, outs) -> dx (B, in) (dx NULL: skip the
- * input gradient where the layer can; dx may equal dy only for flatten), and
- * the layer's parameter gradients written (overwritten) into c->grads. */
+ * input gradient where the layer can; dx == dy only for GRAD_IN_PLACE rows),
+ * and the layer's parameter gradients written (overwritten) into c->grads. */
 dt_status dt_layer_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy,
                             float *dx, int B);
 

@@ -3,11 +3,13 @@
  * summary table (the host-only half of model.h; model.c holds the runtime).
  *
  * Grammar: a layer list separated by whitespace; a layer is NAME or
- * NAME(arg, ...) where args are positional numbers first, then key=value.
+ * NAME(arg, ...) where args are positional numbers first, then key=value, as
+ * the kind's row lists them; a container is seq(list) or residual(list).
  * Spaces inside parentheses are allowed. Every error names the layer by its
- * position and text and says what was expected, in one line.
+ * module path ("3.1") and text and says what was expected, in one line.
  */
 #include "model.h"
+#include "layers.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -18,18 +20,6 @@
 #include <sys/stat.h>
 
 #define SPEC_FILE_MAX (1 << 20)
-
-static const char *kind_names[DT_LAYER_NKINDS] = {
-    [DT_LAYER_LINEAR] = "linear", [DT_LAYER_CONV] = "conv",
-    [DT_LAYER_MAXPOOL] = "maxpool", [DT_LAYER_AVGPOOL] = "avgpool",
-    [DT_LAYER_GAP] = "gap", [DT_LAYER_BN] = "bn", [DT_LAYER_LN] = "ln",
-    [DT_LAYER_RELU] = "relu", [DT_LAYER_GELU] = "gelu", [DT_LAYER_TANH] = "tanh",
-    [DT_LAYER_DROPOUT] = "dropout", [DT_LAYER_FLATTEN] = "flatten",
-};
-
-const char *dt_layer_kind_name(dt_layer_kind k) {
-    return (k >= 0 && k < DT_LAYER_NKINDS) ? kind_names[k] : "?";
-}
 
 int64_t dt_shape_numel(const dt_shape *s) {
     int64_t n = 1;
@@ -54,6 +44,14 @@ static const struct { const char *name, *text; } presets[] = {
     { "mlp", "flatten linear(1024) relu linear(1024) relu linear(10)" },
     { "cnn", "conv(32,3,pad=1) bn relu maxpool(2) conv(64,3,pad=1) bn relu maxpool(2) "
              "flatten linear(128) relu linear(10)" },
+    /* a small residual CNN for 28x28 inputs: a stem, a block at 32 channels on
+     * 14x14, a strided downsample, a block at 64 channels on 7x7, then global
+     * average pooling (README: the equivalent PyTorch module) */
+    { "resnet", "conv(32,3,pad=1,bias=0) bn relu maxpool(2) "
+                "residual(conv(32,3,pad=1,bias=0) bn relu conv(32,3,pad=1,bias=0) bn) relu "
+                "conv(64,3,stride=2,pad=1,bias=0) bn relu "
+                "residual(conv(64,3,pad=1,bias=0) bn relu conv(64,3,pad=1,bias=0) bn) relu "
+                "gap linear(10)" },
 };
 
 const char *dt_spec_preset(const char *name) {
@@ -63,6 +61,8 @@ const char *dt_spec_preset(const char *name) {
 }
 
 /* ---- parsing ------------------------------------------------------------- */
+
+#define MAX_DEPTH 16   /* containers nest at most this deep */
 
 /* Parse an integer argument; returns 0 on success. */
 static int parse_int(const char *s, int *v) {
@@ -97,105 +97,92 @@ static char *trim(char *s) {
     return s;
 }
 
-#define BADARG(L, what, arg) \
-    dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': %s, got '%s'", (L)->index, (L)->text, what, arg)
+#define SPEC_ERR(L, ...) spec_error(L, __VA_ARGS__)
+static dt_status spec_error(const dt_layer *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static dt_status spec_error(const dt_layer *L, const char *fmt, ...) {
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return dt_error(DT_ERR_INVALID, "model spec: layer %s '%s': %s", L->name, L->text, what);
+}
 
-/* Fill a layer's arguments from the text between the parentheses (args may be
- * NULL for a bare name). Positional order per kind is given in `pos`. */
-static dt_status layer_args(dt_layer *L, char *args) {
-    static const char *pos_linear[] = { "out", "bias", NULL };
-    static const char *pos_conv[] = { "out", "k", "stride", "pad", "bias", NULL };
-    static const char *pos_pool[] = { "k", "stride", "pad", NULL };
-    static const char *pos_drop[] = { "p", NULL };
-    static const char *pos_none[] = { NULL };
-    const char **pos = pos_none;
-    int required = 0;
-    switch (L->kind) {
-    case DT_LAYER_LINEAR: pos = pos_linear; required = 1; break;
-    case DT_LAYER_CONV: pos = pos_conv; required = 2; break;
-    case DT_LAYER_MAXPOOL: case DT_LAYER_AVGPOOL: pos = pos_pool; required = 1; break;
-    case DT_LAYER_DROPOUT: pos = pos_drop; break;
-    default: break;
+/* Store one argument value (text val) into the layer's own struct per its schema entry. */
+static dt_status arg_store(dt_layer *L, const dt_arg_def *a, const char *val) {
+    char *field = (char *)L->self + a->offset;
+    double v;
+    int iv = 0;
+    float fv = 0.0f;
+    if (a->type == DT_ARG_FLOAT) {
+        if (parse_float(val, &fv)) return SPEC_ERR(L, "%s, got '%s'", a->expect, val);
+        v = fv;
+    } else {
+        if ((a->type == DT_ARG_BOOL ? parse_bool(val, &iv) : parse_int(val, &iv)))
+            return SPEC_ERR(L, "%s, got '%s'", a->expect, val);
+        v = iv;
     }
-    L->bias = 1; L->stride = -1; L->pad = 0; L->out = 0; L->k = 0; L->p = 0.5f;
-    int seen[8] = { 0 }, npos = 0, nkw = 0;
-    if (args) {
-        if (*trim(args) == '\0' && pos[0] == NULL) args = NULL;
-        else if (*trim(args) == '\0')
-            return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': empty argument list; "
-                            "expected %s(%s, ...)", L->index, L->text, dt_layer_kind_name(L->kind), pos[0]);
-        for (char *a = args, *next; a; a = next) {
-            next = strchr(a, ',');
-            if (next) *next++ = '\0';
-            a = trim(a);
-            if (*a == '\0')
-                return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': empty argument",
-                                L->index, L->text);
-            char *eq = strchr(a, '=');
-            const char *key;
-            char *val;
-            int slot = -1;
-            if (eq) {
-                *eq = '\0';
-                key = trim(a);
-                val = trim(eq + 1);
-                for (int i = 0; pos[i]; i++)
-                    if (!strcmp(pos[i], key)) slot = i;
-                if (slot < 0) {
-                    if (pos[0] == NULL)
-                        return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': %s takes no "
-                                        "arguments, got '%s'", L->index, L->text,
-                                        dt_layer_kind_name(L->kind), key);
-                    char known[96] = "";
-                    for (int i = 0; pos[i]; i++) {
-                        strncat(known, i ? ", " : "", sizeof known - strlen(known) - 1);
-                        strncat(known, pos[i], sizeof known - strlen(known) - 1);
-                    }
-                    return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': unknown argument "
-                                    "'%s' (expected one of: %s)", L->index, L->text, key, known);
-                }
-                nkw++;
-            } else {
-                if (nkw)
-                    return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': positional argument "
-                                    "'%s' after key=value arguments", L->index, L->text, a);
-                if (pos[npos] == NULL)
-                    return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': too many arguments "
-                                    "(%s takes %d)", L->index, L->text, dt_layer_kind_name(L->kind), npos);
-                slot = npos++;
-                key = pos[slot];
-                val = a;
-            }
-            if (seen[slot])
-                return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': argument '%s' given twice",
-                                L->index, L->text, key);
-            seen[slot] = 1;
-            if (!strcmp(key, "out")) {
-                if (parse_int(val, &L->out) || L->out <= 0) return BADARG(L, "'out' expects a positive integer", val);
-            } else if (!strcmp(key, "k")) {
-                if (parse_int(val, &L->k) || L->k <= 0) return BADARG(L, "kernel size 'k' expects a positive integer", val);
-            } else if (!strcmp(key, "stride")) {
-                if (parse_int(val, &L->stride) || L->stride <= 0) return BADARG(L, "'stride' expects a positive integer", val);
-            } else if (!strcmp(key, "pad")) {
-                if (parse_int(val, &L->pad) || L->pad < 0) return BADARG(L, "'pad' expects a non-negative integer", val);
-            } else if (!strcmp(key, "bias")) {
-                if (parse_bool(val, &L->bias)) return BADARG(L, "'bias' expects 0 or 1", val);
-            } else if (!strcmp(key, "p")) {
-                if (parse_float(val, &L->p) || !(L->p >= 0.0f && L->p < 1.0f))
-                    return BADARG(L, "dropout 'p' expects a number in [0, 1)", val);
-            }
-        }
-    }
-    for (int i = 0; i < required; i++)
-        if (!seen[i])
-            return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': missing argument '%s'",
-                            L->index, L->text, pos[i]);
-    if (L->kind == DT_LAYER_CONV && L->stride < 0) L->stride = 1;
-    if ((L->kind == DT_LAYER_MAXPOOL || L->kind == DT_LAYER_AVGPOOL) && L->stride < 0) L->stride = L->k;
-    if ((L->kind == DT_LAYER_MAXPOOL || L->kind == DT_LAYER_AVGPOOL) && L->pad * 2 > L->k)
-        return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': pad %d must be at most half "
-                        "the kernel size %d", L->index, L->text, L->pad, L->k);
+    if (!(v >= a->lo && (a->hi_open ? v < a->hi : v <= a->hi)))
+        return SPEC_ERR(L, "%s, got '%s'", a->expect, val);
+    if (a->type == DT_ARG_FLOAT) memcpy(field, &fv, sizeof fv);
+    else memcpy(field, &iv, sizeof iv);
     return DT_OK;
+}
+
+/* Fill a layer's own struct from the text between the parentheses (args NULL
+ * for a bare name), reading the row's argument schema. */
+static dt_status layer_args(dt_layer *L, char *args) {
+    const dt_layer_def *d = L->def;
+    const dt_arg_def *schema = d->args;
+    int nargs = 0;
+    while (schema && schema[nargs].name) nargs++;
+    for (int i = 0; i < nargs; i++) {           /* defaults */
+        char *field = (char *)L->self + schema[i].offset;
+        if (schema[i].type == DT_ARG_FLOAT) { float f = (float)schema[i].def; memcpy(field, &f, sizeof f); }
+        else { int v = (int)schema[i].def; memcpy(field, &v, sizeof v); }
+    }
+    int seen[16] = { 0 }, npos = 0, nkw = 0;
+    if (args && *trim(args) == '\0') {
+        if (nargs == 0) args = NULL;
+        else return SPEC_ERR(L, "empty argument list; expected %s", d->help);
+    }
+    for (char *a = args, *next; a; a = next) {
+        next = strchr(a, ',');
+        if (next) *next++ = '\0';
+        a = trim(a);
+        if (*a == '\0') return SPEC_ERR(L, "empty argument");
+        char *eq = strchr(a, '=');
+        char *val;
+        int slot = -1;
+        if (eq) {
+            *eq = '\0';
+            char *key = trim(a);
+            val = trim(eq + 1);
+            for (int i = 0; i < nargs; i++)
+                if (!strcmp(schema[i].name, key)) slot = i;
+            if (slot < 0) {
+                if (nargs == 0) return SPEC_ERR(L, "%s takes no arguments, got '%s'", d->name, key);
+                char known[96] = "";
+                for (int i = 0; i < nargs; i++) {
+                    strncat(known, i ? ", " : "", sizeof known - strlen(known) - 1);
+                    strncat(known, schema[i].name, sizeof known - strlen(known) - 1);
+                }
+                return SPEC_ERR(L, "unknown argument '%s' (expected one of: %s)", key, known);
+            }
+            nkw++;
+        } else {
+            if (nkw) return SPEC_ERR(L, "positional argument '%s' after key=value arguments", a);
+            if (npos == nargs) return SPEC_ERR(L, "too many arguments (%s takes %d)", d->name, nargs);
+            slot = npos++;
+            val = a;
+        }
+        if (seen[slot]) return SPEC_ERR(L, "argument '%s' given twice", schema[slot].name);
+        seen[slot] = 1;
+        DT_TRY(arg_store(L, &schema[slot], val));
+    }
+    for (int i = 0; i < nargs && schema[i].required; i++)
+        if (!seen[i]) return SPEC_ERR(L, "missing argument '%s'", schema[i].name);
+    return d->check ? d->check(L) : DT_OK;
 }
 
 /* Keep (a prefix of) the layer's text for messages and the summary. */
@@ -205,40 +192,122 @@ static void set_text(dt_layer *L, const char *src, size_t len) {
     L->text[len] = '\0';
 }
 
-/* Parse one layer token "name" or "name(args)". */
-static dt_status parse_layer(dt_layer *L, const char *tok, size_t len) {
-    char buf[256];
-    if (len >= sizeof buf)
-        return dt_error(DT_ERR_INVALID, "model spec: layer %d '%.40s...': layer text too long",
-                        L->index, tok);
-    memcpy(buf, tok, len);
-    buf[len] = '\0';
-    set_text(L, buf, len);
-    char *paren = strchr(buf, '(');
+/* The flat layer list being built, in execution order. */
+typedef struct {
+    dt_layer *v;
+    int       n, cap;
+    int      *partner;      /* index of the other end of a residual block, else -1 */
+} layer_vec;
+
+static dt_status vec_push(layer_vec *lv, const dt_layer_def *def, int kind, const char *name, int depth,
+                          dt_layer **out) {
+    if (lv->n == lv->cap) {
+        int cap = lv->cap ? 2 * lv->cap : 16;
+        dt_layer *nv = realloc(lv->v, (size_t)cap * sizeof *nv);
+        if (nv) lv->v = nv;
+        int *np = realloc(lv->partner, (size_t)cap * sizeof *np);
+        if (np) lv->partner = np;
+        if (!nv || !np) return dt_error(DT_ERR_NOMEM, "model spec: out of memory");
+        lv->cap = cap;
+    }
+    dt_layer *L = &lv->v[lv->n];
+    memset(L, 0, sizeof *L);
+    lv->partner[lv->n] = -1;
+    L->def = def;
+    L->kind = (dt_layer_kind)kind;
+    L->index = lv->n++;
+    L->depth = depth;
+    snprintf(L->name, sizeof L->name, "%s", name);
+    if (def->self_size && !(L->self = calloc(1, def->self_size)))
+        return dt_error(DT_ERR_NOMEM, "model spec: out of memory");
+    *out = L;
+    return DT_OK;
+}
+
+static dt_status parse_list(layer_vec *lv, char *text, const char *prefix, int depth, const char *where);
+
+/* Parse one token "name", "name(args)" or "container(layers...)" at module path `name`. */
+static dt_status parse_token(layer_vec *lv, char *tok, const char *name, int depth) {
+    size_t len = strlen(tok);
+    dt_layer tmp;   /* for messages before the layer exists */
+    memset(&tmp, 0, sizeof tmp);
+    snprintf(tmp.name, sizeof tmp.name, "%s", name);
+    set_text(&tmp, tok, len);
+    char *paren = strchr(tok, '(');
     char *args = NULL;
     if (paren) {
-        char *close = buf + len - 1;
-        if (*close != ')')
-            return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': expected ')' at the end",
-                            L->index, L->text);
+        if (tok[len - 1] != ')') return SPEC_ERR(&tmp, "expected ')' at the end");
         *paren = '\0';
-        *close = '\0';
+        tok[len - 1] = '\0';
         args = paren + 1;
     }
-    for (char *c = buf; *c; c++) *c = (char)tolower((unsigned char)*c);
-    int kind = -1;
-    for (int k = 0; k < DT_LAYER_NKINDS; k++)
-        if (!strcmp(buf, kind_names[k])) kind = k;
-    if (kind < 0) {
-        if (!strcmp(buf, "res"))
-            return dt_error(DT_ERR_UNSUPPORTED, "model spec: layer %d '%s': residual blocks are "
-                            "not supported yet", L->index, L->text);
-        return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': unknown layer '%s' (expected "
-                        "linear, conv, maxpool, avgpool, gap, bn, ln, relu, gelu, tanh, dropout or "
-                        "flatten)", L->index, L->text, buf);
+    for (char *c = tok; *c; c++) *c = (char)tolower((unsigned char)*c);
+    if (!strcmp(tok, "seq")) {    /* a nested nn.Sequential: names only, no layer of its own */
+        if (depth >= MAX_DEPTH) return SPEC_ERR(&tmp, "containers nested deeper than %d", MAX_DEPTH);
+        return parse_list(lv, args ? args : (char *)"", name, depth + 1, tmp.text);
     }
-    L->kind = (dt_layer_kind)kind;
-    return layer_args(L, args);
+    int kind = dt_layer_kind_find(tok);
+    if (kind < 0)
+        return SPEC_ERR(&tmp, "unknown layer '%s' (expected %s or seq)", tok, dt_layer_kind_list());
+    const dt_layer_def *def = dt_layer_def_of((dt_layer_kind)kind);
+    dt_layer *L;
+    DT_TRY(vec_push(lv, def, kind, name, depth, &L));
+    set_text(L, tmp.text, strlen(tmp.text));
+    if (!(def->flags & DT_LDEF_CONTAINER)) return layer_args(L, args);
+    /* a container row opens a block; its closer row ends it */
+    if (depth >= MAX_DEPTH) return SPEC_ERR(&tmp, "containers nested deeper than %d", MAX_DEPTH);
+    int open = L->index;
+    DT_TRY(parse_list(lv, args ? args : (char *)"", name, depth + 1, tmp.text));
+    int close_kind = -1;
+    for (int k = 0; k < DT_LAYER_NKINDS; k++)
+        if (dt_layer_def_of((dt_layer_kind)k) == def->closer) close_kind = k;
+    if (close_kind < 0) return dt_error(DT_ERR_INTERNAL, "layer row '%s' has no closer", def->name);
+    DT_TRY(vec_push(lv, def->closer, close_kind, name, depth, &L));
+    set_text(L, tmp.text, strlen(tmp.text));
+    lv->partner[open] = L->index;
+    lv->partner[L->index] = open;
+    return DT_OK;
+}
+
+/* Parse a whitespace-separated layer list; element i is named "<prefix>.<i>"
+ * (just "<i>" at the top). where: the container's text for messages. */
+static dt_status parse_list(layer_vec *lv, char *text, const char *prefix, int depth, const char *where) {
+    int pos = 0;
+    char *p = text;
+    for (;;) {
+        while (isspace((unsigned char)*p)) p++;
+        if (!*p) break;
+        char *start = p;
+        int depth_p = 0;
+        while (*p && (depth_p > 0 || !isspace((unsigned char)*p))) {
+            if (*p == '(') depth_p++;
+            else if (*p == ')' && --depth_p < 0) break;
+            p++;
+        }
+        char name[48];
+        if (prefix[0]) snprintf(name, sizeof name, "%s.%d", prefix, pos);
+        else snprintf(name, sizeof name, "%d", pos);
+        int end_of_text = (*p == '\0');
+        char saved = *p;
+        *p = '\0';
+        if (depth_p != 0) {
+            dt_layer tmp;
+            memset(&tmp, 0, sizeof tmp);
+            snprintf(tmp.name, sizeof tmp.name, "%s", name);
+            set_text(&tmp, start, strlen(start));
+            return SPEC_ERR(&tmp, "unbalanced parentheses");
+        }
+        DT_TRY(parse_token(lv, start, name, depth));
+        pos++;
+        if (end_of_text) break;
+        *p = saved;
+        p++;
+    }
+    if (pos == 0) {
+        if (depth == 0) return dt_error(DT_ERR_INVALID, "model spec: no layers in '%s'", where);
+        return dt_error(DT_ERR_INVALID, "model spec: layer %s '%s': empty layer list", prefix, where);
+    }
+    return DT_OK;
 }
 
 /* Read a spec file: lines, '#' starts a comment. Returns malloc'ed text. */
@@ -277,7 +346,6 @@ dt_status dt_spec_parse(const char *spec, dt_spec *out) {
         text = owned;
     }
     if (!owned && !(owned = strdup(text))) return dt_error(DT_ERR_NOMEM, "model spec: out of memory");
-    text = owned;
     /* blank out comments: '#' to the end of its line */
     for (char *c = owned; *c;) {
         if (*c == '#')
@@ -285,72 +353,28 @@ dt_status dt_spec_parse(const char *spec, dt_spec *out) {
         else
             c++;
     }
-    /* Split into layer tokens: whitespace outside parentheses separates them. */
-    int cap = 16;
-    dt_layer *layers = calloc((size_t)cap, sizeof *layers);
-    dt_status s = DT_OK;
-    if (!layers) { free(owned); return dt_error(DT_ERR_NOMEM, "model spec: out of memory"); }
-    int n = 0;
-    const char *p = text;
-    while (s == DT_OK) {
-        while (isspace((unsigned char)*p)) p++;
-        if (!*p) break;
-        const char *start = p;
-        int depth = 0;
-        while (*p && (depth > 0 || !isspace((unsigned char)*p))) {
-            if (*p == '(') depth++;
-            else if (*p == ')') {
-                if (--depth < 0) break;
-            }
-            p++;
-        }
-        if (n == cap) {
-            dt_layer *nl = realloc(layers, (size_t)cap * 2 * sizeof *layers);
-            if (!nl) { s = dt_error(DT_ERR_NOMEM, "model spec: out of memory"); break; }
-            memset(nl + cap, 0, (size_t)cap * sizeof *nl);
-            layers = nl;
-            cap *= 2;
-        }
-        dt_layer *L = &layers[n];
-        L->index = n;
-        if (depth != 0) {
-            set_text(L, start, (size_t)(p - start));
-            s = dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': unbalanced parentheses",
-                         n, L->text);
-            break;
-        }
-        s = parse_layer(L, start, (size_t)(p - start));
-        n++;
-    }
+    layer_vec lv = { 0 };
+    dt_status s = parse_list(&lv, owned, "", 0, spec);
     free(owned);
-    if (s == DT_OK && n == 0) s = dt_error(DT_ERR_INVALID, "model spec: no layers in '%s'", spec);
-    if (s != DT_OK) { free(layers); return s; }
-    out->n = n;
-    out->layers = layers;
-    return DT_OK;
+    out->n = lv.n;
+    out->layers = lv.v;
+    if (s == DT_OK)
+        for (int i = 0; i < lv.n; i++)
+            lv.v[i].partner = lv.partner[i] >= 0 ? &lv.v[lv.partner[i]] : NULL;
+    free(lv.partner);
+    if (s != DT_OK) dt_spec_free(out);
+    return s;
 }
 
 void dt_spec_free(dt_spec *s) {
     if (!s) return;
+    for (int i = 0; i < s->n; i++) free(s->layers[i].self);
     free(s->layers);
     s->layers = NULL;
     s->n = 0;
 }
 
 /* ---- shape inference ----------------------------------------------------- */
-
-static dt_status shape_err(const dt_layer *L, const dt_shape *in, const char *what, const char *hint) {
-    char sh[64];
-    dt_shape_str(in, 1, sh, sizeof sh);
-    return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': %s, but its input is %s%s",
-                    L->index, L->text, what, sh, hint);
-}
-
-/* Output size of a window op along one dimension, or <= 0 when it does not fit. */
-static int64_t window_out(int64_t in, int k, int stride, int pad) {
-    int64_t span = in + 2 * (int64_t)pad - k;
-    return span < 0 ? 0 : span / stride + 1;
-}
 
 dt_status dt_spec_infer(dt_spec *s, const dt_shape *input) {
     if (input->ndim != 1 && input->ndim != 3)
@@ -367,76 +391,28 @@ dt_status dt_spec_infer(dt_spec *s, const dt_shape *input) {
         dt_layer *L = &s->layers[i];
         dt_shape o = cur;
         L->in = cur;
-        L->nparams = 0;
-        L->w_numel = L->b_numel = 0;
-        switch (L->kind) {
-        case DT_LAYER_LINEAR:
-            if (cur.ndim != 1)
-                return shape_err(L, &cur, "linear expects a flat (B, features) input", "; add 'flatten' before it");
-            o.d[0] = L->out;
-            L->w_numel = (size_t)L->out * (size_t)cur.d[0];
-            L->b_numel = L->bias ? (size_t)L->out : 0;
-            break;
-        case DT_LAYER_CONV:
-            if (cur.ndim != 3)
-                return shape_err(L, &cur, "conv expects a (B, C, H, W) input", "");
-            o.d[0] = L->out;
-            o.d[1] = window_out(cur.d[1], L->k, L->stride, L->pad);
-            o.d[2] = window_out(cur.d[2], L->k, L->stride, L->pad);
-            L->w_numel = (size_t)L->out * (size_t)cur.d[0] * (size_t)L->k * (size_t)L->k;
-            L->b_numel = L->bias ? (size_t)L->out : 0;
-            break;
-        case DT_LAYER_MAXPOOL:
-        case DT_LAYER_AVGPOOL:
-            if (cur.ndim != 3)
-                return shape_err(L, &cur, "pooling expects a (B, C, H, W) input", "");
-            o.d[1] = window_out(cur.d[1], L->k, L->stride, L->pad);
-            o.d[2] = window_out(cur.d[2], L->k, L->stride, L->pad);
-            break;
-        case DT_LAYER_GAP:
-            if (cur.ndim != 3)
-                return shape_err(L, &cur, "gap expects a (B, C, H, W) input", "");
-            o.ndim = 1;
-            break;
-        case DT_LAYER_BN:
-            L->w_numel = L->b_numel = (size_t)cur.d[0];
-            L->rm_off = nbuf;
-            L->rv_off = nbuf + (size_t)cur.d[0];
-            nbuf += 2 * (size_t)cur.d[0];
-            L->rec_off = nrec;
-            nrec += 2 * (size_t)cur.d[0] + 2;   /* count: the bits of an int64 */
-            break;
-        case DT_LAYER_LN:
-            L->w_numel = L->b_numel = (size_t)cur.d[cur.ndim - 1];
-            break;
-        case DT_LAYER_FLATTEN:
-            o.ndim = 1;
-            o.d[0] = dt_shape_numel(&cur);
-            break;
-        default:
-            break;
-        }
+        L->ntensors = L->nparams = 0;
+        L->nrecord = 0;
+        DT_TRY(L->def->infer(L, &o));
         for (int d = 0; d < o.ndim; d++)
-            if (o.d[d] <= 0) {
-                char sh[64];
-                dt_shape_str(&cur, 1, sh, sizeof sh);
-                return dt_error(DT_ERR_INVALID, "model spec: layer %d '%s': output would be empty "
-                                "for input %s (kernel %d, stride %d, pad %d); use a smaller kernel "
-                                "or more padding", L->index, L->text, sh, L->k, L->stride, L->pad);
-            }
+            if (o.d[d] <= 0) return SPEC_ERR(L, "output would be empty");
         L->outs = o;
         L->in_numel = dt_shape_numel(&L->in);
         L->out_numel = dt_shape_numel(&o);
-        L->nparams = (L->w_numel ? 1 : 0) + (L->b_numel ? 1 : 0);
         L->first_param = ntensors;
-        L->w_off = (size_t)total;
-        L->b_off = (size_t)total + L->w_numel;
-        total += (int64_t)(L->w_numel + L->b_numel);
+        for (int t = 0; t < L->ntensors; t++) {
+            dt_layer_tensor *T = &L->t[t];
+            if (T->role == DT_TENSOR_PARAM) { T->offset = (size_t)total; total += T->numel; }
+            else if (T->role == DT_TENSOR_BUFFER) { T->offset = nbuf; nbuf += (size_t)T->numel; }
+        }
         ntensors += L->nparams;
+        L->rec_off = nrec;
+        nrec += L->nrecord;
         cur = o;
     }
     s->nparams = total;
     s->ntensors = ntensors;
+    s->nbuffers = nbuf;
     s->nrecord = nrec;
     return DT_OK;
 }
@@ -468,22 +444,28 @@ static void with_commas(int64_t v, char *out, size_t n) {
 
 size_t dt_spec_summary(const dt_spec *s, const dt_shape *input, char *buf, size_t n) {
     size_t off = 0;
-    char sh[64], cnt[32];
+    char sh[64], cnt[32], label[96];
     if (n) buf[0] = '\0';
-    const char *rule = "========================================================================\n";
+    const char *rule = "==========================================================================\n";
     put(buf, n, &off, "%s", rule);
-    put(buf, n, &off, "%-5s %-30s %-22s %12s\n", "#", "Layer", "Output Shape", "Param #");
+    put(buf, n, &off, "%-8s %-32s %-20s %11s\n", "Name", "Layer", "Output Shape", "Param #");
     put(buf, n, &off, "%s", rule);
     dt_shape_str(input, 1, sh, sizeof sh);
-    put(buf, n, &off, "%-5s %-30s %-22s %12s\n", "", "input", sh, "--");
+    put(buf, n, &off, "%-8s %-32s %-20s %11s\n", "", "input", sh, "--");
     int64_t total = 0;
     for (int i = 0; i < s->n; i++) {
         const dt_layer *L = &s->layers[i];
-        int64_t np = (int64_t)(L->w_numel + L->b_numel);
+        int64_t np = 0;
+        for (int t = 0; t < L->ntensors; t++)
+            if (L->t[t].role == DT_TENSOR_PARAM) np += L->t[t].numel;
         total += np;
         dt_shape_str(&L->outs, 1, sh, sizeof sh);
         with_commas(np, cnt, sizeof cnt);
-        put(buf, n, &off, "%-5d %-30.30s %-22s %12s\n", i, L->text, sh, np ? cnt : "--");
+        /* a block's opening row shows its kind, its closing row the skip addition */
+        const char *what = (L->def->flags & DT_LDEF_CONTAINER) ? L->def->name
+                         : (L->def->flags & DT_LDEF_INTERNAL) ? "+ x" : L->text;
+        snprintf(label, sizeof label, "%*s%s", 2 * L->depth, "", what);
+        put(buf, n, &off, "%-8s %-32.32s %-20s %11s\n", L->name, label, sh, np ? cnt : "--");
     }
     put(buf, n, &off, "%s", rule);
     with_commas(total, cnt, sizeof cnt);

@@ -36,7 +36,7 @@ static void test_parse(void) {
     is_int(s.n, 6, "mlp has 6 layers");
     is_int(s.layers[0].kind, DT_LAYER_FLATTEN, "mlp layer 0 is flatten");
     is_int(s.layers[1].kind, DT_LAYER_LINEAR, "mlp layer 1 is linear");
-    is_int(s.layers[1].out, 1024, "mlp layer 1 has 1024 outputs");
+    is_int(dt_layer_arg(&s.layers[1], "out"), 1024, "mlp layer 1 has 1024 outputs");
     is_int(dt_spec_infer(&s, &MNIST), DT_OK, "mlp fits (1, 28, 28)");
     is_int(s.nparams, 1863690, "mlp parameter count is PyTorch's 1,863,690");
     is_int(s.ntensors, 6, "mlp has 6 parameter tensors");
@@ -53,17 +53,17 @@ static void test_parse(void) {
     is_int(s.layers[7].outs.d[0], 64, "cnn after second pool: 64 channels");
     is_int(s.layers[7].outs.d[1], 7, "cnn after second pool: H 7");
     is_int(s.layers[8].outs.d[0], 3136, "cnn flatten gives 3136 features");
-    is_int(s.layers[0].stride, 1, "conv stride defaults to 1");
-    is_int(s.layers[3].stride, 2, "maxpool stride defaults to the kernel");
+    is_int(dt_layer_arg(&s.layers[0], "stride"), 1, "conv stride defaults to 1");
+    is_int(dt_layer_arg(&s.layers[3], "stride"), 2, "maxpool stride defaults to the kernel");
     dt_spec_free(&s);
 
     is_int(dt_spec_parse("  conv( 8 , 3, stride=2, pad = 1, bias=0 )\n\tbn  gelu dropout(0.25) gap ln tanh linear(3, bias=false)", &s),
            DT_OK, "spaces inside parentheses and keyword arguments");
     is_int(s.n, 8, "8 layers");
-    is_int(s.layers[0].stride, 2, "stride=2");
-    is_int(s.layers[0].pad, 1, "pad = 1");
-    is_int(s.layers[0].bias, 0, "bias=0");
-    ok(fabsf(s.layers[3].p - 0.25f) < 1e-7f, "dropout p 0.25");
+    is_int(dt_layer_arg(&s.layers[0], "stride"), 2, "stride=2");
+    is_int(dt_layer_arg(&s.layers[0], "pad"), 1, "pad = 1");
+    is_int(dt_layer_arg(&s.layers[0], "bias"), 0, "bias=0");
+    ok(fabs(dt_layer_arg(&s.layers[3], "p") - 0.25) < 1e-7, "dropout p 0.25");
     is_str(s.layers[0].text, "conv( 8 , 3, stride=2, pad = 1, bias=0 )", "layer text kept as written");
     dt_shape in = { 3, { 3, 9, 9 } };
     is_int(dt_spec_infer(&s, &in), DT_OK, "infers on (3, 9, 9)");
@@ -74,13 +74,85 @@ static void test_parse(void) {
     is_int(s.layers[7].nparams, 1, "linear without bias has one parameter");
     dt_spec_free(&s);
     is_int(dt_spec_parse("dropout", &s), DT_OK, "bare dropout");
-    ok(fabsf(s.layers[0].p - 0.5f) < 1e-7f, "dropout p defaults to 0.5");
+    ok(fabs(dt_layer_arg(&s.layers[0], "p") - 0.5) < 1e-7, "dropout p defaults to 0.5");
     dt_spec_free(&s);
     is_int(dt_spec_parse("maxpool(3,stride=2,pad=1) avgpool(2,1)", &s), DT_OK, "pool arguments");
-    is_int(s.layers[0].pad, 1, "maxpool pad");
-    is_int(s.layers[1].stride, 1, "avgpool positional stride");
+    is_int(dt_layer_arg(&s.layers[0], "pad"), 1, "maxpool pad");
+    is_int(dt_layer_arg(&s.layers[1], "stride"), 1, "avgpool positional stride");
     dt_spec_free(&s);
-    ok(dt_spec_preset("mlp") && dt_spec_preset("cnn") && !dt_spec_preset("resnet"), "preset lookup");
+    ok(dt_spec_preset("mlp") && dt_spec_preset("cnn") && dt_spec_preset("resnet") && !dt_spec_preset("vgg"), "preset lookup");
+}
+
+/* Trees: seq and residual containers, PyTorch names, shapes through blocks. */
+static void test_tree(void) {
+    dt_spec s;
+    const char *text = "conv(4,3,pad=1) residual(conv(4,3,pad=1) bn relu seq(conv(4,3,pad=1) bn)) relu "
+                       "seq(flatten linear(10))";
+    is_int(dt_spec_parse(text, &s), DT_OK, "a tree parses");
+    /* conv, residual, conv, bn, relu, conv, bn, residual_end, relu, flatten, linear */
+    is_int(s.n, 11, "flattened into 11 rows (a block adds its opening and closing rows)");
+    is_str(s.layers[2].name, "1.0", "first layer in a residual block is named 1.0");
+    is_str(s.layers[5].name, "1.3.0", "a seq inside a block nests its names");
+    is_str(s.layers[8].name, "2", "after the block, names continue at the top");
+    is_str(s.layers[10].name, "3.1", "seq at the top level");
+    is_int(s.layers[1].kind, DT_LAYER_RESIDUAL, "row 1 opens the block");
+    is_int(s.layers[7].kind, DT_LAYER_RESIDUAL_END, "row 7 closes it");
+    ok(s.layers[1].partner == &s.layers[7] && s.layers[7].partner == &s.layers[1], "the block's rows know each other");
+    is_int(s.layers[5].depth, 2, "depth counts containers");
+    is_int(dt_spec_infer(&s, &MNIST), DT_OK, "the tree infers");
+    is_int(s.layers[7].outs.d[0], 4, "the block keeps (4, 28, 28)");
+    int64_t want = (9 * 4 + 4) + (4 * 4 * 9 + 4) + 8 + (4 * 4 * 9 + 4) + 8 + (4 * 784 * 10 + 10);
+    is_int(s.nparams, want, "tree parameter count");
+    char buf[4096];
+    dt_spec_summary(&s, &MNIST, buf, sizeof buf);
+    like(buf, "1.3.0", "the summary shows module paths");
+    like(buf, "residual", "the summary shows the block");
+    like(buf, "+ x", "the summary shows the skip addition");
+    dt_spec_free(&s);
+
+    dt_model *m = NULL;
+    if (ok(dt_model_build(text, &MNIST, dt_ops_cpu(), 1, 2, &m) == DT_OK, "the tree builds")) {
+        dt_tensor_info ti;
+        is_int(dt_model_state_find(m, "1.3.0.weight", &ti), DT_OK, "a nested conv weight is named 1.3.0.weight");
+        is_int(ti.ndim, 4, "... and is 4-d");
+        is_int(dt_model_state_find(m, "1.1.running_var", &ti), DT_OK, "a batchnorm buffer inside a block");
+        is_int(dt_model_state_find(m, "1.1.num_batches_tracked", &ti), DT_OK, "its counter");
+        is_int(dt_model_state_find(m, "3.1.bias", &ti), DT_OK, "the head inside a seq is 3.1");
+        ok(dt_model_layer(m, 4)->relu_fused && dt_model_layer(m, 3)->fuse_relu, "bn-relu inside a block is fused");
+        ok(!dt_model_layer(m, 8)->relu_fused && !dt_model_layer(m, 7)->fuse_relu,
+           "a relu after the block's addition is not fused into it");
+        dt_model_free(m);
+    }
+
+    /* the resnet preset: parameters as its PyTorch module has them */
+    is_int(dt_spec_parse("resnet", &s), DT_OK, "resnet preset parses");
+    is_int(dt_spec_infer(&s, &MNIST), DT_OK, "resnet fits (1, 28, 28)");
+    want = 288 + 64 + 2 * (32 * 32 * 9 + 64) + (32 * 64 * 9 + 128) + 2 * (64 * 64 * 9 + 128) + 650;
+    is_int(s.nparams, want, "resnet has %lld parameters", (long long)want);
+    is_int(s.layers[s.n - 1].outs.d[0], 10, "resnet gives 10 logits");
+    dt_spec_free(&s);
+    if (ok(dt_model_build("resnet", &MNIST, dt_ops_cpu(), 1, 2, &m) == DT_OK, "resnet builds")) {
+        dt_tensor_info ti;
+        is_int(dt_model_state_find(m, "4.3.weight", &ti), DT_OK, "resnet block conv 4.3.weight");
+        is_int(dt_model_state_find(m, "9.4.running_mean", &ti), DT_OK, "resnet block bn 9.4.running_mean");
+        is_int(dt_model_state_find(m, "12.weight", &ti), DT_OK, "resnet head 12.weight");
+        dt_model_free(m);
+    }
+
+    expect_error("conv(4,3,pad=1) residual(conv(8,3,pad=1))", &MNIST, DT_ERR_INVALID,
+                 "layer 1 'residual(conv(8,3,pad=1))': the block's output (B, 8, 28, 28) differs from its input "
+                 "(B, 4, 28, 28)", "a block that changes the shape");
+    expect_error("residual()", &MNIST, DT_ERR_INVALID, "layer 0 'residual()': empty layer list", "empty block");
+    expect_error("seq( )", &MNIST, DT_ERR_INVALID, "empty layer list", "empty seq");
+    expect_error("residual(relu foo)", &MNIST, DT_ERR_INVALID, "layer 0.1 'foo': unknown layer 'foo'",
+                 "errors inside a block name the module path");
+    expect_error("residual(relu", &MNIST, DT_ERR_INVALID, "unbalanced parentheses", "unclosed block");
+    expect_error("residual_end", &MNIST, DT_ERR_INVALID, "unknown layer 'residual_end'", "the closing row is internal");
+    char deep[256] = "";
+    for (int i = 0; i < 20; i++) strcat(deep, "seq(");
+    strcat(deep, "relu");
+    for (int i = 0; i < 20; i++) strcat(deep, ")");
+    expect_error(deep, &MNIST, DT_ERR_INVALID, "nested deeper than 16", "nesting is bounded");
 }
 
 static void test_files(void) {
@@ -125,7 +197,9 @@ static void test_errors(void) {
     expect_error("maxpool(2,pad=2)", &MNIST, DT_ERR_INVALID, "pad 2 must be at most half the kernel size 2", "pool pad");
     expect_error("", &MNIST, DT_ERR_INVALID, "no layers", "empty spec");
     expect_error("   # nothing\n", &MNIST, DT_ERR_INVALID, "no layers", "only blanks");
-    expect_error("res(relu)", &MNIST, DT_ERR_UNSUPPORTED, "layer 0 'res(relu)': residual blocks", "res unsupported");
+    expect_error("res(relu)", &MNIST, DT_ERR_INVALID, "layer 0 'res(relu)': unknown layer 'res' (expected linear, conv,", "unknown container");
+    like(dt_last_error(), "residual or seq)", "the list of kinds names the containers");
+    ok(!strstr(dt_last_error(), "residual_end"), "the list of kinds hides the internal closing row");
     expect_error("linear(10)", &MNIST, DT_ERR_INVALID,
                  "layer 0 'linear(10)': linear expects a flat (B, features) input, but its input is (B, 1, 28, 28); add 'flatten' before it",
                  "linear on 4-D input suggests flatten");
@@ -416,6 +490,7 @@ int main(void) {
     test_files();
     test_errors();
     test_summary();
+    test_tree();
     test_built();
     test_bn_record();
     test_against_torch();

@@ -236,6 +236,27 @@ static void check_dropout(void) {
     teardown(&h);
 }
 
+/* Every row of the layer table is complete and its name finds it again. */
+static void check_rows(void) {
+    for (int k = 0; k < DT_LAYER_NKINDS; k++) {
+        const dt_layer_def *d = dt_layer_def_of((dt_layer_kind)k);
+        const char *missing = dt_layer_def_missing(d);
+        ok(missing == NULL, "layer row %d (%s) is complete%s%s", k, d && d->name ? d->name : "?",
+           missing ? ": missing " : "", missing ? missing : "");
+        if (d && !(d->flags & DT_LDEF_INTERNAL))
+            is_int(dt_layer_kind_find(d->name), k, "layer row %s is found by its name", d->name);
+        else
+            is_int(d ? dt_layer_kind_find(d->name) : 0, -1, "internal row %s cannot be written in a spec",
+                   d && d->name ? d->name : "?");
+    }
+    dt_layer_def broken = *dt_layer_def_of(DT_LAYER_LINEAR);
+    broken.backward = NULL;
+    is_str(dt_layer_def_missing(&broken), "backward", "a row without backward is reported incomplete");
+    broken = *dt_layer_def_of(DT_LAYER_LINEAR);
+    broken.self_size = 4;
+    ok(dt_layer_def_missing(&broken) != NULL, "an argument outside the kind's struct is reported");
+}
+
 int main(void) {
     ops = dt_ops_cpu();
     const dt_shape flat = { 1, { 7 } }, img = { 3, { 3, 6, 5 } }, img2 = { 3, { 2, 5, 6 } };
@@ -272,6 +293,15 @@ int main(void) {
     check_model_loss("linear(4)", &ls, "cross-entropy with label smoothing");
     check_model_loss("linear(4)", &mse, "MSE");
     check_model_loss("linear(5) bn tanh linear(4)", &ce, "linear-bn-tanh-linear through the model");
+    /* residual blocks: the gradient reaches the layers before a block through
+     * both the skip path and f; nested blocks and seq containers too */
+    check_model_loss("linear(5) residual(tanh linear(5)) linear(4)", &ce, "residual block");
+    check_model_loss("linear(5) tanh residual(linear(5) bn relu linear(5)) tanh linear(4)", &ce,
+                     "residual block with a fused bn-relu inside");
+    check_model_loss("linear(6) residual(ln residual(gelu linear(6)) seq(tanh linear(6))) linear(4)", &mse,
+                     "nested residual blocks and a seq");
+    check_model_loss("residual(linear(6) tanh) linear(4)", &ce, "residual block as the first layer");
+    check_rows();
     check_loss_values();
     return done_testing();
 }
