@@ -6,5 +6,7 @@ bin_PROGRAMS += dtrain
 dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h \
 	src/tools/check.c src/tools/plot.c src/tools/tools.h
 
-TESTS += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh
-EXTRA_DIST += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh
+TESTS += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
+	tests/resnet_invariance.sh tests/torch_resnet.sh
+EXTRA_DIST += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
+	tests/resnet_invariance.sh tests/torch_resnet.sh

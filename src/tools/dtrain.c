@@ -44,7 +44,7 @@ static const char *usage_train =
     "usage: dtrain train [flags]\n"
     "\n"
     "Model and data:\n"
-    "  --model SPEC          preset (mlp, cnn), a layer list such as\n"
+    "  --model SPEC          preset (mlp, cnn, resnet), a layer list such as\n"
     "                        'flatten linear(256) relu linear(10)', or @FILE  [cnn]\n"
     "  --data SPEC           a directory of IDX files (Fashion-MNIST layout) or of\n"
     "                        x_train.npy/y_train.npy/x_test.npy/y_test.npy; X,Y[,XT,YT]\n"
