@@ -33,6 +33,7 @@
 #include "model.h"
 #include "optim.h"
 #include "sampler.h"
+#include "testing.h"
 
 #define DT_DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
 
@@ -134,12 +135,7 @@ typedef struct {
     char note[1536];                 /* what resume did, for the START event */
     double epoch_loss;               /* sum of step losses of the current epoch */
     int64_t epoch_steps;             /* steps of the current epoch (resumed ones included) */
-    int fault;                       /* DT_TEST_FAULT: a planted bug, for testing `dtrain check` */
 } trainer;
-
-/* Planted bugs, selected by the environment variable DT_TEST_FAULT, exist so the
- * tests can prove that `dtrain check` catches them. They are never on otherwise. */
-enum { FAULT_NONE, FAULT_SAMPLER_EPOCH, FAULT_SKIP_ALLREDUCE, FAULT_LR_RANK1 };
 
 static dt_status check_opts(const dt_train_opts *o) {
     if (o->epochs < 1 && o->max_steps < 1)
@@ -196,7 +192,7 @@ static dt_status make_optim(trainer *t) {
 /* This rank's sample indices of global step g (k*b values in micro-batch order). */
 static dt_status step_indices(trainer *t, int64_t g, int64_t *idx, size_t *n) {
     int64_t epoch = g / t->spe, step = g % t->spe;
-    if (t->fault == FAULT_SAMPLER_EPOCH) epoch = 0;  /* planted bug: the epoch is forgotten */
+    if (dt_testing_fault() == DT_FAULT_SAMPLER_EPOCH) epoch = 0;  /* planted bug (testing.h) */
     return dt_sampler_rank_indices(t->sampler, epoch, step, t->world, t->rank, idx, n);
 }
 
@@ -283,7 +279,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     if (t->o->clip > 0.0 || logged)
         DT_TRY(dt_clip_grad_norm(ops, grads, dt_model_nparams(t->model), (float)t->o->clip, &norm));
     float lr = dt_schedule_lr(&t->sched, g);
-    if (t->fault == FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug: one rank's lr differs */
+    if (dt_testing_fault() == DT_FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug (testing.h) */
     DT_TRY(dt_optim_step(t->optim, dt_model_params(t->model), grads, lr, 1.0f));
     DT_TRY(ops->synchronize());
     double t4 = now_s();
@@ -426,13 +422,6 @@ static dt_status trainer_setup(trainer *t) {
     DT_TRY(check_opts(o));
     t->world = t->comm ? dt_comm_size(t->comm) : 1;
     t->rank = t->comm ? dt_comm_rank(t->comm) : 0;
-    const char *fault = getenv("DT_TEST_FAULT");
-    if (fault && *fault) {
-        if (!strcmp(fault, "sampler-epoch")) t->fault = FAULT_SAMPLER_EPOCH;
-        else if (!strcmp(fault, "skip-allreduce")) t->fault = FAULT_SKIP_ALLREDUCE;
-        else if (!strcmp(fault, "lr-rank1")) t->fault = FAULT_LR_RANK1;
-        else return dt_error(DT_ERR_INVALID, "DT_TEST_FAULT: expected sampler-epoch, skip-allreduce or lr-rank1, got '%s'", fault);
-    }
     if (o->resume) DT_TRY(resume_open(t));
     t->S = o->micro_batches > 0 ? o->micro_batches
          : t->resume ? dt_ckpt_info_of(t->resume)->micro_batches : t->world;
@@ -475,7 +464,6 @@ static dt_status trainer_setup(trainer *t) {
     if (dopt.first_bucket_bytes > dopt.bucket_bytes) dopt.first_bucket_bytes = dopt.bucket_bytes;
     dopt.overlap = o->overlap;
     dopt.sync_bn = o->sync_bn;
-    dopt.fault_skip_reduce = t->fault == FAULT_SKIP_ALLREDUCE;
     DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
 
     size_t local = (size_t)(t->k * t->b);

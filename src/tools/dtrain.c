@@ -23,6 +23,7 @@
 #include "launch_env.h"
 #include "model.h"
 #include "ops.h"
+#include "testing.h"
 #include "tools.h"
 #include "train.h"
 
@@ -337,6 +338,8 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--device")) device = v;
         else if (FLAG("--backend")) backend = v;
         else if (FLAG("--init-method")) init = v;
+        /* hidden, for tests/check_planted.sh: plant a known bug (testing.h) */
+        else if (FLAG("--testing-fault")) { if (s == DT_OK && (s = dt_testing_set_fault(v)) != DT_OK) dt_error_wrap(s, "--testing-fault: "); }
         else s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain train --help)", a);
 #undef FLAG
     }
