@@ -9,13 +9,13 @@
  */
 #include "ddp.h"
 #include "ckpt.h"   /* dt_xxh64 */
+#include "clock.h"
 #include "testing.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define DT_MIB ((size_t)1 << 20)
 
@@ -50,12 +50,6 @@ struct dt_ddp {
     int           stage;
     float        *host;       /* n floats of pinned host memory (stage) */
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void dt_ddp_opts_default(dt_ddp_opts *o) {
     o->bucket_bytes = 25 * DT_MIB;
@@ -275,7 +269,7 @@ dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i) {
 }
 
 dt_status dt_ddp_finish(dt_ddp *d, double *wait_s) {
-    double t0 = now_s();
+    double t0 = dt_now();
     float *g = dt_model_grads(d->model);
     dt_status s = d->hook_status;
     if (d->ready_lo != 0 && s == DT_OK)
@@ -290,7 +284,7 @@ dt_status dt_ddp_finish(dt_ddp *d, double *wait_s) {
             w = d->ops->copy_h2d(g + d->b[i].lo, d->host + d->b[i].lo, (d->b[i].hi - d->b[i].lo) * sizeof(float));
         if (s == DT_OK) s = w;
     }
-    if (wait_s) *wait_s = now_s() - t0;
+    if (wait_s) *wait_s = dt_now() - t0;
     return s;
 }
 

@@ -24,10 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "clock.h"
 #include "data.h"
 #include "ddp.h"
 #include "model.h"
@@ -55,12 +55,6 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->lr_scale = "none";
     o->ckpt_keep = 3;
     o->log_every = 50;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ---- evaluation -------------------------------------------------------------------- */
@@ -229,14 +223,14 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     int64_t epoch = g / t->spe, step = g % t->spe;
     dt_loss lf = {.kind = DT_LOSS_CE, .label_smoothing = (float)t->o->label_smoothing};
 
-    double t0 = now_s();
+    double t0 = dt_now();
     float *hx;
     int32_t *hy;
     size_t n;
     DT_TRY(dt_loader_next(t->loader, &hx, &hy, &n));
     if ((int64_t)n != t->k * t->b)
         return dt_error(DT_ERR_INTERNAL, "loader returned %zu samples, expected %lld", n, (long long)(t->k * t->b));
-    double t1 = now_s();
+    double t1 = dt_now();
     DT_TRY(ops->copy_h2d(t->dx, hx, n * ss * sizeof(float)));
     DT_TRY(ops->copy_h2d(t->dy, hy, n * sizeof(int32_t)));
     dt_loader_release(t->loader);
@@ -256,7 +250,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         t->losses[i] = l;
     }
     DT_TRY(ops->synchronize());
-    double t2 = now_s();
+    double t2 = dt_now();
     double wait = 0.0;
     DT_TRY(dt_ddp_finish(t->ddp, &wait));
 
@@ -273,7 +267,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
      * every rank, so the buffers equal those of a single process bit for bit. */
     for (int64_t j = 0; t->bnrec_n && j < t->S; j++)
         DT_TRY(dt_model_bn_replay(t->model, t->bnrec + (size_t)j * t->bnrec_n));
-    double t3 = now_s();
+    double t3 = dt_now();
 
     float norm = 0.0f;
     if (t->o->clip > 0.0 || logged)
@@ -282,7 +276,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     if (dt_testing_fault() == DT_FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug (testing.h) */
     DT_TRY(dt_optim_step(t->optim, dt_model_params(t->model), grads, lr, 1.0f));
     DT_TRY(ops->synchronize());
-    double t4 = now_s();
+    double t4 = dt_now();
 
     double sum = 0.0;
     for (int64_t i = 0; i < t->S; i++) sum += (double)t->all_losses[i];
@@ -292,7 +286,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     t->t_data += t1 - t0;
     t->t_compute += (t2 - t1) + (t4 - t3);
     t->t_comm += t3 - t2;
-    t->t_step += now_s() - t0;
+    t->t_step += dt_now() - t0;
     t->steps_since++;
     return DT_OK;
 }
@@ -531,7 +525,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
     t->queued = t->g0;
     for (int d = 0; d < 2 && t->queued < t->total; d++) DT_TRY(queue_step(t, t->queued++));
 
-    double epoch_start = now_s(), train_time = 0.0;
+    double epoch_start = dt_now(), train_time = 0.0;
     double loss = 0.0, lr = 0.0, norm = 0.0;
     int64_t run_steps = 0;   /* steps of this epoch run by this process (for samples/s) */
     for (int64_t g = t->g0; g < t->total; g++) {
@@ -543,7 +537,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         t->epoch_steps++;
         run_steps++;
         int end_of_epoch = (done % t->spe == 0) || done == t->total;
-        double now = now_s();
+        double now = dt_now();
         double elapsed = train_time + (now - epoch_start);
         double sps = (double)(run_steps * o->batch) / (now - epoch_start);
         int64_t left = t->total - done;
@@ -577,7 +571,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
             t->epoch_loss = 0.0;
             t->epoch_steps = 0;
             run_steps = 0;
-            epoch_start = now_s();
+            epoch_start = dt_now();
         }
         int stop = o->stop_at > 0 && done >= o->stop_at && done < t->total;
         DT_TRY(maybe_checkpoint(t, done, stop));

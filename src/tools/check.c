@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "clock.h"
 #include "data.h"
 #include "safetensors.h"
 #include "tools.h"
@@ -92,12 +93,6 @@ static volatile sig_atomic_t g_stop;   /* SIGINT/SIGTERM while a child runs */
 
 static void on_signal(int sig) { g_stop = sig; }
 
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The launch variables a child must not inherit (launch_env.c reads them). */
 static int is_launch_var(const char *kv) {
     static const char *const names[] = {
@@ -122,7 +117,7 @@ static int wait_until(pid_t pid, double deadline, int *st) {
             *st = -1;
             return 1;
         }
-        if (mono_s() >= deadline || g_stop) return 0;
+        if (dt_now() >= deadline || g_stop) return 0;
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
@@ -175,10 +170,10 @@ int dt_tool_run(char *const argv[], const char *log, double timeout_s, int *time
     if (pid < 0) { dt_error(DT_ERR_IO, "cannot start %s: fork: %s", argv[0], strerror(err)); return -1; }
     setpgid(pid, pid);  /* also here: whichever runs first */
     int st = 0;
-    if (!wait_until(pid, mono_s() + timeout_s, &st)) {
+    if (!wait_until(pid, dt_now() + timeout_s, &st)) {
         *timed_out = !g_stop;
         kill(-pid, SIGTERM);
-        if (!wait_until(pid, mono_s() + 5.0, &st)) {
+        if (!wait_until(pid, dt_now() + 5.0, &st)) {
             kill(-pid, SIGKILL);
             while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
         }
@@ -385,9 +380,9 @@ static void run_train(const check_cfg *c, run_info *r, int nproc, int sampler) {
         argv[k++] = r->weights;
     }
     argv[k] = NULL;
-    double t0 = mono_s();
+    double t0 = dt_now();
     r->rc = dt_tool_run((char *const *)argv, r->log, c->timeout_s, &r->timed_out);
-    r->secs = mono_s() - t0;
+    r->secs = dt_now() - t0;
     if (r->rc < 0) {
         /* could not even start it: say so in its log, where the checks look */
         FILE *f = fopen(r->log, "a");

@@ -155,12 +155,6 @@ void dtrun_say_block(dtrun_job *job, const char *text) {
     }
 }
 
-double dtrun_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Wall-clock time, UTC, to the millisecond: "2026-11-29 10:50:01.123 UTC". */
 void dtrun_clock(char *out, size_t n) {
     struct timespec ts;

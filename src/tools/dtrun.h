@@ -19,6 +19,7 @@
 #include <poll.h>
 #include <stdio.h>
 #include <sys/types.h>
+#include "clock.h"   /* dt_now() */
 
 #define DTRUN_MAX_RANKS  4096
 #define DTRUN_MAX_NODES  4096
@@ -92,7 +93,6 @@ typedef struct {
 extern char dtrun_base_id[160];   /* the job's id before restarts; node 0's on every node */
 void   dtrun_say(dtrun_job *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void   dtrun_say_block(dtrun_job *job, const char *text);
-double dtrun_now(void);
 const char *dtrun_signame(int sig);
 void   dtrun_clock(char *out, size_t n);
 int    dtrun_free_port(void);

@@ -275,7 +275,7 @@ void dtrun_stop(dtrun_job *job, const char *desc, int code, int no_restart) {
     if (!job->stopping && job->alive > 0) {
         job->stopping = 1;
         dtrun_signal_ranks(job, SIGTERM);
-        job->kill_at = dtrun_now() + job->cfg->grace_s;
+        job->kill_at = dt_now() + job->cfg->grace_s;
     }
     job->stopping = 1;
 }
@@ -334,7 +334,7 @@ static void got_signal(dtrun_job *job, int sig) {
         job->stopping = 1;
         if (job->alive > 0) {
             dtrun_signal_ranks(job, sig);
-            job->kill_at = dtrun_now() + job->cfg->grace_s;
+            job->kill_at = dt_now() + job->cfg->grace_s;
         }
     }
     if (job->net) {   /* the other nodes stop too */
@@ -397,7 +397,7 @@ void dtrun_supervise(dtrun_job *job) {
                 }
         int nout = np;
         if (job->net) np += dtrun_net_pollfds(job, pfd + np, DTRUN_NET_FDS);
-        double t = dtrun_now();
+        double t = dt_now();
         if (job->alive == 0) {
             if (nout == 1) break;                     /* all output drained */
             if (drain_until == 0) drain_until = t + DTRUN_DRAIN_S;
