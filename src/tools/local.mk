@@ -3,7 +3,7 @@
 # own small rendezvous between nodes (dtrun_rdzv.c says why).
 bin_PROGRAMS += dtrun dtbench
 dtrun_SOURCES = src/tools/dtrun.c src/tools/dtrun.h src/tools/dtrun_ranks.c src/tools/dtrun_rdzv.c \
-	src/clock.c src/clock.h
+	src/tools/dtrun_util.c src/clock.c src/clock.h
 dtrun_LDADD =
 # per-target flags (the same ones) give dtrun its own object of src/clock.c, which
 # libdtrain also compiles, with libtool
