@@ -133,20 +133,20 @@ typedef struct {
 
 static dt_status check_opts(const dt_train_opts *o) {
     if (o->epochs < 1 && o->max_steps < 1)
-        return dt_error(DT_ERR_INVALID, "--epochs: expected at least 1, got %d", o->epochs);
-    if (o->batch < 1) return dt_error(DT_ERR_INVALID, "--batch: expected a positive global batch, got %lld",
+        return dt_error(DT_ERR_INVALID, "epochs: expected at least 1, got %d", o->epochs);
+    if (o->batch < 1) return dt_error(DT_ERR_INVALID, "batch: expected a positive global batch, got %lld",
                                       (long long)o->batch);
     if (o->micro_batches < 0)
-        return dt_error(DT_ERR_INVALID, "--micro-batches: expected a positive count, got %lld",
+        return dt_error(DT_ERR_INVALID, "micro_batches: expected a positive count, got %lld",
                         (long long)o->micro_batches);
     if (!(o->lr > 0.0) || !isfinite(o->lr))
-        return dt_error(DT_ERR_INVALID, "--lr: expected a positive learning rate, got %g", o->lr);
-    if (o->weight_decay < 0.0) return dt_error(DT_ERR_INVALID, "--weight-decay: expected >= 0, got %g", o->weight_decay);
-    if (o->clip < 0.0) return dt_error(DT_ERR_INVALID, "--clip: expected >= 0, got %g", o->clip);
+        return dt_error(DT_ERR_INVALID, "lr: expected a positive learning rate, got %g", o->lr);
+    if (o->weight_decay < 0.0) return dt_error(DT_ERR_INVALID, "weight_decay: expected >= 0, got %g", o->weight_decay);
+    if (o->clip < 0.0) return dt_error(DT_ERR_INVALID, "clip: expected >= 0, got %g", o->clip);
     if (o->label_smoothing < 0.0 || o->label_smoothing >= 1.0)
-        return dt_error(DT_ERR_INVALID, "--label-smoothing: expected a value in [0, 1), got %g", o->label_smoothing);
-    if (!(o->bucket_mb > 0.0)) return dt_error(DT_ERR_INVALID, "--bucket-mb: expected a positive size, got %g", o->bucket_mb);
-    if (o->warmup < 0) return dt_error(DT_ERR_INVALID, "--warmup: expected >= 0, got %lld", (long long)o->warmup);
+        return dt_error(DT_ERR_INVALID, "label_smoothing: expected a value in [0, 1), got %g", o->label_smoothing);
+    if (!(o->bucket_mb > 0.0)) return dt_error(DT_ERR_INVALID, "bucket_mb: expected a positive size, got %g", o->bucket_mb);
+    if (o->warmup < 0) return dt_error(DT_ERR_INVALID, "warmup: expected >= 0, got %lld", (long long)o->warmup);
     return DT_OK;
 }
 
@@ -170,7 +170,7 @@ static dt_status make_optim(trainer *t) {
     if (strcmp(o->lr_scale, "linear") == 0) lr *= (double)t->world;
     else if (strcmp(o->lr_scale, "sqrt") == 0) lr *= sqrt((double)t->world);
     else if (strcmp(o->lr_scale, "none") != 0)
-        return dt_error(DT_ERR_INVALID, "--lr-scale: expected none, linear or sqrt, got '%s'", o->lr_scale);
+        return dt_error(DT_ERR_INVALID, "lr_scale: expected none, linear or sqrt, got '%s'", o->lr_scale);
     t->sched.base_lr = (float)lr;
     t->sched.warmup_steps = o->warmup;
     t->sched.total_steps = t->total;
@@ -179,7 +179,7 @@ static dt_status make_optim(trainer *t) {
     if (strcmp(o->schedule, "cosine") == 0) t->sched.kind = DT_SCHED_COSINE;
     else if (strcmp(o->schedule, "constant") == 0) t->sched.kind = DT_SCHED_CONSTANT;
     else if (strcmp(o->schedule, "step") == 0) t->sched.kind = DT_SCHED_STEP;
-    else return dt_error(DT_ERR_INVALID, "--schedule: expected cosine, constant or step, got '%s'", o->schedule);
+    else return dt_error(DT_ERR_INVALID, "schedule: expected cosine, constant or step, got '%s'", o->schedule);
     return dt_schedule_check(&t->sched);
 }
 
@@ -350,7 +350,7 @@ static dt_status resume_open(trainer *t) {
     if (t->rank == 0) {
         const char *where = o->resume;
         if (!strcmp(where, "auto")) {
-            if (!o->ckpt_dir) return dt_error(DT_ERR_INVALID, "--resume auto: needs --checkpoint-dir");
+            if (!o->ckpt_dir) return dt_error(DT_ERR_INVALID, "ckpt_dir: required to resume 'auto' (from the newest checkpoint in it)");
             where = o->ckpt_dir;
         }
         char probe[4096];
@@ -377,14 +377,14 @@ static dt_status resume_open(trainer *t) {
     DT_TRY(dt_ckpt_open(path, &t->resume));
     const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
     if (ci->seed != o->seed)
-        return dt_error(DT_ERR_INVALID, "--resume: %s was written with --seed %llu, this run has --seed %llu",
+        return dt_error(DT_ERR_INVALID, "resume: %s was written with seed %llu, this run has seed %llu",
                         path, (unsigned long long)ci->seed, (unsigned long long)o->seed);
     if (ci->batch != o->batch)
-        return dt_error(DT_ERR_INVALID, "--resume: %s was written with a global batch of %lld, this run has --batch %lld",
+        return dt_error(DT_ERR_INVALID, "resume: %s was written with a global batch of %lld, this run has a global batch of %lld",
                         path, (long long)ci->batch, (long long)o->batch);
     if (o->micro_batches > 0 && o->micro_batches != ci->micro_batches)
-        return dt_error(DT_ERR_INVALID, "--resume: %s was written with --micro-batches %lld; resume with the same "
-                        "value (or omit the flag) to continue the same computation",
+        return dt_error(DT_ERR_INVALID, "resume: %s was written with %lld micro-batches; resume with as many "
+                        "(or leave the count to the checkpoint) to continue the same computation",
                         path, (long long)ci->micro_batches);
     snprintf(t->note, sizeof t->note, "resumed from %s (step %lld)%s%s", path, (long long)ci->step,
              skipped[0] ? "; skipped: " : "", skipped);
@@ -396,10 +396,10 @@ static dt_status resume_restore(trainer *t) {
     const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
     const char *total = dt_ckpt_extra(t->resume, "total_steps");
     if (total && strtoll(total, NULL, 10) != t->total)
-        return dt_error(DT_ERR_INVALID, "--resume: the checkpointed run has %s steps in all, this one %lld; resume "
-                        "with the same --epochs/--steps so the schedule continues unchanged", total, (long long)t->total);
+        return dt_error(DT_ERR_INVALID, "resume: the checkpointed run has %s steps in all, this one %lld; resume "
+                        "with the same epochs and step limit so the schedule continues unchanged", total, (long long)t->total);
     if (ci->step > t->total)
-        return dt_error(DT_ERR_INVALID, "--resume: the checkpoint is at step %lld, past this run's %lld steps",
+        return dt_error(DT_ERR_INVALID, "resume: the checkpoint is at step %lld, past this run's %lld steps",
                         (long long)ci->step, (long long)t->total);
     DT_TRY(dt_ckpt_restore(t->resume, t->model, t->optim));
     const char *el = dt_ckpt_extra(t->resume, "epoch_loss");
@@ -420,14 +420,14 @@ static dt_status trainer_setup(trainer *t) {
     t->S = o->micro_batches > 0 ? o->micro_batches
          : t->resume ? dt_ckpt_info_of(t->resume)->micro_batches : t->world;
     if (t->S % t->world != 0 && t->resume && o->micro_batches == 0)
-        return dt_error(DT_ERR_INVALID, "--resume: the checkpoint was written with %lld micro-batches, which %d "
+        return dt_error(DT_ERR_INVALID, "resume: the checkpoint was written with %lld micro-batches, which %d "
                         "processes cannot split; resume on a world size dividing %lld",
                         (long long)t->S, t->world, (long long)t->S);
     if (t->S % t->world != 0)
-        return dt_error(DT_ERR_INVALID, "--micro-batches: %lld is not a multiple of the world size %d",
+        return dt_error(DT_ERR_INVALID, "micro_batches: %lld is not a multiple of the world size %d",
                         (long long)t->S, t->world);
     if (o->batch % t->S != 0)
-        return dt_error(DT_ERR_INVALID, "--batch: the global batch %lld is not divisible by %lld micro-batches",
+        return dt_error(DT_ERR_INVALID, "batch: the global batch %lld is not divisible by %lld micro-batches",
                         (long long)o->batch, (long long)t->S);
     t->k = t->S / t->world;
     t->b = o->batch / t->S;
@@ -449,7 +449,7 @@ static dt_status trainer_setup(trainer *t) {
     DT_TRY(dt_model_build(o->model, &shape, t->ops, o->seed, (int)t->b, &t->model));
     const dt_shape *os = dt_model_output_shape(t->model);
     if (os->ndim != 1 || os->d[0] < info->classes)
-        return dt_error(DT_ERR_INVALID, "--model: the model's output must be (%d) class scores for this data, got %lld values",
+        return dt_error(DT_ERR_INVALID, "model: the model's output must be (%d) class scores for this data, got %lld values",
                         info->classes, (long long)dt_shape_numel(os));
     DT_TRY(make_optim(t));
     dt_ddp_opts dopt;

@@ -80,7 +80,7 @@ bad "an unknown train flag" "rejected the flags: dtrain: unknown flag '--bogus'"
 bad "an unknown planted fault" "rejected the flags: dtrain: --testing-fault: planted fault 'nope'" --np 2 $DATA --testing-fault nope
 bad "--lr-scale linear" '^dtrain check: --lr-scale:' --np 2 $DATA --lr-scale linear
 bad "a stray argument" "unexpected argument 'stray'" --np 2 stray
-bad "a missing data directory" '^dtrain check: --data ' --np 2 --data "$T/none"
+bad "a missing data directory" '^dtrain check: --data: ' --np 2 --data "$T/none"
 bad "a batch larger than the data" 'global batch 2048 is larger than the 1024' --np 2 --data synthetic:1024,1,8,8,4 --batch 2048
 "$D" check --help > "$T/out" 2>&1; ok $? "check --help exits 0"
 ok_grep "$T/out" '--np N' "--help documents --np"

@@ -515,7 +515,8 @@ static void remove_dir(const char *dir, const run_info *runs, int nrun) {
 }
 
 static int bad(dt_status s) {
-    fprintf(stderr, "dtrain check: %s\n", dt_last_error());
+    char buf[1200];
+    fprintf(stderr, "dtrain check: %s\n", dt_tool_error(buf, sizeof buf));
     return dt_exit_code(s) == 0 ? 2 : dt_exit_code(s);
 }
 

@@ -24,6 +24,7 @@
 #include "model.h"
 #include "ops.h"
 #include "testing.h"
+#include "tool_util.h"
 #include "tools.h"
 #include "train.h"
 
@@ -120,7 +121,8 @@ static const char *usage_model =
 static int g_rank = 0, g_world = 1;
 
 static int fail(dt_status s) {
-    const char *msg = dt_last_error();
+    char buf[1200];
+    const char *msg = dt_tool_error(buf, sizeof buf);   /* the flag, where the library names a field */
     if (g_world > 1 && strncmp(msg, "rank ", 5) != 0)
         fprintf(stderr, "dtrain: rank %d: %s\n", g_rank, msg);
     else

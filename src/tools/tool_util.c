@@ -1,8 +1,9 @@
 /*
  * tool_util.c: what the commands of the dtrain program share (see tool_util.h):
- * the reader of metrics files and the child-process runner. `dtrain check` and
- * `dtrain plot` (which runs gnuplot) use both; kept here, below both commands,
- * they leave neither command's file depending on the other.
+ * the flag names of the trainer's option fields, the reader of metrics files and
+ * the child-process runner. `dtrain check` and `dtrain plot` (which runs gnuplot)
+ * use the last two; kept here, below both commands, they leave neither command's
+ * file depending on the other.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,6 +19,31 @@
 #include "tool_util.h"
 
 extern char **environ;
+
+/* ---- messages ----------------------------------------------------------------------- */
+
+const dt_arg_field dt_tool_train_flags[] = {
+    {"model", "--model"},                 {"data", "--data"},
+    {"epochs", "--epochs"},               {"max_steps", "--steps"},
+    {"batch", "--batch"},                 {"micro_batches", "--micro-batches"},
+    {"optim", "--optim"},                 {"lr", "--lr"},
+    {"momentum", "--momentum"},           {"nesterov", "--nesterov"},
+    {"weight_decay", "--weight-decay"},   {"schedule", "--schedule"},
+    {"step_size", "--step-size"},         {"gamma", "--gamma"},
+    {"warmup", "--warmup"},               {"clip", "--clip"},
+    {"label_smoothing", "--label-smoothing"}, {"seed", "--seed"},
+    {"bucket_mb", "--bucket-mb"},         {"overlap", "--no-overlap"},
+    {"sync_bn", "--sync-bn"},             {"lr_scale", "--lr-scale"},
+    {"eval", "--no-eval"},                {"ckpt_dir", "--checkpoint-dir"},
+    {"ckpt_every", "--checkpoint-every"}, {"ckpt_keep", "--keep"},
+    {"stop_at", "--stop-at"},             {"resume", "--resume"},
+    {"log_every", "--log-every"},         {"rank_stats_every", "--rank-stats"},
+    {NULL, NULL},
+};
+
+const char *dt_tool_error(char *buf, size_t n) {
+    return dt_arg_flag_message(dt_tool_train_flags, dt_last_error(), buf, n);
+}
 
 /* ---- metrics files ------------------------------------------------------------------ */
 

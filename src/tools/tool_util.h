@@ -1,8 +1,9 @@
 /*
  * tool_util.h: the helpers the commands of the dtrain program share: reading the
  * step lines of a metrics file (the JSON lines that `dtrain train --metrics`
- * appends) and running a child program under a deadline with its output in a
- * file. `dtrain check` and `dtrain plot` both use them, so they sit below both.
+ * appends), running a child program under a deadline with its output in a file,
+ * and the library's error message with the flag in place of the option field.
+ * `dtrain check`, `dtrain plot` and dtrain.c use them, so they sit below all three.
  *
  * These live in the dtrain program, not in the library: they start processes
  * and print, which the library never does (DESIGN.md rule 5).
@@ -13,7 +14,18 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "args.h"
 #include "status.h"
+
+/* ---- messages ----------------------------------------------------------------------- */
+
+/* The option fields of dt_train_opts (train.h) with the `dtrain train` flags that
+ * set them (eval, model and check use the same flag names), ended by NULLs. */
+extern const dt_arg_field dt_tool_train_flags[];
+
+/* dt_last_error() into buf (size n), naming the flag where the library named the
+ * option field ("micro_batches: ..." -> "--micro-batches: ..."). Returns buf. */
+const char *dt_tool_error(char *buf, size_t n);
 
 /* ---- metrics files ------------------------------------------------------------------ */
 
