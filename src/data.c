@@ -99,13 +99,13 @@ static dt_status parse_synthetic(const char *spec, data_spec *sp) {
         p++;
     }
     if (*p != '\0' || n < 5)
-        return dt_error(DT_ERR_INVALID, "--data %s: expected synthetic:N,C,H,W,CLASSES[,NTEST[,SEED]] (integers)",
+        return dt_error(DT_ERR_INVALID, "data: %s: expected synthetic:N,C,H,W,CLASSES[,NTEST[,SEED]] (integers)",
                         spec);
     if (v[0] < 1 || v[0] > ((int64_t)1 << 40) || v[1] < 1 || v[2] < 1 || v[3] < 1 || v[1] > 4096 || v[2] > 65536 ||
         v[3] > 65536 || v[1] * v[2] * v[3] > ((int64_t)1 << 30) || v[4] < 1 || v[4] > (1 << 24) ||
         (n > 5 && (v[5] < 1 || v[5] > ((int64_t)1 << 40))))
         return dt_error(DT_ERR_INVALID,
-                        "--data %s: sizes out of range (N, C, H, W, CLASSES and NTEST must be positive)", spec);
+                        "data: %s: sizes out of range (N, C, H, W, CLASSES and NTEST must be positive)", spec);
     sp->synthetic = 1;
     sp->syn_n = v[0];
     sp->syn_c = (int)v[1];
@@ -119,7 +119,7 @@ static dt_status parse_synthetic(const char *spec, data_spec *sp) {
 
 static dt_status parse_spec(const char *spec, data_spec *sp) {
     memset(sp, 0, sizeof *sp);
-    if (!spec || !*spec) return dt_error(DT_ERR_INVALID, "--data: empty dataset spec");
+    if (!spec || !*spec) return dt_error(DT_ERR_INVALID, "data: empty dataset spec");
     if (strncmp(spec, "synthetic:", 10) == 0) return parse_synthetic(spec, sp);
     if (strchr(spec, ',')) {
         int n = 0;
@@ -128,7 +128,7 @@ static dt_status parse_spec(const char *spec, data_spec *sp) {
             const char *c = strchr(p, ',');
             size_t len = c ? (size_t)(c - p) : strlen(p);
             if (n == 4 || len == 0 || len >= sizeof sp->files[0])
-                return dt_error(DT_ERR_INVALID, "--data %s: expected X,Y or X,Y,XTEST,YTEST (2 or 4 files)", spec);
+                return dt_error(DT_ERR_INVALID, "data: %s: expected X,Y or X,Y,XTEST,YTEST (2 or 4 files)", spec);
             memcpy(sp->files[n], p, len);
             sp->files[n][len] = '\0';
             n++;
@@ -136,16 +136,16 @@ static dt_status parse_spec(const char *spec, data_spec *sp) {
             p = c + 1;
         }
         if (n != 2 && n != 4)
-            return dt_error(DT_ERR_INVALID, "--data %s: expected X,Y or X,Y,XTEST,YTEST (2 or 4 files), got %d", spec,
+            return dt_error(DT_ERR_INVALID, "data: %s: expected X,Y or X,Y,XTEST,YTEST (2 or 4 files), got %d", spec,
                             n);
         return DT_OK;
     }
     struct stat st;
     if (stat(spec, &st) != 0)
-        return dt_error(DT_ERR_IO, "--data %s: no such directory (expected a directory of IDX or .npy files, "
+        return dt_error(DT_ERR_IO, "data: %s: no such directory (expected a directory of IDX or .npy files, "
                         "X,Y file names, or synthetic:...)", spec);
     if (!S_ISDIR(st.st_mode))
-        return dt_error(DT_ERR_INVALID, "--data %s: a single file; give features and labels as X,Y", spec);
+        return dt_error(DT_ERR_INVALID, "data: %s: a single file; give features and labels as X,Y", spec);
     static const char *idx_names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                                        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
     static const char *npy_names[4] = {"x_train.npy", "y_train.npy", "x_test.npy", "y_test.npy"};
@@ -153,7 +153,7 @@ static dt_status parse_spec(const char *spec, data_spec *sp) {
     if (find_in_dir(spec, idx_names[0], tmp, sizeof tmp)) {
         for (int i = 0; i < 4; i++)
             if (!find_in_dir(spec, idx_names[i], sp->files[i], sizeof sp->files[i]))
-                return dt_error(DT_ERR_IO, "--data %s: missing %s/%s[.gz]", spec, spec, idx_names[i]);
+                return dt_error(DT_ERR_IO, "data: %s: missing %s/%s[.gz]", spec, spec, idx_names[i]);
         return DT_OK;
     }
     snprintf(tmp, sizeof tmp, "%s/%s", spec, npy_names[0]);
@@ -161,11 +161,11 @@ static dt_status parse_spec(const char *spec, data_spec *sp) {
         for (int i = 0; i < 4; i++) {
             snprintf(sp->files[i], sizeof sp->files[i], "%s/%s", spec, npy_names[i]);
             if (!file_exists(sp->files[i]))
-                return dt_error(DT_ERR_IO, "--data %s: missing %s", spec, sp->files[i]);
+                return dt_error(DT_ERR_IO, "data: %s: missing %s", spec, sp->files[i]);
         }
         return DT_OK;
     }
-    return dt_error(DT_ERR_IO, "--data %s: expected %s/train-images-idx3-ubyte[.gz] (and the other three IDX files) "
+    return dt_error(DT_ERR_IO, "data: %s: expected %s/train-images-idx3-ubyte[.gz] (and the other three IDX files) "
                     "or %s/x_train.npy, y_train.npy, x_test.npy, y_test.npy", spec, spec, spec);
 }
 
@@ -346,7 +346,7 @@ static dt_status load_arrays(const data_spec *sp, dt_split split, dt_array *x, d
         return synth_arrays(n, sp->syn_c, sp->syn_h, sp->syn_w, sp->syn_k, sp->syn_seed, split, x, y);
     }
     const char *xp = sp->files[split == DT_SPLIT_TRAIN ? 0 : 2], *yp = sp->files[split == DT_SPLIT_TRAIN ? 1 : 3];
-    if (!xp[0]) return dt_error(DT_ERR_INVALID, "--data: no test files given (expected X,Y,XTEST,YTEST)");
+    if (!xp[0]) return dt_error(DT_ERR_INVALID, "data: no test files given (expected X,Y,XTEST,YTEST)");
     snprintf(src, srccap, "%s", xp);
     DT_TRY(dt_array_read(xp, x));
     dt_status s = dt_array_read(yp, y);

@@ -21,6 +21,7 @@
 #include "config.h"
 
 #include "data.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -65,12 +66,6 @@ static void *default_alloc(void *ctx, size_t bytes) {
 static void default_free(void *ctx, void *p) {
     (void)ctx;
     free(p);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static void *loader_main(void *arg) {
@@ -213,13 +208,13 @@ dt_status dt_loader_next(dt_loader *l, float **x, int32_t **y, size_t *n) {
         pthread_mutex_unlock(&l->mu);
         return dt_error(DT_ERR_INVALID, "loader: next() with no batch submitted");
     }
-    double t0 = now_s();
+    double t0 = dt_now();
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += (time_t)l->o.timeout_s;
     int rc = 0;
     while (s->st != SLOT_READY && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&l->done_cv, &l->mu, &deadline);
-    l->wait_s += now_s() - t0;
+    l->wait_s += dt_now() - t0;
     if (s->st != SLOT_READY) {
         pthread_mutex_unlock(&l->mu);
         return dt_error(DT_ERR_TIMEOUT, "loader: batch not ready after %.0f s", l->o.timeout_s);

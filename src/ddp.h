@@ -34,7 +34,6 @@ typedef struct {
     size_t first_bucket_bytes;  /* the first (last-layer) bucket; default 1 MiB */
     int    overlap;             /* 1: launch buckets during backward (default); 0: after it */
     int    sync_bn;             /* 1: batchnorm statistics over all ranks (synchronised BN) */
-    int    fault_skip_reduce;   /* testing only: skip the all-reduce (a planted bug) */
 } dt_ddp_opts;
 
 void      dt_ddp_opts_default(dt_ddp_opts *o);

@@ -24,15 +24,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "clock.h"
 #include "data.h"
 #include "ddp.h"
 #include "model.h"
 #include "optim.h"
 #include "sampler.h"
+#include "testing.h"
 
 #define DT_DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
 
@@ -54,12 +55,6 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->lr_scale = "none";
     o->ckpt_keep = 3;
     o->log_every = 50;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ---- evaluation -------------------------------------------------------------------- */
@@ -134,29 +129,24 @@ typedef struct {
     char note[1536];                 /* what resume did, for the START event */
     double epoch_loss;               /* sum of step losses of the current epoch */
     int64_t epoch_steps;             /* steps of the current epoch (resumed ones included) */
-    int fault;                       /* DT_TEST_FAULT: a planted bug, for testing `dtrain check` */
 } trainer;
-
-/* Planted bugs, selected by the environment variable DT_TEST_FAULT, exist so the
- * tests can prove that `dtrain check` catches them. They are never on otherwise. */
-enum { FAULT_NONE, FAULT_SAMPLER_EPOCH, FAULT_SKIP_ALLREDUCE, FAULT_LR_RANK1 };
 
 static dt_status check_opts(const dt_train_opts *o) {
     if (o->epochs < 1 && o->max_steps < 1)
-        return dt_error(DT_ERR_INVALID, "--epochs: expected at least 1, got %d", o->epochs);
-    if (o->batch < 1) return dt_error(DT_ERR_INVALID, "--batch: expected a positive global batch, got %lld",
+        return dt_error(DT_ERR_INVALID, "epochs: expected at least 1, got %d", o->epochs);
+    if (o->batch < 1) return dt_error(DT_ERR_INVALID, "batch: expected a positive global batch, got %lld",
                                       (long long)o->batch);
     if (o->micro_batches < 0)
-        return dt_error(DT_ERR_INVALID, "--micro-batches: expected a positive count, got %lld",
+        return dt_error(DT_ERR_INVALID, "micro_batches: expected a positive count, got %lld",
                         (long long)o->micro_batches);
     if (!(o->lr > 0.0) || !isfinite(o->lr))
-        return dt_error(DT_ERR_INVALID, "--lr: expected a positive learning rate, got %g", o->lr);
-    if (o->weight_decay < 0.0) return dt_error(DT_ERR_INVALID, "--weight-decay: expected >= 0, got %g", o->weight_decay);
-    if (o->clip < 0.0) return dt_error(DT_ERR_INVALID, "--clip: expected >= 0, got %g", o->clip);
+        return dt_error(DT_ERR_INVALID, "lr: expected a positive learning rate, got %g", o->lr);
+    if (o->weight_decay < 0.0) return dt_error(DT_ERR_INVALID, "weight_decay: expected >= 0, got %g", o->weight_decay);
+    if (o->clip < 0.0) return dt_error(DT_ERR_INVALID, "clip: expected >= 0, got %g", o->clip);
     if (o->label_smoothing < 0.0 || o->label_smoothing >= 1.0)
-        return dt_error(DT_ERR_INVALID, "--label-smoothing: expected a value in [0, 1), got %g", o->label_smoothing);
-    if (!(o->bucket_mb > 0.0)) return dt_error(DT_ERR_INVALID, "--bucket-mb: expected a positive size, got %g", o->bucket_mb);
-    if (o->warmup < 0) return dt_error(DT_ERR_INVALID, "--warmup: expected >= 0, got %lld", (long long)o->warmup);
+        return dt_error(DT_ERR_INVALID, "label_smoothing: expected a value in [0, 1), got %g", o->label_smoothing);
+    if (!(o->bucket_mb > 0.0)) return dt_error(DT_ERR_INVALID, "bucket_mb: expected a positive size, got %g", o->bucket_mb);
+    if (o->warmup < 0) return dt_error(DT_ERR_INVALID, "warmup: expected >= 0, got %lld", (long long)o->warmup);
     return DT_OK;
 }
 
@@ -180,7 +170,7 @@ static dt_status make_optim(trainer *t) {
     if (strcmp(o->lr_scale, "linear") == 0) lr *= (double)t->world;
     else if (strcmp(o->lr_scale, "sqrt") == 0) lr *= sqrt((double)t->world);
     else if (strcmp(o->lr_scale, "none") != 0)
-        return dt_error(DT_ERR_INVALID, "--lr-scale: expected none, linear or sqrt, got '%s'", o->lr_scale);
+        return dt_error(DT_ERR_INVALID, "lr_scale: expected none, linear or sqrt, got '%s'", o->lr_scale);
     t->sched.base_lr = (float)lr;
     t->sched.warmup_steps = o->warmup;
     t->sched.total_steps = t->total;
@@ -189,14 +179,14 @@ static dt_status make_optim(trainer *t) {
     if (strcmp(o->schedule, "cosine") == 0) t->sched.kind = DT_SCHED_COSINE;
     else if (strcmp(o->schedule, "constant") == 0) t->sched.kind = DT_SCHED_CONSTANT;
     else if (strcmp(o->schedule, "step") == 0) t->sched.kind = DT_SCHED_STEP;
-    else return dt_error(DT_ERR_INVALID, "--schedule: expected cosine, constant or step, got '%s'", o->schedule);
+    else return dt_error(DT_ERR_INVALID, "schedule: expected cosine, constant or step, got '%s'", o->schedule);
     return dt_schedule_check(&t->sched);
 }
 
 /* This rank's sample indices of global step g (k*b values in micro-batch order). */
 static dt_status step_indices(trainer *t, int64_t g, int64_t *idx, size_t *n) {
     int64_t epoch = g / t->spe, step = g % t->spe;
-    if (t->fault == FAULT_SAMPLER_EPOCH) epoch = 0;  /* planted bug: the epoch is forgotten */
+    if (dt_testing_fault() == DT_FAULT_SAMPLER_EPOCH) epoch = 0;  /* planted bug (testing.h) */
     return dt_sampler_rank_indices(t->sampler, epoch, step, t->world, t->rank, idx, n);
 }
 
@@ -233,14 +223,14 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     int64_t epoch = g / t->spe, step = g % t->spe;
     dt_loss lf = {.kind = DT_LOSS_CE, .label_smoothing = (float)t->o->label_smoothing};
 
-    double t0 = now_s();
+    double t0 = dt_now();
     float *hx;
     int32_t *hy;
     size_t n;
     DT_TRY(dt_loader_next(t->loader, &hx, &hy, &n));
     if ((int64_t)n != t->k * t->b)
         return dt_error(DT_ERR_INTERNAL, "loader returned %zu samples, expected %lld", n, (long long)(t->k * t->b));
-    double t1 = now_s();
+    double t1 = dt_now();
     DT_TRY(ops->copy_h2d(t->dx, hx, n * ss * sizeof(float)));
     DT_TRY(ops->copy_h2d(t->dy, hy, n * sizeof(int32_t)));
     dt_loader_release(t->loader);
@@ -260,7 +250,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         t->losses[i] = l;
     }
     DT_TRY(ops->synchronize());
-    double t2 = now_s();
+    double t2 = dt_now();
     double wait = 0.0;
     DT_TRY(dt_ddp_finish(t->ddp, &wait));
 
@@ -277,16 +267,16 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
      * every rank, so the buffers equal those of a single process bit for bit. */
     for (int64_t j = 0; t->bnrec_n && j < t->S; j++)
         DT_TRY(dt_model_bn_replay(t->model, t->bnrec + (size_t)j * t->bnrec_n));
-    double t3 = now_s();
+    double t3 = dt_now();
 
     float norm = 0.0f;
     if (t->o->clip > 0.0 || logged)
         DT_TRY(dt_clip_grad_norm(ops, grads, dt_model_nparams(t->model), (float)t->o->clip, &norm));
     float lr = dt_schedule_lr(&t->sched, g);
-    if (t->fault == FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug: one rank's lr differs */
+    if (dt_testing_fault() == DT_FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug (testing.h) */
     DT_TRY(dt_optim_step(t->optim, dt_model_params(t->model), grads, lr, 1.0f));
     DT_TRY(ops->synchronize());
-    double t4 = now_s();
+    double t4 = dt_now();
 
     double sum = 0.0;
     for (int64_t i = 0; i < t->S; i++) sum += (double)t->all_losses[i];
@@ -296,7 +286,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     t->t_data += t1 - t0;
     t->t_compute += (t2 - t1) + (t4 - t3);
     t->t_comm += t3 - t2;
-    t->t_step += now_s() - t0;
+    t->t_step += dt_now() - t0;
     t->steps_since++;
     return DT_OK;
 }
@@ -360,7 +350,7 @@ static dt_status resume_open(trainer *t) {
     if (t->rank == 0) {
         const char *where = o->resume;
         if (!strcmp(where, "auto")) {
-            if (!o->ckpt_dir) return dt_error(DT_ERR_INVALID, "--resume auto: needs --checkpoint-dir");
+            if (!o->ckpt_dir) return dt_error(DT_ERR_INVALID, "ckpt_dir: required to resume 'auto' (from the newest checkpoint in it)");
             where = o->ckpt_dir;
         }
         char probe[4096];
@@ -387,14 +377,14 @@ static dt_status resume_open(trainer *t) {
     DT_TRY(dt_ckpt_open(path, &t->resume));
     const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
     if (ci->seed != o->seed)
-        return dt_error(DT_ERR_INVALID, "--resume: %s was written with --seed %llu, this run has --seed %llu",
+        return dt_error(DT_ERR_INVALID, "resume: %s was written with seed %llu, this run has seed %llu",
                         path, (unsigned long long)ci->seed, (unsigned long long)o->seed);
     if (ci->batch != o->batch)
-        return dt_error(DT_ERR_INVALID, "--resume: %s was written with a global batch of %lld, this run has --batch %lld",
+        return dt_error(DT_ERR_INVALID, "resume: %s was written with a global batch of %lld, this run has a global batch of %lld",
                         path, (long long)ci->batch, (long long)o->batch);
     if (o->micro_batches > 0 && o->micro_batches != ci->micro_batches)
-        return dt_error(DT_ERR_INVALID, "--resume: %s was written with --micro-batches %lld; resume with the same "
-                        "value (or omit the flag) to continue the same computation",
+        return dt_error(DT_ERR_INVALID, "resume: %s was written with %lld micro-batches; resume with as many "
+                        "(or leave the count to the checkpoint) to continue the same computation",
                         path, (long long)ci->micro_batches);
     snprintf(t->note, sizeof t->note, "resumed from %s (step %lld)%s%s", path, (long long)ci->step,
              skipped[0] ? "; skipped: " : "", skipped);
@@ -406,10 +396,10 @@ static dt_status resume_restore(trainer *t) {
     const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
     const char *total = dt_ckpt_extra(t->resume, "total_steps");
     if (total && strtoll(total, NULL, 10) != t->total)
-        return dt_error(DT_ERR_INVALID, "--resume: the checkpointed run has %s steps in all, this one %lld; resume "
-                        "with the same --epochs/--steps so the schedule continues unchanged", total, (long long)t->total);
+        return dt_error(DT_ERR_INVALID, "resume: the checkpointed run has %s steps in all, this one %lld; resume "
+                        "with the same epochs and step limit so the schedule continues unchanged", total, (long long)t->total);
     if (ci->step > t->total)
-        return dt_error(DT_ERR_INVALID, "--resume: the checkpoint is at step %lld, past this run's %lld steps",
+        return dt_error(DT_ERR_INVALID, "resume: the checkpoint is at step %lld, past this run's %lld steps",
                         (long long)ci->step, (long long)t->total);
     DT_TRY(dt_ckpt_restore(t->resume, t->model, t->optim));
     const char *el = dt_ckpt_extra(t->resume, "epoch_loss");
@@ -426,25 +416,18 @@ static dt_status trainer_setup(trainer *t) {
     DT_TRY(check_opts(o));
     t->world = t->comm ? dt_comm_size(t->comm) : 1;
     t->rank = t->comm ? dt_comm_rank(t->comm) : 0;
-    const char *fault = getenv("DT_TEST_FAULT");
-    if (fault && *fault) {
-        if (!strcmp(fault, "sampler-epoch")) t->fault = FAULT_SAMPLER_EPOCH;
-        else if (!strcmp(fault, "skip-allreduce")) t->fault = FAULT_SKIP_ALLREDUCE;
-        else if (!strcmp(fault, "lr-rank1")) t->fault = FAULT_LR_RANK1;
-        else return dt_error(DT_ERR_INVALID, "DT_TEST_FAULT: expected sampler-epoch, skip-allreduce or lr-rank1, got '%s'", fault);
-    }
     if (o->resume) DT_TRY(resume_open(t));
     t->S = o->micro_batches > 0 ? o->micro_batches
          : t->resume ? dt_ckpt_info_of(t->resume)->micro_batches : t->world;
     if (t->S % t->world != 0 && t->resume && o->micro_batches == 0)
-        return dt_error(DT_ERR_INVALID, "--resume: the checkpoint was written with %lld micro-batches, which %d "
+        return dt_error(DT_ERR_INVALID, "resume: the checkpoint was written with %lld micro-batches, which %d "
                         "processes cannot split; resume on a world size dividing %lld",
                         (long long)t->S, t->world, (long long)t->S);
     if (t->S % t->world != 0)
-        return dt_error(DT_ERR_INVALID, "--micro-batches: %lld is not a multiple of the world size %d",
+        return dt_error(DT_ERR_INVALID, "micro_batches: %lld is not a multiple of the world size %d",
                         (long long)t->S, t->world);
     if (o->batch % t->S != 0)
-        return dt_error(DT_ERR_INVALID, "--batch: the global batch %lld is not divisible by %lld micro-batches",
+        return dt_error(DT_ERR_INVALID, "batch: the global batch %lld is not divisible by %lld micro-batches",
                         (long long)o->batch, (long long)t->S);
     t->k = t->S / t->world;
     t->b = o->batch / t->S;
@@ -466,7 +449,7 @@ static dt_status trainer_setup(trainer *t) {
     DT_TRY(dt_model_build(o->model, &shape, t->ops, o->seed, (int)t->b, &t->model));
     const dt_shape *os = dt_model_output_shape(t->model);
     if (os->ndim != 1 || os->d[0] < info->classes)
-        return dt_error(DT_ERR_INVALID, "--model: the model's output must be (%d) class scores for this data, got %lld values",
+        return dt_error(DT_ERR_INVALID, "model: the model's output must be (%d) class scores for this data, got %lld values",
                         info->classes, (long long)dt_shape_numel(os));
     DT_TRY(make_optim(t));
     dt_ddp_opts dopt;
@@ -475,7 +458,6 @@ static dt_status trainer_setup(trainer *t) {
     if (dopt.first_bucket_bytes > dopt.bucket_bytes) dopt.first_bucket_bytes = dopt.bucket_bytes;
     dopt.overlap = o->overlap;
     dopt.sync_bn = o->sync_bn;
-    dopt.fault_skip_reduce = t->fault == FAULT_SKIP_ALLREDUCE;
     DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
 
     size_t local = (size_t)(t->k * t->b);
@@ -543,7 +525,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
     t->queued = t->g0;
     for (int d = 0; d < 2 && t->queued < t->total; d++) DT_TRY(queue_step(t, t->queued++));
 
-    double epoch_start = now_s(), train_time = 0.0;
+    double epoch_start = dt_now(), train_time = 0.0;
     double loss = 0.0, lr = 0.0, norm = 0.0;
     int64_t run_steps = 0;   /* steps of this epoch run by this process (for samples/s) */
     for (int64_t g = t->g0; g < t->total; g++) {
@@ -555,7 +537,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         t->epoch_steps++;
         run_steps++;
         int end_of_epoch = (done % t->spe == 0) || done == t->total;
-        double now = now_s();
+        double now = dt_now();
         double elapsed = train_time + (now - epoch_start);
         double sps = (double)(run_steps * o->batch) / (now - epoch_start);
         int64_t left = t->total - done;
@@ -589,7 +571,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
             t->epoch_loss = 0.0;
             t->epoch_steps = 0;
             run_steps = 0;
-            epoch_start = now_s();
+            epoch_start = dt_now();
         }
         int stop = o->stop_at > 0 && done >= o->stop_at && done < t->total;
         DT_TRY(maybe_checkpoint(t, done, stop));

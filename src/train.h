@@ -15,7 +15,10 @@
  * the summed gradient, and therefore the weights, are bitwise those of W = 1.
  *
  * The library never prints (rule 5): progress reaches the caller through an
- * event callback, and the program decides how to show it.
+ * event callback, and the program decides how to show it. A bad option is
+ * DT_ERR_INVALID with a message that opens with the field's name
+ * ("micro_batches: 3 is not a multiple of the world size 2"); a program that
+ * sets the field from a flag shows the flag instead.
  */
 #ifndef DT_TRAIN_H
 #define DT_TRAIN_H

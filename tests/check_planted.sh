@@ -1,17 +1,16 @@
 #!/bin/sh
 # check_planted.sh: `dtrain check` passes on the correct trainer and catches each
-# planted bug (DT_TEST_FAULT, see src/train.c) in the check that should catch it,
-# with the detail a user needs: a sampler that ignores the epoch (epoch order), a
-# skipped gradient all-reduce (loss curve from step 2, bitwise), a learning rate
-# that differs on rank 1 (ranks agree, naming the parameter). Also: N not a power
-# of two (tolerance rule), the separate epoch-order run, a run that hangs (killed at
-# --timeout) and bad flags (exit 2, one line).
+# planted bug (dtrain train's hidden flag --testing-fault, see src/testing.h) in the
+# check that should catch it, with the detail a user needs: a sampler that ignores
+# the epoch (epoch order), a skipped gradient all-reduce (loss curve from step 2,
+# bitwise), a learning rate that differs on rank 1 (ranks agree, naming the
+# parameter). Also: N not a power of two (tolerance rule), the separate epoch-order
+# run, a run that hangs (killed at --timeout) and bad flags (exit 2, one line).
 . "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
 D="$DT_BUILDDIR/dtrain"; R="$DT_BUILDDIR/dtrun"
 [ -x "$D" ] && [ -x "$R" ] || skip_all "dtrain or dtrun not built"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 export TMPDIR="$T"   # check's run directories land here, so the test sees what is left
-unset DT_TEST_FAULT
 DATA="--data synthetic:1024,1,8,8,4 --batch 64"
 CNN="conv(4,3,pad=1) bn relu maxpool(2) flatten linear(4)"
 row() { grep -E "^$1 +$2 " "$T/out"; }   # a table row with its result
@@ -26,7 +25,7 @@ ok_grep "$T/out" 'epoch order +PASS .*epoch 1' "the runs cross an epoch boundary
 [ -z "$(ls -d "$T"/dtrain-check-* 2>/dev/null)" ]; ok $? "the runs' directory is removed after a pass"
 
 # planted: the sampler forgets the epoch -> only the epoch-order check fails
-DT_TEST_FAULT=sampler-epoch timeout 120 "$D" check --np 2 $DATA --model "$CNN" > "$T/out" 2>&1
+timeout 120 "$D" check --np 2 $DATA --testing-fault sampler-epoch --model "$CNN" > "$T/out" 2>&1
 ok $([ $? -eq 1 ] && echo 0 || echo 1) "sampler-epoch: check exits 1"
 row "epoch order" FAIL > /dev/null; ok $? "sampler-epoch: epoch order FAILs"
 ok_grep "$T/out" "epoch order +FAIL +epoch 1 repeats epoch 0's batches .*the sampler ignores the epoch" \
@@ -36,13 +35,13 @@ dir=$(sed -n "s/.*the runs' output is in \(.*\)$/\1/p" "$T/out" | head -1)
 [ -n "$dir" ] && [ -s "$dir/np2.log" ] && [ -s "$dir/np1.jsonl" ]; ok $? "the failure names the runs' directory ($dir)"
 
 # the same bug through the separate epoch-order run (the main runs stay in epoch 0)
-DT_TEST_FAULT=sampler-epoch timeout 120 "$D" check --np 2 $DATA --model "$CNN" --steps 3 > "$T/out" 2>&1
+timeout 120 "$D" check --np 2 $DATA --testing-fault sampler-epoch --model "$CNN" --steps 3 > "$T/out" 2>&1
 ok $([ $? -eq 1 ] && echo 0 || echo 1) "sampler-epoch, --steps 3: check exits 1"
 ok_grep "$T/out" "epoch order +FAIL +epoch 1 repeats .*synthetic:128,1,8,8,4" \
     "--steps 3: a 3-step run on 2 synthetic batches of the same shape catches it"
 
 # planted: no gradient all-reduce -> the loss diverges at step 2, the weights differ
-DT_TEST_FAULT=skip-allreduce timeout 120 "$D" check --np 2 $DATA --model "$CNN" > "$T/out" 2>&1
+timeout 120 "$D" check --np 2 $DATA --testing-fault skip-allreduce --model "$CNN" > "$T/out" 2>&1
 ok $([ $? -eq 1 ] && echo 0 || echo 1) "skip-allreduce: check exits 1"
 ok_grep "$T/out" 'loss curve +FAIL +diverges at step 2: 1 process [0-9.e+-]+, 2 processes [0-9.e+-]+' \
     "skip-allreduce: the loss curve diverges at step 2, both values shown"
@@ -50,7 +49,7 @@ row "bitwise" FAIL > /dev/null; ok $? "skip-allreduce: bitwise FAILs"
 row "batch order" PASS > /dev/null; ok $? "skip-allreduce: the batches are still the same"
 
 # planted: rank 1 uses another learning rate -> the ranks end with different parameters
-DT_TEST_FAULT=lr-rank1 timeout 120 "$D" check --np 2 $DATA --model "$CNN" > "$T/out" 2>&1
+timeout 120 "$D" check --np 2 $DATA --testing-fault lr-rank1 --model "$CNN" > "$T/out" 2>&1
 ok $([ $? -eq 1 ] && echo 0 || echo 1) "lr-rank1: check exits 1"
 ok_grep "$T/out" "ranks agree +FAIL +rank [01]: parameter '[^']+' has a different value \(checksum\) on rank 1 than on rank 0" \
     "lr-rank1: ranks agree FAILs naming the parameter and the rank"
@@ -78,9 +77,10 @@ bad "no --np" '^dtrain check: --np: required' $DATA
 bad "--np 1" '^dtrain check: --np: expected' --np 1 $DATA
 bad "--micro-batches 3 with --np 2" 'micro-batches: 3 is not a multiple of --np 2' --np 2 --micro-batches 3 $DATA
 bad "an unknown train flag" "rejected the flags: dtrain: unknown flag '--bogus'" --np 2 $DATA --model "$CNN" --bogus 1
+bad "an unknown planted fault" "rejected the flags: dtrain: --testing-fault: planted fault 'nope'" --np 2 $DATA --testing-fault nope
 bad "--lr-scale linear" '^dtrain check: --lr-scale:' --np 2 $DATA --lr-scale linear
 bad "a stray argument" "unexpected argument 'stray'" --np 2 stray
-bad "a missing data directory" '^dtrain check: --data ' --np 2 --data "$T/none"
+bad "a missing data directory" '^dtrain check: --data: ' --np 2 --data "$T/none"
 bad "a batch larger than the data" 'global batch 2048 is larger than the 1024' --np 2 --data synthetic:1024,1,8,8,4 --batch 2048
 "$D" check --help > "$T/out" 2>&1; ok $? "check --help exits 0"
 ok_grep "$T/out" '--np N' "--help documents --np"

@@ -61,7 +61,10 @@ bad "add 'flatten'" "a spec that does not fit the data" train --data "$DATA" --m
 bad "/nonexistent" "a missing data directory" train --data /nonexistent/dir
 printf 'garbage, not IDX' > "$T/x.idx"; printf 'junk' > "$T/y.idx"
 bad "$T/x.idx" "a corrupt data file" train --data "$T/x.idx,$T/y.idx"
-bad "not divisible" "a batch that micro-batches do not divide" train --data "$DATA" --batch 100 --micro-batches 3
+bad "^dtrain: --batch: the global batch 100 is not divisible" "a batch that micro-batches do not divide" train --data "$DATA" --batch 100 --micro-batches 3
+# the library names its option fields (resume, ckpt_dir, schedule); dtrain shows the flags
+bad "^dtrain: --checkpoint-dir: required to resume 'auto'" "--resume auto without a checkpoint directory" train --data "$DATA" --resume auto
+bad "^dtrain: --schedule: expected cosine, constant or step, got 'linear'" "an unknown --schedule" train --data "$DATA" --schedule linear
 bad "unknown command" "an unknown command" frobnicate
 "$D" train --help > "$T/help" 2>&1; ok $? "train --help exits 0"
 ok_grep "$T/help" "--micro-batches" "train --help documents the flags"

@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "clock.h"   /* dt_now(): every deadline */
 #include "comm.h"
 
 /* ---- one call, as validated by comm.c ------------------------------------------------ */
@@ -166,7 +167,5 @@ extern _Thread_local int dt_comm_on_worker;
 /* comm.c helpers for backends */
 /* "host:pid 4711" (or "host" when the pid is unknown) for rank r, into buf. */
 const char *dt_comm_peer_name(const dt_comm *c, int r, char *buf, size_t n);
-/* The time now in seconds (monotonic clock). */
-double      dt_now(void);
 
 #endif /* DT_COMM_IMPL_H */

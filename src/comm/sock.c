@@ -21,12 +21,6 @@
 #include <time.h>
 #include <unistd.h>
 
-double dt_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int ms_left(double deadline) {
     double left = deadline - dt_now();
     if (left <= 0) return 0;

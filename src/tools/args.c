@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,4 +70,22 @@ int dt_arg_match(const char *flag, int argc, char **argv, int *i, const char **v
     *val = argv[*i + 1];
     *i += 2;
     return 1;
+}
+
+const char *dt_arg_flag_message(const dt_arg_field *table, const char *msg, char *buf, size_t n) {
+    size_t pre = 0;
+    if (!strncmp(msg, "rank ", 5)) {   /* "rank R: " from a distributed run */
+        size_t d = 5;
+        while (msg[d] >= '0' && msg[d] <= '9') d++;
+        if (d > 5 && msg[d] == ':' && msg[d + 1] == ' ') pre = d + 2;
+    }
+    for (const dt_arg_field *f = table; f->field; f++) {
+        size_t len = strlen(f->field);
+        if (!strncmp(msg + pre, f->field, len) && msg[pre + len] == ':') {
+            snprintf(buf, n, "%.*s%s%s", (int)pre, msg, f->flag, msg + pre + len);
+            return buf;
+        }
+    }
+    snprintf(buf, n, "%s", msg);
+    return buf;
 }

@@ -21,11 +21,8 @@
  * if --steps says so); when the runs do not cross an epoch, the epoch-order check
  * gets its own N-process run of 3 steps on a synthetic data set of the same sample
  * shape and 2 global batches (the sampler does not look at the data).
- *
- * Also the child-process helper of tools.h (dtrain plot runs gnuplot with it).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -33,17 +30,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "args.h"
+#include "clock.h"
 #include "data.h"
 #include "safetensors.h"
+#include "tool_util.h"
 #include "tools.h"
 #include "train.h"
-
-extern char **environ;
 
 #define CHECK_MAX_STEPS 32      /* longest run that crosses an epoch boundary */
 #define CHECK_SHORT_STEPS 4     /* run length when an epoch is longer than that */
@@ -85,127 +80,6 @@ static const char *usage_check =
     "dtrun is found next to dtrain or at $DTRUN. Prints a table of the checks;\n"
     "exit status 0 when all pass, 1 when one fails (the runs' output directory is\n"
     "printed), 2 for bad flags.\n";
-
-/* ---- child processes ------------------------------------------------------------------ */
-
-static volatile sig_atomic_t g_stop;   /* SIGINT/SIGTERM while a child runs */
-
-static void on_signal(int sig) { g_stop = sig; }
-
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* The launch variables a child must not inherit (launch_env.c reads them). */
-static int is_launch_var(const char *kv) {
-    static const char *const names[] = {
-        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
-        "MASTER_PORT", "DT_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
-        "MPI_LOCALNRANKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NODEID",
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        size_t n = strlen(names[i]);
-        if (!strncmp(kv, names[i], n) && kv[n] == '=') return 1;
-    }
-    return 0;
-}
-
-/* Wait for pid until the deadline; 1 when it ended (*st set), 0 when not. */
-static int wait_until(pid_t pid, double deadline, int *st) {
-    for (;;) {
-        pid_t w = waitpid(pid, st, WNOHANG);
-        if (w == pid) return 1;
-        if (w < 0 && errno != EINTR) {  /* not our child any more: nothing to wait for */
-            *st = -1;
-            return 1;
-        }
-        if (mono_s() >= deadline || g_stop) return 0;
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-}
-
-/* dup2 in a child; when src already is dst (a parent started with that descriptor
- * closed), only its close-on-exec flag must go. */
-static int redirect(int src, int dst) {
-    if (src == dst) return fcntl(dst, F_SETFD, 0);
-    return dup2(src, dst);
-}
-
-int dt_tool_run(char *const argv[], const char *log, double timeout_s, int *timed_out) {
-    *timed_out = 0;
-    size_t ne = 0;
-    while (environ[ne]) ne++;
-    char **envp = malloc((ne + 1) * sizeof *envp);
-    if (!envp) { dt_error(DT_ERR_NOMEM, "out of memory starting %s", argv[0]); return -1; }
-    size_t k = 0;
-    for (size_t i = 0; i < ne; i++)
-        if (!is_launch_var(environ[i])) envp[k++] = environ[i];
-    envp[k] = NULL;
-    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        dt_error(DT_ERR_IO, "cannot open %s for the output of %s (%s)", log, argv[0], strerror(errno));
-        free(envp);
-        return -1;
-    }
-    int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (in < 0) {
-        dt_error(DT_ERR_IO, "cannot open /dev/null (%s)", strerror(errno));
-        close(fd);
-        free(envp);
-        return -1;
-    }
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        /* its own process group, so a timeout can stop it and everything it started */
-        setpgid(0, 0);
-        if (redirect(in, 0) < 0 || redirect(fd, 1) < 0 || redirect(fd, 2) < 0) _exit(127);
-        execve(argv[0], argv, envp);
-        dprintf(2, "cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    int err = errno;
-    close(fd);
-    close(in);
-    free(envp);
-    if (pid < 0) { dt_error(DT_ERR_IO, "cannot start %s: fork: %s", argv[0], strerror(err)); return -1; }
-    setpgid(pid, pid);  /* also here: whichever runs first */
-    int st = 0;
-    if (!wait_until(pid, mono_s() + timeout_s, &st)) {
-        *timed_out = !g_stop;
-        kill(-pid, SIGTERM);
-        if (!wait_until(pid, mono_s() + 5.0, &st)) {
-            kill(-pid, SIGKILL);
-            while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-        }
-        if (g_stop) return 128 + g_stop;
-        return 124;
-    }
-    if (st == -1) { dt_error(DT_ERR_IO, "waiting for %s: %s", argv[0], strerror(errno)); return -1; }
-    if (WIFEXITED(st)) return WEXITSTATUS(st);
-    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
-    return 1;
-}
-
-void dt_tool_last_line(const char *path, char *buf, size_t n) {
-    buf[0] = '\0';
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    while ((len = getline(&line, &cap, f)) != -1) {
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
-        if (len == 0 || line[0] == '#') continue;
-        snprintf(buf, n, "%s", line);
-    }
-    free(line);
-    fclose(f);
-}
 
 /* ---- the runs ------------------------------------------------------------------------- */
 
@@ -385,9 +259,9 @@ static void run_train(const check_cfg *c, run_info *r, int nproc, int sampler) {
         argv[k++] = r->weights;
     }
     argv[k] = NULL;
-    double t0 = mono_s();
+    double t0 = dt_now();
     r->rc = dt_tool_run((char *const *)argv, r->log, c->timeout_s, &r->timed_out);
-    r->secs = mono_s() - t0;
+    r->secs = dt_now() - t0;
     if (r->rc < 0) {
         /* could not even start it: say so in its log, where the checks look */
         FILE *f = fopen(r->log, "a");
@@ -641,7 +515,8 @@ static void remove_dir(const char *dir, const run_info *runs, int nrun) {
 }
 
 static int bad(dt_status s) {
-    fprintf(stderr, "dtrain check: %s\n", dt_last_error());
+    char buf[1200];
+    fprintf(stderr, "dtrain check: %s\n", dt_tool_error(buf, sizeof buf));
     return dt_exit_code(s) == 0 ? 2 : dt_exit_code(s);
 }
 
@@ -726,7 +601,7 @@ int dtrain_check_main(int argc, char **argv) {
     }
     struct sigaction sa, old_int, old_term;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
+    sa.sa_handler = dt_tool_on_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
@@ -750,7 +625,7 @@ int dtrain_check_main(int argc, char **argv) {
     char why[512];
 
     run_train(&c, r1, 1, 0);
-    if (g_stop) { rc = 128 + g_stop; goto out; }
+    if (dt_tool_stop) { rc = 128 + dt_tool_stop; goto out; }
     if (r1->rc != 0) {
         run_failure(r1, c.timeout_s, why, sizeof why);
         if (r1->rc == 2) {
@@ -766,12 +641,12 @@ int dtrain_check_main(int argc, char **argv) {
         goto out;
     }
     run_train(&c, rn, c.np, 0);
-    if (g_stop) { rc = 128 + g_stop; goto out; }
+    if (dt_tool_stop) { rc = 128 + dt_tool_stop; goto out; }
     if (!c.spans) {
         rs = &runs[nrun++];
         run_paths(&c, rs, "sampler");
         run_train(&c, rs, c.np, 1);
-        if (g_stop) { rc = 128 + g_stop; goto out; }
+        if (dt_tool_stop) { rc = 128 + dt_tool_stop; goto out; }
     }
 
     int failed = judge(&c, r1, rn, rs);

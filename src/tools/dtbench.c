@@ -21,6 +21,7 @@
  */
 #include "config.h"
 #include "args.h"
+#include "clock.h"
 #include "comm.h"
 #include "reduce.h"
 #include "status.h"
@@ -30,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static const char usage[] =
 "usage: dtbench [options]   (run under dtrun, mpirun or srun)\n"
@@ -248,12 +248,6 @@ static dt_status check_once(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, siz
     return DT_OK;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static double bus_factor(bench_op op, int n) {
     switch (op) {
     case OP_ALLREDUCE:      return 2.0 * (n - 1) / n;
@@ -294,9 +288,9 @@ static dt_status bench(dt_comm *c, const bench_cfg *cfg, int64_t *wrong_total) {
         int64_t wrong = 0;
         if (s == DT_OK && cfg->check) s = check_once(c, cfg, &b, total, per, &wrong);
         if (s == DT_OK) s = dt_barrier(c);
-        double t0 = now_s();
+        double t0 = dt_now();
         for (int it = 0; it < cfg->iters && s == DT_OK; it++) s = run_once(c, cfg, &b, total, per);
-        double mean = (now_s() - t0) / cfg->iters;
+        double mean = (dt_now() - t0) / cfg->iters;
         /* time: the slowest rank's mean; #wrong: summed over ranks */
         double tmax = mean;
         if (s == DT_OK) s = dt_allreduce(c, &mean, &tmax, 1, DT_F64, DT_MAX);

@@ -13,7 +13,8 @@
  * rule 3). With --max-restarts K the job is started again, up to K times.
  *
  * This file holds the command line, the attempt loop and the final report; the ranks
- * of one attempt are in dtrun_ranks.c, the meeting of the nodes in dtrun_rdzv.c.
+ * of one attempt are in dtrun_ranks.c, the meeting of the nodes in dtrun_rdzv.c, and
+ * what all of them use (messages, stopping the ranks) in dtrun_util.c.
  */
 #include "config.h"
 #include "dtrun.h"
@@ -113,96 +114,7 @@ static const char usage[] =
 "  1        dtrun could not start the job, or a node was lost\n"
 "  2        bad command line, or nodes that disagree\n";
 
-/* ---- messages and small helpers ------------------------------------------------------- */
-
-static FILE *say_log;   /* dtrun's own log file in --log-dir */
-
-static void say_line(const char *line) {
-    char buf[8192];
-    int n = snprintf(buf, sizeof buf, "dtrun: %s\n", line);
-    if (n > (int)sizeof buf - 1) n = (int)sizeof buf - 1;
-    ssize_t w = write(2, buf, (size_t)n);
-    (void)w;
-    if (say_log) {
-        char when[64];
-        dtrun_clock(when, sizeof when);
-        fprintf(say_log, "%s %s\n", when, line);
-        fflush(say_log);
-    }
-}
-
-void dtrun_say(dtrun_job *job, const char *fmt, ...) {
-    (void)job;
-    char buf[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    say_line(buf);
-}
-
-/* A multi-line text, each line behind "dtrun: ". */
-void dtrun_say_block(dtrun_job *job, const char *text) {
-    (void)job;
-    const char *p = text;
-    while (*p) {
-        const char *e = strchr(p, '\n');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        char line[4096];
-        snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), p);
-        say_line(line);
-        p += n + (e ? 1 : 0);
-    }
-}
-
-double dtrun_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Wall-clock time, UTC, to the millisecond: "2026-11-29 10:50:01.123 UTC". */
-void dtrun_clock(char *out, size_t n) {
-    struct timespec ts;
-    struct tm tm;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
-    char d[32];
-    strftime(d, sizeof d, "%Y-%m-%d %H:%M:%S", &tm);
-    snprintf(out, n, "%s.%03d UTC", d, (int)(ts.tv_nsec / 1000000));
-}
-
-const char *dtrun_signame(int sig) {
-    static char buf[32];
-    switch (sig) {
-    case SIGHUP: return "SIGHUP";   case SIGINT: return "SIGINT";   case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";   case SIGTRAP: return "SIGTRAP"; case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";   case SIGFPE: return "SIGFPE";   case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1"; case SIGSEGV: return "SIGSEGV"; case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE"; case SIGALRM: return "SIGALRM"; case SIGTERM: return "SIGTERM";
-    case SIGXCPU: return "SIGXCPU"; case SIGXFSZ: return "SIGXFSZ"; case SIGSYS: return "SIGSYS";
-    }
-    snprintf(buf, sizeof buf, "signal %d", sig);
-    return buf;
-}
-
-/* A free TCP port: bind port 0, read what the kernel chose, release it. The ranks bind
- * it again moments later; a race with another program is possible but rare. */
-int dtrun_free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return 0;
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    socklen_t len = sizeof sa;
-    int port = 0;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    close(fd);
-    return port;
-}
+/* ---- ports ---------------------------------------------------------------------------- */
 
 /* Is a given port free to listen on here? 0 if so, else errno. (Like the store, with
  * SO_REUSEADDR, so a port in TIME_WAIT from a previous run counts as free.) */
@@ -431,8 +343,6 @@ static void base_run_id(const dtrun_cfg *cfg, char *out, size_t n) {
         snprintf(out + strlen(out), n - strlen(out), "%02x", rnd[i]);
 }
 
-char dtrun_base_id[160];   /* dtrun.h */
-
 static void set_job_id(dtrun_job *job) {
     const char *env = getenv("DT_JOB_ID");
     if (job->attempt == 0 && !job->cfg->run_id[0] && env && *env && strcmp(env, dtrun_base_id) == 0)
@@ -451,11 +361,10 @@ static int open_log_dir(dtrun_job *job) {
     }
     char path[1100];
     snprintf(path, sizeof path, "%s/dtrun-node%d.log", cfg->log_dir, cfg->node_rank);
-    if (!(say_log = fopen(path, "w"))) {
+    if (!(job->log = fopen(path, "w"))) {
         fprintf(stderr, "dtrun: --log-dir: cannot write %s: %s\n", path, strerror(errno));
         return -1;
     }
-    job->log = say_log;
     return 0;
 }
 
@@ -542,7 +451,7 @@ int main(int argc, char **argv) {
             dtrun_net_close(&job);
             free(job.rk);
             free(cfg.ranks_filter);
-            if (say_log) fclose(say_log);
+            if (job.log) fclose(job.log);
             return rc;
         }
         free(job.fail);

@@ -1,5 +1,5 @@
 /*
- * dtrun.h: what the three parts of dtrun share.
+ * dtrun.h: what the four files of dtrun share.
  *
  *   dtrun.c        command line (flags and DTRUN_* variables), the attempt loop, the
  *                  final report and exit status
@@ -8,6 +8,10 @@
  *   dtrun_rdzv.c   multi-node: node 0's dtrun serves a small line protocol on
  *                  --master-port; the other nodes join, learn the layout, report local
  *                  failures and hear the job's first failure, restarts and the end
+ *   dtrun_util.c   what all three use: messages, clocks, signal names, a free port,
+ *                  stopping the local ranks
+ *
+ * Each file calls only those listed below it, so there is no cycle between them.
  *
  * The rendezvous is dtrun's own and not the comm layer's store: the dtruns must notice
  * at once when a node disappears (a closed connection, missing heartbeats), which a
@@ -19,6 +23,7 @@
 #include <poll.h>
 #include <stdio.h>
 #include <sys/types.h>
+#include "clock.h"   /* dt_now() */
 
 #define DTRUN_MAX_RANKS  4096
 #define DTRUN_MAX_NODES  4096
@@ -88,26 +93,26 @@ typedef struct {
     int          no_restart;  /* restarting would not help (a signal, a lost node) */
 } dtrun_job;
 
-/* dtrun.c */
+/* dtrun_util.c (calls none of the others) */
 extern char dtrun_base_id[160];   /* the job's id before restarts; node 0's on every node */
+/* A line (or each line of a text) behind "dtrun: " on stderr, and in job->log. */
 void   dtrun_say(dtrun_job *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void   dtrun_say_block(dtrun_job *job, const char *text);
-double dtrun_now(void);
 const char *dtrun_signame(int sig);
-void   dtrun_clock(char *out, size_t n);
+void   dtrun_clock(char *out, size_t n);       /* wall-clock time, UTC, for messages */
 int    dtrun_free_port(void);
+void   dtrun_signal_ranks(dtrun_job *job, int sig);
+/* Record the job's first failure (if none yet) and stop the local ranks. */
+void   dtrun_stop(dtrun_job *job, const char *desc, int code, int no_restart);
+/* Drain the signalfd while no rank runs: the first SIGINT/SIGTERM/SIGHUP, or 0. */
+int    dtrun_read_signal(dtrun_job *job);
 
-/* dtrun_ranks.c */
+/* dtrun_ranks.c (uses dtrun_rdzv.c for the connections it polls) */
 int  dtrun_spawn(dtrun_job *job);                 /* 0, or -1 after a message */
 void dtrun_supervise(dtrun_job *job);             /* until every local rank is reaped */
-void dtrun_signal_ranks(dtrun_job *job, int sig);
-/* Record the job's first failure (if none yet) and stop the local ranks. */
-void dtrun_stop(dtrun_job *job, const char *desc, int code, int no_restart);
 void dtrun_close_logs(dtrun_job *job);
-/* Drain the signalfd while no rank runs: the first SIGINT/SIGTERM/SIGHUP, or 0. */
-int  dtrun_read_signal(dtrun_job *job);
 
-/* dtrun_rdzv.c */
+/* dtrun_rdzv.c (uses dtrun_util.c only) */
 int  dtrun_net_start(dtrun_job *job);             /* rendezvous; 0, or an exit status */
 int  dtrun_net_pollfds(dtrun_job *job, struct pollfd *pfd, int max);
 void dtrun_net_ready(dtrun_job *job, struct pollfd *pfd, int n);

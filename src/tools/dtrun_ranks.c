@@ -260,26 +260,6 @@ int dtrun_spawn(dtrun_job *job) {
     return 0;
 }
 
-void dtrun_signal_ranks(dtrun_job *job, int sig) {
-    if (job->pgid > 0) kill(-job->pgid, sig);   /* the whole group: grandchildren too */
-    for (int r = 0; r < job->cfg->nproc; r++)
-        if (job->rk[r].pid > 0 && !job->rk[r].reaped) kill(job->rk[r].pid, sig);
-}
-
-void dtrun_stop(dtrun_job *job, const char *desc, int code, int no_restart) {
-    if (!job->fail && desc) {
-        job->fail = strdup(desc);
-        job->fail_code = code;
-        job->no_restart = no_restart;
-    }
-    if (!job->stopping && job->alive > 0) {
-        job->stopping = 1;
-        dtrun_signal_ranks(job, SIGTERM);
-        job->kill_at = dtrun_now() + job->cfg->grace_s;
-    }
-    job->stopping = 1;
-}
-
 /* The report of a local rank's failure: what, where, when, and its last stderr lines. */
 static char *describe_failure(dtrun_job *job, dtrun_rank *rk) {
     size_t cap = 1024;
@@ -334,7 +314,7 @@ static void got_signal(dtrun_job *job, int sig) {
         job->stopping = 1;
         if (job->alive > 0) {
             dtrun_signal_ranks(job, sig);
-            job->kill_at = dtrun_now() + job->cfg->grace_s;
+            job->kill_at = dt_now() + job->cfg->grace_s;
         }
     }
     if (job->net) {   /* the other nodes stop too */
@@ -397,7 +377,7 @@ void dtrun_supervise(dtrun_job *job) {
                 }
         int nout = np;
         if (job->net) np += dtrun_net_pollfds(job, pfd + np, DTRUN_NET_FDS);
-        double t = dtrun_now();
+        double t = dt_now();
         if (job->alive == 0) {
             if (nout == 1) break;                     /* all output drained */
             if (drain_until == 0) drain_until = t + DTRUN_DRAIN_S;
@@ -449,13 +429,4 @@ void dtrun_supervise(dtrun_job *job) {
     for (int r = 0; r < n; r++)
         if (!job->rk[r].reaped) { waitpid(job->rk[r].pid, &job->rk[r].status, 0); job->rk[r].reaped = 1; }
     free(pfd); free(who);
-}
-
-int dtrun_read_signal(dtrun_job *job) {
-    struct signalfd_siginfo si;
-    int sig = 0;
-    while (read(job->sfd, &si, sizeof si) == (ssize_t)sizeof si)
-        if ((int)si.ssi_signo != SIGCHLD && !sig) sig = (int)si.ssi_signo;
-    while (waitpid(-1, NULL, WNOHANG) > 0) {}
-    return sig;
 }

@@ -97,12 +97,12 @@ static void send_line(peer *p, const char *fmt, ...) {
     }
     buf[n++] = '\n';
     size_t off = 0;
-    double give_up = dtrun_now() + 2.0;   /* a peer that takes nothing for 2 s is lost anyway */
+    double give_up = dt_now() + 2.0;   /* a peer that takes nothing for 2 s is lost anyway */
     while (off < (size_t)n) {
         ssize_t w = send(p->fd, buf + off, (size_t)n - off, MSG_NOSIGNAL);
         if (w > 0) { off += (size_t)w; continue; }
         if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && dtrun_now() < give_up) {
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && dt_now() < give_up) {
             struct pollfd pf = { .fd = p->fd, .events = POLLOUT };
             (void)poll(&pf, 1, 100);
             continue;
@@ -124,7 +124,7 @@ static int peer_fill(peer *p, const char **err) {
             p->cap = cap;
         }
         ssize_t r = recv(p->fd, p->buf + p->len, p->cap - p->len, 0);
-        if (r > 0) { p->len += (size_t)r; p->last_rx = dtrun_now(); continue; }
+        if (r > 0) { p->len += (size_t)r; p->last_rx = dt_now(); continue; }
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
         *err = r == 0 ? "its connection closed" : strerror(errno);
@@ -292,7 +292,7 @@ static void pending_ready(dtrun_job *job, peer *p) {
     peer_close(slot);
     *slot = *p;
     slot->joined = 1;
-    slot->last_rx = dtrun_now();
+    slot->last_rx = dt_now();
     peer_init(p);
     slot->len = 0;   /* nothing may follow a HELLO before START */
 }
@@ -315,7 +315,7 @@ static void accept_ready(dtrun_job *job) {
             inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, a, sizeof a);
         snprintf(net->pending[k].addr, sizeof net->pending[k].addr, "%s", a);
         net->pending[k].fd = fd;
-        net->pending[k].last_rx = dtrun_now();
+        net->pending[k].last_rx = dt_now();
     }
 }
 
@@ -347,12 +347,12 @@ static int server_start(dtrun_job *job) {
     net->lfd = fd;
     dtrun_say(job, "node 0 of %d (%s): waiting up to %g s for the other nodes on port %d",
               cfg->nnodes, job->host, cfg->rdzv_timeout_s, cfg->master_port);
-    double deadline = dtrun_now() + cfg->rdzv_timeout_s;
+    double deadline = dt_now() + cfg->rdzv_timeout_s;
     for (;;) {
         int missing = 0;
         for (int i = 1; i < cfg->nnodes; i++) if (!net->nodes[i].joined) missing++;
         if (!missing) break;
-        double t = dtrun_now();
+        double t = dt_now();
         if (t >= deadline) {
             char list[512] = "";
             for (int i = 1, n = 0; i < cfg->nnodes && n < 40; i++)
@@ -418,7 +418,7 @@ static int server_start(dtrun_job *job) {
     char port[32];
     snprintf(port, sizeof port, "0 %d", job->rank_port);
     broadcast(net, cfg->nnodes, "START %s", port);
-    for (int i = 1; i < cfg->nnodes; i++) net->nodes[i].last_rx = dtrun_now();
+    for (int i = 1; i < cfg->nnodes; i++) net->nodes[i].last_rx = dt_now();
     return 0;
 }
 
@@ -504,13 +504,13 @@ static int client_start(dtrun_job *job) {
     const dtrun_cfg *cfg = job->cfg;
     dtrun_net *net = job->net;
     peer_init(&net->master);
-    double t0 = dtrun_now(), deadline = t0 + cfg->rdzv_timeout_s, next_note = 0;
+    double t0 = dt_now(), deadline = t0 + cfg->rdzv_timeout_s, next_note = 0;
     char err[256] = "", said[256] = "";
     int fd = -1;
     while (fd < 0) {
         fd = try_connect(cfg->master_addr, cfg->master_port, 2000, err, sizeof err);
         if (fd >= 0) break;
-        double t = dtrun_now();
+        double t = dt_now();
         if (t >= deadline) {
             dtrun_say(job, "node %d could not reach node 0 at %s:%d within %g s (--rdzv-timeout): %s",
                       cfg->node_rank, cfg->master_addr, cfg->master_port, cfg->rdzv_timeout_s, err);
@@ -533,7 +533,7 @@ static int client_start(dtrun_job *job) {
     send_line(&net->master, "HELLO 1 %d %d %d %s %s", cfg->node_rank, cfg->nnodes, cfg->nproc,
               cfg->run_id[0] ? cfg->run_id : "-", job->host);
     while (!net->decided) {
-        double t = dtrun_now();
+        double t = dt_now();
         if (t >= deadline) {
             dtrun_say(job, "node %d: the rendezvous at %s:%d did not complete within %g s (--rdzv-timeout)",
                       cfg->node_rank, cfg->master_addr, cfg->master_port, cfg->rdzv_timeout_s);
@@ -573,7 +573,7 @@ static int client_start(dtrun_job *job) {
     /* decided == 1: START 0 <port> */
     net->decided = 0;
     job->rank_port = net->next_port;
-    net->master.last_rx = dtrun_now();
+    net->master.last_rx = dt_now();
     return 0;
 }
 
@@ -593,7 +593,7 @@ int dtrun_net_start(dtrun_job *job) {
             for (int i = 0; i < cfg->nnodes; i++) job->hosts[i] = strdup(job->net->nodes[i].host);
     }
     job->net->started = 1;
-    job->net->next_hb = dtrun_now() + cfg->monitor_s;
+    job->net->next_hb = dt_now() + cfg->monitor_s;
     /* the layout, once, on every node */
     char nodes[1024] = "";
     for (int i = 0; i < cfg->nnodes && strlen(nodes) < 900; i++)
@@ -658,7 +658,7 @@ double dtrun_net_deadline(dtrun_job *job) {
 void dtrun_net_tick(dtrun_job *job) {
     dtrun_net *net = job->net;
     const dtrun_cfg *cfg = job->cfg;
-    double t = dtrun_now();
+    double t = dt_now();
     if (t < net->next_hb) return;
     net->next_hb = t + cfg->monitor_s;
     char why[128];
@@ -721,7 +721,7 @@ int dtrun_net_after(dtrun_job *job) {
         struct pollfd pfd[1 + 1 + MAX_PENDING + DTRUN_MAX_NODES];
         pfd[0] = (struct pollfd){ .fd = job->sfd, .events = POLLIN };
         int np = 1 + dtrun_net_pollfds(job, pfd + 1, MAX_PENDING + DTRUN_MAX_NODES);
-        double wait = net->next_hb - dtrun_now();
+        double wait = net->next_hb - dt_now();
         int ms = wait > 0 ? (int)(wait * 1000) + 1 : 0;
         if (poll(pfd, (nfds_t)np, ms) < 0 && errno != EINTR) {
             dtrun_say(job, "poll: %s", strerror(errno));

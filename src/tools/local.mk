@@ -2,8 +2,12 @@
 # and dtbench, the collective benchmark. dtrun needs nothing from libdtrain: it has its
 # own small rendezvous between nodes (dtrun_rdzv.c says why).
 bin_PROGRAMS += dtrun dtbench
-dtrun_SOURCES = src/tools/dtrun.c src/tools/dtrun.h src/tools/dtrun_ranks.c src/tools/dtrun_rdzv.c
+dtrun_SOURCES = src/tools/dtrun.c src/tools/dtrun.h src/tools/dtrun_ranks.c src/tools/dtrun_rdzv.c \
+	src/tools/dtrun_util.c src/clock.c src/clock.h
 dtrun_LDADD =
+# per-target flags (the same ones) give dtrun its own object of src/clock.c, which
+# libdtrain also compiles, with libtool
+dtrun_CFLAGS = $(AM_CFLAGS)
 dtbench_SOURCES = src/tools/dtbench.c src/tools/args.c src/tools/args.h
 
 

@@ -1,7 +1,7 @@
 /*
  * plot.c: `dtrain plot` draws the per-step loss of one or more runs on one chart,
  * so a user sees that the 1-process and the N-process curves lie on top of each
- * other; also the reader of metrics files that `dtrain check` uses.
+ * other. The metrics files are read by tool_util.c.
  *
  *   dtrain plot np1.jsonl np2.jsonl -o loss.png     a PNG, through gnuplot
  *   dtrain plot --text 1proc=np1.jsonl np2.jsonl    an ASCII chart on stdout
@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "tool_util.h"
 #include "tools.h"
 
 static const char *usage_plot =
@@ -45,119 +46,6 @@ static const char *usage_plot =
     "Exit status: 0 done, 2 bad flags or files, 1 gnuplot missing or failed.\n";
 
 #define PLOT_MAX_SERIES 16
-
-/* ---- metrics files ------------------------------------------------------------------ */
-
-/* The value that follows "key": in a JSON line (spaces skipped), or NULL. Keys of
- * the metrics lines are plain words and values are numbers or hex strings, so a
- * textual search cannot land inside a value. */
-static const char *json_field(const char *line, const char *key) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\"", key);
-    size_t pl = strlen(pat);
-    for (const char *p = strstr(line, pat); p; p = strstr(p + 1, pat)) {
-        const char *q = p + pl;
-        while (*q == ' ' || *q == '\t') q++;
-        if (*q != ':') continue;
-        q++;
-        while (*q == ' ' || *q == '\t') q++;
-        return q;
-    }
-    return NULL;
-}
-
-/* A number token (up to ',', '}' or space) into buf; 0 when absent or too long. */
-static int json_token(const char *v, char *buf, size_t n) {
-    size_t len = strcspn(v, ",} \t\r\n");
-    if (len == 0 || len >= n) return 0;
-    memcpy(buf, v, len);
-    buf[len] = '\0';
-    return 1;
-}
-
-/* A string value ("...") into buf; 0 when absent, not a string or too long. */
-static int json_string(const char *v, char *buf, size_t n) {
-    if (*v != '"') return 0;
-    const char *e = strchr(v + 1, '"');
-    if (!e || (size_t)(e - v - 1) >= n) return 0;
-    memcpy(buf, v + 1, (size_t)(e - v - 1));
-    buf[e - v - 1] = '\0';
-    return 1;
-}
-
-static dt_status parse_step_line(const char *path, long lineno, const char *line, dt_step_rec *r) {
-    char tok[64];
-    const char *v;
-    char *end;
-    memset(r, 0, sizeof *r);
-    if (!(v = json_field(line, "step")) || !json_token(v, tok, sizeof tok))
-        return dt_error(DT_ERR_INVALID, "%s:%ld: a step line without a \"step\" number", path, lineno);
-    errno = 0;
-    long long step = strtoll(tok, &end, 10);
-    if (*end || errno || step < 0)
-        return dt_error(DT_ERR_INVALID, "%s:%ld: \"step\": expected a count, got '%s'", path, lineno, tok);
-    r->step = step;
-    if (!(v = json_field(line, "loss")) || !json_token(v, r->loss_text, sizeof r->loss_text))
-        return dt_error(DT_ERR_INVALID, "%s:%ld: a step line without a \"loss\" number", path, lineno);
-    r->loss = strtod(r->loss_text, &end);
-    if (*end) return dt_error(DT_ERR_INVALID, "%s:%ld: \"loss\": expected a number, got '%s'", path, lineno, r->loss_text);
-    if ((v = json_field(line, "epoch"))) {
-        if (!json_token(v, tok, sizeof tok) || (r->epoch = (int)strtol(tok, &end, 10), *end) || r->epoch < 0)
-            return dt_error(DT_ERR_INVALID, "%s:%ld: \"epoch\": expected a count", path, lineno);
-    }
-    if ((v = json_field(line, "batch_hash")) && !json_string(v, r->hash, sizeof r->hash))
-        return dt_error(DT_ERR_INVALID, "%s:%ld: \"batch_hash\": expected a string of hex digits", path, lineno);
-    return DT_OK;
-}
-
-static int is_step_event(const char *line) {
-    const char *v = json_field(line, "event");
-    char ev[16];
-    return v && json_string(v, ev, sizeof ev) && !strcmp(ev, "step");
-}
-
-dt_status dt_tool_read_steps(const char *path, dt_step_rec **out, size_t *n, int *runs) {
-    *out = NULL;
-    *n = 0;
-    *runs = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return dt_error(DT_ERR_INVALID, "%s: cannot open (%s)", path, strerror(errno));
-    dt_step_rec *recs = NULL;
-    size_t cnt = 0, cap = 0, lsize = 0;
-    char *line = NULL;
-    long lineno = 0;
-    dt_status s = DT_OK;
-    while (s == DT_OK && getline(&line, &lsize, f) != -1) {
-        lineno++;
-        if (!is_step_event(line)) continue;
-        dt_step_rec r;
-        if ((s = parse_step_line(path, lineno, line, &r)) != DT_OK) break;
-        /* the step count starts again: a new run appended to the same file */
-        if (cnt == 0 || r.step <= recs[cnt - 1].step) {
-            (*runs)++;
-            cnt = 0;
-        }
-        if (cnt == cap) {
-            size_t nc = cap ? 2 * cap : 256;
-            dt_step_rec *nr = realloc(recs, nc * sizeof *nr);
-            if (!nr) { s = dt_error(DT_ERR_NOMEM, "out of memory reading %s", path); break; }
-            recs = nr;
-            cap = nc;
-        }
-        recs[cnt++] = r;
-    }
-    if (s == DT_OK && ferror(f)) s = dt_error(DT_ERR_INVALID, "%s: read error (%s)", path, strerror(errno));
-    free(line);
-    fclose(f);
-    if (s != DT_OK) {
-        free(recs);
-        *runs = 0;
-        return s;
-    }
-    *out = recs;
-    *n = cnt;
-    return DT_OK;
-}
 
 /* ---- the series to draw ------------------------------------------------------------- */
 

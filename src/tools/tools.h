@@ -1,8 +1,7 @@
 /*
- * tools.h: the `dtrain check` and `dtrain plot` commands, and the two helpers
- * they share: reading the step lines of a metrics file (the JSON lines that
- * `dtrain train --metrics` appends) and running a child program under a
- * deadline with its output in a file.
+ * tools.h: the commands of the dtrain program that live in files of their own,
+ * `dtrain check` (check.c) and `dtrain plot` (plot.c). What they share is in
+ * tool_util.h, below both, so neither file depends on the other.
  *
  * These live in the dtrain program, not in the library: they start processes
  * and print, which the library never does (DESIGN.md rule 5).
@@ -10,45 +9,8 @@
 #ifndef DT_TOOLS_H
 #define DT_TOOLS_H
 
-#include <stddef.h>
-#include <stdint.h>
-#include "status.h"
-
 /* ---- commands (argv[0] is the command name) --------------------------------------- */
 int dtrain_check_main(int argc, char **argv);   /* dtrain check --np N [train flags] */
 int dtrain_plot_main(int argc, char **argv);    /* dtrain plot FILE... -o loss.png | --text */
-
-/* ---- metrics files ------------------------------------------------------------------ */
-
-/* One {"event":"step",...} line. loss_text keeps the number as printed (%.9g), so
- * two runs compare bit for bit without a round trip through binary. */
-typedef struct {
-    int     epoch;
-    int64_t step;
-    double  loss;
-    char    loss_text[40];
-    char    hash[24];      /* batch_hash, 16 hex digits; "" when the line has none */
-} dt_step_rec;
-
-/* The step lines of a metrics file. A file that was appended to by several runs
- * holds several sequences of steps (the step number starts again); only the last
- * run is returned and *runs says how many there were. DT_ERR_INVALID naming the
- * file and line for an unreadable file or a malformed step line. */
-dt_status dt_tool_read_steps(const char *path, dt_step_rec **out, size_t *n, int *runs);
-
-/* ---- child processes ---------------------------------------------------------------- */
-
-/* Run argv[0] (a path) with stdin from /dev/null and stdout and stderr appended
- * to log, in its own process group, with the launch variables of this process
- * (RANK, WORLD_SIZE, OMPI_*, SLURM_*, ...) removed so it cannot mistake itself for
- * a rank of a job that started us. After timeout_s seconds the group gets
- * SIGTERM, then SIGKILL 5 s later. Returns the exit status (128+S when killed by
- * signal S), 124 on timeout (*timed_out = 1), or -1 when it could not be started
- * (message in dt_last_error()). */
-int dt_tool_run(char *const argv[], const char *log, double timeout_s, int *timed_out);
-
-/* The last non-empty line of a file that does not start with "#", without its
- * newline, into buf (size n); "" when none. Used to quote a failed child. */
-void dt_tool_last_line(const char *path, char *buf, size_t n);
 
 #endif /* DT_TOOLS_H */

@@ -1,0 +1,30 @@
+/*
+ * testing.h: the one hook through which a test plants a bug in the trainer.
+ *
+ * `dtrain check` claims to catch the classic data-parallel bugs, and a test must
+ * be able to prove it (tests/check_planted.sh). So the trainer can be told to
+ * misbehave in a few known ways. The switch lives here, in a private header that
+ * is not installed: no public option struct carries it and the library reads no
+ * environment variable for it. The dtrain program sets it only when its hidden
+ * flag --testing-fault asks. It is process-wide and off by default; set it
+ * before training starts.
+ */
+#ifndef DT_TESTING_H
+#define DT_TESTING_H
+
+#include "status.h"
+
+typedef enum {
+    DT_FAULT_NONE = 0,
+    DT_FAULT_SAMPLER_EPOCH,    /* "sampler-epoch": the sampler is never told the epoch */
+    DT_FAULT_SKIP_ALLREDUCE,   /* "skip-allreduce": gradients are not all-reduced */
+    DT_FAULT_LR_RANK1,         /* "lr-rank1": rank 1 steps with twice the learning rate */
+} dt_fault;
+
+/* Plant the fault with this name (NULL or "": none). DT_ERR_INVALID listing the
+ * names for an unknown one. */
+dt_status dt_testing_set_fault(const char *name);
+/* The planted fault, DT_FAULT_NONE unless a test set one. */
+dt_fault  dt_testing_fault(void);
+
+#endif /* DT_TESTING_H */

@@ -1,0 +1,274 @@
+/*
+ * tool_util.c: what the commands of the dtrain program share (see tool_util.h):
+ * the flag names of the trainer's option fields, the reader of metrics files and
+ * the child-process runner. `dtrain check` and `dtrain plot` (which runs gnuplot)
+ * use the last two; kept here, below both commands, they leave neither command's
+ * file depending on the other.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "tool_util.h"
+
+extern char **environ;
+
+/* ---- messages ----------------------------------------------------------------------- */
+
+const dt_arg_field dt_tool_train_flags[] = {
+    {"model", "--model"},                 {"data", "--data"},
+    {"epochs", "--epochs"},               {"max_steps", "--steps"},
+    {"batch", "--batch"},                 {"micro_batches", "--micro-batches"},
+    {"optim", "--optim"},                 {"lr", "--lr"},
+    {"momentum", "--momentum"},           {"nesterov", "--nesterov"},
+    {"weight_decay", "--weight-decay"},   {"schedule", "--schedule"},
+    {"step_size", "--step-size"},         {"gamma", "--gamma"},
+    {"warmup", "--warmup"},               {"clip", "--clip"},
+    {"label_smoothing", "--label-smoothing"}, {"seed", "--seed"},
+    {"bucket_mb", "--bucket-mb"},         {"overlap", "--no-overlap"},
+    {"sync_bn", "--sync-bn"},             {"lr_scale", "--lr-scale"},
+    {"eval", "--no-eval"},                {"ckpt_dir", "--checkpoint-dir"},
+    {"ckpt_every", "--checkpoint-every"}, {"ckpt_keep", "--keep"},
+    {"stop_at", "--stop-at"},             {"resume", "--resume"},
+    {"log_every", "--log-every"},         {"rank_stats_every", "--rank-stats"},
+    {NULL, NULL},
+};
+
+const char *dt_tool_error(char *buf, size_t n) {
+    return dt_arg_flag_message(dt_tool_train_flags, dt_last_error(), buf, n);
+}
+
+/* ---- metrics files ------------------------------------------------------------------ */
+
+/* The value that follows "key": in a JSON line (spaces skipped), or NULL. Keys of
+ * the metrics lines are plain words and values are numbers or hex strings, so a
+ * textual search cannot land inside a value. */
+static const char *json_field(const char *line, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    size_t pl = strlen(pat);
+    for (const char *p = strstr(line, pat); p; p = strstr(p + 1, pat)) {
+        const char *q = p + pl;
+        while (*q == ' ' || *q == '\t') q++;
+        if (*q != ':') continue;
+        q++;
+        while (*q == ' ' || *q == '\t') q++;
+        return q;
+    }
+    return NULL;
+}
+
+/* A number token (up to ',', '}' or space) into buf; 0 when absent or too long. */
+static int json_token(const char *v, char *buf, size_t n) {
+    size_t len = strcspn(v, ",} \t\r\n");
+    if (len == 0 || len >= n) return 0;
+    memcpy(buf, v, len);
+    buf[len] = '\0';
+    return 1;
+}
+
+/* A string value ("...") into buf; 0 when absent, not a string or too long. */
+static int json_string(const char *v, char *buf, size_t n) {
+    if (*v != '"') return 0;
+    const char *e = strchr(v + 1, '"');
+    if (!e || (size_t)(e - v - 1) >= n) return 0;
+    memcpy(buf, v + 1, (size_t)(e - v - 1));
+    buf[e - v - 1] = '\0';
+    return 1;
+}
+
+static dt_status parse_step_line(const char *path, long lineno, const char *line, dt_step_rec *r) {
+    char tok[64];
+    const char *v;
+    char *end;
+    memset(r, 0, sizeof *r);
+    if (!(v = json_field(line, "step")) || !json_token(v, tok, sizeof tok))
+        return dt_error(DT_ERR_INVALID, "%s:%ld: a step line without a \"step\" number", path, lineno);
+    errno = 0;
+    long long step = strtoll(tok, &end, 10);
+    if (*end || errno || step < 0)
+        return dt_error(DT_ERR_INVALID, "%s:%ld: \"step\": expected a count, got '%s'", path, lineno, tok);
+    r->step = step;
+    if (!(v = json_field(line, "loss")) || !json_token(v, r->loss_text, sizeof r->loss_text))
+        return dt_error(DT_ERR_INVALID, "%s:%ld: a step line without a \"loss\" number", path, lineno);
+    r->loss = strtod(r->loss_text, &end);
+    if (*end) return dt_error(DT_ERR_INVALID, "%s:%ld: \"loss\": expected a number, got '%s'", path, lineno, r->loss_text);
+    if ((v = json_field(line, "epoch"))) {
+        if (!json_token(v, tok, sizeof tok) || (r->epoch = (int)strtol(tok, &end, 10), *end) || r->epoch < 0)
+            return dt_error(DT_ERR_INVALID, "%s:%ld: \"epoch\": expected a count", path, lineno);
+    }
+    if ((v = json_field(line, "batch_hash")) && !json_string(v, r->hash, sizeof r->hash))
+        return dt_error(DT_ERR_INVALID, "%s:%ld: \"batch_hash\": expected a string of hex digits", path, lineno);
+    return DT_OK;
+}
+
+static int is_step_event(const char *line) {
+    const char *v = json_field(line, "event");
+    char ev[16];
+    return v && json_string(v, ev, sizeof ev) && !strcmp(ev, "step");
+}
+
+dt_status dt_tool_read_steps(const char *path, dt_step_rec **out, size_t *n, int *runs) {
+    *out = NULL;
+    *n = 0;
+    *runs = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return dt_error(DT_ERR_INVALID, "%s: cannot open (%s)", path, strerror(errno));
+    dt_step_rec *recs = NULL;
+    size_t cnt = 0, cap = 0, lsize = 0;
+    char *line = NULL;
+    long lineno = 0;
+    dt_status s = DT_OK;
+    while (s == DT_OK && getline(&line, &lsize, f) != -1) {
+        lineno++;
+        if (!is_step_event(line)) continue;
+        dt_step_rec r;
+        if ((s = parse_step_line(path, lineno, line, &r)) != DT_OK) break;
+        /* the step count starts again: a new run appended to the same file */
+        if (cnt == 0 || r.step <= recs[cnt - 1].step) {
+            (*runs)++;
+            cnt = 0;
+        }
+        if (cnt == cap) {
+            size_t nc = cap ? 2 * cap : 256;
+            dt_step_rec *nr = realloc(recs, nc * sizeof *nr);
+            if (!nr) { s = dt_error(DT_ERR_NOMEM, "out of memory reading %s", path); break; }
+            recs = nr;
+            cap = nc;
+        }
+        recs[cnt++] = r;
+    }
+    if (s == DT_OK && ferror(f)) s = dt_error(DT_ERR_INVALID, "%s: read error (%s)", path, strerror(errno));
+    free(line);
+    fclose(f);
+    if (s != DT_OK) {
+        free(recs);
+        *runs = 0;
+        return s;
+    }
+    *out = recs;
+    *n = cnt;
+    return DT_OK;
+}
+
+/* ---- child processes ------------------------------------------------------------------ */
+
+volatile sig_atomic_t dt_tool_stop;
+
+void dt_tool_on_signal(int sig) { dt_tool_stop = sig; }
+
+/* The launch variables a child must not inherit (launch_env.c reads them). */
+static int is_launch_var(const char *kv) {
+    static const char *const names[] = {
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+        "MASTER_PORT", "DT_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+        "MPI_LOCALNRANKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NODEID",
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        size_t n = strlen(names[i]);
+        if (!strncmp(kv, names[i], n) && kv[n] == '=') return 1;
+    }
+    return 0;
+}
+
+/* Wait for pid until the deadline; 1 when it ended (*st set), 0 when not. */
+static int wait_until(pid_t pid, double deadline, int *st) {
+    for (;;) {
+        pid_t w = waitpid(pid, st, WNOHANG);
+        if (w == pid) return 1;
+        if (w < 0 && errno != EINTR) {  /* not our child any more: nothing to wait for */
+            *st = -1;
+            return 1;
+        }
+        if (dt_now() >= deadline || dt_tool_stop) return 0;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* dup2 in a child; when src already is dst (a parent started with that descriptor
+ * closed), only its close-on-exec flag must go. */
+static int redirect(int src, int dst) {
+    if (src == dst) return fcntl(dst, F_SETFD, 0);
+    return dup2(src, dst);
+}
+
+int dt_tool_run(char *const argv[], const char *log, double timeout_s, int *timed_out) {
+    *timed_out = 0;
+    size_t ne = 0;
+    while (environ[ne]) ne++;
+    char **envp = malloc((ne + 1) * sizeof *envp);
+    if (!envp) { dt_error(DT_ERR_NOMEM, "out of memory starting %s", argv[0]); return -1; }
+    size_t k = 0;
+    for (size_t i = 0; i < ne; i++)
+        if (!is_launch_var(environ[i])) envp[k++] = environ[i];
+    envp[k] = NULL;
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        dt_error(DT_ERR_IO, "cannot open %s for the output of %s (%s)", log, argv[0], strerror(errno));
+        free(envp);
+        return -1;
+    }
+    int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        dt_error(DT_ERR_IO, "cannot open /dev/null (%s)", strerror(errno));
+        close(fd);
+        free(envp);
+        return -1;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* its own process group, so a timeout can stop it and everything it started */
+        setpgid(0, 0);
+        if (redirect(in, 0) < 0 || redirect(fd, 1) < 0 || redirect(fd, 2) < 0) _exit(127);
+        execve(argv[0], argv, envp);
+        dprintf(2, "cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    int err = errno;
+    close(fd);
+    close(in);
+    free(envp);
+    if (pid < 0) { dt_error(DT_ERR_IO, "cannot start %s: fork: %s", argv[0], strerror(err)); return -1; }
+    setpgid(pid, pid);  /* also here: whichever runs first */
+    int st = 0;
+    if (!wait_until(pid, dt_now() + timeout_s, &st)) {
+        *timed_out = !dt_tool_stop;
+        kill(-pid, SIGTERM);
+        if (!wait_until(pid, dt_now() + 5.0, &st)) {
+            kill(-pid, SIGKILL);
+            while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+        }
+        if (dt_tool_stop) return 128 + dt_tool_stop;
+        return 124;
+    }
+    if (st == -1) { dt_error(DT_ERR_IO, "waiting for %s: %s", argv[0], strerror(errno)); return -1; }
+    if (WIFEXITED(st)) return WEXITSTATUS(st);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return 1;
+}
+
+void dt_tool_last_line(const char *path, char *buf, size_t n) {
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    while ((len = getline(&line, &cap, f)) != -1) {
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+        if (len == 0 || line[0] == '#') continue;
+        snprintf(buf, n, "%s", line);
+    }
+    free(line);
+    fclose(f);
+}

@@ -1,0 +1,70 @@
+/*
+ * tool_util.h: the helpers the commands of the dtrain program share: reading the
+ * step lines of a metrics file (the JSON lines that `dtrain train --metrics`
+ * appends), running a child program under a deadline with its output in a file,
+ * and the library's error message with the flag in place of the option field.
+ * `dtrain check`, `dtrain plot` and dtrain.c use them, so they sit below all three.
+ *
+ * These live in the dtrain program, not in the library: they start processes
+ * and print, which the library never does (DESIGN.md rule 5).
+ */
+#ifndef DT_TOOL_UTIL_H
+#define DT_TOOL_UTIL_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "args.h"
+#include "status.h"
+
+/* ---- messages ----------------------------------------------------------------------- */
+
+/* The option fields of dt_train_opts (train.h) with the `dtrain train` flags that
+ * set them (eval, model and check use the same flag names), ended by NULLs. */
+extern const dt_arg_field dt_tool_train_flags[];
+
+/* dt_last_error() into buf (size n), naming the flag where the library named the
+ * option field ("micro_batches: ..." -> "--micro-batches: ..."). Returns buf. */
+const char *dt_tool_error(char *buf, size_t n);
+
+/* ---- metrics files ------------------------------------------------------------------ */
+
+/* One {"event":"step",...} line. loss_text keeps the number as printed (%.9g), so
+ * two runs compare bit for bit without a round trip through binary. */
+typedef struct {
+    int     epoch;
+    int64_t step;
+    double  loss;
+    char    loss_text[40];
+    char    hash[24];      /* batch_hash, 16 hex digits; "" when the line has none */
+} dt_step_rec;
+
+/* The step lines of a metrics file. A file that was appended to by several runs
+ * holds several sequences of steps (the step number starts again); only the last
+ * run is returned and *runs says how many there were. DT_ERR_INVALID naming the
+ * file and line for an unreadable file or a malformed step line. */
+dt_status dt_tool_read_steps(const char *path, dt_step_rec **out, size_t *n, int *runs);
+
+/* ---- child processes ---------------------------------------------------------------- */
+
+/* Run argv[0] (a path) with stdin from /dev/null and stdout and stderr appended
+ * to log, in its own process group, with the launch variables of this process
+ * (RANK, WORLD_SIZE, OMPI_*, SLURM_*, ...) removed so it cannot mistake itself for
+ * a rank of a job that started us. After timeout_s seconds the group gets
+ * SIGTERM, then SIGKILL 5 s later; so it does, at once, when dt_tool_stop is set.
+ * Returns the exit status (128+S when killed by signal S), 124 on timeout
+ * (*timed_out = 1), 128+S when stopped by signal S, or -1 when it could not be
+ * started (message in dt_last_error()). */
+int dt_tool_run(char *const argv[], const char *log, double timeout_s, int *timed_out);
+
+/* The signal (SIGINT, SIGTERM) that asked the command to stop, 0 while none did.
+ * dt_tool_on_signal is the handler that records it: a command installs it around
+ * its child runs. */
+extern volatile sig_atomic_t dt_tool_stop;
+void dt_tool_on_signal(int sig);
+
+/* The last non-empty line of a file that does not start with "#", without its
+ * newline, into buf (size n); "" when none. Used to quote a failed child. */
+void dt_tool_last_line(const char *path, char *buf, size_t n);
+
+#endif /* DT_TOOL_UTIL_H */
