@@ -101,9 +101,4 @@ dt_status           dt_ckpt_restore(dt_ckpt *c, dt_model *m, dt_optim *o);
  * for its info and extras (close it), else it is closed. */
 dt_status           dt_ckpt_load(const char *path, dt_model *m, dt_optim *o, dt_ckpt **out);
 
-/* ---- checksum --------------------------------------------------------------- */
-
-/* XXH64 of n bytes with a seed (the reference algorithm; portable, no tables). */
-uint64_t dt_xxh64(const void *p, size_t n, uint64_t seed);
-
 #endif /* DT_CKPT_H */

@@ -8,7 +8,7 @@
  * worker thread) once ready_lo has passed its start.
  */
 #include "ddp.h"
-#include "ckpt.h"   /* dt_xxh64 */
+#include "hash.h"   /* dt_xxh64 */
 
 #include <math.h>
 #include <stdio.h>

@@ -9,6 +9,7 @@
 
 #include "ckpt.h"
 #include "checkpoint.h"
+#include "hash.h"
 #include "tap.h"
 
 #include <dirent.h>
