@@ -160,10 +160,6 @@ static dt_status write_model(const char *path, dt_model *m, int64_t step, char s
     return s;
 }
 
-static const char *optim_name(int has, dt_optim_kind k) {
-    return !has ? "none" : k == DT_OPTIM_ADAMW ? "adamw" : "sgd";
-}
-
 static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, const dt_ckpt_info *in,
                              const char *const *extra, int nextra, const char *model_sum) {
     swriter sw = {0};
@@ -198,15 +194,17 @@ static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, c
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.world_size", in->world_size);
     if (s == DT_OK) s = sw_meta(&sw, "dtrain.model", in->model_spec ? in->model_spec : "");
     if (s == DT_OK) s = sw_meta(&sw, "dtrain.schedule", in->schedule ? in->schedule : "");
-    if (s == DT_OK) s = sw_meta(&sw, "dtrain.optimizer", optim_name(o != NULL, c->kind));
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.lr", c->lr);
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.weight_decay", c->weight_decay);
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.momentum", c->momentum);
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.dampening", c->dampening);
-    if (s == DT_OK) s = sw_metai(&sw, "dtrain.optim.nesterov", c->nesterov);
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.beta1", c->beta1);
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.beta2", c->beta2);
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.eps", c->eps);
+    /* the optimizer by its row's name, then every hyper-parameter field */
+    if (s == DT_OK) s = sw_meta(&sw, "dtrain.optimizer", o ? dt_optim_def_in(o)->name : "none");
+    int nhp;
+    const dt_optim_hparam *hp = dt_optim_hparams(&nhp);
+    for (int i = 0; s == DT_OK && i < nhp; i++) {
+        char key[64];
+        const char *field = (const char *)c + hp[i].offset;
+        snprintf(key, sizeof key, "dtrain.optim.%s", hp[i].name);
+        if (hp[i].is_int) s = sw_metai(&sw, key, *(const int *)field);
+        else s = sw_metaf(&sw, key, *(const float *)field);
+    }
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.optim.steps", o ? dt_optim_steps(o) : 0);
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.optim.size", (int64_t)n);
     if (s == DT_OK) s = sw_meta(&sw, "dtrain.model_checksum", model_sum);
@@ -361,20 +359,28 @@ static dt_status read_info(dt_ckpt *c) {
     DT_TRY(meta_str(c, "dtrain.model", &in->model_spec));
     DT_TRY(meta_str(c, "dtrain.schedule", &in->schedule));
     DT_TRY(meta_str(c, "dtrain.optimizer", &kind));
-    if (strcmp(kind, "none") == 0) in->has_optim = 0;
-    else if (strcmp(kind, "sgd") == 0) in->has_optim = 1, in->optim.kind = DT_OPTIM_SGD;
-    else if (strcmp(kind, "adamw") == 0) in->has_optim = 1, in->optim.kind = DT_OPTIM_ADAMW;
-    else return dt_error(DT_ERR_FORMAT, "%s: unknown optimizer \"%s\"", c->state_path, kind);
-    dt_optim_config *oc = &in->optim;
-    DT_TRY(meta_float(c, "dtrain.optim.lr", &oc->lr));
-    DT_TRY(meta_float(c, "dtrain.optim.weight_decay", &oc->weight_decay));
-    DT_TRY(meta_float(c, "dtrain.optim.momentum", &oc->momentum));
-    DT_TRY(meta_float(c, "dtrain.optim.dampening", &oc->dampening));
-    DT_TRY(meta_int(c, "dtrain.optim.nesterov", 0, &v));
-    oc->nesterov = v != 0;
-    DT_TRY(meta_float(c, "dtrain.optim.beta1", &oc->beta1));
-    DT_TRY(meta_float(c, "dtrain.optim.beta2", &oc->beta2));
-    DT_TRY(meta_float(c, "dtrain.optim.eps", &oc->eps));
+    in->has_optim = strcmp(kind, "none") != 0;
+    if (in->has_optim) {
+        const dt_optim_def *d = dt_optim_find(kind);
+        char names[128];
+        if (!d)
+            return dt_error(DT_ERR_FORMAT, "%s: unknown optimizer \"%s\" (this dtrain knows %s)", c->state_path, kind,
+                            dt_optim_names(names, sizeof names));
+        in->optim.kind = d->defaults.kind;
+    }
+    int nhp;
+    const dt_optim_hparam *hp = dt_optim_hparams(&nhp);
+    for (int i = 0; i < nhp; i++) {
+        char key[64];
+        char *field = (char *)&in->optim + hp[i].offset;
+        snprintf(key, sizeof key, "dtrain.optim.%s", hp[i].name);
+        if (hp[i].is_int) {
+            DT_TRY(meta_int(c, key, 0, &v));
+            *(int *)field = v != 0;
+        } else {
+            DT_TRY(meta_float(c, key, (float *)field));
+        }
+    }
     DT_TRY(meta_int(c, "dtrain.optim.steps", 0, &in->optim_steps));
     DT_TRY(meta_int(c, "dtrain.optim.size", 0, &c->optim_size));
     return DT_OK;
@@ -413,18 +419,16 @@ dt_status dt_ckpt_open(const char *path, dt_ckpt **out) {
     return DT_OK;
 }
 
-static const char *kind_label(dt_optim_kind k) { return k == DT_OPTIM_ADAMW ? "AdamW" : "SGD"; }
-
-/* The optimizer's state names and sizes against train_state's tensors. */
+/* The optimizer's kind, state names and sizes against train_state's tensors. */
 static dt_status check_optim(dt_ckpt *c, dt_optim *o) {
     const dt_ckpt_info *in = &c->info;
-    dt_optim_kind want = dt_optim_config_of(o)->kind;
+    const char *want = dt_optim_def_in(o)->name;
     if (!in->has_optim)
-        return dt_error(DT_ERR_FORMAT, "%s: holds no optimizer state, the run uses %s", c->state_path,
-                        kind_label(want));
-    if (in->optim.kind != want)
-        return dt_error(DT_ERR_FORMAT, "%s: optimizer state is %s, the optimizer is %s (a run cannot resume with "
-                        "another optimizer)", c->state_path, kind_label(in->optim.kind), kind_label(want));
+        return dt_error(DT_ERR_FORMAT, "checkpoint %s holds no optimizer state; this run uses '%s'", c->path, want);
+    const char *got = dt_optim_def_of(in->optim.kind)->name;
+    if (strcmp(got, want) != 0)
+        return dt_error(DT_ERR_FORMAT, "checkpoint %s was written by optimizer '%s'; this run uses '%s' (a run "
+                        "cannot resume with another optimizer)", c->path, got, want);
     size_t n = dt_optim_size(o);
     if ((uint64_t)c->optim_size != (uint64_t)n)
         return dt_error(DT_ERR_FORMAT, "%s: optimizer state is for %" PRId64 " parameters, the optimizer has %zu",
@@ -438,7 +442,7 @@ static dt_status check_optim(dt_ckpt *c, dt_optim *o) {
         for (int j = 0; j < ns && !found; j++) found = strcmp(t.name + 6, dt_optim_state_name(o, j)) == 0;
         if (!found)
             return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' has no counterpart in this %s optimizer (momentum %g)",
-                            c->state_path, t.name, kind_label(want), (double)dt_optim_config_of(o)->momentum);
+                            c->state_path, t.name, want, (double)dt_optim_config_of(o)->momentum);
         if (t.dtype != DT_F32 || t.ndim != 1 || (uint64_t)t.shape[0] != (uint64_t)n)
             return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is %s of %d dimensions in the file, the optimizer "
                             "expects F32 [%zu]", c->state_path, t.name, dt_dtype_st_name(t.dtype), t.ndim, n);

@@ -12,7 +12,7 @@
  *   rng.h          counter-based random numbers (Philox4x32-10)
  *   nn.h           layers
  *   model.h        the model spec language, parameters, forward and backward
- *   optim.h        SGD, AdamW, learning-rate schedules, gradient clipping
+ *   optim.h        optimizer rows (SGD, AdamW), learning-rate schedules, clipping
  *   data.h         datasets (IDX, NPY, synthetic) and the prefetching loader
  *   sampler.h      the world-size-invariant sampler
  *   safetensors.h  safetensors files (and fileio.h: atomic writes)

@@ -8,3 +8,5 @@ dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h \
 
 TESTS += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh
 EXTRA_DIST += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh
+TESTS += tests/optim_cli.sh
+EXTRA_DIST += tests/optim_cli.sh
