@@ -11,8 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static dt_st_dtype st_dtype(dt_dtype t) { return t == DT_I64 ? DT_ST_I64 : DT_ST_F32; }
-static size_t state_bytes(const dt_tensor_info *ti) { return (size_t)ti->numel * (ti->dtype == DT_I64 ? 8 : 4); }
+static size_t state_bytes(const dt_tensor_info *ti) { return (size_t)ti->numel * dt_dtype_size(ti->dtype); }
 
 dt_status dt_model_state_add(dt_model *m, dt_st_writer *w, void **host, size_t *nbytes) {
     const dt_ops *ops = dt_model_ops(m);
@@ -38,7 +37,7 @@ dt_status dt_model_state_add(dt_model *m, dt_st_writer *w, void **host, size_t *
         size_t b = state_bytes(&ti);
         if (ti.on_host) memcpy(h + off, ti.data, b);
         else if (b) s = ops->copy_d2h(h + off, ti.data, b);
-        if (s == DT_OK) s = dt_st_writer_add(w, ti.name, st_dtype(ti.dtype), ti.ndim, ti.shape, h + off);
+        if (s == DT_OK) s = dt_st_writer_add(w, ti.name, ti.dtype, ti.ndim, ti.shape, h + off);
         off += b;
     }
     if (s != DT_OK) {
@@ -67,14 +66,14 @@ dt_status dt_model_state_check(dt_model *m, const dt_st_file *f, const char *lab
         if (dt_st_find(f, ti.name, &st) != DT_OK)
             return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is missing (is this a checkpoint of another model?)",
                             label, ti.name);
-        int same = st.dtype == st_dtype(ti.dtype) && st.ndim == ti.ndim;
+        int same = st.dtype == ti.dtype && st.ndim == ti.ndim;
         for (int d = 0; same && d < ti.ndim; d++) same = st.shape[d] == ti.shape[d];
         if (!same) {
             char want[128], got[128];
             shape_str(want, sizeof want, ti.ndim, ti.shape);
             shape_str(got, sizeof got, st.ndim, st.shape);
             return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is %s [%s] in the file, the model expects %s [%s]", label,
-                            ti.name, dt_st_dtype_name(st.dtype), got, dt_st_dtype_name(st_dtype(ti.dtype)), want);
+                            ti.name, dt_dtype_st_name(st.dtype), got, dt_dtype_st_name(ti.dtype), want);
         }
     }
     if (dt_st_count(f) != (size_t)n)

@@ -15,7 +15,9 @@
 #include "ckpt.h"
 #include "ckpt_impl.h"
 #include "checkpoint.h"
+#include "hash.h"
 #include "safetensors.h"
+#include "sbuf.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -25,108 +27,28 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ---- XXH64 ------------------------------------------------------------------ */
-
-#define P1 0x9E3779B185EBCA87ULL
-#define P2 0xC2B2AE3D27D4EB4FULL
-#define P3 0x165667B19E3779F9ULL
-#define P4 0x85EBCA77C2B2AE63ULL
-#define P5 0x27D4EB2F165667C5ULL
-
-static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-/* Little-endian loads through memcpy: any alignment, no aliasing trouble. */
-static uint64_t rd64(const unsigned char *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-static uint32_t rd32(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t xround(uint64_t acc, uint64_t in) { return rotl64(acc + in * P2, 31) * P1; }
-static uint64_t xmerge(uint64_t h, uint64_t v) { return (h ^ xround(0, v)) * P1 + P4; }
-
-uint64_t dt_xxh64(const void *data, size_t n, uint64_t seed) {
-    const unsigned char *p = data, *end = p + n;
-    uint64_t h;
-    if (n >= 32) {
-        /* four lanes over 32-byte stripes */
-        uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
-        for (; end - p >= 32; p += 32) {
-            v1 = xround(v1, rd64(p));
-            v2 = xround(v2, rd64(p + 8));
-            v3 = xround(v3, rd64(p + 16));
-            v4 = xround(v4, rd64(p + 24));
-        }
-        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
-        h = xmerge(xmerge(xmerge(xmerge(h, v1), v2), v3), v4);
-    } else {
-        h = seed + P5;
-    }
-    h += (uint64_t)n;
-    for (; end - p >= 8; p += 8) h = rotl64(h ^ xround(0, rd64(p)), 27) * P1 + P4;
-    if (end - p >= 4) {
-        h = rotl64(h ^ (uint64_t)rd32(p) * P1, 23) * P2 + P3;
-        p += 4;
-    }
-    for (; p < end; p++) h = rotl64(h ^ (uint64_t)*p * P5, 11) * P1;
-    h ^= h >> 33;
-    h *= P2;
-    h ^= h >> 29;
-    h *= P3;
-    h ^= h >> 32;
-    return h;
-}
-
 /* ---- checksums of a file -------------------------------------------------------- */
 
 /* The description hashed after the data: "T" name dtype dims for each tensor
  * in file order, "M" key value for each metadata pair except the checksum,
- * fields NUL-separated. Writer and reader build it the same way. */
-typedef struct {
-    char  *p;
-    size_t len, cap;
-    int    oom;
-} desc;
-
-static void desc_put(desc *d, const char *s, size_t n) {
-    if (d->oom) return;
-    if (d->len + n > d->cap) {
-        size_t cap = d->cap ? d->cap : 1024;
-        while (cap < d->len + n) cap *= 2;
-        char *q = realloc(d->p, cap);
-        if (!q) {
-            d->oom = 1;
-            return;
-        }
-        d->p = q;
-        d->cap = cap;
-    }
-    memcpy(d->p + d->len, s, n);
-    d->len += n;
+ * fields NUL-separated, in a dt_sbuf. Writer and reader build it the same way. */
+static void desc_tensor(dt_sbuf *d, const char *name, dt_dtype t, int ndim, const int64_t *shape) {
+    const char *dn = dt_dtype_st_name(t);
+    dt_sbuf_put_(d, "T", 1);
+    dt_sbuf_put_(d, name, strlen(name) + 1);
+    dt_sbuf_put_(d, dn, strlen(dn) + 1);
+    for (int i = 0; i < ndim; i++) dt_sbuf_printf_(d, "%" PRId64 ",", shape[i]);
+    dt_sbuf_put_(d, "", 1);
 }
 
-static void desc_tensor(desc *d, const char *name, dt_st_dtype t, int ndim, const int64_t *shape) {
-    const char *dn = dt_st_dtype_name(t);
-    desc_put(d, "T", 1);
-    desc_put(d, name, strlen(name) + 1);
-    desc_put(d, dn, strlen(dn) + 1);
-    for (int i = 0; i < ndim; i++) {
-        char b[24];
-        int k = snprintf(b, sizeof b, "%" PRId64 ",", shape[i]);
-        desc_put(d, b, (size_t)k);
-    }
-    desc_put(d, "", 1);
-}
-
-static void desc_meta(desc *d, const char *k, const char *v) {
-    desc_put(d, "M", 1);
-    desc_put(d, k, strlen(k) + 1);
-    desc_put(d, v, strlen(v) + 1);
+static void desc_meta(dt_sbuf *d, const char *k, const char *v) {
+    dt_sbuf_put_(d, "M", 1);
+    dt_sbuf_put_(d, k, strlen(k) + 1);
+    dt_sbuf_put_(d, v, strlen(v) + 1);
 }
 
 /* "xxh64:<16 hex>" of data then description into out (24 bytes). */
-static dt_status desc_sum(desc *d, const void *data, size_t n, char out[24]) {
+static dt_status desc_sum(dt_sbuf *d, const void *data, size_t n, char out[24]) {
     if (d->oom) return dt_error(DT_ERR_NOMEM, "out of memory computing a checkpoint checksum");
     uint64_t h = dt_xxh64(data, n, 0);
     h = dt_xxh64(d->p ? d->p : "", d->len, h);
@@ -136,12 +58,12 @@ static dt_status desc_sum(desc *d, const void *data, size_t n, char out[24]) {
 
 /* The checksum a file should carry, recomputed from what was read. */
 static dt_status file_sum(const dt_st_file *f, char out[24]) {
-    desc d = {0};
+    dt_sbuf d = {0};
     for (size_t i = 0; i < dt_st_count(f); i++) {
         dt_st_tensor t;
         dt_status s = dt_st_tensor_at(f, i, &t);
         if (s != DT_OK) {
-            free(d.p);
+            dt_sbuf_free_(&d);
             return s;
         }
         desc_tensor(&d, t.name, t.dtype, t.ndim, t.shape);
@@ -155,7 +77,7 @@ static dt_status file_sum(const dt_st_file *f, char out[24]) {
     size_t n;
     dt_st_data_region(f, &data, &n);
     dt_status s = desc_sum(&d, data, n, out);
-    free(d.p);
+    dt_sbuf_free_(&d);
     return s;
 }
 
@@ -186,7 +108,7 @@ static dt_status open_verified(const char *path, dt_st_file **out) {
 /* A safetensors writer that also builds the description for the checksum. */
 typedef struct {
     dt_st_writer *w;
-    desc          d;
+    dt_sbuf       d;
 } swriter;
 
 static dt_status sw_meta(swriter *sw, const char *k, const char *v) {
@@ -227,19 +149,15 @@ static dt_status write_model(const char *path, dt_model *m, int64_t step, char s
     for (int i = 0; s == DT_OK && i < dt_model_nstate(m); i++) {
         dt_tensor_info ti;
         s = dt_model_state(m, i, &ti);
-        if (s == DT_OK) desc_tensor(&sw.d, ti.name, ti.dtype == DT_I64 ? DT_ST_I64 : DT_ST_F32, ti.ndim, ti.shape);
+        if (s == DT_OK) desc_tensor(&sw.d, ti.name, ti.dtype, ti.ndim, ti.shape);
     }
     if (s == DT_OK) s = sw_meta(&sw, "format", "pt");
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.step", step);
     if (s == DT_OK) s = sw_finish(&sw, host, n, path, sum);
     dt_st_writer_free(sw.w);
-    free(sw.d.p);
+    dt_sbuf_free_(&sw.d);
     free(host);
     return s;
-}
-
-static const char *optim_name(int has, dt_optim_kind k) {
-    return !has ? "none" : k == DT_OPTIM_ADAMW ? "adamw" : "sgd";
 }
 
 static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, const dt_ckpt_info *in,
@@ -256,8 +174,8 @@ static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, c
         int64_t shape[1] = {(int64_t)n};
         snprintf(name, sizeof name, "optim.%s", dt_optim_state_name(o, i));
         if (n) s = ops->copy_d2h(host + (size_t)i * n, dt_optim_state(o, i), n * sizeof(float));
-        if (s == DT_OK) s = dt_st_writer_add(sw.w, name, DT_ST_F32, 1, shape, host + (size_t)i * n);
-        desc_tensor(&sw.d, name, DT_ST_F32, 1, shape);
+        if (s == DT_OK) s = dt_st_writer_add(sw.w, name, DT_F32, 1, shape, host + (size_t)i * n);
+        desc_tensor(&sw.d, name, DT_F32, 1, shape);
     }
     const dt_optim_config *c = o ? dt_optim_config_of(o) : NULL;
     dt_optim_config none = {0};
@@ -276,15 +194,17 @@ static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, c
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.world_size", in->world_size);
     if (s == DT_OK) s = sw_meta(&sw, "dtrain.model", in->model_spec ? in->model_spec : "");
     if (s == DT_OK) s = sw_meta(&sw, "dtrain.schedule", in->schedule ? in->schedule : "");
-    if (s == DT_OK) s = sw_meta(&sw, "dtrain.optimizer", optim_name(o != NULL, c->kind));
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.lr", c->lr);
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.weight_decay", c->weight_decay);
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.momentum", c->momentum);
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.dampening", c->dampening);
-    if (s == DT_OK) s = sw_metai(&sw, "dtrain.optim.nesterov", c->nesterov);
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.beta1", c->beta1);
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.beta2", c->beta2);
-    if (s == DT_OK) s = sw_metaf(&sw, "dtrain.optim.eps", c->eps);
+    /* the optimizer by its row's name, then every hyper-parameter field */
+    if (s == DT_OK) s = sw_meta(&sw, "dtrain.optimizer", o ? dt_optim_def_in(o)->name : "none");
+    int nhp;
+    const dt_optim_hparam *hp = dt_optim_hparams(&nhp);
+    for (int i = 0; s == DT_OK && i < nhp; i++) {
+        char key[64];
+        const char *field = (const char *)c + hp[i].offset;
+        snprintf(key, sizeof key, "dtrain.optim.%s", hp[i].name);
+        if (hp[i].is_int) s = sw_metai(&sw, key, *(const int *)field);
+        else s = sw_metaf(&sw, key, *(const float *)field);
+    }
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.optim.steps", o ? dt_optim_steps(o) : 0);
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.optim.size", (int64_t)n);
     if (s == DT_OK) s = sw_meta(&sw, "dtrain.model_checksum", model_sum);
@@ -296,7 +216,7 @@ static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, c
     char sum[24];
     if (s == DT_OK) s = sw_finish(&sw, host, bytes, path, sum);
     dt_st_writer_free(sw.w);
-    free(sw.d.p);
+    dt_sbuf_free_(&sw.d);
     free(host);
     return s;
 }
@@ -439,20 +359,28 @@ static dt_status read_info(dt_ckpt *c) {
     DT_TRY(meta_str(c, "dtrain.model", &in->model_spec));
     DT_TRY(meta_str(c, "dtrain.schedule", &in->schedule));
     DT_TRY(meta_str(c, "dtrain.optimizer", &kind));
-    if (strcmp(kind, "none") == 0) in->has_optim = 0;
-    else if (strcmp(kind, "sgd") == 0) in->has_optim = 1, in->optim.kind = DT_OPTIM_SGD;
-    else if (strcmp(kind, "adamw") == 0) in->has_optim = 1, in->optim.kind = DT_OPTIM_ADAMW;
-    else return dt_error(DT_ERR_FORMAT, "%s: unknown optimizer \"%s\"", c->state_path, kind);
-    dt_optim_config *oc = &in->optim;
-    DT_TRY(meta_float(c, "dtrain.optim.lr", &oc->lr));
-    DT_TRY(meta_float(c, "dtrain.optim.weight_decay", &oc->weight_decay));
-    DT_TRY(meta_float(c, "dtrain.optim.momentum", &oc->momentum));
-    DT_TRY(meta_float(c, "dtrain.optim.dampening", &oc->dampening));
-    DT_TRY(meta_int(c, "dtrain.optim.nesterov", 0, &v));
-    oc->nesterov = v != 0;
-    DT_TRY(meta_float(c, "dtrain.optim.beta1", &oc->beta1));
-    DT_TRY(meta_float(c, "dtrain.optim.beta2", &oc->beta2));
-    DT_TRY(meta_float(c, "dtrain.optim.eps", &oc->eps));
+    in->has_optim = strcmp(kind, "none") != 0;
+    if (in->has_optim) {
+        const dt_optim_def *d = dt_optim_find(kind);
+        char names[128];
+        if (!d)
+            return dt_error(DT_ERR_FORMAT, "%s: unknown optimizer \"%s\" (this dtrain knows %s)", c->state_path, kind,
+                            dt_optim_names(names, sizeof names));
+        in->optim.kind = d->defaults.kind;
+    }
+    int nhp;
+    const dt_optim_hparam *hp = dt_optim_hparams(&nhp);
+    for (int i = 0; i < nhp; i++) {
+        char key[64];
+        char *field = (char *)&in->optim + hp[i].offset;
+        snprintf(key, sizeof key, "dtrain.optim.%s", hp[i].name);
+        if (hp[i].is_int) {
+            DT_TRY(meta_int(c, key, 0, &v));
+            *(int *)field = v != 0;
+        } else {
+            DT_TRY(meta_float(c, key, (float *)field));
+        }
+    }
     DT_TRY(meta_int(c, "dtrain.optim.steps", 0, &in->optim_steps));
     DT_TRY(meta_int(c, "dtrain.optim.size", 0, &c->optim_size));
     return DT_OK;
@@ -491,18 +419,16 @@ dt_status dt_ckpt_open(const char *path, dt_ckpt **out) {
     return DT_OK;
 }
 
-static const char *kind_label(dt_optim_kind k) { return k == DT_OPTIM_ADAMW ? "AdamW" : "SGD"; }
-
-/* The optimizer's state names and sizes against train_state's tensors. */
+/* The optimizer's kind, state names and sizes against train_state's tensors. */
 static dt_status check_optim(dt_ckpt *c, dt_optim *o) {
     const dt_ckpt_info *in = &c->info;
-    dt_optim_kind want = dt_optim_config_of(o)->kind;
+    const char *want = dt_optim_def_in(o)->name;
     if (!in->has_optim)
-        return dt_error(DT_ERR_FORMAT, "%s: holds no optimizer state, the run uses %s", c->state_path,
-                        kind_label(want));
-    if (in->optim.kind != want)
-        return dt_error(DT_ERR_FORMAT, "%s: optimizer state is %s, the optimizer is %s (a run cannot resume with "
-                        "another optimizer)", c->state_path, kind_label(in->optim.kind), kind_label(want));
+        return dt_error(DT_ERR_FORMAT, "checkpoint %s holds no optimizer state; this run uses '%s'", c->path, want);
+    const char *got = dt_optim_def_of(in->optim.kind)->name;
+    if (strcmp(got, want) != 0)
+        return dt_error(DT_ERR_FORMAT, "checkpoint %s was written by optimizer '%s'; this run uses '%s' (a run "
+                        "cannot resume with another optimizer)", c->path, got, want);
     size_t n = dt_optim_size(o);
     if ((uint64_t)c->optim_size != (uint64_t)n)
         return dt_error(DT_ERR_FORMAT, "%s: optimizer state is for %" PRId64 " parameters, the optimizer has %zu",
@@ -516,10 +442,10 @@ static dt_status check_optim(dt_ckpt *c, dt_optim *o) {
         for (int j = 0; j < ns && !found; j++) found = strcmp(t.name + 6, dt_optim_state_name(o, j)) == 0;
         if (!found)
             return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' has no counterpart in this %s optimizer (momentum %g)",
-                            c->state_path, t.name, kind_label(want), (double)dt_optim_config_of(o)->momentum);
-        if (t.dtype != DT_ST_F32 || t.ndim != 1 || (uint64_t)t.shape[0] != (uint64_t)n)
+                            c->state_path, t.name, want, (double)dt_optim_config_of(o)->momentum);
+        if (t.dtype != DT_F32 || t.ndim != 1 || (uint64_t)t.shape[0] != (uint64_t)n)
             return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is %s of %d dimensions in the file, the optimizer "
-                            "expects F32 [%zu]", c->state_path, t.name, dt_st_dtype_name(t.dtype), t.ndim, n);
+                            "expects F32 [%zu]", c->state_path, t.name, dt_dtype_st_name(t.dtype), t.ndim, n);
         nfile++;
     }
     if (nfile != ns) {

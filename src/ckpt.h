@@ -10,7 +10,8 @@
  *                            everything else a resumed run needs: step, epoch,
  *                            step in epoch, seed, global batch, micro-batch count
  *                            S, the writer's world size, the model spec, the
- *                            optimizer kind, hyper-parameters and step count,
+ *                            optimizer (by its row's name, optim.h: "sgd"),
+ *                            every hyper-parameter field and the step count,
  *                            the schedule, and the trainer's own key/values.
  * Each file carries "dtrain.checksum" in its metadata: an XXH64 of its tensor
  * data, tensor table and other metadata, verified on load, so a truncated,
@@ -95,15 +96,12 @@ const char         *dt_ckpt_extra(const dt_ckpt *c, const char *key);   /* a tra
 /* Check the model's tensors (names, shapes, dtypes) and the optimizer (kind,
  * state names and sizes) against the checkpoint, then, only if all of it
  * matches, copy the state in and set the optimizer's step count. o may be
- * NULL (weights only). On a check failure m and o are unchanged. */
+ * NULL (weights only). On a check failure m and o are unchanged; another
+ * optimizer is refused naming both ("checkpoint DIR was written by optimizer
+ * 'adamw'; this run uses 'sgd'"). */
 dt_status           dt_ckpt_restore(dt_ckpt *c, dt_model *m, dt_optim *o);
 /* Open + restore in one call; *out (optional) receives the open checkpoint
  * for its info and extras (close it), else it is closed. */
 dt_status           dt_ckpt_load(const char *path, dt_model *m, dt_optim *o, dt_ckpt **out);
-
-/* ---- checksum --------------------------------------------------------------- */
-
-/* XXH64 of n bytes with a seed (the reference algorithm; portable, no tables). */
-uint64_t dt_xxh64(const void *p, size_t n, uint64_t seed);
 
 #endif /* DT_CKPT_H */

@@ -13,7 +13,7 @@
 #include "config.h"
 
 #include "data.h"
-#include "sampler.h"
+#include "hash.h"   /* dt_hash_u64: synthetic samples */
 
 #include <errno.h>
 #include <math.h>
@@ -203,12 +203,12 @@ static dt_status synth_arrays(int64_t n, int c, int h, int w, int k, uint64_t se
             row[j] = unit_sym(dt_hash_u64(proto_key, (uint64_t)lab, j)) +
                      unit_sym(dt_hash_u64(noise_key, (uint64_t)i, j));
     }
-    x->type = DT_DT_F32;
+    x->type = DT_F32;
     x->ndim = 4;
     x->dims[0] = n; x->dims[1] = c; x->dims[2] = h; x->dims[3] = w;
     x->count = (size_t)n * d;
     x->data = xs;
-    y->type = DT_DT_I32;
+    y->type = DT_I32;
     y->ndim = 1;
     y->dims[0] = n;
     y->count = (size_t)n;
@@ -236,7 +236,7 @@ static dt_status features_from_array(dt_array *a, const char *path, dt_dataset *
     for (int i = 0; i < in->ndim; i++) in->sample_size *= in->shape[i];
     if (in->sample_size <= 0) return dt_error(DT_ERR_FORMAT, "%s: samples are empty (a zero dimension)", path);
     in->channels = in->ndim == 3 ? (int)in->shape[0] : 1;
-    if (a->type == DT_DT_F32) { /* already float: take the buffer over */
+    if (a->type == DT_F32) { /* already float: take the buffer over */
         ds->x = a->data;
         a->data = NULL;
         return DT_OK;
@@ -245,13 +245,13 @@ static dt_status features_from_array(dt_array *a, const char *path, dt_dataset *
     if (!x) return dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu features", path, a->count);
     for (size_t i = 0; i < a->count; i++) {
         switch (a->type) {
-        case DT_DT_U8:  x[i] = (float)((const uint8_t *)a->data)[i] / 255.0f; break;
-        case DT_DT_I8:  x[i] = (float)((const int8_t *)a->data)[i]; break;
-        case DT_DT_I16: x[i] = (float)((const int16_t *)a->data)[i]; break;
-        case DT_DT_I32: x[i] = (float)((const int32_t *)a->data)[i]; break;
-        case DT_DT_I64: x[i] = (float)((const int64_t *)a->data)[i]; break;
-        case DT_DT_F64: x[i] = (float)((const double *)a->data)[i]; break;
-        case DT_DT_F32: break;
+        case DT_U8:  x[i] = (float)((const uint8_t *)a->data)[i] / 255.0f; break;
+        case DT_I8:  x[i] = (float)((const int8_t *)a->data)[i]; break;
+        case DT_I16: x[i] = (float)((const int16_t *)a->data)[i]; break;
+        case DT_I32: x[i] = (float)((const int32_t *)a->data)[i]; break;
+        case DT_I64: x[i] = (float)((const int64_t *)a->data)[i]; break;
+        case DT_F64: x[i] = (float)((const double *)a->data)[i]; break;
+        default: break;   /* f32 is taken over above; the readers hand out no other type */
         }
     }
     ds->x = x;
@@ -262,7 +262,7 @@ static dt_status features_from_array(dt_array *a, const char *path, dt_dataset *
  * when classes > 0; *max_label is the largest seen. */
 static dt_status labels_from_array(dt_array *a, const char *path, const char *xpath, dt_dataset *ds, int classes,
                                    int64_t *max_label) {
-    if (a->type == DT_DT_F32 || a->type == DT_DT_F64)
+    if (dt_dtype_traits_of(a->type)->is_float)
         return dt_error(DT_ERR_FORMAT, "%s: labels are floating point, expected integers (u8, i8, i16, i32, i64)",
                         path);
     if (!(a->ndim == 1 || (a->ndim == 2 && a->dims[1] == 1)))
@@ -276,10 +276,10 @@ static dt_status labels_from_array(dt_array *a, const char *path, const char *xp
     for (size_t i = 0; i < a->count; i++) {
         int64_t v;
         switch (a->type) {
-        case DT_DT_U8:  v = ((const uint8_t *)a->data)[i]; break;
-        case DT_DT_I8:  v = ((const int8_t *)a->data)[i]; break;
-        case DT_DT_I16: v = ((const int16_t *)a->data)[i]; break;
-        case DT_DT_I32: v = ((const int32_t *)a->data)[i]; break;
+        case DT_U8:  v = ((const uint8_t *)a->data)[i]; break;
+        case DT_I8:  v = ((const int8_t *)a->data)[i]; break;
+        case DT_I16: v = ((const int16_t *)a->data)[i]; break;
+        case DT_I32: v = ((const int32_t *)a->data)[i]; break;
         default:        v = ((const int64_t *)a->data)[i]; break;
         }
         if (v < 0 || v >= (1 << 24) || (classes > 0 && v >= classes)) {
@@ -368,7 +368,7 @@ static dt_status build_split(const data_spec *sp, dt_split split, const dt_data_
         return s;
     }
     const char *ypath = sp->synthetic ? ds->source : sp->files[split == DT_SPLIT_TRAIN ? 1 : 3];
-    dt_elem_type xtype = x.type;
+    dt_dtype xtype = x.type;
     int64_t max_label = -1;
     int classes = train ? train->info.classes : o->classes;
     s = features_from_array(&x, ds->source, ds);
@@ -384,7 +384,7 @@ static dt_status build_split(const data_spec *sp, dt_split split, const dt_data_
             s = dt_error(DT_ERR_FORMAT, "%s: test samples have another shape than the training samples (%s)",
                          ds->source, train->source);
     }
-    int use_stats = o->norm == DT_NORM_TRAIN || (o->norm == DT_NORM_AUTO && xtype == DT_DT_U8);
+    int use_stats = o->norm == DT_NORM_TRAIN || (o->norm == DT_NORM_AUTO && xtype == DT_U8);
     for (int c = 0; c < DT_DATA_MAX_CHANNELS; c++) {
         in->mean[c] = 0.0f;
         in->std[c] = 1.0f;

@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dtype.h"
 #include "status.h"
 
 typedef enum { DT_SPLIT_TRAIN = 0, DT_SPLIT_TEST = 1 } dt_split;
@@ -91,11 +92,10 @@ const char    *dt_dataset_source(const dt_dataset *ds);
 dt_status dt_dataset_gather(const dt_dataset *ds, const int64_t *idx, size_t n, float *x, int32_t *y);
 
 /* ---- raw readers (also for tools and tests) ------------------------------ */
-/* The element type of an array read from an IDX or NPY file. */
-typedef enum { DT_DT_U8, DT_DT_I8, DT_DT_I16, DT_DT_I32, DT_DT_I64, DT_DT_F32, DT_DT_F64 } dt_elem_type;
-
+/* An array read from an IDX or NPY file. Its element type is one of the
+ * dtypes these readers accept: u8, i8, i16, i32, i64, f32, f64. */
 typedef struct {
-    dt_elem_type type;
+    dt_dtype     type;
     int          ndim;
     int64_t      dims[8];
     size_t       count;  /* elements */

@@ -190,14 +190,10 @@ static dt_status rf_read_payload(rfile *f, size_t bytes, const char *what, void 
 
 /* ---- arrays --------------------------------------------------------------- */
 
-static size_t elem_size(dt_elem_type t) {
-    switch (t) {
-    case DT_DT_U8: case DT_DT_I8: return 1;
-    case DT_DT_I16: return 2;
-    case DT_DT_I32: case DT_DT_F32: return 4;
-    case DT_DT_I64: case DT_DT_F64: return 8;
-    }
-    return 0;
+/* The element types the readers hand out: data.c converts each of these to
+ * float features or int32 labels. */
+static int readable(dt_dtype t) {
+    return t == DT_U8 || t == DT_I8 || t == DT_I16 || t == DT_I32 || t == DT_I64 || t == DT_F32 || t == DT_F64;
 }
 
 void dt_array_free(dt_array *a) {
@@ -217,7 +213,7 @@ static dt_status array_size(const char *path, dt_array *a, uint64_t *bytes) {
         count *= d;
     }
     a->count = (size_t)count;
-    *bytes = count * elem_size(a->type);
+    *bytes = count * dt_dtype_size(a->type);
     return DT_OK;
 }
 
@@ -236,19 +232,11 @@ static void to_native(void *data, size_t count, size_t esize, int file_big_endia
 
 /* IDX: 00 00 TYPE NDIM, NDIM big-endian u32 dimensions, big-endian data. */
 static dt_status read_idx(rfile *f, const unsigned char magic[4], dt_array *a) {
-    dt_elem_type t;
-    switch (magic[2]) {
-    case 0x08: t = DT_DT_U8; break;
-    case 0x09: t = DT_DT_I8; break;
-    case 0x0B: t = DT_DT_I16; break;
-    case 0x0C: t = DT_DT_I32; break;
-    case 0x0D: t = DT_DT_F32; break;
-    case 0x0E: t = DT_DT_F64; break;
-    default:
+    dt_dtype t;
+    if (!dt_dtype_from_idx(magic[2], &t) || !readable(t))
         return dt_error(DT_ERR_FORMAT,
                         "%s: IDX element type 0x%02x unknown (expected 08 u8, 09 i8, 0B i16, 0C i32, 0D f32, 0E f64)",
                         f->path, magic[2]);
-    }
     if (magic[3] < 1 || magic[3] > 8)
         return dt_error(DT_ERR_FORMAT, "%s: IDX header has %d dimensions, expected 1 to 8", f->path, magic[3]);
     a->type = t;
@@ -262,7 +250,7 @@ static dt_status read_idx(rfile *f, const unsigned char magic[4], dt_array *a) {
     DT_TRY(array_size(f->path, a, &bytes));
     DT_TRY(rf_check_payload(f, bytes, "IDX data"));
     DT_TRY(rf_read_payload(f, (size_t)bytes, "IDX data", &a->data));
-    to_native(a->data, a->count, elem_size(t), 1);
+    to_native(a->data, a->count, dt_dtype_size(t), 1);
     return DT_OK;
 }
 
@@ -378,14 +366,7 @@ static dt_status parse_npy_header(const char *path, const char *text, size_t len
                         descr, descr + 1);
     const char *t = (descr[0] == '<' || descr[0] == '|' || descr[0] == '=' || descr[0] == '>') ? descr + 1 : descr;
     *big_endian = 0;
-    if (strcmp(t, "u1") == 0) a->type = DT_DT_U8;
-    else if (strcmp(t, "i1") == 0) a->type = DT_DT_I8;
-    else if (strcmp(t, "i2") == 0) a->type = DT_DT_I16;
-    else if (strcmp(t, "i4") == 0) a->type = DT_DT_I32;
-    else if (strcmp(t, "i8") == 0) a->type = DT_DT_I64;
-    else if (strcmp(t, "f4") == 0) a->type = DT_DT_F32;
-    else if (strcmp(t, "f8") == 0) a->type = DT_DT_F64;
-    else
+    if (!dt_dtype_from_npy(t, &a->type) || !readable(a->type))
         return dt_error(DT_ERR_FORMAT, "%s: NPY dtype '%s' is not supported (expected <f4, <f8, |u1, |i1, <i2, <i4, <i8)",
                         path, descr);
     return DT_OK;
@@ -429,7 +410,7 @@ static dt_status read_npy(rfile *f, const unsigned char head[4], dt_array *a) {
     DT_TRY(array_size(f->path, a, &bytes));
     DT_TRY(rf_check_payload(f, bytes, "NPY data"));
     DT_TRY(rf_read_payload(f, (size_t)bytes, "NPY data", &a->data));
-    to_native(a->data, a->count, elem_size(a->type), big);
+    to_native(a->data, a->count, dt_dtype_size(a->type), big);
     return DT_OK;
 }
 

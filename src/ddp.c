@@ -8,8 +8,8 @@
  * worker thread) once ready_lo has passed its start.
  */
 #include "ddp.h"
-#include "ckpt.h"   /* dt_xxh64 */
 #include "clock.h"
+#include "hash.h"   /* dt_xxh64 */
 #include "testing.h"
 
 #include <math.h>

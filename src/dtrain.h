@@ -2,6 +2,9 @@
  * dtrain.h: the public interface of libdtrain, one header to include.
  *
  *   status.h       errors: dt_status, dt_last_error()
+ *   dtype.h        element types (one table: sizes, names in each file format),
+ *                  f16/bf16 conversions
+ *   hash.h         XXH64 and the counter-based dt_hash_u64
  *   comm.h         communicators and collectives (tcp, mpi, nccl backends)
  *   launch_env.h   rank discovery from dtrun, torchrun, Open MPI, MPICH, Slurm
  *   ops.h          the compute interface (one table of kernels per device)
@@ -9,7 +12,7 @@
  *   rng.h          counter-based random numbers (Philox4x32-10)
  *   nn.h           layers
  *   model.h        the model spec language, parameters, forward and backward
- *   optim.h        SGD, AdamW, learning-rate schedules, gradient clipping
+ *   optim.h        optimizer rows (SGD, AdamW), learning-rate schedules, clipping
  *   data.h         datasets (IDX, NPY, synthetic) and the prefetching loader
  *   sampler.h      the world-size-invariant sampler
  *   safetensors.h  safetensors files (and fileio.h: atomic writes)
@@ -21,6 +24,8 @@
 #define DTRAIN_H
 
 #include "status.h"
+#include "dtype.h"
+#include "hash.h"
 #include "comm.h"
 #include "launch_env.h"
 #include "ops.h"

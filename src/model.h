@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "comm.h"      /* dt_dtype */
+#include "dtype.h"     /* dt_dtype */
 #include "nn.h"
 #include "ops.h"
 #include "status.h"

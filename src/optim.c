@@ -1,61 +1,158 @@
 /*
- * optim.c: SGD and AdamW over the flat parameter array, LR schedules, and
- * clipping by global norm.
+ * optim.c: the optimizer rows (SGD, AdamW) and the optimizer over the flat
+ * parameter array, LR schedules, and clipping by global norm.
  *
  * The update rules themselves are the fused kernels of the dt_ops table
- * (sgd_update, adamw_update, with PyTorch's formulas spelled out in ops.h);
- * this file holds their state and the host-side arithmetic of schedules.
+ * (sgd_update, adamw_update, with PyTorch's formulas spelled out in ops.h); a
+ * row's step only maps the configuration onto its kernel's arguments. This
+ * file holds the rows, the state arrays and the host-side arithmetic of
+ * schedules.
  */
 #include "optim.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct dt_optim {
-    dt_optim_config cfg;
-    const dt_ops   *ops;
-    size_t          n;
-    int64_t         steps;
-    int             nstate;
-    float          *state[2];   /* SGD: momentum_buffer; AdamW: exp_avg, exp_avg_sq */
+/* ---- SGD ---------------------------------------------------------------------- */
+
+static int sgd_nstate(const dt_optim_config *c) { return c->momentum != 0.0f ? 1 : 0; }
+
+static dt_status sgd_check(const dt_optim_config *c) {
+    if (!(c->momentum >= 0.0f)) return dt_error(DT_ERR_INVALID, "sgd: momentum must be >= 0, got %g", (double)c->momentum);
+    if (c->nesterov && (c->momentum <= 0.0f || c->dampening != 0.0f))
+        return dt_error(DT_ERR_INVALID, "sgd: nesterov momentum requires a momentum and zero dampening");
+    return DT_OK;
+}
+
+static dt_status sgd_step(const dt_ops *ops, const dt_optim_config *c, const dt_optim_step_args *a) {
+    dt_sgd_args s = {
+        .lr = a->lr, .momentum = c->momentum, .dampening = c->dampening,
+        .weight_decay = c->weight_decay, .grad_scale = a->grad_scale,
+        .nesterov = c->nesterov, .first_step = a->steps_done == 0,
+    };
+    return ops->sgd_update(a->params, a->grads, a->state[0], a->n, &s);
+}
+
+/* ---- AdamW -------------------------------------------------------------------- */
+
+static dt_status adamw_check(const dt_optim_config *c) {
+    if (!(c->beta1 >= 0.0f && c->beta1 < 1.0f))
+        return dt_error(DT_ERR_INVALID, "adamw: beta1 must be in [0, 1), got %g", (double)c->beta1);
+    if (!(c->beta2 >= 0.0f && c->beta2 < 1.0f))
+        return dt_error(DT_ERR_INVALID, "adamw: beta2 must be in [0, 1), got %g", (double)c->beta2);
+    if (!(c->eps >= 0.0f)) return dt_error(DT_ERR_INVALID, "adamw: eps must be >= 0, got %g", (double)c->eps);
+    return DT_OK;
+}
+
+static dt_status adamw_step(const dt_ops *ops, const dt_optim_config *c, const dt_optim_step_args *a) {
+    dt_adamw_args s = {
+        .lr = a->lr, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps,
+        .weight_decay = c->weight_decay, .grad_scale = a->grad_scale, .step = a->steps_done + 1,
+    };
+    return ops->adamw_update(a->params, a->grads, a->state[0], a->state[1], a->n, &s);
+}
+
+/* ---- the rows ----------------------------------------------------------------- */
+
+static const dt_optim_def defs[] = {
+    [DT_OPTIM_SGD] = {
+        .name        = "sgd",
+        .help        = "SGD with momentum, dampening and Nesterov (torch.optim.SGD)",
+        .nstate      = 1,
+        .state_names = { "momentum_buffer" },
+        .hparams     = DT_OPTIM_HP_MOMENTUM,
+        .defaults    = { .kind = DT_OPTIM_SGD },
+        .train_lr    = 0.05,
+        .train_weight_decay = 5e-4,
+        .nstate_of   = sgd_nstate,
+        .check       = sgd_check,
+        .step        = sgd_step,
+    },
+    [DT_OPTIM_ADAMW] = {
+        .name        = "adamw",
+        .help        = "Adam with decoupled weight decay (torch.optim.AdamW, amsgrad off)",
+        .nstate      = 2,
+        .state_names = { "exp_avg", "exp_avg_sq" },
+        .hparams     = DT_OPTIM_HP_BETAS | DT_OPTIM_HP_EPS,
+        .defaults    = { .kind = DT_OPTIM_ADAMW, .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f },
+        .train_lr    = 1e-3,
+        .train_weight_decay = 0.01,
+        .check       = adamw_check,
+        .step        = adamw_step,
+    },
+};
+_Static_assert(sizeof defs / sizeof defs[0] == DT_OPTIM_COUNT, "one row of defs per dt_optim_kind");
+
+const dt_optim_def *dt_optim_def_of(dt_optim_kind kind) {
+    return (unsigned)kind < DT_OPTIM_COUNT ? &defs[kind] : NULL;
+}
+
+const dt_optim_def *dt_optim_find(const char *name) {
+    for (int k = 0; name && k < DT_OPTIM_COUNT; k++)
+        if (strcmp(name, defs[k].name) == 0) return &defs[k];
+    return NULL;
+}
+
+const char *dt_optim_names(char *buf, size_t n) {
+    size_t at = 0;
+    if (!buf || n == 0) return buf;
+    buf[0] = '\0';
+    for (int k = 0; k < DT_OPTIM_COUNT && at < n; k++) {
+        int w = snprintf(buf + at, n - at, "%s%s", k ? ", " : "", defs[k].name);
+        if (w > 0) at += (size_t)w;
+    }
+    return buf;
+}
+
+dt_optim_config dt_optim_defaults(dt_optim_kind kind, float lr) {
+    dt_optim_config c = { .kind = kind };
+    if (dt_optim_def_of(kind)) c = defs[kind].defaults;
+    c.lr = lr;
+    return c;
+}
+
+static const dt_optim_hparam hparams[] = {
+    { "lr", offsetof(dt_optim_config, lr), 0 },
+    { "weight_decay", offsetof(dt_optim_config, weight_decay), 0 },
+    { "momentum", offsetof(dt_optim_config, momentum), 0 },
+    { "dampening", offsetof(dt_optim_config, dampening), 0 },
+    { "nesterov", offsetof(dt_optim_config, nesterov), 1 },
+    { "beta1", offsetof(dt_optim_config, beta1), 0 },
+    { "beta2", offsetof(dt_optim_config, beta2), 0 },
+    { "eps", offsetof(dt_optim_config, eps), 0 },
 };
 
-dt_optim_config dt_optim_sgd_defaults(float lr) {
-    dt_optim_config c = { .kind = DT_OPTIM_SGD, .lr = lr };
-    return c;
+const dt_optim_hparam *dt_optim_hparams(int *count) {
+    *count = (int)(sizeof hparams / sizeof hparams[0]);
+    return hparams;
 }
 
-dt_optim_config dt_optim_adamw_defaults(float lr) {
-    dt_optim_config c = { .kind = DT_OPTIM_ADAMW, .lr = lr, .weight_decay = 0.01f,
-                          .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f };
-    return c;
-}
+/* ---- the optimizer -------------------------------------------------------------- */
+
+struct dt_optim {
+    dt_optim_config     cfg;
+    const dt_optim_def *def;
+    const dt_ops       *ops;
+    size_t              n;
+    int64_t             steps;
+    int                 nstate;
+    float              *state[DT_OPTIM_MAX_STATE];   /* the row's state_names, in order */
+};
 
 static dt_status check_config(const dt_optim_config *c) {
+    const dt_optim_def *d = dt_optim_def_of(c->kind);
+    if (!d) return dt_error(DT_ERR_INVALID, "optimizer: unknown kind %d", (int)c->kind);
     if (!(c->lr >= 0.0f)) return dt_error(DT_ERR_INVALID, "optimizer: learning rate must be >= 0, got %g", (double)c->lr);
     if (!(c->weight_decay >= 0.0f))
         return dt_error(DT_ERR_INVALID, "optimizer: weight decay must be >= 0, got %g", (double)c->weight_decay);
-    if (c->kind == DT_OPTIM_SGD) {
-        if (!(c->momentum >= 0.0f)) return dt_error(DT_ERR_INVALID, "sgd: momentum must be >= 0, got %g", (double)c->momentum);
-        if (c->nesterov && (c->momentum <= 0.0f || c->dampening != 0.0f))
-            return dt_error(DT_ERR_INVALID, "sgd: nesterov momentum requires a momentum and zero dampening");
-    } else if (c->kind == DT_OPTIM_ADAMW) {
-        if (!(c->beta1 >= 0.0f && c->beta1 < 1.0f))
-            return dt_error(DT_ERR_INVALID, "adamw: beta1 must be in [0, 1), got %g", (double)c->beta1);
-        if (!(c->beta2 >= 0.0f && c->beta2 < 1.0f))
-            return dt_error(DT_ERR_INVALID, "adamw: beta2 must be in [0, 1), got %g", (double)c->beta2);
-        if (!(c->eps >= 0.0f)) return dt_error(DT_ERR_INVALID, "adamw: eps must be >= 0, got %g", (double)c->eps);
-    } else {
-        return dt_error(DT_ERR_INVALID, "optimizer: unknown kind %d", (int)c->kind);
-    }
-    return DT_OK;
+    return d->check ? d->check(c) : DT_OK;
 }
 
 void dt_optim_free(dt_optim *o) {
     if (!o) return;
-    o->ops->free(o->state[0]);
-    o->ops->free(o->state[1]);
+    for (int i = 0; i < DT_OPTIM_MAX_STATE; i++) o->ops->free(o->state[i]);
     free(o);
 }
 
@@ -65,9 +162,10 @@ dt_status dt_optim_init(const dt_optim_config *cfg, const dt_ops *ops, size_t n,
     dt_optim *o = calloc(1, sizeof *o);
     if (!o) return dt_error(DT_ERR_NOMEM, "optimizer: out of memory");
     o->cfg = *cfg;
+    o->def = &defs[cfg->kind];
     o->ops = ops;
     o->n = n;
-    o->nstate = cfg->kind == DT_OPTIM_ADAMW ? 2 : (cfg->momentum != 0.0f ? 1 : 0);
+    o->nstate = o->def->nstate_of ? o->def->nstate_of(cfg) : o->def->nstate;
     for (int i = 0; i < o->nstate; i++) {
         dt_status s = ops->alloc((void **)&o->state[i], n * sizeof(float));
         if (s == DT_OK && n) s = ops->zero(o->state[i], n * sizeof(float));
@@ -79,24 +177,16 @@ dt_status dt_optim_init(const dt_optim_config *cfg, const dt_ops *ops, size_t n,
 
 dt_status dt_optim_step(dt_optim *o, float *params, const float *grads, float lr, float grad_scale) {
     if (o->n == 0) { o->steps++; return DT_OK; }
-    if (o->cfg.kind == DT_OPTIM_SGD) {
-        dt_sgd_args a = {
-            .lr = lr, .momentum = o->cfg.momentum, .dampening = o->cfg.dampening,
-            .weight_decay = o->cfg.weight_decay, .grad_scale = grad_scale,
-            .nesterov = o->cfg.nesterov, .first_step = o->steps == 0,
-        };
-        DT_TRY(o->ops->sgd_update(params, grads, o->state[0], o->n, &a));
-    } else {
-        dt_adamw_args a = {
-            .lr = lr, .beta1 = o->cfg.beta1, .beta2 = o->cfg.beta2, .eps = o->cfg.eps,
-            .weight_decay = o->cfg.weight_decay, .grad_scale = grad_scale, .step = o->steps + 1,
-        };
-        DT_TRY(o->ops->adamw_update(params, grads, o->state[0], o->state[1], o->n, &a));
-    }
+    dt_optim_step_args a = {
+        .params = params, .grads = grads, .state = o->state, .n = o->n,
+        .lr = lr, .grad_scale = grad_scale, .steps_done = o->steps,
+    };
+    DT_TRY(o->def->step(o->ops, &o->cfg, &a));
     o->steps++;
     return DT_OK;
 }
 
+const dt_optim_def *dt_optim_def_in(const dt_optim *o) { return o->def; }
 int     dt_optim_nstate(const dt_optim *o) { return o->nstate; }
 float  *dt_optim_state(dt_optim *o, int i) { return (i >= 0 && i < o->nstate) ? o->state[i] : NULL; }
 size_t  dt_optim_size(const dt_optim *o) { return o->n; }
@@ -105,9 +195,7 @@ void    dt_optim_set_steps(dt_optim *o, int64_t steps) { o->steps = steps; }
 const dt_optim_config *dt_optim_config_of(const dt_optim *o) { return &o->cfg; }
 
 const char *dt_optim_state_name(const dt_optim *o, int i) {
-    if (i < 0 || i >= o->nstate) return NULL;
-    if (o->cfg.kind == DT_OPTIM_SGD) return "momentum_buffer";
-    return i == 0 ? "exp_avg" : "exp_avg_sq";
+    return (i >= 0 && i < o->nstate) ? o->def->state_names[i] : NULL;
 }
 
 /* ---- schedules ---------------------------------------------------------------- */

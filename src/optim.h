@@ -3,6 +3,13 @@
  * clipping, with PyTorch's semantics so a run can be compared with the peer
  * script step by step.
  *
+ * An optimizer kind is one row of a table (dt_optim_def): its name, help line,
+ * state arrays and their PyTorch names, defaults, argument check and step.
+ * Everything that deals with optimizers reads the row: the trainer's --optim
+ * lookup, `dtrain train --help`, and the checkpoints, which record the
+ * optimizer by its row's name. Adding an optimizer is one row in optim.c (and
+ * its enum value here) plus its fused update kernel in the dt_ops table.
+ *
  * Optimizers update the model's flat parameter array with one fused kernel
  * from the dt_ops table; their state (momentum buffer, or AdamW's two moments,
  * plus the step count) lives in flat arrays of the same layout, exposed for
@@ -18,29 +25,84 @@
 #include "ops.h"
 #include "status.h"
 
-/* ---- optimizers ------------------------------------------------------------ */
+/* ---- optimizer kinds: the rows ------------------------------------------------- */
 
-typedef enum { DT_OPTIM_SGD, DT_OPTIM_ADAMW } dt_optim_kind;
+/* One value per row of the table in optim.c (a _Static_assert ties the two). */
+typedef enum { DT_OPTIM_SGD, DT_OPTIM_ADAMW, DT_OPTIM_COUNT } dt_optim_kind;
 
+#define DT_OPTIM_MAX_STATE 2   /* state arrays of the row that keeps the most */
+
+/* The hyper-parameters of every kind; a row reads those it names in hparams. */
 typedef struct {
     dt_optim_kind kind;
     float lr;                 /* base learning rate (schedules scale from it) */
     float weight_decay;       /* SGD: L2 added to the gradient; AdamW: decoupled */
-    /* SGD */
+    /* DT_OPTIM_HP_MOMENTUM */
     float momentum, dampening;
     int   nesterov;
-    /* AdamW */
+    /* DT_OPTIM_HP_BETAS, DT_OPTIM_HP_EPS */
     float beta1, beta2, eps;
 } dt_optim_config;
 
-/* PyTorch's defaults: SGD(lr) with momentum 0; AdamW(lr, betas (0.9, 0.999), eps 1e-8, wd 0.01). */
-dt_optim_config dt_optim_sgd_defaults(float lr);
-dt_optim_config dt_optim_adamw_defaults(float lr);
+/* Bits of dt_optim_def.hparams: the groups of fields beyond lr and weight_decay. */
+#define DT_OPTIM_HP_MOMENTUM 1u   /* momentum, dampening, nesterov */
+#define DT_OPTIM_HP_BETAS    2u   /* beta1, beta2 */
+#define DT_OPTIM_HP_EPS      4u   /* eps */
+
+/* What a row's step function is handed. */
+typedef struct {
+    float        *params;         /* (n), updated in place */
+    const float  *grads;          /* (n) */
+    float *const *state;          /* the state arrays of (n) floats: state[i] for i < nstate_of(config) */
+    size_t        n;
+    float         lr;             /* this step's learning rate (from the schedule) */
+    float         grad_scale;     /* multiplies the gradient first (1 = none) */
+    int64_t       steps_done;     /* steps taken before this one: 0 on the first */
+} dt_optim_step_args;
+
+/* One optimizer kind. */
+typedef struct {
+    const char *name;             /* "sgd": --optim NAME, and the name a checkpoint records */
+    const char *help;             /* one line for `dtrain train --help` */
+    int         nstate;           /* state arrays (n floats each) it may keep, <= DT_OPTIM_MAX_STATE */
+    const char *state_names[DT_OPTIM_MAX_STATE];  /* their names in PyTorch's optimizer state */
+    unsigned    hparams;          /* DT_OPTIM_HP_* groups it reads */
+    dt_optim_config defaults;     /* PyTorch's constructor defaults (lr set by the caller) */
+    double      train_lr;         /* `dtrain train`'s learning rate when --lr is not given */
+    double      train_weight_decay; /* and its weight decay when --weight-decay is not given */
+    /* State arrays a configuration keeps (SGD without momentum keeps none); NULL: nstate. */
+    int       (*nstate_of)(const dt_optim_config *c);
+    /* PyTorch's argument checks beyond lr >= 0 and weight_decay >= 0 (done for every
+     * row); DT_ERR_INVALID naming the field. */
+    dt_status (*check)(const dt_optim_config *c);
+    /* One update through the row's fused kernel of ops. */
+    dt_status (*step)(const dt_ops *ops, const dt_optim_config *c, const dt_optim_step_args *a);
+} dt_optim_def;
+
+const dt_optim_def *dt_optim_def_of(dt_optim_kind kind);   /* the row; NULL if kind is not one */
+const dt_optim_def *dt_optim_find(const char *name);       /* the row named name; NULL if none */
+/* The row names, "sgd, adamw", into buf (always terminated); returns buf. */
+const char         *dt_optim_names(char *buf, size_t n);
+/* The row's defaults with learning rate lr (PyTorch's: torch.optim.SGD(params, lr)
+ * has momentum 0; AdamW has betas (0.9, 0.999), eps 1e-8, weight decay 0.01). */
+dt_optim_config     dt_optim_defaults(dt_optim_kind kind, float lr);
+
+/* A hyper-parameter field, for code that stores configurations by name
+ * (checkpoints write "dtrain.optim.<name>" for each one, in this order). */
+typedef struct {
+    const char *name;             /* "lr", "momentum", "nesterov", ... */
+    size_t      offset;           /* offsetof(dt_optim_config, field) */
+    int         is_int;           /* 1: an int field, 0: a float field */
+} dt_optim_hparam;
+
+const dt_optim_hparam *dt_optim_hparams(int *count);
+
+/* ---- optimizers ------------------------------------------------------------------ */
 
 typedef struct dt_optim dt_optim;
 
 /* An optimizer over n parameters with state allocated from ops. Checks the
- * hyper-parameters as PyTorch does (nesterov needs momentum > 0 and dampening 0). */
+ * hyper-parameters as PyTorch does (the row's check). */
 dt_status dt_optim_init(const dt_optim_config *cfg, const dt_ops *ops, size_t n, dt_optim **out);
 void      dt_optim_free(dt_optim *o);
 /* One step: params (n) -= update(grads (n) * grad_scale) at learning rate lr. */
@@ -49,6 +111,7 @@ dt_status dt_optim_step(dt_optim *o, float *params, const float *grads, float lr
 /* State for checkpoints: nstate flat device arrays of n floats (SGD with
  * momentum: momentum_buffer; AdamW: exp_avg, exp_avg_sq; SGD without momentum:
  * none), their PyTorch names, and the number of steps taken. */
+const dt_optim_def *dt_optim_def_in(const dt_optim *o);   /* the optimizer's row */
 int         dt_optim_nstate(const dt_optim *o);
 float      *dt_optim_state(dt_optim *o, int i);
 const char *dt_optim_state_name(const dt_optim *o, int i);

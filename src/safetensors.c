@@ -1,5 +1,5 @@
 /*
- * safetensors.c: dtypes and the safetensors writer (see safetensors.h for the
+ * safetensors.c: the safetensors writer (see safetensors.h for the
  * format). The header is written in one pass: metadata first, then the
  * tensors in the order given with back-to-back offsets, padded with spaces so
  * the data starts at a multiple of 8; the file is written atomically.
@@ -13,34 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- dtypes --------------------------------------------------------------- */
-
-static const struct {
-    const char *name;
-    size_t      size;
-} dtypes[] = {
-    [DT_ST_BOOL] = {"BOOL", 1}, [DT_ST_U8] = {"U8", 1},     [DT_ST_I8] = {"I8", 1},   [DT_ST_I16] = {"I16", 2},
-    [DT_ST_U16] = {"U16", 2},   [DT_ST_F16] = {"F16", 2},   [DT_ST_BF16] = {"BF16", 2}, [DT_ST_I32] = {"I32", 4},
-    [DT_ST_U32] = {"U32", 4},   [DT_ST_F32] = {"F32", 4},   [DT_ST_F64] = {"F64", 8}, [DT_ST_I64] = {"I64", 8},
-    [DT_ST_U64] = {"U64", 8},
-};
-#define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
-
-const char *dt_st_dtype_name(dt_st_dtype t) { return (int)t >= 0 && (int)t < N_DTYPES ? dtypes[t].name : "?"; }
-size_t dt_st_dtype_size(dt_st_dtype t) { return (int)t >= 0 && (int)t < N_DTYPES ? dtypes[t].size : 0; }
-
-dt_status dt_st_dtype_parse(const char *name, dt_st_dtype *out) {
-    for (int i = 0; i < N_DTYPES; i++)
-        if (strcmp(name, dtypes[i].name) == 0) {
-            *out = (dt_st_dtype)i;
-            return DT_OK;
-        }
-    return dt_error(DT_ERR_FORMAT, "unknown dtype \"%s\"", name);
-}
+/* ---- sizes ---------------------------------------------------------------- */
 
 /* Bytes of a tensor; 0 and DT_ERR_FORMAT on overflow. */
-dt_status dt_st_tensor_bytes_(dt_st_dtype t, int ndim, const int64_t *shape, uint64_t *bytes) {
-    uint64_t n = dt_st_dtype_size(t);
+dt_status dt_st_tensor_bytes_(dt_dtype t, int ndim, const int64_t *shape, uint64_t *bytes) {
+    uint64_t n = dt_dtype_size(t);
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return dt_error(DT_ERR_FORMAT, "negative dimension %lld", (long long)shape[i]);
         uint64_t d = (uint64_t)shape[i];
@@ -51,33 +28,7 @@ dt_status dt_st_tensor_bytes_(dt_st_dtype t, int ndim, const int64_t *shape, uin
     return DT_OK;
 }
 
-/* ---- a growable string ---------------------------------------------------- */
-
-void dt_sbuf_put_(dt_sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_str(dt_sbuf *b, const char *s) { dt_sbuf_put_(b, s, strlen(s)); }
-
-static void sb_fmt_u64(dt_sbuf *b, uint64_t v) {
-    char t[24];
-    int n = snprintf(t, sizeof t, "%llu", (unsigned long long)v);
-    dt_sbuf_put_(b, t, (size_t)n);
-}
+/* ---- JSON text ------------------------------------------------------------ */
 
 /* A JSON string literal: quotes, backslash and control characters escaped. */
 static void sb_json_str(dt_sbuf *b, const char *s) {
@@ -126,7 +77,7 @@ int dt_utf8_valid_(const unsigned char *s, size_t n) {
 
 typedef struct {
     char       *name;
-    dt_st_dtype dtype;
+    dt_dtype    dtype;
     int         ndim;
     int64_t     shape[DT_ST_MAX_DIMS];
     const void *data;
@@ -154,14 +105,14 @@ void dt_st_writer_free(dt_st_writer *w) {
     free(w);
 }
 
-dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_st_dtype dtype, int ndim, const int64_t *shape,
+dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_dtype dtype, int ndim, const int64_t *shape,
                            const void *data) {
     if (!name || !*name) return dt_error(DT_ERR_INVALID, "safetensors: empty tensor name");
     if (strcmp(name, "__metadata__") == 0)
         return dt_error(DT_ERR_INVALID, "safetensors: \"__metadata__\" is reserved, not a tensor name");
     if (!dt_utf8_valid_((const unsigned char *)name, strlen(name)))
         return dt_error(DT_ERR_INVALID, "safetensors: tensor name is not valid UTF-8");
-    if ((int)dtype < 0 || (int)dtype >= N_DTYPES)
+    if (!dt_dtype_traits_of(dtype))
         return dt_error(DT_ERR_INVALID, "safetensors: tensor %s: unknown dtype %d", name, (int)dtype);
     if (ndim < 0 || ndim > DT_ST_MAX_DIMS)
         return dt_error(DT_ERR_INVALID, "safetensors: tensor %s: %d dimensions, at most %d", name, ndim,
@@ -232,40 +183,40 @@ dt_status dt_st_writer_header(dt_st_writer *w, char **buf, size_t *len) {
     *len = 0;
     dt_sbuf b = {0};
     dt_sbuf_put_(&b, "\0\0\0\0\0\0\0\0", 8); /* length, filled in below */
-    sb_str(&b, "{");
+    dt_sbuf_str_(&b, "{");
     if (w->nmeta) {
-        sb_str(&b, "\"__metadata__\":{");
+        dt_sbuf_str_(&b, "\"__metadata__\":{");
         for (size_t i = 0; i < w->nmeta; i++) {
-            if (i) sb_str(&b, ",");
+            if (i) dt_sbuf_str_(&b, ",");
             sb_json_str(&b, w->meta[2 * i]);
-            sb_str(&b, ":");
+            dt_sbuf_str_(&b, ":");
             sb_json_str(&b, w->meta[2 * i + 1]);
         }
-        sb_str(&b, "}");
+        dt_sbuf_str_(&b, "}");
     }
     uint64_t off = 0;
     for (size_t i = 0; i < w->nt; i++) {
         const wtensor *t = &w->t[i];
-        if (i || w->nmeta) sb_str(&b, ",");
+        if (i || w->nmeta) dt_sbuf_str_(&b, ",");
         sb_json_str(&b, t->name);
-        sb_str(&b, ":{\"dtype\":\"");
-        sb_str(&b, dtypes[t->dtype].name);
-        sb_str(&b, "\",\"shape\":[");
+        dt_sbuf_str_(&b, ":{\"dtype\":\"");
+        dt_sbuf_str_(&b, dt_dtype_st_name(t->dtype));
+        dt_sbuf_str_(&b, "\",\"shape\":[");
         for (int d = 0; d < t->ndim; d++) {
-            if (d) sb_str(&b, ",");
-            sb_fmt_u64(&b, (uint64_t)t->shape[d]);
+            if (d) dt_sbuf_str_(&b, ",");
+            dt_sbuf_printf_(&b, "%llu", (unsigned long long)t->shape[d]);
         }
-        sb_str(&b, "],\"data_offsets\":[");
-        sb_fmt_u64(&b, off);
-        sb_str(&b, ",");
-        sb_fmt_u64(&b, off + t->nbytes);
-        sb_str(&b, "]}");
+        dt_sbuf_str_(&b, "],\"data_offsets\":[");
+        dt_sbuf_printf_(&b, "%llu", (unsigned long long)off);
+        dt_sbuf_str_(&b, ",");
+        dt_sbuf_printf_(&b, "%llu", (unsigned long long)(off + t->nbytes));
+        dt_sbuf_str_(&b, "]}");
         off += t->nbytes;
     }
-    sb_str(&b, "}");
-    while (b.len % 8) sb_str(&b, " "); /* data starts 8-aligned */
+    dt_sbuf_str_(&b, "}");
+    while (b.len % 8) dt_sbuf_str_(&b, " "); /* data starts 8-aligned */
     if (b.oom) {
-        free(b.p);
+        dt_sbuf_free_(&b);
         return dt_error(DT_ERR_NOMEM, "safetensors writer: out of memory for the header");
     }
     uint64_t n = b.len - 8;

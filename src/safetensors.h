@@ -24,20 +24,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dtype.h"  /* dt_dtype: the file's "F32", "BF16", ... are its st_name */
 #include "fileio.h" /* dt_afile, dt_write_atomic */
 #include "status.h"
-
-typedef enum {
-    DT_ST_BOOL, DT_ST_U8, DT_ST_I8, DT_ST_I16, DT_ST_U16, DT_ST_F16, DT_ST_BF16,
-    DT_ST_I32, DT_ST_U32, DT_ST_F32, DT_ST_F64, DT_ST_I64, DT_ST_U64,
-} dt_st_dtype;
 
 #define DT_ST_MAX_DIMS 8
 
 /* A tensor of a file: pointers stay valid until dt_st_close. */
 typedef struct {
     const char *name;
-    dt_st_dtype dtype;
+    dt_dtype    dtype;
     int         ndim;
     int64_t     shape[DT_ST_MAX_DIMS];
     const void *data;    /* nbytes, aligned for the dtype (64 bytes when the offset allows) */
@@ -47,15 +43,10 @@ typedef struct {
 typedef struct dt_st_writer dt_st_writer;
 typedef struct dt_st_file   dt_st_file;
 
-/* ---- dtypes --------------------------------------------------------------- */
-const char *dt_st_dtype_name(dt_st_dtype t);              /* "F32", ... */
-size_t      dt_st_dtype_size(dt_st_dtype t);              /* bytes per element */
-dt_status   dt_st_dtype_parse(const char *name, dt_st_dtype *out);
-
 /* ---- writer --------------------------------------------------------------- */
 dt_status dt_st_writer_init(dt_st_writer **out);
 /* Add a tensor; data is NOT copied and must stay valid until write. */
-dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_st_dtype dtype, int ndim, const int64_t *shape,
+dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_dtype dtype, int ndim, const int64_t *shape,
                            const void *data);
 /* Set (or replace) a metadata string. */
 dt_status dt_st_writer_set_meta(dt_st_writer *w, const char *key, const char *value);

@@ -6,20 +6,12 @@
 #define DT_SAFETENSORS_IMPL_H
 
 #include "safetensors.h"
+#include "sbuf.h"
 
-/* A growable NUL-terminated string; oom is set (and later puts ignored) when
- * an allocation fails. */
-typedef struct {
-    char  *p;
-    size_t len, cap;
-    int    oom;
-} dt_sbuf;
-
-void      dt_sbuf_put_(dt_sbuf *b, const char *s, size_t n);
 /* 1 if s[0..n) is well-formed UTF-8. */
 int       dt_utf8_valid_(const unsigned char *s, size_t n);
 /* Bytes of a tensor of dtype t and shape; DT_ERR_FORMAT on a negative
  * dimension or overflow. */
-dt_status dt_st_tensor_bytes_(dt_st_dtype t, int ndim, const int64_t *shape, uint64_t *bytes);
+dt_status dt_st_tensor_bytes_(dt_dtype t, int ndim, const int64_t *shape, uint64_t *bytes);
 
 #endif /* DT_SAFETENSORS_IMPL_H */

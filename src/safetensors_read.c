@@ -207,7 +207,7 @@ static dt_status juint_array(jparse *j, uint64_t *vals, int max, int *n) {
 
 typedef struct {
     char       *name;
-    dt_st_dtype dtype;
+    dt_dtype    dtype;
     int         ndim;
     int64_t     shape[DT_ST_MAX_DIMS];
     uint64_t    begin, end;
@@ -290,7 +290,7 @@ static dt_status parse_tensor(jparse *j, dt_st_file *f, rtensor *t) {
         if (s == DT_OK && strcmp(k, "dtype") == 0 && !have_dtype) {
             char *v = NULL;
             s = jstring(j, &v);
-            if (s == DT_OK && dt_st_dtype_parse(v, &t->dtype) != DT_OK)
+            if (s == DT_OK && dt_dtype_from_st(v, &t->dtype) != DT_OK)
                 s = dt_error(DT_ERR_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"", f->label, t->name, v);
             free(v);
             have_dtype = 1;
@@ -411,7 +411,7 @@ static dt_status check_layout(dt_st_file *f) {
             for (int d = 0; d < t->ndim && k < sizeof shp - 24; d++)
                 k += (size_t)snprintf(shp + k, sizeof shp - k, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
             return dt_error(DT_ERR_FORMAT, "%s: tensor \"%s\": %s of shape [%s] needs %llu bytes, data_offsets give %llu",
-                            f->label, t->name, dt_st_dtype_name(t->dtype), shp, (unsigned long long)bytes,
+                            f->label, t->name, dt_dtype_st_name(t->dtype), shp, (unsigned long long)bytes,
                             (unsigned long long)(t->end - t->begin));
         }
     }
@@ -478,7 +478,7 @@ static dt_status st_finish(dt_st_file *f, const char *json, size_t n) {
     for (size_t i = 0; i < f->nt; i++) {
         rtensor *t = &f->t[i];
         size_t bytes = (size_t)(t->end - t->begin);
-        if (bytes == 0 || t->begin % dt_st_dtype_size(t->dtype) == 0) continue;
+        if (bytes == 0 || t->begin % dt_dtype_size(t->dtype) == 0) continue;
         if (posix_memalign(&t->aligned, 64, bytes) != 0) {
             t->aligned = NULL;
             return dt_error(DT_ERR_NOMEM, "%s: out of memory", f->label);

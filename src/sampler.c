@@ -20,19 +20,6 @@ struct dt_sampler {
     int64_t *perm;       /* (n) */
 };
 
-static inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-uint64_t dt_hash_u64(uint64_t key, uint64_t a, uint64_t b) {
-    /* Three chained rounds; the odd constants keep (0,0,0) away from 0. */
-    uint64_t h = mix64(key + 0x9e3779b97f4a7c15ULL);
-    h = mix64(h ^ (a + 0x632be59bd9b4e019ULL));
-    return mix64(h ^ (b + 0x85ebca6b27d4eb4fULL));
-}
-
 /* An unbiased integer in [0, bound) from the stream keyed by (key, i):
  * Lemire's multiply-shift, redrawing with a second counter on the rare rejection. */
 static uint64_t uniform_below(uint64_t key, uint64_t i, uint64_t bound) {

@@ -29,14 +29,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hash.h"     /* dt_hash_u64, which the permutations are drawn from */
 #include "status.h"
 
 typedef struct dt_sampler dt_sampler;
-
-/* ---- counter-based hash -------------------------------------------------- */
-/* A 64-bit hash of (key, a, b) (SplitMix64 finaliser rounds): a pure function,
- * used wherever a random value must depend on its coordinates only. */
-uint64_t  dt_hash_u64(uint64_t key, uint64_t a, uint64_t b);
 
 /* ---- sampler ------------------------------------------------------------- */
 /* n samples, global batch B, S micro-batches per global batch (S divides B),

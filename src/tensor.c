@@ -6,35 +6,12 @@
 #include <stdio.h>
 #include <string.h>
 
-size_t dt_tensor_elem_size(dt_dtype t) {
-    switch (t) {
-    case DT_F32: case DT_I32: return 4;
-    case DT_F64: case DT_I64: return 8;
-    case DT_F16: case DT_BF16: return 2;
-    case DT_U8: return 1;
-    }
-    return 0;
-}
-
-static const char *dtype_str(dt_dtype t) {
-    switch (t) {
-    case DT_F32: return "f32";
-    case DT_F64: return "f64";
-    case DT_F16: return "f16";
-    case DT_BF16: return "bf16";
-    case DT_I32: return "i32";
-    case DT_I64: return "i64";
-    case DT_U8: return "u8";
-    }
-    return "?";
-}
-
 /* Fill the shape fields of t; checks ndim, dtype and that the element count fits. */
 static dt_status tensor_shape(dt_tensor *t, dt_dtype dtype, int ndim, const int64_t *shape) {
     if (ndim < 0 || ndim > DT_TENSOR_MAX_DIMS)
         return dt_error(DT_ERR_INVALID, "tensor: %d dimensions (at most %d)", ndim, DT_TENSOR_MAX_DIMS);
     if (ndim > 0 && !shape) return dt_error(DT_ERR_INVALID, "tensor: NULL shape for %d dimensions", ndim);
-    size_t es = dt_tensor_elem_size(dtype);
+    size_t es = dt_dtype_size(dtype);
     if (es == 0) return dt_error(DT_ERR_INVALID, "tensor: unknown dtype %d", (int)dtype);
     size_t n = 1;
     for (int i = 0; i < ndim; i++) {
@@ -84,7 +61,7 @@ dt_status dt_tensor_view(dt_tensor *view, const dt_tensor *src, size_t offset, i
     if (offset > src->numel || v.numel > src->numel - offset)
         return dt_error(DT_ERR_INVALID, "tensor view: %zu elements at offset %zu do not fit in %zu", v.numel, offset, src->numel);
     v.ops = src->ops;
-    v.data = src->data ? (char *)src->data + offset * dt_tensor_elem_size(src->dtype) : NULL;
+    v.data = src->data ? (char *)src->data + offset * dt_dtype_size(src->dtype) : NULL;
     v.owns = 0;
     *view = v;
     return DT_OK;
@@ -101,7 +78,7 @@ dt_status dt_tensor_wrap(dt_tensor *t, const dt_ops *ops, void *data, dt_dtype d
     return DT_OK;
 }
 
-size_t dt_tensor_bytes(const dt_tensor *t) { return t ? t->numel * dt_tensor_elem_size(t->dtype) : 0; }
+size_t dt_tensor_bytes(const dt_tensor *t) { return t ? t->numel * dt_dtype_size(t->dtype) : 0; }
 
 int dt_tensor_same_shape(const dt_tensor *a, const dt_tensor *b) {
     if (!a || !b || a->dtype != b->dtype || a->ndim != b->ndim) return 0;
@@ -117,7 +94,7 @@ const char *dt_tensor_str(const dt_tensor *t, char *buf, size_t size) {
         return buf;
     }
     size_t at = 0;
-    int n = snprintf(buf, size, "%s[", dtype_str(t->dtype));
+    int n = snprintf(buf, size, "%s[", dt_dtype_name(t->dtype));
     at = n > 0 ? (size_t)n : 0;
     for (int i = 0; i < t->ndim && at < size; i++) {
         n = snprintf(buf + at, size - at, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
@@ -144,8 +121,8 @@ dt_status dt_tensor_to_host(const dt_tensor *t, void *dst, size_t bytes) {
 dt_status dt_tensor_copy(dt_tensor *dst, const dt_tensor *src) {
     if (!dst || !src || !dst->ops) return dt_error(DT_ERR_INVALID, "tensor copy: empty tensor");
     if (dst->dtype != src->dtype || dst->numel != src->numel)
-        return dt_error(DT_ERR_INVALID, "tensor copy: %s[%zu] into %s[%zu]", dtype_str(src->dtype), src->numel,
-                        dtype_str(dst->dtype), dst->numel);
+        return dt_error(DT_ERR_INVALID, "tensor copy: %s[%zu] into %s[%zu]", dt_dtype_name(src->dtype), src->numel,
+                        dt_dtype_name(dst->dtype), dst->numel);
     if (dst->ops != src->ops) return dt_error(DT_ERR_INVALID, "tensor copy: tensors are on different devices (%s, %s)",
                                               src->ops ? src->ops->name : "?", dst->ops->name);
     return dst->ops->copy_d2d(dst->data, src->data, dt_tensor_bytes(dst));

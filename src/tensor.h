@@ -7,8 +7,9 @@
  * shares another tensor's memory (a slice of a flat parameter buffer, a micro-batch
  * of a batch) and never frees it.
  *
- * The element type is dt_dtype from comm.h (shared with the collectives, so a
- * tensor's dtype is what an all-reduce is told).
+ * The element type is dt_dtype from dtype.h (shared with the collectives and the
+ * file formats, so a tensor's dtype is what an all-reduce or a safetensors file is
+ * told).
  */
 #ifndef DT_TENSOR_H
 #define DT_TENSOR_H
@@ -16,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "status.h"
-#include "comm.h"   /* dt_dtype */
+#include "dtype.h"
 #include "ops.h"
 
 #define DT_TENSOR_MAX_DIMS 6
@@ -30,9 +31,6 @@ typedef struct {
     size_t        numel;                  /* product of shape */
     int           owns;                   /* 1: data is freed by dt_tensor_free */
 } dt_tensor;
-
-/* Bytes of one element of dtype (0 for an unknown dtype). */
-size_t    dt_tensor_elem_size(dt_dtype t);
 
 /* Allocate an uninitialised tensor of shape[0..ndim) on ops' device. */
 dt_status dt_tensor_alloc(dt_tensor *t, const dt_ops *ops, dt_dtype dtype, int ndim, const int64_t *shape);

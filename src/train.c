@@ -152,17 +152,17 @@ static dt_status check_opts(const dt_train_opts *o) {
 
 static dt_status make_optim(trainer *t) {
     const dt_train_opts *o = t->o;
-    dt_optim_config cfg;
-    if (strcmp(o->optim, "sgd") == 0) {
-        cfg = dt_optim_sgd_defaults((float)o->lr);
+    const dt_optim_def *def = dt_optim_find(o->optim);
+    if (!def) {
+        char names[128];
+        return dt_error(DT_ERR_INVALID, "optim: expected one of %s, got '%s'", dt_optim_names(names, sizeof names),
+                        o->optim);
+    }
+    dt_optim_config cfg = dt_optim_defaults(def->defaults.kind, (float)o->lr);
+    cfg.weight_decay = (float)o->weight_decay;
+    if (def->hparams & DT_OPTIM_HP_MOMENTUM) {
         cfg.momentum = (float)o->momentum;
         cfg.nesterov = o->nesterov;
-        cfg.weight_decay = (float)o->weight_decay;
-    } else if (strcmp(o->optim, "adamw") == 0) {
-        cfg = dt_optim_adamw_defaults((float)o->lr);
-        cfg.weight_decay = (float)o->weight_decay;
-    } else {
-        return dt_error(DT_ERR_INVALID, "--optim: expected sgd or adamw, got '%s'", o->optim);
     }
     DT_TRY(dt_optim_init(&cfg, t->ops, dt_model_nparams(t->model), &t->optim));
     memset(&t->sched, 0, sizeof t->sched);

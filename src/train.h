@@ -75,7 +75,7 @@ typedef struct {
     int64_t     max_steps;      /* stop after this many optimizer steps; 0: none */
     int64_t     batch;          /* global batch; default 256 */
     int64_t     micro_batches;  /* S; 0: the world size */
-    const char *optim;          /* "sgd" (default) or "adamw" */
+    const char *optim;          /* an optimizer row's name (optim.h): "sgd" (default), "adamw" */
     double      lr;             /* default 0.05 (sgd) */
     double      momentum;       /* sgd; default 0.9 */
     int         nesterov;

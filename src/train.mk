@@ -10,3 +10,5 @@ TESTS += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/c
 	tests/resnet_invariance.sh tests/torch_resnet.sh
 EXTRA_DIST += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
 	tests/resnet_invariance.sh tests/torch_resnet.sh
+TESTS += tests/optim_cli.sh
+EXTRA_DIST += tests/optim_cli.sh

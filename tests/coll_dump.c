@@ -8,7 +8,7 @@
  * last bits: equal files mean the same reduction tree, not just luck.
  */
 #include "comm.h"
-#include "reduce.h"
+#include "dtype.h"   /* dt_f32_to_f16, dt_f32_to_bf16 */
 
 #include <stdint.h>
 #include <stdio.h>

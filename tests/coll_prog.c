@@ -25,7 +25,7 @@
  */
 #include "comm.h"
 #include "rank_tap.h"
-#include "reduce.h"
+#include "dtype.h"   /* dt_f32_to_f16, dt_f32_to_bf16 */
 
 #include <math.h>
 #include <stdarg.h>
@@ -54,6 +54,7 @@ static void set_elem(dt_dtype t, void *p, size_t i, double v) {
     case DT_I32:  ((int32_t *)p)[i] = (int32_t)v; break;
     case DT_I64:  ((int64_t *)p)[i] = (int64_t)v; break;
     case DT_U8:   ((uint8_t *)p)[i] = (uint8_t)v; break;
+    default:      break;   /* not a collective type */
     }
 }
 

@@ -104,7 +104,7 @@ static void *host_of(const void *d, size_t bytes) {
 
 static void test_allreduce(void) {
     const size_t n = 100003;
-    for (int t = 0; t < DT_DTYPE_COUNT; t++)
+    for (int t = 0; t < DT_COMM_NDTYPES; t++)
         for (int op = 0; op < DT_REDOP_COUNT; op++)
             for (int inplace = 0; inplace < 2; inplace++) {
                 size_t es = dt_dtype_size((dt_dtype)t);

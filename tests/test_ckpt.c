@@ -9,6 +9,7 @@
 
 #include "ckpt.h"
 #include "checkpoint.h"
+#include "hash.h"
 #include "tap.h"
 
 #include <dirent.h>
@@ -94,7 +95,7 @@ static dt_model *build(const char *spec, uint64_t seed) {
 }
 
 static dt_optim *optim(int adamw, dt_model *m, float momentum) {
-    dt_optim_config c = adamw ? dt_optim_adamw_defaults(1e-2f) : dt_optim_sgd_defaults(0.1f);
+    dt_optim_config c = adamw ? dt_optim_defaults(DT_OPTIM_ADAMW, 1e-2f) : dt_optim_defaults(DT_OPTIM_SGD, 0.1f);
     if (!adamw) c.momentum = momentum;
     dt_optim *o = NULL;
     if (dt_optim_init(&c, dt_ops_cpu(), dt_model_nparams(m), &o) != DT_OK) {
@@ -220,6 +221,14 @@ static void test_round_trip(int adamw) {
        "%s: model.safetensors and train_state.safetensors are there", what);
     is_int(count_prefix(dir, ".tmp-"), 0, "%s: no temporary directory is left", what);
     ok(!holds(sa, b, ob), "%s: the fresh model differs before loading", what);
+    dt_st_file *sf = NULL;
+    if (dt_st_open(pth(path, "train_state.safetensors"), &sf) == DT_OK) {
+        is_str(dt_st_meta_get(sf, "dtrain.optimizer"), dt_optim_def_in(oa)->name,
+               "%s: train_state records the optimizer by its row's name", what);
+        dt_st_close(sf);
+    } else {
+        ok(0, "%s: open train_state.safetensors: %s", what, dt_last_error());
+    }
 
     dt_ckpt *c = NULL;
     is_int(dt_ckpt_load(path, b, ob, &c), DT_OK, "%s: load", what);
@@ -516,9 +525,21 @@ static void test_refusals(void) {
     dt_optim *yo = optim(1, y, 0);
     before = take(y, yo);
     is_int(dt_ckpt_load(path, y, yo, NULL), DT_ERR_FORMAT, "SGD state into AdamW fails");
-    like(dt_last_error(), "optimizer state is SGD, the optimizer is AdamW", "the error names both optimizers");
+    char want[1200];
+    snprintf(want, sizeof want, "checkpoint %s was written by optimizer 'sgd'; this run uses 'adamw'", path);
+    like(dt_last_error(), want, "the error names the checkpoint and both optimizers");
     ok(holds(before, y, yo), "the model is unchanged after the optimizer refusal");
     free(before.p);
+    /* and AdamW state into SGD */
+    char adir[512], apath[1024];
+    snprintf(adir, sizeof adir, "%s/adamw-run", tmpdir);
+    is_int(save(adir, 0, y, yo, 5), DT_OK, "save an AdamW checkpoint");
+    dt_ckpt_path(adir, 5, apath, sizeof apath);
+    dt_optim *so = optim(0, y, 0.9f);
+    is_int(dt_ckpt_load(apath, y, so, NULL), DT_ERR_FORMAT, "AdamW state into SGD fails");
+    snprintf(want, sizeof want, "checkpoint %s was written by optimizer 'adamw'; this run uses 'sgd'", apath);
+    like(dt_last_error(), want, "... naming both");
+    dt_optim_free(so);
 
     /* SGD with momentum into SGD without */
     dt_optim *zo = optim(0, y, 0.0f);

@@ -30,7 +30,7 @@ static void two_steps(dt_optim_config cfg, const float want[4], const char *what
 }
 
 static void test_optimizers(void) {
-    dt_optim_config c = dt_optim_sgd_defaults(0.1f);
+    dt_optim_config c = dt_optim_defaults(DT_OPTIM_SGD, 0.1f);
     /* p1 = p - lr*g = [1 - .05, -2 - .025] */
     two_steps(c, (const float[]){ 0.95f, -2.025f, 0.9f, -2.05f }, "sgd plain");
     /* buf1 = g' = g + wd p = [.51, .23]; p1 = [.949, -2.023]; buf2 = .9 buf1 + g'(p1) */
@@ -42,7 +42,7 @@ static void test_optimizers(void) {
     /* first buf = g (no dampening on the first step, as PyTorch), then .9 buf + .5 g */
     two_steps(c, (const float[]){ 0.95f, -2.025f, 0.88f, -2.06f }, "sgd dampening");
     /* AdamW step 1: p *= 1 - lr*wd; m_hat/sqrt(v_hat) = sign(g) -> p - lr */
-    dt_optim_config a = dt_optim_adamw_defaults(0.1f);
+    dt_optim_config a = dt_optim_defaults(DT_OPTIM_ADAMW, 0.1f);
     two_steps(a, (const float[]){ 0.899f, -2.098f, 0.798101f, -2.1959019f }, "adamw");
 
     dt_optim *o = NULL;
@@ -53,17 +53,87 @@ static void test_optimizers(void) {
     c.nesterov = 1;
     is_int(dt_optim_init(&c, ops, 2, &o), DT_ERR_INVALID, "nesterov with dampening rejected");
     like(dt_last_error(), "nesterov", "nesterov message");
-    c = dt_optim_sgd_defaults(-1.0f);
+    c = dt_optim_defaults(DT_OPTIM_SGD, -1.0f);
     is_int(dt_optim_init(&c, ops, 2, &o), DT_ERR_INVALID, "negative lr rejected");
     a.beta2 = 1.0f;
     is_int(dt_optim_init(&a, ops, 2, &o), DT_ERR_INVALID, "beta2 = 1 rejected");
     /* grad_scale multiplies the gradient first: scale 2 on g/2 is the plain step */
-    c = dt_optim_sgd_defaults(0.1f);
+    c = dt_optim_defaults(DT_OPTIM_SGD, 0.1f);
     float p[2] = { 1.0f, -2.0f }, g[2] = { 0.25f, 0.125f };
     dt_optim_init(&c, ops, 2, &o);
     dt_optim_step(o, p, g, 0.1f, 2.0f);
     ok(p[0] == 0.95f && fabsf(p[1] + 2.025f) < 1e-6f, "grad_scale applied");
     dt_optim_free(o);
+}
+
+/* Every row of the optimizer table is complete, so a half-added optimizer fails here
+ * and not at run time. */
+static void test_rows(void) {
+    for (int k = 0; k < DT_OPTIM_COUNT; k++) {
+        const dt_optim_def *d = dt_optim_def_of((dt_optim_kind)k);
+        if (!ok(d != NULL, "row %d exists", k)) continue;
+        const char *n = d->name ? d->name : "(no name)";
+        ok(d->name && d->name[0], "row %d has a name (%s)", k, n);
+        ok(d->help && strlen(d->help) > 10 && !strchr(d->help, '\n'), "%s: one-line help", n);
+        ok(d->step != NULL, "%s: a step function", n);
+        ok(d->check != NULL, "%s: an argument check", n);
+        ok(d->nstate >= 0 && d->nstate <= DT_OPTIM_MAX_STATE, "%s: %d state arrays, at most %d", n, d->nstate,
+           DT_OPTIM_MAX_STATE);
+        int named = 1;
+        for (int i = 0; i < d->nstate; i++) named &= d->state_names[i] && d->state_names[i][0];
+        for (int i = d->nstate; i < DT_OPTIM_MAX_STATE; i++) named &= d->state_names[i] == NULL;
+        ok(named, "%s: a PyTorch name for each of its %d state arrays, none beyond", n, d->nstate);
+        is_int(d->defaults.kind, k, "%s: its defaults carry its own kind", n);
+        ok(d->train_lr > 0 && d->train_weight_decay >= 0, "%s: dtrain train defaults (lr %g, weight decay %g)", n,
+           d->train_lr, d->train_weight_decay);
+        ok(dt_optim_find(d->name) == d, "%s: found by its name", n);
+        for (int j = 0; j < k; j++)
+            ok(strcmp(dt_optim_def_of((dt_optim_kind)j)->name, n) != 0, "%s: name differs from row %d", n, j);
+        /* the defaults pass the row's own check, and an optimizer built from them
+         * keeps at most nstate arrays, each with its name */
+        dt_optim_config c = dt_optim_defaults((dt_optim_kind)k, 0.01f);
+        ok(c.kind == (dt_optim_kind)k && c.lr == 0.01f, "%s: dt_optim_defaults sets kind and lr", n);
+        dt_optim *o = NULL;
+        if (ok(dt_optim_init(&c, ops, 3, &o) == DT_OK, "%s: builds from its defaults", n)) {
+            ok(dt_optim_def_in(o) == d, "%s: the optimizer knows its row", n);
+            int ns = dt_optim_nstate(o), good = ns >= 0 && ns <= d->nstate;
+            for (int i = 0; good && i < ns; i++)
+                good = dt_optim_state(o, i) && strcmp(dt_optim_state_name(o, i), d->state_names[i]) == 0;
+            ok(good, "%s: %d state arrays named as the row says", n, ns);
+            float p[3] = { 1, 2, 3 }, g[3] = { 0.5f, -0.5f, 0.25f };
+            ok(dt_optim_step(o, p, g, 0.01f, 1.0f) == DT_OK && p[0] != 1.0f, "%s: a step moves the parameters", n);
+            dt_optim_free(o);
+        }
+    }
+    ok(dt_optim_def_of(DT_OPTIM_COUNT) == NULL && dt_optim_def_of((dt_optim_kind)-1) == NULL,
+       "no row outside the enum");
+    ok(dt_optim_find("lion") == NULL && dt_optim_find(NULL) == NULL, "an unknown name finds no row");
+    char names[64];
+    is_str(dt_optim_names(names, sizeof names), "sgd, adamw", "the names, for messages");
+    char tiny[6];
+    is_str(dt_optim_names(tiny, sizeof tiny), "sgd, ", "a short buffer is cut and terminated");
+    dt_optim_config bad = dt_optim_defaults(DT_OPTIM_SGD, 0.1f);
+    bad.kind = DT_OPTIM_COUNT;
+    dt_optim *o = NULL;
+    is_int(dt_optim_init(&bad, ops, 2, &o), DT_ERR_INVALID, "an unknown kind is refused");
+    /* PyTorch's checks, per row */
+    bad = dt_optim_defaults(DT_OPTIM_SGD, 0.1f);
+    bad.nesterov = 1;
+    is_int(dt_optim_init(&bad, ops, 2, &o), DT_ERR_INVALID, "sgd: nesterov without momentum is refused");
+    bad.momentum = 0.9f;
+    is_int(dt_optim_init(&bad, ops, 2, &o), DT_OK, "sgd: nesterov with momentum and no dampening is fine");
+    dt_optim_free(o);
+    bad = dt_optim_defaults(DT_OPTIM_ADAMW, 0.1f);
+    bad.eps = -1;
+    is_int(dt_optim_init(&bad, ops, 2, &o), DT_ERR_INVALID, "adamw: a negative eps is refused");
+    like(dt_last_error(), "adamw: eps", "... naming the row and the field");
+    /* every hyper-parameter field is listed once, for checkpoints */
+    int nhp;
+    const dt_optim_hparam *hp = dt_optim_hparams(&nhp);
+    size_t covered = 0;
+    for (int i = 0; i < nhp; i++) covered += hp[i].is_int ? sizeof(int) : sizeof(float);
+    is_int((long long)(covered + sizeof(dt_optim_kind)), (long long)sizeof(dt_optim_config),
+           "the hyper-parameter list covers every field of dt_optim_config but kind");
 }
 
 static void test_schedules(void) {
@@ -136,7 +206,7 @@ static float *train(const char *spec, int threads, int steps, float *first_loss,
     dt_optim *o = NULL;
     if (ops->set_threads(threads) != DT_OK) return NULL;
     if (dt_model_build(spec, &in, ops, 7, BATCH, &m) != DT_OK) { diag("%s", dt_last_error()); return NULL; }
-    dt_optim_config cfg = dt_optim_sgd_defaults(0.05f);
+    dt_optim_config cfg = dt_optim_defaults(DT_OPTIM_SGD, 0.05f);
     cfg.momentum = 0.9f;
     cfg.weight_decay = 5e-4f;
     dt_schedule sch = { .kind = DT_SCHED_COSINE, .base_lr = 0.05f, .total_steps = steps, .warmup_steps = 5 };
@@ -195,6 +265,7 @@ static void test_training(void) {
 int main(void) {
     ops = dt_ops_cpu();
     test_optimizers();
+    test_rows();
     test_schedules();
     test_clip();
     test_training();

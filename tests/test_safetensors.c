@@ -46,20 +46,20 @@ static void test_roundtrip(void) {
     int64_t s23[2] = {2, 3}, s4[1] = {4}, s22[2] = {2, 2}, s3[1] = {3}, s5[1] = {5}, s2[1] = {2}, s04[2] = {0, 4};
     dt_st_writer *w = NULL;
     is_int(dt_st_writer_init(&w), DT_OK, "writer init");
-    ok(dt_st_writer_add(w, "0.weight", DT_ST_F32, 2, s23, f32) == DT_OK &&
-       dt_st_writer_add(w, "f64", DT_ST_F64, 1, s4, f64) == DT_OK &&
-       dt_st_writer_add(w, "i64", DT_ST_I64, 2, s22, i64) == DT_OK &&
-       dt_st_writer_add(w, "i32", DT_ST_I32, 1, s3, i32) == DT_OK &&
-       dt_st_writer_add(w, "u8", DT_ST_U8, 1, s5, u8) == DT_OK &&
-       dt_st_writer_add(w, "bf16", DT_ST_BF16, 1, s2, bf16) == DT_OK &&
-       dt_st_writer_add(w, "f16", DT_ST_F16, 1, s3, f16) == DT_OK &&
-       dt_st_writer_add(w, "scalar", DT_ST_F32, 0, NULL, &scalar) == DT_OK &&
-       dt_st_writer_add(w, "empty", DT_ST_F32, 2, s04, NULL) == DT_OK &&
-       dt_st_writer_add(w, "name \"quoted\" \xc3\xa9\n", DT_ST_U8, 1, s5, u8) == DT_OK,
+    ok(dt_st_writer_add(w, "0.weight", DT_F32, 2, s23, f32) == DT_OK &&
+       dt_st_writer_add(w, "f64", DT_F64, 1, s4, f64) == DT_OK &&
+       dt_st_writer_add(w, "i64", DT_I64, 2, s22, i64) == DT_OK &&
+       dt_st_writer_add(w, "i32", DT_I32, 1, s3, i32) == DT_OK &&
+       dt_st_writer_add(w, "u8", DT_U8, 1, s5, u8) == DT_OK &&
+       dt_st_writer_add(w, "bf16", DT_BF16, 1, s2, bf16) == DT_OK &&
+       dt_st_writer_add(w, "f16", DT_F16, 1, s3, f16) == DT_OK &&
+       dt_st_writer_add(w, "scalar", DT_F32, 0, NULL, &scalar) == DT_OK &&
+       dt_st_writer_add(w, "empty", DT_F32, 2, s04, NULL) == DT_OK &&
+       dt_st_writer_add(w, "name \"quoted\" \xc3\xa9\n", DT_U8, 1, s5, u8) == DT_OK,
        "add 10 tensors of 7 dtypes (a scalar, an empty one, an odd name)");
-    is_int(dt_st_writer_add(w, "u8", DT_ST_U8, 1, s5, u8), DT_ERR_INVALID, "a duplicate name is refused");
-    is_int(dt_st_writer_add(w, "__metadata__", DT_ST_U8, 1, s5, u8), DT_ERR_INVALID, "__metadata__ is refused");
-    is_int(dt_st_writer_add(w, "bad", DT_ST_U8, 9, s5, u8), DT_ERR_INVALID, "9 dimensions are refused");
+    is_int(dt_st_writer_add(w, "u8", DT_U8, 1, s5, u8), DT_ERR_INVALID, "a duplicate name is refused");
+    is_int(dt_st_writer_add(w, "__metadata__", DT_U8, 1, s5, u8), DT_ERR_INVALID, "__metadata__ is refused");
+    is_int(dt_st_writer_add(w, "bad", DT_U8, 9, s5, u8), DT_ERR_INVALID, "9 dimensions are refused");
     ok(dt_st_writer_set_meta(w, "format", "pt") == DT_OK && dt_st_writer_set_meta(w, "checksum", "old") == DT_OK &&
        dt_st_writer_set_meta(w, "checksum", "crc32:1234abcd") == DT_OK &&
        dt_st_writer_set_meta(w, "state", "{\"epoch\": 3, \"step\": 7}\t\\") == DT_OK, "set metadata");
@@ -76,12 +76,12 @@ static void test_roundtrip(void) {
     is_int(dt_st_count(f), 10, "10 tensors");
     dt_st_tensor t;
     int all = 1;
-    struct { const char *name; dt_st_dtype dt; int ndim; const void *data; size_t n; } want[] = {
-        {"0.weight", DT_ST_F32, 2, f32, sizeof f32}, {"f64", DT_ST_F64, 1, f64, sizeof f64},
-        {"i64", DT_ST_I64, 2, i64, sizeof i64},      {"i32", DT_ST_I32, 1, i32, sizeof i32},
-        {"u8", DT_ST_U8, 1, u8, sizeof u8},          {"bf16", DT_ST_BF16, 1, bf16, sizeof bf16},
-        {"f16", DT_ST_F16, 1, f16, sizeof f16},      {"scalar", DT_ST_F32, 0, &scalar, 4},
-        {"empty", DT_ST_F32, 2, NULL, 0},            {"name \"quoted\" \xc3\xa9\n", DT_ST_U8, 1, u8, 5},
+    struct { const char *name; dt_dtype    dt; int ndim; const void *data; size_t n; } want[] = {
+        {"0.weight", DT_F32, 2, f32, sizeof f32}, {"f64", DT_F64, 1, f64, sizeof f64},
+        {"i64", DT_I64, 2, i64, sizeof i64},      {"i32", DT_I32, 1, i32, sizeof i32},
+        {"u8", DT_U8, 1, u8, sizeof u8},          {"bf16", DT_BF16, 1, bf16, sizeof bf16},
+        {"f16", DT_F16, 1, f16, sizeof f16},      {"scalar", DT_F32, 0, &scalar, 4},
+        {"empty", DT_F32, 2, NULL, 0},            {"name \"quoted\" \xc3\xa9\n", DT_U8, 1, u8, 5},
     };
     for (size_t i = 0; i < 10; i++) {
         if (dt_st_find(f, want[i].name, &t) != DT_OK || t.dtype != want[i].dt || t.ndim != want[i].ndim ||
@@ -115,7 +115,7 @@ static void test_layout(void) {
     int64_t s2[1] = {2};
     dt_st_writer *w;
     dt_st_writer_init(&w);
-    dt_st_writer_add(w, "w", DT_ST_F32, 1, s2, v);
+    dt_st_writer_add(w, "w", DT_F32, 1, s2, v);
     dt_st_writer_set_meta(w, "k", "v");
     dt_st_writer_write(w, tmp_path("small.safetensors"));
     dt_st_writer_free(w);
@@ -174,8 +174,8 @@ static void test_python(void) {
     if (f) {
         dt_st_tensor a, b;
         int good = dt_st_find(f, "a.weight", &a) == DT_OK && dt_st_find(f, "b.bias", &b) == DT_OK &&
-                   a.dtype == DT_ST_F32 && a.ndim == 2 && a.shape[1] == 3 && ((const float *)a.data)[1] == 2.5f &&
-                   b.dtype == DT_ST_I64 && ((uintptr_t)b.data % 8) == 0 &&
+                   a.dtype == DT_F32 && a.ndim == 2 && a.shape[1] == 3 && ((const float *)a.data)[1] == 2.5f &&
+                   b.dtype == DT_I64 && ((uintptr_t)b.data % 8) == 0 &&
                    ((const int64_t *)b.data)[1] == ((int64_t)1 << 40);
         ok(good, "  values, dtypes and shapes match (I64 at byte 12 comes back aligned)");
         is_str(dt_st_meta_get(f, "note"), "caf\xc3\xa9", "  \\u00e9 in metadata decodes to UTF-8");

@@ -27,32 +27,12 @@
 
 /* ---- types and operators -------------------------------------------------------------- */
 
-static const struct { const char *name; size_t size; } dtypes[DT_DTYPE_COUNT] = {
-    [DT_F32] = { "f32", 4 }, [DT_F64] = { "f64", 8 }, [DT_F16] = { "f16", 2 }, [DT_BF16] = { "bf16", 2 },
-    [DT_I32] = { "i32", 4 }, [DT_I64] = { "i64", 8 }, [DT_U8] = { "u8", 1 },
-};
 static const char *const redops[DT_REDOP_COUNT] = { "sum", "avg", "min", "max", "prod" };
 
-static int dtype_ok(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT; }
+static int dtype_ok(dt_dtype t) { return (unsigned)t < DT_COMM_NDTYPES; }
 static int redop_ok(dt_redop op) { return (unsigned)op < DT_REDOP_COUNT; }
 
-size_t      dt_dtype_size(dt_dtype t) { return dtype_ok(t) ? dtypes[t].size : 0; }
-const char *dt_dtype_name(dt_dtype t) { return dtype_ok(t) ? dtypes[t].name : "?"; }
 const char *dt_redop_name(dt_redop op) { return redop_ok(op) ? redops[op] : "?"; }
-
-dt_status dt_dtype_parse(const char *s, dt_dtype *out) {
-    static const struct { const char *alias; dt_dtype t; } aliases[] = {
-        { "float32", DT_F32 }, { "float", DT_F32 }, { "float64", DT_F64 }, { "double", DT_F64 },
-        { "float16", DT_F16 }, { "half", DT_F16 }, { "bfloat16", DT_BF16 }, { "int32", DT_I32 },
-        { "int", DT_I32 }, { "int64", DT_I64 }, { "uint8", DT_U8 }, { "byte", DT_U8 },
-    };
-    if (!s) return dt_error(DT_ERR_INVALID, "element type is NULL");
-    for (int t = 0; t < DT_DTYPE_COUNT; t++)
-        if (strcasecmp(s, dtypes[t].name) == 0) { *out = (dt_dtype)t; return DT_OK; }
-    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
-        if (strcasecmp(s, aliases[i].alias) == 0) { *out = aliases[i].t; return DT_OK; }
-    return dt_error(DT_ERR_INVALID, "unknown element type '%s': expected f32, f64, f16, bf16, i32, i64 or u8", s);
-}
 
 dt_status dt_redop_parse(const char *s, dt_redop *out) {
     if (!s) return dt_error(DT_ERR_INVALID, "reduction operator is NULL");
@@ -443,7 +423,9 @@ int dt_work_test(dt_work *w) {
 static dt_status prep(dt_comm *c, dt_call_kind kind, dt_dtype t, dt_redop op, size_t count, size_t mult,
                       int root, op_t *o, const char *what) {
     if (!c) return dt_error(DT_ERR_INVALID, "%s: communicator is NULL", what);
-    if (!dtype_ok(t)) return dt_error(DT_ERR_INVALID, "rank %d: %s: invalid element type %d", c->rank, what, (int)t);
+    if (!dtype_ok(t))
+        return dt_error(DT_ERR_INVALID, "rank %d: %s: element type %s (%d) is not one of the collectives' "
+                        "(f32, f64, f16, bf16, i32, i64, u8)", c->rank, what, dt_dtype_name(t), (int)t);
     if ((kind == DT_CALL_ALLREDUCE || kind == DT_CALL_REDUCE || kind == DT_CALL_REDUCE_SCATTER) && !redop_ok(op))
         return dt_error(DT_ERR_INVALID, "rank %d: %s: invalid reduction operator %d", c->rank, what, (int)op);
     size_t es = dt_dtype_size(t);

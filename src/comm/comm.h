@@ -42,21 +42,20 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "dtype.h"
 #include "status.h"
 
 /* ---- element types and reduction operators ----------------------------------- */
 
-typedef enum { DT_F32, DT_F64, DT_F16, DT_BF16, DT_I32, DT_I64, DT_U8 } dt_dtype;
-#define DT_DTYPE_COUNT 7
+/* Element types are dt_dtype (dtype.h). The collectives take the first
+ * DT_COMM_NDTYPES of them: f32, f64, f16, bf16, i32, i64, u8. */
+#define DT_COMM_NDTYPES 7
 /* avg = sum, then divide by the number of ranks (integer types: truncating division).
  * f16/bf16 are combined in f32 and rounded back to nearest-even at every step. */
 typedef enum { DT_SUM, DT_AVG, DT_MIN, DT_MAX, DT_PROD } dt_redop;
 #define DT_REDOP_COUNT 5
 
-size_t      dt_dtype_size (dt_dtype t);                        /* bytes per element; 0 if invalid */
-const char *dt_dtype_name (dt_dtype t);                        /* "f32", "bf16", ...; "?" if invalid */
 const char *dt_redop_name (dt_redop op);                       /* "sum", "avg", ...; "?" if invalid */
-dt_status   dt_dtype_parse(const char *s, dt_dtype *out);      /* "f32" | "float32" | "float" ... */
 dt_status   dt_redop_parse(const char *s, dt_redop *out);      /* "sum" | "avg" | "mean" | ... */
 
 /* ---- communicators -------------------------------------------------------------- */

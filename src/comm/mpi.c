@@ -132,6 +132,7 @@ static MPI_Datatype mpi_type(dt_dtype t) {
     case DT_I32:  return MPI_INT32_T;
     case DT_I64:  return MPI_INT64_T;
     case DT_U8:   return MPI_UINT8_T;
+    default:      break;   /* not a collective type (comm.c refuses it) */
     }
     return MPI_DATATYPE_NULL;
 }
@@ -473,7 +474,7 @@ static dt_status mpi_recv(dt_comm *c, const dt_call *call, void *buf) {
     if (s == DT_OK) s = wait_all(st, req, n, call, call->root, "MPI recv");
     if (s == DT_OK && (h[P2P_DTYPE] != (uint64_t)call->dtype || h[P2P_TAG] != (uint64_t)(int64_t)call->tag ||
                        h[P2P_COUNT] != call->count)) {
-        const char *tn = h[P2P_DTYPE] < DT_DTYPE_COUNT ? dt_dtype_name((dt_dtype)h[P2P_DTYPE]) : "?";
+        const char *tn = h[P2P_DTYPE] < DT_COMM_NDTYPES ? dt_dtype_name((dt_dtype)h[P2P_DTYPE]) : "?";
         s = broken(st, dt_error(DT_ERR_MISMATCH, "recv from rank %d: this rank expected %s x %zu with tag %d, "
                                 "rank %d sent %s x %llu with tag %lld", call->root, dt_dtype_name(call->dtype),
                                 call->count, call->tag, call->root, tn, (unsigned long long)h[P2P_COUNT],

@@ -208,6 +208,7 @@ static ncclDataType_t nccl_type(dt_dtype t) {
     case DT_I32:  return ncclInt32;
     case DT_I64:  return ncclInt64;
     case DT_U8:   return ncclUint8;
+    default:      break;   /* not a collective type (comm.c refuses it) */
     }
     return ncclFloat32;
 }

@@ -1,9 +1,10 @@
 /*
- * reduce.h: typed elementwise reductions and the f16/bf16 conversions they need.
+ * reduce.h: typed elementwise reductions.
  *
  * The collectives combine received data with local data through dt_reduce_apply; the
  * loops are written so the compiler vectorises them (f32/f64/integers), while f16 and
- * bf16 go through f32 one element at a time and round back to nearest-even.
+ * bf16 go through f32 one element at a time and round back to nearest-even (the
+ * conversions of dtype.h).
  */
 #ifndef DT_REDUCE_H
 #define DT_REDUCE_H
@@ -17,10 +18,5 @@
 void     dt_reduce_apply(dt_redop op, dt_dtype t, void *dst, const void *a, const void *b, size_t n);
 /* buf[i] /= divisor (the last step of avg); integer types truncate toward zero. */
 void     dt_reduce_divide(dt_dtype t, void *buf, size_t n, int divisor);
-
-float    dt_f16_to_f32(uint16_t h);
-uint16_t dt_f32_to_f16(float f);    /* round to nearest-even; overflow -> inf; NaN stays NaN */
-float    dt_bf16_to_f32(uint16_t h);
-uint16_t dt_f32_to_bf16(float f);   /* round to nearest-even; NaN stays NaN */
 
 #endif /* DT_REDUCE_H */

@@ -8,6 +8,7 @@
  */
 #include "cpu.h"
 #include "rng.h"
+#include "dtype.h"   /* the f16/bf16 conversions of the cast kernels */
 
 #include <math.h>
 #include <stdlib.h>
@@ -140,48 +141,14 @@ dt_status dt_cpu_mul(float *z, const float *x, const float *y, size_t n) {
     return DT_OK;
 }
 
-/* ---- casts: round to nearest even, NaN kept quiet, f16 overflow to inf ---- */
-
-static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-static inline uint16_t to_bf16(float f) {
-    uint32_t u = f2u(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);   /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static inline uint16_t to_f16(float f) {
-    uint32_t u = f2u(f), sign = (u >> 16) & 0x8000u;
-    u &= 0x7fffffffu;
-    if (u >= 0x7f800000u)                                       /* inf or NaN */
-        return (uint16_t)(sign | (u > 0x7f800000u ? 0x7e00u | ((u >> 13) & 0x3ffu) : 0x7c00u));
-    if (u >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* >= 65520 rounds to inf */
-    if (u < 0x38800000u) {                                      /* below 2^-14: subnormal or zero */
-        /* value / 2^-24 is exact in float; rint rounds it to nearest even */
-        return (uint16_t)(sign | (uint32_t)rintf(u2f(u) * 16777216.0f));
-    }
-    u += 0xc8000fffu + ((u >> 13) & 1u);                        /* rebias exponent by -112, round */
-    return (uint16_t)(sign | (u >> 13));
-}
-
-static inline float from_f16(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0) {
-        float v = (float)m * (1.0f / 16777216.0f);   /* exact */
-        return u2f(f2u(v) | sign);
-    }
-    if (e == 31) return u2f(sign | 0x7f800000u | (m << 13));
-    return u2f(sign | ((e + 112u) << 23) | (m << 13));
-}
+/* ---- casts: the conversions of dtype.h (round to nearest even, NaN kept quiet, f16 overflow to inf) ---- */
 
 dt_status dt_cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
     if (n == 0) return DT_OK;
     DT_CPU_ARG(dst && src);
     int nt = dt_cpu_threads();
     #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) dst[i] = to_bf16(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = dt_f32_to_bf16(src[i]);
     return DT_OK;
 }
 
@@ -190,7 +157,7 @@ dt_status dt_cpu_bf16_to_f32(float *dst, const uint16_t *src, size_t n) {
     DT_CPU_ARG(dst && src);
     int nt = dt_cpu_threads();
     #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) dst[i] = u2f((uint32_t)src[i] << 16);
+    for (size_t i = 0; i < n; i++) dst[i] = dt_bf16_to_f32(src[i]);
     return DT_OK;
 }
 
@@ -199,7 +166,7 @@ dt_status dt_cpu_f32_to_f16(uint16_t *dst, const float *src, size_t n) {
     DT_CPU_ARG(dst && src);
     int nt = dt_cpu_threads();
     #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) dst[i] = to_f16(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = dt_f32_to_f16(src[i]);
     return DT_OK;
 }
 
@@ -208,7 +175,7 @@ dt_status dt_cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n) {
     DT_CPU_ARG(dst && src);
     int nt = dt_cpu_threads();
     #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) dst[i] = from_f16(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = dt_f16_to_f32(src[i]);
     return DT_OK;
 }
 

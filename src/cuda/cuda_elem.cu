@@ -20,6 +20,7 @@
 
 extern "C" {
 #include "rng.h"
+#include "dtype.h"   /* the f16/bf16 conversions of the cast kernels */
 }
 
 #define LAUNCH(kernel, n, ...) do { \
@@ -434,41 +435,17 @@ static dt_status cu_axpy(float *y, float alpha, const float *x, size_t n) { retu
 static dt_status cu_add(float *z, const float *x, const float *y, size_t n) { return elementwise("add", EW_ADD, z, x, y, 0.0f, n); }
 static dt_status cu_mul(float *z, const float *x, const float *y, size_t n) { return elementwise("mul", EW_MUL, z, x, y, 0.0f, n); }
 
-/* ---- casts: the CPU's bit manipulations (round to nearest even, NaN quiet, f16 overflow to inf) ---- */
-
-static __device__ inline uint16_t to_bf16(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static __device__ inline uint16_t to_f16(float f) {
-    uint32_t u = __float_as_uint(f), sign = (u >> 16) & 0x8000u;
-    u &= 0x7fffffffu;
-    if (u >= 0x7f800000u) return (uint16_t)(sign | (u > 0x7f800000u ? 0x7e00u | ((u >> 13) & 0x3ffu) : 0x7c00u));
-    if (u >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-    if (u < 0x38800000u) return (uint16_t)(sign | (uint32_t)rintf(__uint_as_float(u) * 16777216.0f));
-    u += 0xc8000fffu + ((u >> 13) & 1u);
-    return (uint16_t)(sign | (u >> 13));
-}
-
-static __device__ inline float from_f16(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0) return __uint_as_float(__float_as_uint((float)m * (1.0f / 16777216.0f)) | sign);
-    if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 13));
-    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
-}
+/* ---- casts: the conversions of dtype.h, the CPU's very code (round to nearest even, NaN quiet, f16 overflow to inf) ---- */
 
 enum { CAST_TO_BF16, CAST_FROM_BF16, CAST_TO_F16, CAST_FROM_F16 };
 
 __global__ void k_cast(int kind, void *dst, const void *src, size_t n) {
     DT_CU_FOR(i, n) {
         switch (kind) {
-        case CAST_TO_BF16:   ((uint16_t *)dst)[i] = to_bf16(((const float *)src)[i]); break;
-        case CAST_FROM_BF16: ((float *)dst)[i] = __uint_as_float((uint32_t)((const uint16_t *)src)[i] << 16); break;
-        case CAST_TO_F16:    ((uint16_t *)dst)[i] = to_f16(((const float *)src)[i]); break;
-        default:             ((float *)dst)[i] = from_f16(((const uint16_t *)src)[i]); break;
+        case CAST_TO_BF16:   ((uint16_t *)dst)[i] = dt_f32_to_bf16(((const float *)src)[i]); break;
+        case CAST_FROM_BF16: ((float *)dst)[i] = dt_bf16_to_f32(((const uint16_t *)src)[i]); break;
+        case CAST_TO_F16:    ((uint16_t *)dst)[i] = dt_f32_to_f16(((const float *)src)[i]); break;
+        default:             ((float *)dst)[i] = dt_f16_to_f32(((const uint16_t *)src)[i]); break;
         }
     }
 }

@@ -419,16 +419,16 @@ static void check_epochs(const dt_step_rec *r, size_t n, const char *what, check
 
 /* Largest |x - y| over two tensors of the same dtype and size; -1 for non-numeric dtypes. */
 static double max_abs_diff(const dt_st_tensor *x, const dt_st_tensor *y, double *maxabs) {
-    size_t esz = dt_st_dtype_size(x->dtype), cnt = esz ? x->nbytes / esz : 0;
+    size_t esz = dt_dtype_size(x->dtype), cnt = esz ? x->nbytes / esz : 0;
     double worst = 0;
     *maxabs = 0;
     for (size_t i = 0; i < cnt; i++) {
         double a, b;
         switch (x->dtype) {
-        case DT_ST_F32: a = ((const float *)x->data)[i]; b = ((const float *)y->data)[i]; break;
-        case DT_ST_F64: a = ((const double *)x->data)[i]; b = ((const double *)y->data)[i]; break;
-        case DT_ST_I64: a = (double)((const int64_t *)x->data)[i]; b = (double)((const int64_t *)y->data)[i]; break;
-        case DT_ST_I32: a = ((const int32_t *)x->data)[i]; b = ((const int32_t *)y->data)[i]; break;
+        case DT_F32: a = ((const float *)x->data)[i]; b = ((const float *)y->data)[i]; break;
+        case DT_F64: a = ((const double *)x->data)[i]; b = ((const double *)y->data)[i]; break;
+        case DT_I64: a = (double)((const int64_t *)x->data)[i]; b = (double)((const int64_t *)y->data)[i]; break;
+        case DT_I32: a = ((const int32_t *)x->data)[i]; b = ((const int32_t *)y->data)[i]; break;
         default: return -1;
         }
         double d = fabs(a - b);
@@ -481,11 +481,11 @@ static void check_weights(const check_cfg *c, const run_info *r1, const run_info
         differ++;
         if (failed == 2) continue;  /* the first failing tensor is named already; count the rest */
         double maxabs = 0, d = max_abs_diff(&x, &y, &maxabs);
-        int integer = x.dtype == DT_ST_I64 || x.dtype == DT_ST_I32;
+        int integer = x.dtype == DT_I64 || x.dtype == DT_I32;
         if (d > worst) worst = d;
         if (!pow2 && !integer && d >= 0 && d <= CHECK_WEIGHT_TOL * fmax(1.0, maxabs)) continue;
         if (d >= 0) row_set(row, 0, "'%s' is the first tensor that differs: max abs difference %.3g", x.name, d);
-        else row_set(row, 0, "'%s' is the first tensor that differs (dtype %s)", x.name, dt_st_dtype_name(x.dtype));
+        else row_set(row, 0, "'%s' is the first tensor that differs (dtype %s)", x.name, dt_dtype_st_name(x.dtype));
         failed = 2;
     }
     /* a mismatch of names or shapes stops the loop; otherwise every tensor was seen */

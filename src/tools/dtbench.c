@@ -109,7 +109,7 @@ static void parse_args(int argc, char **argv, bench_cfg *cfg) {
             if (found < 0) die_usage("-o: expected all_reduce, broadcast, all_gather, reduce_scatter or reduce, got '%s'", v);
             cfg->op = (bench_op)found;
         } else if (!strcmp(f, "-d")) {
-            if (dt_dtype_parse(v, &cfg->dtype) != DT_OK)
+            if (dt_dtype_parse(v, &cfg->dtype) != DT_OK || cfg->dtype >= DT_COMM_NDTYPES)
                 die_usage("-d: expected f32, f64, f16, bf16, i32, i64 or u8, got '%s'", v);
         } else if (!strcmp(f, "-r")) {
             if (dt_redop_parse(v, &cfg->redop) != DT_OK)
@@ -144,6 +144,7 @@ static void store(dt_dtype t, void *buf, size_t i, double v) {
     case DT_I32:  ((int32_t *)buf)[i] = (int32_t)v; break;
     case DT_I64:  ((int64_t *)buf)[i] = (int64_t)v; break;
     case DT_U8:   ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
+    default:      break;   /* -d takes the collectives' types only */
     }
 }
 

@@ -23,6 +23,7 @@
 #include "launch_env.h"
 #include "model.h"
 #include "ops.h"
+#include "optim.h"
 #include "testing.h"
 #include "tool_util.h"
 #include "tools.h"
@@ -59,11 +60,13 @@ static const char *usage_train =
     "                        size (default: the world size). Runs with the same S\n"
     "                        give bitwise the same weights on 1, 2, 4, ... processes\n"
     "Optimizer:\n"
-    "  --optim sgd|adamw     [sgd]\n"
-    "  --lr X                base learning rate  [0.05]\n"
+    "  --optim NAME          the optimizer, one of  [sgd]\n";
+/* ... the optimizer rows (train_help), then: */
+static const char *usage_train_rest =
+    "  --lr X                base learning rate  [the optimizer's]\n"
     "  --momentum X          SGD momentum  [0.9]\n"
     "  --nesterov            Nesterov momentum\n"
-    "  --weight-decay X      [5e-4]\n"
+    "  --weight-decay X      [the optimizer's]\n"
     "  --schedule cosine|constant|step   [cosine]\n"
     "  --step-size N --gamma X           step schedule: multiply by X every N steps\n"
     "  --warmup N            linear warm-up steps  [0]\n"
@@ -288,6 +291,17 @@ static void on_event(void *ctx, const dt_train_event *ev) {
 
 /* ---- train ----------------------------------------------------------------------------- */
 
+/* dtrain train --help: the flags, with one line per optimizer row of optim.h. */
+static void train_help(void) {
+    fputs(usage_train, stdout);
+    for (int k = 0; k < DT_OPTIM_COUNT; k++) {
+        const dt_optim_def *d = dt_optim_def_of((dt_optim_kind)k);
+        printf("    %-20s%s\n", d->name, d->help);
+        printf("%24sdefaults: --lr %g --weight-decay %g\n", "", d->train_lr, d->train_weight_decay);
+    }
+    fputs(usage_train_rest, stdout);
+}
+
 static int cmd_train(int argc, char **argv) {
     dt_train_opts o;
     dt_train_opts_default(&o);
@@ -299,7 +313,7 @@ static int cmd_train(int argc, char **argv) {
     for (int i = 1; i < argc && s == DT_OK;) {
         const char *v = NULL;
         const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage_train, stdout); return 0; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { train_help(); return 0; }
         if (!strcmp(a, "--nesterov")) { o.nesterov = 1; i++; continue; }
         if (!strcmp(a, "--no-eval")) { o.eval = 0; i++; continue; }
         if (!strcmp(a, "--quiet")) { quiet = 1; i++; continue; }
@@ -346,10 +360,9 @@ static int cmd_train(int argc, char **argv) {
 #undef FLAG
     }
     if (s != DT_OK) return fail(s);
-    if (!strcmp(o.optim, "adamw")) {
-        if (!wd_given) o.weight_decay = 0.01;
-        if (!lr_given) o.lr = 1e-3;
-    }
+    const dt_optim_def *optim = dt_optim_find(o.optim);   /* unknown: the trainer lists the names */
+    if (optim && !wd_given) o.weight_decay = optim->train_weight_decay;
+    if (optim && !lr_given) o.lr = optim->train_lr;
 
     const dt_ops *ops = dt_ops_get(device);
     if (!ops) return fail(DT_ERR_INVALID);

@@ -1,0 +1,75 @@
+/*
+ * hash.c: XXH64 and the counter-based dt_hash_u64 (see hash.h).
+ */
+#include "config.h"
+
+#include "hash.h"
+
+/* ---- XXH64 ---------------------------------------------------------------------- */
+
+#define P1 0x9E3779B185EBCA87ULL
+#define P2 0xC2B2AE3D27D4EB4FULL
+#define P3 0x165667B19E3779F9ULL
+#define P4 0x85EBCA77C2B2AE63ULL
+#define P5 0x27D4EB2F165667C5ULL
+
+static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+/* Little-endian loads byte by byte: any alignment, any host byte order. */
+static uint64_t rd64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static uint32_t rd32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t xround(uint64_t acc, uint64_t in) { return rotl64(acc + in * P2, 31) * P1; }
+static uint64_t xmerge(uint64_t h, uint64_t v) { return (h ^ xround(0, v)) * P1 + P4; }
+
+uint64_t dt_xxh64(const void *data, size_t n, uint64_t seed) {
+    const unsigned char *p = data, *end = p + n;
+    uint64_t h;
+    if (n >= 32) {
+        /* four lanes over 32-byte stripes */
+        uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
+        for (; end - p >= 32; p += 32) {
+            v1 = xround(v1, rd64(p));
+            v2 = xround(v2, rd64(p + 8));
+            v3 = xround(v3, rd64(p + 16));
+            v4 = xround(v4, rd64(p + 24));
+        }
+        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
+        h = xmerge(xmerge(xmerge(xmerge(h, v1), v2), v3), v4);
+    } else {
+        h = seed + P5;
+    }
+    h += (uint64_t)n;
+    for (; end - p >= 8; p += 8) h = rotl64(h ^ xround(0, rd64(p)), 27) * P1 + P4;
+    if (end - p >= 4) {
+        h = rotl64(h ^ (uint64_t)rd32(p) * P1, 23) * P2 + P3;
+        p += 4;
+    }
+    for (; p < end; p++) h = rotl64(h ^ (uint64_t)*p * P5, 11) * P1;
+    h ^= h >> 33;
+    h *= P2;
+    h ^= h >> 29;
+    h *= P3;
+    h ^= h >> 32;
+    return h;
+}
+
+/* ---- counter-based hash ------------------------------------------------------------- */
+
+/* The SplitMix64 finaliser. */
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t dt_hash_u64(uint64_t key, uint64_t a, uint64_t b) {
+    /* Three chained rounds; the odd constants keep (0,0,0) away from 0. */
+    uint64_t h = mix64(key + 0x9e3779b97f4a7c15ULL);
+    h = mix64(h ^ (a + 0x632be59bd9b4e019ULL));
+    return mix64(h ^ (b + 0x85ebca6b27d4eb4fULL));
+}

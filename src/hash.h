@@ -1,0 +1,24 @@
+/*
+ * hash.h: the two non-cryptographic hashes of dtrain.
+ *
+ *   dt_xxh64     XXH64 of a byte string: checkpoint checksums, parameter
+ *                fingerprints of DDP's rank checks. The reference algorithm
+ *                (portable, little-endian loads, no tables), so a value can be
+ *                checked with the xxhsum tool.
+ *   dt_hash_u64  a counter-based hash of three 64-bit words: the sampler's
+ *                permutations, synthetic data, batch fingerprints; wherever a
+ *                random value must depend on its coordinates only (DESIGN.md
+ *                rule 2), and Philox (rng.h) would be more than is needed.
+ */
+#ifndef DT_HASH_H
+#define DT_HASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* XXH64 of n bytes with a seed. */
+uint64_t dt_xxh64  (const void *p, size_t n, uint64_t seed);
+/* A 64-bit hash of (key, a, b): three chained SplitMix64 finaliser rounds. */
+uint64_t dt_hash_u64(uint64_t key, uint64_t a, uint64_t b);
+
+#endif /* DT_HASH_H */
