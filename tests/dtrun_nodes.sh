@@ -172,9 +172,10 @@ ok $? "node 0 without the others: exit 1 (got $rc)"
 ok_grep "$tmp/e" "^dtrun: the rendezvous timed out after 1 s \(--rdzv-timeout\): nodes 1,2 never joined" "names the missing nodes"
 
 # A taken port: one clear line.
-python3 -c 'import socket,sys,time; s=socket.socket(); s.bind(("0.0.0.0",int(sys.argv[1]))); s.listen(1); time.sleep(20)' "$port" &
+# the holder writes $tmp/held once it listens; wait for that (at most 20 s), not a fixed time
+python3 -c 'import socket,sys,time; s=socket.socket(); s.bind(("0.0.0.0",int(sys.argv[1]))); s.listen(1); open(sys.argv[2],"w").close(); time.sleep(60)' "$port" "$tmp/held" &
 hold=$!
-sleep 0.5
+i=0; while [ ! -e "$tmp/held" ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done
 timeout 10 "$DTRUN" -n 1 --nnodes 2 --master-port "$port" true > "$tmp/o" 2> "$tmp/e"
 rc=$?
 test $rc -eq 1
