@@ -2,10 +2,12 @@
  * ops.h: the compute interface — one table of kernels per device.
  *
  * Everything that touches tensor data goes through a dt_ops table (DESIGN.md rule 1):
- * the CPU backend (src/cpu/, OpenBLAS + OpenMP) fills it now, the CUDA backend
- * (src/cuda/) fills the same table later. Layers, models, optimizers and DDP are
- * written once against these pointers. Like ggml's backend interface, the table is
- * a struct of function pointers filled with labelled initialisers.
+ * the CPU backend (src/cpu/, OpenBLAS + OpenMP) and the CUDA backend (src/cuda/) each
+ * fill one. Layers, models, optimizers and DDP are written once against these
+ * pointers. Like ggml's backend interface, the table is a struct of function pointers
+ * filled with labelled initialisers; here both the struct and the tables are generated
+ * from one list of ops (DT_OPS below), so a backend cannot leave an op out.
+ * The device registry (dt_ops_get) and the descriptor checks live in src/ops.c.
  *
  * Conventions (every member):
  *   - pointers are device pointers (host memory for "cpu"), float32 unless stated;
@@ -35,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "status.h"
+#include "ops_elem.h"
 
 /* ---- descriptors for convolution and pooling --------------------------------------- */
 
@@ -90,192 +93,232 @@ typedef struct {
     int64_t step;                 /* 1 on the first step */
 } dt_adamw_args;
 
+/* ---- the op list ---------------------------------------------------------------------
+ * DT_OPS(X) names every compute op once, as X(name, (parameters)); every op returns a
+ * dt_status. Everything else is generated from it: the members of dt_ops, the indices
+ * DT_OP_<name> and dt_ops_op_name(), the CPU and CUDA tables (a missing kernel is a
+ * compile error) and the cases of the op test (tests/ops_cases.h: a missing case is a
+ * compile error too). The element-wise activations come from their own list in
+ * ops_elem.h, two ops per row. */
+
+/* One activation row of ops_elem.h as its two ops. */
+#define DT_OPS_ELEM_PAIR_(X, name, saved, tol) \
+    X(name##_forward,  (float *y, const float *x, size_t n)) \
+    X(name##_backward, (float *dx, const float *dy, const float *saved, size_t n))
+
+#define DT_OPS(X) \
+    /* -- GEMM (row-major, as cblas with CblasRowMajor) -- \
+     * C(M,N) = alpha * op(A)(M,K) * op(B)(K,N) + beta * C; op(X) = X or X^T when trans != 0. \
+     * A is (M, K) with row stride lda (or (K, M) when transA), B is (K, N) with ldb \
+     * (or (N, K) when transB), C is (M, N) with ldc. beta = 0 ignores C's old contents. \
+     * The CPU backend cuts C into blocks fixed by (M, N, K) and never splits K, so the \
+     * bits do not depend on the thread count. */ \
+    X(sgemm, (int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, \
+              const float *B, int ldb, float beta, float *C, int ldc)) \
+    \
+    /* -- bias -- */ \
+    X(bias_add,  (float *y, const float *b, int rows, int cols))     /* y (rows, cols) += b (cols) */ \
+    X(bias_relu, (float *y, const float *b, int rows, int cols))     /* y = relu(y + b), fused */ \
+    X(bias_grad, (float *db, const float *dy, int rows, int cols))   /* db (cols) = column sums of dy (rows, cols) */ \
+    \
+    /* -- activations (ops_elem.h): <name>_forward (y, x, n) and <name>_backward (dx, dy, \
+     * x or y, n), all arrays (n); in place allowed: y == x, dx == dy -- */ \
+    DT_OPS_ELEM(DT_OPS_ELEM_PAIR_, X) \
+    \
+    /* -- dropout (inverted, as nn.Dropout: kept values are scaled by 1/(1-p)) -- \
+     * x, y are (rows, cols); row i is the sample with index sample0 + i (its position in \
+     * the epoch's global order), and element j of it is kept iff \
+     * dt_rng_dropout_keep(seed, stream, epoch, sample0 + i, j, p). stream tells the \
+     * dropout layers of one model apart. The mask is recomputed in backward, not stored. \
+     * p in [0, 1); in place allowed. */ \
+    X(dropout_forward,  (float *y, const float *x, int rows, int cols, float p, \
+                         uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0)) \
+    X(dropout_backward, (float *dx, const float *dy, int rows, int cols, float p, \
+                         uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0)) \
+    \
+    /* -- losses -- \
+     * Softmax cross-entropy, as nn.CrossEntropyLoss(label_smoothing=ls) with \
+     * reduction='sum' divided by `norm` (pass the GLOBAL batch size so micro-batch \
+     * losses and gradients add up to the mean over the global batch). \
+     *   logits (B, C), labels (B) in [0, C) or < 0 to ignore the row (as ignore_index), \
+     *   probs (B, C) receives the softmax (kept for backward), loss (1) receives \
+     *   sum_rows(-sum_c target_c * log p_c) / norm with target = (1-ls)*onehot + ls/C. \
+     * A label >= C gives DT_ERR_INVALID. With every label < 0 it only computes probs. */ \
+    X(xent_forward,  (float *loss, float *probs, const float *logits, const int32_t *labels, \
+                      int B, int C, float label_smoothing, float norm)) \
+    /* dlogits (B, C) = (probs - target) / norm (0 for ignored rows); in place over probs allowed. */ \
+    X(xent_backward, (float *dlogits, const float *probs, const int32_t *labels, \
+                      int B, int C, float label_smoothing, float norm)) \
+    /* Mean squared error: loss (1) = sum_i (pred_i - target_i)^2 / norm. */ \
+    X(mse_forward,   (float *loss, const float *pred, const float *target, size_t n, float norm)) \
+    /* dpred (n) = 2 * (pred - target) / norm. */ \
+    X(mse_backward,  (float *dpred, const float *pred, const float *target, size_t n, float norm)) \
+    \
+    /* -- convolution (d from dt_conv2d_desc_init) -- \
+     * y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, R, S)) + bias (K); bias may be NULL. \
+     * relu != 0 applies relu after the bias (fused). */ \
+    X(conv2d_forward,  (const dt_conv2d_desc *d, float *y, const float *x, const float *w, \
+                        const float *bias, int relu)) \
+    /* Given dy (N, K, P, Q), x and w of the forward: dx (N, C, H, W), dw (K, C, R, S), \
+     * dbias (K). Any of dx, dw, dbias may be NULL to skip it (dx for the first layer). */ \
+    X(conv2d_backward, (const dt_conv2d_desc *d, float *dx, float *dw, float *dbias, \
+                        const float *dy, const float *x, const float *w)) \
+    \
+    /* -- pooling (d from dt_pool2d_desc_init) -- \
+     * y (N, C, P, Q); idx (N, C, P, Q) receives the argmax as a flat index into the \
+     * (H, W) plane, as PyTorch's return_indices (first maximum wins; NaN propagates). */ \
+    X(maxpool2d_forward,  (const dt_pool2d_desc *d, float *y, int32_t *idx, const float *x)) \
+    X(maxpool2d_backward, (const dt_pool2d_desc *d, float *dx, const float *dy, const int32_t *idx)) \
+    X(avgpool2d_forward,  (const dt_pool2d_desc *d, float *y, const float *x)) \
+    X(avgpool2d_backward, (const dt_pool2d_desc *d, float *dx, const float *dy)) \
+    /* y (N, C) = mean of x (N, C, HW) over HW; backward spreads dy / HW. */ \
+    X(global_avgpool_forward,  (float *y, const float *x, int N, int C, int HW)) \
+    X(global_avgpool_backward, (float *dx, const float *dy, int N, int C, int HW)) \
+    \
+    /* -- batch normalisation over (N, HW) per channel C; x is (N, C, HW) (HW = 1 for \
+     * BatchNorm1d on (N, C)). The statistics are plain sums so the DDP layer can \
+     * all-reduce them for synchronised batch norm before finalising. -- \
+     * sum (C) = sum of x, sumsq (C) = sum of x^2 (each (n, c) plane in fixed float \
+     * lanes, the planes in sample order in double, rounded once). */ \
+    X(bn_stats,    (float *sum, float *sumsq, const float *x, int N, int C, int HW)) \
+    /* From sums over `count` values per channel: mean (C), invstd (C) = 1/sqrt(var + eps) \
+     * with the biased var = sumsq/count - mean^2 (clamped at 0). If running_mean is not \
+     * NULL, also running = (1-momentum)*running + momentum*stat with the UNBIASED \
+     * variance var*count/(count-1), as PyTorch in training mode. */ \
+    X(bn_finalize, (float *mean, float *invstd, const float *sum, const float *sumsq, \
+                    int C, int64_t count, float eps, \
+                    float *running_mean, float *running_var, float momentum)) \
+    /* invstd (C) = 1/sqrt(var (C) + eps), for evaluation with the running variance. */ \
+    X(bn_invstd,   (float *invstd, const float *var, int C, float eps)) \
+    /* y = (x - mean) * invstd * gamma + beta per channel; gamma/beta NULL means 1/0 \
+     * (affine=False); relu != 0 applies relu (fused); in place allowed. */ \
+    X(bn_apply,    (float *y, const float *x, const float *mean, const float *invstd, \
+                    const float *gamma, const float *beta, int N, int C, int HW, int relu)) \
+    /* Per-channel sums for backward: sum_dy (C) = sum dy (= dbeta), sum_dy_xhat (C) = \
+     * sum dy * (x - mean) * invstd (= dgamma). All-reduce them for sync-BN. */ \
+    X(bn_backward_reduce, (float *sum_dy, float *sum_dy_xhat, const float *dy, const float *x, \
+                           const float *mean, const float *invstd, int N, int C, int HW)) \
+    /* dx = gamma*invstd * (dy - sum_dy/count - xhat * sum_dy_xhat/count) (training mode; \
+     * count = the number of values per channel behind the statistics, all ranks for sync-BN). \
+     * gamma NULL means 1. */ \
+    X(bn_backward_dx, (float *dx, const float *dy, const float *x, const float *mean, \
+                       const float *invstd, const float *gamma, const float *sum_dy, \
+                       const float *sum_dy_xhat, int N, int C, int HW, int64_t count)) \
+    \
+    /* -- layer normalisation over the last dim, as nn.LayerNorm(cols) -- \
+     * x, y (rows, cols), gamma/beta (cols) (NULL = no affine), mean/rstd (rows) saved. */ \
+    X(layernorm_forward,  (float *y, float *mean, float *rstd, const float *x, \
+                           const float *gamma, const float *beta, int rows, int cols, float eps)) \
+    /* dx (rows, cols); dgamma, dbeta (cols) (NULL to skip; summed over rows in row order, in double). */ \
+    X(layernorm_backward, (float *dx, float *dgamma, float *dbeta, const float *dy, \
+                           const float *x, const float *mean, const float *rstd, \
+                           const float *gamma, int rows, int cols)) \
+    \
+    /* -- reductions and metrics -- \
+     * correct (1) = number of rows whose argmax equals labels (B) (first maximum wins, a \
+     * NaN beats any number; ignored labels < 0 never count). */ \
+    X(count_correct, (int32_t *correct, const float *logits, const int32_t *labels, int B, int C)) \
+    /* out (1) = sum of squares of x (n): double accumulation over fixed 4096-element \
+     * chunks combined pairwise, rounded once; bitwise independent of threads. */ \
+    X(sumsq, (float *out, const float *x, size_t n)) \
+    \
+    /* -- elementwise vector ops (n elements; in place allowed) -- */ \
+    X(fill,  (float *x, float value, size_t n)) \
+    X(scale, (float *x, float alpha, size_t n))                    /* x *= alpha */ \
+    X(add,   (float *z, const float *x, const float *y, size_t n)) /* z = x + y */ \
+    \
+    /* -- casts (round to nearest even; NaN stays NaN, overflow to f16 gives inf) -- */ \
+    X(f32_to_bf16, (uint16_t *dst, const float *src, size_t n)) \
+    X(bf16_to_f32, (float *dst, const uint16_t *src, size_t n)) \
+    X(f32_to_f16,  (uint16_t *dst, const float *src, size_t n)) \
+    X(f16_to_f32,  (float *dst, const uint16_t *src, size_t n)) \
+    \
+    /* -- fused optimizer steps over a flat parameter array (n) -- \
+     * sgd: buf (n) is the momentum buffer (unused when momentum == 0, may be NULL). */ \
+    X(sgd_update,   (float *p, const float *grad, float *buf, size_t n, const dt_sgd_args *a)) \
+    /* adamw: m, v (n) are the moment buffers (zero them before step 1). */ \
+    X(adamw_update, (float *p, const float *grad, float *m, float *v, size_t n, const dt_adamw_args *a)) \
+    \
+    /* -- random fill, reproducible whatever the threads: element i is \
+     * lo + (hi - lo) * dt_rng_unit(seed, stream, offset + i) (rng.h), so filling a tensor \
+     * in pieces gives the same values as filling it at once. -- */ \
+    X(rng_uniform, (float *x, size_t n, float lo, float hi, uint64_t seed, uint64_t stream, uint64_t offset))
+
+/* DT_OPS_DEVICE(X): memory and execution, as X(return type, name, (parameters)). */
+#define DT_OPS_DEVICE(X) \
+    X(dt_status, alloc,       (void **p, size_t bytes))   /* device memory, 64-byte aligned; bytes=0 gives NULL */ \
+    X(void,      free,        (void *p))                  /* NULL is fine */ \
+    X(dt_status, zero,        (void *p, size_t bytes))    /* memset 0 */ \
+    X(dt_status, copy_h2d,    (void *dst, const void *src, size_t bytes)) \
+    X(dt_status, copy_d2h,    (void *dst, const void *src, size_t bytes)) \
+    X(dt_status, copy_d2d,    (void *dst, const void *src, size_t bytes)) \
+    X(dt_status, host_alloc,  (void **p, size_t bytes))   /* pinned host memory (aligned malloc on cpu) */ \
+    X(void,      host_free,   (void *p)) \
+    X(dt_status, synchronize, (void))                     /* wait for all queued work */ \
+    X(dt_status, set_threads, (int n))                    /* compute threads (OpenMP on cpu); n >= 1 */
+
+/* The op indices DT_OP_sgemm, ..., and their count. */
+enum {
+#define DT_OP_INDEX_(name, params) DT_OP_##name,
+    DT_OPS(DT_OP_INDEX_)
+#undef DT_OP_INDEX_
+    DT_OPS_COUNT
+};
+
 /* ---- the table ------------------------------------------------------------------------ */
 
 typedef struct dt_ops dt_ops;
 
 struct dt_ops {
-    const char *name;                                              /* "cpu", "cuda" */
-    int         host_memory;                                       /* 1: device pointers are host pointers */
-
-    /* -- memory and execution -- */
-    dt_status (*alloc)      (void **p, size_t bytes);              /* device memory, 64-byte aligned; bytes=0 gives NULL */
-    void      (*free)       (void *p);                             /* NULL is fine */
-    dt_status (*zero)       (void *p, size_t bytes);               /* memset 0 */
-    dt_status (*copy_h2d)   (void *dst, const void *src, size_t bytes);
-    dt_status (*copy_d2h)   (void *dst, const void *src, size_t bytes);
-    dt_status (*copy_d2d)   (void *dst, const void *src, size_t bytes);
-    dt_status (*host_alloc) (void **p, size_t bytes);              /* pinned host memory (aligned malloc on cpu) */
-    void      (*host_free)  (void *p);
-    dt_status (*synchronize)(void);                                /* wait for all queued work */
-    dt_status (*set_threads)(int n);                               /* compute threads (OpenMP on cpu); n >= 1 */
-    int       (*threads)    (void);                                /* current compute threads */
+    const char *name;                    /* "cpu", "cuda" */
+    int         host_memory;             /* 1: device pointers are host pointers */
+#define DT_OPS_DEVICE_MEMBER_(ret, name, params) ret (*name) params;
+    DT_OPS_DEVICE(DT_OPS_DEVICE_MEMBER_)
+#undef DT_OPS_DEVICE_MEMBER_
     /* device memory held now and at most so far, in bytes (as torch.cuda's
-     * memory_allocated / max_memory_allocated); NULL when the device does not
-     * track it (cpu: the process's resident memory tells instead) */
-    void      (*memory)     (size_t *current, size_t *peak);
-
-    /* -- GEMM (row-major, as cblas with CblasRowMajor) --
-     * C(M,N) = alpha * op(A)(M,K) * op(B)(K,N) + beta * C; op(X) = X or X^T when trans != 0.
-     * A is (M, K) with row stride lda (or (K, M) when transA), B is (K, N) with ldb
-     * (or (N, K) when transB), C is (M, N) with ldc. beta = 0 ignores C's old contents.
-     * The CPU backend cuts C into blocks fixed by (M, N, K) and never splits K, so the
-     * bits do not depend on the thread count. */
-    dt_status (*sgemm)(int transA, int transB, int M, int N, int K,
-                       float alpha, const float *A, int lda, const float *B, int ldb,
-                       float beta, float *C, int ldc);
-    /* batch independent GEMMs: matrix i uses A + i*strideA, B + i*strideB, C + i*strideC. */
-    dt_status (*sgemm_batched)(int transA, int transB, int M, int N, int K,
-                               float alpha, const float *A, int lda, int64_t strideA,
-                               const float *B, int ldb, int64_t strideB,
-                               float beta, float *C, int ldc, int64_t strideC, int batch);
-
-    /* -- bias -- */
-    dt_status (*bias_add)       (float *y, const float *b, int rows, int cols);         /* y (rows, cols) += b (cols) */
-    dt_status (*bias_relu)      (float *y, const float *b, int rows, int cols);         /* y = relu(y + b), fused */
-    dt_status (*bias_add_nchw)  (float *y, const float *b, int N, int C, int HW);       /* y (N, C, HW) += b (C) */
-    dt_status (*bias_grad)      (float *db, const float *dy, int rows, int cols);       /* db (cols) = column sums of dy (rows, cols) */
-    dt_status (*bias_grad_nchw) (float *db, const float *dy, int N, int C, int HW);     /* db (C) = sum of dy (N, C, HW) over N, HW */
-
-    /* -- activations (y, x, dx, dy all (n); in place allowed: y == x, dx == dy) -- */
-    dt_status (*relu_forward)  (float *y, const float *x, size_t n);
-    dt_status (*relu_backward) (float *dx, const float *dy, const float *y, size_t n);   /* dx = dy * (y > 0); y = the forward OUTPUT */
-    dt_status (*gelu_forward)  (float *y, const float *x, size_t n);                     /* exact: x * Phi(x) with erf, as nn.GELU() */
-    dt_status (*gelu_backward) (float *dx, const float *dy, const float *x, size_t n);   /* x = the forward INPUT */
-    dt_status (*tanh_forward)  (float *y, const float *x, size_t n);
-    dt_status (*tanh_backward) (float *dx, const float *dy, const float *y, size_t n);   /* dx = dy * (1 - y^2); y = OUTPUT */
-
-    /* -- dropout (inverted, as nn.Dropout: kept values are scaled by 1/(1-p)) --
-     * x, y are (rows, cols); row i is the sample with index sample0 + i (its position in
-     * the epoch's global order), and element j of it is kept iff
-     * dt_rng_dropout_keep(seed, stream, epoch, sample0 + i, j, p). stream tells the
-     * dropout layers of one model apart. The mask is recomputed in backward, not stored.
-     * p in [0, 1); in place allowed. */
-    dt_status (*dropout_forward) (float *y, const float *x, int rows, int cols, float p,
-                                  uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0);
-    dt_status (*dropout_backward)(float *dx, const float *dy, int rows, int cols, float p,
-                                  uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0);
-
-    /* -- losses --
-     * Softmax cross-entropy, as nn.CrossEntropyLoss(label_smoothing=ls) with
-     * reduction='sum' divided by `norm` (pass the GLOBAL batch size so micro-batch
-     * losses and gradients add up to the mean over the global batch).
-     *   logits (B, C), labels (B) in [0, C) or < 0 to ignore the row (as ignore_index),
-     *   probs (B, C) receives the softmax (kept for backward), loss (1) receives
-     *   sum_rows(-sum_c target_c * log p_c) / norm with target = (1-ls)*onehot + ls/C.
-     * A label >= C gives DT_ERR_INVALID. With every label < 0 it only computes probs. */
-    dt_status (*xent_forward) (float *loss, float *probs, const float *logits, const int32_t *labels,
-                               int B, int C, float label_smoothing, float norm);
-    /* dlogits (B, C) = (probs - target) / norm (0 for ignored rows); in place over probs allowed. */
-    dt_status (*xent_backward)(float *dlogits, const float *probs, const int32_t *labels,
-                               int B, int C, float label_smoothing, float norm);
-    /* Mean squared error: loss (1) = sum_i (pred_i - target_i)^2 / norm. */
-    dt_status (*mse_forward)  (float *loss, const float *pred, const float *target, size_t n, float norm);
-    /* dpred (n) = 2 * (pred - target) / norm. */
-    dt_status (*mse_backward) (float *dpred, const float *pred, const float *target, size_t n, float norm);
-
-    /* -- convolution (d from dt_conv2d_desc_init) --
-     * y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, R, S)) + bias (K); bias may be NULL.
-     * relu != 0 applies relu after the bias (fused). */
-    dt_status (*conv2d_forward) (const dt_conv2d_desc *d, float *y, const float *x, const float *w,
-                                 const float *bias, int relu);
-    /* Given dy (N, K, P, Q), x and w of the forward: dx (N, C, H, W), dw (K, C, R, S),
-     * dbias (K). Any of dx, dw, dbias may be NULL to skip it (dx for the first layer). */
-    dt_status (*conv2d_backward)(const dt_conv2d_desc *d, float *dx, float *dw, float *dbias,
-                                 const float *dy, const float *x, const float *w);
-
-    /* -- pooling (d from dt_pool2d_desc_init) --
-     * y (N, C, P, Q); idx (N, C, P, Q) receives the argmax as a flat index into the
-     * (H, W) plane, as PyTorch's return_indices (first maximum wins; NaN propagates). */
-    dt_status (*maxpool2d_forward) (const dt_pool2d_desc *d, float *y, int32_t *idx, const float *x);
-    dt_status (*maxpool2d_backward)(const dt_pool2d_desc *d, float *dx, const float *dy, const int32_t *idx);
-    dt_status (*avgpool2d_forward) (const dt_pool2d_desc *d, float *y, const float *x);
-    dt_status (*avgpool2d_backward)(const dt_pool2d_desc *d, float *dx, const float *dy);
-    /* y (N, C) = mean of x (N, C, HW) over HW; backward spreads dy / HW. */
-    dt_status (*global_avgpool_forward) (float *y, const float *x, int N, int C, int HW);
-    dt_status (*global_avgpool_backward)(float *dx, const float *dy, int N, int C, int HW);
-
-    /* -- batch normalisation over (N, HW) per channel C; x is (N, C, HW) (HW = 1 for
-     * BatchNorm1d on (N, C)). The statistics are plain sums so the DDP layer can
-     * all-reduce them for synchronised batch norm before finalising. --
-     * sum (C) = sum of x, sumsq (C) = sum of x^2 (each (n, c) plane in fixed float
-     * lanes, the planes in sample order in double, rounded once). */
-    dt_status (*bn_stats)   (float *sum, float *sumsq, const float *x, int N, int C, int HW);
-    /* From sums over `count` values per channel: mean (C), invstd (C) = 1/sqrt(var + eps)
-     * with the biased var = sumsq/count - mean^2 (clamped at 0). If running_mean is not
-     * NULL, also running = (1-momentum)*running + momentum*stat with the UNBIASED
-     * variance var*count/(count-1), as PyTorch in training mode. */
-    dt_status (*bn_finalize)(float *mean, float *invstd, const float *sum, const float *sumsq,
-                             int C, int64_t count, float eps,
-                             float *running_mean, float *running_var, float momentum);
-    /* invstd (C) = 1/sqrt(var (C) + eps), for evaluation with the running variance. */
-    dt_status (*bn_invstd)  (float *invstd, const float *var, int C, float eps);
-    /* y = (x - mean) * invstd * gamma + beta per channel; gamma/beta NULL means 1/0
-     * (affine=False); relu != 0 applies relu (fused); in place allowed. */
-    dt_status (*bn_apply)   (float *y, const float *x, const float *mean, const float *invstd,
-                             const float *gamma, const float *beta, int N, int C, int HW, int relu);
-    /* Per-channel sums for backward: sum_dy (C) = sum dy (= dbeta), sum_dy_xhat (C) =
-     * sum dy * (x - mean) * invstd (= dgamma). All-reduce them for sync-BN. */
-    dt_status (*bn_backward_reduce)(float *sum_dy, float *sum_dy_xhat, const float *dy, const float *x,
-                                    const float *mean, const float *invstd, int N, int C, int HW);
-    /* dx = gamma*invstd * (dy - sum_dy/count - xhat * sum_dy_xhat/count) (training mode;
-     * count = the number of values per channel behind the statistics, all ranks for sync-BN).
-     * gamma NULL means 1. */
-    dt_status (*bn_backward_dx)(float *dx, const float *dy, const float *x, const float *mean,
-                                const float *invstd, const float *gamma, const float *sum_dy,
-                                const float *sum_dy_xhat, int N, int C, int HW, int64_t count);
-
-    /* -- layer normalisation over the last dim, as nn.LayerNorm(cols) --
-     * x, y (rows, cols), gamma/beta (cols) (NULL = no affine), mean/rstd (rows) saved. */
-    dt_status (*layernorm_forward) (float *y, float *mean, float *rstd, const float *x,
-                                    const float *gamma, const float *beta, int rows, int cols, float eps);
-    /* dx (rows, cols); dgamma, dbeta (cols) (NULL to skip; summed over rows in row order, in double). */
-    dt_status (*layernorm_backward)(float *dx, float *dgamma, float *dbeta, const float *dy,
-                                    const float *x, const float *mean, const float *rstd,
-                                    const float *gamma, int rows, int cols);
-
-    /* -- reductions and metrics -- */
-    dt_status (*argmax_rows)  (int32_t *idx, const float *x, int rows, int cols);        /* idx (rows): first max of each row */
-    /* correct (1) = number of rows whose argmax equals labels (B) (ignored labels < 0 never count). */
-    dt_status (*count_correct)(int32_t *correct, const float *logits, const int32_t *labels, int B, int C);
-    /* out (1) = sum / sum of squares of x (n): double accumulation over fixed 4096-element
-     * chunks combined pairwise, rounded once; bitwise independent of threads. */
-    dt_status (*sum)   (float *out, const float *x, size_t n);
-    dt_status (*sumsq) (float *out, const float *x, size_t n);
-
-    /* -- elementwise vector ops (n elements; in place allowed) -- */
-    dt_status (*fill) (float *x, float value, size_t n);
-    dt_status (*scale)(float *x, float alpha, size_t n);                                 /* x *= alpha */
-    dt_status (*axpy) (float *y, float alpha, const float *x, size_t n);                 /* y += alpha * x */
-    dt_status (*add)  (float *z, const float *x, const float *y, size_t n);              /* z = x + y */
-    dt_status (*mul)  (float *z, const float *x, const float *y, size_t n);              /* z = x * y */
-
-    /* -- casts (round to nearest even; NaN stays NaN, overflow to f16 gives inf) -- */
-    dt_status (*f32_to_bf16)(uint16_t *dst, const float *src, size_t n);
-    dt_status (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
-    dt_status (*f32_to_f16) (uint16_t *dst, const float *src, size_t n);
-    dt_status (*f16_to_f32) (float *dst, const uint16_t *src, size_t n);
-
-    /* -- fused optimizer steps over a flat parameter array (n) --
-     * sgd: buf (n) is the momentum buffer (unused when momentum == 0, may be NULL). */
-    dt_status (*sgd_update)  (float *p, const float *grad, float *buf, size_t n, const dt_sgd_args *a);
-    /* adamw: m, v (n) are the moment buffers (zero them before step 1). */
-    dt_status (*adamw_update)(float *p, const float *grad, float *m, float *v, size_t n, const dt_adamw_args *a);
-
-    /* -- random fills, reproducible whatever the threads: element i is a function of
-     * (seed, stream, offset + i) only (see dt_rng_unit / dt_rng_normal1 in rng.h), so
-     * filling a tensor in pieces gives the same values as filling it at once. -- */
-    dt_status (*rng_uniform)(float *x, size_t n, float lo, float hi, uint64_t seed, uint64_t stream, uint64_t offset);
-    dt_status (*rng_normal) (float *x, size_t n, float mean, float std, uint64_t seed, uint64_t stream, uint64_t offset);
+     * memory_allocated / max_memory_allocated); the one optional member: NULL when the
+     * device does not track it (cpu: the process's resident memory tells instead) */
+    void      (*memory)(size_t *current, size_t *peak);
+#define DT_OPS_MEMBER_(name, params) dt_status (*name) params;
+    DT_OPS(DT_OPS_MEMBER_)
+#undef DT_OPS_MEMBER_
 };
 
+/* A backend's table is `{ .name = ..., .host_memory = ..., DT_OPS_TABLE_INIT(memory) }`:
+ * the function members as labelled initialisers, in member order (as C++ wants them),
+ * named by two macros the backend defines first, DT_OPS_DEVFN(name) for the memory and
+ * execution functions and DT_OPS_KERNEL(name) for the ops; `memory` is NULL or the
+ * optional function. A function the backend lacks is a compile error. */
+#define DT_OPS_TABLE_INIT(memory_fn) \
+    DT_OPS_DEVICE(DT_OPS_INIT_DEVFN_) \
+    .memory = memory_fn, \
+    DT_OPS(DT_OPS_INIT_KERNEL_)
+#define DT_OPS_INIT_DEVFN_(ret, name, params) .name = DT_OPS_DEVFN(name),
+#define DT_OPS_INIT_KERNEL_(name, params) .name = DT_OPS_KERNEL(name),
+
+/* The name of op i (0 <= i < DT_OPS_COUNT, "sgemm" for DT_OP_sgemm); NULL out of range. */
+const char *dt_ops_op_name(int i);
+
 /* ---- backends ------------------------------------------------------------------------- */
+
+/* How to open a device. The backend keeps no other settings of its own and reads no
+ * environment variable: the program decides. */
+typedef struct {
+    int index;        /* which device of the kind: a CUDA ordinal, taken modulo the visible
+                       * devices, so a rank can pass its local rank as it is; >= 0 */
+    int allow_tf32;   /* 1: cuBLAS may use TF32 tensor cores for FP32 GEMMs (faster, fewer
+                       * mantissa bits); 0: full FP32 (the default) */
+} dt_device_opts;
 
 /* The CPU backend (OpenBLAS kept single-threaded + OpenMP over fixed blocks). */
 const dt_ops *dt_ops_cpu(void);
 
-/* The backend named `device` ("cpu", "cuda"); NULL with a message for dt_last_error()
- * when the name is unknown or the backend was not built. */
+/* The backend named `device` ("cpu", "cuda") opened with `opts` (NULL: index 0, no
+ * TF32); NULL with a message for dt_last_error() when the name is unknown, the backend
+ * was not built or cannot start. A process has one CUDA device: asking again for
+ * another index fails, asking again for the same one returns the same table. */
+const dt_ops *dt_ops_get_ex(const char *device, const dt_device_opts *opts);
+/* dt_ops_get_ex(device, NULL). */
 const dt_ops *dt_ops_get(const char *device);
 
 #endif /* DT_OPS_H */

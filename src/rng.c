@@ -1,11 +1,9 @@
 /*
  * rng.c: host helpers over Philox4x32-10 (rng.h): the exact mapping from
- * (seed, stream, position) to uniforms, normals and dropout decisions that the
- * kernels use, so tests and the CPU backend share one definition.
+ * (seed, stream, position) to uniforms and dropout decisions that the kernels
+ * use, so tests and the CPU backend share one definition.
  */
 #include "rng.h"
-
-#include <math.h>
 
 void dt_philox_block(uint64_t seed, uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t out[4]) {
     dt_philox_ctr c = {{c0, c1, c2, c3}};
@@ -14,8 +12,8 @@ void dt_philox_block(uint64_t seed, uint32_t c0, uint32_t c1, uint32_t c2, uint3
 }
 
 /* Element `index` of a fill owns the block at counter (index, stream): word 0 gives
- * a uniform, words 0 and 1 a normal. One block per element wastes half the bits but
- * makes every element independent of how the fill is cut into pieces. */
+ * a uniform. One block per element wastes bits but makes every element independent
+ * of how the fill is cut into pieces. */
 static dt_philox_ctr fill_block(uint64_t seed, uint64_t stream, uint64_t index) {
     dt_philox_ctr c = {{(uint32_t)index, (uint32_t)(index >> 32), (uint32_t)stream, (uint32_t)(stream >> 32)}};
     return dt_philox4x32_10(c, dt_philox_seed(seed));
@@ -23,13 +21,6 @@ static dt_philox_ctr fill_block(uint64_t seed, uint64_t stream, uint64_t index) 
 
 float dt_rng_unit(uint64_t seed, uint64_t stream, uint64_t index) {
     return dt_u32_to_unit(fill_block(seed, stream, index).v[0]);
-}
-
-/* Box-Muller in double, rounded once. */
-float dt_rng_normal1(uint64_t seed, uint64_t stream, uint64_t index) {
-    dt_philox_ctr r = fill_block(seed, stream, index);
-    double u1 = dt_u32_to_unit_open0(r.v[0]), u2 = dt_u32_to_unit(r.v[1]);
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2));
 }
 
 /* Elements come in fours: element e of a sample uses word e % 4 of the block at

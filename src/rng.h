@@ -64,9 +64,6 @@ DT_RNG_FN dt_philox_key dt_philox_seed(uint64_t seed) {
 /* 32 random bits -> float in [0, 1) with 24 bits of precision (exact, no rounding up to 1). */
 DT_RNG_FN float dt_u32_to_unit(uint32_t x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
 
-/* 32 random bits -> float in (0, 1], safe for log() in Box-Muller. */
-DT_RNG_FN float dt_u32_to_unit_open0(uint32_t x) { return ((float)(x >> 8) + 1.0f) * (1.0f / 16777216.0f); }
-
 /* Host helpers (rng.c). */
 
 /* The four 32-bit words of Philox4x32-10 at (seed, counter c0..c3); out has 4 words. */
@@ -75,9 +72,6 @@ void dt_philox_block(uint64_t seed, uint32_t c0, uint32_t c1, uint32_t c2, uint3
 /* A uniform float in [0, 1) for element `index` of stream `stream` under `seed`: the
  * same value dt_ops.rng_uniform(lo=0, hi=1) writes at that position. */
 float dt_rng_unit(uint64_t seed, uint64_t stream, uint64_t index);
-
-/* A standard normal for element `index` (the same value dt_ops.rng_normal(0, 1) writes). */
-float dt_rng_normal1(uint64_t seed, uint64_t stream, uint64_t index);
 
 /* The dropout keep decision for (seed, stream, epoch, sample, element) at drop
  * probability p: 1 keep, 0 drop. The kernels compute the same decisions four

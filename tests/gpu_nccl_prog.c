@@ -16,6 +16,7 @@
  * Errors print "ERROR: <message>" on stderr and exit 1.
  */
 #include "comm.h"
+#include "launch_env.h"
 #include "rank_tap.h"
 #include "ops.h"
 #include "status.h"
@@ -232,8 +233,11 @@ int main(int argc, char **argv) {
     const char *mode = "all";
     for (int i = 1; i + 1 < argc; i += 2)
         if (!strcmp(argv[i], "--mode")) mode = argv[i + 1];
-    G = dt_ops_get("cuda");
-    if (!G) die("dt_ops_get(\"cuda\")");
+    dt_launch_env env;
+    MUST(dt_launch_env_discover(&env));
+    dt_device_opts dev = {.index = env.local_rank > 0 ? env.local_rank : 0};   /* one GPU per local rank */
+    G = dt_ops_get_ex("cuda", &dev);
+    if (!G) die("dt_ops_get_ex(\"cuda\")");
     dt_comm_opts o;
     dt_comm_opts_default(&o);
     o.backend = "nccl";

@@ -70,17 +70,6 @@ static void test_gemm(void) {
     test_gemm_threads(0, 1, 256, 1024, 1024);
     test_gemm_threads(0, 1, 256, 128, 3136);   /* the cnn's fc1: a narrow output cut into 64-row blocks */
 
-    /* batched: 3 independent products */
-    int M = 9, N = 11, K = 13, batch = 3;
-    float *A = tu_rand((size_t)batch * M * K), *B = tu_rand((size_t)batch * K * N), *C = tu_alloc((size_t)batch * M * N);
-    double *want = tu_dalloc((size_t)batch * M * N);
-    for (int b = 0; b < batch; b++)
-        ref_gemm(0, 0, M, N, K, 1.0f, A + b * M * K, K, B + b * K * N, N, 0.0f, NULL, N, want + b * M * N);
-    ok(ops->sgemm_batched(0, 0, M, N, K, 1.0f, A, K, (int64_t)M * K, B, N, (int64_t)K * N, 0.0f, C, N,
-                          (int64_t)M * N, batch) == DT_OK && tu_close(C, want, (size_t)batch * M * N, 1e-5, 1e-5),
-       "sgemm_batched of 3 products matches the reference");
-    free(A); free(B); free(C); free(want);
-
     float x[4] = {1, 2, 3, 4};
     dt_status s = ops->sgemm(0, 0, 2, 2, 2, 1.0f, x, 1, x, 2, 0.0f, x, 2);
     is_int(s, DT_ERR_INVALID, "sgemm rejects lda smaller than K");

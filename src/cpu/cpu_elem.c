@@ -2,10 +2,10 @@
  * cpu_elem.c: bias, activations, dropout and losses on the CPU.
  *
  * Elementwise kernels are trivially thread-independent (each output has one
- * writer). The reductions here — bias gradients and loss sums — use a partition
- * fixed by the shape: a bias gradient sums each column in row order in double (a
- * channel: each plane in fixed float lanes, planes in order in double) on one
- * thread; a loss is per-row values combined pairwise. No
+ * writer); the activations are generated from the list in ops_elem.h. The
+ * reductions here — bias gradients and loss sums — use a partition fixed by the
+ * shape: a bias gradient sums each column in row order in double on one thread; a
+ * loss is per-row values combined pairwise. No
  * `reduction(+:...)` clause, no atomics, so 1 and 2 threads give the same bits.
  */
 #include "cpu.h"
@@ -47,19 +47,6 @@ dt_status dt_cpu_bias_relu(float *y, const float *b, int rows, int cols) {
     return DT_OK;
 }
 
-dt_status dt_cpu_bias_add_nchw(float *y, const float *b, int N, int C, int HW) {
-    DT_CPU_ARG(N >= 0 && C >= 0 && HW >= 0);
-    if ((size_t)N * C * HW == 0) return DT_OK;
-    DT_CPU_ARG(y && b);
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)N * C * HW >= PAR_MIN)
-    for (int nc = 0; nc < N * C; nc++) {
-        float *p = y + (size_t)nc * HW, v = b[nc % C];
-        for (int i = 0; i < HW; i++) p[i] += v;
-    }
-    return DT_OK;
-}
-
 /* Column sums: columns are cut into fixed blocks of 64; each block is summed over
  * rows in order, in double, by one thread. */
 dt_status dt_cpu_bias_grad(float *db, const float *dy, int rows, int cols) {
@@ -80,84 +67,28 @@ dt_status dt_cpu_bias_grad(float *db, const float *dy, int rows, int cols) {
     return DT_OK;
 }
 
-dt_status dt_cpu_bias_grad_nchw(float *db, const float *dy, int N, int C, int HW) {
-    DT_CPU_ARG(N >= 0 && C >= 0 && HW >= 0);
-    if (C == 0) return DT_OK;
-    DT_CPU_ARG(db && ((size_t)N * HW == 0 || dy));
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)N * C * HW >= PAR_MIN)
-    for (int c = 0; c < C; c++) {
-        double acc = 0.0, plane, unused;
-        for (int n = 0; n < N; n++) {
-            dt_cpu_run_sums(dy + ((size_t)n * C + c) * HW, NULL, 0.0f, (size_t)HW, &plane, &unused);
-            acc += plane;
-        }
-        db[c] = (float)acc;
-    }
-    return DT_OK;
-}
+/* ---- activations: one forward and one backward loop per row of DT_OPS_ELEM, over the
+ * scalar functions of ops_elem.h (each output has one writer) ---- */
 
-/* ---- activations ---- */
-
-dt_status dt_cpu_relu_forward(float *y, const float *x, size_t n) {
-    if (n == 0) return DT_OK;
-    DT_CPU_ARG(y && x);
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
-    return DT_OK;
+#define ELEM_KERNELS_(X_, name, saved, tol) \
+dt_status dt_cpu_##name##_forward(float *y, const float *x, size_t n) { \
+    if (n == 0) return DT_OK; \
+    DT_CPU_ARG(y && x); \
+    int nt = dt_cpu_threads(); \
+    _Pragma("omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)") \
+    for (size_t i = 0; i < n; i++) y[i] = dt_##name##_fwd(x[i]); \
+    return DT_OK; \
+} \
+dt_status dt_cpu_##name##_backward(float *dx, const float *dy, const float *saved, size_t n) { \
+    if (n == 0) return DT_OK; \
+    DT_CPU_ARG(dx && dy && saved); \
+    int nt = dt_cpu_threads(); \
+    _Pragma("omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)") \
+    for (size_t i = 0; i < n; i++) dx[i] = dt_##name##_bwd(dy[i], saved[i]); \
+    return DT_OK; \
 }
-
-dt_status dt_cpu_relu_backward(float *dx, const float *dy, const float *y, size_t n) {
-    if (n == 0) return DT_OK;
-    DT_CPU_ARG(dx && dy && y);
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
-    return DT_OK;
-}
-
-dt_status dt_cpu_gelu_forward(float *y, const float *x, size_t n) {
-    if (n == 0) return DT_OK;
-    DT_CPU_ARG(y && x);
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)
-    for (size_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
-    return DT_OK;
-}
-
-dt_status dt_cpu_gelu_backward(float *dx, const float *dy, const float *x, size_t n) {
-    if (n == 0) return DT_OK;
-    DT_CPU_ARG(dx && dy && x);
-    const float inv_sqrt_2pi = 0.39894228040143267794f;
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i];
-        float cdf = 0.5f * (1.0f + erff(v * (float)M_SQRT1_2));
-        float pdf = inv_sqrt_2pi * expf(-0.5f * v * v);
-        dx[i] = dy[i] * (cdf + v * pdf);
-    }
-    return DT_OK;
-}
-
-dt_status dt_cpu_tanh_forward(float *y, const float *x, size_t n) {
-    if (n == 0) return DT_OK;
-    DT_CPU_ARG(y && x);
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)
-    for (size_t i = 0; i < n; i++) y[i] = tanhf(x[i]);
-    return DT_OK;
-}
-
-dt_status dt_cpu_tanh_backward(float *dx, const float *dy, const float *y, size_t n) {
-    if (n == 0) return DT_OK;
-    DT_CPU_ARG(dx && dy && y);
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
-    return DT_OK;
-}
+DT_OPS_ELEM(ELEM_KERNELS_, _)
+#undef ELEM_KERNELS_
 
 /* ---- dropout: one Philox block gives the keep bits of 4 consecutive elements ---- */
 

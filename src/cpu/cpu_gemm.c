@@ -97,23 +97,3 @@ dt_status dt_cpu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
     }
     return DT_OK;
 }
-
-dt_status dt_cpu_sgemm_batched(int transA, int transB, int M, int N, int K, float alpha,
-                               const float *A, int lda, int64_t strideA, const float *B, int ldb, int64_t strideB,
-                               float beta, float *C, int ldc, int64_t strideC, int batch) {
-    DT_TRY(gemm_check("sgemm_batched", transA, transB, M, N, K, A, lda, B, ldb, C, ldc));
-    if (batch < 0) return dt_error(DT_ERR_INVALID, "cpu sgemm_batched: negative batch %d", batch);
-    if (strideC < (int64_t)M * ldc && batch > 1 && strideC >= 0)
-        return dt_error(DT_ERR_INVALID, "cpu sgemm_batched: outputs overlap (strideC=%lld < M*ldc=%lld)",
-                        (long long)strideC, (long long)M * ldc);
-    if (batch == 0 || M == 0 || N == 0) return DT_OK;
-    if (batch == 1) return dt_cpu_sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    int nt = dt_cpu_threads();
-    if (nt > batch) nt = batch;
-    /* One whole matrix per iteration: each output has one owner and one summation order. */
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-    for (int i = 0; i < batch; i++)
-        dt_cpu_gemm1(transA, transB, M, N, K, alpha, A + i * strideA, lda, B + i * strideB, ldb,
-                     beta, C + i * strideC, ldc);
-    return DT_OK;
-}

@@ -1,8 +1,9 @@
 /*
- * cpu_vec.c: vector kernels on the CPU — deterministic sums, metrics, elementwise
- * arithmetic, casts to and from bf16/f16, fused optimizer steps, random fills.
+ * cpu_vec.c: vector kernels on the CPU — the deterministic sum of squares (gradient
+ * norms), the accuracy count, elementwise arithmetic, casts to and from bf16/f16,
+ * fused optimizer steps, the uniform random fill.
  *
- * Sums use the fixed-chunk scheme of cpu.h: chunk sums in double (8 interleaved
+ * The sum of squares uses the fixed-chunk scheme of cpu.h: chunk sums in double (8 interleaved
  * accumulators), chunks combined pairwise in index order, so gradient norms and
  * checksums have the same bits on 1 or 2 threads (DESIGN.md rule 2).
  */
@@ -29,20 +30,6 @@ double dt_cpu_pairwise(double *v, size_t n) {
 
 /* ---- metrics ---- */
 
-dt_status dt_cpu_argmax_rows(int32_t *idx, const float *x, int rows, int cols) {
-    DT_CPU_ARG(rows >= 0 && cols >= 1);
-    if (rows == 0) return DT_OK;
-    DT_CPU_ARG(idx && x);
-    for (int i = 0; i < rows; i++) {
-        const float *r = x + (size_t)i * cols;
-        int best = 0;
-        for (int c = 1; c < cols; c++)
-            if (r[c] > r[best] || (isnan(r[c]) && !isnan(r[best]))) best = c;
-        idx[i] = best;
-    }
-    return DT_OK;
-}
-
 dt_status dt_cpu_count_correct(int32_t *correct, const float *logits, const int32_t *labels, int B, int C) {
     DT_CPU_ARG(B >= 0 && C >= 1);
     DT_CPU_ARG(correct && (B == 0 || (logits && labels)));
@@ -58,41 +45,33 @@ dt_status dt_cpu_count_correct(int32_t *correct, const float *logits, const int3
     return DT_OK;
 }
 
-/* ---- deterministic sums ---- */
+/* ---- deterministic sum of squares ---- */
 
-static double chunk_sum(const float *x, size_t n, int squares) {
+/* One chunk: 8 double accumulators, accumulator k taking the elements i = k mod 8. */
+static double chunk_sumsq(const float *x, size_t n) {
     double a[8] = {0};
     size_t i = 0;
-    if (squares) {
-        for (; i + 8 <= n; i += 8)
-            for (int k = 0; k < 8; k++) a[k] += (double)x[i + k] * x[i + k];
-        for (int k = 0; i < n; i++, k++) a[k] += (double)x[i] * x[i];
-    } else {
-        for (; i + 8 <= n; i += 8)
-            for (int k = 0; k < 8; k++) a[k] += x[i + k];
-        for (int k = 0; i < n; i++, k++) a[k] += x[i];
-    }
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) a[k] += (double)x[i + k] * x[i + k];
+    for (int k = 0; i < n; i++, k++) a[k] += (double)x[i] * x[i];
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-static dt_status fixed_sum(const char *fn, float *out, const float *x, size_t n, int squares) {
-    if (!out || (n > 0 && !x)) return dt_error(DT_ERR_INVALID, "cpu %s: NULL pointer", fn);
+dt_status dt_cpu_sumsq(float *out, const float *x, size_t n) {
+    if (!out || (n > 0 && !x)) return dt_error(DT_ERR_INVALID, "cpu sumsq: NULL pointer");
     size_t nch = (n + DT_CPU_CHUNK - 1) / DT_CPU_CHUNK;
     double stackbuf[256], *part = nch <= 256 ? stackbuf : malloc(sizeof(double) * nch);
-    if (!part) return dt_error(DT_ERR_NOMEM, "cpu %s: out of memory for %zu chunks", fn, nch);
+    if (!part) return dt_error(DT_ERR_NOMEM, "cpu sumsq: out of memory for %zu chunks", nch);
     int nt = dt_cpu_threads();
     #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
     for (size_t ch = 0; ch < nch; ch++) {
         size_t i0 = ch * DT_CPU_CHUNK, len = n - i0 < DT_CPU_CHUNK ? n - i0 : DT_CPU_CHUNK;
-        part[ch] = chunk_sum(x + i0, len, squares);
+        part[ch] = chunk_sumsq(x + i0, len);
     }
     *out = (float)dt_cpu_pairwise(part, nch);
     if (part != stackbuf) free(part);
     return DT_OK;
 }
-
-dt_status dt_cpu_sum(float *out, const float *x, size_t n) { return fixed_sum("sum", out, x, n, 0); }
-dt_status dt_cpu_sumsq(float *out, const float *x, size_t n) { return fixed_sum("sumsq", out, x, n, 1); }
 
 /* ---- elementwise ---- */
 
@@ -114,30 +93,12 @@ dt_status dt_cpu_scale(float *x, float alpha, size_t n) {
     return DT_OK;
 }
 
-dt_status dt_cpu_axpy(float *y, float alpha, const float *x, size_t n) {
-    if (n == 0) return DT_OK;
-    DT_CPU_ARG(y && x);
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) y[i] += alpha * x[i];
-    return DT_OK;
-}
-
 dt_status dt_cpu_add(float *z, const float *x, const float *y, size_t n) {
     if (n == 0) return DT_OK;
     DT_CPU_ARG(z && x && y);
     int nt = dt_cpu_threads();
     #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
     for (size_t i = 0; i < n; i++) z[i] = x[i] + y[i];
-    return DT_OK;
-}
-
-dt_status dt_cpu_mul(float *z, const float *x, const float *y, size_t n) {
-    if (n == 0) return DT_OK;
-    DT_CPU_ARG(z && x && y);
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) z[i] = x[i] * y[i];
     return DT_OK;
 }
 
@@ -233,7 +194,7 @@ dt_status dt_cpu_adamw_update(float *p, const float *grad, float *m, float *v, s
     return DT_OK;
 }
 
-/* ---- random fills: element i depends on (seed, stream, offset + i) only ---- */
+/* ---- random fill: element i depends on (seed, stream, offset + i) only ---- */
 
 dt_status dt_cpu_rng_uniform(float *x, size_t n, float lo, float hi, uint64_t seed, uint64_t stream, uint64_t offset) {
     if (n == 0) return DT_OK;
@@ -243,15 +204,5 @@ dt_status dt_cpu_rng_uniform(float *x, size_t n, float lo, float hi, uint64_t se
     int nt = dt_cpu_threads();
     #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)
     for (size_t i = 0; i < n; i++) x[i] = lo + w * dt_rng_unit(seed, stream, offset + i);
-    return DT_OK;
-}
-
-dt_status dt_cpu_rng_normal(float *x, size_t n, float mean, float std, uint64_t seed, uint64_t stream, uint64_t offset) {
-    if (n == 0) return DT_OK;
-    DT_CPU_ARG(x);
-    DT_CPU_ARG(std >= 0.0f);
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)
-    for (size_t i = 0; i < n; i++) x[i] = mean + std * dt_rng_normal1(seed, stream, offset + i);
     return DT_OK;
 }

@@ -5,16 +5,16 @@
 # vectorises loops whose trip count is a multiple of the vector width). The flags are
 # explicit -f options, so they hold whatever -O level CFLAGS brings. No -march: the
 # library must run on any x86-64.
-libdtrain_la_SOURCES += src/tensor.c src/rng.c
+libdtrain_la_SOURCES += src/ops.c src/tensor.c src/rng.c
 noinst_LTLIBRARIES += libdtcpu.la
 libdtcpu_la_SOURCES = src/cpu/cpu_ops.c src/cpu/cpu_gemm.c src/cpu/cpu_elem.c src/cpu/cpu_vec.c \
 	src/cpu/cpu_norm.c src/cpu/cpu_conv.c src/cpu/cpu.h
 libdtcpu_la_CFLAGS = $(AM_CFLAGS) -ftree-vectorize -fvect-cost-model=dynamic -ffp-contract=off
 libdtrain_la_LIBADD += libdtcpu.la
-dtraininclude_HEADERS += src/ops.h src/tensor.h src/rng.h
-EXTRA_DIST += tests/ops_util.h
+dtraininclude_HEADERS += src/ops.h src/ops_elem.h src/tensor.h src/rng.h
+EXTRA_DIST += tests/ops_util.h tests/ops_cases.h
 
 check_PROGRAMS += tests/test_ops tests/test_conv
 TESTS += tests/test_ops tests/test_conv
-tests_test_ops_SOURCES = tests/test_ops.c tests/ops_util.h
+tests_test_ops_SOURCES = tests/test_ops.c tests/ops_util.h tests/ops_cases.h
 tests_test_conv_SOURCES = tests/test_conv.c tests/ops_util.h

@@ -1,12 +1,14 @@
 /*
- * cuda_elem.cu: bias, activations, dropout, losses, metrics, deterministic sums,
- * elementwise arithmetic, casts, fused optimizer steps and random fills on the GPU.
+ * cuda_elem.cu: bias, activations, dropout, losses, the accuracy count, the
+ * deterministic sum of squares, elementwise arithmetic, casts, fused optimizer steps
+ * and the uniform random fill on the GPU.
  *
  * Same semantics as src/cpu/cpu_elem.c and cpu_vec.c, formula for formula: the
  * optimizer scalars are computed on the host exactly as the CPU does, the casts and
  * the Philox generator (rng.h, compiled for the device) are the same code, so those
- * kernels match the CPU bit for bit (with --fmad=false). Transcendentals (expf, erff,
- * tanhf, log) are CUDA's and may differ from glibc's in the last bit or two.
+ * kernels match the CPU bit for bit (with --fmad=false). The activations are generated
+ * from ops_elem.h's list and scalar functions, the CPU's own. Transcendentals (expf,
+ * erff, tanhf, log) are CUDA's and may differ from glibc's in the last bit or two.
  *
  * Reductions (bias gradients, losses, sums) never use atomics and follow the CPU's
  * order (cuda_impl.h): one thread per column, row or 4096-element chunk sums it exactly
@@ -37,11 +39,7 @@ __global__ void k_bias_add(float *y, const float *b, int cols, size_t n, int rel
     }
 }
 
-__global__ void k_bias_add_nchw(float *y, const float *b, int C, int HW, size_t n) {
-    DT_CU_FOR(i, n) y[i] += b[(i / HW) % C];
-}
-
-static dt_status cu_bias_add(float *y, const float *b, int rows, int cols) {
+dt_status dt_cu_bias_add(float *y, const float *b, int rows, int cols) {
     DT_CU_ARG(rows >= 0 && cols >= 0);
     size_t n = (size_t)rows * cols;
     if (n == 0) return DT_OK;
@@ -51,23 +49,13 @@ static dt_status cu_bias_add(float *y, const float *b, int rows, int cols) {
     return DT_OK;
 }
 
-static dt_status cu_bias_relu(float *y, const float *b, int rows, int cols) {
+dt_status dt_cu_bias_relu(float *y, const float *b, int rows, int cols) {
     DT_CU_ARG(rows >= 0 && cols >= 0);
     size_t n = (size_t)rows * cols;
     if (n == 0) return DT_OK;
     DT_CU_ARG(y && b);
     DT_TRY(dt_cu_enter());
     LAUNCH(k_bias_add, n, y, b, cols, n, 1);
-    return DT_OK;
-}
-
-static dt_status cu_bias_add_nchw(float *y, const float *b, int N, int C, int HW) {
-    DT_CU_ARG(N >= 0 && C >= 0 && HW >= 0);
-    size_t n = (size_t)N * C * HW;
-    if (n == 0) return DT_OK;
-    DT_CU_ARG(y && b);
-    DT_TRY(dt_cu_enter());
-    LAUNCH(k_bias_add_nchw, n, y, b, C, HW, n);
     return DT_OK;
 }
 
@@ -81,7 +69,7 @@ __global__ void k_bias_grad(float *db, const float *dy, int rows, int cols) {
     }
 }
 
-static dt_status cu_bias_grad(float *db, const float *dy, int rows, int cols) {
+dt_status dt_cu_bias_grad(float *db, const float *dy, int rows, int cols) {
     DT_CU_ARG(rows >= 0 && cols >= 0);
     if (cols == 0) return DT_OK;
     DT_CU_ARG(db && (rows == 0 || dy));
@@ -90,55 +78,32 @@ static dt_status cu_bias_grad(float *db, const float *dy, int rows, int cols) {
     return DT_OK;
 }
 
-static dt_status cu_bias_grad_nchw(float *db, const float *dy, int N, int C, int HW) {
-    DT_CU_ARG(N >= 0 && C >= 0 && HW >= 0);
-    if (C == 0) return DT_OK;
-    DT_CU_ARG(db && ((size_t)N * HW == 0 || dy));
-    DT_TRY(dt_cu_enter());
-    return dt_cu_channel_sums(db, NULL, dy, NULL, NULL, NULL, N, C, HW);
+/* ---- activations: a grid-stride kernel and its launcher for each direction of each row
+ * of DT_OPS_ELEM, over the scalar functions of ops_elem.h (the CPU's expressions) ---- */
+
+#define ELEM_KERNELS_(X_, name, saved, tol) \
+__global__ void k_##name##_forward(float *y, const float *x, size_t n) { \
+    DT_CU_FOR(i, n) y[i] = dt_##name##_fwd(x[i]); \
+} \
+__global__ void k_##name##_backward(float *dx, const float *dy, const float *s, size_t n) { \
+    DT_CU_FOR(i, n) dx[i] = dt_##name##_bwd(dy[i], s[i]); \
+} \
+dt_status dt_cu_##name##_forward(float *y, const float *x, size_t n) { \
+    if (n == 0) return DT_OK; \
+    DT_CU_ARG(y && x); \
+    DT_TRY(dt_cu_enter()); \
+    LAUNCH(k_##name##_forward, n, y, x, n); \
+    return DT_OK; \
+} \
+dt_status dt_cu_##name##_backward(float *dx, const float *dy, const float *saved, size_t n) { \
+    if (n == 0) return DT_OK; \
+    DT_CU_ARG(dx && dy && saved); \
+    DT_TRY(dt_cu_enter()); \
+    LAUNCH(k_##name##_backward, n, dx, dy, saved, n); \
+    return DT_OK; \
 }
-
-/* ---- activations ---- */
-
-enum { ACT_RELU_F, ACT_RELU_B, ACT_GELU_F, ACT_GELU_B, ACT_TANH_F, ACT_TANH_B };
-
-/* out = f(a) (forward) or f'(b) * a (backward; b is x or y as ops.h says). */
-__global__ void k_act(int kind, float *out, const float *a, const float *b, size_t n) {
-    const float inv_sqrt_2pi = 0.39894228040143267794f, sqrt1_2 = (float)M_SQRT1_2;
-    DT_CU_FOR(i, n) {
-        float v;
-        switch (kind) {
-        case ACT_RELU_F: v = a[i] > 0.0f ? a[i] : 0.0f; break;
-        case ACT_RELU_B: v = b[i] > 0.0f ? a[i] : 0.0f; break;
-        case ACT_GELU_F: v = 0.5f * a[i] * (1.0f + erff(a[i] * sqrt1_2)); break;
-        case ACT_GELU_B: {
-            float x = b[i];
-            float cdf = 0.5f * (1.0f + erff(x * sqrt1_2));
-            float pdf = inv_sqrt_2pi * expf(-0.5f * x * x);
-            v = a[i] * (cdf + x * pdf);
-            break;
-        }
-        case ACT_TANH_F: v = tanhf(a[i]); break;
-        default:         v = a[i] * (1.0f - b[i] * b[i]); break;
-        }
-        out[i] = v;
-    }
-}
-
-static dt_status act(const char *fn, int kind, float *out, const float *a, const float *b, size_t n) {
-    if (n == 0) return DT_OK;
-    if (!out || !a || (kind % 2 == 1 && !b)) return dt_error(DT_ERR_INVALID, "cuda %s: NULL pointer", fn);
-    DT_TRY(dt_cu_enter());
-    LAUNCH(k_act, n, kind, out, a, b, n);
-    return DT_OK;
-}
-
-static dt_status cu_relu_forward(float *y, const float *x, size_t n) { return act("relu_forward", ACT_RELU_F, y, x, NULL, n); }
-static dt_status cu_relu_backward(float *dx, const float *dy, const float *y, size_t n) { return act("relu_backward", ACT_RELU_B, dx, dy, y, n); }
-static dt_status cu_gelu_forward(float *y, const float *x, size_t n) { return act("gelu_forward", ACT_GELU_F, y, x, NULL, n); }
-static dt_status cu_gelu_backward(float *dx, const float *dy, const float *x, size_t n) { return act("gelu_backward", ACT_GELU_B, dx, dy, x, n); }
-static dt_status cu_tanh_forward(float *y, const float *x, size_t n) { return act("tanh_forward", ACT_TANH_F, y, x, NULL, n); }
-static dt_status cu_tanh_backward(float *dx, const float *dy, const float *y, size_t n) { return act("tanh_backward", ACT_TANH_B, dx, dy, y, n); }
+DT_OPS_ELEM(ELEM_KERNELS_, _)
+#undef ELEM_KERNELS_
 
 /* ---- dropout: thread t owns elements 4t..4t+3 of a row: one Philox block, as the CPU ---- */
 
@@ -176,13 +141,13 @@ static dt_status dropout_apply(const char *fn, float *y, const float *x, int row
     return DT_OK;
 }
 
-static dt_status cu_dropout_forward(float *y, const float *x, int rows, int cols, float p,
-                                    uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0) {
+dt_status dt_cu_dropout_forward(float *y, const float *x, int rows, int cols, float p,
+                                uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0) {
     return dropout_apply("dropout_forward", y, x, rows, cols, p, seed, stream, epoch, sample0);
 }
 
-static dt_status cu_dropout_backward(float *dx, const float *dy, int rows, int cols, float p,
-                                     uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0) {
+dt_status dt_cu_dropout_backward(float *dx, const float *dy, int rows, int cols, float p,
+                                 uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample0) {
     return dropout_apply("dropout_backward", dx, dy, rows, cols, p, seed, stream, epoch, sample0);
 }
 
@@ -218,8 +183,8 @@ __global__ void k_xent_forward(double *rowloss, float *probs, const float *logit
     }
 }
 
-static dt_status cu_xent_forward(float *loss, float *probs, const float *logits, const int32_t *labels,
-                                 int B, int C, float label_smoothing, float norm) {
+dt_status dt_cu_xent_forward(float *loss, float *probs, const float *logits, const int32_t *labels,
+                             int B, int C, float label_smoothing, float norm) {
     DT_CU_ARG(B >= 0 && C >= 1);
     DT_CU_ARG(loss && (B == 0 || (probs && logits && labels)));
     DT_CU_ARG(label_smoothing >= 0.0f && label_smoothing <= 1.0f);
@@ -251,8 +216,8 @@ __global__ void k_xent_backward(float *d, const float *probs, const int32_t *lab
     }
 }
 
-static dt_status cu_xent_backward(float *dlogits, const float *probs, const int32_t *labels,
-                                  int B, int C, float label_smoothing, float norm) {
+dt_status dt_cu_xent_backward(float *dlogits, const float *probs, const int32_t *labels,
+                              int B, int C, float label_smoothing, float norm) {
     DT_CU_ARG(B >= 0 && C >= 1);
     DT_CU_ARG(B == 0 || (dlogits && probs && labels));
     DT_CU_ARG(label_smoothing >= 0.0f && label_smoothing <= 1.0f);
@@ -265,21 +230,21 @@ static dt_status cu_xent_backward(float *dlogits, const float *probs, const int3
     return DT_OK;
 }
 
-/* ---- fixed-chunk sums: sum (mode 0), sum of squares (1), squared differences (2) ---- */
+/* ---- fixed-chunk sums: sum of squares (squares = 1), squared differences (0) ---- */
 
-/* Sum (squares = 0) or sum of squares (1) of each 4096-element chunk, as cpu_vec.c's
- * chunk_sum: 8 double accumulators, accumulator k taking the elements i = k mod 8 in
+/* Sum of squares of each 4096-element chunk, as cpu_vec.c's chunk_sumsq: 8 double
+ * accumulators, accumulator k taking the elements i = k mod 8 in
  * order, combined ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)). Here 8 threads per chunk, thread
  * k owning accumulator k (so a warp reads contiguous memory), and the combination in
  * shared memory in that tree. Launched with DT_CU_THREADS threads per block. */
-__global__ void k_chunk_lanes(double *part, const float *x, size_t n, size_t nch, int squares) {
+__global__ void k_chunk_sumsq(double *part, const float *x, size_t n, size_t nch) {
     __shared__ double sh[DT_CU_THREADS];
     const int tid = threadIdx.x, k = tid & 7;
     const size_t ch = ((size_t)blockIdx.x * DT_CU_THREADS + tid) >> 3;
     double a = 0.0;
     if (ch < nch) {
         size_t i1 = (ch + 1) * DT_CU_CHUNK < n ? (ch + 1) * DT_CU_CHUNK : n;
-        for (size_t i = ch * DT_CU_CHUNK + k; i < i1; i += 8) a += squares ? (double)x[i] * x[i] : (double)x[i];
+        for (size_t i = ch * DT_CU_CHUNK + k; i < i1; i += 8) a += (double)x[i] * x[i];
     }
     sh[tid] = a;
     __syncthreads();
@@ -303,34 +268,34 @@ __global__ void k_chunk_sqdiff(double *part, const float *x, const float *y, siz
     }
 }
 
-static dt_status chunk_total(float *out, const float *x, const float *y, size_t n, int mode, double divisor) {
+static dt_status chunk_total(float *out, const float *x, const float *y, size_t n, int squares, double divisor) {
     size_t nch = (n + DT_CU_CHUNK - 1) / DT_CU_CHUNK;
     double *part = NULL;
     DT_TRY(dt_cu_scratch((void **)&part, sizeof(double) * 2 * (nch > 0 ? nch : 1)));
     if (nch > 0) {
-        if (mode == 2) {
+        if (!squares) {
             LAUNCH(k_chunk_sqdiff, nch, part, x, y, n, nch);
         } else {
-            k_chunk_lanes<<<(unsigned)((nch * 8 + DT_CU_THREADS - 1) / DT_CU_THREADS), DT_CU_THREADS, 0, dt_cu_stream()>>>(
-                part, x, n, nch, mode);
-            DT_CU_LAUNCH("k_chunk_lanes");
+            k_chunk_sumsq<<<(unsigned)((nch * 8 + DT_CU_THREADS - 1) / DT_CU_THREADS), DT_CU_THREADS, 0, dt_cu_stream()>>>(
+                part, x, n, nch);
+            DT_CU_LAUNCH("k_chunk_sumsq");
         }
     }
     return dt_cu_pairwise(part, part + (nch > 0 ? nch : 1), nch, divisor, out);
 }
 
-static dt_status cu_mse_forward(float *loss, const float *pred, const float *target, size_t n, float norm) {
+dt_status dt_cu_mse_forward(float *loss, const float *pred, const float *target, size_t n, float norm) {
     DT_CU_ARG(loss && (n == 0 || (pred && target)));
     DT_CU_ARG(norm > 0.0f);
     DT_TRY(dt_cu_enter());
-    return chunk_total(loss, pred, target, n, 2, (double)norm);
+    return chunk_total(loss, pred, target, n, 0, (double)norm);
 }
 
 __global__ void k_mse_backward(float *d, const float *p, const float *t, size_t n, float k) {
     DT_CU_FOR(i, n) d[i] = k * (p[i] - t[i]);
 }
 
-static dt_status cu_mse_backward(float *dpred, const float *pred, const float *target, size_t n, float norm) {
+dt_status dt_cu_mse_backward(float *dpred, const float *pred, const float *target, size_t n, float norm) {
     if (n == 0) return DT_OK;
     DT_CU_ARG(dpred && pred && target);
     DT_CU_ARG(norm > 0.0f);
@@ -339,13 +304,7 @@ static dt_status cu_mse_backward(float *dpred, const float *pred, const float *t
     return DT_OK;
 }
 
-static dt_status cu_sum(float *out, const float *x, size_t n) {
-    DT_CU_ARG(out && (n == 0 || x));
-    DT_TRY(dt_cu_enter());
-    return chunk_total(out, x, NULL, n, 0, 1.0);
-}
-
-static dt_status cu_sumsq(float *out, const float *x, size_t n) {
+dt_status dt_cu_sumsq(float *out, const float *x, size_t n) {
     DT_CU_ARG(out && (n == 0 || x));
     DT_TRY(dt_cu_enter());
     return chunk_total(out, x, NULL, n, 1, 1.0);
@@ -358,19 +317,6 @@ static __device__ int row_argmax(const float *r, int cols) {
     for (int c = 1; c < cols; c++)
         if (r[c] > r[best] || (isnan(r[c]) && !isnan(r[best]))) best = c;
     return best;
-}
-
-__global__ void k_argmax(int32_t *idx, const float *x, int rows, int cols) {
-    DT_CU_FOR(i, rows) idx[i] = row_argmax(x + i * cols, cols);
-}
-
-static dt_status cu_argmax_rows(int32_t *idx, const float *x, int rows, int cols) {
-    DT_CU_ARG(rows >= 0 && cols >= 1);
-    if (rows == 0) return DT_OK;
-    DT_CU_ARG(idx && x);
-    DT_TRY(dt_cu_enter());
-    LAUNCH(k_argmax, (size_t)rows, idx, x, rows, cols);
-    return DT_OK;
 }
 
 /* Sum of one value per thread over a block of DT_CU_RED_THREADS threads: a fixed
@@ -396,7 +342,7 @@ __global__ void k_count_correct(int32_t *correct, const float *logits, const int
     if (threadIdx.x == 0) *correct = (int32_t)n;
 }
 
-static dt_status cu_count_correct(int32_t *correct, const float *logits, const int32_t *labels, int B, int C) {
+dt_status dt_cu_count_correct(int32_t *correct, const float *logits, const int32_t *labels, int B, int C) {
     DT_CU_ARG(B >= 0 && C >= 1);
     DT_CU_ARG(correct && (B == 0 || (logits && labels)));
     DT_TRY(dt_cu_enter());
@@ -407,33 +353,29 @@ static dt_status cu_count_correct(int32_t *correct, const float *logits, const i
 
 /* ---- elementwise ---- */
 
-enum { EW_FILL, EW_SCALE, EW_AXPY, EW_ADD, EW_MUL };
+enum { EW_FILL, EW_SCALE, EW_ADD };
 
 __global__ void k_elementwise(int kind, float *z, const float *x, const float *y, float alpha, size_t n) {
     DT_CU_FOR(i, n) {
         switch (kind) {
         case EW_FILL:  z[i] = alpha; break;
         case EW_SCALE: z[i] *= alpha; break;
-        case EW_AXPY:  z[i] += alpha * x[i]; break;
-        case EW_ADD:   z[i] = x[i] + y[i]; break;
-        default:       z[i] = x[i] * y[i]; break;
+        default:       z[i] = x[i] + y[i]; break;
         }
     }
 }
 
 static dt_status elementwise(const char *fn, int kind, float *z, const float *x, const float *y, float alpha, size_t n) {
     if (n == 0) return DT_OK;
-    if (!z || (kind >= EW_AXPY && !x) || (kind >= EW_ADD && !y)) return dt_error(DT_ERR_INVALID, "cuda %s: NULL pointer", fn);
+    if (!z || (kind == EW_ADD && (!x || !y))) return dt_error(DT_ERR_INVALID, "cuda %s: NULL pointer", fn);
     DT_TRY(dt_cu_enter());
     LAUNCH(k_elementwise, n, kind, z, x, y, alpha, n);
     return DT_OK;
 }
 
-static dt_status cu_fill(float *x, float value, size_t n) { return elementwise("fill", EW_FILL, x, NULL, NULL, value, n); }
-static dt_status cu_scale(float *x, float alpha, size_t n) { return elementwise("scale", EW_SCALE, x, NULL, NULL, alpha, n); }
-static dt_status cu_axpy(float *y, float alpha, const float *x, size_t n) { return elementwise("axpy", EW_AXPY, y, x, NULL, alpha, n); }
-static dt_status cu_add(float *z, const float *x, const float *y, size_t n) { return elementwise("add", EW_ADD, z, x, y, 0.0f, n); }
-static dt_status cu_mul(float *z, const float *x, const float *y, size_t n) { return elementwise("mul", EW_MUL, z, x, y, 0.0f, n); }
+dt_status dt_cu_fill(float *x, float value, size_t n) { return elementwise("fill", EW_FILL, x, NULL, NULL, value, n); }
+dt_status dt_cu_scale(float *x, float alpha, size_t n) { return elementwise("scale", EW_SCALE, x, NULL, NULL, alpha, n); }
+dt_status dt_cu_add(float *z, const float *x, const float *y, size_t n) { return elementwise("add", EW_ADD, z, x, y, 0.0f, n); }
 
 /* ---- casts: the conversions of dtype.h, the CPU's very code (round to nearest even, NaN quiet, f16 overflow to inf) ---- */
 
@@ -458,10 +400,10 @@ static dt_status cast(const char *fn, int kind, void *dst, const void *src, size
     return DT_OK;
 }
 
-static dt_status cu_f32_to_bf16(uint16_t *d, const float *s, size_t n) { return cast("f32_to_bf16", CAST_TO_BF16, d, s, n); }
-static dt_status cu_bf16_to_f32(float *d, const uint16_t *s, size_t n) { return cast("bf16_to_f32", CAST_FROM_BF16, d, s, n); }
-static dt_status cu_f32_to_f16(uint16_t *d, const float *s, size_t n) { return cast("f32_to_f16", CAST_TO_F16, d, s, n); }
-static dt_status cu_f16_to_f32(float *d, const uint16_t *s, size_t n) { return cast("f16_to_f32", CAST_FROM_F16, d, s, n); }
+dt_status dt_cu_f32_to_bf16(uint16_t *d, const float *s, size_t n) { return cast("f32_to_bf16", CAST_TO_BF16, d, s, n); }
+dt_status dt_cu_bf16_to_f32(float *d, const uint16_t *s, size_t n) { return cast("bf16_to_f32", CAST_FROM_BF16, d, s, n); }
+dt_status dt_cu_f32_to_f16(uint16_t *d, const float *s, size_t n) { return cast("f32_to_f16", CAST_TO_F16, d, s, n); }
+dt_status dt_cu_f16_to_f32(float *d, const uint16_t *s, size_t n) { return cast("f16_to_f32", CAST_FROM_F16, d, s, n); }
 
 /* ---- optimizers: scalars prepared on the host exactly as cpu_vec.c does ---- */
 
@@ -479,7 +421,7 @@ __global__ void k_sgd(float *p, const float *grad, float *buf, size_t n, float l
     }
 }
 
-static dt_status cu_sgd_update(float *p, const float *grad, float *buf, size_t n, const dt_sgd_args *a) {
+dt_status dt_cu_sgd_update(float *p, const float *grad, float *buf, size_t n, const dt_sgd_args *a) {
     DT_CU_ARG(a);
     if (n == 0) return DT_OK;
     DT_CU_ARG(p && grad && (a->momentum == 0.0f || buf));
@@ -504,7 +446,7 @@ __global__ void k_adamw(float *p, const float *grad, float *m, float *v, size_t 
     }
 }
 
-static dt_status cu_adamw_update(float *p, const float *grad, float *m, float *v, size_t n, const dt_adamw_args *a) {
+dt_status dt_cu_adamw_update(float *p, const float *grad, float *m, float *v, size_t n, const dt_adamw_args *a) {
     DT_CU_ARG(a);
     if (n == 0) return DT_OK;
     DT_CU_ARG(p && grad && m && v);
@@ -519,83 +461,22 @@ static dt_status cu_adamw_update(float *p, const float *grad, float *m, float *v
     return DT_OK;
 }
 
-/* ---- random fills: element i is block (offset + i, stream) of Philox, as rng.c ---- */
+/* ---- random fill: element i is block (offset + i, stream) of Philox, as rng.c ---- */
 
-__global__ void k_rng(float *x, size_t n, int normal, float a, float b, dt_philox_key key, uint64_t stream, uint64_t offset) {
+__global__ void k_rng_uniform(float *x, size_t n, float a, float b, dt_philox_key key, uint64_t stream, uint64_t offset) {
     DT_CU_FOR(i, n) {
         uint64_t index = offset + i;
         dt_philox_ctr c = {{(uint32_t)index, (uint32_t)(index >> 32), (uint32_t)stream, (uint32_t)(stream >> 32)}};
         dt_philox_ctr r = dt_philox4x32_10(c, key);
-        if (normal) {
-            double u1 = dt_u32_to_unit_open0(r.v[0]), u2 = dt_u32_to_unit(r.v[1]);
-            x[i] = a + b * (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2));
-        } else {
-            x[i] = a + b * dt_u32_to_unit(r.v[0]);
-        }
+        x[i] = a + b * dt_u32_to_unit(r.v[0]);
     }
 }
 
-static dt_status cu_rng_uniform(float *x, size_t n, float lo, float hi, uint64_t seed, uint64_t stream, uint64_t offset) {
+dt_status dt_cu_rng_uniform(float *x, size_t n, float lo, float hi, uint64_t seed, uint64_t stream, uint64_t offset) {
     if (n == 0) return DT_OK;
     DT_CU_ARG(x);
     DT_CU_ARG(lo <= hi);
     DT_TRY(dt_cu_enter());
-    LAUNCH(k_rng, n, x, n, 0, lo, hi - lo, dt_philox_seed(seed), stream, offset);
+    LAUNCH(k_rng_uniform, n, x, n, lo, hi - lo, dt_philox_seed(seed), stream, offset);
     return DT_OK;
-}
-
-static dt_status cu_rng_normal(float *x, size_t n, float mean, float std, uint64_t seed, uint64_t stream, uint64_t offset) {
-    if (n == 0) return DT_OK;
-    DT_CU_ARG(x);
-    DT_CU_ARG(std >= 0.0f);
-    DT_TRY(dt_cu_enter());
-    LAUNCH(k_rng, n, x, n, 1, mean, std, dt_philox_seed(seed), stream, offset);
-    return DT_OK;
-}
-
-/* ---- this file's part of the table ---- */
-
-void dt_cu_fill_elem(dt_ops *t) {
-    t->bias_add       = cu_bias_add;
-    t->bias_relu      = cu_bias_relu;
-    t->bias_add_nchw  = cu_bias_add_nchw;
-    t->bias_grad      = cu_bias_grad;
-    t->bias_grad_nchw = cu_bias_grad_nchw;
-
-    t->relu_forward  = cu_relu_forward;
-    t->relu_backward = cu_relu_backward;
-    t->gelu_forward  = cu_gelu_forward;
-    t->gelu_backward = cu_gelu_backward;
-    t->tanh_forward  = cu_tanh_forward;
-    t->tanh_backward = cu_tanh_backward;
-
-    t->dropout_forward  = cu_dropout_forward;
-    t->dropout_backward = cu_dropout_backward;
-
-    t->xent_forward  = cu_xent_forward;
-    t->xent_backward = cu_xent_backward;
-    t->mse_forward   = cu_mse_forward;
-    t->mse_backward  = cu_mse_backward;
-
-    t->argmax_rows   = cu_argmax_rows;
-    t->count_correct = cu_count_correct;
-    t->sum           = cu_sum;
-    t->sumsq         = cu_sumsq;
-
-    t->fill  = cu_fill;
-    t->scale = cu_scale;
-    t->axpy  = cu_axpy;
-    t->add   = cu_add;
-    t->mul   = cu_mul;
-
-    t->f32_to_bf16 = cu_f32_to_bf16;
-    t->bf16_to_f32 = cu_bf16_to_f32;
-    t->f32_to_f16  = cu_f32_to_f16;
-    t->f16_to_f32  = cu_f16_to_f32;
-
-    t->sgd_update   = cu_sgd_update;
-    t->adamw_update = cu_adamw_update;
-
-    t->rng_uniform = cu_rng_uniform;
-    t->rng_normal  = cu_rng_normal;
 }

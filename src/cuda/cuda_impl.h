@@ -3,7 +3,9 @@
  *
  * The backend is split by idea: cuda_ops.cu (context, memory, GEMM, the table),
  * cuda_elem.cu (bias, activations, dropout, losses, vector ops, casts, optimizers,
- * random fills, sums), cuda_nn.cu (convolution, pooling, batch and layer norm).
+ * the random fill, the sum of squares), cuda_nn.cu (convolution, pooling, batch and
+ * layer norm). Each op of ops.h's list is a function dt_cu_<op>, declared below from
+ * the list, and the table in cuda_ops.cu is generated from the same list.
  *
  * Checking: every CUDA and cuBLAS call goes through DT_CU / DT_CUBLAS, which return a
  * dt_status whose message names the kernel, the call and CUDA's reason; kernel
@@ -22,6 +24,7 @@
 
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <math.h>     /* before the extern "C" block: ops_elem.h includes it too */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,6 +33,11 @@ extern "C" {
 #include "status.h"
 }
 #include "dt_cuda.h"
+
+/* The kernels of the table, dt_cu_<op> for every op of the list. */
+#define DT_CU_DECL_(name, params) dt_status dt_cu_##name params;
+DT_OPS(DT_CU_DECL_)
+#undef DT_CU_DECL_
 
 /* Map a CUDA error onto a dt_status and leave "cuda FN: CALL failed: REASON". */
 dt_status dt_cu_fail(cudaError_t e, const char *fn, const char *call);
@@ -54,8 +62,8 @@ dt_status dt_cublas_fail(cublasStatus_t e, const char *fn, const char *call);
 
 /* ---- the context (cuda_ops.cu) ---- */
 
-/* Make sure the backend is initialised and this thread uses its device. Every table
- * function calls it first. */
+/* Make sure the backend is initialised (dt_cuda_init) and this thread uses its device.
+ * Every table function calls it first. */
 dt_status    dt_cu_enter(void);
 cudaStream_t dt_cu_stream(void);
 cublasHandle_t dt_cu_blas(void);

@@ -104,8 +104,8 @@ __global__ void k_add_into(float *a, const float *b, size_t n) {
     DT_CU_FOR(i, n) a[i] += b[i];
 }
 
-static dt_status cu_conv2d_forward(const dt_conv2d_desc *d, float *y, const float *x, const float *w,
-                                   const float *bias, int relu) {
+dt_status dt_cu_conv2d_forward(const dt_conv2d_desc *d, float *y, const float *x, const float *w,
+                               const float *bias, int relu) {
     DT_TRY(conv_check("conv2d_forward", d));
     DT_CU_ARG(y && x && w);
     DT_TRY(dt_cu_enter());
@@ -127,14 +127,14 @@ static dt_status cu_conv2d_forward(const dt_conv2d_desc *d, float *y, const floa
     return DT_OK;
 }
 
-static dt_status cu_conv2d_backward(const dt_conv2d_desc *d, float *dx, float *dw, float *dbias,
-                                    const float *dy, const float *x, const float *w) {
+dt_status dt_cu_conv2d_backward(const dt_conv2d_desc *d, float *dx, float *dw, float *dbias,
+                                const float *dy, const float *x, const float *w) {
     DT_TRY(conv_check("conv2d_backward", d));
     DT_CU_ARG(dy);
     DT_CU_ARG(!dx || w);
     DT_CU_ARG(!dw || x);
     DT_TRY(dt_cu_enter());
-    if (dbias) DT_TRY(dt_ops_cuda()->bias_grad_nchw(dbias, dy, d->N, d->K, d->P * d->Q));
+    if (dbias) DT_TRY(dt_cu_channel_sums(dbias, NULL, dy, NULL, NULL, NULL, d->N, d->K, d->P * d->Q));
     if (!dx && !dw) return DT_OK;
     const int N = d->N, K = d->K, CRS = d->C * d->R * d->S, G = conv_group(d), ngroups = (N + G - 1) / G;
     const size_t PQ = (size_t)d->P * d->Q, chw = (size_t)d->C * d->H * d->W, wsize = (size_t)K * CRS;
@@ -269,16 +269,16 @@ static dt_status pool_launch(const char *fn, const dt_pool2d_desc *d, float *out
     return DT_OK;
 }
 
-static dt_status cu_maxpool2d_forward(const dt_pool2d_desc *d, float *y, int32_t *idx, const float *x) {
+dt_status dt_cu_maxpool2d_forward(const dt_pool2d_desc *d, float *y, int32_t *idx, const float *x) {
     return pool_launch("maxpool2d_forward", d, y, idx, x, NULL, NULL, 0, 0);
 }
-static dt_status cu_maxpool2d_backward(const dt_pool2d_desc *d, float *dx, const float *dy, const int32_t *idx) {
+dt_status dt_cu_maxpool2d_backward(const dt_pool2d_desc *d, float *dx, const float *dy, const int32_t *idx) {
     return pool_launch("maxpool2d_backward", d, dx, NULL, NULL, dy, idx, 1, 0);
 }
-static dt_status cu_avgpool2d_forward(const dt_pool2d_desc *d, float *y, const float *x) {
+dt_status dt_cu_avgpool2d_forward(const dt_pool2d_desc *d, float *y, const float *x) {
     return pool_launch("avgpool2d_forward", d, y, NULL, x, NULL, NULL, 0, 1);
 }
-static dt_status cu_avgpool2d_backward(const dt_pool2d_desc *d, float *dx, const float *dy) {
+dt_status dt_cu_avgpool2d_backward(const dt_pool2d_desc *d, float *dx, const float *dy) {
     return pool_launch("avgpool2d_backward", d, dx, NULL, NULL, dy, NULL, 1, 1);
 }
 
@@ -289,7 +289,7 @@ __global__ void k_gap_backward(float *dx, const float *dy, size_t n, int HW, flo
     DT_CU_FOR(i, n) dx[i] = dy[i / HW] * inv;
 }
 
-static dt_status cu_global_avgpool_forward(float *y, const float *x, int N, int C, int HW) {
+dt_status dt_cu_global_avgpool_forward(float *y, const float *x, int N, int C, int HW) {
     DT_CU_ARG(N >= 0 && C >= 0 && HW >= 1);
     size_t planes = (size_t)N * C;
     if (planes == 0) return DT_OK;
@@ -298,7 +298,7 @@ static dt_status cu_global_avgpool_forward(float *y, const float *x, int N, int 
     return plane_sums(NULL, y, x, NULL, NULL, 1, HW, planes);   /* y = run sum / HW, the CPU's order */
 }
 
-static dt_status cu_global_avgpool_backward(float *dx, const float *dy, int N, int C, int HW) {
+dt_status dt_cu_global_avgpool_backward(float *dx, const float *dy, int N, int C, int HW) {
     DT_CU_ARG(N >= 0 && C >= 0 && HW >= 1);
     size_t n = (size_t)N * C * HW;
     if (n == 0) return DT_OK;
@@ -385,7 +385,7 @@ dt_status dt_cu_channel_sums(float *o1, float *o2, const float *a, const float *
     return DT_OK;
 }
 
-static dt_status cu_bn_stats(float *sum, float *sumsq, const float *x, int N, int C, int HW) {
+dt_status dt_cu_bn_stats(float *sum, float *sumsq, const float *x, int N, int C, int HW) {
     DT_CU_ARG(N >= 0 && C >= 1 && HW >= 0);
     DT_CU_ARG(sum && sumsq && ((size_t)N * HW == 0 || x));
     DT_TRY(dt_cu_enter());
@@ -408,8 +408,8 @@ __global__ void k_bn_finalize(float *mean, float *invstd, const float *sum, cons
     }
 }
 
-static dt_status cu_bn_finalize(float *mean, float *invstd, const float *sum, const float *sumsq, int C,
-                                int64_t count, float eps, float *running_mean, float *running_var, float momentum) {
+dt_status dt_cu_bn_finalize(float *mean, float *invstd, const float *sum, const float *sumsq, int C,
+                            int64_t count, float eps, float *running_mean, float *running_var, float momentum) {
     DT_CU_ARG(C >= 1 && count >= 1 && eps >= 0.0f);
     DT_CU_ARG(mean && invstd && sum && sumsq);
     DT_CU_ARG(!running_mean == !running_var);
@@ -424,7 +424,7 @@ __global__ void k_bn_invstd(float *invstd, const float *var, int C, float eps) {
     DT_CU_FOR(c, C) invstd[c] = (float)(1.0 / sqrt((double)var[c] + eps));
 }
 
-static dt_status cu_bn_invstd(float *invstd, const float *var, int C, float eps) {
+dt_status dt_cu_bn_invstd(float *invstd, const float *var, int C, float eps) {
     DT_CU_ARG(C >= 1 && eps >= 0.0f && invstd && var);
     DT_TRY(dt_cu_enter());
     k_bn_invstd<<<dt_cu_blocks((size_t)C), DT_CU_THREADS, 0, dt_cu_stream()>>>(invstd, var, C, eps);
@@ -443,8 +443,8 @@ __global__ void k_bn_apply(float *y, const float *x, const float *mean, const fl
     }
 }
 
-static dt_status cu_bn_apply(float *y, const float *x, const float *mean, const float *invstd,
-                             const float *gamma, const float *beta, int N, int C, int HW, int relu) {
+dt_status dt_cu_bn_apply(float *y, const float *x, const float *mean, const float *invstd,
+                         const float *gamma, const float *beta, int N, int C, int HW, int relu) {
     DT_CU_ARG(N >= 0 && C >= 1 && HW >= 0);
     size_t n = (size_t)N * C * HW;
     if (n == 0) return DT_OK;
@@ -455,8 +455,8 @@ static dt_status cu_bn_apply(float *y, const float *x, const float *mean, const 
     return DT_OK;
 }
 
-static dt_status cu_bn_backward_reduce(float *sum_dy, float *sum_dy_xhat, const float *dy, const float *x,
-                                       const float *mean, const float *invstd, int N, int C, int HW) {
+dt_status dt_cu_bn_backward_reduce(float *sum_dy, float *sum_dy_xhat, const float *dy, const float *x,
+                                   const float *mean, const float *invstd, int N, int C, int HW) {
     DT_CU_ARG(N >= 0 && C >= 1 && HW >= 0);
     DT_CU_ARG(sum_dy && sum_dy_xhat && mean && invstd && ((size_t)N * HW == 0 || (dy && x)));
     DT_TRY(dt_cu_enter());
@@ -475,9 +475,9 @@ __global__ void k_bn_backward_dx(float *dx, const float *dy, const float *x, con
     }
 }
 
-static dt_status cu_bn_backward_dx(float *dx, const float *dy, const float *x, const float *mean,
-                                   const float *invstd, const float *gamma, const float *sum_dy,
-                                   const float *sum_dy_xhat, int N, int C, int HW, int64_t count) {
+dt_status dt_cu_bn_backward_dx(float *dx, const float *dy, const float *x, const float *mean,
+                               const float *invstd, const float *gamma, const float *sum_dy,
+                               const float *sum_dy_xhat, int N, int C, int HW, int64_t count) {
     DT_CU_ARG(N >= 0 && C >= 1 && HW >= 0 && count >= 1);
     size_t n = (size_t)N * C * HW;
     if (n == 0) return DT_OK;
@@ -511,8 +511,8 @@ __global__ void k_ln_forward(float *y, float *mean, float *rstd, const float *x,
     }
 }
 
-static dt_status cu_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
-                                      const float *gamma, const float *beta, int rows, int cols, float eps) {
+dt_status dt_cu_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
+                                  const float *gamma, const float *beta, int rows, int cols, float eps) {
     DT_CU_ARG(rows >= 0 && cols >= 1 && eps >= 0.0f);
     if (rows == 0) return DT_OK;
     DT_CU_ARG(y && mean && rstd && x);
@@ -558,9 +558,9 @@ __global__ void k_ln_backward_params(float *dgamma, float *dbeta, const float *d
     }
 }
 
-static dt_status cu_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
-                                       const float *x, const float *mean, const float *rstd,
-                                       const float *gamma, int rows, int cols) {
+dt_status dt_cu_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
+                                   const float *x, const float *mean, const float *rstd,
+                                   const float *gamma, int rows, int cols) {
     DT_CU_ARG(rows >= 0 && cols >= 1);
     DT_CU_ARG(rows == 0 || (dy && x && mean && rstd));
     DT_TRY(dt_cu_enter());
@@ -575,28 +575,4 @@ static dt_status cu_layernorm_backward(float *dx, float *dgamma, float *dbeta, c
         DT_CU_LAUNCH("k_ln_backward_params");
     }
     return DT_OK;
-}
-
-/* ---- this file's part of the table ---- */
-
-void dt_cu_fill_nn(dt_ops *t) {
-    t->conv2d_forward  = cu_conv2d_forward;
-    t->conv2d_backward = cu_conv2d_backward;
-
-    t->maxpool2d_forward       = cu_maxpool2d_forward;
-    t->maxpool2d_backward      = cu_maxpool2d_backward;
-    t->avgpool2d_forward       = cu_avgpool2d_forward;
-    t->avgpool2d_backward      = cu_avgpool2d_backward;
-    t->global_avgpool_forward  = cu_global_avgpool_forward;
-    t->global_avgpool_backward = cu_global_avgpool_backward;
-
-    t->bn_stats           = cu_bn_stats;
-    t->bn_finalize        = cu_bn_finalize;
-    t->bn_invstd          = cu_bn_invstd;
-    t->bn_apply           = cu_bn_apply;
-    t->bn_backward_reduce = cu_bn_backward_reduce;
-    t->bn_backward_dx     = cu_bn_backward_dx;
-
-    t->layernorm_forward  = cu_layernorm_forward;
-    t->layernorm_backward = cu_layernorm_backward;
 }

@@ -1,9 +1,11 @@
 /*
  * cuda_ops.cu: the CUDA backend's context (device, compute stream, cuBLAS handle),
- * memory with allocation statistics, GEMM over cuBLAS, and the dt_ops table.
+ * memory with allocation statistics, GEMM over cuBLAS, and the dt_ops table
+ * (generated from ops.h's lists).
  *
- * Context: created at first use. The device is the launch environment's local rank
- * modulo the device count (dt_cuda.h), so N ranks on a node with N GPUs take one each.
+ * Context: created by the first dt_ops_cuda(index, allow_tf32) (or by dt_cuda_init on
+ * device 0). The device is the index the program passes modulo the device count
+ * (dt_cuda.h): given the local rank, N ranks on a node with N GPUs take one each.
  * All work goes to one compute stream, a plain (blocking) stream rather than a
  * non-blocking one, so work that other libraries in the process put on the legacy
  * default stream stays ordered with ours.
@@ -23,10 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unordered_map>
-
-extern "C" {
-#include "launch_env.h"
-}
 
 /* ---- errors ---- */
 
@@ -102,20 +100,17 @@ static dt_status apply_math_mode(void) {
 }
 
 /* Called with g.mu held. */
-static dt_status ctx_create(void) {
+static dt_status ctx_create(int index, int allow_tf32) {
     int n = 0;
     DT_TRY(dt_cuda_device_count(&n));
     if (n < 1) return dt_error(DT_ERR_UNSUPPORTED, "cuda: no CUDA device is visible");
-    dt_launch_env env;
-    DT_TRY(dt_launch_env_discover(&env));
-    int dev = env.local_rank >= 0 ? env.local_rank % n : 0;
+    int dev = index % n;
     DT_CU(cudaSetDevice(dev));
     DT_CU(cudaStreamCreate(&g.stream));
     DT_CUBLAS(cublasCreate(&g.blas));
     DT_CUBLAS(cublasSetStream(g.blas, g.stream));
     DT_CUBLAS(cublasSetPointerMode(g.blas, CUBLAS_POINTER_MODE_HOST));
-    const char *tf = getenv("DT_ALLOW_TF32");
-    g.tf32 = tf && *tf && strcmp(tf, "0") != 0;
+    g.tf32 = allow_tf32 != 0;
     DT_TRY(apply_math_mode());
     DT_CU(cudaMalloc((void **)&g.err, sizeof(int) * DT_CU_ERR_COUNT));
     DT_CU(cudaMemset(g.err, 0, sizeof(int) * DT_CU_ERR_COUNT));
@@ -127,15 +122,24 @@ static dt_status ctx_create(void) {
     return DT_OK;
 }
 
-extern "C" dt_status dt_cuda_init(void) {
+/* Create the context on device `index` (mod the count) unless it exists; *created
+ * says whether this call made it. */
+static dt_status ctx_open(int index, int allow_tf32, int *created) {
+    *created = 0;
     if (!__atomic_load_n(&g.ready, __ATOMIC_ACQUIRE)) {
         std::lock_guard<std::mutex> l(g.mu);
         if (!g.ready) {
-            dt_status s = ctx_create();
-            if (s != DT_OK) return s;
+            if (index < 0) return dt_error(DT_ERR_INVALID, "cuda: device index %d must be >= 0", index);
+            DT_TRY(ctx_create(index, allow_tf32));
+            *created = 1;
         }
     }
     return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_init(void) {
+    int created;
+    return ctx_open(0, 0, &created);
 }
 
 dt_status dt_cu_enter(void) {
@@ -319,8 +323,6 @@ static dt_status cu_set_threads(int n) {
     return DT_OK;
 }
 
-static int cu_threads(void) { return g.threads > 0 ? g.threads : 1; }
-
 /* ---- GEMM ---- */
 
 /* C (M, N) with row stride ldc: C = beta * C (beta = 0 writes zeros, NaN or not). */
@@ -359,32 +361,11 @@ dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K
     return DT_OK;
 }
 
-static dt_status cu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
-                          const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+dt_status dt_cu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     DT_TRY(gemm_check("sgemm", transA, transB, M, N, K, A, lda, B, ldb, C, ldc));
     DT_TRY(dt_cu_enter());
     return dt_cu_gemm("sgemm", transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
-static dt_status cu_sgemm_batched(int transA, int transB, int M, int N, int K, float alpha,
-                                  const float *A, int lda, int64_t strideA, const float *B, int ldb, int64_t strideB,
-                                  float beta, float *C, int ldc, int64_t strideC, int batch) {
-    DT_TRY(gemm_check("sgemm_batched", transA, transB, M, N, K, A, lda, B, ldb, C, ldc));
-    if (batch < 0) return dt_error(DT_ERR_INVALID, "cuda sgemm_batched: negative batch %d", batch);
-    if (strideC < (int64_t)M * ldc && batch > 1 && strideC >= 0)
-        return dt_error(DT_ERR_INVALID, "cuda sgemm_batched: outputs overlap (strideC=%lld < M*ldc=%lld)",
-                        (long long)strideC, (long long)M * ldc);
-    if (batch == 0 || M == 0 || N == 0) return DT_OK;
-    DT_TRY(dt_cu_enter());
-    if (batch == 1 || K == 0) {
-        for (int i = 0; i < batch; i++)
-            DT_TRY(dt_cu_gemm("sgemm_batched", transA, transB, M, N, K, alpha, A + i * strideA, lda,
-                              B + i * strideB, ldb, beta, C + i * strideC, ldc));
-        return DT_OK;
-    }
-    DT_CUBLAS(cublasSgemmStridedBatched(g.blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                        N, M, K, &alpha, B, ldb, strideB, A, lda, strideA, &beta, C, ldc, strideC, batch));
-    return DT_OK;
 }
 
 /* ---- pairwise combination (shared by the sums and losses) ---- */
@@ -412,36 +393,29 @@ dt_status dt_cu_pairwise(double *v, double *tmp, size_t n, double divisor, float
 
 /* ---- the table ---- */
 
-void dt_cu_fill_elem(dt_ops *t);   /* cuda_elem.cu */
-void dt_cu_fill_nn(dt_ops *t);     /* cuda_nn.cu */
+/* Generated from ops.h's lists: the memory functions above are cu_<name>, the kernels
+ * dt_cu_<op> (cuda_impl.h); one missing is a compile error here. */
+#define DT_OPS_DEVFN(name) cu_##name
+#define DT_OPS_KERNEL(name) dt_cu_##name
+static const dt_ops cuda_table = {
+    .name        = "cuda",
+    .host_memory = 0,
+    DT_OPS_TABLE_INIT(cu_memory)
+};
 
-static dt_ops g_table;
-
-static void table_fill(void) {
-    dt_ops *t = &g_table;
-    t->name        = "cuda";
-    t->host_memory = 0;
-    t->alloc       = cu_alloc;
-    t->free        = cu_free;
-    t->zero        = cu_zero;
-    t->copy_h2d    = cu_copy_h2d;
-    t->copy_d2h    = cu_copy_d2h;
-    t->copy_d2d    = cu_copy_d2d;
-    t->host_alloc  = cu_host_alloc;
-    t->host_free   = cu_host_free;
-    t->memory      = cu_memory;
-    t->synchronize = cu_synchronize;
-    t->set_threads = cu_set_threads;
-    t->threads     = cu_threads;
-    t->sgemm         = cu_sgemm;
-    t->sgemm_batched = cu_sgemm_batched;
-    dt_cu_fill_elem(t);
-    dt_cu_fill_nn(t);
-}
-
-extern "C" const dt_ops *dt_ops_cuda(void) {
-    static std::once_flag once;
-    if (dt_cu_enter() != DT_OK) return NULL;   /* the message says why */
-    std::call_once(once, table_fill);
-    return &g_table;
+extern "C" const dt_ops *dt_ops_cuda(int index, int allow_tf32) {
+    int created = 0;
+    if (ctx_open(index, allow_tf32, &created) != DT_OK) return NULL;   /* the message says why */
+    if (!created) {
+        int n = 0;
+        if (dt_cuda_device_count(&n) != DT_OK) return NULL;
+        if (index < 0 || index % n != g.device) {
+            dt_error(DT_ERR_INVALID, "cuda: this process already uses device %d; it cannot also open device index %d "
+                     "(one device per process)", g.device, index);
+            return NULL;
+        }
+        if (dt_cuda_set_allow_tf32(allow_tf32) != DT_OK) return NULL;
+    }
+    if (dt_cu_enter() != DT_OK) return NULL;
+    return &cuda_table;
 }

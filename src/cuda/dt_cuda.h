@@ -2,14 +2,16 @@
  * dt_cuda.h: the CUDA compute backend's own API — the dt_ops table, the device, the
  * compute stream, memory statistics and the TF32 switch.
  *
- * Only code inside the compute layer (src/cpu/cpu_ops.c's dt_ops_get) and the NCCL
+ * Only code inside the compute layer (src/ops.c's dt_ops_get_ex) and the NCCL
  * communication backend include this header; the trainer reaches the backend through
- * dt_ops_get("cuda") (DESIGN.md rule 1). Built only with ./configure --with-cuda.
+ * dt_ops_get_ex("cuda", &opts) (DESIGN.md rule 1). Built only with ./configure --with-cuda.
  *
- * Device: chosen once, at first use, as the launch environment's local rank
- * (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID; see
- * launch_env.h) modulo the number of visible devices, 0 when there is no local rank.
- * Never hard-coded: restrict the visible devices with CUDA_VISIBLE_DEVICES.
+ * Device: chosen once per process, by the first dt_ops_cuda(index, ...), as index
+ * modulo the number of visible devices. The backend reads no environment: the program
+ * passes the index (dtrain passes the launch environment's local rank, so N ranks on a
+ * node with N GPUs take one each; restrict the visible devices with
+ * CUDA_VISIBLE_DEVICES). Code that needs the context before any table was asked for
+ * (dt_cuda_init, dt_cuda_bind_thread) gets device 0.
  *
  * Streams: every kernel and copy of the dt_ops table runs in order on one compute
  * stream, so kernels need no synchronisation among themselves. A communication
@@ -24,9 +26,9 @@
  * compute stream, one scratch arena); the memory statistics and the wait functions are
  * thread-safe.
  *
- * TF32: off by default (GEMMs and convolutions in full FP32, so results agree with
- * the CPU to ~1e-6). DT_ALLOW_TF32=1 in the environment, or dt_cuda_set_allow_tf32(1)
- * (what a program's --allow-tf32 flag should call), lets cuBLAS use TF32 tensor cores.
+ * TF32: off unless the program asks for it (dt_device_opts.allow_tf32, which dtrain's
+ * --allow-tf32 sets, or dt_cuda_set_allow_tf32(1)). Off, GEMMs and convolutions run in
+ * full FP32, so results agree with the CPU to ~1e-6.
  */
 #ifndef DT_CUDA_H
 #define DT_CUDA_H
@@ -39,15 +41,17 @@
 extern "C" {
 #endif
 
-/* The CUDA backend's table; NULL with a message for dt_last_error() when no CUDA
- * device can be used (no device, no driver, initialisation failed). */
-const dt_ops *dt_ops_cuda(void);
+/* The CUDA backend's table on device `index` (>= 0, taken modulo the visible devices)
+ * with TF32 allowed or not; NULL with a message for dt_last_error() when no CUDA device
+ * can be used (no device, no driver, initialisation failed) or when the process already
+ * uses another device. Asking again for the same device sets TF32 as asked. */
+const dt_ops *dt_ops_cuda(int index, int allow_tf32);
 
 /* Number of visible CUDA devices into *n; an error (with CUDA's reason) when the
  * runtime cannot count them, as on a machine without a driver. */
 dt_status dt_cuda_device_count(int *n);
-/* Select the device (local rank mod device count), create the compute stream and the
- * cuBLAS handle. Idempotent; every other function calls it when needed. */
+/* Create the context, if no dt_ops_cuda() did yet, on device 0: the compute stream and
+ * the cuBLAS handle. Idempotent; every other function calls it when needed. */
 dt_status dt_cuda_init(void);
 /* The selected device ordinal, -1 before dt_cuda_init succeeded. */
 int       dt_cuda_device(void);
@@ -69,8 +73,7 @@ size_t    dt_cuda_memory_allocated(void);
 size_t    dt_cuda_max_memory_allocated(void);
 void      dt_cuda_reset_peak_memory(void);
 
-/* Let cuBLAS use TF32 tensor cores for FP32 GEMMs (1) or not (0, the default unless
- * DT_ALLOW_TF32=1). */
+/* Let cuBLAS use TF32 tensor cores for FP32 GEMMs (1) or not (0, the default). */
 dt_status dt_cuda_set_allow_tf32(int allow);
 int       dt_cuda_allow_tf32(void);
 

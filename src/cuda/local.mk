@@ -8,7 +8,7 @@
 # -ffp-contract=off) and agree with it bit for bit where the math is the same.
 NVCCFLAGS = -O3 -std=c++17 --fmad=false --compiler-options=-Wall,-Wextra
 CUDA_SRC = src/cuda/cuda_ops.cu src/cuda/cuda_elem.cu src/cuda/cuda_nn.cu
-CUDA_HDR = src/cuda/cuda_impl.h src/cuda/dt_cuda.h src/ops.h src/status.h src/rng.h src/dtype.h
+CUDA_HDR = src/cuda/cuda_impl.h src/cuda/dt_cuda.h src/ops.h src/ops_elem.h src/status.h src/rng.h src/dtype.h
 EXTRA_DIST += $(CUDA_SRC) src/cuda/cuda_impl.h src/cuda/dt_cuda.h build-aux/nvcc-wrap src/comm/nccl.c \
 	tests/test_cuda_ops.c tests/gpu_nccl_prog.c tests/gpu_lib.sh tests/gpu_train.sh tests/gpu_nccl.sh \
 	tests/gpu_emu.sh tests/gpu_emu/cuda_runtime.h tests/gpu_emu/cublas_v2.h tests/gpu_emu/emu.cpp
@@ -28,7 +28,7 @@ src/cuda/cuda_ops.lo src/cuda/cuda_elem.lo src/cuda/cuda_nn.lo: $(CUDA_HDR)
 
 check_PROGRAMS += tests/test_cuda_ops
 TESTS += tests/test_cuda_ops
-tests_test_cuda_ops_SOURCES = tests/test_cuda_ops.c
+tests_test_cuda_ops_SOURCES = tests/test_cuda_ops.c tests/ops_cases.h
 endif
 
 if HAVE_NCCL

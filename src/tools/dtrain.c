@@ -308,7 +308,7 @@ static int cmd_train(int argc, char **argv) {
     const char *save = NULL, *metrics = NULL, *backend = NULL, *init = NULL;
     int64_t threads = 0, iv, batch_per_rank = 0;
     const char *device = "cpu";
-    int quiet = 0, wd_given = 0, lr_given = 0;
+    int quiet = 0, wd_given = 0, lr_given = 0, allow_tf32 = 0;
     dt_status s = DT_OK;
     for (int i = 1; i < argc && s == DT_OK;) {
         const char *v = NULL;
@@ -319,7 +319,7 @@ static int cmd_train(int argc, char **argv) {
         if (!strcmp(a, "--quiet")) { quiet = 1; i++; continue; }
         if (!strcmp(a, "--no-overlap")) { o.overlap = 0; i++; continue; }
         if (!strcmp(a, "--sync-bn")) { o.sync_bn = 1; i++; continue; }
-        if (!strcmp(a, "--allow-tf32")) { setenv("DT_ALLOW_TF32", "1", 1); i++; continue; }
+        if (!strcmp(a, "--allow-tf32")) { allow_tf32 = 1; i++; continue; }
 #define FLAG(name) dt_arg_match(name, argc, argv, &i, &v, &s)
         if (FLAG("--model")) o.model = v;
         else if (FLAG("--data")) o.data = v;
@@ -364,7 +364,11 @@ static int cmd_train(int argc, char **argv) {
     if (optim && !wd_given) o.weight_decay = optim->train_weight_decay;
     if (optim && !lr_given) o.lr = optim->train_lr;
 
-    const dt_ops *ops = dt_ops_get(device);
+    /* each rank of a node takes the GPU of its local rank (modulo the visible ones) */
+    dt_launch_env env;
+    if ((s = dt_launch_env_discover(&env)) != DT_OK) return fail(s);
+    dt_device_opts dev = {.index = env.local_rank > 0 ? env.local_rank : 0, .allow_tf32 = allow_tf32};
+    const dt_ops *ops = dt_ops_get_ex(device, &dev);
     if (!ops) return fail(DT_ERR_INVALID);
     dt_comm *comm = NULL;
     int local_size = 1;

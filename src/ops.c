@@ -1,0 +1,97 @@
+/*
+ * ops.c: the compute interface's own code — the device registry (which backend a
+ * device name means, and with which options), the names of the ops, and the checks of
+ * the convolution and pooling descriptors that every backend shares.
+ *
+ * It sits above the backends: "cpu" is always built, "cuda" only with --with-cuda
+ * (DT_HAVE_CUDA), so this is the one file that knows which backends exist.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+#include "ops.h"
+#ifdef DT_HAVE_CUDA
+#include "cuda/dt_cuda.h"
+#endif
+
+#include <string.h>
+
+/* ---- the registry ---- */
+
+const dt_ops *dt_ops_get_ex(const char *device, const dt_device_opts *opts) {
+    const dt_device_opts none = {0, 0};
+    if (!opts) opts = &none;
+    if (!device) {
+        dt_error(DT_ERR_INVALID, "no device given (expected \"cpu\" or \"cuda\")");
+        return NULL;
+    }
+    if (opts->index < 0) {
+        dt_error(DT_ERR_INVALID, "device \"%s\": index %d must be >= 0", device, opts->index);
+        return NULL;
+    }
+    if (strcmp(device, "cpu") == 0) return dt_ops_cpu();
+    if (strcmp(device, "cuda") == 0) {
+#ifdef DT_HAVE_CUDA
+        return dt_ops_cuda(opts->index, opts->allow_tf32);   /* NULL with the backend's own message */
+#else
+        dt_error(DT_ERR_UNSUPPORTED, "device \"cuda\": this build has no CUDA backend (configure --with-cuda)");
+        return NULL;
+#endif
+    }
+    dt_error(DT_ERR_INVALID, "unknown device \"%s\" (expected \"cpu\" or \"cuda\")", device);
+    return NULL;
+}
+
+const dt_ops *dt_ops_get(const char *device) { return dt_ops_get_ex(device, NULL); }
+
+/* ---- op names ---- */
+
+static const char *const op_names[DT_OPS_COUNT] = {
+#define OP_NAME_(name, params) #name,
+    DT_OPS(OP_NAME_)
+#undef OP_NAME_
+};
+
+const char *dt_ops_op_name(int i) { return i >= 0 && i < DT_OPS_COUNT ? op_names[i] : NULL; }
+
+/* ---- descriptors: the shape arithmetic of PyTorch, checked ---- */
+
+dt_status dt_conv2d_desc_init(dt_conv2d_desc *d) {
+    if (!d) return dt_error(DT_ERR_INVALID, "conv2d: NULL descriptor");
+    if (d->N < 1 || d->C < 1 || d->H < 1 || d->W < 1)
+        return dt_error(DT_ERR_INVALID, "conv2d: input shape (N=%d, C=%d, H=%d, W=%d) must be positive",
+                        d->N, d->C, d->H, d->W);
+    if (d->K < 1 || d->R < 1 || d->S < 1)
+        return dt_error(DT_ERR_INVALID, "conv2d: weight shape (K=%d, R=%d, S=%d) must be positive", d->K, d->R, d->S);
+    if (d->stride_h < 1 || d->stride_w < 1)
+        return dt_error(DT_ERR_INVALID, "conv2d: stride (%d, %d) must be >= 1", d->stride_h, d->stride_w);
+    if (d->pad_h < 0 || d->pad_w < 0)
+        return dt_error(DT_ERR_INVALID, "conv2d: padding (%d, %d) must be >= 0", d->pad_h, d->pad_w);
+    int64_t hp = (int64_t)d->H + 2 * (int64_t)d->pad_h - d->R, wp = (int64_t)d->W + 2 * (int64_t)d->pad_w - d->S;
+    if (hp < 0 || wp < 0)
+        return dt_error(DT_ERR_INVALID, "conv2d: kernel %dx%d is larger than the padded input %lldx%lld",
+                        d->R, d->S, (long long)(hp + d->R), (long long)(wp + d->S));
+    d->P = (int)(hp / d->stride_h + 1);
+    d->Q = (int)(wp / d->stride_w + 1);
+    return DT_OK;
+}
+
+dt_status dt_pool2d_desc_init(dt_pool2d_desc *d) {
+    if (!d) return dt_error(DT_ERR_INVALID, "pool2d: NULL descriptor");
+    if (d->N < 1 || d->C < 1 || d->H < 1 || d->W < 1)
+        return dt_error(DT_ERR_INVALID, "pool2d: input shape (N=%d, C=%d, H=%d, W=%d) must be positive",
+                        d->N, d->C, d->H, d->W);
+    if (d->kh < 1 || d->kw < 1)
+        return dt_error(DT_ERR_INVALID, "pool2d: kernel (%d, %d) must be positive", d->kh, d->kw);
+    if (d->stride_h < 1 || d->stride_w < 1)
+        return dt_error(DT_ERR_INVALID, "pool2d: stride (%d, %d) must be >= 1", d->stride_h, d->stride_w);
+    if (d->pad_h < 0 || d->pad_w < 0 || 2 * d->pad_h > d->kh || 2 * d->pad_w > d->kw)
+        return dt_error(DT_ERR_INVALID, "pool2d: padding (%d, %d) must be >= 0 and at most half the kernel (%d, %d)",
+                        d->pad_h, d->pad_w, d->kh, d->kw);
+    int64_t hp = (int64_t)d->H + 2 * (int64_t)d->pad_h - d->kh, wp = (int64_t)d->W + 2 * (int64_t)d->pad_w - d->kw;
+    if (hp < 0 || wp < 0)
+        return dt_error(DT_ERR_INVALID, "pool2d: window %dx%d is larger than the padded input", d->kh, d->kw);
+    d->P = (int)(hp / d->stride_h + 1);
+    d->Q = (int)(wp / d->stride_w + 1);
+    return DT_OK;
+}

@@ -1,0 +1,77 @@
+/*
+ * ops_elem.h: the element-wise activations of the compute interface — their list and
+ * their scalar math, shared by the CPU and the CUDA backend.
+ *
+ * An activation is one row of DT_OPS_ELEM plus two scalar functions here:
+ *   dt_<name>_fwd(x)      -> y
+ *   dt_<name>_bwd(dy, s)  -> dx, where s is what the row says backward reads: the
+ *                            forward INPUT x or the forward OUTPUT y.
+ * From the row, ops.h makes the ops <name>_forward (y, x, n) and <name>_backward
+ * (dx, dy, x or y, n); src/cpu/cpu_elem.c makes their OpenMP loops, src/cuda/
+ * cuda_elem.cu their grid-stride kernels and launchers, and tests/ops_cases.c their
+ * cases of the op test. Nothing else is written per activation. (The layer that uses
+ * the ops is a row of the layer table, in src/nn.c.)
+ *
+ * The functions are static inline and __host__ __device__ under nvcc (DT_HD), so both
+ * backends run the same expression; with no fused multiply-adds on either side
+ * (-ffp-contract=off, --fmad=false), the bits differ only where CUDA's expf/erff/tanhf
+ * differ from glibc's. The tolerance column states that contract for the op test:
+ * 0 = the CUDA backend must match the CPU bit for bit, otherwise the normwise bound.
+ */
+#ifndef DT_OPS_ELEM_H
+#define DT_OPS_ELEM_H
+
+#include <math.h>
+
+#ifndef DT_HD
+#ifdef __CUDACC__
+#define DT_HD __host__ __device__
+#else
+#define DT_HD
+#endif
+#endif
+
+/* DT_OPS_ELEM(M, X) calls M(X, name, saved, gpu_tol) for every activation, in order.
+ * saved: x (backward reads the forward input) or y (the forward output). X is passed
+ * through for list builders that expand each row into several entries (ops.h). */
+#define DT_OPS_ELEM(M, X) \
+    M(X, relu,    y, 0)     /* max(x, 0); dx = dy where y > 0 */ \
+    M(X, gelu,    x, 1e-6)  /* exact: x * Phi(x) with erf, as nn.GELU() */ \
+    M(X, tanh,    y, 1e-6)  /* dx = dy * (1 - y^2) */ \
+    M(X, silu,    x, 1e-6)  /* x * sigmoid(x), as nn.SiLU() */ \
+    M(X, sigmoid, y, 1e-6)  /* 1 / (1 + exp(-x)), as nn.Sigmoid(); dx = dy * y * (1 - y) */
+
+static inline DT_HD float dt_relu_fwd(float x) { return x > 0.0f ? x : 0.0f; }
+static inline DT_HD float dt_relu_bwd(float dy, float y) { return y > 0.0f ? dy : 0.0f; }
+
+#define DT_SQRT1_2F 0.70710678118654752440f   /* (float)M_SQRT1_2, spelled out: strict C11 has no M_ constants */
+
+static inline DT_HD float dt_gelu_fwd(float x) { return 0.5f * x * (1.0f + erff(x * DT_SQRT1_2F)); }
+static inline DT_HD float dt_gelu_bwd(float dy, float x) {
+    const float inv_sqrt_2pi = 0.39894228040143267794f;
+    float cdf = 0.5f * (1.0f + erff(x * DT_SQRT1_2F));
+    float pdf = inv_sqrt_2pi * expf(-0.5f * x * x);
+    return dy * (cdf + x * pdf);
+}
+
+static inline DT_HD float dt_tanh_fwd(float x) { return tanhf(x); }
+static inline DT_HD float dt_tanh_bwd(float dy, float y) { return dy * (1.0f - y * y); }
+
+/* exp of a non-positive argument only, so no overflow for any x: for x < 0,
+ * 1/(1 + e^-x) = e^x/(1 + e^x). NaN stays NaN. */
+static inline DT_HD float dt_sigmoid_fwd(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+/* PyTorch's order: dy * (1 - y) * y */
+static inline DT_HD float dt_sigmoid_bwd(float dy, float y) { return dy * (1.0f - y) * y; }
+
+static inline DT_HD float dt_silu_fwd(float x) { return x * dt_sigmoid_fwd(x); }
+/* d/dx x*s(x) = s * (1 + x * (1 - s)), PyTorch's formula */
+static inline DT_HD float dt_silu_bwd(float dy, float x) {
+    float s = dt_sigmoid_fwd(x);
+    return dy * s * (1.0f + x * (1.0f - s));
+}
+
+#endif /* DT_OPS_ELEM_H */
