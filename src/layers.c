@@ -301,7 +301,8 @@ const dt_layer_def dt_layer_def_relu = {
 };
 
 /* An element-wise activation whose backward reads the forward's input (SAVED = x)
- * or output (SAVED = L->y): one line per kind over its two ops. */
+ * or output (SAVED = L->y), as its row in src/ops_elem.h says: one line per kind
+ * over its two ops. */
 #define ELEMENTWISE_ROW(NAME, TORCH, SAVED)                                                       \
     static dt_status NAME##_fwd(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {         \
         return c->ops->NAME##_forward(L->y, x, (size_t)B * (size_t)L->out_numel);                 \
@@ -318,6 +319,8 @@ const dt_layer_def dt_layer_def_relu = {
 
 ELEMENTWISE_ROW(gelu, "nn.GELU", x)
 ELEMENTWISE_ROW(tanh, "nn.Tanh", L->y)
+ELEMENTWISE_ROW(silu, "nn.SiLU", x)
+ELEMENTWISE_ROW(sigmoid, "nn.Sigmoid", L->y)
 
 /* ---- dropout -------------------------------------------------------------- */
 

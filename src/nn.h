@@ -46,6 +46,8 @@
     X(RELU, relu)                                                                          \
     X(GELU, gelu)                 /* exact (erf) GELU, PyTorch's default */                \
     X(TANH, tanh)                                                                          \
+    X(SILU, silu)                 /* x * sigmoid(x), as nn.SiLU */                         \
+    X(SIGMOID, sigmoid)                                                                    \
     X(DROPOUT, dropout)           /* dropout(p), inverted: kept values scaled by 1/(1-p) */ \
     X(FLATTEN, flatten)           /* (C,H,W) -> (C*H*W) */                                 \
     X(RESIDUAL, residual)         /* residual(layers...): opens y = x + f(x) */            \

@@ -10,7 +10,8 @@
  * (dx, dy, x or y, n); src/cpu/cpu_elem.c makes their OpenMP loops, src/cuda/
  * cuda_elem.cu their grid-stride kernels and launchers, and tests/ops_cases.c their
  * cases of the op test. Nothing else is written per activation. (The layer that uses
- * the ops is a row of the layer table, in src/nn.c.)
+ * the ops is one line of the layer table in src/layers.c and one entry of
+ * DT_LAYER_LIST in src/nn.h.)
  *
  * The functions are static inline and __host__ __device__ under nvcc (DT_HD), so both
  * backends run the same expression; with no fused multiply-adds on either side

@@ -280,6 +280,8 @@ int main(void) {
         { "relu", 1, 2, 1, 1, 1e-2f },
         { "gelu", 1, 2, 1, 0, 1e-2f },
         { "tanh", 0, 3, 1, 0, 1e-2f },
+        { "silu", 1, 2, 1, 0, 1e-2f },
+        { "sigmoid", 0, 3, 1, 0, 1e-2f },
         { "dropout(0.3)", 0, 4, 1, 0, 1e-2f },       /* fixed mask: same (seed, epoch, sample) */
         { "flatten", 1, 2, 1, 0, 1e-2f },
     };
