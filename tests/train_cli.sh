@@ -66,6 +66,12 @@ bad "^dtrain: --batch: the global batch 100 is not divisible" "a batch that micr
 bad "^dtrain: --checkpoint-dir: required to resume 'auto'" "--resume auto without a checkpoint directory" train --data "$DATA" --resume auto
 bad "^dtrain: --schedule: expected cosine, constant or step, got 'linear'" "an unknown --schedule" train --data "$DATA" --schedule linear
 bad "unknown command" "an unknown command" frobnicate
+bad "/nonexistent" "dtrain model with a missing data directory" model --model cnn --data /nonexistent/dir
+bad "/nonexistent/spec.txt" "dtrain model with a missing @FILE" model --model @/nonexistent/spec.txt
+bad "empty layer list" "dtrain model with an empty residual block" model --model "conv(4,3) residual()"
+run model --model resnet > "$T/sum3" 2>&1
+ok_grep "$T/sum3" "Total params: 112,106" "model summary of the resnet preset"
+ok_grep "$T/sum3" "^4\.3 +conv\(32,3,pad=1,bias=0\)" "the summary names layers inside a block by their module path"
 "$D" train --help > "$T/help" 2>&1; ok $? "train --help exits 0"
 ok_grep "$T/help" "--micro-batches" "train --help documents the flags"
 done_testing

@@ -473,7 +473,8 @@ static int cmd_model(int argc, char **argv) {
     dt_shape shape = {0};
     if (data) {
         dt_dataset *ds = NULL;
-        if ((s = dt_dataset_open(data, DT_SPLIT_TEST, &ds)) != DT_OK) return fail(s);
+        /* a data set that cannot be opened is bad input here (exit 2), as in eval */
+        if ((s = dt_dataset_open(data, DT_SPLIT_TEST, &ds)) != DT_OK) return fail(s == DT_ERR_IO ? DT_ERR_INVALID : s);
         const dt_dataset_info *info = dt_dataset_get_info(ds);
         shape.ndim = info->ndim;
         for (int i = 0; i < info->ndim; i++) shape.d[i] = info->shape[i];
@@ -490,7 +491,7 @@ static int cmd_model(int argc, char **argv) {
         if (s != DT_OK) return fail(s);
     }
     dt_spec sp;
-    if ((s = dt_spec_parse(spec, &sp)) != DT_OK) return fail(s);
+    if ((s = dt_spec_parse(spec, &sp)) != DT_OK) return fail(s == DT_ERR_IO ? DT_ERR_INVALID : s);
     if ((s = dt_spec_infer(&sp, &shape)) != DT_OK) { dt_spec_free(&sp); return fail(s); }
     size_t need = dt_spec_summary(&sp, &shape, NULL, 0);
     char *text = malloc(need + 1);
