@@ -15,6 +15,23 @@ AC_DEFUN([DT_CHECK_OPENBLAS], [
   AC_SUBST([OPENBLAS_LIBS])
 ])
 
+# DT_CHECK_VISIBILITY: DT_VISIBILITY_CFLAGS=-fvisibility=hidden when the compiler takes it
+# and honours visibility("default") (GCC, clang), so libdtrain.so exports only the functions
+# src/dt_api.h's DT_API marks; empty otherwise (everything is exported, as before).
+AC_DEFUN([DT_CHECK_VISIBILITY], [
+  AC_MSG_CHECKING([whether $CC supports -fvisibility=hidden])
+  dt_save_CFLAGS=$CFLAGS; CFLAGS="$CFLAGS -fvisibility=hidden -Werror"
+  AC_COMPILE_IFELSE([AC_LANG_PROGRAM([[__attribute__((visibility("default"))) int dt_conftest_api(void);
+int dt_conftest_api(void) { return 0; }]], [[return dt_conftest_api();]])],
+    [dt_visibility=yes], [dt_visibility=no])
+  CFLAGS=$dt_save_CFLAGS
+  AC_MSG_RESULT([$dt_visibility])
+  AS_IF([test "x$dt_visibility" = "xyes"],
+    [DT_VISIBILITY_CFLAGS=-fvisibility=hidden; dt_visibility_summary="the DT_API functions (-fvisibility=hidden)"],
+    [DT_VISIBILITY_CFLAGS=; dt_visibility_summary="every symbol (no -fvisibility=hidden)"])
+  AC_SUBST([DT_VISIBILITY_CFLAGS])
+])
+
 # DT_CHECK_MPI: --with-mpi[=DIR]. Default: use Open MPI's mpicc if found, and say so.
 # We keep CC as it is and take MPI's flags from the wrapper, so only src/comm/mpi.c needs them.
 AC_DEFUN([DT_CHECK_MPI], [

@@ -18,21 +18,21 @@
 
 /* Write the model's state (parameters and buffers) to path, with metadata
  * key/value pairs (meta may be NULL; nmeta pairs as {k0, v0, k1, v1, ...}). */
-dt_status dt_model_save(dt_model *m, const char *path, const char *const *meta, int nmeta);
+DT_API dt_status dt_model_save(dt_model *m, const char *path, const char *const *meta, int nmeta);
 
 /* Load weights saved by dt_model_save (or by PyTorch's safetensors) into m. */
-dt_status dt_model_load(dt_model *m, const char *path);
+DT_API dt_status dt_model_load(dt_model *m, const char *path);
 
 /* ---- building blocks (shared with the training checkpoints of ckpt.h) ---- */
 
 /* Copy the model's state to one malloc'd host buffer *host (*nbytes), laid out
  * as the file's data region (tensors back to back in state_dict order), and add
  * each tensor to w. Free *host after the write. */
-dt_status dt_model_state_add(dt_model *m, dt_st_writer *w, void **host, size_t *nbytes);
+DT_API dt_status dt_model_state_add(dt_model *m, dt_st_writer *w, void **host, size_t *nbytes);
 /* Check that f holds exactly the model's state (names, dtypes, shapes); the
  * error names label and the first mismatched tensor. Changes nothing. */
-dt_status dt_model_state_check(dt_model *m, const dt_st_file *f, const char *label);
+DT_API dt_status dt_model_state_check(dt_model *m, const dt_st_file *f, const char *label);
 /* Copy f's tensors into the model (after dt_model_state_check). */
-dt_status dt_model_state_copy(dt_model *m, const dt_st_file *f);
+DT_API dt_status dt_model_state_copy(dt_model *m, const dt_st_file *f);
 
 #endif /* DT_CHECKPOINT_H */

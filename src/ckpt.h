@@ -71,10 +71,10 @@ typedef struct dt_ckpt dt_ckpt;  /* an opened, verified checkpoint */
  * wants back on resume (e.g. running loss sums). The optimizer's state must
  * live on the model's device (its arrays are copied with the model's ops).
  * Call it on one rank (rank 0): the state is global. */
-dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *o, const dt_ckpt_info *info,
-                       const char *const *extra, int nextra);
+DT_API dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *o, const dt_ckpt_info *info,
+                              const char *const *extra, int nextra);
 /* "DIR/step-000000000100" into path (n bytes); DT_ERR_INVALID if it does not fit. */
-dt_status dt_ckpt_path(const char *dir, int64_t step, char *path, size_t n);
+DT_API dt_status dt_ckpt_path(const char *dir, int64_t step, char *path, size_t n);
 
 /* ---- finding ---------------------------------------------------------------- */
 
@@ -83,25 +83,25 @@ dt_status dt_ckpt_path(const char *dir, int64_t step, char *path, size_t n);
  * into skipped (optional, skipped_n bytes, "" when none). DT_ERR_IO "no
  * checkpoint in DIR" when DIR is missing or holds none; DT_ERR_FORMAT when
  * every one is invalid. */
-dt_status dt_ckpt_latest(const char *dir, char *path, size_t n, char *skipped, size_t skipped_n);
+DT_API dt_status dt_ckpt_latest(const char *dir, char *path, size_t n, char *skipped, size_t skipped_n);
 
 /* ---- reading ---------------------------------------------------------------- */
 
 /* Read both files of the checkpoint directory path into memory and verify them
  * (format, checksums, metadata); nothing is applied yet. */
-dt_status           dt_ckpt_open(const char *path, dt_ckpt **out);
-void                dt_ckpt_close(dt_ckpt *c);                         /* NULL is fine */
-const dt_ckpt_info *dt_ckpt_info_of(const dt_ckpt *c);                  /* valid until close */
-const char         *dt_ckpt_extra(const dt_ckpt *c, const char *key);   /* a trainer value, or NULL */
+DT_API dt_status           dt_ckpt_open(const char *path, dt_ckpt **out);
+DT_API void                dt_ckpt_close(dt_ckpt *c);                         /* NULL is fine */
+DT_API const dt_ckpt_info *dt_ckpt_info_of(const dt_ckpt *c);                  /* valid until close */
+DT_API const char         *dt_ckpt_extra(const dt_ckpt *c, const char *key);   /* a trainer value, or NULL */
 /* Check the model's tensors (names, shapes, dtypes) and the optimizer (kind,
  * state names and sizes) against the checkpoint, then, only if all of it
  * matches, copy the state in and set the optimizer's step count. o may be
  * NULL (weights only). On a check failure m and o are unchanged; another
  * optimizer is refused naming both ("checkpoint DIR was written by optimizer
  * 'adamw'; this run uses 'sgd'"). */
-dt_status           dt_ckpt_restore(dt_ckpt *c, dt_model *m, dt_optim *o);
+DT_API dt_status           dt_ckpt_restore(dt_ckpt *c, dt_model *m, dt_optim *o);
 /* Open + restore in one call; *out (optional) receives the open checkpoint
  * for its info and extras (close it), else it is closed. */
-dt_status           dt_ckpt_load(const char *path, dt_model *m, dt_optim *o, dt_ckpt **out);
+DT_API dt_status           dt_ckpt_load(const char *path, dt_model *m, dt_optim *o, dt_ckpt **out);
 
 #endif /* DT_CKPT_H */

@@ -68,28 +68,28 @@ typedef struct dt_loader  dt_loader;
 
 /* ---- datasets ------------------------------------------------------------ */
 /* Default options: DT_NORM_AUTO, classes from the train split. */
-void      dt_data_opts_default(dt_data_opts *o);
+DT_API void      dt_data_opts_default(dt_data_opts *o);
 /* Open one split of a spec (see above) with default options. */
-dt_status dt_dataset_open(const char *spec, dt_split split, dt_dataset **out);
+DT_API dt_status dt_dataset_open(const char *spec, dt_split split, dt_dataset **out);
 /* The same with options (opts may be NULL). The test split reads the training
  * features once to get their statistics. */
-dt_status dt_dataset_open_opts(const char *spec, dt_split split, const dt_data_opts *opts, dt_dataset **out);
+DT_API dt_status dt_dataset_open_opts(const char *spec, dt_split split, const dt_data_opts *opts, dt_dataset **out);
 /* Both splits, computing the training statistics once (test may be NULL). */
-dt_status dt_dataset_open_pair(const char *spec, const dt_data_opts *opts, dt_dataset **train, dt_dataset **test);
+DT_API dt_status dt_dataset_open_pair(const char *spec, const dt_data_opts *opts, dt_dataset **train, dt_dataset **test);
 /* A synthetic dataset: n samples of (c, h, w), `classes` classes; split picks
  * an independent stream of samples over the same class prototypes. */
-dt_status dt_dataset_synthetic(int64_t n, int c, int h, int w, int classes, uint64_t seed, dt_split split,
-                               dt_dataset **out);
-void      dt_dataset_free(dt_dataset *ds);
+DT_API dt_status dt_dataset_synthetic(int64_t n, int c, int h, int w, int classes, uint64_t seed, dt_split split,
+                                      dt_dataset **out);
+DT_API void      dt_dataset_free(dt_dataset *ds);
 /* Shape, size, classes and statistics. */
-const dt_dataset_info *dt_dataset_get_info(const dt_dataset *ds);
+DT_API const dt_dataset_info *dt_dataset_get_info(const dt_dataset *ds);
 /* Features (n, sample_size) and labels (n), row-major. */
-const float   *dt_dataset_features(const dt_dataset *ds);
-const int32_t *dt_dataset_labels(const dt_dataset *ds);
+DT_API const float   *dt_dataset_features(const dt_dataset *ds);
+DT_API const int32_t *dt_dataset_labels(const dt_dataset *ds);
 /* What the dataset was read from ("DIR/train-images-idx3-ubyte.gz", "synthetic:..."). */
-const char    *dt_dataset_source(const dt_dataset *ds);
+DT_API const char    *dt_dataset_source(const dt_dataset *ds);
 /* Copy samples idx[0..n) into x (n, sample_size) and y (n); checks every index. */
-dt_status dt_dataset_gather(const dt_dataset *ds, const int64_t *idx, size_t n, float *x, int32_t *y);
+DT_API dt_status dt_dataset_gather(const dt_dataset *ds, const int64_t *idx, size_t n, float *x, int32_t *y);
 
 /* ---- raw readers (also for tools and tests) ------------------------------ */
 /* An array read from an IDX or NPY file. Its element type is one of the
@@ -104,8 +104,8 @@ typedef struct {
 
 /* Read an IDX file (raw or gzip) or a .npy file (v1/v2/v3, little-endian, C order),
  * telling them apart by content. */
-dt_status dt_array_read(const char *path, dt_array *out);
-void      dt_array_free(dt_array *a);
+DT_API dt_status dt_array_read(const char *path, dt_array *out);
+DT_API void      dt_array_free(dt_array *a);
 
 /* ---- prefetching loader -------------------------------------------------- */
 /* Host buffer allocation hooks, so the trainer can hand in pinned memory from
@@ -119,23 +119,23 @@ typedef struct {
 } dt_loader_opts;
 
 /* A loader over ds for batches of up to max_batch samples (opts may be NULL). */
-dt_status dt_loader_init(const dt_dataset *ds, size_t max_batch, dt_loader **out);
-dt_status dt_loader_init_opts(const dt_dataset *ds, size_t max_batch, const dt_loader_opts *opts,
-                              dt_loader **out);
+DT_API dt_status dt_loader_init(const dt_dataset *ds, size_t max_batch, dt_loader **out);
+DT_API dt_status dt_loader_init_opts(const dt_dataset *ds, size_t max_batch, const dt_loader_opts *opts,
+                                     dt_loader **out);
 /* Queue a batch: the indices are copied; the background thread gathers it.
  * Fails (without blocking) when `depth` batches are already queued or held. */
-dt_status dt_loader_submit(dt_loader *l, const int64_t *idx, size_t n);
+DT_API dt_status dt_loader_submit(dt_loader *l, const int64_t *idx, size_t n);
 /* The oldest queued batch: x is (n, sample_size), y is (n). Waits for it, and
  * releases the batch returned by the previous call. Errors of the gathering
  * thread come back here with their message. */
-dt_status dt_loader_next(dt_loader *l, float **x, int32_t **y, size_t *n);
+DT_API dt_status dt_loader_next(dt_loader *l, float **x, int32_t **y, size_t *n);
 /* Release the batch returned by next() early (e.g. once copied to the device). */
-void      dt_loader_release(dt_loader *l);
+DT_API void      dt_loader_release(dt_loader *l);
 /* Seconds next() spent waiting for the thread so far, and batches delivered. */
-double    dt_loader_wait_seconds(const dt_loader *l);
-int64_t   dt_loader_batches(const dt_loader *l);
-void      dt_loader_reset_wait(dt_loader *l);
+DT_API double    dt_loader_wait_seconds(const dt_loader *l);
+DT_API int64_t   dt_loader_batches(const dt_loader *l);
+DT_API void      dt_loader_reset_wait(dt_loader *l);
 /* Stop the thread and free the buffers. */
-void      dt_loader_free(dt_loader *l);
+DT_API void      dt_loader_free(dt_loader *l);
 
 #endif /* DT_DATA_H */

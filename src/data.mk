@@ -1,11 +1,11 @@
 # src/data.mk: datasets (IDX, NPY, synthetic), the prefetching loader, the
 # world-size-invariant sampler, safetensors files and atomic writes (see Makefile.am).
-libdtrain_la_SOURCES += src/data.c src/data_read.c src/data_loader.c src/sampler.c \
+libdtrain_core_la_SOURCES += src/data.c src/data_read.c src/data_loader.c src/sampler.c \
 	src/safetensors.c src/safetensors_read.c src/safetensors_impl.h src/fileio.c
 dtraininclude_HEADERS += src/data.h src/sampler.h src/safetensors.h src/fileio.h
 
 check_PROGRAMS += tests/test_sampler tests/test_data tests/test_safetensors
 TESTS += tests/test_sampler tests/test_data tests/test_safetensors
 # test_data writes gzip files itself
-tests_test_data_LDADD = libdtrain.la $(ZLIB_LIBS)
+tests_test_data_LDADD = libdtrain_core.la $(ZLIB_LIBS)
 EXTRA_DIST += tests/tmpfiles.h

@@ -36,33 +36,33 @@ typedef struct {
     int    sync_bn;             /* 1: batchnorm statistics over all ranks (synchronised BN) */
 } dt_ddp_opts;
 
-void      dt_ddp_opts_default(dt_ddp_opts *o);
+DT_API void      dt_ddp_opts_default(dt_ddp_opts *o);
 /* DDP for model m over comm (NULL or size 1: only the local accumulation) with
  * k local micro-batches per step. Installs the model's grad_ready (and, with
  * sync_bn, bn_sync) hooks. */
-dt_status dt_ddp_init(dt_model *m, dt_comm *comm, int64_t k, const dt_ddp_opts *o, dt_ddp **out);
-void      dt_ddp_free(dt_ddp *d);
+DT_API dt_status dt_ddp_init(dt_model *m, dt_comm *comm, int64_t k, const dt_ddp_opts *o, dt_ddp **out);
+DT_API void      dt_ddp_free(dt_ddp *d);
 
 /* Start of the run: every rank must hold the same architecture (the parameter
  * names and shapes are compared across ranks: the error names the first
  * parameter that differs and the ranks), then rank 0's parameters and buffers
  * are broadcast and their checksums verified equal on all ranks. */
-dt_status dt_ddp_sync_start(dt_ddp *d);
+DT_API dt_status dt_ddp_sync_start(dt_ddp *d);
 
 /* Per step: call begin_micro(i) before the backward of local micro-batch i
  * (0 .. k-1), then finish() after the last one; the gradient array then holds
  * the global sum. *wait_s (optional) receives the seconds finish() waited for
  * communication (the part backward did not hide). */
-dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i);
-dt_status dt_ddp_finish(dt_ddp *d, double *wait_s);
+DT_API dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i);
+DT_API dt_status dt_ddp_finish(dt_ddp *d, double *wait_s);
 
 /* Compare every parameter across ranks (norm and 64-bit hash): DT_ERR_MISMATCH
  * naming the first parameter and the ranks that differ. */
-dt_status dt_ddp_check_equal(dt_ddp *d);
+DT_API dt_status dt_ddp_check_equal(dt_ddp *d);
 
 /* All-gather over device memory (bytes per rank; send may lie in recv at this
  * rank's place): direct when the backend takes device pointers or the device's
  * memory is host memory, else through a host copy. */
-dt_status dt_ddp_allgather_dev(dt_ddp *d, const void *send, void *recv, size_t bytes);
+DT_API dt_status dt_ddp_allgather_dev(dt_ddp *d, const void *send, void *recv, size_t bytes);
 
 #endif /* DT_DDP_H */

@@ -1,7 +1,8 @@
 /*
  * dtrain.h: the public interface of libdtrain, one header to include.
  *
- *   status.h       errors: dt_status, dt_last_error()
+ *   status.h       errors: dt_status, dt_last_error() (and dt_api.h: DT_API, the
+ *                  mark of every function libdtrain exports)
  *   dtype.h        element types (one table: sizes, names in each file format),
  *                  f16/bf16 conversions
  *   hash.h         XXH64 and the counter-based dt_hash_u64

@@ -54,19 +54,19 @@ typedef struct {
 
 /* ---- traits and names (dtype.c) --------------------------------------------------- */
 
-const dt_dtype_traits *dt_dtype_traits_of(dt_dtype t);   /* NULL if t is not a dtype */
-size_t      dt_dtype_size   (dt_dtype t);                 /* bytes per element; 0 if invalid */
-const char *dt_dtype_name   (dt_dtype t);                 /* "f32", "bf16", ...; "?" if invalid */
-const char *dt_dtype_st_name(dt_dtype t);                 /* "F32", "BF16", ...; "?" if invalid */
+DT_API const dt_dtype_traits *dt_dtype_traits_of(dt_dtype t);   /* NULL if t is not a dtype */
+DT_API size_t      dt_dtype_size   (dt_dtype t);                 /* bytes per element; 0 if invalid */
+DT_API const char *dt_dtype_name   (dt_dtype t);                 /* "f32", "bf16", ...; "?" if invalid */
+DT_API const char *dt_dtype_st_name(dt_dtype t);                 /* "F32", "BF16", ...; "?" if invalid */
 /* "f32" | "float32" | "float" | "half" | ... (case-insensitive); DT_ERR_INVALID
  * listing the names otherwise. */
-dt_status   dt_dtype_parse  (const char *s, dt_dtype *out);
+DT_API dt_status   dt_dtype_parse  (const char *s, dt_dtype *out);
 /* A safetensors dtype name ("F32", exact case); DT_ERR_FORMAT when unknown. */
-dt_status   dt_dtype_from_st(const char *st_name, dt_dtype *out);
+DT_API dt_status   dt_dtype_from_st(const char *st_name, dt_dtype *out);
 /* A NumPy type code without its byte-order character ("f4", "u1"); 0 when unknown. */
-int         dt_dtype_from_npy(const char *code, dt_dtype *out);
+DT_API int         dt_dtype_from_npy(const char *code, dt_dtype *out);
 /* An IDX element type code (0x08 u8, ..., 0x0E f64); 0 when unknown. */
-int         dt_dtype_from_idx(unsigned code, dt_dtype *out);
+DT_API int         dt_dtype_from_idx(unsigned code, dt_dtype *out);
 
 /* ---- f16 / bf16 <-> f32 ----------------------------------------------------------- */
 

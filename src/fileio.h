@@ -20,19 +20,19 @@ typedef struct dt_afile dt_afile;
 
 /* ---- reading -------------------------------------------------------------- */
 /* Open a regular file read-only; *size is its length. DT_ERR_IO naming path. */
-dt_status dt_file_open_read(const char *path, int *fd, int64_t *size);
+DT_API dt_status dt_file_open_read(const char *path, int *fd, int64_t *size);
 /* Exactly n bytes at offset off (64-bit); a short read is DT_ERR_FORMAT (truncated). */
-dt_status dt_file_pread(int fd, const char *path, void *buf, size_t n, int64_t off);
+DT_API dt_status dt_file_pread(int fd, const char *path, void *buf, size_t n, int64_t off);
 
 /* ---- atomic writing ------------------------------------------------------- */
 /* Start writing path: the bytes go to path.tmp.XXXXXX beside it. */
-dt_status dt_afile_open(const char *path, dt_afile **out);
-dt_status dt_afile_write(dt_afile *f, const void *buf, size_t n);
+DT_API dt_status dt_afile_open(const char *path, dt_afile **out);
+DT_API dt_status dt_afile_write(dt_afile *f, const void *buf, size_t n);
 /* fsync, rename over path, fsync the directory; frees f whatever happens. */
-dt_status dt_afile_commit(dt_afile *f);
+DT_API dt_status dt_afile_commit(dt_afile *f);
 /* Drop the temporary file; path is left as it was. */
-void      dt_afile_abort(dt_afile *f);
+DT_API void      dt_afile_abort(dt_afile *f);
 /* The whole of it in one call. */
-dt_status dt_write_atomic(const char *path, const void *buf, size_t n);
+DT_API dt_status dt_write_atomic(const char *path, const void *buf, size_t n);
 
 #endif /* DT_FILEIO_H */

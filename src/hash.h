@@ -16,9 +16,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dt_api.h"
+
 /* XXH64 of n bytes with a seed. */
-uint64_t dt_xxh64  (const void *p, size_t n, uint64_t seed);
+DT_API uint64_t dt_xxh64  (const void *p, size_t n, uint64_t seed);
 /* A 64-bit hash of (key, a, b): three chained SplitMix64 finaliser rounds. */
-uint64_t dt_hash_u64(uint64_t key, uint64_t a, uint64_t b);
+DT_API uint64_t dt_hash_u64(uint64_t key, uint64_t a, uint64_t b);
 
 #endif /* DT_HASH_H */

@@ -42,13 +42,13 @@ typedef struct {
 } dt_spec;
 
 /* The text of a preset ("mlp", "cnn"), or NULL when name is not one. */
-const char *dt_spec_preset(const char *name);
+DT_API const char *dt_spec_preset(const char *name);
 /* Parse a preset name, "@file", an existing file path, or a layer list. */
-dt_status   dt_spec_parse(const char *spec, dt_spec *out);
+DT_API dt_status   dt_spec_parse(const char *spec, dt_spec *out);
 /* Infer shapes and parameter counts for a per-sample input shape ((C,H,W) or (F)). */
-dt_status   dt_spec_infer(dt_spec *s, const dt_shape *input);
+DT_API dt_status   dt_spec_infer(dt_spec *s, const dt_shape *input);
 /* Release a parsed spec. */
-void        dt_spec_free(dt_spec *s);
+DT_API void        dt_spec_free(dt_spec *s);
 
 /* ---- model --------------------------------------------------------------- */
 
@@ -64,24 +64,24 @@ typedef struct {
 /* Build a model: parse spec, infer shapes for input, allocate parameters,
  * gradients, buffers and activations for up to max_batch samples with ops, and
  * initialise parameters as PyTorch does from (seed, parameter index). */
-dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *ops,
-                         uint64_t seed, int max_batch, dt_model **out);
+DT_API dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *ops,
+                                uint64_t seed, int max_batch, dt_model **out);
 /* Release everything the model holds (NULL is fine). */
-void      dt_model_free(dt_model *m);
+DT_API void      dt_model_free(dt_model *m);
 
-int             dt_model_nlayers(const dt_model *m);
-const dt_layer *dt_model_layer(const dt_model *m, int i);
-const dt_shape *dt_model_output_shape(const dt_model *m);
-int             dt_model_max_batch(const dt_model *m);
-const dt_ops   *dt_model_ops(const dt_model *m);
+DT_API int             dt_model_nlayers(const dt_model *m);
+DT_API const dt_layer *dt_model_layer(const dt_model *m, int i);
+DT_API const dt_shape *dt_model_output_shape(const dt_model *m);
+DT_API int             dt_model_max_batch(const dt_model *m);
+DT_API const dt_ops   *dt_model_ops(const dt_model *m);
 
 /* Flat device arrays: parameters and gradients (nparams floats each, same
  * layout), float buffers (running_mean/var, nbuffers floats). */
-size_t dt_model_nparams(const dt_model *m);
-float *dt_model_params(dt_model *m);
-float *dt_model_grads(dt_model *m);
-size_t dt_model_nbuffers(const dt_model *m);
-float *dt_model_buffers(dt_model *m);
+DT_API size_t dt_model_nparams(const dt_model *m);
+DT_API float *dt_model_params(dt_model *m);
+DT_API float *dt_model_grads(dt_model *m);
+DT_API size_t dt_model_nbuffers(const dt_model *m);
+DT_API float *dt_model_buffers(dt_model *m);
 
 /* One named tensor of the model's state, in PyTorch state_dict order. */
 typedef struct {
@@ -99,17 +99,17 @@ typedef struct {
 } dt_tensor_info;
 
 /* Number of parameter tensors, and the i-th one (model.parameters() order). */
-int       dt_model_nparam_tensors(const dt_model *m);
-dt_status dt_model_param(dt_model *m, int i, dt_tensor_info *info);
+DT_API int       dt_model_nparam_tensors(const dt_model *m);
+DT_API dt_status dt_model_param(dt_model *m, int i, dt_tensor_info *info);
 /* Number of state tensors (parameters and buffers), and the i-th (state_dict order). */
-int       dt_model_nstate(const dt_model *m);
-dt_status dt_model_state(dt_model *m, int i, dt_tensor_info *info);
+DT_API int       dt_model_nstate(const dt_model *m);
+DT_API dt_status dt_model_state(dt_model *m, int i, dt_tensor_info *info);
 /* Find a state tensor by name; DT_ERR_INVALID if absent. */
-dt_status dt_model_state_find(dt_model *m, const char *name, dt_tensor_info *info);
+DT_API dt_status dt_model_state_find(dt_model *m, const char *name, dt_tensor_info *info);
 
 /* Hooks (see the typedefs above). */
-void dt_model_set_bn_sync(dt_model *m, dt_bn_sync_fn fn, void *ctx);
-void dt_model_set_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ctx);
+DT_API void dt_model_set_bn_sync(dt_model *m, dt_bn_sync_fn fn, void *ctx);
+DT_API void dt_model_set_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ctx);
 
 /* Deferred batchnorm running statistics, for world-size invariance. A rank
  * that runs only its own micro-batches would otherwise update the running
@@ -120,34 +120,34 @@ void dt_model_set_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ctx);
  * the buffers; the trainer gathers the records of all micro-batches and
  * replays them in global micro-batch order on every rank, which gives the
  * buffers (and num_batches_tracked) of a single process bit for bit. */
-size_t    dt_model_bn_record_size(const dt_model *m);     /* 0 when the model has no bn */
-void      dt_model_set_bn_record(dt_model *m, float *record);  /* NULL: update in place (default) */
-dt_status dt_model_bn_replay(dt_model *m, const float *record);
+DT_API size_t    dt_model_bn_record_size(const dt_model *m);     /* 0 when the model has no bn */
+DT_API void      dt_model_set_bn_record(dt_model *m, float *record);  /* NULL: update in place (default) */
+DT_API dt_status dt_model_bn_replay(dt_model *m, const float *record);
 
 /* Forward pass over x (B, input shape), device memory, B <= max_batch. train
  * selects batch statistics and dropout; dropout masks are keyed by
  * (seed, epoch, sample_base + i) for sample i of the batch. *out (optional)
  * receives the device output (B, output shape), valid until the next forward.
  * x must stay unchanged until the backward of this forward. */
-dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
-                           uint64_t epoch, int64_t sample_base, const float **out);
+DT_API dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
+                                  uint64_t epoch, int64_t sample_base, const float **out);
 /* Loss of the last forward and backward through the model. target: int32
  * labels (B) for cross-entropy, float (B, output shape) for MSE, device memory.
  * The loss is sum over the batch of per-sample losses / normaliser (MSE per
  * sample is the mean over features, as PyTorch's mean MSELoss when
  * normaliser = B); the gradient of that value OVERWRITES the grad array.
  * *loss_out (optional) receives it. */
-dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *target,
-                                 int B, float normaliser, float *loss_out);
+DT_API dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *target,
+                                        int B, float normaliser, float *loss_out);
 /* Loss only (no backward), e.g. for evaluation; *correct (optional, CE only)
  * receives the number of samples whose argmax equals the label. */
-dt_status dt_model_loss(dt_model *m, const dt_loss *loss, const void *target, int B,
-                        float normaliser, float *loss_out, int64_t *correct);
+DT_API dt_status dt_model_loss(dt_model *m, const dt_loss *loss, const void *target, int B,
+                               float normaliser, float *loss_out, int64_t *correct);
 
 /* Write a torchinfo-like table (layer, output shape, parameter count, totals)
  * into buf (always NUL-terminated); returns the length the full text needs. */
-size_t dt_model_summary(const dt_model *m, char *buf, size_t n);
+DT_API size_t dt_model_summary(const dt_model *m, char *buf, size_t n);
 /* Same for a spec after dt_spec_infer, without building a model. */
-size_t dt_spec_summary(const dt_spec *s, const dt_shape *input, char *buf, size_t n);
+DT_API size_t dt_spec_summary(const dt_spec *s, const dt_shape *input, char *buf, size_t n);
 
 #endif /* DT_MODEL_H */

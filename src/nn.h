@@ -67,9 +67,9 @@ typedef struct {
 } dt_shape;
 
 /* Number of elements of a per-sample shape. */
-int64_t     dt_shape_numel(const dt_shape *s);
+DT_API int64_t     dt_shape_numel(const dt_shape *s);
 /* Writes "(B, C, H, W)"-style text (with batch "B" when with_batch) into buf. */
-void        dt_shape_str(const dt_shape *s, int with_batch, char *buf, size_t n);
+DT_API void        dt_shape_str(const dt_shape *s, int with_batch, char *buf, size_t n);
 
 /* Called with per-channel statistics of a train-mode batchnorm so DDP can make
  * them global (synchronised batchnorm). Forward (backward = 0): stats is device
@@ -175,14 +175,14 @@ struct dt_layer_def {
 };
 
 /* The row of a kind, and the kind of a spec name (-1 when none). */
-const dt_layer_def *dt_layer_def_of(dt_layer_kind k);
-int                 dt_layer_kind_find(const char *name);
+DT_API const dt_layer_def *dt_layer_def_of(dt_layer_kind k);
+DT_API int                 dt_layer_kind_find(const char *name);
 /* The spec name of a layer kind ("linear", "conv", ...). */
-const char         *dt_layer_kind_name(dt_layer_kind k);
+DT_API const char         *dt_layer_kind_name(dt_layer_kind k);
 /* "linear, conv, ..." : every kind a spec may name, for messages and --help. */
-const char         *dt_layer_kind_list(void);
+DT_API const char         *dt_layer_kind_list(void);
 /* NULL when the row has every required member, else the name of the first missing one. */
-const char         *dt_layer_def_missing(const dt_layer_def *d);
+DT_API const char         *dt_layer_def_missing(const dt_layer_def *d);
 
 /* One layer of a model: what every kind shares. Filled by dt_spec_parse /
  * dt_spec_infer and the model builder. */
@@ -220,28 +220,28 @@ struct dt_layer {
 
 /* Declare a tensor of L (from a row's infer): PARAM/BUFFER get their offsets
  * later from dt_spec_infer; counter is the host int64 of a COUNTER. ndim 0..4. */
-dt_status dt_layer_tensor_add(dt_layer *L, const char *suffix, dt_tensor_role role, int64_t *counter,
-                              int ndim, const int64_t *shape);
+DT_API dt_status dt_layer_tensor_add(dt_layer *L, const char *suffix, dt_tensor_role role, int64_t *counter,
+                                     int ndim, const int64_t *shape);
 /* The device pointer of L's i-th tensor in c's arrays (params or buffers), NULL if absent. */
-float    *dt_layer_tensor_ptr(const dt_nn_ctx *c, const dt_layer *L, int i);
+DT_API float    *dt_layer_tensor_ptr(const dt_nn_ctx *c, const dt_layer *L, int i);
 /* The value of a named argument of L (as a double); NAN when the kind has none. */
-double    dt_layer_arg(const dt_layer *L, const char *name);
+DT_API double    dt_layer_arg(const dt_layer *L, const char *name);
 
 /* Allocate a layer's output and saved state for max_batch samples / free them. */
-dt_status dt_layer_alloc(const dt_ops *ops, dt_layer *L, int max_batch);
-void      dt_layer_free(const dt_ops *ops, dt_layer *L);
+DT_API dt_status dt_layer_alloc(const dt_ops *ops, dt_layer *L, int max_batch);
+DT_API void      dt_layer_free(const dt_ops *ops, dt_layer *L);
 /* Initialise the layer's parameters and buffers as PyTorch's defaults, drawn
  * from (seed, parameter index) with the counter-based generator. */
-dt_status dt_layer_init(const dt_nn_ctx *c, dt_layer *L);
+DT_API dt_status dt_layer_init(const dt_nn_ctx *c, dt_layer *L);
 /* Apply the deferred running-statistics update of L from a record written by
  * a train forward (rec points at the record's start); no-op for kinds without. */
-dt_status dt_layer_bn_replay(const dt_nn_ctx *c, dt_layer *L, const float *rec);
+DT_API dt_status dt_layer_bn_replay(const dt_nn_ctx *c, dt_layer *L, const float *rec);
 /* y = layer(x): x (B, in), result in L->out_ptr (B, outs). */
-dt_status dt_layer_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B);
+DT_API dt_status dt_layer_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B);
 /* Backward of the last forward: dy (B, outs) -> dx (B, in) (dx NULL: skip the
  * input gradient where the layer can; dx == dy only for GRAD_IN_PLACE rows),
  * and the layer's parameter gradients written (overwritten) into c->grads. */
-dt_status dt_layer_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy,
-                            float *dx, int B);
+DT_API dt_status dt_layer_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy,
+                                   float *dx, int B);
 
 #endif /* DT_NN_H */

@@ -66,8 +66,8 @@ typedef struct {
 } dt_pool2d_desc;
 
 /* Check a descriptor and compute P, Q; DT_ERR_INVALID names the bad field. */
-dt_status dt_conv2d_desc_init(dt_conv2d_desc *d);
-dt_status dt_pool2d_desc_init(dt_pool2d_desc *d);
+DT_API dt_status dt_conv2d_desc_init(dt_conv2d_desc *d);
+DT_API dt_status dt_pool2d_desc_init(dt_pool2d_desc *d);
 
 /* ---- optimizer hyper-parameters ----------------------------------------------------- */
 
@@ -297,7 +297,7 @@ struct dt_ops {
 #define DT_OPS_INIT_KERNEL_(name, params) .name = DT_OPS_KERNEL(name),
 
 /* The name of op i (0 <= i < DT_OPS_COUNT, "sgemm" for DT_OP_sgemm); NULL out of range. */
-const char *dt_ops_op_name(int i);
+DT_API const char *dt_ops_op_name(int i);
 
 /* ---- backends ------------------------------------------------------------------------- */
 
@@ -311,14 +311,14 @@ typedef struct {
 } dt_device_opts;
 
 /* The CPU backend (OpenBLAS kept single-threaded + OpenMP over fixed blocks). */
-const dt_ops *dt_ops_cpu(void);
+DT_API const dt_ops *dt_ops_cpu(void);
 
 /* The backend named `device` ("cpu", "cuda") opened with `opts` (NULL: index 0, no
  * TF32); NULL with a message for dt_last_error() when the name is unknown, the backend
  * was not built or cannot start. A process has one CUDA device: asking again for
  * another index fails, asking again for the same one returns the same table. */
-const dt_ops *dt_ops_get_ex(const char *device, const dt_device_opts *opts);
+DT_API const dt_ops *dt_ops_get_ex(const char *device, const dt_device_opts *opts);
 /* dt_ops_get_ex(device, NULL). */
-const dt_ops *dt_ops_get(const char *device);
+DT_API const dt_ops *dt_ops_get(const char *device);
 
 #endif /* DT_OPS_H */

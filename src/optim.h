@@ -79,13 +79,13 @@ typedef struct {
     dt_status (*step)(const dt_ops *ops, const dt_optim_config *c, const dt_optim_step_args *a);
 } dt_optim_def;
 
-const dt_optim_def *dt_optim_def_of(dt_optim_kind kind);   /* the row; NULL if kind is not one */
-const dt_optim_def *dt_optim_find(const char *name);       /* the row named name; NULL if none */
+DT_API const dt_optim_def *dt_optim_def_of(dt_optim_kind kind);   /* the row; NULL if kind is not one */
+DT_API const dt_optim_def *dt_optim_find(const char *name);       /* the row named name; NULL if none */
 /* The row names, "sgd, adamw", into buf (always terminated); returns buf. */
-const char         *dt_optim_names(char *buf, size_t n);
+DT_API const char         *dt_optim_names(char *buf, size_t n);
 /* The row's defaults with learning rate lr (PyTorch's: torch.optim.SGD(params, lr)
  * has momentum 0; AdamW has betas (0.9, 0.999), eps 1e-8, weight decay 0.01). */
-dt_optim_config     dt_optim_defaults(dt_optim_kind kind, float lr);
+DT_API dt_optim_config     dt_optim_defaults(dt_optim_kind kind, float lr);
 
 /* A hyper-parameter field, for code that stores configurations by name
  * (checkpoints write "dtrain.optim.<name>" for each one, in this order). */
@@ -95,7 +95,7 @@ typedef struct {
     int         is_int;           /* 1: an int field, 0: a float field */
 } dt_optim_hparam;
 
-const dt_optim_hparam *dt_optim_hparams(int *count);
+DT_API const dt_optim_hparam *dt_optim_hparams(int *count);
 
 /* ---- optimizers ------------------------------------------------------------------ */
 
@@ -103,22 +103,22 @@ typedef struct dt_optim dt_optim;
 
 /* An optimizer over n parameters with state allocated from ops. Checks the
  * hyper-parameters as PyTorch does (the row's check). */
-dt_status dt_optim_init(const dt_optim_config *cfg, const dt_ops *ops, size_t n, dt_optim **out);
-void      dt_optim_free(dt_optim *o);
+DT_API dt_status dt_optim_init(const dt_optim_config *cfg, const dt_ops *ops, size_t n, dt_optim **out);
+DT_API void      dt_optim_free(dt_optim *o);
 /* One step: params (n) -= update(grads (n) * grad_scale) at learning rate lr. */
-dt_status dt_optim_step(dt_optim *o, float *params, const float *grads, float lr, float grad_scale);
+DT_API dt_status dt_optim_step(dt_optim *o, float *params, const float *grads, float lr, float grad_scale);
 
 /* State for checkpoints: nstate flat device arrays of n floats (SGD with
  * momentum: momentum_buffer; AdamW: exp_avg, exp_avg_sq; SGD without momentum:
  * none), their PyTorch names, and the number of steps taken. */
-const dt_optim_def *dt_optim_def_in(const dt_optim *o);   /* the optimizer's row */
-int         dt_optim_nstate(const dt_optim *o);
-float      *dt_optim_state(dt_optim *o, int i);
-const char *dt_optim_state_name(const dt_optim *o, int i);
-size_t      dt_optim_size(const dt_optim *o);
-int64_t     dt_optim_steps(const dt_optim *o);
-void        dt_optim_set_steps(dt_optim *o, int64_t steps);   /* after loading the state arrays */
-const dt_optim_config *dt_optim_config_of(const dt_optim *o);
+DT_API const dt_optim_def *dt_optim_def_in(const dt_optim *o);   /* the optimizer's row */
+DT_API int         dt_optim_nstate(const dt_optim *o);
+DT_API float      *dt_optim_state(dt_optim *o, int i);
+DT_API const char *dt_optim_state_name(const dt_optim *o, int i);
+DT_API size_t      dt_optim_size(const dt_optim *o);
+DT_API int64_t     dt_optim_steps(const dt_optim *o);
+DT_API void        dt_optim_set_steps(dt_optim *o, int64_t steps);   /* after loading the state arrays */
+DT_API const dt_optim_config *dt_optim_config_of(const dt_optim *o);
 
 /* ---- learning-rate schedules ------------------------------------------------ */
 
@@ -140,9 +140,9 @@ typedef struct {
  *             (CosineAnnealingLR stepped once per iteration)
  *   warm-up:  for step < W, base * (step + 1) / W; afterwards the schedule runs
  *             with t = step - W (and T = total_steps - W for cosine). */
-float     dt_schedule_lr(const dt_schedule *s, int64_t step);
+DT_API float     dt_schedule_lr(const dt_schedule *s, int64_t step);
 /* Check a schedule's fields; DT_ERR_INVALID names the bad one. */
-dt_status dt_schedule_check(const dt_schedule *s);
+DT_API dt_status dt_schedule_check(const dt_schedule *s);
 
 /* ---- clipping ------------------------------------------------------------------ */
 
@@ -150,6 +150,6 @@ dt_status dt_schedule_check(const dt_schedule *s);
  * torch.nn.utils.clip_grad_norm_ (scale by max_norm / (norm + 1e-6) when that is
  * below 1); *norm receives the norm before clipping. max_norm <= 0 only
  * measures. The norm comes from the ops' deterministic sum of squares. */
-dt_status dt_clip_grad_norm(const dt_ops *ops, float *grads, size_t n, float max_norm, float *norm);
+DT_API dt_status dt_clip_grad_norm(const dt_ops *ops, float *grads, size_t n, float max_norm, float *norm);
 
 #endif /* DT_OPTIM_H */

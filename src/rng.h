@@ -18,6 +18,8 @@
 
 #include <stdint.h>
 
+#include "dt_api.h"
+
 #ifdef __CUDACC__
 #define DT_RNG_FN static inline __host__ __device__
 #else
@@ -67,16 +69,16 @@ DT_RNG_FN float dt_u32_to_unit(uint32_t x) { return (float)(x >> 8) * (1.0f / 16
 /* Host helpers (rng.c). */
 
 /* The four 32-bit words of Philox4x32-10 at (seed, counter c0..c3); out has 4 words. */
-void dt_philox_block(uint64_t seed, uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t out[4]);
+DT_API void dt_philox_block(uint64_t seed, uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t out[4]);
 
 /* A uniform float in [0, 1) for element `index` of stream `stream` under `seed`: the
  * same value dt_ops.rng_uniform(lo=0, hi=1) writes at that position. */
-float dt_rng_unit(uint64_t seed, uint64_t stream, uint64_t index);
+DT_API float dt_rng_unit(uint64_t seed, uint64_t stream, uint64_t index);
 
 /* The dropout keep decision for (seed, stream, epoch, sample, element) at drop
  * probability p: 1 keep, 0 drop. The kernels compute the same decisions four
  * elements per Philox block; this is the definition they are tested against. */
-int dt_rng_dropout_keep(uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample,
-                        uint64_t element, float p);
+DT_API int dt_rng_dropout_keep(uint64_t seed, uint32_t stream, uint32_t epoch, uint64_t sample,
+                               uint64_t element, float p);
 
 #endif /* DT_RNG_H */

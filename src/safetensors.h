@@ -44,34 +44,34 @@ typedef struct dt_st_writer dt_st_writer;
 typedef struct dt_st_file   dt_st_file;
 
 /* ---- writer --------------------------------------------------------------- */
-dt_status dt_st_writer_init(dt_st_writer **out);
+DT_API dt_status dt_st_writer_init(dt_st_writer **out);
 /* Add a tensor; data is NOT copied and must stay valid until write. */
-dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_dtype dtype, int ndim, const int64_t *shape,
-                           const void *data);
+DT_API dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_dtype dtype, int ndim, const int64_t *shape,
+                                  const void *data);
 /* Set (or replace) a metadata string. */
-dt_status dt_st_writer_set_meta(dt_st_writer *w, const char *key, const char *value);
+DT_API dt_status dt_st_writer_set_meta(dt_st_writer *w, const char *key, const char *value);
 /* Write the file atomically. */
-dt_status dt_st_writer_write(dt_st_writer *w, const char *path);
+DT_API dt_status dt_st_writer_write(dt_st_writer *w, const char *path);
 /* The header (8-byte length + padded JSON) the writer would emit, for tests. */
-dt_status dt_st_writer_header(dt_st_writer *w, char **buf, size_t *len);
-void      dt_st_writer_free(dt_st_writer *w);
+DT_API dt_status dt_st_writer_header(dt_st_writer *w, char **buf, size_t *len);
+DT_API void      dt_st_writer_free(dt_st_writer *w);
 
 /* ---- reader --------------------------------------------------------------- */
 /* Read and validate a file (into memory). */
-dt_status dt_st_open(const char *path, dt_st_file **out);
+DT_API dt_status dt_st_open(const char *path, dt_st_file **out);
 /* Validate a file image already in memory (copied); label names it in errors. */
-dt_status dt_st_open_mem(const void *buf, size_t len, const char *label, dt_st_file **out);
-void      dt_st_close(dt_st_file *f);
+DT_API dt_status dt_st_open_mem(const void *buf, size_t len, const char *label, dt_st_file **out);
+DT_API void      dt_st_close(dt_st_file *f);
 /* Tensors in header order. */
-size_t    dt_st_count(const dt_st_file *f);
-dt_status dt_st_tensor_at(const dt_st_file *f, size_t i, dt_st_tensor *out);
+DT_API size_t    dt_st_count(const dt_st_file *f);
+DT_API dt_status dt_st_tensor_at(const dt_st_file *f, size_t i, dt_st_tensor *out);
 /* By name; DT_ERR_INVALID naming the file and tensor when absent. */
-dt_status dt_st_find(const dt_st_file *f, const char *name, dt_st_tensor *out);
+DT_API dt_status dt_st_find(const dt_st_file *f, const char *name, dt_st_tensor *out);
 /* Metadata: the value of key, or NULL; or the i-th pair. */
-const char *dt_st_meta_get(const dt_st_file *f, const char *key);
-size_t    dt_st_meta_count(const dt_st_file *f);
-void      dt_st_meta_at(const dt_st_file *f, size_t i, const char **key, const char **value);
+DT_API const char *dt_st_meta_get(const dt_st_file *f, const char *key);
+DT_API size_t    dt_st_meta_count(const dt_st_file *f);
+DT_API void      dt_st_meta_at(const dt_st_file *f, size_t i, const char **key, const char **value);
 /* The whole data region (after the header), e.g. for a checksum. */
-void      dt_st_data_region(const dt_st_file *f, const void **data, size_t *len);
+DT_API void      dt_st_data_region(const dt_st_file *f, const void **data, size_t *len);
 
 #endif /* DT_SAFETENSORS_H */

@@ -37,32 +37,32 @@ typedef struct dt_sampler dt_sampler;
 /* ---- sampler ------------------------------------------------------------- */
 /* n samples, global batch B, S micro-batches per global batch (S divides B),
  * seed, drop_last (1: floor(n/B) steps; 0: ceil with wrap-around padding). */
-dt_status dt_sampler_init(int64_t n, int64_t global_batch, int64_t micro_batches,
-                          uint64_t seed, int drop_last, dt_sampler **out);
-void      dt_sampler_free(dt_sampler *s);
+DT_API dt_status dt_sampler_init(int64_t n, int64_t global_batch, int64_t micro_batches,
+                                 uint64_t seed, int drop_last, dt_sampler **out);
+DT_API void      dt_sampler_free(dt_sampler *s);
 /* Steps (global batches) per epoch. */
-int64_t   dt_sampler_steps_per_epoch(const dt_sampler *s);
+DT_API int64_t   dt_sampler_steps_per_epoch(const dt_sampler *s);
 /* Samples per micro-batch, B/S. */
-int64_t   dt_sampler_micro_size(const dt_sampler *s);
+DT_API int64_t   dt_sampler_micro_size(const dt_sampler *s);
 /* Dataset size, global batch and micro-batch count as given to init. */
-int64_t   dt_sampler_len(const dt_sampler *s);
-int64_t   dt_sampler_global_batch(const dt_sampler *s);
-int64_t   dt_sampler_micro_batches(const dt_sampler *s);
+DT_API int64_t   dt_sampler_len(const dt_sampler *s);
+DT_API int64_t   dt_sampler_global_batch(const dt_sampler *s);
+DT_API int64_t   dt_sampler_micro_batches(const dt_sampler *s);
 /* The B/S global sample indices of micro-batch `micro` of `step` of `epoch`
  * into idx_out (room for dt_sampler_micro_size() values). */
-dt_status dt_sampler_micro(dt_sampler *s, int64_t epoch, int64_t step, int64_t micro,
-                           int64_t *idx_out);
+DT_API dt_status dt_sampler_micro(dt_sampler *s, int64_t epoch, int64_t step, int64_t micro,
+                                  int64_t *idx_out);
 /* The B global sample indices of a step, micro-batch after micro-batch. */
-dt_status dt_sampler_global(dt_sampler *s, int64_t epoch, int64_t step, int64_t *idx_out);
+DT_API dt_status dt_sampler_global(dt_sampler *s, int64_t epoch, int64_t step, int64_t *idx_out);
 /* Rank `rank` of `world` owns micro-batches [*first_micro, *first_micro + *n_micro).
  * S must be a multiple of world. */
-dt_status dt_sampler_rank_block(const dt_sampler *s, int world, int rank,
-                                int64_t *first_micro, int64_t *n_micro);
+DT_API dt_status dt_sampler_rank_block(const dt_sampler *s, int world, int rank,
+                                       int64_t *first_micro, int64_t *n_micro);
 /* The indices of the whole block of `rank` for a step (n_micro * B/S values),
  * in micro-batch order: the rank-local batch to hand to the loader. */
-dt_status dt_sampler_rank_indices(dt_sampler *s, int64_t epoch, int64_t step, int world,
-                                  int rank, int64_t *idx_out, size_t *n_out);
+DT_API dt_status dt_sampler_rank_indices(dt_sampler *s, int64_t epoch, int64_t step, int world,
+                                         int rank, int64_t *idx_out, size_t *n_out);
 /* The permutation of an epoch (n values), for tests and tools. */
-dt_status dt_sampler_permutation(dt_sampler *s, int64_t epoch, const int64_t **perm);
+DT_API dt_status dt_sampler_permutation(dt_sampler *s, int64_t epoch, const int64_t **perm);
 
 #endif /* DT_SAMPLER_H */

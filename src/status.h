@@ -11,6 +11,8 @@
 
 #include <stdarg.h>
 
+#include "dt_api.h"
+
 typedef enum {
     DT_OK = 0,
     DT_ERR_INVALID,      /* bad argument, flag or input: the programs exit 2 */
@@ -25,18 +27,18 @@ typedef enum {
 } dt_status;
 
 /* The message of the last failure on this thread ("" when none). */
-const char *dt_last_error(void);
+DT_API const char *dt_last_error(void);
 /* A short name for a status ("invalid argument", "timeout", ...). */
-const char *dt_status_str(dt_status s);
+DT_API const char *dt_status_str(dt_status s);
 /* Record a message (printf-style) and return s, so callers write `return dt_error(...)`. */
-dt_status   dt_error(dt_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-dt_status   dt_verror(dt_status s, const char *fmt, va_list ap);
+DT_API dt_status   dt_error(dt_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+DT_API dt_status   dt_verror(dt_status s, const char *fmt, va_list ap);
 /* Prepend context to the current message ("loading ckpt/model.safetensors: " + old). */
-dt_status   dt_error_wrap(dt_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+DT_API dt_status   dt_error_wrap(dt_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Forget the current message. */
-void        dt_error_clear(void);
+DT_API void        dt_error_clear(void);
 /* Exit code a program should use for s: 0 ok, 2 bad input, 1 anything else. */
-int         dt_exit_code(dt_status s);
+DT_API int         dt_exit_code(dt_status s);
 
 /* Check-and-return: evaluate a dt_status expression and return it on failure. */
 #define DT_TRY(expr) do { dt_status dt_try_s_ = (expr); if (dt_try_s_ != DT_OK) return dt_try_s_; } while (0)

@@ -33,28 +33,28 @@ typedef struct {
 } dt_tensor;
 
 /* Allocate an uninitialised tensor of shape[0..ndim) on ops' device. */
-dt_status dt_tensor_alloc(dt_tensor *t, const dt_ops *ops, dt_dtype dtype, int ndim, const int64_t *shape);
+DT_API dt_status dt_tensor_alloc(dt_tensor *t, const dt_ops *ops, dt_dtype dtype, int ndim, const int64_t *shape);
 /* The same, zero-filled. */
-dt_status dt_tensor_zeros(dt_tensor *t, const dt_ops *ops, dt_dtype dtype, int ndim, const int64_t *shape);
+DT_API dt_status dt_tensor_zeros(dt_tensor *t, const dt_ops *ops, dt_dtype dtype, int ndim, const int64_t *shape);
 /* Free an owning tensor's memory (a view's memory is left alone); t becomes empty. */
-void      dt_tensor_free(dt_tensor *t);
+DT_API void      dt_tensor_free(dt_tensor *t);
 
 /* A view of numel(shape) elements of src starting at element `offset` (must fit). */
-dt_status dt_tensor_view(dt_tensor *view, const dt_tensor *src, size_t offset, int ndim, const int64_t *shape);
+DT_API dt_status dt_tensor_view(dt_tensor *view, const dt_tensor *src, size_t offset, int ndim, const int64_t *shape);
 /* Wrap existing device memory as a non-owning tensor. */
-dt_status dt_tensor_wrap(dt_tensor *t, const dt_ops *ops, void *data, dt_dtype dtype, int ndim, const int64_t *shape);
+DT_API dt_status dt_tensor_wrap(dt_tensor *t, const dt_ops *ops, void *data, dt_dtype dtype, int ndim, const int64_t *shape);
 
 /* Total bytes of the data. */
-size_t    dt_tensor_bytes(const dt_tensor *t);
+DT_API size_t    dt_tensor_bytes(const dt_tensor *t);
 /* 1 if a and b have the same dtype and shape. */
-int       dt_tensor_same_shape(const dt_tensor *a, const dt_tensor *b);
+DT_API int       dt_tensor_same_shape(const dt_tensor *a, const dt_tensor *b);
 /* "f32[256, 1, 28, 28]" into buf (always terminated). */
-const char *dt_tensor_str(const dt_tensor *t, char *buf, size_t size);
+DT_API const char *dt_tensor_str(const dt_tensor *t, char *buf, size_t size);
 
 /* Copy all bytes from host memory into t / from t to host memory (bytes must equal dt_tensor_bytes). */
-dt_status dt_tensor_from_host(dt_tensor *t, const void *src, size_t bytes);
-dt_status dt_tensor_to_host(const dt_tensor *t, void *dst, size_t bytes);
+DT_API dt_status dt_tensor_from_host(dt_tensor *t, const void *src, size_t bytes);
+DT_API dt_status dt_tensor_to_host(const dt_tensor *t, void *dst, size_t bytes);
 /* dst = src (same dtype and numel; shapes may differ), on the same device. */
-dt_status dt_tensor_copy(dt_tensor *dst, const dt_tensor *src);
+DT_API dt_status dt_tensor_copy(dt_tensor *dst, const dt_tensor *src);
 
 #endif /* DT_TENSOR_H */

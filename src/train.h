@@ -106,7 +106,7 @@ typedef struct {
 } dt_train_opts;
 
 /* The defaults listed above. */
-void dt_train_opts_default(dt_train_opts *o);
+DT_API void dt_train_opts_default(dt_train_opts *o);
 
 typedef struct dt_model dt_model;
 
@@ -123,12 +123,12 @@ typedef struct {
 /* Train as the options say, on device `ops`, across `comm` (NULL: one process).
  * On success *model_out (optional) receives the trained model (free it with
  * dt_model_free); *res (optional) the summary. Every rank calls it. */
-dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
-                       dt_model **model_out, dt_train_result *res);
+DT_API dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
+                              dt_model **model_out, dt_train_result *res);
 
 /* Evaluate a model on the test split of a data spec: mean loss and accuracy.
  * With comm, the test set is sharded across ranks and the sums all-reduced. */
 typedef struct dt_dataset dt_dataset;
-dt_status dt_evaluate(dt_model *m, const dt_dataset *test, dt_comm *comm, double *loss, double *acc);
+DT_API dt_status dt_evaluate(dt_model *m, const dt_dataset *test, dt_comm *comm, double *loss, double *acc);
 
 #endif /* DT_TRAIN_H */

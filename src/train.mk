@@ -1,5 +1,5 @@
 # src/train.mk: the training loop, weight files, and the dtrain program.
-libdtrain_la_SOURCES += src/train.c src/checkpoint.c src/ddp.c src/testing.c src/testing.h
+libdtrain_core_la_SOURCES += src/train.c src/checkpoint.c src/ddp.c src/testing.c src/testing.h
 dtraininclude_HEADERS += src/train.h src/checkpoint.h src/ddp.h
 
 bin_PROGRAMS += dtrain

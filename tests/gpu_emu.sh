@@ -7,8 +7,9 @@
 # determinism, bad inputs. This checks index arithmetic, reduction trees, the cuBLAS
 # operand order and the table on any machine; tests/test_cuda_ops on a GPU checks the
 # real thing. In a --with-cuda build it also trains the mlp for 10 steps with
-# dtrain --device cuda on the emulated kernels (preloaded over the real backend) and
-# holds the losses against the cpu run. Works in any build (needs g++ and libdtrain).
+# dtrain --device cuda on the emulated kernels (dtrain's objects linked with them in
+# place of the real backend) and holds the losses against the cpu run. Works in any
+# build (needs g++ and libdtrain).
 . "$DT_SRCDIR/tests/tap.sh"
 S=$DT_SRCDIR
 B=$DT_BUILDDIR
@@ -41,14 +42,21 @@ tap_n=$(grep -cE '^(not )?ok' "$TMP/ops.out")
 tap_failed=$(grep -c '^not ok' "$TMP/ops.out")
 [ $rc -eq 0 ] || [ "$tap_failed" -gt 0 ] || ok 1 "test_cuda_ops under emulation exited with $rc"
 
-# 2. with a --with-cuda build: dtrain train --device cuda on the emulated kernels (the
-#    stand-in preloaded over the real backend) follows the cpu run's losses
+# 2. with a --with-cuda build: dtrain train --device cuda on the emulated kernels follows
+#    the cpu run's losses. dtrain links libdtrain_core statically, so nothing can be
+#    preloaded over its backend: its objects are linked again, with the emulated kernels
+#    ahead of the archive, which then has no reason to pull in the real ones.
 if grep -q "define DT_HAVE_CUDA 1" "$B/config.h" 2>/dev/null && [ -x "$B/dtrain" ]; then
-    g++ -shared -o "$TMP/libemu.so" "$TMP"/cuda_*.o "$TMP/emu.o" $blas_libs > "$TMP/log" 2>&1
-    ok $? "the stand-in links as a preloadable library"
+    objs=$(awk '/^am_dtrain_OBJECTS =/ { on = 1; sub(/^[^=]*=/, "") }
+                on { more = sub(/\\$/, ""); print; if (!more) exit }' "$B/Makefile" | sed 's/\$(OBJEXT)/o/g')
+    (cd "$B" && ./libtool --mode=link --tag=CXX g++ -o "$TMP/dtrain_emu" $objs "$TMP"/cuda_*.o "$TMP/emu.o" \
+        libdtrain_core.la) > "$TMP/log" 2>&1
+    rc=$?
+    ok $rc "dtrain links with the stand-in in place of the CUDA backend"
+    [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/log" | head -20
     for d in cpu cuda; do
         rm -f "$TMP/mark"
-        LD_PRELOAD="$TMP/libemu.so" DT_GPU_EMU_MARK="$TMP/mark" timeout 120 "$B/dtrain" train --device $d --model mlp \
+        DT_GPU_EMU_MARK="$TMP/mark" timeout 120 "$TMP/dtrain_emu" train --device $d --model mlp \
             --data synthetic:512,1,28,28,10 --steps 10 --batch 32 --seed 5 --log-every 1 \
             --metrics "$TMP/$d.jsonl" --no-eval --quiet --threads 1 > "$TMP/$d.out" 2>&1
         ok $? "dtrain train --device $d (mlp, 10 steps)"

@@ -55,8 +55,8 @@
 typedef enum { DT_SUM, DT_AVG, DT_MIN, DT_MAX, DT_PROD } dt_redop;
 #define DT_REDOP_COUNT 5
 
-const char *dt_redop_name (dt_redop op);                       /* "sum", "avg", ...; "?" if invalid */
-dt_status   dt_redop_parse(const char *s, dt_redop *out);      /* "sum" | "avg" | "mean" | ... */
+DT_API const char *dt_redop_name (dt_redop op);                       /* "sum", "avg", ...; "?" if invalid */
+DT_API dt_status   dt_redop_parse(const char *s, dt_redop *out);      /* "sum" | "avg" | "mean" | ... */
 
 /* ---- communicators -------------------------------------------------------------- */
 
@@ -73,43 +73,43 @@ typedef struct {
 } dt_comm_opts;
 
 /* Defaults: every field "from the environment". */
-void        dt_comm_opts_default(dt_comm_opts *opts);
+DT_API void        dt_comm_opts_default(dt_comm_opts *opts);
 
 /* Join the job: rendezvous through the store, connect to every peer, exchange host
  * names. Collective over all ranks of the job. */
-dt_status   dt_comm_init   (const dt_comm_opts *opts, dt_comm **out);
+DT_API dt_status   dt_comm_init   (const dt_comm_opts *opts, dt_comm **out);
 /* Wait for pending async work, close connections, free. NULL is fine. Not collective. */
-void        dt_comm_destroy(dt_comm *c);
+DT_API void        dt_comm_destroy(dt_comm *c);
 
-int         dt_comm_rank      (const dt_comm *c);             /* 0 .. size-1 */
-int         dt_comm_size      (const dt_comm *c);
-int         dt_comm_local_rank(const dt_comm *c);             /* index among ranks on this host */
-int         dt_comm_local_size(const dt_comm *c);             /* ranks on this host */
-int         dt_comm_node_rank (const dt_comm *c);             /* index of this host (order of first rank) */
-const char *dt_comm_backend   (const dt_comm *c);             /* "tcp", "mpi", "nccl" */
-int         dt_comm_device_buffers(const dt_comm *c);     /* 1: buffers are device (GPU) memory (nccl) */
-const char *dt_comm_host      (const dt_comm *c, int rank);   /* that rank's host name; NULL if out of range */
-dt_status   dt_comm_set_timeout(dt_comm *c, double seconds);  /* for later calls; > 0 */
-double      dt_comm_timeout   (const dt_comm *c);
+DT_API int         dt_comm_rank      (const dt_comm *c);             /* 0 .. size-1 */
+DT_API int         dt_comm_size      (const dt_comm *c);
+DT_API int         dt_comm_local_rank(const dt_comm *c);             /* index among ranks on this host */
+DT_API int         dt_comm_local_size(const dt_comm *c);             /* ranks on this host */
+DT_API int         dt_comm_node_rank (const dt_comm *c);             /* index of this host (order of first rank) */
+DT_API const char *dt_comm_backend   (const dt_comm *c);             /* "tcp", "mpi", "nccl" */
+DT_API int         dt_comm_device_buffers(const dt_comm *c);     /* 1: buffers are device (GPU) memory (nccl) */
+DT_API const char *dt_comm_host      (const dt_comm *c, int rank);   /* that rank's host name; NULL if out of range */
+DT_API dt_status   dt_comm_set_timeout(dt_comm *c, double seconds);  /* for later calls; > 0 */
+DT_API double      dt_comm_timeout   (const dt_comm *c);
 
 /* Ranks with the same color form a new communicator, ordered by (key, old rank).
  * color < 0: this rank joins none and *out = NULL. Collective over c. */
-dt_status   dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
+DT_API dt_status   dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
 
 /* ---- collectives (blocking) ------------------------------------------------------ */
 
 /* recv[i] = op over ranks of send[i]; count elements. */
-dt_status dt_allreduce     (dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op);
+DT_API dt_status dt_allreduce     (dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op);
 /* buf on every rank = buf on root. */
-dt_status dt_broadcast     (dt_comm *c, void *buf, size_t count, dt_dtype t, int root);
+DT_API dt_status dt_broadcast     (dt_comm *c, void *buf, size_t count, dt_dtype t, int root);
 /* recv is (size, count_per_rank): block r = send of rank r. */
-dt_status dt_allgather     (dt_comm *c, const void *send, void *recv, size_t count_per_rank, dt_dtype t);
+DT_API dt_status dt_allgather     (dt_comm *c, const void *send, void *recv, size_t count_per_rank, dt_dtype t);
 /* send is (size, recv_count); recv = block `rank` of the elementwise reduction. */
-dt_status dt_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t recv_count, dt_dtype t, dt_redop op);
+DT_API dt_status dt_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t recv_count, dt_dtype t, dt_redop op);
 /* Like all_reduce, but only root's recv is written (recv may be NULL elsewhere). */
-dt_status dt_reduce        (dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, int root);
+DT_API dt_status dt_reduce        (dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, int root);
 /* Returns when every rank has entered it. */
-dt_status dt_barrier       (dt_comm *c);
+DT_API dt_status dt_barrier       (dt_comm *c);
 
 /* ---- point to point (not collective: only the two ranks take part) -------------- */
 
@@ -117,8 +117,8 @@ dt_status dt_barrier       (dt_comm *c);
  * and dtype must match the sender's (a mismatch is DT_ERR_MISMATCH). They share the
  * pair's stream with the collectives: receive a message before joining a collective the
  * sender joined after sending it. A large send may block until the peer receives it. */
-dt_status dt_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int peer, int tag);
-dt_status dt_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int peer, int tag);
+DT_API dt_status dt_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int peer, int tag);
+DT_API dt_status dt_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int peer, int tag);
 
 /* ---- asynchronous collectives ------------------------------------------------------ */
 
@@ -126,16 +126,16 @@ dt_status dt_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int peer, int
  * in issue order; a blocking call issued while work is pending waits for it first.
  * Buffers must stay valid and untouched until dt_work_wait/dt_work_test says done.
  * Argument errors are reported here, transport errors by dt_work_wait. */
-dt_status dt_allreduce_async     (dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, dt_work **w);
-dt_status dt_broadcast_async     (dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_work **w);
-dt_status dt_allgather_async     (dt_comm *c, const void *send, void *recv, size_t count_per_rank, dt_dtype t, dt_work **w);
-dt_status dt_reduce_scatter_async(dt_comm *c, const void *send, void *recv, size_t recv_count, dt_dtype t, dt_redop op, dt_work **w);
+DT_API dt_status dt_allreduce_async     (dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, dt_work **w);
+DT_API dt_status dt_broadcast_async     (dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_work **w);
+DT_API dt_status dt_allgather_async     (dt_comm *c, const void *send, void *recv, size_t count_per_rank, dt_dtype t, dt_work **w);
+DT_API dt_status dt_reduce_scatter_async(dt_comm *c, const void *send, void *recv, size_t recv_count, dt_dtype t, dt_redop op, dt_work **w);
 
 /* Block until done; return the operation's status (its message set on this thread)
  * and free the handle. Handles stay valid after dt_comm_destroy (which waits for the
  * work to finish), so they may be waited on or tested later. */
-dt_status dt_work_wait(dt_work *w);
+DT_API dt_status dt_work_wait(dt_work *w);
 /* 1 when done (dt_work_wait will not block), 0 when still running. */
-int       dt_work_test(dt_work *w);
+DT_API int       dt_work_test(dt_work *w);
 
 #endif /* DT_COMM_H */

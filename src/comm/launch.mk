@@ -1,14 +1,14 @@
 # src/comm/launch.mk: rank discovery (launch_env.c) and the MPI backend (mpi.c).
 # mpi.c alone needs MPI's compiler flags, so it is built as a convenience library with
-# its own CPPFLAGS and folded into libdtrain; the rest of the tree never sees mpi.h.
-libdtrain_la_SOURCES += src/comm/launch_env.c
+# its own CPPFLAGS and folded into libdtrain_core; the rest of the tree never sees mpi.h.
+libdtrain_core_la_SOURCES += src/comm/launch_env.c
 dtraininclude_HEADERS += src/comm/launch_env.h
 
 if HAVE_MPI
 noinst_LTLIBRARIES += libdtmpi.la
 libdtmpi_la_SOURCES = src/comm/mpi.c
 libdtmpi_la_CPPFLAGS = $(AM_CPPFLAGS) $(MPI_CFLAGS)
-libdtrain_la_LIBADD += libdtmpi.la
+libdtrain_core_la_LIBADD += libdtmpi.la
 endif
 
 check_PROGRAMS += tests/test_launch_env tests/test_hostlist tests/coll_dump

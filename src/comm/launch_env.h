@@ -35,11 +35,11 @@ typedef struct {
 
 /* Fill *env from the process environment. Malformed values (RANK=abc, RANK >= WORLD_SIZE)
  * give DT_ERR_INVALID naming the variable. */
-dt_status dt_launch_env_discover(dt_launch_env *env);
+DT_API dt_status dt_launch_env_discover(dt_launch_env *env);
 
 /* Expand a Slurm compressed host list ("node[01-03,7],gpu5") into hosts.
  * On success *hosts is a malloc'd array of *n malloc'd strings; free with dt_hostlist_free. */
-dt_status dt_hostlist_expand(const char *list, char ***hosts, size_t *n);
-void      dt_hostlist_free(char **hosts, size_t n);
+DT_API dt_status dt_hostlist_expand(const char *list, char ***hosts, size_t *n);
+DT_API void      dt_hostlist_free(char **hosts, size_t n);
 
 #endif /* DT_LAUNCH_ENV_H */

@@ -37,7 +37,10 @@ double dt_cpu_pairwise(double *v, size_t n);   /* destroys v */
 /* Hot loops are compiled for AVX-512, AVX2 and the x86-64 baseline, picked at load
  * time (GCC/Clang function multiversioning); elsewhere they are plain functions. The
  * lanes of the kernels are explicit, and floating-point contraction is off for the
- * backend (local.mk), so every version computes the same bits. */
+ * backend (local.mk), so every version computes the same bits. Put it on static
+ * functions only, called by a plain global one where other files need them: GCC (12)
+ * gives the load-time dispatcher of a global multiversioned function default visibility
+ * whatever -fvisibility says, so libdtrain.so would export it. */
 #if defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define DT_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))

@@ -16,8 +16,9 @@
 
 typedef float v16f __attribute__((vector_size(64)));   /* GCC/Clang generic vectors */
 
+/* The body of dt_cpu_run_sums, multiversioned; static (see DT_CPU_CLONES in cpu.h). */
 DT_CPU_CLONES
-void dt_cpu_run_sums(const float *a, const float *b, float m, size_t n, double *s1, double *s2) {
+static void run_sums(const float *a, const float *b, float m, size_t n, double *s1, double *s2) {
     v16f l1 = {0}, l2 = {0}, va, vb;
     size_t i = 0;
     if (b) {
@@ -47,6 +48,10 @@ void dt_cpu_run_sums(const float *a, const float *b, float m, size_t n, double *
     *s2 = ((t2[0] + t2[4]) + (t2[2] + t2[6])) + ((t2[1] + t2[5]) + (t2[3] + t2[7]));
 }
 
+void dt_cpu_run_sums(const float *a, const float *b, float m, size_t n, double *s1, double *s2) {
+    run_sums(a, b, m, n, s1, s2);
+}
+
 /* Sums over x (N, C, HW) for channel c: per plane in float lanes, planes in order in double. */
 static void channel_sums(const float *x, const float *b, const float m, int N, int C, int HW, int c,
                          double *s, double *ss) {
@@ -54,7 +59,7 @@ static void channel_sums(const float *x, const float *b, const float m, int N, i
     for (int n = 0; n < N; n++) {
         double pa, pq;
         size_t off = ((size_t)n * C + c) * HW;
-        dt_cpu_run_sums(x + off, b ? b + off : NULL, m, (size_t)HW, &pa, &pq);
+        run_sums(x + off, b ? b + off : NULL, m, (size_t)HW, &pa, &pq);
         a += pa;
         q += pq;
     }

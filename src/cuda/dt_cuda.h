@@ -45,37 +45,37 @@ extern "C" {
  * with TF32 allowed or not; NULL with a message for dt_last_error() when no CUDA device
  * can be used (no device, no driver, initialisation failed) or when the process already
  * uses another device. Asking again for the same device sets TF32 as asked. */
-const dt_ops *dt_ops_cuda(int index, int allow_tf32);
+DT_API const dt_ops *dt_ops_cuda(int index, int allow_tf32);
 
 /* Number of visible CUDA devices into *n; an error (with CUDA's reason) when the
  * runtime cannot count them, as on a machine without a driver. */
-dt_status dt_cuda_device_count(int *n);
+DT_API dt_status dt_cuda_device_count(int *n);
 /* Create the context, if no dt_ops_cuda() did yet, on device 0: the compute stream and
  * the cuBLAS handle. Idempotent; every other function calls it when needed. */
-dt_status dt_cuda_init(void);
+DT_API dt_status dt_cuda_init(void);
 /* The selected device ordinal, -1 before dt_cuda_init succeeded. */
-int       dt_cuda_device(void);
+DT_API int       dt_cuda_device(void);
 /* Make the calling thread use the selected device (cudaSetDevice); for threads other
  * than the one that initialised the backend, e.g. a communication worker. */
-dt_status dt_cuda_bind_thread(void);
+DT_API dt_status dt_cuda_bind_thread(void);
 
 /* The compute stream (a cudaStream_t); NULL before dt_cuda_init succeeded. */
-void     *dt_cuda_compute_stream(void);
+DT_API void     *dt_cuda_compute_stream(void);
 /* `stream` waits (on the device) for the work queued on the compute stream so far. */
-dt_status dt_cuda_stream_wait_compute(void *stream);
+DT_API dt_status dt_cuda_stream_wait_compute(void *stream);
 /* The compute stream waits (on the device) for the work queued on `stream` so far. */
-dt_status dt_cuda_compute_wait_stream(void *stream);
+DT_API dt_status dt_cuda_compute_wait_stream(void *stream);
 
 /* Bytes of device memory currently allocated through the table's alloc, and the
  * highest value since start or the last reset (like torch.cuda.max_memory_allocated).
  * Scratch buffers the kernels keep (im2col, reduction partials) are counted too. */
-size_t    dt_cuda_memory_allocated(void);
-size_t    dt_cuda_max_memory_allocated(void);
-void      dt_cuda_reset_peak_memory(void);
+DT_API size_t    dt_cuda_memory_allocated(void);
+DT_API size_t    dt_cuda_max_memory_allocated(void);
+DT_API void      dt_cuda_reset_peak_memory(void);
 
 /* Let cuBLAS use TF32 tensor cores for FP32 GEMMs (1) or not (0, the default). */
-dt_status dt_cuda_set_allow_tf32(int allow);
-int       dt_cuda_allow_tf32(void);
+DT_API dt_status dt_cuda_set_allow_tf32(int allow);
+DT_API int       dt_cuda_allow_tf32(void);
 
 #ifdef __cplusplus
 }

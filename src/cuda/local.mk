@@ -1,14 +1,16 @@
 # src/cuda/local.mk: the CUDA compute backend (./configure --with-cuda) and the NCCL
 # communication backend (--with-nccl).
 #
-# The .cu files are compiled by nvcc through libtool (build-aux/nvcc-wrap turns the
-# -fPIC libtool adds into -Xcompiler -fPIC), straight into libdtrain. The kernels use
+# The .cu files are compiled by nvcc through libtool, straight into libdtrain_core, with
+# the C objects' hidden visibility (build-aux/nvcc-wrap passes it, and the -fPIC libtool
+# adds, to the host compiler as -Xcompiler flags). The kernels use
 # C++ (std::mutex, std::unordered_map), hence -lstdc++. --fmad=false: no fused
 # multiply-adds, so elementwise kernels round as the CPU backend does (built with
 # -ffp-contract=off) and agree with it bit for bit where the math is the same.
 NVCCFLAGS = -O3 -std=c++17 --fmad=false --compiler-options=-Wall,-Wextra
 CUDA_SRC = src/cuda/cuda_ops.cu src/cuda/cuda_elem.cu src/cuda/cuda_nn.cu
-CUDA_HDR = src/cuda/cuda_impl.h src/cuda/dt_cuda.h src/ops.h src/ops_elem.h src/status.h src/rng.h src/dtype.h
+CUDA_HDR = src/cuda/cuda_impl.h src/cuda/dt_cuda.h src/ops.h src/ops_elem.h src/status.h src/dt_api.h src/rng.h \
+	src/dtype.h
 EXTRA_DIST += $(CUDA_SRC) src/cuda/cuda_impl.h src/cuda/dt_cuda.h build-aux/nvcc-wrap src/comm/nccl.c \
 	tests/test_cuda_ops.c tests/gpu_nccl_prog.c tests/gpu_lib.sh tests/gpu_train.sh tests/gpu_nccl.sh \
 	tests/gpu_emu.sh tests/gpu_emu/cuda_runtime.h tests/gpu_emu/cublas_v2.h tests/gpu_emu/emu.cpp
@@ -19,10 +21,10 @@ SUFFIXES = .cu
 .cu.lo:
 	@$(MKDIR_P) $(@D)
 	$(AM_V_CC)$(LIBTOOL) $(AM_V_lt) --tag=CC $(AM_LIBTOOLFLAGS) $(LIBTOOLFLAGS) --mode=compile \
-	  $(SHELL) $(top_srcdir)/build-aux/nvcc-wrap $(NVCC) $(NVCC_ARCH_FLAGS) $(NVCCFLAGS) \
+	  $(SHELL) $(top_srcdir)/build-aux/nvcc-wrap $(NVCC) $(NVCC_ARCH_FLAGS) $(NVCCFLAGS) $(DT_VISIBILITY_CFLAGS) \
 	  $(DEFS) $(DEFAULT_INCLUDES) $(AM_CPPFLAGS) $(CPPFLAGS) -c -o $@ $<
-libdtrain_la_SOURCES += $(CUDA_SRC) src/cuda/cuda_impl.h
-libdtrain_la_LIBADD += -lstdc++
+libdtrain_core_la_SOURCES += $(CUDA_SRC) src/cuda/cuda_impl.h
+libdtrain_core_la_LIBADD += -lstdc++
 dtraininclude_HEADERS += src/cuda/dt_cuda.h
 src/cuda/cuda_ops.lo src/cuda/cuda_elem.lo src/cuda/cuda_nn.lo: $(CUDA_HDR)
 
@@ -33,7 +35,7 @@ endif
 
 if HAVE_NCCL
 AM_CPPFLAGS += $(NCCL_CFLAGS)
-libdtrain_la_SOURCES += src/comm/nccl.c
+libdtrain_core_la_SOURCES += src/comm/nccl.c
 check_PROGRAMS += tests/gpu_nccl_prog
 tests_gpu_nccl_prog_SOURCES = tests/gpu_nccl_prog.c
 endif

@@ -6,7 +6,7 @@ dtrun_SOURCES = src/tools/dtrun.c src/tools/dtrun.h src/tools/dtrun_ranks.c src/
 	src/tools/dtrun_util.c src/clock.c src/clock.h
 dtrun_LDADD =
 # per-target flags (the same ones) give dtrun its own object of src/clock.c, which
-# libdtrain also compiles, with libtool
+# libdtrain_core also compiles, with libtool
 dtrun_CFLAGS = $(AM_CFLAGS)
 dtbench_SOURCES = src/tools/dtbench.c src/tools/args.c src/tools/args.h
 
