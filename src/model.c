@@ -123,6 +123,11 @@ dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *
     for (int i = 0; i < m->spec.n; i++)
         if (m->spec.layers[i].out_numel > maxact) maxact = m->spec.layers[i].out_numel;
     const dt_layer *last = &m->spec.layers[m->spec.n - 1];
+    if ((uint64_t)max_batch * (uint64_t)maxact > (UINT64_C(1) << 58)) {
+        s = dt_error(DT_ERR_INVALID, "model: %d samples of %lld activations each are more than a device can hold",
+                     max_batch, (long long)maxact);
+        goto fail;
+    }
     size_t actb = (size_t)max_batch * (size_t)maxact * sizeof(float);
     if ((s = ops->alloc((void **)&m->params, m->nparams * sizeof(float))) != DT_OK ||
         (s = ops->alloc((void **)&m->grads, m->nparams * sizeof(float))) != DT_OK ||

@@ -79,7 +79,13 @@ dt_status dt_layer_tensor_add(dt_layer *L, const char *suffix, dt_tensor_role ro
     t->counter = counter;
     t->ndim = ndim;
     t->numel = 1;
-    for (int i = 0; i < ndim; i++) t->numel *= (t->shape[i] = shape[i]);
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        /* kernels index a tensor with 32-bit counts: refuse what they could not address */
+        if (shape[i] <= 0 || __builtin_mul_overflow(t->numel, shape[i], &t->numel) || t->numel > DT_LAYER_MAX_NUMEL)
+            return dt_error(DT_ERR_INVALID, "model spec: layer %s '%s': its %s would have more than %lld "
+                            "elements", L->name, L->text, suffix, (long long)DT_LAYER_MAX_NUMEL);
+    }
     if (role == DT_TENSOR_PARAM) L->nparams++;
     return DT_OK;
 }

@@ -111,6 +111,9 @@ typedef enum {
 } dt_tensor_role;
 
 #define DT_LAYER_MAX_TENSORS 6
+/* Largest element count of one parameter or buffer, and of one sample's
+ * activation: kernels take 32-bit counts. */
+#define DT_LAYER_MAX_NUMEL  INT64_C(2147483647)
 
 /* A parameter or buffer declared by a row's infer, in state_dict order. */
 typedef struct {

@@ -23,7 +23,8 @@
 
 int64_t dt_shape_numel(const dt_shape *s) {
     int64_t n = 1;
-    for (int i = 0; i < s->ndim; i++) n *= s->d[i];
+    for (int i = 0; i < s->ndim; i++)
+        if (__builtin_mul_overflow(n, s->d[i], &n)) return INT64_MAX;   /* saturates: callers bound it */
     return n;
 }
 
@@ -312,8 +313,9 @@ static dt_status parse_list(layer_vec *lv, char *text, const char *prefix, int d
 
 /* Read a spec file: lines, '#' starts a comment. Returns malloc'ed text. */
 static dt_status read_spec_file(const char *path, char **text) {
+    /* a spec file that cannot be opened is a bad --model (input), not a failing device */
     FILE *f = fopen(path, "r");
-    if (!f) return dt_error(DT_ERR_IO, "model spec file %s: %s", path, strerror(errno));
+    if (!f) return dt_error(DT_ERR_INVALID, "model spec file %s: %s", path, strerror(errno));
     char *buf = malloc(SPEC_FILE_MAX + 1);
     if (!buf) { fclose(f); return dt_error(DT_ERR_NOMEM, "model spec file %s: out of memory", path); }
     size_t n = fread(buf, 1, SPEC_FILE_MAX + 1, f);
@@ -383,6 +385,9 @@ dt_status dt_spec_infer(dt_spec *s, const dt_shape *input) {
     for (int i = 0; i < input->ndim; i++)
         if (input->d[i] <= 0)
             return dt_error(DT_ERR_INVALID, "model: input shape has a zero or negative dimension");
+    if (dt_shape_numel(input) > DT_LAYER_MAX_NUMEL)
+        return dt_error(DT_ERR_INVALID, "model: input shape has more than %lld elements per sample",
+                        (long long)DT_LAYER_MAX_NUMEL);
     dt_shape cur = *input;
     int64_t total = 0;
     int ntensors = 0;
@@ -396,12 +401,20 @@ dt_status dt_spec_infer(dt_spec *s, const dt_shape *input) {
         DT_TRY(L->def->infer(L, &o));
         for (int d = 0; d < o.ndim; d++)
             if (o.d[d] <= 0) return SPEC_ERR(L, "output would be empty");
+        if (dt_shape_numel(&o) > DT_LAYER_MAX_NUMEL) {
+            char sh[96];
+            dt_shape_str(&o, 1, sh, sizeof sh);
+            return SPEC_ERR(L, "its output %s would have more than %lld elements per sample", sh,
+                            (long long)DT_LAYER_MAX_NUMEL);
+        }
         L->outs = o;
         L->in_numel = dt_shape_numel(&L->in);
         L->out_numel = dt_shape_numel(&o);
         L->first_param = ntensors;
         for (int t = 0; t < L->ntensors; t++) {
             dt_layer_tensor *T = &L->t[t];
+            if (T->role == DT_TENSOR_PARAM && total > INT64_C(1) << 52)   /* each tensor is < 2^31 */
+                return SPEC_ERR(L, "the model would have more than 2^52 parameters");
             if (T->role == DT_TENSOR_PARAM) { T->offset = (size_t)total; total += T->numel; }
             else if (T->role == DT_TENSOR_BUFFER) { T->offset = nbuf; nbuf += (size_t)T->numel; }
         }

@@ -175,7 +175,7 @@ static void test_files(void) {
     is_int(s.n, 4, "@file: 4 layers");
     dt_spec_free(&s);
     unlink(path);
-    expect_error(at, &MNIST, DT_ERR_IO, path, "missing @file names the file");
+    expect_error(at, &MNIST, DT_ERR_INVALID, path, "missing @file is bad input naming the file");
 }
 
 static void test_errors(void) {
@@ -210,6 +210,15 @@ static void test_errors(void) {
     expect_error("conv(8,3) conv(8,3)", &small, DT_ERR_INVALID,
                  "layer 1 'conv(8,3)': output would be empty for input (B, 8, 2, 2)", "zero-size output");
     expect_error("maxpool(5)", &small, DT_ERR_INVALID, "layer 0 'maxpool(5)': output would be empty", "pool larger than input");
+    /* sizes that would overflow: refused with the layer named, never a negative count */
+    dt_shape big = { 3, { 1, 32, 32 } };
+    expect_error("conv(1000000000,1) flatten linear(1000000000)", &big, DT_ERR_INVALID,
+                 "layer 0 'conv(1000000000,1)': its output (B, 1000000000, 32, 32) would have more than 2147483647 "
+                 "elements per sample", "an activation too large for 32-bit counts");
+    expect_error("flatten linear(100000) linear(100000)", &MNIST, DT_ERR_INVALID,
+                 "layer 2 'linear(100000)': its weight would have more than 2147483647 elements", "a weight too large");
+    dt_shape huge = { 3, { 1000000, 1000000, 1000000 } };
+    expect_error("relu", &huge, DT_ERR_INVALID, "input shape has more than", "an input too large");
     dt_shape bad = { 2, { 3, 4 } };
     expect_error("relu", &bad, DT_ERR_INVALID, "input shape must be (C, H, W) or (F)", "2-d input rejected");
 }

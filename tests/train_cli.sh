@@ -68,6 +68,7 @@ bad "^dtrain: --schedule: expected cosine, constant or step, got 'linear'" "an u
 bad "unknown command" "an unknown command" frobnicate
 bad "/nonexistent" "dtrain model with a missing data directory" model --model cnn --data /nonexistent/dir
 bad "/nonexistent/spec.txt" "dtrain model with a missing @FILE" model --model @/nonexistent/spec.txt
+bad "/nonexistent/spec.txt" "dtrain train with a missing @FILE" train --data "$DATA" --model @/nonexistent/spec.txt
 bad "empty layer list" "dtrain model with an empty residual block" model --model "conv(4,3) residual()"
 run model --model resnet > "$T/sum3" 2>&1
 ok_grep "$T/sum3" "Total params: 112,106" "model summary of the resnet preset"
