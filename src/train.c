@@ -610,7 +610,7 @@ dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
         *model_out = t.model;
         t.model = NULL;
     }
+    trainer_free(&t);          /* first: DDP unhooks itself from the model */
     dt_model_free(t.model);
-    trainer_free(&t);
     return s;
 }

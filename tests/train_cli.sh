@@ -70,6 +70,17 @@ bad "/nonexistent" "dtrain model with a missing data directory" model --model cn
 bad "/nonexistent/spec.txt" "dtrain model with a missing @FILE" model --model @/nonexistent/spec.txt
 bad "/nonexistent/spec.txt" "dtrain train with a missing @FILE" train --data "$DATA" --model @/nonexistent/spec.txt
 bad "empty layer list" "dtrain model with an empty residual block" model --model "conv(4,3) residual()"
+# a run that fails after setup releases everything in the right order (valgrind: no invalid access)
+if command -v valgrind > /dev/null 2>&1; then
+    timeout 300 "$DT_BUILDDIR/libtool" --mode=execute valgrind -q --error-exitcode=99 "$D" train \
+        --model "flatten linear(8) relu linear(3)" --data synthetic:64,1,4,4,3 --batch 16 --epochs 1 --quiet \
+        --checkpoint-dir /proc/nonexistent/ck > "$T/vg" 2>&1
+    rc=$?
+    [ $rc -eq 1 ]; ok $? "a failed checkpoint write: exit 1 and no invalid memory access under valgrind (got $rc)"
+    ok_grep "$T/vg" "cannot create the checkpoint directory" "the error reaches the user"
+else
+    skip "valgrind not installed"; skip "valgrind not installed"
+fi
 run model --model resnet > "$T/sum3" 2>&1
 ok_grep "$T/sum3" "Total params: 112,106" "model summary of the resnet preset"
 ok_grep "$T/sum3" "^4\.3 +conv\(32,3,pad=1,bias=0\)" "the summary names layers inside a block by their module path"
