@@ -352,10 +352,28 @@ static dt_status read_info(dt_ckpt *c) {
     if (!*seed || *e || errno || *seed == '-')
         return dt_error(DT_ERR_FORMAT, "%s: metadata \"dtrain.seed\" = \"%s\" is not an unsigned integer",
                         c->state_path, seed);
-    DT_TRY(meta_int(c, "dtrain.batch", 0, &in->batch));
-    DT_TRY(meta_int(c, "dtrain.micro_batches", 0, &in->micro_batches));
-    DT_TRY(meta_int(c, "dtrain.world_size", 0, &v));
+    DT_TRY(meta_int(c, "dtrain.batch", 1, &in->batch));
+    DT_TRY(meta_int(c, "dtrain.micro_batches", 1, &in->micro_batches));
+    DT_TRY(meta_int(c, "dtrain.world_size", 1, &v));
+    if (v > INT32_MAX)
+        return dt_error(DT_ERR_FORMAT, "%s: metadata \"dtrain.world_size\" = %" PRId64 " is out of range", c->state_path, v);
     in->world_size = (int)v;
+    /* the numbers must describe a run that could have written them */
+    if (in->batch % in->micro_batches != 0 || in->micro_batches % in->world_size != 0 || in->step_in_epoch > in->step)
+        return dt_error(DT_ERR_FORMAT, "%s: inconsistent metadata: batch %" PRId64 ", %" PRId64 " micro-batches, "
+                        "world size %d, step %" PRId64 " (%" PRId64 " in its epoch)", c->state_path, in->batch,
+                        in->micro_batches, in->world_size, in->step, in->step_in_epoch);
+    /* a step-<N> directory holds step N */
+    const char *base = strrchr(c->path, '/');
+    base = base ? base + 1 : c->path;
+    if (!strncmp(base, "step-", 5)) {
+        char *end;
+        errno = 0;
+        long long named = strtoll(base + 5, &end, 10);
+        if (!errno && *end == '\0' && end != base + 5 && named != in->step)
+            return dt_error(DT_ERR_FORMAT, "%s: the directory is named for step %lld but holds step %" PRId64,
+                            c->state_path, named, in->step);
+    }
     DT_TRY(meta_str(c, "dtrain.model", &in->model_spec));
     DT_TRY(meta_str(c, "dtrain.schedule", &in->schedule));
     DT_TRY(meta_str(c, "dtrain.optimizer", &kind));

@@ -500,6 +500,38 @@ static void test_crash(void) {
     dt_model_free(m);
 }
 
+/* Numbers read from a checkpoint are checked, even when its checksums are valid. */
+static void test_bad_numbers(void) {
+    char dir[512], ck[1024], moved[1024];
+    snprintf(dir, sizeof dir, "%s/numbers", tmpdir);
+    dt_model *m = build(SPEC, 1);
+    dt_optim *o = optim(0, m, 0.9f);
+    dt_ckpt_info in = info_at(12);
+    in.micro_batches = 0;     /* a division by zero for a trainer that trusted it */
+    is_int(dt_ckpt_save(dir, 0, m, o, &in, NULL, 0), DT_OK, "a checkpoint claiming 0 micro-batches is written");
+    dt_ckpt_path(dir, 12, ck, sizeof ck);
+    dt_ckpt *c = NULL;
+    is_int(dt_ckpt_open(ck, &c), DT_ERR_FORMAT, "... and refused when opened");
+    like(dt_last_error(), "\"dtrain.micro_batches\" = \"0\" is not an integer >= 1", "the message names the field");
+    dt_ckpt_close(c);
+    in = info_at(13);
+    in.micro_batches = 3;     /* 256 is not divisible by 3 */
+    is_int(dt_ckpt_save(dir, 0, m, o, &in, NULL, 0), DT_OK, "a checkpoint with an impossible batch split is written");
+    dt_ckpt_path(dir, 13, ck, sizeof ck);
+    is_int(dt_ckpt_open(ck, &c), DT_ERR_FORMAT, "... and refused when opened");
+    like(dt_last_error(), "inconsistent metadata: batch 256, 3 micro-batches", "the message gives the numbers");
+    dt_ckpt_close(c);
+    is_int(save(dir, 0, m, o, 14), DT_OK, "a good checkpoint of step 14");
+    dt_ckpt_path(dir, 14, ck, sizeof ck);
+    snprintf(moved, sizeof moved, "%s/step-000000000099", dir);
+    ok(rename(ck, moved) == 0, "renamed to step 99");
+    is_int(dt_ckpt_open(moved, &c), DT_ERR_FORMAT, "a step-N directory holding another step is refused");
+    like(dt_last_error(), "named for step 99 but holds step 14", "the message names both steps");
+    dt_ckpt_close(c);
+    dt_optim_free(o);
+    dt_model_free(m);
+}
+
 static void test_refusals(void) {
     char dir[512], path[1024], ck[1024];
     snprintf(dir, sizeof dir, "%s/refuse", tmpdir);
@@ -607,6 +639,7 @@ int main(void) {
     test_damage();
     test_crash();
     test_refusals();
+    test_bad_numbers();
     rm_rf(tmpdir);
     return done_testing();
 }
