@@ -73,6 +73,11 @@ int main(void) {
     is_int(r, 5, "add on a missing key starts at 0");
     dt_store_add(b, "ctr", -2, &r);
     is_int(r, 3, "add is cumulative across clients");
+    dt_store_add(a, "big", INT64_MAX - 1, &r);
+    is_int(dt_store_add(a, "big", 5, &r), DT_ERR_FORMAT, "an add past INT64_MAX is refused by the store");
+    like(dt_last_error(), "overflow", "... saying it would overflow");
+    is_int(dt_store_add(a, "big", 1, &r), DT_OK, "the counter is unchanged and still usable");
+    ok(r == INT64_MAX, "... reaching INT64_MAX exactly");
 
     double t0 = dt_now();
     v = NULL;

@@ -177,9 +177,14 @@ static int serve_one(struct dt_store_server *s, int fd) {
             break;
         }
         kv *e = kv_find(s, key);
-        long long cur = e ? strtoll(e->val, NULL, 10) : 0;
+        long long cur = e ? strtoll(e->val, NULL, 10) : 0, sum;
+        if (__builtin_add_overflow(cur, d, &sum)) {
+            pthread_mutex_unlock(&s->mu);
+            keep = respond(fd, ST_BAD, "add: the counter would overflow", 31);
+            break;
+        }
         char num[32];
-        int nl = snprintf(num, sizeof num, "%lld", cur + d);
+        int nl = snprintf(num, sizeof num, "%lld", sum);
         int okay = kv_set(s, key, num, (size_t)nl);
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
