@@ -23,6 +23,7 @@ const char *dt_status_str(dt_status s) {
     case DT_ERR_MISMATCH:    return "mismatch";
     case DT_ERR_UNSUPPORTED: return "unsupported";
     case DT_ERR_INTERNAL:    return "internal error";
+    case DT_ERR_NONFINITE:   return "non-finite value";
     }
     return "unknown status";
 }

@@ -24,6 +24,7 @@ typedef enum {
     DT_ERR_MISMATCH,     /* ranks called different collectives, or disagree on a value */
     DT_ERR_UNSUPPORTED,  /* the backend or build cannot do this */
     DT_ERR_INTERNAL,     /* a bug in dtrain */
+    DT_ERR_NONFINITE,    /* a loss or gradient became NaN or infinite (training diverged) */
 } dt_status;
 
 /* The message of the last failure on this thread ("" when none). */

@@ -268,12 +268,22 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     for (int64_t j = 0; t->bnrec_n && j < t->S; j++)
         DT_TRY(dt_model_bn_replay(t->model, t->bnrec + (size_t)j * t->bnrec_n));
     double t3 = dt_now();
+    /* A non-finite loss stops the job before the update, so no NaN weights are ever
+     * applied or saved. Every rank holds every micro-batch's loss: all decide alike. */
+    for (int64_t j = 0; j < t->S; j++)
+        if (!isfinite(t->all_losses[j]))
+            return dt_error(DT_ERR_NONFINITE, "step %lld: the loss of micro-batch %lld (computed by rank %lld) is %s; "
+                            "stopped before the update (a learning rate too high, or non-finite input data?)",
+                            (long long)g + 1, (long long)j, (long long)(j / t->k), isnan(t->all_losses[j]) ? "NaN" : "infinite");
 
     float norm = 0.0f;
     if (t->o->clip > 0.0 || logged)
         DT_TRY(dt_clip_grad_norm(ops, grads, dt_model_nparams(t->model), (float)t->o->clip, &norm));
     float lr = dt_schedule_lr(&t->sched, g);
     if (dt_testing_fault() == DT_FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug (testing.h) */
+    if (!isfinite(norm))
+        return dt_error(DT_ERR_NONFINITE, "step %lld: the gradient norm is %s; stopped before the update",
+                        (long long)g + 1, isnan(norm) ? "NaN" : "infinite");
     DT_TRY(dt_optim_step(t->optim, dt_model_params(t->model), grads, lr, 1.0f));
     DT_TRY(ops->synchronize());
     double t4 = dt_now();

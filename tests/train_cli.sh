@@ -81,6 +81,13 @@ if command -v valgrind > /dev/null 2>&1; then
 else
     skip "valgrind not installed"; skip "valgrind not installed"
 fi
+# a diverging run stops before the update that would make the weights NaN, and saves nothing
+run train --data "$DATA" --model "$MLP" --epochs 2 --lr 1e6 --quiet --save "$T/nan.st" > "$T/nan" 2>&1
+rc=$?
+[ $rc -eq 1 ]; ok $? "a loss that becomes NaN: exit 1 (got $rc)"
+ok_grep "$T/nan" "^dtrain: step [0-9]+: the loss of micro-batch 0 \(computed by rank 0\) is (NaN|infinite); stopped before the update" \
+    "the error names the step, the micro-batch and its rank"
+[ ! -e "$T/nan.st" ]; ok $? "no weights are saved"
 run model --model resnet > "$T/sum3" 2>&1
 ok_grep "$T/sum3" "Total params: 112,106" "model summary of the resnet preset"
 ok_grep "$T/sum3" "^4\.3 +conv\(32,3,pad=1,bias=0\)" "the summary names layers inside a block by their module path"
