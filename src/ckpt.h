@@ -84,6 +84,10 @@ DT_API dt_status dt_ckpt_path(const char *dir, int64_t step, char *path, size_t 
  * checkpoint in DIR" when DIR is missing or holds none; DT_ERR_FORMAT when
  * every one is invalid. */
 DT_API dt_status dt_ckpt_latest(const char *dir, char *path, size_t n, char *skipped, size_t skipped_n);
+/* Create DIR (and its parents) if needed and check that checkpoints can be
+ * written into it, so a bad directory is found before training, not at the
+ * first checkpoint. DT_ERR_IO naming the directory otherwise. */
+DT_API dt_status dt_ckpt_prepare_dir(const char *dir);
 
 /* ---- reading ---------------------------------------------------------------- */
 

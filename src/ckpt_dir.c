@@ -324,3 +324,11 @@ dt_status dt_ckpt_latest(const char *dir, char *path, size_t n, char *skipped, s
                         first);
     return s;
 }
+
+dt_status dt_ckpt_prepare_dir(const char *dir) {
+    if (!dir || !*dir) return dt_error(DT_ERR_INVALID, "checkpoint: empty directory name");
+    DT_TRY(dt_ckpt_mkdirs_(dir));
+    if (access(dir, W_OK | X_OK) != 0)
+        return dt_error(DT_ERR_IO, "%s: cannot write checkpoints into it: %s", dir, strerror(errno));
+    return DT_OK;
+}

@@ -421,12 +421,31 @@ static dt_status resume_restore(trainer *t) {
     return DT_OK;
 }
 
+/* The checkpoint directory must be writable before the first step: rank 0 (the
+ * writer) prepares it and every rank learns the outcome, so a bad directory
+ * costs no training. */
+static dt_status check_ckpt_dir(trainer *t) {
+    const char *dir = t->o->ckpt_dir;
+    if (!dir) return DT_OK;
+    int64_t okay = 1;
+    char msg[512] = "";
+    if (t->rank == 0 && dt_ckpt_prepare_dir(dir) != DT_OK) {
+        okay = 0;
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+    }
+    if (t->world > 1) DT_TRY(dt_broadcast(t->comm, &okay, 1, DT_I64, 0));
+    if (okay) return DT_OK;
+    if (t->rank == 0) return dt_error(DT_ERR_INVALID, "ckpt_dir: %s", msg);
+    return dt_error(DT_ERR_INVALID, "ckpt_dir: rank 0 cannot write checkpoints into %s", dir);
+}
+
 static dt_status trainer_setup(trainer *t) {
     const dt_train_opts *o = t->o;
     DT_TRY(check_opts(o));
     t->world = t->comm ? dt_comm_size(t->comm) : 1;
     t->rank = t->comm ? dt_comm_rank(t->comm) : 0;
     if (o->resume) DT_TRY(resume_open(t));
+    DT_TRY(check_ckpt_dir(t));
     t->S = o->micro_batches > 0 ? o->micro_batches
          : t->resume ? dt_ckpt_info_of(t->resume)->micro_batches : t->world;
     if (t->S % t->world != 0 && t->resume && o->micro_batches == 0)

@@ -73,11 +73,11 @@ bad "empty layer list" "dtrain model with an empty residual block" model --model
 # a run that fails after setup releases everything in the right order (valgrind: no invalid access)
 if command -v valgrind > /dev/null 2>&1; then
     timeout 300 "$DT_BUILDDIR/libtool" --mode=execute valgrind -q --error-exitcode=99 "$D" train \
-        --model "flatten linear(8) relu linear(3)" --data synthetic:64,1,4,4,3 --batch 16 --epochs 1 --quiet \
-        --checkpoint-dir /proc/nonexistent/ck > "$T/vg" 2>&1
+        --model "flatten linear(8) relu linear(3)" --data synthetic:64,1,4,4,3 --batch 16 --epochs 2 --quiet \
+        --lr 1e6 > "$T/vg" 2>&1
     rc=$?
-    [ $rc -eq 1 ]; ok $? "a failed checkpoint write: exit 1 and no invalid memory access under valgrind (got $rc)"
-    ok_grep "$T/vg" "cannot create the checkpoint directory" "the error reaches the user"
+    [ $rc -eq 1 ]; ok $? "a run failing mid-training: exit 1 and no invalid memory access under valgrind (got $rc)"
+    ok_grep "$T/vg" "stopped before the update" "the error reaches the user"
 else
     skip "valgrind not installed"; skip "valgrind not installed"
 fi
@@ -88,6 +88,11 @@ rc=$?
 ok_grep "$T/nan" "^dtrain: step [0-9]+: the loss of micro-batch 0 \(computed by rank 0\) is (NaN|infinite); stopped before the update" \
     "the error names the step, the micro-batch and its rank"
 [ ! -e "$T/nan.st" ]; ok $? "no weights are saved"
+# output paths are checked before training, not after it
+bad "^dtrain: --save: cannot create /nonexistent/dir/x.st: directory /nonexistent/dir" "an unwritable --save" \
+    train --data "$DATA" --model "$MLP" --save /nonexistent/dir/x.st
+bad "^dtrain: --checkpoint-dir: /proc/nonexistent: cannot create the checkpoint directory" "an unwritable --checkpoint-dir" \
+    train --data "$DATA" --model "$MLP" --checkpoint-dir /proc/nonexistent/ck
 run model --model resnet > "$T/sum3" 2>&1
 ok_grep "$T/sum3" "Total params: 112,106" "model summary of the resnet preset"
 ok_grep "$T/sum3" "^4\.3 +conv\(32,3,pad=1,bias=0\)" "the summary names layers inside a block by their module path"

@@ -11,9 +11,11 @@
  * writes metrics and saves weights; errors name the rank that speaks.
  * Exit codes: 0 success, 2 bad input (flags, files, specs), 1 runtime failure.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "args.h"
@@ -122,6 +124,23 @@ static const char *usage_model =
 /* ---- shared setup ----------------------------------------------------------------- */
 
 static int g_rank = 0, g_world = 1;
+
+/* A file can be created at path: its directory exists and is writable, and path is
+ * not a directory. Bad input (exit 2) otherwise, naming the flag. */
+static dt_status check_writable(const char *flag, const char *path) {
+    char dir[4096];
+    struct stat st;
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return dt_error(DT_ERR_INVALID, "%s: %s is a directory, expected a file name", flag, path);
+    if (access(dir, W_OK | X_OK) != 0)
+        return dt_error(DT_ERR_INVALID, "%s: cannot create %s: directory %s: %s", flag, path, dir, strerror(errno));
+    return DT_OK;
+}
 
 static int fail(dt_status s) {
     char buf[1200];
@@ -376,6 +395,7 @@ static int cmd_train(int argc, char **argv) {
     if (batch_per_rank > 0) o.batch = batch_per_rank * g_world;
     if ((s = setup_threads(ops, threads, local_size)) != DT_OK) goto out;
 
+    if (g_rank == 0 && save && (s = check_writable("--save", save)) != DT_OK) goto out;   /* before, not after, training */
     reporter rep = {.quiet = quiet, .tty = isatty(STDERR_FILENO), .rank0 = g_rank == 0};
     if (g_rank == 0 && metrics) {
         rep.metrics = fopen(metrics, "a");
