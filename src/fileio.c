@@ -62,6 +62,24 @@ struct dt_afile {
     int   fd;
 };
 
+/* The process's umask without changing it (umask(2) can only set it, which would
+ * race with other threads creating files): Linux reports it in /proc/self/status. */
+static mode_t process_umask(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned m = 022;
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f))
+        found = sscanf(line, "Umask: %o", &m) == 1;
+    if (f) fclose(f);
+    if (!found) {            /* an old kernel: read it the racy way, once */
+        mode_t old = umask(022);
+        umask(old);
+        m = old;
+    }
+    return (mode_t)(m & 0777);
+}
+
 dt_status dt_afile_open(const char *path, dt_afile **out) {
     *out = NULL;
     if (!path || !*path) return dt_error(DT_ERR_INVALID, "atomic write: empty path");
@@ -89,7 +107,8 @@ dt_status dt_afile_open(const char *path, dt_afile **out) {
         free(f);
         return s;
     }
-    if (fchmod(f->fd, 0644) != 0) {
+    /* mkostemp made it 0600; give it the mode open(O_CREAT, 0666) would under the umask */
+    if (fchmod(f->fd, 0666 & ~process_umask()) != 0) {
         dt_status s = dt_error(DT_ERR_IO, "%s: cannot set the mode of %s: %s", path, f->tmp, strerror(errno));
         dt_afile_abort(f);
         return s;

@@ -88,6 +88,11 @@ rc=$?
 ok_grep "$T/nan" "^dtrain: step [0-9]+: the loss of micro-batch 0 \(computed by rank 0\) is (NaN|infinite); stopped before the update" \
     "the error names the step, the micro-batch and its rank"
 [ ! -e "$T/nan.st" ]; ok $? "no weights are saved"
+# written files honour the umask (077: only the owner may read the weights)
+(umask 077; run train --data "$DATA" --model "$MLP" --epochs 1 --quiet --no-eval --save "$T/private.st" > /dev/null 2>&1)
+[ "$(stat -c %a "$T/private.st" 2>/dev/null)" = 600 ]; ok $? "under umask 077 the saved weights are mode 600"
+(umask 022; run train --data "$DATA" --model "$MLP" --epochs 1 --quiet --no-eval --save "$T/public.st" > /dev/null 2>&1)
+[ "$(stat -c %a "$T/public.st" 2>/dev/null)" = 644 ]; ok $? "under umask 022 they are mode 644"
 # output paths are checked before training, not after it
 bad "^dtrain: --save: cannot create /nonexistent/dir/x.st: directory /nonexistent/dir" "an unwritable --save" \
     train --data "$DATA" --model "$MLP" --save /nonexistent/dir/x.st

@@ -124,9 +124,17 @@ static dt_status parse_method(const char *m, const dt_launch_env *env, method_t 
 /* file://: rank 0 publishes where its store listens, atomically (temporary + rename). */
 static dt_status file_publish(const char *path, const char *job, const char *addr, int port, unsigned long long nonce) {
     char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) return dt_error(DT_ERR_IO, "file:// rendezvous: cannot create %s: %s", tmp, strerror(errno));
+    /* mkostemp: a fresh name, created exclusively (never through a planted symlink), mode 0600 */
+    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) return dt_error(DT_ERR_IO, "file:// rendezvous: cannot create a file beside %s: %s", path, strerror(errno));
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        return dt_error(DT_ERR_IO, "file:// rendezvous: cannot write %s: %s", tmp, strerror(e));
+    }
     int bad = fprintf(f, "dtrain-store 1 %s %s %d %llx\n", *job ? job : "-", addr, port, nonce) < 0;
     bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
     bad |= fclose(f) != 0;
