@@ -21,7 +21,9 @@
 dt_status dt_file_open_read(const char *path, int *fd, int64_t *size) {
     *fd = -1;
     *size = 0;
-    int d = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever;
+     * the check below refuses anything but a regular file, then blocking reads resume */
+    int d = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (d < 0) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(d, &st) != 0) {
@@ -33,8 +35,27 @@ dt_status dt_file_open_read(const char *path, int *fd, int64_t *size) {
         close(d);
         return dt_error(DT_ERR_IO, "%s: not a regular file%s", path, S_ISDIR(st.st_mode) ? " (a directory)" : "");
     }
+    int fl = fcntl(d, F_GETFL);
+    if (fl < 0 || fcntl(d, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        dt_status s = dt_error(DT_ERR_IO, "%s: cannot set blocking reads: %s", path, strerror(errno));
+        close(d);
+        return s;
+    }
     *fd = d;
     *size = (int64_t)st.st_size;
+    return DT_OK;
+}
+
+dt_status dt_file_fopen_read(const char *path, FILE **out) {
+    int fd;
+    int64_t size;
+    *out = NULL;
+    DT_TRY(dt_file_open_read(path, &fd, &size));
+    if (!(*out = fdopen(fd, "r"))) {
+        dt_status s = dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
+        return s;
+    }
     return DT_OK;
 }
 

@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "status.h"
 
@@ -21,6 +22,8 @@ typedef struct dt_afile dt_afile;
 /* ---- reading -------------------------------------------------------------- */
 /* Open a regular file read-only; *size is its length. DT_ERR_IO naming path. */
 DT_API dt_status dt_file_open_read(const char *path, int *fd, int64_t *size);
+/* The same as a stdio stream (a FIFO or device is refused, never waited on). */
+DT_API dt_status dt_file_fopen_read(const char *path, FILE **out);
 /* Exactly n bytes at offset off (64-bit); a short read is DT_ERR_FORMAT (truncated). */
 DT_API dt_status dt_file_pread(int fd, const char *path, void *buf, size_t n, int64_t off);
 

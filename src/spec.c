@@ -9,6 +9,7 @@
  * module path ("3.1") and text and says what was expected, in one line.
  */
 #include "model.h"
+#include "fileio.h"
 #include "layers.h"
 
 #include <ctype.h>
@@ -313,9 +314,14 @@ static dt_status parse_list(layer_vec *lv, char *text, const char *prefix, int d
 
 /* Read a spec file: lines, '#' starts a comment. Returns malloc'ed text. */
 static dt_status read_spec_file(const char *path, char **text) {
-    /* a spec file that cannot be opened is a bad --model (input), not a failing device */
-    FILE *f = fopen(path, "r");
-    if (!f) return dt_error(DT_ERR_INVALID, "model spec file %s: %s", path, strerror(errno));
+    /* a spec file that cannot be opened (missing, or not a regular file) is a bad
+     * --model (input), not a failing device */
+    FILE *f;
+    if (dt_file_fopen_read(path, &f) != DT_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", dt_last_error());   /* dt_error rewrites that buffer */
+        return dt_error(DT_ERR_INVALID, "model spec file %s", why);
+    }
     char *buf = malloc(SPEC_FILE_MAX + 1);
     if (!buf) { fclose(f); return dt_error(DT_ERR_NOMEM, "model spec file %s: out of memory", path); }
     size_t n = fread(buf, 1, SPEC_FILE_MAX + 1, f);

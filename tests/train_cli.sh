@@ -93,6 +93,12 @@ ok_grep "$T/nan" "^dtrain: step [0-9]+: the loss of micro-batch 0 \(computed by 
 [ "$(stat -c %a "$T/private.st" 2>/dev/null)" = 600 ]; ok $? "under umask 077 the saved weights are mode 600"
 (umask 022; run train --data "$DATA" --model "$MLP" --epochs 1 --quiet --no-eval --save "$T/public.st" > /dev/null 2>&1)
 [ "$(stat -c %a "$T/public.st" 2>/dev/null)" = 644 ]; ok $? "under umask 022 they are mode 644"
+# a FIFO given as an input file is refused at once, never waited on
+mkfifo "$T/fifo"
+bad "$T/fifo: not a regular file" "a FIFO as the model spec file" model --model "@$T/fifo"
+bad "$T/fifo: not a regular file" "a FIFO as a data file" train --data "$T/fifo,$T/fifo" --model "$MLP"
+bad "$T/fifo: not a regular file" "a FIFO as the weights" eval --data "$DATA" --model "$MLP" --weights "$T/fifo"
+bad "$T/fifo: not a regular file" "a FIFO as a metrics file" plot --text "$T/fifo"
 # output paths are checked before training, not after it
 bad "^dtrain: --save: cannot create /nonexistent/dir/x.st: directory /nonexistent/dir" "an unwritable --save" \
     train --data "$DATA" --model "$MLP" --save /nonexistent/dir/x.st

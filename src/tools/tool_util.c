@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "fileio.h"
 #include "tool_util.h"
 
 extern char **environ;
@@ -119,8 +120,9 @@ dt_status dt_tool_read_steps(const char *path, dt_step_rec **out, size_t *n, int
     *out = NULL;
     *n = 0;
     *runs = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return dt_error(DT_ERR_INVALID, "%s: cannot open (%s)", path, strerror(errno));
+    FILE *f;
+    /* a metrics file that cannot be opened is bad input; the message is already there */
+    if (dt_file_fopen_read(path, &f) != DT_OK) return DT_ERR_INVALID;
     dt_step_rec *recs = NULL;
     size_t cnt = 0, cap = 0, lsize = 0;
     char *line = NULL;
