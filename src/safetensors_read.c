@@ -222,6 +222,11 @@ struct dt_st_file {
     size_t   nmeta, capmeta;
     unsigned char *data; /* the data region, 64-byte aligned */
     size_t   data_len;
+    /* name indices sorted with strcmp, built once after parsing: duplicates are
+     * neighbours and lookups are binary searches, so a header of n names costs
+     * O(n log n), not O(n^2) */
+    const rtensor **t_by_name;
+    char  *const  **meta_by_key;   /* pointers at the key slots of meta */
 };
 
 void dt_st_close(dt_st_file *f) {
@@ -233,6 +238,8 @@ void dt_st_close(dt_st_file *f) {
     for (size_t i = 0; i < 2 * f->nmeta; i++) free(f->meta[i]);
     free(f->t);
     free(f->meta);
+    free(f->t_by_name);
+    free(f->meta_by_key);
     free(f->data);
     free(f);
 }
@@ -249,10 +256,6 @@ static dt_status parse_metadata(jparse *j, dt_st_file *f) {
         dt_status s = jexpect(j, ':');
         if (s == DT_OK && !jpeek(j, '"')) s = jerr(j, "metadata values must be strings");
         if (s == DT_OK) s = jstring(j, &v);
-        for (size_t i = 0; s == DT_OK && i < f->nmeta; i++)
-            if (strcmp(f->meta[2 * i], k) == 0)
-                s = dt_error(DT_ERR_FORMAT, "%s: bad safetensors header: metadata key \"%s\" appears twice",
-                             f->label, k);
         if (s == DT_OK && f->nmeta == f->capmeta) {
             size_t cap = f->capmeta ? 2 * f->capmeta : 8;
             char **m = realloc(f->meta, 2 * cap * sizeof *m);
@@ -345,10 +348,6 @@ static dt_status parse_header(dt_st_file *f, const char *json, size_t len) {
                 have_meta = 1;
                 free(k);
             } else if (s == DT_OK) {
-                for (size_t i = 0; s == DT_OK && i < f->nt; i++)
-                    if (strcmp(f->t[i].name, k) == 0)
-                        s = dt_error(DT_ERR_FORMAT, "%s: bad safetensors header: tensor \"%s\" appears twice",
-                                     f->label, k);
                 if (s == DT_OK && f->nt == f->capt) {
                     size_t cap = f->capt ? 2 * f->capt : 16;
                     rtensor *t = realloc(f->t, cap * sizeof *t);
@@ -382,6 +381,34 @@ static dt_status parse_header(dt_st_file *f, const char *json, size_t len) {
     }
     jws(&j);
     if (j.p != j.end) return jerr(&j, "unexpected text after the closing '}' (only space padding may follow)");
+    return DT_OK;
+}
+
+static int cmp_tensor_names(const void *a, const void *b) {
+    return strcmp((*(const rtensor *const *)a)->name, (*(const rtensor *const *)b)->name);
+}
+
+static int cmp_meta_keys(const void *a, const void *b) {
+    return strcmp(**(char *const *const *)a, **(char *const *const *)b);
+}
+
+/* Sort the name indices; a name given twice is an error naming it. */
+static dt_status index_names(dt_st_file *f) {
+    f->t_by_name = malloc((f->nt ? f->nt : 1) * sizeof *f->t_by_name);
+    f->meta_by_key = malloc((f->nmeta ? f->nmeta : 1) * sizeof *f->meta_by_key);
+    if (!f->t_by_name || !f->meta_by_key) return dt_error(DT_ERR_NOMEM, "%s: out of memory", f->label);
+    for (size_t i = 0; i < f->nt; i++) f->t_by_name[i] = &f->t[i];
+    for (size_t i = 0; i < f->nmeta; i++) f->meta_by_key[i] = &f->meta[2 * i];
+    qsort(f->t_by_name, f->nt, sizeof *f->t_by_name, cmp_tensor_names);
+    qsort(f->meta_by_key, f->nmeta, sizeof *f->meta_by_key, cmp_meta_keys);
+    for (size_t i = 1; i < f->nt; i++)
+        if (strcmp(f->t_by_name[i - 1]->name, f->t_by_name[i]->name) == 0)
+            return dt_error(DT_ERR_FORMAT, "%s: bad safetensors header: tensor \"%s\" appears twice", f->label,
+                            f->t_by_name[i]->name);
+    for (size_t i = 1; i < f->nmeta; i++)
+        if (strcmp(*f->meta_by_key[i - 1], *f->meta_by_key[i]) == 0)
+            return dt_error(DT_ERR_FORMAT, "%s: bad safetensors header: metadata key \"%s\" appears twice",
+                            f->label, *f->meta_by_key[i]);
     return DT_OK;
 }
 
@@ -472,6 +499,7 @@ static dt_status st_begin(const char *label, uint64_t file_len, const unsigned c
 
 static dt_status st_finish(dt_st_file *f, const char *json, size_t n) {
     DT_TRY(parse_header(f, json, n));
+    DT_TRY(index_names(f));
     DT_TRY(check_layout(f));
     /* Other writers may place a tensor at an offset its element type cannot be
      * loaded from directly (e.g. I64 at byte 12): give those an aligned copy. */
@@ -548,16 +576,25 @@ dt_status dt_st_tensor_at(const dt_st_file *f, size_t i, dt_st_tensor *out) {
     return DT_OK;
 }
 
+static int cmp_name_key(const void *key, const void *elem) {
+    return strcmp((const char *)key, (*(const rtensor *const *)elem)->name);
+}
+
+static int cmp_meta_key(const void *key, const void *elem) {
+    return strcmp((const char *)key, **(char *const *const *)elem);
+}
+
 dt_status dt_st_find(const dt_st_file *f, const char *name, dt_st_tensor *out) {
-    for (size_t i = 0; i < f->nt; i++)
-        if (strcmp(f->t[i].name, name) == 0) return dt_st_tensor_at(f, i, out);
+    const rtensor *const *hit = f->t_by_name ? bsearch(name, f->t_by_name, f->nt, sizeof *f->t_by_name, cmp_name_key)
+                                             : NULL;
+    if (hit) return dt_st_tensor_at(f, (size_t)(*hit - f->t), out);
     return dt_error(DT_ERR_INVALID, "%s: no tensor named \"%s\"", f->label, name);
 }
 
 const char *dt_st_meta_get(const dt_st_file *f, const char *key) {
-    for (size_t i = 0; i < f->nmeta; i++)
-        if (strcmp(f->meta[2 * i], key) == 0) return f->meta[2 * i + 1];
-    return NULL;
+    char *const *const *hit = f->meta_by_key ? bsearch(key, f->meta_by_key, f->nmeta, sizeof *f->meta_by_key,
+                                                       cmp_meta_key) : NULL;
+    return hit ? (*hit)[1] : NULL;
 }
 
 size_t dt_st_meta_count(const dt_st_file *f) { return f->nmeta; }

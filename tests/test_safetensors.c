@@ -375,6 +375,55 @@ static void test_atomic(void) {
     unlink(p);
 }
 
+/* A header of n one-float tensors, tensor i named "t<(i * 7919) % n>" (every name
+ * once, out of order); with dup, the last tensor takes the first one's name. */
+static char *many_names_json(int n, int dup) {
+    size_t cap = (size_t)n * 80 + 64, len = 0;
+    char *json = malloc(cap);
+    len += (size_t)snprintf(json + len, cap - len, "{");
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf(json + len, cap - len, "%s\"t%d\":{\"dtype\":\"F32\",\"shape\":[1],"
+                                "\"data_offsets\":[%d,%d]}", i ? "," : "", dup && i == n - 1 ? 0 : (i * 7919) % n,
+                                4 * i, 4 * i + 4);
+    snprintf(json + len, cap - len, "}");
+    return json;
+}
+
+/* Many names: all found by name, and a repeated one among them is named (the
+ * reader sorts its name index once, so this stays fast at any count). */
+static void test_many_names(void) {
+    enum { N = 40000 };
+    float *data = calloc(N, sizeof *data);
+    for (int i = 0; i < N; i++) data[i] = (float)i;
+    char *json = many_names_json(N, 0);
+    size_t n;
+    unsigned char *b = make_file(json, data, (size_t)N * sizeof(float), &n);
+    dt_st_file *f = NULL;
+    is_int(dt_st_open_mem(b, n, "many.safetensors", &f), DT_OK, "a header of %d tensors opens", N);
+    int found = f != NULL;
+    for (int i = 0; found && i < N; i += 997) {
+        dt_st_tensor t;
+        char name[32];
+        snprintf(name, sizeof name, "t%d", (i * 7919) % N);
+        found = dt_st_find(f, name, &t) == DT_OK && ((const float *)t.data)[0] == (float)i;
+    }
+    ok(found, "tensors are found by name among %d", N);
+    dt_st_tensor t;
+    ok(f && dt_st_find(f, "t40000", &t) == DT_ERR_INVALID, "an absent name is reported");
+    dt_st_close(f);
+    free(b);
+    free(json);
+    json = many_names_json(N, 1);
+    b = make_file(json, data, (size_t)N * sizeof(float), &n);
+    f = (dt_st_file *)1;
+    is_int(dt_st_open_mem(b, n, "many.safetensors", &f), DT_ERR_FORMAT, "a name given twice among %d is refused", N);
+    like(dt_last_error(), "tensor \"t0\" appears twice", "the message names it");
+    ok(f == NULL, "nothing is returned");
+    free(b);
+    free(json);
+    free(data);
+}
+
 int main(void) {
     tmp_init("dt_test_st");
     test_roundtrip();
@@ -382,6 +431,7 @@ int main(void) {
     test_python();
     test_corrupt();
     test_atomic();
+    test_many_names();
     unlink(tmp_path("rt.safetensors"));
     unlink(tmp_path("small.safetensors"));
     unlink(tmp_path("py.safetensors"));
