@@ -371,7 +371,9 @@ static dt_status resume_open(trainer *t) {
         } else {
             dt_status s = dt_ckpt_latest(where, path, sizeof path, skipped, sizeof skipped);
             if (s == DT_OK) found = 1;
-            else if (!(s == DT_ERR_IO && !strcmp(o->resume, "auto"))) return s;  /* auto: nothing yet is fine */
+            else if (s == DT_ERR_IO && strcmp(o->resume, "auto") != 0)
+                return DT_ERR_INVALID;                   /* a named checkpoint that is not there: bad input */
+            else if (s != DT_ERR_IO) return s;           /* auto: nothing yet is fine */
         }
     }
     if (t->world > 1) {

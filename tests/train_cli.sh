@@ -99,6 +99,7 @@ bad "$T/fifo: not a regular file" "a FIFO as the model spec file" model --model 
 bad "$T/fifo: not a regular file" "a FIFO as a data file" train --data "$T/fifo,$T/fifo" --model "$MLP"
 bad "$T/fifo: not a regular file" "a FIFO as the weights" eval --data "$DATA" --model "$MLP" --weights "$T/fifo"
 bad "$T/fifo: not a regular file" "a FIFO as a metrics file" plot --text "$T/fifo"
+bad "/nonexistent/ck" "--resume of a checkpoint that does not exist" train --data "$DATA" --model "$MLP" --resume /nonexistent/ck
 # output paths are checked before training, not after it
 bad "^dtrain: --save: cannot create /nonexistent/dir/x.st: directory /nonexistent/dir" "an unwritable --save" \
     train --data "$DATA" --model "$MLP" --save /nonexistent/dir/x.st
