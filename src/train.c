@@ -342,11 +342,11 @@ static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
     char loss[64], total[32];
     snprintf(loss, sizeof loss, "%.17g", t->epoch_loss);
     snprintf(total, sizeof total, "%lld", (long long)t->total);
-    const char *extra[] = {"epoch_loss", loss, "total_steps", total};
+    const char *extra[] = {"epoch_loss", loss, "total_steps", total, "data", o->data};
     dt_ckpt_info info = {.step = done, .epoch = done / t->spe, .step_in_epoch = done % t->spe,
                          .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
                          .model_spec = o->model, .schedule = o->schedule};
-    dt_status s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, 2);
+    dt_status s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, 3);
     if (s != DT_OK) dt_error_wrap(s, "checkpoint at step %lld: ", (long long)done);
     return s;
 }
@@ -403,6 +403,54 @@ static dt_status resume_open(trainer *t) {
     return DT_OK;
 }
 
+/* Append "what: recorded -> now" to list (n bytes) when the two texts differ. */
+static void note_change(char *list, size_t n, const char *what, const char *was, const char *now) {
+    if (!strcmp(was, now)) return;
+    size_t len = strlen(list);
+    snprintf(list + len, n - len, "%s%s '%s' -> '%s'", len ? ", " : "", what, was, now);
+}
+
+/* A resumed run continues the recorded computation only with the recorded model,
+ * data and hyper-parameters: refuse a difference, naming each, unless overridden
+ * (then the START note says what changed). */
+static dt_status resume_compare(trainer *t) {
+    const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
+    char diff[1024] = "";
+    note_change(diff, sizeof diff, "model", ci->model_spec, t->o->model);
+    const char *data = dt_ckpt_extra(t->resume, "data");
+    if (data) note_change(diff, sizeof diff, "data", data, t->o->data);
+    note_change(diff, sizeof diff, "schedule", ci->schedule, t->o->schedule);
+    if (ci->has_optim) {
+        const dt_optim_config *now = dt_optim_config_of(t->optim);
+        int nhp;
+        const dt_optim_hparam *hp = dt_optim_hparams(&nhp);
+        for (int i = 0; i < nhp; i++) {
+            char was[32], cur[32];
+            const char *a = (const char *)&ci->optim + hp[i].offset, *b = (const char *)now + hp[i].offset;
+            size_t width = hp[i].is_int ? sizeof(int) : sizeof(float);
+            if (!memcmp(a, b, width)) continue;     /* the exact value, bit for bit */
+            if (hp[i].is_int) {
+                snprintf(was, sizeof was, "%d", *(const int *)a);
+                snprintf(cur, sizeof cur, "%d", *(const int *)b);
+            } else {   /* shortest text that still tells two floats apart */
+                int prec = 6;
+                do {
+                    snprintf(was, sizeof was, "%.*g", prec, (double)*(const float *)a);
+                    snprintf(cur, sizeof cur, "%.*g", prec, (double)*(const float *)b);
+                } while (!strcmp(was, cur) && ++prec <= 9);
+            }
+            note_change(diff, sizeof diff, hp[i].name, was, cur);
+        }
+    }
+    if (!diff[0]) return DT_OK;
+    if (!t->o->resume_override)
+        return dt_error(DT_ERR_INVALID, "resume: this run differs from the checkpoint: %s; resume with the recorded "
+                        "settings to continue the same computation, or override this check to continue anyway", diff);
+    size_t len = strlen(t->note);
+    snprintf(t->note + len, sizeof t->note - len, "; changed on resume (overridden): %s", diff);
+    return DT_OK;
+}
+
 /* Restore model, optimizer and loop position from the opened checkpoint. */
 static dt_status resume_restore(trainer *t) {
     const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
@@ -413,7 +461,9 @@ static dt_status resume_restore(trainer *t) {
     if (ci->step > t->total)
         return dt_error(DT_ERR_INVALID, "resume: the checkpoint is at step %lld, past this run's %lld steps",
                         (long long)ci->step, (long long)t->total);
+    /* the tensors first: another model gets the message naming the first tensor that differs */
     DT_TRY(dt_ckpt_restore(t->resume, t->model, t->optim));
+    DT_TRY(resume_compare(t));
     const char *el = dt_ckpt_extra(t->resume, "epoch_loss");
     t->g0 = ci->step;
     t->epoch_loss = el ? strtod(el, NULL) : 0.0;

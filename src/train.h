@@ -99,6 +99,8 @@ typedef struct {
                                  * interruption would, leaving the schedule of the full run */
     const char *resume;         /* NULL, "auto" (newest in ckpt_dir, if any), a checkpoint
                                  * directory (its newest) or one step-* directory */
+    int         resume_override; /* resume although the model, data or hyper-parameters differ
+                                 * from the checkpoint's (refused by default, naming each) */
     int         log_every;      /* STEP events every this many steps; default 50 */
     int         rank_stats_every; /* RANKS events every this many steps (0: after each epoch only) */
     dt_train_event_fn on_event;

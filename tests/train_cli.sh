@@ -100,6 +100,20 @@ bad "$T/fifo: not a regular file" "a FIFO as a data file" train --data "$T/fifo,
 bad "$T/fifo: not a regular file" "a FIFO as the weights" eval --data "$DATA" --model "$MLP" --weights "$T/fifo"
 bad "$T/fifo: not a regular file" "a FIFO as a metrics file" plot --text "$T/fifo"
 bad "/nonexistent/ck" "--resume of a checkpoint that does not exist" train --data "$DATA" --model "$MLP" --resume /nonexistent/ck
+# a resume with other settings than the checkpoint's is refused, naming each difference
+run train --data "$DATA" --model "$MLP" --epochs 2 --quiet --no-eval --checkpoint-dir "$T/rck" --stop-at 5 > /dev/null 2>&1
+ok $? "a run stopped at step 5 for the resume checks"
+bad "^dtrain: --resume: this run differs from the checkpoint: lr '0.05' -> '0.1', momentum '0.9' -> '0.8'" \
+    "a resume with another --lr and --momentum" \
+    train --data "$DATA" --model "$MLP" --epochs 2 --quiet --no-eval --checkpoint-dir "$T/rck" --resume auto --lr 0.1 --momentum 0.8
+bad "schedule 'cosine' -> 'constant'" "a resume with another --schedule" \
+    train --data "$DATA" --model "$MLP" --epochs 2 --quiet --no-eval --checkpoint-dir "$T/rck" --resume auto --schedule constant
+bad "data 'synthetic:2048,1,8,8,4' -> 'synthetic:1024,1,8,8,4'" "a resume on other data" \
+    train --data synthetic:1024,1,8,8,4 --model "$MLP" --epochs 4 --quiet --no-eval --checkpoint-dir "$T/rck" --resume auto
+run train --data "$DATA" --model "$MLP" --epochs 2 --no-eval --checkpoint-dir "$T/rck" --resume auto --lr 0.1 \
+    --resume-override > "$T/ovr" 2>&1
+ok $? "--resume-override continues anyway"
+ok_grep "$T/ovr" "changed on resume \(overridden\): lr '0.05' -> '0.1'" "... and says what changed"
 # output paths are checked before training, not after it
 bad "^dtrain: --save: cannot create /nonexistent/dir/x.st: directory /nonexistent/dir" "an unwritable --save" \
     train --data "$DATA" --model "$MLP" --save /nonexistent/dir/x.st

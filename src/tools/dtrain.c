@@ -96,7 +96,9 @@ static const char *usage_train_rest =
     "  --keep K              keep the newest K checkpoints (0: all)  [3]\n"
     "  --resume auto|PATH    auto: continue from the newest valid checkpoint in\n"
     "                        --checkpoint-dir (start fresh if there is none); PATH: a\n"
-    "                        checkpoint directory or one step-* directory in it\n"
+    "                        checkpoint directory or one step-* directory in it; the\n"
+    "                        model, data and hyper-parameters must be the recorded ones\n"
+    "  --resume-override     resume although they differ (the changes are printed)\n"
     "  --stop-at N           stop after global step N with a checkpoint, as an\n"
     "                        interruption would (for time-limited jobs)\n"
     "Distributed (when started by a launcher):\n"
@@ -335,6 +337,7 @@ static int cmd_train(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { train_help(); return 0; }
         if (!strcmp(a, "--nesterov")) { o.nesterov = 1; i++; continue; }
         if (!strcmp(a, "--no-eval")) { o.eval = 0; i++; continue; }
+        if (!strcmp(a, "--resume-override")) { o.resume_override = 1; i++; continue; }
         if (!strcmp(a, "--quiet")) { quiet = 1; i++; continue; }
         if (!strcmp(a, "--no-overlap")) { o.overlap = 0; i++; continue; }
         if (!strcmp(a, "--sync-bn")) { o.sync_bn = 1; i++; continue; }

@@ -38,6 +38,7 @@ const dt_arg_field dt_tool_train_flags[] = {
     {"eval", "--no-eval"},                {"ckpt_dir", "--checkpoint-dir"},
     {"ckpt_every", "--checkpoint-every"}, {"ckpt_keep", "--keep"},
     {"stop_at", "--stop-at"},             {"resume", "--resume"},
+    {"resume_override", "--resume-override"},
     {"log_every", "--log-every"},         {"rank_stats_every", "--rank-stats"},
     {NULL, NULL},
 };
