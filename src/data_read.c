@@ -32,10 +32,20 @@
 
 /* ---- file layer: raw or gzip ---------------------------------------------- */
 
+/* gzip is inflated here with zlib's inflate rather than gzread, because gzread
+ * silently ignores bytes after the last gzip member: a member must end at the end
+ * of the file or be followed by another member (concatenated gzip is legal). */
+#define GZ_CHUNK (1u << 17)
+
 typedef struct {
     const char *path;
     FILE       *fp;        /* raw file, or NULL */
-    gzFile      gz;        /* gzip stream, or NULL */
+    int         gzfd;      /* gzip: the compressed file, or -1 */
+    z_stream    z;         /* gzip: the inflate state (its input is `in`) */
+    unsigned char *in;     /* gzip: GZ_CHUNK bytes of compressed input */
+    int         in_eof;    /* gzip: the compressed file is read to its end */
+    int         z_done;    /* gzip: the last member ended at the end of the file */
+    int64_t     zpos;      /* gzip: compressed bytes read from the file */
     int64_t     file_size; /* bytes on disk */
     int64_t     pos;       /* uncompressed bytes consumed so far */
 } rfile;
@@ -43,6 +53,7 @@ typedef struct {
 static dt_status rf_open(rfile *f, const char *path) {
     memset(f, 0, sizeof *f);
     f->path = path;
+    f->gzfd = -1;
     int fd;
     DT_TRY(dt_file_open_read(path, &fd, &f->file_size));
     unsigned char magic[2] = {0, 0};
@@ -53,12 +64,14 @@ static dt_status rf_open(rfile *f, const char *path) {
         return s;
     }
     if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
-        f->gz = gzdopen(fd, "rb");
-        if (!f->gz) {
+        f->in = malloc(GZ_CHUNK);
+        if (!f->in || inflateInit2(&f->z, 15 + 16) != Z_OK) {   /* 15 + 16: a gzip wrapper */
+            free(f->in);
+            f->in = NULL;
             close(fd);
             return dt_error(DT_ERR_NOMEM, "%s: cannot start gzip decompression", path);
         }
-        gzbuffer(f->gz, 1 << 17);
+        f->gzfd = fd;
     } else {
         f->fp = fdopen(fd, "rb");
         if (!f->fp) {
@@ -72,32 +85,74 @@ static dt_status rf_open(rfile *f, const char *path) {
 
 static void rf_close(rfile *f) {
     if (f->fp) fclose(f->fp);
-    if (f->gz) gzclose(f->gz);
+    if (f->gzfd >= 0) {
+        inflateEnd(&f->z);
+        close(f->gzfd);
+    }
+    free(f->in);
     f->fp = NULL;
-    f->gz = NULL;
+    f->gzfd = -1;
+    f->in = NULL;
+}
+
+/* Make at least `need` compressed bytes available (fewer only at the end of the file). */
+static dt_status gz_fill(rfile *f, uInt need) {
+    while (f->z.avail_in < need && !f->in_eof) {
+        if (f->z.avail_in) memmove(f->in, f->z.next_in, f->z.avail_in);
+        f->z.next_in = f->in;
+        ssize_t r = read(f->gzfd, f->in + f->z.avail_in, GZ_CHUNK - f->z.avail_in);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return dt_error(DT_ERR_IO, "%s: read failed: %s", f->path, strerror(errno));
+        if (r == 0) f->in_eof = 1;
+        f->z.avail_in += (uInt)r;
+        f->zpos += r;
+    }
+    return DT_OK;
+}
+
+/* Inflate up to n bytes into p; *got is what arrived (0 only at the end). */
+static dt_status gz_read_some(rfile *f, unsigned char *p, size_t n, size_t *got) {
+    *got = 0;
+    while (*got < n && !f->z_done) {
+        DT_TRY(gz_fill(f, 1));
+        size_t want = n - *got;
+        f->z.next_out = p + *got;
+        f->z.avail_out = want > (1u << 30) ? (1u << 30) : (uInt)want;
+        uInt before = f->z.avail_out;
+        int r = inflate(&f->z, Z_NO_FLUSH);
+        *got += before - f->z.avail_out;
+        if (r == Z_STREAM_END) {
+            /* a member ended: the file ends here, or another member starts */
+            DT_TRY(gz_fill(f, 2));
+            if (f->z.avail_in == 0) { f->z_done = 1; break; }
+            if (f->z.avail_in >= 2 && f->z.next_in[0] == 0x1f && f->z.next_in[1] == 0x8b) {
+                inflateReset(&f->z);
+                continue;
+            }
+            int64_t at = f->zpos - (int64_t)f->z.avail_in;
+            return dt_error(DT_ERR_FORMAT, "%s: %lld unexpected bytes after the gzip data (from compressed offset %lld)",
+                            f->path, (long long)(f->file_size - at), (long long)at);
+        }
+        if (r == Z_BUF_ERROR && f->z.avail_in == 0 && f->in_eof)
+            return dt_error(DT_ERR_FORMAT, "%s: corrupt gzip data at uncompressed offset %lld: the file ends "
+                            "inside the compressed stream (truncated?)", f->path, (long long)(f->pos + (int64_t)*got));
+        if (r != Z_OK && r != Z_BUF_ERROR)
+            return dt_error(r == Z_MEM_ERROR ? DT_ERR_NOMEM : DT_ERR_FORMAT,
+                            "%s: corrupt gzip data at uncompressed offset %lld: %s", f->path,
+                            (long long)(f->pos + (int64_t)*got), f->z.msg ? f->z.msg : "inflate failed");
+    }
+    return DT_OK;
 }
 
 /* Read up to n bytes; *got is what arrived. Errors are I/O or corrupt gzip. */
 static dt_status rf_read_some(rfile *f, void *buf, size_t n, size_t *got) {
     *got = 0;
     unsigned char *p = buf;
-    while (*got < n) {
-        size_t want = n - *got;
-        if (f->gz) {
-            if (want > (1u << 30)) want = 1u << 30;
-            int r = gzread(f->gz, p + *got, (unsigned)want);
-            if (r < 0) {
-                int errnum = 0;
-                const char *msg = gzerror(f->gz, &errnum);
-                if (errnum == Z_ERRNO)
-                    return dt_error(DT_ERR_IO, "%s: read failed: %s", f->path, strerror(errno));
-                return dt_error(DT_ERR_FORMAT, "%s: corrupt gzip data at uncompressed offset %lld: %s", f->path,
-                                (long long)(f->pos + (int64_t)*got), msg);
-            }
-            if (r == 0) break;
-            *got += (size_t)r;
-        } else {
-            size_t r = fread(p + *got, 1, want, f->fp);
+    if (f->gzfd >= 0) {
+        DT_TRY(gz_read_some(f, p, n, got));
+    } else {
+        while (*got < n) {
+            size_t r = fread(p + *got, 1, n - *got, f->fp);
             if (r == 0) {
                 if (ferror(f->fp)) return dt_error(DT_ERR_IO, "%s: read failed: %s", f->path, strerror(errno));
                 break;

@@ -161,6 +161,33 @@ static void test_bad_idx(void) {
     dt_status s = dt_dataset_open(spec, DT_SPLIT_TRAIN, &ds);
     ok(s == DT_ERR_FORMAT && strstr(dt_last_error(), tmp_path("bx")), "a gzip stream cut mid-way is rejected: %s",
        dt_last_error());
+    /* bytes after the gzip member are refused (raw IDX files with trailing bytes are too) */
+    unsigned char *tail = malloc(gn + 5);
+    memcpy(tail, gzb, gn);
+    memcpy(tail + gn, "junk!", 5);
+    put("bx", tail, gn + 5, 0);
+    expect_fail(spec, DT_ERR_FORMAT, "5 unexpected bytes after the gzip data", "a gzip file with trailing bytes");
+    put("bx", tail, gn + 1, 0);
+    expect_fail(spec, DT_ERR_FORMAT, "1 unexpected bytes after the gzip data", "a gzip file with one trailing byte");
+    free(tail);
+    /* a second gzip member after the first is legal gzip (gzip -c a b): the two parts concatenated */
+    {
+        size_t half = n / 2;
+        put("bpart", buf, half, 1);
+        size_t n1, n2;
+        unsigned char *m1 = tmp_slurp(tmp_path("bpart"), &n1);
+        put("bpart", buf + half, n - half, 1);
+        unsigned char *m2 = tmp_slurp(tmp_path("bpart"), &n2);
+        unsigned char *both = malloc(n1 + n2);
+        memcpy(both, m1, n1);
+        memcpy(both + n1, m2, n2);
+        put("bx", both, n1 + n2, 0);
+        dt_dataset *two = NULL;
+        is_int(dt_dataset_open(spec, DT_SPLIT_TRAIN, &two), DT_OK, "a file of two gzip members reads as their concatenation");
+        dt_dataset_free(two);
+        free(m1); free(m2); free(both);
+        unlink(tmp_path("bpart"));
+    }
     gzb[gn / 2] ^= 0xff; /* corrupt the deflate data */
     put("bx", gzb, gn, 0);
     s = dt_dataset_open(spec, DT_SPLIT_TRAIN, &ds);
