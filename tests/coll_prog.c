@@ -16,6 +16,7 @@
  *   --mode mismatch rank 0 calls all_reduce, the others broadcast, asynchronously
  *                   (expect an error).
  *   --mode timeout  rank 1 never calls (sleeps past the timeout); the others call all_reduce.
+ *   --mode hang0    rank 0, the store's host, stops itself (SIGSTOP); the others call all_reduce.
  *   --mode loop     all_reduce of 8 MiB forever (until --iters), for kill tests.
  *   --mode nullbuf  all_reduce with a NULL send buffer.
  *   --mode init     init, print "rank R of W on HOST", barrier, destroy.
@@ -30,6 +31,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -420,6 +422,13 @@ int main(int argc, char **argv) {
         rc = s == DT_OK ? 0 : fail_status(s, "collective");
     } else if (!strcmp(mode, "timeout")) {
         if (R == 1) { sleep((unsigned)dt_comm_timeout(comm) + 2); rc = 0; }   /* never calls */
+        else {
+            float v[10] = { 0 };
+            rc = fail_status(dt_allreduce(comm, v, v, 10, DT_F32, DT_SUM), "all_reduce");
+        }
+    } else if (!strcmp(mode, "hang0")) {
+        /* rank 0 (which serves the store) stops, threads and all; the others must still report in time */
+        if (R == 0) { printf("stopping\n"); fflush(stdout); raise(SIGSTOP); rc = 0; }
         else {
             float v[10] = { 0 };
             rc = fail_status(dt_allreduce(comm, v, v, 10, DT_F32, DT_SUM), "all_reduce");

@@ -26,6 +26,19 @@ LAUNCH_ENV="DT_TIMEOUT=2" launch 3 --mode timeout
 ok_grep "$TMP/out.2" "rank 2: timed out after 2 s in collective #1 .*; rank 1 \([^)]*:pid [0-9]+\) never joined it, rank\(s\) 0,2 waiting" \
     "3 ranks: the timeout names the rank that never joined and the ranks waiting"
 
+# the store's host itself hangs (stopped): the others still report within the timeout,
+# not after a fixed 30 s of waiting on the store
+port=$(free_port)
+LAUNCH_ENV="DT_TIMEOUT=2" start_rank 0 2 $port --mode hang0; p0=$!
+start=$(date +%s)
+LAUNCH_ENV="DT_TIMEOUT=2" start_rank 1 2 $port --mode hang0; p1=$!
+wait $p1
+el=$(($(date +%s) - start))
+pkill -KILL -P $p0 2>/dev/null; kill -KILL $p0 2>/dev/null; wait $p0 2>/dev/null   # the stopped rank under timeout(1)
+ok_grep "$TMP/out.1" "rank 1: timed out after 2 s in collective #1 all_reduce \(f32, 10 elems, sum\) waiting for rank 0" \
+    "a stopped store host: the timeout names it"
+[ $el -lt 12 ]; ok $? "and it came within the timeout and the diagnosis window (${el}s, not 30 s more)"
+
 # the per-communicator setter overrides the environment
 LAUNCH_ENV="DT_TIMEOUT=30" launch 2 --mode timeout --timeout 1
 ok_grep "$TMP/out.0" "rank 0: timed out after 1 s in collective #1 all_reduce" "dt_comm_set_timeout applies to later calls"

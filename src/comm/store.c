@@ -309,6 +309,7 @@ struct dt_store {
     char host[256];
     int port;
     char job[DT_STORE_MAX_JOB + 1];
+    double slack;           /* seconds a round trip may take beyond its own wait */
     pthread_mutex_t mu;
 };
 
@@ -323,8 +324,13 @@ static dt_status request(dt_store *st, unsigned op, const char *key, const void 
     dt_put32(h, STORE_MAGIC); dt_put32(h + 4, STORE_VERSION); dt_put32(h + 8, op);
     dt_put32(h + 12, (unsigned)jl); dt_put32(h + 16, (unsigned)kl); dt_put32(h + 20, (unsigned)vn);
     dt_put32(h + 24, tmo);
-    double dl = dt_now() + (timeout_s > 0 ? timeout_s : 0) + 30;
     pthread_mutex_lock(&st->mu);
+    double dl = dt_now() + (timeout_s > 0 ? timeout_s : 0) + st->slack;
+    if (st->fd < 0) {
+        pthread_mutex_unlock(&st->mu);
+        return dt_error(DT_ERR_PEER, "store at %s:%d: the connection was dropped after an earlier failure",
+                        st->host, st->port);
+    }
     dt_status s;
     unsigned char r[RESP_BYTES];
     char *body = NULL;
@@ -355,6 +361,9 @@ static dt_status request(dt_store *st, unsigned op, const char *key, const void 
     if (val) { *val = body; *n = len; } else free(body);
     return DT_OK;
 fail:
+    /* the stream may hold half a request or reply: nothing after it can be trusted */
+    close(st->fd);
+    st->fd = -1;
     pthread_mutex_unlock(&st->mu);
     free(body);
     return dt_error_wrap(s, "store at %s:%d: ", st->host, st->port);
@@ -369,6 +378,7 @@ dt_status dt_store_connect(const char *host, int port, const char *job_id, doubl
     if (!st) return dt_error(DT_ERR_NOMEM, "out of memory");
     snprintf(st->host, sizeof st->host, "%s", host);
     st->port = port;
+    st->slack = 30;
     strcpy(st->job, job_id);
     pthread_mutex_init(&st->mu, NULL);
     dt_status s = dt_sock_connect(host, port, dt_now() + timeout_s, &st->fd);
@@ -384,9 +394,22 @@ dt_status dt_store_connect(const char *host, int port, const char *job_id, doubl
     return DT_OK;
 }
 
+void dt_store_set_slack(dt_store *st, double seconds) {
+    pthread_mutex_lock(&st->mu);
+    st->slack = seconds > 0 ? seconds : 0;
+    pthread_mutex_unlock(&st->mu);
+}
+
+double dt_store_slack(dt_store *st) {
+    pthread_mutex_lock(&st->mu);
+    double v = st->slack;
+    pthread_mutex_unlock(&st->mu);
+    return v;
+}
+
 void dt_store_close(dt_store *st) {
     if (!st) return;
-    close(st->fd);
+    if (st->fd >= 0) close(st->fd);
     pthread_mutex_destroy(&st->mu);
     free(st);
 }

@@ -32,6 +32,11 @@ void      dt_store_server_stop (dt_store_server *s);
 /* Connect (retrying until timeout_s) and check the server serves job_id. */
 dt_status dt_store_connect(const char *host, int port, const char *job_id, double timeout_s, dt_store **out);
 void      dt_store_close  (dt_store *st);
+/* How long a round trip may take beyond its own wait (default 30 s): a store
+ * host that stopped answering is reported after this (the comm layer sets
+ * DT_TIMEOUT, and less while diagnosing a timeout). */
+void      dt_store_set_slack(dt_store *st, double seconds);
+double    dt_store_slack    (dt_store *st);
 dt_status dt_store_set    (dt_store *st, const char *key, const void *val, size_t n);
 /* *val is malloc'd (with a NUL after the n bytes); DT_ERR_TIMEOUT when the key never came. */
 dt_status dt_store_get    (dt_store *st, const char *key, void **val, size_t *n, double timeout_s);

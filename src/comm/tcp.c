@@ -578,6 +578,8 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
         }
         if ((s = dt_store_connect(rank == 0 ? "127.0.0.1" : m.host, m.port, job, timeout, &w->store)) != DT_OK) goto fail;
     }
+    /* a store host that stops answering is reported within the job's timeout, not 30 s later */
+    dt_store_set_slack(w->store, timeout < 30 ? timeout : 30);
     /* the address peers reach us at: the interface that routes to the store */
     if ((s = dt_sock_pick_addr(rank == 0 && !m.file ? m.host : store_host, me->addr, sizeof me->addr)) != DT_OK)
         goto fail;
