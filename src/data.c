@@ -218,6 +218,17 @@ static dt_status synth_arrays(int64_t n, int c, int h, int w, int k, uint64_t se
 
 /* ---- arrays to datasets --------------------------------------------------- */
 
+/* NaN or infinity in the features (a float file, or an f64 value beyond f32's
+ * range) would only show later as a NaN loss: refuse it here, naming the sample. */
+static dt_status finite_features(const float *x, size_t count, int64_t sample_size, const char *path) {
+    for (size_t i = 0; i < count; i++)
+        if (!isfinite(x[i]))
+            return dt_error(DT_ERR_FORMAT, "%s: feature %lld of sample %lld is %s (as float32); the features "
+                            "must be finite", path, (long long)((int64_t)i % sample_size),
+                            (long long)((int64_t)i / sample_size), isnan(x[i]) ? "NaN" : "infinite");
+    return DT_OK;
+}
+
 /* Shape checks and conversion of the features to float ([0,1] for u8). */
 static dt_status features_from_array(dt_array *a, const char *path, dt_dataset *ds) {
     dt_dataset_info *in = &ds->info;
@@ -239,7 +250,7 @@ static dt_status features_from_array(dt_array *a, const char *path, dt_dataset *
     if (a->type == DT_F32) { /* already float: take the buffer over */
         ds->x = a->data;
         a->data = NULL;
-        return DT_OK;
+        return finite_features(ds->x, a->count, in->sample_size, path);
     }
     float *x = malloc(a->count * sizeof(float));
     if (!x) return dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu features", path, a->count);
@@ -255,7 +266,7 @@ static dt_status features_from_array(dt_array *a, const char *path, dt_dataset *
         }
     }
     ds->x = x;
-    return DT_OK;
+    return finite_features(x, a->count, in->sample_size, path);
 }
 
 /* Integer labels (N) or (N, 1), as many as samples, each in [0, classes)

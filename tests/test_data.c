@@ -272,6 +272,20 @@ static void test_npy(void) {
         ok(dt_dataset_labels(ds)[3] == 2, "  i8 labels");
         dt_dataset_free(ds);
     }
+    /* non-finite features are refused at load, naming the sample and the feature */
+    float keep = xf[7];
+    xf[7] = NAN;
+    put("x.npy", buf, npy_bytes(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 3), }", xf, sizeof xf), 0);
+    expect_fail(spec, DT_ERR_FORMAT, "feature 1 of sample 2 is NaN", "f4 features holding a NaN");
+    xf[7] = INFINITY;
+    put("x.npy", buf, npy_bytes(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 3), }", xf, sizeof xf), 0);
+    expect_fail(spec, DT_ERR_FORMAT, "feature 1 of sample 2 is infinite", "f4 features holding an infinity");
+    double xd[12] = {0};
+    xd[11] = 1e300;   /* finite in f64, infinite in f32 */
+    put("x.npy", buf, npy_bytes(buf, 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (4, 3), }", xd, sizeof xd), 0);
+    expect_fail(spec, DT_ERR_FORMAT, "feature 2 of sample 3 is infinite (as float32)", "f8 features beyond f32's range");
+    xf[7] = keep;
+    put("x.npy", buf, npy_bytes(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 3), }", xf, sizeof xf), 0);
     dt_data_opts o;
     dt_data_opts_default(&o);
     o.norm = DT_NORM_TRAIN;
