@@ -32,6 +32,22 @@ int dt_conftest_api(void) { return 0; }]], [[return dt_conftest_api();]])],
   AC_SUBST([DT_VISIBILITY_CFLAGS])
 ])
 
+# DT_CHECK_VECT_CFLAGS: DT_VECT_CFLAGS = the loop-vectorisation flags of the CPU kernels
+# that this compiler accepts (GCC: -ftree-vectorize -fvect-cost-model=dynamic; clang
+# vectorises at -O2 and has no cost-model flag), so both compilers build dtrain.
+AC_DEFUN([DT_CHECK_VECT_CFLAGS], [
+  DT_VECT_CFLAGS=
+  for dt_flag in -ftree-vectorize -fvect-cost-model=dynamic; do
+    AC_MSG_CHECKING([whether $CC accepts $dt_flag])
+    dt_save_CFLAGS=$CFLAGS; CFLAGS="$CFLAGS $dt_flag -Werror"
+    AC_COMPILE_IFELSE([AC_LANG_PROGRAM([[]], [[return 0;]])], [dt_ok=yes], [dt_ok=no])
+    CFLAGS=$dt_save_CFLAGS
+    AC_MSG_RESULT([$dt_ok])
+    AS_IF([test "x$dt_ok" = "xyes"], [DT_VECT_CFLAGS="$DT_VECT_CFLAGS $dt_flag"])
+  done
+  AC_SUBST([DT_VECT_CFLAGS])
+])
+
 # DT_CHECK_MPI: --with-mpi[=DIR]. Default: use Open MPI's mpicc if found, and say so.
 # We keep CC as it is and take MPI's flags from the wrapper, so only src/comm/mpi.c needs them.
 AC_DEFUN([DT_CHECK_MPI], [

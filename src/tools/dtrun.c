@@ -376,7 +376,8 @@ int main(int argc, char **argv) {
     job.cfg = &cfg;
     if (gethostname(job.host, sizeof job.host - 1) != 0) snprintf(job.host, sizeof job.host, "unknown-host");
     base_run_id(&cfg, dtrun_base_id, sizeof dtrun_base_id);
-    if (cfg.log_dir[0] && open_log_dir(&job) != 0) return 1;
+    int rc = 1;
+    if (cfg.log_dir[0] && open_log_dir(&job) != 0) goto out;
 
     /* Signals arrive through a signalfd; blocked before fork, unblocked in the children. */
     sigset_t mask;
@@ -387,12 +388,12 @@ int main(int argc, char **argv) {
     sigaddset(&mask, SIGHUP);
     if (sigprocmask(SIG_BLOCK, &mask, NULL) != 0) {
         dtrun_say(&job, "sigprocmask: %s", strerror(errno));
-        return 1;
+        goto out;
     }
     job.sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
     if (job.sfd < 0) {
         dtrun_say(&job, "signalfd: %s", strerror(errno));
-        return 1;
+        goto out;
     }
     signal(SIGPIPE, SIG_IGN);   /* a closed stdout or peer must not kill the supervisor */
     /* A blocked signal that is also ignored is discarded, never reaching the signalfd.
@@ -403,17 +404,16 @@ int main(int argc, char **argv) {
 
     if (!(job.rk = calloc((size_t)cfg.nproc, sizeof *job.rk))) {
         dtrun_say(&job, "out of memory");
-        return 1;
+        goto out;
     }
     if (cfg.nnodes > 1) {
-        int rc = dtrun_net_start(&job);   /* meets the other nodes; sets rank_port */
-        if (rc) return rc;
+        if ((rc = dtrun_net_start(&job)) != 0) goto out;   /* meets the other nodes; sets rank_port */
     } else if (cfg.port_given) {
         int err = port_taken(cfg.master_port);
         if (err) {
             dtrun_say(&job, "--master-port %d cannot be used on this host: %s (another job may hold it; "
                       "choose another port or omit --master-port)", cfg.master_port, strerror(err));
-            return 1;
+            goto out;
         }
         job.rank_port = cfg.master_port;
     }
@@ -421,11 +421,12 @@ int main(int argc, char **argv) {
     for (;;) {
         if (cfg.nnodes == 1 && !cfg.port_given && !(job.rank_port = dtrun_free_port())) {
             dtrun_say(&job, "cannot find a free TCP port: %s (give --master-port)", strerror(errno));
-            return 1;
+            rc = 1;
+            goto out;
         }
         set_job_id(&job);
         if (dtrun_spawn(&job) != 0) {
-            if (!job.net) return 1;
+            if (!job.net) { rc = 1; goto out; }
             char d[512];
             snprintf(d, sizeof d, "node %d (%s) could not start its ranks", cfg.node_rank, job.host);
             dtrun_net_failure(&job, d, 1, 1);
@@ -434,7 +435,6 @@ int main(int argc, char **argv) {
             dtrun_supervise(&job);
         }
         dtrun_close_logs(&job);
-        int rc;
         if (job.net) {
             rc = dtrun_net_after(&job);   /* the job's decision, from node 0 */
         } else if (job.fail && !job.no_restart && job.attempt < cfg.max_restarts) {
@@ -448,14 +448,18 @@ int main(int argc, char **argv) {
         }
         if (rc >= 0) {
             if (job.signal) dtrun_say(&job, "stopped by %s; all ranks ended", dtrun_signame(job.signal));
-            dtrun_net_close(&job);
-            free(job.rk);
-            free(cfg.ranks_filter);
-            if (job.log) fclose(job.log);
-            return rc;
+            break;
         }
         free(job.fail);
         job.fail = NULL;
         job.no_restart = 0;
     }
+out:   /* everything dtrun holds, released on every way out (LeakSanitizer stays quiet) */
+    dtrun_net_close(&job);
+    free(job.rk);
+    free(job.fail);
+    free(cfg.ranks_filter);
+    if (job.sfd > 0) close(job.sfd);
+    if (job.log) fclose(job.log);
+    return rc;
 }
