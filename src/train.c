@@ -46,6 +46,9 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->optim = "sgd";
     o->lr = 0.05;
     o->momentum = 0.9;
+    o->beta1 = 0.9;
+    o->beta2 = 0.999;
+    o->eps = 1e-8;
     o->weight_decay = 5e-4;
     o->schedule = "cosine";
     o->gamma = 0.1;
@@ -162,8 +165,14 @@ static dt_status make_optim(trainer *t) {
     cfg.weight_decay = (float)o->weight_decay;
     if (def->hparams & DT_OPTIM_HP_MOMENTUM) {
         cfg.momentum = (float)o->momentum;
+        cfg.dampening = (float)o->dampening;
         cfg.nesterov = o->nesterov;
     }
+    if (def->hparams & DT_OPTIM_HP_BETAS) {
+        cfg.beta1 = (float)o->beta1;
+        cfg.beta2 = (float)o->beta2;
+    }
+    if (def->hparams & DT_OPTIM_HP_EPS) cfg.eps = (float)o->eps;
     DT_TRY(dt_optim_init(&cfg, t->ops, dt_model_nparams(t->model), &t->optim));
     memset(&t->sched, 0, sizeof t->sched);
     double lr = o->lr;

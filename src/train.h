@@ -78,7 +78,10 @@ typedef struct {
     const char *optim;          /* an optimizer row's name (optim.h): "sgd" (default), "adamw" */
     double      lr;             /* default 0.05 (sgd) */
     double      momentum;       /* sgd; default 0.9 */
+    double      dampening;      /* sgd; default 0 */
     int         nesterov;
+    double      beta1, beta2;   /* adamw; default 0.9, 0.999 */
+    double      eps;            /* adamw; default 1e-8 */
     double      weight_decay;   /* default 5e-4 (sgd), 0.01 (adamw) */
     const char *schedule;       /* "cosine" (default), "constant", "step" */
     int64_t     step_size;      /* step schedule: steps between decays */

@@ -36,4 +36,23 @@ run train $C --steps 6 --optim adamw --checkpoint-dir "$T/sgd" --resume auto > "
 ok_grep "$T/o.mix2" "written by optimizer 'sgd'; this run uses 'adamw'" "... naming both the other way round"
 run train $C --steps 6 --optim adamw --checkpoint-dir "$T/adamw" --resume auto > "$T/o.same" 2>&1
 ok $? "resuming with the checkpoint's own optimizer works"
+# the hyper-parameters the rows have are flags too: the PyTorch defaults spelled out give
+# the same bytes as leaving them out, other values another run; bad values exit 2
+run train $C --epochs 1 --optim adamw --save "$T/a0.st" > /dev/null 2>&1
+run train $C --epochs 1 --optim adamw --betas 0.9,0.999 --eps 1e-8 --save "$T/a1.st" > /dev/null 2>&1
+cmp -s "$T/a0.st" "$T/a1.st"; ok $? "--betas 0.9,0.999 --eps 1e-8 are AdamW's defaults"
+run train $C --epochs 1 --optim adamw --betas 0.8,0.95 --save "$T/a2.st" > /dev/null 2>&1
+! cmp -s "$T/a0.st" "$T/a2.st"; ok $? "--betas 0.8,0.95 trains another way"
+run train $C --epochs 1 --optim adamw --eps 1e-3 --save "$T/a3.st" > /dev/null 2>&1
+! cmp -s "$T/a0.st" "$T/a3.st"; ok $? "--eps 1e-3 trains another way"
+run train $C --epochs 1 --save "$T/s0.st" > /dev/null 2>&1
+run train $C --epochs 1 --dampening 0.5 --save "$T/s1.st" > /dev/null 2>&1
+! cmp -s "$T/s0.st" "$T/s1.st"; ok $? "--dampening 0.5 trains another way"
+for bad in "--betas 0.9" "--betas 1,0.9" "--betas 0.9,x" "--eps -1" "--dampening 2"; do
+    run train $C --epochs 1 --optim adamw $bad > "$T/bad" 2>&1; rc=$?
+    [ $rc -eq 2 ]; ok $? "$bad: exit 2 (got $rc)"
+done
+ok_grep "$T/bad" "^dtrain: --dampening: expected a value in" "the message names the flag"
+run train $C --epochs 1 --nesterov --dampening 0.5 > "$T/nd" 2>&1; rc=$?
+[ $rc -eq 2 ]; ok $? "Nesterov with dampening is refused as PyTorch refuses it (got $rc)"
 done_testing

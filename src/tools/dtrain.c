@@ -67,7 +67,10 @@ static const char *usage_train =
 static const char *usage_train_rest =
     "  --lr X                base learning rate  [the optimizer's]\n"
     "  --momentum X          SGD momentum  [0.9]\n"
+    "  --dampening X         SGD dampening  [0]\n"
     "  --nesterov            Nesterov momentum\n"
+    "  --betas B1,B2         AdamW's moment decay rates  [0.9,0.999]\n"
+    "  --eps X               AdamW's denominator term  [1e-8]\n"
     "  --weight-decay X      [the optimizer's]\n"
     "  --schedule cosine|constant|step   [cosine]\n"
     "  --step-size N --gamma X           step schedule: multiply by X every N steps\n"
@@ -142,6 +145,17 @@ static dt_status check_writable(const char *flag, const char *path) {
     if (access(dir, W_OK | X_OK) != 0)
         return dt_error(DT_ERR_INVALID, "%s: cannot create %s: directory %s: %s", flag, path, dir, strerror(errno));
     return DT_OK;
+}
+
+/* "B1,B2", each in [0, 1) as torch.optim.AdamW requires. */
+static dt_status parse_betas(const char *v, double *b1, double *b2) {
+    char buf[128], *comma;
+    snprintf(buf, sizeof buf, "%s", v);
+    if (!(comma = strchr(buf, ',')))
+        return dt_error(DT_ERR_INVALID, "--betas: expected B1,B2 (for example 0.9,0.95), got '%s'", v);
+    *comma = '\0';
+    DT_TRY(dt_arg_double("--betas", buf, 0, 0.999999999, b1));
+    return dt_arg_double("--betas", comma + 1, 0, 0.999999999, b2);
 }
 
 static int fail(dt_status s) {
@@ -352,6 +366,9 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--optim")) o.optim = v;
         else if (FLAG("--lr")) { lr_given = 1; if (s == DT_OK) s = dt_arg_double("--lr", v, 1e-30, 1e6, &o.lr); }
         else if (FLAG("--momentum")) { if (s == DT_OK) s = dt_arg_double("--momentum", v, 0, 1, &o.momentum); }
+        else if (FLAG("--dampening")) { if (s == DT_OK) s = dt_arg_double("--dampening", v, 0, 1, &o.dampening); }
+        else if (FLAG("--eps")) { if (s == DT_OK) s = dt_arg_double("--eps", v, 0, 1, &o.eps); }
+        else if (FLAG("--betas")) { if (s == DT_OK) s = parse_betas(v, &o.beta1, &o.beta2); }
         else if (FLAG("--weight-decay")) { wd_given = 1; if (s == DT_OK) s = dt_arg_double("--weight-decay", v, 0, 1e6, &o.weight_decay); }
         else if (FLAG("--schedule")) o.schedule = v;
         else if (FLAG("--step-size")) { if (s == DT_OK) s = dt_arg_int("--step-size", v, 1, INT64_MAX, 0, &o.step_size); }
