@@ -34,6 +34,15 @@ void dt_data_opts_default(dt_data_opts *o) {
     o->norm = DT_NORM_AUTO;
 }
 
+dt_status dt_data_opts_from_name(const char *normalize, dt_data_opts *o) {
+    dt_data_opts_default(o);
+    if (!normalize || !strcmp(normalize, "auto")) o->norm = DT_NORM_AUTO;
+    else if (!strcmp(normalize, "standard")) o->norm = DT_NORM_TRAIN;
+    else if (!strcmp(normalize, "unit")) o->norm = DT_NORM_NONE;
+    else return dt_error(DT_ERR_INVALID, "normalize: expected auto, standard or unit, got '%s'", normalize);
+    return DT_OK;
+}
+
 const dt_dataset_info *dt_dataset_get_info(const dt_dataset *ds) { return &ds->info; }
 const float *dt_dataset_features(const dt_dataset *ds) { return ds->x; }
 const int32_t *dt_dataset_labels(const dt_dataset *ds) { return ds->y; }

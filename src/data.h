@@ -69,6 +69,9 @@ typedef struct dt_loader  dt_loader;
 /* ---- datasets ------------------------------------------------------------ */
 /* Default options: DT_NORM_AUTO, classes from the train split. */
 DT_API void      dt_data_opts_default(dt_data_opts *o);
+/* Default options with the normalisation named "auto", "standard" (DT_NORM_TRAIN)
+ * or "unit" (DT_NORM_NONE); DT_ERR_INVALID naming the field otherwise. */
+DT_API dt_status dt_data_opts_from_name(const char *normalize, dt_data_opts *o);
 /* Open one split of a spec (see above) with default options. */
 DT_API dt_status dt_dataset_open(const char *spec, dt_split split, dt_dataset **out);
 /* The same with options (opts may be NULL). The test split reads the training

@@ -56,6 +56,7 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->bucket_mb = 25.0;
     o->overlap = 1;
     o->lr_scale = "none";
+    o->normalize = "auto";
     o->ckpt_keep = 3;
     o->log_every = 50;
 }
@@ -523,7 +524,9 @@ static dt_status trainer_setup(trainer *t) {
     t->b = o->batch / t->S;
 
     /* A data file that cannot be read is bad input (exit 2), not a runtime failure. */
-    dt_status ds = dt_dataset_open_pair(o->data, NULL, &t->train, o->eval ? &t->test : NULL);
+    dt_data_opts data_opts;
+    DT_TRY(dt_data_opts_from_name(o->normalize, &data_opts));
+    dt_status ds = dt_dataset_open_pair(o->data, &data_opts, &t->train, o->eval ? &t->test : NULL);
     if (ds != DT_OK) return ds == DT_ERR_IO ? DT_ERR_INVALID : ds;
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
     dt_shape shape = {.ndim = info->ndim};
@@ -692,7 +695,14 @@ dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
     t.ops = ops;
     t.comm = comm;
     dt_status s = trainer_setup(&t);
-    if (s == DT_OK) s = run_loop(&t, &r);
+    if (s == DT_OK) {   /* the normalisation a user must repeat to feed these weights */
+        const dt_dataset_info *di = dt_dataset_get_info(t.train);
+        _Static_assert(sizeof r.norm_mean / sizeof r.norm_mean[0] == DT_DATA_MAX_CHANNELS, "one slot per channel");
+        r.norm_channels = di->channels;
+        memcpy(r.norm_mean, di->mean, sizeof r.norm_mean);
+        memcpy(r.norm_std, di->std, sizeof r.norm_std);
+        s = run_loop(&t, &r);
+    }
     if (s != DT_OK && t.world > 1 && strncmp(dt_last_error(), "rank ", 5) != 0)
         dt_error_wrap(s, "rank %d: ", t.rank);
     if (res) *res = r;

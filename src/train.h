@@ -89,6 +89,10 @@ typedef struct {
     int64_t     warmup;         /* linear warm-up steps; default 0 */
     double      clip;           /* max global gradient norm; 0: no clipping */
     double      label_smoothing;
+    const char *normalize;      /* input normalisation: "auto" (default: u8 images get the training
+                                 * set's per-channel mean/std after scaling to [0, 1]; float data as
+                                 * stored), "standard" (mean/std for every type), "unit" (u8 scaled
+                                 * to [0, 1] only) */
     uint64_t    seed;           /* default 0 */
     double      bucket_mb;      /* gradient bucket size in MiB (default 25; the first bucket 1) */
     int         overlap;        /* launch buckets during backward (default 1) */
@@ -123,6 +127,9 @@ typedef struct {
     int     stopped;           /* ended early at opts.stop_at */
     double  seconds;           /* training time, evaluation excluded */
     double  samples_per_s;     /* global training throughput */
+    int     norm_channels;     /* the input normalisation applied, per channel: */
+    float   norm_mean[64];     /*   x' = (x - norm_mean[c]) / norm_std[c] */
+    float   norm_std[64];      /*   (after u8 scaling to [0, 1]; 0 and 1 when none) */
 } dt_train_result;
 
 /* Train as the options say, on device `ops`, across `comm` (NULL: one process).

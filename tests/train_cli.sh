@@ -114,6 +114,21 @@ run train --data "$DATA" --model "$MLP" --epochs 2 --no-eval --checkpoint-dir "$
     --resume-override > "$T/ovr" 2>&1
 ok $? "--resume-override continues anyway"
 ok_grep "$T/ovr" "changed on resume \(overridden\): lr '0.05' -> '0.1'" "... and says what changed"
+# input normalisation: chosen by --normalize, recorded with the weights, repeated by eval
+run train --data "$DATA" --model "$MLP" --epochs 1 --batch 64 --normalize standard --save "$T/ns.st" > "$T/ns" 2>&1
+ok $? "--normalize standard trains"
+nacc=$(sed -n 's/.*test accuracy \([0-9.]*\)$/\1/p' "$T/ns" | tail -1)
+run eval --data "$DATA" --model "$MLP" --weights "$T/ns.st" --normalize standard > "$T/nse" 2>&1
+ok_grep "$T/nse" "test accuracy ${nacc:-none} " "eval with the same --normalize reproduces the accuracy"
+python3 - "$T/ns.st" > "$T/nsm" 2>&1 <<'PYEOF'
+import json, struct, sys
+raw = open(sys.argv[1], 'rb').read()
+meta = json.loads(raw[8:8 + struct.unpack('<Q', raw[:8])[0]])['__metadata__']
+print(meta['normalize'], meta['input_mean'], meta['input_std'])
+PYEOF
+ok_grep "$T/nsm" "^standard -?[0-9.e-]+ [0-9.e-]+$" "the saved file records the normalisation and the training set's mean and std"
+bad "--normalize: expected auto, standard or unit, got 'zscore'" "an unknown --normalize" train --data "$DATA" --normalize zscore
+bad "--normalize: expected auto, standard or unit" "an unknown eval --normalize" eval --data "$DATA" --model "$MLP" --weights "$T/ns.st" --normalize zscore
 # output paths are checked before training, not after it
 bad "^dtrain: --save: cannot create /nonexistent/dir/x.st: directory /nonexistent/dir" "an unwritable --save" \
     train --data "$DATA" --model "$MLP" --save /nonexistent/dir/x.st

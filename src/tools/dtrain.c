@@ -77,6 +77,11 @@ static const char *usage_train_rest =
     "  --warmup N            linear warm-up steps  [0]\n"
     "  --clip X              clip gradients to global norm X (0: off)  [0]\n"
     "  --label-smoothing X   [0]\n"
+    "  --normalize auto|standard|unit  input normalisation: auto standardises u8\n"
+    "                        images with the training set's per-channel mean and std\n"
+    "                        (after scaling to [0,1]) and keeps float data as stored;\n"
+    "                        standard does so for every type; unit only scales u8 to\n"
+    "                        [0,1]. --save records the mean and std  [auto]\n"
     "Run:\n"
     "  --seed N              initialisation, data order and dropout  [0]\n"
     "  --threads N           compute threads per process (default: $OMP_NUM_THREADS,\n"
@@ -115,10 +120,12 @@ static const char *usage_train_rest =
     "  --init-method URL     env:// (default), tcp://HOST:PORT or file:///PATH\n";
 
 static const char *usage_eval =
-    "usage: dtrain eval --model SPEC --weights FILE [--data SPEC] [--threads N]\n"
+    "usage: dtrain eval --model SPEC --weights FILE [--data SPEC] [--normalize auto|standard|unit]\n"
+    "                   [--threads N]\n"
     "\n"
     "Prints the test accuracy and mean loss of FILE (safetensors written by\n"
-    "dtrain train --save) for the model SPEC on the test split of --data.\n";
+    "dtrain train --save) for the model SPEC on the test split of --data, normalised\n"
+    "as in training (give the --normalize that training had).\n";
 
 static const char *usage_model =
     "usage: dtrain model --model SPEC [--input C,H,W | --data SPEC]\n"
@@ -375,6 +382,7 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--gamma")) { if (s == DT_OK) s = dt_arg_double("--gamma", v, 0, 1e6, &o.gamma); }
         else if (FLAG("--warmup")) { if (s == DT_OK) s = dt_arg_int("--warmup", v, 0, INT64_MAX, 0, &o.warmup); }
         else if (FLAG("--clip")) { if (s == DT_OK) s = dt_arg_double("--clip", v, 0, 1e30, &o.clip); }
+        else if (FLAG("--normalize")) o.normalize = v;
         else if (FLAG("--label-smoothing")) { if (s == DT_OK) s = dt_arg_double("--label-smoothing", v, 0, 0.999999, &o.label_smoothing); }
         else if (FLAG("--seed")) { if (s == DT_OK && (s = dt_arg_int("--seed", v, 0, INT64_MAX, 0, &iv)) == DT_OK) o.seed = (uint64_t)iv; }
         else if (FLAG("--threads")) { if (s == DT_OK) s = dt_arg_int("--threads", v, 1, 4096, 0, &threads); }
@@ -440,8 +448,16 @@ static int cmd_train(int argc, char **argv) {
             printf("dtrain: done: %lld steps in %.1f s, %.0f samples/s, final loss %.4f\n", (long long)res.steps,
                    res.seconds, res.samples_per_s, res.final_loss);
         if (save) {
-            const char *meta[] = {"format", "pt", "model", o.model};
-            s = dt_model_save(model, save, meta, 2);
+            /* the input normalisation goes with the weights: a PyTorch user repeats it */
+            char mean[1100] = "", std[1100] = "";
+            for (int c = 0; c < res.norm_channels && c < 64; c++) {
+                size_t lm = strlen(mean), ls = strlen(std);
+                snprintf(mean + lm, sizeof mean - lm, "%s%.9g", c ? "," : "", (double)res.norm_mean[c]);
+                snprintf(std + ls, sizeof std - ls, "%s%.9g", c ? "," : "", (double)res.norm_std[c]);
+            }
+            const char *meta[] = {"format", "pt", "model", o.model, "normalize", o.normalize,
+                                  "input_mean", mean, "input_std", std};
+            s = dt_model_save(model, save, meta, 5);
             if (s == DT_OK) printf("dtrain: saved weights to %s\n", save);
         }
     }
@@ -460,7 +476,7 @@ out:
 /* ---- eval and model -------------------------------------------------------------------- */
 
 static int cmd_eval(int argc, char **argv) {
-    const char *spec = NULL, *weights = NULL, *data = "/usr/share/datasets/fashion-mnist";
+    const char *spec = NULL, *weights = NULL, *data = "/usr/share/datasets/fashion-mnist", *norm = "auto";
     int64_t threads = 0;
     dt_status s = DT_OK;
     for (int i = 1; i < argc && s == DT_OK;) {
@@ -469,6 +485,7 @@ static int cmd_eval(int argc, char **argv) {
         if (dt_arg_match("--model", argc, argv, &i, &v, &s)) spec = v;
         else if (dt_arg_match("--weights", argc, argv, &i, &v, &s)) weights = v;
         else if (dt_arg_match("--data", argc, argv, &i, &v, &s)) data = v;
+        else if (dt_arg_match("--normalize", argc, argv, &i, &v, &s)) norm = v;
         else if (dt_arg_match("--threads", argc, argv, &i, &v, &s)) { if (s == DT_OK) s = dt_arg_int("--threads", v, 1, 4096, 0, &threads); }
         else s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain eval --help)", argv[i]);
     }
@@ -480,7 +497,9 @@ static int cmd_eval(int argc, char **argv) {
     dt_model *m = NULL;
     double loss = 0, acc = 0;
     s = setup_threads(ops, threads, 1);
-    if (s == DT_OK && (s = dt_dataset_open(data, DT_SPLIT_TEST, &test)) == DT_ERR_IO) s = DT_ERR_INVALID;
+    dt_data_opts dopt;
+    if (s == DT_OK) s = dt_data_opts_from_name(norm, &dopt);
+    if (s == DT_OK && (s = dt_dataset_open_opts(data, DT_SPLIT_TEST, &dopt, &test)) == DT_ERR_IO) s = DT_ERR_INVALID;
     if (s == DT_OK) {
         const dt_dataset_info *info = dt_dataset_get_info(test);
         dt_shape shape = {.ndim = info->ndim};
