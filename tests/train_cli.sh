@@ -76,8 +76,12 @@ if command -v valgrind > /dev/null 2>&1; then
         --model "flatten linear(8) relu linear(3)" --data synthetic:64,1,4,4,3 --batch 16 --epochs 2 --quiet \
         --lr 1e6 > "$T/vg" 2>&1
     rc=$?
-    [ $rc -eq 1 ]; ok $? "a run failing mid-training: exit 1 and no invalid memory access under valgrind (got $rc)"
-    ok_grep "$T/vg" "stopped before the update" "the error reaches the user"
+    if grep -q "Valgrind: debuginfo reader" "$T/vg"; then   # valgrind 3.19 cannot read clang's DWARF 5
+        skip "valgrind cannot read this build's debug information"; skip "valgrind cannot read it"
+    else
+        [ $rc -eq 1 ]; ok $? "a run failing mid-training: exit 1 and no invalid memory access under valgrind (got $rc)"
+        ok_grep "$T/vg" "stopped before the update" "the error reaches the user"
+    fi
 else
     skip "valgrind not installed"; skip "valgrind not installed"
 fi
