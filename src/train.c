@@ -26,6 +26,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "checkpoint.h"
 #include "ckpt.h"
 #include "clock.h"
 #include "data.h"
@@ -540,6 +541,10 @@ static dt_status trainer_setup(trainer *t) {
     DT_TRY(dt_sampler_rank_block(t->sampler, t->world, t->rank, &t->first_micro, &dummy));
 
     DT_TRY(dt_model_build(o->model, &shape, t->ops, o->seed, (int)t->b, &t->model));
+    if (o->init_weights && !t->resume) {   /* a file that cannot be used is bad input */
+        dt_status ls = dt_model_load(t->model, o->init_weights);
+        if (ls != DT_OK) return dt_error_wrap(ls == DT_ERR_IO ? DT_ERR_INVALID : ls, "init_weights: ");
+    }
     const dt_shape *os = dt_model_output_shape(t->model);
     if (os->ndim != 1 || os->d[0] < info->classes)
         return dt_error(DT_ERR_INVALID, "model: the model's output must be (%d) class scores for this data, got %lld values",

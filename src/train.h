@@ -89,6 +89,8 @@ typedef struct {
     int64_t     warmup;         /* linear warm-up steps; default 0 */
     double      clip;           /* max global gradient norm; 0: no clipping */
     double      label_smoothing;
+    const char *init_weights;   /* start from the weights of this safetensors file (PyTorch names),
+                                 * e.g. trained in PyTorch; a resumed checkpoint takes precedence */
     const char *normalize;      /* input normalisation: "auto" (default: u8 images get the training
                                  * set's per-channel mean/std after scaling to [0, 1]; float data as
                                  * stored), "standard" (mean/std for every type), "unit" (u8 scaled

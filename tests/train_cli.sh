@@ -133,6 +133,14 @@ PYEOF
 ok_grep "$T/nsm" "^standard -?[0-9.e-]+ [0-9.e-]+$" "the saved file records the normalisation and the training set's mean and std"
 bad "--normalize: expected auto, standard or unit, got 'zscore'" "an unknown --normalize" train --data "$DATA" --normalize zscore
 bad "--normalize: expected auto, standard or unit" "an unknown eval --normalize" eval --data "$DATA" --model "$MLP" --weights "$T/ns.st" --normalize zscore
+# --init starts from saved weights: one step at a vanishing learning rate keeps them byte for byte
+run train --data "$DATA" --model "$MLP" --steps 1 --lr 1e-30 --momentum 0 --weight-decay 0 --quiet --no-eval \
+    --init "$T/a.st" --save "$T/init.st" > /dev/null 2>&1
+ok $? "--init trains from a saved file"
+cmp -s "$T/a.st" "$T/init.st"; ok $? "... starting from exactly its weights"
+bad "^dtrain: --init: .*tensor '0.weight' is missing" "--init with another model's weights" \
+    train --data "$DATA" --model "$CNN" --init "$T/a.st"
+bad "^dtrain: --init: .*/nonexistent.st" "--init of a missing file" train --data "$DATA" --model "$MLP" --init /nonexistent.st
 # output paths are checked before training, not after it
 bad "^dtrain: --save: cannot create /nonexistent/dir/x.st: directory /nonexistent/dir" "an unwritable --save" \
     train --data "$DATA" --model "$MLP" --save /nonexistent/dir/x.st

@@ -87,6 +87,8 @@ static const char *usage_train_rest =
     "  --threads N           compute threads per process (default: $OMP_NUM_THREADS,\n"
     "                        else cores / local processes)\n"
     "  --no-eval             skip the test-set evaluation after each epoch\n"
+    "  --init FILE           start from the weights in FILE (safetensors with PyTorch\n"
+    "                        names, e.g. a state_dict saved from PyTorch)\n"
     "  --save FILE           write the final weights (safetensors, PyTorch names)\n"
     "  --metrics FILE        append JSON lines: one per logged step and per epoch\n"
     "  --log-every N         progress every N steps  [50]\n"
@@ -383,6 +385,7 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--warmup")) { if (s == DT_OK) s = dt_arg_int("--warmup", v, 0, INT64_MAX, 0, &o.warmup); }
         else if (FLAG("--clip")) { if (s == DT_OK) s = dt_arg_double("--clip", v, 0, 1e30, &o.clip); }
         else if (FLAG("--normalize")) o.normalize = v;
+        else if (FLAG("--init")) o.init_weights = v;
         else if (FLAG("--label-smoothing")) { if (s == DT_OK) s = dt_arg_double("--label-smoothing", v, 0, 0.999999, &o.label_smoothing); }
         else if (FLAG("--seed")) { if (s == DT_OK && (s = dt_arg_int("--seed", v, 0, INT64_MAX, 0, &iv)) == DT_OK) o.seed = (uint64_t)iv; }
         else if (FLAG("--threads")) { if (s == DT_OK) s = dt_arg_int("--threads", v, 1, 4096, 0, &threads); }
