@@ -31,6 +31,7 @@
 #include "clock.h"
 #include "data.h"
 #include "ddp.h"
+#include "hash.h"
 #include "model.h"
 #include "optim.h"
 #include "sampler.h"
@@ -502,6 +503,43 @@ static dt_status check_ckpt_dir(trainer *t) {
     return dt_error(DT_ERR_INVALID, "ckpt_dir: rank 0 cannot write checkpoints into %s", dir);
 }
 
+/* A fingerprint of a split: its sizes, classes, normalisation and its first and
+ * last samples (features and labels). */
+static uint64_t data_fingerprint(const dt_dataset *ds) {
+    const dt_dataset_info *in = dt_dataset_get_info(ds);
+    int64_t head[4] = {in->n, in->sample_size, in->classes, in->channels};
+    uint64_t h = dt_xxh64(head, sizeof head, 0);
+    h = dt_xxh64(in->mean, sizeof in->mean, h);
+    h = dt_xxh64(in->std, sizeof in->std, h);
+    size_t row = (size_t)in->sample_size;
+    const float *x = dt_dataset_features(ds);
+    const int32_t *y = dt_dataset_labels(ds);
+    h = dt_xxh64(x, row * sizeof *x, h);
+    h = dt_xxh64(x + (size_t)(in->n - 1) * row, row * sizeof *x, h);
+    h = dt_xxh64(y, sizeof *y, h);
+    return dt_xxh64(y + in->n - 1, sizeof *y, h);
+}
+
+/* Every rank must train on the same data (the sampler draws the same global
+ * batches everywhere): a rank that read other data would silently train other
+ * weights. Each rank's fingerprint is gathered; every rank names the first that
+ * differs from rank 0. */
+static dt_status check_same_data(trainer *t) {
+    if (t->world < 2) return DT_OK;
+    uint64_t mine[2] = {data_fingerprint(t->train), t->test ? data_fingerprint(t->test) : 0};
+    uint64_t *all = calloc((size_t)t->world * 2, sizeof *all);
+    if (!all) return dt_error(DT_ERR_NOMEM, "data: out of memory");
+    dt_status s = dt_allgather(t->comm, mine, all, 2, DT_I64);
+    for (int r = 1; s == DT_OK && r < t->world; r++)
+        if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
+            s = dt_error(DT_ERR_MISMATCH, "data: rank %d read other %s data than rank 0 (fingerprint %016llx, rank 0 "
+                         "%016llx); every rank must read the same files", r, all[2 * r] != all[0] ? "training" : "test",
+                         (unsigned long long)all[2 * r + (all[2 * r] == all[0])],
+                         (unsigned long long)all[all[2 * r] == all[0]]);
+    free(all);
+    return s;
+}
+
 static dt_status trainer_setup(trainer *t) {
     const dt_train_opts *o = t->o;
     DT_TRY(check_opts(o));
@@ -529,6 +567,7 @@ static dt_status trainer_setup(trainer *t) {
     DT_TRY(dt_data_opts_from_name(o->normalize, &data_opts));
     dt_status ds = dt_dataset_open_pair(o->data, &data_opts, &t->train, o->eval ? &t->test : NULL);
     if (ds != DT_OK) return ds == DT_ERR_IO ? DT_ERR_INVALID : ds;
+    DT_TRY(check_same_data(t));
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
     dt_shape shape = {.ndim = info->ndim};
     for (int i = 0; i < info->ndim; i++) shape.d[i] = info->shape[i];
