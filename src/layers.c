@@ -363,11 +363,6 @@ static dt_status flatten_infer(dt_layer *L, dt_shape *out) {
     return DT_OK;
 }
 
-static dt_status flatten_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
-    (void)c; (void)L; (void)x; (void)B;
-    return DT_OK;
-}
-
 static dt_status flatten_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy,
                                   float *dx, int B) {
     (void)x;
@@ -378,7 +373,7 @@ static dt_status flatten_backward(const dt_nn_ctx *c, dt_layer *L, const float *
 const dt_layer_def dt_layer_def_flatten = {
     .name = "flatten", .help = "flatten", .torch = "nn.Flatten",
     .flags = DT_LDEF_NO_OUTPUT | DT_LDEF_GRAD_IN_PLACE,
-    .infer = flatten_infer, .forward = flatten_forward, .backward = flatten_backward,
+    .infer = flatten_infer, .forward = layer_view_forward, .backward = flatten_backward,
 };
 
 /* ---- residual blocks: y = x + f(x) -----------------------------------------
@@ -388,11 +383,6 @@ const dt_layer_def dt_layer_def_flatten = {
  * that copy to the gradient f returns: dx = df(x)^T dy + dy. */
 
 typedef struct { float *dskip; } residual_end_self;
-
-static dt_status residual_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
-    (void)c; (void)L; (void)x; (void)B;
-    return DT_OK;
-}
 
 static dt_status residual_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy,
                                    float *dx, int B) {
@@ -405,7 +395,7 @@ static dt_status residual_backward(const dt_nn_ctx *c, dt_layer *L, const float 
 const dt_layer_def dt_layer_def_residual = {
     .name = "residual", .help = "residual(layers...)", .torch = "Residual (nn.Sequential with x + f(x))",
     .flags = DT_LDEF_NO_OUTPUT | DT_LDEF_CONTAINER, .closer = &dt_layer_def_residual_end,
-    .infer = layer_same_shape, .forward = residual_forward, .backward = residual_backward,
+    .infer = layer_same_shape, .forward = layer_view_forward, .backward = residual_backward,
 };
 
 static dt_status residual_end_infer(dt_layer *L, dt_shape *out) {

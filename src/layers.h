@@ -22,5 +22,7 @@ static inline int layer_hw(const dt_shape *s) { return s->ndim == 3 ? (int)(s->d
 dt_status layer_shape_error(const dt_layer *L, const char *what, const char *hint);
 /* infer for rows whose output shape is their input shape */
 dt_status layer_same_shape(dt_layer *L, dt_shape *out);
+/* forward of a NO_OUTPUT row that computes nothing: its output is its input */
+dt_status layer_view_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B);
 
 #endif /* DT_LAYERS_H */

@@ -99,7 +99,6 @@ static char *trim(char *s) {
     return s;
 }
 
-#define SPEC_ERR(L, ...) spec_error(L, __VA_ARGS__)
 static dt_status spec_error(const dt_layer *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static dt_status spec_error(const dt_layer *L, const char *fmt, ...) {
     char what[256];
@@ -117,15 +116,15 @@ static dt_status arg_store(dt_layer *L, const dt_arg_def *a, const char *val) {
     int iv = 0;
     float fv = 0.0f;
     if (a->type == DT_ARG_FLOAT) {
-        if (parse_float(val, &fv)) return SPEC_ERR(L, "%s, got '%s'", a->expect, val);
+        if (parse_float(val, &fv)) return spec_error(L, "%s, got '%s'", a->expect, val);
         v = fv;
     } else {
         if ((a->type == DT_ARG_BOOL ? parse_bool(val, &iv) : parse_int(val, &iv)))
-            return SPEC_ERR(L, "%s, got '%s'", a->expect, val);
+            return spec_error(L, "%s, got '%s'", a->expect, val);
         v = iv;
     }
     if (!(v >= a->lo && (a->hi_open ? v < a->hi : v <= a->hi)))
-        return SPEC_ERR(L, "%s, got '%s'", a->expect, val);
+        return spec_error(L, "%s, got '%s'", a->expect, val);
     if (a->type == DT_ARG_FLOAT) memcpy(field, &fv, sizeof fv);
     else memcpy(field, &iv, sizeof iv);
     return DT_OK;
@@ -146,13 +145,13 @@ static dt_status layer_args(dt_layer *L, char *args) {
     int seen[16] = { 0 }, npos = 0, nkw = 0;
     if (args && *trim(args) == '\0') {
         if (nargs == 0) args = NULL;
-        else return SPEC_ERR(L, "empty argument list; expected %s", d->help);
+        else return spec_error(L, "empty argument list; expected %s", d->help);
     }
     for (char *a = args, *next; a; a = next) {
         next = strchr(a, ',');
         if (next) *next++ = '\0';
         a = trim(a);
-        if (*a == '\0') return SPEC_ERR(L, "empty argument");
+        if (*a == '\0') return spec_error(L, "empty argument");
         char *eq = strchr(a, '=');
         char *val;
         int slot = -1;
@@ -163,27 +162,27 @@ static dt_status layer_args(dt_layer *L, char *args) {
             for (int i = 0; i < nargs; i++)
                 if (!strcmp(schema[i].name, key)) slot = i;
             if (slot < 0) {
-                if (nargs == 0) return SPEC_ERR(L, "%s takes no arguments, got '%s'", d->name, key);
+                if (nargs == 0) return spec_error(L, "%s takes no arguments, got '%s'", d->name, key);
                 char known[96] = "";
                 for (int i = 0; i < nargs; i++) {
                     strncat(known, i ? ", " : "", sizeof known - strlen(known) - 1);
                     strncat(known, schema[i].name, sizeof known - strlen(known) - 1);
                 }
-                return SPEC_ERR(L, "unknown argument '%s' (expected one of: %s)", key, known);
+                return spec_error(L, "unknown argument '%s' (expected one of: %s)", key, known);
             }
             nkw++;
         } else {
-            if (nkw) return SPEC_ERR(L, "positional argument '%s' after key=value arguments", a);
-            if (npos == nargs) return SPEC_ERR(L, "too many arguments (%s takes %d)", d->name, nargs);
+            if (nkw) return spec_error(L, "positional argument '%s' after key=value arguments", a);
+            if (npos == nargs) return spec_error(L, "too many arguments (%s takes %d)", d->name, nargs);
             slot = npos++;
             val = a;
         }
-        if (seen[slot]) return SPEC_ERR(L, "argument '%s' given twice", schema[slot].name);
+        if (seen[slot]) return spec_error(L, "argument '%s' given twice", schema[slot].name);
         seen[slot] = 1;
         DT_TRY(arg_store(L, &schema[slot], val));
     }
     for (int i = 0; i < nargs && schema[i].required; i++)
-        if (!seen[i]) return SPEC_ERR(L, "missing argument '%s'", schema[i].name);
+        if (!seen[i]) return spec_error(L, "missing argument '%s'", schema[i].name);
     return d->check ? d->check(L) : DT_OK;
 }
 
@@ -238,26 +237,26 @@ static dt_status parse_token(layer_vec *lv, char *tok, const char *name, int dep
     char *paren = strchr(tok, '(');
     char *args = NULL;
     if (paren) {
-        if (tok[len - 1] != ')') return SPEC_ERR(&tmp, "expected ')' at the end");
+        if (tok[len - 1] != ')') return spec_error(&tmp, "expected ')' at the end");
         *paren = '\0';
         tok[len - 1] = '\0';
         args = paren + 1;
     }
     for (char *c = tok; *c; c++) *c = (char)tolower((unsigned char)*c);
     if (!strcmp(tok, "seq")) {    /* a nested nn.Sequential: names only, no layer of its own */
-        if (depth >= MAX_DEPTH) return SPEC_ERR(&tmp, "containers nested deeper than %d", MAX_DEPTH);
+        if (depth >= MAX_DEPTH) return spec_error(&tmp, "containers nested deeper than %d", MAX_DEPTH);
         return parse_list(lv, args ? args : (char *)"", name, depth + 1, tmp.text);
     }
     int kind = dt_layer_kind_find(tok);
     if (kind < 0)
-        return SPEC_ERR(&tmp, "unknown layer '%s' (expected %s or seq)", tok, dt_layer_kind_list());
+        return spec_error(&tmp, "unknown layer '%s' (expected %s or seq)", tok, dt_layer_kind_list());
     const dt_layer_def *def = dt_layer_def_of((dt_layer_kind)kind);
     dt_layer *L;
     DT_TRY(vec_push(lv, def, kind, name, depth, &L));
     set_text(L, tmp.text, strlen(tmp.text));
     if (!(def->flags & DT_LDEF_CONTAINER)) return layer_args(L, args);
     /* a container row opens a block; its closer row ends it */
-    if (depth >= MAX_DEPTH) return SPEC_ERR(&tmp, "containers nested deeper than %d", MAX_DEPTH);
+    if (depth >= MAX_DEPTH) return spec_error(&tmp, "containers nested deeper than %d", MAX_DEPTH);
     int open = L->index;
     DT_TRY(parse_list(lv, args ? args : (char *)"", name, depth + 1, tmp.text));
     int close_kind = -1;
@@ -297,7 +296,7 @@ static dt_status parse_list(layer_vec *lv, char *text, const char *prefix, int d
             memset(&tmp, 0, sizeof tmp);
             snprintf(tmp.name, sizeof tmp.name, "%s", name);
             set_text(&tmp, start, strlen(start));
-            return SPEC_ERR(&tmp, "unbalanced parentheses");
+            return spec_error(&tmp, "unbalanced parentheses");
         }
         DT_TRY(parse_token(lv, start, name, depth));
         pos++;
@@ -406,11 +405,11 @@ dt_status dt_spec_infer(dt_spec *s, const dt_shape *input) {
         L->nrecord = 0;
         DT_TRY(L->def->infer(L, &o));
         for (int d = 0; d < o.ndim; d++)
-            if (o.d[d] <= 0) return SPEC_ERR(L, "output would be empty");
+            if (o.d[d] <= 0) return spec_error(L, "output would be empty");
         if (dt_shape_numel(&o) > DT_LAYER_MAX_NUMEL) {
             char sh[96];
             dt_shape_str(&o, 1, sh, sizeof sh);
-            return SPEC_ERR(L, "its output %s would have more than %lld elements per sample", sh,
+            return spec_error(L, "its output %s would have more than %lld elements per sample", sh,
                             (long long)DT_LAYER_MAX_NUMEL);
         }
         L->outs = o;
@@ -420,7 +419,7 @@ dt_status dt_spec_infer(dt_spec *s, const dt_shape *input) {
         for (int t = 0; t < L->ntensors; t++) {
             dt_layer_tensor *T = &L->t[t];
             if (T->role == DT_TENSOR_PARAM && total > INT64_C(1) << 52)   /* each tensor is < 2^31 */
-                return SPEC_ERR(L, "the model would have more than 2^52 parameters");
+                return spec_error(L, "the model would have more than 2^52 parameters");
             if (T->role == DT_TENSOR_PARAM) { T->offset = (size_t)total; total += T->numel; }
             else if (T->role == DT_TENSOR_BUFFER) { T->offset = nbuf; nbuf += (size_t)T->numel; }
         }
