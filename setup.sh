@@ -4,7 +4,7 @@
 #   DT_NO_APT=1 ./setup.sh   build only
 set -e
 cd "$(dirname "$0")"
-PKGS="build-essential autoconf automake libtool pkg-config libopenblas-dev zlib1g-dev \
+PKGS="build-essential autoconf automake libtool pkg-config libopenblas-dev libsodium-dev zlib1g-dev \
 libopenmpi-dev openmpi-bin dataset-fashion-mnist python3 gnuplot-nox"
 if [ -z "${DT_NO_APT:-}" ]; then
     if [ "$(id -u)" -eq 0 ]; then SUDO=; else SUDO=sudo; fi

@@ -15,6 +15,20 @@ AC_DEFUN([DT_CHECK_OPENBLAS], [
   AC_SUBST([OPENBLAS_LIBS])
 ])
 
+# DT_CHECK_SODIUM: libsodium (required) for the job secret's HMAC-SHA256 (src/comm/auth.c).
+AC_DEFUN([DT_CHECK_SODIUM], [
+  PKG_CHECK_MODULES([SODIUM], [libsodium], [dt_have_sodium=yes], [dt_have_sodium=no])
+  AS_IF([test "x$dt_have_sodium" = "xno"], [
+    AC_CHECK_LIB([sodium], [crypto_auth_hmacsha256_init], [SODIUM_LIBS=-lsodium; SODIUM_CFLAGS=],
+      [AC_MSG_ERROR([libsodium not found: install the Debian package libsodium-dev])])
+  ])
+  dt_save_CFLAGS=$CFLAGS; CFLAGS="$CFLAGS $SODIUM_CFLAGS"
+  AC_CHECK_HEADER([sodium.h], [], [AC_MSG_ERROR([sodium.h not found: install the Debian package libsodium-dev])])
+  CFLAGS=$dt_save_CFLAGS
+  AC_SUBST([SODIUM_CFLAGS])
+  AC_SUBST([SODIUM_LIBS])
+])
+
 # DT_CHECK_VISIBILITY: DT_VISIBILITY_CFLAGS=-fvisibility=hidden when the compiler takes it
 # and honours visibility("default") (GCC, clang), so libdtrain.so exports only the functions
 # src/dt_api.h's DT_API marks; empty otherwise (everything is exported, as before).

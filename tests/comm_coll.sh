@@ -30,7 +30,7 @@ NO_MASTER=1 LAUNCH_ENV= run_all 2 "2 ranks, tcp://127.0.0.1:$port" --init "tcp:/
 
 # file://: a stale file from another job is already there; rank 1 starts first
 rdv="$TMP/rendezvous"
-echo "dtrain-store 1 otherjob 127.0.0.1 9 deadbeef" > "$rdv"
+echo "dtrain-store 2 otherjob 127.0.0.1 9 deadbeef -" > "$rdv"
 port=$(free_port)
 start_rank 1 3 $port --mode all --init "file://$rdv"; p1=$!
 start_rank 2 3 $port --mode all --init "file://$rdv"; p2=$!

@@ -1,14 +1,18 @@
 /* test_store.c: the rendezvous store — a server thread and clients in one process:
  * set/get/wait/add/delete, waiting for a key another thread sets later, timeouts,
- * a client of another job refused with both job ids named, and raw garbage written to
- * the port (bad magic, a hostile length, a truncated header) closing only that
- * connection while the server keeps serving. */
+ * authentication (a client of another job, with another secret or with none is
+ * refused; a flood of silent or half-done connections neither shuts a client out nor
+ * costs memory, and is counted by source), and raw garbage written to the port before
+ * and after authentication (bad magic, a hostile length, a truncated header) closing
+ * only that connection while the server keeps serving. */
 #include "store.h"
+#include "auth.h"
 #include "sock.h"
 #include "comm_impl.h"
 #include "tap.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,23 +20,26 @@
 #include <unistd.h>
 
 static int port;
+static dt_auth job_a;   /* job "jobA" with secret "s3cret" */
 
 static void *late_setter(void *arg) {
     (void)arg;
     struct timespec ts = { 0, 200 * 1000 * 1000 };
     nanosleep(&ts, NULL);
     dt_store *st = NULL;
-    if (dt_store_connect("127.0.0.1", port, "jobA", 5, &st) == DT_OK) {
+    if (dt_store_connect("127.0.0.1", port, &job_a, 5, &st) == DT_OK) {
         dt_store_set(st, "late", "here", 4);
         dt_store_close(st);
     }
     return NULL;
 }
 
-/* Write raw bytes to the port and report whether the server hung up (read gives EOF). */
-static int raw_hangs_up(const void *bytes, size_t n) {
+/* Write raw bytes to the port (after authenticating when authed) and report whether the
+ * server hung up (read gives EOF). */
+static int raw_hangs_up_as(int authed, const void *bytes, size_t n) {
     int fd;
     if (dt_sock_connect("127.0.0.1", port, dt_now() + 5, &fd) != DT_OK) return 0;
+    if (authed && dt_auth_client(&job_a, fd, DT_AUTH_STORE, dt_now() + 5) != DT_OK) { close(fd); return 0; }
     dt_sock_write_all(fd, bytes, n, dt_now() + 5);
     shutdown(fd, SHUT_WR);   /* and nothing more: a truncated request must not hang the server */
     char buf[256];
@@ -45,17 +52,78 @@ static int raw_hangs_up(const void *bytes, size_t n) {
     close(fd);
     return hung;
 }
+static int raw_hangs_up(const void *bytes, size_t n) { return raw_hangs_up_as(1, bytes, n); }
+
+/* Open n connections to the port; with hello, each sends a valid HELLO and then stalls. */
+static int flood(int *fds, int n, int hello) {
+    int opened = 0;
+    for (int i = 0; i < n; i++) {
+        fds[i] = -1;
+        if (dt_sock_connect("127.0.0.1", port, dt_now() + 5, &fds[i]) != DT_OK) continue;
+        opened++;
+        if (hello) {
+            unsigned char m[48] = { 0 };
+            dt_put32(m, 0x55415444u); dt_put32(m + 4, 1); dt_put32(m + 8, DT_AUTH_STORE); dt_put32(m + 12, 1);
+            dt_sock_write_all(fds[i], m, sizeof m, dt_now() + 5);
+        }
+    }
+    return opened;
+}
+/* The server's report, once it contains want (bounded wait: the server counts a
+ * dropped connection when it sees the close, just after the client gave up). */
+static const char *report_with(dt_store_server *srv, const char *want, char *rep, size_t n) {
+    double end = dt_now() + 10;
+    do {
+        dt_store_server_report(srv, rep, n);
+        if (strstr(rep, want)) break;
+        struct timespec ts = { 0, 10 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    } while (dt_now() < end);
+    return rep;
+}
+
+/* A client that answers the challenge with a forged proof: the verdict must refuse it. */
+static int forged_refused(void) {
+    int fd, refused = 0;
+    if (dt_sock_connect("127.0.0.1", port, dt_now() + 5, &fd) != DT_OK) return 0;
+    unsigned char m[48] = { 0 }, ch[76], resp[36] = { 0 }, ver[8];
+    dt_put32(m, 0x55415444u); dt_put32(m + 4, 1); dt_put32(m + 8, DT_AUTH_STORE); dt_put32(m + 12, 1);
+    dt_put32(resp, 0x52415444u);
+    if (dt_sock_write_all(fd, m, sizeof m, dt_now() + 5) == DT_OK &&
+        dt_sock_read_all(fd, ch, sizeof ch, dt_now() + 5) == DT_OK &&
+        dt_sock_write_all(fd, resp, sizeof resp, dt_now() + 5) == DT_OK &&
+        dt_sock_read_all(fd, ver, sizeof ver, dt_now() + 5) == DT_OK)
+        refused = dt_get32(ver) == 0x56415444u && dt_get32(ver + 4) != 0;
+    close(fd);
+    return refused;
+}
+
+static void unflood(int *fds, int n) { for (int i = 0; i < n; i++) if (fds[i] >= 0) close(fds[i]); }
+
+static long rss_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f)) if (sscanf(line, "VmRSS: %ld", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb;
+}
 
 int main(void) {
     dt_store_server *srv = NULL;
-    is_int(dt_store_server_start("127.0.0.1", 0, "jobA", &srv), DT_OK, "server starts on a free port");
+    dt_auth job_b, wrong_secret, no_secret;
+    is_int(dt_auth_init_secret(&job_a, "jobA", "s3cret", 6), DT_OK, "a job secret");
+    dt_auth_init_secret(&job_b, "jobB", "s3cret", 6);
+    dt_auth_init_secret(&wrong_secret, "jobA", "other", 5);
+    dt_auth_init_secret(&no_secret, "jobA", NULL, 0);
+    is_int(dt_store_server_start("127.0.0.1", 0, &job_a, &srv), DT_OK, "server starts on a free port");
     if (!srv) return done_testing();
     port = dt_store_server_port(srv);
     ok(port > 0, "server reports its port (%d)", port);
 
     dt_store *a = NULL, *b = NULL;
-    is_int(dt_store_connect("127.0.0.1", port, "jobA", 5, &a), DT_OK, "client a connects");
-    is_int(dt_store_connect("127.0.0.1", port, "jobA", 5, &b), DT_OK, "client b connects");
+    is_int(dt_store_connect("127.0.0.1", port, &job_a, 5, &a), DT_OK, "client a connects");
+    is_int(dt_store_connect("127.0.0.1", port, &job_a, 5, &b), DT_OK, "client b connects");
     is_int(dt_store_set(a, "k1", "value one", 9), DT_OK, "set");
     void *v = NULL;
     size_t n = 0;
@@ -96,13 +164,57 @@ int main(void) {
     is_int(dt_store_get(b, "k1", &v, &n, 0), DT_ERR_TIMEOUT, "deleted key is gone");
 
     dt_store *f = NULL;
-    s = dt_store_connect("127.0.0.1", port, "jobB", 5, &f);
+    t0 = dt_now();
+    s = dt_store_connect("127.0.0.1", port, &job_b, 5, &f);
     is_int(s, DT_ERR_MISMATCH, "a client of another job is refused");
-    like(dt_last_error(), "jobA", "error names the server's job");
-    like(dt_last_error(), "jobB", "error names the client's job");
+    like(dt_last_error(), "another job", "... saying the server serves another job (or secret)");
+    ok(dt_now() - t0 < 4, "... at once, without waiting for the timeout");
+    is_int(dt_store_connect("127.0.0.1", port, &wrong_secret, 5, &f), DT_ERR_MISMATCH, "a client with another secret is refused");
+    is_int(dt_store_connect("127.0.0.1", port, &no_secret, 5, &f), DT_ERR_MISMATCH, "a client without a secret is refused");
+    like(dt_last_error(), "DT_JOB_SECRET", "... and told to set the same DT_JOB_SECRET everywhere");
+    char rep[512];
+    like(report_with(srv, "3 unauthenticated", rep, sizeof rep), "3 unauthenticated connections from 127.0.0.1", "the server counts the refused clients by source (%s)", rep);
+    ok(forged_refused(), "a forged proof gets a refusing verdict");
+    like(report_with(srv, "wrong proof", rep, sizeof rep), "1 connection from 127.0.0.1 with a wrong proof of the job secret", "... and is counted as such (%s)", rep);
+
+    /* floods: silent connections, then connections that stall after a valid HELLO */
+    enum { FLOOD = 300 };
+    static int fds[FLOOD];
+    long rss0 = rss_kib();
+    ok(flood(fds, FLOOD, 0) >= FLOOD / 2, "a flood of silent connections is accepted by the kernel");
+    t0 = dt_now();
+    dt_store *c3 = NULL;
+    is_int(dt_store_connect("127.0.0.1", port, &job_a, 20, &c3), DT_OK, "a real client still connects during the flood");
+    ok(dt_now() - t0 < 10, "... in %.2f s", dt_now() - t0);
+    is_int(dt_store_set(c3, "during", "flood", 5), DT_OK, "... and is served");
+    dt_store_close(c3);
+    unflood(fds, FLOOD);
+    ok(flood(fds, FLOOD, 1) >= FLOOD / 2, "a flood of connections that say HELLO and stall");
+    t0 = dt_now();
+    c3 = NULL;
+    is_int(dt_store_connect("127.0.0.1", port, &job_a, 20, &c3), DT_OK, "a real client still connects");
+    ok(dt_now() - t0 < 10, "... in %.2f s", dt_now() - t0);
+    dt_store_close(c3);
+    unflood(fds, FLOOD);
+    /* 8 requests announcing 63 MiB values: nothing is read before authentication */
+    for (int i = 0; i < 8; i++) {
+        int fd;
+        if (dt_sock_connect("127.0.0.1", port, dt_now() + 5, &fd) != DT_OK) continue;
+        unsigned char big[28] = { 0 };
+        dt_put32(big, 0x54535444u); dt_put32(big + 4, 1); dt_put32(big + 8, 2); dt_put32(big + 20, 63u << 20);
+        dt_sock_write_all(fd, big, sizeof big, dt_now() + 5);
+        static char junk[1 << 20];
+        for (int k = 0; k < 63 && dt_sock_write_all(fd, junk, sizeof junk, dt_now() + 0.5) == DT_OK; k++) {}
+        close(fd);
+    }
+    long rss1 = rss_kib();
+    ok(rss1 - rss0 < 64 * 1024, "the floods cost the server no real memory (%ld KiB more)", rss1 - rss0);
+    dt_store_server_report(srv, rep, sizeof rep);
+    like(rep, "unauthenticated connections from 127.0.0.1", "the floods are counted by source (%s)", rep);
 
     /* garbage */
-    ok(raw_hangs_up("GET / HTTP/1.0\r\n\r\n", 18), "HTTP request: connection closed");
+    ok(raw_hangs_up_as(0, "GET / HTTP/1.0\r\n\r\n", 18), "HTTP request before authentication: connection closed");
+    ok(raw_hangs_up("GET / HTTP/1.0\r\n\r\n", 18), "HTTP request after authentication: connection closed");
     unsigned char h[28] = { 0 };
     dt_put32(h, 0x54535444u); dt_put32(h + 4, 1); dt_put32(h + 8, 2);
     dt_put32(h + 20, 0xffffffffu);      /* a 4 GiB value */
@@ -118,7 +230,7 @@ int main(void) {
     ok(v && strcmp(v, "3") == 0, "and its data is intact");
     free(v);
     dt_store *c2 = NULL;
-    is_int(dt_store_connect("127.0.0.1", port, "jobA", 5, &c2), DT_OK, "and accepts new clients");
+    is_int(dt_store_connect("127.0.0.1", port, &job_a, 5, &c2), DT_OK, "and accepts new clients");
     dt_store_close(c2);
 
     s = dt_store_set(a, "big", "x", (size_t)DT_STORE_MAX_VALUE + 1);
@@ -127,7 +239,7 @@ int main(void) {
     dt_store_close(a);
     dt_store_close(b);
     dt_store_server_stop(srv);
-    s = dt_store_connect("127.0.0.1", port, "jobA", 0.3, &a);
+    s = dt_store_connect("127.0.0.1", port, &job_a, 0.3, &a);
     ok(s != DT_OK, "connecting after stop fails within the timeout");
     return done_testing();
 }

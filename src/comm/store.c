@@ -5,14 +5,16 @@
  *   request  = magic u32 'DTST', version u32, op u32, job_len u32, key_len u32,
  *              val_len u32, timeout_ms u32, then job id, key, value bytes
  *   response = magic u32, status u32, len u32, then len bytes (value, or error text)
- * The server gives each connection a thread (a job has a handful of ranks); a request
- * that fails the magic/version/length checks closes that connection only. Waits for
- * keys sleep on one condition variable that every set broadcasts.
+ * Connections come through a gate (gate.h): only authenticated ones reach the server.
+ * It gives each a thread with a small stack (one per rank); a request that fails the
+ * magic/version/length checks closes that connection only. Waits for keys sleep on one
+ * condition variable that every set broadcasts.
  */
 #include "config.h"
 #include "store.h"
 #include "sock.h"
 #include "comm_impl.h"
+#include "gate.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,7 +32,8 @@
 #define STORE_VERSION 1u
 #define REQ_BYTES     28
 #define RESP_BYTES    12
-#define MAX_CLIENTS   1024
+#define MAX_CLIENTS   4096
+#define CLIENT_STACK  (256u << 10)
 
 enum { OP_PING = 1, OP_SET, OP_GET, OP_WAIT, OP_ADD, OP_DEL };
 enum { ST_OK = 0, ST_TIMEOUT, ST_JOB, ST_BAD, ST_NOTFOUND };
@@ -49,6 +52,8 @@ typedef struct {
 struct dt_store_server {
     int lfd, port, wake[2];
     char job[DT_STORE_MAX_JOB + 1];
+    dt_auth auth;
+    dt_gate *gate;
     pthread_t acceptor;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -220,15 +225,14 @@ static void *client_main(void *arg) {
 
 static void *acceptor_main(void *arg) {
     struct dt_store_server *s = arg;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, CLIENT_STACK);
     for (;;) {
-        struct pollfd p[2] = { { .fd = s->lfd, .events = POLLIN }, { .fd = s->wake[0], .events = POLLIN } };
-        int pr = poll(p, 2, -1);
-        if (pr < 0 && errno == EINTR) continue;
-        if (pr < 0 || (p[1].revents & POLLIN)) break;
-        if (!(p[0].revents & POLLIN)) continue;
-        int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) continue;
-        dt_sock_tune(fd);
+        int fd;
+        dt_status st = dt_gate_accept(s->gate, 1e18, s->wake[0], &fd);
+        if (st == DT_ERR_UNSUPPORTED) break;   /* stopping */
+        if (st != DT_OK) continue;
         pthread_mutex_lock(&s->mu);
         client *slot = NULL;
         for (int i = 0; i < MAX_CLIENTS; i++) {
@@ -242,33 +246,36 @@ static void *acceptor_main(void *arg) {
         }
         if (slot) {
             *slot = (client){ .fd = fd, .used = 1, .done = 0, .srv = s };
-            if (pthread_create(&slot->th, NULL, client_main, slot) != 0) { slot->used = 0; slot = NULL; }
+            if (pthread_create(&slot->th, &attr, client_main, slot) != 0) { slot->used = 0; slot = NULL; }
         }
         pthread_mutex_unlock(&s->mu);
         if (!slot) close(fd);
     }
+    pthread_attr_destroy(&attr);
     return NULL;
 }
 
-dt_status dt_store_server_start(const char *addr, int port, const char *job_id, dt_store_server **out) {
+dt_status dt_store_server_start(const char *addr, int port, const dt_auth *auth, dt_store_server **out) {
     *out = NULL;
-    if (!job_id) job_id = "";
-    if (strlen(job_id) > DT_STORE_MAX_JOB)
-        return dt_error(DT_ERR_INVALID, "job id '%.40s...' is longer than %u bytes", job_id, DT_STORE_MAX_JOB);
     struct dt_store_server *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ERR_NOMEM, "out of memory starting the store");
-    strcpy(s->job, job_id);
+    s->auth = *auth;
+    snprintf(s->job, sizeof s->job, "%s", auth->job);
     s->wake[0] = s->wake[1] = -1;
     dt_status st = dt_sock_listen(addr, port, &s->lfd, &s->port);
     if (st != DT_OK) { free(s); return dt_error_wrap(st, "store: "); }
+    if ((st = dt_gate_new(&s->auth, DT_AUTH_STORE, s->lfd, &s->gate)) != DT_OK) {
+        close(s->lfd); free(s);
+        return st;
+    }
     if (pipe2(s->wake, O_CLOEXEC) < 0) {
-        int e = errno; close(s->lfd); free(s);
+        int e = errno; close(s->lfd); dt_gate_free(s->gate); free(s);
         return dt_error(DT_ERR_IO, "store: pipe: %s", strerror(e));
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     if (pthread_create(&s->acceptor, NULL, acceptor_main, s) != 0) {
-        close(s->lfd); close(s->wake[0]); close(s->wake[1]); free(s);
+        close(s->lfd); close(s->wake[0]); close(s->wake[1]); dt_gate_free(s->gate); free(s);
         return dt_error(DT_ERR_IO, "store: cannot start the server thread");
     }
     *out = s;
@@ -277,11 +284,17 @@ dt_status dt_store_server_start(const char *addr, int port, const char *job_id, 
 
 int dt_store_server_port(const dt_store_server *s) { return s->port; }
 
+void dt_store_server_report(dt_store_server *s, char *buf, size_t n) {
+    if (n) buf[0] = '\0';
+    if (s) dt_gate_report(s->gate, buf, n);
+}
+
 void dt_store_server_stop(dt_store_server *s) {
     if (!s) return;
     char b = 1;
     if (write(s->wake[1], &b, 1) < 0) { /* the acceptor also exits when the socket closes */ }
     pthread_join(s->acceptor, NULL);
+    dt_gate_free(s->gate);
     close(s->lfd);
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
@@ -369,23 +382,21 @@ fail:
     return dt_error_wrap(s, "store at %s:%d: ", st->host, st->port);
 }
 
-dt_status dt_store_connect(const char *host, int port, const char *job_id, double timeout_s, dt_store **out) {
+dt_status dt_store_connect(const char *host, int port, const dt_auth *auth, double timeout_s, dt_store **out) {
     *out = NULL;
-    if (!job_id) job_id = "";
-    if (strlen(job_id) > DT_STORE_MAX_JOB)
-        return dt_error(DT_ERR_INVALID, "job id '%.40s...' is longer than %u bytes", job_id, DT_STORE_MAX_JOB);
     dt_store *st = calloc(1, sizeof *st);
     if (!st) return dt_error(DT_ERR_NOMEM, "out of memory");
     snprintf(st->host, sizeof st->host, "%s", host);
     st->port = port;
     st->slack = 30;
-    strcpy(st->job, job_id);
+    st->fd = -1;
+    snprintf(st->job, sizeof st->job, "%s", auth->job);
     pthread_mutex_init(&st->mu, NULL);
-    dt_status s = dt_sock_connect(host, port, dt_now() + timeout_s, &st->fd);
+    dt_status s = dt_auth_connect(auth, host, port, DT_AUTH_STORE, dt_now() + timeout_s, &st->fd);
     if (s != DT_OK) {
-        pthread_mutex_destroy(&st->mu);
-        free(st);
-        return dt_error_wrap(s, "store: ");
+        dt_error_wrap(s, "store at %s:%d: ", host, port);
+        dt_store_close(st);
+        return s;
     }
     unsigned status;
     s = request(st, OP_PING, "", NULL, 0, 0, &status, NULL, NULL);

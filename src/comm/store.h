@@ -1,11 +1,12 @@
 /*
  * store.h: the rendezvous key-value store (served by rank 0, used by every rank at init).
  *
- * A tiny binary protocol over TCP. Every request carries a magic number, the protocol
- * version and the job id; the server closes connections that send anything else, and
- * answers a request from another job with an error naming both job ids, so a stale
- * launcher or a port scanner cannot confuse a job. Length fields are bounded (keys 4 KiB,
- * values 64 MiB) before anything is allocated.
+ * A tiny binary protocol over TCP. Every connection first proves the job secret (auth.h,
+ * through a gate: unauthenticated connections are handled concurrently, each within
+ * about 2 s, so a flood cannot shut a rank out); nothing else is read before that.
+ * Every request then carries a magic number, the protocol version and the job id; the
+ * server closes connections that send anything else. Length fields are bounded (keys
+ * 4 KiB, values 64 MiB) before anything is allocated.
  *
  *   set(key, value)             store (replace)
  *   get(key, timeout)           wait until the key exists, return its value
@@ -19,18 +20,25 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "status.h"
+#include "auth.h"
 
 typedef struct dt_store_server dt_store_server;
 typedef struct dt_store dt_store;
 
-/* Serve on addr:port (addr NULL: all interfaces; port 0: a free port) for job_id. */
-dt_status dt_store_server_start(const char *addr, int port, const char *job_id, dt_store_server **out);
+/* Serve on addr:port (addr NULL: all interfaces; port 0: a free port) for the job of
+ * auth (copied). */
+dt_status dt_store_server_start(const char *addr, int port, const dt_auth *auth, dt_store_server **out);
 int       dt_store_server_port (const dt_store_server *s);
+/* What the server's gate refused so far ("" or "; meanwhile N unauthenticated
+ * connections from HOST were dropped"), for error messages. */
+void      dt_store_server_report(dt_store_server *s, char *buf, size_t n);
 /* Stop serving, close every client, join the threads. NULL is fine. */
 void      dt_store_server_stop (dt_store_server *s);
 
-/* Connect (retrying until timeout_s) and check the server serves job_id. */
-dt_status dt_store_connect(const char *host, int port, const char *job_id, double timeout_s, dt_store **out);
+/* Connect and authenticate (retrying refused, reset and timed-out attempts until
+ * timeout_s: a server busy with a flood sheds connections). A server that proves
+ * another secret or job is an error at once. */
+dt_status dt_store_connect(const char *host, int port, const dt_auth *auth, double timeout_s, dt_store **out);
 void      dt_store_close  (dt_store *st);
 /* How long a round trip may take beyond its own wait (default 30 s): a store
  * host that stopped answering is reported after this (the comm layer sets

@@ -4,7 +4,11 @@
  * Init, in order:
  *   1. who am I: rank/size from the options or the launch environment (launch_env.h);
  *      where is the store: env:// (MASTER_ADDR/MASTER_PORT), tcp://host:port, or
- *      file:///path (rank 0 binds a free port and publishes "job host port nonce" there);
+ *      file:///path (rank 0 binds a free port and publishes "job host port nonce" there,
+ *      and a fresh job secret when none is set: the file is private, mode 0600);
+ *      every connection, to the store and between ranks, first proves the job secret
+ *      (auth.h; without a secret only on loopback), and every server listens on the
+ *      chosen interface's address only, never on the wildcard;
  *   2. rank 0 serves the store; every rank connects, checks the world size against
  *      rank 0's, claims its rank with an atomic counter (two processes claiming one rank
  *      are told about each other), and registers its listening address, host, pid, boot
@@ -25,8 +29,11 @@
 #include "tcp_impl.h"
 #include "launch_env.h"
 #include "sock.h"
+#include "gate.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,7 +129,8 @@ static dt_status parse_method(const char *m, const dt_launch_env *env, method_t 
 }
 
 /* file://: rank 0 publishes where its store listens, atomically (temporary + rename). */
-static dt_status file_publish(const char *path, const char *job, const char *addr, int port, unsigned long long nonce) {
+static dt_status file_publish(const char *path, const char *job, const char *addr, int port, unsigned long long nonce,
+                              const char *secret) {
     char tmp[1100];
     /* mkostemp: a fresh name, created exclusively (never through a planted symlink), mode 0600 */
     snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
@@ -135,7 +143,8 @@ static dt_status file_publish(const char *path, const char *job, const char *add
         unlink(tmp);
         return dt_error(DT_ERR_IO, "file:// rendezvous: cannot write %s: %s", tmp, strerror(e));
     }
-    int bad = fprintf(f, "dtrain-store 1 %s %s %d %llx\n", *job ? job : "-", addr, port, nonce) < 0;
+    int bad = fprintf(f, "dtrain-store 2 %s %s %d %llx %s\n", *job ? job : "-", addr, port, nonce,
+                      secret && *secret ? secret : "-") < 0;
     bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
     bad |= fclose(f) != 0;
     if (bad || rename(tmp, path) != 0) {
@@ -146,23 +155,42 @@ static dt_status file_publish(const char *path, const char *job, const char *add
     return DT_OK;
 }
 
+/* file://: a secret is taken from the file only when the file is this user's alone: a
+ * file planted by someone else must not lead the ranks to a store of theirs. */
+static int file_private(FILE *f) {
+    struct stat sb;
+    return fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_uid == geteuid() && !(sb.st_mode & 077);
+}
+
 /* file://: wait for a file naming this job, connect, and check the nonce with the store
  * (a stale file from an earlier job, or a reused port, is skipped until the deadline). */
-static dt_status file_connect(const char *path, const char *job, double deadline, char *host, size_t hn,
+static dt_status file_connect(const char *path, dt_auth *auth, double deadline, char *host, size_t hn,
                               dt_store **out) {
     char seen[400] = "no file";
+    const char *job = auth->job;
+    int own_secret = auth->has_secret;
     for (;;) {
         FILE *f = fopen(path, "r");
         if (f) {
-            char fjob[160], faddr[64];
+            char fjob[160], faddr[64], fsecret[80];
             int fport, ver;
             unsigned long long nonce;
-            int n = fscanf(f, "dtrain-store %d %159s %63s %d %llx", &ver, fjob, faddr, &fport, &nonce);
+            int n = fscanf(f, "dtrain-store %d %159s %63s %d %llx %79s", &ver, fjob, faddr, &fport, &nonce, fsecret);
+            int priv = file_private(f);
             fclose(f);
-            if (n == 5 && ver == 1 && strcmp(fjob, *job ? job : "-") == 0) {
+            if (n == 6 && ver == 2 && strcmp(fjob, *job ? job : "-") == 0) {
                 dt_store *st = NULL;
                 double left = deadline - dt_now();
-                if (dt_store_connect(faddr, fport, job, left < 2 ? (left > 0.1 ? left : 0.1) : 2, &st) == DT_OK) {
+                int usable = 1;
+                if (!own_secret) {
+                    int has = strcmp(fsecret, "-") != 0;
+                    usable = (!has || priv) && dt_auth_init_secret(auth, job, has ? fsecret : NULL,
+                                                                   has ? strlen(fsecret) : 0) == DT_OK;
+                    if (has && !priv)
+                        snprintf(seen, sizeof seen, "the file carries a job secret but is not this user's alone "
+                                 "(mode 0600): it is not trusted");
+                }
+                if (usable && dt_store_connect(faddr, fport, auth, left < 2 ? (left > 0.1 ? left : 0.1) : 2, &st) == DT_OK) {
                     void *v = NULL;
                     size_t vn;
                     char want[32];
@@ -176,11 +204,12 @@ static dt_status file_connect(const char *path, const char *job, double deadline
                     free(v);
                     dt_store_close(st);
                 }
-                snprintf(seen, sizeof seen, "the file names %s:%d, which does not answer for this job", faddr, fport);
-            } else if (n == 5) {
+                if (usable)
+                    snprintf(seen, sizeof seen, "the file names %s:%d, which does not answer for this job", faddr, fport);
+            } else if (n == 6 && ver == 2) {
                 snprintf(seen, sizeof seen, "the file is from job '%s'", fjob);
             } else {
-                snprintf(seen, sizeof seen, "the file is not a dtrain rendezvous file");
+                snprintf(seen, sizeof seen, "the file is not a dtrain rendezvous file of this version");
             }
         }
         if (dt_now() > deadline)
@@ -276,24 +305,32 @@ static void put_handshake(unsigned char *h, const tcp_world *w, int to, const ch
     dt_put64(h + 24, nonce);
 }
 
-/* Accept connections until every higher rank is connected; junk is closed and ignored. */
+/* Accept connections until every higher rank is connected. Only connections that proved
+ * the job secret get past the gate; a handshake that names another job, world or rank is
+ * closed and ignored. */
 static dt_status accept_peers(tcp_world *w, int lfd, const char *job, unsigned long long my_nonce,
                               double deadline, double timeout) {
     int need = w->size - 1 - w->rank;
+    if (need <= 0) return DT_OK;
+    dt_gate *gate;
+    DT_TRY(dt_gate_new(&w->auth, DT_AUTH_PEER, lfd, &gate));
+    dt_status s = DT_OK;
     while (need > 0) {
         int fd;
-        dt_status s = dt_sock_accept(lfd, deadline, &fd);
+        s = dt_gate_accept(gate, deadline, -1, &fd);
         if (s == DT_ERR_TIMEOUT) {
-            char missing[256] = "";
+            char missing[256] = "", flood[512];
             size_t ml = 0;
             for (int j = w->rank + 1; j < w->size && ml < sizeof missing - 16; j++)
                 if (w->peers[j].fd < 0) ml += (size_t)snprintf(missing + ml, sizeof missing - ml, "%s%d", ml ? "," : "", j);
-            return dt_error(DT_ERR_TIMEOUT, "timed out after %g s waiting for rank(s) %s to connect", timeout, missing);
+            dt_gate_report(gate, flood, sizeof flood);
+            s = dt_error(DT_ERR_TIMEOUT, "timed out after %g s waiting for rank(s) %s to connect%s", timeout, missing,
+                         flood);
         }
-        if (s != DT_OK) return s;
+        if (s != DT_OK) break;
         unsigned char h[HS_BYTES];
         char pjob[DT_STORE_MAX_JOB + 1];
-        double dl = dt_now() + 5 < deadline ? dt_now() + 5 : deadline;
+        double dl = dt_now() + DT_AUTH_DEADLINE < deadline ? dt_now() + DT_AUTH_DEADLINE : deadline;
         if (dt_sock_read_all(fd, h, HS_BYTES, dl) != DT_OK || dt_get32(h) != HS_MAGIC || dt_get32(h + 4) != 1) {
             close(fd);                                   /* not one of us */
             continue;
@@ -312,7 +349,8 @@ static dt_status accept_peers(tcp_world *w, int lfd, const char *job, unsigned l
         w->peers[from].fd = fd;
         need--;
     }
-    return DT_OK;
+    dt_gate_free(gate);
+    return s;
 }
 
 static dt_status build_mesh(tcp_world *w, const reg_t *regs, int lfd, const char *job, unsigned long long my_nonce,
@@ -320,7 +358,7 @@ static dt_status build_mesh(tcp_world *w, const reg_t *regs, int lfd, const char
     size_t jl = strlen(job);
     for (int j = 0; j < w->rank; j++) {
         int fd;
-        dt_status s = dt_sock_connect(regs[j].addr, regs[j].port, deadline, &fd);
+        dt_status s = dt_auth_connect(&w->auth, regs[j].addr, regs[j].port, DT_AUTH_PEER, deadline, &fd);
         if (s != DT_OK)
             return dt_error_wrap(s, "connecting to rank %d (%s:%d): ", j, regs[j].host, regs[j].pid);
         w->peers[j].fd = fd;
@@ -498,6 +536,23 @@ static dt_status fill_comm(dt_comm *c, tcp_world *w, const reg_t *regs) {
     return DT_OK;
 }
 
+/* Where rank 0 serves the store: the master address when it is one of this host's
+ * (a test bind tells), else the address DT_SOCKET_IFNAME names or that routes to it. */
+static dt_status store_bind_addr(const char *master, char *out, size_t n) {
+    struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_DGRAM }, *res = NULL;
+    int ours = 0;
+    if (getaddrinfo(master, NULL, &hints, &res) == 0 && res) {
+        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = *(struct sockaddr_in *)res->ai_addr;
+        sa.sin_port = 0;
+        ours = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+               inet_ntop(AF_INET, &sa.sin_addr, out, (socklen_t)n) != NULL;
+        if (fd >= 0) close(fd);
+        freeaddrinfo(res);
+    }
+    return ours ? DT_OK : dt_sock_pick_addr(master, out, n);
+}
+
 static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     dt_launch_env env;
     dt_status s = dt_launch_env_discover(&env);
@@ -547,42 +602,58 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     const char *job = c->job_id;
     if (size == 1) goto done;
 
-    /* a bad DT_SOCKET_IFNAME fails every rank alike, before anyone waits for anyone */
+    /* a bad DT_SOCKET_IFNAME or secret fails every rank alike, before anyone waits for anyone */
     if (getenv("DT_SOCKET_IFNAME") && (s = dt_sock_pick_addr("127.0.0.1", me->addr, sizeof me->addr)) != DT_OK)
         goto fail;
+    if ((s = dt_auth_init(&w->auth, job)) != DT_OK) goto fail;
 
     /* 1-2: the store */
     char store_host[256];
     if (m.file) {
         if (rank == 0) {
-            char addr[64];
+            char addr[64], fresh[65] = "";
             if (dt_sock_pick_addr("8.8.8.8", addr, sizeof addr) != DT_OK) snprintf(addr, sizeof addr, "127.0.0.1");
-            if ((s = dt_store_server_start(NULL, 0, job, &w->server)) != DT_OK) goto fail;
+            if (!w->auth.has_secret && !dt_auth_is_loopback(addr)) {
+                /* the rendezvous file is private (mode 0600): it carries the job's secret */
+                dt_auth_new_secret(fresh);
+                if ((s = dt_auth_init_secret(&w->auth, job, fresh, strlen(fresh))) != DT_OK) goto fail;
+            }
+            if ((s = dt_store_server_start(addr, 0, &w->auth, &w->server)) != DT_OK) goto fail;
             unsigned long long nonce = make_nonce();
             char nv[32];
             int nl = snprintf(nv, sizeof nv, "%llx", nonce);
-            if ((s = dt_store_connect("127.0.0.1", dt_store_server_port(w->server), job, timeout, &w->store)) != DT_OK ||
+            if ((s = dt_store_connect(addr, dt_store_server_port(w->server), &w->auth, timeout, &w->store)) != DT_OK ||
                 (s = dt_store_set(w->store, "nonce", nv, (size_t)nl)) != DT_OK ||
-                (s = file_publish(m.path, job, addr, dt_store_server_port(w->server), nonce)) != DT_OK)
+                (s = file_publish(m.path, job, addr, dt_store_server_port(w->server), nonce, fresh)) != DT_OK)
                 goto fail;
             snprintf(w->file_path, sizeof w->file_path, "%s", m.path);
             snprintf(store_host, sizeof store_host, "%s", addr);
-        } else if ((s = file_connect(m.path, job, deadline, store_host, sizeof store_host, &w->store)) != DT_OK) {
+        } else if ((s = file_connect(m.path, &w->auth, deadline, store_host, sizeof store_host, &w->store)) != DT_OK) {
             goto fail;
         }
     } else {
         snprintf(store_host, sizeof store_host, "%s", m.host);
-        if (rank == 0 && (s = dt_store_server_start(NULL, m.port, job, &w->server)) != DT_OK) {
-            dt_error_wrap(s, "cannot serve the rendezvous store on port %d (is another job using it?): ", m.port);
-            goto fail;
+        if ((s = dt_auth_allow(&w->auth, m.host)) != DT_OK) goto fail;
+        if (rank == 0) {
+            /* serve on the master address itself when it is one of ours, else on the
+             * chosen interface: never on every interface */
+            char bind_addr[64];
+            if ((s = store_bind_addr(m.host, bind_addr, sizeof bind_addr)) != DT_OK) goto fail;
+            if ((s = dt_store_server_start(bind_addr, m.port, &w->auth, &w->server)) != DT_OK) {
+                dt_error_wrap(s, "cannot serve the rendezvous store on %s:%d (is another job using the port?): ",
+                              bind_addr, m.port);
+                goto fail;
+            }
+            snprintf(store_host, sizeof store_host, "%s", bind_addr);
         }
-        if ((s = dt_store_connect(rank == 0 ? "127.0.0.1" : m.host, m.port, job, timeout, &w->store)) != DT_OK) goto fail;
+        if ((s = dt_store_connect(store_host, m.port, &w->auth, timeout, &w->store)) != DT_OK) goto fail;
     }
     /* a store host that stops answering is reported within the job's timeout, not 30 s later */
     dt_store_set_slack(w->store, timeout < 30 ? timeout : 30);
     /* the address peers reach us at: the interface that routes to the store */
-    if ((s = dt_sock_pick_addr(rank == 0 && !m.file ? m.host : store_host, me->addr, sizeof me->addr)) != DT_OK)
+    if ((s = dt_sock_pick_addr(store_host, me->addr, sizeof me->addr)) != DT_OK)
         goto fail;
+    if ((s = dt_auth_allow(&w->auth, me->addr)) != DT_OK) goto fail;
     if ((s = dt_sock_listen(me->addr, 0, &lfd, &me->port)) != DT_OK) goto fail;
 
     if ((s = check_world_size(w, w->store, deadline)) != DT_OK) goto fail;
@@ -591,7 +662,12 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     snprintf(key, sizeof key, "rank/%d", rank);
     int vl = snprintf(val, sizeof val, "%s %d %d %llx %s %s", me->addr, me->port, me->pid, me->nonce, me->boot, me->host);
     if ((s = dt_store_set(w->store, key, val, (size_t)vl)) != DT_OK) goto fail;
-    if ((s = wait_ranks(w, w->store, regs, deadline, timeout)) != DT_OK) goto fail;
+    if ((s = wait_ranks(w, w->store, regs, deadline, timeout)) != DT_OK) {
+        char flood[512];
+        dt_store_server_report(w->server, flood, sizeof flood);
+        if (flood[0]) dt_error_wrap(s, "%s: ", flood + 2);   /* "meanwhile N ... were dropped: " */
+        goto fail;
+    }
 
     /* 3-4: mesh and shared memory */
     if ((s = build_mesh(w, regs, lfd, job, me->nonce, deadline, timeout)) != DT_OK) goto fail;

@@ -12,6 +12,7 @@
 #include "comm_impl.h"
 #include "shm.h"
 #include "store.h"
+#include "auth.h"
 
 /* Message header, on sockets and rings alike (little-endian):
  *   magic u32, ctx u32, seq u64, fp.a u64, fp.b u64, payload bytes u64 */
@@ -38,6 +39,7 @@ typedef struct {
 typedef struct {
     int              rank, size;
     tcp_peer        *peers;         /* [size] */
+    dt_auth          auth;          /* the job secret and id every connection proves */
     dt_store_server *server;        /* rank 0 only */
     dt_store        *store;
     char             file_path[1024]; /* file:// rendezvous file written by rank 0 */

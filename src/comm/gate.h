@@ -1,0 +1,35 @@
+/*
+ * gate.h: a listening socket that hands out authenticated connections only.
+ *
+ * The store and every rank's peer port accept through a gate. It runs the exchange of
+ * auth.h on up to DT_GATE_SLOTS connections at once, each within DT_AUTH_DEADLINE
+ * seconds; when every slot is taken, a new connection takes the place of the oldest
+ * one, so a flood of silent or slow connections can delay a real client by at most
+ * about one round trip, never shut it out. Nothing a client sends is read before it has
+ * proved the secret, and then only what the caller reads. The gate counts the
+ * connections it dropped and where they came from, so a job that fails during a flood
+ * says "N unauthenticated connections from HOST" instead of blaming an innocent rank.
+ */
+#ifndef DT_GATE_H
+#define DT_GATE_H
+
+#include "auth.h"
+#include "status.h"
+
+#define DT_GATE_SLOTS 64
+
+typedef struct dt_gate dt_gate;
+
+/* Serve lfd (a listening socket, kept by the caller; made non-blocking) for purpose. a must outlive the gate. */
+dt_status dt_gate_new(const dt_auth *a, unsigned purpose, int lfd, dt_gate **out);
+/* The next authenticated connection (a blocking, tuned socket) before the absolute
+ * deadline: DT_ERR_TIMEOUT after it. When wake_fd (>= 0) becomes readable:
+ * DT_ERR_UNSUPPORTED, meaning "stop". */
+dt_status dt_gate_accept(dt_gate *g, double deadline, int wake_fd, int *fd);
+/* What the gate refused so far, for error messages: "" or, for example,
+ * "; meanwhile 1100 unauthenticated connections from 127.0.0.1 were dropped". */
+void      dt_gate_report(dt_gate *g, char *buf, size_t n);
+/* Closes the pending connections (not lfd). NULL is fine. */
+void      dt_gate_free(dt_gate *g);
+
+#endif /* DT_GATE_H */
