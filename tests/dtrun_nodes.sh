@@ -180,7 +180,7 @@ timeout 10 "$DTRUN" -n 1 --nnodes 2 --master-port "$port" true > "$tmp/o" 2> "$t
 rc=$?
 test $rc -eq 1
 ok $? "node 0 on a taken port: exit 1 (got $rc)"
-ok_grep "$tmp/e" "^dtrun: node 0 cannot serve the rendezvous on port $port \(--master-port\): Address already in use" "says the port is taken"
+ok_grep "$tmp/e" "^dtrun: node 0 cannot serve the rendezvous on 127\.0\.0\.1:$port \(--master-port\): .*Address already in use" "says the port is taken"
 timeout 10 "$DTRUN" -n 2 --master-port "$port" true > "$tmp/o" 2> "$tmp/e"
 rc=$?
 test $rc -eq 1 && test "$(wc -l < "$tmp/e")" -eq 1

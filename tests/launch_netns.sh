@@ -1,7 +1,8 @@
 #!/bin/sh
 # launch_netns.sh: two nodes on one machine. Two network namespaces joined by a veth pair
 # (10.231.0.1/24 and 10.231.0.2/24, addresses that exist only inside these namespaces),
-# one dtrun in each with --nnodes 2 and DT_SOCKET_IFNAME naming its veth: collectives
+# one dtrun in each with --nnodes 2, a shared DT_JOB_SECRET and DT_SOCKET_IFNAME naming its
+# veth (without a secret, or with two, the job is refused): collectives
 # (dtbench) and a short training run across them; then one node's dtrun is killed, and
 # then the link is cut, and the other node must end naming the lost node in time.
 # Needs root and iproute2's `ip netns`; skips saying why otherwise.
@@ -46,10 +47,24 @@ node() {
     rm -f "$tmp/out$r" "$tmp/err$r"   # waits below look for what this run writes
     # its own UTS namespace too, so each node has its own host name as real nodes do
     # (ranks on one host exchange through shared memory; across hosts, over the veth)
-    (DT_SOCKET_IFNAME=$v DT_TIMEOUT=30 exec ip netns exec "$ns" $uts sh -c 'h=$1; shift; hostname "$h"; exec "$@"' \
+    (DT_JOB_SECRET=$secret DT_SOCKET_IFNAME=$v DT_TIMEOUT=30 exec ip netns exec "$ns" $uts sh -c 'h=$1; shift; hostname "$h"; exec "$@"' \
         sh "dtnode$r" "$DTRUN" -n 2 --nnodes 2 --node-rank "$r" \
         --master-addr "$ipa" --master-port "$port" "$@" > "$tmp/out$r" 2> "$tmp/err$r") &
 }
+
+# 0. across hosts, a job without a secret is refused, saying how to set one; nodes with
+# different secrets do not join
+secret=
+node 0 true
+wait_for $! 20; rc=$?
+test $rc -eq 2; ok $? "a multi-node job without a job secret is refused (exit $rc)"
+ok_grep "$tmp/err0" "needs a job secret: set DT_JOB_SECRET" "the error says how to set one"
+secret=one-secret; node 0 --rdzv-timeout 3 true; p0=$!
+secret=another-secret; node 1 --rdzv-timeout 3 true; p1=$!
+wait_for $p0 20; rc0=$?; wait_for $p1 20; rc1=$?
+test $rc0 -ne 0 && test $rc1 -ne 0; ok $? "nodes with different secrets do not form a job (exit $rc0, $rc1)"
+ok_grep "$tmp/err1" "refused: authentication: the server does not prove this job's secret" "the node says the secret differs"
+secret="shared-$$-secret"
 
 # 1. collectives across the namespaces
 both_nodes 60 "$DT_BUILDDIR/dtbench" -b 4K -e 64K -n 5 -w 1

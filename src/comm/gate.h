@@ -15,6 +15,7 @@
 
 #include "auth.h"
 #include "status.h"
+#include <poll.h>
 
 #define DT_GATE_SLOTS 64
 
@@ -23,9 +24,14 @@ typedef struct dt_gate dt_gate;
 /* Serve lfd (a listening socket, kept by the caller; made non-blocking) for purpose. a must outlive the gate. */
 dt_status dt_gate_new(const dt_auth *a, unsigned purpose, int lfd, dt_gate **out);
 /* The next authenticated connection (a blocking, tuned socket) before the absolute
- * deadline: DT_ERR_TIMEOUT after it. When wake_fd (>= 0) becomes readable:
- * DT_ERR_UNSUPPORTED, meaning "stop". */
+ * deadline: DT_ERR_TIMEOUT after it (a deadline already past still takes one look at
+ * what is there, for callers with their own poll loop). When wake_fd (>= 0) becomes
+ * readable: DT_ERR_UNSUPPORTED, meaning "stop". */
 dt_status dt_gate_accept(dt_gate *g, double deadline, int wake_fd, int *fd);
+/* The descriptors the gate waits on (the listening socket and the pending ones), for
+ * a caller's own poll: when one is ready, call dt_gate_accept with a past deadline.
+ * Returns how many were written (at most max). */
+int       dt_gate_pollfds(const dt_gate *g, struct pollfd *pf, int max);
 /* What the gate refused so far, for error messages: "" or, for example,
  * "; meanwhile 1100 unauthenticated connections from 127.0.0.1 were dropped". */
 void      dt_gate_report(dt_gate *g, char *buf, size_t n);

@@ -238,3 +238,18 @@ dt_status dt_sock_pick_addr(const char *master, char *out, size_t n) {
     freeifaddrs(ifs);
     return s;
 }
+
+dt_status dt_sock_bind_addr(const char *master, char *out, size_t n) {
+    struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_DGRAM }, *res = NULL;
+    int ours = 0;
+    if (getaddrinfo(master, NULL, &hints, &res) == 0 && res) {
+        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = *(struct sockaddr_in *)res->ai_addr;
+        sa.sin_port = 0;
+        ours = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+               inet_ntop(AF_INET, &sa.sin_addr, out, (socklen_t)n) != NULL;
+        if (fd >= 0) close(fd);
+        freeaddrinfo(res);
+    }
+    return ours ? DT_OK : dt_sock_pick_addr(master, out, n);
+}

@@ -29,6 +29,11 @@ dt_status dt_sock_route_addr(const char *host, char *out, size_t n);
  * when set, else the address that routes to the master. */
 dt_status dt_sock_pick_addr(const char *master, char *out, size_t n);
 
+/* Where to serve for peers that reach this host at master (the store, dtrun's
+ * rendezvous): master's address itself when this host has it (a test bind tells), else
+ * dt_sock_pick_addr's. Never the wildcard. */
+dt_status dt_sock_bind_addr(const char *master, char *out, size_t n);
+
 /* Little-endian field encoding for wire headers. */
 static inline void dt_put32(unsigned char *p, unsigned v) { for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
 static inline unsigned dt_get32(const unsigned char *p) { unsigned v = 0; for (int i = 3; i >= 0; i--) v = (v << 8) | p[i]; return v; }

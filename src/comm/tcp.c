@@ -31,9 +31,7 @@
 #include "sock.h"
 #include "gate.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netdb.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -536,23 +534,6 @@ static dt_status fill_comm(dt_comm *c, tcp_world *w, const reg_t *regs) {
     return DT_OK;
 }
 
-/* Where rank 0 serves the store: the master address when it is one of this host's
- * (a test bind tells), else the address DT_SOCKET_IFNAME names or that routes to it. */
-static dt_status store_bind_addr(const char *master, char *out, size_t n) {
-    struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_DGRAM }, *res = NULL;
-    int ours = 0;
-    if (getaddrinfo(master, NULL, &hints, &res) == 0 && res) {
-        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_in sa = *(struct sockaddr_in *)res->ai_addr;
-        sa.sin_port = 0;
-        ours = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-               inet_ntop(AF_INET, &sa.sin_addr, out, (socklen_t)n) != NULL;
-        if (fd >= 0) close(fd);
-        freeaddrinfo(res);
-    }
-    return ours ? DT_OK : dt_sock_pick_addr(master, out, n);
-}
-
 static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     dt_launch_env env;
     dt_status s = dt_launch_env_discover(&env);
@@ -638,7 +619,7 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
             /* serve on the master address itself when it is one of ours, else on the
              * chosen interface: never on every interface */
             char bind_addr[64];
-            if ((s = store_bind_addr(m.host, bind_addr, sizeof bind_addr)) != DT_OK) goto fail;
+            if ((s = dt_sock_bind_addr(m.host, bind_addr, sizeof bind_addr)) != DT_OK) goto fail;
             if ((s = dt_store_server_start(bind_addr, m.port, &w->auth, &w->server)) != DT_OK) {
                 dt_error_wrap(s, "cannot serve the rendezvous store on %s:%d (is another job using the port?): ",
                               bind_addr, m.port);

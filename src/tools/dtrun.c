@@ -18,6 +18,7 @@
  */
 #include "config.h"
 #include "dtrun.h"
+#include "auth.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -80,6 +81,9 @@ static const char usage[] =
 "                            port is a free one node 0 chooses for each attempt)\n"
 "  DT_JOB_ID                 --run-id, else inherited if set, else a fresh random id;\n"
 "                            \"-rK\" is appended on restart K\n"
+"  DT_JOB_SECRET             inherited when set (or DT_JOB_SECRET_FILE); else, on one node,\n"
+"                            a fresh random secret every connection of the job proves;\n"
+"                            nodes of a multi-node job must share one (see README, Security)\n"
 "  DT_RESTART_COUNT          0 on the first attempt, K on restart K\n"
 "  DT_MAX_RESTARTS           --max-restarts\n"
 "  OMP_NUM_THREADS, OPENBLAS_NUM_THREADS   max(1, cores / N) unless already set\n"
@@ -376,6 +380,14 @@ int main(int argc, char **argv) {
     job.cfg = &cfg;
     if (gethostname(job.host, sizeof job.host - 1) != 0) snprintf(job.host, sizeof job.host, "unknown-host");
     base_run_id(&cfg, dtrun_base_id, sizeof dtrun_base_id);
+    /* The ranks of a one-node job prove a fresh secret to each other; the nodes of a
+     * multi-node job must share one the user gives (DT_JOB_SECRET or _FILE). */
+    if (cfg.nnodes == 1 && !(getenv("DT_JOB_SECRET") && *getenv("DT_JOB_SECRET")) &&
+        !(getenv("DT_JOB_SECRET_FILE") && *getenv("DT_JOB_SECRET_FILE"))) {
+        char secret[65];
+        dt_auth_new_secret(secret);
+        setenv("DT_JOB_SECRET", secret, 1);
+    }
     int rc = 1;
     if (cfg.log_dir[0] && open_log_dir(&job) != 0) goto out;
 

@@ -15,6 +15,13 @@
  *   0 -> node   EXIT <exit>                    (the job is over)
  *   both ways   HB                             (every --monitor-interval)
  *
+ * Every connection first proves the job secret (src/comm/auth.h: DT_JOB_SECRET or
+ * DT_JOB_SECRET_FILE; without one, node 0 must be on loopback) through a gate that
+ * handles unauthenticated connections concurrently, each within 2 s; an authenticated
+ * connection then has 2 s to say HELLO. Node 0 listens on --master-addr when it is
+ * one of its addresses (else the interface DT_SOCKET_IFNAME names, or that routes
+ * there), never on every interface.
+ *
  * A report's newlines travel as tabs (control characters were removed before). Node 0
  * decides: the first failure it hears of (its own, a FAIL, a lost node) is the job's;
  * when every node is idle it restarts the job (START with a new port) or ends it.
@@ -23,6 +30,9 @@
  */
 #include "config.h"
 #include "dtrun.h"
+#include "auth.h"
+#include "gate.h"
+#include "sock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -39,6 +49,7 @@
 
 #define MAX_LINE     (1u << 20)
 #define MAX_PENDING  64
+#define AUTH_JOB     "dtrun-rendezvous"   /* the run id is checked in HELLO, with a clear message */
 
 typedef struct {
     int    fd;          /* -1: none */
@@ -55,8 +66,10 @@ typedef struct {
 struct dtrun_net {
     int    server;
     int    lfd;                    /* server: listening socket */
+    dt_auth auth;                  /* the job secret every connection proves */
+    dt_gate *gate;                 /* server: authenticates connections on lfd */
     peer  *nodes;                  /* server: by node rank (slot 0 unused) */
-    peer   pending[MAX_PENDING];   /* server: connections that have not said HELLO */
+    peer   pending[MAX_PENDING];   /* server: authenticated, have 2 s to say HELLO */
     peer   master;                 /* others: the connection to node 0 */
     double next_hb;
     int    started;                /* past the rendezvous: heartbeats count */
@@ -256,9 +269,10 @@ static int check_hello(dtrun_job *job, const char *line, int *node, peer *p, cha
     else if (job->net->nodes[nr].joined && job->net->nodes[nr].fd >= 0)
         snprintf(why, n, "node rank %d given twice: %s at %s (joined first) and %s", nr, job->net->nodes[nr].host,
                  job->net->nodes[nr].addr, host);
-    else if (strcmp(run, "-") != 0 && cfg->run_id[0] && strcmp(run, cfg->run_id) != 0)
-        snprintf(why, n, "the nodes disagree about --run-id: node %d (%s) says '%s', node 0 (%s) says '%s'",
-                 nr, host, run, job->host, cfg->run_id);
+    else if (cfg->run_id[0] && strcmp(run, cfg->run_id) != 0)
+        snprintf(why, n, "the nodes disagree about --run-id: node %d (%s) %s%s%s, node 0 (%s) says '%s'",
+                 nr, host, strcmp(run, "-") ? "says '" : "gives none", strcmp(run, "-") ? run : "",
+                 strcmp(run, "-") ? "'" : "", job->host, cfg->run_id);
     else if (strcmp(run, "-") != 0 && !cfg->run_id[0])
         snprintf(why, n, "the nodes disagree about --run-id: node %d (%s) says '%s', node 0 (%s) gives none",
                  nr, host, run, job->host);
@@ -297,14 +311,26 @@ static void pending_ready(dtrun_job *job, peer *p) {
     slot->len = 0;   /* nothing may follow a HELLO before START */
 }
 
+/* Drop pending connections that did not say HELLO within 2 s of authenticating. */
+static void expire_pending(dtrun_net *net) {
+    double now = dt_now();
+    for (int k = 0; k < MAX_PENDING; k++)
+        if (net->pending[k].fd >= 0 && now - net->pending[k].last_rx > DT_AUTH_DEADLINE) peer_close(&net->pending[k]);
+}
+
+/* Take the connections the gate has authenticated; a full pending list drops its oldest. */
 static void accept_ready(dtrun_job *job) {
     dtrun_net *net = job->net;
-    for (;;) {
-        int fd = accept(net->lfd, NULL, NULL);
-        if (fd < 0) return;
+    int fd;
+    expire_pending(net);
+    while (dt_gate_accept(net->gate, 0, -1, &fd) == DT_OK) {
         int k = 0;
         while (k < MAX_PENDING && net->pending[k].fd >= 0) k++;
-        if (k == MAX_PENDING) { close(fd); continue; }
+        if (k == MAX_PENDING) {
+            k = 0;
+            for (int i = 1; i < MAX_PENDING; i++) if (net->pending[i].last_rx < net->pending[k].last_rx) k = i;
+            peer_close(&net->pending[k]);
+        }
         set_socket_opts(fd);
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
@@ -330,21 +356,24 @@ static int server_start(dtrun_job *job) {
     for (int i = 0; i < cfg->nnodes; i++) peer_init(&net->nodes[i]);
     for (int i = 0; i < MAX_PENDING; i++) peer_init(&net->pending[i]);
     snprintf(net->nodes[0].host, sizeof net->nodes[0].host, "%s", job->host);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    sa.sin_port = htons((uint16_t)cfg->master_port);
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 128) != 0) {
-        dtrun_say(job, "node 0 cannot serve the rendezvous on port %d (--master-port): %s "
-                  "(another job may hold it; choose another port)", cfg->master_port, strerror(errno));
-        if (fd >= 0) close(fd);
+    char addr[64];
+    int fd = -1;
+    if (dt_auth_init(&net->auth, AUTH_JOB) != DT_OK || dt_auth_allow(&net->auth, cfg->master_addr) != DT_OK ||
+        dt_sock_bind_addr(cfg->master_addr, addr, sizeof addr) != DT_OK) {
+        dtrun_say(job, "node 0: %s", dt_last_error());
+        return 2;
+    }
+    if (dt_sock_listen(addr, cfg->master_port, &fd, NULL) != DT_OK) {
+        dtrun_say(job, "node 0 cannot serve the rendezvous on %s:%d (--master-port): %s "
+                  "(another job may hold it; choose another port)", addr, cfg->master_port, dt_last_error());
         return 1;
     }
     set_socket_opts(fd);
     net->lfd = fd;
+    if (dt_gate_new(&net->auth, DT_AUTH_LAUNCH, fd, &net->gate) != DT_OK) {
+        dtrun_say(job, "node 0: %s", dt_last_error());
+        return 1;
+    }
     dtrun_say(job, "node 0 of %d (%s): waiting up to %g s for the other nodes on port %d",
               cfg->nnodes, job->host, cfg->rdzv_timeout_s, cfg->master_port);
     double deadline = dt_now() + cfg->rdzv_timeout_s;
@@ -365,12 +394,12 @@ static int server_start(dtrun_job *job) {
             broadcast(net, cfg->nnodes, "REFUSE 1 %s", why);
             return 1;
         }
-        struct pollfd pfd[2 + MAX_PENDING + DTRUN_MAX_NODES];
+        struct pollfd pfd[2 + MAX_PENDING + DTRUN_MAX_NODES + DT_GATE_SLOTS];
         int np = 0;
         pfd[np++] = (struct pollfd){ .fd = job->sfd, .events = POLLIN };
-        pfd[np++] = (struct pollfd){ .fd = net->lfd, .events = POLLIN };
         for (int k = 0; k < MAX_PENDING; k++) pfd[np++] = (struct pollfd){ .fd = net->pending[k].fd, .events = POLLIN };
         for (int i = 1; i < cfg->nnodes; i++) pfd[np++] = (struct pollfd){ .fd = net->nodes[i].fd, .events = POLLIN };
+        np += dt_gate_pollfds(net->gate, pfd + np, DT_GATE_SLOTS + 1);
         int ms = (int)((deadline - t) * 1000) + 1;
         if (poll(pfd, (nfds_t)np, ms > 1000 ? 1000 : ms) < 0 && errno != EINTR) {
             dtrun_say(job, "poll: %s", strerror(errno));
@@ -387,11 +416,10 @@ static int server_start(dtrun_job *job) {
                 return 128 + sig;
             }
         }
-        if (pfd[1].revents) accept_ready(job);
-        for (int k = 0; k < MAX_PENDING; k++) if (pfd[2 + k].revents) pending_ready(job, &net->pending[k]);
+        for (int k = 0; k < MAX_PENDING; k++) if (pfd[1 + k].revents) pending_ready(job, &net->pending[k]);
         for (int i = 1; i < cfg->nnodes; i++) {
             peer *p = &net->nodes[i];
-            if (p->fd < 0 || !pfd[2 + MAX_PENDING + i - 1].revents) continue;
+            if (p->fd < 0 || !pfd[1 + MAX_PENDING + i - 1].revents) continue;
             const char *err;
             if (peer_fill(p, &err) != 0) {   /* it left before the start: its slot is free again */
                 dtrun_say(job, "node %d (%s) left during the rendezvous: %s; waiting for it again", i, p->host, err);
@@ -400,6 +428,8 @@ static int server_start(dtrun_job *job) {
             }
             p->len = 0;
         }
+        /* the gate drops unauthenticated connections past their 2 s, so look at it each time */
+        accept_ready(job);
     }
     job->rank_port = dtrun_free_port();
     if (!job->rank_port) {
@@ -507,9 +537,24 @@ static int client_start(dtrun_job *job) {
     double t0 = dt_now(), deadline = t0 + cfg->rdzv_timeout_s, next_note = 0;
     char err[256] = "", said[256] = "";
     int fd = -1;
+    if (dt_auth_init(&net->auth, AUTH_JOB) != DT_OK || dt_auth_allow(&net->auth, cfg->master_addr) != DT_OK) {
+        dtrun_say(job, "node %d: %s", cfg->node_rank, dt_last_error());
+        return 2;
+    }
     while (fd < 0) {
         fd = try_connect(cfg->master_addr, cfg->master_port, 2000, err, sizeof err);
-        if (fd >= 0) break;
+        if (fd >= 0) {
+            dt_status as = dt_auth_client(&net->auth, fd, DT_AUTH_LAUNCH, dt_now() + 2 * DT_AUTH_DEADLINE);
+            if (as == DT_OK) break;
+            close(fd);
+            fd = -1;
+            snprintf(err, sizeof err, "%s", dt_last_error());
+            if (as == DT_ERR_MISMATCH) {
+                dtrun_say(job, "node %d: node 0 at %s:%d refused: %s", cfg->node_rank, cfg->master_addr,
+                          cfg->master_port, err);
+                return 1;
+            }
+        }
         double t = dt_now();
         if (t >= deadline) {
             dtrun_say(job, "node %d could not reach node 0 at %s:%d within %g s (--rdzv-timeout): %s",
@@ -611,7 +656,7 @@ int dtrun_net_pollfds(dtrun_job *job, struct pollfd *pfd, int max) {
         if (net->master.fd >= 0 && n < max) pfd[n++] = (struct pollfd){ .fd = net->master.fd, .events = POLLIN };
         return n;
     }
-    if (n < max) pfd[n++] = (struct pollfd){ .fd = net->lfd, .events = POLLIN };
+    n += dt_gate_pollfds(net->gate, pfd + n, max - n);
     for (int k = 0; k < MAX_PENDING && n < max; k++)
         if (net->pending[k].fd >= 0) pfd[n++] = (struct pollfd){ .fd = net->pending[k].fd, .events = POLLIN };
     for (int i = 1; i < job->cfg->nnodes && n < max; i++)
@@ -635,9 +680,11 @@ void dtrun_net_ready(dtrun_job *job, struct pollfd *pfd, int n) {
             else if (bad && net->master.fd >= 0) master_lost(job, err);
             continue;
         }
-        if (fd == net->lfd) { accept_ready(job); continue; }
+        int known = 0;
         for (int k = 0; k < MAX_PENDING; k++)
-            if (net->pending[k].fd == fd) pending_ready(job, &net->pending[k]);
+            if (net->pending[k].fd == fd) { pending_ready(job, &net->pending[k]); known = 1; }
+        for (int i = 1; i < job->cfg->nnodes; i++) known |= net->nodes[i].fd == fd;
+        if (!known) { accept_ready(job); continue; }   /* the gate's */
         for (int i = 1; i < job->cfg->nnodes; i++) {
             peer *p = &net->nodes[i];
             if (p->fd != fd) continue;
@@ -771,6 +818,7 @@ void dtrun_net_close(dtrun_job *job) {
     peer_close(&net->master);
     if (net->nodes) for (int i = 0; i < job->cfg->nnodes; i++) peer_close(&net->nodes[i]);
     if (net->server) for (int k = 0; k < MAX_PENDING; k++) peer_close(&net->pending[k]);
+    dt_gate_free(net->gate);
     if (net->lfd >= 0) close(net->lfd);
     free(net->nodes);
     free(net);

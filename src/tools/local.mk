@@ -3,8 +3,9 @@
 # own small rendezvous between nodes (dtrun_rdzv.c says why).
 bin_PROGRAMS += dtrun dtbench
 dtrun_SOURCES = src/tools/dtrun.c src/tools/dtrun.h src/tools/dtrun_ranks.c src/tools/dtrun_rdzv.c \
-	src/tools/dtrun_util.c src/clock.c src/clock.h
-dtrun_LDADD =
+	src/tools/dtrun_util.c src/clock.c src/clock.h src/status.c src/comm/sock.c src/comm/auth.c \
+	src/comm/gate.c
+dtrun_LDADD = $(SODIUM_LIBS)
 # per-target flags (the same ones) give dtrun its own object of src/clock.c, which
 # libdtrain_core also compiles, with libtool
 dtrun_CFLAGS = $(AM_CFLAGS)
