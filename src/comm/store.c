@@ -54,6 +54,7 @@ struct dt_store_server {
     char job[DT_STORE_MAX_JOB + 1];
     dt_auth auth;
     dt_gate *gate;
+    double max_wait;        /* testing: caps how long a get or wait may block (0: no cap) */
     pthread_t acceptor;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -160,7 +161,9 @@ static int serve_one(struct dt_store_server *s, int fd) {
         break;
     }
     case OP_GET: case OP_WAIT: {
-        kv *e = wait_key(s, key, tmo / 1000.0);
+        double w = tmo / 1000.0;
+        if (s->max_wait > 0 && w > s->max_wait) w = s->max_wait;
+        kv *e = wait_key(s, key, w);
         if (!e) { pthread_mutex_unlock(&s->mu); keep = respond(fd, ST_TIMEOUT, NULL, 0); break; }
         if (op == OP_WAIT) { pthread_mutex_unlock(&s->mu); keep = respond(fd, ST_OK, NULL, 0); break; }
         /* copy out so the lock is not held across the write */
@@ -211,6 +214,11 @@ out:
     free(key);
     free(val);
     return keep;
+}
+
+void dt_store_serve_stream(dt_store_server *s, int fd, double max_wait) {
+    s->max_wait = max_wait;
+    while (serve_one(s, fd)) {}
 }
 
 static void *client_main(void *arg) {

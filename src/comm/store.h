@@ -32,6 +32,10 @@ int       dt_store_server_port (const dt_store_server *s);
 /* What the server's gate refused so far ("" or "; meanwhile N unauthenticated
  * connections from HOST were dropped"), for error messages. */
 void      dt_store_server_report(dt_store_server *s, char *buf, size_t n);
+/* Testing (the fuzz target): serve the requests on fd, an already authenticated
+ * stream, in the calling thread until it ends or breaks the protocol; gets and waits
+ * block at most max_wait seconds. */
+void      dt_store_serve_stream(dt_store_server *s, int fd, double max_wait);
 /* Stop serving, close every client, join the threads. NULL is fine. */
 void      dt_store_server_stop (dt_store_server *s);
 
