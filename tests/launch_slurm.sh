@@ -149,6 +149,9 @@ run_job dtrun.sbatch dtrun --export=ALL,NPROC=2
 ok_grep "$tmp/out/dtrun.out" "^dtrain-dtrun: job $id: 1 node\(s\) x 2 ranks, rendezvous $host:" "dtrun.sbatch: 1 node x 2 ranks"
 ok_grep "$tmp/out/dtrun.out" '^\[rank0\]:dtrain: done: 16 steps' "dtrun.sbatch: rank 0 finished training under dtrun"
 
+test -z "$(ls -A "$tmp" | grep '^\.dtrain-secret-')"
+ok $? "the scripts removed their job secret files"
+
 # a failing job: srun ends every task and the job fails
 id=$(submit cpu.sbatch bad --export=ALL,DTRAIN=/bin/false)
 [ -n "$id" ] && jobs="$jobs $id"
