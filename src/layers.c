@@ -56,57 +56,81 @@ static dt_status window_infer(dt_layer *L, const char *what, int64_t channels, i
     return DT_OK;
 }
 
-/* ---- linear --------------------------------------------------------------- */
+/* ---- linear ---------------------------------------------------------------
+ * On the last dimension: (F) -> (out), or (T, F) -> (T, out) for sequences (the
+ * rows of all samples go through one GEMM). */
 
-typedef struct { int out, bias; } linear_self;
+typedef struct { int out, bias; float std; } linear_self;
 
 static const dt_arg_def linear_args[] = {
-    { "out",  DT_ARG_INT,  offsetof(linear_self, out),  1, 0, POSITIVE, "'out' expects a positive integer" },
-    { "bias", DT_ARG_BOOL, offsetof(linear_self, bias), 0, 1, 0, 1, 0,  "'bias' expects 0 or 1" },
+    { "out",  DT_ARG_INT,   offsetof(linear_self, out),  1, 0, POSITIVE, "'out' expects a positive integer" },
+    { "bias", DT_ARG_BOOL,  offsetof(linear_self, bias), 0, 1, 0, 1, 0,  "'bias' expects 0 or 1" },
+    { "std",  DT_ARG_FLOAT, offsetof(linear_self, std),  0, 0, 0, 1e3, 0,
+      "'std' expects 0 (PyTorch's default init) or the standard deviation of a normal init (bias zero)" },
     { 0 }
 };
 
+/* features of the last dimension, and rows per sample */
+static int64_t last_dim(const dt_layer *L) { return L->in.d[L->in.ndim - 1]; }
+static int64_t rows_per_sample(const dt_layer *L) { return L->in_numel / last_dim(L); }
+
 static dt_status linear_infer(dt_layer *L, dt_shape *out) {
     linear_self *s = LAYER_SELF(linear_self, L);
-    if (L->in.ndim != 1)
-        return layer_shape_error(L, "linear expects a flat (B, features) input", "; add 'flatten' before it");
+    if (L->in.ndim == 3)
+        return layer_shape_error(L, "linear expects a flat (B, features) or (B, T, features) input",
+                                 "; add 'flatten' before it");
     *out = L->in;
-    out->d[0] = s->out;
-    DT_TRY(dt_layer_tensor_add(L, "weight", DT_TENSOR_PARAM, NULL, 2, (int64_t[]){ s->out, L->in.d[0] }));
+    out->d[out->ndim - 1] = s->out;
+    DT_TRY(dt_layer_tensor_add(L, "weight", DT_TENSOR_PARAM, NULL, 2, (int64_t[]){ s->out, last_dim(L) }));
     if (s->bias) DT_TRY(dt_layer_tensor_add(L, "bias", DT_TENSOR_PARAM, NULL, 1, (int64_t[]){ s->out }));
     return DT_OK;
 }
 
+dt_status layer_init_normal(const dt_nn_ctx *c, dt_layer *L, int t, float std) {
+    return c->ops->rng_normal(dt_layer_tensor_ptr(c, L, t), (size_t)L->t[t].numel, 0.0f, std, c->seed,
+                              (uint64_t)L->first_param + (uint64_t)t, 0);
+}
+
 static dt_status linear_init(const dt_nn_ctx *c, dt_layer *L) {
-    return init_fan_in(c, L, LAYER_SELF(linear_self, L)->out);
+    linear_self *s = LAYER_SELF(linear_self, L);
+    if (s->std <= 0.0f) return init_fan_in(c, L, s->out);
+    DT_TRY(layer_init_normal(c, L, 0, s->std));   /* GPT-2's init: normal weights, zero bias */
+    return s->bias ? c->ops->fill(dt_layer_tensor_ptr(c, L, 1), 0.0f, (size_t)s->out) : DT_OK;
+}
+
+dt_status layer_linear_forward(const dt_ops *o, float *y, const float *x, const float *w, const float *b,
+                               int rows, int in, int out, int relu) {
+    /* y (rows, out) = x (rows, in) @ W^T (in, out) + b */
+    DT_TRY(o->sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out));
+    if (b) return relu ? o->bias_relu(y, b, rows, out) : o->bias_add(y, b, rows, out);
+    return relu ? o->relu_forward(y, y, (size_t)rows * (size_t)out) : DT_OK;
+}
+
+dt_status layer_linear_backward(const dt_ops *o, float *dx, float *dw, float *db, const float *dy, const float *x,
+                                const float *w, int rows, int in, int out) {
+    /* dW (out, in) = dy^T (out, rows) @ x (rows, in); db (out) = column sums of dy */
+    if (dw) DT_TRY(o->sgemm(1, 0, out, in, rows, 1.0f, dy, out, x, in, 0.0f, dw, in));
+    if (db) DT_TRY(o->bias_grad(db, dy, rows, out));
+    /* dx (rows, in) = dy (rows, out) @ W (out, in) */
+    if (dx) DT_TRY(o->sgemm(0, 0, rows, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in));
+    return DT_OK;
 }
 
 static dt_status linear_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
-    const dt_ops *o = c->ops;
-    int in = (int)L->in_numel, out = LAYER_SELF(linear_self, L)->out;
-    const float *w = dt_layer_tensor_ptr(c, L, 0), *b = dt_layer_tensor_ptr(c, L, 1);
-    /* y (B, out) = x (B, in) @ W^T (in, out) + b */
-    DT_TRY(o->sgemm(0, 1, B, out, in, 1.0f, x, in, w, in, 0.0f, L->y, out));
-    if (b) return L->fuse_relu ? o->bias_relu(L->y, b, B, out) : o->bias_add(L->y, b, B, out);
-    return L->fuse_relu ? o->relu_forward(L->y, L->y, (size_t)B * (size_t)out) : DT_OK;
+    return layer_linear_forward(c->ops, L->y, x, dt_layer_tensor_ptr(c, L, 0), dt_layer_tensor_ptr(c, L, 1),
+                                (int)(B * rows_per_sample(L)), (int)last_dim(L), LAYER_SELF(linear_self, L)->out,
+                                L->fuse_relu);
 }
 
 static dt_status linear_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy,
                                  float *dx, int B) {
-    const dt_ops *o = c->ops;
-    int in = (int)L->in_numel, out = LAYER_SELF(linear_self, L)->out;
-    const float *w = dt_layer_tensor_ptr(c, L, 0);
-    float *dw = c->grads + L->t[0].offset, *db = L->ntensors > 1 ? c->grads + L->t[1].offset : NULL;
-    /* dW (out, in) = dy^T (out, B) @ x (B, in); db (out) = column sums of dy */
-    DT_TRY(o->sgemm(1, 0, out, in, B, 1.0f, dy, out, x, in, 0.0f, dw, in));
-    if (db) DT_TRY(o->bias_grad(db, dy, B, out));
-    /* dx (B, in) = dy (B, out) @ W (out, in) */
-    if (dx) DT_TRY(o->sgemm(0, 0, B, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in));
-    return DT_OK;
+    float *db = L->ntensors > 1 ? c->grads + L->t[1].offset : NULL;
+    return layer_linear_backward(c->ops, dx, c->grads + L->t[0].offset, db, dy, x, dt_layer_tensor_ptr(c, L, 0),
+                                 (int)(B * rows_per_sample(L)), (int)last_dim(L), LAYER_SELF(linear_self, L)->out);
 }
 
 const dt_layer_def dt_layer_def_linear = {
-    .name = "linear", .help = "linear(out[, bias=1])", .torch = "nn.Linear",
+    .name = "linear", .help = "linear(out[, bias=1][, std=0])", .torch = "nn.Linear",
     .flags = DT_LDEF_FUSE_RELU, .self_size = sizeof(linear_self), .args = linear_args,
     .infer = linear_infer, .init = linear_init, .forward = linear_forward, .backward = linear_backward,
 };

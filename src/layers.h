@@ -25,4 +25,13 @@ dt_status layer_same_shape(dt_layer *L, dt_shape *out);
 /* forward of a NO_OUTPUT row that computes nothing: its output is its input */
 dt_status layer_view_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B);
 
+/* Parameter t of L drawn from normal(0, std), its stream the parameter's index. */
+dt_status layer_init_normal(const dt_nn_ctx *c, dt_layer *L, int t, float std);
+/* A linear map over rows: y (rows, out) = x (rows, in) W^T + b (b may be NULL; relu
+ * fused when asked), and its backward (dx, dw, db may be NULL to skip them). */
+dt_status layer_linear_forward(const dt_ops *o, float *y, const float *x, const float *w, const float *b,
+                               int rows, int in, int out, int relu);
+dt_status layer_linear_backward(const dt_ops *o, float *dx, float *dw, float *db, const float *dy, const float *x,
+                                const float *w, int rows, int in, int out);
+
 #endif /* DT_LAYERS_H */

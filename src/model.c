@@ -210,6 +210,10 @@ dt_status dt_model_state(dt_model *m, int i, dt_tensor_info *info) {
         info->on_host = 1;
         info->data = T->counter;
         break;
+    case DT_TENSOR_TIED:    /* the same memory as the parameter it names; its gradient is that one's */
+        info->dtype = DT_F32;
+        info->data = m->params + T->offset;
+        break;
     }
     return DT_OK;
 }
@@ -260,12 +264,17 @@ static dt_status loss_head(dt_model *m, const dt_loss *loss, const void *target,
     const float *y = last->out_ptr;
     int C = (int)last->out_numel;
     if (loss->kind == DT_LOSS_CE) {
-        if (last->outs.ndim != 1)
-            return dt_error(DT_ERR_INVALID, "cross-entropy needs (B, classes) outputs; add 'flatten'");
+        if (last->outs.ndim > 2)
+            return dt_error(DT_ERR_INVALID, "cross-entropy needs (B, classes) or (B, T, classes) outputs; add 'flatten'");
+        /* a sequence is T rows of classes, each with its label: the loss is the mean over
+         * all B x T positions of the global batch */
+        int per = last->outs.ndim == 2 ? (int)last->outs.d[0] : 1;
+        C = (int)last->outs.d[last->outs.ndim - 1];
         if (!(loss->label_smoothing >= 0.0f && loss->label_smoothing <= 1.0f))
             return dt_error(DT_ERR_INVALID, "label smoothing must be in [0, 1], got %g", (double)loss->label_smoothing);
-        DT_TRY(o->xent_forward(m->scalar, m->probs, y, target, B, C, loss->label_smoothing, normaliser));
-        if (grad) DT_TRY(o->xent_backward(m->head, m->probs, target, B, C, loss->label_smoothing, normaliser));
+        DT_TRY(o->xent_forward(m->scalar, m->probs, y, target, B * per, C, loss->label_smoothing, normaliser * per));
+        if (grad)
+            DT_TRY(o->xent_backward(m->head, m->probs, target, B * per, C, loss->label_smoothing, normaliser * per));
     } else if (loss->kind == DT_LOSS_MSE) {
         /* per-sample loss is the mean over the C outputs: divide by normaliser * C */
         size_t n = (size_t)B * (size_t)C;
@@ -285,7 +294,9 @@ dt_status dt_model_loss(dt_model *m, const dt_loss *loss, const void *target, in
         if (loss->kind != DT_LOSS_CE) return dt_error(DT_ERR_INVALID, "model: accuracy needs cross-entropy labels");
         const dt_layer *last = &m->spec.layers[m->spec.n - 1];
         int32_t cnt = 0;
-        DT_TRY(m->ops->count_correct((int32_t *)(m->scalar + 1), last->out_ptr, target, B, (int)last->out_numel));
+        int per = last->outs.ndim == 2 ? (int)last->outs.d[0] : 1;   /* positions of a sequence */
+        DT_TRY(m->ops->count_correct((int32_t *)(m->scalar + 1), last->out_ptr, target, B * per,
+                                     (int)last->outs.d[last->outs.ndim - 1]));
         DT_TRY(m->ops->copy_d2h(&cnt, m->scalar + 1, sizeof cnt));
         *correct = cnt;
     }

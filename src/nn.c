@@ -93,8 +93,16 @@ dt_status dt_layer_tensor_add(dt_layer *L, const char *suffix, dt_tensor_role ro
 float *dt_layer_tensor_ptr(const dt_nn_ctx *c, const dt_layer *L, int i) {
     if (i < 0 || i >= L->ntensors) return NULL;
     const dt_layer_tensor *t = &L->t[i];
-    if (t->role == DT_TENSOR_PARAM) return c->params + t->offset;
+    if (t->role == DT_TENSOR_PARAM || t->role == DT_TENSOR_TIED) return c->params + t->offset;
     if (t->role == DT_TENSOR_BUFFER) return c->buffers + t->offset;
+    return NULL;
+}
+
+dt_layer *dt_layer_find_before(dt_layer *L, dt_layer_kind k) {
+    for (int i = L->index - 1; i >= 0; i--) {
+        dt_layer *P = L - (L->index - i);   /* the spec's array, in execution order */
+        if (P->kind == k) return P;
+    }
     return NULL;
 }
 

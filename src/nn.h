@@ -17,7 +17,8 @@
  * stay a walk over one list.
  *
  * Shapes here are per sample, without the batch dimension: (C, H, W) for
- * images, (F) for flat features. Every buffer is device memory obtained from
+ * images, (F) for flat features, (T) for token ids and (T, C) for sequences of
+ * T positions (linear and layer norm act on the last dimension). Every buffer is device memory obtained from
  * the dt_ops table, and every numeric step goes through that table, so the same
  * code runs on the CPU and the CUDA backend (DESIGN.md rule 1).
  *
@@ -50,6 +51,10 @@
     X(SIGMOID, sigmoid)                                                                    \
     X(DROPOUT, dropout)           /* dropout(p), inverted: kept values scaled by 1/(1-p) */ \
     X(FLATTEN, flatten)           /* (C,H,W) -> (C*H*W) */                                 \
+    X(EMBED, embed)               /* embed(vocab, dim): token ids (T) -> (T, dim), nn.Embedding */ \
+    X(POS, pos)                   /* pos(block): (T, C) + a learned row per position t < block */ \
+    X(ATTN, attn)                 /* attn(heads): causal self-attention, fused QKV (T, C) -> (T, C) */ \
+    X(UNEMBED, unembed)           /* (T, C) -> (T, vocab) with the embedding's weight (tied head) */ \
     X(RESIDUAL, residual)         /* residual(layers...): opens y = x + f(x) */            \
     X(RESIDUAL_END, residual_end) /* closes it (internal: not written in specs) */
 
@@ -60,7 +65,7 @@ typedef enum {
     DT_LAYER_NKINDS
 } dt_layer_kind;
 
-/* A per-sample shape: ndim 1 is (F), ndim 3 is (C, H, W). */
+/* A per-sample shape: ndim 1 is (F) or (T), 2 is (T, C), 3 is (C, H, W). */
 typedef struct {
     int     ndim;
     int64_t d[3];
@@ -107,7 +112,9 @@ typedef struct {
 typedef enum {
     DT_TENSOR_PARAM,         /* float parameter, has a gradient (model.parameters()) */
     DT_TENSOR_BUFFER,        /* float buffer in the model's buffer array (running_mean) */
-    DT_TENSOR_COUNTER        /* host int64 scalar (num_batches_tracked) */
+    DT_TENSOR_COUNTER,       /* host int64 scalar (num_batches_tracked) */
+    DT_TENSOR_TIED           /* another name for an earlier parameter (a tied lm_head.weight):
+                              * listed in the state dict, no storage or gradient of its own */
 } dt_tensor_role;
 
 #define DT_LAYER_MAX_TENSORS 6
@@ -116,14 +123,15 @@ typedef enum {
 #define DT_LAYER_MAX_NUMEL  INT64_C(2147483647)
 
 /* A parameter or buffer declared by a row's infer, in state_dict order. */
-typedef struct {
+typedef struct dt_layer_tensor_ {
     const char    *suffix;   /* "weight", "running_var": the name after the module path */
     dt_tensor_role role;
     int            ndim;
     int64_t        shape[4];
     int64_t        numel;
-    size_t         offset;   /* floats into params/grads (PARAM) or buffers (BUFFER) */
+    size_t         offset;   /* floats into params/grads (PARAM, TIED) or buffers (BUFFER) */
     int64_t       *counter;  /* COUNTER: the host value, inside the layer's own struct */
+    const struct dt_layer_tensor_ *tie; /* TIED: the parameter it names (set by its row's infer) */
 } dt_layer_tensor;
 
 /* Row flags. */
@@ -147,6 +155,10 @@ typedef struct {
     void            *bn_sync_ctx;
     float           *bn_record;   /* non-NULL: train-mode batchnorm writes its statistics
                                    * here instead of updating the running buffers */
+    int              decode;      /* incremental decoding (sampling): the model was built for
+                                   * one position; pos adds row decode_pos and attn attends over
+                                   * its cache of positions 0..decode_pos */
+    int              decode_pos;
 } dt_nn_ctx;
 
 /* A layer kind. Required: name, help, torch, infer, forward, backward. */
@@ -227,6 +239,9 @@ DT_API dt_status dt_layer_tensor_add(dt_layer *L, const char *suffix, dt_tensor_
                                      int ndim, const int64_t *shape);
 /* The device pointer of L's i-th tensor in c's arrays (params or buffers), NULL if absent. */
 DT_API float    *dt_layer_tensor_ptr(const dt_nn_ctx *c, const dt_layer *L, int i);
+/* The nearest layer of kind k before L in its model's flat list (the layers of a
+ * spec are one array in execution order), NULL when none. */
+DT_API dt_layer *dt_layer_find_before(dt_layer *L, dt_layer_kind k);
 /* The value of a named argument of L (as a double); NAN when the kind has none. */
 DT_API double    dt_layer_arg(const dt_layer *L, const char *name);
 

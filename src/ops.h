@@ -214,6 +214,31 @@ typedef struct {
                            const float *x, const float *mean, const float *rstd, \
                            const float *gamma, int rows, int cols)) \
     \
+    /* -- sequences (transformers); ids are floats holding exact integers in [0, V) -- \
+     * y (n, C) = W[ids[i]] (W (V, C)), as nn.Embedding. */ \
+    X(embedding_forward,  (float *y, const float *ids, const float *W, int n, int C, int V)) \
+    /* dW (V, C): row v gets the sum of dy[i] (n, C) over the i with ids[i] == v, in index \
+     * order; accumulate 0 overwrites dW first, 1 adds to it (a weight tied to a head whose \
+     * backward wrote dW first). */ \
+    X(embedding_backward, (float *dW, const float *ids, const float *dy, int n, int C, int V, int accumulate)) \
+    /* y (B, T, C) = x + P[t] (the first T rows of the position table P); in place allowed. */ \
+    X(pos_forward,  (float *y, const float *x, const float *P, int B, int T, int C)) \
+    /* dP (T, C) = sum over b of dy (B, T, C), in b order. */ \
+    X(pos_backward, (float *dP, const float *dy, int B, int T, int C)) \
+    /* Causal multi-head self-attention, softmax(q k^T / sqrt(D)) v per (batch, head), \
+     * position t attending to 0..t. qkv (B, T, 3C) as a fused projection writes it: \
+     * q, k, v in column blocks of C, head h at columns h*D of each (C = H*D). y (B, T, C), \
+     * head h at columns h*D; lse (B, H, T) the log-sum-exp of each row of scores, kept \
+     * for backward. Never forms the T x T matrix: memory grows with T. */ \
+    X(attn_forward,  (float *y, float *lse, const float *qkv, int B, int T, int H, int D)) \
+    /* dqkv (B, T, 3C) from dy (B, T, C), recomputing the scores from qkv and lse \
+     * (y is the forward's output). */ \
+    X(attn_backward, (float *dqkv, const float *dy, const float *qkv, const float *y, const float *lse, \
+                      int B, int T, int H, int D)) \
+    /* One decoding position t for sampling: y (C) = attention of the query of row t of \
+     * qkv (t+1, 3C) (the rows of positions 0..t, a cache) over keys and values 0..t. */ \
+    X(attn_decode,   (float *y, const float *qkv, int t, int H, int D)) \
+    \
     /* -- reductions and metrics -- \
      * correct (1) = number of rows whose argmax equals labels (B) (first maximum wins, a \
      * NaN beats any number; ignored labels < 0 never count). */ \
@@ -242,7 +267,10 @@ typedef struct {
     /* -- random fill, reproducible whatever the threads: element i is \
      * lo + (hi - lo) * dt_rng_unit(seed, stream, offset + i) (rng.h), so filling a tensor \
      * in pieces gives the same values as filling it at once. -- */ \
-    X(rng_uniform, (float *x, size_t n, float lo, float hi, uint64_t seed, uint64_t stream, uint64_t offset))
+    X(rng_uniform, (float *x, size_t n, float lo, float hi, uint64_t seed, uint64_t stream, uint64_t offset)) \
+    /* element i = mean + std * sqrt(-2 ln(1 - u)) * cos(2 pi w) with u, w the uniforms at \
+     * positions 2(offset + i) and 2(offset + i) + 1 of the stream (Box-Muller). */ \
+    X(rng_normal,  (float *x, size_t n, float mean, float std, uint64_t seed, uint64_t stream, uint64_t offset))
 
 /* DT_OPS_DEVICE(X): memory and execution, as X(return type, name, (parameters)). */
 #define DT_OPS_DEVICE(X) \

@@ -4,7 +4,10 @@
  *
  * Grammar: a layer list separated by whitespace; a layer is NAME or
  * NAME(arg, ...) where args are positional numbers first, then key=value, as
- * the kind's row lists them; a container is seq(list) or residual(list).
+ * the kind's row lists them; a container is seq(list) or residual(list). An
+ * element may be labelled, label:element, to get PyTorch's attribute name
+ * instead of its position ("_:" adds no name: the container's layers are named
+ * as its parent's attributes).
  * Spaces inside parentheses are allowed. Every error names the layer by its
  * module path ("3.1") and text and says what was expected, in one line.
  */
@@ -13,6 +16,7 @@
 #include "layers.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -55,6 +59,81 @@ static const struct { const char *name, *text; } presets[] = {
                 "residual(conv(64,3,pad=1,bias=0) bn relu conv(64,3,pad=1,bias=0) bn) relu "
                 "gap linear(10)" },
 };
+
+/* ---- the GPT presets ----------------------------------------------------------
+ * gpt(layers=L, heads=H, dim=C, block=T, vocab=V, dropout=p) is nanoGPT's model with
+ * PyTorch's names (transformer.wte, transformer.h.<i>.attn.c_attn, ..., lm_head tied
+ * to wte) and GPT-2's initialisation (normal(0, 0.02), residual projections
+ * 0.02/sqrt(2L), biases zero); gpt2 is the 124M GPT-2 with llm.c's padded vocabulary.
+ * Dropout p > 0 adds nanoGPT's embedding and residual dropout (attention weights are
+ * not dropped). */
+
+static char *trim(char *s);
+
+typedef struct { const char *name; double *v; double lo, hi; int integer; } gpt_arg;
+
+/* 1 when spec names a GPT preset (*text then holds its layer list, or NULL after an
+ * error in *st); 0 when it does not. */
+static int gpt_preset(const char *spec, char **text, dt_status *st) {
+    double L = 4, H = 4, C = 128, T = 64, V = 256, p = 0;
+    *text = NULL;
+    *st = DT_OK;
+    const char *rest;
+    if (!strcmp(spec, "gpt2")) { L = 12; H = 12; C = 768; T = 1024; V = 50304; rest = ""; }
+    else if (!strcmp(spec, "gpt")) rest = "";
+    else if (!strncmp(spec, "gpt(", 4) && spec[strlen(spec) - 1] == ')') rest = spec + 4;
+    else return 0;
+    gpt_arg args[] = { { "layers", &L, 1, 1000, 1 }, { "heads", &H, 1, 1024, 1 }, { "dim", &C, 1, 1 << 20, 1 },
+                       { "block", &T, 1, 1 << 24, 1 }, { "vocab", &V, 1, 1 << 24, 1 }, { "dropout", &p, 0, 1, 0 } };
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", rest);
+    if (*buf) buf[strlen(buf) - 1] = '\0';   /* the closing parenthesis */
+    for (char *a = *buf ? buf : NULL, *next; a; a = next) {
+        next = strchr(a, ',');
+        if (next) *next++ = '\0';
+        char *eq = strchr(a, '=');
+        if (!eq) { *st = dt_error(DT_ERR_INVALID, "model spec: %s: expected key=value arguments (layers, heads, dim, "
+                                  "block, vocab, dropout), got '%s'", spec, trim(a)); return 1; }
+        *eq = '\0';
+        char *key = trim(a), *val = trim(eq + 1), *end;
+        size_t k = 0;
+        while (k < sizeof args / sizeof args[0] && strcmp(args[k].name, key)) k++;
+        if (k == sizeof args / sizeof args[0]) {
+            *st = dt_error(DT_ERR_INVALID, "model spec: %s: unknown argument '%s' (expected layers, heads, dim, "
+                           "block, vocab or dropout)", spec, key);
+            return 1;
+        }
+        errno = 0;
+        double v = strtod(val, &end);
+        if (end == val || *end || errno || v < args[k].lo || v > args[k].hi ||
+            (args[k].integer && v != (double)(long long)v) || (!args[k].integer && v >= 1)) {
+            *st = dt_error(DT_ERR_INVALID, "model spec: %s: '%s' expects %s, got '%s'", spec, key,
+                           args[k].integer ? "a positive integer" : "a probability in [0, 1)", val);
+            return 1;
+        }
+        *args[k].v = v;
+    }
+    if ((long long)C % (long long)H) {
+        *st = dt_error(DT_ERR_INVALID, "model spec: %s: %g heads do not divide the width %g", spec, H, C);
+        return 1;
+    }
+    size_t cap = 512 + (size_t)L * 400;
+    char *out = malloc(cap);
+    if (!out) { *st = dt_error(DT_ERR_NOMEM, "model spec: out of memory"); return 1; }
+    char drop[32] = "";
+    if (p > 0) snprintf(drop, sizeof drop, " dropout(%g)", p);
+    double proj = 0.02 / sqrt(2.0 * L);
+    size_t n = (size_t)snprintf(out, cap, "transformer:seq(wte:embed(%.0f,%.0f,std=0.02) wpe:pos(%.0f,std=0.02)%s h:seq(",
+                                V, C, T, drop);
+    for (int i = 0; i < (int)L; i++)
+        n += (size_t)snprintf(out + n, cap - n,
+                              "%s%d:seq(_:residual(ln_1:ln attn:attn(%.0f,std=0.02,proj_std=%.9g)%s) "
+                              "_:residual(ln_2:ln mlp:seq(c_fc:linear(%.0f,std=0.02) gelu c_proj:linear(%.0f,std=%.9g))%s))",
+                              i ? " " : "", i, H, proj, drop, 4 * C, C, proj, drop);
+    snprintf(out + n, cap - n, ") ln_f:ln) lm_head:unembed");
+    *text = out;
+    return 1;
+}
 
 const char *dt_spec_preset(const char *name) {
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
@@ -285,9 +364,31 @@ static dt_status parse_list(layer_vec *lv, char *text, const char *prefix, int d
             else if (*p == ')' && --depth_p < 0) break;
             p++;
         }
-        char name[48];
-        if (prefix[0]) snprintf(name, sizeof name, "%s.%d", prefix, pos);
-        else snprintf(name, sizeof name, "%d", pos);
+        /* "label:element" names the element as PyTorch names a module attribute
+         * ("ln_1:ln" is <prefix>.ln_1); the label "_" adds no name at all (a block whose
+         * layers are named as the container's own attributes). Else it is its position. */
+        char name[48], label[40] = "";
+        char *q = start;
+        while (isalnum((unsigned char)*q) || *q == '_') q++;
+        if (*q == ':' && q > start && q < p) {
+            if ((size_t)(q - start) >= sizeof label) {
+                dt_layer tmp;
+                memset(&tmp, 0, sizeof tmp);
+                snprintf(tmp.name, sizeof tmp.name, "%s", prefix);
+                set_text(&tmp, start, (size_t)(p - start));
+                return spec_error(&tmp, "a label longer than %zu characters", sizeof label - 1);
+            }
+            memcpy(label, start, (size_t)(q - start));
+            label[q - start] = '\0';
+            start = q + 1;
+        }
+        const char *comp = label[0] ? label : NULL;
+        char num[16];
+        snprintf(num, sizeof num, "%d", pos);
+        if (!comp) comp = num;
+        if (strcmp(comp, "_") == 0) snprintf(name, sizeof name, "%s", prefix);
+        else if (prefix[0]) snprintf(name, sizeof name, "%s.%s", prefix, comp);
+        else snprintf(name, sizeof name, "%s", comp);
         int end_of_text = (*p == '\0');
         char saved = *p;
         *p = '\0';
@@ -343,8 +444,12 @@ dt_status dt_spec_parse(const char *spec, dt_spec *out) {
     char *owned = NULL;
     const char *preset = dt_spec_preset(spec);
     struct stat st;
+    dt_status gs;
     if (preset) {
         text = preset;
+    } else if (gpt_preset(spec, &owned, &gs)) {
+        if (gs != DT_OK) return gs;
+        text = owned;
     } else if (spec[0] == '@') {
         DT_TRY(read_spec_file(spec + 1, &owned));
         text = owned;
@@ -384,8 +489,8 @@ void dt_spec_free(dt_spec *s) {
 /* ---- shape inference ----------------------------------------------------- */
 
 dt_status dt_spec_infer(dt_spec *s, const dt_shape *input) {
-    if (input->ndim != 1 && input->ndim != 3)
-        return dt_error(DT_ERR_INVALID, "model: input shape must be (C, H, W) or (F), got %d dims",
+    if (input->ndim < 1 || input->ndim > 3)
+        return dt_error(DT_ERR_INVALID, "model: input shape must be (C, H, W), (T, C) or (F), got %d dims",
                         input->ndim);
     for (int i = 0; i < input->ndim; i++)
         if (input->d[i] <= 0)
@@ -422,6 +527,7 @@ dt_status dt_spec_infer(dt_spec *s, const dt_shape *input) {
                 return spec_error(L, "the model would have more than 2^52 parameters");
             if (T->role == DT_TENSOR_PARAM) { T->offset = (size_t)total; total += T->numel; }
             else if (T->role == DT_TENSOR_BUFFER) { T->offset = nbuf; nbuf += (size_t)T->numel; }
+            else if (T->role == DT_TENSOR_TIED) T->offset = T->tie->offset;   /* declared earlier */
         }
         ntensors += L->nparams;
         L->rec_off = nrec;
@@ -465,11 +571,13 @@ size_t dt_spec_summary(const dt_spec *s, const dt_shape *input, char *buf, size_
     char sh[64], cnt[32], label[96];
     if (n) buf[0] = '\0';
     const char *rule = "==========================================================================\n";
+    int w = 8;   /* the Name column fits the longest module path */
+    for (int i = 0; i < s->n; i++) if ((int)strlen(s->layers[i].name) > w) w = (int)strlen(s->layers[i].name);
     put(buf, n, &off, "%s", rule);
-    put(buf, n, &off, "%-8s %-32s %-20s %11s\n", "Name", "Layer", "Output Shape", "Param #");
+    put(buf, n, &off, "%-*s %-32s %-20s %11s\n", w, "Name", "Layer", "Output Shape", "Param #");
     put(buf, n, &off, "%s", rule);
     dt_shape_str(input, 1, sh, sizeof sh);
-    put(buf, n, &off, "%-8s %-32s %-20s %11s\n", "", "input", sh, "--");
+    put(buf, n, &off, "%-*s %-32s %-20s %11s\n", w, "", "input", sh, "--");
     int64_t total = 0;
     for (int i = 0; i < s->n; i++) {
         const dt_layer *L = &s->layers[i];
@@ -483,7 +591,7 @@ size_t dt_spec_summary(const dt_spec *s, const dt_shape *input, char *buf, size_
         const char *what = (L->def->flags & DT_LDEF_CONTAINER) ? L->def->name
                          : (L->def->flags & DT_LDEF_INTERNAL) ? "+ x" : L->text;
         snprintf(label, sizeof label, "%*s%s", 2 * L->depth, "", what);
-        put(buf, n, &off, "%-8s %-32.32s %-20s %11s\n", L->name, label, sh, np ? cnt : "--");
+        put(buf, n, &off, "%-*s %-32.32s %-20s %11s\n", w, L->name, label, sh, np ? cnt : "--");
     }
     put(buf, n, &off, "%s", rule);
     with_commas(total, cnt, sizeof cnt);

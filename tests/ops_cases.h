@@ -571,6 +571,82 @@ static void tc_rng_uniform(tc_run *r) {
     TC(r, r->ops->rng_uniform(x, TC_N, -2.0f, 3.0f, 99, 5, 1u << 20));
 }
 
+static void tc_rng_normal(tc_run *r) {
+    float *x = tc_out(r, TC_N * sizeof(float), 1, TC_TRANSC, "x");
+    TC(r, r->ops->rng_normal(x, TC_N, 0.5f, 0.02f, 99, 6, 1u << 20));
+}
+
+/* token ids (n) as floats in [0, V), uploaded */
+static inline float *tc_ids(tc_run *r, int n, int V) {
+    float *h = tc_hrand(r, (size_t)n, 0.0f, (float)V);
+    for (int i = 0; i < n; i++) h[i] = floorf(h[i]) < V ? floorf(h[i]) : (float)(V - 1);
+    h[0] = h[n - 1];   /* a repeated token: its gradient rows add up */
+    return tc_upload(r, h, (size_t)n * sizeof(float));
+}
+
+#define TC_SB 3     /* sequences: batch, positions, width, vocabulary */
+#define TC_ST 37
+#define TC_SC 48
+#define TC_SV 101
+
+static void tc_embedding_forward(tc_run *r) {
+    int n = TC_SB * TC_ST;
+    float *ids = tc_ids(r, n, TC_SV), *W = tc_rand(r, (size_t)TC_SV * TC_SC, -1.0f, 1.0f);
+    float *y = tc_out(r, (size_t)n * TC_SC * sizeof(float), 1, TC_EXACT, "y");
+    TC(r, r->ops->embedding_forward(y, ids, W, n, TC_SC, TC_SV));
+}
+
+static void tc_embedding_backward(tc_run *r) {
+    int n = TC_SB * TC_ST;
+    float *ids = tc_ids(r, n, TC_SV), *dy = tc_rand(r, (size_t)n * TC_SC, -1.0f, 1.0f);
+    float *dW = tc_out(r, (size_t)TC_SV * TC_SC * sizeof(float), 1, TC_EXACT, "dW");
+    TC(r, r->ops->embedding_backward(dW, ids, dy, n, TC_SC, TC_SV, 0));
+    float *acc = tc_rand(r, (size_t)TC_SV * TC_SC, -1.0f, 1.0f);
+    TC(r, r->ops->embedding_backward(acc, ids, dy, n, TC_SC, TC_SV, 1));
+    float *out = tc_out(r, (size_t)TC_SV * TC_SC * sizeof(float), 1, TC_EXACT, "dW accumulated");
+    TC(r, r->ops->copy_d2d(out, acc, (size_t)TC_SV * TC_SC * sizeof(float)));
+}
+
+static void tc_pos_forward(tc_run *r) {
+    size_t n = (size_t)TC_SB * TC_ST * TC_SC;
+    float *x = tc_rand(r, n, -1.0f, 1.0f), *P = tc_rand(r, (size_t)(TC_ST + 5) * TC_SC, -1.0f, 1.0f);
+    float *y = tc_out(r, n * sizeof(float), 1, TC_EXACT, "y");
+    TC(r, r->ops->pos_forward(y, x, P, TC_SB, TC_ST, TC_SC));
+}
+
+static void tc_pos_backward(tc_run *r) {
+    float *dy = tc_rand(r, (size_t)TC_SB * TC_ST * TC_SC, -1.0f, 1.0f);
+    float *dP = tc_out(r, (size_t)TC_ST * TC_SC * sizeof(float), 1, TC_EXACT, "dP");
+    TC(r, r->ops->pos_backward(dP, dy, TC_SB, TC_ST, TC_SC));
+}
+
+#define TC_SH 3     /* heads of TC_SC / TC_SH = 16 */
+
+static void tc_attn_forward(tc_run *r) {
+    size_t bt = (size_t)TC_SB * TC_ST;
+    float *qkv = tc_rand(r, bt * 3 * TC_SC, -2.0f, 2.0f);
+    float *y = tc_out(r, bt * TC_SC * sizeof(float), 1, TC_GEMM, "y");
+    float *lse = tc_out(r, bt * TC_SH * sizeof(float), 1, TC_GEMM, "lse");
+    TC(r, r->ops->attn_forward(y, lse, qkv, TC_SB, TC_ST, TC_SH, TC_SC / TC_SH));
+}
+
+static void tc_attn_backward(tc_run *r) {
+    size_t bt = (size_t)TC_SB * TC_ST;
+    float *qkv = tc_rand(r, bt * 3 * TC_SC, -2.0f, 2.0f), *dy = tc_rand(r, bt * TC_SC, -1.0f, 1.0f);
+    float *y = tc_dev(r, bt * TC_SC * sizeof(float)), *lse = tc_dev(r, bt * TC_SH * sizeof(float));
+    TC(r, r->ops->attn_forward(y, lse, qkv, TC_SB, TC_ST, TC_SH, TC_SC / TC_SH));
+    float *dqkv = tc_out(r, bt * 3 * TC_SC * sizeof(float), 1, TC_GEMM, "dqkv");
+    TC(r, r->ops->attn_backward(dqkv, dy, qkv, y, lse, TC_SB, TC_ST, TC_SH, TC_SC / TC_SH));
+}
+
+static void tc_attn_decode(tc_run *r) {
+    float *qkv = tc_rand(r, (size_t)TC_ST * 3 * TC_SC, -2.0f, 2.0f);
+    float *y = tc_out(r, TC_SC * sizeof(float), 1, TC_GEMM, "y (last position)");
+    TC(r, r->ops->attn_decode(y, qkv, TC_ST - 1, TC_SH, TC_SC / TC_SH));
+    float *y0 = tc_out(r, TC_SC * sizeof(float), 1, TC_GEMM, "y (position 0)");
+    TC(r, r->ops->attn_decode(y0, qkv, 0, TC_SH, TC_SC / TC_SH));
+}
+
 /* The table, in the order of the list: a missing tc_<op> is a compile error. */
 static const tc_case tc_cases[DT_OPS_COUNT] = {
 #define TC_ROW_(name, params) {#name, tc_##name},

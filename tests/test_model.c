@@ -184,8 +184,8 @@ static void test_errors(void) {
     expect_error("conv(x,3)", &MNIST, DT_ERR_INVALID, "layer 0 'conv(x,3)': 'out' expects a positive integer, got 'x'", "bad integer");
     expect_error("conv(0,3)", &MNIST, DT_ERR_INVALID, "'out' expects a positive integer, got '0'", "zero out channels");
     expect_error("conv(32)", &MNIST, DT_ERR_INVALID, "layer 0 'conv(32)': missing argument 'k'", "missing argument");
-    expect_error("flatten linear(1,1,1)", &MNIST, DT_ERR_INVALID, "layer 1 'linear(1,1,1)': too many arguments", "too many arguments");
-    expect_error("flatten linear(10,foo=1)", &MNIST, DT_ERR_INVALID, "unknown argument 'foo' (expected one of: out, bias)", "unknown keyword");
+    expect_error("flatten linear(1,1,1,1)", &MNIST, DT_ERR_INVALID, "layer 1 'linear(1,1,1,1)': too many arguments", "too many arguments");
+    expect_error("flatten linear(10,foo=1)", &MNIST, DT_ERR_INVALID, "unknown argument 'foo' (expected one of: out, bias, std)", "unknown keyword");
     expect_error("flatten linear(10,bias=2)", &MNIST, DT_ERR_INVALID, "'bias' expects 0 or 1, got '2'", "bad bool");
     expect_error("flatten linear(out=10,out=3)", &MNIST, DT_ERR_INVALID, "argument 'out' given twice", "repeated argument");
     expect_error("flatten linear(bias=0,10)", &MNIST, DT_ERR_INVALID, "positional argument '10' after key=value", "positional after keyword");
@@ -201,7 +201,7 @@ static void test_errors(void) {
     like(dt_last_error(), "residual or seq)", "the list of kinds names the containers");
     ok(!strstr(dt_last_error(), "residual_end"), "the list of kinds hides the internal closing row");
     expect_error("linear(10)", &MNIST, DT_ERR_INVALID,
-                 "layer 0 'linear(10)': linear expects a flat (B, features) input, but its input is (B, 1, 28, 28); add 'flatten' before it",
+                 "layer 0 'linear(10)': linear expects a flat (B, features) or (B, T, features) input, but its input is (B, 1, 28, 28); add 'flatten' before it",
                  "linear on 4-D input suggests flatten");
     expect_error("flatten conv(3,3)", &MNIST, DT_ERR_INVALID, "layer 1 'conv(3,3)'", "conv on flat input names the layer");
     like(dt_last_error(), "conv expects a (B, C, H, W) input, but its input is (B, 784)", "conv on flat input: expectation");
@@ -219,8 +219,8 @@ static void test_errors(void) {
                  "layer 2 'linear(100000)': its weight would have more than 2147483647 elements", "a weight too large");
     dt_shape huge = { 3, { 1000000, 1000000, 1000000 } };
     expect_error("relu", &huge, DT_ERR_INVALID, "input shape has more than", "an input too large");
-    dt_shape bad = { 2, { 3, 4 } };
-    expect_error("relu", &bad, DT_ERR_INVALID, "input shape must be (C, H, W) or (F)", "2-d input rejected");
+    dt_shape bad = { 0, { 0 } };
+    expect_error("relu", &bad, DT_ERR_INVALID, "input shape must be (C, H, W), (T, C) or (F), got 0 dims", "0-d input rejected");
 }
 
 static void test_summary(void) {

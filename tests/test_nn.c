@@ -167,6 +167,94 @@ static void check_model_loss(const char *spec, const dt_loss *loss, const char *
     dt_model_free(m);
 }
 
+/* A token model (ids in, logits per position out, cross-entropy per position): every
+ * parameter's gradient, the tied embedding/head weight included (it sums the gradient
+ * of both uses), against central differences of the mean loss over B x T tokens. */
+static void check_token_model(const char *spec, const char *what, float step, int small_init) {
+    enum { T = 5, B = 3, V = 11 };
+    dt_shape in = { 1, { T } };
+    dt_model *m = NULL;
+    if (!ok(dt_model_build(spec, &in, ops, 5, B, &m) == DT_OK, "%s: build", what)) { diag("%s", dt_last_error()); return; }
+    float x[B * T];
+    int32_t labels[B * T];
+    for (int i = 0; i < B * T; i++) {
+        x[i] = (float)((i * 7 + 3) % V);
+        labels[i] = (i * 5 + 1) % V;
+    }
+    dt_loss ce = { DT_LOSS_CE, 0.0f };
+    float norm = (float)B, l0;
+    dt_model_forward(m, x, B, 1, 0, 0, NULL);
+    is_int(dt_model_loss_backward(m, &ce, labels, B, norm, &l0), DT_OK, "%s: loss backward", what);
+    size_t n = dt_model_nparams(m);
+    float *g = malloc(n * sizeof(float)), *p = dt_model_params(m);
+    memcpy(g, dt_model_grads(m), n * sizeof(float));
+    double maxerr = 0;
+    int good = 1;
+    size_t stride = n > 400 ? n / 400 : 1;
+    for (size_t i = 0; i < n; i += stride) {
+        float keep = p[i], lp, lm;
+        p[i] = keep + step;
+        dt_model_forward(m, x, B, 1, 0, 0, NULL);
+        dt_model_loss(m, &ce, labels, B, norm, &lp, NULL);
+        p[i] = keep - step;
+        dt_model_forward(m, x, B, 1, 0, 0, NULL);
+        dt_model_loss(m, &ce, labels, B, norm, &lm, NULL);
+        p[i] = keep;
+        double num = ((double)lp - (double)lm) / (2.0 * step), err = fabs(num - g[i]);
+        if (err > maxerr) maxerr = err;
+        if (!(err <= 1e-3 + RTOL * fabs(g[i]))) {
+            if (good) diag("   parameter element %zu: numeric %.6g, analytic %.6g", i, num, (double)g[i]);
+            good = 0;
+        }
+    }
+    ok(good, "%s: parameter gradients of the per-token loss match central differences (max err %.2g)", what, maxerr);
+    if (small_init)   /* GPT-2's init: logits near 0, every token about equally likely */
+        ok(fabsf(l0 - logf((float)V)) < 0.05f, "%s: the initial loss is ln(%d) = 2.398 (got %.4f)", what, V, (double)l0);
+    free(g);
+    dt_model_free(m);
+}
+
+/* attn_forward against a naive reference (the T x T softmax materialised, in double)
+ * at several lengths and head counts. */
+static void check_attention_reference(void) {
+    static const struct { int T, H, D; } cfg[] = { { 1, 1, 4 }, { 7, 2, 8 }, { 64, 4, 16 }, { 257, 3, 8 } };
+    for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
+        int T = cfg[k].T, H = cfg[k].H, D = cfg[k].D, C = H * D, B = 2;
+        size_t nq = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
+        float *qkv = malloc(nq * sizeof(float)), *y = malloc(ny * sizeof(float)), *lse = malloc((size_t)B * H * T * sizeof(float));
+        double *s = malloc((size_t)T * sizeof(double));
+        for (size_t i = 0; i < nq; i++) qkv[i] = 2.0f * urand(11, i);
+        int good = ops->attn_forward(y, lse, qkv, B, T, H, D) == DT_OK;
+        double maxerr = 0;
+        for (int b = 0; b < B && good; b++)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < T; t++) {
+                    const float *q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * D;
+                    double m = -INFINITY, l = 0;
+                    for (int j = 0; j <= t; j++) {
+                        const float *kk = qkv + ((size_t)b * T + j) * 3 * C + C + (size_t)h * D;
+                        double d = 0;
+                        for (int e = 0; e < D; e++) d += (double)q[e] * kk[e];
+                        s[j] = d / sqrt((double)D);
+                        if (s[j] > m) m = s[j];
+                    }
+                    for (int j = 0; j <= t; j++) l += exp(s[j] - m);
+                    for (int e = 0; e < D; e++) {
+                        double acc = 0;
+                        for (int j = 0; j <= t; j++)
+                            acc += exp(s[j] - m) / l * qkv[((size_t)b * T + j) * 3 * C + 2 * C + (size_t)h * D + e];
+                        double err = fabs(acc - y[((size_t)b * T + t) * C + (size_t)h * D + e]);
+                        if (err > maxerr) maxerr = err;
+                    }
+                    double el = fabs(m + log(l) - lse[((size_t)b * H + h) * T + t]);
+                    if (el > maxerr) maxerr = el;
+                }
+        ok(good && maxerr < 1e-4, "attention T=%d, %d heads of %d: matches the materialised softmax (max err %.2g)",
+           T, H, D, maxerr);
+        free(qkv); free(y); free(lse); free(s);
+    }
+}
+
 /* Values of the losses against a double-precision reference. */
 static void check_loss_values(void) {
     dt_shape in = { 1, { 4 } };
@@ -259,7 +347,7 @@ static void check_rows(void) {
 
 int main(void) {
     ops = dt_ops_cpu();
-    const dt_shape flat = { 1, { 7 } }, img = { 3, { 3, 6, 5 } }, img2 = { 3, { 2, 5, 6 } };
+    const dt_shape flat = { 1, { 7 } }, img = { 3, { 3, 6, 5 } }, img2 = { 3, { 2, 5, 6 } }, seq = { 2, { 5, 8 } };
     /* spec, input shape, batch, train, input kind (see check_layer), step */
     static const struct { const char *spec; int shape, B, train, x_kind; float step; } cases[] = {
         { "linear(4)", 0, 3, 1, 0, 1e-2f },
@@ -284,8 +372,15 @@ int main(void) {
         { "sigmoid", 0, 3, 1, 0, 1e-2f },
         { "dropout(0.3)", 0, 4, 1, 0, 1e-2f },       /* fixed mask: same (seed, epoch, sample) */
         { "flatten", 1, 2, 1, 0, 1e-2f },
+        /* sequences (T = 5, C = 8) */
+        { "linear(6)", 3, 2, 1, 0, 1e-2f },
+        { "ln", 3, 2, 1, 0, 1e-2f },
+        { "pos(7)", 3, 2, 1, 0, 1e-2f },
+        { "attn(2)", 3, 2, 1, 0, 1e-2f },
+        { "attn(1,std=0.5,proj_std=0.5)", 3, 3, 1, 0, 1e-2f },
+        { "attn(8)", 3, 1, 1, 0, 1e-2f },
     };
-    const dt_shape *shapes[] = { &flat, &img, &img2 };
+    const dt_shape *shapes[] = { &flat, &img, &img2, &seq };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_layer(cases[i].spec, *shapes[cases[i].shape], cases[i].B, cases[i].train, cases[i].x_kind, cases[i].step);
     check_dropout();
@@ -305,5 +400,10 @@ int main(void) {
     check_model_loss("residual(linear(6) tanh) linear(4)", &ce, "residual block as the first layer");
     check_rows();
     check_loss_values();
+    check_attention_reference();
+    check_token_model("embed(11,8) pos(5) residual(ln attn(2)) residual(ln linear(16) gelu linear(8)) ln unembed",
+                      "a one-block GPT with a tied head", 1e-2f, 0);
+    /* the preset's weights are small (std 0.02): a smaller step keeps layer norm linear */
+    check_token_model("gpt(layers=2,heads=2,dim=8,block=6,vocab=11)", "the gpt preset (2 layers)", 1e-3f, 1);
     return done_testing();
 }

@@ -196,6 +196,19 @@ dt_status dt_cpu_adamw_update(float *p, const float *grad, float *m, float *v, s
 
 /* ---- random fill: element i depends on (seed, stream, offset + i) only ---- */
 
+dt_status dt_cpu_rng_normal(float *x, size_t n, float mean, float std, uint64_t seed, uint64_t stream, uint64_t offset) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(x);
+    DT_CPU_ARG(std >= 0.0f);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)
+    for (size_t i = 0; i < n; i++) {
+        double u = dt_rng_unit(seed, stream, 2 * (offset + i)), w = dt_rng_unit(seed, stream, 2 * (offset + i) + 1);
+        x[i] = (float)(mean + std * sqrt(-2.0 * log(1.0 - u)) * cos(6.283185307179586 * w));
+    }
+    return DT_OK;
+}
+
 dt_status dt_cpu_rng_uniform(float *x, size_t n, float lo, float hi, uint64_t seed, uint64_t stream, uint64_t offset) {
     if (n == 0) return DT_OK;
     DT_CPU_ARG(x);
