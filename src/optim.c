@@ -139,6 +139,9 @@ struct dt_optim {
     int64_t             steps;
     int                 nstate;
     float              *state[DT_OPTIM_MAX_STATE];   /* the row's state_names, in order */
+    size_t             *bounds;      /* decay runs: [bounds[i], bounds[i+1]), NULL: one run */
+    unsigned char      *decay;       /* per run: 1 weight decay, 0 none */
+    size_t              nruns;
 };
 
 static dt_status check_config(const dt_optim_config *c) {
@@ -153,7 +156,29 @@ static dt_status check_config(const dt_optim_config *c) {
 void dt_optim_free(dt_optim *o) {
     if (!o) return;
     for (int i = 0; i < DT_OPTIM_MAX_STATE; i++) o->ops->free(o->state[i]);
+    free(o->bounds);
+    free(o->decay);
     free(o);
+}
+
+dt_status dt_optim_set_decay_runs(dt_optim *o, const size_t *bounds, const unsigned char *decay, size_t nruns) {
+    free(o->bounds);
+    free(o->decay);
+    o->bounds = NULL;
+    o->decay = NULL;
+    o->nruns = 0;
+    if (!nruns) return DT_OK;
+    if (bounds[0] != 0 || bounds[nruns] != o->n)
+        return dt_error(DT_ERR_INVALID, "optimizer: decay runs must cover [0, %zu)", o->n);
+    for (size_t i = 0; i < nruns; i++)
+        if (bounds[i + 1] < bounds[i]) return dt_error(DT_ERR_INVALID, "optimizer: decay runs out of order");
+    o->bounds = malloc((nruns + 1) * sizeof *o->bounds);
+    o->decay = malloc(nruns);
+    if (!o->bounds || !o->decay) return dt_error(DT_ERR_NOMEM, "out of memory");
+    memcpy(o->bounds, bounds, (nruns + 1) * sizeof *bounds);
+    memcpy(o->decay, decay, nruns);
+    o->nruns = nruns;
+    return DT_OK;
 }
 
 dt_status dt_optim_init(const dt_optim_config *cfg, const dt_ops *ops, size_t n, dt_optim **out) {
@@ -181,7 +206,24 @@ dt_status dt_optim_step(dt_optim *o, float *params, const float *grads, float lr
         .params = params, .grads = grads, .state = o->state, .n = o->n,
         .lr = lr, .grad_scale = grad_scale, .steps_done = o->steps,
     };
-    DT_TRY(o->def->step(o->ops, &o->cfg, &a));
+    if (!o->nruns) {
+        DT_TRY(o->def->step(o->ops, &o->cfg, &a));
+    } else {   /* run by run: the update is element-wise, so the bits are those of one call */
+        dt_optim_config nodecay = o->cfg;
+        nodecay.weight_decay = 0.0f;
+        for (size_t r = 0; r < o->nruns; r++) {
+            size_t off = o->bounds[r], len = o->bounds[r + 1] - off;
+            if (!len) continue;
+            float *st[DT_OPTIM_MAX_STATE] = { 0 };
+            for (int i = 0; i < o->nstate; i++) st[i] = o->state[i] + off;
+            dt_optim_step_args ra = a;
+            ra.params = params + off;
+            ra.grads = grads + off;
+            ra.state = st;
+            ra.n = len;
+            DT_TRY(o->def->step(o->ops, o->decay[r] ? &o->cfg : &nodecay, &ra));
+        }
+    }
     o->steps++;
     return DT_OK;
 }

@@ -14,7 +14,7 @@
  * from the dt_ops table; their state (momentum buffer, or AdamW's two moments,
  * plus the step count) lives in flat arrays of the same layout, exposed for
  * checkpoints. Weight decay applies to every parameter, as PyTorch does by
- * default.
+ * default, or to chosen runs of the array (dt_optim_set_decay_runs).
  */
 #ifndef DT_OPTIM_H
 #define DT_OPTIM_H
@@ -105,6 +105,11 @@ typedef struct dt_optim dt_optim;
  * hyper-parameters as PyTorch does (the row's check). */
 DT_API dt_status dt_optim_init(const dt_optim_config *cfg, const dt_ops *ops, size_t n, dt_optim **out);
 DT_API void      dt_optim_free(dt_optim *o);
+/* Weight decay on some parameters only (nanoGPT and llm.c decay the matrices, not the
+ * biases and norms): the flat array is cut into nruns runs [bounds[i], bounds[i+1])
+ * (bounds[0] = 0, bounds[nruns] = n), run i decayed when decay[i]; steps then update
+ * run by run, the others with weight decay 0. nruns 0: every parameter (the default). */
+DT_API dt_status dt_optim_set_decay_runs(dt_optim *o, const size_t *bounds, const unsigned char *decay, size_t nruns);
 /* One step: params (n) -= update(grads (n) * grad_scale) at learning rate lr. */
 DT_API dt_status dt_optim_step(dt_optim *o, float *params, const float *grads, float lr, float grad_scale);
 

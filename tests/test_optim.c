@@ -262,8 +262,47 @@ static void test_training(void) {
     free(a); free(b); free(c);
 }
 
+/* Decay on chosen runs: each run gets the bits of an optimizer with (or without)
+ * weight decay over the whole array, for SGD with momentum and for AdamW. */
+static void test_decay_runs(void) {
+    enum { N = 1000 };
+    for (int k = 0; k < 2; k++) {
+        dt_optim_config cfg = dt_optim_defaults(k ? DT_OPTIM_ADAMW : DT_OPTIM_SGD, 0.01f);
+        cfg.weight_decay = 0.1f;
+        if (!k) cfg.momentum = 0.9f;
+        dt_optim_config none = cfg;
+        none.weight_decay = 0.0f;
+        static float p[3][N], g[N];
+        for (int i = 0; i < N; i++) {
+            p[0][i] = p[1][i] = p[2][i] = sinf((float)i);
+            g[i] = cosf(0.7f * (float)i);
+        }
+        dt_optim *runs = NULL, *all = NULL, *off = NULL;
+        dt_optim_init(&cfg, ops, N, &runs);
+        dt_optim_init(&cfg, ops, N, &all);
+        dt_optim_init(&none, ops, N, &off);
+        size_t bounds[4] = { 0, 300, 301, N };
+        unsigned char decay[3] = { 1, 0, 1 };
+        is_int(dt_optim_set_decay_runs(runs, bounds, decay, 3), DT_OK, "%s: decay runs accepted", k ? "adamw" : "sgd");
+        for (int step = 0; step < 3; step++) {
+            dt_optim_step(runs, p[0], g, 0.01f, 1.0f);
+            dt_optim_step(all, p[1], g, 0.01f, 1.0f);
+            dt_optim_step(off, p[2], g, 0.01f, 1.0f);
+        }
+        int same = !memcmp(p[0], p[1], 300 * sizeof(float)) && p[0][300] == p[2][300] &&
+                   !memcmp(p[0] + 301, p[1] + 301, (N - 301) * sizeof(float)) && p[1][300] != p[2][300];
+        ok(same, "%s: decayed runs equal full decay bit for bit, the other run equals no decay", k ? "adamw" : "sgd");
+        size_t bad[3] = { 0, 5, N - 1 };
+        is_int(dt_optim_set_decay_runs(runs, bad, decay, 2), DT_ERR_INVALID, "runs that do not cover the array are refused");
+        dt_optim_free(runs);
+        dt_optim_free(all);
+        dt_optim_free(off);
+    }
+}
+
 int main(void) {
     ops = dt_ops_cpu();
+    test_decay_runs();
     test_optimizers();
     test_rows();
     test_schedules();
