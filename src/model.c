@@ -47,6 +47,7 @@ struct dt_model {
     float           *bn_record;
     dt_grad_ready_fn grad_ready;
     void            *grad_ready_ctx;
+    int              decode_pos;   /* < 0: ordinary passes */
 };
 
 static dt_nn_ctx nn_ctx(dt_model *m, int train) {
@@ -54,6 +55,7 @@ static dt_nn_ctx nn_ctx(dt_model *m, int train) {
         .ops = m->ops, .params = m->params, .grads = m->grads, .buffers = m->buffers,
         .train = train, .seed = m->seed, .epoch = m->epoch, .sample0 = m->sample0,
         .bn_sync = m->bn_sync, .bn_sync_ctx = m->bn_sync_ctx, .bn_record = m->bn_record,
+        .decode = m->decode_pos >= 0, .decode_pos = m->decode_pos,
     };
     return c;
 }
@@ -110,6 +112,7 @@ dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *
     if (!m) return dt_error(DT_ERR_NOMEM, "model: out of memory");
     m->ops = ops;
     m->seed = seed;
+    m->decode_pos = -1;
     m->max_batch = max_batch;
     m->input = *input;
     dt_status s = dt_spec_parse(spec, &m->spec);
@@ -168,6 +171,8 @@ size_t          dt_model_nbuffers(const dt_model *m) { return m->nbuffers; }
 float          *dt_model_buffers(dt_model *m) { return m->buffers; }
 int             dt_model_nparam_tensors(const dt_model *m) { return m->spec.ntensors; }
 int             dt_model_nstate(const dt_model *m) { return m->nstate; }
+
+void dt_model_set_decode(dt_model *m, int pos) { m->decode_pos = pos < 0 ? -1 : pos; }
 
 void dt_model_set_bn_sync(dt_model *m, dt_bn_sync_fn fn, void *ctx) { m->bn_sync = fn; m->bn_sync_ctx = ctx; }
 void dt_model_set_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ctx) { m->grad_ready = fn; m->grad_ready_ctx = ctx; }

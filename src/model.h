@@ -66,6 +66,10 @@ typedef struct {
  * initialise parameters as PyTorch does from (seed, parameter index). */
 DT_API dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *ops,
                                 uint64_t seed, int max_batch, dt_model **out);
+/* Incremental decoding (sampling): a token model built for one position (input (1))
+ * runs position pos of a sequence per forward, attention reading its cache of the
+ * positions before; pos 0 starts a new sequence. pos < 0 turns it off. */
+DT_API void      dt_model_set_decode(dt_model *m, int pos);
 /* Release everything the model holds (NULL is fine). */
 DT_API void      dt_model_free(dt_model *m);
 

@@ -37,6 +37,7 @@ static const char *usage_main =
     "Commands:\n"
     "  train    train a model (default: the cnn preset on Fashion-MNIST)\n"
     "  eval     evaluate saved weights on the test split\n"
+    "  sample   generate text with a trained token model (gpt)\n"
     "  model    print a model's layers, output shapes and parameter counts\n"
     "  check    prove that N processes compute what 1 process computes (dtrain check --np 2)\n"
     "  plot     draw the loss curves of metrics files (PNG through gnuplot, or --text)\n"
@@ -575,6 +576,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "model")) return cmd_model(argc - 1, argv + 1);
     if (!strcmp(argv[1], "check")) return dtrain_check_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plot")) return dtrain_plot_main(argc - 1, argv + 1);
-    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval, model, check or plot; see dtrain --help)\n", argv[1]);
+    if (!strcmp(argv[1], "sample")) return dtrain_sample_main(argc - 1, argv + 1);
+    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval, model, check, plot or sample; see dtrain --help)\n", argv[1]);
     return 2;
 }

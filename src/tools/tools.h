@@ -12,5 +12,6 @@
 /* ---- commands (argv[0] is the command name) --------------------------------------- */
 int dtrain_check_main(int argc, char **argv);   /* dtrain check --np N [train flags] */
 int dtrain_plot_main(int argc, char **argv);    /* dtrain plot FILE... -o loss.png | --text */
+int dtrain_sample_main(int argc, char **argv);  /* dtrain sample --weights FILE [--prompt TEXT] (sample.c) */
 
 #endif /* DT_TOOLS_H */
