@@ -1,7 +1,8 @@
 /*
  * data.c: datasets: the --data spec, conversion of IDX/NPY arrays to float32
- * features and int32 labels, train-set normalisation statistics, and the
- * synthetic dataset.
+ * features and int32 labels, train-set normalisation statistics, the
+ * synthetic dataset, and what every kind shares (gather, evaluation indices,
+ * fingerprints); token windows are in data_tokens.c.
  *
  * Statistics are computed once from the training split, per channel, in a
  * fixed order (sample, then position) with double accumulation and two passes
@@ -12,8 +13,8 @@
 #define _FILE_OFFSET_BITS 64 /* 64-bit off_t for files over 2 GiB on 32-bit hosts */
 #include "config.h"
 
-#include "data.h"
-#include "hash.h"   /* dt_hash_u64: synthetic samples */
+#include "data_impl.h"
+#include "hash.h"   /* dt_hash_u64: synthetic samples, evaluation indices, fingerprints */
 
 #include <errno.h>
 #include <math.h>
@@ -21,13 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-struct dt_dataset {
-    dt_dataset_info info;
-    float          *x;     /* (n, sample_size) */
-    int32_t        *y;     /* (n) */
-    char            source[1024];
-};
 
 void dt_data_opts_default(dt_data_opts *o) {
     memset(o, 0, sizeof *o);
@@ -50,6 +44,7 @@ const char *dt_dataset_source(const dt_dataset *ds) { return ds->source; }
 
 void dt_dataset_free(dt_dataset *ds) {
     if (!ds) return;
+    dt_tokens_unmap_(ds);
     free(ds->x);
     free(ds->y);
     free(ds);
@@ -62,10 +57,57 @@ dt_status dt_dataset_gather(const dt_dataset *ds, const int64_t *idx, size_t n, 
         if (k < 0 || k >= ds->info.n)
             return dt_error(DT_ERR_INVALID, "%s: sample index %lld out of range [0, %lld)", ds->source, (long long)k,
                             (long long)ds->info.n);
-        memcpy(x + i * row, ds->x + (size_t)k * row, row * sizeof(float));
-        y[i] = ds->y[k];
+    }
+    if (ds->tok) {
+        dt_tokens_gather_(ds, idx, n, x, y);
+        return DT_OK;
+    }
+    for (size_t i = 0; i < n; i++) {
+        memcpy(x + i * row, ds->x + (size_t)idx[i] * row, row * sizeof(float));
+        y[i] = ds->y[idx[i]];
     }
     return DT_OK;
+}
+
+dt_status dt_dataset_sample(const dt_dataset *ds, int64_t i, float *x, int32_t *y) {
+    return dt_dataset_gather(ds, &i, 1, x, y);
+}
+
+dt_status dt_dataset_eval_windows(const dt_dataset *ds, int64_t count, uint64_t seed, int64_t *idx) {
+    if (count <= 0) return dt_error(DT_ERR_INVALID, "eval: the number of samples must be positive, got %lld",
+                                    (long long)count);
+    /* stratum k is [k*n/count, (k+1)*n/count); empty ones (count > n) take their start */
+    uint64_t n = (uint64_t)ds->info.n, key = dt_hash_u64(seed, 0xe7a1, 0);
+    for (int64_t k = 0; k < count; k++) {
+        uint64_t lo = (uint64_t)((unsigned __int128)k * n / (uint64_t)count);
+        uint64_t hi = (uint64_t)((unsigned __int128)(k + 1) * n / (uint64_t)count);
+        idx[k] = (int64_t)(hi > lo ? lo + dt_hash_below(key, (uint64_t)k, hi - lo) : lo);
+    }
+    return DT_OK;
+}
+
+dt_status dt_dataset_fingerprint(const dt_dataset *ds, uint64_t *out) {
+    /* For one label per sample this hashes what the trainer's rank check always
+     * hashed, in the same order, so fingerprints of those datasets do not change. */
+    const dt_dataset_info *in = &ds->info;
+    int64_t head[4] = {in->n, in->sample_size, in->classes, in->channels};
+    uint64_t h = dt_xxh64(head, sizeof head, 0);
+    h = dt_xxh64(in->mean, sizeof in->mean, h);
+    h = dt_xxh64(in->std, sizeof in->std, h);
+    size_t row = (size_t)in->sample_size, lw = (size_t)in->label_width;
+    float *x = malloc(2 * row * sizeof *x);
+    int32_t *y = malloc(2 * lw * sizeof *y);
+    int64_t ends[2] = {0, in->n - 1};
+    dt_status s = x && y ? dt_dataset_gather(ds, ends, 2, x, y) : dt_error(DT_ERR_NOMEM, "fingerprint: out of memory");
+    if (s == DT_OK) {
+        h = dt_xxh64(x, row * sizeof *x, h);
+        h = dt_xxh64(x + row, row * sizeof *x, h);
+        h = dt_xxh64(y, lw * sizeof *y, h);
+        *out = dt_xxh64(y + lw, lw * sizeof *y, h);
+    }
+    free(x);
+    free(y);
+    return s;
 }
 
 /* ---- the spec ------------------------------------------------------------- */
@@ -152,7 +194,7 @@ static dt_status parse_spec(const char *spec, data_spec *sp) {
     struct stat st;
     if (stat(spec, &st) != 0)
         return dt_error(DT_ERR_IO, "data: %s: no such directory (expected a directory of IDX or .npy files, "
-                        "X,Y file names, or synthetic:...)", spec);
+                        "X,Y file names, synthetic:... or tokens:DIR)", spec);
     if (!S_ISDIR(st.st_mode))
         return dt_error(DT_ERR_INVALID, "data: %s: a single file; give features and labels as X,Y", spec);
     static const char *idx_names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -174,6 +216,9 @@ static dt_status parse_spec(const char *spec, data_spec *sp) {
         }
         return DT_OK;
     }
+    snprintf(tmp, sizeof tmp, "%s/train.bin", spec);
+    if (file_exists(tmp))
+        return dt_error(DT_ERR_INVALID, "data: %s holds train.bin: give token files as tokens:%s", spec, spec);
     return dt_error(DT_ERR_IO, "data: %s: expected %s/train-images-idx3-ubyte[.gz] (and the other three IDX files) "
                     "or %s/x_train.npy, y_train.npy, x_test.npy, y_test.npy", spec, spec, spec);
 }
@@ -241,6 +286,7 @@ static dt_status finite_features(const float *x, size_t count, int64_t sample_si
 /* Shape checks and conversion of the features to float ([0,1] for u8). */
 static dt_status features_from_array(dt_array *a, const char *path, dt_dataset *ds) {
     dt_dataset_info *in = &ds->info;
+    in->label_width = 1;
     if (a->ndim < 1 || a->ndim > 4)
         return dt_error(DT_ERR_FORMAT, "%s: features have %d dimensions, expected (N), (N, D), (N, H, W) or "
                         "(N, C, H, W)", path, a->ndim);
@@ -446,6 +492,7 @@ dt_status dt_dataset_open_pair(const char *spec, const dt_data_opts *opts, dt_da
     else dt_data_opts_default(&o);
     *train = NULL;
     if (test) *test = NULL;
+    if (spec && strncmp(spec, "tokens:", 7) == 0) return dt_tokens_open_pair_(spec + 7, &o, train, test);
     data_spec sp;
     DT_TRY(parse_spec(spec, &sp));
     DT_TRY(build_split(&sp, DT_SPLIT_TRAIN, &o, NULL, train));

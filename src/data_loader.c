@@ -37,7 +37,7 @@ typedef struct {
     int64_t   *idx;       /* (max_batch) */
     size_t     n;
     float     *x;         /* (max_batch, sample_size) */
-    int32_t   *y;         /* (max_batch) */
+    int32_t   *y;         /* (max_batch, label_width) */
     dt_status  err;       /* what the thread hit while gathering */
     char       msg[512];
 } slot;
@@ -96,8 +96,8 @@ dt_status dt_loader_init_opts(const dt_dataset *ds, size_t max_batch, const dt_l
     *out = NULL;
     if (!ds) return dt_error(DT_ERR_INVALID, "loader: no dataset");
     if (max_batch == 0) return dt_error(DT_ERR_INVALID, "loader: batch size must be positive");
-    size_t row = (size_t)dt_dataset_get_info(ds)->sample_size;
-    if (max_batch > SIZE_MAX / sizeof(float) / row)
+    size_t row = (size_t)dt_dataset_get_info(ds)->sample_size, lw = (size_t)dt_dataset_get_info(ds)->label_width;
+    if (max_batch > SIZE_MAX / sizeof(float) / row || max_batch > SIZE_MAX / sizeof(int32_t) / lw)
         return dt_error(DT_ERR_INVALID, "loader: batch of %zu samples is too large", max_batch);
     dt_loader *l = calloc(1, sizeof *l);
     if (!l) return dt_error(DT_ERR_NOMEM, "loader: out of memory");
@@ -123,7 +123,7 @@ dt_status dt_loader_init_opts(const dt_dataset *ds, size_t max_batch, const dt_l
         slot *sl = &l->slots[i];
         sl->idx = malloc(max_batch * sizeof(int64_t));
         sl->x = l->o.alloc(l->o.alloc_ctx, max_batch * row * sizeof(float));
-        sl->y = l->o.alloc(l->o.alloc_ctx, max_batch * sizeof(int32_t));
+        sl->y = l->o.alloc(l->o.alloc_ctx, max_batch * lw * sizeof(int32_t));
         if (!sl->idx || !sl->x || !sl->y)
             s = dt_error(DT_ERR_NOMEM, "loader: out of memory for %d buffers of %zu samples", l->o.depth, max_batch);
     }

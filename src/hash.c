@@ -1,5 +1,5 @@
 /*
- * hash.c: XXH64 and the counter-based dt_hash_u64 (see hash.h).
+ * hash.c: XXH64, the counter-based dt_hash_u64 and bounded draws from it (see hash.h).
  */
 #include "config.h"
 
@@ -72,4 +72,15 @@ uint64_t dt_hash_u64(uint64_t key, uint64_t a, uint64_t b) {
     uint64_t h = mix64(key + 0x9e3779b97f4a7c15ULL);
     h = mix64(h ^ (a + 0x632be59bd9b4e019ULL));
     return mix64(h ^ (b + 0x85ebca6b27d4eb4fULL));
+}
+
+uint64_t dt_hash_below(uint64_t key, uint64_t i, uint64_t bound) {
+    /* r * bound / 2^64 is uniform unless the low half of the product falls below
+     * 2^64 mod bound; that rare case draws again with the next attempt counter. */
+    uint64_t threshold = (0 - bound) % bound;
+    for (uint64_t attempt = 0;; attempt++) {
+        uint64_t r = dt_hash_u64(key, i, attempt);
+        unsigned __int128 m = (unsigned __int128)r * bound;
+        if ((uint64_t)m >= threshold) return (uint64_t)(m >> 64);
+    }
 }

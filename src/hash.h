@@ -8,7 +8,8 @@
  *   dt_hash_u64  a counter-based hash of three 64-bit words: the sampler's
  *                permutations, synthetic data, batch fingerprints; wherever a
  *                random value must depend on its coordinates only (DESIGN.md
- *                rule 2), and Philox (rng.h) would be more than is needed.
+ *                rule 2), and Philox (rng.h) would be more than is needed;
+ *                dt_hash_below draws a bounded integer from it without bias.
  */
 #ifndef DT_HASH_H
 #define DT_HASH_H
@@ -22,5 +23,8 @@
 DT_API uint64_t dt_xxh64  (const void *p, size_t n, uint64_t seed);
 /* A 64-bit hash of (key, a, b): three chained SplitMix64 finaliser rounds. */
 DT_API uint64_t dt_hash_u64(uint64_t key, uint64_t a, uint64_t b);
+/* An unbiased integer in [0, bound) (bound > 0) from the stream keyed by (key, i):
+ * Lemire's multiply-shift over dt_hash_u64(key, i, attempt), redrawing on rejection. */
+DT_API uint64_t dt_hash_below(uint64_t key, uint64_t i, uint64_t bound);
 
 #endif /* DT_HASH_H */

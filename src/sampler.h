@@ -19,6 +19,14 @@
  * (position p reads perm[p mod N]), so a few samples are seen twice in that
  * epoch, exactly as with torch's DistributedSampler(drop_last=False).
  *
+ * Random mode (dt_sampler_init_random), for token windows, where an epoch of
+ * every window start would be T times the corpus: position p of global step
+ * g = epoch * steps_per_epoch + step holds an index drawn with replacement,
+ * uniformly from [0, N), as a pure function of (seed, g, p). Micro-batches and
+ * rank blocks cut the global batch exactly as above, so the union over ranks is
+ * again the same for every world size. An "epoch" has max(1, N/B) steps there
+ * (it only numbers the steps), B may exceed N, and there is no permutation.
+ *
  * The epoch is an argument of every call, so it cannot be forgotten (the
  * classic DistributedSampler.set_epoch bug). A sampler caches the permutation
  * of the last epoch asked for; it is not thread-safe.
@@ -29,7 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "hash.h"     /* dt_hash_u64, which the permutations are drawn from */
+#include "hash.h"     /* dt_hash_u64 / dt_hash_below, which the orders are drawn from */
 #include "status.h"
 
 typedef struct dt_sampler dt_sampler;
@@ -39,6 +47,9 @@ typedef struct dt_sampler dt_sampler;
  * seed, drop_last (1: floor(n/B) steps; 0: ceil with wrap-around padding). */
 DT_API dt_status dt_sampler_init(int64_t n, int64_t global_batch, int64_t micro_batches,
                                  uint64_t seed, int drop_last, dt_sampler **out);
+/* Random mode: indices drawn with replacement from (seed, global step, position). */
+DT_API dt_status dt_sampler_init_random(int64_t n, int64_t global_batch, int64_t micro_batches,
+                                        uint64_t seed, dt_sampler **out);
 DT_API void      dt_sampler_free(dt_sampler *s);
 /* Steps (global batches) per epoch. */
 DT_API int64_t   dt_sampler_steps_per_epoch(const dt_sampler *s);
@@ -62,7 +73,7 @@ DT_API dt_status dt_sampler_rank_block(const dt_sampler *s, int world, int rank,
  * in micro-batch order: the rank-local batch to hand to the loader. */
 DT_API dt_status dt_sampler_rank_indices(dt_sampler *s, int64_t epoch, int64_t step, int world,
                                          int rank, int64_t *idx_out, size_t *n_out);
-/* The permutation of an epoch (n values), for tests and tools. */
+/* The permutation of an epoch (n values), for tests and tools; DT_ERR_INVALID in random mode. */
 DT_API dt_status dt_sampler_permutation(dt_sampler *s, int64_t epoch, const int64_t **perm);
 
 #endif /* DT_SAMPLER_H */

@@ -1,11 +1,15 @@
 /* test_sampler.c: the world-size-invariant sampler (DESIGN.md rule 2): rank
  * blocks reassemble the 1-rank global batch, orders depend on (seed, epoch)
- * only, every sample once per epoch, padding, and bad configurations. */
+ * only, every sample once per epoch, padding, bad configurations, and the
+ * random-window mode (draws from (seed, global step, position) only). */
 #include "sampler.h"
 #include "tap.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+/* seed 42, epoch 0, step 0 of the random mode (N 1000, B 64) */
+#define GOLD_RANDOM 552, 700, 392, 481, 20, 829, 134, 887
 
 /* 1 if a is a permutation of [0, n). */
 static int is_permutation(const int64_t *a, int64_t n) {
@@ -17,6 +21,105 @@ static int is_permutation(const int64_t *a, int64_t n) {
     }
     free(seen);
     return good;
+}
+
+/* Step (epoch, step) of s into glob (B values); clears *micro_ok unless its
+ * micro-batches are consecutive slices of it, and *union_ok unless the rank
+ * blocks of W = 1, 2, 4, 8 concatenate to it. */
+static void check_step(dt_sampler *s, int64_t epoch, int64_t step, int64_t *glob, int *union_ok, int *micro_ok) {
+    int64_t B = dt_sampler_global_batch(s), S = dt_sampler_micro_batches(s), m_size = B / S;
+    int64_t idx[256], cat[256];
+    if (B > 256 || dt_sampler_global(s, epoch, step, glob) != DT_OK) *union_ok = 0;
+    for (int64_t m = 0; m < S; m++)
+        if (dt_sampler_micro(s, epoch, step, m, idx) != DT_OK ||
+            memcmp(idx, glob + m * m_size, sizeof(int64_t) * (size_t)m_size) != 0)
+            *micro_ok = 0;
+    for (int w = 1; w <= 8; w *= 2) {
+        size_t filled = 0;
+        for (int r = 0; r < w; r++) {
+            size_t n = 0;
+            if (dt_sampler_rank_indices(s, epoch, step, w, r, cat + filled, &n) != DT_OK) *union_ok = 0;
+            int64_t f, c;
+            dt_sampler_rank_block(s, w, r, &f, &c);
+            if (n != (size_t)(c * m_size) || f * m_size != (int64_t)filled) *union_ok = 0;
+            filled += n;
+        }
+        if (filled != (size_t)B || memcmp(cat, glob, sizeof(int64_t) * (size_t)B) != 0) *union_ok = 0;
+    }
+}
+
+/* Random mode: indices with replacement from (seed, global step, position). */
+static void test_random(void) {
+    const int64_t N = 1000, B = 64, S = 8;
+    dt_sampler *r = NULL, *r2 = NULL;
+    is_int(dt_sampler_init_random(N, B, 7, 1, &r), DT_ERR_INVALID, "random: S not dividing B is rejected");
+    is_int(dt_sampler_init_random(0, B, S, 1, &r), DT_ERR_INVALID, "random: N = 0 is rejected");
+    is_int(dt_sampler_init_random(N, B, S, 42, &r), DT_OK, "random: init N=1000 B=64 S=8");
+    is_int(dt_sampler_steps_per_epoch(r), 15, "  steps per epoch: N / B = 15");
+    const int64_t *perm = (const int64_t *)1;
+    is_int(dt_sampler_permutation(r, 0, &perm), DT_ERR_INVALID, "  has no permutation");
+    ok(perm == NULL, "  and returns none");
+    int64_t glob[64], idx[64], other[64];
+    is_int(dt_sampler_micro(r, -1, 0, 0, idx), DT_ERR_INVALID, "  negative epoch is rejected");
+    is_int(dt_sampler_global(r, 0, 15, idx), DT_ERR_INVALID, "  step past the epoch is rejected");
+
+    /* the union of the rank blocks is the global batch for W = 1, 2, 4, 8; micro-batches are its slices */
+    int union_ok = 1, micro_ok = 1, range_ok = 1, dup = 0;
+    for (int64_t epoch = 0; epoch < 3; epoch++)
+        for (int64_t step = 0; step < 15; step++) {
+            check_step(r, epoch, step, glob, &union_ok, &micro_ok);
+            for (int k = 0; k < B; k++) range_ok &= glob[k] >= 0 && glob[k] < N;
+            for (int k = 1; k < B; k++) dup += glob[k] == glob[k - 1];
+        }
+    ok(union_ok, "  the rank blocks of W=1,2,4,8 concatenate to the global batch (45 steps)");
+    ok(micro_ok, "  micro-batches are consecutive slices of it");
+    ok(range_ok, "  every index lies in [0, N)");
+    ok(dup < 10, "  neighbours rarely repeat (%d of %d)", dup, 45 * 63);
+
+    /* what an index depends on: the seed and the global step, not S nor the sampler object */
+    dt_sampler_global(r, 0, 0, glob);
+    dt_sampler_global(r, 0, 1, other);
+    ok(memcmp(glob, other, sizeof glob) != 0, "  steps 0 and 1 differ");
+    dt_sampler_global(r, 1, 0, other);
+    ok(memcmp(glob, other, sizeof glob) != 0, "  epoch 1 step 0 differs from epoch 0 step 0");
+    is_int(dt_sampler_init_random(N, B, 1, 42, &r2), DT_OK, "  a second sampler, same seed, S = 1");
+    dt_sampler_global(r2, 0, 0, other);
+    ok(memcmp(glob, other, sizeof glob) == 0, "  the same global batch (deterministic, S does not matter)");
+    dt_sampler_free(r2);
+    /* B = 32: 31 steps per epoch, so global step 33 is its (epoch 1, step 2) */
+    dt_sampler_init_random(N, 32, 4, 42, &r2);
+    dt_sampler_global(r, 2, 3, glob);
+    dt_sampler_global(r2, 1, 2, other);
+    ok(memcmp(glob, other, 32 * sizeof(int64_t)) == 0,
+       "  global step 33 starts with the same indices for B = 64 (epoch 2, step 3) and B = 32 (epoch 1, step 2)");
+    dt_sampler_free(r2);
+    dt_sampler_init_random(N, B, S, 43, &r2);
+    dt_sampler_global(r, 0, 0, glob);
+    dt_sampler_global(r2, 0, 0, other);
+    ok(memcmp(glob, other, sizeof glob) != 0, "  another seed: other indices");
+    dt_sampler_free(r2);
+    const int64_t gold[8] = {GOLD_RANDOM};
+    ok(memcmp(glob, gold, sizeof gold) == 0, "  seed 42 step 0 starts with the pinned indices (format stability)");
+
+    /* close to uniform: 10 samples, 64000 draws */
+    dt_sampler *ru = NULL;
+    is_int(dt_sampler_init_random(10, 64, 4, 7, &ru), DT_OK, "random: B > N is allowed (draws repeat anyway)");
+    is_int(dt_sampler_steps_per_epoch(ru), 1, "  one step per epoch");
+    int hist[10] = {0};
+    for (int64_t e = 0; e < 1000; e++) {
+        dt_sampler_global(ru, e, 0, glob);
+        for (int k = 0; k < 64; k++) hist[glob[k]]++;
+    }
+    int uniform = 1;
+    for (int i = 0; i < 10; i++) uniform &= hist[i] > 6000 && hist[i] < 6800;
+    ok(uniform, "  64000 draws over 10 windows are close to uniform (%d .. %d each)", hist[0], hist[9]);
+    dt_sampler_free(ru);
+    dt_sampler_free(r);
+
+    /* the bounded draw under it */
+    int below = 1;
+    for (uint64_t i = 0; i < 1000; i++) below &= dt_hash_below(5, i, 3) < 3 && dt_hash_below(5, i, 1) == 0;
+    ok(below && dt_hash_below(9, 1, UINT64_MAX) == dt_hash_below(9, 1, UINT64_MAX), "dt_hash_below stays below its bound");
 }
 
 int main(void) {
@@ -42,7 +145,7 @@ int main(void) {
     is_int(dt_sampler_rank_block(s, 2, 2, &first, &count), DT_ERR_INVALID, "rank 2 of 2 is rejected");
     is_int(dt_sampler_rank_block(s, 4, 3, &first, &count), DT_OK, "rank 3 of 4");
     ok(first == 6 && count == 2, "  owns micro-batches [6, 8)");
-    int64_t idx[64], glob[64], cat[64];
+    int64_t idx[64], glob[64];
     is_int(dt_sampler_micro(s, 0, 15, 0, idx), DT_ERR_INVALID, "step past the epoch is rejected");
     is_int(dt_sampler_micro(s, 0, 0, 8, idx), DT_ERR_INVALID, "micro-batch past S is rejected");
     is_int(dt_sampler_micro(s, -1, 0, 0, idx), DT_ERR_INVALID, "negative epoch is rejected");
@@ -50,26 +153,8 @@ int main(void) {
     /* ---- union over ranks == 1-rank global batch, for W in {1,2,4,8} ---- */
     int union_ok = 1, micro_ok = 1;
     for (int64_t epoch = 0; epoch < 3; epoch++)
-        for (int64_t step = 0; step < dt_sampler_steps_per_epoch(s); step++) {
-            if (dt_sampler_global(s, epoch, step, glob) != DT_OK) union_ok = 0;
-            for (int64_t m = 0; m < S; m++) {
-                if (dt_sampler_micro(s, epoch, step, m, idx) != DT_OK ||
-                    memcmp(idx, glob + m * (B / S), sizeof(int64_t) * (size_t)(B / S)) != 0)
-                    micro_ok = 0;
-            }
-            for (int w = 1; w <= 8; w *= 2) {
-                size_t filled = 0;
-                for (int r = 0; r < w; r++) {
-                    size_t n = 0;
-                    if (dt_sampler_rank_indices(s, epoch, step, w, r, cat + filled, &n) != DT_OK) union_ok = 0;
-                    int64_t f, c;
-                    dt_sampler_rank_block(s, w, r, &f, &c);
-                    if (n != (size_t)(c * (B / S)) || f * (B / S) != (int64_t)filled) union_ok = 0;
-                    filled += n;
-                }
-                if (filled != (size_t)B || memcmp(cat, glob, sizeof glob) != 0) union_ok = 0;
-            }
-        }
+        for (int64_t step = 0; step < dt_sampler_steps_per_epoch(s); step++)
+            check_step(s, epoch, step, glob, &union_ok, &micro_ok);
     ok(micro_ok, "micro-batches are consecutive slices of the global batch");
     ok(union_ok, "the rank blocks of W=1,2,4,8 concatenate to the 1-rank global batch (3 epochs)");
 
@@ -183,5 +268,6 @@ int main(void) {
     free(p0);
     free(p1);
     dt_sampler_free(s);
+    test_random();
     return done_testing();
 }

@@ -1,9 +1,10 @@
 /*
- * dtrain.c: the dtrain program — train, eval and model.
+ * dtrain.c: the dtrain program — train, eval, model and prepare-text.
  *
  *   dtrain train [flags]                         train (default: cnn on Fashion-MNIST)
  *   dtrain eval --model SPEC --weights FILE      test accuracy and loss of saved weights
  *   dtrain model --model SPEC                    layers, output shapes, parameter counts
+ *   dtrain prepare-text OUT_DIR FILE...          byte-level token files for tokens:OUT_DIR
  *
  * Run it as it is for one process, or under `dtrun -n N`, `mpirun -np N` or
  * `srun`: the launch environment says the rank and world size, and then every
@@ -35,12 +36,13 @@ static const char *usage_main =
     "usage: dtrain COMMAND [flags]\n"
     "\n"
     "Commands:\n"
-    "  train    train a model (default: the cnn preset on Fashion-MNIST)\n"
-    "  eval     evaluate saved weights on the test split\n"
-    "  sample   generate text with a trained token model (gpt)\n"
-    "  model    print a model's layers, output shapes and parameter counts\n"
-    "  check    prove that N processes compute what 1 process computes (dtrain check --np 2)\n"
-    "  plot     draw the loss curves of metrics files (PNG through gnuplot, or --text)\n"
+    "  train         train a model (default: the cnn preset on Fashion-MNIST)\n"
+    "  eval          evaluate saved weights on the test split\n"
+    "  sample        generate text with a trained token model (gpt)\n"
+    "  model         print a model's layers, output shapes and parameter counts\n"
+    "  check         prove that N processes compute what 1 process computes (dtrain check --np 2)\n"
+    "  plot          draw the loss curves of metrics files (PNG through gnuplot, or --text)\n"
+    "  prepare-text  byte-level token files (train.bin, val.bin) from text, for --data tokens:DIR\n"
     "\n"
     "Run `dtrain COMMAND --help` for the flags of a command. For several processes,\n"
     "start it under a launcher: `dtrun -n 2 dtrain train`, `mpirun -np 2 dtrain train`\n"
@@ -135,6 +137,18 @@ static const char *usage_model =
     "\n"
     "Prints each layer with its output shape and parameter count, and the totals.\n"
     "The input shape comes from --input (default 1,28,28) or from the data.\n";
+
+static const char *usage_prepare_text =
+    "usage: dtrain prepare-text OUT_DIR FILE...\n"
+    "\n"
+    "Writes token files for --data tokens:OUT_DIR: every byte of the FILEs, one\n"
+    "after another in the order given, is one token (vocabulary 256). The first\n"
+    "90 % (int(total * 0.9)) go to OUT_DIR/train.bin, the rest to OUT_DIR/val.bin,\n"
+    "in llm.c's format (a 1024-byte header: int32 magic 20240520, version 1, token\n"
+    "count; then uint16 little-endian tokens). Each file is written atomically;\n"
+    "OUT_DIR is created if missing. Prints \"N tokens: train A, val B\".\n"
+    "make_bytes_bin.py sorts its inputs: give the FILEs in sorted order (a glob\n"
+    "under LC_ALL=C) for byte-identical files.\n";
 
 /* ---- shared setup ----------------------------------------------------------------- */
 
@@ -566,6 +580,25 @@ static int cmd_model(int argc, char **argv) {
     return 0;
 }
 
+/* ---- prepare-text ------------------------------------------------------------------------ */
+
+static int cmd_prepare_text(int argc, char **argv) {
+    int first = 1;
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { fputs(usage_prepare_text, stdout); return 0; }
+    if (argc > 1 && !strcmp(argv[1], "--")) first = 2;
+    else if (argc > 1 && argv[1][0] == '-' && argv[1][1])
+        return fail(dt_error(DT_ERR_INVALID, "prepare-text: unknown flag '%s' (see dtrain prepare-text --help)", argv[1]));
+    if (argc - first < 2)
+        return fail(dt_error(DT_ERR_INVALID, "prepare-text: expected OUT_DIR and at least one FILE "
+                             "(see dtrain prepare-text --help)"));
+    int64_t ntrain, nval;
+    dt_status s = dt_tokens_from_bytes(argv[first], (const char *const *)argv + first + 1, (size_t)(argc - first - 1),
+                                       0.9, &ntrain, &nval);
+    if (s != DT_OK) return fail(s);
+    printf("%lld tokens: train %lld, val %lld\n", (long long)(ntrain + nval), (long long)ntrain, (long long)nval);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         fputs(usage_main, argc < 2 ? stderr : stdout);
@@ -577,6 +610,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "check")) return dtrain_check_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plot")) return dtrain_plot_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "sample")) return dtrain_sample_main(argc - 1, argv + 1);
-    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval, model, check, plot or sample; see dtrain --help)\n", argv[1]);
+    if (!strcmp(argv[1], "prepare-text")) return cmd_prepare_text(argc - 1, argv + 1);
+    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval, model, check, plot, sample or prepare-text; "
+            "see dtrain --help)\n", argv[1]);
     return 2;
 }
