@@ -53,6 +53,8 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->eps = 1e-8;
     o->weight_decay = 5e-4;
     o->schedule = "cosine";
+    o->decay = "all";
+    o->eval_batches = 20;
     o->gamma = 0.1;
     o->eval = 1;
     o->bucket_mb = 25.0;
@@ -65,25 +67,31 @@ void dt_train_opts_default(dt_train_opts *o) {
 
 /* ---- evaluation -------------------------------------------------------------------- */
 
-dt_status dt_evaluate(dt_model *m, const dt_dataset *test, dt_comm *comm, double *loss, double *acc) {
+/* Mean loss and accuracy over samples idx[0..count) of ds (all of it when idx is NULL),
+ * each rank taking a contiguous share, gathered through host memory. Per position
+ * for token windows: the loss is the mean over count x T tokens. */
+static dt_status evaluate_idx(dt_model *m, const dt_dataset *ds, dt_comm *comm, const int64_t *idx, int64_t count,
+                              double *loss, double *acc) {
     const dt_ops *ops = dt_model_ops(m);
-    const dt_dataset_info *info = dt_dataset_get_info(test);
+    const dt_dataset_info *info = dt_dataset_get_info(ds);
     int W = comm ? dt_comm_size(comm) : 1, r = comm ? dt_comm_rank(comm) : 0;
-    int64_t lo = info->n * r / W, hi = info->n * (r + 1) / W;
+    int64_t lo = count * r / W, hi = count * (r + 1) / W;
     int maxb = dt_model_max_batch(m);
-    size_t ss = (size_t)info->sample_size;
-    const float *X = dt_dataset_features(test);
-    const int32_t *Y = dt_dataset_labels(test);
-    float *dx = NULL;
-    int32_t *dy = NULL;
-    dt_status s = ops->alloc((void **)&dx, (size_t)maxb * ss * sizeof(float));
-    if (s == DT_OK) s = ops->alloc((void **)&dy, (size_t)maxb * sizeof(int32_t));
+    size_t ss = (size_t)info->sample_size, lw = (size_t)info->label_width;
+    float *dx = NULL, *hx = malloc((size_t)maxb * ss * sizeof(float));
+    int32_t *dy = NULL, *hy = malloc((size_t)maxb * lw * sizeof(int32_t));
+    int64_t *bi = malloc((size_t)maxb * sizeof *bi);
+    dt_status s = hx && hy && bi ? DT_OK : dt_error(DT_ERR_NOMEM, "evaluation: out of memory");
+    if (s == DT_OK) s = ops->alloc((void **)&dx, (size_t)maxb * ss * sizeof(float));
+    if (s == DT_OK) s = ops->alloc((void **)&dy, (size_t)maxb * lw * sizeof(int32_t));
     double sums[2] = {0.0, 0.0};  /* loss sum, correct count */
     dt_loss lf = {.kind = DT_LOSS_CE, .label_smoothing = 0.0f};
     for (int64_t i = lo; s == DT_OK && i < hi; i += maxb) {
         int b = (int)((hi - i) < maxb ? (hi - i) : maxb);
-        s = ops->copy_h2d(dx, X + (size_t)i * ss, (size_t)b * ss * sizeof(float));
-        if (s == DT_OK) s = ops->copy_h2d(dy, Y + i, (size_t)b * sizeof(int32_t));
+        for (int j = 0; j < b; j++) bi[j] = idx ? idx[i + j] : i + j;
+        s = dt_dataset_gather(ds, bi, (size_t)b, hx, hy);
+        if (s == DT_OK) s = ops->copy_h2d(dx, hx, (size_t)b * ss * sizeof(float));
+        if (s == DT_OK) s = ops->copy_h2d(dy, hy, (size_t)b * lw * sizeof(int32_t));
         if (s == DT_OK) s = dt_model_forward(m, dx, b, 0, 0, i, NULL);
         float l = 0.0f;
         int64_t correct = 0;
@@ -93,11 +101,35 @@ dt_status dt_evaluate(dt_model *m, const dt_dataset *test, dt_comm *comm, double
     }
     ops->free(dx);
     ops->free(dy);
+    free(hx);
+    free(hy);
+    free(bi);
     if (s != DT_OK) return s;
     if (comm && W > 1) DT_TRY(dt_allreduce(comm, sums, sums, 2, DT_F64, DT_SUM));
-    if (loss) *loss = info->n ? sums[0] / (double)info->n : 0.0;
-    if (acc) *acc = info->n ? sums[1] / (double)info->n : 0.0;
+    if (loss) *loss = count ? sums[0] / (double)count : 0.0;
+    if (acc) *acc = count ? sums[1] / ((double)count * (double)lw) : 0.0;
     return DT_OK;
+}
+
+/* Token data is evaluated on a fixed set of windows: `batches` batches of the model's
+ * batch size, the same on every rank and world size. */
+static dt_status evaluate_windows(dt_model *m, const dt_dataset *ds, dt_comm *comm, int64_t count, uint64_t seed,
+                                  double *loss, double *acc) {
+    int64_t n = dt_dataset_get_info(ds)->n;
+    if (count > n) count = n;
+    int64_t *idx = malloc((size_t)(count > 0 ? count : 1) * sizeof *idx);
+    if (!idx) return dt_error(DT_ERR_NOMEM, "evaluation: out of memory");
+    dt_status s = dt_dataset_eval_windows(ds, count, seed, idx);
+    if (s == DT_OK) s = evaluate_idx(m, ds, comm, idx, count, loss, acc);
+    free(idx);
+    return s;
+}
+
+dt_status dt_evaluate(dt_model *m, const dt_dataset *test, dt_comm *comm, double *loss, double *acc) {
+    const dt_dataset_info *info = dt_dataset_get_info(test);
+    if (info->label_width > 1)
+        return evaluate_windows(m, test, comm, 20 * (int64_t)dt_model_max_batch(m), 0, loss, acc);
+    return evaluate_idx(m, test, comm, NULL, info->n, loss, acc);
 }
 
 /* ---- the loop ------------------------------------------------------------------------ */
@@ -117,7 +149,8 @@ typedef struct {
     int64_t S, k, b, first_micro;   /* micro-batches, local micro-batches, micro size, first local */
     int64_t *idx;                    /* this rank's sample indices of one step (k*b) */
     float *dx;                       /* device batch (k*b, sample) */
-    int32_t *dy;                     /* device labels (k*b) */
+    int32_t *dy;                     /* device labels (k*b*lw) */
+    int64_t lw;                      /* labels per sample: 1, or T for token windows */
     float *losses, *all_losses;      /* k local / S global micro-batch losses */
     float *bnrec;                    /* S batchnorm records of bnrec_n floats, micro-batch order */
     size_t bnrec_n;
@@ -153,7 +186,57 @@ static dt_status check_opts(const dt_train_opts *o) {
         return dt_error(DT_ERR_INVALID, "label_smoothing: expected a value in [0, 1), got %g", o->label_smoothing);
     if (!(o->bucket_mb > 0.0)) return dt_error(DT_ERR_INVALID, "bucket_mb: expected a positive size, got %g", o->bucket_mb);
     if (o->warmup < 0) return dt_error(DT_ERR_INVALID, "warmup: expected >= 0, got %lld", (long long)o->warmup);
+    if (!(o->min_lr >= 0.0) || o->min_lr > o->lr)
+        return dt_error(DT_ERR_INVALID, "min_lr: expected a value in [0, lr = %g], got %g", o->lr, o->min_lr);
+    if (o->eval_every < 0) return dt_error(DT_ERR_INVALID, "eval_every: expected >= 0, got %lld", (long long)o->eval_every);
+    if (o->eval_batches < 1)
+        return dt_error(DT_ERR_INVALID, "eval_batches: expected at least 1, got %lld", (long long)o->eval_batches);
     return DT_OK;
+}
+
+/* The window and vocabulary token data needs from a token model: the block of its
+ * positions (pos) and the vocabulary of its embedding. */
+static dt_status token_dims(const char *model, int64_t *window, int *vocab) {
+    dt_spec sp;
+    DT_TRY(dt_spec_parse(model, &sp));
+    int64_t block = 0;
+    int v = 0;
+    for (int i = 0; i < sp.n; i++) {
+        if (sp.layers[i].kind == DT_LAYER_POS && !block) block = (int64_t)dt_layer_arg(&sp.layers[i], "block");
+        if (sp.layers[i].kind == DT_LAYER_EMBED && !v) v = (int)dt_layer_arg(&sp.layers[i], "vocab");
+    }
+    dt_spec_free(&sp);
+    if (!block || !v)
+        return dt_error(DT_ERR_INVALID, "model: token data needs a token model with an embedding and learned "
+                        "positions (embed(vocab, dim) ... pos(block)), as the gpt presets; '%s' has %s", model,
+                        !v ? "no embed layer" : "no pos layer");
+    *window = block;
+    *vocab = v;
+    return DT_OK;
+}
+
+/* Weight decay on matrices only: the runs of the flat parameter array made of
+ * parameters of 2 or more dimensions. */
+static dt_status decay_matrices(trainer *t) {
+    int np = dt_model_nparam_tensors(t->model);
+    size_t *bounds = malloc(((size_t)np + 1) * sizeof *bounds);
+    unsigned char *decay = malloc((size_t)np + 1);
+    if (!bounds || !decay) { free(bounds); free(decay); return dt_error(DT_ERR_NOMEM, "out of memory"); }
+    size_t nr = 0;
+    dt_status s = DT_OK;
+    for (int i = 0; i < np && s == DT_OK; i++) {
+        dt_tensor_info ti;
+        if ((s = dt_model_param(t->model, i, &ti)) != DT_OK) break;
+        unsigned char d = ti.ndim >= 2;
+        if (nr && decay[nr - 1] == d) continue;   /* extends the current run */
+        bounds[nr] = ti.offset;
+        decay[nr++] = d;
+    }
+    bounds[nr] = dt_model_nparams(t->model);
+    if (s == DT_OK) s = dt_optim_set_decay_runs(t->optim, bounds, decay, nr);
+    free(bounds);
+    free(decay);
+    return s;
 }
 
 static dt_status make_optim(trainer *t) {
@@ -177,6 +260,9 @@ static dt_status make_optim(trainer *t) {
     }
     if (def->hparams & DT_OPTIM_HP_EPS) cfg.eps = (float)o->eps;
     DT_TRY(dt_optim_init(&cfg, t->ops, dt_model_nparams(t->model), &t->optim));
+    if (!strcmp(o->decay, "matrices")) DT_TRY(decay_matrices(t));
+    else if (strcmp(o->decay, "all") != 0)
+        return dt_error(DT_ERR_INVALID, "decay: expected all or matrices, got '%s'", o->decay);
     memset(&t->sched, 0, sizeof t->sched);
     double lr = o->lr;
     if (strcmp(o->lr_scale, "linear") == 0) lr *= (double)t->world;
@@ -184,6 +270,7 @@ static dt_status make_optim(trainer *t) {
     else if (strcmp(o->lr_scale, "none") != 0)
         return dt_error(DT_ERR_INVALID, "lr_scale: expected none, linear or sqrt, got '%s'", o->lr_scale);
     t->sched.base_lr = (float)lr;
+    t->sched.min_lr = (float)o->min_lr;
     t->sched.warmup_steps = o->warmup;
     t->sched.total_steps = t->total;
     t->sched.gamma = (float)o->gamma;
@@ -244,7 +331,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         return dt_error(DT_ERR_INTERNAL, "loader returned %zu samples, expected %lld", n, (long long)(t->k * t->b));
     double t1 = dt_now();
     DT_TRY(ops->copy_h2d(t->dx, hx, n * ss * sizeof(float)));
-    DT_TRY(ops->copy_h2d(t->dy, hy, n * sizeof(int32_t)));
+    DT_TRY(ops->copy_h2d(t->dy, hy, n * (size_t)t->lw * sizeof(int32_t)));
     dt_loader_release(t->loader);
     /* keep the loader one step ahead */
     if (t->queued < t->total) DT_TRY(queue_step(t, t->queued++));
@@ -258,7 +345,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
                                 (uint64_t)epoch, sample_base, NULL));
         float l = 0.0f;
         DT_TRY(dt_ddp_begin_micro(t->ddp, i));
-        DT_TRY(dt_model_loss_backward(t->model, &lf, t->dy + i * t->b, (int)t->b, (float)t->o->batch, &l));
+        DT_TRY(dt_model_loss_backward(t->model, &lf, t->dy + i * t->b * t->lw, (int)t->b, (float)t->o->batch, &l));
         t->losses[i] = l;
     }
     DT_TRY(ops->synchronize());
@@ -354,11 +441,14 @@ static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
     char loss[64], total[32];
     snprintf(loss, sizeof loss, "%.17g", t->epoch_loss);
     snprintf(total, sizeof total, "%lld", (long long)t->total);
-    const char *extra[] = {"epoch_loss", loss, "total_steps", total, "data", o->data};
+    char minlr[32];
+    snprintf(minlr, sizeof minlr, "%.9g", o->min_lr);
+    const char *extra[] = {"epoch_loss", loss, "total_steps", total, "data", o->data, "decay", o->decay,
+                           "min_lr", minlr};
     dt_ckpt_info info = {.step = done, .epoch = done / t->spe, .step_in_epoch = done % t->spe,
                          .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
                          .model_spec = o->model, .schedule = o->schedule};
-    dt_status s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, 3);
+    dt_status s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, 5);
     if (s != DT_OK) dt_error_wrap(s, "checkpoint at step %lld: ", (long long)done);
     return s;
 }
@@ -432,6 +522,11 @@ static dt_status resume_compare(trainer *t) {
     const char *data = dt_ckpt_extra(t->resume, "data");
     if (data) note_change(diff, sizeof diff, "data", data, t->o->data);
     note_change(diff, sizeof diff, "schedule", ci->schedule, t->o->schedule);
+    const char *decay = dt_ckpt_extra(t->resume, "decay"), *minlr = dt_ckpt_extra(t->resume, "min_lr");
+    char cur[32];
+    snprintf(cur, sizeof cur, "%.9g", t->o->min_lr);
+    if (decay) note_change(diff, sizeof diff, "decay", decay, t->o->decay);
+    if (minlr) note_change(diff, sizeof diff, "min_lr", minlr, cur);
     if (ci->has_optim) {
         const dt_optim_config *now = dt_optim_config_of(t->optim);
         int nhp;
@@ -503,30 +598,15 @@ static dt_status check_ckpt_dir(trainer *t) {
     return dt_error(DT_ERR_INVALID, "ckpt_dir: rank 0 cannot write checkpoints into %s", dir);
 }
 
-/* A fingerprint of a split: its sizes, classes, normalisation and its first and
- * last samples (features and labels). */
-static uint64_t data_fingerprint(const dt_dataset *ds) {
-    const dt_dataset_info *in = dt_dataset_get_info(ds);
-    int64_t head[4] = {in->n, in->sample_size, in->classes, in->channels};
-    uint64_t h = dt_xxh64(head, sizeof head, 0);
-    h = dt_xxh64(in->mean, sizeof in->mean, h);
-    h = dt_xxh64(in->std, sizeof in->std, h);
-    size_t row = (size_t)in->sample_size;
-    const float *x = dt_dataset_features(ds);
-    const int32_t *y = dt_dataset_labels(ds);
-    h = dt_xxh64(x, row * sizeof *x, h);
-    h = dt_xxh64(x + (size_t)(in->n - 1) * row, row * sizeof *x, h);
-    h = dt_xxh64(y, sizeof *y, h);
-    return dt_xxh64(y + in->n - 1, sizeof *y, h);
-}
-
 /* Every rank must train on the same data (the sampler draws the same global
  * batches everywhere): a rank that read other data would silently train other
  * weights. Each rank's fingerprint is gathered; every rank names the first that
  * differs from rank 0. */
 static dt_status check_same_data(trainer *t) {
     if (t->world < 2) return DT_OK;
-    uint64_t mine[2] = {data_fingerprint(t->train), t->test ? data_fingerprint(t->test) : 0};
+    uint64_t mine[2] = {0, 0};
+    DT_TRY(dt_dataset_fingerprint(t->train, &mine[0]));
+    if (t->test) DT_TRY(dt_dataset_fingerprint(t->test, &mine[1]));
     uint64_t *all = calloc((size_t)t->world * 2, sizeof *all);
     if (!all) return dt_error(DT_ERR_NOMEM, "data: out of memory");
     dt_status s = dt_allgather(t->comm, mine, all, 2, DT_I64);
@@ -565,6 +645,8 @@ static dt_status trainer_setup(trainer *t) {
     /* A data file that cannot be read is bad input (exit 2), not a runtime failure. */
     dt_data_opts data_opts;
     DT_TRY(dt_data_opts_from_name(o->normalize, &data_opts));
+    /* token windows are as long as the model's block, their tokens inside its vocabulary */
+    if (!strncmp(o->data, "tokens:", 7)) DT_TRY(token_dims(o->model, &data_opts.window, &data_opts.classes));
     dt_status ds = dt_dataset_open_pair(o->data, &data_opts, &t->train, o->eval ? &t->test : NULL);
     if (ds != DT_OK) return ds == DT_ERR_IO ? DT_ERR_INVALID : ds;
     DT_TRY(check_same_data(t));
@@ -572,7 +654,11 @@ static dt_status trainer_setup(trainer *t) {
     dt_shape shape = {.ndim = info->ndim};
     for (int i = 0; i < info->ndim; i++) shape.d[i] = info->shape[i];
 
-    DT_TRY(dt_sampler_init(info->n, o->batch, t->S, o->seed, 1, &t->sampler));
+    t->lw = info->label_width;
+    /* windows are drawn at random from (seed, step, position): an epoch over every
+     * window start would be T times the corpus */
+    if (t->lw > 1) DT_TRY(dt_sampler_init_random(info->n, o->batch, t->S, o->seed, &t->sampler));
+    else DT_TRY(dt_sampler_init(info->n, o->batch, t->S, o->seed, 1, &t->sampler));
     t->spe = dt_sampler_steps_per_epoch(t->sampler);
     t->total = t->spe * (int64_t)(o->epochs > 0 ? o->epochs : 1);
     if (o->max_steps > 0 && (o->epochs < 1 || o->max_steps < t->total)) t->total = o->max_steps;
@@ -585,9 +671,16 @@ static dt_status trainer_setup(trainer *t) {
         if (ls != DT_OK) return dt_error_wrap(ls == DT_ERR_IO ? DT_ERR_INVALID : ls, "init_weights: ");
     }
     const dt_shape *os = dt_model_output_shape(t->model);
-    if (os->ndim != 1 || os->d[0] < info->classes)
+    if (t->lw > 1 ? (os->ndim != 2 || os->d[0] != t->lw || os->d[1] < info->classes)
+                  : (os->ndim != 1 || os->d[0] < info->classes)) {
+        char sh[64];
+        dt_shape_str(os, 1, sh, sizeof sh);
+        if (t->lw > 1)
+            return dt_error(DT_ERR_INVALID, "model: the model's output must be (B, %lld, %d) token scores for this "
+                            "data, got %s", (long long)t->lw, info->classes, sh);
         return dt_error(DT_ERR_INVALID, "model: the model's output must be (%d) class scores for this data, got %lld values",
                         info->classes, (long long)dt_shape_numel(os));
+    }
     DT_TRY(make_optim(t));
     dt_ddp_opts dopt;
     dt_ddp_opts_default(&dopt);
@@ -606,7 +699,7 @@ static dt_status trainer_setup(trainer *t) {
     t->all_losses = calloc((size_t)t->S, sizeof *t->all_losses);
     if (!t->idx || !t->losses || !t->all_losses) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
     DT_TRY(t->ops->alloc((void **)&t->dx, local * (size_t)info->sample_size * sizeof(float)));
-    DT_TRY(t->ops->alloc((void **)&t->dy, local * sizeof(int32_t)));
+    DT_TRY(t->ops->alloc((void **)&t->dy, local * (size_t)t->lw * sizeof(int32_t)));
     /* With synchronised batchnorm every rank already sees the global statistics
      * and updates its buffers in place; otherwise records are replayed in order. */
     t->bnrec_n = o->sync_bn && t->world > 1 ? 0 : dt_model_bn_record_size(t->model);
@@ -649,6 +742,14 @@ static dt_status rank_report(trainer *t, int64_t done, int epoch) {
     return DT_OK;
 }
 
+/* Validation: the whole test split, or for token data the fixed windows of
+ * eval_batches global batches. */
+static dt_status validate(trainer *t, double *loss, double *acc) {
+    if (t->lw > 1)
+        return evaluate_windows(t->model, t->test, t->comm, t->o->eval_batches * t->o->batch, t->o->seed, loss, acc);
+    return dt_evaluate(t->model, t->test, t->comm, loss, acc);
+}
+
 static dt_status run_loop(trainer *t, dt_train_result *res) {
     const dt_train_opts *o = t->o;
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
@@ -656,6 +757,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
                          .steps_per_epoch = t->spe, .nparams = (int64_t)dt_model_nparams(t->model),
                          .train_samples = info->n,
                          .test_samples = t->test ? dt_dataset_get_info(t->test)->n : 0,
+                         .tokens_per_sample = t->lw,
                          .note = t->note[0] ? t->note : NULL};
     emit(t, &ev);
 
@@ -689,6 +791,13 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         }
         if (o->rank_stats_every > 0 && done % o->rank_stats_every == 0 && !end_of_epoch)
             DT_TRY(rank_report(t, done, epoch));
+        if (t->test && o->eval_every > 0 && done % o->eval_every == 0 && !end_of_epoch) {
+            dt_train_event e = {.kind = DT_EV_EVAL, .epoch = epoch, .epochs = o->epochs, .step = done,
+                                .total_steps = t->total, .steps_per_epoch = t->spe, .loss = loss, .lr = lr,
+                                .elapsed_s = elapsed, .eta_s = eta, .evaluated = 1};
+            DT_TRY(validate(t, &e.test_loss, &e.test_acc));
+            emit(t, &e);
+        }
         if (end_of_epoch) {
             train_time += now - epoch_start;
             dt_train_event e = {.kind = DT_EV_EPOCH, .epoch = epoch, .epochs = o->epochs, .step = done,
@@ -697,7 +806,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
                                 .lr = lr, .grad_norm = norm, .samples_per_s = sps, .elapsed_s = train_time,
                                 .eta_s = eta};
             if (t->test) {
-                DT_TRY(dt_evaluate(t->model, t->test, t->comm, &e.test_loss, &e.test_acc));
+                DT_TRY(validate(t, &e.test_loss, &e.test_acc));
                 e.evaluated = 1;
                 res->test_loss = e.test_loss;
                 res->test_acc = e.test_acc;

@@ -33,6 +33,7 @@ typedef enum {
     DT_EV_STEP,      /* after an optimizer step (every log_every steps and the last one) */
     DT_EV_EPOCH,     /* after an epoch (or the final partial one) and its evaluation */
     DT_EV_RANKS,     /* per-rank figures (rank_stats), after each epoch and every rank_stats_every steps */
+    DT_EV_EVAL,      /* a validation pass every eval_every steps: test_loss, test_acc */
 } dt_train_event_kind;
 
 typedef struct {
@@ -56,6 +57,8 @@ typedef struct {
     int64_t  train_samples, test_samples;
     const char *note;          /* START: what resume did ("resumed from ..."), else NULL */
     int      world_size, micro_batches;
+    int64_t  tokens_per_sample; /* START: positions per sample with a label each (T of a token
+                                 * window; 1 for classification), for tokens/s */
     uint64_t batch_hash;       /* STEP: fingerprint of the step's global batch (sample order) */
     /* RANKS: world_size rows of DT_RANK_STATS values: steps, step seconds, data wait,
      * compute, communication wait (seconds since the last report), peak memory (MiB:
@@ -89,6 +92,12 @@ typedef struct {
     int64_t     warmup;         /* linear warm-up steps; default 0 */
     double      clip;           /* max global gradient norm; 0: no clipping */
     double      label_smoothing;
+    const char *decay;          /* weight decay on "all" parameters (default) or "matrices" only
+                                 * (every parameter of 2 or more dimensions, as nanoGPT and llm.c) */
+    double      min_lr;         /* cosine schedule: the learning rate it ends at (default 0) */
+    int64_t     eval_every;     /* validation every this many steps (0: after each epoch only) */
+    int64_t     eval_batches;   /* token data: validation over this many global batches of fixed
+                                 * windows (default 20) */
     const char *init_weights;   /* start from the weights of this safetensors file (PyTorch names),
                                  * e.g. trained in PyTorch; a resumed checkpoint takes precedence */
     const char *normalize;      /* input normalisation: "auto" (default: u8 images get the training
