@@ -3,6 +3,7 @@
 #   ok_grep FILE PATTERN "what"  passes when FILE contains PATTERN (grep -E)
 #   skip_all "reason"         skip the whole file
 #   skip "reason"             one skipped test point
+#   need_mpirun [open]        skip_all unless configure found (Open) MPI's mpirun
 #   done_testing              print the plan; exit 1 if anything failed
 # Programs: $DT_BUILDDIR/dtrun, $DT_BUILDDIR/dtbench, ... (set by make check).
 tap_n=0
@@ -20,5 +21,11 @@ ok_grep() {
 skip() { tap_n=$((tap_n + 1)); echo "ok $tap_n # SKIP $*"; }
 skip_all() { echo "1..0 # SKIP $*"; exit 0; }
 done_testing() { echo "1..$tap_n"; [ "$tap_failed" -eq 0 ]; exit $?; }
+# Skip the whole file unless configure found MPI ($MPIRUN); `need_mpirun open`: and it is Open MPI's.
+need_mpirun() {
+    [ -n "$MPIRUN" ] || skip_all "configure found no MPI (MPIRUN is empty): install libopenmpi-dev openmpi-bin"
+    [ -x "$MPIRUN" ] || skip_all "MPIRUN=$MPIRUN is not executable"
+    [ "${1:-}" != open ] || "$MPIRUN" --version 2>/dev/null | grep -q 'Open MPI' || skip_all "$MPIRUN is not Open MPI's"
+}
 # A free TCP port on loopback (bound and released; good enough for tests on one machine).
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

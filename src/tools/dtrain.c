@@ -119,7 +119,9 @@ static const char *usage_train_rest =
     "  --no-overlap          all-reduce gradients after backward, not during it\n"
     "  --sync-bn             batchnorm statistics over all ranks (synchronised BN)\n"
     "  --backend tcp|mpi|nccl  communication backend  [$DT_BACKEND or tcp]\n"
-    "  --init-method URL     env:// (default), tcp://HOST:PORT or file:///PATH\n";
+    "  --init-method URL     env:// (default), tcp://HOST:PORT or file:///PATH; under\n"
+    "                        mpirun without MASTER_ADDR/MASTER_PORT, rank 0's address\n"
+    "                        travels through MPI (tcp backend; README \"Launching\")\n";
 
 static const char *usage_eval =
     "usage: dtrain eval --model SPEC --weights FILE [--data SPEC] [--normalize auto|standard|unit]\n"
@@ -192,7 +194,7 @@ static dt_status setup_threads(const dt_ops *ops, int64_t threads, int local_siz
 
 /* A communicator when a launcher started several processes (or a backend was
  * asked for); NULL for a plain single-process run. */
-static dt_status setup_comm(const char *backend, const char *init, dt_comm **out, int *local_size) {
+static dt_status setup_comm(const char *backend, const char *init, int quiet, dt_comm **out, int *local_size) {
     dt_launch_env env;
     *out = NULL;
     *local_size = 1;
@@ -206,6 +208,13 @@ static dt_status setup_comm(const char *backend, const char *init, dt_comm **out
     g_rank = dt_comm_rank(*out);
     g_world = dt_comm_size(*out);
     *local_size = dt_comm_local_size(*out);
+    /* the laptop path, `mpirun -np 2 dtrain train`: say what was chosen for the user */
+    const char *rdzv = dt_comm_rendezvous(*out);
+    if (g_rank == 0 && !quiet && strncmp(rdzv, "mpirun ", 7) == 0) {
+        printf("dtrain: mpirun set no MASTER_ADDR/MASTER_PORT: %s backend, rendezvous at %s through MPI "
+               "(--backend mpi for MPI's own collectives)\n", dt_comm_backend(*out), rdzv + 7);
+        fflush(stdout);
+    }
     return DT_OK;
 }
 
@@ -422,7 +431,7 @@ static int cmd_train(int argc, char **argv) {
     if (!ops) return fail(DT_ERR_INVALID);
     dt_comm *comm = NULL;
     int local_size = 1;
-    if ((s = setup_comm(backend, init, &comm, &local_size)) != DT_OK) return fail(s);
+    if ((s = setup_comm(backend, init, quiet, &comm, &local_size)) != DT_OK) return fail(s);
     if (batch_per_rank > 0) o.batch = batch_per_rank * g_world;
     if ((s = setup_threads(ops, threads, local_size)) != DT_OK) goto out;
 
