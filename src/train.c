@@ -59,40 +59,77 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->overlap = 1;
     o->lr_scale = "none";
     o->normalize = "auto";
+    o->loss = "ce";
     o->ckpt_keep = 3;
     o->log_every = 50;
 }
 
+/* ---- loss targets ---------------------------------------------------------------------- */
+
+/* What a loss compares the outputs (n, C) with, in device memory: the labels (already
+ * in dy) for cross-entropy; for MSE one-hot rows (n, C), the label's column 1 and the
+ * others 0, written into host memory hot and copied to dhot (both n x C floats). */
+static dt_status loss_target(const dt_ops *ops, const dt_loss *lf, const int32_t *labels, size_t n, int C,
+                             const int32_t *dy, float *hot, float *dhot, const void **target) {
+    if (lf->kind == DT_LOSS_CE) {
+        *target = dy;
+        return DT_OK;
+    }
+    memset(hot, 0, n * (size_t)C * sizeof *hot);
+    for (size_t i = 0; i < n; i++)
+        if (labels[i] >= 0 && labels[i] < C) hot[i * (size_t)C + (size_t)labels[i]] = 1.0f;
+    *target = dhot;
+    return ops->copy_h2d(dhot, hot, n * (size_t)C * sizeof *hot);
+}
+
+/* Host and device buffers for loss_target over n samples of C outputs (none for CE). */
+static dt_status loss_target_alloc(const dt_ops *ops, const dt_loss *lf, size_t n, int C, float **hot, float **dhot) {
+    *hot = *dhot = NULL;
+    if (lf->kind == DT_LOSS_CE) return DT_OK;
+    if (!(*hot = malloc(n * (size_t)C * sizeof **hot)))
+        return dt_error(DT_ERR_NOMEM, "out of memory for %zu one-hot targets", n);
+    return ops->alloc((void **)dhot, n * (size_t)C * sizeof **dhot);
+}
+
 /* ---- evaluation -------------------------------------------------------------------- */
 
-dt_status dt_evaluate(dt_model *m, const dt_dataset *test, dt_comm *comm, double *loss, double *acc) {
+dt_status dt_evaluate(dt_model *m, const dt_dataset *test, const dt_loss *lf, dt_comm *comm, double *loss,
+                      double *acc) {
     const dt_ops *ops = dt_model_ops(m);
     const dt_dataset_info *info = dt_dataset_get_info(test);
     int W = comm ? dt_comm_size(comm) : 1, r = comm ? dt_comm_rank(comm) : 0;
     int64_t lo = info->n * r / W, hi = info->n * (r + 1) / W;
     int maxb = dt_model_max_batch(m);
+    int C = (int)dt_shape_numel(dt_model_output_shape(m));
     size_t ss = (size_t)info->sample_size;
     const float *X = dt_dataset_features(test);
     const int32_t *Y = dt_dataset_labels(test);
-    float *dx = NULL;
+    const dt_loss ce = {.kind = DT_LOSS_CE, .label_smoothing = 0.0f};
+    if (!lf) lf = &ce;
+    float *dx = NULL, *hot = NULL, *dhot = NULL;
     int32_t *dy = NULL;
     dt_status s = ops->alloc((void **)&dx, (size_t)maxb * ss * sizeof(float));
     if (s == DT_OK) s = ops->alloc((void **)&dy, (size_t)maxb * sizeof(int32_t));
+    if (s == DT_OK) s = loss_target_alloc(ops, lf, (size_t)maxb, C, &hot, &dhot);
     double sums[2] = {0.0, 0.0};  /* loss sum, correct count */
-    dt_loss lf = {.kind = DT_LOSS_CE, .label_smoothing = 0.0f};
     for (int64_t i = lo; s == DT_OK && i < hi; i += maxb) {
         int b = (int)((hi - i) < maxb ? (hi - i) : maxb);
+        const void *target = NULL;
         s = ops->copy_h2d(dx, X + (size_t)i * ss, (size_t)b * ss * sizeof(float));
         if (s == DT_OK) s = ops->copy_h2d(dy, Y + i, (size_t)b * sizeof(int32_t));
+        if (s == DT_OK) s = loss_target(ops, lf, Y + i, (size_t)b, C, dy, hot, dhot, &target);
         if (s == DT_OK) s = dt_model_forward(m, dx, b, 0, 0, i, NULL);
         float l = 0.0f;
         int64_t correct = 0;
-        if (s == DT_OK) s = dt_model_loss(m, &lf, dy, b, 1.0f, &l, &correct);
+        if (s == DT_OK) s = dt_model_loss(m, lf, target, b, 1.0f, &l, NULL);
+        if (s == DT_OK) s = dt_model_correct(m, dy, b, &correct);
         sums[0] += l;
         sums[1] += (double)correct;
     }
     ops->free(dx);
     ops->free(dy);
+    ops->free(dhot);
+    free(hot);
     if (s != DT_OK) return s;
     if (comm && W > 1) DT_TRY(dt_allreduce(comm, sums, sums, 2, DT_F64, DT_SUM));
     if (loss) *loss = info->n ? sums[0] / (double)info->n : 0.0;
@@ -118,6 +155,9 @@ typedef struct {
     int64_t *idx;                    /* this rank's sample indices of one step (k*b) */
     float *dx;                       /* device batch (k*b, sample) */
     int32_t *dy;                     /* device labels (k*b) */
+    dt_loss lf;                      /* the training loss */
+    int C;                           /* model outputs per sample */
+    float *hot, *dhot;               /* MSE: one-hot targets (k*b, C), host and device */
     float *losses, *all_losses;      /* k local / S global micro-batch losses */
     float *bnrec;                    /* S batchnorm records of bnrec_n floats, micro-batch order */
     size_t bnrec_n;
@@ -151,6 +191,11 @@ static dt_status check_opts(const dt_train_opts *o) {
     if (o->clip < 0.0) return dt_error(DT_ERR_INVALID, "clip: expected >= 0, got %g", o->clip);
     if (o->label_smoothing < 0.0 || o->label_smoothing >= 1.0)
         return dt_error(DT_ERR_INVALID, "label_smoothing: expected a value in [0, 1), got %g", o->label_smoothing);
+    dt_loss_kind loss;
+    DT_TRY(dt_loss_parse(o->loss, &loss));
+    if (loss != DT_LOSS_CE && o->label_smoothing > 0.0)
+        return dt_error(DT_ERR_INVALID, "label_smoothing: smooths cross-entropy targets only, not those of loss '%s'",
+                        o->loss);
     if (!(o->bucket_mb > 0.0)) return dt_error(DT_ERR_INVALID, "bucket_mb: expected a positive size, got %g", o->bucket_mb);
     if (o->warmup < 0) return dt_error(DT_ERR_INVALID, "warmup: expected >= 0, got %lld", (long long)o->warmup);
     return DT_OK;
@@ -233,7 +278,6 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
     size_t ss = (size_t)info->sample_size;
     int64_t epoch = g / t->spe, step = g % t->spe;
-    dt_loss lf = {.kind = DT_LOSS_CE, .label_smoothing = (float)t->o->label_smoothing};
 
     double t0 = dt_now();
     float *hx;
@@ -245,6 +289,8 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     double t1 = dt_now();
     DT_TRY(ops->copy_h2d(t->dx, hx, n * ss * sizeof(float)));
     DT_TRY(ops->copy_h2d(t->dy, hy, n * sizeof(int32_t)));
+    const void *target;
+    DT_TRY(loss_target(ops, &t->lf, hy, n, t->C, t->dy, t->hot, t->dhot, &target));
     dt_loader_release(t->loader);
     /* keep the loader one step ahead */
     if (t->queued < t->total) DT_TRY(queue_step(t, t->queued++));
@@ -258,7 +304,10 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
                                 (uint64_t)epoch, sample_base, NULL));
         float l = 0.0f;
         DT_TRY(dt_ddp_begin_micro(t->ddp, i));
-        DT_TRY(dt_model_loss_backward(t->model, &lf, t->dy + i * t->b, (int)t->b, (float)t->o->batch, &l));
+        /* micro-batch i's targets: b labels (CE) or b one-hot rows of C (MSE) */
+        const void *ti = t->lf.kind == DT_LOSS_CE ? (const void *)(t->dy + i * t->b)
+                                                  : (const void *)(t->dhot + (size_t)(i * t->b) * (size_t)t->C);
+        DT_TRY(dt_model_loss_backward(t->model, &t->lf, ti, (int)t->b, (float)t->o->batch, &l));
         t->losses[i] = l;
     }
     DT_TRY(ops->synchronize());
@@ -328,8 +377,10 @@ static void trainer_free(trainer *t) {
     if (t->ops) {
         t->ops->free(t->dx);
         t->ops->free(t->dy);
+        t->ops->free(t->dhot);
         t->ops->free(t->bnrec);
     }
+    free(t->hot);
     free(t->idx);
     free(t->hash_all);
     free(t->rank_stats);
@@ -351,14 +402,19 @@ static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
     const dt_train_opts *o = t->o;
     if (!o->ckpt_dir || t->rank != 0) return DT_OK;
     if (!force && !((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == t->total)) return DT_OK;
-    char loss[64], total[32];
+    char loss[64], total[32], smooth[32];
     snprintf(loss, sizeof loss, "%.17g", t->epoch_loss);
     snprintf(total, sizeof total, "%lld", (long long)t->total);
-    const char *extra[] = {"epoch_loss", loss, "total_steps", total, "data", o->data};
+    snprintf(smooth, sizeof smooth, "%.9g", o->label_smoothing);
+    /* the settings that change the computation beyond the model, schedule and optimizer
+     * rows: resume_compare holds a resumed run to them */
+    const char *extra[] = {"epoch_loss", loss, "total_steps", total, "data", o->data, "loss", o->loss,
+                           "normalize", o->normalize, "label_smoothing", smooth};
     dt_ckpt_info info = {.step = done, .epoch = done / t->spe, .step_in_epoch = done % t->spe,
                          .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
                          .model_spec = o->model, .schedule = o->schedule};
-    dt_status s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, 3);
+    dt_status s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra,
+                               (int)(sizeof extra / sizeof extra[0] / 2));
     if (s != DT_OK) dt_error_wrap(s, "checkpoint at step %lld: ", (long long)done);
     return s;
 }
@@ -429,8 +485,16 @@ static dt_status resume_compare(trainer *t) {
     const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
     char diff[1024] = "";
     note_change(diff, sizeof diff, "model", ci->model_spec, t->o->model);
-    const char *data = dt_ckpt_extra(t->resume, "data");
-    if (data) note_change(diff, sizeof diff, "data", data, t->o->data);
+    /* settings kept as text beside the state; a checkpoint from before one was recorded
+     * is not held to it */
+    char smooth[32];
+    snprintf(smooth, sizeof smooth, "%.9g", t->o->label_smoothing);
+    const char *const recorded[][2] = {{"data", t->o->data}, {"loss", t->o->loss}, {"normalize", t->o->normalize},
+                                       {"label_smoothing", smooth}};
+    for (size_t i = 0; i < sizeof recorded / sizeof recorded[0]; i++) {
+        const char *was = dt_ckpt_extra(t->resume, recorded[i][0]);
+        if (was) note_change(diff, sizeof diff, recorded[i][0], was, recorded[i][1]);
+    }
     note_change(diff, sizeof diff, "schedule", ci->schedule, t->o->schedule);
     if (ci->has_optim) {
         const dt_optim_config *now = dt_optim_config_of(t->optim);
@@ -607,6 +671,10 @@ static dt_status trainer_setup(trainer *t) {
     if (!t->idx || !t->losses || !t->all_losses) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
     DT_TRY(t->ops->alloc((void **)&t->dx, local * (size_t)info->sample_size * sizeof(float)));
     DT_TRY(t->ops->alloc((void **)&t->dy, local * sizeof(int32_t)));
+    t->C = (int)os->d[0];
+    DT_TRY(dt_loss_parse(o->loss, &t->lf.kind));
+    t->lf.label_smoothing = (float)o->label_smoothing;
+    DT_TRY(loss_target_alloc(t->ops, &t->lf, local, t->C, &t->hot, &t->dhot));
     /* With synchronised batchnorm every rank already sees the global statistics
      * and updates its buffers in place; otherwise records are replayed in order. */
     t->bnrec_n = o->sync_bn && t->world > 1 ? 0 : dt_model_bn_record_size(t->model);
@@ -697,7 +765,8 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
                                 .lr = lr, .grad_norm = norm, .samples_per_s = sps, .elapsed_s = train_time,
                                 .eta_s = eta};
             if (t->test) {
-                DT_TRY(dt_evaluate(t->model, t->test, t->comm, &e.test_loss, &e.test_acc));
+                const dt_loss plain = {.kind = t->lf.kind, .label_smoothing = 0.0f};   /* the test loss is unsmoothed */
+                DT_TRY(dt_evaluate(t->model, t->test, &plain, t->comm, &e.test_loss, &e.test_acc));
                 e.evaluated = 1;
                 res->test_loss = e.test_loss;
                 res->test_acc = e.test_acc;
