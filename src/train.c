@@ -305,8 +305,8 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         float l = 0.0f;
         DT_TRY(dt_ddp_begin_micro(t->ddp, i));
         /* micro-batch i's targets: b labels (CE) or b one-hot rows of C (MSE) */
-        const void *ti = t->lf.kind == DT_LOSS_CE ? (const void *)(t->dy + i * t->b)
-                                                  : (const void *)(t->dhot + (size_t)(i * t->b) * (size_t)t->C);
+        const void *ti = t->lf.kind == DT_LOSS_CE ? (const void *)((const int32_t *)target + i * t->b)
+                                                  : (const void *)((const float *)target + (size_t)(i * t->b) * (size_t)t->C);
         DT_TRY(dt_model_loss_backward(t->model, &t->lf, ti, (int)t->b, (float)t->o->batch, &l));
         t->losses[i] = l;
     }
