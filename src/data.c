@@ -32,8 +32,9 @@ dt_status dt_data_opts_from_name(const char *normalize, dt_data_opts *o) {
     dt_data_opts_default(o);
     if (!normalize || !strcmp(normalize, "auto")) o->norm = DT_NORM_AUTO;
     else if (!strcmp(normalize, "standard")) o->norm = DT_NORM_TRAIN;
-    else if (!strcmp(normalize, "unit")) o->norm = DT_NORM_NONE;
-    else return dt_error(DT_ERR_INVALID, "normalize: expected auto, standard or unit, got '%s'", normalize);
+    else if (!strcmp(normalize, "unit")) o->norm = DT_NORM_UNIT;
+    else if (!strcmp(normalize, "none")) o->norm = DT_NORM_RAW;
+    else return dt_error(DT_ERR_INVALID, "normalize: expected auto, standard, unit or none, got '%s'", normalize);
     return DT_OK;
 }
 
@@ -283,8 +284,8 @@ static dt_status finite_features(const float *x, size_t count, int64_t sample_si
     return DT_OK;
 }
 
-/* Shape checks and conversion of the features to float ([0,1] for u8). */
-static dt_status features_from_array(dt_array *a, const char *path, dt_dataset *ds) {
+/* Shape checks and conversion of the features to float ([0,1] for u8 unless raw). */
+static dt_status features_from_array(dt_array *a, const char *path, int raw, dt_dataset *ds) {
     dt_dataset_info *in = &ds->info;
     in->label_width = 1;
     if (a->ndim < 1 || a->ndim > 4)
@@ -309,9 +310,10 @@ static dt_status features_from_array(dt_array *a, const char *path, dt_dataset *
     }
     float *x = malloc(a->count * sizeof(float));
     if (!x) return dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu features", path, a->count);
+    const float u8_scale = raw ? 1.0f : 255.0f;
     for (size_t i = 0; i < a->count; i++) {
         switch (a->type) {
-        case DT_U8:  x[i] = (float)((const uint8_t *)a->data)[i] / 255.0f; break;
+        case DT_U8:  x[i] = (float)((const uint8_t *)a->data)[i] / u8_scale; break;
         case DT_I8:  x[i] = (float)((const int8_t *)a->data)[i]; break;
         case DT_I16: x[i] = (float)((const int16_t *)a->data)[i]; break;
         case DT_I32: x[i] = (float)((const int32_t *)a->data)[i]; break;
@@ -437,7 +439,7 @@ static dt_status build_split(const data_spec *sp, dt_split split, const dt_data_
     dt_dtype xtype = x.type;
     int64_t max_label = -1;
     int classes = train ? train->info.classes : o->classes;
-    s = features_from_array(&x, ds->source, ds);
+    s = features_from_array(&x, ds->source, o->norm == DT_NORM_RAW, ds);
     if (s == DT_OK) s = labels_from_array(&y, ypath, ds->source, ds, classes, &max_label);
     dt_array_free(&x);
     dt_array_free(&y);

@@ -39,7 +39,8 @@
  * for (D)): u8 features are scaled to [0, 1], then (x - mean) / std with the
  * mean and std of the TRAINING split, computed once in a fixed order with double
  * accumulation, and the same statistics are applied to the test split. Features
- * of other types are taken as they are unless options ask otherwise.
+ * of other types are taken as they are unless options ask otherwise; DT_NORM_RAW
+ * takes every type as it is (u8 as 0..255).
  *
  * Sizes are 64-bit throughout; a header claiming more data than the file holds
  * is rejected before anything is allocated.
@@ -56,10 +57,11 @@
 typedef enum { DT_SPLIT_TRAIN = 0, DT_SPLIT_TEST = 1 } dt_split;
 
 typedef enum {
-    DT_NORM_AUTO = 0, /* u8 features: [0,1] then train mean/std; others: as stored */
-    DT_NORM_NONE,     /* u8 scaled to [0,1], nothing else; others as stored */
-    DT_NORM_TRAIN,    /* every type: (x - train mean) / train std (u8 after scaling) */
-    DT_NORM_GIVEN,    /* (x - mean[c]) / std[c] with the values given in the options */
+    DT_NORM_AUTO = 0, /* "auto": u8 features: [0,1] then train mean/std; others: as stored */
+    DT_NORM_UNIT,     /* "unit": u8 scaled to [0,1], nothing else; others as stored */
+    DT_NORM_TRAIN,    /* "standard": every type: (x - train mean) / train std (u8 after scaling) */
+    DT_NORM_GIVEN,    /* (x - mean[c]) / std[c] with the values given in the options (u8 after scaling) */
+    DT_NORM_RAW,      /* "none": every value as stored (u8 stays 0..255) */
 } dt_norm_mode;
 
 #define DT_DATA_MAX_CHANNELS 64
@@ -92,8 +94,9 @@ typedef struct dt_loader  dt_loader;
 /* ---- datasets ------------------------------------------------------------ */
 /* Default options: DT_NORM_AUTO, classes from the train split. */
 DT_API void      dt_data_opts_default(dt_data_opts *o);
-/* Default options with the normalisation named "auto", "standard" (DT_NORM_TRAIN)
- * or "unit" (DT_NORM_NONE); DT_ERR_INVALID naming the field otherwise. */
+/* Default options with the normalisation named "auto", "standard" (DT_NORM_TRAIN),
+ * "unit" (DT_NORM_UNIT) or "none" (DT_NORM_RAW); DT_ERR_INVALID naming the field
+ * otherwise. */
 DT_API dt_status dt_data_opts_from_name(const char *normalize, dt_data_opts *o);
 /* Open one split of a spec (see above) with default options. */
 DT_API dt_status dt_dataset_open(const char *spec, dt_split split, dt_dataset **out);

@@ -257,6 +257,24 @@ dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
     return DT_OK;
 }
 
+/* ---- losses ---------------------------------------------------------------------- */
+
+static const char *const loss_names[DT_LOSS_COUNT] = { [DT_LOSS_CE] = "ce", [DT_LOSS_MSE] = "mse" };
+
+const char *dt_loss_name(dt_loss_kind kind) {
+    return (unsigned)kind < DT_LOSS_COUNT ? loss_names[kind] : "?";
+}
+
+dt_status dt_loss_parse(const char *name, dt_loss_kind *kind) {
+    char list[64] = "";
+    for (int k = 0; k < DT_LOSS_COUNT; k++) {
+        if (name && strcmp(name, loss_names[k]) == 0) { *kind = (dt_loss_kind)k; return DT_OK; }
+        size_t l = strlen(list);
+        snprintf(list + l, sizeof list - l, "%s%s", k == 0 ? "" : k + 1 < DT_LOSS_COUNT ? ", " : " or ", loss_names[k]);
+    }
+    return dt_error(DT_ERR_INVALID, "loss: expected %s, got '%s'", list, name ? name : "(null)");
+}
+
 /* Loss of the last forward into m->scalar[0] and, when grad, dloss into m->head. */
 static dt_status loss_head(dt_model *m, const dt_loss *loss, const void *target, int B,
                            float normaliser, int grad) {
@@ -291,19 +309,27 @@ static dt_status loss_head(dt_model *m, const dt_loss *loss, const void *target,
     return DT_OK;
 }
 
+dt_status dt_model_correct(dt_model *m, const int32_t *labels, int B, int64_t *correct) {
+    if (!m->x || B != m->last_B)
+        return dt_error(DT_ERR_INVALID, "model accuracy: batch %d does not match the last forward (%d)", B, m->last_B);
+    if (!labels) return dt_error(DT_ERR_INVALID, "model accuracy: NULL labels");
+    const dt_layer *last = &m->spec.layers[m->spec.n - 1];
+    int32_t cnt = 0;
+    int per = last->outs.ndim == 2 ? (int)last->outs.d[0] : 1;   /* positions of a sequence, a label each */
+    DT_TRY(m->ops->count_correct((int32_t *)(m->scalar + 1), last->out_ptr, labels, B * per,
+                                 (int)last->outs.d[last->outs.ndim - 1]));
+    DT_TRY(m->ops->copy_d2h(&cnt, m->scalar + 1, sizeof cnt));
+    *correct = cnt;
+    return DT_OK;
+}
+
 dt_status dt_model_loss(dt_model *m, const dt_loss *loss, const void *target, int B,
                         float normaliser, float *loss_out, int64_t *correct) {
     DT_TRY(loss_head(m, loss, target, B, normaliser, 0));
     if (loss_out) DT_TRY(m->ops->copy_d2h(loss_out, m->scalar, sizeof(float)));
     if (correct) {
         if (loss->kind != DT_LOSS_CE) return dt_error(DT_ERR_INVALID, "model: accuracy needs cross-entropy labels");
-        const dt_layer *last = &m->spec.layers[m->spec.n - 1];
-        int32_t cnt = 0;
-        int per = last->outs.ndim == 2 ? (int)last->outs.d[0] : 1;   /* positions of a sequence */
-        DT_TRY(m->ops->count_correct((int32_t *)(m->scalar + 1), last->out_ptr, target, B * per,
-                                     (int)last->outs.d[last->outs.ndim - 1]));
-        DT_TRY(m->ops->copy_d2h(&cnt, m->scalar + 1, sizeof cnt));
-        *correct = cnt;
+        DT_TRY(dt_model_correct(m, target, B, correct));
     }
     return DT_OK;
 }

@@ -55,11 +55,18 @@ DT_API void        dt_spec_free(dt_spec *s);
 typedef struct dt_model dt_model;
 
 typedef enum { DT_LOSS_CE, DT_LOSS_MSE } dt_loss_kind;
+#define DT_LOSS_COUNT 2
 
 typedef struct {
     dt_loss_kind kind;
     float        label_smoothing;   /* cross-entropy only, 0 = none */
 } dt_loss;
+
+/* Loss names, as the --loss flag spells them: "ce" (cross-entropy over class labels),
+ * "mse" (mean squared error). */
+DT_API const char *dt_loss_name (dt_loss_kind kind);                    /* "?" if invalid */
+/* DT_ERR_INVALID "loss: expected ce or mse, got 'NAME'" for an unknown name. */
+DT_API dt_status   dt_loss_parse(const char *name, dt_loss_kind *kind);
 
 /* Build a model: parse spec, infer shapes for input, allocate parameters,
  * gradients, buffers and activations for up to max_batch samples with ops, and
@@ -147,6 +154,9 @@ DT_API dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const 
  * receives the number of samples whose argmax equals the label. */
 DT_API dt_status dt_model_loss(dt_model *m, const dt_loss *loss, const void *target, int B,
                                float normaliser, float *loss_out, int64_t *correct);
+/* The number of samples of the last forward (B of them) whose argmax output equals
+ * their label (int32 labels (B), device memory), whatever the loss. */
+DT_API dt_status dt_model_correct(dt_model *m, const int32_t *labels, int B, int64_t *correct);
 
 /* Write a torchinfo-like table (layer, output shape, parameter count, totals)
  * into buf (always NUL-terminated); returns the length the full text needs. */

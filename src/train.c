@@ -61,46 +61,84 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->overlap = 1;
     o->lr_scale = "none";
     o->normalize = "auto";
+    o->loss = "ce";
     o->ckpt_keep = 3;
     o->log_every = 50;
 }
 
+/* ---- loss targets ---------------------------------------------------------------------- */
+
+/* What a loss compares the outputs (n, C) with, in device memory: the labels (already
+ * in dy) for cross-entropy; for MSE one-hot rows (n, C), the label's column 1 and the
+ * others 0, written into host memory hot and copied to dhot (both n x C floats). */
+static dt_status loss_target(const dt_ops *ops, const dt_loss *lf, const int32_t *labels, size_t n, int C,
+                             const int32_t *dy, float *hot, float *dhot, const void **target) {
+    if (lf->kind == DT_LOSS_CE) {
+        *target = dy;
+        return DT_OK;
+    }
+    memset(hot, 0, n * (size_t)C * sizeof *hot);
+    for (size_t i = 0; i < n; i++)
+        if (labels[i] >= 0 && labels[i] < C) hot[i * (size_t)C + (size_t)labels[i]] = 1.0f;
+    *target = dhot;
+    return ops->copy_h2d(dhot, hot, n * (size_t)C * sizeof *hot);
+}
+
+/* Host and device buffers for loss_target over n samples of C outputs (none for CE). */
+static dt_status loss_target_alloc(const dt_ops *ops, const dt_loss *lf, size_t n, int C, float **hot, float **dhot) {
+    *hot = *dhot = NULL;
+    if (lf->kind == DT_LOSS_CE) return DT_OK;
+    if (!(*hot = malloc(n * (size_t)C * sizeof **hot)))
+        return dt_error(DT_ERR_NOMEM, "out of memory for %zu one-hot targets", n);
+    return ops->alloc((void **)dhot, n * (size_t)C * sizeof **dhot);
+}
+
 /* ---- evaluation -------------------------------------------------------------------- */
 
-/* Mean loss and accuracy over samples idx[0..count) of ds (all of it when idx is NULL),
- * each rank taking a contiguous share, gathered through host memory. Per position
- * for token windows: the loss is the mean over count x T tokens. */
-static dt_status evaluate_idx(dt_model *m, const dt_dataset *ds, dt_comm *comm, const int64_t *idx, int64_t count,
-                              double *loss, double *acc) {
+/* Mean loss (lf; NULL: cross-entropy) and accuracy over samples idx[0..count) of ds (all
+ * of it when idx is NULL), each rank taking a contiguous share, gathered through host
+ * memory. Per position for token windows: the loss is the mean over count x T tokens. */
+static dt_status evaluate_idx(dt_model *m, const dt_dataset *ds, const dt_loss *lf, dt_comm *comm,
+                              const int64_t *idx, int64_t count, double *loss, double *acc) {
     const dt_ops *ops = dt_model_ops(m);
     const dt_dataset_info *info = dt_dataset_get_info(ds);
     int W = comm ? dt_comm_size(comm) : 1, r = comm ? dt_comm_rank(comm) : 0;
     int64_t lo = count * r / W, hi = count * (r + 1) / W;
     int maxb = dt_model_max_batch(m);
+    int C = (int)dt_shape_numel(dt_model_output_shape(m));
     size_t ss = (size_t)info->sample_size, lw = (size_t)info->label_width;
-    float *dx = NULL, *hx = malloc((size_t)maxb * ss * sizeof(float));
+    const dt_loss ce = {.kind = DT_LOSS_CE, .label_smoothing = 0.0f};
+    if (!lf) lf = &ce;
+    if (lf->kind != DT_LOSS_CE && lw > 1)
+        return dt_error(DT_ERR_INVALID, "loss: mse needs one label per sample; token data takes ce");
+    float *dx = NULL, *hot = NULL, *dhot = NULL, *hx = malloc((size_t)maxb * ss * sizeof(float));
     int32_t *dy = NULL, *hy = malloc((size_t)maxb * lw * sizeof(int32_t));
     int64_t *bi = malloc((size_t)maxb * sizeof *bi);
     dt_status s = hx && hy && bi ? DT_OK : dt_error(DT_ERR_NOMEM, "evaluation: out of memory");
     if (s == DT_OK) s = ops->alloc((void **)&dx, (size_t)maxb * ss * sizeof(float));
     if (s == DT_OK) s = ops->alloc((void **)&dy, (size_t)maxb * lw * sizeof(int32_t));
+    if (s == DT_OK) s = loss_target_alloc(ops, lf, (size_t)maxb, C, &hot, &dhot);
     double sums[2] = {0.0, 0.0};  /* loss sum, correct count */
-    dt_loss lf = {.kind = DT_LOSS_CE, .label_smoothing = 0.0f};
     for (int64_t i = lo; s == DT_OK && i < hi; i += maxb) {
         int b = (int)((hi - i) < maxb ? (hi - i) : maxb);
+        const void *target = NULL;
         for (int j = 0; j < b; j++) bi[j] = idx ? idx[i + j] : i + j;
         s = dt_dataset_gather(ds, bi, (size_t)b, hx, hy);
         if (s == DT_OK) s = ops->copy_h2d(dx, hx, (size_t)b * ss * sizeof(float));
         if (s == DT_OK) s = ops->copy_h2d(dy, hy, (size_t)b * lw * sizeof(int32_t));
+        if (s == DT_OK) s = loss_target(ops, lf, hy, (size_t)b, C, dy, hot, dhot, &target);
         if (s == DT_OK) s = dt_model_forward(m, dx, b, 0, 0, i, NULL);
         float l = 0.0f;
         int64_t correct = 0;
-        if (s == DT_OK) s = dt_model_loss(m, &lf, dy, b, 1.0f, &l, &correct);
+        if (s == DT_OK) s = dt_model_loss(m, lf, target, b, 1.0f, &l, NULL);
+        if (s == DT_OK) s = dt_model_correct(m, dy, b, &correct);
         sums[0] += l;
         sums[1] += (double)correct;
     }
     ops->free(dx);
     ops->free(dy);
+    ops->free(dhot);
+    free(hot);
     free(hx);
     free(hy);
     free(bi);
@@ -111,8 +149,8 @@ static dt_status evaluate_idx(dt_model *m, const dt_dataset *ds, dt_comm *comm, 
     return DT_OK;
 }
 
-/* Token data is evaluated on a fixed set of windows: `batches` batches of the model's
- * batch size, the same on every rank and world size. */
+/* Token data is evaluated on a fixed set of windows, the same on every rank and
+ * world size. */
 static dt_status evaluate_windows(dt_model *m, const dt_dataset *ds, dt_comm *comm, int64_t count, uint64_t seed,
                                   double *loss, double *acc) {
     int64_t n = dt_dataset_get_info(ds)->n;
@@ -120,16 +158,17 @@ static dt_status evaluate_windows(dt_model *m, const dt_dataset *ds, dt_comm *co
     int64_t *idx = malloc((size_t)(count > 0 ? count : 1) * sizeof *idx);
     if (!idx) return dt_error(DT_ERR_NOMEM, "evaluation: out of memory");
     dt_status s = dt_dataset_eval_windows(ds, count, seed, idx);
-    if (s == DT_OK) s = evaluate_idx(m, ds, comm, idx, count, loss, acc);
+    if (s == DT_OK) s = evaluate_idx(m, ds, NULL, comm, idx, count, loss, acc);
     free(idx);
     return s;
 }
 
-dt_status dt_evaluate(dt_model *m, const dt_dataset *test, dt_comm *comm, double *loss, double *acc) {
+dt_status dt_evaluate(dt_model *m, const dt_dataset *test, const dt_loss *lf, dt_comm *comm, double *loss,
+                      double *acc) {
     const dt_dataset_info *info = dt_dataset_get_info(test);
-    if (info->label_width > 1)
+    if (info->label_width > 1)   /* token windows: 20 batches of fixed windows */
         return evaluate_windows(m, test, comm, 20 * (int64_t)dt_model_max_batch(m), 0, loss, acc);
-    return evaluate_idx(m, test, comm, NULL, info->n, loss, acc);
+    return evaluate_idx(m, test, lf, comm, NULL, info->n, loss, acc);
 }
 
 /* ---- the loop ------------------------------------------------------------------------ */
@@ -151,6 +190,9 @@ typedef struct {
     float *dx;                       /* device batch (k*b, sample) */
     int32_t *dy;                     /* device labels (k*b*lw) */
     int64_t lw;                      /* labels per sample: 1, or T for token windows */
+    dt_loss lf;                      /* the training loss */
+    int C;                           /* model outputs per sample */
+    float *hot, *dhot;               /* MSE: one-hot targets (k*b, C), host and device */
     float *losses, *all_losses;      /* k local / S global micro-batch losses */
     float *bnrec;                    /* S batchnorm records of bnrec_n floats, micro-batch order */
     size_t bnrec_n;
@@ -184,6 +226,11 @@ static dt_status check_opts(const dt_train_opts *o) {
     if (o->clip < 0.0) return dt_error(DT_ERR_INVALID, "clip: expected >= 0, got %g", o->clip);
     if (o->label_smoothing < 0.0 || o->label_smoothing >= 1.0)
         return dt_error(DT_ERR_INVALID, "label_smoothing: expected a value in [0, 1), got %g", o->label_smoothing);
+    dt_loss_kind loss;
+    DT_TRY(dt_loss_parse(o->loss, &loss));
+    if (loss != DT_LOSS_CE && o->label_smoothing > 0.0)
+        return dt_error(DT_ERR_INVALID, "label_smoothing: smooths cross-entropy targets only, not those of loss '%s'",
+                        o->loss);
     if (!(o->bucket_mb > 0.0)) return dt_error(DT_ERR_INVALID, "bucket_mb: expected a positive size, got %g", o->bucket_mb);
     if (o->warmup < 0) return dt_error(DT_ERR_INVALID, "warmup: expected >= 0, got %lld", (long long)o->warmup);
     if (!(o->min_lr >= 0.0) || o->min_lr > o->lr)
@@ -320,7 +367,6 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
     size_t ss = (size_t)info->sample_size;
     int64_t epoch = g / t->spe, step = g % t->spe;
-    dt_loss lf = {.kind = DT_LOSS_CE, .label_smoothing = (float)t->o->label_smoothing};
 
     double t0 = dt_now();
     float *hx;
@@ -332,6 +378,8 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     double t1 = dt_now();
     DT_TRY(ops->copy_h2d(t->dx, hx, n * ss * sizeof(float)));
     DT_TRY(ops->copy_h2d(t->dy, hy, n * (size_t)t->lw * sizeof(int32_t)));
+    const void *target;
+    DT_TRY(loss_target(ops, &t->lf, hy, n, t->C, t->dy, t->hot, t->dhot, &target));
     dt_loader_release(t->loader);
     /* keep the loader one step ahead */
     if (t->queued < t->total) DT_TRY(queue_step(t, t->queued++));
@@ -345,7 +393,10 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
                                 (uint64_t)epoch, sample_base, NULL));
         float l = 0.0f;
         DT_TRY(dt_ddp_begin_micro(t->ddp, i));
-        DT_TRY(dt_model_loss_backward(t->model, &lf, t->dy + i * t->b * t->lw, (int)t->b, (float)t->o->batch, &l));
+        /* micro-batch i's targets: b x lw labels (CE) or b one-hot rows of C (MSE) */
+        const void *ti = t->lf.kind == DT_LOSS_CE ? (const void *)((const int32_t *)target + i * t->b * t->lw)
+                                                  : (const void *)((const float *)target + (size_t)(i * t->b) * (size_t)t->C);
+        DT_TRY(dt_model_loss_backward(t->model, &t->lf, ti, (int)t->b, (float)t->o->batch, &l));
         t->losses[i] = l;
     }
     DT_TRY(ops->synchronize());
@@ -415,8 +466,10 @@ static void trainer_free(trainer *t) {
     if (t->ops) {
         t->ops->free(t->dx);
         t->ops->free(t->dy);
+        t->ops->free(t->dhot);
         t->ops->free(t->bnrec);
     }
+    free(t->hot);
     free(t->idx);
     free(t->hash_all);
     free(t->rank_stats);
@@ -438,17 +491,22 @@ static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
     const dt_train_opts *o = t->o;
     if (!o->ckpt_dir || t->rank != 0) return DT_OK;
     if (!force && !((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == t->total)) return DT_OK;
-    char loss[64], total[32];
+    char loss[64], total[32], smooth[32];
     snprintf(loss, sizeof loss, "%.17g", t->epoch_loss);
     snprintf(total, sizeof total, "%lld", (long long)t->total);
     char minlr[32];
     snprintf(minlr, sizeof minlr, "%.9g", o->min_lr);
-    const char *extra[] = {"epoch_loss", loss, "total_steps", total, "data", o->data, "decay", o->decay,
+    snprintf(smooth, sizeof smooth, "%.9g", o->label_smoothing);
+    /* the settings that change the computation beyond the model, schedule and optimizer
+     * rows: resume_compare holds a resumed run to them */
+    const char *extra[] = {"epoch_loss", loss, "total_steps", total, "data", o->data, "loss", o->loss,
+                           "normalize", o->normalize, "label_smoothing", smooth, "decay", o->decay,
                            "min_lr", minlr};
     dt_ckpt_info info = {.step = done, .epoch = done / t->spe, .step_in_epoch = done % t->spe,
                          .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
                          .model_spec = o->model, .schedule = o->schedule};
-    dt_status s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, 5);
+    dt_status s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra,
+                               (int)(sizeof extra / sizeof extra[0] / 2));
     if (s != DT_OK) dt_error_wrap(s, "checkpoint at step %lld: ", (long long)done);
     return s;
 }
@@ -519,8 +577,16 @@ static dt_status resume_compare(trainer *t) {
     const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
     char diff[1024] = "";
     note_change(diff, sizeof diff, "model", ci->model_spec, t->o->model);
-    const char *data = dt_ckpt_extra(t->resume, "data");
-    if (data) note_change(diff, sizeof diff, "data", data, t->o->data);
+    /* settings kept as text beside the state; a checkpoint from before one was recorded
+     * is not held to it */
+    char smooth[32];
+    snprintf(smooth, sizeof smooth, "%.9g", t->o->label_smoothing);
+    const char *const recorded[][2] = {{"data", t->o->data}, {"loss", t->o->loss}, {"normalize", t->o->normalize},
+                                       {"label_smoothing", smooth}};
+    for (size_t i = 0; i < sizeof recorded / sizeof recorded[0]; i++) {
+        const char *was = dt_ckpt_extra(t->resume, recorded[i][0]);
+        if (was) note_change(diff, sizeof diff, recorded[i][0], was, recorded[i][1]);
+    }
     note_change(diff, sizeof diff, "schedule", ci->schedule, t->o->schedule);
     const char *decay = dt_ckpt_extra(t->resume, "decay"), *minlr = dt_ckpt_extra(t->resume, "min_lr");
     char cur[32];
@@ -700,6 +766,12 @@ static dt_status trainer_setup(trainer *t) {
     if (!t->idx || !t->losses || !t->all_losses) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
     DT_TRY(t->ops->alloc((void **)&t->dx, local * (size_t)info->sample_size * sizeof(float)));
     DT_TRY(t->ops->alloc((void **)&t->dy, local * (size_t)t->lw * sizeof(int32_t)));
+    t->C = (int)dt_shape_numel(os);
+    DT_TRY(dt_loss_parse(o->loss, &t->lf.kind));
+    if (t->lf.kind != DT_LOSS_CE && t->lw > 1)
+        return dt_error(DT_ERR_INVALID, "loss: mse needs one label per sample; token data takes ce");
+    t->lf.label_smoothing = (float)o->label_smoothing;
+    DT_TRY(loss_target_alloc(t->ops, &t->lf, local, t->C, &t->hot, &t->dhot));
     /* With synchronised batchnorm every rank already sees the global statistics
      * and updates its buffers in place; otherwise records are replayed in order. */
     t->bnrec_n = o->sync_bn && t->world > 1 ? 0 : dt_model_bn_record_size(t->model);
@@ -747,7 +819,8 @@ static dt_status rank_report(trainer *t, int64_t done, int epoch) {
 static dt_status validate(trainer *t, double *loss, double *acc) {
     if (t->lw > 1)
         return evaluate_windows(t->model, t->test, t->comm, t->o->eval_batches * t->o->batch, t->o->seed, loss, acc);
-    return dt_evaluate(t->model, t->test, t->comm, loss, acc);
+    const dt_loss plain = {.kind = t->lf.kind, .label_smoothing = 0.0f};   /* the test loss is unsmoothed */
+    return dt_evaluate(t->model, t->test, &plain, t->comm, loss, acc);
 }
 
 static dt_status run_loop(trainer *t, dt_train_result *res) {

@@ -25,6 +25,7 @@
 
 #include <stdint.h>
 #include "comm.h"
+#include "model.h"   /* dt_loss */
 #include "ops.h"
 #include "status.h"
 
@@ -91,7 +92,11 @@ typedef struct {
     double      gamma;          /* step schedule: decay factor */
     int64_t     warmup;         /* linear warm-up steps; default 0 */
     double      clip;           /* max global gradient norm; 0: no clipping */
-    double      label_smoothing;
+    double      label_smoothing; /* cross-entropy only */
+    const char *loss;           /* "ce" (default): cross-entropy over the class labels; "mse": mean
+                                 * squared error against one-hot targets (the label's output 1, the
+                                 * others 0), the mean over all B x outputs elements, as PyTorch's
+                                 * nn.MSELoss()(out, one_hot(y, outputs).float()) */
     const char *decay;          /* weight decay on "all" parameters (default) or "matrices" only
                                  * (every parameter of 2 or more dimensions, as nanoGPT and llm.c) */
     double      min_lr;         /* cosine schedule: the learning rate it ends at (default 0) */
@@ -103,7 +108,7 @@ typedef struct {
     const char *normalize;      /* input normalisation: "auto" (default: u8 images get the training
                                  * set's per-channel mean/std after scaling to [0, 1]; float data as
                                  * stored), "standard" (mean/std for every type), "unit" (u8 scaled
-                                 * to [0, 1] only) */
+                                 * to [0, 1] only), "none" (every value as stored: u8 as 0..255) */
     uint64_t    seed;           /* default 0 */
     double      bucket_mb;      /* gradient bucket size in MiB (default 25; the first bucket 1) */
     int         overlap;        /* launch buckets during backward (default 1) */
@@ -128,8 +133,6 @@ typedef struct {
 /* The defaults listed above. */
 DT_API void dt_train_opts_default(dt_train_opts *o);
 
-typedef struct dt_model dt_model;
-
 typedef struct {
     int64_t steps;
     double  final_loss;        /* mean loss of the last step */
@@ -140,7 +143,8 @@ typedef struct {
     double  samples_per_s;     /* global training throughput */
     int     norm_channels;     /* the input normalisation applied, per channel: */
     float   norm_mean[64];     /*   x' = (x - norm_mean[c]) / norm_std[c] */
-    float   norm_std[64];      /*   (after u8 scaling to [0, 1]; 0 and 1 when none) */
+    float   norm_std[64];      /*   (after u8 scaling to [0, 1] unless "none"; 0 and 1
+                                *   when no statistics apply) */
 } dt_train_result;
 
 /* Train as the options say, on device `ops`, across `comm` (NULL: one process).
@@ -149,9 +153,10 @@ typedef struct {
 DT_API dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
                               dt_model **model_out, dt_train_result *res);
 
-/* Evaluate a model on the test split of a data spec: mean loss and accuracy.
- * With comm, the test set is sharded across ranks and the sums all-reduced. */
+/* Evaluate a model on the test split of a data spec: mean loss (lf; NULL:
+ * cross-entropy) and accuracy (argmax = label, whatever the loss). With comm, the test set is sharded across ranks and the sums all-reduced. */
 typedef struct dt_dataset dt_dataset;
-DT_API dt_status dt_evaluate(dt_model *m, const dt_dataset *test, dt_comm *comm, double *loss, double *acc);
+DT_API dt_status dt_evaluate(dt_model *m, const dt_dataset *test, const dt_loss *lf, dt_comm *comm, double *loss,
+                             double *acc);
 
 #endif /* DT_TRAIN_H */

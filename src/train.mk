@@ -7,8 +7,8 @@ dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h \
 	src/tools/check.c src/tools/plot.c src/tools/sample.c src/tools/tools.h src/tools/tool_util.c src/tools/tool_util.h
 
 TESTS += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
-	tests/resnet_invariance.sh tests/torch_resnet.sh tests/ranks_same_data.sh
-EXTRA_DIST += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
-	tests/resnet_invariance.sh tests/torch_resnet.sh tests/ranks_same_data.sh
+	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
+EXTRA_DIST += tests/st_torch.py tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
+	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
 TESTS += tests/optim_cli.sh
 EXTRA_DIST += tests/optim_cli.sh

@@ -20,6 +20,8 @@
  *   --mode loop     all_reduce of 8 MiB forever (until --iters), for kill tests.
  *   --mode nullbuf  all_reduce with a NULL send buffer.
  *   --mode init     init, print "rank R of W on HOST", barrier, destroy.
+ *   --mode env      init, print "rank R of W rendezvous 'HOW' MASTER_ADDR=.. MASTER_PORT=..
+ *                   DT_JOB_SECRET=.." (the environment after init: "-" when unset), barrier.
  * Options: --init METHOD (default env://), --backend NAME, --iters N, --dump FILE,
  * --timeout S (dt_comm_set_timeout after init).
  * Errors print "ERROR: <message>" on stderr and exit 1 (2 for bad arguments).
@@ -408,6 +410,12 @@ int main(int argc, char **argv) {
         rc = mode_tree(dump);
     } else if (!strcmp(mode, "init")) {
         printf("rank %d of %d on %s (%s)\n", R, W, dt_comm_host(comm, R), dt_comm_backend(comm));
+        rc = fail_status(dt_barrier(comm), "barrier");
+    } else if (!strcmp(mode, "env")) {
+        const char *v[3] = { getenv("MASTER_ADDR"), getenv("MASTER_PORT"), getenv("DT_JOB_SECRET") };
+        printf("rank %d of %d rendezvous '%s' MASTER_ADDR=%s MASTER_PORT=%s DT_JOB_SECRET=%s\n", R, W,
+               dt_comm_rendezvous(comm), v[0] ? v[0] : "-", v[1] ? v[1] : "-", v[2] ? v[2] : "-");
+        fflush(stdout);
         rc = fail_status(dt_barrier(comm), "barrier");
     } else if (!strcmp(mode, "mismatch")) {
         float v[100] = { 0 };

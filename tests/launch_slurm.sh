@@ -5,8 +5,10 @@
 # munge with a fresh key, slurmctld and slurmd directly (SlurmUser=root,
 # proctrack/linuxproc, task/none, select/cons_tres: no systemd, no cgroups), submits
 # cpu.sbatch (srun, one task per rank) and dtrun.sbatch (one dtrun per node) with
-# sbatch, waits for them with a bounded loop and checks what they wrote. Every daemon it
-# started is stopped on exit. Skips, saying why, without root, the packages, or 2 CPUs.
+# sbatch, runs `srun -n 2 dtrain train` directly (no MASTER_ADDR/MASTER_PORT anywhere:
+# Slurm's variables give the rendezvous), waits for the jobs with a bounded loop and
+# checks what they wrote. Every daemon it started is stopped on exit. Skips, saying
+# why, without root, the packages, or 2 CPUs.
 . "$DT_SRCDIR/tests/tap.sh"
 [ "$(id -u)" -eq 0 ] || skip_all "needs root to run slurmctld, slurmd and munged"
 for p in slurmctld slurmd sbatch squeue scontrol sinfo scancel munged mungekey runuser; do
@@ -106,6 +108,9 @@ until_ok 30 idle || skip_all "slurmd did not register its node: $(why)"
 ok 0 "a single-host Slurm is up ($host, $cpus CPUs)"
 
 export DTRAIN="$DT_BUILDDIR/dtrain" DTRUN="$DT_BUILDDIR/dtrun"
+# no rendezvous address from the caller: under srun, launch_env.c finds it (the first
+# host of the node list, port 20000 + job id % 20000)
+unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE
 
 # submit SCRIPT NAME [sbatch flags]: the job id, or "" (the reason in $tmp/NAME.sbatch)
 submit() {
@@ -143,6 +148,15 @@ ok_grep "$tmp/out/cpu.out" "^dtrain: done: 16 steps" "cpu.sbatch: the 2-rank tra
 ok_grep "$tmp/out/cpu.out" "^dtrain: .* 2 processes" "cpu.sbatch: rank 0 saw a world of 2 (from Slurm's variables)"
 test "$(grep -c '^dtrain: done' "$tmp/out/cpu.out")" -eq 1
 ok $? "cpu.sbatch: one job of 2 ranks, not 2 jobs of 1"
+
+# srun straight from a shell, in an allocation of its own
+timeout 120 srun -n 2 --kill-on-bad-exit=1 "$DTRAIN" train --data synthetic:1024,1,8,8,4 \
+    --model "flatten linear(16) relu linear(4)" --epochs 1 --batch 64 > "$tmp/srun.out" 2>&1
+rc=$?
+ok $rc "srun -n 2 dtrain train, no MASTER_ADDR/MASTER_PORT: exit 0"
+[ $rc -eq 0 ] || { sed 's/^/#   /' "$tmp/srun.out" | tail -15; diag "$(why)"; }
+ok_grep "$tmp/srun.out" "^dtrain: .* 2 processes" "srun -n 2: one job of 2 processes"
+ok_grep "$tmp/srun.out" "^dtrain: done: 16 steps" "srun -n 2: the training finished"
 
 # dtrun.sbatch: one dtrun per node
 run_job dtrun.sbatch dtrun --export=ALL,NPROC=2

@@ -5,8 +5,7 @@
 # a collective mismatch is an error naming both calls; in deterministic mode a rank that
 # never arrives gives a timeout (native MPI collectives cannot time out: see mpi.c).
 . "$DT_SRCDIR/tests/tap.sh"
-[ -n "$MPIRUN" ] || skip_all "configure found no MPI (MPIRUN is empty): install libopenmpi-dev openmpi-bin"
-[ -x "$MPIRUN" ] || skip_all "MPIRUN=$MPIRUN is not executable"
+need_mpirun
 PROG="$DT_BUILDDIR/tests/coll_prog"
 DTRUN="$DT_BUILDDIR/dtrun"
 tmp=$(mktemp -d) || exit 1

@@ -4,8 +4,7 @@
 # (tests/coll_dump) under dtrun/tcp and under mpirun/mpi with DT_DETERMINISTIC=1, rank 0's
 # result bytes compared with cmp, for 2, 3 and 4 ranks.
 . "$DT_SRCDIR/tests/tap.sh"
-[ -n "$MPIRUN" ] || skip_all "configure found no MPI (MPIRUN is empty): install libopenmpi-dev openmpi-bin"
-[ -x "$MPIRUN" ] || skip_all "MPIRUN=$MPIRUN is not executable"
+need_mpirun
 DTRUN="$DT_BUILDDIR/dtrun"
 DUMP="$DT_BUILDDIR/tests/coll_dump"
 tmp=$(mktemp -d) || exit 1

@@ -3,6 +3,8 @@
 #   ok_grep FILE PATTERN "what"  passes when FILE contains PATTERN (grep -E)
 #   skip_all "reason"         skip the whole file
 #   skip "reason"             one skipped test point
+#   need_mpirun [open]        skip_all unless configure found (Open) MPI's mpirun
+#   need_torch                skip_all without PyTorch; else $PY runs it
 #   done_testing              print the plan; exit 1 if anything failed
 # Programs: $DT_BUILDDIR/dtrun, $DT_BUILDDIR/dtbench, ... (set by make check).
 tap_n=0
@@ -20,5 +22,22 @@ ok_grep() {
 skip() { tap_n=$((tap_n + 1)); echo "ok $tap_n # SKIP $*"; }
 skip_all() { echo "1..0 # SKIP $*"; exit 0; }
 done_testing() { echo "1..$tap_n"; [ "$tap_failed" -eq 0 ]; exit $?; }
+# Skip the whole file unless configure found MPI ($MPIRUN); `need_mpirun open`: and it is Open MPI's.
+need_mpirun() {
+    [ -n "$MPIRUN" ] || skip_all "configure found no MPI (MPIRUN is empty): install libopenmpi-dev openmpi-bin"
+    [ -x "$MPIRUN" ] || skip_all "MPIRUN=$MPIRUN is not executable"
+    [ "${1:-}" != open ] || "$MPIRUN" --version 2>/dev/null | grep -q 'Open MPI' || skip_all "$MPIRUN is not Open MPI's"
+}
+# Set PY to a Python with PyTorch and NumPy (python3, else Debian's /usr/bin/python3), or
+# skip the whole file; PYTHONPATH then holds tests/ for st_torch.py (safetensors I/O).
+need_torch() {
+    PY=
+    for p in python3 /usr/bin/python3; do
+        if timeout 60 "$p" -c 'import torch, numpy' >/dev/null 2>&1; then PY=$p; break; fi
+    done
+    [ -n "$PY" ] || skip_all "PyTorch (python3-torch) not installed"
+    PYTHONPATH="$DT_SRCDIR/tests${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH
+}
 # A free TCP port on loopback (bound and released; good enough for tests on one machine).
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -320,6 +320,25 @@ static void test_npy(void) {
            fabsf(dt_dataset_features(ds)[1] - 1.0f) < 1e-6f, "  u8 scaled and normalised (mean 0.5, std 0.5)");
         dt_dataset_free(ds);
     }
+    /* the names of the modes; "none" keeps u8 values as stored, "unit" scales them only */
+    const char *names[] = {"auto", "unit", "standard", "none"};
+    const dt_norm_mode modes[] = {DT_NORM_AUTO, DT_NORM_UNIT, DT_NORM_TRAIN, DT_NORM_RAW};
+    for (int i = 0; i < 4; i++)
+        ok(dt_data_opts_from_name(names[i], &o) == DT_OK && o.norm == modes[i], "  --normalize %s", names[i]);
+    ok(dt_data_opts_from_name("zscore", &o) == DT_ERR_INVALID &&
+       strstr(dt_last_error(), "expected auto, standard, unit or none, got 'zscore'"), "  an unknown name lists the valid ones");
+    float want_raw[3] = {0.0f, 255.0f, 0.0f}, want_unit[3] = {0.0f, 1.0f, 0.0f};
+    for (int raw = 0; raw < 2; raw++) {
+        dt_data_opts_from_name(raw ? "none" : "unit", &o);
+        is_int(dt_dataset_open_opts(spec, DT_SPLIT_TRAIN, &o, &ds), DT_OK, "  u8 with --normalize %s", raw ? "none" : "unit");
+        if (ds) {
+            const dt_dataset_info *in = dt_dataset_get_info(ds);
+            ok(memcmp(dt_dataset_features(ds), raw ? want_raw : want_unit, sizeof want_raw) == 0 &&
+               in->mean[0] == 0.0f && in->std[0] == 1.0f,
+               raw ? "  none: u8 values stay 0..255, no statistics" : "  unit: u8 values scaled to 0..1, no statistics");
+            dt_dataset_free(ds);
+        }
+    }
     struct { const char *dict; const char *sub; const char *what; } bad[] = {
         {"{'descr': '<f4', 'fortran_order': True, 'shape': (4, 3), }", "Fortran order", "Fortran order"},
         {"{'descr': '>f4', 'fortran_order': False, 'shape': (4, 3), }", "big-endian", "big-endian"},

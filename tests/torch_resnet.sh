@@ -5,19 +5,16 @@
 # same data; then PyTorch saves its own freshly initialised module and
 # dtrain eval gets PyTorch's numbers from it. Runs when python3-torch is installed.
 . "$(dirname "$0")/tap.sh"
-PY=
-for p in python3 /usr/bin/python3; do
-    if timeout 60 "$p" -c 'import torch, numpy' >/dev/null 2>&1; then PY=$p; break; fi
-done
-[ -n "$PY" ] || skip_all "PyTorch (python3-torch) not installed"
+need_torch
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 DTRAIN="$DT_BUILDDIR/dtrain"
 
 cat > "$T/resnet.py" <<'PYEOF'
-# The README's resnet module, and safetensors read/written with json + struct.
-import json, struct, sys
+# The README's resnet module.
+import sys
 import numpy as np, torch, torch.nn as nn
+from st_torch import load, save
 
 class Residual(nn.Sequential):
     def forward(self, x):
@@ -38,29 +35,6 @@ def resnet():
         nn.Conv2d(32, 64, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
         block(64), nn.ReLU(),
         GlobalAvgPool(), nn.Linear(64, 10))
-
-DT = {'F32': torch.float32, 'I64': torch.int64}
-def load(path):
-    raw = open(path, 'rb').read()
-    n = struct.unpack('<Q', raw[:8])[0]
-    hdr = json.loads(raw[8:8 + n]); data = bytearray(raw[8 + n:])
-    out = {}
-    for k, v in hdr.items():
-        if k == '__metadata__': continue
-        b, e = v['data_offsets']
-        out[k] = torch.frombuffer(data[b:e], dtype=DT[v['dtype']]).reshape(v['shape']).clone()
-    return out
-
-def save(sd, path):
-    names = {torch.float32: 'F32', torch.int64: 'I64'}
-    hdr, blobs, off = {}, [], 0
-    for k, t in sd.items():
-        b = t.contiguous().numpy().tobytes()
-        hdr[k] = {'dtype': names[t.dtype], 'shape': list(t.shape), 'data_offsets': [off, off + len(b)]}
-        blobs.append(b); off += len(b)
-    h = json.dumps(hdr).encode()
-    h += b' ' * ((8 - len(h) % 8) % 8)
-    open(path, 'wb').write(struct.pack('<Q', len(h)) + h + b''.join(blobs))
 
 def evaluate(m, x, y):
     m.eval()
@@ -86,11 +60,7 @@ else:
     print('%.4f %.4f' % evaluate(m, x, y))
 PYEOF
 
-timeout 120 "$PY" -c "
-import numpy as np
-r = np.random.default_rng(0)
-np.save('$T/x.npy', r.standard_normal((64, 1, 28, 28)).astype('<f4'))
-np.save('$T/y.npy', r.integers(0, 10, 64).astype('<i8'))"
+timeout 120 "$PY" -c "import st_torch; st_torch.random_set('$T', 64, (1, 28, 28), 10)"
 ok $? "test data written"
 DATA="$T/x.npy,$T/y.npy,$T/x.npy,$T/y.npy"
 

@@ -116,6 +116,10 @@ bad "schedule 'cosine' -> 'constant'" "a resume with another --schedule" \
     train --data "$DATA" --model "$MLP" --epochs 2 --quiet --no-eval --checkpoint-dir "$T/rck" --resume auto --schedule constant
 bad "data 'synthetic:2048,1,8,8,4' -> 'synthetic:1024,1,8,8,4'" "a resume on other data" \
     train --data synthetic:1024,1,8,8,4 --model "$MLP" --epochs 4 --quiet --no-eval --checkpoint-dir "$T/rck" --resume auto
+bad "loss 'ce' -> 'mse', normalize 'auto' -> 'none'" "a resume with another --loss and --normalize" \
+    train --data "$DATA" --model "$MLP" --epochs 2 --quiet --no-eval --checkpoint-dir "$T/rck" --resume auto --loss mse --normalize none
+bad "label_smoothing '0' -> '0.1'" "a resume with another --label-smoothing" \
+    train --data "$DATA" --model "$MLP" --epochs 2 --quiet --no-eval --checkpoint-dir "$T/rck" --resume auto --label-smoothing 0.1
 run train --data "$DATA" --model "$MLP" --epochs 2 --no-eval --checkpoint-dir "$T/rck" --resume auto --lr 0.1 \
     --resume-override > "$T/ovr" 2>&1
 ok $? "--resume-override continues anyway"
@@ -126,15 +130,84 @@ ok $? "--normalize standard trains"
 nacc=$(sed -n 's/.*test accuracy \([0-9.]*\)$/\1/p' "$T/ns" | tail -1)
 run eval --data "$DATA" --model "$MLP" --weights "$T/ns.st" --normalize standard > "$T/nse" 2>&1
 ok_grep "$T/nse" "test accuracy ${nacc:-none} " "eval with the same --normalize reproduces the accuracy"
-python3 - "$T/ns.st" > "$T/nsm" 2>&1 <<'PYEOF'
-import json, struct, sys
-raw = open(sys.argv[1], 'rb').read()
-meta = json.loads(raw[8:8 + struct.unpack('<Q', raw[:8])[0]])['__metadata__']
-print(meta['normalize'], meta['input_mean'], meta['input_std'])
+# meta FILE: the normalisation, its mean and std, and the loss recorded in a saved file
+meta() {
+    python3 -c 'import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+m = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])["__metadata__"]
+print(m["normalize"], m["input_mean"], m["input_std"], m["loss"])' "$1" 2>&1
+}
+meta "$T/ns.st" > "$T/nsm"
+ok_grep "$T/nsm" "^standard -?[0-9.e-]+ [0-9.e-]+ ce$" "the saved file records the normalisation, the training set's mean and std, and the loss"
+bad "--normalize: expected auto, standard, unit or none, got 'zscore'" "an unknown --normalize" train --data "$DATA" --normalize zscore
+bad "--normalize: expected auto, standard, unit or none" "an unknown eval --normalize" eval --data "$DATA" --model "$MLP" --weights "$T/ns.st" --normalize zscore
+# --normalize none: bytes reach the model as 0..255. Images of 4x4 bytes (class k: bright
+# column k) and a linear model whose logits PyTorch's formula gives from the raw bytes
+python3 - "$T" > "$T/u8.py.out" 2>&1 <<'PYEOF'
+import json, math, random, struct, sys
+d, r = sys.argv[1], random.Random(0)
+def split(name, n):
+    xs, ys = bytearray(), bytearray()
+    for _ in range(n):
+        k = r.randrange(4); ys.append(k)
+        xs += bytes(min(255, (200 if j % 4 == k else 0) + r.randrange(40)) for j in range(16))
+    open('%s/%s-x.idx' % (d, name), 'wb').write(struct.pack('>IIII', 0x803, n, 4, 4) + xs)
+    open('%s/%s-y.idx' % (d, name), 'wb').write(struct.pack('>II', 0x801, n) + ys)
+    return xs, ys
+split('train', 512)
+xs, ys = split('test', 128)
+w = [[0.001 if j % 4 == k else 0.0 for j in range(16)] for k in range(4)]
+blob = struct.pack('<64f', *[v for row in w for v in row]) + struct.pack('<4f', 0, 0, 0, 0)
+hdr = json.dumps({'1.weight': {'dtype': 'F32', 'shape': [4, 16], 'data_offsets': [0, 256]},
+                  '1.bias': {'dtype': 'F32', 'shape': [4], 'data_offsets': [256, 272]}}).encode()
+hdr += b' ' * ((8 - len(hdr) % 8) % 8)
+open(d + '/lin.st', 'wb').write(struct.pack('<Q', len(hdr)) + hdr + blob)
+def ce(scale):   # cross-entropy of logits W x / scale, the mean over the test set
+    tot = 0.0
+    for i in range(len(ys)):
+        x = xs[16 * i:16 * i + 16]
+        z = [sum(w[k][j] * x[j] / scale for j in range(16)) for k in range(4)]
+        m = max(z)
+        tot += m + math.log(sum(math.exp(v - m) for v in z)) - z[ys[i]]
+    return tot / len(ys)
+print('%.6f %.6f' % (ce(1.0), ce(255.0)))
 PYEOF
-ok_grep "$T/nsm" "^standard -?[0-9.e-]+ [0-9.e-]+$" "the saved file records the normalisation and the training set's mean and std"
-bad "--normalize: expected auto, standard or unit, got 'zscore'" "an unknown --normalize" train --data "$DATA" --normalize zscore
-bad "--normalize: expected auto, standard or unit" "an unknown eval --normalize" eval --data "$DATA" --model "$MLP" --weights "$T/ns.st" --normalize zscore
+ok $? "u8 IDX data and a linear model's weights written"
+U8="$T/train-x.idx,$T/train-y.idx,$T/test-x.idx,$T/test-y.idx"
+read -r raw unit < "$T/u8.py.out"
+for mode in none unit; do
+    run eval --data "$U8" --model "flatten linear(4)" --weights "$T/lin.st" --normalize $mode > "$T/u8$mode" 2>&1
+    got=$(sed -n 's/.*test loss \([0-9.]*\) .*/\1/p' "$T/u8$mode")
+    want=$raw; [ $mode = unit ] && want=$unit
+    awk -v a="${got:-9}" -v b="$want" 'BEGIN { exit !(a - b < 2e-4 && b - a < 2e-4) }'
+    ok $? "eval --normalize $mode: the test loss of logits from $([ $mode = none ] && echo 'bytes as 0..255' || echo 'bytes / 255') (got ${got:-none}, want $want)"
+done
+run train --data "$U8" --model "flatten linear(4)" --epochs 2 --batch 64 --lr 0.0001 --normalize none --save "$T/nn.st" > "$T/nn" 2>&1
+ok $? "--normalize none trains on bytes"
+meta "$T/nn.st" > "$T/nnm"
+ok_grep "$T/nnm" "^none 0 1 ce$" "the saved file records normalize none (mean 0, std 1)"
+# --loss mse: one-hot targets, the mean squared error over all outputs; it learns too
+run train --data "$DATA" --model "$MLP" --epochs 2 --batch 64 --loss mse --log-every 1 --metrics "$T/mse.jsonl" \
+    --save "$T/mse.st" > "$T/mse" 2>&1
+ok $? "--loss mse trains"
+first=$(grep -m1 '"event":"step"' "$T/mse.jsonl" | sed 's/.*"loss":\([^,]*\),.*/\1/')
+last=$(grep '"event":"step"' "$T/mse.jsonl" | tail -1 | sed 's/.*"loss":\([^,]*\),.*/\1/')
+awk -v a="${first:-0}" -v b="${last:-9}" 'BEGIN { exit !(a > 0.1 && b < a / 4) }'
+ok $? "the MSE loss falls (first step ${first:-none}, last ${last:-none})"
+macc=$(sed -n 's/.*test accuracy \([0-9.]*\)$/\1/p' "$T/mse" | tail -1)
+awk -v a="${macc:-0}" 'BEGIN { exit !(a >= 0.9) }'; ok $? "... to test accuracy >= 0.9 (got ${macc:-none})"
+mloss=$(sed -n 's/.*test loss \([0-9.]*\) .*/\1/p' "$T/mse" | tail -1)
+run eval --data "$DATA" --model "$MLP" --weights "$T/mse.st" --loss mse > "$T/msee" 2>&1
+ok_grep "$T/msee" "test accuracy ${macc:-none}  test loss ${mloss:-none} " "eval --loss mse reproduces the test loss and accuracy"
+meta "$T/mse.st" > "$T/msem"
+ok_grep "$T/msem" " mse$" "the saved file records loss mse"
+timeout 120 "$D" check --np 2 --data "$DATA" --model "$MLP" --batch 256 --loss mse > "$T/msec" 2>&1
+ok $? "dtrain check --np 2 --loss mse passes"
+ok_grep "$T/msec" "all 6 checks passed" "... every check, bitwise"
+bad "^dtrain: --loss: expected ce or mse, got 'hinge'" "an unknown --loss" train --data "$DATA" --loss hinge
+bad "^dtrain: --loss: expected ce or mse, got 'hinge'" "an unknown eval --loss" eval --data "$DATA" --model "$MLP" --weights "$T/mse.st" --loss hinge
+bad "^dtrain: --label-smoothing: smooths cross-entropy targets only" "--label-smoothing with --loss mse" \
+    train --data "$DATA" --model "$MLP" --loss mse --label-smoothing 0.1
 # --init starts from saved weights: one step at a vanishing learning rate keeps them byte for byte
 run train --data "$DATA" --model "$MLP" --steps 1 --lr 1e-30 --momentum 0 --weight-decay 0 --quiet --no-eval \
     --init "$T/a.st" --save "$T/init.st" > /dev/null 2>&1
@@ -153,4 +226,6 @@ ok_grep "$T/sum3" "Total params: 112,106" "model summary of the resnet preset"
 ok_grep "$T/sum3" "^4\.3 +conv\(32,3,pad=1,bias=0\)" "the summary names layers inside a block by their module path"
 "$D" train --help > "$T/help" 2>&1; ok $? "train --help exits 0"
 ok_grep "$T/help" "--micro-batches" "train --help documents the flags"
+ok_grep "$T/help" "--loss ce\|mse .*cross-entropy" "train --help documents --loss"
+ok_grep "$T/help" "--normalize auto\|standard\|unit\|none" "train --help documents --normalize none"
 done_testing

@@ -213,6 +213,7 @@ int         dt_comm_local_rank(const dt_comm *c) { return c->local_rank; }
 int         dt_comm_local_size(const dt_comm *c) { return c->local_size; }
 int         dt_comm_node_rank(const dt_comm *c)  { return c->node_rank; }
 const char *dt_comm_backend(const dt_comm *c)    { return c->backend->name; }
+const char *dt_comm_rendezvous(const dt_comm *c) { return c ? c->rendezvous : ""; }
 int         dt_comm_device_buffers(const dt_comm *c) { return c && c->backend->device_buffers; }
 const char *dt_comm_host(const dt_comm *c, int r) {
     return c && r >= 0 && r < c->size && c->hosts ? c->hosts[r] : NULL;
@@ -617,6 +618,7 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
         ch->timeout_s = c->timeout_s;
         ch->deterministic = c->deterministic;
         memcpy(ch->job_id, c->job_id, sizeof ch->job_id);
+        memcpy(ch->rendezvous, c->rendezvous, sizeof ch->rendezvous);
         ch->backend = c->backend;
         ch->parent = c;
         ch->family = c->family;

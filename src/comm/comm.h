@@ -30,6 +30,9 @@
  *                     the sender's memory instead of through the ring (faster when the
  *                     ranks do not share a cache or compete for cores); 0: never
  *   RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, DT_JOB_ID, ... (launch_env.h)
+ *   Under mpirun with neither MASTER_ADDR nor MASTER_PORT set, a build with MPI finds
+ *   rank 0's store through MPI and then sets MASTER_ADDR, MASTER_PORT and (when unset)
+ *   DT_JOB_SECRET in every rank's environment (mpi_boot.h).
  *
  * Reduction order: on the "tcp" backend (and "mpi" in deterministic mode) all_reduce,
  * reduce_scatter and reduce over a power-of-two world size sum every element over one
@@ -87,6 +90,10 @@ DT_API int         dt_comm_local_rank(const dt_comm *c);             /* index am
 DT_API int         dt_comm_local_size(const dt_comm *c);             /* ranks on this host */
 DT_API int         dt_comm_node_rank (const dt_comm *c);             /* index of this host (order of first rank) */
 DT_API const char *dt_comm_backend   (const dt_comm *c);             /* "tcp", "mpi", "nccl" */
+/* How the ranks found each other: "env:// HOST:PORT", "tcp://HOST:PORT", "file:///PATH",
+ * "mpirun HOST:PORT" (mpirun set no MASTER_ADDR/MASTER_PORT: rank 0's store address went
+ * through MPI, see README), "MPI_COMM_WORLD" (mpi backend); "" for a world of one. */
+DT_API const char *dt_comm_rendezvous(const dt_comm *c);
 DT_API int         dt_comm_device_buffers(const dt_comm *c);     /* 1: buffers are device (GPU) memory (nccl) */
 DT_API const char *dt_comm_host      (const dt_comm *c, int rank);   /* that rank's host name; NULL if out of range */
 DT_API dt_status   dt_comm_set_timeout(dt_comm *c, double seconds);  /* for later calls; > 0 */

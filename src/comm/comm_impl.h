@@ -114,6 +114,7 @@ struct dt_comm {
     double            timeout_s;
     char              job_id[128];
     int               deterministic;
+    char              rendezvous[320]; /* how the ranks met (dt_comm_rendezvous), set by init */
     uint64_t          seq;          /* collectives issued so far (comm.c increments) */
     uint32_t          ctx;          /* context id: 0 for the world, unique per split */
     const dt_backend *backend;

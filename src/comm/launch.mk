@@ -1,7 +1,8 @@
-# src/comm/launch.mk: rank discovery (launch_env.c) and the MPI backend (mpi.c).
+# src/comm/launch.mk: rank discovery (launch_env.c) and the MPI backend (mpi.c, which
+# also carries the tcp backend's rendezvous under a bare mpirun: mpi_boot.h).
 # mpi.c alone needs MPI's compiler flags, so it is built as a convenience library with
 # its own CPPFLAGS and folded into libdtrain_core; the rest of the tree never sees mpi.h.
-libdtrain_core_la_SOURCES += src/comm/launch_env.c
+libdtrain_core_la_SOURCES += src/comm/launch_env.c src/comm/mpi_boot.h
 dtraininclude_HEADERS += src/comm/launch_env.h
 
 if HAVE_MPI

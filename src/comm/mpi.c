@@ -31,9 +31,13 @@
  * MPI_Init_thread is called only when MPI is not initialised yet; MPI_Finalize only
  * when dtrain initialised it, at the destruction of the last communicator (MPI cannot
  * be initialised twice, so a later dt_comm_init with backend "mpi" then fails clearly).
+ *
+ * This file also carries the tcp backend's rendezvous under a bare mpirun (mpi_boot.h):
+ * one MPI_Bcast of rank 0's store address between MPI_Init_thread and MPI_Finalize.
  */
 #include "config.h"
 #include "comm_impl.h"
+#include "mpi_boot.h"
 #include "reduce.h"
 
 #include <limits.h>
@@ -625,6 +629,7 @@ static dt_status mpi_init(dt_comm *c, const dt_comm_opts *opts) {
     }
     mpi_state *st;
     if ((s = new_state(c, world, &st)) != DT_OK) goto fail;
+    snprintf(c->rendezvous, sizeof c->rendezvous, "MPI_COMM_WORLD");
     return DT_OK;
 fail:
     pthread_mutex_lock(&g_lock);
@@ -678,6 +683,76 @@ static void mpi_split_destroy(dt_comm *child) {
         free_state(st);
     }
     child->priv = NULL;
+}
+
+/* ---- the tcp backend's rendezvous through MPI (mpi_boot.h) ---------------------------- */
+
+int dt_mpi_boot_available(const char *source) {
+#if defined(OPEN_MPI)
+    return source && strcmp(source, "openmpi") == 0;
+#elif defined(MPICH_VERSION)
+    return source && strcmp(source, "mpich") == 0;
+#else
+    (void)source;
+    return 0;
+#endif
+}
+
+/* MPI started and the line broadcast; the caller finalises. Rank 0's line starts with
+ * '+' (publish's line follows) or '!' (publish's error follows). */
+static dt_status boot_exchange(int rank, int size, dt_status (*publish)(void *, char *, size_t), void *ctx,
+                               char *line, int *mpi_failed) {
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+    if (rc != MPI_SUCCESS) { *mpi_failed = 1; return mpi_fail(rc, "MPI_Comm_dup"); }
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    int r = -1, n = -1;
+    MPI_Comm_rank(comm, &r);
+    MPI_Comm_size(comm, &n);
+    if (r != rank || n != size) {
+        /* the ranks cannot agree on a broadcast: end here, without MPI_Finalize */
+        *mpi_failed = 1;
+        return dt_error(DT_ERR_INVALID, "the launcher says rank %d of %d but MPI says rank %d of %d (is dtrain "
+                        "built against this mpirun's MPI?); set MASTER_ADDR and MASTER_PORT instead", rank, size, r, n);
+    }
+    char buf[DT_MPI_BOOT_LINE + 1];
+    memset(buf, 0, sizeof buf);
+    dt_status ps = DT_OK;
+    if (rank == 0) {
+        ps = publish(ctx, buf + 1, DT_MPI_BOOT_LINE);
+        buf[0] = ps == DT_OK ? '+' : '!';
+        if (ps != DT_OK) snprintf(buf + 1, DT_MPI_BOOT_LINE, "%s", dt_last_error());
+    }
+    rc = MPI_Bcast(buf, (int)sizeof buf, MPI_CHAR, 0, comm);
+    if (rc != MPI_SUCCESS) { *mpi_failed = 1; return mpi_fail(rc, "MPI_Bcast of the rendezvous address"); }
+    MPI_Comm_free(&comm);
+    buf[DT_MPI_BOOT_LINE] = '\0';
+    memcpy(line, buf + 1, DT_MPI_BOOT_LINE);
+    if (buf[0] != '+') {
+        if (rank == 0) return dt_error(ps, "%s", line);
+        return dt_error(DT_ERR_PEER, "rank 0 could not start the rendezvous: %s", line);
+    }
+    return DT_OK;
+}
+
+dt_status dt_mpi_boot(int rank, int size, dt_status (*publish)(void *, char *, size_t), void *ctx, char *line) {
+    line[0] = '\0';
+    pthread_mutex_lock(&g_lock);
+    dt_status s = mpi_start();
+    if (s != DT_OK) {
+        if (g_worlds == 0 && g_we_initialised) mpi_stop();
+        pthread_mutex_unlock(&g_lock);
+        return dt_error_wrap(s, "rendezvous through MPI: ");
+    }
+    g_worlds++;
+    pthread_mutex_unlock(&g_lock);
+    int mpi_failed = 0;
+    s = boot_exchange(rank, size, publish, ctx, line, &mpi_failed);
+    pthread_mutex_lock(&g_lock);
+    if (mpi_failed) g_broken = 1;   /* MPI_Finalize would wait for ranks that are not coming */
+    if (--g_worlds == 0) mpi_stop();
+    pthread_mutex_unlock(&g_lock);
+    return s;
 }
 
 const dt_backend dt_backend_mpi = {

@@ -6,9 +6,11 @@
  *      where is the store: env:// (MASTER_ADDR/MASTER_PORT), tcp://host:port, or
  *      file:///path (rank 0 binds a free port and publishes "job host port nonce" there,
  *      and a fresh job secret when none is set: the file is private, mode 0600);
- *      every connection, to the store and between ranks, first proves the job secret
- *      (auth.h; without a secret only on loopback), and every server listens on the
- *      chosen interface's address only, never on the wildcard;
+ *      under mpirun with neither MASTER_ADDR nor MASTER_PORT (and MPI built in), rank 0
+ *      serves the store on a free port and MPI broadcasts where, and a fresh secret
+ *      (mpi_boot.h); every connection, to the store and between ranks, first proves the
+ *      job secret (auth.h; without a secret only on loopback), and every server listens
+ *      on the chosen interface's address only, never on the wildcard;
  *   2. rank 0 serves the store; every rank connects, checks the world size against
  *      rank 0's, claims its rank with an atomic counter (two processes claiming one rank
  *      are told about each other), and registers its listening address, host, pid, boot
@@ -28,6 +30,7 @@
 #include "config.h"
 #include "tcp_impl.h"
 #include "launch_env.h"
+#include "mpi_boot.h"
 #include "sock.h"
 #include "gate.h"
 
@@ -58,13 +61,28 @@ typedef struct {
     char host[256];
 } reg_t;
 
+/* n bytes from /dev/urandom. */
+static dt_status random_bytes(void *p, size_t n) {
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return dt_error(DT_ERR_IO, "/dev/urandom: %s", strerror(errno));
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)p + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            close(fd);
+            return dt_error(DT_ERR_IO, "/dev/urandom: %s", strerror(e));
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    return DT_OK;
+}
+
 static unsigned long long make_nonce(void) {
     unsigned long long n = 0;
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        if (read(fd, &n, sizeof n) != (ssize_t)sizeof n) n = 0;
-        close(fd);
-    }
+    if (random_bytes(&n, sizeof n) != DT_OK) n = 0;
     if (!n) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -99,7 +117,9 @@ static dt_status parse_method(const char *m, const dt_launch_env *env, method_t 
     if (!m || strcmp(m, "env://") == 0) {
         if (!env->master_addr[0] || env->master_port <= 0)
             return dt_error(DT_ERR_INVALID, "init method env:// needs MASTER_ADDR and MASTER_PORT "
-                            "(set by dtrun, torchrun or srun)");
+                            "(set by dtrun, torchrun or srun)%s",
+                            env->master_addr[0] ? ": MASTER_PORT is not set" :
+                            env->master_port > 0 ? ": MASTER_ADDR is not set" : "");
         snprintf(out->host, sizeof out->host, "%s", env->master_addr);
         out->port = env->master_port;
         return DT_OK;
@@ -217,6 +237,58 @@ static dt_status file_connect(const char *path, dt_auth *auth, double deadline, 
         nanosleep(&ts, NULL);
     }
 }
+
+/* ---- rendezvous through MPI (mpi_boot.h) ------------------------------------------- */
+
+#ifdef DT_HAVE_MPI
+typedef struct {
+    tcp_world  *w;
+    const char *job;
+    int         all_local;   /* every rank runs on this host */
+} boot_ctx;
+
+/* Rank 0: a job secret for the ranks that have none, the store on a port the kernel
+ * picks (held from here on: no other process can take it in between), and the line
+ * "ADDR PORT SECRET" for every rank. The store listens on loopback when the whole job
+ * runs on this host, else on the interface of the default route; DT_SOCKET_IFNAME
+ * overrides both. */
+static dt_status boot_publish(void *ctx, char *line, size_t n) {
+    boot_ctx *b = ctx;
+    unsigned char key[32];
+    char secret[2 * sizeof key + 1], addr[64];
+    dt_status s = random_bytes(key, sizeof key);
+    if (s != DT_OK) return dt_error_wrap(s, "making the job secret: ");
+    for (size_t i = 0; i < sizeof key; i++) snprintf(secret + 2 * i, 3, "%02x", key[i]);
+    if (setenv("DT_JOB_SECRET", secret, 0) != 0)
+        return dt_error(DT_ERR_NOMEM, "cannot set DT_JOB_SECRET: %s", strerror(errno));
+    if ((s = dt_auth_init(&b->w->auth, b->job)) != DT_OK) return s;   /* the secret rank 0 now has */
+    if ((s = dt_sock_pick_addr(b->all_local ? "127.0.0.1" : "8.8.8.8", addr, sizeof addr)) != DT_OK)
+        return dt_error_wrap(s, "choosing the address of the rendezvous store (set DT_SOCKET_IFNAME, or MASTER_ADDR "
+                             "and MASTER_PORT): ");
+    if ((s = dt_store_server_start(addr, 0, &b->w->auth, &b->w->server)) != DT_OK)
+        return dt_error_wrap(s, "serving the rendezvous store on %s: ", addr);
+    snprintf(line, n, "%s %d %s", addr, dt_store_server_port(b->w->server), secret);
+    return DT_OK;
+}
+
+/* mpirun set no MASTER_ADDR/MASTER_PORT: rank 0's store address arrives through MPI.
+ * Every rank then sets MASTER_ADDR and MASTER_PORT, so a later communicator of this
+ * process finds the job the usual way, and DT_JOB_SECRET where the user set none. */
+static dt_status boot_rendezvous(tcp_world *w, const dt_launch_env *env, const char *job, method_t *m) {
+    boot_ctx b = {.w = w, .job = job, .all_local = env->local_size == env->size};
+    char line[DT_MPI_BOOT_LINE], secret[80], port[16];
+    DT_TRY(dt_mpi_boot(w->rank, w->size, boot_publish, &b, line));
+    memset(m, 0, sizeof *m);
+    if (sscanf(line, "%255s %d %79s", m->host, &m->port, secret) != 3 || m->port < 1 || m->port > 65535 ||
+        strlen(secret) != 64)
+        return dt_error(DT_ERR_FORMAT, "rendezvous through MPI: rank 0 sent '%.100s', expected ADDR PORT SECRET", line);
+    snprintf(port, sizeof port, "%d", m->port);
+    if (setenv("MASTER_ADDR", m->host, 1) != 0 || setenv("MASTER_PORT", port, 1) != 0 ||
+        setenv("DT_JOB_SECRET", secret, 0) != 0)
+        return dt_error(DT_ERR_NOMEM, "rendezvous through MPI: cannot set the environment: %s", strerror(errno));
+    return dt_auth_init(&w->auth, job);   /* the job's secret, as every rank now has it */
+}
+#endif
 
 /* ---- registration ------------------------------------------------------------------ */
 
@@ -549,7 +621,12 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     if (rank >= size) return dt_error(DT_ERR_INVALID, "rank %d is out of range for world size %d", rank, size);
     if (!opts->job_id) snprintf(c->job_id, sizeof c->job_id, "%s", env.job_id);
     method_t m;
-    if (size > 1 || opts->init_method) DT_TRY(parse_method(opts->init_method, &env, &m));
+    int boot = 0;   /* mpirun gave no master: rank 0's store address comes through MPI */
+#ifdef DT_HAVE_MPI
+    boot = size > 1 && (!opts->init_method || strcmp(opts->init_method, "env://") == 0) && !env.master_addr[0] &&
+           env.master_port <= 0 && dt_mpi_boot_available(env.source);
+#endif
+    if (!boot && (size > 1 || opts->init_method)) DT_TRY(parse_method(opts->init_method, &env, &m));
 
     tcp_world *w = calloc(1, sizeof *w);
     tcp_comm *tc = calloc(1, sizeof *tc);
@@ -589,6 +666,9 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     if ((s = dt_auth_init(&w->auth, job)) != DT_OK) goto fail;
 
     /* 1-2: the store */
+#ifdef DT_HAVE_MPI
+    if (boot && (s = boot_rendezvous(w, &env, job, &m)) != DT_OK) goto fail;
+#endif
     char store_host[256];
     if (m.file) {
         if (rank == 0) {
@@ -615,7 +695,7 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     } else {
         snprintf(store_host, sizeof store_host, "%s", m.host);
         if ((s = dt_auth_allow(&w->auth, m.host)) != DT_OK) goto fail;
-        if (rank == 0) {
+        if (rank == 0 && !w->server) {
             /* serve on the master address itself when it is one of ours, else on the
              * chosen interface: never on every interface */
             char bind_addr[64];
@@ -629,6 +709,9 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
         }
         if ((s = dt_store_connect(store_host, m.port, &w->auth, timeout, &w->store)) != DT_OK) goto fail;
     }
+    if (m.file) snprintf(c->rendezvous, sizeof c->rendezvous, "file://%.300s", m.path);
+    else snprintf(c->rendezvous, sizeof c->rendezvous, "%s%s:%d", boot ? "mpirun " : opts->init_method &&
+                  strncmp(opts->init_method, "tcp://", 6) == 0 ? "tcp://" : "env:// ", m.host, m.port);
     /* a store host that stops answering is reported within the job's timeout, not 30 s later */
     dt_store_set_slack(w->store, timeout < 30 ? timeout : 30);
     /* the address peers reach us at: the interface that routes to the store */

@@ -79,12 +79,17 @@ static const char *usage_train_rest =
     "  --step-size N --gamma X           step schedule: multiply by X every N steps\n"
     "  --warmup N            linear warm-up steps  [0]\n"
     "  --clip X              clip gradients to global norm X (0: off)  [0]\n"
-    "  --label-smoothing X   [0]\n"
-    "  --normalize auto|standard|unit  input normalisation: auto standardises u8\n"
-    "                        images with the training set's per-channel mean and std\n"
-    "                        (after scaling to [0,1]) and keeps float data as stored;\n"
-    "                        standard does so for every type; unit only scales u8 to\n"
-    "                        [0,1]. --save records the mean and std  [auto]\n"
+    "  --loss ce|mse         ce: cross-entropy over the class labels; mse: mean squared\n"
+    "                        error against one-hot targets (1 at the label's output,\n"
+    "                        0 elsewhere), averaged over all batch x output elements\n"
+    "                        as PyTorch's nn.MSELoss()(out, one_hot(y).float())  [ce]\n"
+    "  --label-smoothing X   cross-entropy only  [0]\n"
+    "  --normalize auto|standard|unit|none  input normalisation: auto standardises\n"
+    "                        u8 images with the training set's per-channel mean and\n"
+    "                        std (after scaling to [0,1]) and keeps float data as\n"
+    "                        stored; standard does so for every type; unit only scales\n"
+    "                        u8 to [0,1]; none keeps every value as stored (u8 as\n"
+    "                        0..255). --save records the mean and std  [auto]\n"
     "Run:\n"
     "  --seed N              initialisation, data order and dropout  [0]\n"
     "  --threads N           compute threads per process (default: $OMP_NUM_THREADS,\n"
@@ -122,15 +127,18 @@ static const char *usage_train_rest =
     "  --no-overlap          all-reduce gradients after backward, not during it\n"
     "  --sync-bn             batchnorm statistics over all ranks (synchronised BN)\n"
     "  --backend tcp|mpi|nccl  communication backend  [$DT_BACKEND or tcp]\n"
-    "  --init-method URL     env:// (default), tcp://HOST:PORT or file:///PATH\n";
+    "  --init-method URL     env:// (default), tcp://HOST:PORT or file:///PATH; under\n"
+    "                        mpirun without MASTER_ADDR/MASTER_PORT, rank 0's address\n"
+    "                        travels through MPI (tcp backend; README \"Launching\")\n";
 
 static const char *usage_eval =
-    "usage: dtrain eval --model SPEC --weights FILE [--data SPEC] [--normalize auto|standard|unit]\n"
-    "                   [--threads N]\n"
+    "usage: dtrain eval --model SPEC --weights FILE [--data SPEC]\n"
+    "                   [--normalize auto|standard|unit|none] [--loss ce|mse] [--threads N]\n"
     "\n"
     "Prints the test accuracy and mean loss of FILE (safetensors written by\n"
     "dtrain train --save) for the model SPEC on the test split of --data, normalised\n"
-    "as in training (give the --normalize that training had).\n";
+    "as in training (give the --normalize that training had), the loss being --loss\n"
+    "(default ce; see dtrain train --help).\n";
 
 static const char *usage_model =
     "usage: dtrain model --model SPEC [--input C,H,W | --data SPEC]\n"
@@ -207,7 +215,7 @@ static dt_status setup_threads(const dt_ops *ops, int64_t threads, int local_siz
 
 /* A communicator when a launcher started several processes (or a backend was
  * asked for); NULL for a plain single-process run. */
-static dt_status setup_comm(const char *backend, const char *init, dt_comm **out, int *local_size) {
+static dt_status setup_comm(const char *backend, const char *init, int quiet, dt_comm **out, int *local_size) {
     dt_launch_env env;
     *out = NULL;
     *local_size = 1;
@@ -221,6 +229,13 @@ static dt_status setup_comm(const char *backend, const char *init, dt_comm **out
     g_rank = dt_comm_rank(*out);
     g_world = dt_comm_size(*out);
     *local_size = dt_comm_local_size(*out);
+    /* the laptop path, `mpirun -np 2 dtrain train`: say what was chosen for the user */
+    const char *rdzv = dt_comm_rendezvous(*out);
+    if (g_rank == 0 && !quiet && strncmp(rdzv, "mpirun ", 7) == 0) {
+        printf("dtrain: mpirun set no MASTER_ADDR/MASTER_PORT: %s backend, rendezvous at %s through MPI "
+               "(--backend mpi for MPI's own collectives)\n", dt_comm_backend(*out), rdzv + 7);
+        fflush(stdout);
+    }
     return DT_OK;
 }
 
@@ -401,6 +416,7 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--clip")) { if (s == DT_OK) s = dt_arg_double("--clip", v, 0, 1e30, &o.clip); }
         else if (FLAG("--normalize")) o.normalize = v;
         else if (FLAG("--init")) o.init_weights = v;
+        else if (FLAG("--loss")) o.loss = v;
         else if (FLAG("--label-smoothing")) { if (s == DT_OK) s = dt_arg_double("--label-smoothing", v, 0, 0.999999, &o.label_smoothing); }
         else if (FLAG("--seed")) { if (s == DT_OK && (s = dt_arg_int("--seed", v, 0, INT64_MAX, 0, &iv)) == DT_OK) o.seed = (uint64_t)iv; }
         else if (FLAG("--threads")) { if (s == DT_OK) s = dt_arg_int("--threads", v, 1, 4096, 0, &threads); }
@@ -437,7 +453,7 @@ static int cmd_train(int argc, char **argv) {
     if (!ops) return fail(DT_ERR_INVALID);
     dt_comm *comm = NULL;
     int local_size = 1;
-    if ((s = setup_comm(backend, init, &comm, &local_size)) != DT_OK) return fail(s);
+    if ((s = setup_comm(backend, init, quiet, &comm, &local_size)) != DT_OK) return fail(s);
     if (batch_per_rank > 0) o.batch = batch_per_rank * g_world;
     if ((s = setup_threads(ops, threads, local_size)) != DT_OK) goto out;
 
@@ -473,9 +489,9 @@ static int cmd_train(int argc, char **argv) {
                 snprintf(mean + lm, sizeof mean - lm, "%s%.9g", c ? "," : "", (double)res.norm_mean[c]);
                 snprintf(std + ls, sizeof std - ls, "%s%.9g", c ? "," : "", (double)res.norm_std[c]);
             }
-            const char *meta[] = {"format", "pt", "model", o.model, "normalize", o.normalize,
+            const char *meta[] = {"format", "pt", "model", o.model, "loss", o.loss, "normalize", o.normalize,
                                   "input_mean", mean, "input_std", std};
-            s = dt_model_save(model, save, meta, 5);
+            s = dt_model_save(model, save, meta, 6);
             if (s == DT_OK) printf("dtrain: saved weights to %s\n", save);
         }
     }
@@ -495,6 +511,7 @@ out:
 
 static int cmd_eval(int argc, char **argv) {
     const char *spec = NULL, *weights = NULL, *data = "/usr/share/datasets/fashion-mnist", *norm = "auto";
+    dt_loss lf = {.kind = DT_LOSS_CE, .label_smoothing = 0.0f};
     int64_t threads = 0;
     dt_status s = DT_OK;
     for (int i = 1; i < argc && s == DT_OK;) {
@@ -504,6 +521,7 @@ static int cmd_eval(int argc, char **argv) {
         else if (dt_arg_match("--weights", argc, argv, &i, &v, &s)) weights = v;
         else if (dt_arg_match("--data", argc, argv, &i, &v, &s)) data = v;
         else if (dt_arg_match("--normalize", argc, argv, &i, &v, &s)) norm = v;
+        else if (dt_arg_match("--loss", argc, argv, &i, &v, &s)) { if (s == DT_OK) s = dt_loss_parse(v, &lf.kind); }
         else if (dt_arg_match("--threads", argc, argv, &i, &v, &s)) { if (s == DT_OK) s = dt_arg_int("--threads", v, 1, 4096, 0, &threads); }
         else s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain eval --help)", argv[i]);
     }
@@ -525,7 +543,7 @@ static int cmd_eval(int argc, char **argv) {
         s = dt_model_build(spec, &shape, ops, 0, 500, &m);
     }
     if (s == DT_OK && (s = dt_model_load(m, weights)) == DT_ERR_IO) s = DT_ERR_INVALID;
-    if (s == DT_OK) s = dt_evaluate(m, test, NULL, &loss, &acc);
+    if (s == DT_OK) s = dt_evaluate(m, test, &lf, NULL, &loss, &acc);
     if (s == DT_OK)
         printf("test accuracy %.4f  test loss %.4f  (%lld samples, %s)\n", acc, loss,
                (long long)dt_dataset_get_info(test)->n, weights);

@@ -17,6 +17,7 @@ TESTS += tests/dtrun_env.sh tests/dtrun_output.sh tests/dtrun_fail.sh tests/dtru
 EXTRA_DIST += tests/dtrun_env.sh tests/dtrun_output.sh tests/dtrun_fail.sh tests/dtrun_signal.sh \
 	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh tests/dtrun_lib.sh
 # launching on real components: two nodes in network namespaces (root), a single-host
-# Slurm (slurm-wlm, munge), mpirun with the tcp and mpi backends; each skips saying why
-TESTS += tests/launch_netns.sh tests/launch_slurm.sh tests/launch_mpirun.sh
-EXTRA_DIST += tests/launch_netns.sh tests/launch_slurm.sh tests/launch_mpirun.sh
+# Slurm (slurm-wlm, munge), mpirun with the tcp and mpi backends, and bare mpirun (no
+# MASTER_*: the rendezvous through MPI); each skips saying why
+TESTS += tests/launch_netns.sh tests/launch_slurm.sh tests/launch_mpirun.sh tests/mpirun_bare.sh
+EXTRA_DIST += tests/launch_netns.sh tests/launch_slurm.sh tests/launch_mpirun.sh tests/mpirun_bare.sh

@@ -33,6 +33,7 @@ const dt_arg_field dt_tool_train_flags[] = {
     {"step_size", "--step-size"},         {"gamma", "--gamma"},
     {"warmup", "--warmup"},               {"clip", "--clip"},
     {"label_smoothing", "--label-smoothing"}, {"seed", "--seed"},
+    {"loss", "--loss"},
     {"normalize", "--normalize"},         {"init_weights", "--init"},
     {"bucket_mb", "--bucket-mb"},         {"overlap", "--no-overlap"},
     {"sync_bn", "--sync-bn"},             {"lr_scale", "--lr-scale"},
