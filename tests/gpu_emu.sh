@@ -1,5 +1,5 @@
 #!/bin/sh
-# gpu_emu.sh: the CUDA backend's kernels without a GPU. The three .cu files are compiled
+# gpu_emu.sh: the CUDA backend's kernels without a GPU. The four .cu files are compiled
 # with g++ against stand-ins for the CUDA runtime and cuBLAS (tests/gpu_emu/: kernels
 # become host functions, each block's threads run as cooperative fibers that switch at
 # __syncthreads, GEMMs go to OpenBLAS column-major), launches <<<...>>> rewritten into
@@ -22,7 +22,7 @@ trap 'rm -rf "$TMP"' EXIT
 
 fail() { echo "not ok 1 - $1"; sed 's/^/#   /' "$TMP/log" | head -30; echo "1..1"; exit 1; }
 cxx="g++ -std=c++17 -O1 -fPIC -I$S/tests/gpu_emu $blas_cflags"
-for f in cuda_ops cuda_elem cuda_nn; do
+for f in cuda_ops cuda_elem cuda_nn cuda_seq; do
     sed 's/\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/emu_cfg(\2).run(\1)(/' "$S/src/cuda/$f.cu" > "$TMP/$f.cpp"
     if grep -n '<<<' "$TMP/$f.cpp" > "$TMP/log"; then fail "a kernel launch in $f.cu was not rewritten"; fi
     timeout 300 $cxx -DDT_CU_MAX_BLOCKS=3 -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$B" \

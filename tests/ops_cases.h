@@ -661,15 +661,15 @@ static inline void tc_result_free(tc_run *r) {
     r->nout = 0;
 }
 
-/* Run case c on `ops` from a seed fixed by the case (plus DT_TEST_SEED when set);
- * outputs are read back into r->out[i].host. DT_OK, or the first failure with its
- * message in r->error. */
-static inline dt_status tc_exec(const tc_case *c, const dt_ops *ops, tc_run *r) {
+/* Run case function fn on `ops` from `seed` (plus DT_TEST_SEED when set); outputs are
+ * read back into r->out[i].host. DT_OK, or the first failure with its message in
+ * r->error. */
+static inline dt_status tc_exec_fn(void (*fn)(tc_run *), uint64_t seed, const dt_ops *ops, tc_run *r) {
     memset(r, 0, sizeof *r);
     r->ops = ops;
     const char *env = getenv("DT_TEST_SEED");
-    r->rng = 0x9e3779b97f4a7c15ull ^ ((uint64_t)(c - tc_cases) * 0x100000001b3ull) ^ (env ? strtoull(env, NULL, 0) : 0);
-    c->fn(r);
+    r->rng = 0x9e3779b97f4a7c15ull ^ seed ^ (env ? strtoull(env, NULL, 0) : 0);
+    fn(r);
     TC(r, ops->synchronize());
     for (int i = 0; i < r->nout; i++) {
         tc_output *o = &r->out[i];
@@ -683,6 +683,11 @@ static inline dt_status tc_exec(const tc_case *c, const dt_ops *ops, tc_run *r) 
     for (int i = 0; i < r->nhost; i++) free(r->hostbuf[i]);
     r->ndev = r->nhost = 0;
     return r->status;
+}
+
+/* Run case c of the table on `ops` from a seed fixed by the case (tc_exec_fn). */
+static inline dt_status tc_exec(const tc_case *c, const dt_ops *ops, tc_run *r) {
+    return tc_exec_fn(c->fn, (uint64_t)(c - tc_cases) * 0x100000001b3ull, ops, r);
 }
 
 /* Every float of every f32 output was written (no 0xffffffff left); the first one

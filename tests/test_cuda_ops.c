@@ -50,29 +50,81 @@ static float *dev_zero(size_t n) {
 
 /* ---- every op against the cpu, and twice on the device ---- */
 
+/* Case fn from `seed` on the cpu and twice on the device: within the case's tolerances
+ * of the cpu, and the same bytes twice. */
+static void compare_case(const char *name, void (*fn)(tc_run *), uint64_t seed) {
+    tc_run want, got, again;
+    char why[300] = "";
+    double worst = 0.0;
+    dt_status sc = tc_exec_fn(fn, seed, C, &want), s1 = tc_exec_fn(fn, seed, G, &got), s2 = tc_exec_fn(fn, seed, G, &again);
+    if (sc != DT_OK) diag("   cpu: %s", want.error);
+    if (s1 != DT_OK) diag("   %s: %s", G->name, got.error);
+    if (s2 != DT_OK && s1 == DT_OK) diag("   %s, second run: %s", G->name, again.error);
+    int good = sc == DT_OK && s1 == DT_OK && tc_same(&want, &got, self_test, why, sizeof why, &worst);
+    ok(good, "%s: %s matches cpu within the stated tolerance (%d outputs, worst normwise %.1e)", name, G->name,
+       got.nout, worst);
+    if (why[0]) diag("   %s", why);
+    why[0] = 0;
+    ok(s1 == DT_OK && s2 == DT_OK && tc_same(&got, &again, 1, why, sizeof why, &worst),
+       "%s: two %s runs give the same bytes", name, G->name);
+    if (why[0]) diag("   %s", why);
+    tc_result_free(&want);
+    tc_result_free(&got);
+    tc_result_free(&again);
+}
+
 static void test_table(void) {
     tc_check_complete(G);
-    for (int i = 0; i < DT_OPS_COUNT; i++) {
-        const tc_case *c = &tc_cases[i];
-        tc_run want, got, again;
-        char why[300] = "";
-        double worst = 0.0;
-        dt_status sc = tc_exec(c, C, &want), s1 = tc_exec(c, G, &got), s2 = tc_exec(c, G, &again);
-        if (sc != DT_OK) diag("   cpu: %s", want.error);
-        if (s1 != DT_OK) diag("   %s: %s", G->name, got.error);
-        if (s2 != DT_OK && s1 == DT_OK) diag("   %s, second run: %s", G->name, again.error);
-        int good = sc == DT_OK && s1 == DT_OK && tc_same(&want, &got, self_test, why, sizeof why, &worst);
-        ok(good, "%s: %s matches cpu within the stated tolerance (%d outputs, worst normwise %.1e)", c->name, G->name,
-           got.nout, worst);
-        if (why[0]) diag("   %s", why);
-        why[0] = 0;
-        ok(s1 == DT_OK && s2 == DT_OK && tc_same(&got, &again, 1, why, sizeof why, &worst),
-           "%s: two %s runs give the same bytes", c->name, G->name);
-        if (why[0]) diag("   %s", why);
-        tc_result_free(&want);
-        tc_result_free(&got);
-        tc_result_free(&again);
+    for (int i = 0; i < DT_OPS_COUNT; i++)
+        compare_case(tc_cases[i].name, tc_cases[i].fn, (uint64_t)i * 0x100000001b3ull);
+}
+
+/* ---- sequence kernels on shapes the table leaves out: every head-width build of the
+ * attention kernels (cuda_seq.cu: up to 32, 64, 128, 256; decode unbounded), several
+ * tiles, and embeddings over several column blocks, vocabulary ranges and id batches ---- */
+
+static int seq_D;   /* head width of the next attention case */
+
+static void seq_attn(tc_run *r) {
+    const int B = 2, T = 70, H = 2, D = seq_D, Cw = H * D;
+    size_t bt = (size_t)B * T;
+    float *qkv = tc_rand(r, bt * 3 * Cw, -2.0f, 2.0f), *dy = tc_rand(r, bt * Cw, -1.0f, 1.0f);
+    float *y = tc_out(r, bt * Cw * sizeof(float), 1, TC_GEMM, "y (D=%d)", D);
+    float *lse = tc_out(r, bt * H * sizeof(float), 1, TC_GEMM, "lse (D=%d)", D);
+    TC(r, r->ops->attn_forward(y, lse, qkv, B, T, H, D));
+    float *dqkv = tc_out(r, bt * 3 * Cw * sizeof(float), 1, TC_GEMM, "dqkv (D=%d)", D);
+    TC(r, r->ops->attn_backward(dqkv, dy, qkv, y, lse, B, T, H, D));
+    float *y1 = tc_out(r, Cw * sizeof(float), 1, TC_GEMM, "decode y (D=%d, t=%d)", D, T - 1);
+    TC(r, r->ops->attn_decode(y1, qkv, T - 1, H, D));
+}
+
+static void seq_decode_wide(tc_run *r) {
+    const int T = 300, H = 2, D = 300, Cw = H * D;
+    float *qkv = tc_rand(r, (size_t)T * 3 * Cw, -2.0f, 2.0f);
+    float *y = tc_out(r, Cw * sizeof(float), 1, TC_GEMM, "decode y (D=%d, t=%d)", D, T - 1);
+    TC(r, r->ops->attn_decode(y, qkv, T - 1, H, D));
+}
+
+static void seq_embedding(tc_run *r) {
+    const int n = 1100, Cw = 200, V = 3000;
+    float *ids = tc_ids(r, n, V), *W = tc_rand(r, (size_t)V * Cw, -1.0f, 1.0f), *dy = tc_rand(r, (size_t)n * Cw, -1.0f, 1.0f);
+    float *y = tc_out(r, (size_t)n * Cw * sizeof(float), 1, TC_EXACT, "y");
+    TC(r, r->ops->embedding_forward(y, ids, W, n, Cw, V));
+    float *dW = tc_out(r, (size_t)V * Cw * sizeof(float), 1, TC_EXACT, "dW");
+    TC(r, r->ops->embedding_backward(dW, ids, dy, n, Cw, V, 0));
+    TC(r, r->ops->embedding_backward(dW, ids, dy, n, Cw, V, 1));
+}
+
+static void test_seq(void) {
+    const int widths[] = {40, 100, 200};
+    for (int i = 0; i < 3; i++) {
+        char name[64];
+        seq_D = widths[i];
+        snprintf(name, sizeof name, "attention, head width %d", seq_D);
+        compare_case(name, seq_attn, 1000 + (uint64_t)i);
     }
+    compare_case("attn_decode, head width 300", seq_decode_wide, 1003);
+    compare_case("embedding, 2 column blocks, 1100 ids", seq_embedding, 1004);
 }
 
 /* ---- bad inputs: the error names the kernel ---- */
@@ -114,6 +166,31 @@ static void test_errors(void) {
     is_int(s, DT_ERR_INVALID, "maxpool2d_backward with an index outside the plane fails");
     like(dt_last_error(), "maxpool2d_backward", "the message names the kernel");
     G->free(gi); G->free(gl); G->free(buf);
+
+    /* token ids outside [0, V) or not integers: reported at the next synchronisation */
+    float ids[3] = {1, 7, 2}, *gids = dev_bytes(ids, sizeof ids), *w = dev_zero(7 * 4), *e = dev_zero(3 * 4);
+    s = G->embedding_forward(e, gids, w, 3, 4, 7);
+    if (s == DT_OK) s = G->synchronize();
+    is_int(s, DT_ERR_INVALID, "embedding_forward with a token id = V fails");
+    like(dt_last_error(), "embedding_forward", "the message names the kernel");
+    ids[1] = 2.5f;
+    MUST(G->copy_h2d(gids, ids, sizeof ids));
+    s = G->embedding_backward(w, gids, e, 3, 4, 7, 0);
+    if (s == DT_OK) s = G->synchronize();
+    is_int(s, DT_ERR_INVALID, "embedding_backward with a token id 2.5 fails");
+    like(dt_last_error(), "embedding_backward", "the message names the kernel");
+    is_int(G->synchronize(), DT_OK, "the error is reported once");
+    G->free(gids); G->free(w); G->free(e);
+
+    /* the attention kernels' widest head is 256 (the cpu has no bound) */
+    if (!self_test) {
+        float *qkv = dev_zero(3 * 257), *y = dev_zero(257), *lse = dev_zero(1);
+        is_int(G->attn_forward(y, lse, qkv, 1, 1, 1, 257), DT_ERR_UNSUPPORTED, "attn_forward with D = 257 is unsupported");
+        like(dt_last_error(), "attn_forward", "the message names the kernel");
+        G->free(qkv); G->free(y); G->free(lse);
+    } else {
+        skip(2, "the cpu has no bound on the head width");
+    }
 }
 
 /* ---- memory, streams and the device ---- */
@@ -187,6 +264,7 @@ int main(void) {
     }
     MUST(C->set_threads(2));
     test_table();
+    test_seq();
     test_errors();
     test_memory();
     return done_testing();

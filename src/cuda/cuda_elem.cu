@@ -1,7 +1,7 @@
 /*
  * cuda_elem.cu: bias, activations, dropout, losses, the accuracy count, the
  * deterministic sum of squares, elementwise arithmetic, casts, fused optimizer steps
- * and the uniform random fill on the GPU.
+ * and the uniform and normal random fills on the GPU.
  *
  * Same semantics as src/cpu/cpu_elem.c and cpu_vec.c, formula for formula: the
  * optimizer scalars are computed on the host exactly as the CPU does, the casts and
@@ -461,14 +461,25 @@ dt_status dt_cu_adamw_update(float *p, const float *grad, float *m, float *v, si
     return DT_OK;
 }
 
-/* ---- random fill: element i is block (offset + i, stream) of Philox, as rng.c ---- */
+/* ---- random fills: the uniform at position `index` of a stream is word 0 of Philox
+ * block (index, stream), as rng.c's dt_rng_unit ---- */
+
+static __device__ float rng_unit(dt_philox_key key, uint64_t stream, uint64_t index) {
+    dt_philox_ctr c = {{(uint32_t)index, (uint32_t)(index >> 32), (uint32_t)stream, (uint32_t)(stream >> 32)}};
+    return dt_u32_to_unit(dt_philox4x32_10(c, key).v[0]);
+}
 
 __global__ void k_rng_uniform(float *x, size_t n, float a, float b, dt_philox_key key, uint64_t stream, uint64_t offset) {
+    DT_CU_FOR(i, n) x[i] = a + b * rng_unit(key, stream, offset + i);
+}
+
+/* Box-Muller in double, cpu_vec.c's expression (CUDA's log and cos may differ from
+ * glibc's in the last bit of a double, so rarely in the float). */
+__global__ void k_rng_normal(float *x, size_t n, double mean, double std, dt_philox_key key, uint64_t stream,
+                             uint64_t offset) {
     DT_CU_FOR(i, n) {
-        uint64_t index = offset + i;
-        dt_philox_ctr c = {{(uint32_t)index, (uint32_t)(index >> 32), (uint32_t)stream, (uint32_t)(stream >> 32)}};
-        dt_philox_ctr r = dt_philox4x32_10(c, key);
-        x[i] = a + b * dt_u32_to_unit(r.v[0]);
+        double u = rng_unit(key, stream, 2 * (offset + i)), w = rng_unit(key, stream, 2 * (offset + i) + 1);
+        x[i] = (float)(mean + std * sqrt(-2.0 * log(1.0 - u)) * cos(6.283185307179586 * w));
     }
 }
 
@@ -478,5 +489,14 @@ dt_status dt_cu_rng_uniform(float *x, size_t n, float lo, float hi, uint64_t see
     DT_CU_ARG(lo <= hi);
     DT_TRY(dt_cu_enter());
     LAUNCH(k_rng_uniform, n, x, n, lo, hi - lo, dt_philox_seed(seed), stream, offset);
+    return DT_OK;
+}
+
+dt_status dt_cu_rng_normal(float *x, size_t n, float mean, float std, uint64_t seed, uint64_t stream, uint64_t offset) {
+    if (n == 0) return DT_OK;
+    DT_CU_ARG(x);
+    DT_CU_ARG(std >= 0.0f);
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_rng_normal, n, x, n, (double)mean, (double)std, dt_philox_seed(seed), stream, offset);
     return DT_OK;
 }

@@ -3,8 +3,8 @@
  *
  * The backend is split by idea: cuda_ops.cu (context, memory, GEMM, the table),
  * cuda_elem.cu (bias, activations, dropout, losses, vector ops, casts, optimizers,
- * the random fill, the sum of squares), cuda_nn.cu (convolution, pooling, batch and
- * layer norm). Each op of ops.h's list is a function dt_cu_<op>, declared below from
+ * the random fills, the sum of squares), cuda_nn.cu (convolution, pooling, batch and
+ * layer norm), cuda_seq.cu (embeddings, positions, attention). Each op of ops.h's list is a function dt_cu_<op>, declared below from
  * the list, and the table in cuda_ops.cu is generated from the same list.
  *
  * Checking: every CUDA and cuBLAS call goes through DT_CU / DT_CUBLAS, which return a
@@ -17,7 +17,9 @@
  * or accumulator owned by one thread and summed in index order, lanes combined in the
  * CPU's fixed tree, and the partials combined in a second pass in index order (pairwise
  * for chunks and rows, in sample order for planes). Two runs give the same bits, and
- * the sums are the CPU's bit for bit.
+ * the sums are the CPU's bit for bit. The exception is attention (cuda_seq.cu): its
+ * sums run over tiles in an order fixed by the shape, not the CPU's, so two runs agree
+ * bit for bit and the CPU to rounding.
  */
 #ifndef DT_CUDA_IMPL_H
 #define DT_CUDA_IMPL_H
@@ -74,7 +76,8 @@ dt_status dt_cu_scratch(void **p, size_t bytes);
 
 /* Errors found by kernels (a label out of range, a bad argmax index) are recorded in a
  * device word per kind and reported by the next synchronize() or copy_d2h. */
-enum { DT_CU_ERR_XENT_FWD, DT_CU_ERR_XENT_BWD, DT_CU_ERR_MAXPOOL_BWD, DT_CU_ERR_COUNT };
+enum { DT_CU_ERR_XENT_FWD, DT_CU_ERR_XENT_BWD, DT_CU_ERR_MAXPOOL_BWD, DT_CU_ERR_EMBED_FWD, DT_CU_ERR_EMBED_BWD,
+       DT_CU_ERR_COUNT };
 int *dt_cu_err_flags(void);   /* device array of DT_CU_ERR_COUNT ints; 0 = fine, else row/index + 1 */
 
 /* Row-major GEMM on the compute stream (used by the convolutions too). */

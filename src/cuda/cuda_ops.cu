@@ -211,6 +211,8 @@ static const char *const err_what[DT_CU_ERR_COUNT] = {
     "xent_forward: a label is out of range for the class count, in row",
     "xent_backward: a label is out of range for the class count, in row",
     "maxpool2d_backward: an argmax index is outside its plane, at output",
+    "embedding_forward: a token id is not an integer in [0, V), at position",
+    "embedding_backward: a token id is not an integer in [0, V), at position",
 };
 
 /* Called after the stream synchronised with the flags copied into g.err_host. */

@@ -1,0 +1,480 @@
+/*
+ * cuda_seq.cu: the sequence kernels of transformers on the GPU — embeddings, learned
+ * positions and fused causal attention; the semantics of src/cpu/cpu_seq.c.
+ *
+ * Embeddings and positions move data, or sum in the CPU's order, so they match it bit
+ * for bit. The embedding gradient has one writer per element of dW: block (column
+ * block, vocabulary range) walks the tokens in index order and adds the rows whose id
+ * falls in its range, so each dW[v][c] is the CPU's sum, in the CPU's order, and the
+ * ranges only spread the work (their number does not change a bit). An id that is not
+ * an integer in [0, V) is reported at the next synchronisation (cuda_impl.h), as the
+ * CPU reports it at once.
+ *
+ * Attention is FlashAttention's scheme on CUDA cores in FP32, with no T x T buffer:
+ *   forward:  block (b*H + h, query tile of TILE rows); the key/value tiles 0 .. the
+ *             diagonal stream through shared memory; each query row keeps its running
+ *             maximum, sum and output (D / SUB floats per thread, in registers);
+ *             lse (B, H, T) is saved for backward.
+ *   backward: delta (B, H, T) = rowsum(dy * y) first; then block (b*H + h, key tile)
+ *             computes dK, dV of its keys over the query tiles from the diagonal to
+ *             T - 1 in order, and block (b*H + h, query tile) computes dQ over the key
+ *             tiles up to the diagonal in order, both recomputing the probabilities
+ *             from lse. Every output row has one writer and every sum a fixed order:
+ *             no atomics, and two runs give the same bits.
+ * The sums run in another order than the CPU's (tiles, fused multiply-adds), so the
+ * results agree to rounding (TC_GEMM in tests/ops_cases.h). The shared tiles are sized
+ * by a compile-time bound DMAX on the head width D: 32, 64, 128 and 256 are built, and
+ * a wider head gives DT_ERR_UNSUPPORTED (as FlashAttention's 256). attn_decode (one
+ * query row, for sampling) has no such bound: a block per head, scores in chunks of
+ * ROW_THREADS keys.
+ */
+#include "cuda_impl.h"
+
+#include <math.h>
+
+/* id as an index, or -1 when it is not an integer in [0, V) (cpu_seq.c's token()) */
+static __device__ int token(float id, int V) {
+    if (!(id >= 0.0f) || id >= (float)V || id != (float)(int)id) return -1;
+    return (int)id;
+}
+
+/* ---- embeddings ---- */
+
+__global__ void k_embedding_forward(float *y, const float *ids, const float *W, int n, int C, int V, int *err) {
+    DT_CU_FOR(e, (size_t)n * C) {
+        size_t i = e / C, c = e % C;
+        int v = token(ids[i], V);
+        if (v < 0 && c == 0) err[DT_CU_ERR_EMBED_FWD] = (int)i + 1;
+        y[e] = v < 0 ? 0.0f : W[(size_t)v * C + c];
+    }
+}
+
+dt_status dt_cu_embedding_forward(float *y, const float *ids, const float *W, int n, int C, int V) {
+    DT_CU_ARG(n >= 0 && C >= 1 && V >= 1);
+    if (n == 0) return DT_OK;
+    DT_CU_ARG(y && ids && W);
+    DT_TRY(dt_cu_enter());
+    k_embedding_forward<<<dt_cu_blocks((size_t)n * C), DT_CU_THREADS, 0, dt_cu_stream()>>>(y, ids, W, n, C, V,
+                                                                                         dt_cu_err_flags());
+    DT_CU_LAUNCH("k_embedding_forward");
+    return DT_OK;
+}
+
+#define EMB_THREADS 128     /* columns per block */
+#define EMB_IDS 1024        /* token ids staged in shared memory at a time */
+#define EMB_TARGET 65536    /* threads to aim for: column blocks x vocabulary ranges */
+
+/* Block (x: columns x*EMB_THREADS.., y: vocabulary rows [y*range, (y+1)*range)): the
+ * thread of column c adds dy[i][c] into dW[id_i][c] for every token i whose id is in
+ * the range, in index order. */
+__global__ void __launch_bounds__(EMB_THREADS)
+k_embedding_backward(float *dW, const float *ids, const float *dy, int n, int C, int V, int range, int *err) {
+    __shared__ int tok[EMB_IDS];
+    const int c = blockIdx.x * EMB_THREADS + threadIdx.x, v0 = blockIdx.y * range;
+    const unsigned span = (unsigned)(V - v0 < range ? V - v0 : range);
+    for (int i0 = 0; i0 < n; i0 += EMB_IDS) {
+        const int m = n - i0 < EMB_IDS ? n - i0 : EMB_IDS;
+        __syncthreads();   /* the previous ids are consumed */
+        for (int k = threadIdx.x; k < m; k += EMB_THREADS) {
+            int v = token(ids[i0 + k], V);
+            if (v < 0 && blockIdx.x == 0 && blockIdx.y == 0) err[DT_CU_ERR_EMBED_BWD] = i0 + k + 1;
+            tok[k] = v;   /* -1 (a bad id) is in no range */
+        }
+        __syncthreads();
+        if (c >= C) continue;
+        for (int k = 0; k < m; k++) {
+            const int v = tok[k];
+            if ((unsigned)(v - v0) < span) dW[(size_t)v * C + c] += dy[(size_t)(i0 + k) * C + c];
+        }
+    }
+}
+
+dt_status dt_cu_embedding_backward(float *dW, const float *ids, const float *dy, int n, int C, int V, int accumulate) {
+    DT_CU_ARG(n >= 0 && C >= 1 && V >= 1 && dW);
+    DT_CU_ARG(n == 0 || (ids && dy));
+    DT_TRY(dt_cu_enter());
+    if (!accumulate) DT_CU(cudaMemsetAsync(dW, 0, (size_t)V * C * sizeof(float), dt_cu_stream()));
+    if (n == 0) return DT_OK;
+    const int colblocks = (C + EMB_THREADS - 1) / EMB_THREADS;
+    int ranges = (EMB_TARGET / EMB_THREADS + colblocks - 1) / colblocks;
+    if (ranges > V) ranges = V;
+    if (ranges > 65535) ranges = 65535;
+    const int range = (V + ranges - 1) / ranges;
+    dim3 grid(colblocks, (V + range - 1) / range);
+    k_embedding_backward<<<grid, EMB_THREADS, 0, dt_cu_stream()>>>(dW, ids, dy, n, C, V, range, dt_cu_err_flags());
+    DT_CU_LAUNCH("k_embedding_backward");
+    return DT_OK;
+}
+
+/* ---- learned positions ---- */
+
+/* y (B, T, C) = x + P[t]: element e of y reads P at e mod (T*C). */
+__global__ void k_pos_forward(float *y, const float *x, const float *P, size_t n, size_t tc) {
+    DT_CU_FOR(e, n) y[e] = x[e] + P[e % tc];
+}
+
+dt_status dt_cu_pos_forward(float *y, const float *x, const float *P, int B, int T, int C) {
+    DT_CU_ARG(B >= 0 && T >= 1 && C >= 1);
+    if (B == 0) return DT_OK;
+    DT_CU_ARG(y && x && P);
+    DT_TRY(dt_cu_enter());
+    const size_t tc = (size_t)T * C, n = (size_t)B * tc;
+    k_pos_forward<<<dt_cu_blocks(n), DT_CU_THREADS, 0, dt_cu_stream()>>>(y, x, P, n, tc);
+    DT_CU_LAUNCH("k_pos_forward");
+    return DT_OK;
+}
+
+/* One thread per element of dP (T, C): the batch in order, from 0, as the CPU. */
+__global__ void k_pos_backward(float *dP, const float *dy, int B, size_t tc) {
+    DT_CU_FOR(e, tc) {
+        float acc = 0.0f;
+        for (int b = 0; b < B; b++) acc += dy[(size_t)b * tc + e];
+        dP[e] = acc;
+    }
+}
+
+dt_status dt_cu_pos_backward(float *dP, const float *dy, int B, int T, int C) {
+    DT_CU_ARG(B >= 0 && T >= 1 && C >= 1 && dP);
+    DT_CU_ARG(B == 0 || dy);
+    DT_TRY(dt_cu_enter());
+    const size_t tc = (size_t)T * C;
+    k_pos_backward<<<dt_cu_blocks(tc), DT_CU_THREADS, 0, dt_cu_stream()>>>(dP, dy, B, tc);
+    DT_CU_LAUNCH("k_pos_backward");
+    return DT_OK;
+}
+
+/* ---- attention: tiles ---- */
+
+#define SUB 4            /* threads per row of a tile; thread (row, sub) owns columns sub, sub+SUB, ... */
+#define ATTN_DMAX 256    /* the widest head built */
+
+/* What the attention kernels read and write; head h of batch b is block row b*H + h.
+ *   qkv (B, T, 3C), y and dy (B, T, C), lse and delta (B, H, T), dqkv (B, T, 3C). */
+typedef struct {
+    float       *y, *lse, *dqkv;   /* lse: written by forward, read by backward */
+    float       *delta;            /* backward: rowsum(dy * y) per (b, h, t) */
+    const float *qkv, *dy;
+    int          T, H, D;
+    float        scale;            /* 1 / sqrt(D) */
+} attn_args;
+
+/* Where block row blockIdx.x = b*H + h finds its head. */
+struct attn_head {
+    int          b, h, C;
+    size_t       ld;      /* row stride of qkv and dqkv: 3C */
+    const float *q;       /* q of (b, h) at position 0; k at q + C, v at q + 2C, row stride ld */
+    const float *g;       /* dy of (b, h) at position 0, row stride C */
+    size_t       row0;    /* b*T: the first row of the batch in (B, T, .) arrays */
+    size_t       bh;      /* b*H + h: the row of lse and delta (times T) */
+};
+
+static __device__ attn_head attn_locate(const attn_args &a) {
+    attn_head w;
+    w.bh = blockIdx.x;
+    w.b = (int)(w.bh / a.H);
+    w.h = (int)(w.bh % a.H);
+    w.C = a.H * a.D;
+    w.ld = 3 * (size_t)w.C;
+    w.row0 = (size_t)w.b * a.T;
+    w.q = a.qkv + w.row0 * w.ld + (size_t)w.h * a.D;
+    w.g = a.dy ? a.dy + w.row0 * w.C + (size_t)w.h * a.D : NULL;
+    return w;
+}
+
+/* s = rows row0 .. row0+TILE-1 of a (rows, D) slice with row stride ld; zero beyond
+ * `rows` and beyond D, so a padding row or column adds nothing. Every thread calls it. */
+template <int DMAX, int TILE>
+static __device__ void tile_load(float (*s)[DMAX + 1], const float *src, size_t ld, int row0, int rows, int D) {
+    for (int e = threadIdx.x; e < TILE * DMAX; e += TILE * SUB) {
+        int r = e / DMAX, d = e % DMAX;
+        s[r][d] = row0 + r < rows && d < D ? src[(size_t)(row0 + r) * ld + d] : 0.0f;
+    }
+}
+
+static __device__ float row_dot(const float *a, const float *b, int D) {
+    float s = 0.0f;
+    for (int d = 0; d < D; d++) s = fmaf(a[d], b[d], s);
+    return s;
+}
+
+/* Row t of the (T, C) array at `out` (head columns at out), columns sub + SUB*k < D = acc[k] * mul. */
+template <int DMAX>
+static __device__ void row_store(float *out, const float *acc, float mul, int sub, int D) {
+#pragma unroll
+    for (int k = 0; k < DMAX / SUB; k++)
+        if (sub + SUB * k < D) out[sub + SUB * k] = acc[k] * mul;
+}
+
+/* Forward. Block (b*H + h, query tile), thread (query row r, sub); tiles with the most
+ * keys are launched first. */
+template <int DMAX, int TILE>
+__global__ void __launch_bounds__(TILE * SUB) k_attn_forward(attn_args a) {
+    __shared__ float Qs[TILE][DMAX + 1], Ks[TILE][DMAX + 1], Vs[TILE][DMAX + 1];
+    __shared__ float Ss[TILE][TILE + 1], Ps[TILE][TILE + 1];
+    const attn_head w = attn_locate(a);
+    const int r = threadIdx.x / SUB, sub = threadIdx.x % SUB;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * TILE, t = q0 + r;
+    const int tq = t < a.T ? t : a.T - 1;              /* a padding row attends as the last one; never stored */
+    const int kend = q0 + TILE < a.T ? q0 + TILE : a.T; /* keys 0 .. kend-1 */
+    tile_load<DMAX, TILE>(Qs, w.q, w.ld, q0, a.T, a.D);
+    float o[DMAX / SUB], m = -INFINITY, l = 0.0f;
+#pragma unroll
+    for (int k = 0; k < DMAX / SUB; k++) o[k] = 0.0f;
+    for (int k0 = 0; k0 < kend; k0 += TILE) {
+        __syncthreads();   /* the previous tile is consumed */
+        tile_load<DMAX, TILE>(Ks, w.q + w.C, w.ld, k0, a.T, a.D);
+        tile_load<DMAX, TILE>(Vs, w.q + 2 * w.C, w.ld, k0, a.T, a.D);
+        __syncthreads();
+        for (int i = 0; i < TILE / SUB; i++) {
+            const int c = sub + SUB * i;
+            Ss[r][c] = k0 + c <= tq ? row_dot(Qs[r], Ks[c], a.D) * a.scale : -INFINITY;
+        }
+        __syncthreads();
+        float mx = m;   /* finite from the first tile on: key 0 is always visible */
+        for (int c = 0; c < TILE; c++) mx = fmaxf(mx, Ss[r][c]);
+        for (int i = 0; i < TILE / SUB; i++) {
+            const int c = sub + SUB * i;
+            Ps[r][c] = expf(Ss[r][c] - mx);
+        }
+        __syncthreads();
+        const float alpha = expf(m - mx);
+        float rs = 0.0f;
+#pragma unroll
+        for (int k = 0; k < DMAX / SUB; k++) o[k] *= alpha;
+        for (int c = 0; c < TILE; c++) {
+            const float p = Ps[r][c];
+            rs += p;
+#pragma unroll
+            for (int k = 0; k < DMAX / SUB; k++) o[k] = fmaf(p, Vs[c][sub + SUB * k], o[k]);
+        }
+        l = l * alpha + rs;
+        m = mx;
+    }
+    if (t < a.T) {
+        row_store<DMAX>(a.y + (w.row0 + t) * w.C + (size_t)w.h * a.D, o, 1.0f / l, sub, a.D);
+        if (sub == 0) a.lse[w.bh * a.T + t] = m + logf(l);
+    }
+}
+
+/* delta (B, H, T) = rowsum(dy * y) of each head's row (the CPU's dot). */
+__global__ void k_attn_delta(float *delta, const float *dy, const float *y, size_t n, int T, int H, int D) {
+    const size_t C = (size_t)H * D;
+    DT_CU_FOR(e, n) {
+        size_t bh = e / T, t = e % T, off = (bh / H * T + t) * C + bh % H * D;
+        float s = 0.0f;
+        for (int d = 0; d < D; d++) s += dy[off + d] * y[off + d];
+        delta[e] = s;
+    }
+}
+
+/* dK, dV. Block (b*H + h, key tile), thread (key row r, sub): the query tiles from the
+ * diagonal to the end, in order. */
+template <int DMAX, int TILE>
+__global__ void __launch_bounds__(TILE * SUB) k_attn_dkv(attn_args a) {
+    __shared__ float Ks[TILE][DMAX + 1], Vs[TILE][DMAX + 1], Qs[TILE][DMAX + 1], Gs[TILE][DMAX + 1];
+    __shared__ float Ps[TILE][TILE + 1], Ds[TILE][TILE + 1], Ls[TILE], Es[TILE];
+    const attn_head w = attn_locate(a);
+    const int r = threadIdx.x / SUB, sub = threadIdx.x % SUB;
+    const int k0 = blockIdx.y * TILE, j = k0 + r;
+    const float *L = a.lse + w.bh * a.T, *E = a.delta + w.bh * a.T;
+    tile_load<DMAX, TILE>(Ks, w.q + w.C, w.ld, k0, a.T, a.D);
+    tile_load<DMAX, TILE>(Vs, w.q + 2 * w.C, w.ld, k0, a.T, a.D);
+    float dk[DMAX / SUB], dv[DMAX / SUB];
+#pragma unroll
+    for (int k = 0; k < DMAX / SUB; k++) dk[k] = dv[k] = 0.0f;
+    for (int q0 = k0; q0 < a.T; q0 += TILE) {
+        __syncthreads();
+        tile_load<DMAX, TILE>(Qs, w.q, w.ld, q0, a.T, a.D);
+        tile_load<DMAX, TILE>(Gs, w.g, w.C, q0, a.T, a.D);
+        if ((int)threadIdx.x < TILE) {
+            const int t = q0 + threadIdx.x;
+            Ls[threadIdx.x] = t < a.T ? L[t] : 0.0f;
+            Es[threadIdx.x] = t < a.T ? E[t] : 0.0f;
+        }
+        __syncthreads();
+        for (int i = 0; i < TILE / SUB; i++) {
+            const int c = sub + SUB * i, t = q0 + c;
+            float p = 0.0f, ds = 0.0f;
+            if (t < a.T && j <= t) {
+                p = expf(row_dot(Qs[c], Ks[r], a.D) * a.scale - Ls[c]);
+                ds = p * (row_dot(Gs[c], Vs[r], a.D) - Es[c]) * a.scale;
+            }
+            Ps[c][r] = p;
+            Ds[c][r] = ds;
+        }
+        __syncthreads();
+        for (int c = 0; c < TILE; c++) {
+            const float p = Ps[c][r], ds = Ds[c][r];
+#pragma unroll
+            for (int k = 0; k < DMAX / SUB; k++) {
+                dv[k] = fmaf(p, Gs[c][sub + SUB * k], dv[k]);
+                dk[k] = fmaf(ds, Qs[c][sub + SUB * k], dk[k]);
+            }
+        }
+    }
+    if (j < a.T) {
+        float *out = a.dqkv + (w.row0 + j) * w.ld + (size_t)w.h * a.D;
+        row_store<DMAX>(out + w.C, dk, 1.0f, sub, a.D);
+        row_store<DMAX>(out + 2 * w.C, dv, 1.0f, sub, a.D);
+    }
+}
+
+/* dQ. Block (b*H + h, query tile), thread (query row r, sub): the key tiles up to the
+ * diagonal, in order; tiles with the most keys first. */
+template <int DMAX, int TILE>
+__global__ void __launch_bounds__(TILE * SUB) k_attn_dq(attn_args a) {
+    __shared__ float Qs[TILE][DMAX + 1], Gs[TILE][DMAX + 1], Ks[TILE][DMAX + 1], Vs[TILE][DMAX + 1];
+    __shared__ float Ds[TILE][TILE + 1];
+    const attn_head w = attn_locate(a);
+    const int r = threadIdx.x / SUB, sub = threadIdx.x % SUB;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * TILE, t = q0 + r;
+    const int kend = q0 + TILE < a.T ? q0 + TILE : a.T;
+    const float Lt = t < a.T ? a.lse[w.bh * a.T + t] : 0.0f, Et = t < a.T ? a.delta[w.bh * a.T + t] : 0.0f;
+    tile_load<DMAX, TILE>(Qs, w.q, w.ld, q0, a.T, a.D);
+    tile_load<DMAX, TILE>(Gs, w.g, w.C, q0, a.T, a.D);
+    float dq[DMAX / SUB];
+#pragma unroll
+    for (int k = 0; k < DMAX / SUB; k++) dq[k] = 0.0f;
+    for (int k0 = 0; k0 < kend; k0 += TILE) {
+        __syncthreads();
+        tile_load<DMAX, TILE>(Ks, w.q + w.C, w.ld, k0, a.T, a.D);
+        tile_load<DMAX, TILE>(Vs, w.q + 2 * w.C, w.ld, k0, a.T, a.D);
+        __syncthreads();
+        for (int i = 0; i < TILE / SUB; i++) {
+            const int c = sub + SUB * i;
+            float ds = 0.0f;
+            if (t < a.T && k0 + c <= t) {
+                const float p = expf(row_dot(Qs[r], Ks[c], a.D) * a.scale - Lt);
+                ds = p * (row_dot(Gs[r], Vs[c], a.D) - Et) * a.scale;
+            }
+            Ds[r][c] = ds;
+        }
+        __syncthreads();
+        for (int c = 0; c < TILE; c++) {
+            const float ds = Ds[r][c];
+#pragma unroll
+            for (int k = 0; k < DMAX / SUB; k++) dq[k] = fmaf(ds, Ks[c][sub + SUB * k], dq[k]);
+        }
+    }
+    if (t < a.T) row_store<DMAX>(a.dqkv + (w.row0 + t) * w.ld + (size_t)w.h * a.D, dq, 1.0f, sub, a.D);
+}
+
+/* Launch forward (backward = 0) or the two backward kernels for heads of width <= DMAX,
+ * with TILE rows per tile (shared memory stays under 48 KiB). */
+template <int DMAX, int TILE>
+static dt_status attn_launch(const attn_args &a, int B, int backward) {
+    static_assert(TILE % SUB == 0 && DMAX % SUB == 0, "tiles split into SUB-thread rows");
+    dim3 grid((unsigned)(B * a.H), (unsigned)((a.T + TILE - 1) / TILE));
+    if (!backward) {
+        void (*fwd)(attn_args) = k_attn_forward<DMAX, TILE>;
+        fwd<<<grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
+        DT_CU_LAUNCH("k_attn_forward");
+        return DT_OK;
+    }
+    void (*dkv)(attn_args) = k_attn_dkv<DMAX, TILE>;
+    dkv<<<grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
+    DT_CU_LAUNCH("k_attn_dkv");
+    void (*dq)(attn_args) = k_attn_dq<DMAX, TILE>;
+    dq<<<grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
+    DT_CU_LAUNCH("k_attn_dq");
+    return DT_OK;
+}
+
+/* The narrowest build that holds D (checked <= ATTN_DMAX by the caller). */
+static dt_status attn_dispatch(const attn_args &a, int B, int backward) {
+    if (a.D <= 32) return attn_launch<32, 32>(a, B, backward);
+    if (a.D <= 64) return attn_launch<64, 32>(a, B, backward);
+    if (a.D <= 128) return attn_launch<128, 16>(a, B, backward);
+    return attn_launch<ATTN_DMAX, 8>(a, B, backward);
+}
+
+/* The shape checks of both directions; fn names the op. */
+static dt_status attn_check(const char *fn, int B, int T, int H, int D) {
+    if (D > ATTN_DMAX)
+        return dt_error(DT_ERR_UNSUPPORTED, "cuda %s: head width D = %d is above the %d this backend supports",
+                        fn, D, ATTN_DMAX);
+    if ((int64_t)B * H > INT32_MAX || (int64_t)H * D > INT32_MAX / 3 || (T + 7) / 8 > 65535)
+        return dt_error(DT_ERR_INVALID, "cuda %s: shape B=%d T=%d H=%d D=%d is too large", fn, B, T, H, D);
+    return DT_OK;
+}
+
+dt_status dt_cu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int D) {
+    DT_CU_ARG(B >= 0 && T >= 1 && H >= 1 && D >= 1);
+    if (B == 0) return DT_OK;
+    DT_CU_ARG(y && lse && qkv);
+    DT_TRY(attn_check("attn_forward", B, T, H, D));
+    DT_TRY(dt_cu_enter());
+    attn_args a = {y, lse, NULL, NULL, qkv, NULL, T, H, D, 1.0f / sqrtf((float)D)};
+    return attn_dispatch(a, B, 0);
+}
+
+dt_status dt_cu_attn_backward(float *dqkv, const float *dy, const float *qkv, const float *y, const float *lse,
+                              int B, int T, int H, int D) {
+    DT_CU_ARG(B >= 0 && T >= 1 && H >= 1 && D >= 1);
+    if (B == 0) return DT_OK;
+    DT_CU_ARG(dqkv && dy && qkv && y && lse);
+    DT_TRY(attn_check("attn_backward", B, T, H, D));
+    DT_TRY(dt_cu_enter());
+    float *delta = NULL;
+        const size_t rows = (size_t)B * H * T;
+    DT_TRY(dt_cu_scratch((void **)&delta, sizeof(float) * rows));
+    k_attn_delta<<<dt_cu_blocks(rows), DT_CU_THREADS, 0, dt_cu_stream()>>>(delta, dy, y, rows, T, H, D);
+    DT_CU_LAUNCH("k_attn_delta");
+    attn_args a = {NULL, (float *)lse, dqkv, delta, qkv, dy, T, H, D, 1.0f / sqrtf((float)D)};
+    return attn_dispatch(a, B, 1);
+}
+
+/* ---- attention: one decoding position ---- */
+
+#define ROW_THREADS 128
+
+/* (m, l) = (m, l) merged with (m2, l2): the running maximum and the sum of exp(s - m). */
+static __device__ void lse_merge(float *m, float *l, float m2, float l2) {
+    if (l2 == 0.0f) return;
+    if (*l == 0.0f) { *m = m2; *l = l2; return; }
+    const float mx = fmaxf(*m, m2);
+    *l = *l * expf(*m - mx) + l2 * expf(m2 - mx);
+    *m = mx;
+}
+
+/* Block h: y (head h's D columns) = softmax(q k^T / sqrt(D)) v over keys 0..t for the
+ * query of row t. Pass 1: thread k keeps the running maximum and sum of keys k,
+ * k+ROW_THREADS, ..., merged in a fixed tree. Pass 2: chunks of ROW_THREADS keys, their
+ * probabilities in shared memory, each column summed by one thread in key order. */
+__global__ void __launch_bounds__(ROW_THREADS) k_attn_decode(float *y, const float *qkv, int t, int H, int D, float scale) {
+    __shared__ float ms[ROW_THREADS], ls[ROW_THREADS], ps[ROW_THREADS];
+    const int h = blockIdx.x, tid = threadIdx.x, C = H * D;
+    const size_t ld = 3 * (size_t)C;
+    const float *q = qkv + (size_t)t * ld + (size_t)h * D, *K = qkv + C + (size_t)h * D, *V = K + C;
+    float *yh = y + (size_t)h * D;
+    float m = -INFINITY, l = 0.0f;
+    for (int j = tid; j <= t; j += ROW_THREADS) lse_merge(&m, &l, row_dot(q, K + (size_t)j * ld, D) * scale, 1.0f);
+    ms[tid] = m;
+    ls[tid] = l;
+    for (int s = ROW_THREADS / 2; s > 0; s >>= 1) {
+        __syncthreads();
+        if (tid < s) lse_merge(&ms[tid], &ls[tid], ms[tid + s], ls[tid + s]);
+    }
+    __syncthreads();
+    const float M = ms[0], inv = 1.0f / ls[0];
+    for (int j0 = 0; j0 <= t; j0 += ROW_THREADS) {
+        const int j = j0 + tid, n = t + 1 - j0 < ROW_THREADS ? t + 1 - j0 : ROW_THREADS;
+        __syncthreads();   /* the previous chunk is consumed */
+        ps[tid] = j <= t ? expf(row_dot(q, K + (size_t)j * ld, D) * scale - M) * inv : 0.0f;
+        __syncthreads();
+        for (int d = tid; d < D; d += ROW_THREADS) {
+            float acc = j0 ? yh[d] : 0.0f;
+            for (int k = 0; k < n; k++) acc = fmaf(ps[k], V[(size_t)(j0 + k) * ld + d], acc);
+            yh[d] = acc;
+        }
+    }
+}
+
+dt_status dt_cu_attn_decode(float *y, const float *qkv, int t, int H, int D) {
+    DT_CU_ARG(t >= 0 && H >= 1 && D >= 1 && y && qkv);
+    DT_CU_ARG((int64_t)H * D <= INT32_MAX / 3);
+    DT_TRY(dt_cu_enter());
+    k_attn_decode<<<H, ROW_THREADS, 0, dt_cu_stream()>>>(y, qkv, t, H, D, 1.0f / sqrtf((float)D));
+    DT_CU_LAUNCH("k_attn_decode");
+    return DT_OK;
+}
