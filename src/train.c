@@ -823,6 +823,19 @@ static dt_status validate(trainer *t, double *loss, double *acc) {
     return dt_evaluate(t->model, t->test, &plain, t->comm, loss, acc);
 }
 
+/* nanoGPT's estimate of a token model's training FLOPs per token (for MFU): 6 per
+ * parameter (forward and backward), the position table left out, plus 12 C T per
+ * attention layer for the scores and their weighted sums. */
+static double flops_per_token(const dt_model *m) {
+    double n = (double)dt_model_nparams(m), att = 0.0;
+    for (int i = 0; i < dt_model_nlayers(m); i++) {
+        const dt_layer *L = dt_model_layer(m, i);
+        if (L->kind == DT_LAYER_POS) n -= (double)L->t[0].numel;
+        if (L->kind == DT_LAYER_ATTN) att += 12.0 * (double)L->in.d[1] * (double)L->in.d[0];
+    }
+    return 6.0 * n + att;
+}
+
 static dt_status run_loop(trainer *t, dt_train_result *res) {
     const dt_train_opts *o = t->o;
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
@@ -831,6 +844,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
                          .train_samples = info->n,
                          .test_samples = t->test ? dt_dataset_get_info(t->test)->n : 0,
                          .tokens_per_sample = t->lw,
+                         .flops_per_token = t->lw > 1 ? flops_per_token(t->model) : 0.0,
                          .note = t->note[0] ? t->note : NULL};
     emit(t, &ev);
 

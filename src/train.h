@@ -60,6 +60,8 @@ typedef struct {
     int      world_size, micro_batches;
     int64_t  tokens_per_sample; /* START: positions per sample with a label each (T of a token
                                  * window; 1 for classification), for tokens/s */
+    double   flops_per_token;   /* START, token models: nanoGPT's estimate of the training FLOPs
+                                 * per token, 6N + 12 L C T (N without the position table) */
     uint64_t batch_hash;       /* STEP: fingerprint of the step's global batch (sample order) */
     /* RANKS: world_size rows of DT_RANK_STATS values: steps, step seconds, data wait,
      * compute, communication wait (seconds since the last report), peak memory (MiB:

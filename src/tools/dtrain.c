@@ -30,6 +30,7 @@
 #include "testing.h"
 #include "tool_util.h"
 #include "tools.h"
+#include "clock.h"
 #include "train.h"
 
 static const char *usage_main =
@@ -245,7 +246,16 @@ typedef struct {
     FILE *metrics;
     int   quiet, tty, rank0;
     int   bar_open;
+    int64_t tokens;          /* tokens per sample (> 1: a token model; progress in tokens/s) */
+    double  flops_per_token; /* for model FLOPs utilisation */
+    double  peak_gflops;     /* the peak MFU is stated against */
+    int     peak_measured;   /* 1: measured here (sgemm), 0: given */
 } reporter;
+
+/* Model FLOPs utilisation (percent) at s samples per second. */
+static double mfu(const reporter *r, double s) {
+    return r->peak_gflops > 0 ? 100.0 * s * (double)r->tokens * r->flops_per_token / (r->peak_gflops * 1e9) : 0.0;
+}
 
 static void fmt_duration(double s, char *buf, size_t n) {
     long t = (long)(s + 0.5);
@@ -294,7 +304,12 @@ static void on_event(void *ctx, const dt_train_event *ev) {
     reporter *r = ctx;
     if (!r->rank0) return;
     if (ev->kind == DT_EV_START) {
+        r->tokens = ev->tokens_per_sample;
+        r->flops_per_token = ev->flops_per_token;
         if (ev->note) printf("dtrain: %s\n", ev->note);
+        if (!r->quiet && r->tokens > 1)
+            printf("dtrain: token model: %.2f MFLOP per token; MFU against %.1f GFLOP/s (%s)\n",
+                   r->flops_per_token / 1e6, r->peak_gflops, r->peak_measured ? "measured sgemm peak" : "--peak-gflops");
         if (!r->quiet)
             printf("dtrain: %lld parameters, %lld training samples, %lld steps per epoch, %d process%s, %d micro-batch%s\n",
                    (long long)ev->nparams, (long long)ev->train_samples, (long long)ev->steps_per_epoch,
@@ -308,7 +323,18 @@ static void on_event(void *ctx, const dt_train_event *ev) {
         return;
     }
     if (r->metrics) {
-        if (ev->kind == DT_EV_STEP)
+        if (ev->kind == DT_EV_EVAL)
+            fprintf(r->metrics, "{\"event\":\"eval\",\"step\":%lld,\"val_loss\":%.9g,\"val_acc\":%.6f,\"elapsed_s\":%.3f,"
+                    "\"world_size\":%d}\n", (long long)ev->step, ev->test_loss, ev->test_acc, ev->elapsed_s, ev->world_size);
+        else if (ev->kind == DT_EV_STEP && r->tokens > 1)
+            fprintf(r->metrics,
+                    "{\"event\":\"step\",\"epoch\":%d,\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
+                    "\"batch_hash\":\"%016llx\",\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,"
+                    "\"elapsed_s\":%.3f,\"world_size\":%d}\n",
+                    ev->epoch, (long long)ev->step, ev->loss, ev->lr, ev->grad_norm,
+                    (unsigned long long)ev->batch_hash, ev->samples_per_s, ev->samples_per_s * (double)r->tokens,
+                    mfu(r, ev->samples_per_s), ev->elapsed_s, ev->world_size);
+        else if (ev->kind == DT_EV_STEP)
             fprintf(r->metrics,
                     "{\"event\":\"step\",\"epoch\":%d,\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
                     "\"batch_hash\":\"%016llx\",\"samples_per_s\":%.1f,\"elapsed_s\":%.3f,\"world_size\":%d}\n",
@@ -330,6 +356,17 @@ static void on_event(void *ctx, const dt_train_event *ev) {
     if (r->quiet) return;
     char eta[32];
     fmt_duration(ev->eta_s, eta, sizeof eta);
+    if (r->tokens > 1) {   /* a token model counts steps, tokens/s and MFU; no epochs */
+        if (r->bar_open) { fputs("\r\033[K", stderr); r->bar_open = 0; }
+        if (ev->kind == DT_EV_STEP)
+            printf("step %lld/%lld  loss %.4f  lr %.3g  %.0f tokens/s  MFU %.1f%%  ETA %s\n", (long long)ev->step,
+                   (long long)ev->total_steps, ev->loss, ev->lr, ev->samples_per_s * (double)r->tokens,
+                   mfu(r, ev->samples_per_s), eta);
+        else if (ev->evaluated)
+            printf("step %lld/%lld  val loss %.4f\n", (long long)ev->step, (long long)ev->total_steps, ev->test_loss);
+        fflush(stdout);
+        return;
+    }
     if (ev->kind == DT_EV_STEP) {
         if (r->tty) {
             int width = 24;
@@ -376,13 +413,69 @@ static void train_help(void) {
     fputs(usage_train_rest, stdout);
 }
 
+/* The training recipe of a gpt preset on token data: nanoGPT's (the one in
+ * ../peers/torch_gpt.py), so `dtrain train --model gpt --data tokens:DIR` needs no
+ * other flag. Flags given on the command line still win. */
+static int gpt_workload(int argc, char **argv) {
+    const char *model = NULL, *data = NULL;
+    for (int i = 1; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--model")) model = argv[i + 1];
+        if (!strcmp(argv[i], "--data")) data = argv[i + 1];
+        if (!strncmp(argv[i], "--model=", 8)) model = argv[i] + 8;
+        if (!strncmp(argv[i], "--data=", 7)) data = argv[i] + 7;
+    }
+    return model && data && !strncmp(model, "gpt", 3) && !strncmp(data, "tokens:", 7);
+}
+
+static void gpt_recipe(dt_train_opts *o) {
+    o->optim = "adamw";
+    o->lr = 1e-3;
+    o->beta1 = 0.9;
+    o->beta2 = 0.99;
+    o->weight_decay = 0.1;
+    o->decay = "matrices";
+    o->warmup = 100;
+    o->schedule = "cosine";
+    o->min_lr = 1e-4;
+    o->clip = 1.0;
+    o->batch = 12;
+    o->max_steps = 2000;
+    o->eval_every = 250;
+    o->eval_batches = 20;
+}
+
+/* The sgemm rate of this device in GFLOP/s (the best of a few 512^3 products), the
+ * peak that model FLOPs utilisation is stated against unless --peak-gflops says. */
+static double measure_peak(const dt_ops *ops) {
+    const int n = 512;
+    float *a = NULL, *c = NULL;
+    double best = 0.0;
+    if (ops->alloc((void **)&a, (size_t)n * n * sizeof(float)) != DT_OK ||
+        ops->alloc((void **)&c, (size_t)n * n * sizeof(float)) != DT_OK || ops->fill(a, 0.5f, (size_t)n * n) != DT_OK) {
+        ops->free(a);
+        return 0.0;
+    }
+    for (int r = 0; r < 5; r++) {
+        double t0 = dt_now();
+        if (ops->sgemm(0, 0, n, n, n, 1.0f, a, n, a, n, 0.0f, c, n) != DT_OK || ops->synchronize() != DT_OK) break;
+        double dt = dt_now() - t0, g = 2.0 * n * n * (double)n / dt / 1e9;
+        if (dt > 0 && g > best) best = g;
+    }
+    ops->free(a);
+    ops->free(c);
+    return best;
+}
+
 static int cmd_train(int argc, char **argv) {
     dt_train_opts o;
     dt_train_opts_default(&o);
+    int gpt = gpt_workload(argc, argv);
+    if (gpt) gpt_recipe(&o);
+    double peak_gflops = 0.0;
     const char *save = NULL, *metrics = NULL, *backend = NULL, *init = NULL;
     int64_t threads = 0, iv, batch_per_rank = 0;
     const char *device = "cpu";
-    int quiet = 0, wd_given = 0, lr_given = 0, allow_tf32 = 0;
+    int quiet = 0, wd_given = gpt, lr_given = gpt, allow_tf32 = 0;
     dt_status s = DT_OK;
     for (int i = 1; i < argc && s == DT_OK;) {
         const char *v = NULL;
@@ -414,6 +507,11 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--gamma")) { if (s == DT_OK) s = dt_arg_double("--gamma", v, 0, 1e6, &o.gamma); }
         else if (FLAG("--warmup")) { if (s == DT_OK) s = dt_arg_int("--warmup", v, 0, INT64_MAX, 0, &o.warmup); }
         else if (FLAG("--clip")) { if (s == DT_OK) s = dt_arg_double("--clip", v, 0, 1e30, &o.clip); }
+        else if (FLAG("--decay")) o.decay = v;
+        else if (FLAG("--min-lr")) { if (s == DT_OK) s = dt_arg_double("--min-lr", v, 0, 1e6, &o.min_lr); }
+        else if (FLAG("--eval-every")) { if (s == DT_OK) s = dt_arg_int("--eval-every", v, 0, INT64_MAX, 0, &o.eval_every); }
+        else if (FLAG("--eval-batches")) { if (s == DT_OK) s = dt_arg_int("--eval-batches", v, 1, 1 << 30, 0, &o.eval_batches); }
+        else if (FLAG("--peak-gflops")) { if (s == DT_OK) s = dt_arg_double("--peak-gflops", v, 1e-6, 1e12, &peak_gflops); }
         else if (FLAG("--normalize")) o.normalize = v;
         else if (FLAG("--init")) o.init_weights = v;
         else if (FLAG("--loss")) o.loss = v;
@@ -458,7 +556,9 @@ static int cmd_train(int argc, char **argv) {
     if ((s = setup_threads(ops, threads, local_size)) != DT_OK) goto out;
 
     if (g_rank == 0 && save && (s = check_writable("--save", save)) != DT_OK) goto out;   /* before, not after, training */
-    reporter rep = {.quiet = quiet, .tty = isatty(STDERR_FILENO), .rank0 = g_rank == 0};
+    reporter rep = {.quiet = quiet, .tty = isatty(STDERR_FILENO), .rank0 = g_rank == 0,
+                    .peak_gflops = peak_gflops, .peak_measured = peak_gflops <= 0};
+    if (g_rank == 0 && gpt && peak_gflops <= 0) rep.peak_gflops = measure_peak(ops);
     if (g_rank == 0 && metrics) {
         rep.metrics = fopen(metrics, "a");
         if (!rep.metrics) {
@@ -475,6 +575,10 @@ static int cmd_train(int argc, char **argv) {
         if (res.stopped)
             printf("dtrain: stopped at step %lld as asked (--stop-at); resume with --resume auto\n",
                    (long long)res.steps);
+        else if (res.evaluated && rep.tokens > 1)
+            printf("dtrain: done: %lld steps in %.1f s, %.0f tokens/s (MFU %.1f%%), final loss %.4f, val loss %.4f\n",
+                   (long long)res.steps, res.seconds, res.samples_per_s * (double)rep.tokens, mfu(&rep, res.samples_per_s),
+                   res.final_loss, res.test_loss);
         else if (res.evaluated)
             printf("dtrain: done: %lld steps in %.1f s, %.0f samples/s, final loss %.4f, test accuracy %.4f\n",
                    (long long)res.steps, res.seconds, res.samples_per_s, res.final_loss, res.test_acc);
