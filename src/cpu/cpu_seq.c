@@ -4,9 +4,11 @@
  *
  * Attention works per (batch, head) pair, one pair per OpenMP iteration: each pair's
  * sums run in one thread in a fixed order, so no result depends on the thread count.
- * The forward keeps one row of T scores per thread (never the T x T matrix) and saves
- * each row's log-sum-exp; backward recomputes the probabilities from it (the scheme of
- * FlashAttention, without tiling: on a CPU the row fits in cache).
+ * The scores are computed a tile of 64 queries x 64 keys at a time with small GEMMs,
+ * with an online softmax (a running maximum and sum per query row), so memory holds
+ * one tile per thread, never the T x T matrix; the forward saves each row's
+ * log-sum-exp and backward recomputes the probabilities from it (FlashAttention's
+ * scheme).
  */
 #include "cpu.h"
 
@@ -94,10 +96,25 @@ dt_status dt_cpu_pos_backward(float *dP, const float *dy, int B, int T, int C) {
     return DT_OK;
 }
 
-static float dot(const float *a, const float *b, int D) {
-    float s = 0.0f;
-    for (int d = 0; d < D; d++) s += a[d] * b[d];
-    return s;
+typedef float v8f __attribute__((vector_size(32)));   /* GCC/Clang generic vectors */
+
+/* a . b over D: eight float lanes (lane k takes d = k mod 8), the tail added to lane
+ * d mod 8 too, the lanes combined in a fixed tree; the order depends on D only. */
+static inline float dot(const float *a, const float *b, int D) {
+    v8f acc = {0}, x, y;
+    int d = 0;
+    for (; d + 8 <= D; d += 8) {
+        memcpy(&x, a + d, sizeof x);
+        memcpy(&y, b + d, sizeof y);
+        acc += x * y;
+    }
+    for (int k = 0; d < D; d++, k++) acc[k] += a[d] * b[d];
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+/* y += a * x over D (element-wise: each output has one writer) */
+static inline void axpy(float *y, float a, const float *x, int D) {
+    for (int d = 0; d < D; d++) y[d] += a * x[d];
 }
 
 /* Scores of query row q over keys 0..t into s[0..t]; returns their maximum. */
@@ -119,12 +136,61 @@ static void weigh(float *y, float *s, float m, const float *v0, size_t ld, int t
     }
     float inv = (float)(1.0 / l);
     for (int d = 0; d < D; d++) y[d] = 0.0f;
-    for (int j = 0; j <= t; j++) {
-        const float *v = v0 + (size_t)j * ld;
-        float p = s[j] * inv;
-        for (int d = 0; d < D; d++) y[d] += p * v[d];
-    }
+    for (int j = 0; j <= t; j++) axpy(y, s[j] * inv, v0 + (size_t)j * ld, D);
     if (lse) *lse = m + (float)log(l);
+}
+
+/* Tiles of BR queries x BC keys: a tile's scores go through small GEMMs (the
+ * single-threaded dt_cpu_gemm1) in one thread's scratch memory, whose size is fixed
+ * by the tile, not by T. Per (batch, head) the tiles run in a fixed order. */
+#define BR 64
+#define BC 64
+
+/* scratch floats per thread: S, P (BR x BC each), O (BR x D), m, l (BR each), and
+ * D_i (T) for backward */
+static size_t attn_scratch(int T, int D) { return 2 * (size_t)BR * BC + (size_t)BR * D + 2 * BR + (size_t)T; }
+
+/* S (br x bc, row stride BC) = scale * Q K^T, keys after a query masked to -inf */
+static void tile_scores(float *S, const float *Q, const float *K, size_t ld, int i0, int br, int j0, int bc, int D,
+                        float scale) {
+    dt_cpu_gemm1(0, 1, br, bc, D, scale, Q + (size_t)i0 * ld, (int)ld, K + (size_t)j0 * ld, (int)ld, 0.0f, S, BC);
+    for (int r = 0; r < br; r++)
+        for (int c = i0 + r - j0 + 1; c < bc; c++)
+            if (c >= 0) S[(size_t)r * BC + c] = -INFINITY;
+}
+
+static void attn_fwd_head(float *y, float *lse, const float *base, int T, int C, int D, float scale, float *w) {
+    const size_t ld = 3 * (size_t)C;
+    const float *Q = base, *K = base + C, *V = base + 2 * C;
+    float *S = w, *P = S + (size_t)BR * BC, *O = P + (size_t)BR * BC, *m = O + (size_t)BR * D, *l = m + BR;
+    for (int i0 = 0; i0 < T; i0 += BR) {
+        int br = T - i0 < BR ? T - i0 : BR;
+        for (int r = 0; r < br; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
+        memset(O, 0, (size_t)br * D * sizeof(float));
+        for (int j0 = 0; j0 < i0 + br; j0 += BC) {
+            int bc = i0 + br - j0 < BC ? i0 + br - j0 : BC;
+            tile_scores(S, Q, K, ld, i0, br, j0, bc, D, scale);
+            for (int r = 0; r < br; r++) {
+                float *sr = S + (size_t)r * BC, *pr = P + (size_t)r * BC, mx = m[r];
+                for (int c = 0; c < bc; c++) if (sr[c] > mx) mx = sr[c];
+                float alpha = m[r] == -INFINITY ? 0.0f : expf(m[r] - mx), sum = 0.0f;
+                for (int c = 0; c < bc; c++) {
+                    pr[c] = sr[c] == -INFINITY ? 0.0f : expf(sr[c] - mx);
+                    sum += pr[c];
+                }
+                l[r] = l[r] * alpha + sum;
+                m[r] = mx;
+                float *orow = O + (size_t)r * D;
+                for (int d = 0; d < D; d++) orow[d] *= alpha;
+            }
+            dt_cpu_gemm1(0, 0, br, D, bc, 1.0f, P, BC, V + (size_t)j0 * ld, (int)ld, 1.0f, O, D);
+        }
+        for (int r = 0; r < br; r++) {
+            float inv = 1.0f / l[r], *yr = y + (size_t)(i0 + r) * C;
+            for (int d = 0; d < D; d++) yr[d] = O[(size_t)r * D + d] * inv;
+            lse[i0 + r] = m[r] + logf(l[r]);
+        }
+    }
 }
 
 dt_status dt_cpu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int D) {
@@ -132,27 +198,59 @@ dt_status dt_cpu_attn_forward(float *y, float *lse, const float *qkv, int B, int
     if (B == 0) return DT_OK;
     DT_CPU_ARG(y && lse && qkv);
     const int C = H * D;
-    const size_t ld = 3 * (size_t)C;
     const float scale = 1.0f / sqrtf((float)D);
     int nt = dt_cpu_threads(), failed = 0;
     #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)B * H * T * T * D >= PAR_MIN)
     for (int bh = 0; bh < B * H; bh++) {
         int b = bh / H, h = bh % H;
-        float *s = dt_cpu_scratch(0, (size_t)T);
-        if (!s) {
+        float *w = dt_cpu_scratch(0, attn_scratch(T, D));
+        if (!w) {
             #pragma omp atomic write
             failed = 1;
             continue;
         }
-        const float *base = qkv + (size_t)b * T * ld;
-        for (int t = 0; t < T; t++) {
-            const float *q = base + (size_t)t * ld + (size_t)h * D;
-            float m = scores(s, q, base + C + (size_t)h * D, ld, t, D, scale);
-            weigh(y + ((size_t)b * T + t) * C + (size_t)h * D, s, m, base + 2 * C + (size_t)h * D, ld, t, D,
-                  lse + ((size_t)b * H + h) * T + t);
-        }
+        attn_fwd_head(y + (size_t)b * T * C + (size_t)h * D, lse + ((size_t)b * H + h) * T,
+                      qkv + (size_t)b * T * 3 * C + (size_t)h * D, T, C, D, scale, w);
     }
     return failed ? dt_error(DT_ERR_NOMEM, "cpu attn_forward: out of memory") : DT_OK;
+}
+
+static void attn_bwd_head(float *dbase, const float *g, const float *base, const float *y, const float *lse, int T,
+                          int C, int D, float scale, float *w) {
+    const size_t ld = 3 * (size_t)C;
+    const float *Q = base, *K = base + C, *V = base + 2 * C;
+    float *dQ = dbase, *dK = dbase + C, *dV = dbase + 2 * C;
+    float *S = w, *P = S + (size_t)BR * BC, *Di = P + (size_t)BR * BC + (size_t)BR * D + 2 * BR;
+    for (int t = 0; t < T; t++) {
+        Di[t] = dot(g + (size_t)t * C, y + (size_t)t * C, D);
+        memset(dQ + (size_t)t * ld, 0, (size_t)D * sizeof(float));
+        memset(dK + (size_t)t * ld, 0, (size_t)D * sizeof(float));
+        memset(dV + (size_t)t * ld, 0, (size_t)D * sizeof(float));
+    }
+    for (int i0 = 0; i0 < T; i0 += BR) {
+        int br = T - i0 < BR ? T - i0 : BR;
+        for (int j0 = 0; j0 < i0 + br; j0 += BC) {
+            int bc = i0 + br - j0 < BC ? i0 + br - j0 : BC;
+            tile_scores(S, Q, K, ld, i0, br, j0, bc, D, scale);
+            for (int r = 0; r < br; r++) {   /* P = exp(S - lse), masked entries 0 */
+                float *sr = S + (size_t)r * BC;
+                const float L = lse[i0 + r];
+                for (int c = 0; c < bc; c++) sr[c] = sr[c] == -INFINITY ? 0.0f : expf(sr[c] - L);
+            }
+            /* dV_j += P^T dO_i; dP = dO_i V_j^T */
+            dt_cpu_gemm1(1, 0, bc, D, br, 1.0f, S, BC, g + (size_t)i0 * C, C, 1.0f, dV + (size_t)j0 * ld, (int)ld);
+            dt_cpu_gemm1(0, 1, br, bc, D, 1.0f, g + (size_t)i0 * C, C, V + (size_t)j0 * ld, (int)ld, 0.0f, P, BC);
+            for (int r = 0; r < br; r++) {   /* dS = P (dP - D_i) scale, in P */
+                const float *pr = S + (size_t)r * BC;
+                float *dr = P + (size_t)r * BC;
+                const float di = Di[i0 + r];
+                for (int c = 0; c < bc; c++) dr[c] = pr[c] * (dr[c] - di) * scale;
+            }
+            /* dQ_i += dS K_j; dK_j += dS^T Q_i */
+            dt_cpu_gemm1(0, 0, br, D, bc, 1.0f, P, BC, K + (size_t)j0 * ld, (int)ld, 1.0f, dQ + (size_t)i0 * ld, (int)ld);
+            dt_cpu_gemm1(1, 0, bc, D, br, 1.0f, P, BC, Q + (size_t)i0 * ld, (int)ld, 1.0f, dK + (size_t)j0 * ld, (int)ld);
+        }
+    }
 }
 
 dt_status dt_cpu_attn_backward(float *dqkv, const float *dy, const float *qkv, const float *y, const float *lse,
@@ -161,42 +259,21 @@ dt_status dt_cpu_attn_backward(float *dqkv, const float *dy, const float *qkv, c
     if (B == 0) return DT_OK;
     DT_CPU_ARG(dqkv && dy && qkv && y && lse);
     const int C = H * D;
-    const size_t ld = 3 * (size_t)C;
     const float scale = 1.0f / sqrtf((float)D);
-    int nt = dt_cpu_threads();
+    int nt = dt_cpu_threads(), failed = 0;
     #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)B * H * T * T * D >= PAR_MIN)
     for (int bh = 0; bh < B * H; bh++) {
         int b = bh / H, h = bh % H;
-        const float *base = qkv + (size_t)b * T * ld;
-        float *dbase = dqkv + (size_t)b * T * ld;
-        const float *K = base + C + (size_t)h * D, *V = base + 2 * C + (size_t)h * D;
-        float *dK = dbase + C + (size_t)h * D, *dV = dbase + 2 * C + (size_t)h * D;
-        for (int t = 0; t < T; t++) {
-            memset(dK + (size_t)t * ld, 0, (size_t)D * sizeof(float));
-            memset(dV + (size_t)t * ld, 0, (size_t)D * sizeof(float));
+        float *w = dt_cpu_scratch(0, attn_scratch(T, D));
+        if (!w) {
+            #pragma omp atomic write
+            failed = 1;
+            continue;
         }
-        for (int t = 0; t < T; t++) {
-            const float *q = base + (size_t)t * ld + (size_t)h * D;
-            const float *g = dy + ((size_t)b * T + t) * C + (size_t)h * D;
-            const float *o = y + ((size_t)b * T + t) * C + (size_t)h * D;
-            float *dq = dbase + (size_t)t * ld + (size_t)h * D;
-            const float L = lse[((size_t)b * H + h) * T + t];
-            const float Di = dot(g, o, D);
-            for (int d = 0; d < D; d++) dq[d] = 0.0f;
-            for (int j = 0; j <= t; j++) {
-                const float *k = K + (size_t)j * ld, *v = V + (size_t)j * ld;
-                float p = expf(dot(q, k, D) * scale - L);
-                float ds = p * (dot(g, v, D) - Di) * scale;
-                float *dk = dK + (size_t)j * ld, *dv = dV + (size_t)j * ld;
-                for (int d = 0; d < D; d++) {
-                    dq[d] += ds * k[d];
-                    dk[d] += ds * q[d];
-                    dv[d] += p * g[d];
-                }
-            }
-        }
+        size_t off = (size_t)b * T * 3 * C + (size_t)h * D, yo = (size_t)b * T * C + (size_t)h * D;
+        attn_bwd_head(dqkv + off, dy + yo, qkv + off, y + yo, lse + ((size_t)b * H + h) * T, T, C, D, scale, w);
     }
-    return DT_OK;
+    return failed ? dt_error(DT_ERR_NOMEM, "cpu attn_backward: out of memory") : DT_OK;
 }
 
 dt_status dt_cpu_attn_decode(float *y, const float *qkv, int t, int H, int D) {
