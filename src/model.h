@@ -47,6 +47,10 @@ DT_API const char *dt_spec_preset(const char *name);
 DT_API dt_status   dt_spec_parse(const char *spec, dt_spec *out);
 /* Infer shapes and parameter counts for a per-sample input shape ((C,H,W) or (F)). */
 DT_API dt_status   dt_spec_infer(dt_spec *s, const dt_shape *input);
+/* What token data (data.h, tokens:DIR) needs from a token model: the window is the
+ * block of its learned positions (pos), the vocabulary its embedding's. DT_ERR_INVALID
+ * when the model has no embed or pos layer. */
+DT_API dt_status   dt_spec_token_dims(const char *spec, int64_t *window, int *vocab);
 /* Release a parsed spec. */
 DT_API void        dt_spec_free(dt_spec *s);
 

@@ -486,6 +486,27 @@ void dt_spec_free(dt_spec *s) {
     s->n = 0;
 }
 
+/* ---- token models ------------------------------------------------------- */
+
+dt_status dt_spec_token_dims(const char *model, int64_t *window, int *vocab) {
+    dt_spec sp;
+    DT_TRY(dt_spec_parse(model, &sp));
+    int64_t block = 0;
+    int v = 0;
+    for (int i = 0; i < sp.n; i++) {
+        if (sp.layers[i].kind == DT_LAYER_POS && !block) block = (int64_t)dt_layer_arg(&sp.layers[i], "block");
+        if (sp.layers[i].kind == DT_LAYER_EMBED && !v) v = (int)dt_layer_arg(&sp.layers[i], "vocab");
+    }
+    dt_spec_free(&sp);
+    if (!block || !v)
+        return dt_error(DT_ERR_INVALID, "model: token data needs a token model with an embedding and learned "
+                        "positions (embed(vocab, dim) ... pos(block)), as the gpt presets; '%s' has %s", model,
+                        !v ? "no embed layer" : "no pos layer");
+    *window = block;
+    *vocab = v;
+    return DT_OK;
+}
+
 /* ---- shape inference ----------------------------------------------------- */
 
 dt_status dt_spec_infer(dt_spec *s, const dt_shape *input) {

@@ -241,27 +241,6 @@ static dt_status check_opts(const dt_train_opts *o) {
     return DT_OK;
 }
 
-/* The window and vocabulary token data needs from a token model: the block of its
- * positions (pos) and the vocabulary of its embedding. */
-static dt_status token_dims(const char *model, int64_t *window, int *vocab) {
-    dt_spec sp;
-    DT_TRY(dt_spec_parse(model, &sp));
-    int64_t block = 0;
-    int v = 0;
-    for (int i = 0; i < sp.n; i++) {
-        if (sp.layers[i].kind == DT_LAYER_POS && !block) block = (int64_t)dt_layer_arg(&sp.layers[i], "block");
-        if (sp.layers[i].kind == DT_LAYER_EMBED && !v) v = (int)dt_layer_arg(&sp.layers[i], "vocab");
-    }
-    dt_spec_free(&sp);
-    if (!block || !v)
-        return dt_error(DT_ERR_INVALID, "model: token data needs a token model with an embedding and learned "
-                        "positions (embed(vocab, dim) ... pos(block)), as the gpt presets; '%s' has %s", model,
-                        !v ? "no embed layer" : "no pos layer");
-    *window = block;
-    *vocab = v;
-    return DT_OK;
-}
-
 /* Weight decay on matrices only: the runs of the flat parameter array made of
  * parameters of 2 or more dimensions. */
 static dt_status decay_matrices(trainer *t) {
@@ -712,7 +691,7 @@ static dt_status trainer_setup(trainer *t) {
     dt_data_opts data_opts;
     DT_TRY(dt_data_opts_from_name(o->normalize, &data_opts));
     /* token windows are as long as the model's block, their tokens inside its vocabulary */
-    if (!strncmp(o->data, "tokens:", 7)) DT_TRY(token_dims(o->model, &data_opts.window, &data_opts.classes));
+    if (!strncmp(o->data, "tokens:", 7)) DT_TRY(dt_spec_token_dims(o->model, &data_opts.window, &data_opts.classes));
     dt_status ds = dt_dataset_open_pair(o->data, &data_opts, &t->train, o->eval ? &t->test : NULL);
     if (ds != DT_OK) return ds == DT_ERR_IO ? DT_ERR_INVALID : ds;
     DT_TRY(check_same_data(t));

@@ -639,6 +639,7 @@ static int cmd_eval(int argc, char **argv) {
     s = setup_threads(ops, threads, 1);
     dt_data_opts dopt;
     if (s == DT_OK) s = dt_data_opts_from_name(norm, &dopt);
+    if (s == DT_OK && !strncmp(data, "tokens:", 7)) s = dt_spec_token_dims(spec, &dopt.window, &dopt.classes);
     if (s == DT_OK && (s = dt_dataset_open_opts(data, DT_SPLIT_TEST, &dopt, &test)) == DT_ERR_IO) s = DT_ERR_INVALID;
     if (s == DT_OK) {
         const dt_dataset_info *info = dt_dataset_get_info(test);
@@ -673,7 +674,12 @@ static int cmd_model(int argc, char **argv) {
     if (data) {
         dt_dataset *ds = NULL;
         /* a data set that cannot be opened is bad input here (exit 2), as in eval */
-        if ((s = dt_dataset_open(data, DT_SPLIT_TEST, &ds)) != DT_OK) return fail(s == DT_ERR_IO ? DT_ERR_INVALID : s);
+        dt_data_opts dopt;
+        dt_data_opts_default(&dopt);
+        if (!strncmp(data, "tokens:", 7) && (s = dt_spec_token_dims(spec, &dopt.window, &dopt.classes)) != DT_OK)
+            return fail(s);
+        if ((s = dt_dataset_open_opts(data, DT_SPLIT_TEST, &dopt, &ds)) != DT_OK)
+            return fail(s == DT_ERR_IO ? DT_ERR_INVALID : s);
         const dt_dataset_info *info = dt_dataset_get_info(ds);
         shape.ndim = info->ndim;
         for (int i = 0; i < info->ndim; i++) shape.d[i] = info->shape[i];

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# bench/gpt.sh: the GPT workload against PyTorch (peers/torch_gpt.py) on this machine, in one run.
+#
+#   bench/gpt.sh [speed|gpt2|quality] [STEPS]     (run from the build directory or set DT_BUILDDIR)
+#
+# Data: byte-level token files of Debian's fortunes (the text files of
+# /usr/share/games/fortunes, sorted), made once by `dtrain prepare-text` in $DT_GPT_DATA
+# (default /tmp/dtrain-gpt-fortunes); both programs read the same train.bin/val.bin.
+#   speed   (default) the default gpt (4 layers, 4 heads, 128 wide, block 64, global batch
+#           12, nanoGPT's recipe): tokens/s of dtrain and PyTorch on 1 process x 2 threads
+#           and on 2 processes x 1 thread, STEPS steps each (default 60; PyTorch leaves out
+#           its first 10 steps, dtrain counts every step), and dtrain's MFU against its
+#           measured sgemm peak.
+#   gpt2    the 124M GPT-2 (12 layers, 12 heads, 768 wide, vocabulary 50304) at block 256,
+#           global batch 4, 1 process x 2 threads, STEPS steps (default 14): tokens/s of
+#           both, dtrain's MFU and its peak memory (--rank-stats).
+#   quality the default gpt for STEPS steps (default 2000) on 2 processes of each: final
+#           train loss and validation loss (PyTorch: 20 batches; dtrain: --eval-batches 20).
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+B=${DT_BUILDDIR:-$(pwd)}
+MODE=${1:-speed}
+PEERS=${DT_PEERS:-$here/../../shared/peers}
+[ -d "$PEERS" ] || PEERS=$here/../shared/peers
+DATA=${DT_GPT_DATA:-/tmp/dtrain-gpt-fortunes}
+[ -x "$B/dtrain" ] || { echo "bench/gpt.sh: no dtrain in $B (set DT_BUILDDIR)"; exit 2; }
+have_torch=0
+for py in ${PYTHON:-python3 /usr/bin/python3}; do
+    if "$py" -c 'import torch' 2>/dev/null && [ -f "$PEERS/torch_gpt.py" ]; then PY=$py; have_torch=1; break; fi
+done
+if [ ! -s "$DATA/train.bin" ]; then
+    files=$(ls -d /usr/share/games/fortunes/* 2>/dev/null | grep -v '\.' | LC_ALL=C sort)
+    [ -n "$files" ] || { echo "bench/gpt.sh: install Debian's fortunes package (apt-get install fortunes)"; exit 2; }
+    "$B/dtrain" prepare-text "$DATA" $files || exit 1
+fi
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { a += 0; b += 0; if (b > 0 && a > 0) printf "%.2f", a / b; else printf "n/a" }'; }
+# dtrain_run PROCS THREADS ARGS...: dtrain's final line ("done: ... tokens/s (MFU ...)")
+dtrain_run() {
+    local np=$1 thr=$2; shift 2
+    if [ "$np" -eq 1 ]; then
+        "$B/dtrain" train --data "tokens:$DATA" --threads "$thr" --log-every 1000000 "$@" 2>&1 | grep 'dtrain: done'
+    else
+        OMP_NUM_THREADS=$thr "$B/dtrun" -n "$np" "$B/dtrain" train --data "tokens:$DATA" --threads "$thr" \
+            --log-every 1000000 "$@" 2>&1 | grep 'dtrain: done' | sed 's/^\[rank0\]://'
+    fi
+}
+tok() { sed -n 's/.* \([0-9][0-9]*\) tokens\/s.*/\1/p'; }
+# torch_run PROCS ITERS [L H C T GB [V]]
+torch_run() {
+    [ "$have_torch" -eq 1 ] || { echo "n/a"; return; }
+    "$PY" "$PEERS/torch_gpt.py" "$DATA" "$@" 2>/dev/null | grep '^torch'
+}
+
+case $MODE in
+speed)
+    STEPS=${2:-60}
+    printf "%-16s %14s %14s %8s %8s\n" config "dtrain tok/s" "pytorch tok/s" ratio "MFU"
+    for cfg in "1 2" "2 1"; do
+        set -- $cfg
+        d=$(dtrain_run "$1" "$2" --model gpt --steps "$STEPS" --no-eval)
+        t=$(torch_run "$1" "$STEPS" | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
+        printf "%-16s %14s %14s %8s %8s\n" "$1 proc x $2 thr" "$(echo "$d" | tok)" "${t:-fail}" \
+            "$(ratio "$(echo "$d" | tok)" "${t:-0}")" "$(echo "$d" | sed -n 's/.*MFU \([0-9.]*%\).*/\1/p')"
+    done
+    ;;
+gpt2)
+    STEPS=${2:-14}
+    d=$(dtrain_run 1 2 --model "gpt(layers=12,heads=12,dim=768,block=256,vocab=50304)" --batch 4 --steps "$STEPS" \
+        --no-eval --rank-stats "$STEPS")
+    t=$(torch_run 1 "$STEPS" 12 12 768 256 4 50304 | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
+    echo "gpt2 (124M, block 256, batch 4), 1 proc x 2 thr: dtrain $(echo "$d" | tok) tokens/s," \
+         "pytorch ${t:-fail} tokens/s, ratio $(ratio "$(echo "$d" | tok)" "${t:-0}")"
+    echo "$d"
+    ;;
+quality)
+    STEPS=${2:-2000}
+    d=$(dtrain_run 2 1 --model gpt --steps "$STEPS")
+    t=$(torch_run 2 "$STEPS")
+    echo "dtrain : $d"
+    echo "pytorch: ${t:-n/a}"
+    ;;
+*) echo "usage: bench/gpt.sh [speed|gpt2|quality] [STEPS]"; exit 2 ;;
+esac
