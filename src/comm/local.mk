@@ -9,5 +9,6 @@ dtraininclude_HEADERS += src/comm/comm.h
 
 check_PROGRAMS += tests/test_reduce tests/test_store tests/test_algo tests/coll_prog
 TESTS += tests/test_reduce tests/test_store tests/test_algo
-TESTS += tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh
-EXTRA_DIST += tests/rank_tap.h tests/comm_lib.sh tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh
+TESTS += tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh tests/shm_many.sh
+EXTRA_DIST += tests/rank_tap.h tests/comm_lib.sh tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh \
+	tests/shm_many.sh

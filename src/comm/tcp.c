@@ -348,7 +348,7 @@ static int same_host(const reg_t *a, const reg_t *b) {
 
 /* Same-host pairs get shared-memory rings when they first talk (tcp_ring.c); here each
  * peer is marked local or not (same host name and boot id), nothing is exchanged. */
-static void setup_shm(tcp_world *w, const reg_t *regs) {
+static dt_status setup_shm(tcp_world *w, const reg_t *regs) {
     int local = 0, first = w->rank;
     for (int j = 0; j < w->size; j++) {
         tcp_peer *p = &w->peers[j];
@@ -358,7 +358,7 @@ static void setup_shm(tcp_world *w, const reg_t *regs) {
         if (p->local && j < first) first = j;
     }
     w->cma_token = make_nonce();
-    tcp_ring_setup(w, local + 1, first == w->rank);
+    return tcp_ring_setup(w, local + 1, first == w->rank);
 }
 
 /* A socket per peer, and on rank 0 one per rank for the store, plus a margin for the
@@ -534,7 +534,7 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     if ((s = build_mesh(w, regs, lfd, job, me->nonce, deadline, timeout)) != DT_OK) goto fail;
     close(lfd);
     lfd = -1;
-    setup_shm(w, regs);
+    if ((s = setup_shm(w, regs)) != DT_OK) goto fail;
     {
         /* Spinning only pays when every local rank can have a core of its own; then a
          * blocked caller spins like MPI does (yielding hands the core to whatever else

@@ -81,8 +81,9 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call);
 
 /* tcp_ring.c: same-host rings, made when a pair first talks */
 /* At init, once peers[].local and .pid are set: sweep leftovers (first_local: this is the
- * host's first rank), read DT_SHM/DT_CMA, size the rings for `local` ranks on this host. */
-void      tcp_ring_setup  (tcp_world *w, int local, int first_local);
+ * host's first rank), read DT_SHM/DT_CMA/DT_SHM_BUDGET, size the rings for `local` ranks
+ * on this host. */
+dt_status tcp_ring_setup  (tcp_world *w, int local, int first_local);
 /* Before a message to peer p: the control record (an offer, or the switch) to write on its
  * socket first, into rec (RING_CTL_MAX bytes); returns its length, 0 for none. */
 size_t    tcp_ring_prepare(tcp_world *w, tcp_peer *p, unsigned char *rec);

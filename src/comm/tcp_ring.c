@@ -8,7 +8,9 @@
  * when a rank first sends to a same-host peer, and each rank creates at most shm_budget
  * bytes of rings: the memory of a host is at most local * budget, linear in its ranks,
  * whatever the traffic. A pair over the budget, or whose ring cannot be made, keeps its
- * TCP connection, which exists anyway (the full mesh). One pooled arena per host was the
+ * TCP connection, which exists anyway (the full mesh); DT_SHM_BUDGET sets the bytes per
+ * rank (default: its share of an eighth of the host's memory or a quarter of /dev/shm,
+ * at most 32 MiB; rings of 4 MiB for small jobs, down to 64 KiB). One pooled arena per host was the
  * other choice; it needs an owner per host, keeps a name in /dev/shm (or a descriptor
  * passed around) for the whole job, and reserves its full size up front.
  *
@@ -36,6 +38,8 @@
 #include "shm_name.h"
 #include "sock.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,7 +67,23 @@ static size_t host_cap(void) {
     return mem;
 }
 
-void tcp_ring_setup(tcp_world *w, int local, int first_local) {
+/* DT_SHM_BUDGET: bytes, with an optional K, M or G (powers of 2) */
+static dt_status parse_budget(const char *v, size_t *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    unsigned shift = 0;
+    if (end && (*end == 'K' || *end == 'k')) shift = 10, end++;
+    else if (end && (*end == 'M' || *end == 'm')) shift = 20, end++;
+    else if (end && (*end == 'G' || *end == 'g')) shift = 30, end++;
+    if (!*v || *v == '-' || !end || end == v || *end || errno || n > (SIZE_MAX >> 30))
+        return dt_error(DT_ERR_INVALID, "DT_SHM_BUDGET='%s': expected the bytes of shared-memory rings a rank may "
+                        "create, e.g. 32M (K, M, G: powers of 2)", v);
+    *out = (size_t)n << shift;
+    return DT_OK;
+}
+
+dt_status tcp_ring_setup(tcp_world *w, int local, int first_local) {
     if (first_local) dt_shm_sweep();
     const char *e = getenv("DT_SHM");
     w->shm = !(e && strcmp(e, "0") == 0) && local > 1;
@@ -75,6 +95,7 @@ void tcp_ring_setup(tcp_world *w, int local, int first_local) {
      * ring neighbours) fit in it, 4 MiB for small jobs */
     size_t budget = host_cap() / (size_t)(local > 0 ? local : 1);
     if (budget > RANK_BUDGET_BYTES) budget = RANK_BUDGET_BYTES;
+    if ((e = getenv("DT_SHM_BUDGET")) && *e) DT_TRY(parse_budget(e, &budget));
     int l2 = 0;
     while ((1 << l2) < local) l2++;
     size_t partners = (size_t)(local - 1 < 2 * l2 + 2 ? local - 1 : 2 * l2 + 2);
@@ -89,6 +110,7 @@ void tcp_ring_setup(tcp_world *w, int local, int first_local) {
         p->in_st = RING_UNTRIED;
         p->out_st = w->shm && p->local ? RING_UNTRIED : RING_OFF;
     }
+    return DT_OK;
 }
 
 static void put_ctl(unsigned char *rec, unsigned magic, size_t payload) {
