@@ -422,11 +422,11 @@ static dt_status rcv_shm(tcp_comm *tc, rcv_t *r, const dt_call *call, int *prog)
     return DT_OK;
 }
 
-/* Has a shared-memory peer hung up its socket? (POLLRDHUP: the end of its stream has
- * arrived, whether or not bytes before it are still unread; the socket may still carry
- * its TCP messages in the other direction of the pair.) What it wrote to the ring before
- * it went stays readable, so the caller only gives up when a further attempt makes no
- * progress. */
+/* Has a shared-memory peer hung up its socket? POLLRDHUP: the end of its stream has
+ * arrived, whether or not bytes before it are still unread (its direction of the socket
+ * carries its messages to us as long as that direction is not on a ring, so "readable"
+ * would not do). What it wrote to the ring before it went stays readable, so the caller
+ * only gives up when a further attempt makes no progress. */
 static int peer_gone(tcp_comm *tc, int peer) {
     struct pollfd p = { .fd = tc->w->peers[tc->map[peer]].fd, .events = POLLRDHUP };
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
