@@ -22,6 +22,11 @@
  *   --mode init     init, print "rank R of W on HOST", barrier, destroy.
  *   --mode env      init, print "rank R of W rendezvous 'HOW' MASTER_ADDR=.. MASTER_PORT=..
  *                   DT_JOB_SECRET=.." (the environment after init: "-" when unset), barrier.
+ *   --mode rings    one small all_reduce (recursive doubling: log2(W) partners, checked),
+ *                   then print "rank R rings out N in M nofile L" and barrier: the shared-memory
+ *                   rings this rank has mapped that it made (out) and that peers made
+ *                   (in), told apart by the creator's pid in their names, and its soft
+ *                   limit on open files.
  * Options: --init METHOD (default env://), --backend NAME, --iters N, --dump FILE,
  * --timeout S (dt_comm_set_timeout after init).
  * Errors print "ERROR: <message>" on stderr and exit 1 (2 for bad arguments).
@@ -37,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 static dt_comm *comm;
@@ -376,6 +382,35 @@ static int mode_tree(const char *dump) {
     return rc;
 }
 
+/* ---- mode rings --------------------------------------------------------------------------------- */
+
+static int mode_rings(void) {
+    float v[16];
+    for (int i = 0; i < 16; i++) v[i] = (float)(R + 1);
+    int rc = fail_status(dt_allreduce(comm, v, v, 16, DT_F32, DT_SUM), "all_reduce");
+    for (int i = 0; i < 16 && !rc; i++)
+        if (v[i] != (float)W * (float)(W + 1) / 2) {
+            fprintf(stderr, "ERROR: all_reduce gave %g, expected %g\n", v[i], (double)W * (W + 1) / 2);
+            rc = 1;
+        }
+    /* mappings of /dev/shm/dtrain-PID-...: a ring is mapped once on each side */
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) { fprintf(stderr, "ERROR: /proc/self/maps: cannot open\n"); return 1; }
+    char line[1024];
+    int out = 0, in = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "/dev/shm/dtrain-");
+        if (p && atoi(p + strlen("/dev/shm/dtrain-")) == (int)getpid()) out++;
+        else if (p) in++;
+    }
+    fclose(f);
+    struct rlimit rl = { 0, 0 };
+    getrlimit(RLIMIT_NOFILE, &rl);
+    printf("rank %d rings out %d in %d nofile %llu\n", R, out, in, (unsigned long long)rl.rlim_cur);
+    /* nobody closes (and unlinks) a ring before every peer has looked at its offers */
+    return rc | fail_status(dt_barrier(comm), "barrier");
+}
+
 /* ---- main ---------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
@@ -408,6 +443,8 @@ int main(int argc, char **argv) {
         rc = mode_all(big);
     } else if (!strcmp(mode, "tree")) {
         rc = mode_tree(dump);
+    } else if (!strcmp(mode, "rings")) {
+        rc = mode_rings();
     } else if (!strcmp(mode, "init")) {
         printf("rank %d of %d on %s (%s)\n", R, W, dt_comm_host(comm, R), dt_comm_backend(comm));
         rc = fail_status(dt_barrier(comm), "barrier");

@@ -26,6 +26,9 @@
  *   DT_SOCKET_IFNAME  "eth0,ib0" or "^docker0": interfaces for peer connections
  *   DT_SHM_SPIN_US    busy-wait before yielding on shared memory (default 1000 in blocking
  *                     calls, 20 on the async worker, 5 when ranks outnumber cores)
+ *   DT_SHM_BUDGET     bytes of shared-memory rings a rank may create, e.g. 8M (default:
+ *                     its share of 1/8 of the host's memory, at most 32M); peers past it
+ *                     talk over TCP
  *   DT_CMA            1: same-host ranks read large collective messages (>= 1 MiB) from
  *                     the sender's memory instead of through the ring (faster when the
  *                     ranks do not share a cache or compete for cores); 0: never

@@ -2,11 +2,14 @@
 # dispatch (comm.c), rendezvous store, typed reductions, the collective algorithms over a
 # point-to-point primitive, and the tcp backend with shared memory for same-host peers.
 libdtrain_core_la_SOURCES += src/comm/comm.c src/comm/comm_impl.h src/comm/store.c src/comm/store.h \
-	src/comm/sock.c src/comm/sock.h src/comm/auth.c src/comm/auth.h src/comm/gate.c src/comm/gate.h src/comm/reduce.c src/comm/reduce.h src/comm/algo.c \
-	src/comm/tcp.c src/comm/tcp_xfer.c src/comm/tcp_impl.h src/comm/shm.c src/comm/shm.h
+	src/comm/sock.c src/comm/sock.h src/comm/auth.c src/comm/auth.h src/comm/gate.c src/comm/gate.h \
+	src/comm/reduce.c src/comm/reduce.h src/comm/algo.c \
+	src/comm/tcp.c src/comm/tcp_xfer.c src/comm/tcp_ring.c src/comm/tcp_impl.h src/comm/shm.c src/comm/shm.h \
+	src/comm/shm_name.c src/comm/shm_name.h
 dtraininclude_HEADERS += src/comm/comm.h
 
 check_PROGRAMS += tests/test_reduce tests/test_store tests/test_algo tests/coll_prog
 TESTS += tests/test_reduce tests/test_store tests/test_algo
-TESTS += tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh tests/auth_rdzv.sh
-EXTRA_DIST += tests/rank_tap.h tests/comm_lib.sh tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh tests/auth_rdzv.sh
+TESTS += tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh tests/auth_rdzv.sh tests/shm_many.sh
+EXTRA_DIST += tests/rank_tap.h tests/comm_lib.sh tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh \
+	tests/auth_rdzv.sh tests/shm_many.sh

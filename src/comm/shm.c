@@ -2,11 +2,14 @@
  * shm.c: shared-memory byte rings (see shm.h).
  *
  * Layout of a segment: a control page (magic, size, head on its own cache line, tail on
- * its own cache line) followed by the data area of `size` bytes. Space is reserved with
- * posix_fallocate so a full /dev/shm is an error at init, not a SIGBUS mid-training.
+ * its own cache line, the futex bells, the ack count, the consumer's accept flags)
+ * followed by the data area of `size` bytes. Space is reserved with posix_fallocate so a
+ * full /dev/shm is an error when the ring is made (the caller then keeps the pair on TCP),
+ * not a SIGBUS mid-training.
  */
 #include "config.h"
 #include "shm.h"
+#include "shm_name.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +26,6 @@
 #include <unistd.h>
 
 #define SHM_MAGIC 0x44545348524e4731ull   /* "DTSHRNG1" */
-#define CTRL_BYTES 4096
 
 /* A side that has nothing to do sleeps on a futex "bell" in the segment after raising
  * its waiters flag; the other side rings the bell (a syscall) only when the flag is up,
@@ -39,6 +41,7 @@ typedef struct {
     _Alignas(64) _Atomic uint32_t space_bell, space_waiters;  /* producer sleeps for space
                                                                  or for an acknowledgement */
     _Alignas(64) _Atomic uint64_t acks;   /* messages the consumer has acknowledged */
+    _Atomic uint32_t accepted;            /* DT_SHM_MAPPED | DT_SHM_CMA, set by the consumer */
 } ring_ctrl;
 
 struct dt_shm_ring {
@@ -47,6 +50,7 @@ struct dt_shm_ring {
     size_t size, map_bytes;
     uint64_t pos;           /* local copy of our own counter (head or tail) */
     uint64_t seen;          /* the other side's counter when we last looked */
+    char name[DT_SHM_NAME_MAX]; /* the creator's name for it, unlinked again on close */
 };
 
 static void bell_wait(_Atomic uint32_t *bell, uint32_t old, double timeout_s) {
@@ -76,7 +80,7 @@ static dt_status map_ring(int fd, size_t total, dt_shm_ring **out) {
     dt_shm_ring *r = calloc(1, sizeof *r);
     if (!r) { munmap(m, total); return dt_error(DT_ERR_NOMEM, "out of memory"); }
     r->ctrl = m;
-    r->data = (char *)m + CTRL_BYTES;
+    r->data = (char *)m + DT_SHM_CTRL_BYTES;
     r->map_bytes = total;
     *out = r;
     return DT_OK;
@@ -86,14 +90,15 @@ dt_status dt_shm_create(size_t bytes, char *name, size_t name_len, dt_shm_ring *
     *out = NULL;
     if (bytes == 0 || (bytes & (bytes - 1)) != 0)
         return dt_error(DT_ERR_INTERNAL, "shared memory ring size %zu is not a power of two", bytes);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
     static _Atomic unsigned counter;
-    snprintf(name, name_len, "/dtrain-%d-%lx-%u", (int)getpid(), (unsigned long)ts.tv_nsec,
-             atomic_fetch_add(&counter, 1));
+    char tag[32];
+    snprintf(tag, sizeof tag, "r%u", atomic_fetch_add(&counter, 1));
+    if (name_len > DT_SHM_NAME_MAX) name_len = DT_SHM_NAME_MAX;
+    if (dt_shm_name_make(name, name_len, tag) != 0)
+        return dt_error(DT_ERR_INTERNAL, "shared memory segment name does not fit in %zu bytes", name_len);
     int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) return dt_error(DT_ERR_IO, "shm_open(%s): %s", name, strerror(errno));
-    size_t total = CTRL_BYTES + bytes;
+    size_t total = DT_SHM_CTRL_BYTES + bytes;
     int rc = posix_fallocate(fd, 0, (off_t)total);
     if (rc != 0) {
         close(fd);
@@ -103,14 +108,17 @@ dt_status dt_shm_create(size_t bytes, char *name, size_t name_len, dt_shm_ring *
     dt_status s = map_ring(fd, total, out);
     close(fd);
     if (s != DT_OK) { shm_unlink(name); return s; }
-    (*out)->ctrl->magic = SHM_MAGIC;
-    (*out)->ctrl->size = bytes;
-    atomic_store(&(*out)->ctrl->head, 0);
-    atomic_store(&(*out)->ctrl->tail, 0);
-    atomic_store(&(*out)->ctrl->data_waiters, 0);
-    atomic_store(&(*out)->ctrl->space_waiters, 0);
-    atomic_store(&(*out)->ctrl->acks, 0);
-    (*out)->size = bytes;
+    dt_shm_ring *r = *out;
+    r->ctrl->magic = SHM_MAGIC;
+    r->ctrl->size = bytes;
+    atomic_store(&r->ctrl->head, 0);
+    atomic_store(&r->ctrl->tail, 0);
+    atomic_store(&r->ctrl->data_waiters, 0);
+    atomic_store(&r->ctrl->space_waiters, 0);
+    atomic_store(&r->ctrl->acks, 0);
+    atomic_store(&r->ctrl->accepted, 0);
+    r->size = bytes;
+    snprintf(r->name, sizeof r->name, "%s", name);
     return DT_OK;
 }
 
@@ -119,7 +127,7 @@ dt_status dt_shm_open(const char *name, dt_shm_ring **out) {
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) return dt_error(DT_ERR_IO, "shm_open(%s): %s", name, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) < 0 || (size_t)st.st_size <= CTRL_BYTES) {
+    if (fstat(fd, &st) < 0 || (size_t)st.st_size <= DT_SHM_CTRL_BYTES) {
         close(fd);
         return dt_error(DT_ERR_FORMAT, "shared memory segment %s is too small", name);
     }
@@ -127,7 +135,7 @@ dt_status dt_shm_open(const char *name, dt_shm_ring **out) {
     close(fd);
     if (s != DT_OK) return s;
     dt_shm_ring *r = *out;
-    if (r->ctrl->magic != SHM_MAGIC || r->ctrl->size + CTRL_BYTES != (size_t)st.st_size) {
+    if (r->ctrl->magic != SHM_MAGIC || r->ctrl->size + DT_SHM_CTRL_BYTES != (size_t)st.st_size) {
         dt_shm_close(r);
         *out = NULL;
         return dt_error(DT_ERR_FORMAT, "shared memory segment %s is not a dtrain ring", name);
@@ -140,6 +148,8 @@ void dt_shm_unlink(const char *name) { if (name && *name) shm_unlink(name); }
 
 void dt_shm_close(dt_shm_ring *r) {
     if (!r) return;
+    /* names are never reused, so this only removes our own segment if nobody else did */
+    dt_shm_unlink(r->name);
     munmap(r->ctrl, r->map_bytes);
     free(r);
 }
@@ -188,6 +198,14 @@ void dt_shm_read_commit(dt_shm_ring *r, size_t n) {
 void dt_shm_wait_data(dt_shm_ring *r, double timeout_s) {
     ring_ctrl *c = r->ctrl;
     sleep_until_moved(&c->data_bell, &c->data_waiters, &c->head, r->seen, timeout_s);
+}
+
+void dt_shm_accept(dt_shm_ring *r, unsigned flags) {
+    atomic_store(&r->ctrl->accepted, (uint32_t)flags | DT_SHM_MAPPED);
+}
+
+unsigned dt_shm_accepted(dt_shm_ring *r) {
+    return atomic_load_explicit(&r->ctrl->accepted, memory_order_acquire);
 }
 
 void dt_shm_ack(dt_shm_ring *r) {

@@ -9,9 +9,11 @@
  * Positions are free-running 64-bit byte counters: head (written by the producer only)
  * and tail (consumer only) sit on separate cache lines and are published with
  * release/acquire ordering; a side with nothing to do sleeps on a futex in the segment
- * and is woken by the other. The receiver creates the ring it reads from, the sender
- * opens it by name, and the name is unlinked once both have it mapped, so nothing is
- * left in /dev/shm after init even if a process is killed later.
+ * and is woken by the other. One side creates a ring under a name that says who made it
+ * (shm_name.h), the other opens it by name, says so in the ring (dt_shm_accept) and
+ * unlinks the name at once; the creator unlinks it again when it closes the ring, in case
+ * the other side never came. So a name lives in /dev/shm only between creation and the
+ * peer's first look, and what a killed creator leaves there is swept (shm_name.h).
  */
 #ifndef DT_SHM_H
 #define DT_SHM_H
@@ -22,12 +24,21 @@
 
 typedef struct dt_shm_ring dt_shm_ring;
 
-/* Create a ring of `bytes` (a power of two) under a fresh name (written to name). */
+#define DT_SHM_CTRL_BYTES 4096   /* a segment is this control page + the data area */
+#define DT_SHM_MAPPED 1u         /* dt_shm_accept flags: the consumer has mapped the ring */
+#define DT_SHM_CMA    2u         /* ... and can read the producer's memory (process_vm_readv) */
+
+/* Create a ring of `bytes` (a power of two) under a fresh name (written to name, at most
+ * DT_SHM_NAME_MAX bytes); closing it unlinks that name (if the peer has not). */
 dt_status dt_shm_create(size_t bytes, char *name, size_t name_len, dt_shm_ring **out);
 /* Map a ring another process created. */
 dt_status dt_shm_open  (const char *name, dt_shm_ring **out);
 void      dt_shm_unlink(const char *name);
 void      dt_shm_close (dt_shm_ring *r);
+/* Consumer: it has mapped the ring (DT_SHM_MAPPED is always set) and what else it can do;
+ * producer: those flags, 0 until then. */
+void      dt_shm_accept  (dt_shm_ring *r, unsigned flags);
+unsigned  dt_shm_accepted(dt_shm_ring *r);
 
 /* Producer: a contiguous writable span (0 bytes when full), then publish n of it. */
 size_t    dt_shm_write_span  (dt_shm_ring *r, void **p);

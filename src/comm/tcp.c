@@ -18,13 +18,15 @@
  *   3. the full mesh: rank i connects to every j < i and accepts every j > i; each
  *      connection opens with a handshake (magic, job id, world size, ranks, the target's
  *      nonce), so junk bytes or another job's process on a port are refused and ignored;
- *   4. pairs on the same host (same host name and boot id) switch their data path to
- *      shared-memory rings (unless DT_SHM=0); the socket stays open so the death of the
- *      peer is still seen as end of file. A waiting rank spins DT_SHM_SPIN_US
- *      microseconds before yielding (default 1000 for blocking calls and 20 on the
- *      async worker, 5 when ranks outnumber cores). Pairs that can read each other's
- *      memory (process_vm_readv, tested once here; DT_CMA=0 skips the test) move large
- *      collective messages without the ring when the sender sets DT_CMA=1 (tcp_xfer.c).
+ *   4. pairs on the same host (same host name and boot id) move their data path to
+ *      shared-memory rings when they first talk (unless DT_SHM=0; tcp_ring.c says how,
+ *      and why not at init); the socket stays open so the death of the peer is still
+ *      seen as end of file. A waiting rank spins DT_SHM_SPIN_US microseconds before
+ *      yielding (default 1000 for blocking calls and 20 on the async worker, 5 when ranks
+ *      outnumber cores). Large collective messages can skip the ring (process_vm_readv)
+ *      when the sender sets DT_CMA=1 (tcp_xfer.c).
+ * The mesh holds a socket per peer, so a large job needs as many open files: the soft
+ * limit is raised to the hard one when it is too low (fd_limit).
  * The data path lives in tcp_xfer.c; the algorithms in algo.c run over it.
  */
 #include "config.h"
@@ -40,18 +42,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 #define HS_MAGIC  0x53484454u   /* "DTHS" */
 #define HS_REPLY  0x41484454u   /* "DTHA" */
 #define HS_BYTES  32
-#define SHM_NAME_BYTES 128
-#define DEFAULT_RING_BYTES (4u << 20)
-#define SHM_MIN_RING_BYTES (256u << 10)
-#define SHM_BUDGET_BYTES   (32u << 20)
 
 typedef struct {
     char addr[64];
@@ -450,107 +448,45 @@ static dt_status build_mesh(tcp_world *w, const reg_t *regs, int lfd, const char
     return DT_OK;
 }
 
-/* ---- shared memory ------------------------------------------------------------------- */
+/* ---- shared memory, open files --------------------------------------------------------- */
 
 static int same_host(const reg_t *a, const reg_t *b) {
     return strcmp(a->host, b->host) == 0 && strcmp(a->boot, b->boot) == 0;
 }
 
-/* Cross-memory attach between shared-memory peers: large messages are then read straight
- * out of the sender's buffer (process_vm_readv) instead of being copied through the ring
- * (tcp_xfer.c). Whether it works depends on the kernel (ENOSYS), the ptrace policy (EPERM
- * under Yama scope >= 1 for non-descendants) and pid namespaces (a peer's pid may name
- * another process here), so each pair tests it once: every rank publishes the address
- * and value of a random token, the peer reads that address from the registered pid and
- * compares. A pair can use it only when both directions work and neither side set
- * DT_CMA=0; a side sends large collective messages that way only with DT_CMA=1 (off by
- * default: slower than the ring when the ranks share a cache, see tcp_xfer.c).
- * Any failure here just leaves the pair on the rings. */
-static dt_status setup_cma(tcp_world *w, const reg_t *regs, double deadline) {
-    const char *e = getenv("DT_CMA");
-    unsigned char want = !(e && strcmp(e, "0") == 0);
+/* Same-host pairs get shared-memory rings when they first talk (tcp_ring.c); here each
+ * peer is marked local or not (same host name and boot id), nothing is exchanged. */
+static dt_status setup_shm(tcp_world *w, const reg_t *regs) {
+    int local = 0, first = w->rank;
+    for (int j = 0; j < w->size; j++) {
+        tcp_peer *p = &w->peers[j];
+        p->pid = regs[j].pid;
+        p->local = j != w->rank && same_host(&regs[j], &regs[w->rank]);
+        local += p->local;
+        if (p->local && j < first) first = j;
+    }
     w->cma_token = make_nonce();
-    int n = w->size;
-    dt_status s = DT_OK;
-    for (int j = 0; j < n; j++) w->peers[j].pid = regs[j].pid;
-    /* 1. to each ring peer: {want u8, token address u64, token u64} */
-    for (int j = 0; j < n && s == DT_OK; j++) {
-        if (!w->peers[j].in) continue;
-        unsigned char m[17];
-        m[0] = want;
-        dt_put64(m + 1, (uint64_t)(uintptr_t)&w->cma_token);
-        dt_put64(m + 9, w->cma_token);
-        s = dt_sock_write_all(w->peers[j].fd, m, sizeof m, deadline);
-    }
-    /* 2. read the peer's token through its memory, and say whether that worked */
-    for (int j = 0; j < n && s == DT_OK; j++) {
-        if (!w->peers[j].in) continue;
-        unsigned char m[17], okb = 0;
-        if ((s = dt_sock_read_all(w->peers[j].fd, m, sizeof m, deadline)) != DT_OK) break;
-        if (want && m[0] && regs[j].pid > 0) {
-            uint64_t v = 0;
-            struct iovec lo = { &v, sizeof v }, ro = { (void *)(uintptr_t)dt_get64(m + 1), sizeof v };
-            ssize_t got = process_vm_readv((pid_t)regs[j].pid, &lo, 1, &ro, 1, 0);
-            okb = got == (ssize_t)sizeof v && v == dt_get64(m + 9);
-        }
-        s = dt_sock_write_all(w->peers[j].fd, &okb, 1, deadline);
-        w->peers[j].cma = okb;
-    }
-    /* 3. both directions work, or the pair copies through the ring */
-    for (int j = 0; j < n && s == DT_OK; j++) {
-        if (!w->peers[j].in) continue;
-        unsigned char okb = 0;
-        if ((s = dt_sock_read_all(w->peers[j].fd, &okb, 1, deadline)) != DT_OK) break;
-        w->peers[j].cma = w->peers[j].cma && okb ? (e && strcmp(e, "1") == 0 ? 2 : 1) : 0;
-    }
-    return s;
+    return tcp_ring_setup(w, local + 1, first == w->rank);
 }
 
-static dt_status setup_shm(tcp_world *w, const reg_t *regs, double deadline) {
-    const char *e = getenv("DT_SHM");
-    if (e && strcmp(e, "0") == 0) return DT_OK;
-    int n = w->size, local = 0;
-    for (int j = 0; j < n; j++) local += same_host(&regs[j], &regs[w->rank]);
-    /* one ring per same-host peer: keep a rank's rings within SHM_BUDGET_BYTES, so a big
-     * node with many ranks does not fill /dev/shm (rings stay >= SHM_MIN_RING_BYTES) */
-    size_t ring = DEFAULT_RING_BYTES;
-    while (ring > SHM_MIN_RING_BYTES && ring * (size_t)(local > 1 ? local - 1 : 1) > SHM_BUDGET_BYTES) ring /= 2;
-    char (*names)[SHM_NAME_BYTES] = calloc((size_t)n, SHM_NAME_BYTES);
-    if (!names) return dt_error(DT_ERR_NOMEM, "out of memory");
-    dt_status s = DT_OK;
-    /* 1. create a ring per same-host peer and send its name (empty if creation failed) */
-    for (int j = 0; j < n && s == DT_OK; j++) {
-        if (j == w->rank || !same_host(&regs[j], &regs[w->rank])) continue;
-        if (dt_shm_create(ring, names[j], SHM_NAME_BYTES, &w->peers[j].in) != DT_OK) names[j][0] = '\0';
-        s = dt_sock_write_all(w->peers[j].fd, names[j], SHM_NAME_BYTES, deadline);
-    }
-    /* 2. open each peer's ring for sending, and tell it whether that worked */
-    for (int j = 0; j < n && s == DT_OK; j++) {
-        if (j == w->rank || !same_host(&regs[j], &regs[w->rank])) continue;
-        char theirs[SHM_NAME_BYTES];
-        if ((s = dt_sock_read_all(w->peers[j].fd, theirs, SHM_NAME_BYTES, deadline)) != DT_OK) break;
-        theirs[SHM_NAME_BYTES - 1] = '\0';
-        unsigned char okb = 0;
-        if (theirs[0] == '/' && w->peers[j].in && dt_shm_open(theirs, &w->peers[j].out) == DT_OK) okb = 1;
-        s = dt_sock_write_all(w->peers[j].fd, &okb, 1, deadline);
-    }
-    /* 3. both directions work, or the pair stays on TCP */
-    for (int j = 0; j < n && s == DT_OK; j++) {
-        if (j == w->rank || !same_host(&regs[j], &regs[w->rank])) continue;
-        unsigned char okb = 0;
-        if ((s = dt_sock_read_all(w->peers[j].fd, &okb, 1, deadline)) != DT_OK) break;
-        dt_shm_unlink(names[j]);
-        names[j][0] = '\0';
-        if (!okb || !w->peers[j].out || !w->peers[j].in) {
-            dt_shm_close(w->peers[j].in);
-            dt_shm_close(w->peers[j].out);
-            w->peers[j].in = w->peers[j].out = NULL;
-        }
-    }
-    for (int j = 0; j < n; j++) dt_shm_unlink(names[j]);
-    free(names);
-    if (s == DT_OK) s = setup_cma(w, regs, deadline);
-    if (s != DT_OK) return dt_error_wrap(s, "setting up shared memory: ");
+/* A socket per peer, and on rank 0 one per rank for the store, plus a margin for the
+ * program's own files: raise the soft limit on open files to the hard one if that is
+ * short, or say what to change. */
+static dt_status fd_limit(int size, int rank) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return DT_OK;
+    rlim_t need = (rlim_t)size * (rank == 0 ? 2 : 1) + 64;
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) return DT_OK;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need)
+        return dt_error(DT_ERR_INVALID, "a world of %d ranks needs about %llu open files on rank %d (a connection per "
+                        "peer%s), but the hard limit is %llu: raise it (ulimit -Hn, /etc/security/limits.conf, "
+                        "LimitNOFILE= of a systemd unit)", size, (unsigned long long)need, rank,
+                        rank == 0 ? " and one per rank for the store" : "", (unsigned long long)rl.rlim_max);
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? need : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return dt_error(DT_ERR_IO, "cannot raise the limit on open files to %llu (a world of %d ranks needs "
+                        "about %llu): %s", (unsigned long long)rl.rlim_cur, size, (unsigned long long)need,
+                        strerror(errno));
     return DT_OK;
 }
 
@@ -659,6 +595,7 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     int lfd = -1;
     const char *job = c->job_id;
     if (size == 1) goto done;
+    if ((s = fd_limit(size, rank)) != DT_OK) goto fail;
 
     /* a bad DT_SOCKET_IFNAME or secret fails every rank alike, before anyone waits for anyone */
     if (getenv("DT_SOCKET_IFNAME") && (s = dt_sock_pick_addr("127.0.0.1", me->addr, sizeof me->addr)) != DT_OK)
@@ -737,7 +674,7 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     if ((s = build_mesh(w, regs, lfd, job, me->nonce, deadline, timeout)) != DT_OK) goto fail;
     close(lfd);
     lfd = -1;
-    if ((s = setup_shm(w, regs, deadline)) != DT_OK) goto fail;
+    if ((s = setup_shm(w, regs)) != DT_OK) goto fail;
     {
         /* Spinning only pays when every local rank can have a core of its own; then a
          * blocked caller spins like MPI does (yielding hands the core to whatever else

@@ -15,6 +15,11 @@
  * involved (the peer wakes us), in poll() on the sockets otherwise. A peer that talks to
  * us over shared memory is checked on every wake-up: its socket reports end of file when
  * it dies.
+ *
+ * Between messages a socket may carry a ring's control records (tcp_ring.c): the sender
+ * writes them before the message's header, the receiver acts on them while it looks for
+ * the header, and the two sides move from the socket to the ring at the same point of
+ * the stream.
  */
 #include "config.h"
 #include "tcp_impl.h"
@@ -57,6 +62,8 @@
 typedef struct {
     int on, peer;
     tcp_peer *tp;
+    unsigned char pre[RING_CTL_MAX];    /* a control record to write on the socket first */
+    size_t pre_len, pre_done;
     unsigned char hdr[SHM_HDR_BYTES];
     size_t hdone;
     const char *buf;
@@ -68,8 +75,8 @@ typedef struct {
 typedef struct {
     int on, peer, have_hdr;
     tcp_peer *tp;
-    unsigned char hdr[SHM_HDR_BYTES];
-    size_t hdone;
+    unsigned char hdr[RING_CTL_MAX];    /* a message header, or a control record */
+    size_t hdone, hneed;                /* bytes of it read, and expected (0: a header's) */
     char *buf;
     const char *acc;
     size_t len, done, fill;
@@ -170,6 +177,19 @@ static dt_status check_header(tcp_comm *tc, rcv_t *r, const dt_call *call) {
 
 /* ---- sockets ----------------------------------------------------------------------- */
 
+/* The control record ahead of the message (an offer, a switch), without blocking. */
+static dt_status snd_pre(tcp_comm *tc, snd_t *s, const dt_call *call, int *prog) {
+    while (s->pre_done < s->pre_len) {
+        ssize_t w = send(s->tp->fd, s->pre + s->pre_done, s->pre_len - s->pre_done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return DT_OK;
+        if (w <= 0) return lost(tc, s->peer, call);
+        *prog = 1;
+        s->pre_done += (size_t)w;
+    }
+    return DT_OK;
+}
+
 static dt_status snd_tcp(tcp_comm *tc, snd_t *s, const dt_call *call, int *prog) {
     int fd = s->tp->fd;
     while (s->hdone < TCP_HDR_BYTES || s->done < s->len) {
@@ -198,13 +218,27 @@ static dt_status snd_tcp(tcp_comm *tc, snd_t *s, const dt_call *call, int *prog)
 static dt_status rcv_tcp(tcp_comm *tc, rcv_t *r, const dt_call *call, int *prog) {
     int fd = r->tp->fd;
     while (!r->have_hdr) {
-        ssize_t n = recv(fd, r->hdr + r->hdone, TCP_HDR_BYTES - r->hdone, MSG_DONTWAIT);
+        size_t need = r->hneed ? r->hneed : TCP_HDR_BYTES;
+        ssize_t n = recv(fd, r->hdr + r->hdone, need - r->hdone, MSG_DONTWAIT);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return DT_OK;
         if (n <= 0) return lost(tc, r->peer, call);
         *prog = 1;
         r->hdone += (size_t)n;
-        if (r->hdone == TCP_HDR_BYTES) DT_TRY(check_header(tc, r, call));
+        if (r->hdone < need) continue;
+        unsigned magic = dt_get32(r->hdr);
+        if (magic == RING_OFFER_MAGIC && need == TCP_HDR_BYTES) {
+            r->hneed = RING_CTL_MAX;                 /* the offer's payload follows */
+            continue;
+        }
+        if (magic == RING_OFFER_MAGIC || magic == RING_SWITCH_MAGIC) {
+            dt_status st = tcp_ring_control(tc, r->peer, r->tp, r->hdr);
+            if (st != DT_OK) return broken(tc->w, st);
+            r->hdone = r->hneed = 0;
+            if (r->tp->in_st == RING_ON) return DT_OK;   /* the message comes through the ring */
+            continue;
+        }
+        DT_TRY(check_header(tc, r, call));
     }
     size_t es = dt_dtype_size(call->dtype);
     tcp_world *w = tc->w;
@@ -244,7 +278,7 @@ static void snd_shm(snd_t *s, const dt_call *call, int *prog) {
         if (dt_shm_acks(q) - s->want_ack < ((uint64_t)1 << 63)) { s->on = 0; *prog = 1; }
         return;
     }
-    if (!s->hdone && s->tp->cma == 2 && s->len >= CMA_MIN_BYTES && call->kind != DT_CALL_P2P) {
+    if (!s->hdone && s->tp->cma_out && s->len >= CMA_MIN_BYTES && call->kind != DT_CALL_P2P) {
         /* Collectives only: their exchanges always have the matching receive running, so
          * waiting for the ack cannot deadlock; a dt_send may rely on ring buffering. */
         span = dt_shm_write_span(q, &p);
@@ -358,7 +392,7 @@ static dt_status rcv_shm(tcp_comm *tc, rcv_t *r, const dt_call *call, int *prog)
         memcpy(r->hdr, p, SHM_HDR_BYTES);
         DT_TRY(check_header(tc, r, call));
         if (dt_get32(r->hdr + TCP_HDR_BYTES) == CMA_MAGIC) {
-            if (!r->tp->cma) {
+            if (!r->tp->cma_in) {
                 char wh[200];
                 return broken(tc->w, dt_error(DT_ERR_PEER, "rank %d sent a cross-memory message that this rank cannot read in %s",
                                               r->peer, where(call, wh, sizeof wh)));
@@ -388,14 +422,14 @@ static dt_status rcv_shm(tcp_comm *tc, rcv_t *r, const dt_call *call, int *prog)
     return DT_OK;
 }
 
-/* A shared-memory peer's socket carries nothing after init: readable means it closed.
- * What it wrote to the ring before it went stays readable, so the caller only gives up
- * when a further attempt makes no progress. */
+/* Has a shared-memory peer hung up its socket? POLLRDHUP: the end of its stream has
+ * arrived, whether or not bytes before it are still unread (its direction of the socket
+ * carries its messages to us as long as that direction is not on a ring, so "readable"
+ * would not do). What it wrote to the ring before it went stays readable, so the caller
+ * only gives up when a further attempt makes no progress. */
 static int peer_gone(tcp_comm *tc, int peer) {
-    int fd = tc->w->peers[tc->map[peer]].fd;
-    char b;
-    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    struct pollfd p = { .fd = tc->w->peers[tc->map[peer]].fd, .events = POLLRDHUP };
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
 /* ---- timeouts ---------------------------------------------------------------------------- */
@@ -468,6 +502,8 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
     if (x->dst >= 0) {
         s = (snd_t){ .on = 1, .peer = x->dst, .tp = &w->peers[tc->map[x->dst]], .buf = x->sbuf, .len = x->sbytes };
         put_header(s.hdr, call, x->sbytes);
+        if (s.tp->out_st == RING_UNTRIED || s.tp->out_st == RING_OFFERED)
+            s.pre_len = tcp_ring_prepare(w, s.tp, s.pre);
     }
     if (x->src >= 0) {
         r = (rcv_t){ .on = 1, .peer = x->src, .tp = &w->peers[tc->map[x->src]], .buf = x->rbuf,
@@ -484,11 +520,12 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
     while (s.on || r.on) {
         int prog = 0;
         if (s.on) {
-            if (s.tp->out) snd_shm(&s, call, &prog);
+            if (s.pre_done < s.pre_len) DT_TRY(snd_pre(tc, &s, call, &prog));
+            else if (s.tp->out_st == RING_ON) snd_shm(&s, call, &prog);
             else DT_TRY(snd_tcp(tc, &s, call, &prog));
         }
         if (r.on) {
-            if (r.tp->in) DT_TRY(rcv_shm(tc, &r, call, &prog));
+            if (r.tp->in_st == RING_ON) DT_TRY(rcv_shm(tc, &r, call, &prog));
             else DT_TRY(rcv_tcp(tc, &r, call, &prog));
         }
         if (prog || (!s.on && !r.on)) { idle_since = 0; continue; }
@@ -497,8 +534,9 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         double now = dt_now();
         if (idle_since == 0) idle_since = now;
         if (now > deadline) return broken(w, timed_out(tc, call, r.on ? r.peer : s.peer));
-        int s_tcp = s.on && !s.tp->out, r_tcp = r.on && !r.tp->in;
-        int s_shm = s.on && s.tp->out, r_shm = r.on && r.tp->in;
+        int s_shm = s.on && s.pre_done == s.pre_len && s.tp->out_st == RING_ON;
+        int r_shm = r.on && r.tp->in_st == RING_ON;
+        int s_tcp = s.on && !s_shm, r_tcp = r.on && !r_shm;
         double idle = now - idle_since;
         if ((s_shm || r_shm) && idle < spin) {
             /* shared memory: spin while the peer is likely running on another core (not
@@ -524,8 +562,8 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         int np = 0, ps = -1, pr = -1;
         if (s_tcp) pf[np++] = (struct pollfd){ .fd = s.tp->fd, .events = POLLOUT };
         if (r_tcp) pf[np++] = (struct pollfd){ .fd = r.tp->fd, .events = POLLIN };
-        if (s_shm) { ps = np; pf[np++] = (struct pollfd){ .fd = s.tp->fd, .events = POLLIN }; }
-        if (r_shm) { pr = np; pf[np++] = (struct pollfd){ .fd = r.tp->fd, .events = POLLIN }; }
+        if (s_shm) { ps = np; pf[np++] = (struct pollfd){ .fd = s.tp->fd, .events = POLLRDHUP }; }
+        if (r_shm) { pr = np; pf[np++] = (struct pollfd){ .fd = r.tp->fd, .events = POLLRDHUP }; }
         double left = deadline - now;
         int ms = (s_shm || r_shm) ? 1 : (left > 1.0 ? 1000 : (int)(left * 1000) + 1);
         int rc = poll(pf, (nfds_t)np, ms);

@@ -11,7 +11,9 @@
  *
  * No rank outlives dtrun: the ranks share their own process group, which dtrun signals
  * as a whole (grandchildren included), and each child asks the kernel for SIGKILL if
- * dtrun dies (PR_SET_PDEATHSIG), in case dtrun itself is killed with SIGKILL.
+ * dtrun dies (PR_SET_PDEATHSIG), in case dtrun itself is killed with SIGKILL. Once
+ * they are reaped, the shared-memory segments of dead processes are swept (shm_name.h),
+ * so a rank killed mid-set-up leaves nothing in /dev/shm.
  *
  * Everything runs in one thread with poll(): rank output pipes, a signalfd for SIGCHLD,
  * SIGINT, SIGTERM and SIGHUP (no signal-handler reentrancy), and on several nodes the
@@ -19,6 +21,7 @@
  */
 #include "config.h"
 #include "dtrun.h"
+#include "shm_name.h"   /* dt_shm_sweep: what killed ranks leave in /dev/shm */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -428,5 +431,8 @@ void dtrun_supervise(dtrun_job *job) {
     /* the ranks are gone: reap what is left so the next attempt starts clean */
     for (int r = 0; r < n; r++)
         if (!job->rk[r].reaped) { waitpid(job->rk[r].pid, &job->rk[r].status, 0); job->rk[r].reaped = 1; }
+    /* a rank killed (SIGKILL, the OOM killer) while a shared-memory ring it made was not
+     * yet mapped by its peer leaves the name in /dev/shm: remove what dead processes left */
+    dt_shm_sweep();
     free(pfd); free(who);
 }

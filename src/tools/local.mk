@@ -1,13 +1,15 @@
 # src/tools/local.mk: the programs (see Makefile.am): dtrun, the launcher (one node or many),
 # and dtbench, the collective benchmark. dtrun needs nothing from libdtrain: it has its
-# own small rendezvous between nodes (dtrun_rdzv.c says why).
+# own small rendezvous between nodes (dtrun_rdzv.c says why), and sweeps the shared-memory
+# segments its ranks may leave (src/comm/shm_name.c, also compiled on its own).
 bin_PROGRAMS += dtrun dtbench
 dtrun_SOURCES = src/tools/dtrun.c src/tools/dtrun.h src/tools/dtrun_ranks.c src/tools/dtrun_rdzv.c \
 	src/tools/dtrun_util.c src/clock.c src/clock.h src/status.c src/comm/sock.c src/comm/auth.c \
-	src/comm/gate.c
+	src/comm/gate.c src/comm/shm_name.c src/comm/shm_name.h
 dtrun_LDADD = $(SODIUM_LIBS)
-# per-target flags (the same ones) give dtrun its own object of src/clock.c, which
-# libdtrain_core also compiles, with libtool
+# per-target flags (the same ones) give dtrun its own objects of src/clock.c,
+# src/comm/shm_name.c and the authentication files, which libdtrain_core also
+# compiles, with libtool
 dtrun_CFLAGS = $(AM_CFLAGS)
 dtbench_SOURCES = src/tools/dtbench.c src/tools/args.c src/tools/args.h
 
