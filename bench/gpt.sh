@@ -58,7 +58,7 @@ speed)
     printf "%-16s %14s %14s %8s %8s\n" config "dtrain tok/s" "pytorch tok/s" ratio "MFU"
     for cfg in "1 2" "2 1"; do
         set -- $cfg
-        d=$(dtrain_run "$1" "$2" --model gpt --steps "$STEPS" --no-eval)
+        d=$(dtrain_run "$1" "$2" --model gpt --steps "$STEPS" --warmup 10 --no-eval)
         t=$(torch_run "$1" "$STEPS" | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
         printf "%-16s %14s %14s %8s %8s\n" "$1 proc x $2 thr" "$(echo "$d" | tok)" "${t:-fail}" \
             "$(ratio "$(echo "$d" | tok)" "${t:-0}")" "$(echo "$d" | sed -n 's/.*MFU \([0-9.]*%\).*/\1/p')"
@@ -66,7 +66,7 @@ speed)
     ;;
 gpt2)
     STEPS=${2:-14}
-    d=$(dtrain_run 1 2 --model "gpt(layers=12,heads=12,dim=768,block=256,vocab=50304)" --batch 4 --steps "$STEPS" \
+    d=$(dtrain_run 1 2 --model "gpt(layers=12,heads=12,dim=768,block=256,vocab=50304)" --batch 4 --steps "$STEPS" --warmup 2 \
         --no-eval --rank-stats "$STEPS")
     t=$(torch_run 1 "$STEPS" 12 12 768 256 4 50304 | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
     echo "gpt2 (124M, block 256, batch 4), 1 proc x 2 thr: dtrain $(echo "$d" | tok) tokens/s," \

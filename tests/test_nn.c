@@ -10,6 +10,7 @@
  */
 #include "model.h"
 #include "nn.h"
+#include "ops_elem.h"
 #include "rng.h"
 #include "tap.h"
 
@@ -255,6 +256,32 @@ static void check_attention_reference(void) {
     }
 }
 
+/* The erf behind GELU (ops_elem.h) against double-precision erf, and GELU itself. */
+static void check_erf(void) {
+    double maxe = 0, maxg = 0;
+    for (double x = -7.0; x <= 7.0; x += 1e-4) {
+        float xf = (float)x;
+        double e = fabs((double)dt_erf(xf) - erf((double)xf));
+        if (e > maxe) maxe = e;
+        double g = 0.5 * xf * (1.0 + erf(xf / sqrt(2.0)));
+        double eg = fabs((double)dt_gelu_fwd(xf) - g) / (1.0 + fabs(g));   /* absolute near 0, relative beyond */
+        if (eg > maxg) maxg = eg;
+    }
+    ok(maxe < 5e-7, "erf: max error %.3g over [-7, 7] (bound 5e-7)", maxe);
+    ok(maxg < 1.5e-6, "gelu: max error %.3g relative to 1 + |gelu(x)| (bound 1.5e-6)", maxg);
+    ok(isnan(dt_erf(NAN)) && isnan(dt_gelu_fwd(NAN)), "erf and gelu keep NaN");
+    ok(dt_erf(100.0f) == 1.0f && dt_erf(-100.0f) == -1.0f && dt_erf(0.0f) == 0.0f, "erf saturates at +-1, erf(0) = 0");
+    double maxx = 0;
+    for (double a = -87.0; a <= 0.0; a += 1e-4) {
+        float af = (float)a;
+        double r = fabs((double)dt_exp_nonpos(af) - exp((double)af)) / exp((double)af);
+        if (r > maxx) maxx = r;
+    }
+    ok(maxx < 2e-7, "exp of non-positive arguments: max relative error %.3g over [-87, 0]", maxx);
+    ok(dt_exp_nonpos(0.0f) == 1.0f && isnan(dt_exp_nonpos(NAN)) && dt_exp_nonpos(-1000.0f) > 0.0f &&
+       dt_exp_nonpos(-1000.0f) < 2e-38f, "exp(0) = 1, NaN stays NaN, very negative arguments give about 0");
+}
+
 /* Values of the losses against a double-precision reference. */
 static void check_loss_values(void) {
     dt_shape in = { 1, { 4 } };
@@ -401,6 +428,7 @@ int main(void) {
     check_rows();
     check_loss_values();
     check_attention_reference();
+    check_erf();
     check_token_model("embed(11,8) pos(5) residual(ln attn(2)) residual(ln linear(16) gelu linear(8)) ln unembed",
                       "a one-block GPT with a tied head", 1e-2f, 0);
     /* the preset's weights are small (std 0.02): a smaller step keeps layer norm linear */

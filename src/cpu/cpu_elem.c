@@ -70,21 +70,39 @@ dt_status dt_cpu_bias_grad(float *db, const float *dy, int rows, int cols) {
 /* ---- activations: one forward and one backward loop per row of DT_OPS_ELEM, over the
  * scalar functions of ops_elem.h (each output has one writer) ---- */
 
+/* The loops run over chunks of ELEM_CHUNK elements, each chunk a call of a static loop
+ * compiled for AVX-512, AVX2 and the baseline (DT_CPU_CLONES): per element the same
+ * expression, so the same bits whatever the vector width or the thread. */
+#define ELEM_CHUNK 4096
 #define ELEM_KERNELS_(X_, name, saved, tol) \
+DT_CPU_CLONES static void name##_fwd_loop(float *y, const float *x, size_t n) { \
+    for (size_t i = 0; i < n; i++) y[i] = dt_##name##_fwd(x[i]); \
+} \
+DT_CPU_CLONES static void name##_bwd_loop(float *dx, const float *dy, const float *s, size_t n) { \
+    for (size_t i = 0; i < n; i++) dx[i] = dt_##name##_bwd(dy[i], s[i]); \
+} \
 dt_status dt_cpu_##name##_forward(float *y, const float *x, size_t n) { \
     if (n == 0) return DT_OK; \
     DT_CPU_ARG(y && x); \
     int nt = dt_cpu_threads(); \
+    size_t nc = (n + ELEM_CHUNK - 1) / ELEM_CHUNK; \
     _Pragma("omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)") \
-    for (size_t i = 0; i < n; i++) y[i] = dt_##name##_fwd(x[i]); \
+    for (size_t c = 0; c < nc; c++) { \
+        size_t lo = c * ELEM_CHUNK, len = n - lo < ELEM_CHUNK ? n - lo : ELEM_CHUNK; \
+        name##_fwd_loop(y + lo, x + lo, len); \
+    } \
     return DT_OK; \
 } \
 dt_status dt_cpu_##name##_backward(float *dx, const float *dy, const float *saved, size_t n) { \
     if (n == 0) return DT_OK; \
     DT_CPU_ARG(dx && dy && saved); \
     int nt = dt_cpu_threads(); \
+    size_t nc = (n + ELEM_CHUNK - 1) / ELEM_CHUNK; \
     _Pragma("omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 8)") \
-    for (size_t i = 0; i < n; i++) dx[i] = dt_##name##_bwd(dy[i], saved[i]); \
+    for (size_t c = 0; c < nc; c++) { \
+        size_t lo = c * ELEM_CHUNK, len = n - lo < ELEM_CHUNK ? n - lo : ELEM_CHUNK; \
+        name##_bwd_loop(dx + lo, dy + lo, saved + lo, len); \
+    } \
     return DT_OK; \
 }
 DT_OPS_ELEM(ELEM_KERNELS_, _)

@@ -575,6 +575,10 @@ static int cmd_train(int argc, char **argv) {
         if (res.stopped)
             printf("dtrain: stopped at step %lld as asked (--stop-at); resume with --resume auto\n",
                    (long long)res.steps);
+        else if (!res.evaluated && rep.tokens > 1)
+            printf("dtrain: done: %lld steps in %.1f s, %.0f tokens/s (MFU %.1f%%), final loss %.4f\n",
+                   (long long)res.steps, res.seconds, res.samples_per_s * (double)rep.tokens,
+                   mfu(&rep, res.samples_per_s), res.final_loss);
         else if (res.evaluated && rep.tokens > 1)
             printf("dtrain: done: %lld steps in %.1f s, %.0f tokens/s (MFU %.1f%%), final loss %.4f, val loss %.4f\n",
                    (long long)res.steps, res.seconds, res.samples_per_s * (double)rep.tokens, mfu(&rep, res.samples_per_s),
