@@ -20,7 +20,11 @@
  * key/value pairs (meta may be NULL; nmeta pairs as {k0, v0, k1, v1, ...}). */
 DT_API dt_status dt_model_save(dt_model *m, const char *path, const char *const *meta, int nmeta);
 
-/* Load weights saved by dt_model_save (or by PyTorch's safetensors) into m. */
+/* Load weights saved by dt_model_save (or by PyTorch's safetensors) into m. A file
+ * whose names or shapes do not match directly is read as Hugging Face's GPT-2 writes
+ * it (transformers' GPT2Model / GPT2LMHeadModel): names without "transformer.",
+ * Conv1D weights [in, out] transposed into nn.Linear's [out, in], the attn.bias and
+ * attn.masked_bias buffers skipped, a tied weight under one of its names. */
 DT_API dt_status dt_model_load(dt_model *m, const char *path);
 
 /* ---- building blocks (shared with the training checkpoints of ckpt.h) ---- */

@@ -241,6 +241,13 @@ static dt_status check_opts(const dt_train_opts *o) {
     return DT_OK;
 }
 
+dt_status dt_train_data_opts(const dt_train_opts *o, dt_data_opts *out) {
+    DT_TRY(dt_data_opts_from_name(o->normalize, out));
+    /* token windows are as long as the model's block, their tokens inside its vocabulary */
+    if (o->data && !strncmp(o->data, "tokens:", 7)) DT_TRY(dt_spec_token_dims(o->model, &out->window, &out->classes));
+    return DT_OK;
+}
+
 /* Weight decay on matrices only: the runs of the flat parameter array made of
  * parameters of 2 or more dimensions. */
 static dt_status decay_matrices(trainer *t) {
@@ -689,9 +696,7 @@ static dt_status trainer_setup(trainer *t) {
 
     /* A data file that cannot be read is bad input (exit 2), not a runtime failure. */
     dt_data_opts data_opts;
-    DT_TRY(dt_data_opts_from_name(o->normalize, &data_opts));
-    /* token windows are as long as the model's block, their tokens inside its vocabulary */
-    if (!strncmp(o->data, "tokens:", 7)) DT_TRY(dt_spec_token_dims(o->model, &data_opts.window, &data_opts.classes));
+    DT_TRY(dt_train_data_opts(o, &data_opts));
     dt_status ds = dt_dataset_open_pair(o->data, &data_opts, &t->train, o->eval ? &t->test : NULL);
     if (ds != DT_OK) return ds == DT_ERR_IO ? DT_ERR_INVALID : ds;
     DT_TRY(check_same_data(t));

@@ -25,6 +25,7 @@
 
 #include <stdint.h>
 #include "comm.h"
+#include "data.h"    /* dt_data_opts */
 #include "model.h"   /* dt_loss */
 #include "ops.h"
 #include "status.h"
@@ -155,9 +156,14 @@ typedef struct {
 DT_API dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
                               dt_model **model_out, dt_train_result *res);
 
+/* The options o->data is opened with: the normalisation of o->normalize and, for
+ * token data, the window and vocabulary of o->model (its pos block and embed
+ * vocabulary). DT_ERR_INVALID naming the field for a bad name or a model that is not a
+ * token model. `dtrain check` opens the data as the trainer will. */
+DT_API dt_status dt_train_data_opts(const dt_train_opts *o, dt_data_opts *out);
+
 /* Evaluate a model on the test split of a data spec: mean loss (lf; NULL:
  * cross-entropy) and accuracy (argmax = label, whatever the loss). With comm, the test set is sharded across ranks and the sums all-reduced. */
-typedef struct dt_dataset dt_dataset;
 DT_API dt_status dt_evaluate(dt_model *m, const dt_dataset *test, const dt_loss *lf, dt_comm *comm, double *loss,
                              double *acc);
 

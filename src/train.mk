@@ -12,3 +12,7 @@ EXTRA_DIST += tests/st_torch.py tests/train_cli.sh tests/ddp_invariance.sh tests
 	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
 TESTS += tests/optim_cli.sh
 EXTRA_DIST += tests/optim_cli.sh
+# the gpt end to end (learning, invariance, resume, sampling, check on token data, Hugging
+# Face's layout for --init) and against nanoGPT's PyTorch module
+TESTS += tests/gpt_train.sh tests/torch_gpt.sh
+EXTRA_DIST += tests/gpt_train.sh tests/torch_gpt.sh

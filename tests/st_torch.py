@@ -1,10 +1,10 @@
 # st_torch.py: safetensors files read and written with json + struct, as PyTorch state
-# dicts (F32 and I64 tensors), and random test data, for the tests that hold dtrain
+# dicts (F32, I64 and BOOL tensors), and random test data, for the tests that hold dtrain
 # against PyTorch (tests/torch_*.sh put this directory on sys.path).
 import json, struct
 import torch
 
-DTYPES = {'F32': torch.float32, 'I64': torch.int64}
+DTYPES = {'F32': torch.float32, 'I64': torch.int64, 'BOOL': torch.bool}
 
 
 def load(path):

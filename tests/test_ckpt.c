@@ -4,7 +4,9 @@
  * keep-last-K pruning, the newest valid checkpoint in the presence of
  * truncated, bit-flipped, mixed and half-written ones, dead writers'
  * leftovers, and every refusal (another model, another optimizer, a missing
- * directory, bad arguments) leaving the model untouched. */
+ * directory, bad arguments) leaving the model untouched; and dt_model_load of a
+ * GPT-2 in Hugging Face's layout (names, Conv1D weights, mask buffers, the tied
+ * head), with its refusals. */
 #include "config.h" /* _GNU_SOURCE: memmem */
 
 #include "ckpt.h"
@@ -629,6 +631,126 @@ static void test_refusals(void) {
     dt_model_free(m);
 }
 
+/* ---- Hugging Face's GPT-2 layout for dt_model_load ---------------------------------- */
+
+#define GPT "gpt(layers=2,heads=2,dim=8,block=8,vocab=11)"
+enum { HF_EXTRA = 1, HF_MISSING = 2, HF_NOT_TRANSPOSED = 4, HF_PREFIX = 8, HF_HEAD_ONLY = 16 };
+
+static int ends_with(const char *s, const char *suf) {
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && !strcmp(s + n - k, suf);
+}
+
+/* m's weights as transformers writes a GPT-2: GPT2Model's names (no "transformer.";
+ * HF_PREFIX keeps it, as GPT2LMHeadModel), Conv1D weights [in, out], a BOOL attn.bias
+ * and an F32 attn.masked_bias per block, no lm_head.weight (HF_HEAD_ONLY: lm_head.weight
+ * and no wte.weight). The flags break it: an extra tensor, a missing one, c_fc left
+ * [out, in]. */
+static void write_hf(dt_model *m, const char *path, int flags) {
+    dt_st_writer *w = NULL;
+    int n = dt_model_nstate(m);
+    float *bufs[32] = {0};
+    char names[32][80], bias[32][80], masked_bias[32][80];   /* the writer keeps pointers */
+    static unsigned char mask[64];
+    static float masked = -1e4f, extra[3] = {1, 2, 3};
+    for (int r = 0; r < 8; r++)
+        for (int c = 0; c < 8; c++) mask[r * 8 + c] = c <= r;
+    int ok_ = dt_st_writer_init(&w) == DT_OK && n <= 32;
+    for (int i = 0; ok_ && i < n; i++) {
+        dt_tensor_info t;
+        dt_model_state(m, i, &t);
+        int head = !strcmp(t.name, "lm_head.weight"), wte = !strcmp(t.name, "transformer.wte.weight");
+        if ((flags & HF_HEAD_ONLY) ? wte : head) continue;
+        if ((flags & HF_MISSING) && !strcmp(t.name, "transformer.h.1.ln_2.bias")) continue;
+        const char *name = (flags & HF_PREFIX) || head ? t.name : t.name + strlen("transformer.");
+        snprintf(names[i], sizeof names[i], "%s", name);
+        int64_t shape[2] = { t.shape[0], t.shape[1] };
+        const float *src = t.data;
+        int conv = t.ndim == 2 && (ends_with(name, "c_attn.weight") || ends_with(name, "c_proj.weight") ||
+                                   (ends_with(name, "c_fc.weight") && !(flags & HF_NOT_TRANSPOSED)));
+        bufs[i] = malloc((size_t)t.numel * sizeof(float));
+        if (!bufs[i]) { ok_ = 0; break; }
+        if (conv) {   /* [out, in] -> [in, out] */
+            shape[0] = t.shape[1];
+            shape[1] = t.shape[0];
+            for (int64_t o = 0; o < t.shape[0]; o++)
+                for (int64_t k = 0; k < t.shape[1]; k++) bufs[i][k * t.shape[0] + o] = src[o * t.shape[1] + k];
+        } else {
+            memcpy(bufs[i], src, (size_t)t.numel * sizeof(float));
+        }
+        ok_ = dt_st_writer_add(w, names[i], DT_F32, t.ndim, shape, bufs[i]) == DT_OK;
+        if (ok_ && ends_with(name, "attn.c_attn.bias")) {
+            int stem = (int)(strlen(name) - strlen("c_attn.bias"));   /* "h.0.attn." */
+            snprintf(bias[i], sizeof bias[i], "%.*sbias", stem, name);
+            snprintf(masked_bias[i], sizeof masked_bias[i], "%.*smasked_bias", stem, name);
+            ok_ = dt_st_writer_add(w, bias[i], DT_BOOL, 4, (int64_t[]){ 1, 1, 8, 8 }, mask) == DT_OK &&
+                  dt_st_writer_add(w, masked_bias[i], DT_F32, 0, NULL, &masked) == DT_OK;
+        }
+    }
+    if (ok_ && (flags & HF_EXTRA)) ok_ = dt_st_writer_add(w, "h.0.attn.extra", DT_F32, 1, (int64_t[]){ 3 }, extra) == DT_OK;
+    if (ok_) ok_ = dt_st_writer_write(w, path) == DT_OK;
+    if (!ok_) printf("Bail out! writing %s: %s\n", path, dt_last_error());
+    dt_st_writer_free(w);
+    for (int i = 0; i < 32; i++) free(bufs[i]);
+    if (!ok_) exit(1);
+}
+
+static int same_params(dt_model *a, dt_model *b) {
+    return dt_model_nparams(a) == dt_model_nparams(b) &&
+           !memcmp(dt_model_params(a), dt_model_params(b), dt_model_nparams(a) * sizeof(float));
+}
+
+static void test_hf_gpt2(void) {
+    static const dt_shape seq = {1, {8}};
+    dt_model *a = NULL, *b = NULL;
+    if (dt_model_build(GPT, &seq, dt_ops_cpu(), 1, 2, &a) != DT_OK || dt_model_build(GPT, &seq, dt_ops_cpu(), 2, 2, &b) != DT_OK) {
+        printf("Bail out! building %s: %s\n", GPT, dt_last_error());
+        exit(1);
+    }
+    float *p = dt_model_params(a);   /* biases and norms off their init, so every tensor tells */
+    for (size_t i = 0; i < dt_model_nparams(a); i++) p[i] += 0.001f * (float)(i % 13);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/hf.safetensors", tmpdir);
+    const struct { int flags; const char *what; } good[] = {
+        { 0, "GPT2Model's names" }, { HF_PREFIX, "GPT2LMHeadModel's names" },
+        { HF_PREFIX | HF_HEAD_ONLY, "the tied weight as lm_head.weight only" },
+    };
+    for (size_t k = 0; k < sizeof good / sizeof good[0]; k++) {
+        dt_model *c = NULL;
+        dt_model_build(GPT, &seq, dt_ops_cpu(), 3 + k, 2, &c);
+        write_hf(a, path, good[k].flags);
+        is_int(dt_model_load(c, path), DT_OK, "HF GPT-2 file (%s, Conv1D, mask buffers) loads", good[k].what);
+        ok(same_params(a, c), "... into exactly the weights it was written from");
+        dt_model_free(c);
+    }
+    const struct { int flags; const char *msg, *what; } bad[] = {
+        { HF_EXTRA, "hf.safetensors: tensor 'h.0.attn.extra' is not one of the model's", "an unknown tensor" },
+        { HF_MISSING, "tensor 'transformer.h.1.ln_2.bias' is missing, also without 'transformer.'", "a missing tensor" },
+        { HF_NOT_TRANSPOSED, "tensor 'h.0.mlp.c_fc.weight' is F32 [32,8] in the file, the model expects F32 [8,32] "
+          "(Conv1D's [in, out]", "c_fc in nn.Linear's layout among Conv1D ones" },
+    };
+    float *before = malloc(dt_model_nparams(b) * sizeof(float));
+    if (!before) exit(1);
+    memcpy(before, dt_model_params(b), dt_model_nparams(b) * sizeof(float));
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        write_hf(a, path, bad[k].flags);
+        is_int(dt_model_load(b, path), DT_ERR_FORMAT, "HF GPT-2 file with %s is refused", bad[k].what);
+        like(dt_last_error(), bad[k].msg, "... naming the tensor");
+        ok(!memcmp(before, dt_model_params(b), dt_model_nparams(b) * sizeof(float)), "... and the model is unchanged");
+    }
+    /* dtrain's own file of another size: the direct comparison's message, not the HF one */
+    dt_model *small = NULL;
+    dt_model_build("gpt(layers=1,heads=2,dim=8,block=8,vocab=11)", &seq, dt_ops_cpu(), 1, 2, &small);
+    snprintf(path, sizeof path, "%s/gpt.safetensors", tmpdir);
+    is_int(dt_model_save(a, path, NULL, 0), DT_OK, "save a 2-layer gpt");
+    is_int(dt_model_load(small, path), DT_ERR_FORMAT, "it does not load into a 1-layer gpt");
+    like(dt_last_error(), "gpt.safetensors: holds 29 tensors, the model has 17", "... with the direct comparison's message");
+    free(before);
+    dt_model_free(small);
+    dt_model_free(a);
+    dt_model_free(b);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/dt_ckpt.XXXXXX");
     if (!mkdtemp(tmpdir)) skip_all("cannot create a temporary directory");
@@ -640,6 +762,7 @@ int main(void) {
     test_crash();
     test_refusals();
     test_bad_numbers();
+    test_hf_gpt2();
     rm_rf(tmpdir);
     return done_testing();
 }

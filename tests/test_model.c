@@ -2,6 +2,7 @@
  * message), shape inference, PyTorch parameter names/shapes/counts, the
  * summary table, the registry and the model hooks, on the CPU backend. */
 #include "model.h"
+#include "rng.h"
 #include "tap.h"
 
 #include <math.h>
@@ -494,6 +495,73 @@ static void test_against_torch(void) {
     dt_model_free(m);
 }
 
+/* Incremental decoding (dt_model_set_decode, attention's cache of the positions
+ * before) gives the logits of the full causal forward at every position: the same gpt
+ * built for T positions and for 1, the same parameters, one sequence of T tokens run
+ * whole and position by position. T = 72 passes the cache's first size (64 rows), so
+ * its growth is covered; a second sequence from position 0 checks that pos 0 starts
+ * afresh. The weights are not GPT-2's small init but uniform in [-0.5, 0.5] (layer
+ * norm scales around 1), so attention is far from uniform. */
+static void test_decode(void) {
+    enum { T = 72, V = 13 };
+    const char *spec = "gpt(layers=2,heads=2,dim=16,block=72,vocab=13)";
+    const dt_ops *ops = dt_ops_cpu();
+    dt_shape full_in = { 1, { T } }, one_in = { 1, { 1 } };
+    dt_model *full = NULL, *dec = NULL;
+    is_int(dt_model_build(spec, &full_in, ops, 3, 1, &full), DT_OK, "decode: %s builds for %d positions", spec, T);
+    is_int(dt_model_build(spec, &one_in, ops, 3, 1, &dec), DT_OK, "decode: %s builds for 1 position", spec);
+    if (!full || !dec) { dt_model_free(full); dt_model_free(dec); return; }
+    size_t n = dt_model_nparams(full);
+    is_int(dt_model_nparams(dec), n, "decode: both have the same flat parameter layout");
+    float *p = malloc(n * sizeof(float)), *want = malloc((size_t)T * V * sizeof(float));
+    if (!p || !want) { free(p); free(want); dt_model_free(full); dt_model_free(dec); ok(0, "decode: out of memory"); return; }
+    for (size_t i = 0; i < n; i++) p[i] = (float)dt_rng_unit(77, 0, i) - 0.5f;
+    for (int i = 0; i < dt_model_nparam_tensors(full); i++) {   /* layer norm scales near 1 */
+        dt_tensor_info t;
+        dt_model_param(full, i, &t);
+        if (t.ndim == 1 && strstr(t.name, "ln_") && strstr(t.name, ".weight"))
+            for (int64_t k = 0; k < t.numel; k++) p[t.offset + (size_t)k] += 1.0f;
+    }
+    ops->copy_h2d(dt_model_params(full), p, n * sizeof(float));
+    ops->copy_h2d(dt_model_params(dec), p, n * sizeof(float));
+    for (int seq = 0; seq < 2; seq++) {
+        float x[T];
+        for (int t = 0; t < T; t++) x[t] = (float)((t * (seq ? 5 : 7) + 3 * seq + 1) % V);
+        const float *out = NULL;
+        is_int(dt_model_forward(full, x, 1, 0, 0, 0, &out), DT_OK, "decode: sequence %d, full forward", seq);
+        ops->copy_d2h(want, out, (size_t)T * V * sizeof(float));
+        double worst = 0, scale = 0;
+        int good = 1;
+        for (int t = 0; t < T && good; t++) {
+            float got[V];
+            dt_model_set_decode(dec, t);
+            good = dt_model_forward(dec, x + t, 1, 0, 0, 0, &out) == DT_OK;
+            if (!good) { diag("position %d: %s", t, dt_last_error()); break; }
+            ops->copy_d2h(got, out, sizeof got);
+            for (int v = 0; v < V; v++) {
+                double d = fabs((double)got[v] - want[t * V + v]), a = fabs((double)want[t * V + v]);
+                if (d > worst) worst = d;
+                if (a > scale) scale = a;
+                if (!(d <= 1e-5 * (1.0 + a))) {
+                    if (good) diag("   position %d, token %d: decode %.9g, full %.9g", t, v, (double)got[v],
+                                   (double)want[t * V + v]);
+                    good = 0;
+                }
+            }
+        }
+        ok(good, "decode: sequence %d, the logits of all %d positions decoded one by one are the full forward's "
+           "(largest difference %.3g, logits up to %.3g)", seq, T, worst, scale);
+    }
+    dt_model_set_decode(dec, T);
+    float x0 = 1.0f;
+    is_int(dt_model_forward(dec, &x0, 1, 0, 0, 0, NULL), DT_ERR_INVALID, "decode: a position past the block is refused");
+    like(dt_last_error(), "outside the block of 72", "decode: ... saying so");
+    free(p);
+    free(want);
+    dt_model_free(full);
+    dt_model_free(dec);
+}
+
 int main(void) {
     test_parse();
     test_files();
@@ -503,5 +571,6 @@ int main(void) {
     test_built();
     test_bn_record();
     test_against_torch();
+    test_decode();
     return done_testing();
 }

@@ -19,8 +19,12 @@
  * when something fails. Run length: enough steps to cross one epoch boundary
  * (steps per epoch + 1) when that is at most CHECK_MAX_STEPS, else 4 steps (fewer
  * if --steps says so); when the runs do not cross an epoch, the epoch-order check
- * gets its own N-process run of 3 steps on a synthetic data set of the same sample
- * shape and 2 global batches (the sampler does not look at the data).
+ * gets its own N-process run of 3 steps on a data set of 2 global batches (the
+ * sampler does not look at the data): a synthetic one of the same sample shape, or
+ * for token data a token file of 2 global batches of windows, written in the runs'
+ * directory. The data set is opened as the trainer opens it (token windows as long
+ * as the model's block), and a gpt preset on token data takes the trainer's gpt
+ * recipe as its defaults (batch 12, ...), as `dtrain train` does.
  */
 #include <errno.h>
 #include <math.h>
@@ -35,7 +39,9 @@
 #include "args.h"
 #include "clock.h"
 #include "data.h"
+#include "fileio.h"
 #include "safetensors.h"
+#include "sampler.h"
 #include "tool_util.h"
 #include "tools.h"
 #include "train.h"
@@ -66,9 +72,12 @@ static const char *usage_check =
     "Both runs use the same global batch and S micro-batches (--micro-batches,\n"
     "default N). They run steps-per-epoch + 1 steps when that is at most 32, so they\n"
     "cross an epoch boundary; else 4 steps, and the epoch-order check gets its own\n"
-    "3-step N-process run on synthetic data of the same shape (2 global batches).\n"
+    "3-step N-process run on synthetic data of the same shape (2 global batches;\n"
+    "token data: a token file of 2 global batches of windows). A gpt preset on token\n"
+    "data starts from the same defaults as `dtrain train` (nanoGPT's recipe).\n"
     "A smaller --steps shortens the runs. check sets --steps, --epochs, --log-every,\n"
-    "--metrics, --save, --no-eval and --quiet itself and drops the checkpoint flags\n"
+    "--metrics, --save, --no-eval and --quiet itself, cuts --warmup to fit the runs\n"
+    "(the same for both), and drops the checkpoint flags\n"
     "(both runs start from scratch); --batch-per-rank B means a\n"
     "global batch of B x N for both runs; --lr-scale is refused (it would change\n"
     "the learning rate with the world size).\n"
@@ -91,8 +100,11 @@ typedef struct {
     int      sync_bn;          /* --sync-bn given: a note, the runs differ by design */
     const char *data;
     int64_t  batch, micro, steps, epochs, spe;
+    int64_t  warmup;           /* --warmup (or the gpt recipe's); each run gets at most its steps - 1 */
     int      spans;            /* the runs cross an epoch boundary */
-    char     synth[128];       /* the sampler run's data set when they do not */
+    char     synth[4200];      /* the sampler run's data set when they do not */
+    int64_t  window;           /* token data: the window (the model's block), else 0 */
+    int      vocab;            /* token data: the model's vocabulary */
     char   **pass;             /* the user's train flags that go through unchanged */
     int      npass;
     char     self[4096], dtrun[4200], dir[4096];
@@ -141,9 +153,11 @@ static dt_status find_programs(check_cfg *c) {
 static dt_status parse_flags(int argc, char **argv, check_cfg *c, int *help) {
     dt_train_opts o;
     dt_train_opts_default(&o);
+    if (dt_tool_gpt_workload(argc, argv)) dt_tool_gpt_recipe(&o);   /* the trainer's defaults then */
     int64_t bpr = 0, user_steps = 0, iv;
     c->data = o.data;
     c->batch = o.batch;
+    c->warmup = o.warmup;
     c->timeout_s = 300;
     c->pass = calloc((size_t)argc + 1, sizeof *c->pass);
     if (!c->pass) return dt_error(DT_ERR_NOMEM, "out of memory");
@@ -166,6 +180,8 @@ static dt_status parse_flags(int argc, char **argv, check_cfg *c, int *help) {
         int start = i;
         if (!dt_arg_match(name, argc, argv, &i, &v, &s)) return dt_error(DT_ERR_INTERNAL, "flag '%s' not matched", a);
         if (s != DT_OK) return s;
+        if (!strcmp(name, "--model")) o.model = v;            /* passed on, and needed to open token data */
+        if (!strcmp(name, "--normalize")) o.normalize = v;
         if (!strcmp(name, "--np")) {
             DT_TRY(dt_arg_int("--np", v, 2, 1024, 0, &iv));
             c->np = (int)iv;
@@ -176,6 +192,7 @@ static dt_status parse_flags(int argc, char **argv, check_cfg *c, int *help) {
         else if (!strcmp(name, "--batch-per-rank")) DT_TRY(dt_arg_int("--batch-per-rank", v, 1, 1 << 24, 0, &bpr));
         else if (!strcmp(name, "--micro-batches")) DT_TRY(dt_arg_int("--micro-batches", v, 1, 1 << 20, 0, &c->micro));
         else if (!strcmp(name, "--steps")) DT_TRY(dt_arg_int("--steps", v, 0, INT64_MAX, 0, &user_steps));
+        else if (!strcmp(name, "--warmup")) DT_TRY(dt_arg_int("--warmup", v, 0, INT64_MAX, 0, &c->warmup));
         else if (!strcmp(name, "--epochs") || !strcmp(name, "--log-every") || !strcmp(name, "--metrics") ||
                  !strcmp(name, "--save")) {
             /* check sets these itself */
@@ -199,33 +216,73 @@ static dt_status parse_flags(int argc, char **argv, check_cfg *c, int *help) {
         return dt_error(DT_ERR_INVALID, "--batch: the global batch %lld is not divisible by %lld micro-batches",
                         (long long)c->batch, (long long)c->micro);
 
-    /* the data set: its size says how long an epoch is, its shape the synthetic one */
+    /* the data set, opened as the trainer opens it: its size says how long an epoch
+     * is, its shape the synthetic one */
     dt_dataset *ds = NULL;
-    dt_status s = dt_dataset_open(c->data, DT_SPLIT_TRAIN, &ds);
+    dt_data_opts dopt;
+    o.data = c->data;
+    dt_status s = dt_train_data_opts(&o, &dopt);
+    if (s == DT_OK) s = dt_dataset_open_opts(c->data, DT_SPLIT_TRAIN, &dopt, &ds);
     if (s != DT_OK) return s == DT_ERR_IO ? DT_ERR_INVALID : s;
     const dt_dataset_info *info = dt_dataset_get_info(ds);
     int64_t n = info->n;
     int64_t C = info->ndim == 3 ? info->shape[0] : 1, H = info->ndim == 3 ? info->shape[1] : 1;
     int64_t W = info->ndim == 3 ? info->shape[2] : info->shape[0];
-    int classes = info->classes;
+    int classes = info->classes, windows = info->label_width > 1;
     dt_dataset_free(ds);
-    if (c->batch > n)
+    if (!windows && c->batch > n)
         return dt_error(DT_ERR_INVALID, "--batch: the global batch %lld is larger than the %lld training samples of %s",
                         (long long)c->batch, (long long)n, c->data);
-    c->spe = n / c->batch;
+    /* the trainer's sampler says how many steps an epoch has: token windows are drawn at
+     * random, max(1, N/B) steps to an epoch */
+    dt_sampler *smp = NULL;
+    s = windows ? dt_sampler_init_random(n, c->batch, c->micro, 0, &smp)
+                : dt_sampler_init(n, c->batch, c->micro, 0, 1, &smp);
+    if (s != DT_OK) return s;
+    c->spe = dt_sampler_steps_per_epoch(smp);
+    dt_sampler_free(smp);
     c->steps = c->spe + 1 <= CHECK_MAX_STEPS ? (c->spe + 1 > CHECK_SHORT_STEPS ? c->spe + 1 : CHECK_SHORT_STEPS)
                                              : CHECK_SHORT_STEPS;
     if (user_steps > 0 && user_steps < c->steps) c->steps = user_steps;
     c->epochs = (c->steps + c->spe - 1) / c->spe;
     c->spans = c->steps > c->spe;
-    snprintf(c->synth, sizeof c->synth, "synthetic:%lld,%lld,%lld,%lld,%d", (long long)(2 * c->batch), (long long)C,
-             (long long)H, (long long)W, classes);
+    if (windows) {
+        c->window = dopt.window;
+        c->vocab = classes;
+    } else {
+        snprintf(c->synth, sizeof c->synth, "synthetic:%lld,%lld,%lld,%lld,%d", (long long)(2 * c->batch),
+                 (long long)C, (long long)H, (long long)W, classes);
+    }
     return DT_OK;
+}
+
+/* Token data: the epoch-order run's data set, 2 global batches of windows (window + 2B
+ * tokens, token i being i mod vocab) in raw uint16 files c->dir/sampler/{train,val}.bin. */
+static dt_status write_sampler_tokens(check_cfg *c) {
+    char path[4300];
+    snprintf(c->synth, sizeof c->synth, "tokens:%s/sampler", c->dir);
+    const char *dir = c->synth + 7;
+    if (mkdir(dir, 0700) != 0) return dt_error(DT_ERR_IO, "cannot create %s (%s)", dir, strerror(errno));
+    size_t count = (size_t)(c->window + 2 * c->batch);
+    unsigned char *b = malloc(2 * count);
+    if (!b) return dt_error(DT_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < count; i++) {
+        unsigned tok = (unsigned)(i % (size_t)c->vocab);
+        b[2 * i] = (unsigned char)(tok & 0xff);
+        b[2 * i + 1] = (unsigned char)(tok >> 8);
+    }
+    dt_status s = DT_OK;
+    for (int k = 0; k < 2 && s == DT_OK; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, k ? "val.bin" : "train.bin");
+        s = dt_write_atomic(path, b, 2 * count);
+    }
+    free(b);
+    return s;
 }
 
 /* One `dtrain train` run: 1 process, or N under dtrun; sampler != 0: the epoch-order run. */
 static void run_train(const check_cfg *c, run_info *r, int nproc, int sampler) {
-    char num[5][32];
+    char num[6][32];
     const char *argv[64 + 256];
     int k = 0;
     if (nproc > 1) {
@@ -250,9 +307,12 @@ static void run_train(const check_cfg *c, run_info *r, int nproc, int sampler) {
     snprintf(num[2], sizeof num[2], "%lld", (long long)c->micro);
     snprintf(num[3], sizeof num[3], "%lld", (long long)steps);
     snprintf(num[4], sizeof num[4], "%lld", (long long)epochs);
+    /* a cosine schedule needs more steps than its warm-up; the schedule is the same for
+     * both runs of a comparison, so shortening it changes nothing that is compared */
+    snprintf(num[5], sizeof num[5], "%lld", (long long)(c->warmup < steps ? c->warmup : steps - 1));
     const char *tail[] = {"--data", sampler ? c->synth : c->data, "--batch", num[1], "--micro-batches", num[2],
-                          "--steps", num[3], "--epochs", num[4], "--log-every", "1", "--metrics", r->metrics,
-                          "--no-eval", "--quiet"};
+                          "--steps", num[3], "--epochs", num[4], "--warmup", num[5], "--log-every", "1",
+                          "--metrics", r->metrics, "--no-eval", "--quiet"};
     for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++) argv[k++] = tail[i];
     if (!sampler) {
         argv[k++] = "--save";
@@ -511,6 +571,13 @@ static void remove_dir(const char *dir, const run_info *runs, int nrun) {
         unlink(runs[i].metrics);
         unlink(runs[i].weights);
     }
+    char tok[4200];   /* the token files of write_sampler_tokens, if it wrote them */
+    snprintf(tok, sizeof tok, "%s/sampler/train.bin", dir);
+    unlink(tok);
+    snprintf(tok, sizeof tok, "%s/sampler/val.bin", dir);
+    unlink(tok);
+    snprintf(tok, sizeof tok, "%s/sampler", dir);
+    rmdir(tok);
     if (rmdir(dir) != 0) fprintf(stderr, "dtrain check: could not remove %s (%s)\n", dir, strerror(errno));
 }
 
@@ -554,7 +621,7 @@ static int judge(const check_cfg *c, const run_info *r1, const run_info *rn, con
     } else if (read_run_steps(rs, &e, &ne) != DT_OK) {
         row_set(&rows[3], 0, "%s", dt_last_error());
     } else {
-        char what[200];
+        char what[4400];
         snprintf(what, sizeof what, "%d processes on %s", c->np, c->synth);
         if (rs->rc != 0 && ne < 3) {
             run_failure(rs, c->timeout_s, why, sizeof why);
@@ -645,6 +712,10 @@ int dtrain_check_main(int argc, char **argv) {
     if (!c.spans) {
         rs = &runs[nrun++];
         run_paths(&c, rs, "sampler");
+        if (c.window > 0 && (s = write_sampler_tokens(&c)) != DT_OK) {
+            rc = bad(s);
+            goto out;
+        }
         run_train(&c, rs, c.np, 1);
         if (dt_tool_stop) { rc = 128 + dt_tool_stop; goto out; }
     }

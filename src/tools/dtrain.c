@@ -97,7 +97,8 @@ static const char *usage_train_rest =
     "                        else cores / local processes)\n"
     "  --no-eval             skip the test-set evaluation after each epoch\n"
     "  --init FILE           start from the weights in FILE (safetensors with PyTorch\n"
-    "                        names, e.g. a state_dict saved from PyTorch)\n"
+    "                        names, e.g. a state_dict saved from PyTorch; for a gpt\n"
+    "                        also Hugging Face's GPT-2 names and Conv1D layout)\n"
     "  --save FILE           write the final weights (safetensors, PyTorch names)\n"
     "  --metrics FILE        append JSON lines: one per logged step and per epoch\n"
     "  --log-every N         progress every N steps  [50]\n"
@@ -413,37 +414,6 @@ static void train_help(void) {
     fputs(usage_train_rest, stdout);
 }
 
-/* The training recipe of a gpt preset on token data: nanoGPT's (the one in
- * ../peers/torch_gpt.py), so `dtrain train --model gpt --data tokens:DIR` needs no
- * other flag. Flags given on the command line still win. */
-static int gpt_workload(int argc, char **argv) {
-    const char *model = NULL, *data = NULL;
-    for (int i = 1; i + 1 < argc; i++) {
-        if (!strcmp(argv[i], "--model")) model = argv[i + 1];
-        if (!strcmp(argv[i], "--data")) data = argv[i + 1];
-        if (!strncmp(argv[i], "--model=", 8)) model = argv[i] + 8;
-        if (!strncmp(argv[i], "--data=", 7)) data = argv[i] + 7;
-    }
-    return model && data && !strncmp(model, "gpt", 3) && !strncmp(data, "tokens:", 7);
-}
-
-static void gpt_recipe(dt_train_opts *o) {
-    o->optim = "adamw";
-    o->lr = 1e-3;
-    o->beta1 = 0.9;
-    o->beta2 = 0.99;
-    o->weight_decay = 0.1;
-    o->decay = "matrices";
-    o->warmup = 100;
-    o->schedule = "cosine";
-    o->min_lr = 1e-4;
-    o->clip = 1.0;
-    o->batch = 12;
-    o->max_steps = 2000;
-    o->eval_every = 250;
-    o->eval_batches = 20;
-}
-
 /* The sgemm rate of this device in GFLOP/s (the best of a few 512^3 products), the
  * peak that model FLOPs utilisation is stated against unless --peak-gflops says. */
 static double measure_peak(const dt_ops *ops) {
@@ -469,13 +439,13 @@ static double measure_peak(const dt_ops *ops) {
 static int cmd_train(int argc, char **argv) {
     dt_train_opts o;
     dt_train_opts_default(&o);
-    int gpt = gpt_workload(argc, argv);
-    if (gpt) gpt_recipe(&o);
+    int gpt = dt_tool_gpt_workload(argc, argv);
+    if (gpt) dt_tool_gpt_recipe(&o);
     double peak_gflops = 0.0;
     const char *save = NULL, *metrics = NULL, *backend = NULL, *init = NULL;
     int64_t threads = 0, iv, batch_per_rank = 0;
     const char *device = "cpu";
-    int quiet = 0, wd_given = gpt, lr_given = gpt, allow_tf32 = 0;
+    int quiet = 0, wd_given = gpt, lr_given = gpt, allow_tf32 = 0, lr_flag = 0, min_lr_flag = 0;
     dt_status s = DT_OK;
     for (int i = 1; i < argc && s == DT_OK;) {
         const char *v = NULL;
@@ -496,7 +466,7 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--batch")) { if (s == DT_OK) s = dt_arg_int("--batch", v, 1, 1 << 24, 0, &o.batch); }
         else if (FLAG("--micro-batches")) { if (s == DT_OK) s = dt_arg_int("--micro-batches", v, 1, 1 << 20, 0, &o.micro_batches); }
         else if (FLAG("--optim")) o.optim = v;
-        else if (FLAG("--lr")) { lr_given = 1; if (s == DT_OK) s = dt_arg_double("--lr", v, 1e-30, 1e6, &o.lr); }
+        else if (FLAG("--lr")) { lr_given = lr_flag = 1; if (s == DT_OK) s = dt_arg_double("--lr", v, 1e-30, 1e6, &o.lr); }
         else if (FLAG("--momentum")) { if (s == DT_OK) s = dt_arg_double("--momentum", v, 0, 1, &o.momentum); }
         else if (FLAG("--dampening")) { if (s == DT_OK) s = dt_arg_double("--dampening", v, 0, 1, &o.dampening); }
         else if (FLAG("--eps")) { if (s == DT_OK) s = dt_arg_double("--eps", v, 0, 1, &o.eps); }
@@ -508,7 +478,7 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--warmup")) { if (s == DT_OK) s = dt_arg_int("--warmup", v, 0, INT64_MAX, 0, &o.warmup); }
         else if (FLAG("--clip")) { if (s == DT_OK) s = dt_arg_double("--clip", v, 0, 1e30, &o.clip); }
         else if (FLAG("--decay")) o.decay = v;
-        else if (FLAG("--min-lr")) { if (s == DT_OK) s = dt_arg_double("--min-lr", v, 0, 1e6, &o.min_lr); }
+        else if (FLAG("--min-lr")) { min_lr_flag = 1; if (s == DT_OK) s = dt_arg_double("--min-lr", v, 0, 1e6, &o.min_lr); }
         else if (FLAG("--eval-every")) { if (s == DT_OK) s = dt_arg_int("--eval-every", v, 0, INT64_MAX, 0, &o.eval_every); }
         else if (FLAG("--eval-batches")) { if (s == DT_OK) s = dt_arg_int("--eval-batches", v, 1, 1 << 30, 0, &o.eval_batches); }
         else if (FLAG("--peak-gflops")) { if (s == DT_OK) s = dt_arg_double("--peak-gflops", v, 1e-6, 1e12, &peak_gflops); }
@@ -542,6 +512,8 @@ static int cmd_train(int argc, char **argv) {
     const dt_optim_def *optim = dt_optim_find(o.optim);   /* unknown: the trainer lists the names */
     if (optim && !wd_given) o.weight_decay = optim->train_weight_decay;
     if (optim && !lr_given) o.lr = optim->train_lr;
+    /* the recipe's cosine floor is a tenth of its rate (nanoGPT's rule): another --lr moves it too */
+    if (gpt && lr_flag && !min_lr_flag) o.min_lr = o.lr / 10.0;
 
     /* each rank of a node takes the GPU of its local rank (modulo the visible ones) */
     dt_launch_env env;
@@ -586,6 +558,10 @@ static int cmd_train(int argc, char **argv) {
         else if (res.evaluated)
             printf("dtrain: done: %lld steps in %.1f s, %.0f samples/s, final loss %.4f, test accuracy %.4f\n",
                    (long long)res.steps, res.seconds, res.samples_per_s, res.final_loss, res.test_acc);
+        else if (rep.tokens > 1)
+            printf("dtrain: done: %lld steps in %.1f s, %.0f tokens/s (MFU %.1f%%), final loss %.4f\n",
+                   (long long)res.steps, res.seconds, res.samples_per_s * (double)rep.tokens,
+                   mfu(&rep, res.samples_per_s), res.final_loss);
         else
             printf("dtrain: done: %lld steps in %.1f s, %.0f samples/s, final loss %.4f\n", (long long)res.steps,
                    res.seconds, res.samples_per_s, res.final_loss);

@@ -49,6 +49,36 @@ const char *dt_tool_error(char *buf, size_t n) {
     return dt_arg_flag_message(dt_tool_train_flags, dt_last_error(), buf, n);
 }
 
+/* ---- the gpt recipe ------------------------------------------------------------------ */
+
+int dt_tool_gpt_workload(int argc, char **argv) {
+    const char *model = NULL, *data = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (i + 1 < argc && !strcmp(argv[i], "--model")) model = argv[i + 1];
+        if (i + 1 < argc && !strcmp(argv[i], "--data")) data = argv[i + 1];
+        if (!strncmp(argv[i], "--model=", 8)) model = argv[i] + 8;
+        if (!strncmp(argv[i], "--data=", 7)) data = argv[i] + 7;
+    }
+    return model && data && !strncmp(model, "gpt", 3) && !strncmp(data, "tokens:", 7);
+}
+
+void dt_tool_gpt_recipe(dt_train_opts *o) {
+    o->optim = "adamw";
+    o->lr = 1e-3;
+    o->beta1 = 0.9;
+    o->beta2 = 0.99;
+    o->weight_decay = 0.1;
+    o->decay = "matrices";
+    o->warmup = 100;
+    o->schedule = "cosine";
+    o->min_lr = 1e-4;
+    o->clip = 1.0;
+    o->batch = 12;
+    o->max_steps = 2000;
+    o->eval_every = 250;
+    o->eval_batches = 20;
+}
+
 /* ---- metrics files ------------------------------------------------------------------ */
 
 /* The value that follows "key": in a JSON line (spaces skipped), or NULL. Keys of

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include "args.h"
 #include "status.h"
+#include "train.h"
 
 /* ---- messages ----------------------------------------------------------------------- */
 
@@ -26,6 +27,18 @@ extern const dt_arg_field dt_tool_train_flags[];
 /* dt_last_error() into buf (size n), naming the flag where the library named the
  * option field ("micro_batches: ..." -> "--micro-batches: ..."). Returns buf. */
 const char *dt_tool_error(char *buf, size_t n);
+
+/* ---- the gpt recipe ------------------------------------------------------------------ */
+
+/* 1 when the flags train a gpt preset (--model gpt...) on token data (--data tokens:...):
+ * then `dtrain train` starts from nanoGPT's recipe (the one of ../peers/torch_gpt.py),
+ * so `dtrain train --model gpt --data tokens:DIR` needs no other flag, and `dtrain
+ * check` takes the same defaults. Flags given on the command line still win. */
+int  dt_tool_gpt_workload(int argc, char **argv);
+/* Set nanoGPT's recipe in o: AdamW (0.9, 0.99), lr 1e-3 with 100 warm-up steps and a
+ * cosine to 1e-4, weight decay 0.1 on matrices, clipping at 1, batch 12, 2000 steps,
+ * validation every 250 steps over 20 batches. */
+void dt_tool_gpt_recipe(dt_train_opts *o);
 
 /* ---- metrics files ------------------------------------------------------------------ */
 
