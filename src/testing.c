@@ -28,3 +28,8 @@ dt_status dt_testing_set_fault(const char *name) {
 }
 
 dt_fault dt_testing_fault(void) { return g_fault; }
+
+static int g_unverified;
+
+void dt_testing_set_unverified(int on) { g_unverified = on != 0; }
+int  dt_testing_unverified(void) { return g_unverified; }

@@ -27,4 +27,11 @@ dt_status dt_testing_set_fault(const char *name);
 /* The planted fault, DT_FAULT_NONE unless a test set one. */
 dt_fault  dt_testing_fault(void);
 
+/* The checkpoint fuzz target (tests/fuzz/fuzz_ckpt.c) feeds files whose checksums it
+ * cannot forge; with this on, a checkpoint's checksum is still computed but a
+ * mismatch is let through, so the metadata checks behind it are reached. No program
+ * sets it. */
+void      dt_testing_set_unverified(int on);
+int       dt_testing_unverified(void);
+
 #endif /* DT_TESTING_H */
