@@ -105,7 +105,8 @@ static const char *usage_train_rest =
     "  --no-eval             skip the test-set evaluation after each epoch\n"
     "  --eval-every N        also evaluate every N steps (0: after each epoch only)  [0]\n"
     "  --eval-batches K      token data: evaluate on K global batches of fixed windows  [20]\n"
-    "  --peak-gflops X       token models: the peak MFU is stated against  [measured sgemm]\n"
+    "  --peak-gflops X       token models: one process's peak; MFU is stated against it\n"
+    "                        times the processes  [measured sgemm]\n"
     "  --init FILE           start from the weights in FILE (safetensors with PyTorch\n"
     "                        names, e.g. a state_dict saved from PyTorch; for a gpt\n"
     "                        also Hugging Face's GPT-2 names and Conv1D layout)\n"
@@ -259,13 +260,16 @@ typedef struct {
     int   bar_open;
     int64_t tokens;          /* tokens per sample (> 1: a token model; progress in tokens/s) */
     double  flops_per_token; /* for model FLOPs utilisation */
-    double  peak_gflops;     /* the peak MFU is stated against */
+    double  peak_gflops;     /* one process's peak (its device); MFU is against it x the world size */
+    int     world;
     int     peak_measured;   /* 1: measured here (sgemm), 0: given */
 } reporter;
 
-/* Model FLOPs utilisation (percent) at s samples per second. */
+/* Model FLOPs utilisation (percent) at s samples per second of the whole job, against
+ * the peaks of all its processes. */
 static double mfu(const reporter *r, double s) {
-    return r->peak_gflops > 0 ? 100.0 * s * (double)r->tokens * r->flops_per_token / (r->peak_gflops * 1e9) : 0.0;
+    double peak = r->peak_gflops * 1e9 * (r->world > 0 ? r->world : 1);
+    return peak > 0 ? 100.0 * s * (double)r->tokens * r->flops_per_token / peak : 0.0;
 }
 
 static void fmt_duration(double s, char *buf, size_t n) {
@@ -317,10 +321,12 @@ static void on_event(void *ctx, const dt_train_event *ev) {
     if (ev->kind == DT_EV_START) {
         r->tokens = ev->tokens_per_sample;
         r->flops_per_token = ev->flops_per_token;
+        r->world = ev->world_size;
         if (ev->note) printf("dtrain: %s\n", ev->note);
         if (!r->quiet && r->tokens > 1)
-            printf("dtrain: token model: %.2f MFLOP per token; MFU against %.1f GFLOP/s (%s)\n",
-                   r->flops_per_token / 1e6, r->peak_gflops, r->peak_measured ? "measured sgemm peak" : "--peak-gflops");
+            printf("dtrain: token model: %.2f MFLOP per token; MFU against %d x %.1f GFLOP/s (%s per process)\n",
+                   r->flops_per_token / 1e6, r->world > 0 ? r->world : 1, r->peak_gflops,
+                   r->peak_measured ? "measured sgemm peak" : "--peak-gflops");
         if (!r->quiet)
             printf("dtrain: %lld parameters, %lld training samples, %lld steps per epoch, %d process%s, %d micro-batch%s\n",
                    (long long)ev->nparams, (long long)ev->train_samples, (long long)ev->steps_per_epoch,
