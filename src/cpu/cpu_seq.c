@@ -193,28 +193,6 @@ static void attn_fwd_head(float *y, float *lse, const float *base, int T, int C,
     }
 }
 
-dt_status dt_cpu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int D) {
-    DT_CPU_ARG(B >= 0 && T >= 1 && H >= 1 && D >= 1);
-    if (B == 0) return DT_OK;
-    DT_CPU_ARG(y && lse && qkv);
-    const int C = H * D;
-    const float scale = 1.0f / sqrtf((float)D);
-    int nt = dt_cpu_threads(), failed = 0;
-    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)B * H * T * T * D >= PAR_MIN)
-    for (int bh = 0; bh < B * H; bh++) {
-        int b = bh / H, h = bh % H;
-        float *w = dt_cpu_scratch(0, attn_scratch(T, D));
-        if (!w) {
-            #pragma omp atomic write
-            failed = 1;
-            continue;
-        }
-        attn_fwd_head(y + (size_t)b * T * C + (size_t)h * D, lse + ((size_t)b * H + h) * T,
-                      qkv + (size_t)b * T * 3 * C + (size_t)h * D, T, C, D, scale, w);
-    }
-    return failed ? dt_error(DT_ERR_NOMEM, "cpu attn_forward: out of memory") : DT_OK;
-}
-
 static void attn_bwd_head(float *dbase, const float *g, const float *base, const float *y, const float *lse, int T,
                           int C, int D, float scale, float *w) {
     const size_t ld = 3 * (size_t)C;
@@ -253,27 +231,53 @@ static void attn_bwd_head(float *dbase, const float *g, const float *base, const
     }
 }
 
-dt_status dt_cpu_attn_backward(float *dqkv, const float *dy, const float *qkv, const float *y, const float *lse,
-                               int B, int T, int H, int D) {
-    DT_CPU_ARG(B >= 0 && T >= 1 && H >= 1 && D >= 1);
-    if (B == 0) return DT_OK;
-    DT_CPU_ARG(dqkv && dy && qkv && y && lse);
-    const int C = H * D;
-    const float scale = 1.0f / sqrtf((float)D);
+/* What one head's pass needs; the forward reads qkv and writes y and lse, the backward
+ * also reads dy, y and lse and writes dqkv. */
+typedef struct {
+    int backward, B, T, H, D;
+    float *y, *lse, *dqkv;
+    const float *qkv, *dy;
+} attn_job;
+
+/* Every (batch, head) pair of a job, one per OpenMP iteration, each with its thread's
+ * scratch. */
+static dt_status attn_each_head(const char *fn, const attn_job *j) {
+    const int C = j->H * j->D;
+    const float scale = 1.0f / sqrtf((float)j->D);
     int nt = dt_cpu_threads(), failed = 0;
-    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)B * H * T * T * D >= PAR_MIN)
-    for (int bh = 0; bh < B * H; bh++) {
-        int b = bh / H, h = bh % H;
-        float *w = dt_cpu_scratch(0, attn_scratch(T, D));
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)j->B * j->H * j->T * j->T * j->D >= PAR_MIN)
+    for (int bh = 0; bh < j->B * j->H; bh++) {
+        int b = bh / j->H, h = bh % j->H;
+        float *w = dt_cpu_scratch(0, attn_scratch(j->T, j->D));
         if (!w) {
             #pragma omp atomic write
             failed = 1;
             continue;
         }
-        size_t off = (size_t)b * T * 3 * C + (size_t)h * D, yo = (size_t)b * T * C + (size_t)h * D;
-        attn_bwd_head(dqkv + off, dy + yo, qkv + off, y + yo, lse + ((size_t)b * H + h) * T, T, C, D, scale, w);
+        size_t off = (size_t)b * j->T * 3 * C + (size_t)h * j->D, yo = (size_t)b * j->T * C + (size_t)h * j->D;
+        float *lse = j->lse + ((size_t)b * j->H + h) * j->T;
+        if (j->backward) attn_bwd_head(j->dqkv + off, j->dy + yo, j->qkv + off, j->y + yo, lse, j->T, C, j->D, scale, w);
+        else attn_fwd_head(j->y + yo, lse, j->qkv + off, j->T, C, j->D, scale, w);
     }
-    return failed ? dt_error(DT_ERR_NOMEM, "cpu attn_backward: out of memory") : DT_OK;
+    return failed ? dt_error(DT_ERR_NOMEM, "cpu %s: out of memory", fn) : DT_OK;
+}
+
+dt_status dt_cpu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int D) {
+    DT_CPU_ARG(B >= 0 && T >= 1 && H >= 1 && D >= 1);
+    if (B == 0) return DT_OK;
+    DT_CPU_ARG(y && lse && qkv);
+    attn_job j = { .backward = 0, .B = B, .T = T, .H = H, .D = D, .y = y, .lse = lse, .qkv = qkv };
+    return attn_each_head("attn_forward", &j);
+}
+
+dt_status dt_cpu_attn_backward(float *dqkv, const float *dy, const float *qkv, const float *y, const float *lse,
+                               int B, int T, int H, int D) {
+    DT_CPU_ARG(B >= 0 && T >= 1 && H >= 1 && D >= 1);
+    if (B == 0) return DT_OK;
+    DT_CPU_ARG(dqkv && dy && qkv && y && lse);
+    attn_job j = { .backward = 1, .B = B, .T = T, .H = H, .D = D, .y = (float *)y, .lse = (float *)lse,
+                   .dqkv = dqkv, .qkv = qkv, .dy = dy };
+    return attn_each_head("attn_backward", &j);
 }
 
 dt_status dt_cpu_attn_decode(float *y, const float *qkv, int t, int H, int D) {
