@@ -76,5 +76,19 @@ bad "no files" 'expected one or more metrics files' -o "$T/x.png"
 bad "an unknown flag" "unknown flag '--frobnicate'" --frobnicate "$T/np1.jsonl"
 bad "-o without a value" '-o' "$T/np1.jsonl" -o
 [ ! -e "$T/x.png" ]; ok $? "no PNG is written after bad input"
+# --val: validation losses (eval events every --eval-every steps, and epochs that evaluated)
+{ for i in 1 2 3 4; do
+      echo "{\"event\":\"step\",\"epoch\":0,\"step\":$((i * 10)),\"loss\":$((5 - i)).5,\"lr\":0.001}"
+      echo "{\"event\":\"eval\",\"step\":$((i * 10)),\"val_loss\":$((5 - i)).25,\"val_acc\":0.1}"
+  done
+  echo '{"event":"epoch","epoch":0,"step":40,"train_loss":1.5,"test_loss":1.0,"test_acc":0.5}'
+} > "$T/val.jsonl"
+"$D" plot --val --text --width 40 --height 10 "$T/val.jsonl" > "$T/out" 2> "$T/err"
+ok $? "plot --val --text exits 0"
+ok_grep "$T/out" "^validation loss" "the chart is titled validation loss"
+ok_grep "$T/out" "4\.25" "its scale starts at the first validation loss (4.25)"
+"$D" plot --val --text "$T/np1.jsonl" > "$T/out" 2>&1
+[ $? -eq 2 ]; ok $? "plot --val of a file without validation lines exits 2"
+ok_grep "$T/out" "no validation lines \(write them with dtrain train --metrics FILE --eval-every N\)" "and says how to get them"
 "$D" plot --help > "$T/out"; ok $? "plot --help exits 0"
 done_testing

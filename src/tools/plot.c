@@ -39,7 +39,9 @@ static const char *usage_plot =
     "                      $GNUPLOT names another gnuplot program)\n"
     "  --text              print an ASCII chart on stdout (no gnuplot needed);\n"
     "                      '#' marks a cell where several runs coincide\n"
-    "  --title TEXT        chart title  [loss per step]\n"
+    "  --val               draw the validation loss instead (the points of --eval-every\n"
+    "                      and of each epoch's evaluation)\n"
+    "  --title TEXT        chart title  [loss per step, or validation loss]\n"
     "  --width N           PNG pixels or text columns  [960 / 72]\n"
     "  --height N          PNG pixels or text rows  [540 / 20]\n"
     "\n"
@@ -289,7 +291,7 @@ static int bad(const char *msg) {
 
 int dtrain_plot_main(int argc, char **argv) {
     const char *out = NULL, *title = "loss per step";
-    int text = 0, ns = 0;
+    int text = 0, ns = 0, val = 0, title_given = 0;
     int64_t width = 0, height = 0;
     series sr[PLOT_MAX_SERIES];
     dt_status s = DT_OK;
@@ -298,8 +300,9 @@ int dtrain_plot_main(int argc, char **argv) {
         const char *v = NULL, *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage_plot, stdout); return 0; }
         if (!strcmp(a, "--text")) { text = 1; i++; continue; }
+        if (!strcmp(a, "--val")) { val = 1; if (!title_given) title = "validation loss"; i++; continue; }
         if (dt_arg_match("-o", argc, argv, &i, &v, &s) || dt_arg_match("--output", argc, argv, &i, &v, &s)) out = v;
-        else if (dt_arg_match("--title", argc, argv, &i, &v, &s)) title = v;
+        else if (dt_arg_match("--title", argc, argv, &i, &v, &s)) { title = v; title_given = 1; }
         else if (dt_arg_match("--width", argc, argv, &i, &v, &s)) { if (s == DT_OK) s = dt_arg_int("--width", v, 16, 8192, 0, &width); }
         else if (dt_arg_match("--height", argc, argv, &i, &v, &s)) { if (s == DT_OK) s = dt_arg_int("--height", v, 4, 8192, 0, &height); }
         else if (a[0] == '-' && a[1]) s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain plot --help)", a);
@@ -312,11 +315,15 @@ int dtrain_plot_main(int argc, char **argv) {
     int rc = 0;
     for (int k = 0; k < ns && rc == 0; k++) {
         int runs = 0;
-        if ((s = dt_tool_read_steps(sr[k].path, &sr[k].recs, &sr[k].n, &runs)) != DT_OK) {
+        if ((s = (val ? dt_tool_read_validation : dt_tool_read_steps)(sr[k].path, &sr[k].recs, &sr[k].n, &runs)) != DT_OK) {
             rc = bad(dt_last_error());
         } else if (sr[k].n == 0) {
-            fprintf(stderr, "dtrain plot: %s: no step lines (write them with dtrain train --metrics FILE "
-                            "--log-every N)\n", sr[k].path);
+            if (val)
+                fprintf(stderr, "dtrain plot: %s: no validation lines (write them with dtrain train --metrics FILE "
+                                "--eval-every N)\n", sr[k].path);
+            else
+                fprintf(stderr, "dtrain plot: %s: no step lines (write them with dtrain train --metrics FILE "
+                                "--log-every N)\n", sr[k].path);
             rc = 2;
         } else if (runs > 1) {
             fprintf(stderr, "dtrain plot: %s holds %d runs (metrics files are appended to); plotting the last\n",

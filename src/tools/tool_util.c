@@ -118,7 +118,9 @@ static int json_string(const char *v, char *buf, size_t n) {
     return 1;
 }
 
-static dt_status parse_step_line(const char *path, long lineno, const char *line, dt_step_rec *r) {
+/* The value key of a record: "loss" of a step line, "val_loss" of a validation line
+ * (an "eval" event), "test_loss" of an "epoch" line that evaluated. */
+static dt_status parse_step_line(const char *path, long lineno, const char *line, const char *key, dt_step_rec *r) {
     char tok[64];
     const char *v;
     char *end;
@@ -130,10 +132,10 @@ static dt_status parse_step_line(const char *path, long lineno, const char *line
     if (*end || errno || step < 0)
         return dt_error(DT_ERR_INVALID, "%s:%ld: \"step\": expected a count, got '%s'", path, lineno, tok);
     r->step = step;
-    if (!(v = json_field(line, "loss")) || !json_token(v, r->loss_text, sizeof r->loss_text))
-        return dt_error(DT_ERR_INVALID, "%s:%ld: a step line without a \"loss\" number", path, lineno);
+    if (!(v = json_field(line, key)) || !json_token(v, r->loss_text, sizeof r->loss_text))
+        return dt_error(DT_ERR_INVALID, "%s:%ld: a line without a \"%s\" number", path, lineno, key);
     r->loss = strtod(r->loss_text, &end);
-    if (*end) return dt_error(DT_ERR_INVALID, "%s:%ld: \"loss\": expected a number, got '%s'", path, lineno, r->loss_text);
+    if (*end) return dt_error(DT_ERR_INVALID, "%s:%ld: \"%s\": expected a number, got '%s'", path, lineno, key, r->loss_text);
     if ((v = json_field(line, "epoch"))) {
         if (!json_token(v, tok, sizeof tok) || (r->epoch = (int)strtol(tok, &end, 10), *end) || r->epoch < 0)
             return dt_error(DT_ERR_INVALID, "%s:%ld: \"epoch\": expected a count", path, lineno);
@@ -143,13 +145,28 @@ static dt_status parse_step_line(const char *path, long lineno, const char *line
     return DT_OK;
 }
 
-static int is_step_event(const char *line) {
+/* The key of the value this line gives to the series asked for, NULL when none: step
+ * losses, or validation losses (eval events, and epoch lines that evaluated). */
+static const char *series_key(const char *line, int validation) {
     const char *v = json_field(line, "event");
     char ev[16];
-    return v && json_string(v, ev, sizeof ev) && !strcmp(ev, "step");
+    if (!v || !json_string(v, ev, sizeof ev)) return NULL;
+    if (!validation) return strcmp(ev, "step") ? NULL : "loss";
+    if (!strcmp(ev, "eval")) return "val_loss";
+    return !strcmp(ev, "epoch") && json_field(line, "test_loss") ? "test_loss" : NULL;
 }
 
+static dt_status read_series(const char *path, int validation, dt_step_rec **out, size_t *n, int *runs);
+
 dt_status dt_tool_read_steps(const char *path, dt_step_rec **out, size_t *n, int *runs) {
+    return read_series(path, 0, out, n, runs);
+}
+
+dt_status dt_tool_read_validation(const char *path, dt_step_rec **out, size_t *n, int *runs) {
+    return read_series(path, 1, out, n, runs);
+}
+
+static dt_status read_series(const char *path, int validation, dt_step_rec **out, size_t *n, int *runs) {
     *out = NULL;
     *n = 0;
     *runs = 0;
@@ -163,10 +180,16 @@ dt_status dt_tool_read_steps(const char *path, dt_step_rec **out, size_t *n, int
     dt_status s = DT_OK;
     while (s == DT_OK && getline(&line, &lsize, f) != -1) {
         lineno++;
-        if (!is_step_event(line)) continue;
+        const char *key = series_key(line, validation);
+        if (!key) continue;
         dt_step_rec r;
-        if ((s = parse_step_line(path, lineno, line, &r)) != DT_OK) break;
-        /* the step count starts again: a new run appended to the same file */
+        if ((s = parse_step_line(path, lineno, line, key, &r)) != DT_OK) break;
+        /* the step count starts again: a new run appended to the same file (a
+         * validation at the step of the one before replaces it) */
+        if (validation && cnt > 0 && r.step == recs[cnt - 1].step) {
+            recs[cnt - 1] = r;
+            continue;
+        }
         if (cnt == 0 || r.step <= recs[cnt - 1].step) {
             (*runs)++;
             cnt = 0;

@@ -57,6 +57,9 @@ typedef struct {
  * run is returned and *runs says how many there were. DT_ERR_INVALID naming the
  * file and line for an unreadable file or a malformed step line. */
 dt_status dt_tool_read_steps(const char *path, dt_step_rec **out, size_t *n, int *runs);
+/* The same for the validation losses: the "eval" lines (val_loss, every --eval-every
+ * steps) and the "epoch" lines that evaluated (test_loss), by step. */
+dt_status dt_tool_read_validation(const char *path, dt_step_rec **out, size_t *n, int *runs);
 
 /* ---- child processes ---------------------------------------------------------------- */
 
