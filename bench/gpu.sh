@@ -15,6 +15,10 @@
 #               start-up, data generation and warm-up cancel out;
 #      PyTorch: python3 with a CUDA build of torch, 20 warm-up steps then S timed steps
 #               (torch.cuda.synchronize around them); "n/a" when torch has no CUDA.
+# 4. trains the gpt2 size (12 layers, 12 heads, 768 wide, vocabulary 50304, block 1024,
+#    batch 8, AdamW, FP32 with TF32 off) on random byte tokens and prints tokens/s and
+#    peak memory of dtrain (the same wall-time difference; --rank-stats) against the
+#    same model in PyTorch (nanoGPT's GPT as in peers/torch_gpt.py, on the GPU).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/.." && pwd)
@@ -97,3 +101,74 @@ d=$(dtrain_sps cnn 50 450); t=$(torch_sps cnn 400)
 printf "%-12s %14s %14s %10s\n" cnn "$d" "$t" "$(ratio "$d" "$t")"
 d=$(dtrain_sps "$MLP8" 20 120); t=$(torch_sps mlp8x4096 100)
 printf "%-12s %14s %14s %10s\n" mlp8x4096 "$d" "$t" "$(ratio "$d" "$t")"
+
+echo "== gpt2 (124M, block 1024, batch 8, FP32, TF32 off): tokens/s and peak memory"
+TOK=$(mktemp -d)
+head -c 4000000 /dev/urandom > "$TOK/text" && ./dtrain prepare-text "$TOK/data" "$TOK/text" > /dev/null 2>&1
+GPT2="gpt(layers=12,heads=12,dim=768,block=1024,vocab=50304)"
+gpt2_run() {  # steps: prints "seconds peak_MiB"
+    local t0 t1 out
+    t0=$(date +%s.%N)
+    out=$(timeout 600 ./dtrain train --device cuda --model "$GPT2" --data "tokens:$TOK/data" --batch 8 --steps "$1" \
+          --warmup 1 --no-eval --rank-stats "$1" 2>&1) || { echo "fail"; return; }
+    t1=$(date +%s.%N)
+    echo "$t0 $t1 $(echo "$out" | awk '$1 == 0 && NF >= 7 { print $6 }' | tail -1)"
+}
+a=$(gpt2_run 5); b=$(gpt2_run 25)
+d=$(echo "$a $b" | awk '{ d = ($5 - $4) - ($2 - $1); if (d > 0) printf "%.0f", 20 * 8 * 1024 / d; else print "n/a" }')
+mem=$(echo "$b" | awk '{ print $3 }')
+t=$(python3 - "$TOK/data" <<'PY' 2>/dev/null || echo "n/a"
+import math, sys, time
+import numpy as np
+try:
+    import torch, torch.nn as nn, torch.nn.functional as F
+except Exception:
+    print("n/a"); sys.exit(0)
+if not torch.cuda.is_available():
+    print("n/a"); sys.exit(0)
+torch.backends.cuda.matmul.allow_tf32 = False
+V, T, L, H, C, B = 50304, 1024, 12, 12, 768, 8
+class Block(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.ln_1, s.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        s.attn = nn.Module(); s.attn.c_attn = nn.Linear(C, 3 * C); s.attn.c_proj = nn.Linear(C, C)
+        s.mlp = nn.Module(); s.mlp.c_fc = nn.Linear(C, 4 * C); s.mlp.c_proj = nn.Linear(4 * C, C)
+    def forward(s, x):
+        b, t, c = x.shape
+        q, k, v = s.attn.c_attn(s.ln_1(x)).split(C, dim=2)
+        q, k, v = (z.view(b, t, H, C // H).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True) if hasattr(F, "scaled_dot_product_attention") else \
+            (F.softmax((q @ k.transpose(-2, -1) / math.sqrt(C // H)).masked_fill(
+                torch.ones(t, t, dtype=torch.bool, device=x.device).tril().logical_not(), float("-inf")), dim=-1) @ v)
+        x = x + s.attn.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return x + s.mlp.c_proj(F.gelu(s.mlp.c_fc(s.ln_2(x))))
+class GPT(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.wte, s.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        s.h = nn.ModuleList([Block() for _ in range(L)]); s.ln_f = nn.LayerNorm(C)
+        s.lm_head = nn.Linear(C, V, bias=False); s.lm_head.weight = s.wte.weight
+    def forward(s, idx, tgt):
+        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for b in s.h: x = b(x)
+        return F.cross_entropy(s.lm_head(s.ln_f(x)).view(-1, V), tgt.view(-1))
+dev = torch.device("cuda", 0)
+m = GPT().to(dev)
+opt = torch.optim.AdamW(m.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)
+raw = np.fromfile(sys.argv[1] + "/train.bin", dtype=np.uint8)
+tok = torch.from_numpy(raw[1024:].view(np.uint16).astype(np.int64)).to(dev)
+def step():
+    ix = torch.randint(len(tok) - T - 1, (B,), device=dev)
+    x = torch.stack([tok[i:i + T] for i in ix]); y = torch.stack([tok[i + 1:i + 1 + T] for i in ix])
+    opt.zero_grad(set_to_none=True); m(x, y).backward(); opt.step()
+for _ in range(5): step()
+torch.cuda.synchronize(); t0 = time.perf_counter()
+for _ in range(20): step()
+torch.cuda.synchronize()
+print(f"{20 * B * T / (time.perf_counter() - t0):.0f} {torch.cuda.max_memory_allocated() / 2**20:.0f}")
+PY
+)
+printf "%-12s %14s %14s %10s %16s %16s\n" model dtrain-cuda pytorch-cuda ratio "dtrain peak MiB" "pytorch peak MiB"
+printf "%-12s %14s %14s %10s %16s %16s\n" gpt2 "$d" "${t%% *}" "$(ratio "$d" "${t%% *}")" "${mem:-n/a}" "${t##* }"
+rm -rf "$TOK"
