@@ -228,4 +228,15 @@ ok_grep "$T/sum3" "^4\.3 +conv\(32,3,pad=1,bias=0\)" "the summary names layers i
 ok_grep "$T/help" "--micro-batches" "train --help documents the flags"
 ok_grep "$T/help" "--loss ce\|mse .*cross-entropy" "train --help documents --loss"
 ok_grep "$T/help" "--normalize auto\|standard\|unit\|none" "train --help documents --normalize none"
+# the default thread count: the cores, but no more than the process is bound to
+if command -v taskset > /dev/null && [ "$(nproc --all)" -ge 2 ]; then
+    env -u OMP_NUM_THREADS taskset -c 0 "$D" train --model "flatten linear(4)" --data synthetic:64,1,2,2,4 --epochs 1 \
+        --batch 16 > "$T/bound" 2>&1
+    ok_grep "$T/bound" "1 process x 1 thread," "a process bound to one core computes with one thread"
+    env -u OMP_NUM_THREADS "$D" train --model "flatten linear(4)" --data synthetic:64,1,2,2,4 --epochs 1 --batch 16 \
+        --threads 2 > "$T/two" 2>&1
+    ok_grep "$T/two" "1 process x 2 threads," "--threads 2 is said at the start"
+else
+    skip "needs taskset and 2 cores"; skip "needs taskset and 2 cores"
+fi
 done_testing

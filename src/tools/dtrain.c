@@ -12,7 +12,10 @@
  * writes metrics and saves weights; errors name the rank that speaks.
  * Exit codes: 0 success, 2 bad input (flags, files, specs), 1 runtime failure.
  */
+#include "config.h"   /* _GNU_SOURCE: sched_getaffinity */
+
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +104,8 @@ static const char *usage_train_rest =
     "Run:\n"
     "  --seed N              initialisation, data order and dropout  [0]\n"
     "  --threads N           compute threads per process (default: $OMP_NUM_THREADS,\n"
-    "                        else cores / local processes)\n"
+    "                        else cores / local processes, at most the cores this\n"
+    "                        process is bound to)\n"
     "  --no-eval             skip the test-set evaluation after each epoch\n"
     "  --eval-every N        also evaluate every N steps (0: after each epoch only)  [0]\n"
     "  --eval-batches K      token data: evaluate on K global batches of fixed windows  [20]\n"
@@ -213,16 +217,23 @@ static int fail(dt_status s) {
     return dt_exit_code(s);
 }
 
-static dt_status setup_threads(const dt_ops *ops, int64_t threads, int local_size) {
+static dt_status setup_threads(const dt_ops *ops, int64_t threads, int local_size, int *used) {
     if (threads <= 0) {
         const char *e = getenv("OMP_NUM_THREADS");
         if (e && *e) DT_TRY(dt_arg_int("OMP_NUM_THREADS", e, 1, 4096, 0, &threads));
     }
     if (threads <= 0) {
+        /* the host's cores shared by its ranks, but no more than this process may run
+         * on: a launcher that binds each rank to its cores (mpirun, srun) says so in
+         * the affinity mask */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         threads = cores / (local_size > 0 ? local_size : 1);
+        cpu_set_t mask;
+        if (sched_getaffinity(0, sizeof mask, &mask) == 0 && CPU_COUNT(&mask) > 0 && CPU_COUNT(&mask) < threads)
+            threads = CPU_COUNT(&mask);
         if (threads < 1) threads = 1;
     }
+    if (used) *used = (int)threads;
     return ops->set_threads((int)threads);
 }
 
@@ -263,6 +274,7 @@ typedef struct {
     double  peak_gflops;     /* one process's peak (its device); MFU is against it x the world size */
     int     world;
     int     peak_measured;   /* 1: measured here (sgemm), 0: given */
+    int     threads;         /* compute threads of this process */
 } reporter;
 
 /* Model FLOPs utilisation (percent) at s samples per second of the whole job, against
@@ -328,10 +340,10 @@ static void on_event(void *ctx, const dt_train_event *ev) {
                    r->flops_per_token / 1e6, r->world > 0 ? r->world : 1, r->peak_gflops,
                    r->peak_measured ? "measured sgemm peak" : "--peak-gflops");
         if (!r->quiet)
-            printf("dtrain: %lld parameters, %lld training samples, %lld steps per epoch, %d process%s, %d micro-batch%s\n",
-                   (long long)ev->nparams, (long long)ev->train_samples, (long long)ev->steps_per_epoch,
-                   ev->world_size, ev->world_size == 1 ? "" : "es", ev->micro_batches,
-                   ev->micro_batches == 1 ? "" : "es");
+            printf("dtrain: %lld parameters, %lld training samples, %lld steps per epoch, %d process%s x %d thread%s, "
+                   "%d micro-batch%s\n", (long long)ev->nparams, (long long)ev->train_samples,
+                   (long long)ev->steps_per_epoch, ev->world_size, ev->world_size == 1 ? "" : "es", r->threads,
+                   r->threads == 1 ? "" : "s", ev->micro_batches, ev->micro_batches == 1 ? "" : "es");
         fflush(stdout);
         return;
     }
@@ -542,10 +554,11 @@ static int cmd_train(int argc, char **argv) {
     int local_size = 1;
     if ((s = setup_comm(backend, init, quiet, &comm, &local_size)) != DT_OK) return fail(s);
     if (batch_per_rank > 0) o.batch = batch_per_rank * g_world;
-    if ((s = setup_threads(ops, threads, local_size)) != DT_OK) goto out;
+    int nthreads = 1;
+    if ((s = setup_threads(ops, threads, local_size, &nthreads)) != DT_OK) goto out;
 
     if (g_rank == 0 && save && (s = check_writable("--save", save)) != DT_OK) goto out;   /* before, not after, training */
-    reporter rep = {.quiet = quiet, .tty = isatty(STDERR_FILENO), .rank0 = g_rank == 0,
+    reporter rep = {.quiet = quiet, .tty = isatty(STDERR_FILENO), .rank0 = g_rank == 0, .threads = nthreads,
                     .peak_gflops = peak_gflops, .peak_measured = peak_gflops <= 0};
     if (g_rank == 0 && gpt && peak_gflops <= 0) rep.peak_gflops = measure_peak(ops);
     if (g_rank == 0 && metrics) {
@@ -633,7 +646,7 @@ static int cmd_eval(int argc, char **argv) {
     dt_dataset *test = NULL;
     dt_model *m = NULL;
     double loss = 0, acc = 0;
-    s = setup_threads(ops, threads, 1);
+    s = setup_threads(ops, threads, 1, NULL);
     dt_data_opts dopt;
     if (s == DT_OK) s = dt_data_opts_from_name(norm, &dopt);
     if (s == DT_OK && !strncmp(data, "tokens:", 7)) s = dt_spec_token_dims(spec, &dopt.window, &dopt.classes);
