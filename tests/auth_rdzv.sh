@@ -152,4 +152,15 @@ RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 DT_JOB_SECRET_FILE="
 rc=$?
 test $rc -eq 2; ok $? "a secret file readable by others: exit 2 (got $rc)"
 ok_grep "$tmp/perm" "DT_JOB_SECRET_FILE=.* is readable by others \(mode 644\): make it private with chmod 600" "the error says what to do"
+# other secret files refused: empty, a symbolic link, missing
+: > "$tmp/empty"; chmod 600 "$tmp/empty"
+printf 'abc\n' > "$tmp/real"; chmod 600 "$tmp/real"; ln -s "$tmp/real" "$tmp/link"
+for f in empty:"is empty" link:"a symbolic link is not accepted" missing:"No such file"; do
+    name=${f%%:*}; want=${f#*:}
+    RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 DT_JOB_SECRET_FILE="$tmp/$name" DT_TIMEOUT=5 \
+        "$DTRAIN" train --data synthetic:64,1,4,4,2 --model "flatten linear(2)" --epochs 1 --quiet > "$tmp/sf" 2>&1
+    rc=$?
+    test $rc -eq 2 && grep -q "DT_JOB_SECRET_FILE=.*$want" "$tmp/sf"
+    ok $? "a secret file that is $name: exit 2 saying '$want' (got $rc)"
+done
 done_testing

@@ -56,6 +56,12 @@ bad() {  # expected-pattern description args...
 bad "--lr: expected a number" "a malformed --lr" train --data "$DATA" --lr 0.1x
 bad "--epochs" "a negative --epochs" train --data "$DATA" --epochs -3
 bad "unknown flag '--bogus'" "an unknown flag" train --bogus
+bad "--decay: expected all or matrices, got 'some'" "an unknown --decay" train --data "$DATA" --decay some
+bad "--min-lr: expected a value in \\[0, lr = 0.05\\], got 0.5" "a --min-lr above --lr" train --data "$DATA" --min-lr 0.5
+bad "--eval-batches" "--eval-batches 0" train --data "$DATA" --eval-batches 0
+bad "--peak-gflops" "a negative --peak-gflops" train --data "$DATA" --peak-gflops -1
+bad "token data needs a token model with an embedding and learned positions" "token data for a model without embed" \
+    train --data tokens:/nonexistent --model mlp
 bad "unknown layer 'linar'" "an unknown layer" train --data "$DATA" --model "flatten linar(4)"
 bad "add 'flatten'" "a spec that does not fit the data" train --data "$DATA" --model "linear(4)"
 bad "/nonexistent" "a missing data directory" train --data /nonexistent/dir

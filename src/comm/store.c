@@ -51,8 +51,7 @@ typedef struct {
 
 struct dt_store_server {
     int lfd, port, wake[2];
-    char job[DT_STORE_MAX_JOB + 1];
-    dt_auth auth;
+    dt_auth auth;           /* its job id is the store's */
     dt_gate *gate;
     double max_wait;        /* testing: caps how long a get or wait may block (0: no cap) */
     pthread_t acceptor;
@@ -141,9 +140,9 @@ static int serve_one(struct dt_store_server *s, int fd) {
         dt_sock_read_all(fd, val, vl, dl) != DT_OK)
         goto out;
     job[jl] = key[kl] = val[vl] = '\0';
-    if (strcmp(job, s->job) != 0) {
+    if (strcmp(job, s->auth.job) != 0) {
         char m[2 * DT_STORE_MAX_JOB + 64];
-        snprintf(m, sizeof m, "this store serves job '%s', the request came from job '%s'", s->job, job);
+        snprintf(m, sizeof m, "this store serves job '%s', the request came from job '%s'", s->auth.job, job);
         respond(fd, ST_JOB, m, strlen(m));
         goto out;
     }
@@ -268,7 +267,6 @@ dt_status dt_store_server_start(const char *addr, int port, const dt_auth *auth,
     struct dt_store_server *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ERR_NOMEM, "out of memory starting the store");
     s->auth = *auth;
-    snprintf(s->job, sizeof s->job, "%s", auth->job);
     s->wake[0] = s->wake[1] = -1;
     dt_status st = dt_sock_listen(addr, port, &s->lfd, &s->port);
     if (st != DT_OK) { free(s); return dt_error_wrap(st, "store: "); }

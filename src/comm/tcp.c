@@ -252,11 +252,9 @@ typedef struct {
  * overrides both. */
 static dt_status boot_publish(void *ctx, char *line, size_t n) {
     boot_ctx *b = ctx;
-    unsigned char key[32];
-    char secret[2 * sizeof key + 1], addr[64];
-    dt_status s = random_bytes(key, sizeof key);
-    if (s != DT_OK) return dt_error_wrap(s, "making the job secret: ");
-    for (size_t i = 0; i < sizeof key; i++) snprintf(secret + 2 * i, 3, "%02x", key[i]);
+    char secret[65], addr[64];
+    dt_status s;
+    dt_auth_new_secret(secret);
     if (setenv("DT_JOB_SECRET", secret, 0) != 0)
         return dt_error(DT_ERR_NOMEM, "cannot set DT_JOB_SECRET: %s", strerror(errno));
     if ((s = dt_auth_init(&b->w->auth, b->job)) != DT_OK) return s;   /* the secret rank 0 now has */

@@ -155,8 +155,7 @@ static void tile_scores(float *S, const float *Q, const float *K, size_t ld, int
                         float scale) {
     dt_cpu_gemm1(0, 1, br, bc, D, scale, Q + (size_t)i0 * ld, (int)ld, K + (size_t)j0 * ld, (int)ld, 0.0f, S, BC);
     for (int r = 0; r < br; r++)
-        for (int c = i0 + r - j0 + 1; c < bc; c++)
-            if (c >= 0) S[(size_t)r * BC + c] = -INFINITY;
+        for (int c = i0 + r - j0 + 1 > 0 ? i0 + r - j0 + 1 : 0; c < bc; c++) S[(size_t)r * BC + c] = -INFINITY;
 }
 
 static void attn_fwd_head(float *y, float *lse, const float *base, int T, int C, int D, float scale, float *w) {

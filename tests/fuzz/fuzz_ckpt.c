@@ -16,32 +16,24 @@
 
 #include "ckpt.h"
 #include "testing.h"
+#include "fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static char dir[64], step[128];
 
-static int put(const char *name, const uint8_t *data, size_t size) {
-    char path[192];
-    snprintf(path, sizeof path, "%s/%s", step, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    int good = fwrite(data, 1, size, f) == size;
-    return fclose(f) == 0 && good;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 4 || size > (4u << 20)) return 0;
     if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/fuzz-ckpt-XXXXXX");
-        if (!mkdtemp(dir)) abort();
+        fuzz_dir(dir, sizeof dir, "ckpt");
         snprintf(step, sizeof step, "%s/step-000000000001", dir);
         if (mkdir(step, 0700) != 0) abort();
         dt_testing_set_unverified(1);
     }
     uint32_t l = (uint32_t)data[0] | (uint32_t)data[1] << 8 | (uint32_t)data[2] << 16 | (uint32_t)data[3] << 24;
     if (l > size - 4) l = (uint32_t)(size - 4);
-    if (!put("model.safetensors", data + 4, l) || !put("train_state.safetensors", data + 4 + l, size - 4 - l))
+    if (!fuzz_put(step, "model.safetensors", data + 4, l) ||
+        !fuzz_put(step, "train_state.safetensors", data + 4 + l, size - 4 - l))
         return 0;
     dt_ckpt *c = NULL;
     if (dt_ckpt_open(step, &c) == DT_OK) {

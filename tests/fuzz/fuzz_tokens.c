@@ -12,27 +12,16 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static char dir[64];
 
-static int put(const char *name, const uint8_t *data, size_t size) {
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    int good = fwrite(data, 1, size, f) == size;
-    return fclose(f) == 0 && good;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1 || size > (1u << 20)) return 0;
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/fuzz-tokens-XXXXXX");
-        if (!mkdtemp(dir)) abort();
-    }
-    if (!put("train.bin", data + 1, size - 1) || !put("val.bin", data + 1, size - 1)) return 0;
+    fuzz_dir(dir, sizeof dir, "tokens");
+    if (!fuzz_put(dir, "train.bin", data + 1, size - 1) || !fuzz_put(dir, "val.bin", data + 1, size - 1)) return 0;
     char spec[96];
     snprintf(spec, sizeof spec, "tokens:%s", dir);
     dt_data_opts o;
