@@ -56,6 +56,7 @@ void dt_ddp_opts_default(dt_ddp_opts *o) {
     o->first_bucket_bytes = 1 * DT_MIB;
     o->overlap = 1;
     o->sync_bn = 0;
+    o->local_only = 0;
 }
 
 /* ---- the accumulation tree over slices -------------------------------------------- */
@@ -119,7 +120,7 @@ static dt_status on_grad_ready(void *ctx, int first, int count) {
     }
     if (s == DT_OK && d->micro == d->k - 1) {
         if (lo < d->ready_lo) d->ready_lo = lo;
-        if (d->world > 1 && d->o.overlap) s = launch_ready(d);
+        if (d->world > 1 && d->o.overlap && !d->o.local_only) s = launch_ready(d);
     }
     if (s != DT_OK && d->hook_status == DT_OK) d->hook_status = s;
     return s;
@@ -274,7 +275,7 @@ dt_status dt_ddp_finish(dt_ddp *d, double *wait_s) {
     dt_status s = d->hook_status;
     if (d->ready_lo != 0 && s == DT_OK)
         s = dt_error(DT_ERR_INTERNAL, "ddp: backward left gradients [0, %zu) unreported", d->ready_lo);
-    if (s == DT_OK && d->world > 1) s = launch_ready(d);
+    if (s == DT_OK && d->world > 1 && !d->o.local_only) s = launch_ready(d);
     /* wait for every bucket, even after a failure, so no buffer is still in use */
     for (int i = 0; i < d->nb; i++) {
         if (!d->b[i].work) continue;

@@ -34,6 +34,8 @@ typedef struct {
     size_t first_bucket_bytes;  /* the first (last-layer) bucket; default 1 MiB */
     int    overlap;             /* 1: launch buckets during backward (default); 0: after it */
     int    sync_bn;             /* 1: batchnorm statistics over all ranks (synchronised BN) */
+    int    local_only;          /* 1: sum the local micro-batches only, the caller reduces
+                                 * across ranks (sharded gradients, shard.h) */
 } dt_ddp_opts;
 
 DT_API void      dt_ddp_opts_default(dt_ddp_opts *o);

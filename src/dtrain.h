@@ -19,6 +19,7 @@
  *   safetensors.h  safetensors files (and fileio.h: atomic writes)
  *   checkpoint.h   model weights to and from safetensors
  *   ddp.h          distributed data parallelism for one model
+ *   shard.h        ZeRO sharding of optimizer state and gradients
  *   train.h        the training loop
  */
 #ifndef DTRAIN_H
@@ -40,6 +41,7 @@
 #include "safetensors.h"
 #include "checkpoint.h"
 #include "ddp.h"
+#include "shard.h"
 #include "train.h"
 
 #endif /* DTRAIN_H */

@@ -30,6 +30,7 @@ struct dt_model {
     uint64_t      seed;
     int           max_batch;
     size_t        nparams, nbuffers;
+    size_t        cap;         /* floats allocated for params and grads (>= nparams) */
     float        *params, *grads, *buffers;
     float        *dbuf[2];     /* (max_batch, max activation) */
     float        *head;        /* (max_batch, outputs): dloss / doutputs */
@@ -121,6 +122,7 @@ dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *
     if (s != DT_OK) goto fail;
     if ((s = build_registry(m)) != DT_OK) goto fail;
     m->nparams = (size_t)m->spec.nparams;
+    m->cap = m->nparams;
     m->nbuffers = m->spec.nbuffers;
     int64_t maxact = dt_shape_numel(input);
     for (int i = 0; i < m->spec.n; i++)
@@ -165,6 +167,28 @@ const dt_shape *dt_model_output_shape(const dt_model *m) { return &m->spec.layer
 int             dt_model_max_batch(const dt_model *m) { return m->max_batch; }
 const dt_ops   *dt_model_ops(const dt_model *m) { return m->ops; }
 size_t          dt_model_nparams(const dt_model *m) { return m->nparams; }
+
+dt_status dt_model_reserve(dt_model *m, size_t floats) {
+    if (floats <= m->cap) return DT_OK;
+    const dt_ops *o = m->ops;
+    float *p = NULL, *g = NULL;
+    dt_status s = o->alloc((void **)&p, floats * sizeof(float));
+    if (s == DT_OK) s = o->alloc((void **)&g, floats * sizeof(float));
+    if (s == DT_OK) s = o->zero(p, floats * sizeof(float));
+    if (s == DT_OK) s = o->zero(g, floats * sizeof(float));
+    if (s == DT_OK && m->nparams) s = o->copy_d2d(p, m->params, m->nparams * sizeof(float));
+    if (s != DT_OK) {
+        o->free(p);
+        o->free(g);
+        return s;
+    }
+    o->free(m->params);
+    o->free(m->grads);
+    m->params = p;
+    m->grads = g;
+    m->cap = floats;
+    return DT_OK;
+}
 float          *dt_model_params(dt_model *m) { return m->params; }
 float          *dt_model_grads(dt_model *m) { return m->grads; }
 size_t          dt_model_nbuffers(const dt_model *m) { return m->nbuffers; }

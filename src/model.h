@@ -96,6 +96,10 @@ DT_API size_t dt_model_nparams(const dt_model *m);
 DT_API float *dt_model_params(dt_model *m);
 DT_API float *dt_model_grads(dt_model *m);
 DT_API size_t dt_model_nbuffers(const dt_model *m);
+/* Grow the parameter and gradient arrays to hold `floats` (>= nparams) floats, the
+ * parameters kept and the padding zero (sharding pads them to equal shards); pointers
+ * taken before are invalid. nparams is unchanged. */
+DT_API dt_status dt_model_reserve(dt_model *m, size_t floats);
 DT_API float *dt_model_buffers(dt_model *m);
 
 /* One named tensor of the model's state, in PyTorch state_dict order. */

@@ -44,6 +44,17 @@ const dt_ops *dt_ops_get_ex(const char *device, const dt_device_opts *opts) {
 
 const dt_ops *dt_ops_get(const char *device) { return dt_ops_get_ex(device, NULL); }
 
+double dt_pairwise_sum(double *v, size_t n) {
+    if (n == 0) return 0.0;
+    while (n > 1) {
+        size_t h = n / 2;
+        for (size_t i = 0; i < h; i++) v[i] = v[2 * i] + v[2 * i + 1];
+        if (n & 1) v[h] = v[n - 1];
+        n = h + (n & 1);
+    }
+    return v[0];
+}
+
 /* ---- op names ---- */
 
 static const char *const op_names[DT_OPS_COUNT] = {

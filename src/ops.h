@@ -39,6 +39,15 @@
 #include "status.h"
 #include "ops_elem.h"
 
+/* Fixed-size chunks of the deterministic sums (sumsq, sumsq_chunks, mse): each chunk is
+ * summed in double in a fixed order, and the chunk sums are combined by
+ * dt_pairwise_sum. Both backends use this partition, so their sums agree bit for bit. */
+#define DT_SUM_CHUNK 4096
+
+/* The pairwise tree over v (n doubles) that combines chunk sums: adjacent pairs, then
+ * pairs of pairs, an odd last element carried up; v is overwritten. 0 for n = 0. */
+DT_API double dt_pairwise_sum(double *v, size_t n);
+
 /* ---- descriptors for convolution and pooling --------------------------------------- */
 
 /* A 2-d convolution (groups = 1, dilation = 1), as torch.nn.Conv2d.
@@ -246,6 +255,11 @@ typedef struct {
     /* out (1) = sum of squares of x (n): double accumulation over fixed 4096-element \
      * chunks combined pairwise, rounded once; bitwise independent of threads. */ \
     X(sumsq, (float *out, const float *x, size_t n)) \
+    /* part (ceil(n / DT_SUM_CHUNK) doubles, device) = the sums of squares of x's fixed \
+     * chunks, the partials sumsq combines: a caller holding a chunk-aligned slice of a \
+     * larger array (a shard) computes its partials, and the pairwise combination of all \
+     * of them (dt_pairwise_sum) is the whole array's sumsq before rounding. */ \
+    X(sumsq_chunks, (double *part, const float *x, size_t n)) \
     \
     /* -- elementwise vector ops (n elements; in place allowed) -- */ \
     X(fill,  (float *x, float value, size_t n)) \

@@ -35,6 +35,7 @@
 #include "model.h"
 #include "optim.h"
 #include "sampler.h"
+#include "shard.h"
 #include "testing.h"
 
 #define DT_DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
@@ -54,6 +55,7 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->weight_decay = 5e-4;
     o->schedule = "cosine";
     o->decay = "all";
+    o->shard = "none";
     o->eval_batches = 20;
     o->gamma = 0.1;
     o->eval = 1;
@@ -185,6 +187,7 @@ typedef struct {
     dt_optim *optim;
     dt_schedule sched;
     dt_ddp *ddp;
+    dt_shard *shard;                 /* which part of the parameters this rank's optimizer updates */
     int64_t S, k, b, first_micro;   /* micro-batches, local micro-batches, micro size, first local */
     int64_t *idx;                    /* this rank's sample indices of one step (k*b) */
     float *dx;                       /* device batch (k*b, sample) */
@@ -249,23 +252,25 @@ dt_status dt_train_data_opts(const dt_train_opts *o, dt_data_opts *out) {
 }
 
 /* Weight decay on matrices only: the runs of the flat parameter array made of
- * parameters of 2 or more dimensions. */
-static dt_status decay_matrices(trainer *t) {
+ * parameters of 2 or more dimensions, within the range [lo, lo + len) this rank's
+ * optimizer updates (offsets relative to lo). */
+static dt_status decay_matrices(trainer *t, size_t lo, size_t len) {
     int np = dt_model_nparam_tensors(t->model);
-    size_t *bounds = malloc(((size_t)np + 1) * sizeof *bounds);
-    unsigned char *decay = malloc((size_t)np + 1);
+    size_t *bounds = malloc(((size_t)np + 2) * sizeof *bounds);
+    unsigned char *decay = malloc((size_t)np + 2);
     if (!bounds || !decay) { free(bounds); free(decay); return dt_error(DT_ERR_NOMEM, "out of memory"); }
     size_t nr = 0;
     dt_status s = DT_OK;
     for (int i = 0; i < np && s == DT_OK; i++) {
         dt_tensor_info ti;
         if ((s = dt_model_param(t->model, i, &ti)) != DT_OK) break;
+        if (ti.offset + (size_t)ti.numel <= lo || ti.offset >= lo + len) continue;   /* outside the range */
         unsigned char d = ti.ndim >= 2;
         if (nr && decay[nr - 1] == d) continue;   /* extends the current run */
-        bounds[nr] = ti.offset;
+        bounds[nr] = ti.offset > lo ? ti.offset - lo : 0;
         decay[nr++] = d;
     }
-    bounds[nr] = dt_model_nparams(t->model);
+    bounds[nr] = len;
     if (s == DT_OK) s = dt_optim_set_decay_runs(t->optim, bounds, decay, nr);
     free(bounds);
     free(decay);
@@ -292,8 +297,10 @@ static dt_status make_optim(trainer *t) {
         cfg.beta2 = (float)o->beta2;
     }
     if (def->hparams & DT_OPTIM_HP_EPS) cfg.eps = (float)o->eps;
-    DT_TRY(dt_optim_init(&cfg, t->ops, dt_model_nparams(t->model), &t->optim));
-    if (!strcmp(o->decay, "matrices")) DT_TRY(decay_matrices(t));
+    size_t lo, len;
+    dt_shard_range(t->shard, &lo, &len);
+    DT_TRY(dt_optim_init(&cfg, t->ops, len, &t->optim));
+    if (!strcmp(o->decay, "matrices")) DT_TRY(decay_matrices(t, lo, len));
     else if (strcmp(o->decay, "all") != 0)
         return dt_error(DT_ERR_INVALID, "decay: expected all or matrices, got '%s'", o->decay);
     memset(&t->sched, 0, sizeof t->sched);
@@ -370,7 +377,6 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     /* keep the loader one step ahead */
     if (t->queued < t->total) DT_TRY(queue_step(t, t->queued++));
 
-    float *grads = dt_model_grads(t->model);
     for (int64_t i = 0; i < t->k; i++) {
         int64_t micro = t->first_micro + i;
         int64_t sample_base = step * t->o->batch + micro * t->b;
@@ -389,6 +395,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     double t2 = dt_now();
     double wait = 0.0;
     DT_TRY(dt_ddp_finish(t->ddp, &wait));
+    DT_TRY(dt_shard_reduce(t->shard));
 
     if (t->world > 1) {
         DT_TRY(dt_allgather(t->comm, t->losses, t->all_losses, (size_t)t->k, DT_F32));
@@ -413,14 +420,13 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
                             (long long)g + 1, (long long)j, (long long)(j / t->k), isnan(t->all_losses[j]) ? "NaN" : "infinite");
 
     float norm = 0.0f;
-    if (t->o->clip > 0.0 || logged)
-        DT_TRY(dt_clip_grad_norm(ops, grads, dt_model_nparams(t->model), (float)t->o->clip, &norm));
+    if (t->o->clip > 0.0 || logged) DT_TRY(dt_shard_clip(t->shard, (float)t->o->clip, &norm));
     float lr = dt_schedule_lr(&t->sched, g);
     if (dt_testing_fault() == DT_FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug (testing.h) */
     if (!isfinite(norm))
         return dt_error(DT_ERR_NONFINITE, "step %lld: the gradient norm is %s; stopped before the update",
                         (long long)g + 1, isnan(norm) ? "NaN" : "infinite");
-    DT_TRY(dt_optim_step(t->optim, dt_model_params(t->model), grads, lr, 1.0f));
+    DT_TRY(dt_shard_step(t->shard, t->optim, lr, 1.0f));
     DT_TRY(ops->synchronize());
     double t4 = dt_now();
 
@@ -445,6 +451,7 @@ static void emit(trainer *t, dt_train_event *ev) {
 
 static void trainer_free(trainer *t) {
     dt_ddp_free(t->ddp);
+    dt_shard_free(t->shard);
     dt_ckpt_close(t->resume);
     dt_loader_free(t->loader);
     dt_sampler_free(t->sampler);
@@ -472,11 +479,24 @@ static void *loader_alloc(void *ctx, size_t bytes) {
 static void loader_free(void *ctx, void *p) { ((const dt_ops *)ctx)->host_free(p); }
 
 /* Checkpoints every --checkpoint-every steps and at the end. The state is the
- * same on every rank, so rank 0 alone writes it. */
+ * same on every rank, so rank 0 alone writes it; a sharded optimizer state is first
+ * gathered whole (every rank takes part), so the checkpoint has the layout of any
+ * other and loads on any world size and in any shard mode. */
+static dt_status save_checkpoint(trainer *t, int64_t done, dt_optim *optim);
+
 static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
     const dt_train_opts *o = t->o;
-    if (!o->ckpt_dir || t->rank != 0) return DT_OK;
+    if (!o->ckpt_dir) return DT_OK;
     if (!force && !((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == t->total)) return DT_OK;
+    dt_optim *full = NULL;
+    DT_TRY(dt_shard_gather_optim(t->shard, t->optim, &full));
+    dt_status s = t->rank == 0 ? save_checkpoint(t, done, full) : DT_OK;
+    if (full != t->optim) dt_optim_free(full);
+    return s;
+}
+
+static dt_status save_checkpoint(trainer *t, int64_t done, dt_optim *optim) {
+    const dt_train_opts *o = t->o;
     char loss[64], total[32], smooth[32];
     snprintf(loss, sizeof loss, "%.17g", t->epoch_loss);
     snprintf(total, sizeof total, "%lld", (long long)t->total);
@@ -491,7 +511,7 @@ static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
     dt_ckpt_info info = {.step = done, .epoch = done / t->spe, .step_in_epoch = done % t->spe,
                          .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
                          .model_spec = o->model, .schedule = o->schedule};
-    dt_status s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra,
+    dt_status s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, optim, &info, extra,
                                (int)(sizeof extra / sizeof extra[0] / 2));
     if (s != DT_OK) dt_error_wrap(s, "checkpoint at step %lld: ", (long long)done);
     return s;
@@ -620,8 +640,17 @@ static dt_status resume_restore(trainer *t) {
     if (ci->step > t->total)
         return dt_error(DT_ERR_INVALID, "resume: the checkpoint is at step %lld, past this run's %lld steps",
                         (long long)ci->step, (long long)t->total);
-    /* the tensors first: another model gets the message naming the first tensor that differs */
-    DT_TRY(dt_ckpt_restore(t->resume, t->model, t->optim));
+    /* the tensors first: another model gets the message naming the first tensor that
+     * differs; a sharded optimizer takes its range of the whole state */
+    dt_optim *full = t->optim;
+    size_t lo, len;
+    dt_shard_range(t->shard, &lo, &len);
+    if (len != dt_model_nparams(t->model))
+        DT_TRY(dt_optim_init(dt_optim_config_of(t->optim), t->ops, dt_model_nparams(t->model), &full));
+    dt_status s = dt_ckpt_restore(t->resume, t->model, full);
+    if (s == DT_OK) s = dt_shard_scatter_optim(t->shard, full, t->optim);
+    if (full != t->optim) dt_optim_free(full);
+    DT_TRY(s);
     DT_TRY(resume_compare(t));
     const char *el = dt_ckpt_extra(t->resume, "epoch_loss");
     t->g0 = ci->step;
@@ -731,6 +760,9 @@ static dt_status trainer_setup(trainer *t) {
         return dt_error(DT_ERR_INVALID, "model: the model's output must be (%d) class scores for this data, got %lld values",
                         info->classes, (long long)dt_shape_numel(os));
     }
+    dt_shard_mode mode;
+    DT_TRY(dt_shard_parse(o->shard, &mode));
+    DT_TRY(dt_shard_init(t->model, t->comm, mode, &t->shard));
     DT_TRY(make_optim(t));
     dt_ddp_opts dopt;
     dt_ddp_opts_default(&dopt);
@@ -738,6 +770,7 @@ static dt_status trainer_setup(trainer *t) {
     if (dopt.first_bucket_bytes > dopt.bucket_bytes) dopt.first_bucket_bytes = dopt.bucket_bytes;
     dopt.overlap = o->overlap;
     dopt.sync_bn = o->sync_bn;
+    dopt.local_only = !dt_shard_ddp_reduces(t->shard);
     DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
 
     size_t local = (size_t)(t->k * t->b);
@@ -767,6 +800,12 @@ static dt_status trainer_setup(trainer *t) {
     DT_TRY(dt_loader_init_opts(t->train, local, &lo, &t->loader));
     if (t->resume) DT_TRY(resume_restore(t));
     DT_TRY(dt_ddp_sync_start(t->ddp));
+    if (mode != DT_SHARD_NONE) {
+        size_t lo, len, nl = strlen(t->note);
+        dt_shard_range(t->shard, &lo, &len);
+        snprintf(t->note + nl, sizeof t->note - nl, "%sshard %s: rank %d of %d keeps the optimizer state of %zu of %zu "
+                 "parameters", nl ? "; " : "", dt_shard_name(mode), t->rank, t->world, len, dt_model_nparams(t->model));
+    }
     return DT_OK;
 }
 

@@ -1,6 +1,6 @@
 # src/train.mk: the training loop, weight files, and the dtrain program.
-libdtrain_core_la_SOURCES += src/train.c src/checkpoint.c src/ddp.c src/testing.c src/testing.h
-dtraininclude_HEADERS += src/train.h src/checkpoint.h src/ddp.h
+libdtrain_core_la_SOURCES += src/train.c src/checkpoint.c src/ddp.c src/shard.c src/testing.c src/testing.h
+dtraininclude_HEADERS += src/train.h src/checkpoint.h src/ddp.h src/shard.h
 
 bin_PROGRAMS += dtrain
 dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h \
@@ -10,8 +10,8 @@ TESTS += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/c
 	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
 EXTRA_DIST += tests/st_torch.py tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
 	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
-TESTS += tests/optim_cli.sh
-EXTRA_DIST += tests/optim_cli.sh
+TESTS += tests/optim_cli.sh tests/shard.sh
+EXTRA_DIST += tests/optim_cli.sh tests/shard.sh
 # the gpt end to end (learning, invariance, resume, sampling, check on token data, Hugging
 # Face's layout for --init) and against nanoGPT's PyTorch module
 TESTS += tests/gpt_train.sh tests/torch_gpt.sh

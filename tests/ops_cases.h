@@ -498,6 +498,13 @@ static void tc_sumsq(tc_run *r) {
     TC(r, r->ops->sumsq(out, x, n));
 }
 
+static void tc_sumsq_chunks(tc_run *r) {
+    const size_t n = 3 * DT_SUM_CHUNK + 17;
+    float *x = tc_rand(r, n, -1.0f, 1.0f);
+    double *part = tc_out(r, 4 * sizeof(double), 0, TC_EXACT, "part");
+    TC(r, r->ops->sumsq_chunks(part, x, n));
+}
+
 static void tc_fill(tc_run *r) {
     float *x = tc_out(r, TC_N * sizeof(float), 1, TC_EXACT, "x");
     TC(r, r->ops->fill(x, 0.37f, TC_N));

@@ -29,10 +29,11 @@ int dt_cpu_threads(void);
 float    *dt_cpu_scratch(int slot, size_t floats);
 
 /* Fixed-chunk reductions: elements are summed in double over chunks of
- * DT_CPU_CHUNK, and the chunk sums are combined by pairwise summation in index
- * order, so the result is the same for any thread count. */
-#define DT_CPU_CHUNK 4096
-double dt_cpu_pairwise(double *v, size_t n);   /* destroys v */
+ * DT_CPU_CHUNK (ops.h's DT_SUM_CHUNK), and the chunk sums are combined by pairwise
+ * summation in index order (dt_pairwise_sum), so the result is the same for any
+ * thread count. */
+#define DT_CPU_CHUNK DT_SUM_CHUNK
+#define dt_cpu_pairwise dt_pairwise_sum   /* destroys v */
 
 /* Hot loops are compiled for AVX-512, AVX2 and the x86-64 baseline, picked at load
  * time (GCC/Clang function multiversioning); elsewhere they are plain functions. The

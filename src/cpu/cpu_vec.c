@@ -17,16 +17,6 @@
 
 #define PAR_MIN 32768
 
-double dt_cpu_pairwise(double *v, size_t n) {
-    if (n == 0) return 0.0;
-    while (n > 1) {
-        size_t h = n / 2;
-        for (size_t i = 0; i < h; i++) v[i] = v[2 * i] + v[2 * i + 1];
-        if (n & 1) v[h] = v[n - 1];
-        n = h + (n & 1);
-    }
-    return v[0];
-}
 
 /* ---- metrics ---- */
 
@@ -57,20 +47,28 @@ static double chunk_sumsq(const float *x, size_t n) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-dt_status dt_cpu_sumsq(float *out, const float *x, size_t n) {
-    if (!out || (n > 0 && !x)) return dt_error(DT_ERR_INVALID, "cpu sumsq: NULL pointer");
+dt_status dt_cpu_sumsq_chunks(double *part, const float *x, size_t n) {
+    if (n == 0) return DT_OK;
+    if (!part || !x) return dt_error(DT_ERR_INVALID, "cpu sumsq_chunks: NULL pointer");
     size_t nch = (n + DT_CPU_CHUNK - 1) / DT_CPU_CHUNK;
-    double stackbuf[256], *part = nch <= 256 ? stackbuf : malloc(sizeof(double) * nch);
-    if (!part) return dt_error(DT_ERR_NOMEM, "cpu sumsq: out of memory for %zu chunks", nch);
     int nt = dt_cpu_threads();
     #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
     for (size_t ch = 0; ch < nch; ch++) {
         size_t i0 = ch * DT_CPU_CHUNK, len = n - i0 < DT_CPU_CHUNK ? n - i0 : DT_CPU_CHUNK;
         part[ch] = chunk_sumsq(x + i0, len);
     }
-    *out = (float)dt_cpu_pairwise(part, nch);
-    if (part != stackbuf) free(part);
     return DT_OK;
+}
+
+dt_status dt_cpu_sumsq(float *out, const float *x, size_t n) {
+    if (!out || (n > 0 && !x)) return dt_error(DT_ERR_INVALID, "cpu sumsq: NULL pointer");
+    size_t nch = (n + DT_CPU_CHUNK - 1) / DT_CPU_CHUNK;
+    double stackbuf[256], *part = nch <= 256 ? stackbuf : malloc(sizeof(double) * nch);
+    if (!part) return dt_error(DT_ERR_NOMEM, "cpu sumsq: out of memory for %zu chunks", nch);
+    dt_status s = dt_cpu_sumsq_chunks(part, x, n);
+    if (s == DT_OK) *out = (float)dt_cpu_pairwise(part, nch);
+    if (part != stackbuf) free(part);
+    return s;
 }
 
 /* ---- elementwise ---- */

@@ -304,6 +304,17 @@ dt_status dt_cu_mse_backward(float *dpred, const float *pred, const float *targe
     return DT_OK;
 }
 
+dt_status dt_cu_sumsq_chunks(double *part, const float *x, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CU_ARG(part && x);
+    DT_TRY(dt_cu_enter());
+    size_t nch = (n + DT_CU_CHUNK - 1) / DT_CU_CHUNK;
+    k_chunk_sumsq<<<(unsigned)((nch * 8 + DT_CU_THREADS - 1) / DT_CU_THREADS), DT_CU_THREADS, 0, dt_cu_stream()>>>(
+        part, x, n, nch);
+    DT_CU_LAUNCH("k_chunk_sumsq");
+    return DT_OK;
+}
+
 dt_status dt_cu_sumsq(float *out, const float *x, size_t n) {
     DT_CU_ARG(out && (n == 0 || x));
     DT_TRY(dt_cu_enter());

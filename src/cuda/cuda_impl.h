@@ -88,7 +88,7 @@ dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K
 
 #define DT_CU_THREADS 256        /* elementwise kernels */
 #define DT_CU_RED_THREADS 256    /* block-level trees have this width (a power of two) */
-#define DT_CU_CHUNK 4096         /* fixed-size chunks of sum / sumsq / mse, as the CPU's */
+#define DT_CU_CHUNK DT_SUM_CHUNK        /* fixed-size chunks of sum / sumsq / mse, as the CPU's */
 
 /* Blocks for a grid-stride loop over n elements: enough to fill a large GPU, capped at
  * DT_CU_MAX_BLOCKS. The partition of the work does not matter for these kernels (one

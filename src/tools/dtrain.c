@@ -143,6 +143,9 @@ static const char *usage_train_rest =
     "  --bucket-mb X         gradient bucket size in MiB (the first bucket is 1)  [25]\n"
     "  --no-overlap          all-reduce gradients after backward, not during it\n"
     "  --sync-bn             batchnorm statistics over all ranks (synchronised BN)\n"
+    "  --shard none|optim|grads  ZeRO sharding: optim keeps 1/W of the optimizer state\n"
+    "                        per rank and all-gathers the updated parameters; grads also\n"
+    "                        reduce-scatters the gradients. Same weights as none  [none]\n"
     "  --backend tcp|mpi|nccl  communication backend  [$DT_BACKEND or tcp]\n"
     "  --init-method URL     env:// (default), tcp://HOST:PORT or file:///PATH; under\n"
     "                        mpirun without MASTER_ADDR/MASTER_PORT, rank 0's address\n"
@@ -526,6 +529,7 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--resume")) o.resume = v;
         else if (FLAG("--stop-at")) { if (s == DT_OK) s = dt_arg_int("--stop-at", v, 1, INT64_MAX, 0, &o.stop_at); }
         else if (FLAG("--rank-stats")) { if (s == DT_OK && (s = dt_arg_int("--rank-stats", v, 0, 1 << 30, 0, &iv)) == DT_OK) o.rank_stats_every = (int)iv; }
+        else if (FLAG("--shard")) o.shard = v;
         else if (FLAG("--bucket-mb")) { if (s == DT_OK) s = dt_arg_double("--bucket-mb", v, 1e-6, 1e6, &o.bucket_mb); }
         else if (FLAG("--lr-scale")) o.lr_scale = v;
         else if (FLAG("--batch-per-rank")) { if (s == DT_OK) s = dt_arg_int("--batch-per-rank", v, 1, 1 << 24, 0, &batch_per_rank); }

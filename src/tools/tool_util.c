@@ -33,7 +33,7 @@ const dt_arg_field dt_tool_train_flags[] = {
     {"step_size", "--step-size"},         {"gamma", "--gamma"},
     {"warmup", "--warmup"},               {"clip", "--clip"},
     {"label_smoothing", "--label-smoothing"}, {"seed", "--seed"},
-    {"loss", "--loss"},                   {"decay", "--decay"},
+    {"loss", "--loss"},                   {"decay", "--decay"}, {"shard", "--shard"},
     {"min_lr", "--min-lr"},               {"eval_every", "--eval-every"},
     {"eval_batches", "--eval-batches"},   {"dampening", "--dampening"},
     {"normalize", "--normalize"},         {"init_weights", "--init"},

@@ -1,0 +1,79 @@
+/*
+ * shard.h: sharded data parallelism (ZeRO), the optimizer's side of a step.
+ *
+ * The flat parameter array of n floats is cut into W contiguous shards of `per`
+ * floats each (per = ceil(n / W) rounded up to DT_SUM_CHUNK, the chunk of the
+ * deterministic sums), rank r owning [r*per, (r+1)*per) clipped to n; the model's
+ * parameter and gradient arrays are padded to W*per floats (zeros) so the shards are
+ * equal and the collectives need no special case.
+ *
+ *   none    every rank keeps the whole optimizer state and updates every parameter
+ *           (plain DDP: gradients all-reduced in buckets during backward);
+ *   optim   ZeRO-1: gradients all-reduced as with none; each rank keeps the
+ *           optimizer state of its shard only, updates its shard, and the updated
+ *           parameters are all-gathered;
+ *   grads   ZeRO-2: after backward the local gradient sum is reduce-scattered, so a
+ *           rank receives (and clips and applies) its shard's global gradient only;
+ *           the optimizer as with optim. Half the gradient bytes of an all-reduce
+ *           reach each rank, but the exchange waits for the end of backward.
+ *
+ * Bits (DESIGN.md rule 2): every mode gives the weights of none. The reduce-scatter
+ * sums each element over the all-reduce's tree of ranks (comm.h), the update is
+ * element-wise, and the global gradient norm is the pairwise sum of fixed 4096-float
+ * chunk sums (ops.h, sumsq_chunks): a shard boundary is a chunk boundary, so the
+ * chunk sums, gathered from the shards, are those of the whole array. (Over a world
+ * size that is not a power of two, grads uses a ring reduce-scatter whose order differs
+ * from the bucketed all-reduce's: results agree to rounding.)
+ *
+ * Checkpoints stay in the full layout: dt_shard_gather_optim assembles the whole
+ * optimizer state (collective), dt_shard_scatter_optim takes a rank's shard of it, so
+ * a checkpoint loads on any world size and in any mode.
+ */
+#ifndef DT_SHARD_H
+#define DT_SHARD_H
+
+#include <stddef.h>
+#include "comm.h"
+#include "model.h"
+#include "optim.h"
+#include "status.h"
+
+typedef enum { DT_SHARD_NONE, DT_SHARD_OPTIM, DT_SHARD_GRADS, DT_SHARD_COUNT } dt_shard_mode;
+
+DT_API const char *dt_shard_name (dt_shard_mode m);                   /* "none", "optim", "grads"; "?" */
+/* DT_ERR_INVALID "shard: expected none, optim or grads, got 'X'". */
+DT_API dt_status   dt_shard_parse(const char *s, dt_shard_mode *out);
+
+typedef struct dt_shard dt_shard;
+
+/* Sharding of m's parameters over comm (NULL or size 1: one shard) in mode; pads the
+ * model's arrays (dt_model_reserve). Call before any hook or pointer into them is kept. */
+DT_API dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard **out);
+DT_API void      dt_shard_free(dt_shard *s);
+
+DT_API dt_shard_mode dt_shard_mode_of(const dt_shard *s);
+/* This rank's part of the parameters the optimizer updates: [*lo, *lo + *len) of the
+ * n parameters (the whole array with none). */
+DT_API void      dt_shard_range(const dt_shard *s, size_t *lo, size_t *len);
+/* 1 when DDP must all-reduce the gradient (none, optim); 0 when it only sums the
+ * local micro-batches and dt_shard_reduce does the rest (grads). */
+DT_API int       dt_shard_ddp_reduces(const dt_shard *s);
+
+/* After DDP's local sum (grads mode): reduce-scatter, so this rank's shard of the
+ * gradient holds the global sum. Nothing to do in the other modes. */
+DT_API dt_status dt_shard_reduce(dt_shard *s);
+/* The global gradient norm (*norm; the bits of dt_clip_grad_norm over the whole summed
+ * gradient), and with max_norm > 0 the clipping of the part this rank applies. */
+DT_API dt_status dt_shard_clip(dt_shard *s, float max_norm, float *norm);
+/* The optimizer step over this rank's range (o was made for dt_shard_range's len),
+ * then the all-gather that gives every rank the updated parameters. */
+DT_API dt_status dt_shard_step(dt_shard *s, dt_optim *o, float lr, float grad_scale);
+
+/* Checkpoints. gather: *full receives an optimizer over all n parameters with the
+ * whole state and the step count (collective: every rank calls it; free with
+ * dt_optim_free). scatter: copy this rank's range of full's state into o. With none,
+ * gather returns o itself (do not free it) and scatter copies everything. */
+DT_API dt_status dt_shard_gather_optim(dt_shard *s, dt_optim *o, dt_optim **full);
+DT_API dt_status dt_shard_scatter_optim(dt_shard *s, dt_optim *full, dt_optim *o);
+
+#endif /* DT_SHARD_H */

@@ -1,0 +1,74 @@
+#!/bin/sh
+# shard.sh: --shard optim (ZeRO-1) and --shard grads (ZeRO-2) give bitwise the weights
+# of --shard none on 1, 2 and 4 processes, for a conv net with batchnorm and dropout
+# (AdamW, clipping, decay on matrices: the norm and the decay runs cross shard
+# boundaries), the resnet preset (SGD with momentum) and a small gpt on token data;
+# a checkpoint written in one mode and world size resumes in another, bitwise the
+# uninterrupted run; the optimizer state really is split; bad values exit 2.
+. "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
+D="$DT_BUILDDIR/dtrain"; R="$DT_BUILDDIR/dtrun"
+[ -x "$D" ] && [ -x "$R" ] || skip_all "dtrain or dtrun not built"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+
+# run TAG NPROC ARGS...: train on NPROC processes, weights to $T/TAG.st
+run() {
+    tag=$1; n=$2; shift 2
+    if [ "$n" = 1 ]; then timeout 240 "$D" train "$@" --save "$T/$tag.st" > "$T/$tag.out" 2>&1
+    else timeout 240 "$R" -n "$n" "$D" train "$@" --save "$T/$tag.st" > "$T/$tag.out" 2>&1; fi
+    rc=$?
+    [ $rc -eq 0 ] || tail -5 "$T/$tag.out" | sed 's/^/#   /'
+    return $rc
+}
+# same NAME WORKLOAD ARGS...: none on 1 process is the reference; every mode on 1, 2, 4
+same() {
+    name=$1; shift
+    run "$name-ref" 1 "$@"; ok $? "$name: --shard none on 1 process"
+    for mode in optim grads; do
+        for n in 1 2 4; do
+            run "$name-$mode-$n" $n "$@" --shard $mode
+            rc=$?
+            [ $rc -eq 0 ] && cmp -s "$T/$name-ref.st" "$T/$name-$mode-$n.st"
+            ok $? "$name: --shard $mode on $n process(es) gives bitwise the weights of --shard none"
+        done
+    done
+}
+
+# 1. a conv net of 82,692 parameters: 21 chunks of 4096, so shards of 45056 floats on 2
+#    ranks and 24576 on 4
+CNN="conv(16,3,pad=1) bn relu maxpool(2) dropout(0.1) flatten linear(256) relu linear(64) relu linear(4)"
+BASE="--data synthetic:1024,1,8,8,4 --epochs 1 --batch 64 --micro-batches 4 --quiet --no-eval --threads 1"
+same cnn $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices
+ok_grep "$T/cnn-optim-4.out" "shard optim: rank 0 of 4 keeps the optimizer state of 24576 of 82692 parameters" \
+    "each of 4 ranks keeps the optimizer state of at most 24576 of the 82692 parameters"
+ok_grep "$T/cnn-grads-2.out" "shard grads: rank 0 of 2 keeps the optimizer state of 45056 of 82692 parameters" \
+    "each of 2 ranks keeps the optimizer state of at most 45056 of the 82692 parameters"
+
+# 2. the resnet preset with SGD and momentum (residual blocks, batchnorm)
+same resnet --data synthetic:256,1,28,28,10 --model resnet --batch 32 --micro-batches 4 --steps 3 --quiet --no-eval \
+    --threads 1
+
+# 3. a small gpt on token data (tied embedding, attention, dropout)
+awk 'BEGIN { for (i = 0; i < 200; i++) printf "line %d: pack my box with five dozen liquor jugs.\n", i % 13 }' > "$T/text.txt"
+timeout 60 "$D" prepare-text "$T/tok" "$T/text.txt" > "$T/prep.out" 2>&1
+ok $? "prepare-text writes the token files"
+same gpt --model "gpt(layers=2,heads=2,dim=32,block=16,dropout=0.1)" --data "tokens:$T/tok" --batch 8 \
+    --micro-batches 4 --steps 4 --warmup 1 --quiet --threads 1 --eval-batches 1
+
+# 4. a checkpoint written by 4 ranks sharding gradients resumes on 2 ranks sharding the
+#    optimizer, and one written without sharding resumes on 4 ranks sharding gradients
+run ck-a 4 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shard grads --checkpoint-dir "$T/ck1" --stop-at 7
+ok $? "4 processes with --shard grads stop at step 7 with a checkpoint"
+run ck-b 2 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shard optim --checkpoint-dir "$T/ck1" --resume auto
+ok_grep "$T/ck-b.out" "resumed from .*step 7" "2 processes with --shard optim resume it"
+cmp -s "$T/cnn-ref.st" "$T/ck-b.st"; ok $? "the resumed run is bitwise the uninterrupted one"
+run ck-c 1 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --checkpoint-dir "$T/ck2" --stop-at 5
+ok $? "1 process without sharding stops at step 5 with a checkpoint"
+run ck-d 4 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shard grads --checkpoint-dir "$T/ck2" --resume auto
+ok_grep "$T/ck-d.out" "resumed from .*step 5" "4 processes with --shard grads resume it"
+cmp -s "$T/cnn-ref.st" "$T/ck-d.st"; ok $? "the resumed run is bitwise the uninterrupted one"
+
+# 5. bad input
+timeout 60 "$D" train $BASE --model "$CNN" --shard params3 > "$T/bad.out" 2>&1
+[ $? -eq 2 ]; ok $? "an unknown --shard exits 2"
+ok_grep "$T/bad.out" "--shard: expected none, optim or grads, got 'params3'" "and names the choices"
+done_testing
