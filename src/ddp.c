@@ -45,6 +45,8 @@ struct dt_ddp {
     bucket       *b;
     size_t        ready_lo;
     dt_status     hook_status;
+    dt_ddp_final_fn final;
+    void         *final_ctx;
     /* When the device's memory is not host memory and the backend takes host
      * buffers (tcp, mpi with a GPU), collectives go through a host copy. */
     int           stage;
@@ -118,6 +120,7 @@ static dt_status on_grad_ready(void *ctx, int first, int count) {
         s = tree_push(d, d->micro, g, lo, hi - lo);
         if (s == DT_OK && d->micro == d->k - 1) s = tree_finish(d, g, lo, hi - lo);
     }
+    if (s == DT_OK && d->micro == d->k - 1 && d->final) s = d->final(d->final_ctx, lo, hi);
     if (s == DT_OK && d->micro == d->k - 1) {
         if (lo < d->ready_lo) d->ready_lo = lo;
         if (d->world > 1 && d->o.overlap && !d->o.local_only) s = launch_ready(d);
@@ -255,6 +258,11 @@ void dt_ddp_free(dt_ddp *d) {
     free(d->t_off);
     free(d->t_len);
     free(d);
+}
+
+void dt_ddp_set_final_hook(dt_ddp *d, dt_ddp_final_fn fn, void *ctx) {
+    d->final = fn;
+    d->final_ctx = ctx;
 }
 
 dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i) {

@@ -58,6 +58,13 @@ DT_API dt_status dt_ddp_sync_start(dt_ddp *d);
 DT_API dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i);
 DT_API dt_status dt_ddp_finish(dt_ddp *d, double *wait_s);
 
+/* Called once per step for each slice [lo, hi) of the flat gradient as soon as it is
+ * final on this rank (the last micro-batch's backward has produced it and the local
+ * micro-batches are summed), before any all-reduce of it; sharded parameters reduce
+ * and drop it there (shard.h). NULL: none. */
+typedef dt_status (*dt_ddp_final_fn)(void *ctx, size_t lo, size_t hi);
+DT_API void      dt_ddp_set_final_hook(dt_ddp *d, dt_ddp_final_fn fn, void *ctx);
+
 /* Compare every parameter across ranks (norm and 64-bit hash): DT_ERR_MISMATCH
  * naming the first parameter and the ranks that differ. */
 DT_API dt_status dt_ddp_check_equal(dt_ddp *d);

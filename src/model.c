@@ -48,6 +48,8 @@ struct dt_model {
     float           *bn_record;
     dt_grad_ready_fn grad_ready;
     void            *grad_ready_ctx;
+    dt_layer_hook_fn layer_hook;
+    void            *layer_hook_ctx;
     int              decode_pos;   /* < 0: ordinary passes */
 };
 
@@ -200,6 +202,7 @@ void dt_model_set_decode(dt_model *m, int pos) { m->decode_pos = pos < 0 ? -1 : 
 
 void dt_model_set_bn_sync(dt_model *m, dt_bn_sync_fn fn, void *ctx) { m->bn_sync = fn; m->bn_sync_ctx = ctx; }
 void dt_model_set_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ctx) { m->grad_ready = fn; m->grad_ready_ctx = ctx; }
+void dt_model_set_layer_hook(dt_model *m, dt_layer_hook_fn fn, void *ctx) { m->layer_hook = fn; m->layer_hook_ctx = ctx; }
 
 size_t dt_model_bn_record_size(const dt_model *m) { return m->spec.nrecord; }
 void   dt_model_set_bn_record(dt_model *m, float *record) { m->bn_record = record; }
@@ -259,6 +262,10 @@ dt_status dt_model_state_find(dt_model *m, const char *name, dt_tensor_info *inf
     return dt_error(DT_ERR_INVALID, "model: no tensor named '%s'", name);
 }
 
+static dt_status layer_hook(dt_model *m, int i, dt_layer_phase phase) {
+    return m->layer_hook ? m->layer_hook(m->layer_hook_ctx, i, phase) : DT_OK;
+}
+
 dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
                            uint64_t epoch, int64_t sample_base, const float **out) {
     if (B <= 0 || B > m->max_batch)
@@ -273,7 +280,9 @@ dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
     const float *cur = x;
     for (int i = 0; i < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i];
-        dt_status s = dt_layer_forward(&c, L, cur, B);
+        dt_status s = layer_hook(m, i, DT_HOOK_FWD_PRE);
+        if (s == DT_OK) s = dt_layer_forward(&c, L, cur, B);
+        if (s == DT_OK) s = layer_hook(m, i, DT_HOOK_FWD_POST);
         if (s != DT_OK) return dt_error_wrap(s, "forward, layer %s '%s': ", L->name, L->text);
         cur = L->out_ptr;
     }
@@ -372,12 +381,15 @@ dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *t
         if (L->def->flags & DT_LDEF_GRAD_IN_PLACE) dx = (float *)dy; /* same memory */
         else if (i == 0) dx = NULL;                                  /* no gradient for the data */
         else { dx = m->dbuf[which]; which ^= 1; }
-        dt_status s = dt_layer_backward(&c, L, x, dy, dx, B);
+        dt_status s = layer_hook(m, i, DT_HOOK_BWD_PRE);
+        if (s == DT_OK) s = dt_layer_backward(&c, L, x, dy, dx, B);
         if (s != DT_OK) return dt_error_wrap(s, "backward, layer %s '%s': ", L->name, L->text);
         if (L->nparams && m->grad_ready) {
             s = m->grad_ready(m->grad_ready_ctx, L->first_param, L->nparams);
             if (s != DT_OK) return dt_error_wrap(s, "gradient hook after layer %s: ", L->name);
         }
+        if ((s = layer_hook(m, i, DT_HOOK_BWD_POST)) != DT_OK)
+            return dt_error_wrap(s, "backward, layer %s '%s': ", L->name, L->text);
         dy = dx;
     }
     return DT_OK;

@@ -129,6 +129,7 @@ DT_API dt_status dt_model_state_find(dt_model *m, const char *name, dt_tensor_in
 /* Hooks (see the typedefs above). */
 DT_API void dt_model_set_bn_sync(dt_model *m, dt_bn_sync_fn fn, void *ctx);
 DT_API void dt_model_set_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ctx);
+DT_API void dt_model_set_layer_hook(dt_model *m, dt_layer_hook_fn fn, void *ctx);
 
 /* Deferred batchnorm running statistics, for world-size invariance. A rank
  * that runs only its own micro-batches would otherwise update the running

@@ -296,6 +296,10 @@ typedef struct {
     X(dt_status, copy_d2d,    (void *dst, const void *src, size_t bytes)) \
     X(dt_status, host_alloc,  (void **p, size_t bytes))   /* pinned host memory (aligned malloc on cpu) */ \
     X(void,      host_free,   (void *p)) \
+    /* the contents of the whole pages inside [p, p + bytes) of an allocation are no longer \
+     * needed: the device may take their memory back (they read as zeros, or as they \
+     * were, until written); for sharded parameters (shard.h) */ \
+    X(dt_status, discard,     (void *p, size_t bytes)) \
     X(dt_status, synchronize, (void))                     /* wait for all queued work */ \
     X(dt_status, set_threads, (int n))                    /* compute threads (OpenMP on cpu); n >= 1 */
 

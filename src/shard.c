@@ -1,5 +1,5 @@
 /*
- * shard.c: ZeRO-1/2 over the flat parameter array (see shard.h).
+ * shard.c: ZeRO-1/2/3 over the flat parameter array (see shard.h).
  *
  * All collectives here are in place on the model's padded arrays: the all-gather
  * sends a rank's shard from where it lies, the reduce-scatter leaves the sum of a
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const mode_names[DT_SHARD_COUNT] = {"none", "optim", "grads"};
+static const char *const mode_names[DT_SHARD_COUNT] = {"none", "optim", "grads", "params"};
 
 const char *dt_shard_name(dt_shard_mode m) {
     return (int)m >= 0 && m < DT_SHARD_COUNT ? mode_names[m] : "?";
@@ -25,7 +25,7 @@ dt_status dt_shard_parse(const char *s, dt_shard_mode *out) {
             *out = (dt_shard_mode)i;
             return DT_OK;
         }
-    return dt_error(DT_ERR_INVALID, "shard: expected none, optim or grads, got '%s'", s ? s : "(null)");
+    return dt_error(DT_ERR_INVALID, "shard: expected none, optim, grads or params, got '%s'", s ? s : "(null)");
 }
 
 struct dt_shard {
@@ -41,6 +41,11 @@ struct dt_shard {
     float        *host;
     double       *dparts;     /* device: the chunk sums of the range the norm needs */
     double       *parts;      /* host: every chunk sum of the padded array */
+    /* params mode */
+    int           full;       /* every rank holds the whole parameter array: layer hooks pause */
+    int           nlayers;
+    int          *rfirst;     /* layer i reads the parameter ranges rfirst[i] .. rfirst[i+1]-1 */
+    size_t       *rlo, *rhi;
 };
 
 dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard **out) {
@@ -63,6 +68,7 @@ dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard
         s->len = s->n;
     } else {
         s->per = (nch + (size_t)s->world - 1) / (size_t)s->world * C;
+        if (s->per == 0) s->per = C;   /* no parameters: one empty chunk each */
         s->lo = s->per * (size_t)s->rank;
         if (s->lo > s->n) s->lo = s->n;
         s->len = s->n - s->lo < s->per ? s->n - s->lo : s->per;
@@ -85,6 +91,10 @@ dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard
 
 void dt_shard_free(dt_shard *s) {
     if (!s) return;
+    if (s->rfirst) dt_model_set_layer_hook(s->model, NULL, NULL);
+    free(s->rfirst);
+    free(s->rlo);
+    free(s->rhi);
     if (s->host) s->ops->host_free(s->host);
     s->ops->free(s->dparts);
     free(s->parts);
@@ -92,7 +102,7 @@ void dt_shard_free(dt_shard *s) {
 }
 
 dt_shard_mode dt_shard_mode_of(const dt_shard *s) { return s->mode; }
-int           dt_shard_ddp_reduces(const dt_shard *s) { return s->mode != DT_SHARD_GRADS; }
+int           dt_shard_ddp_reduces(const dt_shard *s) { return s->mode == DT_SHARD_NONE || s->mode == DT_SHARD_OPTIM; }
 
 void dt_shard_range(const dt_shard *s, size_t *lo, size_t *len) {
     *lo = s->lo;
@@ -102,6 +112,11 @@ void dt_shard_range(const dt_shard *s, size_t *lo, size_t *len) {
 /* ---- collectives over the padded arrays ------------------------------------------- */
 
 static int distributed(const dt_shard *s) { return s->world > 1 && s->mode != DT_SHARD_NONE; }
+/* only this rank's shard of the gradient holds the global sum */
+static int grads_sharded(const dt_shard *s) {
+    return s->world > 1 && (s->mode == DT_SHARD_GRADS || s->mode == DT_SHARD_PARAMS);
+}
+static int params_sharded(const dt_shard *s) { return s->world > 1 && s->mode == DT_SHARD_PARAMS; }
 
 /* Every rank's shard of buf (world*per floats, device) to every rank. */
 static dt_status allgather(dt_shard *s, float *buf) {
@@ -129,7 +144,7 @@ dt_status dt_shard_clip(dt_shard *s, float max_norm, float *norm) {
     float *g = dt_model_grads(s->model);
     size_t nch = (s->n + C - 1) / C;
     double sq;
-    if (s->mode == DT_SHARD_GRADS && s->world > 1) {
+    if (grads_sharded(s)) {
         /* only this rank's shard holds its global sum: its chunk sums, gathered */
         size_t mine = s->per * (size_t)s->rank, k = s->per / C;
         DT_TRY(s->ops->sumsq_chunks(s->dparts, g + mine, s->per));
@@ -155,7 +170,95 @@ dt_status dt_shard_step(dt_shard *s, dt_optim *o, float lr, float grad_scale) {
                         dt_optim_size(o), s->len);
     float *p = dt_model_params(s->model);
     DT_TRY(dt_optim_step(o, p + s->lo, dt_model_grads(s->model) + s->lo, lr, grad_scale));
-    return distributed(s) ? allgather(s, p) : DT_OK;
+    /* params: the other ranks gather what they need when their layers run */
+    return distributed(s) && !params_sharded(s) ? allgather(s, p) : DT_OK;
+}
+
+/* ---- params: gather before a layer runs, drop after ---------------------------------- */
+
+/* Drop [a, b) of buf (a model array) except this rank's shard. */
+static dt_status drop_range(dt_shard *s, float *buf, size_t a, size_t b) {
+    size_t mine = s->per * (size_t)s->rank, end = mine + s->per;
+    if (a < mine) DT_TRY(s->ops->discard(buf + a, ((b < mine ? b : mine) - a) * sizeof(float)));
+    if (b > end) DT_TRY(s->ops->discard(buf + (a > end ? a : end), (b - (a > end ? a : end)) * sizeof(float)));
+    return DT_OK;
+}
+
+/* For each rank q whose shard meets [a, b): broadcast its part from q (reduce = 0), or
+ * sum every rank's part onto q (reduce = 1: the all-reduce's tree, comm.h). */
+static dt_status per_owner(dt_shard *s, float *buf, size_t a, size_t b, int reduce) {
+    for (int q = (int)(a / s->per); q < s->world && (size_t)q * s->per < b; q++) {
+        size_t x = (size_t)q * s->per > a ? (size_t)q * s->per : a;
+        size_t y = (size_t)(q + 1) * s->per < b ? (size_t)(q + 1) * s->per : b;
+        float *p = buf + x, *h = s->stage ? s->host + x : p;
+        if (s->stage && (reduce || q == s->rank)) DT_TRY(s->ops->copy_d2h(h, p, (y - x) * sizeof(float)));
+        if (reduce) DT_TRY(dt_reduce(s->comm, h, h, y - x, DT_F32, DT_SUM, q));
+        else DT_TRY(dt_broadcast(s->comm, h, y - x, DT_F32, q));
+        if (s->stage && (reduce ? q == s->rank : q != s->rank)) DT_TRY(s->ops->copy_h2d(p, h, (y - x) * sizeof(float)));
+    }
+    return DT_OK;
+}
+
+static dt_status on_layer(void *ctx, int layer, dt_layer_phase phase) {
+    dt_shard *s = ctx;
+    if (s->full) return DT_OK;
+    float *p = dt_model_params(s->model);
+    for (int r = s->rfirst[layer]; r < s->rfirst[layer + 1]; r++) {
+        if (phase == DT_HOOK_FWD_PRE || phase == DT_HOOK_BWD_PRE) DT_TRY(per_owner(s, p, s->rlo[r], s->rhi[r], 0));
+        else DT_TRY(drop_range(s, p, s->rlo[r], s->rhi[r]));
+    }
+    return DT_OK;
+}
+
+/* A gradient slice is final on this rank: sum it onto its owners, keep only ours. */
+static dt_status on_final(void *ctx, size_t lo, size_t hi) {
+    dt_shard *s = ctx;
+    float *g = dt_model_grads(s->model);
+    DT_TRY(per_owner(s, g, lo, hi, 1));
+    return drop_range(s, g, lo, hi);
+}
+
+dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp) {
+    if (!params_sharded(s)) return DT_OK;
+    int n = dt_model_nlayers(s->model), cap = 0;
+    for (int i = 0; i < n; i++) cap += dt_model_layer(s->model, i)->ntensors;
+    s->rfirst = calloc((size_t)n + 1, sizeof *s->rfirst);
+    s->rlo = calloc((size_t)cap + 1, sizeof *s->rlo);
+    s->rhi = calloc((size_t)cap + 1, sizeof *s->rhi);
+    if (!s->rfirst || !s->rlo || !s->rhi) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
+    int nr = 0;
+    for (int i = 0; i < n; i++) {
+        const dt_layer *L = dt_model_layer(s->model, i);
+        s->rfirst[i] = nr;
+        for (int t = 0; t < L->ntensors; t++) {
+            const dt_layer_tensor *T = &L->t[t];
+            if (T->role != DT_TENSOR_PARAM && T->role != DT_TENSOR_TIED) continue;
+            s->rlo[nr] = T->offset;
+            s->rhi[nr++] = T->offset + (size_t)T->numel;
+        }
+    }
+    s->rfirst[n] = nr;
+    s->nlayers = n;
+    s->full = 1;   /* until the start-of-run broadcast is done and drop_params is called */
+    dt_model_set_layer_hook(s->model, on_layer, s);
+    dt_ddp_set_final_hook(ddp, on_final, s);
+    return DT_OK;
+}
+
+dt_status dt_shard_gather_params(dt_shard *s) {
+    if (!params_sharded(s) || s->full) return DT_OK;
+    DT_TRY(allgather(s, dt_model_params(s->model)));
+    s->full = 1;
+    return DT_OK;
+}
+
+dt_status dt_shard_drop_params(dt_shard *s) {
+    if (!params_sharded(s)) return DT_OK;
+    size_t all = s->per * (size_t)s->world;
+    DT_TRY(drop_range(s, dt_model_params(s->model), 0, all));
+    DT_TRY(drop_range(s, dt_model_grads(s->model), 0, all));
+    s->full = 0;
+    return DT_OK;
 }
 
 /* ---- checkpoints: the whole optimizer state -------------------------------------------- */

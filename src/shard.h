@@ -16,6 +16,15 @@
  *           rank receives (and clips and applies) its shard's global gradient only;
  *           the optimizer as with optim. Half the gradient bytes of an all-reduce
  *           reach each rank, but the exchange waits for the end of backward.
+ *   params  ZeRO-3 / FSDP: a rank keeps the parameters and gradients of its shard
+ *           only. Just before a layer runs (forward or backward) the parameters it
+ *           reads are gathered (broadcast from the ranks whose shards hold them), and
+ *           dropped after it (the device takes the pages back: ops discard); a
+ *           finished gradient slice is reduced to the ranks that own it, then dropped.
+ *           Between steps a rank holds 1/W of parameters, gradients and optimizer
+ *           state; evaluation, checkpoints and the end of the run see the whole model
+ *           (dt_shard_gather_params). Several local micro-batches (S/W > 1) still
+ *           accumulate in full-size arrays.
  *
  * Bits (DESIGN.md rule 2): every mode gives the weights of none. The reduce-scatter
  * sums each element over the all-reduce's tree of ranks (comm.h), the update is
@@ -34,14 +43,15 @@
 
 #include <stddef.h>
 #include "comm.h"
+#include "ddp.h"
 #include "model.h"
 #include "optim.h"
 #include "status.h"
 
-typedef enum { DT_SHARD_NONE, DT_SHARD_OPTIM, DT_SHARD_GRADS, DT_SHARD_COUNT } dt_shard_mode;
+typedef enum { DT_SHARD_NONE, DT_SHARD_OPTIM, DT_SHARD_GRADS, DT_SHARD_PARAMS, DT_SHARD_COUNT } dt_shard_mode;
 
-DT_API const char *dt_shard_name (dt_shard_mode m);                   /* "none", "optim", "grads"; "?" */
-/* DT_ERR_INVALID "shard: expected none, optim or grads, got 'X'". */
+DT_API const char *dt_shard_name (dt_shard_mode m);         /* "none", "optim", "grads", "params"; "?" */
+/* DT_ERR_INVALID "shard: expected none, optim, grads or params, got 'X'". */
 DT_API dt_status   dt_shard_parse(const char *s, dt_shard_mode *out);
 
 typedef struct dt_shard dt_shard;
@@ -56,8 +66,16 @@ DT_API dt_shard_mode dt_shard_mode_of(const dt_shard *s);
  * n parameters (the whole array with none). */
 DT_API void      dt_shard_range(const dt_shard *s, size_t *lo, size_t *len);
 /* 1 when DDP must all-reduce the gradient (none, optim); 0 when it only sums the
- * local micro-batches and dt_shard_reduce does the rest (grads). */
+ * local micro-batches and sharding does the rest (grads, params). */
 DT_API int       dt_shard_ddp_reduces(const dt_shard *s);
+/* params: install the model's layer hook and DDP's final-slice hook. After the
+ * start-of-run broadcast (dt_ddp_sync_start) call dt_shard_drop_params. */
+DT_API dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp);
+/* params: every rank gathers the whole parameter array (for evaluation, checkpoints,
+ * the end of the run; layer gathers pause), and drop_params goes back to keeping this
+ * rank's shard only. Nothing to do in the other modes. Collective. */
+DT_API dt_status dt_shard_gather_params(dt_shard *s);
+DT_API dt_status dt_shard_drop_params(dt_shard *s);
 
 /* After DDP's local sum (grads mode): reduce-scatter, so this rank's shard of the
  * gradient holds the global sum. Nothing to do in the other modes. */

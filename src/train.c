@@ -490,9 +490,11 @@ static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
     if (!force && !((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == t->total)) return DT_OK;
     dt_optim *full = NULL;
     DT_TRY(dt_shard_gather_optim(t->shard, t->optim, &full));
-    dt_status s = t->rank == 0 ? save_checkpoint(t, done, full) : DT_OK;
+    dt_status s = dt_shard_gather_params(t->shard);
+    if (s == DT_OK && t->rank == 0) s = save_checkpoint(t, done, full);
     if (full != t->optim) dt_optim_free(full);
-    return s;
+    DT_TRY(s);
+    return done < t->total ? dt_shard_drop_params(t->shard) : DT_OK;
 }
 
 static dt_status save_checkpoint(trainer *t, int64_t done, dt_optim *optim) {
@@ -772,6 +774,7 @@ static dt_status trainer_setup(trainer *t) {
     dopt.sync_bn = o->sync_bn;
     dopt.local_only = !dt_shard_ddp_reduces(t->shard);
     DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
+    DT_TRY(dt_shard_attach(t->shard, t->ddp));
 
     size_t local = (size_t)(t->k * t->b);
     t->idx = malloc(local * sizeof *t->idx);
@@ -800,6 +803,7 @@ static dt_status trainer_setup(trainer *t) {
     DT_TRY(dt_loader_init_opts(t->train, local, &lo, &t->loader));
     if (t->resume) DT_TRY(resume_restore(t));
     DT_TRY(dt_ddp_sync_start(t->ddp));
+    DT_TRY(dt_shard_drop_params(t->shard));
     if (mode != DT_SHARD_NONE) {
         size_t lo, len, nl = strlen(t->note);
         dt_shard_range(t->shard, &lo, &len);
@@ -839,7 +843,16 @@ static dt_status rank_report(trainer *t, int64_t done, int epoch) {
 
 /* Validation: the whole test split, or for token data the fixed windows of
  * eval_batches global batches. */
+static dt_status validate_whole(trainer *t, double *loss, double *acc);
+
+/* Evaluation sees the whole model: sharded parameters are gathered for it. */
 static dt_status validate(trainer *t, double *loss, double *acc) {
+    DT_TRY(dt_shard_gather_params(t->shard));
+    DT_TRY(validate_whole(t, loss, acc));
+    return dt_shard_drop_params(t->shard);
+}
+
+static dt_status validate_whole(trainer *t, double *loss, double *acc) {
     if (t->lw > 1)
         return evaluate_windows(t->model, t->test, t->comm, t->o->eval_batches * t->o->batch, t->o->seed, loss, acc);
     const dt_loss plain = {.kind = t->lf.kind, .label_smoothing = 0.0f};   /* the test loss is unsmoothed */
@@ -933,6 +946,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         DT_TRY(maybe_checkpoint(t, done, stop));
         if (stop) {
             /* an interruption on purpose: checkpointed above, end without finishing */
+            DT_TRY(dt_shard_gather_params(t->shard));
             res->stopped = 1;
             res->steps = done;
             res->final_loss = loss;
@@ -940,6 +954,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         }
     }
     /* Every rank must end with the same parameters: a hash per tensor, compared. */
+    DT_TRY(dt_shard_gather_params(t->shard));
     DT_TRY(dt_ddp_check_equal(t->ddp));
     res->steps = t->total;
     res->final_loss = loss;

@@ -100,8 +100,9 @@ typedef struct {
                                  * squared error against one-hot targets (the label's output 1, the
                                  * others 0), the mean over all B x outputs elements, as PyTorch's
                                  * nn.MSELoss()(out, one_hot(y, outputs).float()) */
-    const char *shard;          /* "none" (default: DDP), "optim" (ZeRO-1: optimizer state sharded)
-                                 * or "grads" (ZeRO-2: gradients reduce-scattered too); shard.h.
+    const char *shard;          /* "none" (default: DDP), "optim" (ZeRO-1: optimizer state sharded),
+                                 * "grads" (ZeRO-2: gradients reduce-scattered too) or "params"
+                                 * (ZeRO-3: parameters gathered layer by layer); shard.h.
                                  * Same bits as none; checkpoints load in any mode */
     const char *decay;          /* weight decay on "all" parameters (default) or "matrices" only
                                  * (every parameter of 2 or more dimensions, as nanoGPT and llm.c) */

@@ -1,6 +1,6 @@
 #!/bin/sh
-# shard.sh: --shard optim (ZeRO-1) and --shard grads (ZeRO-2) give bitwise the weights
-# of --shard none on 1, 2 and 4 processes, for a conv net with batchnorm and dropout
+# shard.sh: --shard optim (ZeRO-1), grads (ZeRO-2) and params (ZeRO-3) give bitwise the
+# weights of --shard none on 1, 2 and 4 processes, for a conv net with batchnorm and dropout
 # (AdamW, clipping, decay on matrices: the norm and the decay runs cross shard
 # boundaries), the resnet preset (SGD with momentum) and a small gpt on token data;
 # a checkpoint written in one mode and world size resumes in another, bitwise the
@@ -23,7 +23,7 @@ run() {
 same() {
     name=$1; shift
     run "$name-ref" 1 "$@"; ok $? "$name: --shard none on 1 process"
-    for mode in optim grads; do
+    for mode in optim grads params; do
         for n in 1 2 4; do
             run "$name-$mode-$n" $n "$@" --shard $mode
             rc=$?
@@ -40,7 +40,7 @@ BASE="--data synthetic:1024,1,8,8,4 --epochs 1 --batch 64 --micro-batches 4 --qu
 same cnn $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices
 ok_grep "$T/cnn-optim-4.out" "shard optim: rank 0 of 4 keeps the optimizer state of 24576 of 82692 parameters" \
     "each of 4 ranks keeps the optimizer state of at most 24576 of the 82692 parameters"
-ok_grep "$T/cnn-grads-2.out" "shard grads: rank 0 of 2 keeps the optimizer state of 45056 of 82692 parameters" \
+ok_grep "$T/cnn-params-2.out" "shard params: rank 0 of 2 keeps the optimizer state of 45056 of 82692 parameters" \
     "each of 2 ranks keeps the optimizer state of at most 45056 of the 82692 parameters"
 
 # 2. the resnet preset with SGD and momentum (residual blocks, batchnorm)
@@ -54,21 +54,21 @@ ok $? "prepare-text writes the token files"
 same gpt --model "gpt(layers=2,heads=2,dim=32,block=16,dropout=0.1)" --data "tokens:$T/tok" --batch 8 \
     --micro-batches 4 --steps 4 --warmup 1 --quiet --threads 1 --eval-batches 1
 
-# 4. a checkpoint written by 4 ranks sharding gradients resumes on 2 ranks sharding the
-#    optimizer, and one written without sharding resumes on 4 ranks sharding gradients
-run ck-a 4 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shard grads --checkpoint-dir "$T/ck1" --stop-at 7
-ok $? "4 processes with --shard grads stop at step 7 with a checkpoint"
+# 4. a checkpoint written by 4 ranks sharding parameters resumes on 2 ranks sharding the
+#    optimizer, and one written without sharding resumes on 4 ranks sharding parameters
+run ck-a 4 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shard params --checkpoint-dir "$T/ck1" --stop-at 7
+ok $? "4 processes with --shard params stop at step 7 with a checkpoint"
 run ck-b 2 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shard optim --checkpoint-dir "$T/ck1" --resume auto
 ok_grep "$T/ck-b.out" "resumed from .*step 7" "2 processes with --shard optim resume it"
 cmp -s "$T/cnn-ref.st" "$T/ck-b.st"; ok $? "the resumed run is bitwise the uninterrupted one"
 run ck-c 1 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --checkpoint-dir "$T/ck2" --stop-at 5
 ok $? "1 process without sharding stops at step 5 with a checkpoint"
-run ck-d 4 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shard grads --checkpoint-dir "$T/ck2" --resume auto
-ok_grep "$T/ck-d.out" "resumed from .*step 5" "4 processes with --shard grads resume it"
+run ck-d 4 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shard params --checkpoint-dir "$T/ck2" --resume auto
+ok_grep "$T/ck-d.out" "resumed from .*step 5" "4 processes with --shard params resume it"
 cmp -s "$T/cnn-ref.st" "$T/ck-d.st"; ok $? "the resumed run is bitwise the uninterrupted one"
 
 # 5. bad input
 timeout 60 "$D" train $BASE --model "$CNN" --shard params3 > "$T/bad.out" 2>&1
 [ $? -eq 2 ]; ok $? "an unknown --shard exits 2"
-ok_grep "$T/bad.out" "--shard: expected none, optim or grads, got 'params3'" "and names the choices"
+ok_grep "$T/bad.out" "--shard: expected none, optim, grads or params, got 'params3'" "and names the choices"
 done_testing

@@ -17,6 +17,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -86,6 +88,20 @@ static dt_status cpu_copy_d2h(void *dst, const void *src, size_t bytes) { return
 static dt_status cpu_copy_d2d(void *dst, const void *src, size_t bytes) { return cpu_copy(dst, src, bytes); }
 static dt_status cpu_host_alloc(void **p, size_t bytes) { return cpu_alloc(p, bytes); }
 static void cpu_host_free(void *p) { free(p); }
+
+/* The whole pages inside [p, p + bytes) go back to the kernel (MADV_DONTNEED: private
+ * anonymous memory reads as zeros afterwards); the pages at either end, which may hold
+ * other data, stay. */
+static dt_status cpu_discard(void *p, size_t bytes) {
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0 || bytes == 0 || !p) return DT_OK;
+    uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    uintptr_t b = ((uintptr_t)p + bytes) & ~((uintptr_t)pg - 1);
+    if (b <= a) return DT_OK;
+    if (madvise((void *)a, b - a, MADV_DONTNEED) != 0)
+        return dt_error(DT_ERR_IO, "cpu discard: madvise of %zu bytes failed", (size_t)(b - a));
+    return DT_OK;
+}
 
 static dt_status cpu_synchronize(void) { return DT_OK; }
 

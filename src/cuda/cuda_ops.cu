@@ -261,6 +261,14 @@ static void cu_free(void *p) {
     cudaFree(p);
 }
 
+/* cudaMalloc'd memory cannot give pages back: discarding keeps them (a virtual memory
+ * reservation with cuMemMap would let sharding return them). */
+static dt_status cu_discard(void *p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+    return DT_OK;
+}
+
 static dt_status cu_zero(void *p, size_t bytes) {
     if (bytes == 0) return DT_OK;
     if (!p) return dt_error(DT_ERR_INVALID, "cuda zero: NULL pointer for %zu bytes", bytes);
