@@ -59,6 +59,7 @@ void dt_ddp_opts_default(dt_ddp_opts *o) {
     o->overlap = 1;
     o->sync_bn = 0;
     o->local_only = 0;
+    o->sharded_params = 0;
 }
 
 /* ---- the accumulation tree over slices -------------------------------------------- */
@@ -394,6 +395,11 @@ dt_status dt_ddp_sync_start(dt_ddp *d) {
     if (s == DT_OK) s = compare_across(d, h, d->ntensors, "name or shape");
     free(h);
     if (s != DT_OK) return s;
+    if (d->o.sharded_params) {
+        if (dt_model_nbuffers(d->model) > 0)
+            DT_TRY(broadcast_dev(d, dt_model_buffers(d->model), dt_model_nbuffers(d->model) * sizeof(float), 0));
+        return DT_OK;
+    }
     DT_TRY(broadcast_dev(d, dt_model_params(d->model), d->n * sizeof(float), 0));
     if (dt_model_nbuffers(d->model) > 0)
         DT_TRY(broadcast_dev(d, dt_model_buffers(d->model), dt_model_nbuffers(d->model) * sizeof(float), 0));

@@ -36,6 +36,9 @@ typedef struct {
     int    sync_bn;             /* 1: batchnorm statistics over all ranks (synchronised BN) */
     int    local_only;          /* 1: sum the local micro-batches only, the caller reduces
                                  * across ranks (sharded gradients, shard.h) */
+    int    sharded_params;      /* 1: each rank holds its shard of the parameters only (shard.h):
+                                 * the start broadcasts the buffers, not the parameters, whose
+                                 * shards come from the same seed, file or checkpoint */
 } dt_ddp_opts;
 
 DT_API void      dt_ddp_opts_default(dt_ddp_opts *o);

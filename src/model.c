@@ -108,6 +108,26 @@ void dt_model_free(dt_model *m) {
 
 dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *ops,
                          uint64_t seed, int max_batch, dt_model **out) {
+    return dt_model_build_ex(spec, input, ops, seed, max_batch, NULL, out);
+}
+
+/* After initialising layer L: drop its parameters' pages outside the kept range. */
+static dt_status drop_outside(dt_model *m, const dt_layer *L, const dt_model_layout *lay) {
+    for (int t = 0; t < L->ntensors; t++) {
+        const dt_layer_tensor *T = &L->t[t];
+        if (T->role != DT_TENSOR_PARAM) continue;
+        size_t a = T->offset, b = T->offset + (size_t)T->numel;
+        if (a < lay->keep_lo) DT_TRY(m->ops->discard(m->params + a, ((b < lay->keep_lo ? b : lay->keep_lo) - a) * sizeof(float)));
+        if (b > lay->keep_hi) {
+            size_t x = a > lay->keep_hi ? a : lay->keep_hi;
+            DT_TRY(m->ops->discard(m->params + x, (b - x) * sizeof(float)));
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_model_build_ex(const char *spec, const dt_shape *input, const dt_ops *ops, uint64_t seed,
+                            int max_batch, const dt_model_layout *layout, dt_model **out) {
     *out = NULL;
     if (!ops) return dt_error(DT_ERR_INVALID, "model: no compute backend");
     if (max_batch <= 0) return dt_error(DT_ERR_INVALID, "model: max batch must be positive, got %d", max_batch);
@@ -124,7 +144,8 @@ dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *
     if (s != DT_OK) goto fail;
     if ((s = build_registry(m)) != DT_OK) goto fail;
     m->nparams = (size_t)m->spec.nparams;
-    m->cap = m->nparams;
+    m->cap = layout && layout->capacity > m->nparams ? layout->capacity : m->nparams;
+    int keep = layout && layout->keep_hi > layout->keep_lo;
     m->nbuffers = m->spec.nbuffers;
     int64_t maxact = dt_shape_numel(input);
     for (int i = 0; i < m->spec.n; i++)
@@ -136,8 +157,8 @@ dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *
         goto fail;
     }
     size_t actb = (size_t)max_batch * (size_t)maxact * sizeof(float);
-    if ((s = ops->alloc((void **)&m->params, m->nparams * sizeof(float))) != DT_OK ||
-        (s = ops->alloc((void **)&m->grads, m->nparams * sizeof(float))) != DT_OK ||
+    if ((s = ops->alloc((void **)&m->params, m->cap * sizeof(float))) != DT_OK ||
+        (s = ops->alloc((void **)&m->grads, m->cap * sizeof(float))) != DT_OK ||
         (s = ops->alloc((void **)&m->buffers, m->nbuffers * sizeof(float))) != DT_OK ||
         (s = ops->alloc((void **)&m->dbuf[0], actb)) != DT_OK ||
         (s = ops->alloc((void **)&m->dbuf[1], actb)) != DT_OK ||
@@ -145,7 +166,13 @@ dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *
         (s = ops->alloc((void **)&m->probs, (size_t)max_batch * (size_t)last->out_numel * sizeof(float))) != DT_OK ||
         (s = ops->alloc((void **)&m->scalar, 2 * sizeof(float))) != DT_OK)
         goto fail;
-    if (m->nparams && (s = ops->zero(m->grads, m->nparams * sizeof(float))) != DT_OK) goto fail;
+    /* zero gradients (only the kept range when sharded: the rest is written before it is
+     * read), and zero padding */
+    size_t zlo = keep ? layout->keep_lo : 0, zhi = keep && layout->keep_hi < m->cap ? layout->keep_hi : m->cap;
+    if (zhi > zlo && (s = ops->zero(m->grads + zlo, (zhi - zlo) * sizeof(float))) != DT_OK) goto fail;
+    if (m->cap > m->nparams && ((s = ops->zero(m->params + m->nparams, (m->cap - m->nparams) * sizeof(float))) != DT_OK ||
+                                (s = ops->zero(m->grads + m->nparams, (m->cap - m->nparams) * sizeof(float))) != DT_OK))
+        goto fail;
     for (int i = 0; i + 1 < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i], *N = &m->spec.layers[i + 1];
         if ((L->def->flags & DT_LDEF_FUSE_RELU) && N->kind == DT_LAYER_RELU) L->fuse_relu = N->relu_fused = 1;
@@ -155,6 +182,7 @@ dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *
         dt_layer *L = &m->spec.layers[i];
         if ((s = dt_layer_alloc(ops, L, max_batch)) != DT_OK) goto fail;
         if ((s = dt_layer_init(&c, L)) != DT_OK) goto fail;
+        if (keep && (s = drop_outside(m, L, layout)) != DT_OK) goto fail;
     }
     *out = m;
     return DT_OK;

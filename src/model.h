@@ -77,6 +77,19 @@ DT_API dt_status   dt_loss_parse(const char *name, dt_loss_kind *kind);
  * initialise parameters as PyTorch does from (seed, parameter index). */
 DT_API dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *ops,
                                 uint64_t seed, int max_batch, dt_model **out);
+/* Where the flat parameter and gradient arrays live (sharding, shard.h): capacity floats
+ * each (0 or below nparams: nparams; the padding is zero), and with keep_hi > keep_lo
+ * only the range [keep_lo, keep_hi) stays resident: each tensor's pages outside it are
+ * discarded (ops discard) as soon as the tensor is initialised, and the gradients
+ * outside it are not touched, so no rank ever holds the whole model. */
+typedef struct {
+    size_t capacity;
+    size_t keep_lo, keep_hi;
+} dt_model_layout;
+
+/* dt_model_build with a layout (NULL: dt_model_build's). */
+DT_API dt_status dt_model_build_ex(const char *spec, const dt_shape *input, const dt_ops *ops, uint64_t seed,
+                                   int max_batch, const dt_model_layout *layout, dt_model **out);
 /* Incremental decoding (sampling): a token model built for one position (input (1))
  * runs position pos of a sequence per forward, attention reading its cache of the
  * positions before; pos 0 starts a new sequence. pos < 0 turns it off. */

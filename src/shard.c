@@ -28,6 +28,22 @@ dt_status dt_shard_parse(const char *s, dt_shard_mode *out) {
     return dt_error(DT_ERR_INVALID, "shard: expected none, optim, grads or params, got '%s'", s ? s : "(null)");
 }
 
+/* Units: runs of consecutive layers holding at least DT_SHARD_UNIT_FLOATS parameters
+ * (the last one whatever is left), gathered and dropped as one, as FSDP wraps modules.
+ * While unit u runs, unit u + 1 (forward) or u - 1 (backward) is gathered on the
+ * communicator's worker thread; the last unit stays from its forward to its backward. */
+#define DT_SHARD_UNIT_FLOATS ((size_t)1 << 18)   /* 1 MiB of parameters */
+
+enum { U_DROPPED, U_FLIGHT, U_HERE };
+
+struct shard_unit {
+    int       first, last;    /* layers [first, last] */
+    int       r0, nr;         /* parameter ranges rlo/rhi[r0 .. r0 + nr) */
+    int       state;
+    int       nwork, cap;     /* broadcasts in flight */
+    dt_work **work;
+};
+
 struct dt_shard {
     dt_model     *model;
     const dt_ops *ops;
@@ -43,10 +59,46 @@ struct dt_shard {
     double       *parts;      /* host: every chunk sum of the padded array */
     /* params mode */
     int           full;       /* every rank holds the whole parameter array: layer hooks pause */
-    int           nlayers;
-    int          *rfirst;     /* layer i reads the parameter ranges rfirst[i] .. rfirst[i+1]-1 */
-    size_t       *rlo, *rhi;
+    size_t       *rlo, *rhi;  /* the parameter ranges the layers read, unit by unit */
+    int           nunits;
+    struct shard_unit *units;
+    int          *lunit;      /* layer -> unit */
+    struct { dt_work *work; size_t lo, hi; } *pend;   /* gradient sums in flight, oldest first */
+    int           npend, pend_cap;
+    size_t        pend_floats;
 };
+
+/* The shards of n parameters over world ranks: per floats each (whole chunks), rank's
+ * range [*lo, *lo + *len) of [0, n). */
+static void cut(size_t n, int world, int rank, dt_shard_mode mode, size_t *per, size_t *lo, size_t *len) {
+    const size_t C = DT_SUM_CHUNK;
+    size_t nch = (n + C - 1) / C;
+    if (mode == DT_SHARD_NONE) {
+        *per = n;
+        *lo = 0;
+        *len = n;
+        return;
+    }
+    *per = (nch + (size_t)world - 1) / (size_t)world * C;
+    if (*per == 0) *per = C;   /* no parameters: one empty chunk each */
+    *lo = *per * (size_t)rank;
+    if (*lo > n) *lo = n;
+    *len = n - *lo < *per ? n - *lo : *per;
+}
+
+dt_status dt_shard_layout(size_t nparams, dt_comm *comm, dt_shard_mode mode, dt_model_layout *out) {
+    if ((int)mode < 0 || mode >= DT_SHARD_COUNT) return dt_error(DT_ERR_INVALID, "shard: unknown mode %d", (int)mode);
+    int world = comm ? dt_comm_size(comm) : 1, rank = comm ? dt_comm_rank(comm) : 0;
+    size_t per, lo, len;
+    cut(nparams, world, rank, mode, &per, &lo, &len);
+    memset(out, 0, sizeof *out);
+    out->capacity = mode == DT_SHARD_NONE ? nparams : per * (size_t)world;
+    if (mode == DT_SHARD_PARAMS && world > 1) {
+        out->keep_lo = per * (size_t)rank;
+        out->keep_hi = out->keep_lo + per;
+    }
+    return DT_OK;
+}
 
 dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard **out) {
     *out = NULL;
@@ -61,18 +113,7 @@ dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard
     s->rank = comm ? dt_comm_rank(comm) : 0;
     s->n = dt_model_nparams(m);
     const size_t C = DT_SUM_CHUNK;
-    size_t nch = (s->n + C - 1) / C;
-    if (mode == DT_SHARD_NONE) {
-        s->per = s->n;
-        s->lo = 0;
-        s->len = s->n;
-    } else {
-        s->per = (nch + (size_t)s->world - 1) / (size_t)s->world * C;
-        if (s->per == 0) s->per = C;   /* no parameters: one empty chunk each */
-        s->lo = s->per * (size_t)s->rank;
-        if (s->lo > s->n) s->lo = s->n;
-        s->len = s->n - s->lo < s->per ? s->n - s->lo : s->per;
-    }
+    cut(s->n, s->world, s->rank, mode, &s->per, &s->lo, &s->len);
     size_t padded = mode == DT_SHARD_NONE ? s->n : s->per * (size_t)s->world;
     size_t npart = (padded + C - 1) / C;
     dt_status st = dt_model_reserve(m, padded);
@@ -91,8 +132,17 @@ dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard
 
 void dt_shard_free(dt_shard *s) {
     if (!s) return;
-    if (s->rfirst) dt_model_set_layer_hook(s->model, NULL, NULL);
-    free(s->rfirst);
+    if (s->units) {
+        dt_model_set_layer_hook(s->model, NULL, NULL);
+        for (int u = 0; u < s->nunits; u++) {
+            for (int i = 0; i < s->units[u].nwork; i++) dt_work_wait(s->units[u].work[i]);
+            free(s->units[u].work);
+        }
+    }
+    for (int i = 0; i < s->npend; i++) dt_work_wait(s->pend[i].work);
+    free(s->units);
+    free(s->lunit);
+    free(s->pend);
     free(s->rlo);
     free(s->rhi);
     if (s->host) s->ops->host_free(s->host);
@@ -127,7 +177,10 @@ static dt_status allgather(dt_shard *s, float *buf) {
     return s->ops->copy_h2d(buf, s->host, s->per * (size_t)s->world * sizeof(float));
 }
 
+static dt_status grads_settle(dt_shard *s, int force);
+
 dt_status dt_shard_reduce(dt_shard *s) {
+    if (params_sharded(s)) return grads_settle(s, s->npend);   /* the sums launched during backward */
     if (s->mode != DT_SHARD_GRADS || s->world == 1) return DT_OK;
     float *g = dt_model_grads(s->model);
     size_t mine = s->per * (size_t)s->rank, all = s->per * (size_t)s->world;
@@ -184,12 +237,18 @@ static dt_status drop_range(dt_shard *s, float *buf, size_t a, size_t b) {
     return DT_OK;
 }
 
-/* For each rank q whose shard meets [a, b): broadcast its part from q (reduce = 0), or
- * sum every rank's part onto q (reduce = 1: the all-reduce's tree, comm.h). */
-static dt_status per_owner(dt_shard *s, float *buf, size_t a, size_t b, int reduce) {
+
+/* One broadcast (or, reducing, one sum) per piece of [a, b) that a rank's shard holds;
+ * async collects the handles into u (NULL: blocking). */
+static dt_status per_owner(dt_shard *s, float *buf, size_t a, size_t b, int reduce, struct shard_unit *u) {
     for (int q = (int)(a / s->per); q < s->world && (size_t)q * s->per < b; q++) {
         size_t x = (size_t)q * s->per > a ? (size_t)q * s->per : a;
         size_t y = (size_t)(q + 1) * s->per < b ? (size_t)(q + 1) * s->per : b;
+        if (u) {
+            DT_TRY(dt_broadcast_async(s->comm, buf + x, y - x, DT_F32, q, &u->work[u->nwork]));
+            u->nwork++;
+            continue;
+        }
         float *p = buf + x, *h = s->stage ? s->host + x : p;
         if (s->stage && (reduce || q == s->rank)) DT_TRY(s->ops->copy_d2h(h, p, (y - x) * sizeof(float)));
         if (reduce) DT_TRY(dt_reduce(s->comm, h, h, y - x, DT_F32, DT_SUM, q));
@@ -199,46 +258,145 @@ static dt_status per_owner(dt_shard *s, float *buf, size_t a, size_t b, int redu
     return DT_OK;
 }
 
-static dt_status on_layer(void *ctx, int layer, dt_layer_phase phase) {
-    dt_shard *s = ctx;
-    if (s->full) return DT_OK;
+/* Start gathering unit u (blocking when staging through host memory). */
+static dt_status unit_fetch(dt_shard *s, int u) {
+    struct shard_unit *U = &s->units[u];
+    if (U->state != U_DROPPED) return DT_OK;
     float *p = dt_model_params(s->model);
-    for (int r = s->rfirst[layer]; r < s->rfirst[layer + 1]; r++) {
-        if (phase == DT_HOOK_FWD_PRE || phase == DT_HOOK_BWD_PRE) DT_TRY(per_owner(s, p, s->rlo[r], s->rhi[r], 0));
-        else DT_TRY(drop_range(s, p, s->rlo[r], s->rhi[r]));
+    for (int r = U->r0; r < U->r0 + U->nr; r++) DT_TRY(per_owner(s, p, s->rlo[r], s->rhi[r], 0, s->stage ? NULL : U));
+    U->state = s->stage ? U_HERE : U_FLIGHT;
+    return DT_OK;
+}
+
+/* Unit u is here when this returns. */
+static dt_status unit_need(dt_shard *s, int u) {
+    struct shard_unit *U = &s->units[u];
+    DT_TRY(unit_fetch(s, u));
+    dt_status st = DT_OK;
+    for (int i = 0; i < U->nwork; i++) {
+        dt_status w = dt_work_wait(U->work[i]);
+        if (st == DT_OK) st = w;
+    }
+    U->nwork = 0;
+    U->state = U_HERE;
+    return st;
+}
+
+/* Drop unit u's parameters, except ranges another gathered (or arriving) unit shares
+ * (a tied embedding). */
+static dt_status unit_drop(dt_shard *s, int u) {
+    struct shard_unit *U = &s->units[u];
+    if (U->state != U_HERE) return DT_OK;
+    U->state = U_DROPPED;
+    float *p = dt_model_params(s->model);
+    for (int r = U->r0; r < U->r0 + U->nr; r++) {
+        int shared = 0;
+        for (int v = 0; v < s->nunits && !shared; v++) {
+            if (v == u || s->units[v].state == U_DROPPED) continue;
+            for (int q = s->units[v].r0; q < s->units[v].r0 + s->units[v].nr; q++)
+                if (s->rlo[q] < s->rhi[r] && s->rlo[r] < s->rhi[q]) shared = 1;
+        }
+        if (!shared) DT_TRY(drop_range(s, p, s->rlo[r], s->rhi[r]));
     }
     return DT_OK;
 }
 
-/* A gradient slice is final on this rank: sum it onto its owners, keep only ours. */
+static dt_status on_layer(void *ctx, int layer, dt_layer_phase phase) {
+    dt_shard *s = ctx;
+    if (s->full) return DT_OK;
+    int u = s->lunit[layer];
+    const struct shard_unit *U = &s->units[u];
+    switch (phase) {
+    case DT_HOOK_FWD_PRE:
+        DT_TRY(unit_need(s, u));
+        return u + 1 < s->nunits ? unit_fetch(s, u + 1) : DT_OK;
+    case DT_HOOK_FWD_POST:
+        return layer == U->last && u + 1 < s->nunits ? unit_drop(s, u) : DT_OK;
+    case DT_HOOK_BWD_PRE:
+        DT_TRY(unit_need(s, u));
+        return u > 0 ? unit_fetch(s, u - 1) : DT_OK;
+    case DT_HOOK_BWD_POST:
+        return layer == U->first ? unit_drop(s, u) : DT_OK;
+    }
+    return DT_OK;
+}
+
+/* Gradient sums in flight, oldest first: wait for the first `force` of them, settle
+ * the ones after that are done already; a settled slice is dropped but for this rank's
+ * shard. */
+static dt_status grads_settle(dt_shard *s, int force) {
+    float *g = dt_model_grads(s->model);
+    dt_status st = DT_OK;
+    int i = 0;
+    for (; i < s->npend && (i < force || dt_work_test(s->pend[i].work)); i++) {
+        dt_status w = dt_work_wait(s->pend[i].work);
+        if (w == DT_OK) w = drop_range(s, g, s->pend[i].lo, s->pend[i].hi);
+        if (st == DT_OK) st = w;
+        s->pend_floats -= s->pend[i].hi - s->pend[i].lo;
+    }
+    memmove(s->pend, s->pend + i, (size_t)(s->npend - i) * sizeof *s->pend);
+    s->npend -= i;
+    return st;
+}
+
+/* A gradient slice is final on this rank: summed over the ranks in the all-reduce's tree
+ * (comm.h), on the worker thread while backward goes on, then dropped but for this
+ * rank's shard. At most a unit's worth is in flight. */
 static dt_status on_final(void *ctx, size_t lo, size_t hi) {
     dt_shard *s = ctx;
     float *g = dt_model_grads(s->model);
-    DT_TRY(per_owner(s, g, lo, hi, 1));
-    return drop_range(s, g, lo, hi);
+    if (s->stage) {
+        DT_TRY(per_owner(s, g, lo, hi, 1, NULL));
+        return drop_range(s, g, lo, hi);
+    }
+    while (s->npend > 0 && (s->npend == s->pend_cap || s->pend_floats > DT_SHARD_UNIT_FLOATS))
+        DT_TRY(grads_settle(s, 1));
+    DT_TRY(dt_allreduce_async(s->comm, g + lo, g + lo, hi - lo, DT_F32, DT_SUM, &s->pend[s->npend].work));
+    s->pend[s->npend].lo = lo;
+    s->pend[s->npend++].hi = hi;
+    s->pend_floats += hi - lo;
+    return grads_settle(s, 0);
 }
 
 dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp) {
     if (!params_sharded(s)) return DT_OK;
     int n = dt_model_nlayers(s->model), cap = 0;
     for (int i = 0; i < n; i++) cap += dt_model_layer(s->model, i)->ntensors;
-    s->rfirst = calloc((size_t)n + 1, sizeof *s->rfirst);
     s->rlo = calloc((size_t)cap + 1, sizeof *s->rlo);
     s->rhi = calloc((size_t)cap + 1, sizeof *s->rhi);
-    if (!s->rfirst || !s->rlo || !s->rhi) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
+    s->lunit = calloc((size_t)n + 1, sizeof *s->lunit);
+    s->units = calloc((size_t)n + 1, sizeof *s->units);
+    s->pend_cap = cap + 1;
+    s->pend = calloc((size_t)s->pend_cap, sizeof *s->pend);
+    if (!s->rlo || !s->rhi || !s->lunit || !s->units || !s->pend) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
     int nr = 0;
+    size_t floats = 0;
+    struct shard_unit *U = NULL;
     for (int i = 0; i < n; i++) {
         const dt_layer *L = dt_model_layer(s->model, i);
-        s->rfirst[i] = nr;
+        if (!U) {
+            U = &s->units[s->nunits++];
+            U->first = i;
+            U->r0 = nr;
+            floats = 0;
+        }
         for (int t = 0; t < L->ntensors; t++) {
             const dt_layer_tensor *T = &L->t[t];
             if (T->role != DT_TENSOR_PARAM && T->role != DT_TENSOR_TIED) continue;
             s->rlo[nr] = T->offset;
             s->rhi[nr++] = T->offset + (size_t)T->numel;
+            floats += (size_t)T->numel;
         }
+        s->lunit[i] = s->nunits - 1;
+        U->last = i;
+        U->nr = nr - U->r0;
+        if (floats >= DT_SHARD_UNIT_FLOATS) U = NULL;
     }
-    s->rfirst[n] = nr;
-    s->nlayers = n;
+    for (int u = 0; u < s->nunits; u++) {   /* the most broadcasts a unit's gather takes */
+        struct shard_unit *V = &s->units[u];
+        for (int r = V->r0; r < V->r0 + V->nr; r++) V->cap += (int)((s->rhi[r] - 1) / s->per - s->rlo[r] / s->per) + 1;
+        if (!(V->work = calloc((size_t)V->cap + 1, sizeof *V->work))) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
+    }
     s->full = 1;   /* until the start-of-run broadcast is done and drop_params is called */
     dt_model_set_layer_hook(s->model, on_layer, s);
     dt_ddp_set_final_hook(ddp, on_final, s);
@@ -247,7 +405,10 @@ dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp) {
 
 dt_status dt_shard_gather_params(dt_shard *s) {
     if (!params_sharded(s) || s->full) return DT_OK;
+    for (int u = 0; u < s->nunits; u++)
+        if (s->units[u].state == U_FLIGHT) DT_TRY(unit_need(s, u));
     DT_TRY(allgather(s, dt_model_params(s->model)));
+    for (int u = 0; u < s->nunits; u++) s->units[u].state = U_HERE;
     s->full = 1;
     return DT_OK;
 }
@@ -257,6 +418,7 @@ dt_status dt_shard_drop_params(dt_shard *s) {
     size_t all = s->per * (size_t)s->world;
     DT_TRY(drop_range(s, dt_model_params(s->model), 0, all));
     DT_TRY(drop_range(s, dt_model_grads(s->model), 0, all));
+    for (int u = 0; u < s->nunits; u++) s->units[u].state = U_DROPPED;
     s->full = 0;
     return DT_OK;
 }

@@ -56,6 +56,9 @@ DT_API dt_status   dt_shard_parse(const char *s, dt_shard_mode *out);
 
 typedef struct dt_shard dt_shard;
 
+/* How to build the model for sharding its nparams parameters over comm in mode: the
+ * padded capacity and, with params, the range this rank keeps (model.h). */
+DT_API dt_status dt_shard_layout(size_t nparams, dt_comm *comm, dt_shard_mode mode, dt_model_layout *out);
 /* Sharding of m's parameters over comm (NULL or size 1: one shard) in mode; pads the
  * model's arrays (dt_model_reserve). Call before any hook or pointer into them is kept. */
 DT_API dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard **out);

@@ -746,7 +746,19 @@ static dt_status trainer_setup(trainer *t) {
     int64_t dummy;
     DT_TRY(dt_sampler_rank_block(t->sampler, t->world, t->rank, &t->first_micro, &dummy));
 
-    DT_TRY(dt_model_build(o->model, &shape, t->ops, o->seed, (int)t->b, &t->model));
+    /* sharding decides where the parameters live before the model is built: with
+     * params, no rank ever holds the whole array */
+    dt_shard_mode mode;
+    DT_TRY(dt_shard_parse(o->shard, &mode));
+    dt_model_layout layout;
+    dt_spec spec;
+    DT_TRY(dt_spec_parse(o->model, &spec));
+    dt_status ss = dt_spec_infer(&spec, &shape);
+    size_t nparams = (size_t)spec.nparams;
+    dt_spec_free(&spec);
+    DT_TRY(ss);
+    DT_TRY(dt_shard_layout(nparams, t->comm, mode, &layout));
+    DT_TRY(dt_model_build_ex(o->model, &shape, t->ops, o->seed, (int)t->b, &layout, &t->model));
     if (o->init_weights && !t->resume) {   /* a file that cannot be used is bad input */
         dt_status ls = dt_model_load(t->model, o->init_weights);
         if (ls != DT_OK) return dt_error_wrap(ls == DT_ERR_IO ? DT_ERR_INVALID : ls, "init_weights: ");
@@ -762,8 +774,6 @@ static dt_status trainer_setup(trainer *t) {
         return dt_error(DT_ERR_INVALID, "model: the model's output must be (%d) class scores for this data, got %lld values",
                         info->classes, (long long)dt_shape_numel(os));
     }
-    dt_shard_mode mode;
-    DT_TRY(dt_shard_parse(o->shard, &mode));
     DT_TRY(dt_shard_init(t->model, t->comm, mode, &t->shard));
     DT_TRY(make_optim(t));
     dt_ddp_opts dopt;
@@ -773,6 +783,7 @@ static dt_status trainer_setup(trainer *t) {
     dopt.overlap = o->overlap;
     dopt.sync_bn = o->sync_bn;
     dopt.local_only = !dt_shard_ddp_reduces(t->shard);
+    dopt.sharded_params = mode == DT_SHARD_PARAMS && t->world > 1;
     DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
     DT_TRY(dt_shard_attach(t->shard, t->ddp));
 

@@ -67,7 +67,32 @@ run ck-d 4 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shar
 ok_grep "$T/ck-d.out" "resumed from .*step 5" "4 processes with --shard params resume it"
 cmp -s "$T/cnn-ref.st" "$T/ck-d.st"; ok $? "the resumed run is bitwise the uninterrupted one"
 
-# 5. bad input
+# 5. memory: a 32-layer MLP of 33.6M parameters (small activations) on 4 processes with
+#    AdamW. A rank's state is its peak resident memory less that of the same run with a
+#    one-layer model (libraries, buffers); shared-memory rings are off (DT_SHM_BUDGET=1),
+#    as they are communication buffers, not state, and params talks to more peers. With
+#    --shard params the state must be at most 30% of --shard none's (ideal 25%: the
+#    units gathered around the running one are the rest).
+DEEP="flatten $(i=0; while [ $i -lt 32 ]; do printf 'linear(1024) relu '; i=$((i + 1)); done)linear(4)"
+peak() {  # the largest "peak MiB" of the per-rank table in $T/$1.out
+    awk '/peak MiB/ { on = 1; next } on && NF >= 7 && $1 ~ /^[0-9]+$/ { if ($6 > m) m = $6 } END { print m + 0 }' \
+        "$T/$1.out" | sed 's/^\[rank0\]://'
+}
+MEM="--data synthetic:256,1,8,8,4 --batch 16 --steps 2 --optim adamw --no-eval --threads 1 --rank-stats 2"
+for mode in none params; do
+    DT_SHM_BUDGET=1 timeout 300 "$R" -n 4 "$D" train $MEM --model "$DEEP" --shard $mode > "$T/mem-$mode.out" 2>&1
+    ok $? "the 32-layer MLP trains on 4 processes with --shard $mode"
+    DT_SHM_BUDGET=1 timeout 120 "$R" -n 4 "$D" train $MEM --model "flatten linear(4)" --shard $mode \
+        > "$T/mem0-$mode.out" 2>&1
+    ok $? "a one-layer model trains on 4 processes with --shard $mode (the baseline)"
+done
+sed -i 's/^\[rank0\]://' "$T"/mem*.out
+full=$(awk -v a="$(peak mem-none)" -v b="$(peak mem0-none)" 'BEGIN { print a - b }')
+part=$(awk -v a="$(peak mem-params)" -v b="$(peak mem0-params)" 'BEGIN { print a - b }')
+awk -v f="$full" -v p="$part" 'BEGIN { exit !(f > 400 && p > 0 && p <= 0.30 * f) }'
+ok $? "--shard params keeps at most 30% of --shard none's state per rank ($part MiB against $full MiB)"
+
+# 6. bad input
 timeout 60 "$D" train $BASE --model "$CNN" --shard params3 > "$T/bad.out" 2>&1
 [ $? -eq 2 ]; ok $? "an unknown --shard exits 2"
 ok_grep "$T/bad.out" "--shard: expected none, optim, grads or params, got 'params3'" "and names the choices"
