@@ -13,7 +13,13 @@
 
 static size_t state_bytes(const dt_tensor_info *ti) { return (size_t)ti->numel * dt_dtype_size(ti->dtype); }
 
+static int in_part(const dt_tensor_info *ti, dt_state_part part) { return part == DT_STATE_ALL || !ti->in_params; }
+
 dt_status dt_model_state_add(dt_model *m, dt_st_writer *w, void **host, size_t *nbytes) {
+    return dt_model_state_add_part(m, DT_STATE_ALL, w, host, nbytes);
+}
+
+dt_status dt_model_state_add_part(dt_model *m, dt_state_part part, dt_st_writer *w, void **host, size_t *nbytes) {
     const dt_ops *ops = dt_model_ops(m);
     int n = dt_model_nstate(m);
     size_t total = 0;
@@ -22,7 +28,7 @@ dt_status dt_model_state_add(dt_model *m, dt_st_writer *w, void **host, size_t *
     for (int i = 0; i < n; i++) {
         dt_tensor_info ti;
         DT_TRY(dt_model_state(m, i, &ti));
-        total += state_bytes(&ti);
+        if (in_part(&ti, part)) total += state_bytes(&ti);
     }
     /* One buffer, tensors back to back in state_dict order: exactly the data
      * region of the file, so a checksum over it is the checksum of the file's data. */
@@ -34,6 +40,7 @@ dt_status dt_model_state_add(dt_model *m, dt_st_writer *w, void **host, size_t *
         dt_tensor_info ti;
         s = dt_model_state(m, i, &ti);
         if (s != DT_OK) break;
+        if (!in_part(&ti, part)) continue;
         size_t b = state_bytes(&ti);
         if (ti.on_host) memcpy(h + off, ti.data, b);
         else if (b) s = ops->copy_d2h(h + off, ti.data, b);
@@ -58,11 +65,17 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
 }
 
 dt_status dt_model_state_check(dt_model *m, const dt_st_file *f, const char *label) {
-    int n = dt_model_nstate(m);
+    return dt_model_state_check_part(m, DT_STATE_ALL, f, label);
+}
+
+dt_status dt_model_state_check_part(dt_model *m, dt_state_part part, const dt_st_file *f, const char *label) {
+    int n = dt_model_nstate(m), want = 0;
     for (int i = 0; i < n; i++) {
         dt_tensor_info ti;
         dt_st_tensor st;
         DT_TRY(dt_model_state(m, i, &ti));
+        if (!in_part(&ti, part)) continue;
+        want++;
         if (dt_st_find(f, ti.name, &st) != DT_OK)
             return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is missing (is this a checkpoint of another model?)",
                             label, ti.name);
@@ -76,19 +89,24 @@ dt_status dt_model_state_check(dt_model *m, const dt_st_file *f, const char *lab
                             ti.name, dt_dtype_st_name(st.dtype), got, dt_dtype_st_name(ti.dtype), want);
         }
     }
-    if (dt_st_count(f) != (size_t)n)
+    if (dt_st_count(f) != (size_t)want)
         return dt_error(DT_ERR_FORMAT, "%s: holds %zu tensors, the model has %d (is this a checkpoint of another "
-                        "model?)", label, dt_st_count(f), n);
+                        "model?)", label, dt_st_count(f), want);
     return DT_OK;
 }
 
 dt_status dt_model_state_copy(dt_model *m, const dt_st_file *f) {
+    return dt_model_state_copy_part(m, DT_STATE_ALL, f);
+}
+
+dt_status dt_model_state_copy_part(dt_model *m, dt_state_part part, const dt_st_file *f) {
     const dt_ops *ops = dt_model_ops(m);
     int n = dt_model_nstate(m);
     for (int i = 0; i < n; i++) {
         dt_tensor_info ti;
         dt_st_tensor st;
         DT_TRY(dt_model_state(m, i, &ti));
+        if (!in_part(&ti, part)) continue;
         DT_TRY(dt_st_find(f, ti.name, &st));
         if (st.nbytes != state_bytes(&ti))
             return dt_error(DT_ERR_INTERNAL, "tensor '%s': %zu bytes in the file, %zu in the model (not checked?)",

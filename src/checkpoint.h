@@ -39,4 +39,13 @@ DT_API dt_status dt_model_state_check(dt_model *m, const dt_st_file *f, const ch
 /* Copy f's tensors into the model (after dt_model_state_check). */
 DT_API dt_status dt_model_state_copy(dt_model *m, const dt_st_file *f);
 
+/* The same over a part of the state: all of it, or only the tensors outside the
+ * parameter array (buffers and counters: a sharded checkpoint keeps the parameters in
+ * its shard files, ckpt.h). */
+typedef enum { DT_STATE_ALL, DT_STATE_BUFFERS } dt_state_part;
+DT_API dt_status dt_model_state_add_part  (dt_model *m, dt_state_part part, dt_st_writer *w, void **host,
+                                           size_t *nbytes);
+DT_API dt_status dt_model_state_check_part(dt_model *m, dt_state_part part, const dt_st_file *f, const char *label);
+DT_API dt_status dt_model_state_copy_part (dt_model *m, dt_state_part part, const dt_st_file *f);
+
 #endif /* DT_CHECKPOINT_H */

@@ -141,16 +141,16 @@ static dt_status sw_finish(swriter *sw, const void *data, size_t n, const char *
     return dt_st_writer_write(sw->w, path);
 }
 
-static dt_status write_model(const char *path, dt_model *m, int64_t step, char sum[24]) {
+static dt_status write_model(const char *path, dt_model *m, dt_state_part part, int64_t step, char sum[24]) {
     swriter sw = {0};
     void *host = NULL;
     size_t n = 0;
     DT_TRY(dt_st_writer_init(&sw.w));
-    dt_status s = dt_model_state_add(m, sw.w, &host, &n);
+    dt_status s = dt_model_state_add_part(m, part, sw.w, &host, &n);
     for (int i = 0; s == DT_OK && i < dt_model_nstate(m); i++) {
         dt_tensor_info ti;
         s = dt_model_state(m, i, &ti);
-        if (s == DT_OK) desc_tensor(&sw.d, ti.name, ti.dtype, ti.ndim, ti.shape);
+        if (s == DT_OK && (part == DT_STATE_ALL || !ti.in_params)) desc_tensor(&sw.d, ti.name, ti.dtype, ti.ndim, ti.shape);
     }
     if (s == DT_OK) s = sw_meta(&sw, "format", "pt");
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.step", step);
@@ -161,11 +161,21 @@ static dt_status write_model(const char *path, dt_model *m, int64_t step, char s
     return s;
 }
 
+/* The shards of a sharded checkpoint, as its manifest lists them. */
+typedef struct {
+    int          world;
+    const size_t *lo, *len;
+    const char  (*sum)[24];
+} shard_list;
+
+/* train_state.safetensors; with shards (a sharded save) it holds no tensors, and the
+ * optimizer's size is the whole array's (total). */
 static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, const dt_ckpt_info *in,
-                             const char *const *extra, int nextra, const char *model_sum) {
+                             const char *const *extra, int nextra, const char *model_sum, const shard_list *sh,
+                             size_t total) {
     swriter sw = {0};
-    int ns = o ? dt_optim_nstate(o) : 0;
-    size_t n = o ? dt_optim_size(o) : 0, bytes = (size_t)ns * n * sizeof(float);
+    int ns = o && !sh ? dt_optim_nstate(o) : 0;
+    size_t n = o ? (sh ? total : dt_optim_size(o)) : 0, bytes = (size_t)ns * n * sizeof(float);
     float *host = malloc(bytes ? bytes : 1);
     if (!host) return dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu bytes of optimizer state", path, bytes);
     dt_status s = dt_st_writer_init(&sw.w);
@@ -209,6 +219,13 @@ static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, c
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.optim.steps", o ? dt_optim_steps(o) : 0);
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.optim.size", (int64_t)n);
     if (s == DT_OK) s = sw_meta(&sw, "dtrain.model_checksum", model_sum);
+    if (s == DT_OK && sh) s = sw_metai(&sw, "dtrain.shards", sh->world);
+    for (int r = 0; s == DT_OK && sh && r < sh->world; r++) {
+        char key[48], val[96];
+        snprintf(key, sizeof key, "dtrain.shard.%d", r);
+        snprintf(val, sizeof val, "%zu,%zu,%s", sh->lo[r], sh->len[r], sh->sum[r]);
+        s = sw_meta(&sw, key, val);
+    }
     for (int i = 0; s == DT_OK && i < nextra; i++) {
         char key[256];
         snprintf(key, sizeof key, "%s%s", DT_CKPT_EXTRA_, extra[2 * i]);
@@ -250,21 +267,36 @@ static dt_status check_save_args(const char *dir, int keep, dt_model *m, dt_opti
     return DT_OK;
 }
 
-dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *o, const dt_ckpt_info *info,
-                       const char *const *extra, int nextra) {
-    DT_TRY(check_save_args(dir, keep, m, o, info, extra, nextra));
-    char tmp[DT_CKPT_PATH_MAX_], final[DT_CKPT_PATH_MAX_], file[DT_CKPT_PATH_MAX_], msum[24];
-    DT_TRY(dt_ckpt_path(dir, info->step, final, sizeof final));
+/* ---- writing a sharded checkpoint ----------------------------------------------------- */
+
+static void shard_name(char *out, size_t n, int rank, int world) {
+    snprintf(out, n, "shard-%05d-of-%05d.safetensors", rank, world);
+}
+
+dt_status dt_ckpt_begin(const char *dir, int64_t step, char *tmp, size_t n) {
+    if (!dir || !*dir) return dt_error(DT_ERR_INVALID, "checkpoint: empty directory name");
+    if (step < 0 || step > 999999999999LL)
+        return dt_error(DT_ERR_INVALID, "checkpoint: step %" PRId64 " is out of range [0, 999999999999]", step);
     char tname[64];
-    snprintf(tname, sizeof tname, "%s%012" PRId64 "-%ld", DT_CKPT_TMP_STEP_, info->step, (long)getpid());
-    DT_TRY(dt_ckpt_join_(tmp, sizeof tmp, dir, tname));
+    snprintf(tname, sizeof tname, "%s%012" PRId64 "-%ld", DT_CKPT_TMP_STEP_, step, (long)getpid());
+    DT_TRY(dt_ckpt_join_(tmp, n, dir, tname));
     DT_TRY(dt_ckpt_mkdirs_(dir));
-    DT_TRY(dt_ckpt_rm_tree_(tmp)); /* a leftover of an earlier failed save of this process */
+    DT_TRY(dt_ckpt_rm_tree_(tmp));
     if (mkdir(tmp, 0755) != 0) return dt_error(DT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    dt_status s = dt_ckpt_join_(file, sizeof file, tmp, "model.safetensors");
-    if (s == DT_OK) s = write_model(file, m, info->step, msum);
+    return DT_OK;
+}
+
+/* Into tmp: the model file (the buffers only when sharded) and train_state, then the
+ * atomic install as step-<step> and the pruning; tmp is removed on a failure. */
+static dt_status finish_save(const char *dir, int keep, const char *tmp, dt_model *m, dt_optim *o,
+                             const dt_ckpt_info *info, const char *const *extra, int nextra, const shard_list *sh,
+                             size_t total) {
+    char final[DT_CKPT_PATH_MAX_], file[DT_CKPT_PATH_MAX_], msum[24];
+    dt_status s = dt_ckpt_path(dir, info->step, final, sizeof final);
+    if (s == DT_OK) s = dt_ckpt_join_(file, sizeof file, tmp, "model.safetensors");
+    if (s == DT_OK) s = write_model(file, m, sh ? DT_STATE_BUFFERS : DT_STATE_ALL, info->step, msum);
     if (s == DT_OK) s = dt_ckpt_join_(file, sizeof file, tmp, "train_state.safetensors");
-    if (s == DT_OK) s = write_state(file, dt_model_ops(m), o, info, extra, nextra, msum);
+    if (s == DT_OK) s = write_state(file, dt_model_ops(m), o, info, extra, nextra, msum, sh, total);
     if (s == DT_OK) s = dt_ckpt_fsync_dir_(tmp);
     if (s == DT_OK) s = dt_ckpt_install_(dir, tmp, final);
     if (s != DT_OK) {
@@ -277,6 +309,71 @@ dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *o, cons
     return dt_ckpt_prune_(dir, keep, info->step);
 }
 
+dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *o, const dt_ckpt_info *info,
+                       const char *const *extra, int nextra) {
+    DT_TRY(check_save_args(dir, keep, m, o, info, extra, nextra));
+    char tmp[DT_CKPT_PATH_MAX_];
+    DT_TRY(dt_ckpt_begin(dir, info->step, tmp, sizeof tmp));
+    return finish_save(dir, keep, tmp, m, o, info, extra, nextra, NULL, 0);
+}
+
+dt_status dt_ckpt_write_shard(const char *tmp, int rank, int world, dt_model *m, dt_optim *o, size_t lo,
+                              size_t len, char sum[24]) {
+    if (!tmp || !m || rank < 0 || rank >= world || lo + len > dt_model_nparams(m) || (o && dt_optim_size(o) != len))
+        return dt_error(DT_ERR_INVALID, "checkpoint shard %d of %d: bad arguments (range %zu + %zu of %zu)", rank,
+                        world, lo, len, dt_model_nparams(m));
+    char name[64], path[DT_CKPT_PATH_MAX_];
+    shard_name(name, sizeof name, rank, world);
+    DT_TRY(dt_ckpt_join_(path, sizeof path, tmp, name));
+    const dt_ops *ops = dt_model_ops(m);
+    int ns = o ? dt_optim_nstate(o) : 0;
+    size_t bytes = (size_t)(ns + 1) * len * sizeof(float);
+    float *host = malloc(bytes ? bytes : 1);
+    if (!host) return dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu bytes", path, bytes);
+    swriter sw = {0};
+    int64_t shape[1] = {(int64_t)len};
+    dt_status s = dt_st_writer_init(&sw.w);
+    /* params, then optim.<name> of the same range: the data region, back to back */
+    if (s == DT_OK && len) s = ops->copy_d2h(host, dt_model_params(m) + lo, len * sizeof(float));
+    if (s == DT_OK) s = dt_st_writer_add(sw.w, "params", DT_F32, 1, shape, host);
+    desc_tensor(&sw.d, "params", DT_F32, 1, shape);
+    for (int i = 0; s == DT_OK && i < ns; i++) {
+        char tn[96];
+        float *h = host + (size_t)(i + 1) * len;
+        snprintf(tn, sizeof tn, "optim.%s", dt_optim_state_name(o, i));
+        if (len) s = ops->copy_d2h(h, dt_optim_state(o, i), len * sizeof(float));
+        if (s == DT_OK) s = dt_st_writer_add(sw.w, tn, DT_F32, 1, shape, h);
+        desc_tensor(&sw.d, tn, DT_F32, 1, shape);
+    }
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.shard.lo", (int64_t)lo);
+    if (s == DT_OK) s = sw_metai(&sw, "dtrain.shard.len", (int64_t)len);
+    if (s == DT_OK) s = sw_finish(&sw, host, bytes, path, sum);
+    dt_st_writer_free(sw.w);
+    dt_sbuf_free_(&sw.d);
+    free(host);
+    return s;
+}
+
+dt_status dt_ckpt_commit(const char *dir, int keep, const char *tmp, dt_model *m, dt_optim *o,
+                         const dt_ckpt_info *info, const char *const *extra, int nextra, int world,
+                         const size_t *lo, const size_t *len, const char (*sums)[24]) {
+    DT_TRY(check_save_args(dir, keep, m, NULL, info, extra, nextra));
+    size_t at = 0;
+    for (int r = 0; r < world; r++) {   /* the shards must tile the parameter array */
+        if (lo[r] != at) return dt_error(DT_ERR_INVALID, "checkpoint: shard %d starts at %zu, expected %zu", r, lo[r], at);
+        at += len[r];
+    }
+    if (at != dt_model_nparams(m))
+        return dt_error(DT_ERR_INVALID, "checkpoint: the shards hold %zu parameters, the model %zu", at,
+                        dt_model_nparams(m));
+    shard_list sh = {.world = world, .lo = lo, .len = len, .sum = sums};
+    return finish_save(dir, keep, tmp, m, o, info, extra, nextra, &sh, at);
+}
+
+void dt_ckpt_abort(const char *tmp) {
+    if (tmp && *tmp) dt_ckpt_rm_tree_(tmp);
+}
+
 /* ---- reading ------------------------------------------------------------------- */
 
 struct dt_ckpt {
@@ -284,11 +381,17 @@ struct dt_ckpt {
     char          state_path[DT_CKPT_PATH_MAX_];
     dt_st_file   *model, *state;
     dt_ckpt_info  info;
-    int64_t       optim_size;   /* elements of each optimizer state array */
+    int64_t       optim_size;   /* elements of each optimizer state array (the whole array's) */
+    /* a sharded checkpoint: its shard files, their ranges and checksums */
+    size_t       *slo, *slen;
+    char        (*ssum)[24];
 };
 
 void dt_ckpt_close(dt_ckpt *c) {
     if (!c) return;
+    free(c->slo);
+    free(c->slen);
+    free(c->ssum);
     dt_st_close(c->model);
     dt_st_close(c->state);
     free(c);
@@ -334,6 +437,41 @@ static dt_status meta_float(dt_ckpt *c, const char *key, float *out) {
 }
 
 /* Fill c->info from train_state's metadata. */
+/* A sharded checkpoint's list: "dtrain.shard.<r>" = "lo,len,checksum", tiling the
+ * parameter array (optim.size elements) in order. */
+static dt_status read_shards(dt_ckpt *c) {
+    if (!dt_st_meta_get(c->state, "dtrain.shards")) return DT_OK;   /* not sharded */
+    int64_t w;
+    DT_TRY(meta_int(c, "dtrain.shards", 1, &w));
+    if (w > (1 << 20)) return dt_error(DT_ERR_FORMAT, "%s: %" PRId64 " shards is more than dtrain writes", c->state_path, w);
+    c->slo = calloc((size_t)w, sizeof *c->slo);
+    c->slen = calloc((size_t)w, sizeof *c->slen);
+    c->ssum = calloc((size_t)w, sizeof *c->ssum);
+    if (!c->slo || !c->slen || !c->ssum) return dt_error(DT_ERR_NOMEM, "%s: out of memory", c->state_path);
+    uint64_t at = 0;
+    for (int r = 0; r < (int)w; r++) {
+        char key[48];
+        const char *v;
+        unsigned long long a, n;
+        int used = 0;
+        snprintf(key, sizeof key, "dtrain.shard.%d", r);
+        DT_TRY(meta_str(c, key, &v));
+        if (sscanf(v, "%llu,%llu,%n", &a, &n, &used) != 2 || used == 0 || strlen(v + used) == 0 ||
+            strlen(v + used) >= sizeof c->ssum[r] || a != at || n > UINT64_MAX - at)
+            return dt_error(DT_ERR_FORMAT, "%s: metadata \"%s\" = \"%s\" is not the next shard's \"lo,len,checksum\" "
+                            "(lo %" PRIu64 ")", c->state_path, key, v, at);
+        c->slo[r] = (size_t)a;
+        c->slen[r] = (size_t)n;
+        snprintf(c->ssum[r], sizeof c->ssum[r], "%s", v + used);
+        at += n;
+    }
+    if (at != (uint64_t)c->optim_size)
+        return dt_error(DT_ERR_FORMAT, "%s: the shards hold %" PRIu64 " parameters, the optimizer state %" PRId64,
+                        c->state_path, at, c->optim_size);
+    c->info.shards = (int)w;
+    return DT_OK;
+}
+
 static dt_status read_info(dt_ckpt *c) {
     dt_ckpt_info *in = &c->info;
     int64_t v;
@@ -402,8 +540,10 @@ static dt_status read_info(dt_ckpt *c) {
     }
     DT_TRY(meta_int(c, "dtrain.optim.steps", 0, &in->optim_steps));
     DT_TRY(meta_int(c, "dtrain.optim.size", 0, &c->optim_size));
-    return DT_OK;
+    return read_shards(c);
 }
+
+static dt_status open_shard(dt_ckpt *c, int r, dt_st_file **out);
 
 dt_status dt_ckpt_open(const char *path, dt_ckpt **out) {
     *out = NULL;
@@ -430,6 +570,12 @@ dt_status dt_ckpt_open(const char *path, dt_ckpt **out) {
             s = dt_error(DT_ERR_FORMAT, "%s: model.safetensors (%s) is not the one train_state.safetensors was saved "
                          "with (%s)", path, got, want ? want : "none recorded");
     }
+    /* every shard of a sharded one, one at a time (a rank later reads the ones it needs) */
+    for (int r = 0; s == DT_OK && r < c->info.shards; r++) {
+        dt_st_file *f = NULL;
+        s = open_shard(c, r, &f);
+        dt_st_close(f);
+    }
     if (s != DT_OK) {
         dt_ckpt_close(c);
         return s;
@@ -438,8 +584,36 @@ dt_status dt_ckpt_open(const char *path, dt_ckpt **out) {
     return DT_OK;
 }
 
-/* The optimizer's kind, state names and sizes against train_state's tensors. */
-static dt_status check_optim(dt_ckpt *c, dt_optim *o) {
+/* f's "optim.*" tensors against o's state names: each F32 [n], none missing or extra. */
+static dt_status check_state_tensors(const dt_st_file *f, const char *label, dt_optim *o, size_t n) {
+    const char *want = dt_optim_def_in(o)->name;
+    int ns = dt_optim_nstate(o), nfile = 0;
+    for (size_t i = 0; i < dt_st_count(f); i++) {
+        dt_st_tensor t;
+        DT_TRY(dt_st_tensor_at(f, i, &t));
+        if (strncmp(t.name, "optim.", 6) != 0) continue;
+        int found = 0;
+        for (int j = 0; j < ns && !found; j++) found = strcmp(t.name + 6, dt_optim_state_name(o, j)) == 0;
+        if (!found)
+            return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' has no counterpart in this %s optimizer (momentum %g)",
+                            label, t.name, want, (double)dt_optim_config_of(o)->momentum);
+        if (t.dtype != DT_F32 || t.ndim != 1 || (uint64_t)t.shape[0] != (uint64_t)n)
+            return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is %s of %d dimensions in the file, the optimizer "
+                            "expects F32 [%zu]", label, t.name, dt_dtype_st_name(t.dtype), t.ndim, n);
+        nfile++;
+    }
+    for (int j = 0; nfile != ns && j < ns; j++) {
+        char name[96];
+        dt_st_tensor t;
+        snprintf(name, sizeof name, "optim.%s", dt_optim_state_name(o, j));
+        if (dt_st_find(f, name, &t) != DT_OK)
+            return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is missing (the optimizer keeps it)", label, name);
+    }
+    return DT_OK;
+}
+
+/* The optimizer's kind and the whole state's size (total elements). */
+static dt_status check_optim(dt_ckpt *c, dt_optim *o, size_t total) {
     const dt_ckpt_info *in = &c->info;
     const char *want = dt_optim_def_in(o)->name;
     if (!in->has_optim)
@@ -448,54 +622,120 @@ static dt_status check_optim(dt_ckpt *c, dt_optim *o) {
     if (strcmp(got, want) != 0)
         return dt_error(DT_ERR_FORMAT, "checkpoint %s was written by optimizer '%s'; this run uses '%s' (a run "
                         "cannot resume with another optimizer)", c->path, got, want);
-    size_t n = dt_optim_size(o);
-    if ((uint64_t)c->optim_size != (uint64_t)n)
+    if ((uint64_t)c->optim_size != (uint64_t)total)
         return dt_error(DT_ERR_FORMAT, "%s: optimizer state is for %" PRId64 " parameters, the optimizer has %zu",
-                        c->state_path, c->optim_size, n);
-    int ns = dt_optim_nstate(o), nfile = 0;
-    for (size_t i = 0; i < dt_st_count(c->state); i++) {
-        dt_st_tensor t;
-        DT_TRY(dt_st_tensor_at(c->state, i, &t));
-        if (strncmp(t.name, "optim.", 6) != 0) continue;
-        int found = 0;
-        for (int j = 0; j < ns && !found; j++) found = strcmp(t.name + 6, dt_optim_state_name(o, j)) == 0;
-        if (!found)
-            return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' has no counterpart in this %s optimizer (momentum %g)",
-                            c->state_path, t.name, want, (double)dt_optim_config_of(o)->momentum);
-        if (t.dtype != DT_F32 || t.ndim != 1 || (uint64_t)t.shape[0] != (uint64_t)n)
-            return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is %s of %d dimensions in the file, the optimizer "
-                            "expects F32 [%zu]", c->state_path, t.name, dt_dtype_st_name(t.dtype), t.ndim, n);
-        nfile++;
+                        c->state_path, c->optim_size, total);
+    return in->shards ? DT_OK : check_state_tensors(c->state, c->state_path, o, total);
+}
+
+/* Open shard r of a sharded checkpoint, verified: its checksum the manifest's, its
+ * range and its "params" tensor [len]. */
+static dt_status open_shard(dt_ckpt *c, int r, dt_st_file **out) {
+    char name[64], path[DT_CKPT_PATH_MAX_];
+    shard_name(name, sizeof name, r, c->info.shards);
+    DT_TRY(dt_ckpt_join_(path, sizeof path, c->path, name));
+    dt_st_file *f;
+    DT_TRY(open_verified(path, &f));
+    const char *sum = dt_st_meta_get(f, DT_CKPT_SUM_KEY_), *lo = dt_st_meta_get(f, "dtrain.shard.lo");
+    const char *len = dt_st_meta_get(f, "dtrain.shard.len");
+    char want_lo[24], want_len[24];
+    snprintf(want_lo, sizeof want_lo, "%zu", c->slo[r]);
+    snprintf(want_len, sizeof want_len, "%zu", c->slen[r]);
+    dt_st_tensor t;
+    dt_status s = DT_OK;
+    if ((strcmp(sum, c->ssum[r]) != 0 && !dt_testing_unverified()) || !lo || !len || strcmp(lo, want_lo) != 0 ||
+        strcmp(len, want_len) != 0)
+        s = dt_error(DT_ERR_FORMAT, "%s: not the shard train_state.safetensors was saved with (checksum %s, range "
+                     "%s + %s; recorded %s, %zu + %zu)", path, sum, lo ? lo : "?", len ? len : "?", c->ssum[r],
+                     c->slo[r], c->slen[r]);
+    else if (dt_st_find(f, "params", &t) != DT_OK || t.dtype != DT_F32 || t.ndim != 1 ||
+             (uint64_t)t.shape[0] != (uint64_t)c->slen[r])
+        s = dt_error(DT_ERR_FORMAT, "%s: no F32 tensor 'params' of %zu elements", path, c->slen[r]);
+    if (s != DT_OK) {
+        dt_st_close(f);
+        return s;
     }
-    if (nfile != ns) {
-        for (int j = 0; j < ns; j++) {
-            char name[96];
-            dt_st_tensor t;
-            snprintf(name, sizeof name, "optim.%s", dt_optim_state_name(o, j));
-            if (dt_st_find(c->state, name, &t) != DT_OK)
-                return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is missing (the optimizer keeps it)", c->state_path,
-                                name);
-        }
+    *out = f;
+    return DT_OK;
+}
+
+/* [a, a + n) meets [b, b + m) in [*x, *y); 0 when it does not. */
+static int meet(size_t a, size_t n, size_t b, size_t m, size_t *x, size_t *y) {
+    *x = a > b ? a : b;
+    *y = a + n < b + m ? a + n : b + m;
+    return *x < *y;
+}
+
+/* The parameters [plo, phi) and the optimizer state [olo, olo + olen) out of f, whose
+ * tensors cover [flo, flo + flen): params (one flat tensor, sharded) or the model's
+ * named tensors (pnames, unsharded), and "optim.<name>". */
+static dt_status copy_ranges(dt_model *m, const dt_st_file *f, size_t flo, size_t flen, int sharded, size_t plo,
+                             size_t phi, dt_optim *o, size_t olo) {
+    const dt_ops *ops = dt_model_ops(m);
+    size_t x, y;
+    dt_st_tensor t;
+    if (sharded && meet(flo, flen, plo, phi - plo, &x, &y)) {
+        DT_TRY(dt_st_find(f, "params", &t));
+        DT_TRY(ops->copy_h2d(dt_model_params(m) + x, (const float *)t.data + (x - flo), (y - x) * sizeof(float)));
+    }
+    for (int i = 0; !sharded && i < dt_model_nparam_tensors(m); i++) {
+        dt_tensor_info ti;
+        DT_TRY(dt_model_param(m, i, &ti));
+        if (!meet(ti.offset, (size_t)ti.numel, plo, phi - plo, &x, &y)) continue;
+        DT_TRY(dt_st_find(f, ti.name, &t));
+        DT_TRY(ops->copy_h2d(dt_model_params(m) + x, (const float *)t.data + (x - ti.offset), (y - x) * sizeof(float)));
+    }
+    for (int j = 0; o && j < dt_optim_nstate(o); j++) {
+        char name[96];
+        if (!meet(flo, flen, olo, dt_optim_size(o), &x, &y)) break;
+        snprintf(name, sizeof name, "optim.%s", dt_optim_state_name(o, j));
+        DT_TRY(dt_st_find(f, name, &t));
+        DT_TRY(ops->copy_h2d(dt_optim_state(o, j) + (x - olo), (const float *)t.data + (x - flo), (y - x) * sizeof(float)));
     }
     return DT_OK;
 }
 
 dt_status dt_ckpt_restore(dt_ckpt *c, dt_model *m, dt_optim *o) {
+    return dt_ckpt_restore_range(c, m, 0, dt_model_nparams(m), o, 0);
+}
+
+dt_status dt_ckpt_restore_range(dt_ckpt *c, dt_model *m, size_t plo, size_t phi, dt_optim *o, size_t olo) {
+    size_t n = dt_model_nparams(m);
+    if (plo > phi || phi > n || (o && (olo > n || dt_optim_size(o) > n - olo)))
+        return dt_error(DT_ERR_INVALID, "checkpoint restore: ranges [%zu, %zu) and %zu + %zu outside the model's %zu "
+                        "parameters", plo, phi, olo, o ? dt_optim_size(o) : 0, n);
     char label[DT_CKPT_PATH_MAX_ + 32];
     snprintf(label, sizeof label, "%s/model.safetensors", c->path);
+    int sharded = c->info.shards > 0;
     /* Check everything first: a mismatch leaves the model and optimizer as they were. */
-    DT_TRY(dt_model_state_check(m, c->model, label));
-    if (o) DT_TRY(check_optim(c, o));
-    DT_TRY(dt_model_state_copy(m, c->model));
-    if (!o) return DT_OK;
-    for (int j = 0; j < dt_optim_nstate(o); j++) {
-        char name[96];
-        dt_st_tensor t;
-        snprintf(name, sizeof name, "optim.%s", dt_optim_state_name(o, j));
-        DT_TRY(dt_st_find(c->state, name, &t));
-        if (t.nbytes) DT_TRY(dt_model_ops(m)->copy_h2d(dt_optim_state(o, j), t.data, t.nbytes));
+    DT_TRY(dt_model_state_check_part(m, sharded ? DT_STATE_BUFFERS : DT_STATE_ALL, c->model, label));
+    if (o) DT_TRY(check_optim(c, o, n));
+    if (!sharded) {
+        DT_TRY(dt_model_state_copy_part(m, DT_STATE_BUFFERS, c->model));
+        DT_TRY(copy_ranges(m, c->model, 0, 0, 0, plo, phi, NULL, 0));
+        DT_TRY(copy_ranges(m, c->state, 0, n, 0, 0, 0, o, olo));
+    } else {
+        /* the shards this rank needs, all opened and checked before the first copy */
+        int w = c->info.shards;
+        dt_st_file **f = calloc((size_t)w, sizeof *f);
+        if (!f) return dt_error(DT_ERR_NOMEM, "%s: out of memory", c->path);
+        dt_status s = DT_OK;
+        for (int r = 0; s == DT_OK && r < w; r++) {
+            size_t x, y;
+            if (!meet(c->slo[r], c->slen[r], plo, phi - plo, &x, &y) &&
+                !(o && meet(c->slo[r], c->slen[r], olo, dt_optim_size(o), &x, &y)))
+                continue;
+            s = open_shard(c, r, &f[r]);
+            if (s == DT_OK && o) s = check_state_tensors(f[r], c->path, o, c->slen[r]);
+        }
+        if (s == DT_OK) s = dt_model_state_copy_part(m, DT_STATE_BUFFERS, c->model);
+        for (int r = 0; s == DT_OK && r < w; r++)
+            if (f[r]) s = copy_ranges(m, f[r], c->slo[r], c->slen[r], 1, plo, phi, o, olo);
+        for (int r = 0; r < w; r++) dt_st_close(f[r]);
+        free(f);
+        DT_TRY(s);
     }
-    dt_optim_set_steps(o, c->info.optim_steps);
+    if (o) dt_optim_set_steps(o, c->info.optim_steps);
     return DT_OK;
 }
 

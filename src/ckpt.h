@@ -21,6 +21,17 @@
  * The state is global (nothing per rank): a checkpoint written by W ranks
  * resumes on any other world size.
  *
+ * A sharded run (shard.h) writes a sharded checkpoint instead, every rank its part in
+ * parallel, so no rank ever holds the whole state:
+ *   shard-<r>-of-<W>.safetensors   rank r's range [lo, lo + len) of the flat
+ *                            parameters ("params") and of each optimizer state array
+ *                            ("optim.<name>"), with its own checksum;
+ *   model.safetensors        the buffers only (running statistics, counters);
+ *   train_state.safetensors  the manifest: the same metadata, no tensors, and each
+ *                            shard's range and checksum ("dtrain.shard.<r>").
+ * It resumes on any world size and in any shard mode (dt_ckpt_restore_range reads the
+ * pieces a rank needs); `dtrain export` writes the whole model as one file.
+ *
  * Writing is atomic (DESIGN.md rule 4): both files go into
  * DIR/.tmp-step-<step>-<pid>/ (each fsynced), that directory is fsynced and
  * renamed to DIR/step-<step>, and DIR is fsynced. A crash at any point leaves
@@ -58,6 +69,7 @@ typedef struct {
     int             has_optim;    /* 0 when saved without an optimizer */
     dt_optim_config optim;        /* kind and hyper-parameters */
     int64_t         optim_steps;  /* dt_optim_steps at save time */
+    int             shards;       /* a sharded checkpoint: the number of shard files; 0: none */
 } dt_ckpt_info;
 
 typedef struct dt_ckpt dt_ckpt;  /* an opened, verified checkpoint */
@@ -75,6 +87,23 @@ DT_API dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *
                               const char *const *extra, int nextra);
 /* "DIR/step-000000000100" into path (n bytes); DT_ERR_INVALID if it does not fit. */
 DT_API dt_status dt_ckpt_path(const char *dir, int64_t step, char *path, size_t n);
+
+/* A sharded save, in three steps (the trainer runs them across ranks):
+ *   begin   one rank: create the temporary directory of dir's checkpoint of step and
+ *           put its path in tmp (n bytes), for every rank;
+ *   write_shard  every rank r of W: its parameters [lo, lo + len) of m and o's state (o
+ *           holds len elements; NULL: none) into tmp; sum receives the file's checksum;
+ *   commit  that one rank, once every shard is written: the buffers, the manifest with
+ *           the W ranges and checksums (lo, len, sums: W each), the atomic install and
+ *           the pruning of dt_ckpt_save; o gives the optimizer's kind and step count.
+ * On a failure anywhere, abort removes tmp. */
+DT_API dt_status dt_ckpt_begin(const char *dir, int64_t step, char *tmp, size_t n);
+DT_API dt_status dt_ckpt_write_shard(const char *tmp, int rank, int world, dt_model *m, dt_optim *o, size_t lo,
+                                     size_t len, char sum[24]);
+DT_API dt_status dt_ckpt_commit(const char *dir, int keep, const char *tmp, dt_model *m, dt_optim *o,
+                                const dt_ckpt_info *info, const char *const *extra, int nextra, int world,
+                                const size_t *lo, const size_t *len, const char (*sums)[24]);
+DT_API void      dt_ckpt_abort(const char *tmp);
 
 /* ---- finding ---------------------------------------------------------------- */
 
@@ -104,6 +133,11 @@ DT_API const char         *dt_ckpt_extra(const dt_ckpt *c, const char *key);   /
  * optimizer is refused naming both ("checkpoint DIR was written by optimizer
  * 'adamw'; this run uses 'sgd'"). */
 DT_API dt_status           dt_ckpt_restore(dt_ckpt *c, dt_model *m, dt_optim *o);
+/* The same for a part, from a sharded checkpoint or not: the model's buffers, its
+ * parameters [plo, phi) (the others are left alone), and o's state as the range
+ * [olo, olo + dt_optim_size(o)) of the whole optimizer state (o may be NULL). */
+DT_API dt_status           dt_ckpt_restore_range(dt_ckpt *c, dt_model *m, size_t plo, size_t phi, dt_optim *o,
+                                                 size_t olo);
 /* Open + restore in one call; *out (optional) receives the open checkpoint
  * for its info and extras (close it), else it is closed. */
 DT_API dt_status           dt_ckpt_load(const char *path, dt_model *m, dt_optim *o, dt_ckpt **out);

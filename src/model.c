@@ -250,6 +250,7 @@ dt_status dt_model_state(dt_model *m, int i, dt_tensor_info *info) {
     memset(info, 0, sizeof *info);
     info->name = e->name;
     info->is_param = T->role == DT_TENSOR_PARAM;
+    info->in_params = T->role == DT_TENSOR_PARAM || T->role == DT_TENSOR_TIED;
     info->param_index = e->param_index;
     info->ndim = T->ndim;
     memcpy(info->shape, T->shape, sizeof info->shape);

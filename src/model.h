@@ -123,6 +123,8 @@ typedef struct {
     int64_t     numel;
     dt_dtype    dtype;      /* DT_F32, or DT_I64 for num_batches_tracked */
     int         is_param;   /* 1: parameter (has a gradient); 0: buffer */
+    int         in_params;  /* 1: the data lives in the parameter array (a parameter, or a
+                             * tied name of one) */
     int         param_index;/* index among parameters (is_param), else -1 */
     int         on_host;    /* 1 for num_batches_tracked (host int64), 0 device */
     void       *data;       /* device float* view, or host int64_t* */

@@ -34,9 +34,8 @@
  * size that is not a power of two, grads uses a ring reduce-scatter whose order differs
  * from the bucketed all-reduce's: results agree to rounding.)
  *
- * Checkpoints stay in the full layout: dt_shard_gather_optim assembles the whole
- * optimizer state (collective), dt_shard_scatter_optim takes a rank's shard of it, so
- * a checkpoint loads on any world size and in any mode.
+ * Checkpoints: a sharded run writes a sharded checkpoint, every rank its own range
+ * (ckpt.h), which loads on any world size and in any mode.
  */
 #ifndef DT_SHARD_H
 #define DT_SHARD_H
@@ -89,12 +88,5 @@ DT_API dt_status dt_shard_clip(dt_shard *s, float max_norm, float *norm);
 /* The optimizer step over this rank's range (o was made for dt_shard_range's len),
  * then the all-gather that gives every rank the updated parameters. */
 DT_API dt_status dt_shard_step(dt_shard *s, dt_optim *o, float lr, float grad_scale);
-
-/* Checkpoints. gather: *full receives an optimizer over all n parameters with the
- * whole state and the step count (collective: every rank calls it; free with
- * dt_optim_free). scatter: copy this rank's range of full's state into o. With none,
- * gather returns o itself (do not free it) and scatter copies everything. */
-DT_API dt_status dt_shard_gather_optim(dt_shard *s, dt_optim *o, dt_optim **full);
-DT_API dt_status dt_shard_scatter_optim(dt_shard *s, dt_optim *full, dt_optim *o);
 
 #endif /* DT_SHARD_H */

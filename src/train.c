@@ -478,43 +478,92 @@ static void *loader_alloc(void *ctx, size_t bytes) {
 }
 static void loader_free(void *ctx, void *p) { ((const dt_ops *)ctx)->host_free(p); }
 
-/* Checkpoints every --checkpoint-every steps and at the end. The state is the
- * same on every rank, so rank 0 alone writes it; a sharded optimizer state is first
- * gathered whole (every rank takes part), so the checkpoint has the layout of any
- * other and loads on any world size and in any shard mode. */
-static dt_status save_checkpoint(trainer *t, int64_t done, dt_optim *optim);
+/* A sharded run's checkpoint (ckpt.h): every rank writes its shard of parameters and
+ * optimizer state at once, rank 0 the buffers and the manifest; every rank learns the
+ * outcome. No rank gathers anything. */
+static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *const *extra, int nextra) {
+    const dt_train_opts *o = t->o;
+    char tmp[4096] = "";
+    int64_t st = DT_OK;
+    if (t->rank == 0) st = dt_ckpt_begin(o->ckpt_dir, info->step, tmp, sizeof tmp);
+    DT_TRY(dt_broadcast(t->comm, &st, 1, DT_I64, 0));
+    if (st != DT_OK) return t->rank == 0 ? (dt_status)st : dt_error((dt_status)st, "rank 0 could not start the checkpoint");
+    DT_TRY(dt_broadcast(t->comm, tmp, sizeof tmp, DT_U8, 0));
+    typedef struct { int64_t st, lo, len; char sum[24]; } piece;
+    piece mine = {0};
+    size_t lo, len;
+    dt_shard_range(t->shard, &lo, &len);
+    mine.lo = (int64_t)lo;
+    mine.len = (int64_t)len;
+    mine.st = dt_ckpt_write_shard(tmp, t->rank, t->world, t->model, t->optim, lo, len, mine.sum);
+    char why[1024];
+    snprintf(why, sizeof why, "%s", mine.st != DT_OK ? dt_last_error() : "");
+    piece *all = calloc((size_t)t->world, sizeof *all);
+    size_t *los = calloc((size_t)t->world, sizeof *los), *lens = calloc((size_t)t->world, sizeof *lens);
+    char (*sums)[24] = calloc((size_t)t->world, sizeof *sums);
+    dt_status s = all && los && lens && sums ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory for the checkpoint's list");
+    if (s == DT_OK) s = dt_allgather(t->comm, &mine, all, sizeof mine, DT_U8);
+    int bad = -1;
+    for (int r = 0; s == DT_OK && r < t->world; r++) {
+        if (all[r].st != DT_OK && bad < 0) bad = r;
+        los[r] = (size_t)all[r].lo;
+        lens[r] = (size_t)all[r].len;
+        memcpy(sums[r], all[r].sum, sizeof sums[r]);
+        sums[r][23] = '\0';
+    }
+    if (s == DT_OK && bad >= 0)
+        s = bad == t->rank ? dt_error((dt_status)mine.st, "%s", why)
+                           : dt_error((dt_status)all[bad].st, "rank %d could not write its shard", bad);
+    if (t->rank == 0) {
+        if (s == DT_OK) s = dt_ckpt_commit(o->ckpt_dir, o->ckpt_keep, tmp, t->model, t->optim, info, extra, nextra,
+                                           t->world, los, lens, (const char (*)[24])sums);
+        else dt_ckpt_abort(tmp);
+    }
+    free(all);
+    free(los);
+    free(lens);
+    free(sums);
+    /* rank 0's outcome for all */
+    if (bad < 0) {
+        st = s;
+        DT_TRY(dt_broadcast(t->comm, &st, 1, DT_I64, 0));
+        if (st != DT_OK && t->rank != 0) s = dt_error((dt_status)st, "rank 0 could not complete the checkpoint");
+    }
+    return s;
+}
 
+/* Checkpoints every --checkpoint-every steps and at the end. The state is the
+ * same on every rank, so rank 0 alone writes it; a run that shards its state over
+ * several ranks writes a sharded checkpoint (every rank its part). Either loads on any
+ * world size and in any shard mode. */
 static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
     const dt_train_opts *o = t->o;
     if (!o->ckpt_dir) return DT_OK;
     if (!force && !((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == t->total)) return DT_OK;
-    dt_optim *full = NULL;
-    DT_TRY(dt_shard_gather_optim(t->shard, t->optim, &full));
-    dt_status s = dt_shard_gather_params(t->shard);
-    if (s == DT_OK && t->rank == 0) s = save_checkpoint(t, done, full);
-    if (full != t->optim) dt_optim_free(full);
-    DT_TRY(s);
-    return done < t->total ? dt_shard_drop_params(t->shard) : DT_OK;
-}
-
-static dt_status save_checkpoint(trainer *t, int64_t done, dt_optim *optim) {
-    const dt_train_opts *o = t->o;
-    char loss[64], total[32], smooth[32];
+    char loss[64], total[32], smooth[32], shape[128] = "";
     snprintf(loss, sizeof loss, "%.17g", t->epoch_loss);
     snprintf(total, sizeof total, "%lld", (long long)t->total);
     char minlr[32];
     snprintf(minlr, sizeof minlr, "%.9g", o->min_lr);
     snprintf(smooth, sizeof smooth, "%.9g", o->label_smoothing);
+    /* the per-sample input shape, so `dtrain export` can build the model */
+    const dt_dataset_info *di = dt_dataset_get_info(t->train);
+    for (int i = 0; i < di->ndim; i++) {
+        size_t k = strlen(shape);
+        snprintf(shape + k, sizeof shape - k, "%s%lld", i ? "," : "", (long long)di->shape[i]);
+    }
     /* the settings that change the computation beyond the model, schedule and optimizer
      * rows: resume_compare holds a resumed run to them */
     const char *extra[] = {"epoch_loss", loss, "total_steps", total, "data", o->data, "loss", o->loss,
                            "normalize", o->normalize, "label_smoothing", smooth, "decay", o->decay,
-                           "min_lr", minlr};
+                           "min_lr", minlr, "input_shape", shape};
     dt_ckpt_info info = {.step = done, .epoch = done / t->spe, .step_in_epoch = done % t->spe,
                          .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
                          .model_spec = o->model, .schedule = o->schedule};
-    dt_status s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, optim, &info, extra,
-                               (int)(sizeof extra / sizeof extra[0] / 2));
+    int nextra = (int)(sizeof extra / sizeof extra[0] / 2);
+    dt_status s = DT_OK;
+    if (dt_shard_mode_of(t->shard) != DT_SHARD_NONE && t->world > 1) s = save_sharded(t, &info, extra, nextra);
+    else if (t->rank == 0) s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, nextra);
     if (s != DT_OK) dt_error_wrap(s, "checkpoint at step %lld: ", (long long)done);
     return s;
 }
@@ -643,16 +692,12 @@ static dt_status resume_restore(trainer *t) {
         return dt_error(DT_ERR_INVALID, "resume: the checkpoint is at step %lld, past this run's %lld steps",
                         (long long)ci->step, (long long)t->total);
     /* the tensors first: another model gets the message naming the first tensor that
-     * differs; a sharded optimizer takes its range of the whole state */
-    dt_optim *full = t->optim;
-    size_t lo, len;
+     * differs. A rank reads the parameters it holds (its shard with --shard params) and
+     * its range of the optimizer state, from a sharded checkpoint or not. */
+    size_t lo, len, n = dt_model_nparams(t->model);
     dt_shard_range(t->shard, &lo, &len);
-    if (len != dt_model_nparams(t->model))
-        DT_TRY(dt_optim_init(dt_optim_config_of(t->optim), t->ops, dt_model_nparams(t->model), &full));
-    dt_status s = dt_ckpt_restore(t->resume, t->model, full);
-    if (s == DT_OK) s = dt_shard_scatter_optim(t->shard, full, t->optim);
-    if (full != t->optim) dt_optim_free(full);
-    DT_TRY(s);
+    int own = dt_shard_mode_of(t->shard) == DT_SHARD_PARAMS && t->world > 1;
+    DT_TRY(dt_ckpt_restore_range(t->resume, t->model, own ? lo : 0, own ? lo + len : n, t->optim, lo));
     DT_TRY(resume_compare(t));
     const char *el = dt_ckpt_extra(t->resume, "epoch_loss");
     t->g0 = ci->step;

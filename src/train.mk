@@ -4,7 +4,7 @@ dtraininclude_HEADERS += src/train.h src/checkpoint.h src/ddp.h src/shard.h
 
 bin_PROGRAMS += dtrain
 dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h \
-	src/tools/check.c src/tools/plot.c src/tools/sample.c src/tools/tools.h src/tools/tool_util.c src/tools/tool_util.h
+	src/tools/check.c src/tools/plot.c src/tools/sample.c src/tools/export.c src/tools/tools.h src/tools/tool_util.c src/tools/tool_util.h
 
 TESTS += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
 	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh

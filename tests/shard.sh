@@ -67,7 +67,47 @@ run ck-d 4 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shar
 ok_grep "$T/ck-d.out" "resumed from .*step 5" "4 processes with --shard params resume it"
 cmp -s "$T/cnn-ref.st" "$T/ck-d.st"; ok $? "the resumed run is bitwise the uninterrupted one"
 
-# 5. memory: a 32-layer MLP of 33.6M parameters (small activations) on 4 processes with
+# 5. sharded checkpoints: a sharded run writes one file per rank and a manifest; they
+#    resume on 1 process without sharding, bitwise; a damaged shard makes the whole
+#    checkpoint invalid (the one before is taken); `dtrain export` gives the whole model.
+run sc 4 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shard params --checkpoint-dir "$T/ck3" \
+    --checkpoint-every 8
+ok $? "4 processes with --shard params write checkpoints at steps 8 and 16"
+n=$(ls "$T/ck3/step-000000000008" | grep -c '^shard-0000[0-3]-of-00004.safetensors$')
+[ "$n" = 4 ]; ok $? "the checkpoint holds one shard file per rank ($n)"
+cmp -s "$T/cnn-ref.st" "$T/sc.st"; ok $? "the sharded run with checkpoints still gives the reference weights"
+timeout 60 "$D" export "$T/ck3" -o "$T/export.st" > "$T/export.out" 2>&1
+ok $? "dtrain export writes the whole model of the newest sharded checkpoint"
+same_tensors() {  # FILE FILE: the same tensor names, dtypes, shapes and bytes
+    python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def load(p):
+    raw = open(p, 'rb').read(); n = struct.unpack('<Q', raw[:8])[0]
+    h = json.loads(raw[8:8 + n]); d = raw[8 + n:]
+    return {k: (v['dtype'], v['shape'], d[v['data_offsets'][0]:v['data_offsets'][1]]) for k, v in h.items() if k != '__metadata__'}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+sys.exit(0 if a == b and a else 1)
+PY
+}
+same_tensors "$T/export.st" "$T/sc.st"; ok $? "the exported tensors are those the run saved, bit for bit"
+cp -r "$T/ck3" "$T/ck4"
+run sr 1 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --checkpoint-dir "$T/ck3" \
+    --resume "$T/ck3/step-000000000008"
+ok_grep "$T/sr.out" "resumed from .*step 8" "1 process without sharding resumes the sharded checkpoint of step 8"
+cmp -s "$T/cnn-ref.st" "$T/sr.st"; ok $? "and ends bitwise on the reference weights"
+printf 'X' | dd of="$T/ck4/step-000000000016/shard-00002-of-00004.safetensors" bs=1 seek=200 conv=notrunc 2>/dev/null
+run sd 2 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shard grads --checkpoint-dir "$T/ck4" \
+    --resume auto
+ok_grep "$T/sd.out" "resumed from .*step 8\).*skipped: .*step-000000000016.*shard-00002-of-00004" \
+    "a flipped byte in one shard of step 16: resume takes step 8 and says why"
+cmp -s "$T/cnn-ref.st" "$T/sd.st"; ok $? "and ends bitwise on the reference weights"
+timeout 60 "$D" export "$T/nowhere" -o "$T/x.st" > "$T/bad1.out" 2>&1
+[ $? -eq 2 ]; ok $? "export of a missing checkpoint exits 2"
+timeout 60 "$D" export "$T/ck3" > "$T/bad2.out" 2>&1
+[ $? -eq 2 ]; ok $? "export without -o exits 2"
+ok_grep "$T/bad2.out" "expected a checkpoint and -o FILE" "and says what it needs"
+
+# 6. memory: a 32-layer MLP of 33.6M parameters (small activations) on 4 processes with
 #    AdamW. A rank's state is its peak resident memory less that of the same run with a
 #    one-layer model (libraries, buffers); shared-memory rings are off (DT_SHM_BUDGET=1),
 #    as they are communication buffers, not state, and params talks to more peers. With
@@ -92,7 +132,7 @@ part=$(awk -v a="$(peak mem-params)" -v b="$(peak mem0-params)" 'BEGIN { print a
 awk -v f="$full" -v p="$part" 'BEGIN { exit !(f > 400 && p > 0 && p <= 0.30 * f) }'
 ok $? "--shard params keeps at most 30% of --shard none's state per rank ($part MiB against $full MiB)"
 
-# 6. bad input
+# 7. bad input
 timeout 60 "$D" train $BASE --model "$CNN" --shard params3 > "$T/bad.out" 2>&1
 [ $? -eq 2 ]; ok $? "an unknown --shard exits 2"
 ok_grep "$T/bad.out" "--shard: expected none, optim, grads or params, got 'params3'" "and names the choices"

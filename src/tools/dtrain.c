@@ -5,6 +5,7 @@
  *   dtrain eval --model SPEC --weights FILE      test accuracy and loss of saved weights
  *   dtrain model --model SPEC                    layers, output shapes, parameter counts
  *   dtrain prepare-text OUT_DIR FILE...          byte-level token files for tokens:OUT_DIR
+ *   dtrain export CKPT -o FILE                   a checkpoint's whole model as one file (export.c)
  *
  * Run it as it is for one process, or under `dtrun -n N`, `mpirun -np N` or
  * `srun`: the launch environment says the rank and world size, and then every
@@ -47,6 +48,7 @@ static const char *usage_main =
     "  check         prove that N processes compute what 1 process computes (dtrain check --np 2)\n"
     "  plot          draw the loss curves of metrics files (PNG through gnuplot, or --text)\n"
     "  prepare-text  byte-level token files (train.bin, val.bin) from text, for --data tokens:DIR\n"
+    "  export        the whole model of a checkpoint (sharded or not) as one safetensors file\n"
     "\n"
     "Run `dtrain COMMAND --help` for the flags of a command. For several processes,\n"
     "start it under a launcher: `dtrun -n 2 dtrain train`, `mpirun -np 2 dtrain train`\n"
@@ -755,7 +757,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "plot")) return dtrain_plot_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "sample")) return dtrain_sample_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "prepare-text")) return cmd_prepare_text(argc - 1, argv + 1);
-    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval, model, check, plot, sample or prepare-text; "
-            "see dtrain --help)\n", argv[1]);
+    if (!strcmp(argv[1], "export")) return dtrain_export_main(argc - 1, argv + 1);
+    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval, model, check, plot, sample, prepare-text or "
+            "export; see dtrain --help)\n", argv[1]);
     return 2;
 }

@@ -51,6 +51,12 @@ const char *dt_tool_error(char *buf, size_t n) {
     return dt_arg_flag_message(dt_tool_train_flags, dt_last_error(), buf, n);
 }
 
+int dt_tool_fail(dt_status s) {
+    char buf[1200];
+    fprintf(stderr, "dtrain: %s\n", dt_tool_error(buf, sizeof buf));
+    return dt_exit_code(s);
+}
+
 /* ---- the gpt recipe ------------------------------------------------------------------ */
 
 int dt_tool_gpt_workload(int argc, char **argv) {

@@ -27,6 +27,9 @@ extern const dt_arg_field dt_tool_train_flags[];
 /* dt_last_error() into buf (size n), naming the flag where the library named the
  * option field ("micro_batches: ..." -> "--micro-batches: ..."). Returns buf. */
 const char *dt_tool_error(char *buf, size_t n);
+/* Print "dtrain: <that message>" to stderr; returns the exit code of s (2 bad input,
+ * 1 runtime failure). For the commands that run on one process. */
+int         dt_tool_fail(dt_status s);
 
 /* ---- the gpt recipe ------------------------------------------------------------------ */
 

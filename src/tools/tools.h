@@ -13,5 +13,6 @@
 int dtrain_check_main(int argc, char **argv);   /* dtrain check --np N [train flags] */
 int dtrain_plot_main(int argc, char **argv);    /* dtrain plot FILE... -o loss.png | --text */
 int dtrain_sample_main(int argc, char **argv);  /* dtrain sample --weights FILE [--prompt TEXT] (sample.c) */
+int dtrain_export_main(int argc, char **argv);  /* dtrain export CKPT -o FILE (export.c) */
 
 #endif /* DT_TOOLS_H */
