@@ -5,7 +5,9 @@
  * model.safetensors. The input is a little-endian u32 L, then L bytes of
  * model.safetensors, then train_state.safetensors, written into a step directory of
  * a private checkpoint directory. Checksums cannot be forged by a fuzzer, so the
- * testing hook lets a mismatch through (testing.h) and the checks behind it run.
+ * testing hook lets a mismatch through (testing.h) and the checks behind it run. A
+ * sharded checkpoint's manifest (the seed sharded_manifest) reaches the shard list
+ * parser; its shard files are absent, so opening them is the error path.
  */
 #include <stdint.h>
 #include <stdio.h>
