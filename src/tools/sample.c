@@ -75,11 +75,6 @@ static dt_status step(dt_model *m, const dt_ops *ops, float *dx, int tok, int po
     return ops->copy_d2h(logits, out, (size_t)V * sizeof(float));
 }
 
-static int fail(dt_status s) {
-    char buf[1200];
-    fprintf(stderr, "dtrain: %s\n", dt_tool_error(buf, sizeof buf));
-    return dt_exit_code(s);
-}
 
 int dtrain_sample_main(int argc, char **argv) {
     const char *spec = "gpt", *weights = NULL, *prompt = "\n";
@@ -100,7 +95,7 @@ int dtrain_sample_main(int argc, char **argv) {
         else s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain sample --help)", argv[i]);
     }
     if (s == DT_OK && !weights) s = dt_error(DT_ERR_INVALID, "--weights: required (a .safetensors file of the model)");
-    if (s != DT_OK) return fail(s);
+    if (s != DT_OK) return dt_tool_fail(s);
     const dt_ops *ops = dt_ops_cpu();
     if (threads > 0) s = ops->set_threads((int)threads);
     dt_model *m = NULL;
@@ -159,5 +154,5 @@ int dtrain_sample_main(int argc, char **argv) {
     free(logits);
     free(c);
     dt_model_free(m);
-    return s == DT_OK ? 0 : fail(s);
+    return s == DT_OK ? 0 : dt_tool_fail(s);
 }

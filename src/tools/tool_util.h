@@ -27,6 +27,18 @@ extern const dt_arg_field dt_tool_train_flags[];
 /* dt_last_error() into buf (size n), naming the flag where the library named the
  * option field ("micro_batches: ..." -> "--micro-batches: ..."). Returns buf. */
 const char *dt_tool_error(char *buf, size_t n);
+/* Print "dtrain: <message>" (dt_tool_error) on stderr; returns the exit code of s. */
+int dt_tool_fail(dt_status s);
+
+/* ---- models and data ----------------------------------------------------------------- */
+
+/* The per-sample input shape of a model and the labels per sample: from the data set
+ * `data` (its test split) when given, else from `input` ("C,H,W" or "F"; flag names it
+ * in errors) when given, else the token window of a token model (spec: a gpt preset),
+ * else Fashion-MNIST's (1, 28, 28) with one label. A data set that cannot be opened is
+ * bad input (DT_ERR_INVALID). */
+dt_status dt_tool_input_shape(const char *spec, const char *data, const char *input, const char *flag,
+                              dt_shape *shape, int64_t *labels);
 
 /* ---- the gpt recipe ------------------------------------------------------------------ */
 
