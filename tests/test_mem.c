@@ -235,7 +235,7 @@ static int run_once(const char *spec, const dt_shape *in, int recompute, int tok
     *nb = dt_model_nbuffers(m);
     if (good) {
         memcpy(grads, dt_model_grads(m), *np * sizeof(float));
-        memcpy(bufs, dt_model_buffers(m), *nb * sizeof(float));
+        if (*nb) memcpy(bufs, dt_model_buffers(m), *nb * sizeof(float));
     }
     dt_model_free(m);
     free(x);
