@@ -195,7 +195,7 @@ static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
     dt_layer_mem own = {.ops = m->ops, .measure = measure};
     dt_layer_mem share = {.ops = m->ops, .in_arena = 1, .measure = measure};
     size_t block_acts = 0;
-    for (int i = 0; i < m->spec.n; i++) {
+    for (int i = 0, kb = 0; i < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i];
         int b = m->block_of[i];
         size_t before = own.used;
@@ -206,9 +206,8 @@ static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
             DT_TRY(dt_layer_alloc_in(i < m->blocks[b][1] ? &share : &own, &share, L, max_batch));
         }
         /* what the blocks hold: all of a block's layers, or with recompute their outputs */
-        int in_block = 0;
-        for (int k = 0; k < m->nblocks && !in_block; k++) in_block = i >= m->blocks[k][0] && i <= m->blocks[k][1];
-        if (in_block) block_acts += own.used - before;
+        while (kb < m->nblocks && m->blocks[kb][1] < i) kb++;
+        if (kb < m->nblocks && i >= m->blocks[kb][0]) block_acts += own.used - before;
     }
     m->arena_owner = -1;
     if (mi) {
