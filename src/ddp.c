@@ -10,6 +10,7 @@
 #include "ddp.h"
 #include "clock.h"
 #include "hash.h"   /* dt_xxh64 */
+#include "mem.h"
 #include "testing.h"
 
 #include <math.h>
@@ -89,6 +90,13 @@ static dt_status tree_finish(dt_ddp *d, float *out, size_t lo, size_t len) {
     return DT_OK;
 }
 
+int dt_ddp_tree_arrays(int64_t k) {
+    if (k <= 1) return 0;
+    int levels = 1;
+    while ((INT64_C(1) << (levels - 1)) < k) levels++;
+    return levels;
+}
+
 /* ---- buckets ----------------------------------------------------------------------- */
 
 static dt_status launch_ready(dt_ddp *d) {
@@ -134,11 +142,11 @@ static dt_status on_grad_ready(void *ctx, int first, int count) {
 static dt_status allreduce_dev(dt_ddp *d, float *buf, size_t n) {
     if (!d->stage) return dt_allreduce(d->comm, buf, buf, n, DT_F32, DT_SUM);
     float *h = NULL;
-    DT_TRY(d->ops->host_alloc((void **)&h, n * sizeof(float)));
+    DT_TRY(dt_mem_host_alloc(d->ops, DT_MEM_COMM, (void **)&h, n * sizeof(float)));
     dt_status s = d->ops->copy_d2h(h, buf, n * sizeof(float));
     if (s == DT_OK) s = dt_allreduce(d->comm, h, h, n, DT_F32, DT_SUM);
     if (s == DT_OK) s = d->ops->copy_h2d(buf, h, n * sizeof(float));
-    d->ops->host_free(h);
+    dt_mem_free(d->ops, h);
     return s;
 }
 
@@ -146,23 +154,23 @@ dt_status dt_ddp_allgather_dev(dt_ddp *d, const void *send, void *recv, size_t b
     if (!d->stage) return dt_allgather(d->comm, send, recv, bytes, DT_U8);
     size_t all = bytes * (size_t)d->world;
     unsigned char *h = NULL;
-    DT_TRY(d->ops->host_alloc((void **)&h, all ? all : 1));
+    DT_TRY(dt_mem_host_alloc(d->ops, DT_MEM_COMM, (void **)&h, all ? all : 1));
     unsigned char *mine = h + bytes * (size_t)d->rank;
     dt_status s = d->ops->copy_d2h(mine, send, bytes);
     if (s == DT_OK) s = dt_allgather(d->comm, mine, h, bytes, DT_U8);
     if (s == DT_OK) s = d->ops->copy_h2d(recv, h, all);
-    d->ops->host_free(h);
+    dt_mem_free(d->ops, h);
     return s;
 }
 
 static dt_status broadcast_dev(dt_ddp *d, void *buf, size_t bytes, int root) {
     if (!d->stage) return dt_broadcast(d->comm, buf, bytes, DT_U8, root);
     unsigned char *h = NULL;
-    DT_TRY(d->ops->host_alloc((void **)&h, bytes ? bytes : 1));
+    DT_TRY(dt_mem_host_alloc(d->ops, DT_MEM_COMM, (void **)&h, bytes ? bytes : 1));
     dt_status s = d->ops->copy_d2h(h, buf, bytes);
     if (s == DT_OK) s = dt_broadcast(d->comm, h, bytes, DT_U8, root);
     if (s == DT_OK) s = d->ops->copy_h2d(buf, h, bytes);
-    d->ops->host_free(h);
+    dt_mem_free(d->ops, h);
     return s;
 }
 
@@ -220,20 +228,19 @@ dt_status dt_ddp_init(dt_model *m, dt_comm *comm, int64_t k, const dt_ddp_opts *
         d->t_len[i] = (size_t)ti.numel;
     }
     if (s == DT_OK) s = make_buckets(d);
-    d->levels = 1;
-    while ((INT64_C(1) << (d->levels - 1)) < k) d->levels++;
-    if (s == DT_OK && k > 1) {
+    d->levels = dt_ddp_tree_arrays(k);
+    if (s == DT_OK && d->levels > 0) {
         d->acc = calloc((size_t)d->levels, sizeof *d->acc);
         if (!d->acc) s = dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
         for (int l = 0; s == DT_OK && l < d->levels; l++)
-            s = d->ops->alloc((void **)&d->acc[l], d->n * sizeof(float));
+            s = dt_mem_alloc(d->ops, DT_MEM_GRADS, (void **)&d->acc[l], d->n * sizeof(float));
     }
     if (s != DT_OK) {
         dt_ddp_free(d);
         return s;
     }
     d->stage = d->world > 1 && !d->ops->host_memory && !dt_comm_device_buffers(comm);
-    if (d->stage && (s = d->ops->host_alloc((void **)&d->host, d->n * sizeof(float))) != DT_OK) {
+    if (d->stage && (s = dt_mem_host_alloc(d->ops, DT_MEM_COMM, (void **)&d->host, d->n * sizeof(float))) != DT_OK) {
         dt_ddp_free(d);
         return s;
     }
@@ -248,12 +255,12 @@ void dt_ddp_free(dt_ddp *d) {
     for (int i = 0; i < d->nb; i++)
         if (d->b[i].work) dt_work_wait(d->b[i].work);
     if (d->acc)
-        for (int l = 0; l < d->levels; l++) d->ops->free(d->acc[l]);
+        for (int l = 0; l < d->levels; l++) dt_mem_free(d->ops, d->acc[l]);
     if (d->model) {
         dt_model_set_grad_ready(d->model, NULL, NULL);
         dt_model_set_bn_sync(d->model, NULL, NULL);
     }
-    if (d->host) d->ops->host_free(d->host);
+    dt_mem_free(d->ops, d->host);
     free(d->acc);
     free(d->b);
     free(d->t_off);

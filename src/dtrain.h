@@ -9,6 +9,7 @@
  *   comm.h         communicators and collectives (tcp, mpi, nccl backends)
  *   launch_env.h   rank discovery from dtrun, torchrun, Open MPI, MPICH, Slurm
  *   ops.h          the compute interface (one table of kernels per device)
+ *   mem.h          memory accounting: bytes held by category, now and at peak
  *   tensor.h       thin tensors over a device
  *   rng.h          counter-based random numbers (Philox4x32-10)
  *   nn.h           layers
@@ -31,6 +32,7 @@
 #include "comm.h"
 #include "launch_env.h"
 #include "ops.h"
+#include "mem.h"
 #include "tensor.h"
 #include "rng.h"
 #include "nn.h"

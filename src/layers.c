@@ -229,14 +229,9 @@ static dt_status pool_desc(const dt_layer *L, int B, dt_pool2d_desc *d) {
 }
 
 /* maxpool keeps the argmax of each output (B, outs) for backward */
-static dt_status maxpool_alloc(const dt_ops *ops, dt_layer *L, int max_batch) {
-    return ops->alloc((void **)&LAYER_SELF(pool_self, L)->idx,
-                      (size_t)max_batch * (size_t)L->out_numel * sizeof(int32_t));
-}
-
-static void maxpool_free(const dt_ops *ops, dt_layer *L) {
-    ops->free(LAYER_SELF(pool_self, L)->idx);
-    LAYER_SELF(pool_self, L)->idx = NULL;
+static dt_status maxpool_alloc(dt_layer_mem *a, dt_layer *L, int max_batch) {
+    return dt_layer_mem_take(a, L, (void **)&LAYER_SELF(pool_self, L)->idx,
+                             (size_t)max_batch * (size_t)L->out_numel * sizeof(int32_t));
 }
 
 static dt_status maxpool_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
@@ -272,7 +267,7 @@ static dt_status avgpool_backward(const dt_nn_ctx *c, dt_layer *L, const float *
 const dt_layer_def dt_layer_def_maxpool = {
     .name = "maxpool", .help = "maxpool(k[, stride=k][, pad=0])", .torch = "nn.MaxPool2d",
     .self_size = sizeof(pool_self), .args = pool_args, .check = pool_check, .infer = pool_infer,
-    .alloc = maxpool_alloc, .free = maxpool_free, .forward = maxpool_forward, .backward = maxpool_backward,
+    .alloc = maxpool_alloc, .forward = maxpool_forward, .backward = maxpool_backward,
 };
 
 const dt_layer_def dt_layer_def_avgpool = {
@@ -437,14 +432,9 @@ static dt_status residual_end_infer(dt_layer *L, dt_shape *out) {
     return DT_OK;
 }
 
-static dt_status residual_end_alloc(const dt_ops *ops, dt_layer *L, int max_batch) {
-    return ops->alloc((void **)&LAYER_SELF(residual_end_self, L)->dskip,
-                      (size_t)max_batch * (size_t)L->out_numel * sizeof(float));
-}
-
-static void residual_end_free(const dt_ops *ops, dt_layer *L) {
-    ops->free(LAYER_SELF(residual_end_self, L)->dskip);
-    LAYER_SELF(residual_end_self, L)->dskip = NULL;
+static dt_status residual_end_alloc(dt_layer_mem *a, dt_layer *L, int max_batch) {
+    return dt_layer_mem_take(a, L, (void **)&LAYER_SELF(residual_end_self, L)->dskip,
+                             (size_t)max_batch * (size_t)L->out_numel * sizeof(float));
 }
 
 static dt_status residual_end_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
@@ -461,6 +451,6 @@ static dt_status residual_end_backward(const dt_nn_ctx *c, dt_layer *L, const fl
 const dt_layer_def dt_layer_def_residual_end = {
     .name = "residual_end", .help = "(closes a residual block)", .torch = "x + f(x)",
     .flags = DT_LDEF_INTERNAL | DT_LDEF_GRAD_IN_PLACE, .self_size = sizeof(residual_end_self),
-    .infer = residual_end_infer, .alloc = residual_end_alloc, .free = residual_end_free,
+    .infer = residual_end_infer, .alloc = residual_end_alloc,
     .forward = residual_end_forward, .backward = residual_end_backward,
 };

@@ -38,17 +38,9 @@ static dt_status bn_infer(dt_layer *L, dt_shape *out) {
     return DT_OK;
 }
 
-static dt_status bn_alloc(const dt_ops *ops, dt_layer *L, int max_batch) {
+static dt_status bn_alloc(dt_layer_mem *a, dt_layer *L, int max_batch) {
     (void)max_batch;
-    bn_self *s = LAYER_SELF(bn_self, L);
-    size_t bytes = 5 * (size_t)L->in.d[0] * sizeof(float);
-    DT_TRY(ops->alloc((void **)&s->save, bytes));
-    return ops->zero(s->save, bytes);
-}
-
-static void bn_free(const dt_ops *ops, dt_layer *L) {
-    ops->free(LAYER_SELF(bn_self, L)->save);
-    LAYER_SELF(bn_self, L)->save = NULL;
+    return dt_layer_mem_take(a, L, (void **)&LAYER_SELF(bn_self, L)->save, 5 * (size_t)L->in.d[0] * sizeof(float));
 }
 
 static dt_status bn_init(const dt_nn_ctx *c, dt_layer *L) {
@@ -78,12 +70,15 @@ static dt_status bn_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int
     if (count < 2)
         return dt_error(DT_ERR_INVALID, "layer %s '%s': batchnorm in training needs more than "
                         "1 value per channel, got %lld", L->name, L->text, (long long)count);
-    if (c->bn_record) {
-        /* deferred: keep the sums and count; the replay updates the buffers later */
-        float *rec = c->bn_record + L->rec_off;
+    if (c->bn_record || c->recompute) {
+        /* deferred: keep the sums and count; the replay updates the buffers later. A
+         * recomputation leaves the running buffers (and the record, the same) alone. */
         DT_TRY(o->bn_finalize(mean, invstd, s1, s2, C, count, BN_EPS, NULL, NULL, BN_MOMENTUM));
-        DT_TRY(o->copy_d2d(rec, s1, 2 * (size_t)C * sizeof(float)));
-        DT_TRY(o->copy_h2d(rec + 2 * C, &count, sizeof count));   /* int64 bits in 2 floats */
+        if (c->bn_record && !c->recompute) {
+            float *rec = c->bn_record + L->rec_off;
+            DT_TRY(o->copy_d2d(rec, s1, 2 * (size_t)C * sizeof(float)));
+            DT_TRY(o->copy_h2d(rec + 2 * C, &count, sizeof count));   /* int64 bits in 2 floats */
+        }
     } else {
         DT_TRY(o->bn_finalize(mean, invstd, s1, s2, C, count, BN_EPS, rm, rv, BN_MOMENTUM));
         s->num_batches_tracked++;
@@ -119,7 +114,10 @@ static dt_status bn_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, co
         /* Running statistics are constants: dx = dy * gamma * invstd, i.e. an
          * affine map of dy with zero mean. */
         DT_TRY(o->bn_backward_reduce(dbeta, dgamma, dy, x, dt_layer_tensor_ptr(c, L, 2), invstd, B, C, HW));
-        if (dx) DT_TRY(o->bn_apply(dx, dy, zero, invstd, gamma, NULL, B, C, HW, 0));
+        if (dx) {   /* the save's memory may be shared (recomputed blocks): zero it here */
+            DT_TRY(o->fill(zero, 0.0f, (size_t)C));
+            DT_TRY(o->bn_apply(dx, dy, zero, invstd, gamma, NULL, B, C, HW, 0));
+        }
         return DT_OK;
     }
     /* dgamma, dbeta are this process's sums; dx needs the global ones under sync-BN. */
@@ -141,7 +139,7 @@ static dt_status bn_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, co
 const dt_layer_def dt_layer_def_bn = {
     .name = "bn", .help = "bn", .torch = "nn.BatchNorm1d / nn.BatchNorm2d",
     .flags = DT_LDEF_FUSE_RELU, .self_size = sizeof(bn_self),
-    .infer = bn_infer, .alloc = bn_alloc, .free = bn_free, .init = bn_init,
+    .infer = bn_infer, .alloc = bn_alloc, .init = bn_init,
     .forward = bn_forward, .backward = bn_backward, .replay = bn_replay,
 };
 
@@ -160,14 +158,9 @@ static dt_status ln_infer(dt_layer *L, dt_shape *out) {
     return dt_layer_tensor_add(L, "bias", DT_TENSOR_PARAM, NULL, 1, &cols);
 }
 
-static dt_status ln_alloc(const dt_ops *ops, dt_layer *L, int max_batch) {
-    return ops->alloc((void **)&LAYER_SELF(ln_self, L)->save,
-                      2 * (size_t)max_batch * (size_t)ln_rows(L) * sizeof(float));
-}
-
-static void ln_free(const dt_ops *ops, dt_layer *L) {
-    ops->free(LAYER_SELF(ln_self, L)->save);
-    LAYER_SELF(ln_self, L)->save = NULL;
+static dt_status ln_alloc(dt_layer_mem *a, dt_layer *L, int max_batch) {
+    return dt_layer_mem_take(a, L, (void **)&LAYER_SELF(ln_self, L)->save,
+                             2 * (size_t)max_batch * (size_t)ln_rows(L) * sizeof(float));
 }
 
 static dt_status ln_init(const dt_nn_ctx *c, dt_layer *L) {
@@ -195,6 +188,6 @@ static dt_status ln_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, co
 const dt_layer_def dt_layer_def_ln = {
     .name = "ln", .help = "ln", .torch = "nn.LayerNorm",
     .self_size = sizeof(ln_self),
-    .infer = ln_infer, .alloc = ln_alloc, .free = ln_free, .init = ln_init,
+    .infer = ln_infer, .alloc = ln_alloc, .init = ln_init,
     .forward = ln_forward, .backward = ln_backward,
 };

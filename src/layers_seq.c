@@ -10,6 +10,7 @@
  * state dict, the same memory and gradient).
  */
 #include "layers.h"
+#include "mem.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -163,21 +164,21 @@ static dt_status attn_infer(dt_layer *L, dt_shape *out) {
     return dt_layer_tensor_add(L, "c_proj.bias", DT_TENSOR_PARAM, NULL, 1, (int64_t[]){ C });
 }
 
-static dt_status attn_alloc(const dt_ops *ops, dt_layer *L, int max_batch) {
+static dt_status attn_alloc(dt_layer_mem *a, dt_layer *L, int max_batch) {
     attn_self *s = LAYER_SELF(attn_self, L);
     size_t bt = (size_t)max_batch * (size_t)attn_T(L), C = (size_t)attn_C(L);
-    DT_TRY(ops->alloc((void **)&s->qkv, bt * 3 * C * sizeof(float)));
-    DT_TRY(ops->alloc((void **)&s->att, bt * C * sizeof(float)));
-    DT_TRY(ops->alloc((void **)&s->lse, bt * (size_t)s->heads * sizeof(float)));
-    DT_TRY(ops->alloc((void **)&s->datt, bt * C * sizeof(float)));
-    return ops->alloc((void **)&s->dqkv, bt * 3 * C * sizeof(float));
+    DT_TRY(dt_layer_mem_take(a, L, (void **)&s->qkv, bt * 3 * C * sizeof(float)));
+    DT_TRY(dt_layer_mem_take(a, L, (void **)&s->att, bt * C * sizeof(float)));
+    DT_TRY(dt_layer_mem_take(a, L, (void **)&s->lse, bt * (size_t)s->heads * sizeof(float)));
+    DT_TRY(dt_layer_mem_take(a, L, (void **)&s->datt, bt * C * sizeof(float)));
+    return dt_layer_mem_take(a, L, (void **)&s->dqkv, bt * 3 * C * sizeof(float));
 }
 
+/* the decoding cache (the buffers of attn_alloc are the driver's to free) */
 static void attn_free(const dt_ops *ops, dt_layer *L) {
     attn_self *s = LAYER_SELF(attn_self, L);
-    ops->free(s->qkv); ops->free(s->att); ops->free(s->lse); ops->free(s->datt); ops->free(s->dqkv);
-    ops->free(s->cache);
-    s->qkv = s->att = s->lse = s->datt = s->dqkv = s->cache = NULL;
+    dt_mem_free(ops, s->cache);
+    s->cache = NULL;
     s->cache_rows = 0;
 }
 
@@ -210,9 +211,10 @@ static dt_status attn_decode_step(const dt_nn_ctx *c, dt_layer *L, int B) {
         int rows = s->cache_rows ? 2 * s->cache_rows : 64;
         while (rows < t + 1) rows *= 2;
         float *nc;
-        DT_TRY(o->alloc((void **)&nc, (size_t)rows * 3 * C * sizeof(float)));
-        if (s->cache) DT_TRY(o->copy_d2d(nc, s->cache, (size_t)s->cache_rows * 3 * C * sizeof(float)));
-        o->free(s->cache);
+        DT_TRY(dt_mem_alloc(o, DT_MEM_ACTS, (void **)&nc, (size_t)rows * 3 * C * sizeof(float)));
+        dt_status st = s->cache ? o->copy_d2d(nc, s->cache, (size_t)s->cache_rows * 3 * C * sizeof(float)) : DT_OK;
+        if (st != DT_OK) { dt_mem_free(o, nc); return st; }
+        dt_mem_free(o, s->cache);
         s->cache = nc;
         s->cache_rows = rows;
     }

@@ -3,12 +3,15 @@
  * PyTorch-named registry over them, and forward / loss / backward of the layer
  * list (spec.c parses the list and infers shapes).
  *
- * Memory (all from the dt_ops table):
+ * Memory (all from the dt_ops table, counted by category: mem.h):
  *   params, grads  (nparams)          PyTorch parameter order, one flat array each
  *   buffers        (nbuffers)         batchnorm running_mean / running_var
  *   per layer      (max_batch, outs)  output activations, saved state
  *   dbuf[2]        (max_batch, max activation)  ping-pong gradient buffers for backward
  *   head, probs    (max_batch, outputs)         dloss, softmax probabilities
+ *   arena          recompute: the largest block's layers, shared by every block
+ * One function (model_layout) takes all of it, either allocating or only counting
+ * (dt_model_plan_memory), so a plan and a built model cannot disagree.
  */
 #include "model.h"
 
@@ -51,6 +54,15 @@ struct dt_model {
     dt_layer_hook_fn layer_hook;
     void            *layer_hook_ctx;
     int              decode_pos;   /* < 0: ordinary passes */
+    dt_model_opts    mo;
+    /* recompute: the outermost residual blocks [start, end] (their opening and closing
+     * rows), the block of each layer (-1 outside), the shared arena and the block whose
+     * activations it holds now (-1: none) */
+    int              nblocks;
+    int             (*blocks)[2];
+    int             *block_of;
+    unsigned char   *arena;
+    int              arena_owner;
 };
 
 static dt_nn_ctx nn_ctx(dt_model *m, int train) {
@@ -91,24 +103,145 @@ static dt_status build_registry(dt_model *m) {
 void dt_model_free(dt_model *m) {
     if (!m) return;
     const dt_ops *o = m->ops;
-    for (int i = 0; i < m->spec.n; i++) dt_layer_free(o, &m->spec.layers[i]);
-    o->free(m->params);
-    o->free(m->grads);
-    o->free(m->buffers);
-    o->free(m->dbuf[0]);
-    o->free(m->dbuf[1]);
-    o->free(m->head);
-    o->free(m->probs);
-    o->free(m->scalar);
+    if (o) {
+        for (int i = 0; i < m->spec.n; i++) dt_layer_free(o, &m->spec.layers[i]);
+        void *bufs[] = {m->params, m->grads, m->buffers, m->dbuf[0], m->dbuf[1], m->head, m->probs, m->scalar,
+                        m->arena};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dt_mem_free(o, bufs[i]);
+    }
     dt_spec_free(&m->spec);
     free(m->state);
     free(m->param_state);
+    free(m->blocks);
+    free(m->block_of);
     free(m);
 }
 
-dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *ops,
-                         uint64_t seed, int max_batch, dt_model **out) {
-    return dt_model_build_ex(spec, input, ops, seed, max_batch, NULL, out);
+void dt_model_opts_default(dt_model_opts *o) { memset(o, 0, sizeof *o); }
+
+/* ---- memory layout ------------------------------------------------------------------ */
+
+int dt_model_units(const dt_model *m, size_t unit_floats, int *unit, int64_t *max) {
+    int nu = 0;
+    int64_t floats = 0, most = 0;
+    for (int i = 0, open = 0; i < m->spec.n; i++) {
+        const dt_layer *L = &m->spec.layers[i];
+        if (!open) {
+            nu++;
+            floats = 0;
+            open = 1;
+        }
+        for (int t = 0; t < L->ntensors; t++)
+            if (L->t[t].role == DT_TENSOR_PARAM || L->t[t].role == DT_TENSOR_TIED) floats += L->t[t].numel;
+        if (unit) unit[i] = nu - 1;
+        if (floats > most) most = floats;
+        if ((size_t)floats >= unit_floats) open = 0;
+    }
+    if (max) *max = most;
+    return nu;
+}
+
+/* The outermost residual blocks (with recompute; their count either way), and the
+ * largest number of parameters of one of sharding's units. */
+static dt_status find_blocks(dt_model *m, int64_t *unit_max) {
+    int n = m->spec.n;
+    m->block_of = malloc((size_t)(n > 0 ? n : 1) * sizeof *m->block_of);
+    m->blocks = malloc((size_t)(n > 0 ? n : 1) * sizeof *m->blocks);
+    if (!m->block_of || !m->blocks) return dt_error(DT_ERR_NOMEM, "model: out of memory");
+    dt_model_units(m, m->mo.unit_floats ? m->mo.unit_floats : DT_MODEL_UNIT_FLOATS, NULL, unit_max);
+    m->nblocks = 0;
+    for (int i = 0; i < n;) {
+        const dt_layer *L = &m->spec.layers[i];
+        int end = i;
+        if (L->kind == DT_LAYER_RESIDUAL) end = (int)(L->partner - m->spec.layers);
+        for (int j = i; j <= end; j++) m->block_of[j] = end > i ? m->nblocks : -1;
+        if (end > i) {
+            m->blocks[m->nblocks][0] = i;
+            m->blocks[m->nblocks][1] = end;
+            m->nblocks++;
+        }
+        i = end + 1;
+    }
+    if (!m->mo.recompute)
+        for (int i = 0; i < n; i++) m->block_of[i] = -1;
+    return DT_OK;
+}
+
+/* Take bytes of category cat for *p, of which `counted` are resident: allocate, or only
+ * count into mi (measuring). */
+static dt_status take_part(dt_model *m, dt_model_mem *mi, dt_mem_cat cat, void **p, size_t bytes, size_t counted) {
+    *p = NULL;
+    if (mi) {
+        mi->bytes[cat] += counted < bytes ? counted : bytes;
+        return DT_OK;
+    }
+    return dt_mem_alloc_part(m->ops, cat, p, bytes, counted);
+}
+
+static dt_status take(dt_model *m, dt_model_mem *mi, dt_mem_cat cat, void **p, size_t bytes) {
+    return take_part(m, mi, cat, p, bytes, bytes);
+}
+
+/* Every buffer of the model, allocated (mi NULL) or counted into mi. */
+static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
+    int max_batch = m->max_batch, measure = mi != NULL;
+    int64_t maxact = dt_shape_numel(&m->input);
+    for (int i = 0; i < m->spec.n; i++)
+        if (m->spec.layers[i].out_numel > maxact) maxact = m->spec.layers[i].out_numel;
+    const dt_layer *last = &m->spec.layers[m->spec.n - 1];
+    if ((uint64_t)max_batch * (uint64_t)maxact > (UINT64_C(1) << 58))
+        return dt_error(DT_ERR_INVALID, "model: %d samples of %lld activations each are more than a device can hold",
+                        max_batch, (long long)maxact);
+    size_t actb = (size_t)max_batch * (size_t)maxact * sizeof(float);
+    size_t outb = (size_t)max_batch * (size_t)last->out_numel * sizeof(float);
+    /* sharded (a kept range): only that range is resident, and counted; sharding counts
+     * what it gathers */
+    const dt_model_layout *lay = &m->mo.layout;
+    size_t resident = (lay->keep_hi > lay->keep_lo ? lay->keep_hi - lay->keep_lo : m->cap) * sizeof(float);
+    DT_TRY(take_part(m, mi, DT_MEM_PARAMS, (void **)&m->params, m->cap * sizeof(float), resident));
+    DT_TRY(take_part(m, mi, DT_MEM_GRADS, (void **)&m->grads, m->cap * sizeof(float), resident));
+    DT_TRY(take(m, mi, DT_MEM_PARAMS, (void **)&m->buffers, m->nbuffers * sizeof(float)));
+    DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->dbuf[0], actb));
+    DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->dbuf[1], actb));
+    DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->head, outb));
+    DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->probs, outb));
+    DT_TRY(take(m, mi, DT_MEM_OTHER, (void **)&m->scalar, 2 * sizeof(float)));
+
+    /* the arena: as large as the largest block's layers (each block's inner layers, and
+     * the closing row's state; the closing row's output is the block's, kept) */
+    size_t arena = 0;
+    for (int b = 0; m->mo.recompute && b < m->nblocks; b++) {
+        dt_layer_mem a = {.ops = m->ops, .in_arena = 1, .measure = 1};
+        int start = m->blocks[b][0], end = m->blocks[b][1];
+        dt_layer_mem none = {.ops = m->ops, .measure = 1};
+        for (int i = start; i <= end; i++) DT_TRY(dt_layer_alloc_in(i < end ? &a : &none, &a, &m->spec.layers[i], max_batch));
+        if (a.used > arena) arena = a.used;
+    }
+    DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->arena, arena));
+    dt_layer_mem own = {.ops = m->ops, .measure = measure};
+    dt_layer_mem share = {.ops = m->ops, .in_arena = 1, .measure = measure};
+    size_t block_acts = 0;
+    for (int i = 0, kb = 0; i < m->spec.n; i++) {
+        dt_layer *L = &m->spec.layers[i];
+        int b = m->block_of[i];
+        size_t before = own.used;
+        if (b < 0) DT_TRY(dt_layer_alloc_in(&own, &own, L, max_batch));
+        else {
+            if (i == m->blocks[b][0]) share = (dt_layer_mem){.ops = m->ops, .arena = m->arena, .in_arena = 1,
+                                                             .measure = measure};
+            DT_TRY(dt_layer_alloc_in(i < m->blocks[b][1] ? &share : &own, &share, L, max_batch));
+        }
+        /* what the blocks hold: all of a block's layers, or with recompute their outputs */
+        while (kb < m->nblocks && m->blocks[kb][1] < i) kb++;
+        if (kb < m->nblocks && i >= m->blocks[kb][0]) block_acts += own.used - before;
+    }
+    m->arena_owner = -1;
+    if (mi) {
+        mi->bytes[DT_MEM_ACTS] += own.used;
+        mi->block_acts = block_acts + arena;
+        mi->arena = arena;
+    }
+    return DT_OK;
 }
 
 /* After initialising layer L: drop its parameters' pages outside the kept range. */
@@ -126,49 +259,65 @@ static dt_status drop_outside(dt_model *m, const dt_layer *L, const dt_model_lay
     return DT_OK;
 }
 
-dt_status dt_model_build_ex(const char *spec, const dt_shape *input, const dt_ops *ops, uint64_t seed,
-                            int max_batch, const dt_model_layout *layout, dt_model **out) {
+/* The spec of a model parsed and inferred, its registry and blocks: everything but memory. */
+static dt_status model_prepare(const char *spec, const dt_shape *input, const dt_ops *ops, int max_batch,
+                               const dt_model_opts *mo, dt_model **out, int64_t *unit_max) {
     *out = NULL;
-    if (!ops) return dt_error(DT_ERR_INVALID, "model: no compute backend");
     if (max_batch <= 0) return dt_error(DT_ERR_INVALID, "model: max batch must be positive, got %d", max_batch);
     dt_model *m = calloc(1, sizeof *m);
     if (!m) return dt_error(DT_ERR_NOMEM, "model: out of memory");
     m->ops = ops;
-    m->seed = seed;
     m->decode_pos = -1;
     m->max_batch = max_batch;
     m->input = *input;
+    if (mo) m->mo = *mo;
+    else dt_model_opts_default(&m->mo);
     dt_status s = dt_spec_parse(spec, &m->spec);
     if (s != DT_OK) { free(m); return s; }
-    s = dt_spec_infer(&m->spec, input);
-    if (s != DT_OK) goto fail;
-    if ((s = build_registry(m)) != DT_OK) goto fail;
-    m->nparams = (size_t)m->spec.nparams;
-    m->cap = layout && layout->capacity > m->nparams ? layout->capacity : m->nparams;
-    int keep = layout && layout->keep_hi > layout->keep_lo;
-    m->nbuffers = m->spec.nbuffers;
-    int64_t maxact = dt_shape_numel(input);
-    for (int i = 0; i < m->spec.n; i++)
-        if (m->spec.layers[i].out_numel > maxact) maxact = m->spec.layers[i].out_numel;
-    const dt_layer *last = &m->spec.layers[m->spec.n - 1];
-    if ((uint64_t)max_batch * (uint64_t)maxact > (UINT64_C(1) << 58)) {
-        s = dt_error(DT_ERR_INVALID, "model: %d samples of %lld activations each are more than a device can hold",
-                     max_batch, (long long)maxact);
-        goto fail;
+    if ((s = dt_spec_infer(&m->spec, input)) == DT_OK && (s = build_registry(m)) == DT_OK)
+        s = find_blocks(m, unit_max);
+    if (s != DT_OK) {
+        dt_model_free(m);
+        return s;
     }
-    size_t actb = (size_t)max_batch * (size_t)maxact * sizeof(float);
-    if ((s = ops->alloc((void **)&m->params, m->cap * sizeof(float))) != DT_OK ||
-        (s = ops->alloc((void **)&m->grads, m->cap * sizeof(float))) != DT_OK ||
-        (s = ops->alloc((void **)&m->buffers, m->nbuffers * sizeof(float))) != DT_OK ||
-        (s = ops->alloc((void **)&m->dbuf[0], actb)) != DT_OK ||
-        (s = ops->alloc((void **)&m->dbuf[1], actb)) != DT_OK ||
-        (s = ops->alloc((void **)&m->head, (size_t)max_batch * (size_t)last->out_numel * sizeof(float))) != DT_OK ||
-        (s = ops->alloc((void **)&m->probs, (size_t)max_batch * (size_t)last->out_numel * sizeof(float))) != DT_OK ||
-        (s = ops->alloc((void **)&m->scalar, 2 * sizeof(float))) != DT_OK)
-        goto fail;
+    m->nparams = (size_t)m->spec.nparams;
+    m->cap = m->mo.layout.capacity > m->nparams ? m->mo.layout.capacity : m->nparams;
+    m->nbuffers = m->spec.nbuffers;
+    *out = m;
+    return DT_OK;
+}
+
+dt_status dt_model_plan_memory(const char *spec, const dt_shape *input, int max_batch, const dt_model_opts *mo,
+                               dt_model_mem *out) {
+    memset(out, 0, sizeof *out);
+    dt_model *m;
+    int64_t unit_max;
+    DT_TRY(model_prepare(spec, input, NULL, max_batch, mo, &m, &unit_max));
+    dt_status s = model_layout(m, out);
+    out->nparams = (int64_t)m->nparams;
+    out->nbuffers = m->nbuffers;
+    out->nrecord = m->spec.nrecord;
+    out->unit_params_max = unit_max;
+    out->nblocks = m->nblocks;
+    dt_model_free(m);
+    return s;
+}
+
+dt_status dt_model_build_ex(const char *spec, const dt_shape *input, const dt_ops *ops, uint64_t seed,
+                            int max_batch, const dt_model_opts *mo, dt_model **out) {
+    *out = NULL;
+    if (!ops) return dt_error(DT_ERR_INVALID, "model: no compute backend");
+    dt_model *m;
+    int64_t unit_max;
+    DT_TRY(model_prepare(spec, input, ops, max_batch, mo, &m, &unit_max));
+    m->seed = seed;
+    dt_status s = model_layout(m, NULL);
+    if (s != DT_OK) goto fail;
     /* zero gradients (only the kept range when sharded: the rest is written before it is
      * read), and zero padding */
-    size_t zlo = keep ? layout->keep_lo : 0, zhi = keep && layout->keep_hi < m->cap ? layout->keep_hi : m->cap;
+    const dt_model_layout *lay = &m->mo.layout;
+    int keep = lay->keep_hi > lay->keep_lo;
+    size_t zlo = keep ? lay->keep_lo : 0, zhi = keep && lay->keep_hi < m->cap ? lay->keep_hi : m->cap;
     if (zhi > zlo && (s = ops->zero(m->grads + zlo, (zhi - zlo) * sizeof(float))) != DT_OK) goto fail;
     if (m->cap > m->nparams && ((s = ops->zero(m->params + m->nparams, (m->cap - m->nparams) * sizeof(float))) != DT_OK ||
                                 (s = ops->zero(m->grads + m->nparams, (m->cap - m->nparams) * sizeof(float))) != DT_OK))
@@ -179,16 +328,19 @@ dt_status dt_model_build_ex(const char *spec, const dt_shape *input, const dt_op
     }
     dt_nn_ctx c = nn_ctx(m, 0);
     for (int i = 0; i < m->spec.n; i++) {
-        dt_layer *L = &m->spec.layers[i];
-        if ((s = dt_layer_alloc(ops, L, max_batch)) != DT_OK) goto fail;
-        if ((s = dt_layer_init(&c, L)) != DT_OK) goto fail;
-        if (keep && (s = drop_outside(m, L, layout)) != DT_OK) goto fail;
+        if ((s = dt_layer_init(&c, &m->spec.layers[i])) != DT_OK) goto fail;
+        if (keep && (s = drop_outside(m, &m->spec.layers[i], lay)) != DT_OK) goto fail;
     }
     *out = m;
     return DT_OK;
 fail:
     dt_model_free(m);
     return s;
+}
+
+dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *ops,
+                         uint64_t seed, int max_batch, dt_model **out) {
+    return dt_model_build_ex(spec, input, ops, seed, max_batch, NULL, out);
 }
 
 int             dt_model_nlayers(const dt_model *m) { return m->spec.n; }
@@ -202,18 +354,18 @@ dt_status dt_model_reserve(dt_model *m, size_t floats) {
     if (floats <= m->cap) return DT_OK;
     const dt_ops *o = m->ops;
     float *p = NULL, *g = NULL;
-    dt_status s = o->alloc((void **)&p, floats * sizeof(float));
-    if (s == DT_OK) s = o->alloc((void **)&g, floats * sizeof(float));
+    dt_status s = dt_mem_alloc(o, DT_MEM_PARAMS, (void **)&p, floats * sizeof(float));
+    if (s == DT_OK) s = dt_mem_alloc(o, DT_MEM_GRADS, (void **)&g, floats * sizeof(float));
     if (s == DT_OK) s = o->zero(p, floats * sizeof(float));
     if (s == DT_OK) s = o->zero(g, floats * sizeof(float));
     if (s == DT_OK && m->nparams) s = o->copy_d2d(p, m->params, m->nparams * sizeof(float));
     if (s != DT_OK) {
-        o->free(p);
-        o->free(g);
+        dt_mem_free(o, p);
+        dt_mem_free(o, g);
         return s;
     }
-    o->free(m->params);
-    o->free(m->grads);
+    dt_mem_free(o, m->params);
+    dt_mem_free(o, m->grads);
     m->params = p;
     m->grads = g;
     m->cap = floats;
@@ -313,9 +465,31 @@ dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
         if (s == DT_OK) s = dt_layer_forward(&c, L, cur, B);
         if (s == DT_OK) s = layer_hook(m, i, DT_HOOK_FWD_POST);
         if (s != DT_OK) return dt_error_wrap(s, "forward, layer %s '%s': ", L->name, L->text);
+        if (m->block_of[i] >= 0) m->arena_owner = m->block_of[i];
         cur = L->out_ptr;
     }
     if (out) *out = cur;
+    return DT_OK;
+}
+
+/* Recompute: run block b's forward again from its input (the output of the layer
+ * before it, kept), unless the arena still holds its activations (the last block
+ * of a forward). Same inputs, same kernels, dropout keyed by sample: the same bits. */
+static dt_status recompute_block(dt_model *m, int b) {
+    if (m->arena_owner == b) return DT_OK;
+    dt_nn_ctx c = nn_ctx(m, m->last_train);
+    c.recompute = 1;
+    int start = m->blocks[b][0], end = m->blocks[b][1];
+    const float *cur = start ? m->spec.layers[start - 1].out_ptr : m->x;
+    for (int i = start; i < end; i++) {
+        dt_layer *L = &m->spec.layers[i];
+        /* its parameters are needed now, before its backward (sharded: gathered) */
+        dt_status s = layer_hook(m, i, DT_HOOK_BWD_PRE);
+        if (s == DT_OK) s = dt_layer_forward(&c, L, cur, m->last_B);
+        if (s != DT_OK) return dt_error_wrap(s, "recomputing forward, layer %s '%s': ", L->name, L->text);
+        cur = L->out_ptr;
+    }
+    m->arena_owner = b;
     return DT_OK;
 }
 
@@ -413,6 +587,10 @@ dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *t
         dt_status s = layer_hook(m, i, DT_HOOK_BWD_PRE);
         if (s == DT_OK) s = dt_layer_backward(&c, L, x, dy, dx, B);
         if (s != DT_OK) return dt_error_wrap(s, "backward, layer %s '%s': ", L->name, L->text);
+        /* a block's closing row is done (its state, dskip, lies outside its layers' part
+         * of the arena): bring the block's activations back before its layers' backward */
+        int b = m->block_of[i];
+        if (b >= 0 && i == m->blocks[b][1]) DT_TRY(recompute_block(m, b));
         if (L->nparams && m->grad_ready) {
             s = m->grad_ready(m->grad_ready_ctx, L->first_param, L->nparams);
             if (s != DT_OK) return dt_error_wrap(s, "gradient hook after layer %s: ", L->name);

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "dtype.h"     /* dt_dtype */
+#include "mem.h"       /* DT_MEM_NCAT */
 #include "nn.h"
 #include "ops.h"
 #include "status.h"
@@ -77,6 +78,7 @@ DT_API dt_status   dt_loss_parse(const char *name, dt_loss_kind *kind);
  * initialise parameters as PyTorch does from (seed, parameter index). */
 DT_API dt_status dt_model_build(const char *spec, const dt_shape *input, const dt_ops *ops,
                                 uint64_t seed, int max_batch, dt_model **out);
+
 /* Where the flat parameter and gradient arrays live (sharding, shard.h): capacity floats
  * each (0 or below nparams: nparams; the padding is zero), and with keep_hi > keep_lo
  * only the range [keep_lo, keep_hi) stays resident: each tensor's pages outside it are
@@ -87,9 +89,51 @@ typedef struct {
     size_t keep_lo, keep_hi;
 } dt_model_layout;
 
-/* dt_model_build with a layout (NULL: dt_model_build's). */
+/* How a model holds its memory.
+ * recompute (activation checkpointing): the activations inside each outermost
+ * residual block are not kept from forward to backward. The layers of every such
+ * block share one scratch arena (as large as the largest block needs); a block
+ * keeps only its output (the next block's input), and backward runs the block's
+ * forward again from its input (kept: the output of the layer before it) just
+ * before its layers' backward. Dropout masks are keyed by sample and batchnorm's
+ * statistics are recomputed without touching its running buffers, so the weights
+ * are bitwise those of a run without recomputation. */
+typedef struct {
+    int recompute;
+    dt_model_layout layout;   /* where parameters and gradients live (sharding); zero: as usual */
+    size_t unit_floats;       /* sharding's units (dt_model_units), for the plan's gathered
+                               * units; 0: DT_MODEL_UNIT_FLOATS */
+} dt_model_opts;
+
+/* Sharding's units (shard.h, --shard params): runs of consecutive layers, a unit closed
+ * as soon as it holds at least unit_floats parameters (a tied name counted where it is
+ * read), as FSDP wraps modules. unit (optional, one per layer) receives each layer's
+ * unit, *max (optional) the most parameters of one unit; returns the number of units. */
+#define DT_MODEL_UNIT_FLOATS ((size_t)1 << 18)   /* 1 MiB of parameters */
+DT_API int dt_model_units(const dt_model *m, size_t unit_floats, int *unit, int64_t *max);
+
+DT_API void      dt_model_opts_default(dt_model_opts *o);   /* everything off */
+/* dt_model_build with options (NULL: the defaults). */
 DT_API dt_status dt_model_build_ex(const char *spec, const dt_shape *input, const dt_ops *ops, uint64_t seed,
-                                   int max_batch, const dt_model_layout *layout, dt_model **out);
+                                   int max_batch, const dt_model_opts *mo, dt_model **out);
+
+/* What a model built with these arguments holds, from the same layout code that
+ * dt_model_build_ex allocates with, without allocating anything (dtrain plan). */
+typedef struct {
+    size_t  bytes[DT_MEM_NCAT];  /* by category (mem.h): params (with buffers), grads, acts, other */
+    int64_t nparams;             /* parameter elements (a tied weight once) */
+    size_t  nbuffers;            /* floats of buffers (running statistics) */
+    size_t  nrecord;             /* floats of one micro-batch's batchnorm record */
+    int64_t unit_params_max;     /* the most parameters of one of sharding's units
+                                  * (dt_model_units: what --shard params gathers at once) */
+    int     nblocks;             /* outermost residual blocks */
+    size_t  block_acts;          /* activation bytes of all blocks (their layers' outputs and
+                                  * state; with recompute the blocks' outputs and the arena) */
+    size_t  arena;               /* recompute: bytes of the shared arena (else 0) */
+} dt_model_mem;
+
+DT_API dt_status dt_model_plan_memory(const char *spec, const dt_shape *input, int max_batch,
+                                      const dt_model_opts *mo, dt_model_mem *out);
 /* Incremental decoding (sampling): a token model built for one position (input (1))
  * runs position pos of a sequence per forward, attention reading its cache of the
  * positions before; pos 0 starts a new sequence. pos < 0 turns it off. */

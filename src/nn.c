@@ -8,6 +8,7 @@
  * by a row, so the CUDA backend reuses this code as it is (DESIGN.md rule 1).
  */
 #include "layers.h"
+#include "mem.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -56,7 +57,6 @@ const char *dt_layer_def_missing(const dt_layer_def *d) {
     if (!d->forward) return "forward";
     if (!d->backward) return "backward";
     if (!!(d->flags & DT_LDEF_CONTAINER) != !!d->closer) return "closer (exactly for containers)";
-    if (!!d->alloc != !!d->free) return "alloc/free (both or neither)";
     for (const dt_arg_def *a = d->args; a && a->name; a++) {
         if (!a->expect) return "args[].expect";
         if (a->offset + (a->type == DT_ARG_FLOAT ? sizeof(float) : sizeof(int)) > d->self_size)
@@ -137,15 +137,38 @@ dt_status layer_view_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, in
 
 /* ---- the driver ----------------------------------------------------------- */
 
-dt_status dt_layer_alloc(const dt_ops *ops, dt_layer *L, int max_batch) {
+dt_status dt_layer_mem_take(dt_layer_mem *a, dt_layer *L, void **p, size_t bytes) {
+    *p = NULL;
+    if (a->in_arena) {
+        size_t share = (bytes + DT_LAYER_MEM_ALIGN - 1) / DT_LAYER_MEM_ALIGN * DT_LAYER_MEM_ALIGN;
+        if (!a->measure) *p = a->arena + a->used;
+        a->used += share;
+        return DT_OK;
+    }
+    a->used += bytes;
+    if (a->measure) return DT_OK;
+    if (L->nown == DT_LAYER_MAX_OWN)
+        return dt_error(DT_ERR_INTERNAL, "layer %s '%s': more than %d buffers", L->name, L->text, DT_LAYER_MAX_OWN);
+    DT_TRY(dt_mem_alloc(a->ops, DT_MEM_ACTS, p, bytes));
+    L->own[L->nown++] = *p;
+    return DT_OK;
+}
+
+dt_status dt_layer_alloc_in(dt_layer_mem *y_mem, dt_layer_mem *state_mem, dt_layer *L, int max_batch) {
     if (!(L->def->flags & DT_LDEF_NO_OUTPUT))
-        DT_TRY(ops->alloc((void **)&L->y, (size_t)max_batch * (size_t)L->out_numel * sizeof(float)));
-    return L->def->alloc ? L->def->alloc(ops, L, max_batch) : DT_OK;
+        DT_TRY(dt_layer_mem_take(y_mem, L, (void **)&L->y, (size_t)max_batch * (size_t)L->out_numel * sizeof(float)));
+    return L->def->alloc ? L->def->alloc(state_mem, L, max_batch) : DT_OK;
+}
+
+dt_status dt_layer_alloc(const dt_ops *ops, dt_layer *L, int max_batch) {
+    dt_layer_mem own = {.ops = ops};
+    return dt_layer_alloc_in(&own, &own, L, max_batch);
 }
 
 void dt_layer_free(const dt_ops *ops, dt_layer *L) {
     if (L->def && L->def->free) L->def->free(ops, L);
-    ops->free(L->y);
+    for (int i = 0; i < L->nown; i++) dt_mem_free(ops, L->own[i]);
+    L->nown = 0;
     L->y = L->out_ptr = NULL;
 }
 

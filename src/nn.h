@@ -98,6 +98,23 @@ typedef dt_status (*dt_layer_hook_fn)(void *ctx, int layer, dt_layer_phase phase
 typedef struct dt_layer     dt_layer;
 typedef struct dt_layer_def dt_layer_def;
 
+/* Where a layer's device memory comes from: the model's driver hands one to each
+ * layer, and rows never call ops->alloc themselves. Own buffers are allocated and
+ * counted as activations (mem.h) and freed by dt_layer_free; in an arena a layer
+ * takes shares of one buffer that other layers share too (the layers of recomputed
+ * blocks, model.h); measuring only counts the bytes (dt_model_plan_memory), with the
+ * same calls, so a plan and a built model agree. */
+typedef struct {
+    const dt_ops  *ops;
+    unsigned char *arena;      /* in_arena and not measuring: the arena's memory */
+    int            in_arena;   /* 1: shares of an arena, each rounded to DT_LAYER_MEM_ALIGN */
+    int            measure;    /* 1: count only; pointers are set to NULL */
+    size_t         used;       /* bytes taken so far */
+} dt_layer_mem;
+
+#define DT_LAYER_MEM_ALIGN 256
+#define DT_LAYER_MAX_OWN   8   /* own buffers of one layer (its output and its row's state) */
+
 /* One argument of a layer kind, in positional order. Values are checked
  * against [lo, hi] (hi excluded when hi_open); a bad one gets the message
  * "'<expect>', got '<text>'". */
@@ -160,6 +177,9 @@ typedef struct {
     void            *bn_sync_ctx;
     float           *bn_record;   /* non-NULL: train-mode batchnorm writes its statistics
                                    * here instead of updating the running buffers */
+    int              recompute;   /* 1: a forward run again during backward (model.h,
+                                   * recomputation): it must leave the model's state as the
+                                   * first run left it (no running-statistics update) */
     int              decode;      /* incremental decoding (sampling): the model was built for
                                    * one position; pos adds row decode_pos and attn attends over
                                    * its cache of positions 0..decode_pos */
@@ -179,8 +199,11 @@ struct dt_layer_def {
     dt_status (*check)   (dt_layer *L);
     /* out = the output shape for input L->in; declares tensors (dt_layer_tensor_add) */
     dt_status (*infer)   (dt_layer *L, dt_shape *out);
-    /* device state beyond the output y (allocated by the driver unless NO_OUTPUT) */
-    dt_status (*alloc)   (const dt_ops *ops, dt_layer *L, int max_batch);
+    /* device state beyond the output y (allocated by the driver unless NO_OUTPUT), each
+     * buffer taken with dt_layer_mem_take (the driver frees it); nothing else happens here,
+     * so the same call can only measure (the contents start undefined) */
+    dt_status (*alloc)   (dt_layer_mem *a, dt_layer *L, int max_batch);
+    /* optional: free what the passes themselves allocated (a decoding cache) */
     void      (*free)    (const dt_ops *ops, dt_layer *L);
     /* parameters and buffers as PyTorch initialises them, from (seed, parameter index) */
     dt_status (*init)    (const dt_nn_ctx *c, dt_layer *L);
@@ -236,6 +259,8 @@ struct dt_layer {
      * (relu_fused), saving one pass over the activations; the bits are the same. */
     int      fuse_relu, relu_fused;
     dt_layer *partner;       /* residual / residual_end: the other end of the block */
+    void    *own[DT_LAYER_MAX_OWN];   /* buffers allocated for it (freed by dt_layer_free) */
+    int      nown;
 };
 
 /* Declare a tensor of L (from a row's infer): PARAM/BUFFER get their offsets
@@ -253,6 +278,11 @@ DT_API double    dt_layer_arg(const dt_layer *L, const char *name);
 /* Allocate a layer's output and saved state for max_batch samples / free them. */
 DT_API dt_status dt_layer_alloc(const dt_ops *ops, dt_layer *L, int max_batch);
 DT_API void      dt_layer_free(const dt_ops *ops, dt_layer *L);
+/* The same from allocators (own, arena or measuring): the output y (unless NO_OUTPUT)
+ * from y_mem, then the row's state from state_mem (they may be the same). */
+DT_API dt_status dt_layer_alloc_in(dt_layer_mem *y_mem, dt_layer_mem *state_mem, dt_layer *L, int max_batch);
+/* Take bytes from a for *p (rows call it from their alloc). */
+DT_API dt_status dt_layer_mem_take(dt_layer_mem *a, dt_layer *L, void **p, size_t bytes);
 /* Initialise the layer's parameters and buffers as PyTorch's defaults, drawn
  * from (seed, parameter index) with the counter-based generator. */
 DT_API dt_status dt_layer_init(const dt_nn_ctx *c, dt_layer *L);

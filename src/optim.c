@@ -9,6 +9,7 @@
  * schedules.
  */
 #include "optim.h"
+#include "mem.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -113,6 +114,12 @@ dt_optim_config dt_optim_defaults(dt_optim_kind kind, float lr) {
     return c;
 }
 
+int dt_optim_nstate_of(const dt_optim_config *c) {
+    const dt_optim_def *d = dt_optim_def_of(c->kind);
+    if (!d) return 0;
+    return d->nstate_of ? d->nstate_of(c) : d->nstate;
+}
+
 static const dt_optim_hparam hparams[] = {
     { "lr", offsetof(dt_optim_config, lr), 0 },
     { "weight_decay", offsetof(dt_optim_config, weight_decay), 0 },
@@ -155,7 +162,7 @@ static dt_status check_config(const dt_optim_config *c) {
 
 void dt_optim_free(dt_optim *o) {
     if (!o) return;
-    for (int i = 0; i < DT_OPTIM_MAX_STATE; i++) o->ops->free(o->state[i]);
+    for (int i = 0; i < DT_OPTIM_MAX_STATE; i++) dt_mem_free(o->ops, o->state[i]);
     free(o->bounds);
     free(o->decay);
     free(o);
@@ -190,9 +197,9 @@ dt_status dt_optim_init(const dt_optim_config *cfg, const dt_ops *ops, size_t n,
     o->def = &defs[cfg->kind];
     o->ops = ops;
     o->n = n;
-    o->nstate = o->def->nstate_of ? o->def->nstate_of(cfg) : o->def->nstate;
+    o->nstate = dt_optim_nstate_of(cfg);
     for (int i = 0; i < o->nstate; i++) {
-        dt_status s = ops->alloc((void **)&o->state[i], n * sizeof(float));
+        dt_status s = dt_mem_alloc(ops, DT_MEM_OPTIM, (void **)&o->state[i], n * sizeof(float));
         if (s == DT_OK && n) s = ops->zero(o->state[i], n * sizeof(float));
         if (s != DT_OK) { dt_optim_free(o); return s; }
     }
@@ -285,10 +292,10 @@ float dt_schedule_lr(const dt_schedule *s, int64_t step) {
 dt_status dt_clip_grad_norm(const dt_ops *ops, float *grads, size_t n, float max_norm, float *norm) {
     float *dev = NULL, sq = 0.0f;
     if (n) {
-        DT_TRY(ops->alloc((void **)&dev, sizeof(float)));
+        DT_TRY(dt_mem_alloc(ops, DT_MEM_OTHER, (void **)&dev, sizeof(float)));
         dt_status s = ops->sumsq(dev, grads, n);
         if (s == DT_OK) s = ops->copy_d2h(&sq, dev, sizeof sq);
-        ops->free(dev);
+        dt_mem_free(ops, dev);
         DT_TRY(s);
     }
     float total = sqrtf(sq);

@@ -86,6 +86,9 @@ DT_API const char         *dt_optim_names(char *buf, size_t n);
 /* The row's defaults with learning rate lr (PyTorch's: torch.optim.SGD(params, lr)
  * has momentum 0; AdamW has betas (0.9, 0.999), eps 1e-8, weight decay 0.01). */
 DT_API dt_optim_config     dt_optim_defaults(dt_optim_kind kind, float lr);
+/* The state arrays (n floats each) an optimizer of this configuration keeps (its row's
+ * nstate_of): what dt_optim_init allocates, for memory plans. */
+DT_API int                 dt_optim_nstate_of(const dt_optim_config *c);
 
 /* A hyper-parameter field, for code that stores configurations by name
  * (checkpoints write "dtrain.optim.<name>" for each one, in this order). */

@@ -8,6 +8,7 @@
  * of the padded array.
  */
 #include "shard.h"
+#include "mem.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -28,11 +29,10 @@ dt_status dt_shard_parse(const char *s, dt_shard_mode *out) {
     return dt_error(DT_ERR_INVALID, "shard: expected none, optim, grads or params, got '%s'", s ? s : "(null)");
 }
 
-/* Units: runs of consecutive layers holding at least DT_SHARD_UNIT_FLOATS parameters
- * (the last one whatever is left), gathered and dropped as one, as FSDP wraps modules.
+/* Units: runs of consecutive layers holding at least unit_floats parameters (the last
+ * one whatever is left), gathered and dropped as one, as FSDP wraps modules.
  * While unit u runs, unit u + 1 (forward) or u - 1 (backward) is gathered on the
  * communicator's worker thread; the last unit stays from its forward to its backward. */
-#define DT_SHARD_UNIT_FLOATS ((size_t)1 << 18)   /* 1 MiB of parameters */
 
 enum { U_DROPPED, U_FLIGHT, U_HERE };
 
@@ -42,6 +42,7 @@ struct shard_unit {
     int       state;
     int       nwork, cap;     /* broadcasts in flight */
     dt_work **work;
+    size_t    held;           /* bytes of parameters it brought that this rank does not own */
 };
 
 struct dt_shard {
@@ -60,10 +61,12 @@ struct dt_shard {
     /* params mode */
     int           full;       /* every rank holds the whole parameter array: layer hooks pause */
     size_t       *rlo, *rhi;  /* the parameter ranges the layers read, unit by unit */
+    size_t        unit_floats; /* a unit holds at least this many parameters */
     int           nunits;
     struct shard_unit *units;
     int          *lunit;      /* layer -> unit */
     struct { dt_work *work; size_t lo, hi; } *pend;   /* gradient sums in flight, oldest first */
+    size_t        full_held;  /* gather_params: bytes of parameters beyond the shard */
     int           npend, pend_cap;
     size_t        pend_floats;
 };
@@ -132,9 +135,11 @@ dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard
 
 void dt_shard_free(dt_shard *s) {
     if (!s) return;
+    dt_mem_sub(DT_MEM_PARAMS, s->full_held);   /* the model's own accounting takes over */
     if (s->units) {
         dt_model_set_layer_hook(s->model, NULL, NULL);
         for (int u = 0; u < s->nunits; u++) {
+            dt_mem_sub(DT_MEM_PARAMS, s->units[u].held);
             for (int i = 0; i < s->units[u].nwork; i++) dt_work_wait(s->units[u].work[i]);
             free(s->units[u].work);
         }
@@ -237,6 +242,12 @@ static dt_status drop_range(dt_shard *s, float *buf, size_t a, size_t b) {
     return DT_OK;
 }
 
+/* Bytes of [a, b) outside this rank's shard: what gathering it adds (accounting). */
+static size_t outside(const dt_shard *s, size_t a, size_t b) {
+    size_t mine = s->per * (size_t)s->rank, end = mine + s->per, in = 0;
+    if (b > mine && a < end) in = (b < end ? b : end) - (a > mine ? a : mine);
+    return (b - a - in) * sizeof(float);
+}
 
 /* One broadcast (or, reducing, one sum) per piece of [a, b) that a rank's shard holds;
  * async collects the handles into u (NULL: blocking). */
@@ -263,7 +274,11 @@ static dt_status unit_fetch(dt_shard *s, int u) {
     struct shard_unit *U = &s->units[u];
     if (U->state != U_DROPPED) return DT_OK;
     float *p = dt_model_params(s->model);
-    for (int r = U->r0; r < U->r0 + U->nr; r++) DT_TRY(per_owner(s, p, s->rlo[r], s->rhi[r], 0, s->stage ? NULL : U));
+    for (int r = U->r0; r < U->r0 + U->nr; r++) {
+        DT_TRY(per_owner(s, p, s->rlo[r], s->rhi[r], 0, s->stage ? NULL : U));
+        U->held += outside(s, s->rlo[r], s->rhi[r]);
+    }
+    dt_mem_add(DT_MEM_PARAMS, U->held);
     U->state = s->stage ? U_HERE : U_FLIGHT;
     return DT_OK;
 }
@@ -288,6 +303,8 @@ static dt_status unit_drop(dt_shard *s, int u) {
     struct shard_unit *U = &s->units[u];
     if (U->state != U_HERE) return DT_OK;
     U->state = U_DROPPED;
+    dt_mem_sub(DT_MEM_PARAMS, U->held);
+    U->held = 0;
     float *p = dt_model_params(s->model);
     for (int r = U->r0; r < U->r0 + U->nr; r++) {
         int shared = 0;
@@ -331,6 +348,7 @@ static dt_status grads_settle(dt_shard *s, int force) {
     for (; i < s->npend && (i < force || dt_work_test(s->pend[i].work)); i++) {
         dt_status w = dt_work_wait(s->pend[i].work);
         if (w == DT_OK) w = drop_range(s, g, s->pend[i].lo, s->pend[i].hi);
+        dt_mem_sub(DT_MEM_GRADS, outside(s, s->pend[i].lo, s->pend[i].hi));
         if (st == DT_OK) st = w;
         s->pend_floats -= s->pend[i].hi - s->pend[i].lo;
     }
@@ -349,17 +367,19 @@ static dt_status on_final(void *ctx, size_t lo, size_t hi) {
         DT_TRY(per_owner(s, g, lo, hi, 1, NULL));
         return drop_range(s, g, lo, hi);
     }
-    while (s->npend > 0 && (s->npend == s->pend_cap || s->pend_floats > DT_SHARD_UNIT_FLOATS))
+    while (s->npend > 0 && (s->npend == s->pend_cap || s->pend_floats > s->unit_floats))
         DT_TRY(grads_settle(s, 1));
     DT_TRY(dt_allreduce_async(s->comm, g + lo, g + lo, hi - lo, DT_F32, DT_SUM, &s->pend[s->npend].work));
+    dt_mem_add(DT_MEM_GRADS, outside(s, lo, hi));   /* backward wrote it; held until summed */
     s->pend[s->npend].lo = lo;
     s->pend[s->npend++].hi = hi;
     s->pend_floats += hi - lo;
     return grads_settle(s, 0);
 }
 
-dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp) {
+dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes) {
     if (!params_sharded(s)) return DT_OK;
+    s->unit_floats = unit_bytes / sizeof(float) > 0 ? unit_bytes / sizeof(float) : 1;
     int n = dt_model_nlayers(s->model), cap = 0;
     for (int i = 0; i < n; i++) cap += dt_model_layer(s->model, i)->ntensors;
     s->rlo = calloc((size_t)cap + 1, sizeof *s->rlo);
@@ -369,28 +389,23 @@ dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp) {
     s->pend_cap = cap + 1;
     s->pend = calloc((size_t)s->pend_cap, sizeof *s->pend);
     if (!s->rlo || !s->rhi || !s->lunit || !s->units || !s->pend) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
+    s->nunits = dt_model_units(s->model, s->unit_floats, s->lunit, NULL);
     int nr = 0;
-    size_t floats = 0;
-    struct shard_unit *U = NULL;
     for (int i = 0; i < n; i++) {
         const dt_layer *L = dt_model_layer(s->model, i);
-        if (!U) {
-            U = &s->units[s->nunits++];
+        struct shard_unit *U = &s->units[s->lunit[i]];
+        if (i == 0 || s->lunit[i] != s->lunit[i - 1]) {
             U->first = i;
             U->r0 = nr;
-            floats = 0;
         }
         for (int t = 0; t < L->ntensors; t++) {
             const dt_layer_tensor *T = &L->t[t];
-            if (T->role != DT_TENSOR_PARAM && T->role != DT_TENSOR_TIED) continue;
+            if ((T->role != DT_TENSOR_PARAM && T->role != DT_TENSOR_TIED) || T->numel == 0) continue;
             s->rlo[nr] = T->offset;
             s->rhi[nr++] = T->offset + (size_t)T->numel;
-            floats += (size_t)T->numel;
         }
-        s->lunit[i] = s->nunits - 1;
         U->last = i;
         U->nr = nr - U->r0;
-        if (floats >= DT_SHARD_UNIT_FLOATS) U = NULL;
     }
     for (int u = 0; u < s->nunits; u++) {   /* the most broadcasts a unit's gather takes */
         struct shard_unit *V = &s->units[u];
@@ -408,7 +423,13 @@ dt_status dt_shard_gather_params(dt_shard *s) {
     for (int u = 0; u < s->nunits; u++)
         if (s->units[u].state == U_FLIGHT) DT_TRY(unit_need(s, u));
     DT_TRY(allgather(s, dt_model_params(s->model)));
-    for (int u = 0; u < s->nunits; u++) s->units[u].state = U_HERE;
+    for (int u = 0; u < s->nunits; u++) {
+        s->units[u].state = U_HERE;
+        dt_mem_sub(DT_MEM_PARAMS, s->units[u].held);
+        s->units[u].held = 0;
+    }
+    s->full_held = outside(s, 0, s->n);
+    dt_mem_add(DT_MEM_PARAMS, s->full_held);
     s->full = 1;
     return DT_OK;
 }
@@ -418,7 +439,13 @@ dt_status dt_shard_drop_params(dt_shard *s) {
     size_t all = s->per * (size_t)s->world;
     DT_TRY(drop_range(s, dt_model_params(s->model), 0, all));
     DT_TRY(drop_range(s, dt_model_grads(s->model), 0, all));
-    for (int u = 0; u < s->nunits; u++) s->units[u].state = U_DROPPED;
+    for (int u = 0; u < s->nunits; u++) {
+        s->units[u].state = U_DROPPED;
+        dt_mem_sub(DT_MEM_PARAMS, s->units[u].held);
+        s->units[u].held = 0;
+    }
+    dt_mem_sub(DT_MEM_PARAMS, s->full_held);
+    s->full_held = 0;
     s->full = 0;
     return DT_OK;
 }

@@ -17,9 +17,10 @@
  *           the optimizer as with optim. Half the gradient bytes of an all-reduce
  *           reach each rank, but the exchange waits for the end of backward.
  *   params  ZeRO-3 / FSDP: a rank keeps the parameters and gradients of its shard
- *           only. Just before a layer runs (forward or backward) the parameters it
- *           reads are gathered (broadcast from the ranks whose shards hold them), and
- *           dropped after it (the device takes the pages back: ops discard); a
+ *           only. Just before a unit (consecutive layers of at least a given size)
+ *           runs, forward or backward, the parameters it reads are gathered (broadcast
+ *           from the ranks whose shards hold them; the next unit while this one runs),
+ *           and dropped after it (the device takes the pages back: ops discard); a
  *           finished gradient slice is reduced to the ranks that own it, then dropped.
  *           Between steps a rank holds 1/W of parameters, gradients and optimizer
  *           state; evaluation, checkpoints and the end of the run see the whole model
@@ -70,9 +71,10 @@ DT_API void      dt_shard_range(const dt_shard *s, size_t *lo, size_t *len);
 /* 1 when DDP must all-reduce the gradient (none, optim); 0 when it only sums the
  * local micro-batches and sharding does the rest (grads, params). */
 DT_API int       dt_shard_ddp_reduces(const dt_shard *s);
-/* params: install the model's layer hook and DDP's final-slice hook. After the
+/* params: install the model's layer hook and DDP's final-slice hook, with units of at
+ * least unit_bytes of parameters (consecutive layers gathered as one). After the
  * start-of-run broadcast (dt_ddp_sync_start) call dt_shard_drop_params. */
-DT_API dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp);
+DT_API dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes);
 /* params: every rank gathers the whole parameter array (for evaluation, checkpoints,
  * the end of the run; layer gathers pause), and drop_params goes back to keeping this
  * rank's shard only. Nothing to do in the other modes. Collective. */

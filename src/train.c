@@ -32,6 +32,7 @@
 #include "data.h"
 #include "ddp.h"
 #include "hash.h"
+#include "mem.h"
 #include "model.h"
 #include "optim.h"
 #include "sampler.h"
@@ -56,6 +57,7 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->schedule = "cosine";
     o->decay = "all";
     o->shard = "none";
+    o->shard_unit_mb = 1.0;
     o->eval_batches = 20;
     o->gamma = 0.1;
     o->eval = 1;
@@ -86,13 +88,24 @@ static dt_status loss_target(const dt_ops *ops, const dt_loss *lf, const int32_t
     return ops->copy_h2d(dhot, hot, n * (size_t)C * sizeof *hot);
 }
 
-/* Host and device buffers for loss_target over n samples of C outputs (none for CE). */
-static dt_status loss_target_alloc(const dt_ops *ops, const dt_loss *lf, size_t n, int C, float **hot, float **dhot) {
+dt_train_batch_bytes dt_train_batch_size(int64_t n, int64_t sample_floats, int64_t labels, int64_t C, int mse) {
+    dt_train_batch_bytes b = {.x = (size_t)n * (size_t)sample_floats * sizeof(float),
+                              .y = (size_t)n * (size_t)labels * sizeof(int32_t),
+                              .hot = mse ? (size_t)n * (size_t)C * sizeof(float) : 0};
+    return b;
+}
+
+/* The device batch of n samples (x, labels) and, for MSE, its one-hot targets on the
+ * host and the device (loss_target), sized by dt_train_batch_size and counted as other. */
+static dt_status batch_alloc(const dt_ops *ops, const dt_loss *lf, size_t n, int64_t ss, int64_t lw, int C,
+                             float **dx, int32_t **dy, float **hot, float **dhot) {
+    dt_train_batch_bytes b = dt_train_batch_size((int64_t)n, ss, lw, C, lf->kind != DT_LOSS_CE);
     *hot = *dhot = NULL;
-    if (lf->kind == DT_LOSS_CE) return DT_OK;
-    if (!(*hot = malloc(n * (size_t)C * sizeof **hot)))
-        return dt_error(DT_ERR_NOMEM, "out of memory for %zu one-hot targets", n);
-    return ops->alloc((void **)dhot, n * (size_t)C * sizeof **dhot);
+    DT_TRY(dt_mem_alloc(ops, DT_MEM_OTHER, (void **)dx, b.x));
+    DT_TRY(dt_mem_alloc(ops, DT_MEM_OTHER, (void **)dy, b.y));
+    if (!b.hot) return DT_OK;
+    if (!(*hot = malloc(b.hot))) return dt_error(DT_ERR_NOMEM, "out of memory for %zu one-hot targets", n);
+    return dt_mem_alloc(ops, DT_MEM_OTHER, (void **)dhot, b.hot);
 }
 
 /* ---- evaluation -------------------------------------------------------------------- */
@@ -117,9 +130,7 @@ static dt_status evaluate_idx(dt_model *m, const dt_dataset *ds, const dt_loss *
     int32_t *dy = NULL, *hy = malloc((size_t)maxb * lw * sizeof(int32_t));
     int64_t *bi = malloc((size_t)maxb * sizeof *bi);
     dt_status s = hx && hy && bi ? DT_OK : dt_error(DT_ERR_NOMEM, "evaluation: out of memory");
-    if (s == DT_OK) s = ops->alloc((void **)&dx, (size_t)maxb * ss * sizeof(float));
-    if (s == DT_OK) s = ops->alloc((void **)&dy, (size_t)maxb * lw * sizeof(int32_t));
-    if (s == DT_OK) s = loss_target_alloc(ops, lf, (size_t)maxb, C, &hot, &dhot);
+    if (s == DT_OK) s = batch_alloc(ops, lf, (size_t)maxb, (int64_t)ss, (int64_t)lw, C, &dx, &dy, &hot, &dhot);
     double sums[2] = {0.0, 0.0};  /* loss sum, correct count */
     for (int64_t i = lo; s == DT_OK && i < hi; i += maxb) {
         int b = (int)((hi - i) < maxb ? (hi - i) : maxb);
@@ -137,9 +148,9 @@ static dt_status evaluate_idx(dt_model *m, const dt_dataset *ds, const dt_loss *
         sums[0] += l;
         sums[1] += (double)correct;
     }
-    ops->free(dx);
-    ops->free(dy);
-    ops->free(dhot);
+    dt_mem_free(ops, dx);
+    dt_mem_free(ops, dy);
+    dt_mem_free(ops, dhot);
     free(hot);
     free(hx);
     free(hy);
@@ -277,8 +288,18 @@ static dt_status decay_matrices(trainer *t, size_t lo, size_t len) {
     return s;
 }
 
-static dt_status make_optim(trainer *t) {
-    const dt_train_opts *o = t->o;
+dt_status dt_train_split(int64_t batch, int64_t S, int world, int64_t *k, int64_t *b) {
+    if (S < 1 || S % world != 0)
+        return dt_error(DT_ERR_INVALID, "micro_batches: %lld is not a multiple of the world size %d", (long long)S, world);
+    if (batch % S != 0)
+        return dt_error(DT_ERR_INVALID, "batch: the global batch %lld is not divisible by %lld micro-batches",
+                        (long long)batch, (long long)S);
+    *k = S / world;
+    *b = batch / S;
+    return DT_OK;
+}
+
+dt_status dt_train_optim_config(const dt_train_opts *o, dt_optim_config *out) {
     const dt_optim_def *def = dt_optim_find(o->optim);
     if (!def) {
         char names[128];
@@ -297,6 +318,14 @@ static dt_status make_optim(trainer *t) {
         cfg.beta2 = (float)o->beta2;
     }
     if (def->hparams & DT_OPTIM_HP_EPS) cfg.eps = (float)o->eps;
+    *out = cfg;
+    return DT_OK;
+}
+
+static dt_status make_optim(trainer *t) {
+    const dt_train_opts *o = t->o;
+    dt_optim_config cfg;
+    DT_TRY(dt_train_optim_config(o, &cfg));
     size_t lo, len;
     dt_shard_range(t->shard, &lo, &len);
     DT_TRY(dt_optim_init(&cfg, t->ops, len, &t->optim));
@@ -457,10 +486,10 @@ static void trainer_free(trainer *t) {
     dt_sampler_free(t->sampler);
     dt_optim_free(t->optim);
     if (t->ops) {
-        t->ops->free(t->dx);
-        t->ops->free(t->dy);
-        t->ops->free(t->dhot);
-        t->ops->free(t->bnrec);
+        dt_mem_free(t->ops, t->dx);
+        dt_mem_free(t->ops, t->dy);
+        dt_mem_free(t->ops, t->dhot);
+        dt_mem_free(t->ops, t->bnrec);
     }
     free(t->hot);
     free(t->idx);
@@ -761,14 +790,7 @@ static dt_status trainer_setup(trainer *t) {
         return dt_error(DT_ERR_INVALID, "resume: the checkpoint was written with %lld micro-batches, which %d "
                         "processes cannot split; resume on a world size dividing %lld",
                         (long long)t->S, t->world, (long long)t->S);
-    if (t->S % t->world != 0)
-        return dt_error(DT_ERR_INVALID, "micro_batches: %lld is not a multiple of the world size %d",
-                        (long long)t->S, t->world);
-    if (o->batch % t->S != 0)
-        return dt_error(DT_ERR_INVALID, "batch: the global batch %lld is not divisible by %lld micro-batches",
-                        (long long)o->batch, (long long)t->S);
-    t->k = t->S / t->world;
-    t->b = o->batch / t->S;
+    DT_TRY(dt_train_split(o->batch, t->S, t->world, &t->k, &t->b));
 
     /* A data file that cannot be read is bad input (exit 2), not a runtime failure. */
     dt_data_opts data_opts;
@@ -795,15 +817,17 @@ static dt_status trainer_setup(trainer *t) {
      * params, no rank ever holds the whole array */
     dt_shard_mode mode;
     DT_TRY(dt_shard_parse(o->shard, &mode));
-    dt_model_layout layout;
     dt_spec spec;
     DT_TRY(dt_spec_parse(o->model, &spec));
     dt_status ss = dt_spec_infer(&spec, &shape);
     size_t nparams = (size_t)spec.nparams;
     dt_spec_free(&spec);
     DT_TRY(ss);
-    DT_TRY(dt_shard_layout(nparams, t->comm, mode, &layout));
-    DT_TRY(dt_model_build_ex(o->model, &shape, t->ops, o->seed, (int)t->b, &layout, &t->model));
+    dt_model_opts mo;
+    dt_model_opts_default(&mo);
+    mo.recompute = o->recompute;
+    DT_TRY(dt_shard_layout(nparams, t->comm, mode, &mo.layout));
+    DT_TRY(dt_model_build_ex(o->model, &shape, t->ops, o->seed, (int)t->b, &mo, &t->model));
     if (o->init_weights && !t->resume) {   /* a file that cannot be used is bad input */
         dt_status ls = dt_model_load(t->model, o->init_weights);
         if (ls != DT_OK) return dt_error_wrap(ls == DT_ERR_IO ? DT_ERR_INVALID : ls, "init_weights: ");
@@ -830,7 +854,7 @@ static dt_status trainer_setup(trainer *t) {
     dopt.local_only = !dt_shard_ddp_reduces(t->shard);
     dopt.sharded_params = mode == DT_SHARD_PARAMS && t->world > 1;
     DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
-    DT_TRY(dt_shard_attach(t->shard, t->ddp));
+    DT_TRY(dt_shard_attach(t->shard, t->ddp, (size_t)(o->shard_unit_mb * 1048576.0)));
 
     size_t local = (size_t)(t->k * t->b);
     t->idx = malloc(local * sizeof *t->idx);
@@ -840,18 +864,16 @@ static dt_status trainer_setup(trainer *t) {
     t->losses = calloc((size_t)t->k, sizeof *t->losses);
     t->all_losses = calloc((size_t)t->S, sizeof *t->all_losses);
     if (!t->idx || !t->losses || !t->all_losses) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
-    DT_TRY(t->ops->alloc((void **)&t->dx, local * (size_t)info->sample_size * sizeof(float)));
-    DT_TRY(t->ops->alloc((void **)&t->dy, local * (size_t)t->lw * sizeof(int32_t)));
     t->C = (int)dt_shape_numel(os);
     DT_TRY(dt_loss_parse(o->loss, &t->lf.kind));
     if (t->lf.kind != DT_LOSS_CE && t->lw > 1)
         return dt_error(DT_ERR_INVALID, "loss: mse needs one label per sample; token data takes ce");
     t->lf.label_smoothing = (float)o->label_smoothing;
-    DT_TRY(loss_target_alloc(t->ops, &t->lf, local, t->C, &t->hot, &t->dhot));
+    DT_TRY(batch_alloc(t->ops, &t->lf, local, info->sample_size, t->lw, t->C, &t->dx, &t->dy, &t->hot, &t->dhot));
     /* With synchronised batchnorm every rank already sees the global statistics
      * and updates its buffers in place; otherwise records are replayed in order. */
     t->bnrec_n = o->sync_bn && t->world > 1 ? 0 : dt_model_bn_record_size(t->model);
-    if (t->bnrec_n) DT_TRY(t->ops->alloc((void **)&t->bnrec, (size_t)t->S * t->bnrec_n * sizeof(float)));
+    if (t->bnrec_n) DT_TRY(dt_mem_alloc(t->ops, DT_MEM_OTHER, (void **)&t->bnrec, (size_t)t->S * t->bnrec_n * sizeof(float)));
     /* batches are gathered into the device's pinned host memory, so the copy to
      * the device can be a DMA (on the CPU this is plain aligned memory) */
     dt_loader_opts lo = {.depth = 2, .timeout_s = 600, .alloc = loader_alloc, .free = loader_free,
@@ -887,6 +909,12 @@ static dt_status rank_report(trainer *t, int64_t done, int epoch) {
         mine[5] = (double)peak / 1048576.0;
     }
     mine[6] = (double)(done * t->k * t->b);
+    dt_mem_stats ms;
+    dt_mem_get(&ms);
+    for (int c = 0; c <= DT_MEM_TOTAL; c++) {
+        mine[DT_RANK_MEM + c] = (double)ms.cur[c];
+        mine[DT_RANK_MEM_PEAK + c] = (double)ms.peak[c];
+    }
     if (t->world > 1) DT_TRY(dt_allgather(t->comm, mine, all, DT_RANK_STATS, DT_F64));
     else memcpy(all, mine, sizeof mine);
     dt_train_event e = {.kind = DT_EV_RANKS, .epoch = epoch, .epochs = t->o->epochs, .step = done,
@@ -1004,6 +1032,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
             /* an interruption on purpose: checkpointed above, end without finishing */
             DT_TRY(dt_shard_gather_params(t->shard));
             res->stopped = 1;
+            dt_mem_get(&res->mem);
             res->steps = done;
             res->final_loss = loss;
             return DT_OK;
@@ -1012,6 +1041,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
     /* Every rank must end with the same parameters: a hash per tensor, compared. */
     DT_TRY(dt_shard_gather_params(t->shard));
     DT_TRY(dt_ddp_check_equal(t->ddp));
+    dt_mem_get(&res->mem);
     res->steps = t->total;
     res->final_loss = loss;
     res->seconds = train_time;
@@ -1028,6 +1058,7 @@ dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
     t.o = o;
     t.ops = ops;
     t.comm = comm;
+    dt_mem_reset_peak();   /* this run's peaks, not those of what the process did before */
     dt_status s = trainer_setup(&t);
     if (s == DT_OK) {   /* the normalisation a user must repeat to feed these weights */
         const dt_dataset_info *di = dt_dataset_get_info(t.train);

@@ -26,7 +26,9 @@
 #include <stdint.h>
 #include "comm.h"
 #include "data.h"    /* dt_data_opts */
+#include "mem.h"     /* dt_mem_stats */
 #include "model.h"   /* dt_loss */
+#include "optim.h"   /* dt_optim_config */
 #include "ops.h"
 #include "status.h"
 
@@ -67,11 +69,14 @@ typedef struct {
     /* RANKS: world_size rows of DT_RANK_STATS values: steps, step seconds, data wait,
      * compute, communication wait (seconds since the last report), peak memory (MiB:
      * the device's own count when it keeps one, else the resident set),
-     * samples this rank has seen */
+     * samples this rank has seen; then from DT_RANK_MEM the accounted bytes now (mem.h:
+     * DT_MEM_NCAT categories, then the total) and from DT_RANK_MEM_PEAK their peaks */
     const double *rank_stats;
 } dt_train_event;
 
-#define DT_RANK_STATS 7
+#define DT_RANK_MEM      7
+#define DT_RANK_MEM_PEAK (DT_RANK_MEM + DT_MEM_NCAT + 1)
+#define DT_RANK_STATS    (DT_RANK_MEM_PEAK + DT_MEM_NCAT + 1)
 
 typedef void (*dt_train_event_fn)(void *ctx, const dt_train_event *ev);
 
@@ -104,6 +109,8 @@ typedef struct {
                                  * "grads" (ZeRO-2: gradients reduce-scattered too) or "params"
                                  * (ZeRO-3: parameters gathered layer by layer); shard.h.
                                  * Same bits as none; checkpoints load in any mode */
+    double      shard_unit_mb;  /* shard params: consecutive layers are gathered in units of at
+                                 * least this many MiB of parameters (default 1) */
     const char *decay;          /* weight decay on "all" parameters (default) or "matrices" only
                                  * (every parameter of 2 or more dimensions, as nanoGPT and llm.c) */
     double      min_lr;         /* cosine schedule: the learning rate it ends at (default 0) */
@@ -120,6 +127,8 @@ typedef struct {
     double      bucket_mb;      /* gradient bucket size in MiB (default 25; the first bucket 1) */
     int         overlap;        /* launch buckets during backward (default 1) */
     int         sync_bn;        /* batchnorm statistics over all ranks */
+    int         recompute;      /* recompute the activations of residual blocks in backward
+                                 * instead of keeping them (model.h: dt_model_opts) */
     const char *lr_scale;       /* "none" (default), "linear" or "sqrt": lr x W or x sqrt(W) */
     int         eval;           /* evaluate on the test split after each epoch (default 1) */
     const char *ckpt_dir;       /* write checkpoints here (NULL: none) */
@@ -152,6 +161,8 @@ typedef struct {
     float   norm_mean[64];     /*   x' = (x - norm_mean[c]) / norm_std[c] */
     float   norm_std[64];      /*   (after u8 scaling to [0, 1] unless "none"; 0 and 1
                                 *   when no statistics apply) */
+    dt_mem_stats mem;          /* this rank's accounted memory at the end, and its peaks
+                                * over the run (mem.h) */
 } dt_train_result;
 
 /* Train as the options say, on device `ops`, across `comm` (NULL: one process).
@@ -165,6 +176,22 @@ DT_API dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm
  * vocabulary). DT_ERR_INVALID naming the field for a bad name or a model that is not a
  * token model. `dtrain check` opens the data as the trainer will. */
 DT_API dt_status dt_train_data_opts(const dt_train_opts *o, dt_data_opts *out);
+
+/* The split of a global batch into S micro-batches over `world` ranks: k local
+ * micro-batches of b samples each; DT_ERR_INVALID naming micro_batches or batch
+ * when S is not a multiple of the world size or does not divide the batch. */
+DT_API dt_status dt_train_split(int64_t batch, int64_t S, int world, int64_t *k, int64_t *b);
+
+/* The optimizer configuration the options make (their optimizer row's defaults with
+ * the options' hyper-parameters); DT_ERR_INVALID for an unknown optimizer name. */
+DT_API dt_status dt_train_optim_config(const dt_train_opts *o, dt_optim_config *out);
+
+/* The bytes of the trainer's device buffers for a batch of n samples of sample_floats
+ * values and `labels` labels each (C outputs; mse: one-hot targets too), counted as
+ * "other" (mem.h): the step's batch (n = k micro-batches x b) and, while evaluation
+ * runs, its batch (n = b). */
+typedef struct { size_t x, y, hot; } dt_train_batch_bytes;
+DT_API dt_train_batch_bytes dt_train_batch_size(int64_t n, int64_t sample_floats, int64_t labels, int64_t C, int mse);
 
 /* Evaluate a model on the test split of a data spec: mean loss (lf; NULL:
  * cross-entropy) and accuracy (argmax = label, whatever the loss). With comm, the test set is sharded across ranks and the sums all-reduced. */

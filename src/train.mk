@@ -1,15 +1,21 @@
 # src/train.mk: the training loop, weight files, and the dtrain program.
-libdtrain_core_la_SOURCES += src/train.c src/checkpoint.c src/ddp.c src/shard.c src/testing.c src/testing.h
+libdtrain_core_la_SOURCES += src/train.c src/checkpoint.c src/ddp.c src/shard.c src/testing.c src/testing.h src/plan.c \
+	src/plan.h
 dtraininclude_HEADERS += src/train.h src/checkpoint.h src/ddp.h src/shard.h
 
 bin_PROGRAMS += dtrain
 dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h \
-	src/tools/check.c src/tools/plot.c src/tools/sample.c src/tools/export.c src/tools/tools.h src/tools/tool_util.c src/tools/tool_util.h
+	src/tools/check.c src/tools/plot.c src/tools/sample.c src/tools/plan.c src/tools/export.c src/tools/tools.h \
+	src/tools/tool_util.c src/tools/tool_util.h
 
 TESTS += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
 	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
 EXTRA_DIST += tests/st_torch.py tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
 	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
+# memory accounting, the model's memory plan, recomputation's bits, the plan's rows
+check_PROGRAMS += tests/test_mem
+TESTS += tests/test_mem tests/recompute.sh tests/plan.sh
+EXTRA_DIST += tests/recompute.sh tests/plan.sh
 TESTS += tests/optim_cli.sh tests/shard.sh
 EXTRA_DIST += tests/optim_cli.sh tests/shard.sh
 # the gpt end to end (learning, invariance, resume, sampling, check on token data, Hugging

@@ -19,7 +19,9 @@ run() {
     [ $rc -eq 0 ] || tail -5 "$T/$tag.out" | sed 's/^/#   /'
     return $rc
 }
-# same NAME WORKLOAD ARGS...: none on 1 process is the reference; every mode on 1, 2, 4
+# same NAME WORKLOAD ARGS...: none on 1 process is the reference; every mode on 1, 2, 4,
+# and params in units of about a layer (--shard-unit-mb 0.001: gathers, prefetches and
+# drops at every layer) on 2 and 4
 same() {
     name=$1; shift
     run "$name-ref" 1 "$@"; ok $? "$name: --shard none on 1 process"
@@ -30,6 +32,12 @@ same() {
             [ $rc -eq 0 ] && cmp -s "$T/$name-ref.st" "$T/$name-$mode-$n.st"
             ok $? "$name: --shard $mode on $n process(es) gives bitwise the weights of --shard none"
         done
+    done
+    for n in 2 4; do
+        run "$name-units-$n" $n "$@" --shard params --shard-unit-mb 0.001
+        rc=$?
+        [ $rc -eq 0 ] && cmp -s "$T/$name-ref.st" "$T/$name-units-$n.st"
+        ok $? "$name: --shard params in layer-sized units on $n processes gives bitwise the weights of --shard none"
     done
 }
 
@@ -53,6 +61,15 @@ timeout 60 "$D" prepare-text "$T/tok" "$T/text.txt" > "$T/prep.out" 2>&1
 ok $? "prepare-text writes the token files"
 same gpt --model "gpt(layers=2,heads=2,dim=32,block=16,dropout=0.1)" --data "tokens:$T/tok" --batch 8 \
     --micro-batches 4 --steps 4 --warmup 1 --quiet --threads 1 --eval-batches 1
+# with --recompute a block's forward runs again inside backward: its parameters are gathered for it
+for n in 2 4; do
+    run gpt-rc-$n $n --model "gpt(layers=2,heads=2,dim=32,block=16,dropout=0.1)" --data "tokens:$T/tok" --batch 8 \
+        --micro-batches 4 --steps 4 --warmup 1 --quiet --threads 1 --eval-batches 1 --shard params --recompute \
+        --shard-unit-mb 0.001
+    rc=$?
+    [ $rc -eq 0 ] && cmp -s "$T/gpt-ref.st" "$T/gpt-rc-$n.st"
+    ok $? "gpt: --shard params --recompute on $n processes gives bitwise the weights of --shard none"
+done
 
 # 4. a checkpoint written by 4 ranks sharding parameters resumes on 2 ranks sharding the
 #    optimizer, and one written without sharding resumes on 4 ranks sharding parameters
@@ -132,7 +149,22 @@ part=$(awk -v a="$(peak mem-params)" -v b="$(peak mem0-params)" 'BEGIN { print a
 awk -v f="$full" -v p="$part" 'BEGIN { exit !(f > 400 && p > 0 && p <= 0.30 * f) }'
 ok $? "--shard params keeps at most 30% of --shard none's state per rank ($part MiB against $full MiB)"
 
+# 6b. dtrain plan against the accounted peak of an 8-layer MLP on 4 processes, every mode
+MLP8="flatten $(i=0; while [ $i -lt 8 ]; do printf 'linear(1024) relu '; i=$((i + 1)); done)linear(4)"
+for mode in optim grads params; do
+    timeout 120 "$R" -n 4 "$D" train $MEM --model "$MLP8" --shard $mode > "$T/pl-$mode.out" 2>&1
+    ok $? "the 8-layer MLP trains with --shard $mode (accounted)"
+    got=$(sed 's/^\[rank0\]://' "$T/pl-$mode.out" | awk '/now\/peak \(accounted\)/ { on = 1; next }
+        on && $1 ~ /^[0-9]+$/ { split($NF, a, "/"); if (a[2] > m) m = a[2] } END { print m + 0 }')
+    want=$(timeout 60 "$D" plan --model "$MLP8" --np 4 --shard $mode --precision fp32 --input 1,8,8 --batch 16 \
+        --optim adamw --no-eval 2>&1 | awk -v m=$mode '$1 == m && $2 == "fp32" { print $9 }')
+    awk -v g="$got" -v w="$want" 'BEGIN { exit !(g > 0 && w > 0 && w <= 1.1 * g && w >= 0.9 * g) }'
+    ok $? "dtrain plan --shard $mode: $want MiB per rank, within 10% of the accounted peak $got MiB"
+done
+
 # 7. bad input
+timeout 60 "$D" train $BASE --model "$CNN" --shard params --shard-unit-mb 0 > "$T/bad0.out" 2>&1
+[ $? -eq 2 ]; ok $? "--shard-unit-mb 0 exits 2"
 timeout 60 "$D" train $BASE --model "$CNN" --shard params3 > "$T/bad.out" 2>&1
 [ $? -eq 2 ]; ok $? "an unknown --shard exits 2"
 ok_grep "$T/bad.out" "--shard: expected none, optim, grads or params, got 'params3'" "and names the choices"

@@ -120,7 +120,8 @@ typedef struct {
 /* Flags of `dtrain train` that take no value. */
 static int is_bool_flag(const char *a) {
     return !strcmp(a, "--nesterov") || !strcmp(a, "--no-eval") || !strcmp(a, "--quiet") ||
-           !strcmp(a, "--no-overlap") || !strcmp(a, "--sync-bn") || !strcmp(a, "--allow-tf32");
+           !strcmp(a, "--no-overlap") || !strcmp(a, "--sync-bn") || !strcmp(a, "--allow-tf32") ||
+           !strcmp(a, "--recompute");
 }
 
 static dt_status find_programs(check_cfg *c) {

@@ -1,5 +1,6 @@
 /*
- * dtrain.c: the dtrain program — train, eval, model and prepare-text.
+ * dtrain.c: the dtrain program — train, eval, model and prepare-text (check, plot,
+ * sample and plan live in files of their own, tools.h).
  *
  *   dtrain train [flags]                         train (default: cnn on Fashion-MNIST)
  *   dtrain eval --model SPEC --weights FILE      test accuracy and loss of saved weights
@@ -46,6 +47,7 @@ static const char *usage_main =
     "  sample        generate text with a trained token model (gpt)\n"
     "  model         print a model's layers, output shapes and parameter counts\n"
     "  check         prove that N processes compute what 1 process computes (dtrain check --np 2)\n"
+    "  plan          the memory per rank of a run, by sharding mode and precision, and its wall\n"
     "  plot          draw the loss curves of metrics files (PNG through gnuplot, or --text)\n"
     "  prepare-text  byte-level token files (train.bin, val.bin) from text, for --data tokens:DIR\n"
     "  export        the whole model of a checkpoint (sharded or not) as one safetensors file\n"
@@ -122,6 +124,9 @@ static const char *usage_train_rest =
     "  --quiet               no progress, only the final summary\n"
     "  --rank-stats K        per-rank step/data/compute/comm times, memory and samples\n"
     "                        every K steps (0: after each epoch, when distributed)  [0]\n"
+    "  --recompute           keep only the inputs of residual blocks from forward to\n"
+    "                        backward and run each block's forward again in backward\n"
+    "                        (activation checkpointing: less memory, the same weights)\n"
     "  --device cpu|cuda     compute device (cuda needs a --with-cuda build; each rank\n"
     "                        takes the GPU of its local rank)  [cpu]\n"
     "  --allow-tf32          let cuBLAS use TF32 for GEMMs (faster, fewer mantissa bits)\n"
@@ -150,6 +155,8 @@ static const char *usage_train_rest =
     "                        also reduce-scatters the gradients; params (FSDP) keeps 1/W\n"
     "                        of parameters and gradients too, gathering each layer's\n"
     "                        parameters just before it runs. Same weights as none  [none]\n"
+    "  --shard-unit-mb X     --shard params gathers consecutive layers in units of at\n"
+    "                        least X MiB of parameters (FSDP's wrapping)  [1]\n"
     "  --backend tcp|mpi|nccl  communication backend  [$DT_BACKEND or tcp]\n"
     "  --init-method URL     env:// (default), tcp://HOST:PORT or file:///PATH; under\n"
     "                        mpirun without MASTER_ADDR/MASTER_PORT, rank 0's address\n"
@@ -168,7 +175,8 @@ static const char *usage_model =
     "usage: dtrain model --model SPEC [--input C,H,W | --data SPEC]\n"
     "\n"
     "Prints each layer with its output shape and parameter count, and the totals.\n"
-    "The input shape comes from --input (default 1,28,28) or from the data.\n";
+    "The input shape comes from --input or from the data (default: a token model's\n"
+    "window, else 1,28,28).\n";
 
 static const char *usage_prepare_text =
     "usage: dtrain prepare-text OUT_DIR FILE...\n"
@@ -298,6 +306,41 @@ static void fmt_duration(double s, char *buf, size_t n) {
     else snprintf(buf, n, "%lds", t);
 }
 
+/* The accounted memory as JSON members: "mem_bytes":{"params":N,...,"total":N},
+ * "mem_peak_bytes":{...} (cur and peak hold DT_MEM_NCAT categories and the total). */
+static void mem_json(const double *cur, const double *peak, char *buf, size_t n) {
+    size_t off = 0;
+    for (int which = 0; which < 2 && off < n; which++) {
+        const double *v = which ? peak : cur;
+        off += (size_t)snprintf(buf + off, n - off, "%s\"%s\":{", which ? "," : "", which ? "mem_peak_bytes" : "mem_bytes");
+        for (int c = 0; c <= DT_MEM_TOTAL && off < n; c++)
+            off += (size_t)snprintf(buf + off, n - off, "%s\"%s\":%.0f", c ? "," : "", dt_mem_cat_name(c), v[c]);
+        if (off < n) off += (size_t)snprintf(buf + off, n - off, "}");
+    }
+}
+
+/* The end of a run: this rank's accounted memory, one line per category, and the
+ * same in the metrics file ({"event":"memory",...}). */
+static void show_memory(reporter *r, const dt_mem_stats *m, int64_t step) {
+    double cur[DT_MEM_NCAT + 1], peak[DT_MEM_NCAT + 1];
+    for (int c = 0; c <= DT_MEM_TOTAL; c++) {
+        cur[c] = (double)m->cur[c];
+        peak[c] = (double)m->peak[c];
+    }
+    if (r->metrics) {
+        char mem[1024];
+        mem_json(cur, peak, mem, sizeof mem);
+        fprintf(r->metrics, "{\"event\":\"memory\",\"step\":%lld,\"rank\":0,%s}\n", (long long)step, mem);
+        fflush(r->metrics);
+    }
+    if (r->quiet) return;
+    printf("dtrain: memory of rank 0 (accounted), MiB at the end and at peak:\n");
+    for (int c = 0; c <= DT_MEM_TOTAL; c++)
+        printf("  %-6s %10.2f %10.2f  %s\n", dt_mem_cat_name(c), cur[c] / 1048576.0, peak[c] / 1048576.0,
+               dt_mem_cat_help(c));
+    fflush(stdout);
+}
+
 /* The per-rank table: one row per rank, the slowest named, so an unbalanced or
  * slow rank stands out. */
 static void show_ranks(reporter *r, const dt_train_event *ev) {
@@ -311,10 +354,12 @@ static void show_ranks(reporter *r, const dt_train_event *ev) {
     if (r->metrics) {
         for (int q = 0; q < W; q++) {
             const double *x = st + q * DT_RANK_STATS;
+            char mem[1024];
+            mem_json(x + DT_RANK_MEM, x + DT_RANK_MEM_PEAK, mem, sizeof mem);
             fprintf(r->metrics,
                     "{\"event\":\"rank\",\"step\":%lld,\"rank\":%d,\"steps\":%.0f,\"step_s\":%.6f,\"data_s\":%.6f,"
-                    "\"compute_s\":%.6f,\"comm_s\":%.6f,\"peak_mem_mb\":%.1f,\"samples\":%.0f}\n",
-                    (long long)ev->step, q, x[0], x[1], x[2], x[3], x[4], x[5], x[6]);
+                    "\"compute_s\":%.6f,\"comm_s\":%.6f,\"peak_mem_mb\":%.1f,\"samples\":%.0f,%s}\n",
+                    (long long)ev->step, q, x[0], x[1], x[2], x[3], x[4], x[5], x[6], mem);
         }
         fflush(r->metrics);
     }
@@ -330,6 +375,19 @@ static void show_ranks(reporter *r, const dt_train_event *ev) {
         double n = x[0] > 0 ? x[0] : 1;
         printf("  %4d %7.1f %7.1f %8.1f %7.1f %9.1f %10.0f%s\n", q, 1e3 * x[1] / n, 1e3 * x[2] / n,
                1e3 * x[3] / n, 1e3 * x[4] / n, x[5], x[6], (W > 1 && q == slow) ? "  <- slowest" : "");
+    }
+    printf("per-rank memory, MiB now/peak (accounted):\n  rank");
+    for (int c = 0; c <= DT_MEM_TOTAL; c++) printf(" %13s", dt_mem_cat_name(c));
+    printf("\n");
+    for (int q = 0; q < W; q++) {
+        const double *x = st + q * DT_RANK_STATS;
+        printf("  %4d", q);
+        for (int c = 0; c <= DT_MEM_TOTAL; c++) {
+            char cell[64];
+            snprintf(cell, sizeof cell, "%.1f/%.1f", x[DT_RANK_MEM + c] / 1048576.0, x[DT_RANK_MEM_PEAK + c] / 1048576.0);
+            printf(" %13s", cell);
+        }
+        printf("\n");
     }
     fflush(stdout);
 }
@@ -493,6 +551,7 @@ static int cmd_train(int argc, char **argv) {
         if (!strcmp(a, "--quiet")) { quiet = 1; i++; continue; }
         if (!strcmp(a, "--no-overlap")) { o.overlap = 0; i++; continue; }
         if (!strcmp(a, "--sync-bn")) { o.sync_bn = 1; i++; continue; }
+        if (!strcmp(a, "--recompute")) { o.recompute = 1; i++; continue; }
         if (!strcmp(a, "--allow-tf32")) { allow_tf32 = 1; i++; continue; }
 #define FLAG(name) dt_arg_match(name, argc, argv, &i, &v, &s)
         if (FLAG("--model")) o.model = v;
@@ -534,6 +593,7 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--stop-at")) { if (s == DT_OK) s = dt_arg_int("--stop-at", v, 1, INT64_MAX, 0, &o.stop_at); }
         else if (FLAG("--rank-stats")) { if (s == DT_OK && (s = dt_arg_int("--rank-stats", v, 0, 1 << 30, 0, &iv)) == DT_OK) o.rank_stats_every = (int)iv; }
         else if (FLAG("--shard")) o.shard = v;
+        else if (FLAG("--shard-unit-mb")) { if (s == DT_OK) s = dt_arg_double("--shard-unit-mb", v, 1e-6, 1e6, &o.shard_unit_mb); }
         else if (FLAG("--bucket-mb")) { if (s == DT_OK) s = dt_arg_double("--bucket-mb", v, 1e-6, 1e6, &o.bucket_mb); }
         else if (FLAG("--lr-scale")) o.lr_scale = v;
         else if (FLAG("--batch-per-rank")) { if (s == DT_OK) s = dt_arg_int("--batch-per-rank", v, 1, 1 << 24, 0, &batch_per_rank); }
@@ -582,6 +642,7 @@ static int cmd_train(int argc, char **argv) {
     dt_train_result res;
     s = dt_train_run(&o, ops, comm, &model, &res);
     if (s == DT_OK && g_rank == 0) {
+        show_memory(&rep, &res.mem, res.steps);
         if (res.stopped)
             printf("dtrain: stopped at step %lld as asked (--stop-at); resume with --resume auto\n",
                    (long long)res.steps);
@@ -676,7 +737,7 @@ static int cmd_eval(int argc, char **argv) {
 }
 
 static int cmd_model(int argc, char **argv) {
-    const char *spec = NULL, *data = NULL, *input = "1,28,28";
+    const char *spec = NULL, *data = NULL, *input = NULL;
     dt_status s = DT_OK;
     for (int i = 1; i < argc && s == DT_OK;) {
         const char *v = NULL;
@@ -688,31 +749,9 @@ static int cmd_model(int argc, char **argv) {
     }
     if (s == DT_OK && !spec) s = dt_error(DT_ERR_INVALID, "--model: required (a preset, a layer list or @FILE)");
     if (s != DT_OK) return fail(s);
-    dt_shape shape = {0};
-    if (data) {
-        dt_dataset *ds = NULL;
-        /* a data set that cannot be opened is bad input here (exit 2), as in eval */
-        dt_data_opts dopt;
-        dt_data_opts_default(&dopt);
-        if (!strncmp(data, "tokens:", 7) && (s = dt_spec_token_dims(spec, &dopt.window, &dopt.classes)) != DT_OK)
-            return fail(s);
-        if ((s = dt_dataset_open_opts(data, DT_SPLIT_TEST, &dopt, &ds)) != DT_OK)
-            return fail(s == DT_ERR_IO ? DT_ERR_INVALID : s);
-        const dt_dataset_info *info = dt_dataset_get_info(ds);
-        shape.ndim = info->ndim;
-        for (int i = 0; i < info->ndim; i++) shape.d[i] = info->shape[i];
-        dt_dataset_free(ds);
-    } else {
-        char buf[64], *save = NULL;
-        snprintf(buf, sizeof buf, "%s", input);
-        for (char *tok = strtok_r(buf, ",", &save); tok && s == DT_OK; tok = strtok_r(NULL, ",", &save)) {
-            if (shape.ndim == 3) { s = dt_error(DT_ERR_INVALID, "--input: expected C,H,W or F, got '%s'", input); break; }
-            s = dt_arg_int("--input", tok, 1, INT64_C(1) << 31, 0, &shape.d[shape.ndim++]);
-        }
-        if (s == DT_OK && shape.ndim != 1 && shape.ndim != 3)
-            s = dt_error(DT_ERR_INVALID, "--input: expected C,H,W or F, got '%s'", input);
-        if (s != DT_OK) return fail(s);
-    }
+    dt_shape shape;
+    int64_t labels;
+    if ((s = dt_tool_input_shape(spec, data, input, "--input", &shape, &labels)) != DT_OK) return fail(s);
     dt_spec sp;
     if ((s = dt_spec_parse(spec, &sp)) != DT_OK) return fail(s == DT_ERR_IO ? DT_ERR_INVALID : s);
     if ((s = dt_spec_infer(&sp, &shape)) != DT_OK) { dt_spec_free(&sp); return fail(s); }
@@ -756,9 +795,10 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "check")) return dtrain_check_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plot")) return dtrain_plot_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "sample")) return dtrain_sample_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "plan")) return dtrain_plan_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "prepare-text")) return cmd_prepare_text(argc - 1, argv + 1);
     if (!strcmp(argv[1], "export")) return dtrain_export_main(argc - 1, argv + 1);
-    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval, model, check, plot, sample, prepare-text or "
-            "export; see dtrain --help)\n", argv[1]);
+    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval, model, check, plot, sample, plan, prepare-text "
+            "or export; see dtrain --help)\n", argv[1]);
     return 2;
 }

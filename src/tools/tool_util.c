@@ -33,12 +33,13 @@ const dt_arg_field dt_tool_train_flags[] = {
     {"step_size", "--step-size"},         {"gamma", "--gamma"},
     {"warmup", "--warmup"},               {"clip", "--clip"},
     {"label_smoothing", "--label-smoothing"}, {"seed", "--seed"},
-    {"loss", "--loss"},                   {"decay", "--decay"}, {"shard", "--shard"},
+    {"loss", "--loss"},                   {"decay", "--decay"}, {"shard", "--shard"}, {"shard_unit_mb", "--shard-unit-mb"},
     {"min_lr", "--min-lr"},               {"eval_every", "--eval-every"},
     {"eval_batches", "--eval-batches"},   {"dampening", "--dampening"},
     {"normalize", "--normalize"},         {"init_weights", "--init"},
     {"bucket_mb", "--bucket-mb"},         {"overlap", "--no-overlap"},
     {"sync_bn", "--sync-bn"},             {"lr_scale", "--lr-scale"},
+    {"recompute", "--recompute"},
     {"eval", "--no-eval"},                {"ckpt_dir", "--checkpoint-dir"},
     {"ckpt_every", "--checkpoint-every"}, {"ckpt_keep", "--keep"},
     {"stop_at", "--stop-at"},             {"resume", "--resume"},
@@ -55,6 +56,46 @@ int dt_tool_fail(dt_status s) {
     char buf[1200];
     fprintf(stderr, "dtrain: %s\n", dt_tool_error(buf, sizeof buf));
     return dt_exit_code(s);
+}
+
+/* ---- models and data ----------------------------------------------------------------- */
+
+dt_status dt_tool_input_shape(const char *spec, const char *data, const char *input, const char *flag,
+                              dt_shape *shape, int64_t *labels) {
+    memset(shape, 0, sizeof *shape);
+    *labels = 1;
+    dt_data_opts dopt;
+    dt_data_opts_default(&dopt);
+    if (data) {
+        dt_dataset *ds = NULL;
+        if (!strncmp(data, "tokens:", 7)) DT_TRY(dt_spec_token_dims(spec, &dopt.window, &dopt.classes));
+        dt_status s = dt_dataset_open_opts(data, DT_SPLIT_TEST, &dopt, &ds);
+        if (s != DT_OK) return s == DT_ERR_IO ? DT_ERR_INVALID : s;
+        const dt_dataset_info *info = dt_dataset_get_info(ds);
+        shape->ndim = info->ndim;
+        for (int i = 0; i < info->ndim; i++) shape->d[i] = info->shape[i];
+        *labels = info->label_width;
+        dt_dataset_free(ds);
+        return DT_OK;
+    }
+    int vocab;
+    int token = dt_spec_token_dims(spec, &dopt.window, &vocab) == DT_OK;
+    dt_error_clear();
+    if (!input && token) {
+        *shape = (dt_shape){.ndim = 1, .d = {dopt.window}};
+        *labels = dopt.window;
+        return DT_OK;
+    }
+    char buf[64], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", input ? input : "1,28,28");
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (shape->ndim == 3) return dt_error(DT_ERR_INVALID, "%s: expected C,H,W or F, got '%s'", flag, input);
+        DT_TRY(dt_arg_int(flag, tok, 1, INT64_C(1) << 31, 0, &shape->d[shape->ndim++]));
+    }
+    if (shape->ndim != 1 && shape->ndim != 3)
+        return dt_error(DT_ERR_INVALID, "%s: expected C,H,W or F, got '%s'", flag, input);
+    if (token) *labels = shape->d[0];   /* a token model's window of T positions has T labels */
+    return DT_OK;
 }
 
 /* ---- the gpt recipe ------------------------------------------------------------------ */

@@ -31,6 +31,16 @@ const char *dt_tool_error(char *buf, size_t n);
  * 1 runtime failure). For the commands that run on one process. */
 int         dt_tool_fail(dt_status s);
 
+/* ---- models and data ----------------------------------------------------------------- */
+
+/* The per-sample input shape of a model and the labels per sample: from the data set
+ * `data` (its test split) when given, else from `input` ("C,H,W" or "F"; flag names it
+ * in errors) when given, else the token window of a token model (spec: a gpt preset),
+ * else Fashion-MNIST's (1, 28, 28) with one label. A data set that cannot be opened is
+ * bad input (DT_ERR_INVALID). */
+dt_status dt_tool_input_shape(const char *spec, const char *data, const char *input, const char *flag,
+                              dt_shape *shape, int64_t *labels);
+
 /* ---- the gpt recipe ------------------------------------------------------------------ */
 
 /* 1 when the flags train a gpt preset (--model gpt...) on token data (--data tokens:...):

@@ -1,0 +1,139 @@
+/*
+ * plan.c: per-rank memory estimates (see plan.h): the two tables of rows, and the
+ * one formula that reads them.
+ */
+#include "plan.h"
+
+#include <string.h>
+
+#include "ddp.h"     /* dt_ddp_tree_arrays, dt_ddp_opts_default */
+#include "optim.h"
+
+/* ---- the rows ------------------------------------------------------------------------ */
+
+static const dt_plan_shard shards[] = {
+    { .name = "none", .help = "every rank holds everything (DDP)" },
+    { .name = "optim", .optim_sharded = 1, .help = "ZeRO-1: optimizer state of P/W parameters" },
+    /* the gradient array stays whole as backward's output; the reduce-scatter is in place */
+    { .name = "grads", .optim_sharded = 1,
+      .help = "ZeRO-2: as optim, gradients reduce-scattered (the array stays whole)" },
+    /* the current and the prefetched unit of parameters; a unit's worth of finished
+     * gradient being summed (shard.c) */
+    { .name = "params", .optim_sharded = 1, .grads_sharded = 1, .params_sharded = 1, .gather_units = 2,
+      .grad_units = 1, .help = "ZeRO-3 / FSDP: 1/W of everything, plus two units gathered" },
+};
+
+static const dt_plan_precision precisions[] = {
+    { .name = "fp32", .master_bytes = 4, .copy_bytes = 0, .grad_bytes = 4, .state_bytes = 4, .gather_bytes = 4,
+      .act_factor = 1.0, .help = "everything in 4 bytes" },
+    { .name = "bf16", .master_bytes = 4, .copy_bytes = 2, .grad_bytes = 4, .state_bytes = 4, .gather_bytes = 2,
+      .act_factor = 1.0, .help = "fp32 master weights and state, a 2-byte copy of the weights" },
+    { .name = "fp16", .master_bytes = 4, .copy_bytes = 2, .grad_bytes = 4, .state_bytes = 4, .gather_bytes = 2,
+      .act_factor = 1.0, .help = "as bf16, with loss scaling" },
+};
+
+const dt_plan_shard *dt_plan_shards(int *n) {
+    *n = (int)(sizeof shards / sizeof shards[0]);
+    return shards;
+}
+
+const dt_plan_precision *dt_plan_precisions(int *n) {
+    *n = (int)(sizeof precisions / sizeof precisions[0]);
+    return precisions;
+}
+
+const dt_plan_shard *dt_plan_shard_find(const char *name) {
+    for (size_t i = 0; name && i < sizeof shards / sizeof shards[0]; i++)
+        if (!strcmp(shards[i].name, name)) return &shards[i];
+    return NULL;
+}
+
+const dt_plan_precision *dt_plan_precision_find(const char *name) {
+    for (size_t i = 0; name && i < sizeof precisions / sizeof precisions[0]; i++)
+        if (!strcmp(precisions[i].name, name)) return &precisions[i];
+    return NULL;
+}
+
+/* ---- the formula ------------------------------------------------------------------------ */
+
+/* n parameters of `bytes` each, divided over w ranks when sharded (contiguous shards:
+ * the largest holds ceil(n / w)) */
+static size_t per_rank(int64_t n, int bytes, int sharded, int w) {
+    int64_t k = sharded ? (n + w - 1) / w : n;
+    return (size_t)k * (size_t)bytes;
+}
+
+dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
+                      dt_plan_estimate *out) {
+    const dt_train_opts *t = o->train;
+    memset(out, 0, sizeof *out);
+    int W = o->world;
+    if (W < 1) return dt_error(DT_ERR_INVALID, "world: expected at least 1 rank, got %d", W);
+    int64_t S = t->micro_batches > 0 ? t->micro_batches : W, k, b;
+    DT_TRY(dt_train_split(t->batch, S, W, &k, &b));
+    if (b > (1 << 30)) return dt_error(DT_ERR_INVALID, "batch: micro-batches of %lld samples are too large", (long long)b);
+    dt_optim_config cfg;
+    DT_TRY(dt_train_optim_config(t, &cfg));
+    dt_model_opts mo;
+    dt_model_opts_default(&mo);
+    mo.recompute = t->recompute;
+    mo.unit_floats = t->shard_unit_mb > 0 ? (size_t)(t->shard_unit_mb * 1048576.0) / sizeof(float) : 0;
+    dt_model_mem *mm = &out->model;
+    DT_TRY(dt_model_plan_memory(t->model, &o->input, (int)b, &mo, mm));
+    int64_t P = mm->nparams;
+    size_t *B = out->bytes;
+
+    /* parameters: master weights and rounded copies (their shard), buffers, gathered units */
+    B[DT_MEM_PARAMS] = per_rank(P, pr->master_bytes + pr->copy_bytes, sh->params_sharded, W) +
+                       mm->nbuffers * sizeof(float) +
+                       (size_t)sh->gather_units * (size_t)mm->unit_params_max * (size_t)pr->gather_bytes;
+    /* gradients: the model's array (or its shard) and DDP's accumulation tree */
+    B[DT_MEM_GRADS] = per_rank(P, pr->grad_bytes, sh->grads_sharded, W) +
+                      (size_t)sh->grad_units * (size_t)mm->unit_params_max * (size_t)pr->grad_bytes +
+                      (size_t)dt_ddp_tree_arrays(k) * (size_t)P * sizeof(float);
+    B[DT_MEM_OPTIM] = (size_t)dt_optim_nstate_of(&cfg) * per_rank(P, pr->state_bytes, sh->optim_sharded, W);
+    B[DT_MEM_ACTS] = (size_t)((double)mm->bytes[DT_MEM_ACTS] * pr->act_factor);
+    if (sh->grad_bucket) {
+        dt_ddp_opts d;
+        dt_ddp_opts_default(&d);
+        size_t bucket = t->bucket_mb > 0 ? (size_t)(t->bucket_mb * 1048576.0) : d.bucket_bytes;
+        size_t all = (size_t)P * (size_t)pr->grad_bytes;
+        B[DT_MEM_COMM] = bucket < all ? bucket : all;
+    }
+    /* other: the model's scalars, the step's batch (k micro-batches), the batchnorm
+     * records of S micro-batches (replayed unless synchronised), evaluation's batch while
+     * it runs, and clipping's scalar */
+    int64_t ss = dt_shape_numel(&o->input);
+    dt_train_batch_bytes step = dt_train_batch_size(k * b, ss, o->labels, 0, 0);
+    dt_train_batch_bytes eval = dt_train_batch_size(b, ss, o->labels, 0, 0);
+    size_t bnrec = (t->sync_bn && W > 1) ? 0 : (size_t)S * mm->nrecord * sizeof(float);
+    B[DT_MEM_OTHER] = mm->bytes[DT_MEM_OTHER] + step.x + step.y + bnrec + (t->eval ? eval.x + eval.y : 0) +
+                      sizeof(float);
+    for (int c = 0; c < DT_MEM_NCAT; c++) out->total += B[c];
+    out->nparams = P;
+    out->micro_batches = S;
+    out->local_micro = k;
+    out->micro_size = b;
+    return DT_OK;
+}
+
+int dt_plan_fit(const dt_plan_opts *o, const dt_plan_precision *pr, size_t capacity, int max_world,
+                const dt_plan_shard **sh_out, int *world_out) {
+    int n;
+    const dt_plan_shard *rows = dt_plan_shards(&n);
+    for (int64_t w = o->world; w <= max_world; w *= 2) {
+        dt_plan_opts q = *o;
+        q.world = (int)w;
+        for (int i = 0; i < n; i++) {
+            dt_plan_estimate e;
+            if (dt_plan_run(&q, &rows[i], pr, &e) != DT_OK) break;   /* this world size cannot split the batch */
+            if (e.total <= capacity) {
+                *sh_out = &rows[i];
+                *world_out = (int)w;
+                return 1;
+            }
+        }
+    }
+    dt_error_clear();
+    return 0;
+}

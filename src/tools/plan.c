@@ -1,0 +1,237 @@
+/*
+ * plan.c: `dtrain plan` — the memory one rank of a training run will hold, for every
+ * sharding mode and precision (or those asked for), and which wall the run meets:
+ * it fits; the memory wall (and the sharding and ranks that get past it); or the
+ * compute wall (it fits: more ranks only make it faster).
+ *
+ * The numbers come from the library (plan.h): the model's own layout code, the
+ * optimizer's row, DDP's accumulation tree and the trainer's buffers, with the
+ * sharding and precision rows of plan.c. This file parses flags and prints.
+ */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "plan.h"
+#include "tool_util.h"
+#include "tools.h"
+
+static const char usage_plan[] =
+    "usage: dtrain plan --model SPEC --np N [--precision fp32|bf16|fp16] [--shard none|optim|grads|params]\n"
+    "                   [--batch B] [--micro-batches S] [--recompute] [--device-mem GB] [--optim NAME]\n"
+    "                   [--input C,H,W | --data SPEC] [--no-eval] [--json]\n"
+    "\n"
+    "Prints the memory one rank holds when N processes train SPEC (`dtrain train`'s\n"
+    "flags mean the same here), split into parameters, gradients, optimizer state,\n"
+    "activations, communication buffers and the rest, for every sharding mode and\n"
+    "precision (or the ones given), and the wall the run meets: \"fits\", \"memory wall:\n"
+    "needs --shard X on >= R ranks\", or \"compute wall: fits, add ranks for speed\".\n"
+    "  --model SPEC          a preset, a layer list or @FILE (required)\n"
+    "  --np N                processes  [1]\n"
+    "  --precision P         only this precision  [all: fp32, bf16, fp16]\n"
+    "  --shard MODE          only this sharding mode  [all: none, optim, grads, params]\n"
+    "  --batch B             global batch  [256; a gpt preset: 12, as dtrain train's recipe]\n"
+    "  --micro-batches S     micro-batches of the global batch  [N]\n"
+    "  --recompute           recompute the activations of residual blocks in backward\n"
+    "  --device-mem GB       memory of one rank's device in GiB  [this machine's / N]\n"
+    "  --optim NAME          sgd (momentum 0.9) or adamw  [sgd; a gpt preset: adamw]\n"
+    "  --input C,H,W | F     the per-sample input  [a token model's window, else 1,28,28]\n"
+    "  --data SPEC           take the input shape from a data set instead\n"
+    "  --no-eval             no evaluation buffers (as dtrain train --no-eval)\n"
+    "  --json                one JSON line per row, in bytes\n"
+    "Estimates follow the code that allocates (model, optimizer, DDP, trainer), so for\n"
+    "--shard none in fp32 they are what `dtrain train --metrics` reports as the peak.\n"
+    "The other modes and precisions follow their specification (see README).\n";
+
+typedef struct {
+    const dt_plan_shard     *sh;
+    const dt_plan_precision *pr;
+    dt_plan_estimate         e;
+    int                      fits;
+    char                     wall[160];
+} plan_row;
+
+/* The wall of one row: "fits", or the sharding and ranks that fit. */
+static void row_wall(const dt_plan_opts *o, plan_row *r, size_t capacity) {
+    r->fits = r->e.total <= capacity;
+    if (r->fits) {
+        snprintf(r->wall, sizeof r->wall, "fits");
+        return;
+    }
+    const dt_plan_shard *sh;
+    int w;
+    if (!dt_plan_fit(o, r->pr, capacity, 1 << 20, &sh, &w))
+        snprintf(r->wall, sizeof r->wall, "memory wall: fits on no number of ranks (activations %.2f GiB); lower "
+                 "--batch, raise --micro-batches or add --recompute", (double)r->e.bytes[DT_MEM_ACTS] / 1073741824.0);
+    else if (w == o->world)
+        snprintf(r->wall, sizeof r->wall, "memory wall: needs --shard %s", sh->name);
+    else if (!sh->params_sharded && !sh->grads_sharded && !sh->optim_sharded)   /* smaller micro-batches do it */
+        snprintf(r->wall, sizeof r->wall, "memory wall: needs >= %d ranks (smaller micro-batches)", w);
+    else
+        snprintf(r->wall, sizeof r->wall, "memory wall: needs --shard %s on >= %d ranks", sh->name, w);
+}
+
+static void print_json(const dt_plan_opts *o, const plan_row *r, size_t capacity) {
+    printf("{\"shard\":\"%s\",\"precision\":\"%s\",\"ranks\":%d,\"micro_batches\":%lld,\"micro_size\":%lld,"
+           "\"nparams\":%lld,\"capacity\":%zu,\"bytes\":{",
+           r->sh->name, r->pr->name, o->world, (long long)r->e.micro_batches, (long long)r->e.micro_size,
+           (long long)r->e.nparams, capacity);
+    for (int c = 0; c < DT_MEM_NCAT; c++) printf("%s\"%s\":%zu", c ? "," : "", dt_mem_cat_name(c), r->e.bytes[c]);
+    printf(",\"total\":%zu},\"blocks\":%d,\"block_acts\":%zu,\"arena\":%zu,\"fits\":%s,\"wall\":\"%s\"}\n",
+           r->e.total, r->e.model.nblocks, r->e.model.block_acts, r->e.model.arena, r->fits ? "true" : "false",
+           r->wall);
+}
+
+/* "1,234,567" */
+static void commas(int64_t v, char *out, size_t n) {
+    char raw[32];
+    int len = snprintf(raw, sizeof raw, "%lld", (long long)v);
+    size_t j = 0;
+    for (int i = 0; i < len && j + 2 < n; i++) {
+        if (i && (len - i) % 3 == 0) out[j++] = ',';
+        out[j++] = raw[i];
+    }
+    out[j] = '\0';
+}
+
+static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size_t capacity, const char *cap_note) {
+    const dt_train_opts *t = o->train;
+    const dt_plan_estimate *e = &rows[0].e;
+    size_t most = 0;
+    for (int i = 0; i < n; i++) if (rows[i].e.total > most) most = rows[i].e.total;
+    double unit = most >= ((size_t)1 << 30) ? 1073741824.0 : 1048576.0;
+    const char *uname = unit > 1048576.0 ? "GiB" : "MiB";
+    char np[32];
+    commas(e->nparams, np, sizeof np);
+    dt_optim_config cfg;
+    int nstate = dt_train_optim_config(t, &cfg) == DT_OK ? dt_optim_nstate_of(&cfg) : 0;
+    printf("dtrain plan: %s, %s parameters, %d rank%s\n", t->model, np, o->world, o->world == 1 ? "" : "s");
+    printf("  global batch %lld in %lld micro-batch%s of %lld (%lld per rank), %s (%d state array%s), "
+           "recompute %s\n", (long long)t->batch, (long long)e->micro_batches, e->micro_batches == 1 ? "" : "es",
+           (long long)e->micro_size, (long long)e->local_micro, t->optim, nstate, nstate == 1 ? "" : "s",
+           t->recompute ? "on" : "off");
+    const dt_model_mem *mm = &e->model;
+    if (mm->nblocks > 0 && !t->recompute)
+        printf("  activations of the %d residual blocks: %.2f MiB, %.2f MiB per block\n", mm->nblocks,
+               (double)mm->block_acts / 1048576.0, (double)mm->block_acts / mm->nblocks / 1048576.0);
+    else if (mm->nblocks > 0)
+        printf("  activations of the %d residual blocks: %.2f MiB: each keeps its output, %.2f MiB, and they share "
+               "an arena of %.2f MiB\n", mm->nblocks, (double)mm->block_acts / 1048576.0,
+               (double)(mm->block_acts - mm->arena) / mm->nblocks / 1048576.0, (double)mm->arena / 1048576.0);
+    printf("  per-rank memory: %.2f GiB (%s)\n", (double)capacity / 1073741824.0, cap_note);
+    printf("\nper rank, %s:\n  %-7s %-9s", uname, "shard", "precision");
+    for (int c = 0; c <= DT_MEM_TOTAL; c++) printf(" %9s", dt_mem_cat_name(c));
+    printf("  wall\n");
+    for (int i = 0; i < n; i++) {
+        const plan_row *r = &rows[i];
+        printf("  %-7s %-9s", r->sh->name, r->pr->name);
+        for (int c = 0; c < DT_MEM_NCAT; c++) printf(" %9.2f", (double)r->e.bytes[c] / unit);
+        printf(" %9.2f  %s\n", (double)r->e.total / unit, r->wall);
+    }
+}
+
+/* The verdict for the configuration asked for (the first row): the memory wall, or
+ * when it fits, the compute wall when more ranks could share the batch. */
+static void print_verdict(const dt_plan_opts *o, const plan_row *r) {
+    printf("\nverdict (--shard %s --precision %s on %d rank%s): ", r->sh->name, r->pr->name, o->world,
+           o->world == 1 ? "" : "s");
+    if (!r->fits) { printf("%s\n", r->wall); return; }
+    dt_plan_opts more = *o;
+    more.world = o->world * 2;
+    dt_plan_estimate e;
+    int can_grow = dt_plan_run(&more, r->sh, r->pr, &e) == DT_OK;
+    dt_error_clear();
+    if (can_grow) printf("compute wall: fits, add ranks for speed\n");
+    else printf("fits (the batch cannot be split over more ranks)\n");
+}
+
+int dtrain_plan_main(int argc, char **argv) {
+    dt_train_opts t;
+    dt_train_opts_default(&t);
+    const char *model = NULL, *data = NULL, *input = NULL, *prec = NULL, *shard = NULL, *optim = NULL;
+    int64_t np = 1, batch = 0;
+    double mem_gb = 0.0;
+    int json = 0;
+    dt_status s = DT_OK;
+    for (int i = 1; i < argc && s == DT_OK;) {
+        const char *v = NULL, *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage_plan, stdout); return 0; }
+        if (!strcmp(a, "--recompute")) { t.recompute = 1; i++; continue; }
+        if (!strcmp(a, "--no-eval")) { t.eval = 0; i++; continue; }
+        if (!strcmp(a, "--json")) { json = 1; i++; continue; }
+#define FLAG(name) dt_arg_match(name, argc, argv, &i, &v, &s)
+        if (FLAG("--model")) model = v;
+        else if (FLAG("--np")) { if (s == DT_OK) s = dt_arg_int("--np", v, 1, 1 << 20, 0, &np); }
+        else if (FLAG("--precision")) prec = v;
+        else if (FLAG("--shard")) shard = v;
+        else if (FLAG("--batch")) { if (s == DT_OK) s = dt_arg_int("--batch", v, 1, 1 << 24, 0, &batch); }
+        else if (FLAG("--micro-batches")) { if (s == DT_OK) s = dt_arg_int("--micro-batches", v, 1, 1 << 20, 0, &t.micro_batches); }
+        else if (FLAG("--device-mem")) { if (s == DT_OK) s = dt_arg_double("--device-mem", v, 1e-6, 1e9, &mem_gb); }
+        else if (FLAG("--optim")) optim = v;
+        else if (FLAG("--input")) input = v;
+        else if (FLAG("--data")) data = v;
+        else s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain plan --help)", a);
+#undef FLAG
+    }
+    if (s == DT_OK && !model) s = dt_error(DT_ERR_INVALID, "--model: required (a preset, a layer list or @FILE)");
+    int nsh, npr;
+    const dt_plan_shard *shards = dt_plan_shards(&nsh);
+    const dt_plan_precision *precs = dt_plan_precisions(&npr);
+    const dt_plan_shard *sh1 = shard ? dt_plan_shard_find(shard) : NULL;
+    const dt_plan_precision *pr1 = prec ? dt_plan_precision_find(prec) : NULL;
+    if (s == DT_OK && shard && !sh1)
+        s = dt_error(DT_ERR_INVALID, "--shard: expected none, optim, grads or params, got '%s'", shard);
+    if (s == DT_OK && prec && !pr1)
+        s = dt_error(DT_ERR_INVALID, "--precision: expected fp32, bf16 or fp16, got '%s'", prec);
+    if (s != DT_OK) return dt_tool_fail(s);
+    t.model = model;
+    if (!strncmp(model, "gpt", 3)) dt_tool_gpt_recipe(&t);   /* as dtrain train on token data */
+    if (batch > 0) t.batch = batch;
+    if (optim) t.optim = optim;
+
+    dt_plan_opts o = {.train = &t, .world = (int)np};
+    if ((s = dt_tool_input_shape(model, data, input, "--input", &o.input, &o.labels)) != DT_OK) return dt_tool_fail(s);
+    char cap_note[128];
+    size_t capacity;
+    if (mem_gb > 0) {
+        capacity = (size_t)(mem_gb * 1073741824.0);
+        snprintf(cap_note, sizeof cap_note, "--device-mem");
+    } else {
+        double host = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        capacity = (size_t)(host / (double)np);
+        snprintf(cap_note, sizeof cap_note, "this machine's %.1f GiB over %lld rank%s; set --device-mem",
+                 host / 1073741824.0, (long long)np, np == 1 ? "" : "s");
+    }
+
+    /* the rows: the asked configuration first (for the verdict), then the rest */
+    plan_row rows[16];
+    int n = 0;
+    const dt_plan_shard *first_sh = sh1 ? sh1 : &shards[0];
+    const dt_plan_precision *first_pr = pr1 ? pr1 : &precs[0];
+    for (int p = -1; p < npr; p++) {
+        for (int q = -1; q < nsh; q++) {
+            const dt_plan_precision *pr = p < 0 ? first_pr : &precs[p];
+            const dt_plan_shard *sh = q < 0 ? first_sh : &shards[q];
+            if ((p < 0) != (q < 0)) continue;                    /* the first row, once */
+            if (p >= 0 && pr == first_pr && sh == first_sh) continue;
+            if ((pr1 && pr != pr1) || (sh1 && sh != sh1)) continue;
+            plan_row *r = &rows[n];
+            memset(r, 0, sizeof *r);
+            r->sh = sh;
+            r->pr = pr;
+            if ((s = dt_plan_run(&o, sh, pr, &r->e)) != DT_OK) return dt_tool_fail(s == DT_ERR_IO ? DT_ERR_INVALID : s);
+            row_wall(&o, r, capacity);
+            n++;
+        }
+    }
+    if (json) {
+        for (int i = 0; i < n; i++) print_json(&o, &rows[i], capacity);
+        return 0;
+    }
+    print_table(&o, rows, n, capacity, cap_note);
+    print_verdict(&o, &rows[0]);
+    return 0;
+}

@@ -1,0 +1,119 @@
+#!/bin/sh
+# plan.sh: dtrain plan against the accounted memory of real runs: for every
+# configuration that runs here (--shard none in fp32; mlp, cnn, resnet and gpt; with
+# and without --recompute; 1 and 2 processes, one or several micro-batches per rank)
+# the estimate is within 10% of the measured peak, in total and per category; the
+# per-rank memory shows in --rank-stats and the metrics file; the walls are named
+# (fits, the memory wall with the sharding and ranks that get past it, the compute
+# wall); bad flags exit 2 with one line naming the flag.
+. "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
+D="$DT_BUILDDIR/dtrain"; R="$DT_BUILDDIR/dtrun"
+[ -x "$D" ] && [ -x "$R" ] || skip_all "dtrain or dtrun not built"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+CATS="params grads optim acts comm other total"
+# within WHAT MEASURED ESTIMATE TOTAL: |estimate - measured| <= 10% of measured (categories
+# under 1% of the total: within 1% of the total)
+within() {
+    awk -v m="$2" -v e="$3" -v t="$4" 'BEGIN { d = e - m; if (d < 0) d = -d; lim = 0.1 * m;
+        if (m < 0.01 * t) lim = 0.01 * t; exit !(m != "" && e != "" && d <= lim) }'
+}
+
+awk 'BEGIN { for (i = 0; i < 200; i++) printf "line %d: the quick brown fox jumps over the lazy dog.\n", i % 13 }' > "$T/text.txt"
+timeout 60 "$D" prepare-text "$T/tok" "$T/text.txt" > "$T/o" 2>&1
+ok $? "prepare-text"
+
+# compare NAME NP MODEL DATA "TRAIN-ONLY FLAGS" SHARED FLAGS...: train, plan, compare
+compare() {
+    name=$1 np=$2 model=$3 data=$4 only=$5
+    shift 5
+    launch=""; [ "$np" -gt 1 ] && launch="$R -n $np"
+    timeout 300 $launch "$D" train --model "$model" --data "$data" $only "$@" --threads 1 --quiet \
+        --metrics "$T/$name.jsonl" > "$T/$name.out" 2>&1
+    ok $? "$name: trains on $np process(es)"
+    input="--data $data"; case $data in tokens:*) input="" ;; esac
+    "$D" plan --model "$model" --np "$np" $input "$@" --shard none --precision fp32 --json > "$T/$name.plan" 2>&1
+    ok $? "$name: dtrain plan"
+    total=$(metrics_peak "$T/$name.jsonl" total)
+    bad=""
+    for c in $CATS; do
+        within "$c" "$(metrics_peak "$T/$name.jsonl" "$c")" "$(plan_bytes "$T/$name.plan" "$c")" "$total" || bad="$bad $c"
+    done
+    [ -z "$bad" ] && [ -n "$total" ]
+    ok $? "$name: the estimate is within 10% of the measured peak (total $(plan_bytes "$T/$name.plan" total) planned, ${total:-?} measured)${bad:+; off:$bad}"
+}
+S="synthetic:512,1,28,28,10"
+E="--epochs 1"
+compare mlp-1 1 mlp $S "$E" --batch 64
+compare mlp-2 2 mlp $S "$E" --batch 64
+compare cnn-1 1 cnn $S "$E" --batch 64 --optim adamw
+compare cnn-2x4 2 cnn $S "$E" --batch 64 --micro-batches 8
+compare resnet-1 1 resnet synthetic:512,1,12,12,4 "$E" --batch 64
+compare resnet-2-re 2 resnet synthetic:512,1,12,12,4 "$E" --batch 64 --recompute
+G="gpt(layers=2,heads=2,dim=32,block=32)"
+GT="--steps 4 --warmup 1"
+compare gpt-1 1 "$G" "tokens:$T/tok" "$GT" --batch 8
+compare gpt-1-re 1 "$G" "tokens:$T/tok" "$GT" --batch 8 --recompute
+compare gpt-2-re 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --recompute --no-eval
+compare gpt-2x2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4
+
+# per-rank memory in --rank-stats and the metrics file; the end-of-run lines
+timeout 120 "$R" -n 2 "$D" train --model mlp --data $S --epochs 1 --batch 64 --threads 1 --rank-stats 4 \
+    --metrics "$T/rs.jsonl" > "$T/rs.out" 2>&1
+ok $? "--rank-stats on 2 processes"
+ok_grep "$T/rs.out" "per-rank memory, MiB now/peak" "the rank table shows memory by category"
+n=$(grep -c '"event":"rank".*"mem_bytes":{"params":7454760,"grads":7454760,"optim":7454760' "$T/rs.jsonl")
+[ "$n" -ge 2 ]; ok $? "each rank's line in the metrics file has the mlp's 4P bytes of parameters, gradients and momentum ($n lines)"
+grep -q '"event":"rank".*"rank":1,.*"mem_peak_bytes":{' "$T/rs.jsonl"; ok $? "... rank 1's too, with peaks"
+for c in params grads optim acts comm other total; do
+    grep -Eq "^(\[rank0\]:)?  $c +[0-9.]+ +[0-9.]+ " "$T/rs.out" || { ok 1 "the end of the run has a line for $c"; continue; }
+    ok 0 "the end of the run has a line for $c"
+done
+
+# the walls
+"$D" plan --model mlp --np 2 --batch 64 --device-mem 80 > "$T/w1" 2>&1
+ok $? "plan: mlp on 2 ranks of 80 GiB"
+ok_grep "$T/w1" "^  none +fp32 .* fits$" "... fits"
+ok_grep "$T/w1" "verdict .*compute wall: fits, add ranks for speed" "... the compute wall: more ranks only make it faster"
+"$D" plan --model mlp --np 2 --batch 2 --device-mem 80 --shard none --precision fp32 > "$T/w2" 2>&1
+ok_grep "$T/w2" "verdict .*: fits \(the batch cannot be split" "a batch of 2 on 2 ranks fits and cannot take more ranks"
+BIG="gpt(layers=48,dim=1600,heads=25,block=64)"
+"$D" plan --model "$BIG" --np 2 --batch 16 --micro-batches 16 --device-mem 16 --precision bf16 > "$T/w3" 2>&1
+ok $? "plan: a 1.5B-parameter gpt on 2 ranks of 16 GiB"
+ok_grep "$T/w3" "verdict .*memory wall: needs --shard params on >= 8 ranks" "... the memory wall: --shard params on >= 8 ranks"
+ok_grep "$T/w3" "^  params +bf16 " "... a row per shard mode (params)"
+ok_grep "$T/w3" "^  optim +bf16 " "... (optim)"
+grep -q "fp32" "$T/w3"; [ $? -ne 0 ]; ok $? "--precision bf16 shows bf16 rows only"
+"$D" plan --model gpt2 --np 2 --batch 16 --device-mem 4 --shard none --precision fp32 > "$T/w4" 2>&1
+ok_grep "$T/w4" "memory wall: needs >= 16 ranks \(smaller micro-batches\)" "gpt2's activations: more ranks, smaller micro-batches"
+"$D" plan --model mlp --np 1 --batch 64 --device-mem 0.000001 --shard none --precision fp32 > "$T/w5" 2>&1
+ok_grep "$T/w5" "memory wall: fits on no number of ranks" "a budget of 1 KiB fits nothing"
+"$D" plan --model "$G" --np 1 --batch 8 --recompute > "$T/w6" 2>&1
+ok_grep "$T/w6" "each keeps its output, 0.03 MiB, and they share an arena" "with --recompute the blocks' share is shown"
+"$D" plan --model gpt --np 2 > "$T/w7" 2>&1
+ok_grep "$T/w7" "global batch 12 in 2 micro-batches of 6 .* adamw \(2 state arrays\)" "a gpt preset takes dtrain train's recipe (batch 12, adamw)"
+n=$(grep -Ec '^  (none|optim|grads|params) +(fp32|bf16|fp16) ' "$T/w7")
+[ "$n" -eq 12 ]; ok $? "every shard mode x precision: 12 rows ($n)"
+
+# bad flags: exit 2, one line naming the flag
+bad() {   # bad WHAT PATTERN flags...
+    what=$1 pat=$2; shift 2
+    "$D" plan "$@" > "$T/bad" 2>&1
+    rc=$?
+    [ $rc -eq 2 ]; ok $? "$what exits 2 (got $rc)"
+    ok_grep "$T/bad" "$pat" "... saying: $pat"
+}
+bad "no --model" "--model: required" --np 2
+bad "--np 0" "--np: " --model mlp --np 0
+bad "--np x" "--np: " --model mlp --np x
+bad "an unknown shard mode" "--shard: expected none, optim, grads or params, got 'all'" --model mlp --shard all
+bad "an unknown precision" "--precision: expected fp32, bf16 or fp16, got 'fp8'" --model mlp --precision fp8
+bad "--batch 0" "--batch: " --model mlp --batch 0
+bad "--device-mem -1" "--device-mem: " --model mlp --device-mem -1
+bad "micro-batches the ranks cannot split" "--micro-batches: 3 is not a multiple of the world size 2" --model mlp --np 2 --micro-batches 3
+bad "a batch the micro-batches cannot split" "--batch: the global batch 10 is not divisible by 4" --model mlp --batch 10 --micro-batches 4
+bad "an unknown optimizer" "--optim: expected one of sgd, adamw, got 'lbfgs'" --model mlp --optim lbfgs
+bad "a bad spec" "model spec" --model "linear(0)"
+bad "a bad --input" "--input: expected C,H,W or F" --model mlp --input 1,2
+bad "a missing data set" "" --model mlp --data /nonexistent/dir
+bad "an unknown flag" "unknown flag '--bogus'" --model mlp --bogus 1
+done_testing

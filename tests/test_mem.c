@@ -1,0 +1,337 @@
+/* test_mem.c: memory accounting (mem.h) — counts, peaks, the registry, threads —
+ * against known sizes (an mlp's parameters are 4P bytes, AdamW's state 8P, DDP's
+ * accumulation tree for k micro-batches a known number of gradients); the model's
+ * plan (dt_model_plan_memory) equal to what building it allocates, category by
+ * category, with and without recomputation; recomputation giving the gradients and
+ * batchnorm buffers of a run without it, bit for bit; and the plan's formula rows
+ * (plan.h) for the sharding modes and precisions. */
+#include "ddp.h"
+#include "mem.h"
+#include "model.h"
+#include "optim.h"
+#include "plan.h"
+#include "rng.h"
+#include "tap.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const dt_shape MNIST = { 3, { 1, 28, 28 } };
+#define GPT "gpt(layers=2,heads=2,dim=16,block=8,vocab=32,dropout=0.1)"
+/* a block with a nested block, batchnorm and dropout inside, recomputed (the last
+ * block's activations are still in the arena after forward: it is not) */
+#define TREE "conv(4,3,pad=1) residual(bn relu seq(conv(4,3,pad=1) dropout(0.2)) residual(relu conv(4,1))) " \
+             "residual(bn conv(4,3,pad=1)) gap linear(4)"
+
+static size_t cur_of(int cat) {
+    dt_mem_stats m;
+    dt_mem_get(&m);
+    return m.cur[cat];
+}
+
+static void test_counts(void) {
+    const dt_ops *ops = dt_ops_cpu();
+    dt_mem_stats a, b;
+    dt_mem_get(&a);
+    dt_mem_add(DT_MEM_GRADS, 100);
+    dt_mem_get(&b);
+    is_int(b.cur[DT_MEM_GRADS] - a.cur[DT_MEM_GRADS], 100, "dt_mem_add counts under its category");
+    is_int(b.cur[DT_MEM_TOTAL] - a.cur[DT_MEM_TOTAL], 100, "... and in the total");
+    dt_mem_sub(DT_MEM_GRADS, 100);
+    dt_mem_add(DT_MEM_OPTIM, 60);
+    dt_mem_get(&b);
+    is_int(b.cur[DT_MEM_GRADS], a.cur[DT_MEM_GRADS], "dt_mem_sub takes it back");
+    ok(b.peak[DT_MEM_GRADS] >= a.cur[DT_MEM_GRADS] + 100, "the category keeps its peak");
+    ok(b.peak[DT_MEM_TOTAL] == a.cur[DT_MEM_TOTAL] + 100 || b.peak[DT_MEM_TOTAL] > a.peak[DT_MEM_TOTAL],
+       "the total's peak is the most held at once (100), not the sum of the peaks (160)");
+    dt_mem_reset_peak();
+    dt_mem_get(&b);
+    ok(b.peak[DT_MEM_TOTAL] == b.cur[DT_MEM_TOTAL] && b.peak[DT_MEM_GRADS] == b.cur[DT_MEM_GRADS],
+       "dt_mem_reset_peak starts the peaks from the counts");
+    dt_mem_sub(DT_MEM_OPTIM, 60);
+    dt_mem_reset_peak();
+    dt_mem_add(DT_MEM_ACTS, 100);
+    dt_mem_sub(DT_MEM_ACTS, 100);
+    dt_mem_add(DT_MEM_COMM, 100);
+    dt_mem_get(&b);
+    is_int(b.peak[DT_MEM_TOTAL] - b.cur[DT_MEM_TOTAL] + 100, 100, "one buffer after another: the total peaks at 100");
+    dt_mem_sub(DT_MEM_COMM, 100);
+
+    size_t acts = cur_of(DT_MEM_ACTS), comm = cur_of(DT_MEM_COMM);
+    void *p = NULL, *h = NULL, *z = (void *)1;
+    is_int(dt_mem_alloc(ops, DT_MEM_ACTS, &p, 1000), DT_OK, "dt_mem_alloc");
+    is_int(dt_mem_host_alloc(ops, DT_MEM_COMM, &h, 3000), DT_OK, "dt_mem_host_alloc");
+    is_int(cur_of(DT_MEM_ACTS) - acts, 1000, "device memory counted under its category");
+    is_int(cur_of(DT_MEM_COMM) - comm, 3000, "host memory counted under its category");
+    dt_mem_free(ops, p);
+    dt_mem_free(ops, h);
+    is_int(cur_of(DT_MEM_ACTS), acts, "dt_mem_free finds the size again (device)");
+    is_int(cur_of(DT_MEM_COMM), comm, "dt_mem_free finds the size again (host)");
+    is_int(dt_mem_alloc(ops, DT_MEM_OTHER, &z, 0), DT_OK, "0 bytes are fine");
+    ok(z == NULL, "... and give NULL");
+    dt_mem_free(ops, NULL);
+    void *raw = NULL;
+    ops->alloc(&raw, 64);
+    size_t total = cur_of(DT_MEM_TOTAL);
+    dt_mem_free(ops, raw);   /* memory the registry never saw: freed, uncounted */
+    is_int(cur_of(DT_MEM_TOTAL), total, "freeing uncounted memory changes no count");
+    is_int(dt_mem_alloc(ops, DT_MEM_NCAT, &p, 8), DT_ERR_INVALID, "an unknown category is refused");
+    is_str(dt_mem_cat_name(DT_MEM_PARAMS), "params", "category names");
+    is_str(dt_mem_cat_name(DT_MEM_TOTAL), "total", "... and the total's");
+}
+
+static void *churn(void *arg) {
+    const dt_ops *ops = dt_ops_cpu();
+    dt_mem_cat cat = (dt_mem_cat)(intptr_t)arg;
+    for (int i = 0; i < 2000; i++) {
+        void *p = NULL;
+        if (dt_mem_alloc(ops, cat, &p, (size_t)(16 + i % 64)) != DT_OK) return (void *)1;
+        dt_mem_add(DT_MEM_OTHER, 8);
+        dt_mem_free(ops, p);
+        dt_mem_sub(DT_MEM_OTHER, 8);
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    dt_mem_stats a, b;
+    dt_mem_get(&a);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, churn, (void *)(intptr_t)(i % DT_MEM_NCAT));
+    int bad = 0;
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        bad |= r != NULL;
+    }
+    dt_mem_get(&b);
+    ok(!bad && !memcmp(a.cur, b.cur, sizeof a.cur), "4 threads allocating and freeing leave every count as it was");
+}
+
+/* Building spec allocates exactly what dt_model_plan_memory says, by category, and
+ * freeing it gives it all back. */
+static void check_plan_equals_build(const char *spec, const dt_shape *in, int B, int recompute,
+                                    dt_model_mem *plan) {
+    dt_model_opts mo;
+    dt_model_opts_default(&mo);
+    mo.recompute = recompute;
+    dt_mem_stats a, b, c;
+    if (!ok(dt_model_plan_memory(spec, in, B, &mo, plan) == DT_OK, "%s (recompute %d): plan", spec, recompute)) {
+        diag("%s", dt_last_error());
+        return;
+    }
+    dt_mem_get(&a);
+    dt_model *m = NULL;
+    if (!ok(dt_model_build_ex(spec, in, dt_ops_cpu(), 1, B, &mo, &m) == DT_OK, "%s (recompute %d): build", spec,
+            recompute))
+        return;
+    dt_mem_get(&b);
+    int same = 1;
+    for (int k = 0; k < DT_MEM_NCAT; k++) {
+        if (b.cur[k] - a.cur[k] != plan->bytes[k]) {
+            diag("%s: %s built %zu, planned %zu", spec, dt_mem_cat_name(k), b.cur[k] - a.cur[k], plan->bytes[k]);
+            same = 0;
+        }
+    }
+    ok(same, "%s (recompute %d): every category built as planned", spec, recompute);
+    dt_model_free(m);
+    dt_mem_get(&c);
+    ok(!memcmp(a.cur, c.cur, sizeof a.cur), "%s (recompute %d): freeing gives every byte back", spec, recompute);
+}
+
+static void test_known_sizes(void) {
+    const dt_ops *ops = dt_ops_cpu();
+    const int64_t P = 1863690;   /* mlp: PyTorch's count */
+    dt_model_mem pm;
+    check_plan_equals_build("mlp", &MNIST, 16, 0, &pm);
+    is_int(pm.nparams, P, "mlp: P parameters");
+    is_int(pm.bytes[DT_MEM_PARAMS], 4 * P, "mlp: parameters take 4P bytes");
+    is_int(pm.bytes[DT_MEM_GRADS], 4 * P, "mlp: gradients take 4P bytes");
+    is_int(pm.unit_params_max, 1024 * 1024 + 1024, "mlp: the largest unit is the 1024 x 1024 linear");
+    /* activations: outputs (16 x (1024 + 1024 + 1024 + 1024 + 10)), two gradient buffers
+     * of the largest activation (784), head and probabilities (16 x 10) */
+    int64_t acts = 16 * (4 * 1024 + 10) + 2 * 16 * 1024 + 2 * 16 * 10;
+    is_int(pm.bytes[DT_MEM_ACTS], 4 * acts, "mlp: activations as counted by hand");
+
+    struct { const char *name; double momentum; int64_t want; } opt[] = {
+        { "adamw", 0.0, 8 * P }, { "sgd", 0.9, 4 * P }, { "sgd", 0.0, 0 },
+    };
+    for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++) {
+        const dt_optim_def *d = dt_optim_find(opt[i].name);
+        dt_optim_config cfg = dt_optim_defaults(d->defaults.kind, 0.1f);
+        cfg.momentum = (float)opt[i].momentum;
+        size_t before = cur_of(DT_MEM_OPTIM);
+        dt_optim *o = NULL;
+        is_int(dt_optim_init(&cfg, ops, (size_t)P, &o), DT_OK, "%s (momentum %g) over the mlp", opt[i].name,
+               opt[i].momentum);
+        is_int(cur_of(DT_MEM_OPTIM) - before, opt[i].want, "%s (momentum %g): state of %lld bytes", opt[i].name,
+               opt[i].momentum, (long long)opt[i].want);
+        is_int(dt_optim_nstate_of(&cfg) * 4 * P, opt[i].want, "... as dt_optim_nstate_of says");
+        dt_optim_free(o);
+        is_int(cur_of(DT_MEM_OPTIM), before, "... and gives it back");
+    }
+
+    int64_t ks[] = { 1, 2, 3, 4, 8 }, arrays[] = { 0, 2, 3, 3, 4 };
+    dt_model *m = NULL;
+    dt_model_build("mlp", &MNIST, ops, 1, 4, &m);
+    for (size_t i = 0; m && i < sizeof ks / sizeof ks[0]; i++) {
+        size_t before = cur_of(DT_MEM_GRADS);
+        dt_ddp *d = NULL;
+        is_int(dt_ddp_init(m, NULL, ks[i], NULL, &d), DT_OK, "DDP with %lld micro-batches", (long long)ks[i]);
+        is_int(dt_ddp_tree_arrays(ks[i]), arrays[i], "k = %lld: %lld tree arrays", (long long)ks[i], (long long)arrays[i]);
+        is_int(cur_of(DT_MEM_GRADS) - before, arrays[i] * 4 * P, "k = %lld: the tree takes %lld x 4P bytes of gradients",
+               (long long)ks[i], (long long)arrays[i]);
+        dt_ddp_free(d);
+    }
+    dt_model_free(m);
+}
+
+static void test_plans(void) {
+    const dt_shape img = { 3, { 1, 12, 12 } }, seq = { 1, { 8 } };
+    dt_model_mem a, b;
+    check_plan_equals_build("cnn", &MNIST, 8, 0, &a);
+    check_plan_equals_build("resnet", &img, 8, 0, &a);
+    check_plan_equals_build("resnet", &img, 8, 1, &b);
+    is_int(a.nblocks, 2, "resnet: 2 residual blocks");
+    ok(b.bytes[DT_MEM_ACTS] < a.bytes[DT_MEM_ACTS], "resnet: recompute takes fewer activation bytes (%zu < %zu)",
+       b.bytes[DT_MEM_ACTS], a.bytes[DT_MEM_ACTS]);
+    is_int(a.bytes[DT_MEM_ACTS] - b.bytes[DT_MEM_ACTS], a.block_acts - b.block_acts,
+           "resnet: ... by what the blocks no longer keep");
+    check_plan_equals_build(TREE, &img, 8, 0, &a);
+    check_plan_equals_build(TREE, &img, 8, 1, &b);
+    check_plan_equals_build(GPT, &seq, 4, 0, &a);
+    check_plan_equals_build(GPT, &seq, 4, 1, &b);
+    is_int(a.nblocks, 4, "gpt: 2 layers are 4 residual blocks");
+    /* with recompute a block keeps its output (4 samples x 8 positions x 16) and shares the arena */
+    is_int(b.block_acts - b.arena, (size_t)a.nblocks * 4 * 8 * 16 * 4, "gpt: with recompute a block keeps only its output");
+    ok(b.arena > 0 && b.arena < a.block_acts / (size_t)a.nblocks + 4096, "gpt: the arena holds one block (%zu bytes)",
+       b.arena);
+    check_plan_equals_build("mlp", &MNIST, 4, 1, &b);
+    is_int(b.arena, 0, "mlp: no blocks, no arena");
+}
+
+/* Forward and backward of one batch; the gradients (and buffers) into host memory. */
+static int run_once(const char *spec, const dt_shape *in, int recompute, int tokens, float *grads, float *bufs,
+                    size_t *np, size_t *nb) {
+    const dt_ops *ops = dt_ops_cpu();
+    dt_model_opts mo;
+    dt_model_opts_default(&mo);
+    mo.recompute = recompute;
+    dt_model *m = NULL;
+    if (dt_model_build_ex(spec, in, ops, 3, 4, &mo, &m) != DT_OK) return 0;
+    int64_t n = 4 * dt_shape_numel(in), nl = tokens ? n : 4;
+    float *x = malloc((size_t)n * sizeof *x);
+    int32_t *y = malloc((size_t)nl * sizeof *y);
+    for (int64_t i = 0; i < n; i++) x[i] = tokens ? (float)(int)(dt_rng_unit(9, 0, (uint64_t)i) * 32) : dt_rng_unit(9, 1, (uint64_t)i);
+    for (int64_t i = 0; i < nl; i++) y[i] = (int32_t)(dt_rng_unit(9, 2, (uint64_t)i) * 4);
+    dt_loss lf = { .kind = DT_LOSS_CE };
+    int good = 1;
+    for (int step = 0; step < 2 && good; step++)   /* twice: batchnorm's buffers move twice */
+        good = dt_model_forward(m, x, 4, 1, 0, step * 4, NULL) == DT_OK &&
+               dt_model_loss_backward(m, &lf, y, 4, 4.0f, NULL) == DT_OK;
+    *np = dt_model_nparams(m);
+    *nb = dt_model_nbuffers(m);
+    if (good) {
+        memcpy(grads, dt_model_grads(m), *np * sizeof(float));
+        if (*nb) memcpy(bufs, dt_model_buffers(m), *nb * sizeof(float));
+    }
+    dt_model_free(m);
+    free(x);
+    free(y);
+    return good;
+}
+
+static void test_recompute_bits(void) {
+    const dt_shape img = { 3, { 1, 12, 12 } }, seq = { 1, { 8 } };
+    struct { const char *spec; const dt_shape *in; int tokens; } cases[] = {
+        { "resnet", &img, 0 }, { TREE, &img, 0 }, { GPT, &seq, 1 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        static float g0[1 << 18], g1[1 << 18], b0[1 << 12], b1[1 << 12];
+        size_t n0, n1, m0, m1;
+        int ok0 = run_once(cases[c].spec, cases[c].in, 0, cases[c].tokens, g0, b0, &n0, &m0);
+        int ok1 = run_once(cases[c].spec, cases[c].in, 1, cases[c].tokens, g1, b1, &n1, &m1);
+        if (!ok(ok0 && ok1, "%s: forward and backward with and without recompute", cases[c].spec)) {
+            diag("%s", dt_last_error());
+            continue;
+        }
+        ok(n0 == n1 && !memcmp(g0, g1, n0 * sizeof(float)), "%s: recompute gives bitwise the same gradients",
+           cases[c].spec);
+        ok(m0 == m1 && !memcmp(b0, b1, m0 * sizeof(float)),
+           "%s: ... and the same batchnorm running statistics (updated once per forward)", cases[c].spec);
+    }
+}
+
+static void test_plan_rows(void) {
+    dt_train_opts t;
+    dt_train_opts_default(&t);
+    t.model = "mlp";
+    t.batch = 64;
+    t.optim = "adamw";
+    t.eval = 0;
+    dt_plan_opts o = { .train = &t, .world = 4, .input = MNIST, .labels = 1 };
+    const int64_t P = 1863690, U = 1024 * 1024 + 1024, Ps = (P + 3) / 4;
+    dt_plan_estimate none, e;
+    const dt_plan_precision *fp32 = dt_plan_precision_find("fp32"), *bf16 = dt_plan_precision_find("bf16");
+    ok(fp32 && bf16 && dt_plan_precision_find("fp16") && !dt_plan_precision_find("fp8"), "precision rows by name");
+    ok(dt_plan_shard_find("none") && dt_plan_shard_find("params") && !dt_plan_shard_find("all"), "shard rows by name");
+    is_int(dt_plan_run(&o, dt_plan_shard_find("none"), fp32, &none), DT_OK, "plan: none, fp32 on 4 ranks");
+    is_int(none.bytes[DT_MEM_PARAMS], 4 * P, "none: 4P of parameters");
+    is_int(none.bytes[DT_MEM_OPTIM], 8 * P, "none: AdamW's 8P");
+    is_int(none.bytes[DT_MEM_COMM], 0, "none: no communication buffer");
+    dt_plan_run(&o, dt_plan_shard_find("optim"), fp32, &e);
+    is_int(e.bytes[DT_MEM_OPTIM], 8 * Ps, "optim: the state of P/W parameters");
+    is_int(e.bytes[DT_MEM_GRADS], 4 * P, "optim: whole gradients");
+    dt_plan_run(&o, dt_plan_shard_find("grads"), fp32, &e);
+    is_int(e.bytes[DT_MEM_GRADS], 4 * P, "grads: the whole gradient array (backward's output, reduce-scattered in place)");
+    is_int(e.bytes[DT_MEM_OPTIM], 8 * Ps, "grads: the state of P/W parameters");
+    is_int(e.bytes[DT_MEM_COMM], 0, "grads: no communication buffer");
+    dt_plan_run(&o, dt_plan_shard_find("params"), fp32, &e);
+    is_int(e.bytes[DT_MEM_PARAMS], 4 * Ps + 2 * 4 * U, "params: P/W of the parameters and two gathered units");
+    is_int(e.bytes[DT_MEM_GRADS], 4 * Ps + 4 * U, "params: P/W of the gradient and a unit being summed");
+    ok(e.bytes[DT_MEM_ACTS] == none.bytes[DT_MEM_ACTS] && e.bytes[DT_MEM_OTHER] == none.bytes[DT_MEM_OTHER],
+       "params: activations and the rest as unsharded");
+    dt_plan_run(&o, dt_plan_shard_find("none"), bf16, &e);
+    is_int(e.bytes[DT_MEM_PARAMS], 6 * P, "bf16: fp32 master weights and a 2-byte copy");
+    is_int(e.bytes[DT_MEM_OPTIM], 8 * P, "bf16: fp32 optimizer state");
+    dt_plan_run(&o, dt_plan_shard_find("params"), bf16, &e);
+    is_int(e.bytes[DT_MEM_PARAMS], 6 * Ps + 2 * 2 * U, "bf16, params: the shard's master and copy, units gathered in 2 bytes");
+    t.micro_batches = 8;
+    dt_plan_run(&o, dt_plan_shard_find("none"), fp32, &e);
+    is_int(e.bytes[DT_MEM_GRADS], 4 * P + 2 * 4 * P, "2 micro-batches per rank: the tree's 2 arrays of gradients");
+    t.micro_batches = 6;
+    is_int(dt_plan_run(&o, dt_plan_shard_find("none"), fp32, &e), DT_ERR_INVALID, "6 micro-batches on 4 ranks: refused");
+    like(dt_last_error(), "micro_batches", "... naming micro-batches");
+    t.micro_batches = 0;
+    /* the wall: 4 ranks cannot hold it in 20 MB; sharding the state on 4 does (none is ~41 MB) */
+    const dt_plan_shard *sh = NULL;
+    int w = 0;
+    ok(dt_plan_fit(&o, fp32, (size_t)(none.total - 8 * P + 8 * Ps + 4096), 1024, &sh, &w) && sh &&
+       !strcmp(sh->name, "optim") && w == 4, "the wall: --shard optim on the same 4 ranks fits");
+    sh = NULL;
+    w = 0;
+    int found = dt_plan_fit(&o, fp32, (size_t)15 << 20, 1 << 20, &sh, &w);
+    dt_plan_opts q = o;
+    q.world = w;
+    ok(found && w > 4 && dt_plan_run(&q, sh, fp32, &e) == DT_OK && e.total <= (size_t)15 << 20,
+       "the wall: 15 MiB needs more ranks (%d, --shard %s), and fits there", w, sh ? sh->name : "-");
+    q.world = w / 2;
+    int smaller = 0;
+    int nsh;
+    const dt_plan_shard *rows = dt_plan_shards(&nsh);
+    for (int i = 0; i < nsh; i++) smaller |= dt_plan_run(&q, &rows[i], fp32, &e) == DT_OK && e.total <= (size_t)15 << 20;
+    ok(found && !smaller, "... and no mode fits on half as many");
+    ok(!dt_plan_fit(&o, fp32, 1000, 1 << 20, &sh, &w), "nothing fits in 1000 bytes");
+}
+
+int main(void) {
+    test_counts();
+    test_threads();
+    test_known_sizes();
+    test_plans();
+    test_recompute_bits();
+    test_plan_rows();
+    return done_testing();
+}
