@@ -6,7 +6,10 @@
 # calls, and tests/test_cuda_ops runs against them: every op against the CPU backend,
 # determinism, bad inputs. This checks index arithmetic, reduction trees, the cuBLAS
 # operand order and the table on any machine; tests/test_cuda_ops on a GPU checks the
-# real thing. In a --with-cuda build it also trains the mlp for 10 steps with
+# real thing. Warps are emulated too (tests/gpu_emu/emu_warp.h: shuffles are
+# rendezvous of the warp's fibers). The kernels are built twice, with grid caps of 3
+# and 1000 blocks, and both builds must give every output the same bytes (partitions
+# fixed by the shape). In a --with-cuda build it also trains the mlp for 10 steps with
 # dtrain --device cuda on the emulated kernels (dtrain's objects linked with them in
 # place of the real backend) and holds the losses against the cpu run. Works in any
 # build (needs g++ and libdtrain).
@@ -33,10 +36,23 @@ timeout 120 gcc -std=c11 -O1 -I"$S/src" -I"$S/tests" -I"$B" -c "$S/tests/test_cu
     > "$TMP/log" 2>&1 || fail "compile tests/test_cuda_ops.c"
 timeout 120 g++ -o "$TMP/test_cuda_emu" "$TMP"/*.o -L"$B/.libs" -ldtrain $blas_libs -lm -Wl,-rpath,"$B/.libs" \
     > "$TMP/log" 2>&1 || fail "link the emulated test"
+# the same kernels with another grid cap (1000 blocks against 3), for section 3
+mkdir "$TMP/cap"
+for f in cuda_ops cuda_elem cuda_nn cuda_seq; do
+    timeout 300 $cxx -DDT_CU_MAX_BLOCKS=1000 -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$B" \
+        -c "$TMP/$f.cpp" -o "$TMP/cap/$f.o" > "$TMP/log" 2>&1 || fail "compile $f.cu with a grid cap of 1000"
+done
+timeout 120 g++ -o "$TMP/cap/test_cuda_emu" "$TMP"/cap/*.o "$TMP/emu.o" "$TMP/test.o" -L"$B/.libs" -ldtrain \
+    $blas_libs -lm -Wl,-rpath,"$B/.libs" > "$TMP/log" 2>&1 || fail "link the emulated test with a grid cap of 1000"
 
-# 1. every op against the cpu backend (test_cuda_ops's own TAP lines, numbered on)
-DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" > "$TMP/ops.out" 2>&1
+# 1. every op against the cpu backend (test_cuda_ops's own TAP lines, numbered on);
+#    the build with the other grid cap runs beside it, writing a hash of every output
+DT_CUDA_TEST_EMU=1 DT_CUDA_TEST_DUMP="$TMP/cap.dump" timeout 300 "$TMP/cap/test_cuda_emu" > "$TMP/cap.out" 2>&1 &
+cap_pid=$!
+DT_CUDA_TEST_EMU=1 DT_CUDA_TEST_DUMP="$TMP/ops.dump" timeout 300 "$TMP/test_cuda_emu" > "$TMP/ops.out" 2>&1
 rc=$?
+wait $cap_pid
+cap_rc=$?
 grep -v '^1\.\.' "$TMP/ops.out"
 tap_n=$(grep -cE '^(not )?ok' "$TMP/ops.out")
 tap_failed=$(grep -c '^not ok' "$TMP/ops.out")
@@ -72,4 +88,13 @@ if grep -q "define DT_HAVE_CUDA 1" "$B/config.h" 2>/dev/null && [ -x "$B/dtrain"
 else
     skip "not a --with-cuda build: dtrain --device cuda on the emulated kernels"
 fi
+
+# 3. no result depends on the grid: the build capped at 1000 blocks passes too and gives
+#    every output of every case the bytes of the build capped at 3
+[ $cap_rc -eq 0 ] && ! grep -q '^not ok' "$TMP/cap.out"
+ok $? "test_cuda_ops passes with a grid cap of 1000 blocks too (exit $cap_rc)"
+[ $cap_rc -eq 0 ] || grep -A3 '^not ok' "$TMP/cap.out" | head -20 | sed 's/^/#   /'
+[ -s "$TMP/ops.dump" ] && [ "$(wc -l < "$TMP/ops.dump")" -gt 100 ] && cmp -s "$TMP/ops.dump" "$TMP/cap.dump"
+ok $? "grid caps 3 and 1000 give the same bytes in all $(wc -l < "$TMP/ops.dump") device outputs"
+diff "$TMP/ops.dump" "$TMP/cap.dump" | head -10 | sed 's/^/#   /'
 done_testing
