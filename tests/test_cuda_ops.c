@@ -21,7 +21,8 @@
  * DT_CUDA_TEST_TIMING=N times N more calls of each op at a real shape on the device and
  * prints "# time <op> <shape>: <us> us" (bench/gpu.sh reads them).
  * DT_CUDA_TEST_DUMP=FILE writes a hash of every device output, one line each, so two
- * builds (tests/gpu_emu.sh: two grid caps) can be shown to give the same bytes.
+ * builds (tests/gpu_emu.sh: two grid caps) or two runs can be shown to give the same
+ * bytes. DT_CUDA_TEST_PARTS=table,seq,real,errors,memory runs only those parts.
  * tests/gpu_emu.sh builds this file against the backend's kernels compiled for the CPU
  * (DT_CUDA_TEST_EMU=1), so the kernels' logic is tested on machines without a GPU too.
  */
@@ -442,6 +443,16 @@ static void test_memory(void) {
     is_int(G->synchronize(), DT_OK, "synchronize");
 }
 
+/* DT_CUDA_TEST_PARTS=table,seq,real,errors,memory (default: all) picks what runs. */
+static int part(const char *name) {
+    const char *p = getenv("DT_CUDA_TEST_PARTS");
+    if (!p || !*p) return 1;
+    size_t n = strlen(name);
+    for (const char *q = p; (q = strstr(q, name)) != NULL; q += n)
+        if ((q == p || q[-1] == ',') && (q[n] == 0 || q[n] == ',')) return 1;
+    return 0;
+}
+
 int main(void) {
     self_test = getenv("DT_CUDA_TEST_SELF") && strcmp(getenv("DT_CUDA_TEST_SELF"), "0") != 0;
     int emulated = getenv("DT_CUDA_TEST_EMU") && strcmp(getenv("DT_CUDA_TEST_EMU"), "0") != 0;
@@ -476,11 +487,11 @@ int main(void) {
         return 1;
     }
     MUST(C->set_threads(2));
-    test_table();
-    test_seq();
-    test_real_shapes();
-    test_errors();
-    test_memory();
+    if (part("table")) test_table();
+    if (part("seq")) test_seq();
+    if (part("real")) test_real_shapes();
+    if (part("errors")) test_errors();
+    if (part("memory")) test_memory();
     if (dump) fclose(dump);
     return done_testing();
 }
