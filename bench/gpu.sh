@@ -88,8 +88,8 @@ optest() {
     fi
 }
 need_training() {
-    [ $emulate = 0 ] || [ -x "$R/emu/dtrain_emu" ] ||
-        skip "the emulated dtrain needs a --with-cuda build of this tree ($(head -1 "$R/emu/build.err" 2>/dev/null))"
+    [ $emulate = 0 ] || [ -x "$R/emu/dtrain_emu" ] || skip "the emulated dtrain needs a --with-cuda build of this tree" \
+        "$(head -1 "$R/emu/build.err" 2>/dev/null | sed 's/^./(&/; s/.$/&)/')"
 }
 
 # A training run on the device under test: train MODEL BATCH STEPS TAG [flags...];
@@ -416,7 +416,7 @@ else
     grep -q 'define DT_HAVE_CUDA 1' "$BIN/config.h" || { echo "$BIN is not a --with-cuda build" >&2; exit 1; }
     [ $build_only = 0 ] || exit 0
 fi
-mkdir -p "$R" && : > "$R/summary.txt" || exit 1
+mkdir -p "$R" && R=$(cd "$R" && pwd) && : > "$R/summary.txt" || exit 1
 export R BIN B bd emulate quick
 
 if [ $emulate = 1 ]; then
