@@ -1,174 +1,468 @@
 #!/usr/bin/env bash
-# bench/gpu.sh: the GPU path in one run — build, test, and training throughput of
-# dtrain's CUDA backend against PyTorch on the same GPU.
+# bench/gpu.sh: the GPU path in one run, in sections ordered by value, so that a run cut
+# short (15 minutes of a lent GPU, all included) still leaves the most useful results.
 #
-#   bench/gpu.sh                  (from anywhere; sized for < 5 minutes on one H200)
+#   bench/gpu.sh [--emulate] [--quick] [--build-only] [--budget SECONDS]
 #
-# 1. configures and builds with --with-cuda --with-nccl in $DT_GPU_BUILDDIR
-#    (default: build-gpu next to this script's source tree);
-# 2. runs the GPU tests: tests/test_cuda_ops (every kernel against the CPU backend),
-#    tests/gpu_train.sh (CPU and GPU losses agree), tests/gpu_nccl.sh (2+ GPUs);
-# 3. trains `cnn` and an 8 x 4096 MLP (`flatten linear(4096) relu` x 8, `linear(10)`)
-#    on synthetic 1x28x28 data, global batch 256, SGD (momentum 0.9, lr 0.05,
-#    weight decay 5e-4), FP32 with TF32 off on both sides, and prints samples/s:
-#      dtrain:  wall time of a run of S2 steps minus a run of S1 steps, so process
-#               start-up, data generation and warm-up cancel out;
-#      PyTorch: python3 with a CUDA build of torch, 20 warm-up steps then S timed steps
-#               (torch.cuda.synchronize around them); "n/a" when torch has no CUDA.
-# 4. trains the gpt2 size (12 layers, 12 heads, 768 wide, vocabulary 50304, block 1024,
-#    batch 8, AdamW, FP32 with TF32 off) on random byte tokens and prints tokens/s and
-#    peak memory of dtrain (the same wall-time difference; --rank-stats) against the
-#    same model in PyTorch (nanoGPT's GPT as in peers/torch_gpt.py, on the GPU).
+# Each section has its own timeout (and never more than what is left of the budget,
+# default 780 s), prints its wall time, and says "skip: WHY" when it cannot run here;
+# the last screen sums everything up.
+#   build        (before the budget) configure --with-cuda --with-cuda-arch=$DT_GPU_ARCH
+#                (default 90) [--with-nccl] in a copy of the sources, $DT_GPU_BUILDDIR/src
+#                (default build-gpu/src); skipped when that build exists. On a machine
+#                without a GPU: `bench/gpu.sh --build-only`, then carry build-gpu over.
+#   1 env        GPU, SMs, clocks, memory, driver/runtime, cuBLAS and NCCL versions;
+#                stops the run when the device, the driver or the build's GPU code
+#                cannot work here (bench/gpu_info.c)
+#   2 ops        tests/test_cuda_ops: every op against the CPU backend (worst error per
+#                op) and the device time of the ops at real shapes
+#   3 sanitizer  compute-sanitizer memcheck and racecheck on the op test
+#   4 determinism  the op test's outputs (a hash each) twice and with
+#                CUDA_LAUNCH_BLOCKING=1; the cnn's weights after 30 steps likewise
+#   5 parity     mlp and cnn, 20 steps: GPU losses against CPU losses
+#   6 throughput dtrain against PyTorch on the same GPU, inside each process after
+#                warm-up: cnn (batch 256) and an 8 x 4096 MLP (batch 1024) with TF32 off
+#                and on, the gpt2 size (batch 8 x 1024 tokens): ms/step, samples/s, peak
+#                memory, dtrain's data/compute/comm split (--rank-stats)
+#   7 nsys       the top kernels of a cnn run
+#   8 nccl       with 2+ GPUs: tests/gpu_nccl.sh and 2-rank training over NCCL
+#   9 summary    one screen
+# --emulate runs the same sections with the kernels compiled for the CPU
+# (tests/gpu_emu_build.sh; needs a build of this tree, --with-cuda for the training
+# sections); what needs a GPU skips, and timings mean nothing there. --quick makes
+# every section small (the CI hook in .ci/run: --emulate --quick).
+# Results: $DT_GPU_BENCH_OUT (default $DT_GPU_BUILDDIR/bench-out, a temporary directory
+# with --emulate) gets each section's log and summary.txt.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/.." && pwd)
 bd=${DT_GPU_BUILDDIR:-$src/build-gpu}
+emulate=0 quick=0 build_only=0 budget=780 section=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --emulate) emulate=1 ;;
+        --quick) quick=1 ;;
+        --build-only) build_only=1 ;;
+        --budget) budget=${2:?--budget needs seconds}; shift ;;
+        --section) section=${2:?}; shift ;;   # internal: run one section (under timeout)
+        -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench/gpu.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+case $budget in ''|*[!0-9]*) echo "bench/gpu.sh: --budget expects whole seconds, got '$budget'" >&2; exit 2 ;; esac
 jobs=$(nproc 2>/dev/null || echo 4)
+[ "$jobs" -gt 16 ] && jobs=16
 
-echo "== build ($bd)"
-[ -x "$src/configure" ] || (cd "$src" && autoreconf -fi > /dev/null 2>&1) || { echo "autoreconf failed"; exit 1; }
-mkdir -p "$bd" && cd "$bd" || exit 1
-if [ ! -f Makefile ]; then
-    "$src/configure" -q --with-cuda --with-nccl > configure.log 2>&1 || { tail -5 configure.log; exit 1; }
+# ---- what the sections share ----------------------------------------------------------
+
+note() { echo "$*" >> "$R/summary.txt"; }   # one line for the summary screen
+skip() { echo "skip: $*"; note "$(printf '%-12s skip: %s' "$section" "$*")"; exit 0; }
+if [ -z "${DT_GPU_BENCH_PY+x}" ]; then   # a Python with PyTorch, found once for all sections
+    DT_GPU_BENCH_PY=
+    for p in python3 /usr/bin/python3; do
+        if command -v "$p" > /dev/null 2>&1 && "$p" -c 'import torch' > /dev/null 2>&1; then DT_GPU_BENCH_PY=$p; break; fi
+    done
+    export DT_GPU_BENCH_PY
 fi
-make -j"$jobs" > make.log 2>&1 || { grep -i -m 20 "error" make.log; exit 1; }
-make -j"$jobs" check TESTS= > /dev/null 2>&1   # build the test programs
+PY=$DT_GPU_BENCH_PY
 
-echo "== GPU tests"
-make check TESTS='tests/test_cuda_ops tests/gpu_train.sh tests/gpu_nccl.sh' 2>&1 | grep -E '^(PASS|FAIL|SKIP|ERROR|XPASS|# (TOTAL|PASS|FAIL|SKIP))' | grep -vE '^PASS:' 
-grep -h '^not ok' tests/test_cuda_ops.log tests/gpu_train.sh.log tests/gpu_nccl.sh.log 2>/dev/null | head -20
-
-MLP8="flatten$(for i in 1 2 3 4 5 6 7 8; do printf ' linear(4096) relu'; done) linear(10)"
-B=256
-
-dtrain_sps() {  # model s1 s2
-    local t0 t1 t2
-    t0=$(date +%s.%N)
-    timeout 300 ./dtrain train --device cuda --model "$1" --data synthetic:16384,1,28,28,10 --batch $B \
-        --steps "$2" --lr 0.05 --momentum 0.9 --weight-decay 5e-4 --schedule constant --no-eval --quiet > /dev/null 2>&1 || { echo fail; return; }
-    t1=$(date +%s.%N)
-    timeout 300 ./dtrain train --device cuda --model "$1" --data synthetic:16384,1,28,28,10 --batch $B \
-        --steps "$3" --lr 0.05 --momentum 0.9 --weight-decay 5e-4 --schedule constant --no-eval --quiet > /dev/null 2>&1 || { echo fail; return; }
-    t2=$(date +%s.%N)
-    awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$(( ($3 - $2) * B )) \
-        'BEGIN { d = (c - b) - (b - a); if (d > 0) printf "%.0f", n / d; else print "n/a" }'
+# Losses of the step events of a --metrics file, one per line.
+losses() { sed -n 's/.*"event":"step".*"loss":\([^,}]*\).*/\1/p' "$1"; }
+# Worst relative difference between two files of numbers, line by line ("missing" when
+# the counts differ or are not N).
+worst_rel() {
+    paste "$1" "$2" | awk -v n="$3" '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; r = a > 0 ? d / a : d;
+                                      if (r > w) w = r } END { if (NR != n) print "missing"; else printf "%.3g", w + 0 }'
 }
 
-torch_sps() {  # model steps
-    python3 - "$1" "$2" $B <<'PY' 2>/dev/null || echo "n/a"
-import sys, time
-try:
-    import torch, torch.nn as nn
-except Exception:
-    print("n/a"); sys.exit(0)
-if not torch.cuda.is_available():
-    print("n/a"); sys.exit(0)
-name, steps, B = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-torch.backends.cuda.matmul.allow_tf32 = False
-torch.backends.cudnn.allow_tf32 = False
-if name == "cnn":
-    m = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-                      nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                      nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
-else:
-    layers, d = [nn.Flatten()], 784
-    for _ in range(8):
-        layers += [nn.Linear(d, 4096), nn.ReLU()]; d = 4096
-    m = nn.Sequential(*layers, nn.Linear(d, 10))
-dev = torch.device("cuda", 0)
-m = m.to(dev)
-opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
-lossf = nn.CrossEntropyLoss()
-X = torch.rand(64, B, 1, 28, 28, device=dev); Y = torch.randint(0, 10, (64, B), device=dev)
-def step(i):
-    opt.zero_grad(set_to_none=True)
-    loss = lossf(m(X[i % 64]), Y[i % 64]); loss.backward(); opt.step()
-for i in range(20): step(i)
-torch.cuda.synchronize(); t0 = time.perf_counter()
-for i in range(steps): step(i)
-torch.cuda.synchronize()
-print(f"{steps * B / (time.perf_counter() - t0):.0f}")
+# dtrain on the device under test: the real build, or the emulated kernels.
+dtrain_dev() { if [ $emulate = 1 ]; then "$R/emu/dtrain_emu" "$@"; else "$BIN/dtrain" "$@"; fi; }
+# The op test on the device under test, with DT_CUDA_TEST_PARTS=$1.
+optest() {
+    local parts=$1; shift
+    if [ $emulate = 1 ]; then
+        DT_CUDA_TEST_EMU=1 DT_CUDA_TEST_PARTS=$parts "$@" "$R/emu/test_cuda_emu"
+    else
+        DT_CUDA_TEST_PARTS=$parts "$@" "$BIN/tests/test_cuda_ops"
+    fi
+}
+need_training() {
+    [ $emulate = 0 ] || [ -x "$R/emu/dtrain_emu" ] || skip "the emulated dtrain needs a --with-cuda build of this tree" \
+        "$(head -1 "$R/emu/build.err" 2>/dev/null | sed 's/^./(&/; s/.$/&)/')"
+}
+
+# A training run on the device under test: train MODEL BATCH STEPS TAG [flags...];
+# metrics in $R/TAG.jsonl, output in $R/TAG.out.
+train() {
+    local model=$1 batch=$2 steps=$3 tag=$4; shift 4
+    rm -f "$R/$tag.jsonl"
+    dtrain_dev train --device cuda --model "$model" --data "synthetic:$((batch * (steps + 1))),1,28,28,10" \
+        --batch "$batch" --steps "$steps" --seed 3 --schedule constant --no-eval --quiet \
+        --metrics "$R/$tag.jsonl" "$@" > "$R/$tag.out" 2>&1
+}
+
+# ---- the sections ---------------------------------------------------------------------
+
+s_env() {
+    if [ $emulate = 1 ]; then
+        echo "emulated device: the kernels compiled for the CPU (tests/gpu_emu/), $(nproc) cores of" \
+             "$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)"
+        echo "build: $B ($(grep -q 'define DT_HAVE_CUDA 1' "$B/config.h" 2>/dev/null && echo --with-cuda || echo 'no CUDA'))"
+        note "$(printf '%-12s emulated on the CPU (%s)' env "$(g++ --version | head -1)")"
+        return 0
+    fi
+    local info rc archs cc
+    info=$("$bd/gpu_info" 2>&1); rc=$?
+    echo "$info"
+    command -v nvidia-smi > /dev/null 2>&1 &&
+        timeout 20 nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu,persistence_mode,mig.mode.current \
+            --format=csv 2>&1
+    echo "torch: $([ -n "$PY" ] && "$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 || echo none)"
+    get() { echo "$info" | sed -n "s/^$1=//p"; }
+    if [ $rc -ne 0 ]; then
+        note "$(printf '%-12s FAILED: %s' env "$(get error)")"
+        echo "STOP: no usable device ($(get error)); driver CUDA $(get driver_cuda), runtime $(get runtime_cuda)"
+        exit 3
+    fi
+    missing=$(ldd "$BIN/dtrain" "$BIN/tests/test_cuda_ops" 2>&1 | grep 'not found' | sort -u)
+    if [ -n "$missing" ]; then
+        note "$(printf '%-12s FAILED: libraries missing: %s' env "$(echo $missing)")"
+        echo "STOP: the carried build needs libraries this machine lacks:"; echo "$missing"; exit 3
+    fi
+    cc=$(get cc | tr -d .)
+    archs=$(sed -n 's/^NVCC_ARCH_FLAGS = //p' "$BIN/Makefile")
+    if ! echo "$archs" | grep -q "code=sm_$cc\b" &&
+       ! echo "$archs" | grep -oE 'code=compute_[0-9]+' | awk -F_ -v c="$cc" '$2 <= c { f = 1 } END { exit !f }'; then
+        note "$(printf '%-12s FAILED: the build has no code for compute capability %s (%s)' env "$(get cc)" "$archs")"
+        echo "STOP: rebuild with --with-cuda-arch including ${cc} (DT_GPU_ARCH=$cc)"; exit 3
+    fi
+    note "$(printf '%-12s %s: cc %s, %s SMs, %s/%s MHz, %s GiB; CUDA driver %s runtime %s; cuBLAS %s; NCCL %s; %s GPU(s)' \
+        env "$(get device)" "$(get cc)" "$(get sms)" "$(get sm_clock_mhz)" "$(get mem_clock_mhz)" "$(get mem_gib)" \
+        "$(get driver_cuda)" "$(get runtime_cuda)" "$(get cublas)" "$(get nccl)" "$(get devices)")"
+}
+
+s_ops() {
+    local parts=table,seq,real,errors,memory reps=20
+    [ $quick = 1 ] && parts=table,errors
+    [ $emulate = 1 ] && reps=1
+    optest "$parts" env DT_CUDA_TEST_TIMING=$reps > "$R/ops.tap" 2>&1
+    local rc=$? n_ok n_bad
+    n_ok=$(grep -c '^ok' "$R/ops.tap"); n_bad=$(grep -c '^not ok' "$R/ops.tap")
+    grep -A4 '^not ok' "$R/ops.tap" | head -40
+    echo "worst normwise error against the cpu, per case:"
+    sed -n 's/^ok [0-9]* - \(.*\): [a-z]* matches cpu within the stated tolerance (\([0-9]*\) outputs, worst normwise \(.*\))$/\3  \1/p' \
+        "$R/ops.tap" | sort -g -r | head -12 | sed 's/^/  /'
+    echo "device time at real shapes (mean of $reps calls$([ $emulate = 1 ] && echo ', emulated: not a speed')):"
+    sed -n 's/^# time \(.*\): \(.*\) us$/\1|\2/p' "$R/ops.tap" | awk -F'|' '{ printf "  %-44s %12.1f us\n", $1, $2 }' |
+        tee "$R/optimes.txt"
+    note "$(printf '%-12s %s ok, %s not ok (exit %s); worst error %s' ops "$n_ok" "$n_bad" "$rc" \
+        "$(sed -n 's/.*worst normwise \([^)]*\)).*/\1/p' "$R/ops.tap" | sort -g -r | head -1)")"
+    while IFS= read -r l; do note "             $l"; done < "$R/optimes.txt"
+    [ "$rc" -eq 0 ]
+}
+
+s_sanitizer() {
+    [ $emulate = 0 ] || skip "compute-sanitizer needs a GPU"
+    local cs
+    cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+    [ -n "$cs" ] || skip "compute-sanitizer is not installed (PATH, /usr/local/cuda/bin)"
+    local tool parts res=
+    for tool in memcheck racecheck; do
+        parts=table,seq,errors
+        [ $tool = racecheck ] && parts=table,seq
+        [ $quick = 1 ] && parts=table
+        local t0=$SECONDS
+        DT_CUDA_TEST_PARTS=$parts timeout 150 "$cs" --tool $tool --error-exitcode 9 "$BIN/tests/test_cuda_ops" \
+            > "$R/$tool.log" 2>&1
+        local rc=$?
+        grep -E '^========= (ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|Error)' "$R/$tool.log" | sort | uniq -c | head -12
+        echo "$tool: exit $rc in $((SECONDS - t0)) s"
+        res="$res $tool: $(grep -E '^========= (ERROR|RACECHECK) SUMMARY' "$R/$tool.log" | tail -1 | sed 's/^========= //') (exit $rc);"
+    done
+    note "$(printf '%-12s%s' sanitizer "$res")"
+}
+
+s_determinism() {
+    local parts=table,seq,real steps=30 same=yes
+    [ $emulate = 1 ] && parts=table,seq steps=6   # the real shapes take minutes on the emulator
+    [ $quick = 1 ] && parts=table steps=3
+    for run in 1 2 3; do
+        local lb=
+        [ $run = 3 ] && lb=1
+        CUDA_LAUNCH_BLOCKING=${lb:-0} optest "$parts" env DT_CUDA_TEST_DUMP="$R/dump$run.txt" > "$R/det$run.tap" 2>&1
+    done
+    for run in 2 3; do
+        if ! [ -s "$R/dump1.txt" ] || ! cmp -s "$R/dump1.txt" "$R/dump$run.txt"; then
+            same=no; echo "op outputs of run $run differ from run 1:"; diff "$R/dump1.txt" "$R/dump$run.txt" | head -10
+        fi
+    done
+    echo "op outputs (a hash each of $(wc -l < "$R/dump1.txt" 2>/dev/null || echo 0)): identical over 3 runs, the third with CUDA_LAUNCH_BLOCKING=1: $same"
+    local wsame=skipped
+    if [ $emulate = 0 ] || [ -x "$R/emu/dtrain_emu" ]; then
+        wsame=yes
+        for run in 1 2 3; do
+            local lb=0
+            [ $run = 3 ] && lb=1
+            CUDA_LAUNCH_BLOCKING=$lb train cnn 64 $steps "det$run" --save "$R/det$run.safetensors" ||
+                { wsame="no (run $run failed: $(tail -1 "$R/det$run.out"))"; break; }
+        done
+        if [ "$wsame" = yes ]; then
+            cmp -s "$R/det1.safetensors" "$R/det2.safetensors" && cmp -s "$R/det1.safetensors" "$R/det3.safetensors" ||
+                wsame=no
+        fi
+        echo "cnn weights after $steps steps: identical over 3 runs, the third with CUDA_LAUNCH_BLOCKING=1: $wsame"
+    fi
+    note "$(printf '%-12s op outputs identical x3 (1 with CUDA_LAUNCH_BLOCKING=1): %s; cnn weights after %s steps: %s' \
+        determinism "$same" "$steps" "$wsame")"
+    [ "$same" = yes ] && [ "$wsame" != no ]
+}
+
+s_parity() {
+    need_training
+    local steps=20 models="mlp cnn" res= bad=0
+    [ $emulate = 1 ] && steps=8      # an emulated cnn step takes seconds
+    [ $quick = 1 ] && steps=5 models=mlp
+    for m in $models; do
+        local dev
+        for dev in cpu cuda; do
+            rm -f "$R/par-$m-$dev.jsonl"
+            dtrain_dev train --device $dev --model $m --data synthetic:1024,1,28,28,10 --steps $steps --batch 64 \
+                --seed 3 --log-every 1 --metrics "$R/par-$m-$dev.jsonl" --no-eval --quiet --threads "$jobs" \
+                > "$R/par-$m-$dev.out" 2>&1 || echo "$m on $dev failed: $(tail -1 "$R/par-$m-$dev.out")"
+            losses "$R/par-$m-$dev.jsonl" > "$R/par-$m-$dev.loss"
+        done
+        local w
+        w=$(worst_rel "$R/par-$m-cpu.loss" "$R/par-$m-cuda.loss" $steps)
+        awk -v w="$w" 'BEGIN { exit !(w != "missing" && w <= 1e-4) }' || bad=1
+        printf '%-6s step 1 loss cpu %s gpu %s; step %s cpu %s gpu %s; worst relative difference %s\n' $m \
+            "$(head -1 "$R/par-$m-cpu.loss")" "$(head -1 "$R/par-$m-cuda.loss")" $steps \
+            "$(tail -1 "$R/par-$m-cpu.loss")" "$(tail -1 "$R/par-$m-cuda.loss")" "$w"
+        res="$res $m $w;"
+    done
+    note "$(printf '%-12s worst relative loss difference gpu vs cpu over %s steps (limit 1e-4):%s' parity $steps "$res")"
+    [ $bad = 0 ]
+}
+
+# One dtrain throughput measurement: MODEL BATCH STEPS TAG [flags]: 2 x STEPS steps with
+# --rank-stats STEPS, the second interval measured (the first warms up):
+# "ms/step samples/s peak_MiB data_ms compute_ms comm_ms".
+dtrain_rate() {
+    local model=$1 batch=$2 steps=$3 tag=$4; shift 4
+    train "$model" "$batch" $((2 * steps)) "$tag" --rank-stats "$steps" "$@" || { echo "fail"; return; }
+    awk -v k="$steps" -v b="$batch" -F'[,:}]' '/"event":"rank"/ {
+            for (i = 1; i < NF; i++) v[$i] = $(i + 1)
+            if (v["\"steps\""] + 0 == k) { s = v["\"step_s\""] / k; printf "%.3f %.0f %.0f %.2f %.2f %.2f\n", s * 1e3, b / s,
+                v["\"peak_mem_mb\""], v["\"data_s\""] / k * 1e3, v["\"compute_s\""] / k * 1e3, v["\"comm_s\""] / k * 1e3 } }' \
+        "$R/$tag.jsonl" | tail -1
+}
+
+s_throughput() {
+    need_training
+    local mlp="flatten$(for i in 1 2 3 4 5 6 7 8; do printf ' linear(4096) relu'; done) linear(10)"
+    local cb=256 mb=1024 cs=50 ms=10 w=4096
+    if [ $emulate = 1 ] || [ $quick = 1 ]; then
+        w=64 cb=16 mb=32 cs=2 ms=2
+        mlp="flatten$(for i in 1 2 3 4 5 6 7 8; do printf ' linear(64) relu'; done) linear(10)"
+    fi
+    printf '%-18s %10s %10s %10s %9s %9s %9s | %10s %10s %9s | %6s\n' row "ms/step" "samples/s" "peak MiB" "data ms" \
+        "comp ms" "comm ms" "torch ms" "samples/s" "peak MiB" ratio | tee "$R/throughput.txt"
+    row() {  # name model batch steps tf32 torchname
+        local d t tf=
+        [ "$5" = 1 ] && tf=--allow-tf32
+        d=$(dtrain_rate "$2" "$3" "$4" "tp-$1" $tf)
+        if [ $emulate = 1 ]; then t="n/a emulated"
+        elif [ -n "$PY" ]; then t=$(timeout 240 "$PY" "$here/gpu_torch.py" "$6" "$3" "$4" "$4" "$5" 2>&1 | tail -1)
+        else t="n/a no PyTorch"; fi
+        set -- "$1" $d
+        local name=$1 dms=${2:-fail} dsp=${3:--} dpk=${4:--} dda=${5:--} dco=${6:--} dcm=${7:--}
+        set -- $t
+        local tms=$1 tsp=${2:--} tpk=${3:--} ratio=-
+        case $tms in n/a*|'') tms="n/a"; tsp=-; tpk=- ;; esac
+        [ "$tms" != n/a ] && [ "$dms" != fail ] && ratio=$(awk -v a="$tms" -v b="$dms" 'BEGIN { printf "%.2f", a / b }')
+        printf '%-18s %10s %10s %10s %9s %9s %9s | %10s %10s %9s | %6s\n' "$name" "$dms" "$dsp" "$dpk" "$dda" "$dco" "$dcm" \
+            "$tms" "$tsp" "$tpk" "$ratio" | tee -a "$R/throughput.txt"
+        [ "$dms" != fail ] || sed 's/^/    /' "$R/tp-$name.out" | tail -3
+    }
+    row cnn-tf32off cnn $cb $cs 0 cnn
+    row cnn-tf32on cnn $cb $cs 1 cnn
+    row mlp8x$w-tf32off "$mlp" $mb $ms 0 mlp8x4096
+    row mlp8x$w-tf32on "$mlp" $mb $ms 1 mlp8x4096
+    if [ $emulate = 1 ] || [ $quick = 1 ]; then
+        echo "gpt2: skipped (124M parameters need a GPU; --quick and --emulate leave it out)"
+    else
+        local tok="$R/tokens" gpt2="gpt(layers=12,heads=12,dim=768,block=1024,vocab=50304)"
+        head -c 4000000 /dev/urandom > "$R/text" && "$BIN/dtrain" prepare-text "$tok" "$R/text" > /dev/null 2>&1
+        local d t
+        rm -f "$R/tp-gpt2.jsonl"
+        timeout 200 "$BIN/dtrain" train --device cuda --model "$gpt2" --data "tokens:$tok" --batch 8 --steps 20 \
+            --no-eval --quiet --rank-stats 10 --metrics "$R/tp-gpt2.jsonl" > "$R/tp-gpt2.out" 2>&1
+        d=$(awk -F'[,:}]' '/"event":"rank"/ { for (i = 1; i < NF; i++) v[$i] = $(i + 1)
+                if (v["\"steps\""] + 0 == 10) printf "%.1f %.0f %.0f\n", v["\"step_s\""] * 100, 81920 / v["\"step_s\""],
+                v["\"peak_mem_mb\""] }' "$R/tp-gpt2.jsonl" | tail -1)
+        [ -n "$PY" ] && t=$(timeout 200 "$PY" "$here/gpu_torch.py" gpt2 8 3 10 0 "$tok" 2>&1 | tail -1) || t="n/a no PyTorch"
+        set -- ${d:-fail - -}; local dms=$1 dtk=$2 dpk=$3
+        set -- $t; local tms=$1 ttk=${2:--} tpk=${3:--}
+        case $tms in n/a*) tms=n/a ttk=- tpk=- ;; esac
+        printf '%-18s %10s %10s %10s %9s %9s %9s | %10s %10s %9s | %6s  (tokens/s)\n' gpt2-tf32off "$dms" "$dtk" "$dpk" - - - \
+            "$tms" "$ttk" "$tpk" "$(awk -v a="$tms" -v b="$dms" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "-" }')" |
+            tee -a "$R/throughput.txt"
+        [ "$dms" != fail ] || sed 's/^/    /' "$R/tp-gpt2.out" | tail -3
+    fi
+    note "throughput   (ratio = PyTorch ms/step / dtrain ms/step: above 1, dtrain is faster)"
+    while IFS= read -r l; do note "  $l"; done < "$R/throughput.txt"
+}
+
+s_nsys() {
+    [ $emulate = 0 ] || skip "nsys needs a GPU"
+    local ns
+    ns=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+    [ -n "$ns" ] || skip "nsys (Nsight Systems) is not installed"
+    timeout 90 "$ns" profile -t cuda -o "$R/cnn" --force-overwrite true "$BIN/dtrain" train --device cuda --model cnn \
+        --data synthetic:6400,1,28,28,10 --batch 256 --steps 24 --no-eval --quiet > "$R/nsys.log" 2>&1 ||
+        { tail -5 "$R/nsys.log"; note "$(printf '%-12s FAILED: %s' nsys "$(tail -1 "$R/nsys.log")")"; return 1; }
+    local rep
+    for rep in cuda_gpu_kern_sum gpukernsum; do
+        "$ns" stats --report $rep --format csv --output - "$R/cnn.nsys-rep" > "$R/kernels.csv" 2> /dev/null &&
+            grep -q '%' "$R/kernels.csv" && break
+    done
+    echo "top kernels of 24 cnn steps (batch 256): time %, total ms, calls, name"
+    python3 - "$R/kernels.csv" <<'PY' | tee "$R/kernels.txt"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1], errors="replace")))
+head = next((i for i, r in enumerate(rows) if r and r[0].replace(" ", "").startswith("Time(%)")), None)
+if head is None:
+    print("  (no kernel table in the nsys report)")
+    sys.exit(0)
+col = {name.replace(" ", ""): i for i, name in enumerate(rows[head])}
+for r in rows[head + 1:head + 13]:
+    if len(r) == len(rows[head]):
+        print("  %5.1f %9.2f %7s  %s" % (float(r[col["Time(%)"]]), float(r[col["TotalTime(ns)"]]) / 1e6,
+                                         r[col["Instances"]], r[col["Name"]][:70]))
 PY
+    note "nsys         top kernels of 24 cnn steps: time %, total ms, calls, name"
+    head -6 "$R/kernels.txt" | while IFS= read -r l; do note "  $l"; done
 }
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else printf "n/a" }'; }
-
-echo "== training throughput, samples/s (batch $B, FP32, TF32 off)"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-echo "device: ${gpu:-unknown}; torch: $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo none)"
-printf "%-12s %14s %14s %10s\n" model dtrain-cuda pytorch-cuda ratio
-d=$(dtrain_sps cnn 50 450); t=$(torch_sps cnn 400)
-printf "%-12s %14s %14s %10s\n" cnn "$d" "$t" "$(ratio "$d" "$t")"
-d=$(dtrain_sps "$MLP8" 20 120); t=$(torch_sps mlp8x4096 100)
-printf "%-12s %14s %14s %10s\n" mlp8x4096 "$d" "$t" "$(ratio "$d" "$t")"
-
-echo "== gpt2 (124M, block 1024, batch 8, FP32, TF32 off): tokens/s and peak memory"
-TOK=$(mktemp -d)
-head -c 4000000 /dev/urandom > "$TOK/text" && ./dtrain prepare-text "$TOK/data" "$TOK/text" > /dev/null 2>&1
-GPT2="gpt(layers=12,heads=12,dim=768,block=1024,vocab=50304)"
-gpt2_run() {  # steps: prints "seconds peak_MiB"
-    local t0 t1 out
-    t0=$(date +%s.%N)
-    out=$(timeout 600 ./dtrain train --device cuda --model "$GPT2" --data "tokens:$TOK/data" --batch 8 --steps "$1" \
-          --warmup 1 --no-eval --rank-stats "$1" 2>&1) || { echo "fail"; return; }
-    t1=$(date +%s.%N)
-    echo "$t0 $t1 $(echo "$out" | awk '$1 == 0 && NF >= 7 { print $6 }' | tail -1)"
+s_nccl() {
+    [ $emulate = 0 ] || skip "NCCL needs GPUs (the emulator has no NCCL)"
+    grep -q 'define DT_HAVE_NCCL 1' "$BIN/config.h" || skip "the build has no NCCL backend (nccl.h was not found)"
+    local n
+    n=$("$bd/gpu_info" | sed -n 's/^devices=//p')
+    [ "${n:-0}" -ge 2 ] || skip "$n GPU: NCCL needs 2 or more"
+    DT_SRCDIR=$BIN DT_BUILDDIR=$BIN timeout 100 sh "$BIN/tests/gpu_nccl.sh" > "$R/gpu_nccl.tap" 2>&1
+    grep -E '^(not ok|ok)' "$R/gpu_nccl.tap" | head -20
+    rm -f "$R/nccl2.jsonl"
+    timeout 100 "$BIN/dtrun" -n 2 "$BIN/dtrain" train --device cuda --backend nccl --model cnn \
+        --data synthetic:8192,1,28,28,10 --batch 256 --steps 30 --seed 3 --no-eval --quiet --rank-stats 10 \
+        --metrics "$R/nccl2.jsonl" > "$R/nccl2.out" 2>&1
+    local rc=$?
+    tail -3 "$R/nccl2.out"
+    note "$(printf '%-12s gpu_nccl.sh: %s ok, %s not ok; 2-rank cnn over NCCL: exit %s' nccl \
+        "$(grep -c '^ok' "$R/gpu_nccl.tap")" "$(grep -c '^not ok' "$R/gpu_nccl.tap")" $rc)"
 }
-a=$(gpt2_run 5); b=$(gpt2_run 25)
-d=$(echo "$a $b" | awk '{ d = ($5 - $4) - ($2 - $1); if (d > 0) printf "%.0f", 20 * 8 * 1024 / d; else print "n/a" }')
-mem=$(echo "$b" | awk '{ print $3 }')
-t=$(python3 - "$TOK/data" <<'PY' 2>/dev/null || echo "n/a"
-import math, sys, time
-import numpy as np
-try:
-    import torch, torch.nn as nn, torch.nn.functional as F
-except Exception:
-    print("n/a"); sys.exit(0)
-if not torch.cuda.is_available():
-    print("n/a"); sys.exit(0)
-torch.backends.cuda.matmul.allow_tf32 = False
-V, T, L, H, C, B = 50304, 1024, 12, 12, 768, 8
-class Block(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.ln_1, s.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
-        s.attn = nn.Module(); s.attn.c_attn = nn.Linear(C, 3 * C); s.attn.c_proj = nn.Linear(C, C)
-        s.mlp = nn.Module(); s.mlp.c_fc = nn.Linear(C, 4 * C); s.mlp.c_proj = nn.Linear(4 * C, C)
-    def forward(s, x):
-        b, t, c = x.shape
-        q, k, v = s.attn.c_attn(s.ln_1(x)).split(C, dim=2)
-        q, k, v = (z.view(b, t, H, C // H).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True) if hasattr(F, "scaled_dot_product_attention") else \
-            (F.softmax((q @ k.transpose(-2, -1) / math.sqrt(C // H)).masked_fill(
-                torch.ones(t, t, dtype=torch.bool, device=x.device).tril().logical_not(), float("-inf")), dim=-1) @ v)
-        x = x + s.attn.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-        return x + s.mlp.c_proj(F.gelu(s.mlp.c_fc(s.ln_2(x))))
-class GPT(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.wte, s.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
-        s.h = nn.ModuleList([Block() for _ in range(L)]); s.ln_f = nn.LayerNorm(C)
-        s.lm_head = nn.Linear(C, V, bias=False); s.lm_head.weight = s.wte.weight
-    def forward(s, idx, tgt):
-        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for b in s.h: x = b(x)
-        return F.cross_entropy(s.lm_head(s.ln_f(x)).view(-1, V), tgt.view(-1))
-dev = torch.device("cuda", 0)
-m = GPT().to(dev)
-opt = torch.optim.AdamW(m.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)
-raw = np.fromfile(sys.argv[1] + "/train.bin", dtype=np.uint8)
-tok = torch.from_numpy(raw[1024:].view(np.uint16).astype(np.int64)).to(dev)
-def step():
-    ix = torch.randint(len(tok) - T - 1, (B,), device=dev)
-    x = torch.stack([tok[i:i + T] for i in ix]); y = torch.stack([tok[i + 1:i + 1 + T] for i in ix])
-    opt.zero_grad(set_to_none=True); m(x, y).backward(); opt.step()
-for _ in range(5): step()
-torch.cuda.synchronize(); t0 = time.perf_counter()
-for _ in range(20): step()
-torch.cuda.synchronize()
-print(f"{20 * B * T / (time.perf_counter() - t0):.0f} {torch.cuda.max_memory_allocated() / 2**20:.0f}")
-PY
-)
-printf "%-12s %14s %14s %10s %16s %16s\n" model dtrain-cuda pytorch-cuda ratio "dtrain peak MiB" "pytorch peak MiB"
-printf "%-12s %14s %14s %10s %16s %16s\n" gpt2 "$d" "${t%% *}" "$(ratio "$d" "${t%% *}")" "${mem:-n/a}" "${t##* }"
-rm -rf "$TOK"
+
+# ---- one section, under its timeout (the script runs itself with --section) -----------
+
+if [ -n "$section" ]; then
+    : "${R:?}" "${BIN:?}"
+    s_"$section"
+    exit $?
+fi
+
+# ---- the build ------------------------------------------------------------------------
+
+build() {
+    local arch=${DT_GPU_ARCH:-90} nccl=
+    { [ -f /usr/local/cuda/include/nccl.h ] || [ -f /usr/include/nccl.h ]; } && nccl=--with-nccl
+    echo "== build: $BIN (--with-cuda --with-cuda-arch=$arch $nccl)"
+    local t0=$SECONDS
+    mkdir -p "$BIN" || return 1
+    # the tracked files of this tree as they are now (a tree configured in place cannot
+    # host another build), their times kept so that make rebuilds only what changed
+    if git -C "$src" rev-parse --git-dir > /dev/null 2>&1; then
+        git -C "$src" ls-files -z --cached --others --exclude-standard |
+            (cd "$src" && tar --null --ignore-failed-read -T - -cf -) | tar -C "$BIN" -xf - || return 1
+    else
+        (cd "$src" && tar --exclude=./build-gpu --exclude=./.git -cf - .) | tar -C "$BIN" -xf - || return 1
+    fi
+    (cd "$BIN" && { [ -f Makefile ] || { ./autogen.sh > /dev/null 2>&1 &&
+        ./configure -q --with-cuda --with-cuda-arch="$arch" $nccl > configure.log 2>&1; }; } &&
+        make -j"$jobs" > make.log 2>&1 && make -j"$jobs" tests/test_cuda_ops $([ -n "$nccl" ] && echo tests/gpu_nccl_prog) \
+        >> make.log 2>&1) || { tail -20 "$BIN/configure.log" "$BIN/make.log" 2>/dev/null | grep -v '^$' | tail -20; return 1; }
+    local cuda_cflags cuda_libs nccl_libs
+    cuda_cflags=$(sed -n 's/^CUDA_CFLAGS = //p' "$BIN/Makefile")
+    cuda_libs=$(sed -n 's/^CUDA_LIBS = //p' "$BIN/Makefile")
+    nccl_libs=$(sed -n 's/^NCCL_LIBS = //p' "$BIN/Makefile")
+    cc -std=c11 -O1 $cuda_cflags $(sed -n 's/^NCCL_CFLAGS = //p' "$BIN/Makefile") ${nccl_libs:+-DDT_GPU_INFO_NCCL} \
+        "$here/gpu_info.c" -o "$bd/gpu_info" $nccl_libs $cuda_libs || return 1
+    echo "-- build: $((SECONDS - t0)) s; carry $(du -sh "$bd" | cut -f1) in $bd"
+}
+
+if [ $emulate = 1 ]; then
+    # the tree's own build (configured in place), or DT_BUILDDIR
+    B=${DT_BUILDDIR:-$src}
+    [ -f "$B/.libs/libdtrain.so" ] || { echo "bench/gpu.sh --emulate: no build in $B (build this tree, or set DT_BUILDDIR)" >&2; exit 2; }
+    R=${DT_GPU_BENCH_OUT:-$(mktemp -d)}
+    BIN=$B
+else
+    BIN=$bd/src
+    R=${DT_GPU_BENCH_OUT:-$bd/bench-out}
+    if [ -x "$BIN/dtrain" ] && [ -x "$BIN/tests/test_cuda_ops" ] && [ -x "$bd/gpu_info" ] && [ $build_only = 0 ]; then
+        echo "== build: using the existing build in $BIN (remove $bd to rebuild)"
+    else
+        build || { echo "build FAILED"; exit 1; }
+    fi
+    grep -q 'define DT_HAVE_CUDA 1' "$BIN/config.h" || { echo "$BIN is not a --with-cuda build" >&2; exit 1; }
+    [ $build_only = 0 ] || exit 0
+fi
+mkdir -p "$R" && R=$(cd "$R" && pwd) && : > "$R/summary.txt" || exit 1
+export R BIN B bd emulate quick
+
+if [ $emulate = 1 ]; then
+    echo "== emulated kernels (tests/gpu_emu_build.sh)"
+    want=
+    grep -q 'define DT_HAVE_CUDA 1' "$B/config.h" 2>/dev/null && [ -x "$B/dtrain" ] && want=dtrain
+    mkdir -p "$R/emu" || exit 1
+    DT_SRCDIR=$src DT_BUILDDIR=$B "$src/tests/gpu_emu_build.sh" "$R/emu" 3 $want 2> "$R/emu/build.err" ||
+        { [ -x "$R/emu/test_cuda_emu" ] || { cat "$R/emu/build.err"; exit 1; }; }
+fi
+
+T0=$SECONDS
+status=0
+run_section() {  # number name timeout
+    local left=$((budget - (SECONDS - T0))) t=$3 t0=$SECONDS rc
+    [ "$t" -gt "$left" ] && t=$left
+    echo
+    echo "== [$1] $2 (timeout ${t} s; ${left} s of the budget left)"
+    if [ "$t" -lt 15 ]; then
+        echo "skip: the budget of $budget s is spent"
+        printf '%-12s skip: the budget of %s s is spent\n' "$2" "$budget" >> "$R/summary.txt"
+        return
+    fi
+    timeout -k 10 "$t" bash "$0" --section "$2" $([ $emulate = 1 ] && echo --emulate) $([ $quick = 1 ] && echo --quick) \
+        2>&1 | tee "$R/$2.log"
+    rc=${PIPESTATUS[0]}
+    case $rc in
+        0) echo "-- $2: $((SECONDS - t0)) s" ;;
+        124|137) echo "-- $2: TIMEOUT after $((SECONDS - t0)) s"; printf '%-12s TIMEOUT after %s s\n' "$2" "$t" >> "$R/summary.txt"; status=1 ;;
+        3) echo "-- $2: STOP after $((SECONDS - t0)) s"; status=1; summary; exit 1 ;;
+        *) echo "-- $2: FAILED (exit $rc) after $((SECONDS - t0)) s"; status=1 ;;
+    esac
+}
+summary() {
+    echo
+    echo "== [9] summary ($(date -u '+%Y-%m-%d %H:%M UTC'); $((SECONDS - T0)) s of the $budget s budget$([ $emulate = 1 ] && echo '; EMULATED: no GPU, times mean nothing'))"
+    cat "$R/summary.txt"
+    echo "logs: $R"
+}
+run_section 1 env 30
+run_section 2 ops 150
+run_section 3 sanitizer 150
+run_section 4 determinism 150
+run_section 5 parity 90
+run_section 6 throughput 300
+run_section 7 nsys 90
+run_section 8 nccl 90
+summary
+exit $status

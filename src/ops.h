@@ -23,9 +23,12 @@
  *   - gradient kernels OVERWRITE their outputs (dx, dw, db, ...): the trainer sums
  *     micro-batch gradients in its own fixed tree (DESIGN.md rule 2), so kernels
  *     never accumulate into a gradient behind its back;
- *   - determinism: on a given device, no result depends on the number of threads.
- *     Every reduction uses a partition fixed by the shape (per sample, per channel,
- *     or fixed-size chunks) combined in a fixed order, with no atomics.
+ *   - determinism: on a given device, no result depends on the number of threads
+ *     (or, on a GPU, the grid size). Every reduction uses a partition fixed by the
+ *     shape (per sample, per channel, or fixed-size chunks) combined in a fixed order,
+ *     with no atomics. The order may differ between backends: the CUDA backend sums
+ *     rows in a warp and columns in row slabs (src/cuda/cuda_impl.h), so those sums
+ *     match the CPU's to rounding, not bit for bit.
  *
  * Randomness is counter-based (src/rng.h, Philox4x32-10): a random value is a pure
  * function of (seed, stream, position), so it never depends on the rank, the
@@ -169,7 +172,9 @@ typedef struct {
     X(conv2d_forward,  (const dt_conv2d_desc *d, float *y, const float *x, const float *w, \
                         const float *bias, int relu)) \
     /* Given dy (N, K, P, Q), x and w of the forward: dx (N, C, H, W), dw (K, C, R, S), \
-     * dbias (K). Any of dx, dw, dbias may be NULL to skip it (dx for the first layer). */ \
+     * dbias (K). Any of dx, dw, dbias may be NULL to skip it (dx for the first layer). \
+     * x must still hold what the forward read: a backend may reuse the forward's \
+     * columns of the same x and descriptor (CUDA does, until x is freed). */ \
     X(conv2d_backward, (const dt_conv2d_desc *d, float *dx, float *dw, float *dbias, \
                         const float *dy, const float *x, const float *w)) \
     \
@@ -188,7 +193,7 @@ typedef struct {
      * BatchNorm1d on (N, C)). The statistics are plain sums so the DDP layer can \
      * all-reduce them for synchronised batch norm before finalising. -- \
      * sum (C) = sum of x, sumsq (C) = sum of x^2 (each (n, c) plane in fixed float \
-     * lanes, the planes in sample order in double, rounded once). */ \
+     * lanes, the planes in double in a fixed order, rounded once). */ \
     X(bn_stats,    (float *sum, float *sumsq, const float *x, int N, int C, int HW)) \
     /* From sums over `count` values per channel: mean (C), invstd (C) = 1/sqrt(var + eps) \
      * with the biased var = sumsq/count - mean^2 (clamped at 0). If running_mean is not \
@@ -218,7 +223,7 @@ typedef struct {
      * x, y (rows, cols), gamma/beta (cols) (NULL = no affine), mean/rstd (rows) saved. */ \
     X(layernorm_forward,  (float *y, float *mean, float *rstd, const float *x, \
                            const float *gamma, const float *beta, int rows, int cols, float eps)) \
-    /* dx (rows, cols); dgamma, dbeta (cols) (NULL to skip; summed over rows in row order, in double). */ \
+    /* dx (rows, cols); dgamma, dbeta (cols) (NULL to skip; column sums over the rows in a fixed order). */ \
     X(layernorm_backward, (float *dx, float *dgamma, float *dbeta, const float *dy, \
                            const float *x, const float *mean, const float *rstd, \
                            const float *gamma, int rows, int cols)) \

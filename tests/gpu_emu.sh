@@ -2,58 +2,54 @@
 # gpu_emu.sh: the CUDA backend's kernels without a GPU. The four .cu files are compiled
 # with g++ against stand-ins for the CUDA runtime and cuBLAS (tests/gpu_emu/: kernels
 # become host functions, each block's threads run as cooperative fibers that switch at
-# __syncthreads, GEMMs go to OpenBLAS column-major), launches <<<...>>> rewritten into
-# calls, and tests/test_cuda_ops runs against them: every op against the CPU backend,
-# determinism, bad inputs. This checks index arithmetic, reduction trees, the cuBLAS
-# operand order and the table on any machine; tests/test_cuda_ops on a GPU checks the
-# real thing. In a --with-cuda build it also trains the mlp for 10 steps with
-# dtrain --device cuda on the emulated kernels (dtrain's objects linked with them in
-# place of the real backend) and holds the losses against the cpu run. Works in any
-# build (needs g++ and libdtrain).
+# __syncthreads and meet at warp shuffles, GEMMs go to OpenBLAS column-major), launches
+# <<<...>>> rewritten into calls (tests/gpu_emu_build.sh), and tests/test_cuda_ops runs
+# against them: every op against the CPU backend, determinism, bad inputs. This checks
+# index arithmetic, reduction trees, the cuBLAS operand order and the table on any
+# machine; tests/test_cuda_ops on a GPU checks the real thing. The kernels are built
+# twice, with grid caps of 3 and 1000 blocks, and both builds must give every output
+# the same bytes (partitions fixed by the shape). In a --with-cuda build it also trains
+# the mlp for 10 steps with dtrain --device cuda on the emulated kernels (dtrain's
+# objects linked with them in place of the real backend) and holds the losses against
+# the cpu run. Works in any build (needs g++ and libdtrain).
 . "$DT_SRCDIR/tests/tap.sh"
 S=$DT_SRCDIR
 B=$DT_BUILDDIR
 command -v g++ > /dev/null 2>&1 || skip_all "no g++"
 [ -f "$B/.libs/libdtrain.so" ] || skip_all "no shared libdtrain in $B/.libs"
-blas_cflags=$(sed -n 's/^OPENBLAS_CFLAGS = //p' "$B/Makefile")
-blas_libs=$(sed -n 's/^OPENBLAS_LIBS = //p' "$B/Makefile")
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-fail() { echo "not ok 1 - $1"; sed 's/^/#   /' "$TMP/log" | head -30; echo "1..1"; exit 1; }
-cxx="g++ -std=c++17 -O1 -fPIC -I$S/tests/gpu_emu $blas_cflags"
-for f in cuda_ops cuda_elem cuda_nn cuda_seq; do
-    sed 's/\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/emu_cfg(\2).run(\1)(/' "$S/src/cuda/$f.cu" > "$TMP/$f.cpp"
-    if grep -n '<<<' "$TMP/$f.cpp" > "$TMP/log"; then fail "a kernel launch in $f.cu was not rewritten"; fi
-    timeout 300 $cxx -DDT_CU_MAX_BLOCKS=3 -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$B" \
-        -c "$TMP/$f.cpp" -o "$TMP/$f.o" > "$TMP/log" 2>&1 || fail "compile $f.cu for the CPU"
-done
-timeout 120 $cxx -c "$S/tests/gpu_emu/emu.cpp" -o "$TMP/emu.o" > "$TMP/log" 2>&1 || fail "compile the CUDA stand-in"
-timeout 120 gcc -std=c11 -O1 -I"$S/src" -I"$S/tests" -I"$B" -c "$S/tests/test_cuda_ops.c" -o "$TMP/test.o" \
-    > "$TMP/log" 2>&1 || fail "compile tests/test_cuda_ops.c"
-timeout 120 g++ -o "$TMP/test_cuda_emu" "$TMP"/*.o -L"$B/.libs" -ldtrain $blas_libs -lm -Wl,-rpath,"$B/.libs" \
-    > "$TMP/log" 2>&1 || fail "link the emulated test"
+fail() { echo "not ok 1 - $1"; sed 1d "$TMP/log" | sed 's/^/#   /' | head -30; echo "1..1"; exit 1; }
+# the kernels (and, in a --with-cuda build, dtrain) on the stand-ins; then the same
+# kernels with another grid cap (1000 blocks against 3), for section 3
+cuda_build=
+grep -q "define DT_HAVE_CUDA 1" "$B/config.h" 2>/dev/null && [ -x "$B/dtrain" ] && cuda_build=dtrain
+"$S/tests/gpu_emu_build.sh" "$TMP" 3 $cuda_build 2> "$TMP/log"
+[ -x "$TMP/test_cuda_emu" ] || fail "$(head -1 "$TMP/log")"
+cp "$TMP/log" "$TMP/dtrain.log"
+"$S/tests/gpu_emu_build.sh" "$TMP/cap" 1000 2> "$TMP/log" || fail "$(head -1 "$TMP/log")"
 
-# 1. every op against the cpu backend (test_cuda_ops's own TAP lines, numbered on)
-DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" > "$TMP/ops.out" 2>&1
+# 1. every op against the cpu backend (test_cuda_ops's own TAP lines, numbered on);
+#    the build with the other grid cap runs beside it, writing a hash of every output
+DT_CUDA_TEST_EMU=1 DT_CUDA_TEST_DUMP="$TMP/cap.dump" timeout 300 "$TMP/cap/test_cuda_emu" > "$TMP/cap.out" 2>&1 &
+cap_pid=$!
+DT_CUDA_TEST_EMU=1 DT_CUDA_TEST_DUMP="$TMP/ops.dump" timeout 300 "$TMP/test_cuda_emu" > "$TMP/ops.out" 2>&1
 rc=$?
+wait $cap_pid
+cap_rc=$?
 grep -v '^1\.\.' "$TMP/ops.out"
 tap_n=$(grep -cE '^(not )?ok' "$TMP/ops.out")
 tap_failed=$(grep -c '^not ok' "$TMP/ops.out")
 [ $rc -eq 0 ] || [ "$tap_failed" -gt 0 ] || ok 1 "test_cuda_ops under emulation exited with $rc"
 
-# 2. with a --with-cuda build: dtrain train --device cuda on the emulated kernels follows
-#    the cpu run's losses. dtrain links libdtrain_core statically, so nothing can be
-#    preloaded over its backend: its objects are linked again, with the emulated kernels
-#    ahead of the archive, which then has no reason to pull in the real ones.
-if grep -q "define DT_HAVE_CUDA 1" "$B/config.h" 2>/dev/null && [ -x "$B/dtrain" ]; then
-    objs=$(awk '/^am_dtrain_OBJECTS =/ { on = 1; sub(/^[^=]*=/, "") }
-                on { more = sub(/\\$/, ""); print; if (!more) exit }' "$B/Makefile" | sed 's/\$(OBJEXT)/o/g')
-    (cd "$B" && ./libtool --mode=link --tag=CXX g++ -o "$TMP/dtrain_emu" $objs "$TMP"/cuda_*.o "$TMP/emu.o" \
-        libdtrain_core.la) > "$TMP/log" 2>&1
+# 2. with a --with-cuda build: dtrain train --device cuda on the emulated kernels
+#    (tests/gpu_emu_build.sh links dtrain's objects with them) follows the cpu run's losses.
+if [ -n "$cuda_build" ]; then
+    [ -x "$TMP/dtrain_emu" ]
     rc=$?
     ok $rc "dtrain links with the stand-in in place of the CUDA backend"
-    [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/log" | head -20
+    [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/dtrain.log" | head -20
     for d in cpu cuda; do
         rm -f "$TMP/mark"
         DT_GPU_EMU_MARK="$TMP/mark" timeout 120 "$TMP/dtrain_emu" train --device $d --model mlp \
@@ -72,4 +68,13 @@ if grep -q "define DT_HAVE_CUDA 1" "$B/config.h" 2>/dev/null && [ -x "$B/dtrain"
 else
     skip "not a --with-cuda build: dtrain --device cuda on the emulated kernels"
 fi
+
+# 3. no result depends on the grid: the build capped at 1000 blocks passes too and gives
+#    every output of every case the bytes of the build capped at 3
+[ $cap_rc -eq 0 ] && ! grep -q '^not ok' "$TMP/cap.out"
+ok $? "test_cuda_ops passes with a grid cap of 1000 blocks too (exit $cap_rc)"
+[ $cap_rc -eq 0 ] || grep -A3 '^not ok' "$TMP/cap.out" | head -20 | sed 's/^/#   /'
+[ -s "$TMP/ops.dump" ] && [ "$(wc -l < "$TMP/ops.dump")" -gt 100 ] && cmp -s "$TMP/ops.dump" "$TMP/cap.dump"
+ok $? "grid caps 3 and 1000 give the same bytes in all $(wc -l < "$TMP/ops.dump") device outputs"
+diff "$TMP/ops.dump" "$TMP/cap.dump" | head -10 | sed 's/^/#   /'
 done_testing

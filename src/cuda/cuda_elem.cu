@@ -59,14 +59,66 @@ dt_status dt_cu_bias_relu(float *y, const float *b, int rows, int cols) {
     return DT_OK;
 }
 
-/* db (cols) = column sums of dy (rows, cols): one thread per column, rows in order, in
- * double (cpu_elem.c's order); adjacent threads read adjacent columns. */
-__global__ void k_bias_grad(float *db, const float *dy, int rows, int cols) {
-    DT_CU_FOR(j, cols) {
-        double a = 0.0;
-        for (int i = 0; i < rows; i++) a += dy[(size_t)i * cols + j];
-        db[j] = (float)a;
+/* Column sums, pass 1 (cuda_impl.h's order): work item (slab, column tile) sums rows
+ * [slab*DT_CU_SLAB, +DT_CU_SLAB) of 4*blockDim.x columns, each thread four adjacent
+ * columns (one float4 load per row when vec), rows in order, in float:
+ *   ps (slabs, cols) = sum dy;  px (slabs, cols) = sum dy * (x - mean[i]) * rstd[i] (x != NULL).
+ * Work items are spread over the blocks by a block-stride loop, so the grid's size
+ * changes no sum. */
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_colsum_slabs(float *ps, float *px, const float *dy, const float *x, const float *mean, const float *rstd,
+               int rows, int cols, int vec) {
+    const int tile = 4 * DT_CU_THREADS, tiles = (cols + tile - 1) / tile, slabs = (rows + DT_CU_SLAB - 1) / DT_CU_SLAB;
+    for (int w = blockIdx.x; w < tiles * slabs; w += gridDim.x) {
+        const int slab = w / tiles, g = (w % tiles) * DT_CU_THREADS + threadIdx.x;   /* column group */
+        if (4 * g >= cols) continue;
+        const int i1 = rows - slab * DT_CU_SLAB < DT_CU_SLAB ? rows : (slab + 1) * DT_CU_SLAB;
+        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f}, b[4] = {0.0f, 0.0f, 0.0f, 0.0f}, gv[4], xv[4];
+        int n = 0;
+        for (int i = slab * DT_CU_SLAB; i < i1; i++) {
+            n = dt_cu_load4(gv, dy + (size_t)i * cols, g, cols, vec);
+            for (int k = 0; k < n; k++) a[k] += gv[k];
+            if (x) {
+                dt_cu_load4(xv, x + (size_t)i * cols, g, cols, vec);
+                const float m = mean[i], r = rstd[i];
+                for (int k = 0; k < n; k++) b[k] += gv[k] * ((xv[k] - m) * r);
+            }
+        }
+        dt_cu_store4(ps + (size_t)slab * cols, g, a, n, vec);
+        if (x) dt_cu_store4(px + (size_t)slab * cols, g, b, n, vec);
     }
+}
+
+/* Pass 2: column j of os / ox = its slab partials in slab order, in double, rounded once. */
+__global__ void k_colsum_final(float *os, float *ox, const float *ps, const float *px, int cols, int slabs) {
+    DT_CU_FOR32(j, cols) {
+        double a = 0.0, b = 0.0;
+        for (int s = 0; s < slabs; s++) {
+            a += ps[(size_t)s * cols + j];
+            if (ox) b += px[(size_t)s * cols + j];
+        }
+        if (os) os[j] = (float)a;
+        if (ox) ox[j] = (float)b;
+    }
+}
+
+dt_status dt_cu_column_sums(float *osum, float *oxhat, const float *dy, const float *x, const float *mean,
+                            const float *rstd, int rows, int cols) {
+    const int slabs = rows > 0 ? (rows + DT_CU_SLAB - 1) / DT_CU_SLAB : 0;
+    float *part = NULL;
+    DT_TRY(dt_cu_scratch((void **)&part, sizeof(float) * 2 * ((size_t)slabs * cols + 4)));
+    float *px = part + (((size_t)slabs * cols + 3) & ~(size_t)3);   /* 16-byte aligned, as part */
+    const int vec = dt_cu_vec4(dy, cols) && dt_cu_vec4(x, cols);
+    if (slabs > 0) {
+        const unsigned tiles = (unsigned)((cols + 4 * DT_CU_THREADS - 1) / (4 * DT_CU_THREADS));
+        k_colsum_slabs<<<dt_cu_grid((size_t)tiles * slabs, 1), DT_CU_THREADS, 0, dt_cu_stream()>>>(
+            part, px, dy, x, mean, rstd, rows, cols, vec);
+        DT_CU_LAUNCH("k_colsum_slabs");
+    }
+    k_colsum_final<<<dt_cu_blocks((size_t)cols), DT_CU_THREADS, 0, dt_cu_stream()>>>(osum, oxhat, part, px, cols,
+                                                                                     slabs);
+    DT_CU_LAUNCH("k_colsum_final");
+    return DT_OK;
 }
 
 dt_status dt_cu_bias_grad(float *db, const float *dy, int rows, int cols) {
@@ -74,8 +126,7 @@ dt_status dt_cu_bias_grad(float *db, const float *dy, int rows, int cols) {
     if (cols == 0) return DT_OK;
     DT_CU_ARG(db && (rows == 0 || dy));
     DT_TRY(dt_cu_enter());
-    LAUNCH(k_bias_grad, (size_t)cols, db, dy, rows, cols);
-    return DT_OK;
+    return dt_cu_column_sums(db, NULL, dy, NULL, NULL, NULL, rows, cols);
 }
 
 /* ---- activations: a grid-stride kernel and its launcher for each direction of each row
@@ -153,32 +204,60 @@ dt_status dt_cu_dropout_backward(float *dx, const float *dy, int rows, int cols,
 
 /* ---- losses ---- */
 
-/* One thread per row, the CPU's loop: probs = softmax, rowloss[i] = -sum target * log p
- * (double). */
-__global__ void k_xent_forward(double *rowloss, float *probs, const float *logits, const int32_t *labels,
-                               int B, int C, double ls, int *err) {
-    DT_CU_FOR(i, B) {
-        const float *x = logits + i * C;
-        float *p = probs + i * C;
-        float mx = x[0];
-        for (int c = 1; c < C; c++) mx = x[c] > mx ? x[c] : mx;
-        double s = 0.0, sx = 0.0;
-        for (int c = 0; c < C; c++) {
-            p[c] = expf(x[c] - mx);
-            s += p[c];
-            sx += x[c];
+/* (m, s) = (m, s) merged with (m2, s2): running maxima and sums of exp(x - m) of two
+ * parts of a row (s = 0: an empty part). Symmetric to the bit, so both lanes of a
+ * butterfly pair get the same result. */
+static __device__ inline void softmax_merge(float *m, float *s, float m2, float s2) {
+    if (s2 == 0.0f) return;
+    if (*s == 0.0f) { *m = m2; *s = s2; return; }
+    const float mx = fmaxf(*m, m2);
+    *s = *s * expf(*m - mx) + s2 * expf(m2 - mx);
+    *m = mx;
+}
+
+/* One warp per row (cuda_impl.h's row order): each lane keeps the running maximum and
+ * sum of exp over its elements (one pass over the logits), the lanes merge in the
+ * butterfly, then probs = exp(x - max) / sum; rowloss[i] (double) = lse - ((1 - ls) x[l]
+ * + ls / C sum x), as the CPU's formula. A label >= C is flagged for the next
+ * synchronisation. */
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_xent_forward(double *rowloss, float *probs, const float *logits, const int32_t *labels, int B, int C, double ls,
+               int vec, int *err) {
+    const int lane = threadIdx.x % 32;
+    for (int i = blockIdx.x * DT_CU_WARPS + threadIdx.x / 32; i < B; i += gridDim.x * DT_CU_WARPS) {
+        const float *x = logits + (size_t)i * C;
+        float *p = probs + (size_t)i * C;
+        float m = -INFINITY, s = 0.0f, sx = 0.0f, v[4];
+        for (int g = lane; 4 * g < C; g += 32) {
+            const int n = dt_cu_load4(v, x, g, C, vec);
+            for (int k = 0; k < n; k++) {
+                sx += v[k];
+                if (v[k] > m) { s = s * expf(m - v[k]) + 1.0f; m = v[k]; }
+                else s += expf(v[k] - m);
+            }
         }
-        float inv = (float)(1.0 / s);
-        for (int c = 0; c < C; c++) p[c] *= inv;
-        int32_t l = labels[i];
-        if (l >= C) {
-            err[DT_CU_ERR_XENT_FWD] = (int)i + 1;
-            rowloss[i] = 0.0;
-        } else if (l < 0) {
-            rowloss[i] = 0.0;
-        } else {
-            double lse = mx + log(s);
-            rowloss[i] = lse - ((1.0 - ls) * x[l] + ls / C * sx);
+        for (int o = 16; o > 0; o >>= 1) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+            softmax_merge(&m, &s, m2, s2);
+        }
+        sx = dt_cu_warp_sum(sx);
+        const float inv = (float)(1.0 / s);
+        for (int g = lane; 4 * g < C; g += 32) {
+            const int n = dt_cu_load4(v, x, g, C, vec);
+            for (int k = 0; k < n; k++) v[k] = expf(v[k] - m) * inv;
+            dt_cu_store4(p, g, v, n, vec);
+        }
+        if (lane == 0) {
+            const int32_t l = labels[i];
+            if (l >= C) {
+                err[DT_CU_ERR_XENT_FWD] = i + 1;
+                rowloss[i] = 0.0;
+            } else if (l < 0) {
+                rowloss[i] = 0.0;
+            } else {
+                const double lse = m + log((double)s);
+                rowloss[i] = lse - ((1.0 - ls) * x[l] + ls / C * sx);
+            }
         }
     }
 }
@@ -193,8 +272,10 @@ dt_status dt_cu_xent_forward(float *loss, float *probs, const float *logits, con
     double *rows = NULL;
     DT_TRY(dt_cu_scratch((void **)&rows, sizeof(double) * 2 * (B > 0 ? B : 1)));
     if (B > 0) {
-        LAUNCH(k_xent_forward, (size_t)B, rows, probs, logits, labels, B, C, (double)label_smoothing,
-               dt_cu_err_flags());
+        const int vec = dt_cu_vec4(logits, C) && dt_cu_vec4(probs, C);
+        k_xent_forward<<<dt_cu_grid((size_t)B, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(
+            rows, probs, logits, labels, B, C, (double)label_smoothing, vec, dt_cu_err_flags());
+        DT_CU_LAUNCH("k_xent_forward");
     }
     return dt_cu_pairwise(rows, rows + (B > 0 ? B : 1), (size_t)B, (double)norm, loss);
 }

@@ -11,15 +11,28 @@
  * dt_status whose message names the kernel, the call and CUDA's reason; kernel
  * launches are checked with DT_CU_LAUNCH (cudaGetLastError). Nothing prints or exits.
  *
- * Determinism: no reduction uses atomics. Each reduction follows the CPU backend's own
- * order (ops.h, src/cpu/): a partition fixed by the shape (a column, a row, an (n, c)
- * plane in 16 float lanes, a 4096-element chunk with 8 double accumulators), each lane
- * or accumulator owned by one thread and summed in index order, lanes combined in the
- * CPU's fixed tree, and the partials combined in a second pass in index order (pairwise
- * for chunks and rows, in sample order for planes). Two runs give the same bits, and
- * the sums are the CPU's bit for bit. The exception is attention (cuda_seq.cu): its
- * sums run over tiles in an order fixed by the shape, not the CPU's, so two runs agree
- * bit for bit and the CPU to rounding.
+ * Determinism: no reduction uses atomics, and every partition is fixed by the shape,
+ * never by the grid size (DT_CU_MAX_BLOCKS) or the thread count; partials are combined
+ * in a fixed order. Two runs give the same bits on the same GPU, whatever the grid cap.
+ * Two orders are used:
+ *   - the CPU backend's own (ops.h, src/cpu/), bit for bit: the 4096-element chunks of
+ *     sum / sumsq / mse, the (n, c) planes of 16 float lanes, the pairwise combination
+ *     of chunk and row partials (dt_cu_pairwise), the gathers of col2im and pooling;
+ *   - the GPU's own canonical order, where the CPU's serial loop would leave a GPU idle
+ *     (equal to the CPU's to rounding, not bit for bit):
+ *       row sums (layer norm statistics and dx, softmax cross-entropy): one warp per row;
+ *         element j belongs to lane (j / 4) mod 32, which sums its elements in index
+ *         order in float, and the 32 lane sums meet in the butterfly of dt_cu_warp_sum
+ *         (lanes i and i^16 first, then i^8, ..., i^1);
+ *       column sums (bias gradient, layer norm dgamma and dbeta): rows cut into slabs
+ *         of DT_CU_SLAB; each column of each slab summed in row order in float, then the
+ *         slab partials of a column in slab order in double, rounded once;
+ *       channel sums (batch norm, conv bias gradient): the CPU's plane sums, then the
+ *         planes of a channel in one warp: lane l takes samples l, l+32, ... in order
+ *         (double), the lanes in dt_cu_warp_sum's butterfly;
+ *       attention (cuda_seq.cu) and GEMMs (cuBLAS): their own fixed orders.
+ * A float4 load and four scalar loads feed a lane the same elements in the same order,
+ * so whether a row is 16-byte aligned never changes a bit.
  */
 #ifndef DT_CUDA_IMPL_H
 #define DT_CUDA_IMPL_H
@@ -117,8 +130,70 @@ dt_status dt_cu_pairwise(double *v, double *tmp, size_t n, double divisor, float
 dt_status dt_cu_channel_sums(float *o1, float *o2, const float *a, const float *b, const float *mean,
                              const float *invstd, int N, int C, int HW);
 
+/* Column sums over dy (rows, cols) in the GPU's order (cuda_elem.cu; cuda_impl.h's top):
+ *   osum (cols) = sum over rows of dy;  oxhat (cols) = sum of dy * (x - mean[i]) * rstd[i]
+ * (x, mean, rstd (rows) only for oxhat; either output may be NULL). Uses the scratch arena. */
+dt_status dt_cu_column_sums(float *osum, float *oxhat, const float *dy, const float *x, const float *mean,
+                            const float *rstd, int rows, int cols);
+
 /* Grid-stride loop over [0, n). */
 #define DT_CU_FOR(i, n) \
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)(n); i += (size_t)gridDim.x * blockDim.x)
+/* The same with 32-bit indices, for n <= INT32_MAX (the stride stays below 2^31 too). */
+#define DT_CU_FOR32(i, n) \
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < (unsigned)(n); i += gridDim.x * blockDim.x)
+
+/* Blocks for `items` work items of which one block takes `per_block` at a time (a
+ * block-stride loop covers the rest), capped as dt_cu_blocks. */
+static inline unsigned dt_cu_grid(size_t items, unsigned per_block) {
+    size_t b = (items + per_block - 1) / per_block;
+    if (b < 1) b = 1;
+    if (b > DT_CU_MAX_BLOCKS) b = DT_CU_MAX_BLOCKS;
+    return (unsigned)b;
+}
+
+/* ---- warp-level pieces of the reductions (cuda_elem.cu, cuda_nn.cu) ---- */
+
+#define DT_CU_WARPS (DT_CU_THREADS / 32)   /* warps per block of the one-warp-per-row kernels */
+#define DT_CU_SLAB 32                      /* rows per partial of the column sums */
+
+/* Sum of v over the 32 lanes of the warp in a fixed butterfly: lanes i and i^16 add
+ * first, then i^8, i^4, i^2, i^1. Addition is commutative, so every lane ends with the
+ * same bits. All 32 lanes must call it. */
+template <class T> static __device__ inline T dt_cu_warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Whether rows of `cols` floats starting at p (NULL allowed) can be read as float4. */
+static inline int dt_cu_vec4(const void *p, int cols) { return cols % 4 == 0 && ((uintptr_t)p & 15) == 0; }
+
+/* The elements of group g (elements 4g .. 4g+3, fewer at the end of a row of `cols`)
+ * into v: one float4 load when vec, else scalar loads. Returns how many. */
+static __device__ inline int dt_cu_load4(float v[4], const float *row, int g, int cols, int vec) {
+    if (vec) {
+        const float4 q = reinterpret_cast<const float4 *>(row)[g];
+        v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+        return 4;
+    }
+    const int j = 4 * g, n = cols - j < 4 ? cols - j : 4;
+    for (int k = 0; k < n; k++) v[k] = row[j + k];
+    return n;
+}
+
+/* Store the n values of group g (dt_cu_load4's counterpart). */
+static __device__ inline void dt_cu_store4(float *row, int g, const float v[4], int n, int vec) {
+    if (vec) {
+        reinterpret_cast<float4 *>(row)[g] = make_float4(v[0], v[1], v[2], v[3]);
+        return;
+    }
+    for (int k = 0; k < n; k++) row[4 * g + k] = v[k];
+}
+
+/* ---- device memory for the backend's own caches (cuda_ops.cu): tracked as the table's
+ * alloc and free; dt_cu_free tells the convolution cache that a buffer is gone ---- */
+dt_status dt_cu_alloc(void **p, size_t bytes);
+void      dt_cu_free(void *p);
+void      dt_cu_conv_forget(const void *p);   /* cuda_nn.cu: drop cached columns of input p */
 
 #endif /* DT_CUDA_IMPL_H */

@@ -2,27 +2,44 @@
  * cuda_nn.cu: convolution (im2col + cuBLAS GEMM), pooling, batch and layer
  * normalisation on the GPU — the semantics of src/cpu/cpu_conv.c and cpu_norm.c.
  *
- * Convolution works on groups of G samples, G fixed by the shape (the im2col buffer
- * stays under CONV_SCRATCH floats), never by the device. For a group, col is
- * (C*R*S, G*P*Q) with sample s in columns [s*PQ, (s+1)*PQ), as on the CPU:
- *   forward:  yg (K, G*PQ)     = w (K, CRS) x col, then bias/relu scattered to y (N, K, P, Q)
- *   backward: dwg (K, CRS)     = dyg (K, G*PQ) x col^T     (one partial per group)
- *             dcol (CRS, G*PQ) = w^T x dyg, then col2im     (a gather: no atomics)
- * The group partials of dw are combined pairwise in group order (the CPU's tree).
+ * Convolution works on groups of G samples, G fixed by the shape (a group's buffers stay
+ * under CONV_SCRATCH floats), never by the device. For a group, col is (C*R*S, G*P*Q)
+ * with sample s in columns [s*PQ, (s+1)*PQ), as on the CPU:
+ *   forward:  y_s (K, PQ)     = w (K, CRS) x col_s, one strided batched GEMM over the
+ *             group's samples writing y (N, K, P, Q) in place; then bias and relu in place
+ *   backward: dyg (K, G*PQ)   = dy of the group, gathered
+ *             dw (K, CRS)    += dyg x col^T   (groups in order, beta = 1 after the first)
+ *             dcol (CRS, G*PQ) = w^T x dyg, then col2im (a gather: no atomics)
+ * Forward keeps the columns of every sample (all groups) for the backward of the same
+ * input (address and descriptor), within a memory budget (conv_cols below); backward
+ * rebuilds them only when they were not kept. Index arithmetic is 32-bit: every
+ * per-group array stays below 2^31 elements (conv_check refuses larger samples).
  *
  * Every scatter-add of the CPU (col2im, pooling backward) is a gather here: each input
  * element sums its contributions in the order the CPU adds them, starting from 0, so
- * given equal inputs the bits are equal. Per-channel statistics, global average pooling
- * and layer norm sum in the CPU's order too (cuda_impl.h): a thread per (n, c) plane
- * in 16 float lanes then the planes in sample order, a thread per row or column.
+ * given equal inputs the bits are equal. Per-channel statistics and global average
+ * pooling sum each (n, c) plane in the CPU's 16 float lanes; the planes of a channel
+ * meet in a warp and layer norm runs a warp per row (cuda_impl.h's GPU order).
  */
 #include "cuda_impl.h"
 
 #include <math.h>
+#include <mutex>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
 
 #define CONV_SCRATCH ((size_t)1 << 25)   /* floats per group buffer (128 MiB) */
 
 /* ---- convolution ---- */
+
+/* Elements per sample of the largest per-sample array: columns, output, input. */
+static size_t conv_per_sample(const dt_conv2d_desc *d) {
+    size_t pq = (size_t)d->P * d->Q, crs = (size_t)d->C * d->R * d->S, m = crs * pq;
+    if ((size_t)d->K * pq > m) m = (size_t)d->K * pq;
+    if ((size_t)d->C * d->H * d->W > m) m = (size_t)d->C * d->H * d->W;
+    return m;
+}
 
 static dt_status conv_check(const char *fn, const dt_conv2d_desc *d) {
     if (!d) return dt_error(DT_ERR_INVALID, "cuda %s: NULL descriptor", fn);
@@ -32,45 +49,144 @@ static dt_status conv_check(const char *fn, const dt_conv2d_desc *d) {
     if (e.P != d->P || e.Q != d->Q)
         return dt_error(DT_ERR_INVALID, "cuda %s: descriptor output %dx%d does not match its input (expected %dx%d; call dt_conv2d_desc_init)",
                         fn, d->P, d->Q, e.P, e.Q);
+    if (conv_per_sample(d) > INT32_MAX)
+        return dt_error(DT_ERR_UNSUPPORTED, "cuda %s: one sample's columns (C*R*S*P*Q = %zu) exceed the 2^31 elements "
+                        "this backend indexes", fn, (size_t)d->C * d->R * d->S * d->P * d->Q);
     return DT_OK;
 }
 
-/* Samples per group: as many as fit CONV_SCRATCH floats in col and in yg. */
+/* Samples per group: as many as fit CONV_SCRATCH floats in each per-group array. */
 static int conv_group(const dt_conv2d_desc *d) {
-    size_t crs = (size_t)d->C * d->R * d->S, wide = crs > (size_t)d->K ? crs : (size_t)d->K;
-    size_t per = wide * d->P * d->Q, g = per ? CONV_SCRATCH / per : 1;
+    size_t per = conv_per_sample(d), g = per ? CONV_SCRATCH / per : 1;
     if (g < 1) g = 1;
     if (g > (size_t)d->N) g = (size_t)d->N;
     return (int)g;
 }
 
-/* col (CRS, g*PQ) from x of samples n0 .. n0+g-1. */
+/* -- the columns of a forward, kept for the backward of the same input --
+ * conv2d_backward is given the forward's x (ops.h), so columns built from the same
+ * address with the same descriptor are the ones backward would build again. At most
+ * `budget` bytes are kept (DT_CUDA_CONV_CACHE_MB, default the smaller of 1 GiB and a
+ * sixteenth of the device); the least recently used go first, and the columns of an
+ * input go when its buffer is freed (dt_cu_conv_forget, from the table's free). */
+struct conv_cols {
+    const float   *x;
+    dt_conv2d_desc d;
+    float         *col;     /* (CRS, N*PQ) group by group: group of sample n0 at col + CRS*PQ*n0 */
+    size_t         bytes;
+    uint64_t       used;
+};
+static struct {
+    std::mutex             mu;
+    std::vector<conv_cols> v;
+    size_t                 bytes, budget;
+    int                    have_budget;
+    uint64_t               tick;
+} cc;
+
+/* Called with cc.mu held. The variable is read at every call, the device's size once. */
+static size_t cols_budget(void) {
+    const char *e = getenv("DT_CUDA_CONV_CACHE_MB");
+    char *end = NULL;
+    unsigned long long mb = e ? strtoull(e, &end, 10) : 0;
+    if (e && end != e && *end == 0) return (size_t)mb << 20;
+    if (!cc.have_budget) {
+        size_t fr = 0, tot = 0;
+        cc.budget = (size_t)1 << 30;
+        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && tot > 0 && tot / 16 < cc.budget) cc.budget = tot / 16;
+        cudaGetLastError();
+        cc.have_budget = 1;
+    }
+    return cc.budget;
+}
+
+static int cols_match(const conv_cols &c, const float *x, const dt_conv2d_desc *d) {
+    return c.x == x && memcmp(&c.d, d, sizeof *d) == 0;
+}
+
+/* The kept columns of (x, d), or NULL. */
+static float *cols_find(const float *x, const dt_conv2d_desc *d) {
+    std::lock_guard<std::mutex> l(cc.mu);
+    for (conv_cols &c : cc.v)
+        if (cols_match(c, x, d)) { c.used = ++cc.tick; return c.col; }
+    return NULL;
+}
+
+/* A buffer to keep the columns of (x, d) in, or NULL when they cannot be kept (then the
+ * caller builds them group by group in scratch memory). */
+static float *cols_make(const float *x, const dt_conv2d_desc *d, size_t bytes) {
+    std::vector<float *> drop;
+    float *col = NULL;
+    {
+        std::lock_guard<std::mutex> l(cc.mu);
+        for (conv_cols &c : cc.v)
+            if (cols_match(c, x, d)) { c.used = ++cc.tick; return c.col; }
+        const size_t budget = cols_budget();
+        if (bytes > budget) return NULL;
+        while (cc.bytes + bytes > budget && !cc.v.empty()) {   /* least recently used first */
+            size_t lru = 0;
+            for (size_t i = 1; i < cc.v.size(); i++)
+                if (cc.v[i].used < cc.v[lru].used) lru = i;
+            drop.push_back(cc.v[lru].col);
+            cc.bytes -= cc.v[lru].bytes;
+            cc.v.erase(cc.v.begin() + (long)lru);
+        }
+    }
+    for (float *p : drop) dt_cu_free(p);
+    if (dt_cu_alloc((void **)&col, bytes) != DT_OK) return NULL;   /* no room: build them per group */
+    std::lock_guard<std::mutex> l(cc.mu);
+    cc.v.push_back(conv_cols{x, *d, col, bytes, ++cc.tick});
+    cc.bytes += bytes;
+    return col;
+}
+
+void dt_cu_conv_forget(const void *p) {
+    std::vector<float *> drop;
+    {
+        std::lock_guard<std::mutex> l(cc.mu);
+        for (size_t i = cc.v.size(); i-- > 0;)
+            if (cc.v[i].x == p) {
+                drop.push_back(cc.v[i].col);
+                cc.bytes -= cc.v[i].bytes;
+                cc.v.erase(cc.v.begin() + (long)i);
+            }
+    }
+    for (float *c : drop) dt_cu_free(c);
+}
+
+/* col (CRS, g*PQ) from x of the g samples of a group: one thread per (s, c, p, q)
+ * writes its R*S column entries (im2col as in Caffe: the divisions are shared). */
 __global__ void k_im2col(float *col, const float *x, dt_conv2d_desc d, int g) {
-    const size_t PQ = (size_t)d.P * d.Q, ld = (size_t)g * PQ, n = (size_t)d.C * d.R * d.S * ld;
-    DT_CU_FOR(t, n) {
-        size_t crs = t / ld, rem = t % ld, s = rem / PQ, pq = rem % PQ;
-        int c = (int)(crs / (d.R * d.S)), r = (int)(crs / d.S % d.R), k = (int)(crs % d.S);
-        int ih = (int)(pq / d.Q) * d.stride_h - d.pad_h + r, iw = (int)(pq % d.Q) * d.stride_w - d.pad_w + k;
-        col[t] = ih >= 0 && ih < d.H && iw >= 0 && iw < d.W
-                     ? x[((s * d.C + c) * d.H + ih) * (size_t)d.W + iw] : 0.0f;
+    const unsigned PQ = d.P * d.Q, ld = g * PQ, HW = d.H * d.W, cpq = d.C * PQ, RS = d.R * d.S;
+    DT_CU_FOR32(t, g * cpq) {
+        const unsigned s = t / cpq, rem = t - s * cpq, c = rem / PQ, pq = rem - c * PQ;
+        const int p = (int)pq / d.Q, q = (int)pq - p * d.Q;
+        const int h0 = p * d.stride_h - d.pad_h, w0 = q * d.stride_w - d.pad_w;
+        const float *xs = x + (s * d.C + c) * HW;
+        float *out = col + c * RS * ld + s * PQ + pq;
+        for (int r = 0; r < d.R; r++) {
+            const int ih = h0 + r;
+            for (int k = 0; k < d.S; k++, out += ld) {
+                const int iw = w0 + k;
+                *out = (unsigned)ih < (unsigned)d.H && (unsigned)iw < (unsigned)d.W ? xs[ih * d.W + iw] : 0.0f;
+            }
+        }
     }
 }
 
-/* y (g, K, PQ) of the group = yg (K, g*PQ) + bias, relu. */
-__global__ void k_conv_out(float *y, const float *yg, const float *bias, int K, size_t PQ, int g, int relu) {
-    const size_t ld = (size_t)g * PQ, n = (size_t)K * ld;
-    DT_CU_FOR(t, n) {   /* t indexes y: (s, k, pq) */
-        size_t s = t / ((size_t)K * PQ), k = t / PQ % K, pq = t % PQ;
-        float v = yg[k * ld + s * PQ + pq] + (bias ? bias[k] : 0.0f);
+/* y (n elements of (g, K, PQ)) += bias[k], then relu, in place. */
+__global__ void k_conv_bias_act(float *y, const float *bias, unsigned K, unsigned PQ, unsigned n, int relu) {
+    DT_CU_FOR32(t, n) {
+        float v = y[t] + (bias ? bias[t / PQ % K] : 0.0f);
         y[t] = relu ? (v > 0.0f ? v : 0.0f) : v;
     }
 }
 
 /* dyg (K, g*PQ) from dy (g, K, PQ) of the group. */
-__global__ void k_conv_gather_dy(float *dyg, const float *dy, int K, size_t PQ, int g) {
-    const size_t ld = (size_t)g * PQ, n = (size_t)K * ld;
-    DT_CU_FOR(t, n) {
-        size_t s = t / ((size_t)K * PQ), k = t / PQ % K, pq = t % PQ;
+__global__ void k_conv_gather_dy(float *dyg, const float *dy, unsigned K, unsigned PQ, unsigned g) {
+    const unsigned ld = g * PQ, kpq = K * PQ;
+    DT_CU_FOR32(t, g * kpq) {
+        const unsigned s = t / kpq, r = t - s * kpq, k = r / PQ, pq = r - k * PQ;
         dyg[k * ld + s * PQ + pq] = dy[t];
     }
 }
@@ -78,10 +194,10 @@ __global__ void k_conv_gather_dy(float *dyg, const float *dy, int K, size_t PQ, 
 /* dx (g, C, H, W) of the group from dcol (CRS, g*PQ): each input element sums the
  * entries that read it in (r, s) order, as the CPU's col2im adds them. */
 __global__ void k_col2im(float *dx, const float *col, dt_conv2d_desc d, int g) {
-    const size_t PQ = (size_t)d.P * d.Q, ld = (size_t)g * PQ, n = (size_t)g * d.C * d.H * d.W;
-    DT_CU_FOR(t, n) {
-        int iw = (int)(t % d.W), ih = (int)(t / d.W % d.H), c = (int)(t / ((size_t)d.W * d.H) % d.C);
-        size_t s = t / ((size_t)d.W * d.H * d.C);
+    const unsigned HW = d.H * d.W, PQ = d.P * d.Q, ld = g * PQ, chw = d.C * HW;
+    DT_CU_FOR32(t, g * chw) {
+        const unsigned s = t / chw, rem = t - s * chw, c = rem / HW, hw = rem - c * HW;
+        const int ih = (int)hw / d.W, iw = (int)hw - ih * d.W;
         float acc = 0.0f;
         for (int r = 0; r < d.R; r++) {
             int ph = ih + d.pad_h - r;
@@ -93,15 +209,23 @@ __global__ void k_col2im(float *dx, const float *col, dt_conv2d_desc d, int g) {
                 if (qw < 0 || qw % d.stride_w) continue;
                 int q = qw / d.stride_w;
                 if (q >= d.Q) continue;
-                acc += col[((size_t)(c * d.R + r) * d.S + k) * ld + s * PQ + (size_t)p * d.Q + q];
+                acc += col[((c * d.R + r) * d.S + k) * ld + s * PQ + p * d.Q + q];
             }
         }
         dx[t] = acc;
     }
 }
 
-__global__ void k_add_into(float *a, const float *b, size_t n) {
-    DT_CU_FOR(i, n) a[i] += b[i];
+/* Row-major C_i (M, N) = A_i (M, K) B_i (K, N) + beta C_i, X_i = X + i * strideX, for
+ * i < batch: cuBLAS's strided batched GEMM with the operands swapped (dt_cu_gemm). */
+static dt_status gemm_batched(const char *fn, int M, int N, int K, const float *A, int lda, long long sa,
+                              const float *B, int ldb, long long sb, float beta, float *C, int ldc, long long sc,
+                              int batch) {
+    const float one = 1.0f;
+    cublasStatus_t e = cublasSgemmStridedBatched(dt_cu_blas(), CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, ldb, sb,
+                                                 A, lda, sa, &beta, C, ldc, sc, batch);
+    if (e != CUBLAS_STATUS_SUCCESS) return dt_cublas_fail(e, fn, "cublasSgemmStridedBatched");
+    return DT_OK;
 }
 
 dt_status dt_cu_conv2d_forward(const dt_conv2d_desc *d, float *y, const float *x, const float *w,
@@ -109,20 +233,22 @@ dt_status dt_cu_conv2d_forward(const dt_conv2d_desc *d, float *y, const float *x
     DT_TRY(conv_check("conv2d_forward", d));
     DT_CU_ARG(y && x && w);
     DT_TRY(dt_cu_enter());
-    const int N = d->N, K = d->K, CRS = d->C * d->R * d->S, G = conv_group(d);
-    const size_t PQ = (size_t)d->P * d->Q, chw = (size_t)d->C * d->H * d->W;
-    float *col = NULL;
-    DT_TRY(dt_cu_scratch((void **)&col, sizeof(float) * ((size_t)CRS + K) * G * PQ));
-    float *yg = col + (size_t)CRS * G * PQ;
+    const int N = d->N, K = d->K, CRS = d->C * d->R * d->S, G = conv_group(d), PQ = d->P * d->Q;
+    const size_t chw = (size_t)d->C * d->H * d->W;
+    float *kept = cols_make(x, d, sizeof(float) * CRS * (size_t)N * PQ), *col = kept;
+    if (!col) DT_TRY(dt_cu_scratch((void **)&col, sizeof(float) * CRS * (size_t)G * PQ));
     for (int n0 = 0; n0 < N; n0 += G) {
-        int g = N - n0 < G ? N - n0 : G;
-        size_t ld = (size_t)g * PQ;
-        k_im2col<<<dt_cu_blocks((size_t)CRS * ld), DT_CU_THREADS, 0, dt_cu_stream()>>>(col, x + n0 * chw, *d, g);
+        const int g = N - n0 < G ? N - n0 : G;
+        float *cg = kept ? kept + (size_t)CRS * PQ * n0 : col, *yg = y + (size_t)n0 * K * PQ;
+        k_im2col<<<dt_cu_blocks((size_t)g * d->C * PQ), DT_CU_THREADS, 0, dt_cu_stream()>>>(cg, x + n0 * chw, *d, g);
         DT_CU_LAUNCH("k_im2col");
-        DT_TRY(dt_cu_gemm("conv2d_forward", 0, 0, K, (int)ld, CRS, 1.0f, w, CRS, col, (int)ld, 0.0f, yg, (int)ld));
-        k_conv_out<<<dt_cu_blocks((size_t)K * ld), DT_CU_THREADS, 0, dt_cu_stream()>>>(
-            y + (size_t)n0 * K * PQ, yg, bias, K, PQ, g, relu);
-        DT_CU_LAUNCH("k_conv_out");
+        /* y_s (K, PQ) = w (K, CRS) x col_s (CRS, PQ with row stride g*PQ), straight into NCHW */
+        DT_TRY(gemm_batched("conv2d_forward", K, PQ, CRS, w, CRS, 0, cg, g * PQ, PQ, 0.0f, yg, PQ, (long long)K * PQ, g));
+        if (bias || relu) {
+            const unsigned n = (unsigned)g * K * PQ;
+            k_conv_bias_act<<<dt_cu_blocks(n), DT_CU_THREADS, 0, dt_cu_stream()>>>(yg, bias, K, PQ, n, relu);
+            DT_CU_LAUNCH("k_conv_bias_act");
+        }
     }
     return DT_OK;
 }
@@ -136,39 +262,31 @@ dt_status dt_cu_conv2d_backward(const dt_conv2d_desc *d, float *dx, float *dw, f
     DT_TRY(dt_cu_enter());
     if (dbias) DT_TRY(dt_cu_channel_sums(dbias, NULL, dy, NULL, NULL, NULL, d->N, d->K, d->P * d->Q));
     if (!dx && !dw) return DT_OK;
-    const int N = d->N, K = d->K, CRS = d->C * d->R * d->S, G = conv_group(d), ngroups = (N + G - 1) / G;
-    const size_t PQ = (size_t)d->P * d->Q, chw = (size_t)d->C * d->H * d->W, wsize = (size_t)K * CRS;
-    const size_t npart = dw && ngroups > 1 ? (size_t)ngroups : 0;
-    float *col = NULL;
-    DT_TRY(dt_cu_scratch((void **)&col, sizeof(float) * (((size_t)CRS + K) * G * PQ + npart * wsize)));
-    float *dyg = col + (size_t)CRS * G * PQ, *partial = dyg + (size_t)K * G * PQ;
-    for (int gi = 0; gi < ngroups; gi++) {
-        int n0 = gi * G, g = N - n0 < G ? N - n0 : G;
-        size_t ld = (size_t)g * PQ;
+    const int N = d->N, K = d->K, CRS = d->C * d->R * d->S, G = conv_group(d), PQ = d->P * d->Q;
+    const size_t chw = (size_t)d->C * d->H * d->W;
+    const float *kept = dw ? cols_find(x, d) : NULL;
+    float *dyg = NULL;
+    DT_TRY(dt_cu_scratch((void **)&dyg, sizeof(float) * ((size_t)CRS + K) * G * PQ));
+    float *col = dyg + (size_t)K * G * PQ;   /* the group's columns when not kept, then dcol */
+    for (int n0 = 0; n0 < N; n0 += G) {
+        const int g = N - n0 < G ? N - n0 : G, ld = g * PQ;
         k_conv_gather_dy<<<dt_cu_blocks((size_t)K * ld), DT_CU_THREADS, 0, dt_cu_stream()>>>(
             dyg, dy + (size_t)n0 * K * PQ, K, PQ, g);
         DT_CU_LAUNCH("k_conv_gather_dy");
         if (dw) {
-            k_im2col<<<dt_cu_blocks((size_t)CRS * ld), DT_CU_THREADS, 0, dt_cu_stream()>>>(col, x + n0 * chw, *d, g);
-            DT_CU_LAUNCH("k_im2col");
-            float *out = npart ? partial + (size_t)gi * wsize : dw;
-            DT_TRY(dt_cu_gemm("conv2d_backward", 0, 1, K, CRS, (int)ld, 1.0f, dyg, (int)ld, col, (int)ld, 0.0f, out, CRS));
+            const float *cg = kept ? kept + (size_t)CRS * PQ * n0 : col;
+            if (!kept) {
+                k_im2col<<<dt_cu_blocks((size_t)g * d->C * PQ), DT_CU_THREADS, 0, dt_cu_stream()>>>(col, x + n0 * chw,
+                                                                                                   *d, g);
+                DT_CU_LAUNCH("k_im2col");
+            }
+            DT_TRY(dt_cu_gemm("conv2d_backward", 0, 1, K, CRS, ld, 1.0f, dyg, ld, cg, ld, n0 ? 1.0f : 0.0f, dw, CRS));
         }
         if (dx) {
-            DT_TRY(dt_cu_gemm("conv2d_backward", 1, 0, CRS, (int)ld, K, 1.0f, w, CRS, dyg, (int)ld, 0.0f, col, (int)ld));
+            DT_TRY(dt_cu_gemm("conv2d_backward", 1, 0, CRS, ld, K, 1.0f, w, CRS, dyg, ld, 0.0f, col, ld));
             k_col2im<<<dt_cu_blocks((size_t)g * chw), DT_CU_THREADS, 0, dt_cu_stream()>>>(dx + n0 * chw, col, *d, g);
             DT_CU_LAUNCH("k_col2im");
         }
-    }
-    if (npart) {
-        /* pairwise over groups in index order: the CPU's stride-doubling tree */
-        for (int step = 1; step < ngroups; step *= 2)
-            for (int gi = 0; gi + step < ngroups; gi += 2 * step) {
-                k_add_into<<<dt_cu_blocks(wsize), DT_CU_THREADS, 0, dt_cu_stream()>>>(
-                    partial + (size_t)gi * wsize, partial + (size_t)(gi + step) * wsize, wsize);
-                DT_CU_LAUNCH("k_add_into");
-            }
-        DT_CU(cudaMemcpyAsync(dw, partial, sizeof(float) * wsize, cudaMemcpyDeviceToDevice, dt_cu_stream()));
     }
     return DT_OK;
 }
@@ -360,26 +478,36 @@ static dt_status plane_sums(double *part, float *avg, const float *a, const floa
     return DT_OK;
 }
 
-/* One thread per channel: the planes in sample order, in double, rounded once. */
-__global__ void k_channel_combine(float *o1, float *o2, const double *part, const float *invstd, int N, int C) {
-    DT_CU_FOR(c, C) {
+/* One warp per channel (cuda_impl.h's channel order): lane l sums the planes of samples
+ * l, l+32, ... in order, in double; the lanes meet in the butterfly; rounded once. */
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_channel_combine(float *o1, float *o2, const double *part, const float *invstd, int N, int C) {
+    const int lane = threadIdx.x % 32;
+    for (int c = blockIdx.x * DT_CU_WARPS + threadIdx.x / 32; c < C; c += gridDim.x * DT_CU_WARPS) {
         double s1 = 0.0, s2 = 0.0;
-        for (int n = 0; n < N; n++) {
-            s1 += part[2 * ((size_t)n * C + c)];
-            s2 += part[2 * ((size_t)n * C + c) + 1];
+        for (int n = lane; n < N; n += 32) {
+            const unsigned p = 2u * ((unsigned)n * (unsigned)C + (unsigned)c);
+            s1 += part[p];
+            s2 += part[p + 1];
         }
-        o1[c] = (float)s1;
-        if (o2) o2[c] = (float)(invstd ? s2 * invstd[c] : s2);
+        s1 = dt_cu_warp_sum(s1);
+        s2 = dt_cu_warp_sum(s2);
+        if (lane == 0) {
+            o1[c] = (float)s1;
+            if (o2) o2[c] = (float)(invstd ? s2 * invstd[c] : s2);
+        }
     }
 }
 
 dt_status dt_cu_channel_sums(float *o1, float *o2, const float *a, const float *b, const float *mean,
                              const float *invstd, int N, int C, int HW) {
     size_t planes = (size_t)N * C;
+    if (planes > INT32_MAX / 2)
+        return dt_error(DT_ERR_UNSUPPORTED, "cuda channel sums: %zu (n, c) planes are more than this backend indexes", planes);
     double *part = NULL;
     DT_TRY(dt_cu_scratch((void **)&part, sizeof(double) * 2 * (planes ? planes : 1)));
     if (planes && HW > 0) DT_TRY(plane_sums(part, NULL, a, b, mean, C, HW, planes));
-    k_channel_combine<<<dt_cu_blocks((size_t)C), DT_CU_THREADS, 0, dt_cu_stream()>>>(
+    k_channel_combine<<<dt_cu_grid((size_t)C, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(
         o1, o2, part, invstd, HW > 0 ? N : 0, C);
     DT_CU_LAUNCH("k_channel_combine");
     return DT_OK;
@@ -489,24 +617,43 @@ dt_status dt_cu_bn_backward_dx(float *dx, const float *dy, const float *x, const
     return DT_OK;
 }
 
-/* ---- layer norm: one thread per row (statistics, dx) or per column (dgamma, dbeta),
- * the loops of cpu_norm.c ---- */
+/* ---- layer norm: one warp per row for the statistics and dx, the column sums of
+ * cuda_elem.cu for dgamma and dbeta (cuda_impl.h's orders) ---- */
 
-__global__ void k_ln_forward(float *y, float *mean, float *rstd, const float *x, const float *gamma,
-                             const float *beta, int rows, int cols, float eps) {
-    DT_CU_FOR(i, rows) {
-        const float *xr = x + i * cols;
-        float *yr = y + i * cols;
-        double s = 0.0;
-        for (int j = 0; j < cols; j++) s += xr[j];
-        double m = s / cols, v = 0.0;
-        for (int j = 0; j < cols; j++) v += ((double)xr[j] - m) * ((double)xr[j] - m);
-        float mf = (float)m, r = (float)(1.0 / sqrt(v / cols + eps));
-        mean[i] = mf;
-        rstd[i] = r;
-        for (int j = 0; j < cols; j++) {
-            float h = (xr[j] - mf) * r;
-            yr[j] = gamma ? h * gamma[j] + (beta ? beta[j] : 0.0f) : h + (beta ? beta[j] : 0.0f);
+/* Row i of y = (x - mean) * rstd * gamma + beta, with mean and the biased variance from
+ * two passes over the row (float lane sums in the butterfly; the scalars in double, as
+ * the CPU's). vec: x, y, gamma, beta can be read as float4. */
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_ln_forward(float *y, float *mean, float *rstd, const float *x, const float *gamma, const float *beta, int rows,
+             int cols, float eps, int vec) {
+    const int lane = threadIdx.x % 32;
+    for (int i = blockIdx.x * DT_CU_WARPS + threadIdx.x / 32; i < rows; i += gridDim.x * DT_CU_WARPS) {
+        const float *xr = x + (size_t)i * cols;
+        float *yr = y + (size_t)i * cols;
+        float v[4], gv[4], bv[4], s = 0.0f, q = 0.0f;
+        for (int g = lane; 4 * g < cols; g += 32) {
+            const int n = dt_cu_load4(v, xr, g, cols, vec);
+            for (int k = 0; k < n; k++) s += v[k];
+        }
+        const float mf = (float)((double)dt_cu_warp_sum(s) / cols);
+        for (int g = lane; 4 * g < cols; g += 32) {
+            const int n = dt_cu_load4(v, xr, g, cols, vec);
+            for (int k = 0; k < n; k++) q += (v[k] - mf) * (v[k] - mf);
+        }
+        const float r = (float)(1.0 / sqrt((double)dt_cu_warp_sum(q) / cols + eps));
+        if (lane == 0) {
+            mean[i] = mf;
+            rstd[i] = r;
+        }
+        for (int g = lane; 4 * g < cols; g += 32) {
+            const int n = dt_cu_load4(v, xr, g, cols, vec);
+            if (gamma) dt_cu_load4(gv, gamma, g, cols, vec);
+            if (beta) dt_cu_load4(bv, beta, g, cols, vec);
+            for (int k = 0; k < n; k++) {
+                const float h = (v[k] - mf) * r;
+                v[k] = gamma ? h * gv[k] + (beta ? bv[k] : 0.0f) : h + (beta ? bv[k] : 0.0f);
+            }
+            dt_cu_store4(yr, g, v, n, vec);
         }
     }
 }
@@ -517,44 +664,42 @@ dt_status dt_cu_layernorm_forward(float *y, float *mean, float *rstd, const floa
     if (rows == 0) return DT_OK;
     DT_CU_ARG(y && mean && rstd && x);
     DT_TRY(dt_cu_enter());
-    k_ln_forward<<<dt_cu_blocks((size_t)rows), DT_CU_THREADS, 0, dt_cu_stream()>>>(y, mean, rstd, x, gamma, beta,
-                                                                                   rows, cols, eps);
+    const int vec = dt_cu_vec4(x, cols) && dt_cu_vec4(y, cols) && dt_cu_vec4(gamma, cols) && dt_cu_vec4(beta, cols);
+    k_ln_forward<<<dt_cu_grid((size_t)rows, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(y, mean, rstd, x, gamma,
+                                                                                              beta, rows, cols, eps, vec);
     DT_CU_LAUNCH("k_ln_forward");
     return DT_OK;
 }
 
-__global__ void k_ln_backward_dx(float *dx, const float *dy, const float *x, const float *mean, const float *rstd,
-                                 const float *gamma, int rows, int cols) {
-    DT_CU_FOR(i, rows) {
-        const float *g = dy + i * cols, *xr = x + i * cols;
-        float *d = dx + i * cols;
+/* Row i of dx: with dh = dy * gamma and xhat = (x - mean) * rstd, the row sums a = sum dh
+ * and b = sum dh * xhat, then dx = rstd * (dh - a/cols - xhat * b/cols) (the CPU's formula). */
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_ln_backward_dx(float *dx, const float *dy, const float *x, const float *mean, const float *rstd, const float *gamma,
+                 int rows, int cols, int vec) {
+    const int lane = threadIdx.x % 32;
+    for (int i = blockIdx.x * DT_CU_WARPS + threadIdx.x / 32; i < rows; i += gridDim.x * DT_CU_WARPS) {
+        const float *gr = dy + (size_t)i * cols, *xr = x + (size_t)i * cols;
+        float *d = dx + (size_t)i * cols;
         const float m = mean[i], r = rstd[i];
-        double a = 0.0, b = 0.0;   /* sums of dxhat and dxhat*xhat over the row */
-        for (int j = 0; j < cols; j++) {
-            float dh = g[j] * (gamma ? gamma[j] : 1.0f);
-            a += dh;
-            b += (double)dh * ((xr[j] - m) * r);
+        float gv[4], xv[4], wv[4] = {1.0f, 1.0f, 1.0f, 1.0f}, a = 0.0f, b = 0.0f;
+        for (int g = lane; 4 * g < cols; g += 32) {
+            const int n = dt_cu_load4(gv, gr, g, cols, vec);
+            dt_cu_load4(xv, xr, g, cols, vec);
+            if (gamma) dt_cu_load4(wv, gamma, g, cols, vec);
+            for (int k = 0; k < n; k++) {
+                const float dh = gv[k] * wv[k];
+                a += dh;
+                b += dh * ((xv[k] - m) * r);
+            }
         }
-        const float ma = (float)(a / cols), mb = (float)(b / cols);
-        for (int j = 0; j < cols; j++) {
-            float dh = g[j] * (gamma ? gamma[j] : 1.0f);
-            d[j] = r * (dh - ma - (xr[j] - m) * r * mb);
+        const float ma = (float)((double)dt_cu_warp_sum(a) / cols), mb = (float)((double)dt_cu_warp_sum(b) / cols);
+        for (int g = lane; 4 * g < cols; g += 32) {
+            const int n = dt_cu_load4(gv, gr, g, cols, vec);
+            dt_cu_load4(xv, xr, g, cols, vec);
+            if (gamma) dt_cu_load4(wv, gamma, g, cols, vec);
+            for (int k = 0; k < n; k++) gv[k] = r * (gv[k] * wv[k] - ma - (xv[k] - m) * r * mb);
+            dt_cu_store4(d, g, gv, n, vec);
         }
-    }
-}
-
-/* dgamma, dbeta (cols): one thread per column, rows in order, in double. */
-__global__ void k_ln_backward_params(float *dgamma, float *dbeta, const float *dy, const float *x,
-                                     const float *mean, const float *rstd, int rows, int cols) {
-    DT_CU_FOR(j, cols) {
-        double ag = 0.0, ab = 0.0;
-        for (int i = 0; i < rows; i++) {
-            float g = dy[(size_t)i * cols + j], xv = x[(size_t)i * cols + j];
-            ag += (double)g * ((xv - mean[i]) * rstd[i]);
-            ab += g;
-        }
-        if (dgamma) dgamma[j] = (float)ag;
-        if (dbeta) dbeta[j] = (float)ab;
     }
 }
 
@@ -565,14 +710,11 @@ dt_status dt_cu_layernorm_backward(float *dx, float *dgamma, float *dbeta, const
     DT_CU_ARG(rows == 0 || (dy && x && mean && rstd));
     DT_TRY(dt_cu_enter());
     if (dx && rows > 0) {
-        k_ln_backward_dx<<<dt_cu_blocks((size_t)rows), DT_CU_THREADS, 0, dt_cu_stream()>>>(dx, dy, x, mean, rstd,
-                                                                                            gamma, rows, cols);
+        const int vec = dt_cu_vec4(dx, cols) && dt_cu_vec4(dy, cols) && dt_cu_vec4(x, cols) && dt_cu_vec4(gamma, cols);
+        k_ln_backward_dx<<<dt_cu_grid((size_t)rows, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(
+            dx, dy, x, mean, rstd, gamma, rows, cols, vec);
         DT_CU_LAUNCH("k_ln_backward_dx");
     }
-    if (dgamma || dbeta) {
-        k_ln_backward_params<<<dt_cu_blocks((size_t)cols), DT_CU_THREADS, 0, dt_cu_stream()>>>(
-            dgamma, dbeta, dy, x, mean, rstd, rows, cols);
-        DT_CU_LAUNCH("k_ln_backward_params");
-    }
+    if (dgamma || dbeta) DT_TRY(dt_cu_column_sums(dbeta, dgamma, dy, x, mean, rstd, rows, cols));
     return DT_OK;
 }

@@ -255,10 +255,19 @@ static dt_status cu_alloc(void **p, size_t bytes) {
     return DT_OK;
 }
 
-static void cu_free(void *p) {
+void dt_cu_free(void *p) {
     if (!p || dt_cu_enter() != DT_OK) return;
     mem_untrack(p);
     cudaFree(p);
+}
+
+dt_status dt_cu_alloc(void **p, size_t bytes) { return cu_alloc(p, bytes); }
+
+/* A freed buffer's address may come back for other data: columns cached for it go. */
+static void cu_free(void *p) {
+    if (!p) return;
+    dt_cu_conv_forget(p);
+    dt_cu_free(p);
 }
 
 /* cudaMalloc'd memory cannot give pages back: discarding keeps them (a virtual memory

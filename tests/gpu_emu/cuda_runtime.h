@@ -84,4 +84,5 @@ struct emu_cfg {
     }
 };
 
+#include "emu_warp.h"
 #endif

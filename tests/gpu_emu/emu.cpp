@@ -13,6 +13,12 @@ dim3 emu_threadIdx, emu_blockIdx, emu_blockDim, emu_gridDim;
 static std::vector<ucontext_t> fibers;
 static std::vector<char> stacks;
 static std::vector<int> finished;
+/* Where a thread waits (emu_warp.h): running, at __syncthreads, or at a warp rendezvous
+ * of the lanes in wait_mask. */
+enum { RUN, AT_BLOCK, AT_WARP };
+static std::vector<int> waiting;
+static std::vector<unsigned> wait_mask;
+static std::vector<uint64_t> shfl_slots;
 static ucontext_t scheduler;
 static int current;
 static const std::function<void()> *body;
@@ -23,7 +29,55 @@ static void trampoline(void) {
     finished[current] = 1;   /* uc_link returns to the scheduler */
 }
 
-void __syncthreads(void) { swapcontext(&fibers[current], &scheduler); }
+void __syncthreads(void) {
+    waiting[current] = AT_BLOCK;
+    swapcontext(&fibers[current], &scheduler);
+}
+
+void emu_warp_sync(unsigned mask) {
+    waiting[current] = AT_WARP;
+    wait_mask[current] = mask;
+    swapcontext(&fibers[current], &scheduler);
+}
+
+uint64_t *emu_shfl_slots(void) { return shfl_slots.data(); }
+
+[[noreturn]] static void emu_die(const char *what, int thread) {
+    fprintf(stderr, "gpu_emu: block (%u,%u,%u) thread %d: %s\n", emu_blockIdx.x, emu_blockIdx.y, emu_blockIdx.z,
+            thread, what);
+    abort();
+}
+
+/* After a round: release the warps whose named lanes all wait at a warp rendezvous,
+ * else the block when every live thread waits at __syncthreads. 0 when all finished. */
+static int release(int nt) {
+    int live = 0, released = 0, at_block = 0;
+    for (int w0 = 0; w0 < nt; w0 += 32) {
+        const int w1 = w0 + 32 < nt ? w0 + 32 : nt;
+        int lead = -1;
+        for (int i = w0; i < w1; i++)
+            if (!finished[i] && waiting[i] == AT_WARP) { lead = i; break; }
+        if (lead < 0) continue;
+        const unsigned mask = wait_mask[lead];
+        int all = 1;
+        for (int i = w0; i < w1; i++) {
+            if (!(mask >> (i - w0) & 1u)) continue;
+            if (finished[i]) emu_die("a lane named in a warp shuffle or __syncwarp mask has exited", i);
+            if (waiting[i] == AT_BLOCK) emu_die("lanes of one warp wait at __syncthreads and at a warp shuffle", i);
+            if (waiting[i] != AT_WARP) all = 0;
+        }
+        if (!all) continue;
+        for (int i = w0; i < w1; i++)
+            if (mask >> (i - w0) & 1u) waiting[i] = RUN;
+        released = 1;
+    }
+    for (int i = 0; i < nt; i++)
+        if (!finished[i]) { live++; at_block += waiting[i] == AT_BLOCK; }
+    if (released || live == 0) return live;
+    if (at_block != live) emu_die("deadlock: threads wait at warp shuffles that can never complete", 0);
+    for (int i = 0; i < nt; i++) waiting[i] = RUN;
+    return live;
+}
 
 void emu_exec(dim3 g, dim3 b, const std::function<void()> &f) {
     const int nt = (int)(b.x * b.y * b.z);
@@ -31,6 +85,9 @@ void emu_exec(dim3 g, dim3 b, const std::function<void()> &f) {
         fibers.resize(nt);
         stacks.resize((size_t)nt * STACK);
         finished.resize(nt);
+        waiting.resize(nt);
+        wait_mask.resize(nt);
+        shfl_slots.resize(nt);
     }
     body = &f;
     emu_blockDim = b;
@@ -46,18 +103,17 @@ void emu_exec(dim3 g, dim3 b, const std::function<void()> &f) {
                     fibers[i].uc_link = &scheduler;
                     makecontext(&fibers[i], trampoline, 0);
                     finished[i] = 0;
+                    waiting[i] = RUN;
                 }
-                /* rounds: every live thread runs to its next __syncthreads or its end */
-                for (int live = 1; live;) {
-                    live = 0;
+                /* rounds: every running thread runs to its next barrier or its end */
+                do {
                     for (int i = 0; i < nt; i++) {
-                        if (finished[i]) continue;
+                        if (finished[i] || waiting[i] != RUN) continue;
                         current = i;
                         emu_threadIdx = dim3(i % b.x, (i / b.x) % b.y, i / (b.x * b.y));
                         swapcontext(&scheduler, &fibers[i]);
-                        if (!finished[i]) live = 1;
                     }
-                }
+                } while (release(nt));
             }
 }
 
