@@ -1,6 +1,7 @@
 #!/bin/sh
 # shard.sh: --shard optim (ZeRO-1), grads (ZeRO-2) and params (ZeRO-3) give bitwise the
-# weights of --shard none on 1, 2 and 4 processes, for a conv net with batchnorm and dropout
+# weights of --shard none on 1, 2 and 4 processes, for a conv net with batchnorm and dropout,
+# the mlp preset
 # (AdamW, clipping, decay on matrices: the norm and the decay runs cross shard
 # boundaries), the resnet preset (SGD with momentum) and a small gpt on token data;
 # a checkpoint written in one mode and world size resumes in another, bitwise the
@@ -51,7 +52,10 @@ ok_grep "$T/cnn-optim-4.out" "shard optim: rank 0 of 4 keeps the optimizer state
 ok_grep "$T/cnn-params-2.out" "shard params: rank 0 of 2 keeps the optimizer state of 45056 of 82692 parameters" \
     "each of 2 ranks keeps the optimizer state of at most 45056 of the 82692 parameters"
 
-# 2. the resnet preset with SGD and momentum (residual blocks, batchnorm)
+# 2. the mlp preset (1.86M parameters, SGD with momentum), and the resnet preset
+#    (residual blocks, batchnorm)
+same mlp --data synthetic:256,1,28,28,10 --model mlp --batch 32 --micro-batches 4 --steps 3 --quiet --no-eval \
+    --threads 1
 same resnet --data synthetic:256,1,28,28,10 --model resnet --batch 32 --micro-batches 4 --steps 3 --quiet --no-eval \
     --threads 1
 
