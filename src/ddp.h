@@ -34,6 +34,8 @@ typedef struct {
     size_t first_bucket_bytes;  /* the first (last-layer) bucket; default 1 MiB */
     int    overlap;             /* 1: launch buckets during backward (default); 0: after it */
     int    sync_bn;             /* 1: batchnorm statistics over all ranks (synchronised BN) */
+    dt_dtype grad_dtype;        /* DT_F32 (default) or DT_BF16: gradients summed and sent in bf16, every
+                                 * node of the tree rounded (half the bytes; still world-size invariant) */
 } dt_ddp_opts;
 
 DT_API void      dt_ddp_opts_default(dt_ddp_opts *o);
