@@ -57,7 +57,7 @@ if grep -q "define DT_HAVE_CUDA 1" "$B/config.h" 2>/dev/null && [ -x "$B/dtrain"
     # fp32, and bf16 (round_to and cublasGemmEx's gemm_lp in training)
     for p in fp32 bf16; do
         for d in cpu cuda; do
-            rm -f "$TMP/mark"
+            rm -f "$TMP/mark" "$TMP/$d.jsonl"   # --metrics appends
             DT_GPU_EMU_MARK="$TMP/mark" timeout 120 "$TMP/dtrain_emu" train --device $d --model mlp \
                 --data synthetic:512,1,28,28,10 --steps 10 --batch 32 --seed 5 --log-every 1 --precision $p \
                 --metrics "$TMP/$d.jsonl" --no-eval --quiet --threads 1 > "$TMP/$d.out" 2>&1
