@@ -15,6 +15,8 @@
 #               start-up, data generation and warm-up cancel out;
 #      PyTorch: python3 with a CUDA build of torch, 20 warm-up steps then S timed steps
 #               (torch.cuda.synchronize around them); "n/a" when torch has no CUDA.
+#    The MLP again in bf16: dtrain --precision bf16 (cublasGemmEx, bf16 inputs, f32
+#    compute) against torch.autocast("cuda", dtype=torch.bfloat16).
 # 4. trains the gpt2 size (12 layers, 12 heads, 768 wide, vocabulary 50304, block 1024,
 #    batch 8, AdamW, FP32 with TF32 off) on random byte tokens and prints tokens/s and
 #    peak memory of dtrain (the same wall-time difference; --rank-stats) against the
@@ -41,14 +43,16 @@ grep -h '^not ok' tests/test_cuda_ops.log tests/gpu_train.sh.log tests/gpu_nccl.
 MLP8="flatten$(for i in 1 2 3 4 5 6 7 8; do printf ' linear(4096) relu'; done) linear(10)"
 B=256
 
-dtrain_sps() {  # model s1 s2
+dtrain_sps() {  # model s1 s2 [precision]
     local t0 t1 t2
     t0=$(date +%s.%N)
     timeout 300 ./dtrain train --device cuda --model "$1" --data synthetic:16384,1,28,28,10 --batch $B \
-        --steps "$2" --lr 0.05 --momentum 0.9 --weight-decay 5e-4 --schedule constant --no-eval --quiet > /dev/null 2>&1 || { echo fail; return; }
+        --steps "$2" --lr 0.05 --momentum 0.9 --weight-decay 5e-4 --schedule constant --precision "${4:-fp32}" \
+        --no-eval --quiet > /dev/null 2>&1 || { echo fail; return; }
     t1=$(date +%s.%N)
     timeout 300 ./dtrain train --device cuda --model "$1" --data synthetic:16384,1,28,28,10 --batch $B \
-        --steps "$3" --lr 0.05 --momentum 0.9 --weight-decay 5e-4 --schedule constant --no-eval --quiet > /dev/null 2>&1 || { echo fail; return; }
+        --steps "$3" --lr 0.05 --momentum 0.9 --weight-decay 5e-4 --schedule constant --precision "${4:-fp32}" \
+        --no-eval --quiet > /dev/null 2>&1 || { echo fail; return; }
     t2=$(date +%s.%N)
     awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$(( ($3 - $2) * B )) \
         'BEGIN { d = (c - b) - (b - a); if (d > 0) printf "%.0f", n / d; else print "n/a" }'
@@ -80,9 +84,12 @@ m = m.to(dev)
 opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
 lossf = nn.CrossEntropyLoss()
 X = torch.rand(64, B, 1, 28, 28, device=dev); Y = torch.randint(0, 10, (64, B), device=dev)
+bf16 = name.endswith("-bf16")
 def step(i):
     opt.zero_grad(set_to_none=True)
-    loss = lossf(m(X[i % 64]), Y[i % 64]); loss.backward(); opt.step()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        out = m(X[i % 64])
+    loss = lossf(out.float(), Y[i % 64]); loss.backward(); opt.step()
 for i in range(20): step(i)
 torch.cuda.synchronize(); t0 = time.perf_counter()
 for i in range(steps): step(i)
@@ -101,6 +108,8 @@ d=$(dtrain_sps cnn 50 450); t=$(torch_sps cnn 400)
 printf "%-12s %14s %14s %10s\n" cnn "$d" "$t" "$(ratio "$d" "$t")"
 d=$(dtrain_sps "$MLP8" 20 120); t=$(torch_sps mlp8x4096 100)
 printf "%-12s %14s %14s %10s\n" mlp8x4096 "$d" "$t" "$(ratio "$d" "$t")"
+d=$(dtrain_sps "$MLP8" 20 120 bf16); t=$(torch_sps mlp8x4096-bf16 100)
+printf "%-12s %14s %14s %10s\n" mlp8x4096-bf16 "$d" "$t" "$(ratio "$d" "$t")"
 
 echo "== gpt2 (124M, block 1024, batch 8, FP32, TF32 off): tokens/s and peak memory"
 TOK=$(mktemp -d)

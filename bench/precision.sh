@@ -14,7 +14,10 @@
 # One process. A round runs fp32, bf16 and fp16 one after another, ROUNDS rounds: the
 # speed shown is each precision's best round (on a shared machine the others' load comes
 # and goes), the quality that of every round (the runs are deterministic: a round that
-# differs is flagged). dtrain's figures count every step.
+# differs is flagged). dtrain's figures count every step. "cpu" is the ratio of CPU
+# seconds (user + system, the whole run: data loading and evaluation included) of fp32
+# to this precision, the least of the rounds each: on a loaded machine it tells the work
+# apart from the waiting better than wall time does.
 set -u
 B=${DT_BUILDDIR:-$(pwd)}
 THREADS=${THREADS:-2}
@@ -30,36 +33,41 @@ if [[ " $models " == *" gpt "* ]] && [ ! -s "$DATA/train.bin" ]; then
 fi
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { a += 0; b += 0; if (b > 0 && a > 0) printf "%.2f", a / b; else printf "n/a" }'; }
-# run MODEL PRECISION: prints "SPEED QUALITY" from dtrain's final line
+# run MODEL PRECISION: prints "SPEED QUALITY CPU_SECONDS" from dtrain's final line and time(1)
+tf=$(mktemp); trap 'rm -f "$tf"' EXIT
 run() {
-    local out
+    local out cpu
     if [ "$1" = gpt ]; then
-        out=$("$B/dtrain" train --model gpt --data "tokens:$DATA" --steps "$GPT_STEPS" --threads "$THREADS" \
-              --precision "$2" --quiet 2>&1 | grep 'done:')
-        echo "$out" | sed -n 's/.* \([0-9][0-9]*\) tokens\/s.*val loss \([0-9.]*\).*/\1 \2/p'
+        out=$(/usr/bin/time -f '%U %S' -o "$tf" "$B/dtrain" train --model gpt --data "tokens:$DATA" --steps "$GPT_STEPS" \
+              --threads "$THREADS" --precision "$2" --quiet 2>&1 | grep 'done:')
+        out=$(echo "$out" | sed -n 's/.* \([0-9][0-9]*\) tokens\/s.*val loss \([0-9.]*\).*/\1 \2/p')
     else
-        out=$("$B/dtrain" train --model "$1" --epochs 1 --threads "$THREADS" --precision "$2" --quiet 2>&1 | grep 'done:')
-        echo "$out" | sed -n 's/.* \([0-9][0-9]*\) samples\/s.*test accuracy \([0-9.]*\).*/\1 \2/p'
+        out=$(/usr/bin/time -f '%U %S' -o "$tf" "$B/dtrain" train --model "$1" --epochs 1 --threads "$THREADS" \
+              --precision "$2" --quiet 2>&1 | grep 'done:')
+        out=$(echo "$out" | sed -n 's/.* \([0-9][0-9]*\) samples\/s.*test accuracy \([0-9.]*\).*/\1 \2/p')
     fi
+    cpu=$(awk '{ printf "%.2f", $1 + $2 }' "$tf")
+    echo "$out $cpu"
 }
 
 echo "dtrain $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo ?), 1 process x $THREADS threads, $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
-printf "%-5s %-9s %18s %8s %15s\n" model precision speed "vs fp32" quality
+printf "%-5s %-9s %18s %8s %8s %15s\n" model precision speed "vs fp32" cpu quality
 for m in $models; do
     unit="samples/s"; qual="test acc"
     [ "$m" = gpt ] && unit="tokens/s" && qual="val loss"
-    declare -A speed=() quality=()
+    declare -A speed=() quality=() cpu=()
     for ((r = 0; r < ROUNDS; r++)); do
         for p in fp32 bf16 fp16; do
             set -- $(run "$m" "$p")
             awk -v a="${1:-0}" -v b="${speed[$p]:-0}" 'BEGIN { exit !(a + 0 > b + 0) }' && speed[$p]=$1
+            awk -v a="${3:-0}" -v b="${cpu[$p]:-0}" 'BEGIN { exit !(a + 0 > 0 && (b + 0 == 0 || a + 0 < b + 0)) }' && cpu[$p]=$3
             if [ -z "${quality[$p]:-}" ]; then quality[$p]=${2:-?}
             elif [ "${quality[$p]}" != "${2:-?}" ]; then quality[$p]="${quality[$p]} (differs: ${2:-?})"; fi
         done
     done
     for p in fp32 bf16 fp16; do
-        printf "%-5s %-9s %18s %8s %15s\n" "$m" "$p" "${speed[$p]:-fail} $unit" "$(ratio "${speed[$p]:-0}" "${speed[fp32]:-0}")" \
-            "$qual ${quality[$p]}"
+        printf "%-5s %-9s %18s %8s %8s %15s\n" "$m" "$p" "${speed[$p]:-fail} $unit" "$(ratio "${speed[$p]:-0}" "${speed[fp32]:-0}")" \
+            "$(ratio "${cpu[fp32]:-0}" "${cpu[$p]:-0}")" "$qual ${quality[$p]}"
     done
 done
 echo "load at the end $(cut -d' ' -f1 /proc/loadavg)"

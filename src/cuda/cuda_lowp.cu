@@ -54,17 +54,18 @@ dt_status dt_cu_gemm_lp(int dtype, int transA, int transB, int M, int N, int K, 
     if (M == 0 || N == 0) return DT_OK;
     if (K == 0) return dt_cu_gemm("gemm_lp", transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     size_t na = transA ? span(K, M, lda) : span(M, K, lda), nb = transB ? span(N, K, ldb) : span(K, N, ldb);
+    size_t boff = (na + 7) & ~(size_t)7;   /* B's 16-bit copy on a 16-byte boundary, as tensor cores like */
     uint16_t *h = NULL;
-    DT_TRY(dt_cu_scratch((void **)&h, (na + nb) * sizeof(uint16_t)));
+    DT_TRY(dt_cu_scratch((void **)&h, (boff + nb) * sizeof(uint16_t)));
     int bf16 = dtype == DT_BF16;
     k_narrow<<<dt_cu_blocks(na), DT_CU_THREADS, 0, dt_cu_stream()>>>(h, A, na, bf16);
     DT_CU_LAUNCH("k_narrow");
-    k_narrow<<<dt_cu_blocks(nb), DT_CU_THREADS, 0, dt_cu_stream()>>>(h + na, B, nb, bf16);
+    k_narrow<<<dt_cu_blocks(nb), DT_CU_THREADS, 0, dt_cu_stream()>>>(h + boff, B, nb, bf16);
     DT_CU_LAUNCH("k_narrow");
     /* row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, as dt_cu_gemm */
     cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
     DT_CUBLAS(cublasGemmEx(dt_cu_blas(), transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M,
-                           K, &alpha, h + na, t, ldb, h, t, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                           K, &alpha, h + boff, t, ldb, h, t, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                            CUBLAS_GEMM_DEFAULT));
     return DT_OK;
 }
