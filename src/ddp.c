@@ -52,6 +52,7 @@ struct dt_ddp {
      * buffers (tcp, mpi with a GPU), collectives go through a host copy. */
     int           stage;
     float        *host;       /* n floats of pinned host memory (stage) */
+    uint16_t     *g16;        /* --grad-dtype bf16, W > 1: the gradient in bf16 for the wire (n) */
 };
 
 void dt_ddp_opts_default(dt_ddp_opts *o) {
@@ -61,6 +62,15 @@ void dt_ddp_opts_default(dt_ddp_opts *o) {
     o->sync_bn = 0;
     o->local_only = 0;
     o->sharded_params = 0;
+    o->grad_dtype = DT_F32;
+}
+
+/* --grad-dtype bf16: every node of the summation tree is rounded to bf16, the leaves
+ * (micro-batch gradients) and each local addition as the all-reduce rounds each of its
+ * own (reduce.h: bf16 added in f32, rounded back), so the tree and its roundings are the
+ * same for every world size. */
+static dt_status grad_round(dt_ddp *d, float *p, size_t lo, size_t len) {
+    return d->o.grad_dtype == DT_BF16 ? d->ops->round_to(p + lo, p + lo, len, DT_BF16) : DT_OK;
 }
 
 /* ---- the accumulation tree over slices -------------------------------------------- */
@@ -74,7 +84,11 @@ static dt_status tree_push(dt_ddp *d, int64_t i, const float *g, size_t lo, size
     int T = 0;
     while ((i >> T) & 1) T++;
     DT_TRY(ops->add(d->acc[T] + lo, d->acc[0] + lo, g + lo, len));
-    for (int l = 1; l < T; l++) DT_TRY(ops->add(d->acc[T] + lo, d->acc[l] + lo, d->acc[T] + lo, len));
+    DT_TRY(grad_round(d, d->acc[T], lo, len));
+    for (int l = 1; l < T; l++) {
+        DT_TRY(ops->add(d->acc[T] + lo, d->acc[l] + lo, d->acc[T] + lo, len));
+        DT_TRY(grad_round(d, d->acc[T], lo, len));
+    }
     return DT_OK;
 }
 
@@ -85,6 +99,7 @@ static dt_status tree_finish(dt_ddp *d, float *out, size_t lo, size_t len) {
         if (!((d->k >> l) & 1)) continue;
         if (!started) DT_TRY(d->ops->copy_d2d(out + lo, d->acc[l] + lo, len * sizeof(float)));
         else DT_TRY(d->ops->add(out + lo, out + lo, d->acc[l] + lo, len));
+        if (started) DT_TRY(grad_round(d, out, lo, len));
         started = 1;
     }
     return DT_OK;
@@ -99,19 +114,45 @@ int dt_ddp_tree_arrays(int64_t k) {
 
 /* ---- buckets ----------------------------------------------------------------------- */
 
-static dt_status launch_ready(dt_ddp *d) {
+/* A bucket's data as the all-reduce takes it: the gradient slice, in bf16 for
+ * --grad-dtype bf16 (exact: its values are bf16 already), staged in host memory when
+ * the backend needs host buffers; bucket_unpack puts the sum back. */
+static dt_status bucket_pack(dt_ddp *d, const bucket *b, void **buf, dt_dtype *t) {
     float *g = dt_model_grads(d->model);
+    size_t len = b->hi - b->lo, es = d->g16 ? sizeof(uint16_t) : sizeof(float);
+    void *dev = g + b->lo;
+    *t = DT_F32;
+    if (d->g16) {
+        DT_TRY(d->ops->f32_to_bf16(d->g16 + b->lo, g + b->lo, len));
+        dev = d->g16 + b->lo;
+        *t = DT_BF16;
+    }
+    *buf = dev;
+    if (d->stage) {
+        *buf = (char *)d->host + b->lo * es;
+        DT_TRY(d->ops->copy_d2h(*buf, dev, len * es));
+    }
+    return DT_OK;
+}
+
+static dt_status bucket_unpack(dt_ddp *d, const bucket *b) {
+    float *g = dt_model_grads(d->model);
+    size_t len = b->hi - b->lo, es = d->g16 ? sizeof(uint16_t) : sizeof(float);
+    void *dev = d->g16 ? (void *)(d->g16 + b->lo) : (void *)(g + b->lo);
+    if (d->stage) DT_TRY(d->ops->copy_h2d(dev, (char *)d->host + b->lo * es, len * es));
+    return d->g16 ? d->ops->bf16_to_f32(g + b->lo, d->g16 + b->lo, len) : DT_OK;
+}
+
+static dt_status launch_ready(dt_ddp *d) {
     for (int i = 0; i < d->nb; i++) {
         bucket *b = &d->b[i];
         if (b->launched || b->lo < d->ready_lo) continue;
         b->launched = 1;
         if (dt_testing_fault() == DT_FAULT_SKIP_ALLREDUCE) continue;   /* planted bug (testing.h) */
-        float *buf = g;
-        if (d->stage) {
-            DT_TRY(d->ops->copy_d2h(d->host + b->lo, g + b->lo, (b->hi - b->lo) * sizeof(float)));
-            buf = d->host;
-        }
-        DT_TRY(dt_allreduce_async(d->comm, buf + b->lo, buf + b->lo, b->hi - b->lo, DT_F32, DT_SUM, &b->work));
+        void *buf;
+        dt_dtype t;
+        DT_TRY(bucket_pack(d, b, &buf, &t));
+        DT_TRY(dt_allreduce_async(d->comm, buf, buf, b->hi - b->lo, t, DT_SUM, &b->work));
     }
     return DT_OK;
 }
@@ -124,8 +165,8 @@ static dt_status on_grad_ready(void *ctx, int first, int count) {
     size_t lo = d->t_off[first];
     size_t hi = d->t_off[first + count - 1] + d->t_len[first + count - 1];
     float *g = dt_model_grads(d->model);
-    dt_status s = DT_OK;
-    if (d->k > 1) {
+    dt_status s = grad_round(d, g, lo, hi - lo);   /* a leaf */
+    if (s == DT_OK && d->k > 1) {
         s = tree_push(d, d->micro, g, lo, hi - lo);
         if (s == DT_OK && d->micro == d->k - 1) s = tree_finish(d, g, lo, hi - lo);
     }
@@ -240,7 +281,12 @@ dt_status dt_ddp_init(dt_model *m, dt_comm *comm, int64_t k, const dt_ddp_opts *
         return s;
     }
     d->stage = d->world > 1 && !d->ops->host_memory && !dt_comm_device_buffers(comm);
-    if (d->stage && (s = dt_mem_host_alloc(d->ops, DT_MEM_COMM, (void **)&d->host, d->n * sizeof(float))) != DT_OK) {
+    if (d->o.grad_dtype != DT_F32 && d->o.grad_dtype != DT_BF16)
+        s = dt_error(DT_ERR_INVALID, "grad_dtype: expected f32 or bf16, got %s", dt_dtype_name(d->o.grad_dtype));
+    if (s == DT_OK && d->stage) s = dt_mem_host_alloc(d->ops, DT_MEM_COMM, (void **)&d->host, d->n * sizeof(float));
+    if (s == DT_OK && d->world > 1 && d->o.grad_dtype == DT_BF16)
+        s = dt_mem_alloc(d->ops, DT_MEM_COMM, (void **)&d->g16, d->n * sizeof(uint16_t));
+    if (s != DT_OK) {
         dt_ddp_free(d);
         return s;
     }
@@ -261,6 +307,7 @@ void dt_ddp_free(dt_ddp *d) {
         dt_model_set_bn_sync(d->model, NULL, NULL);
     }
     dt_mem_free(d->ops, d->host);
+    dt_mem_free(d->ops, d->g16);
     free(d->acc);
     free(d->b);
     free(d->t_off);
@@ -287,7 +334,6 @@ dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i) {
 
 dt_status dt_ddp_finish(dt_ddp *d, double *wait_s) {
     double t0 = dt_now();
-    float *g = dt_model_grads(d->model);
     dt_status s = d->hook_status;
     if (d->ready_lo != 0 && s == DT_OK)
         s = dt_error(DT_ERR_INTERNAL, "ddp: backward left gradients [0, %zu) unreported", d->ready_lo);
@@ -297,8 +343,7 @@ dt_status dt_ddp_finish(dt_ddp *d, double *wait_s) {
         if (!d->b[i].work) continue;
         dt_status w = dt_work_wait(d->b[i].work);
         d->b[i].work = NULL;
-        if (w == DT_OK && d->stage)
-            w = d->ops->copy_h2d(g + d->b[i].lo, d->host + d->b[i].lo, (d->b[i].hi - d->b[i].lo) * sizeof(float));
+        if (w == DT_OK) w = bucket_unpack(d, &d->b[i]);
         if (s == DT_OK) s = w;
     }
     if (wait_s) *wait_s = dt_now() - t0;

@@ -39,6 +39,8 @@ typedef struct {
     int    sharded_params;      /* 1: each rank holds its shard of the parameters only (shard.h):
                                  * the start broadcasts the buffers, not the parameters, whose
                                  * shards come from the same seed, file or checkpoint */
+    dt_dtype grad_dtype;        /* DT_F32 (default) or DT_BF16: gradients summed and sent in bf16, every
+                                 * node of the tree rounded (half the bytes; still world-size invariant) */
 } dt_ddp_opts;
 
 DT_API void      dt_ddp_opts_default(dt_ddp_opts *o);

@@ -98,26 +98,33 @@ static dt_status linear_init(const dt_nn_ctx *c, dt_layer *L) {
     return s->bias ? c->ops->fill(dt_layer_tensor_ptr(c, L, 1), 0.0f, (size_t)s->out) : DT_OK;
 }
 
-dt_status layer_linear_forward(const dt_ops *o, float *y, const float *x, const float *w, const float *b,
+dt_status layer_linear_forward(const dt_nn_ctx *c, float *y, const float *x, const float *w, const float *b,
                                int rows, int in, int out, int relu) {
-    /* y (rows, out) = x (rows, in) @ W^T (in, out) + b */
-    DT_TRY(o->sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out));
+    const dt_ops *o = c->ops;
+    /* y (rows, out) = x (rows, in) @ W^T (in, out) + b; in low precision x and W rounded */
+    DT_TRY(layer_lp_operand(c, 0, &x, (size_t)rows * (size_t)in));
+    DT_TRY(layer_gemm(c, 0, 1, rows, out, in, x, in, layer_lp_weight(c, w), in, y, out));
     if (b) return relu ? o->bias_relu(y, b, rows, out) : o->bias_add(y, b, rows, out);
     return relu ? o->relu_forward(y, y, (size_t)rows * (size_t)out) : DT_OK;
 }
 
-dt_status layer_linear_backward(const dt_ops *o, float *dx, float *dw, float *db, const float *dy, const float *x,
+dt_status layer_linear_backward(const dt_nn_ctx *c, float *dx, float *dw, float *db, const float *dy, const float *x,
                                 const float *w, int rows, int in, int out) {
+    /* in low precision every GEMM operand rounded: dy, the saved x, W */
+    DT_TRY(layer_lp_operand(c, 0, &dy, (size_t)rows * (size_t)out));
     /* dW (out, in) = dy^T (out, rows) @ x (rows, in); db (out) = column sums of dy */
-    if (dw) DT_TRY(o->sgemm(1, 0, out, in, rows, 1.0f, dy, out, x, in, 0.0f, dw, in));
-    if (db) DT_TRY(o->bias_grad(db, dy, rows, out));
+    if (dw) {
+        DT_TRY(layer_lp_operand(c, 1, &x, (size_t)rows * (size_t)in));
+        DT_TRY(layer_gemm(c, 1, 0, out, in, rows, dy, out, x, in, dw, in));
+    }
+    if (db) DT_TRY(c->ops->bias_grad(db, dy, rows, out));
     /* dx (rows, in) = dy (rows, out) @ W (out, in) */
-    if (dx) DT_TRY(o->sgemm(0, 0, rows, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in));
+    if (dx) DT_TRY(layer_gemm(c, 0, 0, rows, in, out, dy, out, layer_lp_weight(c, w), in, dx, in));
     return DT_OK;
 }
 
 static dt_status linear_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
-    return layer_linear_forward(c->ops, L->y, x, dt_layer_tensor_ptr(c, L, 0), dt_layer_tensor_ptr(c, L, 1),
+    return layer_linear_forward(c, L->y, x, dt_layer_tensor_ptr(c, L, 0), dt_layer_tensor_ptr(c, L, 1),
                                 (int)(B * rows_per_sample(L)), (int)last_dim(L), LAYER_SELF(linear_self, L)->out,
                                 L->fuse_relu);
 }
@@ -125,13 +132,13 @@ static dt_status linear_forward(const dt_nn_ctx *c, dt_layer *L, const float *x,
 static dt_status linear_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy,
                                  float *dx, int B) {
     float *db = L->ntensors > 1 ? c->grads + L->t[1].offset : NULL;
-    return layer_linear_backward(c->ops, dx, c->grads + L->t[0].offset, db, dy, x, dt_layer_tensor_ptr(c, L, 0),
+    return layer_linear_backward(c, dx, c->grads + L->t[0].offset, db, dy, x, dt_layer_tensor_ptr(c, L, 0),
                                  (int)(B * rows_per_sample(L)), (int)last_dim(L), LAYER_SELF(linear_self, L)->out);
 }
 
 const dt_layer_def dt_layer_def_linear = {
     .name = "linear", .help = "linear(out[, bias=1][, std=0])", .torch = "nn.Linear",
-    .flags = DT_LDEF_FUSE_RELU, .self_size = sizeof(linear_self), .args = linear_args,
+    .flags = DT_LDEF_FUSE_RELU | DT_LDEF_GEMM, .self_size = sizeof(linear_self), .args = linear_args,
     .infer = linear_infer, .init = linear_init, .forward = linear_forward, .backward = linear_backward,
 };
 
@@ -171,11 +178,15 @@ static dt_status conv_desc(const dt_layer *L, int B, dt_conv2d_desc *d) {
     return dt_conv2d_desc_init(d);
 }
 
+/* In low precision the convolution's operands are rounded (x and w; dy, x and w in
+ * backward) and it runs in f32: the arithmetic of a 16-bit convolution with f32
+ * accumulation, on every backend's f32 kernel. */
 static dt_status conv_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
     dt_conv2d_desc d;
     DT_TRY(conv_desc(L, B, &d));
-    return c->ops->conv2d_forward(&d, L->y, x, dt_layer_tensor_ptr(c, L, 0), dt_layer_tensor_ptr(c, L, 1),
-                                  L->fuse_relu);
+    DT_TRY(layer_lp_operand(c, 0, &x, (size_t)B * (size_t)L->in_numel));
+    return c->ops->conv2d_forward(&d, L->y, x, layer_lp_weight(c, dt_layer_tensor_ptr(c, L, 0)),
+                                  dt_layer_tensor_ptr(c, L, 1), L->fuse_relu);
 }
 
 static dt_status conv_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy,
@@ -183,12 +194,14 @@ static dt_status conv_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, 
     dt_conv2d_desc d;
     DT_TRY(conv_desc(L, B, &d));
     float *dw = c->grads + L->t[0].offset, *db = L->ntensors > 1 ? c->grads + L->t[1].offset : NULL;
-    return c->ops->conv2d_backward(&d, dx, dw, db, dy, x, dt_layer_tensor_ptr(c, L, 0));
+    DT_TRY(layer_lp_operand(c, 0, &dy, (size_t)B * (size_t)L->out_numel));
+    DT_TRY(layer_lp_operand(c, 1, &x, (size_t)B * (size_t)L->in_numel));
+    return c->ops->conv2d_backward(&d, dx, dw, db, dy, x, layer_lp_weight(c, dt_layer_tensor_ptr(c, L, 0)));
 }
 
 const dt_layer_def dt_layer_def_conv = {
     .name = "conv", .help = "conv(out, k[, stride=1][, pad=0][, bias=1])", .torch = "nn.Conv2d",
-    .flags = DT_LDEF_FUSE_RELU, .self_size = sizeof(conv_self), .args = conv_args,
+    .flags = DT_LDEF_FUSE_RELU | DT_LDEF_GEMM, .self_size = sizeof(conv_self), .args = conv_args,
     .infer = conv_infer, .init = conv_init, .forward = conv_forward, .backward = conv_backward,
 };
 

@@ -29,9 +29,20 @@ dt_status layer_view_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, in
 dt_status layer_init_normal(const dt_nn_ctx *c, dt_layer *L, int t, float std);
 /* A linear map over rows: y (rows, out) = x (rows, in) W^T + b (b may be NULL; relu
  * fused when asked), and its backward (dx, dw, db may be NULL to skip them). */
-dt_status layer_linear_forward(const dt_ops *o, float *y, const float *x, const float *w, const float *b,
+dt_status layer_linear_forward(const dt_nn_ctx *c, float *y, const float *x, const float *w, const float *b,
                                int rows, int in, int out, int relu);
-dt_status layer_linear_backward(const dt_ops *o, float *dx, float *dw, float *db, const float *dy, const float *x,
+dt_status layer_linear_backward(const dt_nn_ctx *c, float *dx, float *dw, float *db, const float *dy, const float *x,
                                 const float *w, int rows, int in, int out);
+
+/* Mixed precision (src/lowp.c; every helper is a no-op or plain f32 when c->lp is 0):
+ *   layer_lp_operand  *x (n floats) becomes its rounding in scratch buffer slot (0, 1)
+ *   layer_lp_round    buf (n) rounded in place (a row's own buffers)
+ *   layer_lp_weight   the rounded copy of parameter pointer w (w itself in f32)
+ *   layer_gemm        C = op(A) op(B): gemm_lp on rounded operands, else sgemm */
+dt_status    layer_lp_operand(const dt_nn_ctx *c, int slot, const float **x, size_t n);
+dt_status    layer_lp_round(const dt_nn_ctx *c, float *buf, size_t n);
+const float *layer_lp_weight(const dt_nn_ctx *c, const float *w);
+dt_status    layer_gemm(const dt_nn_ctx *c, int transA, int transB, int M, int N, int K, const float *A, int lda,
+                        const float *B, int ldb, float *C, int ldc);
 
 #endif /* DT_LAYERS_H */

@@ -222,15 +222,20 @@ static dt_status attn_decode_step(const dt_nn_ctx *c, dt_layer *L, int B) {
     return o->attn_decode(s->att, s->cache, t, s->heads, C / s->heads);
 }
 
+/* In low precision the attention's own matrix products take rounded operands too: q, k
+ * and v (qkv rounded in place, as the projection's bf16 output would be), its output
+ * (the input of c_proj) and the output's gradient; the softmax stays f32. */
 static dt_status attn_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
     attn_self *s = LAYER_SELF(attn_self, L);
     const dt_ops *o = c->ops;
     int C = attn_C(L), T = attn_T(L), rows = B * T;
-    DT_TRY(layer_linear_forward(o, s->qkv, x, dt_layer_tensor_ptr(c, L, 0), dt_layer_tensor_ptr(c, L, 1),
+    DT_TRY(layer_linear_forward(c, s->qkv, x, dt_layer_tensor_ptr(c, L, 0), dt_layer_tensor_ptr(c, L, 1),
                                 rows, C, 3 * C, 0));
+    DT_TRY(layer_lp_round(c, s->qkv, (size_t)rows * 3 * (size_t)C));
     if (c->decode) DT_TRY(attn_decode_step(c, L, B));
     else DT_TRY(o->attn_forward(s->att, s->lse, s->qkv, B, T, s->heads, C / s->heads));
-    return layer_linear_forward(o, L->y, s->att, dt_layer_tensor_ptr(c, L, 2), dt_layer_tensor_ptr(c, L, 3),
+    DT_TRY(layer_lp_round(c, s->att, (size_t)rows * (size_t)C));
+    return layer_linear_forward(c, L->y, s->att, dt_layer_tensor_ptr(c, L, 2), dt_layer_tensor_ptr(c, L, 3),
                                 rows, C, C, 0);
 }
 
@@ -239,16 +244,17 @@ static dt_status attn_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, 
     const dt_ops *o = c->ops;
     int C = attn_C(L), T = attn_T(L), rows = B * T;
     float *g = c->grads;
-    DT_TRY(layer_linear_backward(o, s->datt, g + L->t[2].offset, g + L->t[3].offset, dy, s->att,
+    DT_TRY(layer_linear_backward(c, s->datt, g + L->t[2].offset, g + L->t[3].offset, dy, s->att,
                                  dt_layer_tensor_ptr(c, L, 2), rows, C, C));
+    DT_TRY(layer_lp_round(c, s->datt, (size_t)rows * (size_t)C));
     DT_TRY(o->attn_backward(s->dqkv, s->datt, s->qkv, s->att, s->lse, B, T, s->heads, C / s->heads));
-    return layer_linear_backward(o, dx, g + L->t[0].offset, g + L->t[1].offset, s->dqkv, x,
+    return layer_linear_backward(c, dx, g + L->t[0].offset, g + L->t[1].offset, s->dqkv, x,
                                  dt_layer_tensor_ptr(c, L, 0), rows, C, 3 * C);
 }
 
 const dt_layer_def dt_layer_def_attn = {
     .name = "attn", .help = "attn(heads[, std=0][, proj_std=0])", .torch = "causal self-attention (nanoGPT)",
-    .self_size = sizeof(attn_self), .args = attn_args,
+    .flags = DT_LDEF_GEMM, .self_size = sizeof(attn_self), .args = attn_args,
     .infer = attn_infer, .alloc = attn_alloc, .free = attn_free, .init = attn_init,
     .forward = attn_forward, .backward = attn_backward,
 };
@@ -276,18 +282,18 @@ static dt_status unembed_infer(dt_layer *L, dt_shape *out) {
 }
 
 static dt_status unembed_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
-    return layer_linear_forward(c->ops, L->y, x, dt_layer_tensor_ptr(c, L, 0), NULL, (int)(B * L->in.d[0]),
+    return layer_linear_forward(c, L->y, x, dt_layer_tensor_ptr(c, L, 0), NULL, (int)(B * L->in.d[0]),
                                 (int)L->in.d[1], LAYER_SELF(unembed_self, L)->vocab, 0);
 }
 
 /* writes (overwrites) the tied weight's gradient; the embedding's backward adds to it */
 static dt_status unembed_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy, float *dx, int B) {
-    return layer_linear_backward(c->ops, dx, c->grads + L->t[0].offset, NULL, dy, x, dt_layer_tensor_ptr(c, L, 0),
+    return layer_linear_backward(c, dx, c->grads + L->t[0].offset, NULL, dy, x, dt_layer_tensor_ptr(c, L, 0),
                                  (int)(B * L->in.d[0]), (int)L->in.d[1], LAYER_SELF(unembed_self, L)->vocab);
 }
 
 const dt_layer_def dt_layer_def_unembed = {
     .name = "unembed", .help = "unembed", .torch = "nn.Linear(bias=False), weight tied to the embedding",
-    .self_size = sizeof(unembed_self),
+    .flags = DT_LDEF_GEMM, .self_size = sizeof(unembed_self),
     .infer = unembed_infer, .forward = unembed_forward, .backward = unembed_backward,
 };

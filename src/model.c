@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lowp.h"
+
 /* One entry of the state registry: tensor t of layer `layer`. */
 typedef struct {
     char     name[64];  /* "<module path>.<suffix>": "3.0.weight" */
@@ -63,6 +65,8 @@ struct dt_model {
     int             *block_of;
     unsigned char   *arena;
     int              arena_owner;
+    dt_lowp         *lp;           /* mixed precision (lowp.h), NULL in f32 */
+    float            loss_scale;   /* the loss gradient's factor before backward (fp16 loss scaling) */
 };
 
 static dt_nn_ctx nn_ctx(dt_model *m, int train) {
@@ -72,6 +76,7 @@ static dt_nn_ctx nn_ctx(dt_model *m, int train) {
         .bn_sync = m->bn_sync, .bn_sync_ctx = m->bn_sync_ctx, .bn_record = m->bn_record,
         .decode = m->decode_pos >= 0, .decode_pos = m->decode_pos,
     };
+    dt_lowp_ctx(m->lp, &c);
     return c;
 }
 
@@ -108,6 +113,7 @@ void dt_model_free(dt_model *m) {
         void *bufs[] = {m->params, m->grads, m->buffers, m->dbuf[0], m->dbuf[1], m->head, m->probs, m->scalar,
                         m->arena};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dt_mem_free(o, bufs[i]);
+        dt_lowp_free(o, m->lp);
     }
     dt_spec_free(&m->spec);
     free(m->state);
@@ -268,6 +274,7 @@ static dt_status model_prepare(const char *spec, const dt_shape *input, const dt
     if (!m) return dt_error(DT_ERR_NOMEM, "model: out of memory");
     m->ops = ops;
     m->decode_pos = -1;
+    m->loss_scale = 1.0f;
     m->max_batch = max_batch;
     m->input = *input;
     if (mo) m->mo = *mo;
@@ -371,7 +378,7 @@ dt_status dt_model_reserve(dt_model *m, size_t floats) {
     m->cap = floats;
     return DT_OK;
 }
-float          *dt_model_params(dt_model *m) { return m->params; }
+float          *dt_model_params(dt_model *m) { dt_lowp_stale(m->lp); return m->params; }
 float          *dt_model_grads(dt_model *m) { return m->grads; }
 size_t          dt_model_nbuffers(const dt_model *m) { return m->nbuffers; }
 float          *dt_model_buffers(dt_model *m) { return m->buffers; }
@@ -379,6 +386,23 @@ int             dt_model_nparam_tensors(const dt_model *m) { return m->spec.nten
 int             dt_model_nstate(const dt_model *m) { return m->nstate; }
 
 void dt_model_set_decode(dt_model *m, int pos) { m->decode_pos = pos < 0 ? -1 : pos; }
+
+dt_status dt_model_set_precision(dt_model *m, dt_dtype precision) {
+    if (precision == dt_lowp_dtype(m->lp)) return DT_OK;
+    dt_lowp *lp = NULL;
+    if (precision != DT_F32) DT_TRY(dt_lowp_init(m->ops, &m->spec, m->max_batch, precision, &lp));
+    dt_lowp_free(m->ops, m->lp);
+    m->lp = lp;
+    return DT_OK;
+}
+
+dt_dtype dt_model_precision(const dt_model *m) { return dt_lowp_dtype(m->lp); }
+size_t   dt_model_precision_bytes(const dt_model *m) { return dt_lowp_bytes(m->lp); }
+void     dt_model_set_loss_scale(dt_model *m, float scale) { m->loss_scale = scale; }
+void     dt_model_params_changed(dt_model *m) { dt_lowp_stale(m->lp); }
+dt_status dt_model_params_arrived(dt_model *m, size_t lo, size_t hi) {
+    return dt_lowp_refresh(m->lp, m->ops, m->params, lo, hi);
+}
 
 void dt_model_set_bn_sync(dt_model *m, dt_bn_sync_fn fn, void *ctx) { m->bn_sync = fn; m->bn_sync_ctx = ctx; }
 void dt_model_set_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ctx) { m->grad_ready = fn; m->grad_ready_ctx = ctx; }
@@ -399,6 +423,7 @@ dt_status dt_model_state(dt_model *m, int i, dt_tensor_info *info) {
         return dt_error(DT_ERR_INVALID, "model: state tensor %d out of range [0, %d)", i, m->nstate);
     const state_entry *e = &m->state[i];
     const dt_layer_tensor *T = &m->spec.layers[e->layer].t[e->t];
+    dt_lowp_stale(m->lp);   /* info->data may be written through */
     memset(info, 0, sizeof *info);
     info->name = e->name;
     info->is_param = T->role == DT_TENSOR_PARAM;
@@ -457,6 +482,7 @@ dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
     m->x = x;
     m->last_B = B;
     m->last_train = train;
+    DT_TRY(dt_lowp_prepare(m->lp, m->ops, m->params));
     dt_nn_ctx c = nn_ctx(m, train);
     const float *cur = x;
     for (int i = 0; i < m->spec.n; i++) {
@@ -542,6 +568,9 @@ static dt_status loss_head(dt_model *m, const dt_loss *loss, const void *target,
     } else {
         return dt_error(DT_ERR_INVALID, "model loss: unknown loss kind %d", (int)loss->kind);
     }
+    /* fp16 loss scaling: backward starts from the gradient of loss x scale (exact for
+     * the powers of two a scaler uses) */
+    if (grad && m->loss_scale != 1.0f) DT_TRY(o->scale(m->head, m->loss_scale, (size_t)B * (size_t)last->out_numel));
     return DT_OK;
 }
 

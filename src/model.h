@@ -141,6 +141,28 @@ DT_API void      dt_model_set_decode(dt_model *m, int pos);
 /* Release everything the model holds (NULL is fine). */
 DT_API void      dt_model_free(dt_model *m);
 
+/* Mixed precision, torch.autocast's split (src/lowp.h): DT_BF16 or DT_F16 rounds the
+ * inputs of every matrix multiplication and convolution (activations and weights; in
+ * backward the output gradients too) to that type and multiplies them with f32
+ * accumulation; softmax, normalisation, losses and reductions, the parameters and their
+ * gradients stay f32. DT_F32 (the default) turns it off. Low precision keeps a rounded
+ * copy of the GEMM weights (nparams floats) and two activation-sized scratch buffers. */
+DT_API dt_status dt_model_set_precision(dt_model *m, dt_dtype precision);
+DT_API dt_dtype  dt_model_precision(const dt_model *m);
+/* Device bytes the precision setting holds beyond f32 training (0 in f32). */
+DT_API size_t    dt_model_precision_bytes(const dt_model *m);
+/* Backward starts from the gradient of loss x scale (fp16 loss scaling; 1 = none, the
+ * default): every gradient comes out multiplied by it. */
+DT_API void      dt_model_set_loss_scale(dt_model *m, float scale);
+/* The rounded weights of mixed precision are made again at the next forward whenever
+ * the parameters may have been written: taking dt_model_params() or a state tensor
+ * (dt_model_state, _param, _state_find) says so. Code that writes through a pointer it
+ * kept from earlier calls this after writing. */
+DT_API void      dt_model_params_changed(dt_model *m);
+/* The parameters [lo, hi) were just written in the middle of a pass (sharding gathers
+ * them layer by layer): their derived copies (the rounded weights) are made now. */
+DT_API dt_status dt_model_params_arrived(dt_model *m, size_t lo, size_t hi);
+
 DT_API int             dt_model_nlayers(const dt_model *m);
 DT_API const dt_layer *dt_model_layer(const dt_model *m, int i);
 DT_API const dt_shape *dt_model_output_shape(const dt_model *m);

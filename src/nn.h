@@ -162,7 +162,9 @@ enum {
     DT_LDEF_GRAD_IN_PLACE = 1 << 1,  /* backward leaves dx in dy's memory (dx == dy) */
     DT_LDEF_FUSE_RELU     = 1 << 2,  /* can apply a following relu itself (sets fuse_relu) */
     DT_LDEF_CONTAINER     = 1 << 3,  /* written kind(layers...): its arguments are a layer list */
-    DT_LDEF_INTERNAL      = 1 << 4   /* made by the builder, never written in a spec */
+    DT_LDEF_INTERNAL      = 1 << 4,  /* made by the builder, never written in a spec */
+    DT_LDEF_GEMM          = 1 << 5   /* its weights (tensors of 2+ dimensions, tied ones too) are
+                                      * GEMM or convolution operands: rounded in low precision */
 };
 
 /* Everything a layer pass needs besides the layer itself. */
@@ -184,6 +186,15 @@ typedef struct {
                                    * one position; pos adds row decode_pos and attn attends over
                                    * its cache of positions 0..decode_pos */
     int              decode_pos;
+    /* mixed precision (model.h dt_model_set_precision, src/lowp.h): lp is DT_BF16 or
+     * DT_F16 (dtype.h) when GEMM and convolution inputs are rounded to it, 0 (DT_F32)
+     * when not; then lp_params is the parameter array with the GEMM weights rounded
+     * (same layout as params) and lp_scratch two buffers of lp_scratch_n floats for
+     * rounded activations and gradients */
+    int              lp;
+    const float     *lp_params;
+    float           *lp_scratch[2];
+    size_t           lp_scratch_n;
 } dt_nn_ctx;
 
 /* A layer kind. Required: name, help, torch, infer, forward, backward. */

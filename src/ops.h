@@ -277,6 +277,21 @@ typedef struct {
     X(f32_to_f16,  (uint16_t *dst, const float *src, size_t n)) \
     X(f16_to_f32,  (float *dst, const uint16_t *src, size_t n)) \
     \
+    /* -- mixed precision (--precision bf16|fp16, src/lowp.h) -- \
+     * y (n) = x rounded to `dtype` (DT_BF16 or DT_F16 of dtype.h) and widened back, as \
+     * PyTorch's x.to(dtype).float(): the casts above, so nearest even, NaN kept, beyond \
+     * f16's range inf. In place allowed. */ \
+    X(round_to, (float *y, const float *x, size_t n, int dtype)) \
+    /* sgemm's contract for A and B that hold values of `dtype` (DT_BF16 or DT_F16, as \
+     * round_to leaves them): their products are exact in f32 and the sums are f32, the \
+     * arithmetic of a 16-bit GEMM with f32 accumulation. The CPU runs its sgemm (the same \
+     * bits); CUDA converts A and B to 16 bits and runs cublasGemmEx with f32 compute \
+     * (tensor cores; cuBLAS's own summation order). */ \
+    X(gemm_lp, (int dtype, int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, \
+                const float *B, int ldb, float beta, float *C, int ldc)) \
+    /* flag (1) = 1 when some x[i] (n) is inf or NaN, else 0: GradScaler's found_inf. */ \
+    X(nonfinite, (int32_t *flag, const float *x, size_t n)) \
+    \
     /* -- fused optimizer steps over a flat parameter array (n) -- \
      * sgd: buf (n) is the momentum buffer (unused when momentum == 0, may be NULL). */ \
     X(sgd_update,   (float *p, const float *grad, float *buf, size_t n, const dt_sgd_args *a)) \

@@ -290,6 +290,11 @@ float dt_schedule_lr(const dt_schedule *s, int64_t step) {
 /* ---- clipping ------------------------------------------------------------------ */
 
 dt_status dt_clip_grad_norm(const dt_ops *ops, float *grads, size_t n, float max_norm, float *norm) {
+    return dt_clip_grad_norm_scaled(ops, grads, n, max_norm, 1.0f, norm);
+}
+
+dt_status dt_clip_grad_norm_scaled(const dt_ops *ops, float *grads, size_t n, float max_norm, float unscale,
+                                   float *norm) {
     float *dev = NULL, sq = 0.0f;
     if (n) {
         DT_TRY(dt_mem_alloc(ops, DT_MEM_OTHER, (void **)&dev, sizeof(float)));
@@ -298,7 +303,7 @@ dt_status dt_clip_grad_norm(const dt_ops *ops, float *grads, size_t n, float max
         dt_mem_free(ops, dev);
         DT_TRY(s);
     }
-    float total = sqrtf(sq);
+    float total = sqrtf(sq) * unscale;
     if (norm) *norm = total;
     if (max_norm > 0.0f && n) {
         float coef = max_norm / (total + 1e-6f);

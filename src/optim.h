@@ -159,5 +159,11 @@ DT_API dt_status dt_schedule_check(const dt_schedule *s);
  * below 1); *norm receives the norm before clipping. max_norm <= 0 only
  * measures. The norm comes from the ops' deterministic sum of squares. */
 DT_API dt_status dt_clip_grad_norm(const dt_ops *ops, float *grads, size_t n, float max_norm, float *norm);
+/* The same for gradients that are `unscale` (a power of two, 1/the loss scale) times too
+ * large, as GradScaler's unscale_ followed by clip_grad_norm_: the norm is measured on
+ * grads and multiplied by unscale (exact), the clipping factor comes from that true norm,
+ * and the unscaling itself is left to the optimizer step (its grad_scale). */
+DT_API dt_status dt_clip_grad_norm_scaled(const dt_ops *ops, float *grads, size_t n, float max_norm, float unscale,
+                                          float *norm);
 
 #endif /* DT_OPTIM_H */

@@ -197,7 +197,7 @@ dt_status dt_shard_reduce(dt_shard *s) {
 
 /* ---- norm, clipping, step ------------------------------------------------------------ */
 
-dt_status dt_shard_clip(dt_shard *s, float max_norm, float *norm) {
+dt_status dt_shard_clip(dt_shard *s, float max_norm, float unscale, float *norm) {
     const size_t C = DT_SUM_CHUNK;
     float *g = dt_model_grads(s->model);
     size_t nch = (s->n + C - 1) / C;
@@ -213,7 +213,7 @@ dt_status dt_shard_clip(dt_shard *s, float max_norm, float *norm) {
         DT_TRY(s->ops->copy_d2h(s->parts, s->dparts, nch * sizeof(double)));
     }
     sq = dt_pairwise_sum(s->parts, nch);
-    float total = sqrtf((float)sq);
+    float total = sqrtf((float)sq) * unscale;
     if (norm) *norm = total;
     if (max_norm > 0.0f && s->len) {
         float coef = max_norm / (total + 1e-6f);
@@ -294,6 +294,10 @@ static dt_status unit_need(dt_shard *s, int u) {
     }
     U->nwork = 0;
     U->state = U_HERE;
+    /* the parameters arrived in the middle of a pass: the model's derived copies of them
+     * (mixed precision's rounded weights) are made now */
+    for (int r = U->r0; st == DT_OK && r < U->r0 + U->nr; r++)
+        st = dt_model_params_arrived(s->model, s->rlo[r], s->rhi[r]);
     return st;
 }
 

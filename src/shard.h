@@ -84,9 +84,10 @@ DT_API dt_status dt_shard_drop_params(dt_shard *s);
 /* After DDP's local sum (grads mode): reduce-scatter, so this rank's shard of the
  * gradient holds the global sum. Nothing to do in the other modes. */
 DT_API dt_status dt_shard_reduce(dt_shard *s);
-/* The global gradient norm (*norm; the bits of dt_clip_grad_norm over the whole summed
- * gradient), and with max_norm > 0 the clipping of the part this rank applies. */
-DT_API dt_status dt_shard_clip(dt_shard *s, float max_norm, float *norm);
+/* The global gradient norm (*norm; the bits of dt_clip_grad_norm_scaled over the whole
+ * summed gradient: the gradient's norm times unscale, 1 without loss scaling), and with
+ * max_norm > 0 the clipping of the part this rank applies. */
+DT_API dt_status dt_shard_clip(dt_shard *s, float max_norm, float unscale, float *norm);
 /* The optimizer step over this rank's range (o was made for dt_shard_range's len),
  * then the all-gather that gives every rank the updated parameters. */
 DT_API dt_status dt_shard_step(dt_shard *s, dt_optim *o, float lr, float grad_scale);

@@ -19,6 +19,8 @@ typedef enum {
     DT_FAULT_SAMPLER_EPOCH,    /* "sampler-epoch": the sampler is never told the epoch */
     DT_FAULT_SKIP_ALLREDUCE,   /* "skip-allreduce": gradients are not all-reduced */
     DT_FAULT_LR_RANK1,         /* "lr-rank1": rank 1 steps with twice the learning rate */
+    DT_FAULT_GRAD_INF,         /* "grad-inf:N": at global step N (1-based) the last rank finds an
+                                * inf in its summed gradient (a planted fp16 overflow) */
 } dt_fault;
 
 /* Plant the fault with this name (NULL or "": none). DT_ERR_INVALID listing the
@@ -26,6 +28,8 @@ typedef enum {
 dt_status dt_testing_set_fault(const char *name);
 /* The planted fault, DT_FAULT_NONE unless a test set one. */
 dt_fault  dt_testing_fault(void);
+/* The step a fault with a step names ("grad-inf:N": N), 0 for the others. */
+long long dt_testing_fault_step(void);
 
 /* The checkpoint fuzz target (tests/fuzz/fuzz_ckpt.c) feeds files whose checksums it
  * cannot forge; with this on, a checkpoint's checksum is still computed but a

@@ -26,6 +26,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "amp.h"
 #include "checkpoint.h"
 #include "ckpt.h"
 #include "clock.h"
@@ -65,6 +66,8 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->overlap = 1;
     o->lr_scale = "none";
     o->normalize = "auto";
+    o->precision = "fp32";
+    o->grad_dtype = "f32";
     o->loss = "ce";
     o->ckpt_keep = 3;
     o->log_every = 50;
@@ -199,6 +202,7 @@ typedef struct {
     dt_schedule sched;
     dt_ddp *ddp;
     dt_shard *shard;                 /* which part of the parameters this rank's optimizer updates */
+    dt_amp *amp;                     /* mixed precision: loss scaler, gradient dtype (amp.h) */
     int64_t S, k, b, first_micro;   /* micro-batches, local micro-batches, micro size, first local */
     int64_t *idx;                    /* this rank's sample indices of one step (k*b) */
     float *dx;                       /* device batch (k*b, sample) */
@@ -252,6 +256,9 @@ static dt_status check_opts(const dt_train_opts *o) {
     if (o->eval_every < 0) return dt_error(DT_ERR_INVALID, "eval_every: expected >= 0, got %lld", (long long)o->eval_every);
     if (o->eval_batches < 1)
         return dt_error(DT_ERR_INVALID, "eval_batches: expected at least 1, got %lld", (long long)o->eval_batches);
+    dt_dtype precision, grad_dtype;
+    DT_TRY(dt_precision_parse(o->precision, &precision));
+    DT_TRY(dt_grad_dtype_parse(o->grad_dtype, &grad_dtype));
     return DT_OK;
 }
 
@@ -406,6 +413,8 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     /* keep the loader one step ahead */
     if (t->queued < t->total) DT_TRY(queue_step(t, t->queued++));
 
+    float *grads = dt_model_grads(t->model);
+    dt_amp_begin_step(t->amp);   /* fp16: backward of the loss x the scale */
     for (int64_t i = 0; i < t->k; i++) {
         int64_t micro = t->first_micro + i;
         int64_t sample_base = step * t->o->batch + micro * t->b;
@@ -448,14 +457,21 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
                             "stopped before the update (a learning rate too high, or non-finite input data?)",
                             (long long)g + 1, (long long)j, (long long)(j / t->k), isnan(t->all_losses[j]) ? "NaN" : "infinite");
 
-    float norm = 0.0f;
-    if (t->o->clip > 0.0 || logged) DT_TRY(dt_shard_clip(t->shard, (float)t->o->clip, &norm));
+    /* fp16: inf/NaN in the gradient on any rank skips the step on every rank (the loss
+     * scaler's business, not an error); unscale folds 1/scale into clipping and the step.
+     * Each rank looks at the part it applies (its shard when sharded). */
+    int skip = 0;
+    float norm = 0.0f, unscale = 1.0f;
+    size_t glo, glen;
+    dt_shard_range(t->shard, &glo, &glen);
+    DT_TRY(dt_amp_check(t->amp, g, grads + glo, glen, &skip, &unscale));
+    if (!skip && (t->o->clip > 0.0 || logged)) DT_TRY(dt_shard_clip(t->shard, (float)t->o->clip, unscale, &norm));
     float lr = dt_schedule_lr(&t->sched, g);
     if (dt_testing_fault() == DT_FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug (testing.h) */
     if (!isfinite(norm))
         return dt_error(DT_ERR_NONFINITE, "step %lld: the gradient norm is %s; stopped before the update",
                         (long long)g + 1, isnan(norm) ? "NaN" : "infinite");
-    DT_TRY(dt_shard_step(t->shard, t->optim, lr, 1.0f));
+    if (!skip) DT_TRY(dt_shard_step(t->shard, t->optim, lr, unscale));
     DT_TRY(ops->synchronize());
     double t4 = dt_now();
 
@@ -481,6 +497,7 @@ static void emit(trainer *t, dt_train_event *ev) {
 static void trainer_free(trainer *t) {
     dt_ddp_free(t->ddp);
     dt_shard_free(t->shard);
+    dt_amp_free(t->amp);
     dt_ckpt_close(t->resume);
     dt_loader_free(t->loader);
     dt_sampler_free(t->sampler);
@@ -572,8 +589,9 @@ static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
     char loss[64], total[32], smooth[32], shape[128] = "";
     snprintf(loss, sizeof loss, "%.17g", t->epoch_loss);
     snprintf(total, sizeof total, "%lld", (long long)t->total);
-    char minlr[32];
+    char minlr[32], scaler[96];
     snprintf(minlr, sizeof minlr, "%.9g", o->min_lr);
+    dt_amp_scaler_text(t->amp, scaler, sizeof scaler);
     snprintf(smooth, sizeof smooth, "%.9g", o->label_smoothing);
     /* the per-sample input shape, so `dtrain export` can build the model */
     const dt_dataset_info *di = dt_dataset_get_info(t->train);
@@ -585,7 +603,8 @@ static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
      * rows: resume_compare holds a resumed run to them */
     const char *extra[] = {"epoch_loss", loss, "total_steps", total, "data", o->data, "loss", o->loss,
                            "normalize", o->normalize, "label_smoothing", smooth, "decay", o->decay,
-                           "min_lr", minlr, "input_shape", shape};
+                           "min_lr", minlr, "precision", o->precision, "grad_dtype", o->grad_dtype,
+                           "loss_scaler", scaler, "input_shape", shape};
     dt_ckpt_info info = {.step = done, .epoch = done / t->spe, .step_in_epoch = done % t->spe,
                          .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
                          .model_spec = o->model, .schedule = o->schedule};
@@ -668,7 +687,8 @@ static dt_status resume_compare(trainer *t) {
     char smooth[32];
     snprintf(smooth, sizeof smooth, "%.9g", t->o->label_smoothing);
     const char *const recorded[][2] = {{"data", t->o->data}, {"loss", t->o->loss}, {"normalize", t->o->normalize},
-                                       {"label_smoothing", smooth}};
+                                       {"label_smoothing", smooth}, {"precision", t->o->precision},
+                                       {"grad_dtype", t->o->grad_dtype}};
     for (size_t i = 0; i < sizeof recorded / sizeof recorded[0]; i++) {
         const char *was = dt_ckpt_extra(t->resume, recorded[i][0]);
         if (was) note_change(diff, sizeof diff, recorded[i][0], was, recorded[i][1]);
@@ -728,6 +748,7 @@ static dt_status resume_restore(trainer *t) {
     int own = dt_shard_mode_of(t->shard) == DT_SHARD_PARAMS && t->world > 1;
     DT_TRY(dt_ckpt_restore_range(t->resume, t->model, own ? lo : 0, own ? lo + len : n, t->optim, lo));
     DT_TRY(resume_compare(t));
+    DT_TRY(dt_amp_restore(t->amp, dt_ckpt_extra(t->resume, "loss_scaler")));
     const char *el = dt_ckpt_extra(t->resume, "epoch_loss");
     t->g0 = ci->step;
     t->epoch_loss = el ? strtod(el, NULL) : 0.0;
@@ -844,6 +865,10 @@ static dt_status trainer_setup(trainer *t) {
                         info->classes, (long long)dt_shape_numel(os));
     }
     DT_TRY(dt_shard_init(t->model, t->comm, mode, &t->shard));
+    DT_TRY(dt_amp_init(o->precision, o->grad_dtype, t->model, t->comm, &t->amp));
+    if (dt_amp_grad_dtype(t->amp) != DT_F32 && !dt_shard_ddp_reduces(t->shard))
+        return dt_error(DT_ERR_INVALID, "grad_dtype: bf16 gradients go with --shard none or optim (the sharded "
+                        "reductions of grads and params sum in f32)");
     DT_TRY(make_optim(t));
     dt_ddp_opts dopt;
     dt_ddp_opts_default(&dopt);
@@ -853,6 +878,7 @@ static dt_status trainer_setup(trainer *t) {
     dopt.sync_bn = o->sync_bn;
     dopt.local_only = !dt_shard_ddp_reduces(t->shard);
     dopt.sharded_params = mode == DT_SHARD_PARAMS && t->world > 1;
+    dopt.grad_dtype = dt_amp_grad_dtype(t->amp);
     DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
     DT_TRY(dt_shard_attach(t->shard, t->ddp, (size_t)(o->shard_unit_mb * 1048576.0)));
 
@@ -965,6 +991,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
                          .test_samples = t->test ? dt_dataset_get_info(t->test)->n : 0,
                          .tokens_per_sample = t->lw,
                          .flops_per_token = t->lw > 1 ? flops_per_token(t->model) : 0.0,
+                         .precision = dt_precision_name(dt_amp_precision(t->amp)),
                          .note = t->note[0] ? t->note : NULL};
     emit(t, &ev);
 
@@ -992,7 +1019,8 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
             dt_train_event e = {.kind = DT_EV_STEP, .epoch = epoch, .epochs = o->epochs, .step = done,
                                 .total_steps = t->total, .steps_per_epoch = t->spe,
                                 .step_in_epoch = done - (int64_t)epoch * t->spe, .loss = loss, .lr = lr,
-                                .grad_norm = norm, .samples_per_s = sps, .elapsed_s = elapsed, .eta_s = eta};
+                                .grad_norm = norm, .samples_per_s = sps, .elapsed_s = elapsed, .eta_s = eta,
+                                .loss_scale = dt_amp_step_scale(t->amp), .skipped = dt_amp_skipped(t->amp)};
             DT_TRY(batch_hash(t, g, &e.batch_hash));
             emit(t, &e);
         }
@@ -1067,6 +1095,8 @@ dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
         memcpy(r.norm_mean, di->mean, sizeof r.norm_mean);
         memcpy(r.norm_std, di->std, sizeof r.norm_std);
         s = run_loop(&t, &r);
+        r.skipped_steps = dt_amp_skipped(t.amp);
+        r.loss_scale = dt_amp_scale(t.amp);
     }
     if (s != DT_OK && t.world > 1 && strncmp(dt_last_error(), "rank ", 5) != 0)
         dt_error_wrap(s, "rank %d: ", t.rank);

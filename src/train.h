@@ -60,6 +60,10 @@ typedef struct {
     int64_t  nparams;          /* START: parameter count */
     int64_t  train_samples, test_samples;
     const char *note;          /* START: what resume did ("resumed from ..."), else NULL */
+    const char *precision;     /* START: "fp32", "bf16" or "fp16" (mixed precision, amp.h) */
+    double   loss_scale;       /* STEP, fp16: the loss scale the step used (0: no loss scaling) */
+    int64_t  skipped;          /* STEP, fp16: steps skipped so far for inf/NaN gradients (the last
+                                * step was one when the count grew; its grad_norm is then 0) */
     int      world_size, micro_batches;
     int64_t  tokens_per_sample; /* START: positions per sample with a label each (T of a token
                                  * window; 1 for classification), for tokens/s */
@@ -119,6 +123,11 @@ typedef struct {
                                  * windows (default 20) */
     const char *init_weights;   /* start from the weights of this safetensors file (PyTorch names),
                                  * e.g. trained in PyTorch; a resumed checkpoint takes precedence */
+    const char *precision;      /* "fp32" (default), "bf16" or "fp16": torch.autocast's split, GEMM and
+                                 * convolution inputs rounded, f32 accumulation (model.h
+                                 * dt_model_set_precision); fp16 adds dynamic loss scaling with
+                                 * GradScaler's rule and defaults (amp.h) */
+    const char *grad_dtype;     /* "f32" (default) or "bf16": gradients summed and all-reduced in bf16 */
     const char *normalize;      /* input normalisation: "auto" (default: u8 images get the training
                                  * set's per-channel mean/std after scaling to [0, 1]; float data as
                                  * stored), "standard" (mean/std for every type), "unit" (u8 scaled
@@ -163,6 +172,8 @@ typedef struct {
                                 *   when no statistics apply) */
     dt_mem_stats mem;          /* this rank's accounted memory at the end, and its peaks
                                 * over the run (mem.h) */
+    int64_t skipped_steps;     /* fp16: steps the loss scaler skipped (inf/NaN gradients) */
+    double  loss_scale;        /* fp16: the loss scale at the end (0: no loss scaling) */
 } dt_train_result;
 
 /* Train as the options say, on device `ops`, across `comm` (NULL: one process).

@@ -10,8 +10,8 @@
 # twice, with grid caps of 3 and 1000 blocks, and both builds must give every output
 # the same bytes (partitions fixed by the shape). In a --with-cuda build it also trains
 # the mlp for 10 steps with dtrain --device cuda on the emulated kernels (dtrain's
-# objects linked with them in place of the real backend) and holds the losses against
-# the cpu run. Works in any build (needs g++ and libdtrain).
+# objects linked with them in place of the real backend), in fp32 and in bf16, and
+# holds the losses against the cpu run's. Works in any build (needs g++ and libdtrain).
 . "$DT_SRCDIR/tests/tap.sh"
 S=$DT_SRCDIR
 B=$DT_BUILDDIR
@@ -50,21 +50,24 @@ if [ -n "$cuda_build" ]; then
     rc=$?
     ok $rc "dtrain links with the stand-in in place of the CUDA backend"
     [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/dtrain.log" | head -20
-    for d in cpu cuda; do
-        rm -f "$TMP/mark"
-        DT_GPU_EMU_MARK="$TMP/mark" timeout 120 "$TMP/dtrain_emu" train --device $d --model mlp \
-            --data synthetic:512,1,28,28,10 --steps 10 --batch 32 --seed 5 --log-every 1 \
-            --metrics "$TMP/$d.jsonl" --no-eval --quiet --threads 1 > "$TMP/$d.out" 2>&1
-        ok $? "dtrain train --device $d (mlp, 10 steps)"
-        [ -f "$TMP/mark" ] && used=1 || used=0
-        [ $used -eq $([ $d = cuda ] && echo 1 || echo 0) ]
-        ok $? "the $d run $([ $d = cuda ] && echo used || echo did not touch) the emulated device"
-        sed -n 's/.*"event":"step".*"loss":\([^,}]*\).*/\1/p' "$TMP/$d.jsonl" > "$TMP/$d.loss"
+    # fp32, and bf16 (round_to and cublasGemmEx's gemm_lp in training)
+    for p in fp32 bf16; do
+        for d in cpu cuda; do
+            rm -f "$TMP/mark" "$TMP/$d.jsonl"   # --metrics appends
+            DT_GPU_EMU_MARK="$TMP/mark" timeout 120 "$TMP/dtrain_emu" train --device $d --model mlp \
+                --data synthetic:512,1,28,28,10 --steps 10 --batch 32 --seed 5 --log-every 1 --precision $p \
+                --metrics "$TMP/$d.jsonl" --no-eval --quiet --threads 1 > "$TMP/$d.out" 2>&1
+            ok $? "dtrain train --device $d --precision $p (mlp, 10 steps)"
+            [ -f "$TMP/mark" ] && used=1 || used=0
+            [ $used -eq $([ $d = cuda ] && echo 1 || echo 0) ]
+            ok $? "the $d run $([ $d = cuda ] && echo used || echo did not touch) the emulated device"
+            sed -n 's/.*"event":"step".*"loss":\([^,}]*\).*/\1/p' "$TMP/$d.jsonl" > "$TMP/$d.loss"
+        done
+        worst=$(paste "$TMP/cpu.loss" "$TMP/cuda.loss" | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1);
+                                                            if (r > w) w = r } END { if (NR != 10) print "missing"; else printf "%.3g", w + 0 }')
+        awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-4) }'
+        ok $? "$p: emulated cuda losses within 1e-4 relative of the cpu's (worst $worst)"
     done
-    worst=$(paste "$TMP/cpu.loss" "$TMP/cuda.loss" | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1);
-                                                        if (r > w) w = r } END { if (NR != 10) print "missing"; else printf "%.3g", w + 0 }')
-    awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-4) }'
-    ok $? "emulated cuda losses within 1e-4 relative of the cpu's (worst $worst)"
 else
     skip "not a --with-cuda build: dtrain --device cuda on the emulated kernels"
 fi

@@ -15,7 +15,7 @@ mkdir -p "$O" || exit 1
 blas_cflags=$(sed -n 's/^OPENBLAS_CFLAGS = //p' "$B/Makefile")
 blas_libs=$(sed -n 's/^OPENBLAS_LIBS = //p' "$B/Makefile")
 cxx="g++ -std=c++17 -O1 -fPIC -I$S/tests/gpu_emu $blas_cflags"
-for f in cuda_ops cuda_elem cuda_nn cuda_seq; do
+for f in cuda_ops cuda_elem cuda_nn cuda_seq cuda_lowp; do
     sed 's/\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/emu_cfg(\2).run(\1)(/' "$S/src/cuda/$f.cu" > "$O/$f.cpp"
     if grep -n '<<<' "$O/$f.cpp" > "$O/build.log"; then die "a kernel launch in $f.cu was not rewritten"; fi
     timeout 300 $cxx -DDT_CU_MAX_BLOCKS="$cap" -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$B" \

@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"   /* DT_BF16, DT_F16 of the mixed-precision cases */
 #include "ops.h"
 #include "tap.h"
 
@@ -552,6 +553,55 @@ TC_CAST_CASE_(bf16_to_f32, tc_half_source_, float)
 TC_CAST_CASE_(f32_to_f16, tc_cast_source_, uint16_t)
 TC_CAST_CASE_(f16_to_f32, tc_half_source_, float)
 #undef TC_CAST_CASE_
+
+/* Rounding to bf16 and f16 from the casts' sources (their special values), out of place
+ * and in place; bitwise: it is the casts' code. */
+static void tc_round_to(tc_run *r) {
+    static const int dt[2] = {DT_BF16, DT_F16};
+    for (int k = 0; k < 2; k++) {
+        float *x = tc_cast_source_(r);
+        float *y = tc_out(r, TC_N * sizeof(float), 0, TC_EXACT, "y (%s)", dt_dtype_name((dt_dtype)dt[k]));
+        TC(r, r->ops->round_to(y, x, TC_N, dt[k]));
+        TC(r, r->ops->round_to(x, x, TC_N, dt[k]));
+        float *inplace = tc_out(r, TC_N * sizeof(float), 0, TC_EXACT, "in place (%s)", dt_dtype_name((dt_dtype)dt[k]));
+        TC(r, r->ops->copy_d2d(inplace, x, TC_N * sizeof(float)));
+    }
+}
+
+/* The GEMM of rounded operands, as the sgemm case (transposes, strides, K = 0). */
+static void tc_gemm_lp(tc_run *r) {
+    const int M = 263, N = 141, K = 129;
+    for (int v = 0; v < 5; v++) {
+        int ta = v & 1, tb = (v >> 1) & 1, k = v == 4 ? 0 : K, dt = v & 1 ? DT_F16 : DT_BF16;
+        int lda = (ta ? M : k) + 3, ldb = (tb ? k : N) + 1, ldc = N + 2;
+        size_t na = (size_t)(ta ? k : M) * lda + 1, nb = (size_t)(tb ? N : k) * ldb + 1;
+        float *A = tc_rand(r, na, -1.0f, 1.0f), *B = tc_rand(r, nb, -1.0f, 1.0f);
+        TC(r, r->ops->round_to(A, A, na, dt));
+        TC(r, r->ops->round_to(B, B, nb, dt));
+        float *C = tc_inout(r, (size_t)M * ldc, -1.0f, 1.0f, k ? TC_GEMM : TC_EXACT, "C (%s transA=%d transB=%d K=%d)",
+                            dt_dtype_name((dt_dtype)dt), ta, tb, k);
+        TC(r, r->ops->gemm_lp(dt, ta, tb, M, N, k, 0.7f, A, lda, B, ldb, 0.3f, C, ldc));
+    }
+}
+
+/* The flag over finite data, with one inf, one NaN, and over nothing. */
+static void tc_nonfinite(tc_run *r) {
+    float *h = tc_hrand(r, TC_N, -1e30f, 1e30f);
+    float *x = tc_upload(r, h, TC_N * sizeof(float));
+    int32_t *f = tc_out(r, sizeof(int32_t), 0, TC_EXACT, "finite");
+    TC(r, r->ops->nonfinite(f, x, TC_N));
+    h[TC_N - 7] = -INFINITY;
+    float *xi = tc_upload(r, h, TC_N * sizeof(float));
+    int32_t *fi = tc_out(r, sizeof(int32_t), 0, TC_EXACT, "an inf");
+    TC(r, r->ops->nonfinite(fi, xi, TC_N));
+    h[TC_N - 7] = 0.0f;
+    h[12345] = NAN;
+    float *xn = tc_upload(r, h, TC_N * sizeof(float));
+    int32_t *fn = tc_out(r, sizeof(int32_t), 0, TC_EXACT, "a NaN");
+    TC(r, r->ops->nonfinite(fn, xn, TC_N));
+    int32_t *f0 = tc_out(r, sizeof(int32_t), 0, TC_EXACT, "n = 0");
+    TC(r, r->ops->nonfinite(f0, xn, 0));
+}
 
 /* Three steps of each optimizer, with momentum, nesterov, weight decay and a grad scale. */
 static void tc_sgd_update(tc_run *r) {

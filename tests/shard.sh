@@ -75,6 +75,21 @@ for n in 2 4; do
     ok $? "gpt: --shard params --recompute on $n processes gives bitwise the weights of --shard none"
 done
 
+# 3b. mixed precision: the loss scaler decides from each rank's shard together, bf16
+#    rounds the same operands; every mode keeps the bits of none
+for p in bf16 fp16; do
+    run prec-$p-ref 1 $BASE --model "$CNN" --optim adamw --clip 0.5 --precision $p
+    for mode in optim grads params; do
+        run prec-$p-$mode 4 $BASE --model "$CNN" --optim adamw --clip 0.5 --precision $p --shard $mode
+        rc=$?
+        [ $rc -eq 0 ] && cmp -s "$T/prec-$p-ref.st" "$T/prec-$p-$mode.st"
+        ok $? "--precision $p --shard $mode on 4 processes gives bitwise the weights of 1 process without sharding"
+    done
+done
+run gd 2 $BASE --model "$CNN" --shard params --grad-dtype bf16
+[ $rc -ne 0 ] && grep -q "bf16 gradients go with --shard none or optim" "$T/gd.out"
+ok $? "--grad-dtype bf16 with --shard params is refused, saying which modes take it"
+
 # 4. a checkpoint written by 4 ranks sharding parameters resumes on 2 ranks sharding the
 #    optimizer, and one written without sharding resumes on 4 ranks sharding parameters
 run ck-a 4 $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shard params --checkpoint-dir "$T/ck1" --stop-at 7

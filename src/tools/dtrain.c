@@ -95,6 +95,14 @@ static const char *usage_train_rest =
     "                        0 elsewhere), averaged over all batch x output elements\n"
     "                        as PyTorch's nn.MSELoss()(out, one_hot(y).float())  [ce]\n"
     "  --label-smoothing X   cross-entropy only  [0]\n"
+    "  --precision fp32|bf16|fp16  mixed precision as torch.autocast: the inputs of\n"
+    "                        matrix products and convolutions rounded to bf16/fp16,\n"
+    "                        f32 accumulation; norms, softmax, losses, weights and\n"
+    "                        optimizer state f32. fp16 adds dynamic loss scaling as\n"
+    "                        GradScaler (2^16 at first, x0.5 and the step skipped on\n"
+    "                        inf/NaN on any rank, x2 after 2000 good steps)  [fp32]\n"
+    "  --grad-dtype f32|bf16  all-reduce gradients in bf16 (half the bytes; every\n"
+    "                        sum rounded to bf16, still bitwise world-size invariant)  [f32]\n"
     "  --normalize auto|standard|unit|none  input normalisation: auto standardises\n"
     "                        u8 images with the training set's per-channel mean and\n"
     "                        std (after scaling to [0,1]) and keeps float data as\n"
@@ -392,8 +400,23 @@ static void show_ranks(reporter *r, const dt_train_event *ev) {
     fflush(stdout);
 }
 
+/* fp16's loss scaler in a progress line: "  loss scale S (N skipped)", else "". */
+static const char *scaler_text(const dt_train_event *ev, char *buf, size_t n) {
+    if (ev->loss_scale > 0) snprintf(buf, n, "  loss scale %.9g (%lld skipped)", ev->loss_scale, (long long)ev->skipped);
+    else buf[0] = '\0';
+    return buf;
+}
+
+/* fp16's loss scaler in a step's JSON line: ',"loss_scale":S,"skipped":N', else "". */
+static const char *scaler_json(const dt_train_event *ev, char *buf, size_t n) {
+    if (ev->loss_scale > 0) snprintf(buf, n, ",\"loss_scale\":%.9g,\"skipped\":%lld", ev->loss_scale, (long long)ev->skipped);
+    else buf[0] = '\0';
+    return buf;
+}
+
 static void on_event(void *ctx, const dt_train_event *ev) {
     reporter *r = ctx;
+    char amp[96];
     if (!r->rank0) return;
     if (ev->kind == DT_EV_START) {
         r->tokens = ev->tokens_per_sample;
@@ -406,9 +429,11 @@ static void on_event(void *ctx, const dt_train_event *ev) {
                    r->peak_measured ? "measured sgemm peak" : "--peak-gflops");
         if (!r->quiet)
             printf("dtrain: %lld parameters, %lld training samples, %lld steps per epoch, %d process%s x %d thread%s, "
-                   "%d micro-batch%s\n", (long long)ev->nparams, (long long)ev->train_samples,
+                   "%d micro-batch%s%s%s\n", (long long)ev->nparams, (long long)ev->train_samples,
                    (long long)ev->steps_per_epoch, ev->world_size, ev->world_size == 1 ? "" : "es", r->threads,
-                   r->threads == 1 ? "" : "s", ev->micro_batches, ev->micro_batches == 1 ? "" : "es");
+                   r->threads == 1 ? "" : "s", ev->micro_batches, ev->micro_batches == 1 ? "" : "es",
+                   ev->precision && strcmp(ev->precision, "fp32") ? ", precision " : "",
+                   ev->precision && strcmp(ev->precision, "fp32") ? ev->precision : "");
         fflush(stdout);
         return;
     }
@@ -424,16 +449,17 @@ static void on_event(void *ctx, const dt_train_event *ev) {
             fprintf(r->metrics,
                     "{\"event\":\"step\",\"epoch\":%d,\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
                     "\"batch_hash\":\"%016llx\",\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,"
-                    "\"elapsed_s\":%.3f,\"world_size\":%d}\n",
+                    "\"elapsed_s\":%.3f,\"world_size\":%d%s}\n",
                     ev->epoch, (long long)ev->step, ev->loss, ev->lr, ev->grad_norm,
                     (unsigned long long)ev->batch_hash, ev->samples_per_s, ev->samples_per_s * (double)r->tokens,
-                    mfu(r, ev->samples_per_s), ev->elapsed_s, ev->world_size);
+                    mfu(r, ev->samples_per_s), ev->elapsed_s, ev->world_size, scaler_json(ev, amp, sizeof amp));
         else if (ev->kind == DT_EV_STEP)
             fprintf(r->metrics,
                     "{\"event\":\"step\",\"epoch\":%d,\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
-                    "\"batch_hash\":\"%016llx\",\"samples_per_s\":%.1f,\"elapsed_s\":%.3f,\"world_size\":%d}\n",
+                    "\"batch_hash\":\"%016llx\",\"samples_per_s\":%.1f,\"elapsed_s\":%.3f,\"world_size\":%d%s}\n",
                     ev->epoch, (long long)ev->step, ev->loss, ev->lr, ev->grad_norm,
-                    (unsigned long long)ev->batch_hash, ev->samples_per_s, ev->elapsed_s, ev->world_size);
+                    (unsigned long long)ev->batch_hash, ev->samples_per_s, ev->elapsed_s, ev->world_size,
+                    scaler_json(ev, amp, sizeof amp));
         else if (ev->evaluated)
             fprintf(r->metrics,
                     "{\"event\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.9g,\"test_loss\":%.9g,"
@@ -453,9 +479,9 @@ static void on_event(void *ctx, const dt_train_event *ev) {
     if (r->tokens > 1) {   /* a token model counts steps, tokens/s and MFU; no epochs */
         if (r->bar_open) { fputs("\r\033[K", stderr); r->bar_open = 0; }
         if (ev->kind == DT_EV_STEP)
-            printf("step %lld/%lld  loss %.4f  lr %.3g  %.0f tokens/s  MFU %.1f%%  ETA %s\n", (long long)ev->step,
+            printf("step %lld/%lld  loss %.4f  lr %.3g  %.0f tokens/s  MFU %.1f%%  ETA %s%s\n", (long long)ev->step,
                    (long long)ev->total_steps, ev->loss, ev->lr, ev->samples_per_s * (double)r->tokens,
-                   mfu(r, ev->samples_per_s), eta);
+                   mfu(r, ev->samples_per_s), eta, scaler_text(ev, amp, sizeof amp));
         else if (ev->evaluated)
             printf("step %lld/%lld  val loss %.4f\n", (long long)ev->step, (long long)ev->total_steps, ev->test_loss);
         fflush(stdout);
@@ -474,9 +500,9 @@ static void on_event(void *ctx, const dt_train_event *ev) {
             fflush(stderr);
             r->bar_open = 1;
         } else {
-            printf("epoch %d/%d  step %lld/%lld  loss %.4f  lr %.4g  %.0f samples/s  ETA %s\n", ev->epoch + 1,
+            printf("epoch %d/%d  step %lld/%lld  loss %.4f  lr %.4g  %.0f samples/s  ETA %s%s\n", ev->epoch + 1,
                    ev->epochs, (long long)ev->step, (long long)ev->total_steps, ev->loss, ev->lr, ev->samples_per_s,
-                   eta);
+                   eta, scaler_text(ev, amp, sizeof amp));
             fflush(stdout);
         }
         return;
@@ -580,6 +606,8 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--normalize")) o.normalize = v;
         else if (FLAG("--init")) o.init_weights = v;
         else if (FLAG("--loss")) o.loss = v;
+        else if (FLAG("--precision")) o.precision = v;
+        else if (FLAG("--grad-dtype")) o.grad_dtype = v;
         else if (FLAG("--label-smoothing")) { if (s == DT_OK) s = dt_arg_double("--label-smoothing", v, 0, 0.999999, &o.label_smoothing); }
         else if (FLAG("--seed")) { if (s == DT_OK && (s = dt_arg_int("--seed", v, 0, INT64_MAX, 0, &iv)) == DT_OK) o.seed = (uint64_t)iv; }
         else if (FLAG("--threads")) { if (s == DT_OK) s = dt_arg_int("--threads", v, 1, 4096, 0, &threads); }
@@ -664,6 +692,9 @@ static int cmd_train(int argc, char **argv) {
         else
             printf("dtrain: done: %lld steps in %.1f s, %.0f samples/s, final loss %.4f\n", (long long)res.steps,
                    res.seconds, res.samples_per_s, res.final_loss);
+        if (res.loss_scale > 0)
+            printf("dtrain: fp16 loss scaling: %lld step%s skipped for inf/NaN gradients, final scale %.9g\n",
+                   (long long)res.skipped_steps, res.skipped_steps == 1 ? "" : "s", res.loss_scale);
         if (save) {
             /* the input normalisation goes with the weights: a PyTorch user repeats it */
             char mean[1100] = "", std[1100] = "";

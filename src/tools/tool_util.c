@@ -45,6 +45,7 @@ const dt_arg_field dt_tool_train_flags[] = {
     {"stop_at", "--stop-at"},             {"resume", "--resume"},
     {"resume_override", "--resume-override"},
     {"log_every", "--log-every"},         {"rank_stats_every", "--rank-stats"},
+    {"precision", "--precision"},         {"grad_dtype", "--grad-dtype"},
     {NULL, NULL},
 };
 

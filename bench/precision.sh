@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# bench/precision.sh: mixed precision on the CPU — speed and final quality of
+# --precision bf16 and fp16 against fp32, for the mlp, cnn and gpt presets, in one run.
+#
+#   bench/precision.sh [MODEL...]     (mlp cnn gpt by default; run from the build directory
+#                                      or set DT_BUILDDIR; THREADS=N threads, default 2;
+#                                      ROUNDS=N, default 2)
+#
+#   mlp, cnn  one epoch of Fashion-MNIST (234 steps at global batch 256, SGD momentum 0.9,
+#             lr 0.05 cosine): samples/s and test accuracy
+#   gpt       the default gpt (nanoGPT's recipe, global batch 12 of block 64) for GPT_STEPS
+#             steps (default 600) on Debian's fortunes: tokens/s and validation loss (20
+#             batches)
+# One process. A round runs fp32, bf16 and fp16 one after another, ROUNDS rounds: the
+# speed shown is each precision's best round (on a shared machine the others' load comes
+# and goes), the quality that of every round (the runs are deterministic: a round that
+# differs is flagged). dtrain's figures count every step. "cpu" is the ratio of CPU
+# seconds (user + system, the whole run: data loading and evaluation included) of fp32
+# to this precision, the least of the rounds each: on a loaded machine it tells the work
+# apart from the waiting better than wall time does.
+set -u
+B=${DT_BUILDDIR:-$(pwd)}
+THREADS=${THREADS:-2}
+ROUNDS=${ROUNDS:-2}
+GPT_STEPS=${GPT_STEPS:-600}
+DATA=${DT_GPT_DATA:-/tmp/dtrain-gpt-fortunes}
+[ -x "$B/dtrain" ] || { echo "bench/precision.sh: no dtrain in $B (set DT_BUILDDIR)"; exit 2; }
+models=${*:-mlp cnn gpt}
+if [[ " $models " == *" gpt "* ]] && [ ! -s "$DATA/train.bin" ]; then
+    files=$(ls -d /usr/share/games/fortunes/* 2>/dev/null | grep -v '\.' | LC_ALL=C sort)
+    [ -n "$files" ] || { echo "bench/precision.sh: install Debian's fortunes package (apt-get install fortunes)"; exit 2; }
+    "$B/dtrain" prepare-text "$DATA" $files > /dev/null || exit 1
+fi
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { a += 0; b += 0; if (b > 0 && a > 0) printf "%.2f", a / b; else printf "n/a" }'; }
+# run MODEL PRECISION: prints "SPEED QUALITY CPU_SECONDS" from dtrain's final line and time(1)
+tf=$(mktemp); trap 'rm -f "$tf"' EXIT
+run() {
+    local out cpu
+    if [ "$1" = gpt ]; then
+        out=$(/usr/bin/time -f '%U %S' -o "$tf" "$B/dtrain" train --model gpt --data "tokens:$DATA" --steps "$GPT_STEPS" \
+              --threads "$THREADS" --precision "$2" --quiet 2>&1 | grep 'done:')
+        out=$(echo "$out" | sed -n 's/.* \([0-9][0-9]*\) tokens\/s.*val loss \([0-9.]*\).*/\1 \2/p')
+    else
+        out=$(/usr/bin/time -f '%U %S' -o "$tf" "$B/dtrain" train --model "$1" --epochs 1 --threads "$THREADS" \
+              --precision "$2" --quiet 2>&1 | grep 'done:')
+        out=$(echo "$out" | sed -n 's/.* \([0-9][0-9]*\) samples\/s.*test accuracy \([0-9.]*\).*/\1 \2/p')
+    fi
+    cpu=$(awk '{ printf "%.2f", $1 + $2 }' "$tf")
+    echo "$out $cpu"
+}
+
+echo "dtrain $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo ?), 1 process x $THREADS threads, $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
+printf "%-5s %-9s %18s %8s %8s %15s\n" model precision speed "vs fp32" cpu quality
+for m in $models; do
+    unit="samples/s"; qual="test acc"
+    [ "$m" = gpt ] && unit="tokens/s" && qual="val loss"
+    declare -A speed=() quality=() cpu=()
+    for ((r = 0; r < ROUNDS; r++)); do
+        for p in fp32 bf16 fp16; do
+            set -- $(run "$m" "$p")
+            awk -v a="${1:-0}" -v b="${speed[$p]:-0}" 'BEGIN { exit !(a + 0 > b + 0) }' && speed[$p]=$1
+            awk -v a="${3:-0}" -v b="${cpu[$p]:-0}" 'BEGIN { exit !(a + 0 > 0 && (b + 0 == 0 || a + 0 < b + 0)) }' && cpu[$p]=$3
+            if [ -z "${quality[$p]:-}" ]; then quality[$p]=${2:-?}
+            elif [ "${quality[$p]}" != "${2:-?}" ]; then quality[$p]="${quality[$p]} (differs: ${2:-?})"; fi
+        done
+    done
+    for p in fp32 bf16 fp16; do
+        printf "%-5s %-9s %18s %8s %8s %15s\n" "$m" "$p" "${speed[$p]:-fail} $unit" "$(ratio "${speed[$p]:-0}" "${speed[fp32]:-0}")" \
+            "$(ratio "${cpu[fp32]:-0}" "${cpu[$p]:-0}")" "$qual ${quality[$p]}"
+    done
+done
+echo "load at the end $(cut -d' ' -f1 /proc/loadavg)"

@@ -1,0 +1,142 @@
+/*
+ * lowp.c: mixed precision inside a model (see lowp.h): the rounded copy of the GEMM
+ * weights, the activation scratch, and the layer rows' helpers (layers.h).
+ *
+ * Memory: the weight copy has the layout of the parameter array (nparams floats; only
+ * the GEMM weights' runs are written), so a parameter pointer maps to its copy by its
+ * offset. Each scratch buffer holds max_batch x the largest operand a GEMM row rounds:
+ * its input, its output gradient, or rows x the widest dimension of its 2-d weights
+ * (attention's fused QKV gradient is 3C wide while its input and output are C).
+ */
+#include "lowp.h"
+
+#include <stdlib.h>
+
+#include "layers.h"
+
+typedef struct { size_t off, n; } run;
+
+struct dt_lowp {
+    dt_dtype dtype;
+    size_t   nparams;
+    float   *wcopy;          /* (nparams): GEMM weights rounded to dtype */
+    run     *runs;           /* the GEMM weights: float runs of the parameter array */
+    int      nruns;
+    int      fresh;          /* wcopy holds the current parameters' rounding */
+    size_t   scratch_n;      /* floats of each scratch buffer */
+    float   *scratch[2];
+};
+
+/* Floats one sample needs in a scratch buffer for layer L. */
+static int64_t scratch_need(const dt_layer *L) {
+    int64_t need = L->in_numel > L->out_numel ? L->in_numel : L->out_numel;
+    if (!(L->def->flags & DT_LDEF_GEMM) || L->in.ndim < 1) return need;
+    int64_t last = L->in.d[L->in.ndim - 1], rows = last > 0 ? L->in_numel / last : 0;
+    for (int t = 0; t < L->ntensors; t++)
+        if (L->t[t].ndim == 2 && L->t[t].role != DT_TENSOR_BUFFER && L->t[t].role != DT_TENSOR_COUNTER)
+            for (int k = 0; k < 2; k++)
+                if (rows * L->t[t].shape[k] > need) need = rows * L->t[t].shape[k];
+    return need;
+}
+
+dt_status dt_lowp_init(const dt_ops *ops, const dt_spec *spec, int max_batch, dt_dtype dtype, dt_lowp **out) {
+    *out = NULL;
+    if (dtype != DT_BF16 && dtype != DT_F16)
+        return dt_error(DT_ERR_INVALID, "precision: low precision is bf16 or f16, got %s", dt_dtype_name(dtype));
+    dt_lowp *lp = calloc(1, sizeof *lp);
+    int cap = 0;
+    for (int i = 0; i < spec->n; i++) cap += spec->layers[i].ntensors;
+    if (lp) lp->runs = calloc((size_t)cap + 1, sizeof *lp->runs);
+    if (!lp || !lp->runs) {
+        if (lp) free(lp);
+        return dt_error(DT_ERR_NOMEM, "precision: out of memory");
+    }
+    lp->dtype = dtype;
+    lp->nparams = (size_t)spec->nparams;
+    int64_t need = 1;
+    for (int i = 0; i < spec->n; i++) {
+        const dt_layer *L = &spec->layers[i];
+        int64_t s = scratch_need(L);
+        if (s > need) need = s;
+        if (!(L->def->flags & DT_LDEF_GEMM)) continue;
+        for (int t = 0; t < L->ntensors; t++)
+            if ((L->t[t].role == DT_TENSOR_PARAM || L->t[t].role == DT_TENSOR_TIED) && L->t[t].ndim >= 2)
+                lp->runs[lp->nruns++] = (run){L->t[t].offset, (size_t)L->t[t].numel};
+    }
+    lp->scratch_n = (size_t)max_batch * (size_t)need;
+    dt_status s = ops->alloc((void **)&lp->wcopy, lp->nparams * sizeof(float));
+    for (int k = 0; k < 2 && s == DT_OK; k++) s = ops->alloc((void **)&lp->scratch[k], lp->scratch_n * sizeof(float));
+    if (s != DT_OK) {
+        dt_lowp_free(ops, lp);
+        return s;
+    }
+    *out = lp;
+    return DT_OK;
+}
+
+void dt_lowp_free(const dt_ops *ops, dt_lowp *lp) {
+    if (!lp) return;
+    ops->free(lp->wcopy);
+    ops->free(lp->scratch[0]);
+    ops->free(lp->scratch[1]);
+    free(lp->runs);
+    free(lp);
+}
+
+dt_dtype dt_lowp_dtype(const dt_lowp *lp) { return lp ? lp->dtype : DT_F32; }
+void     dt_lowp_stale(dt_lowp *lp) { if (lp) lp->fresh = 0; }
+
+size_t dt_lowp_bytes(const dt_lowp *lp) {
+    return lp ? (lp->nparams + 2 * lp->scratch_n) * sizeof(float) : 0;
+}
+
+dt_status dt_lowp_prepare(dt_lowp *lp, const dt_ops *ops, const float *params) {
+    if (!lp || lp->fresh) return DT_OK;
+    for (int i = 0; i < lp->nruns; i++)
+        DT_TRY(ops->round_to(lp->wcopy + lp->runs[i].off, params + lp->runs[i].off, lp->runs[i].n, (int)lp->dtype));
+    lp->fresh = 1;
+    return DT_OK;
+}
+
+dt_status dt_lowp_refresh(dt_lowp *lp, const dt_ops *ops, const float *params, size_t lo, size_t hi) {
+    for (int i = 0; lp && i < lp->nruns; i++) {
+        size_t a = lp->runs[i].off, b = a + lp->runs[i].n;
+        if (a < lo) a = lo;
+        if (b > hi) b = hi;
+        if (a < b) DT_TRY(ops->round_to(lp->wcopy + a, params + a, b - a, (int)lp->dtype));
+    }
+    return DT_OK;
+}
+
+void dt_lowp_ctx(const dt_lowp *lp, dt_nn_ctx *c) {
+    c->lp = lp ? (int)lp->dtype : 0;
+    c->lp_params = lp ? lp->wcopy : NULL;
+    c->lp_scratch[0] = lp ? lp->scratch[0] : NULL;
+    c->lp_scratch[1] = lp ? lp->scratch[1] : NULL;
+    c->lp_scratch_n = lp ? lp->scratch_n : 0;
+}
+
+/* ---- the layer rows' helpers (layers.h) ---- */
+
+dt_status layer_lp_operand(const dt_nn_ctx *c, int slot, const float **x, size_t n) {
+    if (!c->lp) return DT_OK;
+    if (n > c->lp_scratch_n)
+        return dt_error(DT_ERR_INTERNAL, "precision: an operand of %zu values exceeds the scratch of %zu", n, c->lp_scratch_n);
+    DT_TRY(c->ops->round_to(c->lp_scratch[slot], *x, n, c->lp));
+    *x = c->lp_scratch[slot];
+    return DT_OK;
+}
+
+dt_status layer_lp_round(const dt_nn_ctx *c, float *buf, size_t n) {
+    return c->lp ? c->ops->round_to(buf, buf, n, c->lp) : DT_OK;
+}
+
+const float *layer_lp_weight(const dt_nn_ctx *c, const float *w) {
+    return c->lp && w ? c->lp_params + (w - c->params) : w;
+}
+
+dt_status layer_gemm(const dt_nn_ctx *c, int transA, int transB, int M, int N, int K, const float *A, int lda,
+                     const float *B, int ldb, float *C, int ldc) {
+    if (c->lp) return c->ops->gemm_lp(c->lp, transA, transB, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+    return c->ops->sgemm(transA, transB, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+}

@@ -1,0 +1,49 @@
+/*
+ * lowp.h: mixed precision inside a model (not installed) — the rounded weight copies,
+ * the scratch for rounded activations, and the helpers the layer rows call.
+ *
+ * With --precision bf16 or fp16 (model.h dt_model_set_precision) a model runs
+ * torch.autocast's split: the inputs of every matrix multiplication and convolution
+ * (activations and weights in forward; output gradients, saved inputs and weights in
+ * backward) are rounded to the 16-bit type and multiplied with f32 accumulation
+ * (ops.h gemm_lp); softmax, normalisation, losses, reductions, the master weights,
+ * gradients and optimizer state stay f32. The weights of GEMM rows (nn.h DT_LDEF_GEMM)
+ * are rounded once into a copy that lives beside the parameters and is made again at
+ * the first forward after the parameters may have changed; activations are rounded into
+ * two scratch buffers per model.
+ *
+ * Where this differs from PyTorch: autocast's GEMM OUTPUTS are bf16/f16 tensors; here
+ * they stay f32 (one rounding fewer per layer), and the biases are added in f32. The
+ * attention kernel rounds its inputs (q, k, v), output and output gradient, but its
+ * probabilities P enter P V in f32.
+ */
+#ifndef DT_LOWP_H
+#define DT_LOWP_H
+
+#include <stddef.h>
+
+#include "dtype.h"
+#include "model.h"
+#include "nn.h"
+
+typedef struct dt_lowp dt_lowp;
+
+/* The low-precision state of a model of spec with up to max_batch samples: dtype is
+ * DT_BF16 or DT_F16 (DT_ERR_INVALID otherwise). */
+dt_status dt_lowp_init(const dt_ops *ops, const dt_spec *spec, int max_batch, dt_dtype dtype, dt_lowp **out);
+void      dt_lowp_free(const dt_ops *ops, dt_lowp *lp);                /* NULL is fine */
+dt_dtype  dt_lowp_dtype(const dt_lowp *lp);                            /* DT_F32 for NULL */
+/* The parameters may have changed: the rounded weights are made again before the next
+ * forward (NULL is fine). */
+void      dt_lowp_stale(dt_lowp *lp);
+/* Before a forward: round the GEMM weights of params into the copy if it is stale. */
+dt_status dt_lowp_prepare(dt_lowp *lp, const dt_ops *ops, const float *params);
+/* The parameters [lo, hi) were just written (sharding gathered them): round their GEMM
+ * weights into the copy now. */
+dt_status dt_lowp_refresh(dt_lowp *lp, const dt_ops *ops, const float *params, size_t lo, size_t hi);
+/* Fill the lp fields of a pass's context (lp NULL: f32). */
+void      dt_lowp_ctx(const dt_lowp *lp, dt_nn_ctx *c);
+/* Device bytes held: the weight copy and the scratch. */
+size_t    dt_lowp_bytes(const dt_lowp *lp);
+
+#endif /* DT_LOWP_H */

@@ -1,0 +1,284 @@
+/* test_amp.c: mixed precision — the precision names, GradScaler's update rule on known
+ * sequences, the scaler's checkpoint text, and a model in bf16/fp16: its GEMM and
+ * convolution inputs rounded (outputs bitwise those of f32 on rounded operands), the
+ * rounded weights made again after the parameters change, loss scaling exact, and a
+ * token model (attention's 3C-wide operands) through forward and backward. CPU backend. */
+#include "amp.h"
+#include "dtype.h"
+#include "model.h"
+#include "tap.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void test_names(void) {
+    dt_dtype t = DT_U8;
+    is_int(dt_precision_parse("fp32", &t), DT_OK, "fp32 parses");
+    is_int(t, DT_F32, "fp32 is f32");
+    is_int(dt_precision_parse("bf16", &t), DT_OK, "bf16 parses");
+    is_int(t, DT_BF16, "bf16 is bf16");
+    is_int(dt_precision_parse("fp16", &t), DT_OK, "fp16 parses");
+    is_int(t, DT_F16, "fp16 is f16");
+    is_str(dt_precision_name(DT_BF16), "bf16", "bf16's name");
+    is_str(dt_precision_name(DT_I32), "?", "no precision is i32");
+    is_int(dt_precision_parse("half", &t), DT_ERR_INVALID, "'half' is not a precision");
+    like(dt_last_error(), "precision: expected fp32, bf16 or fp16, got 'half'", "the message lists the names");
+    is_int(dt_precision_parse(NULL, &t), DT_ERR_INVALID, "NULL is not a precision");
+    is_int(dt_grad_dtype_parse("bf16", &t), DT_OK, "grad dtype bf16 parses");
+    is_int(t, DT_BF16, "grad dtype bf16");
+    is_int(dt_grad_dtype_parse("f16", &t), DT_ERR_INVALID, "grad dtype f16 is refused");
+    like(dt_last_error(), "grad_dtype: expected f32 or bf16, got 'f16'", "naming the field and the choices");
+}
+
+static void test_scaler(void) {
+    dt_scaler s;
+    dt_scaler_init(&s, NULL);
+    ok(s.scale == 65536.0f && s.growth_tracker == 0, "GradScaler's initial state: 2^16, tracker 0");
+    is_int(s.o.growth_interval, 2000, "growth interval 2000");
+    dt_scaler_update(&s, 1);
+    ok(s.scale == 32768.0f && s.growth_tracker == 0, "an inf halves the scale");
+    for (int i = 0; i < 1999; i++) dt_scaler_update(&s, 0);
+    ok(s.scale == 32768.0f && s.growth_tracker == 1999, "1999 good steps: unchanged, tracker 1999");
+    dt_scaler_update(&s, 0);
+    ok(s.scale == 65536.0f && s.growth_tracker == 0, "the 2000th good step doubles it and resets the tracker");
+    for (int i = 0; i < 1500; i++) dt_scaler_update(&s, 0);
+    dt_scaler_update(&s, 1);
+    ok(s.scale == 32768.0f && s.growth_tracker == 0, "an inf resets the tracker");
+    /* growth stops at f32's largest power of two instead of overflowing to inf */
+    dt_scaler_opts o;
+    dt_scaler_opts_default(&o);
+    o.growth_interval = 1;
+    o.init_scale = ldexp(1.0, 126);
+    dt_scaler_init(&s, &o);
+    dt_scaler_update(&s, 0);
+    ok(s.scale == ldexpf(1.0f, 127), "2^126 grows to 2^127");
+    dt_scaler_update(&s, 0);
+    ok(s.scale == ldexpf(1.0f, 127) && s.growth_tracker == 0, "2^127 x 2 would be inf: kept, tracker reset");
+    /* backoff to below f32's normals keeps halving exactly (GradScaler does not clamp) */
+    dt_scaler_init(&s, NULL);
+    for (int i = 0; i < 16; i++) dt_scaler_update(&s, 1);
+    ok(s.scale == 1.0f, "16 overflows in a row bring 2^16 to 1");
+    dt_scaler_update(&s, 1);
+    ok(s.scale == 0.5f, "and below 1");
+}
+
+/* An fp16 trainer state's checkpoint text round-trips; bad texts are refused. */
+static void test_scaler_text(const dt_ops *ops) {
+    static const dt_shape in = {1, {6, 0, 0}};
+    dt_model *m = NULL;
+    is_int(dt_model_build("linear(3)", &in, ops, 1, 4, &m), DT_OK, "a tiny model");
+    dt_amp *a = NULL, *b = NULL, *f32 = NULL, *bad = NULL;
+    is_int(dt_amp_init("fp16", "f32", m, NULL, &a), DT_OK, "fp16 state");
+    is_int(dt_amp_init("fp16", NULL, m, NULL, &b), DT_OK, "a second one");
+    is_int(dt_amp_init("fp32", NULL, m, NULL, &f32), DT_OK, "an fp32 state");
+    is_int(dt_amp_init("fp8", NULL, m, NULL, &bad), DT_ERR_INVALID, "an unknown precision is refused");
+    ok(bad == NULL, "and gives no state");
+    is_int(dt_amp_init(NULL, "f64", m, NULL, &bad), DT_ERR_INVALID, "an unknown gradient dtype is refused");
+    char buf[96];
+    dt_amp_scaler_text(f32, buf, sizeof buf);
+    is_str(buf, "none", "fp32 has no scaler");
+    is_int(dt_amp_restore(a, "1073741824 17 3"), DT_OK, "a scaler state is read");
+    ok(dt_amp_scale(a) == 1073741824.0 && dt_amp_skipped(a) == 3, "scale 2^30, 3 skipped");
+    dt_amp_scaler_text(a, buf, sizeof buf);
+    is_str(buf, "1073741824 17 3", "written back exactly");
+    is_int(dt_amp_restore(b, buf), DT_OK, "and read by another");
+    ok(dt_amp_scale(b) == 1073741824.0, "the same scale");
+    is_int(dt_amp_restore(b, "65536 2000 0"), DT_ERR_FORMAT, "a tracker at the interval is refused");
+    is_int(dt_amp_restore(b, "16777217 1 0"), DT_ERR_FORMAT, "a scale that is not an f32 is refused");
+    is_int(dt_amp_restore(b, "65536 1"), DT_ERR_FORMAT, "a missing field is refused");
+    is_int(dt_amp_restore(b, "65536 1 0 x"), DT_ERR_FORMAT, "trailing text is refused");
+    is_int(dt_amp_restore(b, "-2 1 0"), DT_ERR_FORMAT, "a negative scale is refused");
+    is_int(dt_amp_restore(b, "inf 1 0"), DT_ERR_FORMAT, "an infinite scale is refused");
+    like(dt_last_error(), "loss scaler's state 'inf 1 0'", "the message quotes the text");
+    is_int(dt_amp_restore(b, "none"), DT_OK, "'none' keeps the state");
+    dt_amp_free(a);
+    dt_amp_free(b);
+    dt_amp_free(f32);
+    dt_model_free(m);
+}
+
+/* round_to is the casts there and back, bit for bit, on the special values (NaN, infinities,
+ * overflow to inf in f16, subnormals, ties) and random ones; it refuses other types. */
+static void test_round_to(const dt_ops *ops) {
+    enum { N = 1 << 18 };
+    float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *z = malloc(N * sizeof *z);
+    static const float sp[] = {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 65519.0f, 65520.0f, -1e6f, 1e-8f, 6e-8f, 3e-5f,
+                               INFINITY, -INFINITY, NAN, -NAN, 3.4e38f, -3.4e38f, 1.00390625f, 1.005859375f,
+                               1.00048828125f, 1.0009765625f, -1e-40f, 1.4e-45f};
+    srand(11);
+    for (int i = 0; i < N; i++) {
+        /* random bit patterns, and below 2^-10 by as many (f16's subnormal range and its edge) */
+        uint32_t u = ((uint32_t)rand() << 16) ^ (uint32_t)rand();
+        if (i & 1) u = (u & 0x80000000u) | (0x30000000u + (u & 0x0fffffffu));
+        memcpy(&x[i], &u, 4);
+    }
+    memcpy(x, sp, sizeof sp);
+    for (int k = 0; k < 2; k++) {
+        int dt = k ? DT_F16 : DT_BF16, bad = 0, bad_in = 0;
+        const char *name = k ? "f16" : "bf16";
+        memcpy(z, x, N * sizeof *z);
+        is_int(ops->round_to(y, x, N, dt), DT_OK, "round_to %s", name);
+        is_int(ops->round_to(z, z, N, dt), DT_OK, "round_to %s in place", name);
+        for (int i = 0; i < N; i++) {
+            float want = k ? dt_f16_to_f32(dt_f32_to_f16(x[i])) : dt_bf16_to_f32(dt_f32_to_bf16(x[i]));
+            bad += memcmp(&want, &y[i], 4) != 0;
+            bad_in += memcmp(&want, &z[i], 4) != 0;
+        }
+        is_int(bad, 0, "round_to %s is the casts there and back, bit for bit (%d values)", name, N);
+        is_int(bad_in, 0, "in place too");
+    }
+    ok(isinf(y[6]) && y[5] == 65504.0f, "f16: 65520 overflows to inf, 65519 rounds to 65504");
+    is_int(ops->round_to(y, x, N, DT_F32), DT_ERR_INVALID, "round_to f32 is refused");
+    like(dt_last_error(), "round_to: dtype must be bf16 or f16", "naming the kernel");
+    is_int(ops->round_to(x + 1, x, 100, DT_BF16), DT_ERR_INVALID, "overlapping arrays are refused");
+    int32_t flag = 7;
+    is_int(ops->nonfinite(&flag, x + 16, 4), DT_OK, "nonfinite");
+    is_int(flag, 0, "finite values: 0");
+    is_int(ops->nonfinite(&flag, x, 16), DT_OK, "nonfinite with inf and NaN");
+    is_int(flag, 1, "an inf or NaN: 1");
+    free(x);
+    free(y);
+    free(z);
+}
+
+static float *rand_vec(size_t n, unsigned seed, float scale) {
+    float *v = malloc(n * sizeof *v);
+    srand(seed);
+    for (size_t i = 0; i < n; i++) v[i] = scale * ((float)rand() / (float)RAND_MAX - 0.5f);
+    return v;
+}
+
+/* A model in low precision computes what the f32 model computes on rounded operands:
+ * for one GEMM (or convolution) layer, bitwise. */
+static void check_rounded(const dt_ops *ops, const char *spec, const dt_shape *in, dt_dtype lp, const char *what) {
+    const int B = 5;
+    dt_model *a = NULL, *f = NULL;
+    int ok_build = dt_model_build(spec, in, ops, 7, B, &a) == DT_OK && dt_model_build(spec, in, ops, 7, B, &f) == DT_OK;
+    ok(ok_build, "%s: built", what);
+    if (!ok_build) return;
+    is_int(dt_model_set_precision(a, lp), DT_OK, "%s: precision %s", what, dt_precision_name(lp));
+    is_int(dt_model_precision(a), lp, "%s: the model says so", what);
+    ok(dt_model_precision_bytes(a) >= dt_model_nparams(a) * sizeof(float), "%s: it holds a rounded weight copy", what);
+    size_t nx = (size_t)B * (size_t)dt_shape_numel(in), np = dt_model_nparams(a);
+    float *x = rand_vec(nx, 3, 8.0f), *xr = malloc(nx * sizeof *xr);
+    ops->round_to(xr, x, nx, lp);
+    /* the reference: f32 on rounded inputs and rounded weights (tensors of 2+ dimensions) */
+    for (int i = 0; i < dt_model_nparam_tensors(f); i++) {
+        dt_tensor_info ti;
+        dt_model_param(f, i, &ti);
+        if (ti.ndim >= 2) ops->round_to(ti.data, ti.data, (size_t)ti.numel, lp);
+    }
+    const float *ya = NULL, *yf = NULL;
+    is_int(dt_model_forward(a, x, B, 1, 0, 0, &ya), DT_OK, "%s: low-precision forward", what);
+    is_int(dt_model_forward(f, xr, B, 1, 0, 0, &yf), DT_OK, "%s: f32 forward on rounded operands", what);
+    size_t ny = (size_t)B * (size_t)dt_shape_numel(dt_model_output_shape(a));
+    ok(memcmp(ya, yf, ny * sizeof(float)) == 0, "%s: outputs bitwise equal", what);
+    /* the parameters change: the next forward rounds them again */
+    float *p = dt_model_params(a);
+    for (size_t i = 0; i < np; i++) p[i] *= 1.5f;
+    memcpy(dt_model_params(f), p, np * sizeof(float));
+    for (int i = 0; i < dt_model_nparam_tensors(f); i++) {
+        dt_tensor_info ti;
+        dt_model_param(f, i, &ti);
+        if (ti.ndim >= 2) ops->round_to(ti.data, ti.data, (size_t)ti.numel, lp);
+    }
+    is_int(dt_model_forward(a, x, B, 1, 0, 0, &ya), DT_OK, "%s: forward after an update", what);
+    is_int(dt_model_forward(f, xr, B, 1, 0, 0, &yf), DT_OK, "%s: reference after the update", what);
+    ok(memcmp(ya, yf, ny * sizeof(float)) == 0, "%s: the new weights were rounded again", what);
+    is_int(dt_model_set_precision(a, DT_F32), DT_OK, "%s: back to f32", what);
+    is_int(dt_model_precision_bytes(a), 0, "%s: the copy is released", what);
+    is_int(dt_model_set_precision(a, DT_I8), DT_ERR_INVALID, "%s: i8 is not a precision", what);
+    free(x);
+    free(xr);
+    dt_model_free(a);
+    dt_model_free(f);
+}
+
+/* Loss scaling multiplies every gradient by the scale, exactly (a power of two). */
+static void test_loss_scale(const dt_ops *ops) {
+    static const dt_shape in = {1, {12, 0, 0}};
+    const int B = 8;
+    dt_model *m = NULL;
+    is_int(dt_model_build("linear(16) relu linear(4)", &in, ops, 2, B, &m), DT_OK, "model for loss scaling");
+    is_int(dt_model_set_precision(m, DT_F16), DT_OK, "fp16");
+    size_t np = dt_model_nparams(m);
+    float *x = rand_vec((size_t)B * 12, 5, 2.0f), *g1 = malloc(np * sizeof *g1);
+    int32_t y[8] = {0, 1, 2, 3, 0, 1, 2, 3};
+    dt_loss lf = {.kind = DT_LOSS_CE};
+    float l1 = 0, l2 = 0;
+    dt_model_forward(m, x, B, 1, 0, 0, NULL);
+    is_int(dt_model_loss_backward(m, &lf, y, B, (float)B, &l1), DT_OK, "backward, scale 1");
+    memcpy(g1, dt_model_grads(m), np * sizeof *g1);
+    dt_model_set_loss_scale(m, 1024.0f);
+    dt_model_forward(m, x, B, 1, 0, 0, NULL);
+    is_int(dt_model_loss_backward(m, &lf, y, B, (float)B, &l2), DT_OK, "backward, scale 1024");
+    ok(l1 == l2, "the reported loss is unscaled (%g, %g)", (double)l1, (double)l2);
+    const float *g2 = dt_model_grads(m);
+    size_t exact = 0, near = 0;
+    for (size_t i = 0; i < np; i++) {
+        exact += g2[i] == 1024.0f * g1[i];
+        near += fabsf(g2[i] / 1024.0f - g1[i]) <= 2e-3f * (fabsf(g1[i]) + 1e-4f);
+    }
+    /* f16 rounding of the scaled gradient differs from that of the unscaled one only where
+     * the unscaled one falls into f16's subnormals; here every value is normal */
+    ok(near == np, "scaled gradients are the unscaled ones x 1024 to f16's rounding (%zu of %zu)", near, np);
+    diag("bitwise x 1024: %zu of %zu", exact, np);
+    free(x);
+    free(g1);
+    dt_model_free(m);
+}
+
+/* A token model in bf16: the fused QKV gradient is 3C wide, wider than the layer's input
+ * and output; forward and backward run, and the loss is f32's to bf16's precision. */
+static void test_token_model(const dt_ops *ops) {
+    static const dt_shape in = {1, {16, 0, 0}};
+    const int B = 3;
+    dt_model *a = NULL, *f = NULL;
+    const char *spec = "embed(11,24) pos(16) attn(3) unembed";
+    is_int(dt_model_build(spec, &in, ops, 4, B, &a), DT_OK, "token model");
+    is_int(dt_model_build(spec, &in, ops, 4, B, &f), DT_OK, "its f32 twin");
+    is_int(dt_model_set_precision(a, DT_BF16), DT_OK, "bf16");
+    float x[48];
+    int32_t y[48];
+    for (int i = 0; i < 48; i++) {
+        x[i] = (float)((i * 7) % 11);
+        y[i] = (i * 5 + 3) % 11;
+    }
+    dt_loss lf = {.kind = DT_LOSS_CE};
+    float la = 0, lf32 = 0;
+    is_int(dt_model_forward(a, x, B, 1, 0, 0, NULL), DT_OK, "bf16 forward");
+    is_int(dt_model_loss_backward(a, &lf, y, B, (float)B, &la), DT_OK, "bf16 backward");
+    dt_model_forward(f, x, B, 1, 0, 0, NULL);
+    dt_model_loss_backward(f, &lf, y, B, (float)B, &lf32);
+    ok(fabsf(la - lf32) < 0.02f * lf32 && la != lf32, "bf16 loss %.6f is near f32's %.6f and not equal", (double)la,
+       (double)lf32);
+    size_t np = dt_model_nparams(a), finite = 0;
+    const float *ga = dt_model_grads(a), *gf = dt_model_grads(f);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < np; i++) {
+        finite += isfinite(ga[i]) != 0;
+        num += ((double)ga[i] - gf[i]) * ((double)ga[i] - gf[i]);
+        den += (double)gf[i] * gf[i];
+    }
+    ok(finite == np, "every bf16 gradient is finite");
+    ok(sqrt(num / den) < 0.05, "bf16 gradients within 5%% of f32's (normwise %.4f)", sqrt(num / den));
+    dt_model_free(a);
+    dt_model_free(f);
+}
+
+int main(void) {
+    const dt_ops *ops = dt_ops_cpu();
+    test_names();
+    test_scaler();
+    test_scaler_text(ops);
+    test_round_to(ops);
+    static const dt_shape flat = {1, {37, 0, 0}}, img = {3, {2, 7, 6}};
+    check_rounded(ops, "linear(23)", &flat, DT_BF16, "linear bf16");
+    check_rounded(ops, "linear(23)", &flat, DT_F16, "linear fp16");
+    check_rounded(ops, "conv(4,3,pad=1) flatten", &img, DT_BF16, "conv bf16");
+    check_rounded(ops, "conv(4,3,stride=2) flatten", &img, DT_F16, "conv fp16");
+    test_loss_scale(ops);
+    test_token_model(ops);
+    return done_testing();
+}
