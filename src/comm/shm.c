@@ -36,7 +36,9 @@
 typedef struct {
     uint64_t magic, size;
     _Alignas(64) _Atomic uint64_t head;   /* bytes ever written (producer) */
+    _Atomic int32_t prod_cpu;             /* the CPU the producer last ran on (-1: unknown) */
     _Alignas(64) _Atomic uint64_t tail;   /* bytes ever consumed (consumer) */
+    _Atomic int32_t cons_cpu;             /* the CPU the consumer last ran on */
     _Alignas(64) _Atomic uint32_t data_bell, data_waiters;    /* consumer sleeps for data */
     _Alignas(64) _Atomic uint32_t space_bell, space_waiters;  /* producer sleeps for space
                                                                  or for an acknowledgement */
@@ -50,6 +52,8 @@ struct dt_shm_ring {
     size_t size, map_bytes;
     uint64_t pos;           /* local copy of our own counter (head or tail) */
     uint64_t seen;          /* the other side's counter when we last looked */
+    int producer;           /* 1: this process writes the ring (it created it) */
+    int cpu;                /* the CPU this side last published */
     char name[DT_SHM_NAME_MAX]; /* the creator's name for it, unlinked again on close */
 };
 
@@ -117,7 +121,11 @@ dt_status dt_shm_create(size_t bytes, char *name, size_t name_len, dt_shm_ring *
     atomic_store(&r->ctrl->space_waiters, 0);
     atomic_store(&r->ctrl->acks, 0);
     atomic_store(&r->ctrl->accepted, 0);
+    atomic_store(&r->ctrl->prod_cpu, -1);
+    atomic_store(&r->ctrl->cons_cpu, -1);
     r->size = bytes;
+    r->producer = 1;
+    r->cpu = -1;
     snprintf(r->name, sizeof r->name, "%s", name);
     return DT_OK;
 }
@@ -141,6 +149,7 @@ dt_status dt_shm_open(const char *name, dt_shm_ring **out) {
         return dt_error(DT_ERR_FORMAT, "shared memory segment %s is not a dtrain ring", name);
     }
     r->size = r->ctrl->size;
+    r->cpu = -1;
     return DT_OK;
 }
 
@@ -220,4 +229,14 @@ uint64_t dt_shm_acks(dt_shm_ring *r) {
 void dt_shm_wait_ack(dt_shm_ring *r, uint64_t seen, double timeout_s) {
     ring_ctrl *c = r->ctrl;
     sleep_until_moved(&c->space_bell, &c->space_waiters, &c->acks, seen, timeout_s);
+}
+
+void dt_shm_set_cpu(dt_shm_ring *r, int cpu) {
+    if (cpu == r->cpu) return;          /* written only when it changes: the line stays quiet */
+    r->cpu = cpu;
+    atomic_store_explicit(r->producer ? &r->ctrl->prod_cpu : &r->ctrl->cons_cpu, cpu, memory_order_relaxed);
+}
+
+int dt_shm_peer_cpu(dt_shm_ring *r) {
+    return atomic_load_explicit(r->producer ? &r->ctrl->cons_cpu : &r->ctrl->prod_cpu, memory_order_relaxed);
 }

@@ -61,4 +61,10 @@ void      dt_shm_ack         (dt_shm_ring *r);
 uint64_t  dt_shm_acks        (dt_shm_ring *r);
 void      dt_shm_wait_ack    (dt_shm_ring *r, uint64_t seen, double timeout_s);
 
+/* Where each side runs: a side publishes the CPU it is on (cheap when unchanged), the
+ * other reads it, so a waiting side can tell that its peer shares its CPU and cannot run
+ * until it yields (tcp_xfer.c). -1: not published yet. */
+void      dt_shm_set_cpu     (dt_shm_ring *r, int cpu);
+int       dt_shm_peer_cpu    (dt_shm_ring *r);
+
 #endif /* DT_SHM_H */

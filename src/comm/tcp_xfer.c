@@ -28,6 +28,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -514,6 +515,8 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
             if (!w->stage) return dt_error(DT_ERR_NOMEM, "out of memory (receive staging buffer)");
         }
     }
+    if (s.on && s.tp->out_st == RING_ON) dt_shm_set_cpu(s.tp->out, sched_getcpu());
+    if (r.on && r.tp->in_st == RING_ON) dt_shm_set_cpu(r.tp->in, sched_getcpu());
     double deadline = dt_now() + c->timeout_s, idle_since = 0;
     double spin = dt_comm_on_worker ? w->spin_worker_s : w->spin_s;
     int s_gone = 0, r_gone = 0;
@@ -539,6 +542,14 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         int s_tcp = s.on && !s_shm, r_tcp = r.on && !r_shm;
         double idle = now - idle_since;
         if ((s_shm || r_shm) && idle < spin) {
+            /* a peer on this very CPU cannot move until this rank lets it run */
+            int cpu = sched_getcpu();
+            if (s_shm) dt_shm_set_cpu(s.tp->out, cpu);
+            if (r_shm) dt_shm_set_cpu(r.tp->in, cpu);
+            if ((r_shm && dt_shm_peer_cpu(r.tp->in) == cpu) || (s_shm && dt_shm_peer_cpu(s.tp->out) == cpu)) {
+                sched_yield();
+                continue;
+            }
             /* shared memory: spin while the peer is likely running on another core (not
              * on sockets: there the poll() below wakes sooner than busy retries get data) */
 #if defined(__x86_64__) || defined(__i386__)
