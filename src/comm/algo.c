@@ -136,7 +136,7 @@ dt_status dt_algo_allreduce(const dt_p2p *p, const dt_call *call, const void *se
         finish_avg(p, call, recv, n);
         return DT_OK;
     }
-    if (is_pow2(W) && (bytes <= DT_ALGO_SMALL_BYTES || n < (size_t)W)) {
+    if (is_pow2(W) && (bytes <= (W == 2 ? DT_ALGO_SMALL_BYTES_2 : DT_ALGO_SMALL_BYTES) || n < (size_t)W)) {
         /* recursive doubling on whole buffers: same pairs, same tree, log2(W) messages.
          * What is sent must not change while the reduction writes recv, so from recv it
          * goes out of a snapshot (a transport may receive before it has sent). */

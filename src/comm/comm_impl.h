@@ -88,8 +88,12 @@ dt_status dt_algo_allgather     (const dt_p2p *p, const dt_call *call, const voi
 dt_status dt_algo_reduce_scatter(const dt_p2p *p, const dt_call *call, const void *send, void *recv);
 dt_status dt_algo_reduce        (const dt_p2p *p, const dt_call *call, const void *send, void *recv);
 dt_status dt_algo_barrier       (const dt_p2p *p, const dt_call *call);
-/* Elements below which all_reduce uses whole-buffer recursive doubling (bytes). */
-#define DT_ALGO_SMALL_BYTES (64u * 1024u)
+/* Bytes up to which all_reduce uses whole-buffer recursive doubling: one message of the
+ * whole array per step instead of two of the halving/doubling per step. With 2 ranks both
+ * move the same bytes, so one round wins until the message outgrows the caches; with more
+ * ranks doubling moves log2(W) arrays against 2(W-1)/W, so it stops sooner. */
+#define DT_ALGO_SMALL_BYTES   (64u * 1024u)
+#define DT_ALGO_SMALL_BYTES_2 (256u * 1024u)
 
 /* ---- backends ---------------------------------------------------------------------- */
 
