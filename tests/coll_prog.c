@@ -136,6 +136,8 @@ static void test_reduce_scatter(dt_dtype t, dt_redop op, size_t rc, int inplace)
     free(send); free(recv); free(want);
 }
 
+/* inplace 0: send apart; 1: send is this rank's block of recv; 2: send == recv (this
+ * rank's block starts recv and is moved into place) */
 static void test_allgather(dt_dtype t, size_t cnt, int inplace) {
     size_t es = dt_dtype_size(t), n = cnt * (size_t)W;
     char *send = malloc(cnt * es + 1), *recv = malloc(n * es + 1), *want = malloc(n * es + 1);
@@ -143,14 +145,17 @@ static void test_allgather(dt_dtype t, size_t cnt, int inplace) {
     fill_input(t, DT_SUM, send, cnt, R, 0);
     memset(recv, 0xcd, n * es);
     dt_status s;
-    if (inplace) {
+    if (inplace == 1) {
         memcpy(recv + (size_t)R * cnt * es, send, cnt * es);
         s = dt_allgather(comm, recv + (size_t)R * cnt * es, recv, cnt, t);
+    } else if (inplace == 2) {
+        memcpy(recv, send, cnt * es);
+        s = dt_allgather(comm, recv, recv, cnt, t);
     } else {
         s = dt_allgather(comm, send, recv, cnt, t);
     }
     check(s == DT_OK && memcmp(recv, want, n * es) == 0, "all_gather %s cnt=%zu %s%s%s", dt_dtype_name(t), cnt,
-          inplace ? "in place" : "out of place", s ? ": " : "", s ? dt_last_error() : "");
+          inplace == 1 ? "in place" : inplace ? "send == recv" : "out of place", s ? ": " : "", s ? dt_last_error() : "");
     free(send); free(recv); free(want);
 }
 
@@ -287,7 +292,7 @@ static int mode_all(int big) {
     size_t ags[] = { 0, 1, 13, 30001 };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t ci = 0; ci < sizeof ags / sizeof ags[0]; ci++)
-            for (int inplace = 0; inplace < 2; inplace++) test_allgather(types[ti], ags[ci], inplace);
+            for (int inplace = 0; inplace < 3; inplace++) test_allgather(types[ti], ags[ci], inplace);
     size_t bcs[] = { 0, 1, 77, 300001 };
     for (int root = 0; root < W; root++)
         for (size_t ci = 0; ci < sizeof bcs / sizeof bcs[0]; ci++)

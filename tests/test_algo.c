@@ -36,6 +36,7 @@ static dt_status fake_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         m->next = NULL;
         m->n = x->sbytes;
         if (x->sbytes) memcpy(m->data, x->sbuf, x->sbytes);
+        if (x->sbytes && x->scopy) memcpy(x->scopy, x->sbuf, x->sbytes);
         pthread_mutex_lock(&w->mu);
         int q = e->rank * w->size + x->dst;
         if (w->tail[q]) w->tail[q]->next = m; else w->head[q] = m;

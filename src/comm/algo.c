@@ -250,17 +250,28 @@ dt_status dt_algo_reduce_scatter(const dt_p2p *p, const dt_call *call, const voi
 dt_status dt_algo_allgather(const dt_p2p *p, const dt_call *call, const void *send, void *recv) {
     size_t es = dt_dtype_size(call->dtype), cb = call->count * es;
     int W = p->size, r = p->rank;
-    char *rp = recv;
-    if (cb && (const char *)send != rp + (size_t)r * cb) memmove(rp + (size_t)r * cb, send, cb);
-    if (W == 1) return DT_OK;
-    if (is_pow2(W)) {
+    char *rp = recv, *own = rp + (size_t)r * cb;
+    const char *sp = send;
+    /* send is this rank's block of recv (in place), lies outside recv, or elsewhere in it
+     * (send == recv): then it is moved into place first */
+    int placed = sp == own, apart = sp + cb <= rp || rp + (size_t)W * cb <= sp;
+    if (cb && !placed && !apart) { memmove(own, sp, cb); placed = 1; }
+    if (is_pow2(W) && W > 1) {
+        /* Recursive doubling. Step 0 sends this rank's block alone, straight from send,
+         * and the transport copies it into recv as it goes (one pass over send instead of
+         * a copy and a send). */
         for (int k = 0; (1 << k) < W; k++) {
             int partner = r ^ (1 << k);
             size_t mine = (size_t)((r >> k) << k) * cb, theirs = (size_t)((partner >> k) << k) * cb;
-            DT_TRY(xchg(p, call, partner, rp + mine, cb << k, partner, rp + theirs, cb << k, NULL));
+            dt_xfer x = { .dst = partner, .sbuf = rp + mine, .sbytes = cb << k, .src = partner,
+                          .rbuf = rp + theirs, .rbytes = cb << k };
+            if (k == 0 && !placed) { x.sbuf = sp; x.scopy = own; }
+            DT_TRY(p->xfer(p->ctx, &x, call));
         }
         return DT_OK;
     }
+    if (cb && !placed) memcpy(own, sp, cb);
+    if (W == 1) return DT_OK;
     return ring_allgather(p, call, recv, call->count * (size_t)W);
 }
 

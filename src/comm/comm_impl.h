@@ -63,7 +63,9 @@ void        dt_call_describe(dt_call *call);
  * from rank src into rbuf. dst < 0: nothing is sent; src < 0: nothing is received.
  * racc == NULL: received bytes are copied into rbuf. racc != NULL: the exchange reduces,
  * rbuf[i] = racc[i] (call->op) received[i] elementwise in call->dtype (avg reduces as
- * sum; racc may equal rbuf); a transport may combine as data arrives (pipelining). */
+ * sum; racc may equal rbuf); a transport may combine as data arrives (pipelining).
+ * scopy != NULL: the sent bytes are also copied there (overlapping neither sbuf nor
+ * rbuf); a transport may do it piece by piece as it sends, while they are in cache. */
 typedef struct {
     int         dst;
     const void *sbuf;
@@ -72,6 +74,7 @@ typedef struct {
     void       *rbuf;
     size_t      rbytes;
     const void *racc;
+    void       *scopy;
 } dt_xfer;
 
 typedef struct dt_p2p {

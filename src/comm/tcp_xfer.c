@@ -69,6 +69,7 @@ typedef struct {
     size_t hdone;
     const char *buf;
     size_t len, done;
+    char *copy;             /* the bytes sent are also copied here (dt_xfer.scopy), or NULL */
     int cma;                /* 1: offered for a cross-memory read, waiting for the ack */
     uint64_t want_ack;      /* the peer's ack count that releases buf */
 } snd_t;
@@ -270,6 +271,15 @@ static dt_status rcv_tcp(tcp_comm *tc, rcv_t *r, const dt_call *call, int *prog)
 
 /* ---- rings --------------------------------------------------------------------------- */
 
+/* dt_xfer.scopy: bytes [off, off + n) of the message were just read to be sent; copy them
+ * too while they are in cache (with non-temporal stores when the message is large, as a
+ * large received message is copied out). */
+static void snd_copy(const snd_t *s, size_t off, size_t n) {
+    if (!s->copy || !n) return;
+    if (s->len >= STREAM_MIN_BYTES) copy_stream(s->copy + off, s->buf + off, n);
+    else memcpy(s->copy + off, s->buf + off, n);
+}
+
 static void snd_shm(snd_t *s, const dt_call *call, int *prog) {
     dt_shm_ring *q = s->tp->out;
     void *p;
@@ -288,6 +298,7 @@ static void snd_shm(snd_t *s, const dt_call *call, int *prog) {
         dt_put64(s->hdr + TCP_HDR_BYTES + 8, (uint64_t)(uintptr_t)s->buf);
         s->cma = 1;
         s->want_ack = ++s->tp->cma_sent;
+        snd_copy(s, 0, s->len);
         memcpy(p, s->hdr, SHM_HDR_BYTES);
         s->hdone = SHM_HDR_BYTES;
         s->done = s->len;
@@ -317,6 +328,7 @@ static void snd_shm(snd_t *s, const dt_call *call, int *prog) {
         if (s->len && s->len <= span - SHM_HDR_BYTES && s->len <= CHUNK) {
             /* a small message goes out with its header in one publication */
             memcpy((char *)p + SHM_HDR_BYTES, s->buf, s->len);
+            snd_copy(s, 0, s->len);
             s->done = s->len;
             dt_shm_write_commit(q, SHM_HDR_BYTES + round64(s->len));
             s->on = 0;
@@ -331,6 +343,7 @@ static void snd_shm(snd_t *s, const dt_call *call, int *prog) {
         int last = s->done + n == s->len;
         if (!last) n &= ~(size_t)63;            /* publish whole 64-byte granules until the end */
         memcpy(p, s->buf + s->done, n);
+        snd_copy(s, s->done, n);
         s->done += n;
         dt_shm_write_commit(q, last ? round64(n) : n);
         *prog = 1;
@@ -501,10 +514,12 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
     snd_t s = { 0 };
     rcv_t r = { 0 };
     if (x->dst >= 0) {
-        s = (snd_t){ .on = 1, .peer = x->dst, .tp = &w->peers[tc->map[x->dst]], .buf = x->sbuf, .len = x->sbytes };
+        s = (snd_t){ .on = 1, .peer = x->dst, .tp = &w->peers[tc->map[x->dst]], .buf = x->sbuf, .len = x->sbytes,
+                     .copy = x->scopy };
         put_header(s.hdr, call, x->sbytes);
         if (s.tp->out_st == RING_UNTRIED || s.tp->out_st == RING_OFFERED)
             s.pre_len = tcp_ring_prepare(w, s.tp, s.pre);
+        if (s.tp->out_st != RING_ON) { snd_copy(&s, 0, s.len); s.copy = NULL; }   /* over TCP: copy at once */
     }
     if (x->src >= 0) {
         r = (rcv_t){ .on = 1, .peer = x->src, .tp = &w->peers[tc->map[x->src]], .buf = x->rbuf,
