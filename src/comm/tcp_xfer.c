@@ -40,7 +40,6 @@
 #endif
 
 #define CHUNK (256u << 10)
-#define SMALL_REWIND (64u << 10)   /* messages up to this size rewind an empty ring */
 /* With DT_CMA=1, collective messages of at least CMA_MIN_BYTES between same-host ranks
  * travel without payload in the ring: the receiver reads them from the sender's buffer
  * (process_vm_readv), CMA_COPY_CHUNK bytes at a time straight into its own buffer, or
@@ -307,13 +306,12 @@ static void snd_shm(snd_t *s, const dt_call *call, int *prog) {
         return;
     }
     if (!s->hdone) {
-        size_t to_end;
-        if (s->len <= SMALL_REWIND && dt_shm_write_empty(q, &to_end) &&
-            dt_shm_size(q) - to_end >= SHM_HDR_BYTES + round64(s->len)) {
-            /* The ring is empty: jump back to its start, so small messages keep reusing
-             * the same few cache lines instead of walking cold memory. (Only when the
-             * message fits before the write position: the skipped bytes stay in use until
-             * the receiver has seen the skip record.) */
+        size_t to_end = dt_shm_write_rewind(q, SHM_HDR_BYTES + round64(s->len));
+        if (to_end) {
+            /* The whole message fits at the start of the ring, which the receiver has
+             * read past: jump back there, so messages keep reusing the same cache lines
+             * instead of walking the ring's megabytes of colder memory (the skipped bytes
+             * count as in use until the receiver has read the skip record). */
             span = dt_shm_write_span(q, &p);
             unsigned char skip[SHM_HDR_BYTES] = { 0 };
             dt_put32(skip, SHM_SKIP_MAGIC);
@@ -561,7 +559,9 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
             int cpu = sched_getcpu();
             if (s_shm) dt_shm_set_cpu(s.tp->out, cpu);
             if (r_shm) dt_shm_set_cpu(r.tp->in, cpu);
-            if ((r_shm && dt_shm_peer_cpu(r.tp->in) == cpu) || (s_shm && dt_shm_peer_cpu(s.tp->out) == cpu)) {
+            int shared = cpu >= 0 && ((r_shm && dt_shm_peer_cpu(r.tp->in) == cpu) ||
+                                      (s_shm && dt_shm_peer_cpu(s.tp->out) == cpu));
+            if (shared) {
                 sched_yield();
                 continue;
             }
