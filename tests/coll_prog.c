@@ -13,6 +13,11 @@
  *                   of awkward floats, rank r holds 8/W of them and pre-sums them
  *                   pairwise, then all_reduce; rank 0 writes the result bytes to --dump
  *                   FILE, which must be identical for W = 1, 2, 4, 8.
+ *   --mode slices   reduce_scatter is all_reduce cut into blocks, bit for bit (the sharded
+ *                   optimizer relies on it): awkward floats in f32, bf16 and f64, sum and
+ *                   avg, odd counts per rank on the small and large paths; in place, out
+ *                   of place and async; and all_gather of the blocks gives all_reduce's
+ *                   array back exactly. TAP from rank 0, as --mode all.
  *   --mode mismatch rank 0 calls all_reduce, the others broadcast, asynchronously
  *                   (expect an error).
  *   --mode timeout  rank 1 never calls (sleeps past the timeout); the others call all_reduce.
@@ -131,6 +136,8 @@ static void test_reduce_scatter(dt_dtype t, dt_redop op, size_t rc, int inplace)
     free(send); free(recv); free(want);
 }
 
+/* inplace 0: send apart; 1: send is this rank's block of recv; 2: send == recv (this
+ * rank's block starts recv and is moved into place) */
 static void test_allgather(dt_dtype t, size_t cnt, int inplace) {
     size_t es = dt_dtype_size(t), n = cnt * (size_t)W;
     char *send = malloc(cnt * es + 1), *recv = malloc(n * es + 1), *want = malloc(n * es + 1);
@@ -138,14 +145,17 @@ static void test_allgather(dt_dtype t, size_t cnt, int inplace) {
     fill_input(t, DT_SUM, send, cnt, R, 0);
     memset(recv, 0xcd, n * es);
     dt_status s;
-    if (inplace) {
+    if (inplace == 1) {
         memcpy(recv + (size_t)R * cnt * es, send, cnt * es);
         s = dt_allgather(comm, recv + (size_t)R * cnt * es, recv, cnt, t);
+    } else if (inplace == 2) {
+        memcpy(recv, send, cnt * es);
+        s = dt_allgather(comm, recv, recv, cnt, t);
     } else {
         s = dt_allgather(comm, send, recv, cnt, t);
     }
     check(s == DT_OK && memcmp(recv, want, n * es) == 0, "all_gather %s cnt=%zu %s%s%s", dt_dtype_name(t), cnt,
-          inplace ? "in place" : "out of place", s ? ": " : "", s ? dt_last_error() : "");
+          inplace == 1 ? "in place" : inplace ? "send == recv" : "out of place", s ? ": " : "", s ? dt_last_error() : "");
     free(send); free(recv); free(want);
 }
 
@@ -282,7 +292,7 @@ static int mode_all(int big) {
     size_t ags[] = { 0, 1, 13, 30001 };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t ci = 0; ci < sizeof ags / sizeof ags[0]; ci++)
-            for (int inplace = 0; inplace < 2; inplace++) test_allgather(types[ti], ags[ci], inplace);
+            for (int inplace = 0; inplace < 3; inplace++) test_allgather(types[ti], ags[ci], inplace);
     size_t bcs[] = { 0, 1, 77, 300001 };
     for (int root = 0; root < W; root++)
         for (size_t ci = 0; ci < sizeof bcs / sizeof bcs[0]; ci++)
@@ -382,6 +392,66 @@ static int mode_tree(const char *dump) {
     return rc;
 }
 
+/* ---- mode slices: reduce_scatter = all_reduce cut into blocks -------------------------------- */
+
+static void put_awkward(dt_dtype t, void *p, size_t i, uint64_t j) {
+    float v = awkward(j, i);
+    if (t == DT_F32) ((float *)p)[i] = v;
+    else if (t == DT_BF16) ((uint16_t *)p)[i] = dt_f32_to_bf16(v);
+    else ((double *)p)[i] = (double)v * (1.0 + 1.0 / 3.0);   /* f64: mantissa bits past f32's */
+}
+
+static int mode_slices(void) {
+    /* per-rank counts: odd, from one element to blocks of several pipeline chunks (1 MiB+ of
+     * f32 per block, the size cross-memory reads take under DT_CMA=1) */
+    static const size_t rcs[] = { 1, 3, 1001, 25001, 300001 };
+    static const dt_dtype types[] = { DT_F32, DT_BF16, DT_F64 };
+    static const dt_redop ops[] = { DT_SUM, DT_AVG };
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t oi = 0; oi < 2; oi++) {
+            dt_dtype t = types[ti];
+            dt_redop op = ops[oi];
+            size_t es = dt_dtype_size(t);
+            int rs_same = 1, rs_inplace = 1, rs_async = 1, ag_exact = 1, ag_inplace = 1, ok_calls = 1;
+            for (size_t k = 0; k < sizeof rcs / sizeof rcs[0]; k++) {
+                size_t rc = rcs[k], n = rc * (size_t)W, rb = rc * es;
+                char *x = malloc(n * es), *ar = malloc(n * es), *y = malloc(n * es), *part = malloc(rb), *all = malloc(n * es);
+                if (!x || !ar || !y || !part || !all) { fprintf(stderr, "ERROR: out of memory\n"); return 1; }
+                for (size_t i = 0; i < n; i++) put_awkward(t, x, i, (uint64_t)R);
+                dt_work *w = NULL;
+                int good = fail_status(dt_allreduce(comm, x, ar, n, t, op), "all_reduce") == 0;
+                good = good && fail_status(dt_reduce_scatter(comm, x, part, rc, t, op), "reduce_scatter") == 0;
+                if (good) rs_same &= memcmp(part, ar + (size_t)R * rb, rb) == 0;
+                memcpy(y, x, n * es);
+                good = good && fail_status(dt_reduce_scatter(comm, y, y + (size_t)R * rb, rc, t, op), "reduce_scatter in place") == 0;
+                if (good) rs_inplace &= memcmp(y + (size_t)R * rb, ar + (size_t)R * rb, rb) == 0;
+                memset(y, 0, rb);
+                good = good && fail_status(dt_reduce_scatter_async(comm, x, y, rc, t, op, &w), "reduce_scatter_async") == 0;
+                good = good && fail_status(dt_work_wait(w), "reduce_scatter_async wait") == 0;
+                if (good) rs_async &= memcmp(y, ar + (size_t)R * rb, rb) == 0;
+                memset(all, 0, n * es);
+                good = good && fail_status(dt_allgather(comm, part, all, rc, t), "all_gather") == 0;
+                if (good) ag_exact &= memcmp(all, ar, n * es) == 0;
+                memset(all, 0, n * es);
+                memcpy(all + (size_t)R * rb, part, rb);
+                good = good && fail_status(dt_allgather_async(comm, all + (size_t)R * rb, all, rc, t, &w), "all_gather_async") == 0;
+                good = good && fail_status(dt_work_wait(w), "all_gather_async wait") == 0;
+                if (good) ag_inplace &= memcmp(all, ar, n * es) == 0;
+                ok_calls &= good;
+                free(x); free(ar); free(y); free(part); free(all);
+                if (!good) return 1;
+            }
+            const char *tn = dt_dtype_name(t), *on = dt_redop_name(op);
+            check(ok_calls && rs_same, "%s %s: reduce_scatter block r is bitwise all_reduce's block r", tn, on);
+            check(ok_calls && rs_inplace, "%s %s: the same in place (recv = send + r * count)", tn, on);
+            check(ok_calls && rs_async, "%s %s: the same through reduce_scatter_async", tn, on);
+            check(ok_calls && ag_exact, "%s %s: all_gather of the blocks is all_reduce's array", tn, on);
+            check(ok_calls && ag_inplace, "%s %s: the same through all_gather_async in place", tn, on);
+        }
+    if (R == 0) printf("1..%d\n", ntest);
+    return nfail ? 1 : 0;
+}
+
 /* ---- mode rings --------------------------------------------------------------------------------- */
 
 static int mode_rings(void) {
@@ -443,6 +513,8 @@ int main(int argc, char **argv) {
         rc = mode_all(big);
     } else if (!strcmp(mode, "tree")) {
         rc = mode_tree(dump);
+    } else if (!strcmp(mode, "slices")) {
+        rc = mode_slices();
     } else if (!strcmp(mode, "rings")) {
         rc = mode_rings();
     } else if (!strcmp(mode, "init")) {

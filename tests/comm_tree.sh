@@ -4,7 +4,8 @@
 # rank pre-summing its 8/W buffers pairwise; all_reduce (small and large paths) and
 # reduce_scatter must give bitwise identical bytes on every world size and transport
 # (sockets, shared-memory rings, and with DT_CMA=1 cross-memory reads for the largest
-# size).
+# size). Then, on world sizes 1, 2 and 4, reduce_scatter must be all_reduce's array cut
+# into blocks, bit for bit, for odd counts per rank too (coll_prog --mode slices).
 . "$DT_SRCDIR/tests/tap.sh"
 . "$DT_SRCDIR/tests/comm_lib.sh"
 
@@ -31,4 +32,16 @@ for f in tree.2 tree.4 tree.8 tree.8tcp tree.4tcp tree.2ring tree.2cma tree.4cma
     cmp -s "$TMP/tree.1" "$TMP/$f"
     ok $? "$f is bitwise identical to world size 1"
 done
+# reduce_scatter is all_reduce cut into blocks (what sharded training relies on), for odd
+# counts per rank too, on every transport; all_gather puts the blocks back exactly
+for n in 1 2 4; do
+    LAUNCH_ENV= launch $n --mode slices
+    ok $? "world size $n: reduce_scatter is bitwise all_reduce's block, all_gather exact (every rank)"
+    all_passed
+    ok $? "world size $n: every slice check passed"
+done
+LAUNCH_ENV="DT_SHM=0" launch 4 --mode slices
+ok $? "world size 4 over TCP only: reduce_scatter slices"
+LAUNCH_ENV="DT_CMA=1" launch 2 --mode slices
+ok $? "world size 2 with cross-memory reads (DT_CMA=1): reduce_scatter slices"
 done_testing

@@ -36,6 +36,7 @@ static dt_status fake_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         m->next = NULL;
         m->n = x->sbytes;
         if (x->sbytes) memcpy(m->data, x->sbuf, x->sbytes);
+        if (x->sbytes && x->scopy) memcpy(x->scopy, x->sbuf, x->sbytes);
         pthread_mutex_lock(&w->mu);
         int q = e->rank * w->size + x->dst;
         if (w->tail[q]) w->tail[q]->next = m; else w->head[q] = m;
@@ -141,10 +142,11 @@ static int check_allreduce(int W, size_t n, int inplace, dt_redop op) {
     return good;
 }
 
-static int check_reduce_scatter(int W, size_t rc) {
+/* inplace: recv is block r of send */
+static int check_reduce_scatter(int W, size_t rc, int inplace) {
     void *s[16], *d[16];
     for (int r = 0; r < W; r++) {
-        s[r] = malloc(rc * (size_t)W * 4 + 4); d[r] = malloc(rc * 4 + 4);
+        s[r] = malloc(rc * (size_t)W * 4 + 4); d[r] = inplace ? (int32_t *)s[r] + (size_t)r * rc : malloc(rc * 4 + 4);
         for (size_t i = 0; i < rc * (size_t)W; i++) ((int32_t *)s[r])[i] = val(r, i);
     }
     int good = run(W, mkcall(DT_CALL_REDUCE_SCATTER, DT_I32, DT_SUM, rc, -1), s, d);
@@ -154,7 +156,7 @@ static int check_reduce_scatter(int W, size_t rc) {
             for (int k = 0; k < W; k++) acc += val(k, (size_t)r * rc + i);
             if (((int32_t *)d[r])[i] != acc) { good = 0; break; }
         }
-    for (int r = 0; r < W; r++) { free(s[r]); free(d[r]); }
+    for (int r = 0; r < W; r++) { free(s[r]); if (!inplace) free(d[r]); }
     return good;
 }
 
@@ -236,9 +238,10 @@ int main(void) {
             }
         ok(good, "W=%d: all_reduce (sum/avg/max, in and out of place, counts 0, 1, W+-1, 1000, 40001)", W);
         good = 1;
-        size_t rcs[] = { 0, 1, 3, 20001 };
-        for (size_t c = 0; c < 4; c++) good &= check_reduce_scatter(W, rcs[c]);
-        ok(good, "W=%d: reduce_scatter", W);
+        size_t rcs[] = { 0, 1, 3, 20001, 70001 };
+        for (size_t c = 0; c < 5; c++)
+            for (int inplace = 0; inplace < 2; inplace++) good &= check_reduce_scatter(W, rcs[c], inplace);
+        ok(good, "W=%d: reduce_scatter (in and out of place, counts per rank 0, 1, 3, 20001, 70001)", W);
         good = 1;
         size_t ns[] = { 0, 1, 77, 30001 };
         for (size_t c = 0; c < 4; c++) good &= check_allgather_bcast_reduce(W, ns[c]);
@@ -246,7 +249,8 @@ int main(void) {
         if ((W & (W - 1)) == 0 && W > 1) {
             ok(check_tree(W, 1000, 0), "W=%d: all_reduce (small path) is the fixed pairwise tree, bitwise", W);
             ok(check_tree(W, 160000, 0), "W=%d: all_reduce (large path) is the fixed pairwise tree, bitwise", W);
-            ok(check_tree(W, 160000, 1), "W=%d: reduce_scatter is the same tree, bitwise", W);
+            ok(check_tree(W, 1000, 1), "W=%d: reduce_scatter (small path) is the same tree, bitwise", W);
+            ok(check_tree(W, 600000, 1), "W=%d: reduce_scatter (large path) is the same tree, bitwise", W);
         }
     }
     return done_testing();

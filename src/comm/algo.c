@@ -136,7 +136,7 @@ dt_status dt_algo_allreduce(const dt_p2p *p, const dt_call *call, const void *se
         finish_avg(p, call, recv, n);
         return DT_OK;
     }
-    if (is_pow2(W) && (bytes <= DT_ALGO_SMALL_BYTES || n < (size_t)W)) {
+    if (is_pow2(W) && (bytes <= (W == 2 ? DT_ALGO_SMALL_BYTES_2 : DT_ALGO_SMALL_BYTES) || n < (size_t)W)) {
         /* recursive doubling on whole buffers: same pairs, same tree, log2(W) messages.
          * What is sent must not change while the reduction writes recv, so from recv it
          * goes out of a snapshot (a transport may receive before it has sent). */
@@ -173,6 +173,32 @@ static unsigned bitrev(unsigned x, int bits) {
     return y;
 }
 
+/* Power-of-two reduce_scatter, block by block: step k pairs rank r with r ^ (1 << k), as
+ * halve() does, so every element is summed over the same tree as all_reduce's; the blocks
+ * a rank keeps are those that agree with r in bits 0..k, so rank r ends with block r
+ * itself and nothing is permuted or copied. Block b's partial sum is read from send at
+ * step 0 and lives afterwards in recv (b == r) or in a slot of work (the other blocks
+ * with r's parity, W/2 - 1 of them). Step k sends W >> (k + 1) blocks, one message each,
+ * pairing the i-th block given with the i-th kept in increasing order (which are the
+ * partner's i-th kept and given). W <= 128. */
+static dt_status rs_blocks(const dt_p2p *p, const dt_call *call, const char *send, char *recv, size_t rb, char *work) {
+    int W = p->size, r = p->rank;
+    for (int k = 0; (1 << k) < W; k++) {
+        int partner = r ^ (1 << k), give[64], keep[64], ng = 0, nk = 0;
+        /* the blocks held before step k agree with r in bits 0..k-1 */
+        for (int b = r & ((1 << k) - 1); b < W; b += 1 << k)
+            if ((b ^ r) & (1 << k)) give[ng++] = b; else keep[nk++] = b;
+        for (int i = 0; i < nk; i++) {
+            int g = give[i], q = keep[i];
+            int gs = (g >> 1) - ((g >> 1) > (r >> 1)), qs = (q >> 1) - ((q >> 1) > (r >> 1));   /* slots */
+            const char *gp = k == 0 ? send + (size_t)g * rb : work + (size_t)gs * rb;
+            char *qd = q == r ? recv : work + (size_t)qs * rb;
+            DT_TRY(xchg(p, call, partner, gp, rb, partner, qd, rb, k == 0 ? send + (size_t)q * rb : qd));
+        }
+    }
+    return DT_OK;
+}
+
 dt_status dt_algo_reduce_scatter(const dt_p2p *p, const dt_call *call, const void *send, void *recv) {
     size_t es = dt_dtype_size(call->dtype), rc = call->count, rb = rc * es;
     int W = p->size, r = p->rank;
@@ -184,19 +210,27 @@ dt_status dt_algo_reduce_scatter(const dt_p2p *p, const dt_call *call, const voi
         finish_avg(p, call, recv, rc);
         return DT_OK;
     }
-    int overlap = rp < sp + total && sp < rp + rb;
-    if (W == 2 && !overlap) {
-        /* one halving step straight from the input: keep block r, give the other */
-        DT_TRY(xchg(p, call, 1 - r, sp + (size_t)(1 - r) * rb, rb, 1 - r, rp, rb, sp + (size_t)r * rb));
-        finish_avg(p, call, recv, rc);
-        return DT_OK;
+    /* recv may be block r of send itself (in place); any other overlap works on a copy.
+     * Block by block sends W - 1 messages where halving a permuted copy sends log2(W):
+     * it pays once the copy it saves outweighs the extra messages (with 4 ranks on 2
+     * cores, from about 1 MiB; 512 KiB per extra message). */
+    int overlap = rp < sp + total && sp < rp + rb && rp != sp + (size_t)r * rb;
+    dt_status s;
+    if (is_pow2(W) && W <= 128 && !overlap && total > (size_t)(W - 1 - log2i(W)) * (512u << 10)) {
+        size_t wb = (size_t)(W / 2 - 1) * rb;
+        char *work = wb ? tmp_alloc(wb) : NULL;
+        if (wb && !work) return nomem(wb);
+        s = rs_blocks(p, call, sp, rp, rb, work);
+        free(work);
+        if (s == DT_OK) finish_avg(p, call, recv, rc);
+        return s;
     }
     char *work = tmp_alloc(total);
     if (!work) return nomem(total);
-    dt_status s;
     if (is_pow2(W)) {
-        /* Lay the blocks out bit-reversed, so halving (which keeps the lower half on the
-         * rank whose bit k is 0) leaves rank r with block r, over the usual pairs. */
+        /* Small arrays: one message per step. Lay the blocks out bit-reversed, so halving
+         * (which keeps the lower half on the rank whose bit k is 0) leaves rank r with
+         * block r, over the usual pairs. */
         int L = log2i(W);
         for (int pos = 0; pos < W; pos++)
             memcpy(work + (size_t)pos * rb, sp + (size_t)bitrev((unsigned)pos, L) * rb, rb);
@@ -216,17 +250,28 @@ dt_status dt_algo_reduce_scatter(const dt_p2p *p, const dt_call *call, const voi
 dt_status dt_algo_allgather(const dt_p2p *p, const dt_call *call, const void *send, void *recv) {
     size_t es = dt_dtype_size(call->dtype), cb = call->count * es;
     int W = p->size, r = p->rank;
-    char *rp = recv;
-    if (cb && (const char *)send != rp + (size_t)r * cb) memmove(rp + (size_t)r * cb, send, cb);
-    if (W == 1) return DT_OK;
-    if (is_pow2(W)) {
+    char *rp = recv, *own = rp + (size_t)r * cb;
+    const char *sp = send;
+    /* send is this rank's block of recv (in place), lies outside recv, or elsewhere in it
+     * (send == recv): then it is moved into place first */
+    int placed = sp == own, apart = sp + cb <= rp || rp + (size_t)W * cb <= sp;
+    if (cb && !placed && !apart) { memmove(own, sp, cb); placed = 1; }
+    if (is_pow2(W) && W > 1) {
+        /* Recursive doubling. Step 0 sends this rank's block alone, straight from send,
+         * and the transport copies it into recv as it goes (one pass over send instead of
+         * a copy and a send). */
         for (int k = 0; (1 << k) < W; k++) {
             int partner = r ^ (1 << k);
             size_t mine = (size_t)((r >> k) << k) * cb, theirs = (size_t)((partner >> k) << k) * cb;
-            DT_TRY(xchg(p, call, partner, rp + mine, cb << k, partner, rp + theirs, cb << k, NULL));
+            dt_xfer x = { .dst = partner, .sbuf = rp + mine, .sbytes = cb << k, .src = partner,
+                          .rbuf = rp + theirs, .rbytes = cb << k };
+            if (k == 0 && !placed) { x.sbuf = sp; x.scopy = own; }
+            DT_TRY(p->xfer(p->ctx, &x, call));
         }
         return DT_OK;
     }
+    if (cb && !placed) memcpy(own, sp, cb);
+    if (W == 1) return DT_OK;
     return ring_allgather(p, call, recv, call->count * (size_t)W);
 }
 

@@ -63,7 +63,9 @@ void        dt_call_describe(dt_call *call);
  * from rank src into rbuf. dst < 0: nothing is sent; src < 0: nothing is received.
  * racc == NULL: received bytes are copied into rbuf. racc != NULL: the exchange reduces,
  * rbuf[i] = racc[i] (call->op) received[i] elementwise in call->dtype (avg reduces as
- * sum; racc may equal rbuf); a transport may combine as data arrives (pipelining). */
+ * sum; racc may equal rbuf); a transport may combine as data arrives (pipelining).
+ * scopy != NULL: the sent bytes are also copied there (overlapping neither sbuf nor
+ * rbuf); a transport may do it piece by piece as it sends, while they are in cache. */
 typedef struct {
     int         dst;
     const void *sbuf;
@@ -72,6 +74,7 @@ typedef struct {
     void       *rbuf;
     size_t      rbytes;
     const void *racc;
+    void       *scopy;
 } dt_xfer;
 
 typedef struct dt_p2p {
@@ -88,8 +91,12 @@ dt_status dt_algo_allgather     (const dt_p2p *p, const dt_call *call, const voi
 dt_status dt_algo_reduce_scatter(const dt_p2p *p, const dt_call *call, const void *send, void *recv);
 dt_status dt_algo_reduce        (const dt_p2p *p, const dt_call *call, const void *send, void *recv);
 dt_status dt_algo_barrier       (const dt_p2p *p, const dt_call *call);
-/* Elements below which all_reduce uses whole-buffer recursive doubling (bytes). */
-#define DT_ALGO_SMALL_BYTES (64u * 1024u)
+/* Bytes up to which all_reduce uses whole-buffer recursive doubling: one message of the
+ * whole array per step instead of two of the halving/doubling per step. With 2 ranks both
+ * move the same bytes, so one round wins until the message outgrows the caches; with more
+ * ranks doubling moves log2(W) arrays against 2(W-1)/W, so it stops sooner. */
+#define DT_ALGO_SMALL_BYTES   (64u * 1024u)
+#define DT_ALGO_SMALL_BYTES_2 (256u * 1024u)
 
 /* ---- backends ---------------------------------------------------------------------- */
 

@@ -261,6 +261,7 @@ static dt_status mpi_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         return broken(st, dt_error(DT_ERR_PEER, "MPI_Irecv of a message header failed"));
     if (x->src >= 0) DT_TRY(post_payload(st, 0, rbuf, x->rbytes, x->src, XFER_TAG_DATA, st->coll, dreq, &nd, MAX_REQ));
     if (x->dst >= 0) {
+        if (x->scopy && x->sbytes) memcpy(x->scopy, x->sbuf, x->sbytes);
         fill_header(sh, call, x->sbytes);
         if (MPI_Isend(sh, HDR_WORDS, MPI_UINT64_T, x->dst, XFER_TAG_HDR, st->coll, &hreq[nh++]) != MPI_SUCCESS)
             return broken(st, dt_error(DT_ERR_PEER, "MPI_Isend of a message header failed"));

@@ -2,8 +2,8 @@
  * shm.c: shared-memory byte rings (see shm.h).
  *
  * Layout of a segment: a control page (magic, size, head on its own cache line, tail on
- * its own cache line, the futex bells, the ack count, the consumer's accept flags)
- * followed by the data area of `size` bytes. Space is reserved with posix_fallocate so a
+ * its own cache line, each beside the CPU its side last ran on, the futex bells, the ack
+ * count, the consumer's accept flags) followed by the data area of `size` bytes. Space is reserved with posix_fallocate so a
  * full /dev/shm is an error when the ring is made (the caller then keeps the pair on TCP),
  * not a SIGBUS mid-training.
  */
@@ -36,7 +36,9 @@
 typedef struct {
     uint64_t magic, size;
     _Alignas(64) _Atomic uint64_t head;   /* bytes ever written (producer) */
+    _Atomic int32_t prod_cpu;             /* the CPU the producer last ran on (-1: unknown) */
     _Alignas(64) _Atomic uint64_t tail;   /* bytes ever consumed (consumer) */
+    _Atomic int32_t cons_cpu;             /* the CPU the consumer last ran on */
     _Alignas(64) _Atomic uint32_t data_bell, data_waiters;    /* consumer sleeps for data */
     _Alignas(64) _Atomic uint32_t space_bell, space_waiters;  /* producer sleeps for space
                                                                  or for an acknowledgement */
@@ -50,6 +52,8 @@ struct dt_shm_ring {
     size_t size, map_bytes;
     uint64_t pos;           /* local copy of our own counter (head or tail) */
     uint64_t seen;          /* the other side's counter when we last looked */
+    int producer;           /* 1: this process writes the ring (it created it) */
+    int cpu;                /* the CPU this side last published */
     char name[DT_SHM_NAME_MAX]; /* the creator's name for it, unlinked again on close */
 };
 
@@ -74,8 +78,13 @@ static void bell_ring(_Atomic uint32_t *bell, _Atomic uint32_t *waiters) {
     syscall(SYS_futex, (uint32_t *)bell, FUTEX_WAKE, 1, NULL, NULL, 0);
 }
 
+/* MAP_POPULATE: both sides map every page of the ring up front. Mapped lazily, each side
+ * took a page fault on its first touch of every 4 KiB of the ring (about 2,000 faults per
+ * 4 MiB ring, both processes together), all of them in the first few MiB that went through
+ * it: they made a job's first mid-sized collectives several times slower than later ones
+ * (dtbench from 32 KiB up: 64-256 KiB at a tenth of their speed). */
 static dt_status map_ring(int fd, size_t total, dt_shm_ring **out) {
-    void *m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (m == MAP_FAILED) return dt_error(DT_ERR_IO, "shared memory: mmap of %zu bytes: %s", total, strerror(errno));
     dt_shm_ring *r = calloc(1, sizeof *r);
     if (!r) { munmap(m, total); return dt_error(DT_ERR_NOMEM, "out of memory"); }
@@ -117,7 +126,11 @@ dt_status dt_shm_create(size_t bytes, char *name, size_t name_len, dt_shm_ring *
     atomic_store(&r->ctrl->space_waiters, 0);
     atomic_store(&r->ctrl->acks, 0);
     atomic_store(&r->ctrl->accepted, 0);
+    atomic_store(&r->ctrl->prod_cpu, -1);
+    atomic_store(&r->ctrl->cons_cpu, -1);
     r->size = bytes;
+    r->producer = 1;
+    r->cpu = -1;
     snprintf(r->name, sizeof r->name, "%s", name);
     return DT_OK;
 }
@@ -141,6 +154,7 @@ dt_status dt_shm_open(const char *name, dt_shm_ring **out) {
         return dt_error(DT_ERR_FORMAT, "shared memory segment %s is not a dtrain ring", name);
     }
     r->size = r->ctrl->size;
+    r->cpu = -1;
     return DT_OK;
 }
 
@@ -176,9 +190,14 @@ void dt_shm_wait_space(dt_shm_ring *r, double timeout_s) {
 
 size_t dt_shm_size(const dt_shm_ring *r) { return r->size; }
 
-int dt_shm_write_empty(dt_shm_ring *r, size_t *to_end) {
-    *to_end = r->size - (size_t)(r->pos & (r->size - 1));
-    return atomic_load_explicit(&r->ctrl->tail, memory_order_acquire) == r->pos;
+size_t dt_shm_write_rewind(dt_shm_ring *r, size_t need) {
+    uint64_t tail = atomic_load_explicit(&r->ctrl->tail, memory_order_acquire);
+    size_t used = (size_t)(r->pos - tail), head_off = (size_t)(r->pos & (r->size - 1));
+    size_t tail_off = (size_t)(tail & (r->size - 1)), to_end = r->size - head_off;
+    /* the bytes in use, [tail, head), must not wrap, and the start of the ring up to the
+     * tail must hold the record: then skipping to the end leaves room for it */
+    if (head_off == 0 || tail_off > head_off || to_end + need > r->size - used) return 0;
+    return to_end;
 }
 
 size_t dt_shm_read_span(dt_shm_ring *r, const void **p) {
@@ -220,4 +239,14 @@ uint64_t dt_shm_acks(dt_shm_ring *r) {
 void dt_shm_wait_ack(dt_shm_ring *r, uint64_t seen, double timeout_s) {
     ring_ctrl *c = r->ctrl;
     sleep_until_moved(&c->space_bell, &c->space_waiters, &c->acks, seen, timeout_s);
+}
+
+void dt_shm_set_cpu(dt_shm_ring *r, int cpu) {
+    if (cpu == r->cpu) return;          /* written only when it changes: the line stays quiet */
+    r->cpu = cpu;
+    atomic_store_explicit(r->producer ? &r->ctrl->prod_cpu : &r->ctrl->cons_cpu, cpu, memory_order_relaxed);
+}
+
+int dt_shm_peer_cpu(dt_shm_ring *r) {
+    return atomic_load_explicit(r->producer ? &r->ctrl->cons_cpu : &r->ctrl->prod_cpu, memory_order_relaxed);
 }

@@ -43,9 +43,10 @@ unsigned  dt_shm_accepted(dt_shm_ring *r);
 /* Producer: a contiguous writable span (0 bytes when full), then publish n of it. */
 size_t    dt_shm_write_span  (dt_shm_ring *r, void **p);
 void      dt_shm_write_commit(dt_shm_ring *r, size_t n);
-/* Producer: 1 when the consumer has taken everything written; *to_end gets the bytes
- * from the write position to the end of the data area. */
-int       dt_shm_write_empty (dt_shm_ring *r, size_t *to_end);
+/* Producer: when `need` bytes fit at the start of the data area right now (the consumer
+ * has taken everything there), the bytes from the write position to the end, which a
+ * skip record may commit to move there; 0 when they do not fit, or it is there already. */
+size_t    dt_shm_write_rewind(dt_shm_ring *r, size_t need);
 size_t    dt_shm_size        (const dt_shm_ring *r);   /* bytes of the data area */
 /* Consumer: a contiguous readable span (0 when empty), then release n of it. */
 size_t    dt_shm_read_span   (dt_shm_ring *r, const void **p);
@@ -60,5 +61,11 @@ void      dt_shm_wait_space  (dt_shm_ring *r, double timeout_s);
 void      dt_shm_ack         (dt_shm_ring *r);
 uint64_t  dt_shm_acks        (dt_shm_ring *r);
 void      dt_shm_wait_ack    (dt_shm_ring *r, uint64_t seen, double timeout_s);
+
+/* Where each side runs: a side publishes the CPU it is on (cheap when unchanged), the
+ * other reads it, so a waiting side can tell that its peer shares its CPU and cannot run
+ * until it yields (tcp_xfer.c). -1: not published yet. */
+void      dt_shm_set_cpu     (dt_shm_ring *r, int cpu);
+int       dt_shm_peer_cpu    (dt_shm_ring *r);
 
 #endif /* DT_SHM_H */

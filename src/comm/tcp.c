@@ -22,8 +22,8 @@
  *      shared-memory rings when they first talk (unless DT_SHM=0; tcp_ring.c says how,
  *      and why not at init); the socket stays open so the death of the peer is still
  *      seen as end of file. A waiting rank spins DT_SHM_SPIN_US microseconds before
- *      yielding (default 1000 for blocking calls and 20 on the async worker, 5 when ranks
- *      outnumber cores). Large collective messages can skip the ring (process_vm_readv)
+ *      sleeping (default 1000 for blocking calls and 20 on the async worker, 5 when ranks
+ *      outnumber cores), and yields at once to a peer that runs on its own CPU. Large collective messages can skip the ring (process_vm_readv)
  *      when the sender sets DT_CMA=1 (tcp_xfer.c).
  * The mesh holds a socket per peer, so a large job needs as many open files: the soft
  * limit is raised to the hard one when it is too low (fd_limit).

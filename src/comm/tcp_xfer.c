@@ -28,6 +28,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,6 @@
 #endif
 
 #define CHUNK (256u << 10)
-#define SMALL_REWIND (64u << 10)   /* messages up to this size rewind an empty ring */
 /* With DT_CMA=1, collective messages of at least CMA_MIN_BYTES between same-host ranks
  * travel without payload in the ring: the receiver reads them from the sender's buffer
  * (process_vm_readv), CMA_COPY_CHUNK bytes at a time straight into its own buffer, or
@@ -68,6 +68,7 @@ typedef struct {
     size_t hdone;
     const char *buf;
     size_t len, done;
+    char *copy;             /* the bytes sent are also copied here (dt_xfer.scopy), or NULL */
     int cma;                /* 1: offered for a cross-memory read, waiting for the ack */
     uint64_t want_ack;      /* the peer's ack count that releases buf */
 } snd_t;
@@ -269,6 +270,15 @@ static dt_status rcv_tcp(tcp_comm *tc, rcv_t *r, const dt_call *call, int *prog)
 
 /* ---- rings --------------------------------------------------------------------------- */
 
+/* dt_xfer.scopy: bytes [off, off + n) of the message were just read to be sent; copy them
+ * too while they are in cache (with non-temporal stores when the message is large, as a
+ * large received message is copied out). */
+static void snd_copy(const snd_t *s, size_t off, size_t n) {
+    if (!s->copy || !n) return;
+    if (s->len >= STREAM_MIN_BYTES) copy_stream(s->copy + off, s->buf + off, n);
+    else memcpy(s->copy + off, s->buf + off, n);
+}
+
 static void snd_shm(snd_t *s, const dt_call *call, int *prog) {
     dt_shm_ring *q = s->tp->out;
     void *p;
@@ -287,6 +297,7 @@ static void snd_shm(snd_t *s, const dt_call *call, int *prog) {
         dt_put64(s->hdr + TCP_HDR_BYTES + 8, (uint64_t)(uintptr_t)s->buf);
         s->cma = 1;
         s->want_ack = ++s->tp->cma_sent;
+        snd_copy(s, 0, s->len);
         memcpy(p, s->hdr, SHM_HDR_BYTES);
         s->hdone = SHM_HDR_BYTES;
         s->done = s->len;
@@ -295,13 +306,12 @@ static void snd_shm(snd_t *s, const dt_call *call, int *prog) {
         return;
     }
     if (!s->hdone) {
-        size_t to_end;
-        if (s->len <= SMALL_REWIND && dt_shm_write_empty(q, &to_end) &&
-            dt_shm_size(q) - to_end >= SHM_HDR_BYTES + round64(s->len)) {
-            /* The ring is empty: jump back to its start, so small messages keep reusing
-             * the same few cache lines instead of walking cold memory. (Only when the
-             * message fits before the write position: the skipped bytes stay in use until
-             * the receiver has seen the skip record.) */
+        size_t to_end = dt_shm_write_rewind(q, SHM_HDR_BYTES + round64(s->len));
+        if (to_end) {
+            /* The whole message fits at the start of the ring, which the receiver has
+             * read past: jump back there, so messages keep reusing the same cache lines
+             * instead of walking the ring's megabytes of colder memory (the skipped bytes
+             * count as in use until the receiver has read the skip record). */
             span = dt_shm_write_span(q, &p);
             unsigned char skip[SHM_HDR_BYTES] = { 0 };
             dt_put32(skip, SHM_SKIP_MAGIC);
@@ -316,6 +326,7 @@ static void snd_shm(snd_t *s, const dt_call *call, int *prog) {
         if (s->len && s->len <= span - SHM_HDR_BYTES && s->len <= CHUNK) {
             /* a small message goes out with its header in one publication */
             memcpy((char *)p + SHM_HDR_BYTES, s->buf, s->len);
+            snd_copy(s, 0, s->len);
             s->done = s->len;
             dt_shm_write_commit(q, SHM_HDR_BYTES + round64(s->len));
             s->on = 0;
@@ -330,6 +341,7 @@ static void snd_shm(snd_t *s, const dt_call *call, int *prog) {
         int last = s->done + n == s->len;
         if (!last) n &= ~(size_t)63;            /* publish whole 64-byte granules until the end */
         memcpy(p, s->buf + s->done, n);
+        snd_copy(s, s->done, n);
         s->done += n;
         dt_shm_write_commit(q, last ? round64(n) : n);
         *prog = 1;
@@ -500,10 +512,12 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
     snd_t s = { 0 };
     rcv_t r = { 0 };
     if (x->dst >= 0) {
-        s = (snd_t){ .on = 1, .peer = x->dst, .tp = &w->peers[tc->map[x->dst]], .buf = x->sbuf, .len = x->sbytes };
+        s = (snd_t){ .on = 1, .peer = x->dst, .tp = &w->peers[tc->map[x->dst]], .buf = x->sbuf, .len = x->sbytes,
+                     .copy = x->scopy };
         put_header(s.hdr, call, x->sbytes);
         if (s.tp->out_st == RING_UNTRIED || s.tp->out_st == RING_OFFERED)
             s.pre_len = tcp_ring_prepare(w, s.tp, s.pre);
+        if (s.tp->out_st != RING_ON) { snd_copy(&s, 0, s.len); s.copy = NULL; }   /* over TCP: copy at once */
     }
     if (x->src >= 0) {
         r = (rcv_t){ .on = 1, .peer = x->src, .tp = &w->peers[tc->map[x->src]], .buf = x->rbuf,
@@ -514,6 +528,8 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
             if (!w->stage) return dt_error(DT_ERR_NOMEM, "out of memory (receive staging buffer)");
         }
     }
+    if (s.on && s.tp->out_st == RING_ON) dt_shm_set_cpu(s.tp->out, sched_getcpu());
+    if (r.on && r.tp->in_st == RING_ON) dt_shm_set_cpu(r.tp->in, sched_getcpu());
     double deadline = dt_now() + c->timeout_s, idle_since = 0;
     double spin = dt_comm_on_worker ? w->spin_worker_s : w->spin_s;
     int s_gone = 0, r_gone = 0;
@@ -539,6 +555,16 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
         int s_tcp = s.on && !s_shm, r_tcp = r.on && !r_shm;
         double idle = now - idle_since;
         if ((s_shm || r_shm) && idle < spin) {
+            /* a peer on this very CPU cannot move until this rank lets it run */
+            int cpu = sched_getcpu();
+            if (s_shm) dt_shm_set_cpu(s.tp->out, cpu);
+            if (r_shm) dt_shm_set_cpu(r.tp->in, cpu);
+            int shared = cpu >= 0 && ((r_shm && dt_shm_peer_cpu(r.tp->in) == cpu) ||
+                                      (s_shm && dt_shm_peer_cpu(s.tp->out) == cpu));
+            if (shared) {
+                sched_yield();
+                continue;
+            }
             /* shared memory: spin while the peer is likely running on another core (not
              * on sockets: there the poll() below wakes sooner than busy retries get data) */
 #if defined(__x86_64__) || defined(__i386__)

@@ -5,8 +5,11 @@
  *   mpirun -np 2 dtbench --backend mpi
  *
  * Every rank joins the job from its launch environment (dt_comm_init with defaults),
- * then for each size from -b to -e (times -f each step) runs the collective -w times to
- * warm up, checks one result, and times -n iterations. Rank 0 prints one row per size:
+ * warms up as nccl-tests does (-w runs at the largest size, then -w at the smallest, so
+ * connections, shared-memory rings and buffers are set up and the ranks are settled on
+ * their cores before anything is timed), then for each size from -b to -e (times -f each
+ * step) runs the collective -w times to warm up, checks one result, and times -n
+ * iterations. Rank 0 prints one row per size:
  *
  *   size (B)  count  type  redop  time (us)  algbw (GB/s)  busbw (GB/s)  #wrong
  *
@@ -42,7 +45,8 @@ static const char usage[] =
 "                 (default all_reduce)\n"
 "  -d TYPE        f32 | f64 | f16 | bf16 | i32 | i64 | u8 (default f32)\n"
 "  -r REDOP       sum | avg | min | max | prod (default sum)\n"
-"  -w N           warm-up iterations per size (default 5)\n"
+"  -w N           warm-up iterations per size, and at the largest and smallest size\n"
+"                 before the first row (default 5)\n"
 "  -n N           timed iterations per size (default 20)\n"
 "  -c 0|1         check results (default 1)\n"
 "  --backend B    tcp | mpi | nccl (default: $DT_BACKEND or tcp)\n"
@@ -268,6 +272,9 @@ static dt_status bench(dt_comm *c, const bench_cfg *cfg, int64_t *wrong_total) {
         free(b.send); free(b.recv); free(b.want);
         return dt_error(DT_ERR_NOMEM, "rank %d: cannot allocate 3 x %zu bytes", r, cfg->maxb);
     }
+    /* valid inputs from the start (warm-up runs too reduce them: no overflow on garbage) */
+    fill(cfg, b.send, 0, cfg->maxb / es, r);
+    fill(cfg, b.recv, 0, cfg->maxb / es, r);
     int is_red = cfg->op == OP_ALLREDUCE || cfg->op == OP_REDUCE_SCATTER || cfg->op == OP_REDUCE;
     if (r == 0) {
         printf("# dtbench: %s, backend %s, %d ranks, %s%s%s, warmup %d, iters %d, check %d\n",
@@ -279,6 +286,12 @@ static dt_status bench(dt_comm *c, const bench_cfg *cfg, int64_t *wrong_total) {
     }
     dt_status s = DT_OK;
     *wrong_total = 0;
+    size_t ends[2] = { cfg->maxb, cfg->minb };
+    for (int e = 0; e < 2; e++) {
+        size_t total, per;
+        row_counts(cfg, ends[e], n, &total, &per);
+        for (int w = 0; w < cfg->warmup && s == DT_OK; w++) s = run_once(c, cfg, &b, total, per);
+    }
     for (double bytes_d = (double)cfg->minb; s == DT_OK && bytes_d <= (double)cfg->maxb * (1 + 1e-12);
          bytes_d *= cfg->factor) {
         size_t total, per;
