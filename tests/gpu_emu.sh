@@ -1,16 +1,24 @@
 #!/bin/sh
-# gpu_emu.sh: the CUDA backend's kernels without a GPU. The four .cu files are compiled
-# with g++ against stand-ins for the CUDA runtime and cuBLAS (tests/gpu_emu/: kernels
-# become host functions, each block's threads run as cooperative fibers that switch at
-# __syncthreads, GEMMs go to OpenBLAS column-major), launches <<<...>>> rewritten into
-# calls, and tests/test_cuda_ops runs against them: every op against the CPU backend,
-# determinism, bad inputs. This checks index arithmetic, reduction trees, the cuBLAS
-# operand order and the table on any machine; tests/test_cuda_ops on a GPU checks the
-# real thing. In a --with-cuda build it also trains the mlp for 10 steps with
-# dtrain --device cuda on the emulated kernels (dtrain's objects linked with them in
-# place of the real backend) and holds the losses against the cpu run. Works in any
-# build (needs g++ and libdtrain).
+# gpu_emu.sh: the CUDA and NCCL backends without a GPU. The four .cu files are compiled
+# with g++ against stand-ins for the CUDA runtime, cuBLAS and NCCL (tests/gpu_emu/:
+# kernels become host functions whose block threads run as fibers switching at
+# __syncthreads; memory is tracked, so a host pointer given to a kernel, cuBLAS, a copy or
+# NCCL fails naming the call; streams run lazily, so a missing wait reads stale data;
+# bad launch configurations are errors; NCCL runs over dtrain's tcp backend between real
+# processes), launches <<<...>>> rewritten into calls. Then:
+#   1. tests/test_cuda_ops against them: every op against the CPU backend, determinism,
+#      bad inputs (its own TAP lines, numbered on);
+#   2. the stand-in's own test (gpu_emu/selftest.cu): each strictness above fails as it
+#      should, naming the call;
+#   3. with a --with-cuda build: dtrain train --device cuda (mlp, 10 steps) on the
+#      emulated kernels (dtrain's objects linked with them in place of the real backend)
+#      against the cpu run's losses;
+#   4. with --with-nccl too: src/comm/nccl.c compiled against the NCCL stand-in, and
+#      tests/gpu_nccl_prog on 2 emulated ranks (dtrun -n 2, one emulated GPU each): every
+#      collective, the deterministic mode, a mismatch, a rank that never arrives.
+# Works in any build (needs g++ and libdtrain); parts 3 and 4 skip, saying why.
 . "$DT_SRCDIR/tests/tap.sh"
+. "$DT_SRCDIR/tests/gpu_lib.sh"
 S=$DT_SRCDIR
 B=$DT_BUILDDIR
 command -v g++ > /dev/null 2>&1 || skip_all "no g++"
@@ -19,38 +27,79 @@ blas_cflags=$(sed -n 's/^OPENBLAS_CFLAGS = //p' "$B/Makefile")
 blas_libs=$(sed -n 's/^OPENBLAS_LIBS = //p' "$B/Makefile")
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+cuda_build=0; nccl_build=0
+grep -q "define DT_HAVE_CUDA 1" "$B/config.h" 2>/dev/null && [ -x "$B/dtrain" ] && cuda_build=1
+[ $cuda_build = 1 ] && grep -q "define DT_HAVE_NCCL 1" "$B/config.h" 2>/dev/null && nccl_build=1
 
-fail() { echo "not ok 1 - $1"; sed 's/^/#   /' "$TMP/log" | head -30; echo "1..1"; exit 1; }
+fail() { echo "not ok $((tap_n + 1)) - $1"; sed 's/^/#   /' "$TMP/log" | head -30; echo "1..$((tap_n + 1))"; exit 1; }
+# tap_include FILE RC WHAT: FILE's TAP test points, numbered on from ours; a program that
+# exited non-zero without a failing test point fails one more.
+tap_include() {
+    awk -v b="$tap_n" '/^(not )?ok [0-9]+/ { neg = $1 == "not"; sub(/^(not )?ok [0-9]+/, "");
+                                             printf "%sok %d%s\n", neg ? "not " : "", ++b, $0; next }
+                       /^#/ { print }' "$1"
+    tap_n=$((tap_n + $(grep -cE '^(not )?ok [0-9]+' "$1")))
+    f=$(grep -c '^not ok' "$1")
+    tap_failed=$((tap_failed + f))
+    [ "$2" -eq 0 ] || [ "$f" -gt 0 ] || ok 1 "$3 exited with $2"
+}
+# cu SRC OUT: a CUDA source compiled for the CPU (launches rewritten)
 cxx="g++ -std=c++17 -O1 -fPIC -I$S/tests/gpu_emu $blas_cflags"
-for f in cuda_ops cuda_elem cuda_nn cuda_seq; do
-    sed 's/\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/emu_cfg(\2).run(\1)(/' "$S/src/cuda/$f.cu" > "$TMP/$f.cpp"
-    if grep -n '<<<' "$TMP/$f.cpp" > "$TMP/log"; then fail "a kernel launch in $f.cu was not rewritten"; fi
-    timeout 300 $cxx -DDT_CU_MAX_BLOCKS=3 -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$B" \
-        -c "$TMP/$f.cpp" -o "$TMP/$f.o" > "$TMP/log" 2>&1 || fail "compile $f.cu for the CPU"
-done
-timeout 120 $cxx -c "$S/tests/gpu_emu/emu.cpp" -o "$TMP/emu.o" > "$TMP/log" 2>&1 || fail "compile the CUDA stand-in"
+cu() {
+    sed 's/\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/emu_cfg(\2).run(EMU_NAMED(\1))(/' "$1" > "$TMP/$2.cpp"
+    if grep -n '<<<' "$TMP/$2.cpp" > "$TMP/log"; then fail "a kernel launch in $1 was not rewritten"; fi
+    timeout 300 $cxx -DDT_CU_MAX_BLOCKS=3 -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$S/tests" -I"$B" \
+        -c "$TMP/$2.cpp" -o "$TMP/$2.o" > "$TMP/log" 2>&1 || fail "compile $1 for the CPU"
+}
+mkdir "$TMP/be"
+for f in cuda_ops cuda_elem cuda_nn cuda_seq; do cu "$S/src/cuda/$f.cu" "be/$f"; done
+timeout 120 $cxx -c "$S/tests/gpu_emu/emu.cpp" -o "$TMP/be/emu.o" > "$TMP/log" 2>&1 || fail "compile the CUDA stand-in"
+timeout 120 $cxx -I"$S/src" -I"$S/src/comm" -I"$B" -c "$S/tests/gpu_emu/nccl_emu.cpp" -o "$TMP/nccl_emu.o" \
+    > "$TMP/log" 2>&1 || fail "compile the NCCL stand-in"
 timeout 120 gcc -std=c11 -O1 -I"$S/src" -I"$S/tests" -I"$B" -c "$S/tests/test_cuda_ops.c" -o "$TMP/test.o" \
     > "$TMP/log" 2>&1 || fail "compile tests/test_cuda_ops.c"
-timeout 120 g++ -o "$TMP/test_cuda_emu" "$TMP"/*.o -L"$B/.libs" -ldtrain $blas_libs -lm -Wl,-rpath,"$B/.libs" \
-    > "$TMP/log" 2>&1 || fail "link the emulated test"
+timeout 120 g++ -o "$TMP/test_cuda_emu" "$TMP/test.o" "$TMP"/be/*.o -L"$B/.libs" -ldtrain $blas_libs -lm \
+    -Wl,-rpath,"$B/.libs" > "$TMP/log" 2>&1 || fail "link the emulated test"
+cu "$S/tests/gpu_emu/selftest.cu" selftest
+timeout 120 g++ -o "$TMP/selftest" "$TMP/selftest.o" "$TMP/be/emu.o" "$TMP/nccl_emu.o" -L"$B/.libs" -ldtrain \
+    $blas_libs -lm -Wl,-rpath,"$B/.libs" > "$TMP/log" 2>&1 || fail "link the stand-in's own test"
 
-# 1. every op against the cpu backend (test_cuda_ops's own TAP lines, numbered on)
+# 1. every op against the cpu backend
 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" > "$TMP/ops.out" 2>&1
-rc=$?
-grep -v '^1\.\.' "$TMP/ops.out"
-tap_n=$(grep -cE '^(not )?ok' "$TMP/ops.out")
-tap_failed=$(grep -c '^not ok' "$TMP/ops.out")
-[ $rc -eq 0 ] || [ "$tap_failed" -gt 0 ] || ok 1 "test_cuda_ops under emulation exited with $rc"
+tap_include "$TMP/ops.out" $? "test_cuda_ops under emulation"
 
-# 2. with a --with-cuda build: dtrain train --device cuda on the emulated kernels follows
-#    the cpu run's losses. dtrain links libdtrain_core statically, so nothing can be
-#    preloaded over its backend: its objects are linked again, with the emulated kernels
-#    ahead of the archive, which then has no reason to pull in the real ones.
-if grep -q "define DT_HAVE_CUDA 1" "$B/config.h" 2>/dev/null && [ -x "$B/dtrain" ]; then
+# 2. the stand-in catches what a GPU would (one process per sticky error)
+for m in "" kernel cublas; do
+    (cd "$TMP" && TMPDIR="$TMP" timeout 120 ./selftest $m > "st$m.out" 2> "st$m.err")
+    tap_include "$TMP/st$m.out" $? "selftest $m"
+done
+
+# 3. dtrain train --device cuda on the emulated kernels follows the cpu run's losses.
+#    dtrain links libdtrain_core statically, so nothing can be preloaded over its backend:
+#    its objects are linked again, with the emulated backend (and NCCL) ahead of the
+#    archive, which then has no reason to pull in the real ones.
+link_emu() {  # OUT OBJECTS...: a program of this build linked against the stand-ins
+    out=$1; shift
+    extra=
+    [ $nccl_build = 1 ] && extra="$TMP/nccl.o $TMP/nccl_emu.o"
+    (cd "$B" && ./libtool --mode=link --tag=CXX g++ -o "$out" "$@" "$TMP"/be/*.o $extra libdtrain_core.la) \
+        > "$TMP/log" 2>&1
+}
+losses() { sed -n 's/.*"event":"step".*"loss":\([^,}]*\).*/\1/p' "$1"; }
+worst_rel() {  # A B: the largest relative difference of two loss lists ("missing" unless both have N)
+    paste "$1" "$2" | awk -v n="$3" '{ d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > w) w = r }
+                                     END { if (NR != n) print "missing"; else printf "%.3g", w + 0 }'
+}
+if [ $cuda_build = 1 ]; then
+    if [ $nccl_build = 1 ]; then
+        timeout 120 gcc -std=c11 -O1 -fPIC -Wall -Wextra -Werror -I"$S/tests/gpu_emu" -I"$S/src" -I"$S/src/comm" \
+            -I"$B" -c "$S/src/comm/nccl.c" -o "$TMP/nccl.o" > "$TMP/log" 2>&1
+        ok $? "src/comm/nccl.c compiles against the NCCL stand-in"
+        [ -s "$TMP/log" ] && sed 's/^/#   /' "$TMP/log" | head -20
+    fi
     objs=$(awk '/^am_dtrain_OBJECTS =/ { on = 1; sub(/^[^=]*=/, "") }
                 on { more = sub(/\\$/, ""); print; if (!more) exit }' "$B/Makefile" | sed 's/\$(OBJEXT)/o/g')
-    (cd "$B" && ./libtool --mode=link --tag=CXX g++ -o "$TMP/dtrain_emu" $objs "$TMP"/cuda_*.o "$TMP/emu.o" \
-        libdtrain_core.la) > "$TMP/log" 2>&1
+    link_emu "$TMP/dtrain_emu" $objs
     rc=$?
     ok $rc "dtrain links with the stand-in in place of the CUDA backend"
     [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/log" | head -20
@@ -59,17 +108,34 @@ if grep -q "define DT_HAVE_CUDA 1" "$B/config.h" 2>/dev/null && [ -x "$B/dtrain"
         DT_GPU_EMU_MARK="$TMP/mark" timeout 120 "$TMP/dtrain_emu" train --device $d --model mlp \
             --data synthetic:512,1,28,28,10 --steps 10 --batch 32 --seed 5 --log-every 1 \
             --metrics "$TMP/$d.jsonl" --no-eval --quiet --threads 1 > "$TMP/$d.out" 2>&1
-        ok $? "dtrain train --device $d (mlp, 10 steps)"
+        rc=$?
+        ok $rc "dtrain train --device $d (mlp, 10 steps)"
+        [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/$d.out" | tail -5
         [ -f "$TMP/mark" ] && used=1 || used=0
         [ $used -eq $([ $d = cuda ] && echo 1 || echo 0) ]
         ok $? "the $d run $([ $d = cuda ] && echo used || echo did not touch) the emulated device"
-        sed -n 's/.*"event":"step".*"loss":\([^,}]*\).*/\1/p' "$TMP/$d.jsonl" > "$TMP/$d.loss"
+        losses "$TMP/$d.jsonl" > "$TMP/$d.loss"
     done
-    worst=$(paste "$TMP/cpu.loss" "$TMP/cuda.loss" | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1);
-                                                        if (r > w) w = r } END { if (NR != 10) print "missing"; else printf "%.3g", w + 0 }')
+    worst=$(worst_rel "$TMP/cpu.loss" "$TMP/cuda.loss" 10)
     awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-4) }'
     ok $? "emulated cuda losses within 1e-4 relative of the cpu's (worst $worst)"
 else
     skip "not a --with-cuda build: dtrain --device cuda on the emulated kernels"
+fi
+
+# 4. the nccl backend on 2 emulated ranks (one emulated GPU each)
+if [ $nccl_build = 1 ]; then
+    timeout 120 gcc -std=c11 -O1 -I"$S/src" -I"$S/src/comm" -I"$S/tests" -I"$B" -c "$S/tests/gpu_nccl_prog.c" \
+        -o "$TMP/gpu_nccl_prog.o" > "$TMP/log" 2>&1 && link_emu "$TMP/gpu_nccl_emu" "$TMP/gpu_nccl_prog.o"
+    rc=$?
+    ok $rc "tests/gpu_nccl_prog links with the CUDA and NCCL stand-ins"
+    [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/log" | head -20
+    nccl2() {  # tag ranks args...: gpu_nccl_prog on emulated ranks, one emulated GPU each
+        t=$1 r=$2; shift 2
+        TMPDIR="$TMP" DT_GPU_EMU_DEVICES=$r timeout 240 "$B/dtrun" -n "$r" "$TMP/gpu_nccl_emu" "$@" > "$TMP/$t.out" 2>&1
+    }
+    gpu_nccl_checks nccl2 2
+else
+    skip "not a --with-nccl build: the nccl backend on emulated ranks"
 fi
 done_testing

@@ -18,3 +18,20 @@ gpu_count() {
 gpu_absent_msg() {
     grep -Eq "no CUDA device|cudaGetDeviceCount|cudaErrorInsufficientDriver|cudaErrorNoDevice|no CUDA backend" "$1"
 }
+# gpu_nccl_checks RUN W: tests/gpu_nccl_prog's modes, each through `RUN TAG RANKS ARGS...`
+# (a function that starts the program on RANKS ranks, its output in $TMP/TAG.out), on W ranks
+gpu_nccl_checks() {
+    run=$1 w=$2
+    $run all "$w" --mode all; rc=$?
+    ok $rc "$w ranks: every collective on device buffers is exact ($(grep -c '^\[rank0\]:ok' "$TMP/all.out") checks)"
+    [ $rc -eq 0 ] || grep -v ':ok ' "$TMP/all.out" | tail -8 | sed 's/^/#   /'
+    DT_DETERMINISTIC=1 $run det "$w" --mode all; rc=$?
+    ok $rc "$w ranks, deterministic mode: the same checks through dtrain's own tree"
+    [ $rc -eq 0 ] || grep -v ':ok ' "$TMP/det.out" | tail -8 | sed 's/^/#   /'
+    $run mismatch "$w" --mode mismatch
+    ok $? "a mismatched collective is DT_ERR_MISMATCH naming both calls on every rank"
+    ok_grep "$TMP/mismatch.out" "all_reduce.*broadcast|broadcast.*all_reduce" "the message names all_reduce and broadcast"
+    $run timeout 2 --mode timeout
+    ok $? "a rank that never arrives: the others time out"
+    ok_grep "$TMP/timeout.out" "rank 1" "the timeout names rank 1"
+}

@@ -13,7 +13,8 @@ CUDA_HDR = src/cuda/cuda_impl.h src/cuda/dt_cuda.h src/ops.h src/ops_elem.h src/
 	src/dtype.h
 EXTRA_DIST += $(CUDA_SRC) src/cuda/cuda_impl.h src/cuda/dt_cuda.h build-aux/nvcc-wrap src/comm/nccl.c \
 	tests/test_cuda_ops.c tests/gpu_nccl_prog.c tests/gpu_lib.sh tests/gpu_train.sh tests/gpu_nccl.sh \
-	tests/gpu_emu.sh tests/gpu_emu/cuda_runtime.h tests/gpu_emu/cublas_v2.h tests/gpu_emu/emu.cpp
+	tests/gpu_emu.sh tests/gpu_emu/cuda_runtime.h tests/gpu_emu/cublas_v2.h tests/gpu_emu/emu.cpp \
+	tests/gpu_emu/nccl.h tests/gpu_emu/nccl_emu.cpp tests/gpu_emu/selftest.cu
 
 if HAVE_CUDA
 AM_CPPFLAGS += $(CUDA_CFLAGS)

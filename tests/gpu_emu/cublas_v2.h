@@ -1,19 +1,29 @@
-/* gpu_emu/cublas_v2.h: a stand-in for cuBLAS (see cuda_runtime.h here): GEMMs go to
- * OpenBLAS's column-major cblas_sgemm, so the backend's operand order is what is tested. */
+/* gpu_emu/cublas_v2.h: a stand-in for cuBLAS (see cuda_runtime.h here): GEMMs are queued
+ * on the handle's stream and run OpenBLAS's column-major cblas_sgemm, so the backend's
+ * operand order is what is tested. Each matrix's whole extent (from its sizes and leading
+ * dimension) must lie in device or pinned memory; a host pointer fails the call with
+ * CUBLAS_STATUS_EXECUTION_FAILED and a sticky cudaErrorIllegalAddress naming it. */
 #ifndef DT_GPU_EMU_CUBLAS_H
 #define DT_GPU_EMU_CUBLAS_H
 #include "cuda_runtime.h"
 
+#define CUBLAS_VERSION 130000
 typedef enum {
-    CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_ALLOC_FAILED = 3, CUBLAS_STATUS_INVALID_VALUE = 7,
-    CUBLAS_STATUS_ARCH_MISMATCH = 8, CUBLAS_STATUS_NOT_SUPPORTED = 15,
+    CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_INITIALIZED = 1, CUBLAS_STATUS_ALLOC_FAILED = 3,
+    CUBLAS_STATUS_INVALID_VALUE = 7, CUBLAS_STATUS_ARCH_MISMATCH = 8, CUBLAS_STATUS_EXECUTION_FAILED = 13,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15,
 } cublasStatus_t;
 typedef enum { CUBLAS_OP_N, CUBLAS_OP_T } cublasOperation_t;
 typedef enum { CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH } cublasMath_t;
 typedef enum { CUBLAS_POINTER_MODE_HOST } cublasPointerMode_t;
 typedef struct emu_blas *cublasHandle_t;
 
+#ifdef __cplusplus
+extern "C" {
+#endif
 cublasStatus_t cublasCreate(cublasHandle_t *h);
+cublasStatus_t cublasDestroy(cublasHandle_t h);
+cublasStatus_t cublasGetVersion(cublasHandle_t h, int *v);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
 cublasStatus_t cublasSetPointerMode(cublasHandle_t h, cublasPointerMode_t m);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m);
@@ -25,4 +35,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
                                          const float *B, int ldb, long long sb, const float *beta, float *C, int ldc,
                                          long long sc, int batch);
 const char *cublasGetStatusString(cublasStatus_t s);
+#ifdef __cplusplus
+}
+#endif
 #endif
