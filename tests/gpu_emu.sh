@@ -15,7 +15,9 @@
 #      against the cpu run's losses;
 #   4. with --with-nccl too: src/comm/nccl.c compiled against the NCCL stand-in, and
 #      tests/gpu_nccl_prog on 2 emulated ranks (dtrun -n 2, one emulated GPU each): every
-#      collective, the deterministic mode, a mismatch, a rank that never arrives.
+#      collective on device and on host buffers, the deterministic mode, a mismatch, a rank
+#      that never arrives; and dtrain train --device cuda --backend nccl on 2 emulated
+#      ranks against the cpu run's losses.
 # Works in any build (needs g++ and libdtrain); parts 3 and 4 skip, saying why.
 . "$DT_SRCDIR/tests/tap.sh"
 . "$DT_SRCDIR/tests/gpu_lib.sh"
@@ -135,6 +137,18 @@ if [ $nccl_build = 1 ]; then
         TMPDIR="$TMP" DT_GPU_EMU_DEVICES=$r timeout 240 "$B/dtrun" -n "$r" "$TMP/gpu_nccl_emu" "$@" > "$TMP/$t.out" 2>&1
     }
     gpu_nccl_checks nccl2 2
+
+    # dtrain train --device cuda --backend nccl on 2 emulated ranks follows the cpu run
+    TMPDIR="$TMP" DT_GPU_EMU_DEVICES=2 timeout 240 "$B/dtrun" -n 2 "$TMP/dtrain_emu" train --device cuda \
+        --backend nccl --model mlp --data synthetic:512,1,28,28,10 --steps 10 --batch 32 --seed 5 --log-every 1 \
+        --metrics "$TMP/nccl.jsonl" --no-eval --quiet --threads 1 > "$TMP/nccl.out" 2>&1
+    rc=$?
+    ok $rc "dtrain train --device cuda --backend nccl on 2 emulated ranks (mlp, 10 steps)"
+    [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/nccl.out" | tail -5
+    losses "$TMP/nccl.jsonl" > "$TMP/nccl.loss"
+    worst=$(worst_rel "$TMP/cpu.loss" "$TMP/nccl.loss" 10)
+    awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-4) }'
+    ok $? "its losses within 1e-4 relative of the 1-rank cpu run's (worst $worst)"
 else
     skip "not a --with-nccl build: the nccl backend on emulated ranks"
 fi

@@ -28,6 +28,9 @@ gpu_nccl_checks() {
     DT_DETERMINISTIC=1 $run det "$w" --mode all; rc=$?
     ok $rc "$w ranks, deterministic mode: the same checks through dtrain's own tree"
     [ $rc -eq 0 ] || grep -v ':ok ' "$TMP/det.out" | tail -8 | sed 's/^/#   /'
+    $run host "$w" --mode host; rc=$?
+    ok $rc "$w ranks: the same on host buffers (over the tcp side channel); mixed and disagreeing kinds refused"
+    [ $rc -eq 0 ] || grep -v ':ok ' "$TMP/host.out" | tail -8 | sed 's/^/#   /'
     $run mismatch "$w" --mode mismatch
     ok $? "a mismatched collective is DT_ERR_MISMATCH naming both calls on every rank"
     ok_grep "$TMP/mismatch.out" "all_reduce.*broadcast|broadcast.*all_reduce" "the message names all_reduce and broadcast"

@@ -97,7 +97,7 @@ DT_API const char *dt_comm_backend   (const dt_comm *c);             /* "tcp", "
  * "mpirun HOST:PORT" (mpirun set no MASTER_ADDR/MASTER_PORT: rank 0's store address went
  * through MPI, see README), "MPI_COMM_WORLD" (mpi backend); "" for a world of one. */
 DT_API const char *dt_comm_rendezvous(const dt_comm *c);
-DT_API int         dt_comm_device_buffers(const dt_comm *c);     /* 1: buffers are device (GPU) memory (nccl) */
+DT_API int         dt_comm_device_buffers(const dt_comm *c);     /* 1: takes device (GPU) buffers (nccl; host ones too) */
 DT_API const char *dt_comm_host      (const dt_comm *c, int rank);   /* that rank's host name; NULL if out of range */
 DT_API dt_status   dt_comm_set_timeout(dt_comm *c, double seconds);  /* for later calls; > 0 */
 DT_API double      dt_comm_timeout   (const dt_comm *c);

@@ -3,9 +3,12 @@
  * for buffers in GPU memory.
  *
  * Built only with ./configure --with-cuda --with-nccl (DT_HAVE_NCCL); the one file
- * that includes nccl.h. Buffers given to this backend are DEVICE pointers (from the
- * CUDA compute backend's alloc), on the device dt_cuda.h selected from the local rank.
- * Host pointers are not supported; use the tcp or mpi backend for those.
+ * that includes nccl.h. Buffers are classified per call (cudaPointerGetAttributes):
+ * DEVICE buffers (from the CUDA compute backend's alloc, on the device dt_cuda.h
+ * selected from the local rank) go to NCCL; HOST buffers (the trainer's control
+ * traffic: sizes, checksums, losses, flags, pinned or not) cannot, and go over the tcp
+ * side channel with dtrain's own algorithms (algo.c). Every rank must pass the same
+ * kind to a call (the preflight below checks it); a call that mixes them is refused.
  *
  * Set-up never needs MPI. The backend first runs the tcp backend's rendezvous
  * (tcp.c: the store, rank claims, host names, a socket mesh). Rank 0 then makes the
@@ -158,11 +161,14 @@ static dt_status wait_stream(nccl_state *st, const dt_call *call, double deadlin
 #define WITH_TCP(c, st, stmt) do { void *nccl_save_ = (c)->priv; (c)->priv = (st)->tcp; stmt; (c)->priv = nccl_save_; } while (0)
 
 /* Every rank of the call agrees on it before NCCL sees it. Collectives: an all-gather
- * over the tcp side channel of each rank's (fingerprint, sequence number), under a
- * call that is the same on every rank, so it always completes and every rank can name
- * the first rank whose call differs; a rank that never arrives gets the tcp timeout
- * naming it. p2p: a zero-byte message each way whose header carries the fingerprint. */
-static dt_status preflight(nccl_state *st, const dt_call *call) {
+ * over the tcp side channel of each rank's (fingerprint, sequence number, buffer kind),
+ * under a call that is the same on every rank, so it always completes and every rank
+ * can name the first rank whose call differs; a rank that never arrives gets the tcp
+ * timeout naming it. p2p: a zero-byte message each way whose header carries the
+ * fingerprint (host p2p skips it: its message carries the fingerprint itself). */
+static const char *kind_name(uint64_t host) { return host ? "host" : "device"; }
+
+static dt_status preflight(nccl_state *st, const dt_call *call, int host) {
     dt_comm *c = st->c;
     if (!st->check || c->size == 1) return DT_OK;
     const dt_p2p *p = &c->p2p;
@@ -172,17 +178,24 @@ static dt_status preflight(nccl_state *st, const dt_call *call) {
         s = p->xfer(p->ctx, &x, call);
         return s == DT_OK ? DT_OK : set_broken(st, s);
     }
-    dt_call pre = { .kind = DT_CALL_ALLGATHER, .dtype = DT_U8, .op = DT_SUM, .count = 3 * sizeof(uint64_t),
+    dt_call pre = { .kind = DT_CALL_ALLGATHER, .dtype = DT_U8, .op = DT_SUM, .count = 4 * sizeof(uint64_t),
                     .root = -1, .seq = call->seq, .ctx = call->ctx };
     snprintf(pre.desc, sizeof pre.desc, "%s", call->desc);   /* errors name the real call */
     dt_fp fp = dt_call_fp(call);
-    uint64_t mine[3] = { fp.a, fp.b, call->seq };
+    uint64_t mine[4] = { fp.a, fp.b, call->seq, (uint64_t)host };
     uint64_t *all = malloc(sizeof mine * (size_t)c->size);
     if (!all) return dt_error(DT_ERR_NOMEM, "out of memory");
     s = dt_algo_allgather(p, &pre, mine, all);
     for (int k = 0; s == DT_OK && k < c->size; k++) {
-        const uint64_t *o = all + 3 * k;
-        if (o[0] == fp.a && o[1] == fp.b && o[2] == call->seq) continue;
+        const uint64_t *o = all + 4 * k;
+        if (o[0] == fp.a && o[1] == fp.b && o[2] == call->seq) {
+            if (o[3] != (uint64_t)host)
+                s = dt_error(DT_ERR_MISMATCH, "collective #%llu %s: this rank passed %s buffers, rank %d %s buffers "
+                             "(the nccl backend sends device buffers through NCCL and host buffers over its tcp "
+                             "side channel: every rank must pass the same kind)", (unsigned long long)call->seq,
+                             call->desc, kind_name((uint64_t)host), k, kind_name(o[3]));
+            continue;
+        }
         char theirs[112];
         dt_fp_describe((dt_fp){ o[0], o[1] }, theirs, sizeof theirs);
         if (o[2] == call->seq)
@@ -226,14 +239,35 @@ static ncclRedOp_t nccl_op(dt_redop op) {
 
 /* ---- one operation: checks, ordering, launch, wait ------------------------------------ */
 
-/* Start of every operation: fail fast when broken, bind the device, agree on the call,
- * order our stream after the compute stream. */
-static dt_status begin(dt_comm *c, const dt_call *call, nccl_state **out) {
+/* 1 for a buffer in host memory (pageable or pinned), 0 for device memory; -1 for NULL. */
+static int is_host(const void *p) {
+    if (!p) return -1;
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();   /* an old runtime's "not a CUDA pointer": host memory */
+        return 1;
+    }
+    return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+}
+
+/* Start of every operation: fail fast when broken, bind the device, say where the
+ * buffers are (*host), agree on the call, and for device buffers order our stream
+ * after the compute stream. */
+static dt_status begin(dt_comm *c, const dt_call *call, const void *send, const void *recv, nccl_state **out,
+                       int *host) {
     nccl_state *st = c->priv;
     *out = st;
     if (st->broken || !st->nc) return dt_error(DT_ERR_PEER, "%s", st->broken_msg[0] ? st->broken_msg : "the NCCL communicator is gone");
     DT_TRY(dt_cuda_bind_thread());
-    DT_TRY(preflight(st, call));
+    int a = is_host(send), b = is_host(recv);
+    if (a >= 0 && b >= 0 && a != b)
+        return dt_error(DT_ERR_INVALID, "%s: the send buffer is %s memory and the receive buffer %s memory; the nccl "
+                        "backend takes both on the device or both on the host", call->desc, kind_name((uint64_t)a),
+                        kind_name((uint64_t)b));
+    *host = a > 0 || b > 0;
+    if (call->kind == DT_CALL_P2P && *host) return DT_OK;
+    DT_TRY(preflight(st, call, *host));
+    if (*host) return DT_OK;
     dt_status s = dt_cuda_stream_wait_compute((void *)st->stream);
     return s == DT_OK ? DT_OK : set_broken(st, s);
 }
@@ -277,19 +311,33 @@ static dt_status copy_sync(nccl_state *st, void *dst, const void *src, size_t by
     return e == cudaSuccess ? DT_OK : cuda_fail(st, e, "cudaMemcpyAsync (staging)", call);
 }
 
+/* A call on host buffers: dtrain's own algorithm over the tcp side channel. */
+static dt_status on_host(dt_comm *c, nccl_state *st, const dt_call *call, const void *send, void *recv) {
+    const dt_p2p *p = &c->p2p;
+    dt_status s;
+    switch (call->kind) {
+    case DT_CALL_ALLREDUCE:      s = dt_algo_allreduce(p, call, send, recv); break;
+    case DT_CALL_BROADCAST:      s = dt_algo_broadcast(p, call, recv); break;
+    case DT_CALL_ALLGATHER:      s = dt_algo_allgather(p, call, send, recv); break;
+    case DT_CALL_REDUCE_SCATTER: s = dt_algo_reduce_scatter(p, call, send, recv); break;
+    case DT_CALL_REDUCE:         s = dt_algo_reduce(p, call, send, recv); break;
+    default: {                   /* p2p */
+        size_t bytes = call->count * dt_dtype_size(call->dtype);
+        dt_xfer x = { .dst = call->is_send ? call->root : -1, .sbuf = send, .sbytes = call->is_send ? bytes : 0,
+                      .src = call->is_send ? -1 : call->root, .rbuf = recv, .rbytes = call->is_send ? 0 : bytes };
+        s = p->xfer(p->ctx, &x, call);
+    }
+    }
+    return s == DT_OK ? DT_OK : set_broken(st, s);
+}
+
 /* in_bytes of send go to the host, the algorithm runs there, out_bytes come back to recv. */
 static dt_status staged(dt_comm *c, nccl_state *st, const dt_call *call, const void *send, void *recv,
                         size_t in_bytes, size_t out_bytes, int write_back) {
     DT_TRY(stage_reserve(st, in_bytes + out_bytes, call));
     char *hin = st->stage, *hout = hin + in_bytes;
     DT_TRY(copy_sync(st, hin, send, in_bytes, cudaMemcpyDeviceToHost, call));
-    dt_status s;
-    switch (call->kind) {
-    case DT_CALL_ALLREDUCE:      s = dt_algo_allreduce(&c->p2p, call, hin, hout); break;
-    case DT_CALL_REDUCE_SCATTER: s = dt_algo_reduce_scatter(&c->p2p, call, hin, hout); break;
-    default:                     s = dt_algo_reduce(&c->p2p, call, hin, hout); break;
-    }
-    if (s != DT_OK) return set_broken(st, s);
+    DT_TRY(on_host(c, st, call, hin, hout));
     return write_back ? copy_sync(st, recv, hout, out_bytes, cudaMemcpyHostToDevice, call) : DT_OK;
 }
 
@@ -297,7 +345,9 @@ static dt_status staged(dt_comm *c, nccl_state *st, const dt_call *call, const v
 
 static dt_status nccl_allreduce(dt_comm *c, const dt_call *call, const void *send, void *recv) {
     nccl_state *st;
-    DT_TRY(begin(c, call, &st));
+    int host;
+    DT_TRY(begin(c, call, send, recv, &st, &host));
+    if (host) return on_host(c, st, call, send, recv);
     size_t bytes = call->count * dt_dtype_size(call->dtype);
     if (c->deterministic) return staged(c, st, call, send, recv, bytes, bytes, 1);
     return finish(st, ncclAllReduce(send, recv, call->count, nccl_type(call->dtype), nccl_op(call->op), st->nc, st->stream),
@@ -306,7 +356,9 @@ static dt_status nccl_allreduce(dt_comm *c, const dt_call *call, const void *sen
 
 static dt_status nccl_broadcast(dt_comm *c, const dt_call *call, void *buf) {
     nccl_state *st;
-    DT_TRY(begin(c, call, &st));
+    int host;
+    DT_TRY(begin(c, call, buf, buf, &st, &host));
+    if (host) return on_host(c, st, call, buf, buf);
     return finish(st, ncclBroadcast(buf, buf, call->count, nccl_type(call->dtype), call->root, st->nc, st->stream),
                   "ncclBroadcast", call);
 }
@@ -321,7 +373,9 @@ static dt_status nccl_allgather(dt_comm *c, const dt_call *call, const void *sen
         dt_status s = dt_algo_allgather(&c->p2p, call, send, recv);
         return s == DT_OK ? DT_OK : set_broken(st, s);
     }
-    DT_TRY(begin(c, call, &st));
+    int host;
+    DT_TRY(begin(c, call, send, recv, &st, &host));
+    if (host) return on_host(c, st, call, send, recv);
     size_t cb = call->count * dt_dtype_size(call->dtype);
     char *mine = (char *)recv + (size_t)c->rank * cb;
     const void *src = send;
@@ -337,7 +391,9 @@ static dt_status nccl_allgather(dt_comm *c, const dt_call *call, const void *sen
  * result is computed there, then moved to the start. */
 static dt_status nccl_reduce_scatter(dt_comm *c, const dt_call *call, const void *send, void *recv) {
     nccl_state *st;
-    DT_TRY(begin(c, call, &st));
+    int host;
+    DT_TRY(begin(c, call, send, recv, &st, &host));
+    if (host) return on_host(c, st, call, send, recv);
     size_t rb = call->count * dt_dtype_size(call->dtype), total = rb * (size_t)c->size;
     if (c->deterministic) return staged(c, st, call, send, recv, total, rb, 1);
     char *natural = (char *)send + (size_t)c->rank * rb;
@@ -354,7 +410,9 @@ static dt_status nccl_reduce_scatter(dt_comm *c, const dt_call *call, const void
 
 static dt_status nccl_reduce(dt_comm *c, const dt_call *call, const void *send, void *recv) {
     nccl_state *st;
-    DT_TRY(begin(c, call, &st));
+    int host;
+    DT_TRY(begin(c, call, send, recv, &st, &host));
+    if (host) return on_host(c, st, call, send, recv);
     size_t bytes = call->count * dt_dtype_size(call->dtype);
     if (c->deterministic) return staged(c, st, call, send, recv, bytes, bytes, c->rank == call->root);
     return finish(st, ncclReduce(send, c->rank == call->root ? recv : NULL, call->count, nccl_type(call->dtype),
@@ -365,7 +423,9 @@ static dt_status nccl_reduce(dt_comm *c, const dt_call *call, const void *send, 
 
 static dt_status p2p(dt_comm *c, const dt_call *call, void *buf) {
     nccl_state *st;
-    DT_TRY(begin(c, call, &st));
+    int host;
+    DT_TRY(begin(c, call, buf, NULL, &st, &host));
+    if (host) return on_host(c, st, call, buf, buf);
     double deadline = dt_now() + c->timeout_s;
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) return nccl_fail(st, r, "ncclGroupStart", call);
@@ -499,7 +559,8 @@ static dt_status nccl_init(dt_comm *c, const dt_comm_opts *opts) {
 
 static dt_status nccl_split(dt_comm *parent, const dt_call *call, int color, int key, dt_comm *child) {
     nccl_state *pst;
-    DT_TRY(begin(parent, call, &pst));
+    int host;
+    DT_TRY(begin(parent, call, NULL, NULL, &pst, &host));
     dt_status s;
     WITH_TCP(parent, pst, s = dt_backend_tcp.split(parent, call, color, key, child));
     if (s != DT_OK) return s;

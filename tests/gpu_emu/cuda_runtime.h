@@ -158,8 +158,8 @@ static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4
 void emu_enqueue(cudaStream_t s, const char *name, const void *owner, std::function<bool()> work);
 /* Drop the queued work of `owner` (an aborted NCCL communicator); its streams run again. */
 void emu_drop_owner(const void *owner);
-/* Run the block/thread fibers of one launch. */
-void emu_exec(dim3 grid, dim3 block, const std::function<void()> &body);
+/* Run the blocks and threads of one launch of kernel `name`. */
+void emu_exec(const char *name, dim3 grid, dim3 block, const std::function<void()> &body);
 /* Launch checks: the configuration (sets the last error, 0 when bad), and one pointer
  * argument of a kernel (index from 1; a host pointer is a fault, 0). */
 int  emu_launch_ok(const char *kernel, dim3 grid, dim3 block, size_t shmem);
@@ -186,7 +186,7 @@ struct emu_cfg {
             ((good &= emu_arg_ok(name, ++i, a)), ...);
             if (!good) return;
             dim3 G = c.g, B = c.b;
-            emu_enqueue(c.s, name, nullptr, [=] { emu_exec(G, B, [=] { f(a...); }); return true; });
+            emu_enqueue(c.s, name, nullptr, [=] { emu_exec(name, G, B, [=] { f(a...); }); return true; });
         };
     }
 };

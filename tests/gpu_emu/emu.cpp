@@ -26,13 +26,18 @@ dim3 emu_threadIdx, emu_blockIdx, emu_blockDim, emu_gridDim;
 static std::recursive_mutex mu;
 #define LOCK std::lock_guard<std::recursive_mutex> lock_(mu)
 
-/* ---- the fibers of one launch ---- */
+/* ---- the fibers of one launch ----
+ * The threads of a block run as fibers that switch at __syncthreads. A kernel whose
+ * thread 0 (of block 0) never reaches __syncthreads runs its threads as plain calls
+ * instead (far fewer context switches); a later thread that does reach it then is a
+ * barrier in divergent code, and the emulation stops there, naming the kernel. */
 
 static std::vector<ucontext_t> fibers;
 static std::vector<char> stacks;
 static std::vector<int> finished;
 static ucontext_t scheduler;
-static int current;
+static int current, synced, direct;
+static const char *kernel_name;
 static const std::function<void()> *body;
 static const size_t STACK = 256 * 1024;
 
@@ -41,9 +46,44 @@ static void trampoline(void) {
     finished[current] = 1;   /* uc_link returns to the scheduler */
 }
 
-void __syncthreads(void) { swapcontext(&fibers[current], &scheduler); }
+void __syncthreads(void) {
+    if (direct) {
+        fprintf(stderr, "gpu_emu: kernel %s: thread (%u, %u, %u) of block (%u, %u, %u) reached __syncthreads, which "
+                "thread 0 of block 0 never did: a barrier in divergent code\n", kernel_name, emu_threadIdx.x,
+                emu_threadIdx.y, emu_threadIdx.z, emu_blockIdx.x, emu_blockIdx.y, emu_blockIdx.z);
+        abort();
+    }
+    synced = 1;
+    swapcontext(&fibers[current], &scheduler);
+}
 
-void emu_exec(dim3 g, dim3 b, const std::function<void()> &f) {
+static dim3 thread_of(int i, dim3 b) { return dim3(i % b.x, (i / b.x) % b.y, i / (b.x * b.y)); }
+
+static void fiber_make(int i) {
+    getcontext(&fibers[i]);
+    fibers[i].uc_stack.ss_sp = &stacks[(size_t)i * STACK];
+    fibers[i].uc_stack.ss_size = STACK;
+    fibers[i].uc_link = &scheduler;
+    makecontext(&fibers[i], trampoline, 0);
+    finished[i] = 0;
+}
+
+static void fiber_step(int i, dim3 b) {
+    current = i;
+    emu_threadIdx = thread_of(i, b);
+    swapcontext(&scheduler, &fibers[i]);
+}
+
+static void run_direct(int from, int nt, dim3 b) {
+    direct = 1;
+    for (int i = from; i < nt; i++) {
+        emu_threadIdx = thread_of(i, b);
+        (*body)();
+    }
+    direct = 0;
+}
+
+void emu_exec(const char *name, dim3 g, dim3 b, const std::function<void()> &f) {
     LOCK;
     const int nt = (int)(b.x * b.y * b.z);
     if ((int)fibers.size() < nt) {
@@ -52,28 +92,35 @@ void emu_exec(dim3 g, dim3 b, const std::function<void()> &f) {
         finished.resize(nt);
     }
     body = &f;
+    kernel_name = name;
     emu_blockDim = b;
     emu_gridDim = g;
+    int plain = 0;
     for (unsigned bz = 0; bz < g.z; bz++)
         for (unsigned by = 0; by < g.y; by++)
             for (unsigned bx = 0; bx < g.x; bx++) {
                 emu_blockIdx = dim3(bx, by, bz);
-                for (int i = 0; i < nt; i++) {
-                    getcontext(&fibers[i]);
-                    fibers[i].uc_stack.ss_sp = &stacks[(size_t)i * STACK];
-                    fibers[i].uc_stack.ss_size = STACK;
-                    fibers[i].uc_link = &scheduler;
-                    makecontext(&fibers[i], trampoline, 0);
-                    finished[i] = 0;
+                if (plain) {
+                    run_direct(0, nt, b);
+                    continue;
                 }
-                /* rounds: every live thread runs to its next __syncthreads or its end */
-                for (int live = 1; live;) {
-                    live = 0;
-                    for (int i = 0; i < nt; i++) {
+                /* thread 0 alone first: does this kernel synchronise at all? */
+                synced = 0;
+                fiber_make(0);
+                fiber_step(0, b);
+                if (finished[0] && !synced && bx + by + bz == 0) {
+                    plain = 1;
+                    run_direct(1, nt, b);
+                    continue;
+                }
+                for (int i = 1; i < nt; i++) fiber_make(i);
+                /* rounds: every live thread runs to its next __syncthreads or its end
+                 * (thread 0 has run its first stretch already) */
+                for (int live = 1, round = 0; live; round++) {
+                    live = !finished[0];
+                    for (int i = round == 0 ? 1 : 0; i < nt; i++) {
                         if (finished[i]) continue;
-                        current = i;
-                        emu_threadIdx = dim3(i % b.x, (i / b.x) % b.y, i / (b.x * b.y));
-                        swapcontext(&scheduler, &fibers[i]);
+                        fiber_step(i, b);
                         if (!finished[i]) live = 1;
                     }
                 }
@@ -614,6 +661,7 @@ struct emu_blas {
 };
 
 extern "C" cublasStatus_t cublasCreate(cublasHandle_t *h) {
+    openblas_set_num_threads(1);   /* one "GPU" thread: OpenBLAS's spinning helpers only slow a loaded machine */
     *h = new emu_blas{};
     return CUBLAS_STATUS_SUCCESS;
 }
