@@ -67,7 +67,7 @@ timeout 120 g++ -o "$TMP/selftest" "$TMP/selftest.o" "$TMP/be/emu.o" "$TMP/nccl_
     $blas_libs -lm -Wl,-rpath,"$B/.libs" > "$TMP/log" 2>&1 || fail "link the stand-in's own test"
 
 # 1. every op against the cpu backend
-DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" > "$TMP/ops.out" 2>&1
+DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" > "$TMP/ops.out" 2>&1
 tap_include "$TMP/ops.out" $? "test_cuda_ops under emulation"
 
 # 2. the stand-in catches what a GPU would (one process per sticky error)
@@ -121,6 +121,20 @@ if [ $cuda_build = 1 ]; then
     worst=$(worst_rel "$TMP/cpu.loss" "$TMP/cuda.loss" 10)
     awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-4) }'
     ok $? "emulated cuda losses within 1e-4 relative of the cpu's (worst $worst)"
+    # train2 BACKEND: the same on 2 emulated ranks, one emulated GPU each, against the cpu run
+    train2() {
+        TMPDIR="$TMP" DT_GPU_EMU_DEVICES=2 timeout 240 "$B/dtrun" -n 2 "$TMP/dtrain_emu" train --device cuda \
+            --backend $1 --model mlp --data synthetic:512,1,28,28,10 --steps 10 --batch 32 --seed 5 --log-every 1 \
+            --metrics "$TMP/$1.jsonl" --no-eval --quiet --threads 1 > "$TMP/$1.out" 2>&1
+        rc=$?
+        ok $rc "dtrain train --device cuda --backend $1 on 2 emulated ranks (mlp, 10 steps)"
+        [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/$1.out" | tail -5
+        losses "$TMP/$1.jsonl" > "$TMP/$1.loss"
+        worst=$(worst_rel "$TMP/cpu.loss" "$TMP/$1.loss" 10)
+        awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-4) }'
+        ok $? "its losses within 1e-4 relative of the 1-rank cpu run's (worst $worst)"
+    }
+    train2 tcp   # gradients staged through pinned host memory
 else
     skip "not a --with-cuda build: dtrain --device cuda on the emulated kernels"
 fi
@@ -138,17 +152,29 @@ if [ $nccl_build = 1 ]; then
     }
     gpu_nccl_checks nccl2 2
 
-    # dtrain train --device cuda --backend nccl on 2 emulated ranks follows the cpu run
-    TMPDIR="$TMP" DT_GPU_EMU_DEVICES=2 timeout 240 "$B/dtrun" -n 2 "$TMP/dtrain_emu" train --device cuda \
-        --backend nccl --model mlp --data synthetic:512,1,28,28,10 --steps 10 --batch 32 --seed 5 --log-every 1 \
-        --metrics "$TMP/nccl.jsonl" --no-eval --quiet --threads 1 > "$TMP/nccl.out" 2>&1
+    # the GPU of each rank: its local rank, checked by PCI bus id before NCCL starts
+    nccl2 init 2 --mode init
+    ok_grep "$TMP/init.out" "rank 1: local rank 1 of 2, device 1, PCI bus id 0000:11:00.0" \
+        "2 ranks, 2 GPUs: local rank 1 takes device 1"
+    DT_GPU_EMU_DEVICES=1 TMPDIR="$TMP" timeout 120 "$B/dtrun" -n 2 "$TMP/gpu_nccl_emu" --mode init \
+        > "$TMP/share.out" 2>&1
+    [ $? -ne 0 ] && grep -q "ranks 0, 1 on host .* would share the GPU at PCI bus id 0000:10:00.0" "$TMP/share.out" &&
+        ! grep -q "Duplicate GPU" "$TMP/share.out"
+    ok $? "2 ranks, 1 GPU: refused before NCCL starts, naming the ranks and the bus id"
+    grep 'share the GPU' "$TMP/share.out" | head -1 | sed 's/^/# /'
+    DT_GPU_EMU_DEVICES=1 TMPDIR="$TMP" timeout 120 "$B/dtrun" -n 2 sh -c \
+        'CUDA_VISIBLE_DEVICES=$LOCAL_RANK exec "$0" --mode init' "$TMP/gpu_nccl_emu" > "$TMP/own.out" 2>&1
     rc=$?
-    ok $rc "dtrain train --device cuda --backend nccl on 2 emulated ranks (mlp, 10 steps)"
-    [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/nccl.out" | tail -5
-    losses "$TMP/nccl.jsonl" > "$TMP/nccl.loss"
-    worst=$(worst_rel "$TMP/cpu.loss" "$TMP/nccl.loss" 10)
-    awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-4) }'
-    ok $? "its losses within 1e-4 relative of the 1-rank cpu run's (worst $worst)"
+    [ $rc -eq 0 ] && grep -q "rank 1: local rank 1 of 2, device 0, PCI bus id 0000:11:00.0" "$TMP/own.out"
+    ok $? "each rank seeing only its own GPU (CUDA_VISIBLE_DEVICES per rank) takes its device 0"
+    [ $rc -eq 0 ] || tail -n 5 "$TMP/own.out" | sed 's/^/#   /'
+    DT_GPU_EMU_DEVICES=2 TMPDIR="$TMP" timeout 120 "$B/dtrun" -n 2 sh -c \
+        '[ "$LOCAL_RANK" = 1 ] && export DT_GPU_EMU_DRIVER=12000; exec "$0" --mode init' "$TMP/gpu_nccl_emu" \
+        > "$TMP/driver.out" 2>&1
+    [ $? -ne 0 ] && grep -q "rank 1 (.*) has no usable GPU: .*insufficient" "$TMP/driver.out"
+    ok $? "a rank whose driver is too old: the job fails, naming it and the reason"
+
+    train2 nccl
 else
     skip "not a --with-nccl build: the nccl backend on emulated ranks"
 fi

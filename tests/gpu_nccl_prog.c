@@ -13,6 +13,8 @@
  *                    DT_ERR_MISMATCH naming the calls (exit 0 when it does).
  *   --mode timeout   rank 1 sleeps past the timeout; the others all_reduce with a 3 s
  *                    timeout and must get DT_ERR_TIMEOUT naming rank 1 (exit 0 when so).
+ *   --mode init      join, open the GPU, print "rank R: local rank L of S, device D, PCI
+ *                    bus id B" and leave.
  *   --mode host      the checks of "all" on HOST buffers (pageable and pinned in turn),
  *                    which the backend sends over its tcp side channel; then a call that
  *                    mixes a device send buffer with a host receive buffer (DT_ERR_INVALID
@@ -21,7 +23,7 @@
  * Errors print "ERROR: <message>" on stderr and exit 1.
  */
 #include "comm.h"
-#include "launch_env.h"
+#include "cuda/dt_cuda.h"
 #include "rank_tap.h"
 #include "ops.h"
 #include "status.h"
@@ -288,17 +290,23 @@ int main(int argc, char **argv) {
     const char *mode = "all";
     for (int i = 1; i + 1 < argc; i += 2)
         if (!strcmp(argv[i], "--mode")) mode = argv[i + 1];
-    dt_launch_env env;
-    MUST(dt_launch_env_discover(&env));
-    dt_device_opts dev = {.index = env.local_rank > 0 ? env.local_rank : 0};   /* one GPU per local rank */
-    G = dt_ops_get_ex("cuda", &dev);
-    if (!G) die("dt_ops_get_ex(\"cuda\")");
     dt_comm_opts o;
     dt_comm_opts_default(&o);
     o.backend = "nccl";
-    MUST(dt_comm_init(&o, &comm));
+    MUST(dt_comm_init(&o, &comm));   /* first: it opens the GPU of this local rank */
     R = dt_comm_rank(comm);
     W = dt_comm_size(comm);
+    dt_device_opts dev = {.index = dt_comm_local_rank(comm)};
+    G = dt_ops_get_ex("cuda", &dev);
+    if (!G) die("dt_ops_get_ex(\"cuda\")");
+    if (!strcmp(mode, "init")) {
+        char bus[64] = "?";
+        MUST(dt_cuda_pci_bus_id(dt_comm_local_rank(comm), bus, sizeof bus));
+        printf("rank %d: local rank %d of %d, device %d, PCI bus id %s\n", R, dt_comm_local_rank(comm),
+               dt_comm_local_size(comm), dt_cuda_device(), bus);
+        dt_comm_destroy(comm);
+        return 0;
+    }
 
     if (!strcmp(mode, "mismatch")) {
         float *b = dev_filled(DT_F32, 16, R);

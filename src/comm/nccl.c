@@ -4,15 +4,17 @@
  *
  * Built only with ./configure --with-cuda --with-nccl (DT_HAVE_NCCL); the one file
  * that includes nccl.h. Buffers are classified per call (cudaPointerGetAttributes):
- * DEVICE buffers (from the CUDA compute backend's alloc, on the device dt_cuda.h
- * selected from the local rank) go to NCCL; HOST buffers (the trainer's control
+ * DEVICE buffers (from the CUDA compute backend's alloc, on the device of this rank)
+ * go to NCCL; HOST buffers (the trainer's control
  * traffic: sizes, checksums, losses, flags, pinned or not) cannot, and go over the tcp
  * side channel with dtrain's own algorithms (algo.c). Every rank must pass the same
  * kind to a call (the preflight below checks it); a call that mixes them is refused.
  *
  * Set-up never needs MPI. The backend first runs the tcp backend's rendezvous
- * (tcp.c: the store, rank claims, host names, a socket mesh). Rank 0 then makes the
- * ncclUniqueId and sets it in dtrain's store; the other ranks wait for it there. So
+ * (tcp.c: the store, rank claims, host names, a socket mesh). Each rank then takes the
+ * GPU of its local rank (dt_cuda_open), once the ranks have compared PCI bus ids so that
+ * no two of a host share one (pick_device). Rank 0 then makes the ncclUniqueId and
+ * sets it in dtrain's store; the other ranks wait for it there. So
  * Slurm clusters without PMIx work, and every rank knows its peers' host names for
  * error messages. The tcp mesh stays up as a side channel (below).
  *
@@ -502,6 +504,46 @@ static void nccl_destroy(dt_comm *c) {
     dt_backend_tcp.destroy(c);
 }
 
+/* The GPU of this rank: its local rank modulo the visible devices (dt_cuda.h). Before
+ * NCCL starts, every rank all-gathers its PCI bus id (or why it has none) over the side
+ * channel, so all ranks fail alike, naming the culprits, when one has no device or two
+ * ranks of a host would share one (NCCL would refuse that too, less clearly). */
+#define GPU_REC 160
+static dt_status pick_device(dt_comm *c) {
+    char mine[GPU_REC] = "", *all = NULL;
+    int n = 0;
+    if (dt_cuda_device_count(&n) == DT_OK && n < 1) dt_error(DT_ERR_UNSUPPORTED, "no CUDA device is visible");
+    if (n < 1 || dt_cuda_pci_bus_id(c->local_rank, mine, sizeof mine) != DT_OK)
+        snprintf(mine, sizeof mine, "!%.*s", GPU_REC - 2, dt_last_error());
+    dt_call call = { .kind = DT_CALL_ALLGATHER, .dtype = DT_U8, .op = DT_SUM, .count = GPU_REC, .root = -1,
+                     .ctx = c->ctx };
+    snprintf(call.desc, sizeof call.desc, "the GPU check before NCCL starts");
+    if (!(all = calloc((size_t)c->size, GPU_REC))) return dt_error(DT_ERR_NOMEM, "out of memory");
+    dt_status s = dt_algo_allgather(&c->p2p, &call, mine, all);
+    for (int i = 0; s == DT_OK && i < c->size; i++) {
+        const char *a = all + (size_t)i * GPU_REC;
+        if (a[0] == '!') {
+            s = dt_error(DT_ERR_UNSUPPORTED, "nccl: rank %d (%s) has no usable GPU: %s", i, c->hosts[i], a + 1);
+            break;
+        }
+        int shared = 0;
+        char ranks[160] = "";
+        for (int j = i; j < c->size; j++) {
+            const char *b = all + (size_t)j * GPU_REC;
+            if (strcmp(c->hosts[i], c->hosts[j]) || strcmp(a, b)) continue;
+            size_t used = strlen(ranks);
+            if (used < sizeof ranks - 16) snprintf(ranks + used, sizeof ranks - used, "%s%d", shared++ ? ", " : "", j);
+        }
+        if (shared > 1)
+            s = dt_error(DT_ERR_INVALID, "nccl: ranks %s on host %s would share the GPU at PCI bus id %s (%d ranks on "
+                         "that host, %d GPU%s visible to this one); NCCL needs one GPU per rank: run fewer ranks per "
+                         "host, or give each rank its own GPU (CUDA_VISIBLE_DEVICES)", ranks, c->hosts[i], a,
+                         c->local_size, n, n == 1 ? "" : "s");
+    }
+    free(all);
+    return s == DT_OK ? dt_cuda_open(c->local_rank) : s;
+}
+
 static dt_status nccl_init(dt_comm *c, const dt_comm_opts *opts) {
     const char *ifn = getenv("DT_SOCKET_IFNAME");
     if (ifn && *ifn && !getenv("NCCL_SOCKET_IFNAME") && setenv("NCCL_SOCKET_IFNAME", ifn, 0) != 0)
@@ -509,7 +551,7 @@ static dt_status nccl_init(dt_comm *c, const dt_comm_opts *opts) {
     DT_TRY(dt_backend_tcp.init(c, opts));   /* rank, size, hosts, store, side channel */
     void *tcp = c->priv;
     nccl_state *st = NULL;
-    dt_status s = dt_cuda_bind_thread();    /* the device of this local rank */
+    dt_status s = pick_device(c);           /* the device of this local rank */
     if (s == DT_OK) s = state_new(c, &st);
     if (s != DT_OK) {
         dt_backend_tcp.destroy(c);

@@ -137,9 +137,37 @@ static dt_status ctx_open(int index, int allow_tf32, int *created) {
     return DT_OK;
 }
 
+/* The context on device `index` (mod the count): created here (*created), or checked to
+ * be on that device. */
+static dt_status ctx_use(int index, int allow_tf32, int *created) {
+    DT_TRY(ctx_open(index, allow_tf32, created));
+    if (*created) return DT_OK;
+    int n = 0;
+    DT_TRY(dt_cuda_device_count(&n));
+    if (index < 0 || n < 1 || index % n != g.device)
+        return dt_error(DT_ERR_INVALID, "cuda: this process already uses device %d; it cannot also open device index %d "
+                        "(one device per process)", g.device, index);
+    return DT_OK;
+}
+
 extern "C" dt_status dt_cuda_init(void) {
     int created;
     return ctx_open(0, 0, &created);
+}
+
+extern "C" dt_status dt_cuda_open(int index) {
+    int created;
+    DT_TRY(ctx_use(index, 0, &created));
+    return dt_cu_enter();
+}
+
+extern "C" dt_status dt_cuda_pci_bus_id(int index, char *buf, size_t n) {
+    if (!buf || n < 2 || index < 0) return dt_error(DT_ERR_INVALID, "cuda pci_bus_id: bad arguments");
+    int count = 0;
+    DT_TRY(dt_cuda_device_count(&count));
+    if (count < 1) return dt_error(DT_ERR_UNSUPPORTED, "cuda: no CUDA device is visible");
+    DT_CU(cudaDeviceGetPCIBusId(buf, (int)(n > 64 ? 64 : n), index % count));
+    return DT_OK;
 }
 
 dt_status dt_cu_enter(void) {
@@ -407,17 +435,8 @@ static const dt_ops cuda_table = {
 
 extern "C" const dt_ops *dt_ops_cuda(int index, int allow_tf32) {
     int created = 0;
-    if (ctx_open(index, allow_tf32, &created) != DT_OK) return NULL;   /* the message says why */
-    if (!created) {
-        int n = 0;
-        if (dt_cuda_device_count(&n) != DT_OK) return NULL;
-        if (index < 0 || index % n != g.device) {
-            dt_error(DT_ERR_INVALID, "cuda: this process already uses device %d; it cannot also open device index %d "
-                     "(one device per process)", g.device, index);
-            return NULL;
-        }
-        if (dt_cuda_set_allow_tf32(allow_tf32) != DT_OK) return NULL;
-    }
+    if (ctx_use(index, allow_tf32, &created) != DT_OK) return NULL;   /* the message says why */
+    if (!created && dt_cuda_set_allow_tf32(allow_tf32) != DT_OK) return NULL;
     if (dt_cu_enter() != DT_OK) return NULL;
     return &cuda_table;
 }

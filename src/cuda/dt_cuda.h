@@ -6,12 +6,14 @@
  * communication backend include this header; the trainer reaches the backend through
  * dt_ops_get_ex("cuda", &opts) (DESIGN.md rule 1). Built only with ./configure --with-cuda.
  *
- * Device: chosen once per process, by the first dt_ops_cuda(index, ...), as index
- * modulo the number of visible devices. The backend reads no environment: the program
- * passes the index (dtrain passes the launch environment's local rank, so N ranks on a
- * node with N GPUs take one each; restrict the visible devices with
- * CUDA_VISIBLE_DEVICES). Code that needs the context before any table was asked for
- * (dt_cuda_init, dt_cuda_bind_thread) gets device 0.
+ * Device: chosen once per process, by the first dt_ops_cuda(index, ...) or
+ * dt_cuda_open(index), as index modulo the number of visible devices. The backend reads
+ * no environment: the program passes the index, the local rank of its communicator
+ * (dtrain creates the communicator first, so N ranks on a node with N GPUs take one
+ * each, and a rank that sees only its own GPU through CUDA_VISIBLE_DEVICES takes that
+ * one). The nccl backend opens the device of its local rank itself, after checking by
+ * PCI bus id that no two ranks of a host would share one. Code that needs the context
+ * before any device was chosen (dt_cuda_init, dt_cuda_bind_thread) gets device 0.
  *
  * Streams: every kernel and copy of the dt_ops table runs in order on one compute
  * stream, so kernels need no synchronisation among themselves. A communication
@@ -50,6 +52,12 @@ DT_API const dt_ops *dt_ops_cuda(int index, int allow_tf32);
 /* Number of visible CUDA devices into *n; an error (with CUDA's reason) when the
  * runtime cannot count them, as on a machine without a driver. */
 DT_API dt_status dt_cuda_device_count(int *n);
+/* Create the context on device `index` (>= 0, modulo the visible devices) and bind this
+ * thread to it; if the context exists, an error unless it is on that device. */
+DT_API dt_status dt_cuda_open(int index);
+/* The PCI bus id ("0000:3b:00.0") of visible device `index` (modulo their number), to
+ * tell whether two processes would share a GPU; needs no context. */
+DT_API dt_status dt_cuda_pci_bus_id(int index, char *buf, size_t n);
 /* Create the context, if no dt_ops_cuda() did yet, on device 0: the compute stream and
  * the cuBLAS handle. Idempotent; every other function calls it when needed. */
 DT_API dt_status dt_cuda_init(void);
