@@ -48,9 +48,21 @@ tap_include() {
 # cu SRC OUT: a CUDA source compiled for the CPU (launches rewritten)
 cxx="g++ -std=c++17 -O1 -fPIC -I$S/tests/gpu_emu $blas_cflags"
 cu() {
-    sed 's/\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/emu_cfg(\2).run(EMU_NAMED(\1))(/' "$1" > "$TMP/$2.cpp"
+    # launches become calls; a kernel whose __launch_bounds__ is a constant gets EMU_BOUNDS
+    sed 's/\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/emu_cfg(\2).run(EMU_NAMED(\1))(/' "$1" | awk '
+        held != "" {
+            if (match($0, /^[A-Za-z_][A-Za-z_0-9]*\(/)) printf "EMU_BOUNDS(%s, %s) ", substr($0, 1, RLENGTH - 1), bound
+            print held; held = ""
+        }
+        /^__global__ void __launch_bounds__\([A-Z0-9_]+\)/ {
+            bound = $0; sub(/^__global__ void __launch_bounds__\(/, "", bound); sub(/\).*/, "", bound)
+            rest = $0; sub(/^__global__ void __launch_bounds__\([A-Z0-9_]+\) */, "", rest)
+            if (rest == "") { held = $0; next }
+            if (match(rest, /^[A-Za-z_][A-Za-z_0-9]*\(/)) printf "EMU_BOUNDS(%s, %s) ", substr(rest, 1, RLENGTH - 1), bound
+        }
+        { print }' > "$TMP/$2.cpp"
     if grep -n '<<<' "$TMP/$2.cpp" > "$TMP/log"; then fail "a kernel launch in $1 was not rewritten"; fi
-    timeout 300 $cxx -DDT_CU_MAX_BLOCKS=3 -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$S/tests" -I"$B" \
+    timeout 300 $cxx -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$S/tests" -I"$B" \
         -c "$TMP/$2.cpp" -o "$TMP/$2.o" > "$TMP/log" 2>&1 || fail "compile $1 for the CPU"
 }
 mkdir "$TMP/be"
@@ -67,7 +79,7 @@ timeout 120 g++ -o "$TMP/selftest" "$TMP/selftest.o" "$TMP/be/emu.o" "$TMP/nccl_
     $blas_libs -lm -Wl,-rpath,"$B/.libs" > "$TMP/log" 2>&1 || fail "link the stand-in's own test"
 
 # 1. every op against the cpu backend
-DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" > "$TMP/ops.out" 2>&1
+DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" > "$TMP/ops.out" 2>&1
 tap_include "$TMP/ops.out" $? "test_cuda_ops under emulation"
 
 # 2. the stand-in catches what a GPU would (one process per sticky error)
@@ -75,6 +87,9 @@ for m in "" kernel cublas; do
     (cd "$TMP" && TMPDIR="$TMP" timeout 120 ./selftest $m > "st$m.out" 2> "st$m.err")
     tap_include "$TMP/st$m.out" $? "selftest $m"
 done
+(cd "$TMP" && timeout 120 ./selftest divergent > st-div.out 2> st-div.err)
+[ $? -ne 0 ] && grep -q "kernel k_divergent: .* reached __syncthreads, which thread 0 of block 0 never did" "$TMP/st-div.err"
+ok $? "a barrier in divergent code stops the emulation, naming the kernel"
 
 # 3. dtrain train --device cuda on the emulated kernels follows the cpu run's losses.
 #    dtrain links libdtrain_core statically, so nothing can be preloaded over its backend:
@@ -125,7 +140,7 @@ if [ $cuda_build = 1 ]; then
     train2() {
         TMPDIR="$TMP" DT_GPU_EMU_DEVICES=2 timeout 240 "$B/dtrun" -n 2 "$TMP/dtrain_emu" train --device cuda \
             --backend $1 --model mlp --data synthetic:512,1,28,28,10 --steps 10 --batch 32 --seed 5 --log-every 1 \
-            --metrics "$TMP/$1.jsonl" --no-eval --quiet --threads 1 > "$TMP/$1.out" 2>&1
+            --metrics "$TMP/$1.jsonl" --no-eval --threads 1 > "$TMP/$1.out" 2>&1
         rc=$?
         ok $rc "dtrain train --device cuda --backend $1 on 2 emulated ranks (mlp, 10 steps)"
         [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/$1.out" | tail -5
@@ -135,6 +150,60 @@ if [ $cuda_build = 1 ]; then
         ok $? "its losses within 1e-4 relative of the 1-rank cpu run's (worst $worst)"
     }
     train2 tcp   # gradients staged through pinned host memory
+
+    # first-contact diagnostics: the device line, DT_CUDA_SYNC, the grid cap, a driver too old
+    emu1() {  # tag [env...]: dtrain --device cuda, 1 rank, 10 steps, not quiet
+        t=$1; shift
+        env "$@" timeout 120 "$TMP/dtrain_emu" train --device cuda --model mlp --data synthetic:512,1,28,28,10 \
+            --steps 10 --batch 32 --seed 5 --log-every 1 --metrics "$TMP/$t.jsonl" --no-eval --threads 1 \
+            > "$TMP/$t.out" 2>&1
+    }
+    emu1 loud
+    ok_grep "$TMP/loud.out" "^dtrain: rank 0: cuda device 0: gpu_emu .*PCI bus id 0000:10:00.0.*driver 13\.0, runtime 13\.0, cuBLAS 13\.0\.0" \
+        "dtrain names the device, driver, runtime and cuBLAS at start"
+    emu1 cap DT_CU_MAX_BLOCKS=1
+    losses "$TMP/cap.jsonl" > "$TMP/cap.loss"
+    cmp -s "$TMP/cuda.loss" "$TMP/cap.loss"
+    ok $? "the same losses bit for bit with the grid capped at one block (DT_CU_MAX_BLOCKS=1)"
+    emu1 badcap DT_CU_MAX_BLOCKS=0
+    [ $? -eq 2 ] && grep -q "DT_CU_MAX_BLOCKS='0'" "$TMP/badcap.out"
+    ok $? "DT_CU_MAX_BLOCKS=0 is bad input (exit 2), naming the variable"
+    emu1 async DT_GPU_EMU_FAULT=k_bias_add
+    rc=$?
+    [ $rc -eq 1 ] && ! grep -q "k_bias_add" "$TMP/async.out"
+    ok $? "a kernel that faults is reported later, by another call, without its name (exit $rc)"
+    grep '^dtrain:' "$TMP/async.out" | tail -n 1 | sed 's/^/# /'
+    emu1 sync DT_GPU_EMU_FAULT=k_bias_add DT_CUDA_SYNC=1
+    [ $? -eq 1 ] && grep -q "kernel k_bias_add (DT_CUDA_SYNC" "$TMP/sync.out"
+    ok $? "with DT_CUDA_SYNC=1 the error names the kernel that faulted"
+    grep '^dtrain:' "$TMP/sync.out" | tail -n 1 | sed 's/^/# /'
+
+    # a GPU that nvidia-smi lists but CUDA cannot use (a driver older than the runtime) is a
+    # failure of the GPU tests, not a skip; without one listed it is a skip
+    mkdir -p "$TMP/fake/bin" "$TMP/fake/build"
+    printf '#!/bin/sh\necho "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n' > "$TMP/fake/bin/nvidia-smi"
+    chmod +x "$TMP/fake/bin/nvidia-smi"
+    cp "$B/config.h" "$TMP/fake/build/"
+    ln -s "$TMP/dtrain_emu" "$TMP/fake/build/dtrain"
+    for listed in 1 0; do
+        p=$PATH
+        [ $listed = 1 ] && p="$TMP/fake/bin:$PATH"
+        PATH=$p DT_BUILDDIR="$TMP/fake/build" DT_GPU_EMU_DRIVER=12000 timeout 120 sh "$S/tests/gpu_train.sh" \
+            > "$TMP/drv$listed.out" 2>&1
+        rc=$?
+        PATH=$p DT_GPU_EMU_DRIVER=12000 timeout 120 "$TMP/test_cuda_emu" > "$TMP/drvops$listed.out" 2>&1
+        rc2=$?
+        if [ $listed = 1 ]; then
+            [ $rc -ne 0 ] && grep -q "^not ok 1 - nvidia-smi lists 1 GPU(s) but dtrain cannot use them: .*insufficient" \
+                "$TMP/drv1.out" && [ $rc2 -ne 0 ] && grep -q "^Bail out! nvidia-smi lists 1 GPU but CUDA cannot" \
+                "$TMP/drvops1.out"
+            ok $? "an insufficient driver with a GPU listed: gpu_train.sh and test_cuda_ops fail"
+        else
+            [ $rc -eq 0 ] && grep -q "^1..0 # SKIP no usable GPU" "$TMP/drv0.out" && [ $rc2 -eq 0 ] &&
+                grep -q "^1..0 # SKIP no usable CUDA device" "$TMP/drvops0.out"
+            ok $? "the same without a GPU listed: both skip"
+        fi
+    done
 else
     skip "not a --with-cuda build: dtrain --device cuda on the emulated kernels"
 fi
@@ -175,6 +244,8 @@ if [ $nccl_build = 1 ]; then
     ok $? "a rank whose driver is too old: the job fails, naming it and the reason"
 
     train2 nccl
+    ok_grep "$TMP/nccl.out" "rank1\]:dtrain: rank 1: cuda device 1: .*0000:11:00.0.*; NCCL 2\.27\.0" \
+        "each rank names its device, and the NCCL version"
 else
     skip "not a --with-nccl build: the nccl backend on emulated ranks"
 fi

@@ -2,6 +2,9 @@
 #   gpu_need_build          skip unless the build dir was configured --with-cuda
 #   gpu_count               print the number of visible NVIDIA GPUs (0 when none or unknown)
 #   gpu_absent_msg FILE     succeeds when FILE holds dtrain's "no usable device" message
+#   gpu_probe_failed FILE   a GPU probe failed with FILE's message: skip the file when no
+#                           GPU is there, fail it when nvidia-smi lists one (an insufficient
+#                           driver or a broken install must not pass as "no GPU")
 B=$DT_BUILDDIR
 gpu_need_build() {
     grep -q "define DT_HAVE_CUDA 1" "$B/config.h" 2>/dev/null || skip_all "not configured --with-cuda"
@@ -17,6 +20,15 @@ gpu_count() {
 }
 gpu_absent_msg() {
     grep -Eq "no CUDA device|cudaGetDeviceCount|cudaErrorInsufficientDriver|cudaErrorNoDevice|no CUDA backend" "$1"
+}
+gpu_probe_failed() {
+    n=$(gpu_count)
+    if [ "$n" -gt 0 ]; then
+        echo "not ok 1 - nvidia-smi lists $n GPU(s) but dtrain cannot use them: $(tail -n 1 "$1")"
+        echo "1..1"
+        exit 1
+    fi
+    skip_all "no usable GPU: $(tail -n 1 "$1")"
 }
 # gpu_nccl_checks RUN W: tests/gpu_nccl_prog's modes, each through `RUN TAG RANKS ARGS...`
 # (a function that starts the program on RANKS ranks, its output in $TMP/TAG.out), on W ranks

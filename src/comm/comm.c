@@ -214,6 +214,12 @@ int         dt_comm_local_size(const dt_comm *c) { return c->local_size; }
 int         dt_comm_node_rank(const dt_comm *c)  { return c->node_rank; }
 const char *dt_comm_backend(const dt_comm *c)    { return c->backend->name; }
 const char *dt_comm_rendezvous(const dt_comm *c) { return c ? c->rendezvous : ""; }
+const char *dt_comm_library(const dt_comm *c, char *buf, size_t n) {
+    if (!buf || !n) return buf;
+    buf[0] = 0;
+    if (c && c->backend->library) c->backend->library(buf, n);
+    return buf;
+}
 int         dt_comm_device_buffers(const dt_comm *c) { return c && c->backend->device_buffers; }
 const char *dt_comm_host(const dt_comm *c, int r) {
     return c && r >= 0 && r < c->size && c->hosts ? c->hosts[r] : NULL;

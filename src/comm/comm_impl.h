@@ -151,6 +151,8 @@ struct dt_backend {
     dt_status (*split)         (dt_comm *parent, const dt_call *call, int color, int key, dt_comm *child);
     /* Free what split put in child->priv. */
     void      (*split_destroy) (dt_comm *child);
+    /* The library underneath and its version ("NCCL 2.27.3") into buf; NULL: none. */
+    void      (*library)       (char *buf, size_t n);
 };
 
 extern const dt_backend dt_backend_tcp;

@@ -640,6 +640,16 @@ static void nccl_split_destroy(dt_comm *child) {
     dt_backend_tcp.split_destroy(child);
 }
 
+/* "NCCL 2.27.3", and the header's version when the library loaded is another. */
+static void nccl_library(char *buf, size_t n) {
+    int v = 0;
+    if (ncclGetVersion(&v) != ncclSuccess) { snprintf(buf, n, "NCCL (version unknown)"); return; }
+    int len = snprintf(buf, n, "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+    if (v != NCCL_VERSION_CODE && len > 0 && (size_t)len < n)
+        snprintf(buf + len, n - (size_t)len, " (built against %d.%d.%d)", NCCL_VERSION_CODE / 10000,
+                 NCCL_VERSION_CODE / 100 % 100, NCCL_VERSION_CODE % 100);
+}
+
 const dt_backend dt_backend_nccl = {
     .name           = "nccl",
     .device_buffers = 1,
@@ -655,4 +665,5 @@ const dt_backend dt_backend_nccl = {
     .recv           = nccl_recv,
     .split          = nccl_split,
     .split_destroy  = nccl_split_destroy,
+    .library        = nccl_library,
 };

@@ -22,6 +22,7 @@
 #include "cuda_impl.h"
 
 #include <mutex>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unordered_map>
@@ -65,6 +66,8 @@ static struct {
 } g = {};
 
 static thread_local int t_device = -1;
+int dt_cu_sync_launches;
+unsigned dt_cu_max_blocks = DT_CU_MAX_BLOCKS;
 
 static void mem_track(void *p, size_t bytes) {
     std::lock_guard<std::mutex> l(g.mu);
@@ -216,6 +219,39 @@ extern "C" dt_status dt_cuda_set_allow_tf32(int allow) {
 
 extern "C" int dt_cuda_allow_tf32(void) { return g.tf32; }
 
+extern "C" dt_status dt_cuda_set_debug(int sync, unsigned max_blocks) {
+    dt_cu_sync_launches = sync != 0;
+    dt_cu_max_blocks = max_blocks ? max_blocks : DT_CU_MAX_BLOCKS;
+    return DT_OK;
+}
+
+dt_status dt_cu_sync_after(const char *fn, const char *what) {
+    cudaError_t e = cudaStreamSynchronize(g.stream);
+    if (e != cudaSuccess) {
+        char call[160];
+        snprintf(call, sizeof call, "%s (DT_CUDA_SYNC: synchronised after it)", what);
+        return dt_cu_fail(e, fn, call);
+    }
+    return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_describe(char *buf, size_t n) {
+    if (!buf || !n) return dt_error(DT_ERR_INVALID, "cuda describe: NULL buffer");
+    DT_TRY(dt_cu_enter());
+    cudaDeviceProp p;
+    DT_CU(cudaGetDeviceProperties(&p, g.device));
+    int drv = 0, rt = 0, blas = 0;
+    DT_CU(cudaDriverGetVersion(&drv));
+    DT_CU(cudaRuntimeGetVersion(&rt));
+    DT_CUBLAS(cublasGetVersion(g.blas, &blas));
+    char bus[32] = "?";
+    cudaDeviceGetPCIBusId(bus, sizeof bus, g.device);
+    snprintf(buf, n, "device %d: %s (sm_%d%d, %d SMs, %.0f GiB, PCI bus id %s), driver %d.%d, runtime %d.%d, "
+             "cuBLAS %d.%d.%d", g.device, p.name, p.major, p.minor, p.multiProcessorCount, (double)p.totalGlobalMem / (1024.0 * 1024 * 1024), bus,
+             drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10, blas / 10000, blas % 10000 / 100, blas % 100);
+    return DT_OK;
+}
+
 dt_status dt_cu_scratch(void **p, size_t bytes) {
     if (bytes > g.scratch_bytes) {
         size_t want = bytes + bytes / 4;   /* a little headroom: shapes vary by a few percent */
@@ -356,7 +392,7 @@ static dt_status cu_set_threads(int n) {
 /* ---- GEMM ---- */
 
 /* C (M, N) with row stride ldc: C = beta * C (beta = 0 writes zeros, NaN or not). */
-__global__ void k_scale_matrix(float *C, int M, int N, int ldc, float beta) {
+__global__ void __launch_bounds__(DT_CU_THREADS) k_scale_matrix(float *C, int M, int N, int ldc, float beta) {
     size_t total = (size_t)M * N;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         float *c = C + (i / N) * (size_t)ldc + i % N;
@@ -388,7 +424,7 @@ dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K
     cublasStatus_t e = cublasSgemm(g.blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc);
     if (e != CUBLAS_STATUS_SUCCESS) return dt_cublas_fail(e, fn, "cublasSgemm");
-    return DT_OK;
+    return dt_cu_sync_launches ? dt_cu_sync_after(fn, "cublasSgemm") : DT_OK;
 }
 
 dt_status dt_cu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
@@ -402,7 +438,7 @@ dt_status dt_cu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
 
 /* One block: level by level, dst[i] = src[2i] + src[2i+1] (odd last carried), buffers
  * swapped between levels; the same tree as dt_cpu_pairwise. */
-__global__ void k_pairwise(double *v, double *tmp, size_t n, double divisor, float *out) {
+__global__ void __launch_bounds__(1024) k_pairwise(double *v, double *tmp, size_t n, double divisor, float *out) {
     double *src = v, *dst = tmp;
     while (n > 1) {
         size_t h = n / 2;

@@ -81,6 +81,15 @@ DT_API size_t    dt_cuda_memory_allocated(void);
 DT_API size_t    dt_cuda_max_memory_allocated(void);
 DT_API void      dt_cuda_reset_peak_memory(void);
 
+/* Debugging (dt_device_opts: DT_CUDA_SYNC, DT_CU_MAX_BLOCKS): sync = 1 synchronises after
+ * every kernel launch and cuBLAS call, so an error names the kernel or call that
+ * faulted; max_blocks > 0 caps the grid of the grid-stride kernels (0: the default cap),
+ * which must not change any result. */
+DT_API dt_status dt_cuda_set_debug(int sync, unsigned max_blocks);
+/* "device D: NAME (sm_XY, N SMs, M GiB, PCI bus id B), driver X.Y, runtime X.Y, cuBLAS
+ * X.Y.Z" for the selected device, into buf. */
+DT_API dt_status dt_cuda_describe(char *buf, size_t n);
+
 /* Let cuBLAS use TF32 tensor cores for FP32 GEMMs (1) or not (0, the default). */
 DT_API dt_status dt_cuda_set_allow_tf32(int allow);
 DT_API int       dt_cuda_allow_tf32(void);

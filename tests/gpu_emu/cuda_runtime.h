@@ -23,7 +23,12 @@
  *     between two streams, or a host read before a synchronisation, sees stale data.
  *   - launch configuration: more than 1024 threads a block (or a dimension over its
  *     limit), an empty grid or more than 48 KiB of dynamic shared memory is
- *     cudaErrorInvalidConfiguration from cudaGetLastError, and the kernel does not run.
+ *     cudaErrorInvalidConfiguration from cudaGetLastError, and the kernel does not run;
+ *     more threads than the kernel's __launch_bounds__ is cudaErrorLaunchOutOfResources
+ *     (gpu_emu.sh registers the bounds written as a constant, EMU_BOUNDS below).
+ *   - DT_GPU_EMU_FAULT=KERNEL: that kernel faults when it runs (asynchronously, as on a
+ *     GPU: a sticky "an illegal memory access was encountered" that names nothing), to
+ *     test what a program reports then.
  *   - devices: DT_GPU_EMU_DEVICES (default 1) devices; device i has the PCI bus id
  *     0000:(0x10 + p):00.0 where p is the i-th entry of CUDA_VISIBLE_DEVICES (else i).
  *
@@ -44,7 +49,8 @@ enum cudaError {
     cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevicePointer = 17, cudaErrorInsufficientDriver = 35, cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101, cudaErrorNoKernelImageForDevice = 209, cudaErrorInvalidResourceHandle = 400,
-    cudaErrorNotReady = 600, cudaErrorIllegalAddress = 700, cudaErrorLaunchFailure = 719,
+    cudaErrorNotReady = 600, cudaErrorIllegalAddress = 700, cudaErrorLaunchOutOfResources = 701,
+    cudaErrorLaunchFailure = 719,
 };
 typedef enum cudaError cudaError_t;
 typedef struct emu_stream *cudaStream_t;
@@ -169,6 +175,14 @@ template <class T> static inline int emu_arg_ok(const char *kernel, int index, c
     if constexpr (std::is_pointer<T>::value) return emu_kernel_ptr_ok(kernel, index, (const void *)v);
     else { (void)kernel; (void)index; (void)v; return 1; }
 }
+
+/* A kernel's __launch_bounds__(N): gpu_emu.sh puts EMU_BOUNDS(kernel, N) before the
+ * definition of each kernel whose bound is a constant. */
+void emu_register_bounds(const char *kernel, unsigned threads);
+struct emu_bounds {
+    emu_bounds(const char *kernel, unsigned threads) { emu_register_bounds(kernel, threads); }
+};
+#define EMU_BOUNDS(k, n) static emu_bounds emu_bounds_##k(#k, n);
 
 /* kernel<<<grid, block, shmem, stream>>>(args) is rewritten by gpu_emu.sh into
  * emu_cfg(grid, block, shmem, stream).run(EMU_NAMED(kernel))(args). */

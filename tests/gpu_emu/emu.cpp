@@ -26,6 +26,12 @@ dim3 emu_threadIdx, emu_blockIdx, emu_blockDim, emu_gridDim;
 static std::recursive_mutex mu;
 #define LOCK std::lock_guard<std::recursive_mutex> lock_(mu)
 
+/* ---- errors: the last error of each thread, one sticky error, their texts ---- */
+
+static thread_local cudaError_t last_err = cudaSuccess;
+static cudaError_t sticky = cudaSuccess;
+static std::map<int, std::string> detail;   /* error code -> the text of its latest occurrence */
+
 /* ---- the fibers of one launch ----
  * The threads of a block run as fibers that switch at __syncthreads. A kernel whose
  * thread 0 (of block 0) never reaches __syncthreads runs its threads as plain calls
@@ -85,6 +91,12 @@ static void run_direct(int from, int nt, dim3 b) {
 
 void emu_exec(const char *name, dim3 g, dim3 b, const std::function<void()> &f) {
     LOCK;
+    const char *inject = getenv("DT_GPU_EMU_FAULT");
+    if (inject && !strcmp(inject, name)) {   /* an asynchronous fault that names nothing */
+        detail[cudaErrorIllegalAddress] = "an illegal memory access was encountered";
+        sticky = cudaErrorIllegalAddress;
+        return;
+    }
     const int nt = (int)(b.x * b.y * b.z);
     if ((int)fibers.size() < nt) {
         fibers.resize(nt);
@@ -127,11 +139,6 @@ void emu_exec(const char *name, dim3 g, dim3 b, const std::function<void()> &f) 
             }
 }
 
-/* ---- errors: the last error of each thread, one sticky error, their texts ---- */
-
-static thread_local cudaError_t last_err = cudaSuccess;
-static cudaError_t sticky = cudaSuccess;
-static std::map<int, std::string> detail;   /* error code -> the text of its latest occurrence */
 
 static cudaError_t fail(cudaError_t e, const char *fmt, ...) {
     char buf[512];
@@ -606,6 +613,7 @@ extern "C" const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidResourceHandle:  return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady:               return "cudaErrorNotReady";
     case cudaErrorIllegalAddress:         return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchOutOfResources:   return "cudaErrorLaunchOutOfResources";
     case cudaErrorLaunchFailure:          return "cudaErrorLaunchFailure";
     }
     return "cudaErrorUnknown";
@@ -620,10 +628,23 @@ extern "C" const char *cudaGetErrorString(cudaError_t e) {
 
 /* ---- launches ---- */
 
+static std::map<std::string, unsigned> &bounds(void) {
+    static std::map<std::string, unsigned> m;   /* built before any static registration uses it */
+    return m;
+}
+
+void emu_register_bounds(const char *k, unsigned threads) { bounds()[k] = threads; }
+
 int emu_launch_ok(const char *k, dim3 g, dim3 b, size_t shmem) {
     LOCK;
     if (sticky) { last_err = sticky; return 0; }
     unsigned long long threads = (unsigned long long)b.x * b.y * b.z;
+    auto lb = bounds().find(k);
+    if (lb != bounds().end() && threads > lb->second) {
+        fail(cudaErrorLaunchOutOfResources, "too many resources requested for launch: kernel %s has "
+             "__launch_bounds__(%u) and was launched with %llu threads a block", k, lb->second, threads);
+        return 0;
+    }
     if (b.x < 1 || b.y < 1 || b.z < 1 || b.x > 1024 || b.y > 1024 || b.z > 64 || threads > 1024) {
         fail(cudaErrorInvalidConfiguration, "invalid configuration argument: kernel %s: block (%u, %u, %u) "
              "(at most 1024 threads, 1024 x 1024 x 64)", k, b.x, b.y, b.z);

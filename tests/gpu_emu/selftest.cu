@@ -10,6 +10,8 @@
  *   selftest kernel     a kernel given a host pointer: a sticky cudaErrorIllegalAddress
  *                       naming the kernel and the argument
  *   selftest cublas     cublasSgemm given a host matrix: the same, naming the matrix
+ *   selftest divergent  a __syncthreads that thread 0 never reaches: the emulation stops
+ *                       (abort), naming the kernel
  * (a sticky error ends the process's use of the device, hence one run each)
  */
 #include <cuda_runtime.h>
@@ -20,6 +22,18 @@
 
 __global__ void k_copy(float *dst, const float *src, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
+
+__global__ void __launch_bounds__(64) k_small(float *dst, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = 1.0f;
+}
+
+/* thread 0 skips the barrier the others reach: undefined on a GPU */
+__global__ void k_divergent(float *dst) {
+    if (threadIdx.x > 0) {
+        __syncthreads();
+        dst[threadIdx.x] = 1.0f;
+    }
 }
 
 static const int N = 1000;
@@ -55,6 +69,12 @@ static void test_config(void) {
     e = cudaGetLastError();
     is_int(e, cudaErrorInvalidConfiguration, "64 KiB of dynamic shared memory too");
     like(cudaGetErrorString(e), "shared memory", "the message says shared memory");
+    k_small<<<1, 128, 0, 0>>>(a, N);
+    e = cudaGetLastError();
+    is_int(e, cudaErrorLaunchOutOfResources, "128 threads for a kernel with __launch_bounds__(64): out of resources");
+    like(cudaGetErrorString(e), "k_small has __launch_bounds__(64)", "the message names the kernel and its bound");
+    k_small<<<1, 64, 0, 0>>>(a, N);
+    is_int(cudaGetLastError(), cudaSuccess, "64 threads are fine");
     cudaFree(a);
     cudaFree(b);
 }
@@ -188,7 +208,12 @@ static void test_cublas_fault(void) {
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
-    if (!strcmp(mode, "kernel")) test_kernel_fault();
+    if (!strcmp(mode, "divergent")) {
+        float *a = dev();
+        k_divergent<<<1, 32, 0, 0>>>(a);
+        cudaDeviceSynchronize();
+        ok(0, "a barrier in divergent code was not noticed");
+    } else if (!strcmp(mode, "kernel")) test_kernel_fault();
     else if (!strcmp(mode, "cublas")) test_cublas_fault();
     else {
         test_config();
