@@ -278,6 +278,9 @@ typedef struct {
     X(void,      free,        (void *p))                  /* NULL is fine */ \
     X(dt_status, zero,        (void *p, size_t bytes))    /* memset 0 */ \
     X(dt_status, copy_h2d,    (void *dst, const void *src, size_t bytes)) \
+    /* queued, without waiting: src (pinned host memory, for a GPU to read it unstaged) \
+     * must stay unchanged until the next synchronize or copy_d2h returns */ \
+    X(dt_status, copy_h2d_async, (void *dst, const void *src, size_t bytes)) \
     X(dt_status, copy_d2h,    (void *dst, const void *src, size_t bytes)) \
     X(dt_status, copy_d2d,    (void *dst, const void *src, size_t bytes)) \
     X(dt_status, host_alloc,  (void **p, size_t bytes))   /* pinned host memory (aligned malloc on cpu) */ \

@@ -283,13 +283,20 @@ float dt_schedule_lr(const dt_schedule *s, int64_t step) {
 /* ---- clipping ------------------------------------------------------------------ */
 
 dt_status dt_clip_grad_norm(const dt_ops *ops, float *grads, size_t n, float max_norm, float *norm) {
-    float *dev = NULL, sq = 0.0f;
+    float *dev = NULL;
+    if (n) DT_TRY(ops->alloc((void **)&dev, sizeof(float)));
+    dt_status s = dt_clip_grad_norm_into(ops, grads, n, max_norm, dev, norm);
+    ops->free(dev);
+    return s;
+}
+
+dt_status dt_clip_grad_norm_into(const dt_ops *ops, float *grads, size_t n, float max_norm, float *scalar,
+                                 float *norm) {
+    float sq = 0.0f;
+    if (n && !scalar) return dt_error(DT_ERR_INVALID, "clip_grad_norm: NULL scalar");
     if (n) {
-        DT_TRY(ops->alloc((void **)&dev, sizeof(float)));
-        dt_status s = ops->sumsq(dev, grads, n);
-        if (s == DT_OK) s = ops->copy_d2h(&sq, dev, sizeof sq);
-        ops->free(dev);
-        DT_TRY(s);
+        DT_TRY(ops->sumsq(scalar, grads, n));
+        DT_TRY(ops->copy_d2h(&sq, scalar, sizeof sq));   /* the norm decides on the host: one read */
     }
     float total = sqrtf(sq);
     if (norm) *norm = total;

@@ -156,5 +156,9 @@ DT_API dt_status dt_schedule_check(const dt_schedule *s);
  * below 1); *norm receives the norm before clipping. max_norm <= 0 only
  * measures. The norm comes from the ops' deterministic sum of squares. */
 DT_API dt_status dt_clip_grad_norm(const dt_ops *ops, float *grads, size_t n, float max_norm, float *norm);
+/* The same with the caller's `scalar` (device memory of one float) for the sum of
+ * squares, so a training step allocates nothing. */
+DT_API dt_status dt_clip_grad_norm_into(const dt_ops *ops, float *grads, size_t n, float max_norm, float *scalar,
+                                        float *norm);
 
 #endif /* DT_OPTIM_H */

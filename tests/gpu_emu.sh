@@ -178,6 +178,23 @@ if [ $cuda_build = 1 ]; then
     ok $? "with DT_CUDA_SYNC=1 the error names the kernel that faulted"
     grep '^dtrain:' "$TMP/sync.out" | tail -n 1 | sed 's/^/# /'
 
+    # host synchronisations per step (the emulator counts them): as many with 4 micro-batches
+    # as with 1 (no loss read back per micro-batch, no batchnorm count per layer, the batch
+    # uploaded without waiting), and no more than 3 (the losses, the clipping norm, the end
+    # of the step)
+    for mb in 1 4; do
+        for st in 2 4; do
+            rm -f "$TMP/syncs"
+            DT_GPU_EMU_SYNCS="$TMP/syncs" timeout 120 "$TMP/dtrain_emu" train --device cuda --model cnn \
+                --data synthetic:256,1,28,28,10 --steps $st --batch 16 --micro-batches $mb --seed 1 --clip 1 \
+                --no-eval --quiet --threads 1 > /dev/null 2>&1
+            eval "s_${mb}_$st=\$(sed -n 's/^syncs //p' \"\$TMP/syncs\")"
+        done
+    done
+    per1=$(( (${s_1_4:-0} - ${s_1_2:-0}) / 2 )) per4=$(( (${s_4_4:-0} - ${s_4_2:-0}) / 2 ))
+    [ -n "$s_1_2" ] && [ -n "$s_4_4" ] && [ $per1 -eq $per4 ] && [ $per4 -le 3 ]
+    ok $? "cnn: host synchronisations per step: $per1 with 1 micro-batch, $per4 with 4 (at most 3)"
+
     # a GPU that nvidia-smi lists but CUDA cannot use (a driver older than the runtime) is a
     # failure of the GPU tests, not a skip; without one listed it is a skip
     mkdir -p "$TMP/fake/bin" "$TMP/fake/build"

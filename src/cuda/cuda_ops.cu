@@ -11,8 +11,10 @@
  * default stream stays ordered with ours.
  *
  * Copies: host-to-device and device-to-host copies wait for completion before they
- * return (the caller may reuse or read its host buffer at once, pageable or pinned);
- * device-to-device copies, memsets and kernels are queued and return at once.
+ * return (the caller may reuse or read its host buffer at once, pageable or pinned),
+ * except copy_h2d_async, which only queues (the trainer's batch upload from the
+ * loader's pinned buffers); device-to-device copies, memsets and kernels are queued and
+ * return at once.
  *
  * GEMM: row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so cuBLAS
  * gets the operands swapped (B first) and the sizes as (N, M, K). TF32 is off unless
@@ -333,12 +335,17 @@ static dt_status cu_zero(void *p, size_t bytes) {
     return DT_OK;
 }
 
-static dt_status cu_copy_h2d(void *dst, const void *src, size_t bytes) {
+static dt_status cu_copy_h2d_async(void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return DT_OK;
     if (!dst || !src) return dt_error(DT_ERR_INVALID, "cuda copy_h2d: NULL pointer for %zu bytes", bytes);
     DT_TRY(dt_cu_enter());
     DT_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.stream));
-    DT_CU(cudaStreamSynchronize(g.stream));   /* src may be reused as soon as we return */
+    return DT_OK;
+}
+
+static dt_status cu_copy_h2d(void *dst, const void *src, size_t bytes) {
+    DT_TRY(cu_copy_h2d_async(dst, src, bytes));
+    if (bytes) DT_CU(cudaStreamSynchronize(g.stream));   /* src may be reused as soon as we return */
     return DT_OK;
 }
 

@@ -307,6 +307,22 @@ static cudaError_t track(void *p, size_t bytes, int kind) {
     return cudaSuccess;
 }
 
+/* ---- host synchronisations: DT_GPU_EMU_SYNCS=FILE counts the calls that block the
+ * host until the device is done (stream, event and device synchronisations, cudaMemcpy,
+ * cudaFree and cudaFreeHost) and writes "syncs N" there at exit ---- */
+
+static unsigned long host_syncs;
+static struct sync_report {
+    ~sync_report() {
+        const char *f = getenv("DT_GPU_EMU_SYNCS");
+        FILE *o = f && *f ? fopen(f, "w") : NULL;
+        if (o) {
+            fprintf(o, "syncs %lu\n", host_syncs);
+            fclose(o);
+        }
+    }
+} sync_report_at_exit;
+
 /* ---- streams: queued work, run when waited for ---- */
 
 struct item {
@@ -399,6 +415,7 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t st) {
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     LOCK;
     STICKY;
+    host_syncs++;
     if (!run_all(S(s))) return fail(cudaErrorLaunchFailure, "%s", STALLED);
     return sticky ? last_err = sticky : cudaSuccess;
 }
@@ -413,6 +430,7 @@ extern "C" cudaError_t cudaStreamQuery(cudaStream_t s) {
 extern "C" cudaError_t cudaDeviceSynchronize(void) {
     LOCK;
     STICKY;
+    host_syncs++;
     if (!run_device(0)) return fail(cudaErrorLaunchFailure, "%s", STALLED);
     return sticky ? last_err = sticky : cudaSuccess;
 }
@@ -457,6 +475,7 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsig
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     LOCK;
     STICKY;
+    host_syncs++;
     if (e->s && !run_to(e->s, e->seq)) return fail(cudaErrorLaunchFailure, "%s", STALLED);
     return cudaSuccess;
 }
@@ -500,6 +519,7 @@ extern "C" cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned) {
 static cudaError_t release(void *p, int kind, const char *call) {
     LOCK;
     if (!p) return cudaSuccess;
+    host_syncs++;
     run_device(0);   /* an implicit device synchronisation, as on a GPU */
     auto it = regions.find((uintptr_t)p);
     if (it == regions.end() || it->second.kind != kind) {
@@ -567,6 +587,7 @@ extern "C" cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cu
 }
 
 extern "C" cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k) {
+    host_syncs++;
     return cudaMemcpyAsync(d, s, n, k, 0);   /* the legacy stream: at once, after the blocking streams */
 }
 
