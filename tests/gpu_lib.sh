@@ -40,6 +40,9 @@ gpu_nccl_checks() {
     DT_DETERMINISTIC=1 $run det "$w" --mode all; rc=$?
     ok $rc "$w ranks, deterministic mode: the same checks through dtrain's own tree"
     [ $rc -eq 0 ] || grep -v ':ok ' "$TMP/det.out" | tail -8 | sed 's/^/#   /'
+    DT_DETERMINISTIC=1 $run tree "$w" --mode tree; rc=$?
+    ok $rc "$w ranks, deterministic mode: all_reduce is dtrain's tree bit for bit (f32, f64, f16, bf16)"
+    [ $rc -eq 0 ] || grep -v ':ok ' "$TMP/tree.out" | tail -8 | sed 's/^/#   /'
     $run host "$w" --mode host; rc=$?
     ok $rc "$w ranks: the same on host buffers (over the tcp side channel); mixed and disagreeing kinds refused"
     [ $rc -eq 0 ] || grep -v ':ok ' "$TMP/host.out" | tail -8 | sed 's/^/#   /'

@@ -88,6 +88,9 @@ dt_status dt_algo_allgather     (const dt_p2p *p, const dt_call *call, const voi
 dt_status dt_algo_reduce_scatter(const dt_p2p *p, const dt_call *call, const void *send, void *recv);
 dt_status dt_algo_reduce        (const dt_p2p *p, const dt_call *call, const void *send, void *recv);
 dt_status dt_algo_barrier       (const dt_p2p *p, const dt_call *call);
+/* Element offset of block b when count elements are cut into nb blocks (the first
+ * count % nb one element longer): the blocks of the algorithms above. */
+size_t    dt_algo_block_offset(size_t count, int nb, int b);
 /* Elements below which all_reduce uses whole-buffer recursive doubling (bytes). */
 #define DT_ALGO_SMALL_BYTES (64u * 1024u)
 

@@ -36,11 +36,15 @@
  * queued before it. Calls are blocking: they return when the result is in place.
  *
  * Reduction order: NCCL chooses rings or trees by size and topology, so sums may differ
- * in the last bits from the tcp backend and between world sizes. With deterministic mode
- * (opts.deterministic or DT_DETERMINISTIC=1) all_reduce, reduce_scatter and reduce
- * instead copy to pinned host memory and run dtrain's own algorithms (algo.c) over the
- * tcp side channel, bitwise equal to the tcp backend (DESIGN.md rule 2), at host speed.
- * Broadcast and all_gather move data without arithmetic and always use NCCL.
+ * in the last bits from the tcp backend and between world sizes; that is the default,
+ * the fast one. With deterministic mode (opts.deterministic or DT_DETERMINISTIC=1) the
+ * reductions follow dtrain's own tree (algo.c), bitwise equal to the tcp backend
+ * (DESIGN.md rule 2): all_reduce over a power-of-two world stays on the device
+ * (recursive halving with ncclSend/ncclRecv pairs and dt_cuda_combine adding what
+ * arrives, then recursive doubling: tree_allreduce below); other world sizes, and
+ * reduce_scatter and reduce, copy to pinned host memory and run algo.c over the tcp side
+ * channel, at host speed. Broadcast and all_gather move data without arithmetic and
+ * always use NCCL.
  *
  * Types: f32, f64, f16, bf16, i32, i64, u8; ops: sum, avg (ncclAvg), min, max, prod.
  * NCCL_SOCKET_IFNAME is set from DT_SOCKET_IFNAME when it is unset.
@@ -68,6 +72,8 @@ typedef struct {
     char          broken_msg[512];
     void         *stage;        /* pinned host staging for deterministic reductions */
     size_t        stage_cap;
+    void         *dtmp;         /* device scratch of the deterministic all_reduce */
+    size_t        dtmp_cap;
 } nccl_state;
 
 /* ---- errors ------------------------------------------------------------------------ */
@@ -343,6 +349,74 @@ static dt_status staged(dt_comm *c, nccl_state *st, const dt_call *call, const v
     return write_back ? copy_sync(st, recv, hout, out_bytes, cudaMemcpyHostToDevice, call) : DT_OK;
 }
 
+/* ---- the deterministic all_reduce on the device ------------------------------------------
+ * algo.c's tree with NCCL moving the bytes: step k pairs rank r with r ^ (1 << k), as the
+ * tcp backend does, so every element is summed over the same binary tree of ranks; the
+ * received half is combined by dt_cuda_combine in reduce.c's arithmetic (the local
+ * value first), then recursive doubling gives every rank every block. */
+
+static int pow2(int w) { return w > 0 && (w & (w - 1)) == 0; }
+
+/* One exchange with partner: sn elements of sbuf out, rn into rbuf, in one NCCL group. */
+static dt_status exchange(nccl_state *st, const dt_call *call, int partner, const void *sbuf, size_t sn, void *rbuf,
+                          size_t rn, double deadline) {
+    ncclDataType_t t = nccl_type(call->dtype);
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return nccl_fail(st, r, "ncclGroupStart", call);
+    if (sn) r = ncclSend(sbuf, sn, t, partner, st->nc, st->stream);
+    if (rn && (r == ncclSuccess || r == ncclInProgress)) r = ncclRecv(rbuf, rn, t, partner, st->nc, st->stream);
+    ncclResult_t e = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(st, r, "ncclSend/ncclRecv", call);
+    return settle(st, e, "ncclGroupEnd", call, deadline);
+}
+
+static dt_status tree_allreduce(dt_comm *c, nccl_state *st, const dt_call *call, const void *send, void *recv) {
+    size_t es = dt_dtype_size(call->dtype), n = call->count;
+    int W = c->size, r = c->rank, nb = W, lo = 0, hi = W, L = 0, hist[2 * 32];
+    while ((1 << L) < W) L++;
+    double deadline = dt_now() + c->timeout_s;
+    char *work = recv;
+    DT_TRY(d2d(st, recv, send, n * es, call));
+    size_t tmp = (n / 2 + (size_t)W) * es;   /* the largest half a rank receives */
+    if (tmp > st->dtmp_cap) {
+        if (st->dtmp) cudaFree(st->dtmp);
+        st->dtmp = NULL;
+        st->dtmp_cap = 0;
+        cudaError_t e = cudaMalloc(&st->dtmp, tmp);
+        if (e != cudaSuccess) return cuda_fail(st, e, "cudaMalloc of the all_reduce scratch", call);
+        st->dtmp_cap = tmp;
+    }
+    int op = call->op == DT_PROD ? DT_CUDA_PROD : call->op == DT_MIN ? DT_CUDA_MIN
+           : call->op == DT_MAX ? DT_CUDA_MAX : DT_CUDA_SUM;
+    for (int k = 0; k < L; k++) {   /* recursive halving: keep one half, receive its other summand */
+        int partner = r ^ (1 << k), mid = (lo + hi) / 2, up = (r >> k) & 1;
+        int klo = up ? mid : lo, khi = up ? hi : mid, glo = up ? lo : mid, ghi = up ? mid : hi;
+        size_t ko = dt_algo_block_offset(n, nb, klo), kn = dt_algo_block_offset(n, nb, khi) - ko;
+        size_t go = dt_algo_block_offset(n, nb, glo), gn = dt_algo_block_offset(n, nb, ghi) - go;
+        hist[2 * k] = lo;
+        hist[2 * k + 1] = hi;
+        DT_TRY(exchange(st, call, partner, work + go * es, gn, st->dtmp, kn, deadline));
+        dt_status s = dt_cuda_combine(work + ko * es, st->dtmp, kn, call->dtype, op, (void *)st->stream);
+        if (s != DT_OK) return set_broken(st, s);
+        lo = klo;
+        hi = khi;
+    }
+    for (int k = L - 1; k >= 0; k--) {   /* recursive doubling: swap the blocks each side holds */
+        int partner = r ^ (1 << k), low = lo == hist[2 * k];   /* we hold the lower half of hist[k] */
+        int olo = low ? hi : hist[2 * k], ohi = low ? hist[2 * k + 1] : lo;
+        size_t mo = dt_algo_block_offset(n, nb, lo), mn = dt_algo_block_offset(n, nb, hi) - mo;
+        size_t oo = dt_algo_block_offset(n, nb, olo), on = dt_algo_block_offset(n, nb, ohi) - oo;
+        DT_TRY(exchange(st, call, partner, work + mo * es, mn, work + oo * es, on, deadline));
+        lo = hist[2 * k];
+        hi = hist[2 * k + 1];
+    }
+    if (call->op == DT_AVG) {
+        dt_status s = dt_cuda_divide(work, n, call->dtype, W, (void *)st->stream);
+        if (s != DT_OK) return set_broken(st, s);
+    }
+    return wait_stream(st, call, deadline);
+}
+
 /* ---- collectives ------------------------------------------------------------------------ */
 
 static dt_status nccl_allreduce(dt_comm *c, const dt_call *call, const void *send, void *recv) {
@@ -351,6 +425,7 @@ static dt_status nccl_allreduce(dt_comm *c, const dt_call *call, const void *sen
     DT_TRY(begin(c, call, send, recv, &st, &host));
     if (host) return on_host(c, st, call, send, recv);
     size_t bytes = call->count * dt_dtype_size(call->dtype);
+    if (c->deterministic && pow2(c->size) && c->size > 1) return tree_allreduce(c, st, call, send, recv);
     if (c->deterministic) return staged(c, st, call, send, recv, bytes, bytes, 1);
     return finish(st, ncclAllReduce(send, recv, call->count, nccl_type(call->dtype), nccl_op(call->op), st->nc, st->stream),
                   "ncclAllReduce", call);
@@ -469,6 +544,7 @@ static void state_free(nccl_state *st) {
     comm_close(st);
     if (st->stream) cudaStreamDestroy(st->stream);
     if (st->stage) cudaFreeHost(st->stage);
+    if (st->dtmp) cudaFree(st->dtmp);
     free(st);
 }
 

@@ -4,7 +4,9 @@
  * The backend is split by idea: cuda_ops.cu (context, memory, GEMM, the table),
  * cuda_elem.cu (bias, activations, dropout, losses, vector ops, casts, optimizers,
  * the random fills, the sum of squares), cuda_nn.cu (convolution, pooling, batch and
- * layer norm), cuda_seq.cu (embeddings, positions, attention). Each op of ops.h's list is a function dt_cu_<op>, declared below from
+ * layer norm), cuda_seq.cu (embeddings, positions, attention), cuda_reduce.cu (the
+ * combination of buffers for the nccl backend's deterministic all-reduce). Each op of
+ * ops.h's list is a function dt_cu_<op>, declared below from
  * the list, and the table in cuda_ops.cu is generated from the same list.
  *
  * Checking: every CUDA and cuBLAS call goes through DT_CU / DT_CUBLAS, which return a

@@ -36,6 +36,7 @@
 #define DT_CUDA_H
 
 #include <stddef.h>
+#include "dtype.h"
 #include "ops.h"
 #include "status.h"
 
@@ -89,6 +90,16 @@ DT_API dt_status dt_cuda_set_debug(int sync, unsigned max_blocks);
 /* "device D: NAME (sm_XY, N SMs, M GiB, PCI bus id B), driver X.Y, runtime X.Y, cuBLAS
  * X.Y.Z" for the selected device, into buf. */
 DT_API dt_status dt_cuda_describe(char *buf, size_t n);
+
+/* Elementwise combination on the device for a communication library that reduces in
+ * dtrain's own order (src/comm/nccl.c, deterministic mode): acc[i] = acc[i] op in[i] for
+ * n elements of t (a collective type), queued on `stream` (a cudaStream_t), in the
+ * arithmetic of src/comm/reduce.c (f16/bf16 through f32, rounded each time), so results
+ * are the tcp backend's bit for bit; dt_cuda_divide is avg's last step (buf[i] /=
+ * divisor; integers truncate). */
+enum { DT_CUDA_SUM, DT_CUDA_PROD, DT_CUDA_MIN, DT_CUDA_MAX };
+DT_API dt_status dt_cuda_combine(void *acc, const void *in, size_t n, dt_dtype t, int op, void *stream);
+DT_API dt_status dt_cuda_divide(void *buf, size_t n, dt_dtype t, int divisor, void *stream);
 
 /* Let cuBLAS use TF32 tensor cores for FP32 GEMMs (1) or not (0, the default). */
 DT_API dt_status dt_cuda_set_allow_tf32(int allow);
