@@ -128,6 +128,7 @@ struct dt_comm {
     int               broken;       /* a transport error happened: later calls fail fast */
     char              broken_msg[512];
     dt_comm          *parent;       /* split children: the communicator they came from */
+    void             *op_token;     /* the running async operation's token (backend->queued), else NULL */
     int              *parent_ranks; /* split children: [size] rank in the parent */
 };
 
@@ -156,6 +157,12 @@ struct dt_backend {
     void      (*split_destroy) (dt_comm *child);
     /* The library underneath and its version ("NCCL 2.27.3") into buf; NULL: none. */
     void      (*library)       (char *buf, size_t n);
+    /* Optional, for async calls: run on the caller's thread when the call is queued (to
+     * note where the device's queue stands then); the token it leaves is c->op_token
+     * while the operation runs on the worker, and goes to dequeued() after it ran (or
+     * was skipped because the communicator broke). */
+    dt_status (*queued)        (dt_comm *c, const dt_call *call, const void *send, const void *recv, void **token);
+    void      (*dequeued)      (dt_comm *c, void *token);
 };
 
 extern const dt_backend dt_backend_tcp;

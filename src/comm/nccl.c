@@ -32,8 +32,12 @@
  *     collective's sequence number and description; later calls fail fast.
  *
  * Streams: NCCL runs on the backend's own stream, ordered after the compute stream
- * with an event (dt_cuda_stream_wait_compute), so a collective sees every kernel
- * queued before it. Calls are blocking: they return when the result is in place.
+ * with an event, so a collective sees every kernel queued before it. For an async call
+ * the event is recorded on the caller's thread when the call is queued (nccl_queued:
+ * DDP's backward hook, the moment its bucket's gradients are queued), so NCCL waits for
+ * exactly that work rather than for whatever the host queued until the worker thread
+ * got to it; a blocking call records it when it starts. Calls return (and async work is
+ * done) when the result is in place.
  *
  * Reduction order: NCCL chooses rings or trees by size and topology, so sums may differ
  * in the last bits from the tcp backend and between world sizes; that is the default,
@@ -276,8 +280,37 @@ static dt_status begin(dt_comm *c, const dt_call *call, const void *send, const 
     if (call->kind == DT_CALL_P2P && *host) return DT_OK;
     DT_TRY(preflight(st, call, *host));
     if (*host) return DT_OK;
+    if (c->op_token) {   /* an async call: the compute stream as it stood when the call was queued */
+        cudaError_t e = cudaStreamWaitEvent(st->stream, (cudaEvent_t)c->op_token, 0);
+        return e == cudaSuccess ? DT_OK : cuda_fail(st, e, "cudaStreamWaitEvent", call);
+    }
     dt_status s = dt_cuda_stream_wait_compute((void *)st->stream);
     return s == DT_OK ? DT_OK : set_broken(st, s);
+}
+
+/* An async call on device buffers: record the compute stream's position now, on the
+ * caller's thread (the token begin() waits for on the worker). */
+static dt_status nccl_queued(dt_comm *c, const dt_call *call, const void *send, const void *recv, void **token) {
+    (void)c;
+    *token = NULL;
+    if (call->kind == DT_CALL_SPLIT || is_host(send) > 0 || is_host(recv) > 0) return DT_OK;
+    DT_TRY(dt_cuda_bind_thread());
+    cudaEvent_t ev;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) return dt_error(DT_ERR_IO, "%s: cudaEventCreateWithFlags failed: %s", call->desc,
+                                          cudaGetErrorString(e));
+    e = cudaEventRecord(ev, (cudaStream_t)dt_cuda_compute_stream());
+    if (e != cudaSuccess) {
+        cudaEventDestroy(ev);
+        return dt_error(DT_ERR_IO, "%s: cudaEventRecord failed: %s", call->desc, cudaGetErrorString(e));
+    }
+    *token = ev;
+    return DT_OK;
+}
+
+static void nccl_dequeued(dt_comm *c, void *token) {
+    (void)c;
+    cudaEventDestroy((cudaEvent_t)token);   /* a pending wait on it still happens */
 }
 
 static dt_status finish(nccl_state *st, ncclResult_t r, const char *what, const dt_call *call) {
@@ -742,4 +775,6 @@ const dt_backend dt_backend_nccl = {
     .split          = nccl_split,
     .split_destroy  = nccl_split_destroy,
     .library        = nccl_library,
+    .queued         = nccl_queued,
+    .dequeued       = nccl_dequeued,
 };
