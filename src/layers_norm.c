@@ -34,7 +34,7 @@ static dt_status bn_infer(dt_layer *L, dt_shape *out) {
     DT_TRY(dt_layer_tensor_add(L, "running_mean", DT_TENSOR_BUFFER, NULL, 1, &C));
     DT_TRY(dt_layer_tensor_add(L, "running_var", DT_TENSOR_BUFFER, NULL, 1, &C));
     DT_TRY(dt_layer_tensor_add(L, "num_batches_tracked", DT_TENSOR_COUNTER, &s->num_batches_tracked, 0, NULL));
-    L->nrecord = 2 * (size_t)C + 2;   /* [sum | sumsq | count]: the count is the bits of an int64 */
+    L->nrecord = 2 * (size_t)C;   /* [sum | sumsq]; the count is the host's (bn_replay) */
     return DT_OK;
 }
 
@@ -71,13 +71,12 @@ static dt_status bn_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int
         return dt_error(DT_ERR_INVALID, "layer %s '%s': batchnorm in training needs more than "
                         "1 value per channel, got %lld", L->name, L->text, (long long)count);
     if (c->bn_record || c->recompute) {
-        /* deferred: keep the sums and count; the replay updates the buffers later. A
-         * recomputation leaves the running buffers (and the record, the same) alone. */
+        /* deferred: keep the sums; the replay updates the buffers later. A recomputation
+         * leaves the running buffers (and the record, the same) alone. */
         DT_TRY(o->bn_finalize(mean, invstd, s1, s2, C, count, BN_EPS, NULL, NULL, BN_MOMENTUM));
         if (c->bn_record && !c->recompute) {
             float *rec = c->bn_record + L->rec_off;
             DT_TRY(o->copy_d2d(rec, s1, 2 * (size_t)C * sizeof(float)));
-            DT_TRY(o->copy_h2d(rec + 2 * C, &count, sizeof count));   /* int64 bits in 2 floats */
         }
     } else {
         DT_TRY(o->bn_finalize(mean, invstd, s1, s2, C, count, BN_EPS, rm, rv, BN_MOMENTUM));
@@ -87,14 +86,16 @@ static dt_status bn_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int
     return o->bn_apply(L->y, x, mean, invstd, gamma, beta, B, C, HW, L->fuse_relu);
 }
 
+/* A record's count is that of this layer's last train forward, known on the host: every
+ * micro-batch of a step has the same size on every rank, so no record needs to carry it
+ * (and the replay reads nothing back from the device). */
 static dt_status bn_replay(const dt_nn_ctx *c, dt_layer *L, const float *rec) {
     const dt_ops *o = c->ops;
     bn_self *s = LAYER_SELF(bn_self, L);
     int C = (int)L->in.d[0];
-    int64_t count;
-    DT_TRY(o->copy_d2h(&count, rec + 2 * C, sizeof count));
-    if (count < 2) return dt_error(DT_ERR_INVALID, "layer %s '%s': batchnorm record holds count %lld",
-                                   L->name, L->text, (long long)count);
+    int64_t count = s->count;
+    if (count < 2) return dt_error(DT_ERR_INVALID, "layer %s '%s': batchnorm replay before a train forward "
+                                   "(count %lld)", L->name, L->text, (long long)count);
     /* mean/invstd outputs go to scratch (s1, s2): the saved ones belong to backward */
     DT_TRY(o->bn_finalize(s->save + 2 * C, s->save + 3 * C, rec, rec + C, C, count, BN_EPS,
                           dt_layer_tensor_ptr(c, L, 2), dt_layer_tensor_ptr(c, L, 3), BN_MOMENTUM));

@@ -599,6 +599,8 @@ dt_status dt_model_loss(dt_model *m, const dt_loss *loss, const void *target, in
     return DT_OK;
 }
 
+const float *dt_model_loss_dev(const dt_model *m) { return m->scalar; }
+
 dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *target,
                                  int B, float normaliser, float *loss_out) {
     DT_TRY(loss_head(m, loss, target, B, normaliser, 1));

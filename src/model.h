@@ -215,12 +215,13 @@ DT_API void dt_model_set_layer_hook(dt_model *m, dt_layer_hook_fn fn, void *ctx)
 /* Deferred batchnorm running statistics, for world-size invariance. A rank
  * that runs only its own micro-batches would otherwise update the running
  * buffers with a subset of them. With a record set, each train forward writes
- * its batchnorm statistics (per bn layer [sum(C) | sumsq(C) | count], the count
- * an int64 stored in the bytes of 2 floats: gather records as raw data) into
- * record (device memory of dt_model_bn_record_size floats) instead of updating
- * the buffers; the trainer gathers the records of all micro-batches and
- * replays them in global micro-batch order on every rank, which gives the
- * buffers (and num_batches_tracked) of a single process bit for bit. */
+ * its batchnorm statistics (per bn layer [sum(C) | sumsq(C)]) into record
+ * (device memory of dt_model_bn_record_size floats) instead of updating the
+ * buffers; the trainer gathers the records of all micro-batches and replays
+ * them in global micro-batch order on every rank, which gives the buffers (and
+ * num_batches_tracked) of a single process bit for bit. A replay takes the
+ * values per channel from the model's last train forward: every record must
+ * come from a micro-batch of that size. */
 DT_API size_t    dt_model_bn_record_size(const dt_model *m);     /* 0 when the model has no bn */
 DT_API void      dt_model_set_bn_record(dt_model *m, float *record);  /* NULL: update in place (default) */
 DT_API dt_status dt_model_bn_replay(dt_model *m, const float *record);
@@ -240,6 +241,9 @@ DT_API dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
  * *loss_out (optional) receives it. */
 DT_API dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *target,
                                         int B, float normaliser, float *loss_out);
+/* The device float that holds the loss of the last dt_model_loss(_backward), valid
+ * until the next: a trainer copies it on the device and reads a step's losses once. */
+DT_API const float *dt_model_loss_dev(const dt_model *m);
 /* Loss only (no backward), e.g. for evaluation; *correct (optional, CE only)
  * receives the number of samples whose argmax equals the label. */
 DT_API dt_status dt_model_loss(dt_model *m, const dt_loss *loss, const void *target, int B,

@@ -14,12 +14,42 @@
 #include "cuda/dt_cuda.h"
 #endif
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- the registry ---- */
 
+dt_status dt_device_opts_env(dt_device_opts *o) {
+    const char *v = getenv("DT_CUDA_SYNC");
+    if (v && *v) {
+        if (strcmp(v, "0") && strcmp(v, "1"))
+            return dt_error(DT_ERR_INVALID, "DT_CUDA_SYNC='%s': expected 0 or 1", v);
+        o->sync = v[0] == '1';
+    }
+    v = getenv("DT_CU_MAX_BLOCKS");
+    if (v && *v) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long n = strtoul(v, &end, 10);
+        if (errno || *end || v[0] == '-' || n < 1 || n > 0x7fffffffUL)
+            return dt_error(DT_ERR_INVALID, "DT_CU_MAX_BLOCKS='%s': expected a block count from 1 to 2147483647", v);
+        o->max_blocks = (unsigned)n;
+    }
+    return DT_OK;
+}
+
+dt_status dt_ops_describe(const dt_ops *ops, char *buf, size_t n) {
+    if (!ops || !buf || !n) return dt_error(DT_ERR_INVALID, "dt_ops_describe: NULL argument");
+    buf[0] = 0;
+#ifdef DT_HAVE_CUDA
+    if (!strcmp(ops->name, "cuda")) return dt_cuda_describe(buf, n);
+#endif
+    return DT_OK;
+}
+
 const dt_ops *dt_ops_get_ex(const char *device, const dt_device_opts *opts) {
-    const dt_device_opts none = {0, 0};
+    const dt_device_opts none = {0};
     if (!opts) opts = &none;
     if (!device) {
         dt_error(DT_ERR_INVALID, "no device given (expected \"cpu\" or \"cuda\")");
@@ -32,7 +62,9 @@ const dt_ops *dt_ops_get_ex(const char *device, const dt_device_opts *opts) {
     if (strcmp(device, "cpu") == 0) return dt_ops_cpu();
     if (strcmp(device, "cuda") == 0) {
 #ifdef DT_HAVE_CUDA
-        return dt_ops_cuda(opts->index, opts->allow_tf32);   /* NULL with the backend's own message */
+        const dt_ops *t = dt_ops_cuda(opts->index, opts->allow_tf32);   /* NULL with the backend's own message */
+        if (t && dt_cuda_set_debug(opts->sync, opts->max_blocks) != DT_OK) return NULL;
+        return t;
 #else
         dt_error(DT_ERR_UNSUPPORTED, "device \"cuda\": this build has no CUDA backend (configure --with-cuda)");
         return NULL;

@@ -312,6 +312,9 @@ typedef struct {
     X(void,      free,        (void *p))                  /* NULL is fine */ \
     X(dt_status, zero,        (void *p, size_t bytes))    /* memset 0 */ \
     X(dt_status, copy_h2d,    (void *dst, const void *src, size_t bytes)) \
+    /* queued, without waiting: src (pinned host memory, for a GPU to read it unstaged) \
+     * must stay unchanged until the next synchronize or copy_d2h returns */ \
+    X(dt_status, copy_h2d_async, (void *dst, const void *src, size_t bytes)) \
     X(dt_status, copy_d2h,    (void *dst, const void *src, size_t bytes)) \
     X(dt_status, copy_d2d,    (void *dst, const void *src, size_t bytes)) \
     X(dt_status, host_alloc,  (void **p, size_t bytes))   /* pinned host memory (aligned malloc on cpu) */ \
@@ -368,13 +371,27 @@ DT_API const char *dt_ops_op_name(int i);
 /* ---- backends ------------------------------------------------------------------------- */
 
 /* How to open a device. The backend keeps no other settings of its own and reads no
- * environment variable: the program decides. */
+ * environment variable: the program decides (dt_device_opts_env reads the debugging
+ * variables for it). Zero is the default of every field. */
 typedef struct {
-    int index;        /* which device of the kind: a CUDA ordinal, taken modulo the visible
-                       * devices, so a rank can pass its local rank as it is; >= 0 */
-    int allow_tf32;   /* 1: cuBLAS may use TF32 tensor cores for FP32 GEMMs (faster, fewer
-                       * mantissa bits); 0: full FP32 (the default) */
+    int      index;       /* which device of the kind: a CUDA ordinal, taken modulo the visible
+                           * devices, so a rank can pass its local rank as it is; >= 0 */
+    int      allow_tf32;  /* 1: cuBLAS may use TF32 tensor cores for FP32 GEMMs (faster, fewer
+                           * mantissa bits); 0: full FP32 (the default) */
+    int      sync;        /* 1: synchronise after every kernel and library call, so an error
+                           * names the kernel that faulted (slow; for first contact) */
+    unsigned max_blocks;  /* > 0: cap on the grid of grid-stride kernels (results must not
+                           * depend on it; a test varies it); 0: the backend's own */
 } dt_device_opts;
+
+/* Fill the debugging fields of *o from the environment: DT_CUDA_SYNC=1 (sync) and
+ * DT_CU_MAX_BLOCKS=N (max_blocks, N >= 1); the others are left alone. A malformed
+ * value is DT_ERR_INVALID naming the variable. */
+DT_API dt_status dt_device_opts_env(dt_device_opts *o);
+
+/* One line about the device behind `ops` ("device 0: NVIDIA H200 (sm_90, 132 SMs, ...),
+ * driver 13.0, runtime 13.0, cuBLAS 13.0.2") into buf; "" for the cpu. */
+DT_API dt_status dt_ops_describe(const dt_ops *ops, char *buf, size_t n);
 
 /* The CPU backend (OpenBLAS kept single-threaded + OpenMP over fixed blocks). */
 DT_API const dt_ops *dt_ops_cpu(void);

@@ -212,6 +212,7 @@ typedef struct {
     int C;                           /* model outputs per sample */
     float *hot, *dhot;               /* MSE: one-hot targets (k*b, C), host and device */
     float *losses, *all_losses;      /* k local / S global micro-batch losses */
+    float *dlosses;                  /* device: the k local losses, then the clipping scalar */
     float *bnrec;                    /* S batchnorm records of bnrec_n floats, micro-batch order */
     size_t bnrec_n;
     int64_t spe, total;              /* steps per epoch, total steps */
@@ -405,11 +406,11 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     if ((int64_t)n != t->k * t->b)
         return dt_error(DT_ERR_INTERNAL, "loader returned %zu samples, expected %lld", n, (long long)(t->k * t->b));
     double t1 = dt_now();
-    DT_TRY(ops->copy_h2d(t->dx, hx, n * ss * sizeof(float)));
-    DT_TRY(ops->copy_h2d(t->dy, hy, n * (size_t)t->lw * sizeof(int32_t)));
+    /* queued uploads from the loader's pinned slot, held until the losses are read back */
+    DT_TRY(ops->copy_h2d_async(t->dx, hx, n * ss * sizeof(float)));
+    DT_TRY(ops->copy_h2d_async(t->dy, hy, n * (size_t)t->lw * sizeof(int32_t)));
     const void *target;
     DT_TRY(loss_target(ops, &t->lf, hy, n, t->C, t->dy, t->hot, t->dhot, &target));
-    dt_loader_release(t->loader);
     /* keep the loader one step ahead */
     if (t->queued < t->total) DT_TRY(queue_step(t, t->queued++));
 
@@ -421,15 +422,15 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         if (t->bnrec_n) dt_model_set_bn_record(t->model, t->bnrec + (size_t)micro * t->bnrec_n);
         DT_TRY(dt_model_forward(t->model, t->dx + (size_t)(i * t->b) * ss, (int)t->b, 1,
                                 (uint64_t)epoch, sample_base, NULL));
-        float l = 0.0f;
         DT_TRY(dt_ddp_begin_micro(t->ddp, i));
         /* micro-batch i's targets: b x lw labels (CE) or b one-hot rows of C (MSE) */
         const void *ti = t->lf.kind == DT_LOSS_CE ? (const void *)((const int32_t *)target + i * t->b * t->lw)
                                                   : (const void *)((const float *)target + (size_t)(i * t->b) * (size_t)t->C);
-        DT_TRY(dt_model_loss_backward(t->model, &t->lf, ti, (int)t->b, (float)t->o->batch, &l));
-        t->losses[i] = l;
+        DT_TRY(dt_model_loss_backward(t->model, &t->lf, ti, (int)t->b, (float)t->o->batch, NULL));
+        DT_TRY(ops->copy_d2d(t->dlosses + i, dt_model_loss_dev(t->model), sizeof(float)));
     }
-    DT_TRY(ops->synchronize());
+    DT_TRY(ops->copy_d2h(t->losses, t->dlosses, (size_t)t->k * sizeof(float)));   /* the step's one read back */
+    dt_loader_release(t->loader);   /* the uploads are done */
     double t2 = dt_now();
     double wait = 0.0;
     DT_TRY(dt_ddp_finish(t->ddp, &wait));
@@ -437,7 +438,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
 
     if (t->world > 1) {
         DT_TRY(dt_allgather(t->comm, t->losses, t->all_losses, (size_t)t->k, DT_F32));
-        /* records are raw bytes (they hold an int64 count): gathered, never combined */
+        /* records are gathered, never combined */
         if (t->bnrec_n)
             DT_TRY(dt_ddp_allgather_dev(t->ddp, t->bnrec + (size_t)t->first_micro * t->bnrec_n, t->bnrec,
                                         (size_t)t->k * t->bnrec_n * sizeof(float)));
@@ -507,6 +508,7 @@ static void trainer_free(trainer *t) {
         dt_mem_free(t->ops, t->dy);
         dt_mem_free(t->ops, t->dhot);
         dt_mem_free(t->ops, t->bnrec);
+        dt_mem_free(t->ops, t->dlosses);
     }
     free(t->hot);
     free(t->idx);
@@ -896,13 +898,15 @@ static dt_status trainer_setup(trainer *t) {
         return dt_error(DT_ERR_INVALID, "loss: mse needs one label per sample; token data takes ce");
     t->lf.label_smoothing = (float)o->label_smoothing;
     DT_TRY(batch_alloc(t->ops, &t->lf, local, info->sample_size, t->lw, t->C, &t->dx, &t->dy, &t->hot, &t->dhot));
+    DT_TRY(dt_mem_alloc(t->ops, DT_MEM_OTHER, (void **)&t->dlosses, (size_t)(t->k + 1) * sizeof(float)));
     /* With synchronised batchnorm every rank already sees the global statistics
      * and updates its buffers in place; otherwise records are replayed in order. */
     t->bnrec_n = o->sync_bn && t->world > 1 ? 0 : dt_model_bn_record_size(t->model);
     if (t->bnrec_n) DT_TRY(dt_mem_alloc(t->ops, DT_MEM_OTHER, (void **)&t->bnrec, (size_t)t->S * t->bnrec_n * sizeof(float)));
     /* batches are gathered into the device's pinned host memory, so the copy to
-     * the device can be a DMA (on the CPU this is plain aligned memory) */
-    dt_loader_opts lo = {.depth = 2, .timeout_s = 600, .alloc = loader_alloc, .free = loader_free,
+     * the device can be a queued DMA (on the CPU this is plain aligned memory); three
+     * slots: one uploading, one ready, one gathering */
+    dt_loader_opts lo = {.depth = 3, .timeout_s = 600, .alloc = loader_alloc, .free = loader_free,
                          .alloc_ctx = (void *)t->ops};
     DT_TRY(dt_loader_init_opts(t->train, local, &lo, &t->loader));
     if (t->resume) DT_TRY(resume_restore(t));

@@ -15,12 +15,26 @@ mkdir -p "$O" || exit 1
 blas_cflags=$(sed -n 's/^OPENBLAS_CFLAGS = //p' "$B/Makefile")
 blas_libs=$(sed -n 's/^OPENBLAS_LIBS = //p' "$B/Makefile")
 cxx="g++ -std=c++17 -O1 -fPIC -I$S/tests/gpu_emu $blas_cflags"
-for f in cuda_ops cuda_elem cuda_nn cuda_seq cuda_lowp; do
-    sed 's/\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/emu_cfg(\2).run(\1)(/' "$S/src/cuda/$f.cu" > "$O/$f.cpp"
-    if grep -n '<<<' "$O/$f.cpp" > "$O/build.log"; then die "a kernel launch in $f.cu was not rewritten"; fi
-    timeout 300 $cxx -DDT_CU_MAX_BLOCKS="$cap" -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$B" \
-        -c "$O/$f.cpp" -o "$O/$f.o" > "$O/build.log" 2>&1 || die "compile $f.cu for the CPU (grid cap $cap)"
-done
+# cu SRC NAME: a CUDA source compiled for the CPU into OUT/NAME.o; launches become calls,
+# and a kernel whose __launch_bounds__ is a constant gets EMU_BOUNDS (as tests/gpu_emu.sh)
+cu() {
+    sed 's/\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/emu_cfg(\2).run(EMU_NAMED(\1))(/' "$1" | awk '
+        held != "" {
+            if (match($0, /^[A-Za-z_][A-Za-z_0-9]*\(/)) printf "EMU_BOUNDS(%s, %s) ", substr($0, 1, RLENGTH - 1), bound
+            print held; held = ""
+        }
+        /^__global__ void __launch_bounds__\([A-Z0-9_]+\)/ {
+            bound = $0; sub(/^__global__ void __launch_bounds__\(/, "", bound); sub(/\).*/, "", bound)
+            rest = $0; sub(/^__global__ void __launch_bounds__\([A-Z0-9_]+\) */, "", rest)
+            if (rest == "") { held = $0; next }
+            if (match(rest, /^[A-Za-z_][A-Za-z_0-9]*\(/)) printf "EMU_BOUNDS(%s, %s) ", substr(rest, 1, RLENGTH - 1), bound
+        }
+        { print }' > "$O/$2.cpp"
+    if grep -n '<<<' "$O/$2.cpp" > "$O/build.log"; then die "a kernel launch in $1 was not rewritten"; fi
+    timeout 300 $cxx -DDT_CU_MAX_BLOCKS="$cap" -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$S/tests" -I"$B" \
+        -c "$O/$2.cpp" -o "$O/$2.o" > "$O/build.log" 2>&1 || die "compile $1 for the CPU (grid cap $cap)"
+}
+for f in "$S"/src/cuda/*.cu; do cu "$f" "cuda_$(basename "$f" .cu)"; done
 timeout 120 $cxx -c "$S/tests/gpu_emu/emu.cpp" -o "$O/emu.o" > "$O/build.log" 2>&1 || die "compile the CUDA stand-in"
 timeout 120 gcc -std=c11 -O1 -I"$S/src" -I"$S/tests" -I"$B" -c "$S/tests/test_cuda_ops.c" -o "$O/test.o" \
     > "$O/build.log" 2>&1 || die "compile tests/test_cuda_ops.c"
@@ -29,11 +43,19 @@ timeout 120 g++ -o "$O/test_cuda_emu" "$O"/cuda_*.o "$O/emu.o" "$O/test.o" -L"$B
 [ "${3:-}" = dtrain ] || exit 0
 
 # dtrain links libdtrain_core statically, so nothing can be preloaded over its backend:
-# its objects are linked again, with the emulated kernels ahead of the archive, which
-# then has no reason to pull in the real ones.
+# its objects are linked again, with the emulated kernels (and NCCL, in a --with-nccl
+# build) ahead of the archive, which then has no reason to pull in the real ones.
 grep -q "define DT_HAVE_CUDA 1" "$B/config.h" 2>/dev/null && [ -x "$B/dtrain" ] ||
     { : > "$O/build.log"; die "not a --with-cuda build: no dtrain to link with the emulated kernels"; }
+extra=
+if grep -q "define DT_HAVE_NCCL 1" "$B/config.h" 2>/dev/null; then
+    timeout 120 $cxx -I"$S/src" -I"$S/src/comm" -I"$B" -c "$S/tests/gpu_emu/nccl_emu.cpp" -o "$O/nccl_emu.o" \
+        > "$O/build.log" 2>&1 || die "compile the NCCL stand-in"
+    timeout 120 gcc -std=c11 -O1 -fPIC -I"$S/tests/gpu_emu" -I"$S/src" -I"$S/src/comm" -I"$B" \
+        -c "$S/src/comm/nccl.c" -o "$O/nccl.o" > "$O/build.log" 2>&1 || die "compile src/comm/nccl.c against the stand-in"
+    extra="$O/nccl.o $O/nccl_emu.o"
+fi
 objs=$(awk '/^am_dtrain_OBJECTS =/ { on = 1; sub(/^[^=]*=/, "") }
             on { more = sub(/\\$/, ""); print; if (!more) exit }' "$B/Makefile" | sed 's/\$(OBJEXT)/o/g')
-(cd "$B" && ./libtool --mode=link --tag=CXX g++ -o "$O/dtrain_emu" $objs "$O"/cuda_*.o "$O/emu.o" \
+(cd "$B" && ./libtool --mode=link --tag=CXX g++ -o "$O/dtrain_emu" $objs "$O"/cuda_*.o "$O/emu.o" $extra \
     libdtrain_core.la) > "$O/build.log" 2>&1 || die "link dtrain with the stand-in in place of the CUDA backend"

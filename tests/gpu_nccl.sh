@@ -16,22 +16,9 @@ n=$(gpu_count)
 [ "$n" -gt 4 ] && n=4
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-run() {  # tag args...
-    t=$1; shift
-    timeout 240 "$B/dtrun" -n "$n" "$PROG" "$@" > "$TMP/$t.out" 2>&1
+run() {  # tag ranks args...
+    t=$1 r=$2; shift 2
+    timeout 240 "$B/dtrun" -n "$r" "$PROG" "$@" > "$TMP/$t.out" 2>&1
 }
-
-run all --mode all; rc=$?
-grep '^\[rank0\]:.*ok ' "$TMP/all.out" | sed 's/^\[rank0\]: //; s/^/# /' | tail -3
-ok $rc "$n ranks: every collective on device buffers is exact"
-[ $rc -eq 0 ] || grep -v ' ok ' "$TMP/all.out" | tail -8 | sed 's/^/#   /'
-DT_DETERMINISTIC=1 run det --mode all; rc=$?
-ok $rc "$n ranks, deterministic mode: the same checks through dtrain's own tree"
-[ $rc -eq 0 ] || grep -v ' ok ' "$TMP/det.out" | tail -8 | sed 's/^/#   /'
-run mismatch --mode mismatch
-ok $? "a mismatched collective is DT_ERR_MISMATCH naming both calls on every rank"
-ok_grep "$TMP/mismatch.out" "all_reduce.*broadcast|broadcast.*all_reduce" "the message names all_reduce and broadcast"
-n=2 run timeout --mode timeout
-ok $? "a rank that never arrives: the others time out"
-ok_grep "$TMP/timeout.out" "rank 1" "the timeout names rank 1"
+gpu_nccl_checks run "$n"
 done_testing

@@ -13,10 +13,22 @@
  *                    DT_ERR_MISMATCH naming the calls (exit 0 when it does).
  *   --mode timeout   rank 1 sleeps past the timeout; the others all_reduce with a 3 s
  *                    timeout and must get DT_ERR_TIMEOUT naming rank 1 (exit 0 when so).
+ *   --mode tree      (run with DT_DETERMINISTIC=1) all_reduce of non-integer f32, f64,
+ *                    f16 and bf16 values (sum, avg, max; 1 to 100003 elements) equals, byte
+ *                    for byte, dtrain's tree computed here on the host with the tcp
+ *                    backend's arithmetic (reduce.c): ((x0 + x1) + (x2 + x3)) + ...
+ *   --mode init      join, open the GPU, print "rank R: local rank L of S, device D, PCI
+ *                    bus id B" and leave.
+ *   --mode host      the checks of "all" on HOST buffers (pageable and pinned in turn),
+ *                    which the backend sends over its tcp side channel; then a call that
+ *                    mixes a device send buffer with a host receive buffer (DT_ERR_INVALID
+ *                    naming both kinds), and rank 0 passing host buffers where the others
+ *                    pass device buffers (DT_ERR_MISMATCH on every rank, naming the kinds).
  * Errors print "ERROR: <message>" on stderr and exit 1.
  */
 #include "comm.h"
-#include "launch_env.h"
+#include "reduce.h"
+#include "cuda/dt_cuda.h"
 #include "rank_tap.h"
 #include "ops.h"
 #include "status.h"
@@ -31,6 +43,7 @@
 
 static const dt_ops *G;
 static dt_comm *comm;
+static int on_host;   /* --mode host: buffers in host memory */
 
 static void die(const char *what) {
     fprintf(stderr, "ERROR: %s: %s\n", what, dt_last_error());
@@ -81,15 +94,48 @@ static double expect(dt_redop op, dt_dtype t, size_t i) {
     return a;
 }
 
-/* Fill a device buffer of n elements of t with f(rank, i). */
+/* ---- test buffers: device memory, or host memory (pinned every other time) ---- */
+
+#define MAX_PINNED 16
+static void *pinned[MAX_PINNED];
+
+static void *buf_alloc(size_t bytes) {
+    static unsigned turn;
+    void *p = NULL;
+    if (!on_host) {
+        MUST(G->alloc(&p, bytes));
+    } else if (turn++ % 2 == 0) {
+        if (!(p = malloc(bytes))) die("malloc");
+    } else {
+        MUST(G->host_alloc(&p, bytes));
+        int i = 0;
+        while (i < MAX_PINNED && pinned[i]) i++;
+        if (i == MAX_PINNED) die("too many pinned test buffers");
+        pinned[i] = p;
+    }
+    return p;
+}
+
+static void buf_free(void *p) {
+    if (!on_host) { G->free(p); return; }
+    for (int i = 0; i < MAX_PINNED; i++)
+        if (pinned[i] == p) { pinned[i] = NULL; G->host_free(p); return; }
+    free(p);
+}
+
+/* Copies between test buffers and plain host memory (d2d between test buffers). */
+static void buf_put(void *b, const void *h, size_t n) { if (on_host) memcpy(b, h, n); else MUST(G->copy_h2d(b, h, n)); }
+static void buf_get(void *h, const void *b, size_t n) { if (on_host) memcpy(h, b, n); else MUST(G->copy_d2h(h, b, n)); }
+static void buf_copy(void *d, const void *s, size_t n) { if (on_host) memcpy(d, s, n); else MUST(G->copy_d2d(d, s, n)); }
+
+/* Fill a test buffer of n elements of t with f(rank, i). */
 static void *dev_filled(dt_dtype t, size_t n, int rank) {
     size_t es = dt_dtype_size(t);
     unsigned char *h = malloc(n * es + 1);
-    void *d = NULL;
     if (!h) die("malloc");
     for (size_t i = 0; i < n; i++) put(h, t, i, val(rank, i));
-    MUST(G->alloc(&d, n * es + 64));
-    MUST(G->copy_h2d(d, h, n * es));
+    void *d = buf_alloc(n * es + 64);
+    buf_put(d, h, n * es);
     free(h);
     return d;
 }
@@ -97,7 +143,7 @@ static void *dev_filled(dt_dtype t, size_t n, int rank) {
 static void *host_of(const void *d, size_t bytes) {
     void *h = malloc(bytes + 1);
     if (!h) die("malloc");
-    MUST(G->copy_d2h(h, d, bytes));
+    buf_get(h, d, bytes);
     return h;
 }
 
@@ -125,8 +171,8 @@ static void test_allreduce(void) {
                 check(good, "all_reduce %s %s %s", dt_dtype_name((dt_dtype)t), dt_redop_name((dt_redop)op),
                       inplace ? "in place" : "out of place");
                 free(h);
-                G->free(s);
-                if (!inplace) G->free(r);
+                buf_free(s);
+                if (!inplace) buf_free(r);
             }
 }
 
@@ -140,13 +186,13 @@ static void test_moves(void) {
     for (size_t i = 0; i < n; i++) good &= h[i] == (float)val(W - 1, i);
     check(good, "broadcast f32 from rank %d", W - 1);
     free(h);
-    G->free(b);
+    buf_free(b);
 
     /* all_gather out of place, and in place with send == recv */
     for (int inplace = 0; inplace < 2; inplace++) {
         float *s = dev_filled(DT_F32, n, R), *r = NULL;
-        MUST(G->alloc((void **)&r, n * W * 4));
-        if (inplace) MUST(G->copy_d2d(r, s, n * 4));
+        r = buf_alloc(n * W * 4);
+        if (inplace) buf_copy(r, s, n * 4);
         MUST(dt_allgather(comm, inplace ? r : s, r, n, DT_F32));
         h = host_of(r, n * W * 4);
         good = 1;
@@ -154,8 +200,8 @@ static void test_moves(void) {
             for (size_t i = 0; i < n; i++) good &= h[k * n + i] == (float)val(k, i);
         check(good, "all_gather f32 %s", inplace ? "in place (send == recv)" : "out of place");
         free(h);
-        G->free(s);
-        G->free(r);
+        buf_free(s);
+        buf_free(r);
     }
 
     /* reduce_scatter out of place, and in place with send == recv */
@@ -167,8 +213,8 @@ static void test_moves(void) {
         for (size_t i = 0; i < n; i++) good &= h[i] == (float)expect(DT_SUM, DT_F32, R * n + i);
         check(good, "reduce_scatter f32 sum %s", inplace ? "in place (send == recv)" : "out of place");
         free(h);
-        G->free(s);
-        if (!inplace) G->free(r);
+        buf_free(s);
+        if (!inplace) buf_free(r);
     }
 
     /* reduce to rank 0 */
@@ -225,25 +271,86 @@ static void test_moves(void) {
     free(h);
     check(good, "split by parity: all_reduce within the group of %d", dt_comm_size(child));
     dt_comm_destroy(child);
-    G->free(s);
-    G->free(r);
+    buf_free(s);
+    buf_free(r);
+}
+
+/* ---- mode tree: the deterministic all_reduce is dtrain's tree, bit for bit ---- */
+
+static double fval(int rank, size_t i) { return 3.7 * sin(0.37 * (double)i + 1.3 * rank) + 0.001 * (double)(i % 13); }
+
+static void test_tree(void) {
+    if (W & (W - 1)) {
+        check(1, "%d ranks: not a power of two, so no device tree to check", W);
+        return;
+    }
+    const size_t counts[] = {1, 3, 1000, 100003};
+    const dt_dtype types[] = {DT_F32, DT_F64, DT_F16, DT_BF16};
+    const dt_redop ops[] = {DT_SUM, DT_AVG, DT_MAX};
+    for (int ti = 0; ti < 4; ti++)
+        for (int oi = 0; oi < 3; oi++)
+            for (int ci = 0; ci < 4; ci++) {
+                dt_dtype t = types[ti];
+                size_t n = counts[ci], es = dt_dtype_size(t);
+                unsigned char *all = malloc((size_t)W * n * es + 1), *mine = NULL;
+                if (!all) die("malloc");
+                for (int k = 0; k < W; k++)
+                    for (size_t i = 0; i < n; i++) put(all + (size_t)k * n * es, t, i, fval(k, i));
+                void *d = buf_alloc(n * es + 64);
+                buf_put(d, all + (size_t)R * n * es, n * es);
+                MUST(dt_allreduce(comm, d, d, n, t, ops[oi]));
+                mine = host_of(d, n * es);
+                /* the tree on the host: level by level, block k absorbs block k + step */
+                for (int step = 1; step < W; step *= 2)
+                    for (int k = 0; k < W; k += 2 * step)
+                        dt_reduce_apply(ops[oi], t, all + (size_t)k * n * es, all + (size_t)k * n * es,
+                                        all + (size_t)(k + step) * n * es, n);
+                if (ops[oi] == DT_AVG) dt_reduce_divide(t, all, n, W);
+                check(memcmp(mine, all, n * es) == 0, "all_reduce %s %s of %zu elements is dtrain's tree bit for bit",
+                      dt_dtype_name(t), dt_redop_name(ops[oi]), n);
+                free(mine);
+                free(all);
+                buf_free(d);
+            }
+}
+
+/* ---- mode host: what the backend refuses ---- */
+
+static void test_kinds(void) {
+    on_host = 0;
+    float *d = dev_filled(DT_F32, 64, R), h[64];
+    dt_status s = dt_allreduce(comm, d, h, 64, DT_F32, DT_SUM);
+    check(s == DT_ERR_INVALID && strstr(dt_last_error(), "send buffer is device memory") &&
+          strstr(dt_last_error(), "receive buffer host memory"),
+          "a device send buffer with a host receive buffer is refused, naming both (%s)", dt_last_error());
+    s = dt_allreduce(comm, R == 0 ? (void *)h : (void *)d, R == 0 ? (void *)h : (void *)d, 64, DT_F32, DT_SUM);
+    check(s == DT_ERR_MISMATCH && strstr(dt_last_error(), R == 0 ? "this rank passed host buffers" :
+                                         "this rank passed device buffers"),
+          "rank 0 on host buffers, the others on device buffers: a mismatch on every rank (%s)", dt_last_error());
+    buf_free(d);
 }
 
 int main(int argc, char **argv) {
     const char *mode = "all";
     for (int i = 1; i + 1 < argc; i += 2)
         if (!strcmp(argv[i], "--mode")) mode = argv[i + 1];
-    dt_launch_env env;
-    MUST(dt_launch_env_discover(&env));
-    dt_device_opts dev = {.index = env.local_rank > 0 ? env.local_rank : 0};   /* one GPU per local rank */
-    G = dt_ops_get_ex("cuda", &dev);
-    if (!G) die("dt_ops_get_ex(\"cuda\")");
     dt_comm_opts o;
     dt_comm_opts_default(&o);
     o.backend = "nccl";
-    MUST(dt_comm_init(&o, &comm));
+    MUST(dt_comm_init(&o, &comm));   /* first: it opens the GPU of this local rank */
     R = dt_comm_rank(comm);
     W = dt_comm_size(comm);
+    dt_device_opts dev = {.index = dt_comm_local_rank(comm)};
+    G = dt_ops_get_ex("cuda", &dev);
+    if (!G) die("dt_ops_get_ex(\"cuda\")");
+    if (!strcmp(mode, "init")) {
+        char bus[64] = "?";
+        MUST(dt_cuda_pci_bus_id(dt_comm_local_rank(comm), bus, sizeof bus));
+        printf("rank %d: local rank %d of %d, device %d, PCI bus id %s\n", R, dt_comm_local_rank(comm),
+               dt_comm_local_size(comm), dt_cuda_device(), bus);
+        dt_comm_destroy(comm);
+        return 0;
+    }
 
     if (!strcmp(mode, "mismatch")) {
         float *b = dev_filled(DT_F32, 16, R);
@@ -265,8 +372,16 @@ int main(int argc, char **argv) {
         printf("rank %d: status %d: %s\n", R, (int)s, m);
         return s == DT_ERR_TIMEOUT && strstr(m, "rank 1") ? 0 : 1;
     }
+    if (!strcmp(mode, "tree")) {
+        test_tree();
+        dt_comm_destroy(comm);
+        if (R == 0) printf("1..%d\n", ntest);
+        return nfail ? 1 : 0;
+    }
+    on_host = !strcmp(mode, "host");
     test_allreduce();
     test_moves();
+    if (on_host) test_kinds();
     dt_comm_destroy(comm);
     if (R == 0) printf("1..%d\n", ntest);
     return nfail ? 1 : 0;

@@ -9,7 +9,9 @@
  * (fixed reduction trees, no atomics). Then: the table is complete, bad inputs fail
  * naming the kernel (kernel-found errors surface at the next synchronize), memory
  * statistics, streams, the device options. Without a usable CUDA device the file
- * skips, saying why.
+ * skips, saying why, unless nvidia-smi lists a GPU: then it fails (an insufficient
+ * driver must not pass as "no GPU"). DT_CUDA_SYNC and DT_CU_MAX_BLOCKS apply
+ * (dt_device_opts_env); tests/gpu_emu.sh runs it with a grid cap of 3 blocks.
  *
  * The reductions and the convolution also run at the shapes of real models (an MLP of
  * width 4096, GPT-2's layer norm and vocabulary, the cnn's convolutions), with rows at
@@ -453,6 +455,18 @@ static int part(const char *name) {
     return 0;
 }
 
+/* GPUs that `nvidia-smi -L` lists (0 without nvidia-smi). */
+static int nvidia_smi_gpus(void) {
+    FILE *p = popen("nvidia-smi -L 2>/dev/null", "r");
+    if (!p) return 0;
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, p))
+        if (!strncmp(line, "GPU ", 4)) n++;
+    pclose(p);
+    return n;
+}
+
 int main(void) {
     self_test = getenv("DT_CUDA_TEST_SELF") && strcmp(getenv("DT_CUDA_TEST_SELF"), "0") != 0;
     int emulated = getenv("DT_CUDA_TEST_EMU") && strcmp(getenv("DT_CUDA_TEST_EMU"), "0") != 0;
@@ -463,6 +477,14 @@ int main(void) {
     } else {
         int n = 0;
         if (dt_cuda_device_count(&n) != DT_OK) {
+            /* no driver or no GPU: a skip; a GPU the driver lists but CUDA cannot use
+             * (an insufficient driver, a broken install) is a failure */
+            int listed = nvidia_smi_gpus();
+            if (listed > 0) {
+                printf("Bail out! nvidia-smi lists %d GPU%s but CUDA cannot use them: %s\n", listed,
+                       listed == 1 ? "" : "s", dt_last_error());
+                return 1;
+            }
             char why[600];
             snprintf(why, sizeof why, "no usable CUDA device (%s)", dt_last_error());
             skip_all(why);
@@ -475,10 +497,16 @@ int main(void) {
         }
         is_str(G->name, "cuda", "the cuda table is named cuda");
         if (emulated) diag("DT_CUDA_TEST_EMU: the kernels run on the CPU (tests/gpu_emu.sh)");
-        else {
-            dt_device_opts o = {.index = 0, .allow_tf32 = 0};
-            ok(dt_ops_get_ex("cuda", &o) == G && dt_ops_get("cuda") == G, "dt_ops_get_ex and dt_ops_get give the cuda table");
-        }
+        dt_device_opts o = {.index = 0, .allow_tf32 = 0};
+        MUST(dt_device_opts_env(&o));   /* DT_CUDA_SYNC, DT_CU_MAX_BLOCKS */
+        if (emulated) MUST(dt_cuda_set_debug(o.sync, o.max_blocks));   /* libdtrain may have no CUDA backend */
+        else ok(dt_ops_get_ex("cuda", &o) == G && dt_ops_get("cuda") == G,
+                "dt_ops_get_ex and dt_ops_get give the cuda table");
+        if (o.max_blocks) diag("DT_CU_MAX_BLOCKS=%u: grid-stride kernels run on at most that many blocks", o.max_blocks);
+        if (o.sync) diag("DT_CUDA_SYNC=1: every launch is followed by a synchronisation");
+        char about[400];
+        MUST(dt_ops_describe(G, about, sizeof about));
+        diag("device: %s", about);
     }
     const char *t = getenv("DT_CUDA_TEST_TIMING"), *dp = getenv("DT_CUDA_TEST_DUMP");
     timing_reps = t ? atoi(t) : 0;

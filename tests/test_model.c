@@ -401,7 +401,15 @@ static void test_bn_record(void) {
     dt_model_build(spec, &in, ops, 3, 4, &b);
     if (!ok(a && b, "two models for the record test")) return;
     size_t nrec = dt_model_bn_record_size(b);
-    is_int(nrec, (2 * 3 + 2) + (2 * 6 + 2), "record holds [sum|sumsq|count] per bn layer");
+    is_int(nrec, 2 * 3 + 2 * 6, "record holds [sum|sumsq] per bn layer");
+    {   /* a replay before any train forward has no count to use */
+        dt_model *c = NULL;
+        float zero[32] = {0};
+        dt_model_build(spec, &in, ops, 3, 4, &c);
+        ok(c && dt_model_bn_replay(c, zero) == DT_ERR_INVALID, "a replay before any train forward is refused");
+        like(dt_last_error(), "before a train forward", "saying so");
+        dt_model_free(c);
+    }
     float x[3][4 * 50], rec[3][32], ya[8], yb[8];
     for (int k = 0; k < 3; k++)
         for (int i = 0; i < 200; i++) x[k][i] = (float)(((i + 37 * k) * 7919) % 101) / 50.0f - 1.0f;

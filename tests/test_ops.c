@@ -611,6 +611,28 @@ static void test_tensor(void) {
     o.index = -1;
     ok(dt_ops_get_ex("cpu", &o) == NULL, "a negative device index is rejected");
     like(dt_last_error(), "index -1", "naming it");
+    /* the debugging variables the programs read for the device */
+    dt_device_opts e = {.index = 1};
+    setenv("DT_CUDA_SYNC", "1", 1);
+    setenv("DT_CU_MAX_BLOCKS", "7", 1);
+    ok(dt_device_opts_env(&e) == DT_OK && e.sync == 1 && e.max_blocks == 7 && e.index == 1,
+       "dt_device_opts_env: DT_CUDA_SYNC=1 and DT_CU_MAX_BLOCKS=7, the rest untouched");
+    const char *bad[] = {"0", "-3", "7x", "", "99999999999"};
+    for (int i = 0; i < 5; i++) {
+        setenv("DT_CU_MAX_BLOCKS", bad[i], 1);
+        e.max_blocks = 7;
+        dt_status st = dt_device_opts_env(&e);
+        int good = bad[i][0] ? st == DT_ERR_INVALID && strstr(dt_last_error(), "DT_CU_MAX_BLOCKS") != NULL
+                             : st == DT_OK && e.max_blocks == 7;
+        ok(good, "DT_CU_MAX_BLOCKS='%s' is %s", bad[i], bad[i][0] ? "refused, naming the variable" : "unset");
+    }
+    unsetenv("DT_CU_MAX_BLOCKS");
+    setenv("DT_CUDA_SYNC", "yes", 1);
+    ok(dt_device_opts_env(&e) == DT_ERR_INVALID && strstr(dt_last_error(), "DT_CUDA_SYNC='yes'"),
+       "DT_CUDA_SYNC=yes is refused, naming it");
+    unsetenv("DT_CUDA_SYNC");
+    char about[64] = "x";
+    ok(dt_ops_describe(ops, about, sizeof about) == DT_OK && about[0] == 0, "dt_ops_describe of the cpu is empty");
     is_int(ops->set_threads(0), DT_ERR_INVALID, "set_threads(0) is rejected");
     is_int(ops->set_threads(2), DT_OK, "set_threads(2)");
 }

@@ -31,11 +31,11 @@
 static int is_pow2(int w) { return w > 0 && (w & (w - 1)) == 0; }
 static int log2i(int w) { int l = 0; while ((1 << l) < w) l++; return l; }
 
-/* Element offset of block b when count elements are cut into nb blocks. */
-static size_t boff(size_t count, int nb, int b) {
+size_t dt_algo_block_offset(size_t count, int nb, int b) {
     size_t q = count / (size_t)nb, r = count % (size_t)nb;
     return (size_t)b * q + ((size_t)b < r ? (size_t)b : r);
 }
+#define boff dt_algo_block_offset
 
 static dt_status xchg(const dt_p2p *p, const dt_call *call, int dst, const void *sbuf, size_t sb,
                       int src, void *rbuf, size_t rb, const void *racc) {

@@ -214,6 +214,12 @@ int         dt_comm_local_size(const dt_comm *c) { return c->local_size; }
 int         dt_comm_node_rank(const dt_comm *c)  { return c->node_rank; }
 const char *dt_comm_backend(const dt_comm *c)    { return c->backend->name; }
 const char *dt_comm_rendezvous(const dt_comm *c) { return c ? c->rendezvous : ""; }
+const char *dt_comm_library(const dt_comm *c, char *buf, size_t n) {
+    if (!buf || !n) return buf;
+    buf[0] = 0;
+    if (c && c->backend->library) c->backend->library(buf, n);
+    return buf;
+}
 int         dt_comm_device_buffers(const dt_comm *c) { return c && c->backend->device_buffers; }
 const char *dt_comm_host(const dt_comm *c, int r) {
     return c && r >= 0 && r < c->size && c->hosts ? c->hosts[r] : NULL;
@@ -239,6 +245,7 @@ typedef struct {
     dt_call     call;
     const void *send;
     void       *recv;
+    void       *token;      /* async: what backend->queued left */
 } op_t;
 
 struct dt_work {
@@ -312,7 +319,9 @@ static dt_status run(dt_comm *c, const op_t *o) {
     if (c->broken) {
         s = dt_error(DT_ERR_PEER, "%s", c->broken_msg);
     } else {
+        c->op_token = o->token;
         s = exec(c, o);
+        c->op_token = NULL;
         if (s != DT_OK) {
             dt_error_wrap(s, "rank %d: ", c->rank);
             if (s == DT_ERR_PEER || s == DT_ERR_TIMEOUT || s == DT_ERR_MISMATCH || s == DT_ERR_IO) {
@@ -339,6 +348,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&a->mu);
         dt_error_clear();
         dt_status s = run(c, &w->op);
+        if (w->op.token && c->backend->dequeued) c->backend->dequeued(c, w->op.token);
         pthread_mutex_lock(&a->mu);
         w->status = s;
         snprintf(w->msg, sizeof w->msg, "%s", s == DT_OK ? "" : dt_last_error());
@@ -389,6 +399,11 @@ static dt_status submit(dt_comm *c, const op_t *o, dt_work **w) {
     dt_work *wk = calloc(1, sizeof *wk);
     if (!wk) return dt_error(DT_ERR_NOMEM, "rank %d: out of memory", c->rank);
     wk->op = *o;
+    dt_status s = c->backend->queued ? c->backend->queued(c, &o->call, o->send, o->recv, &wk->op.token) : DT_OK;
+    if (s != DT_OK) {
+        free(wk);
+        return dt_error_wrap(s, "rank %d: ", c->rank);
+    }
     wk->c = c;
     dt_async *a = c->async;
     pthread_mutex_lock(&a->mu);

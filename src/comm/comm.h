@@ -94,11 +94,14 @@ DT_API int         dt_comm_local_rank(const dt_comm *c);             /* index am
 DT_API int         dt_comm_local_size(const dt_comm *c);             /* ranks on this host */
 DT_API int         dt_comm_node_rank (const dt_comm *c);             /* index of this host (order of first rank) */
 DT_API const char *dt_comm_backend   (const dt_comm *c);             /* "tcp", "mpi", "nccl" */
+/* The library under the backend and its version ("NCCL 2.27.3", "Open MPI v4.1.4") into
+ * buf; "" for tcp (dtrain's own). Returns buf. */
+DT_API const char *dt_comm_library   (const dt_comm *c, char *buf, size_t n);
 /* How the ranks found each other: "env:// HOST:PORT", "tcp://HOST:PORT", "file:///PATH",
  * "mpirun HOST:PORT" (mpirun set no MASTER_ADDR/MASTER_PORT: rank 0's store address went
  * through MPI, see README), "MPI_COMM_WORLD" (mpi backend); "" for a world of one. */
 DT_API const char *dt_comm_rendezvous(const dt_comm *c);
-DT_API int         dt_comm_device_buffers(const dt_comm *c);     /* 1: buffers are device (GPU) memory (nccl) */
+DT_API int         dt_comm_device_buffers(const dt_comm *c);     /* 1: takes device (GPU) buffers (nccl; host ones too) */
 DT_API const char *dt_comm_host      (const dt_comm *c, int rank);   /* that rank's host name; NULL if out of range */
 DT_API dt_status   dt_comm_set_timeout(dt_comm *c, double seconds);  /* for later calls; > 0 */
 DT_API double      dt_comm_timeout   (const dt_comm *c);

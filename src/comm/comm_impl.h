@@ -91,6 +91,9 @@ dt_status dt_algo_allgather     (const dt_p2p *p, const dt_call *call, const voi
 dt_status dt_algo_reduce_scatter(const dt_p2p *p, const dt_call *call, const void *send, void *recv);
 dt_status dt_algo_reduce        (const dt_p2p *p, const dt_call *call, const void *send, void *recv);
 dt_status dt_algo_barrier       (const dt_p2p *p, const dt_call *call);
+/* Element offset of block b when count elements are cut into nb blocks (the first
+ * count % nb one element longer): the blocks of the algorithms above. */
+size_t    dt_algo_block_offset(size_t count, int nb, int b);
 /* Bytes up to which all_reduce uses whole-buffer recursive doubling: one message of the
  * whole array per step instead of two of the halving/doubling per step. With 2 ranks both
  * move the same bytes, so one round wins until the message outgrows the caches; with more
@@ -132,6 +135,7 @@ struct dt_comm {
     int               broken;       /* a transport error happened: later calls fail fast */
     char              broken_msg[512];
     dt_comm          *parent;       /* split children: the communicator they came from */
+    void             *op_token;     /* the running async operation's token (backend->queued), else NULL */
     int              *parent_ranks; /* split children: [size] rank in the parent */
 };
 
@@ -158,6 +162,14 @@ struct dt_backend {
     dt_status (*split)         (dt_comm *parent, const dt_call *call, int color, int key, dt_comm *child);
     /* Free what split put in child->priv. */
     void      (*split_destroy) (dt_comm *child);
+    /* The library underneath and its version ("NCCL 2.27.3") into buf; NULL: none. */
+    void      (*library)       (char *buf, size_t n);
+    /* Optional, for async calls: run on the caller's thread when the call is queued (to
+     * note where the device's queue stands then); the token it leaves is c->op_token
+     * while the operation runs on the worker, and goes to dequeued() after it ran (or
+     * was skipped because the communicator broke). */
+    dt_status (*queued)        (dt_comm *c, const dt_call *call, const void *send, const void *recv, void **token);
+    void      (*dequeued)      (dt_comm *c, void *token);
 };
 
 extern const dt_backend dt_backend_tcp;

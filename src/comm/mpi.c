@@ -756,6 +756,16 @@ dt_status dt_mpi_boot(int rank, int size, dt_status (*publish)(void *, char *, s
     return s;
 }
 
+/* The first line of MPI_Get_library_version ("Open MPI v4.1.4, ..."). */
+static void mpi_library(char *buf, size_t n) {
+    char v[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    if (MPI_Get_library_version(v, &len) != MPI_SUCCESS) len = 0;
+    v[len < (int)sizeof v ? len : (int)sizeof v - 1] = 0;
+    v[strcspn(v, "\n")] = 0;
+    snprintf(buf, n, "%s", v);
+}
+
 const dt_backend dt_backend_mpi = {
     .name           = "mpi",
     .init           = mpi_init,
@@ -770,4 +780,5 @@ const dt_backend dt_backend_mpi = {
     .recv           = mpi_recv,
     .split          = mpi_split,
     .split_destroy  = mpi_split_destroy,
+    .library        = mpi_library,
 };

@@ -3,13 +3,18 @@
  * for buffers in GPU memory.
  *
  * Built only with ./configure --with-cuda --with-nccl (DT_HAVE_NCCL); the one file
- * that includes nccl.h. Buffers given to this backend are DEVICE pointers (from the
- * CUDA compute backend's alloc), on the device dt_cuda.h selected from the local rank.
- * Host pointers are not supported; use the tcp or mpi backend for those.
+ * that includes nccl.h. Buffers are classified per call (cudaPointerGetAttributes):
+ * DEVICE buffers (from the CUDA compute backend's alloc, on the device of this rank)
+ * go to NCCL; HOST buffers (the trainer's control
+ * traffic: sizes, checksums, losses, flags, pinned or not) cannot, and go over the tcp
+ * side channel with dtrain's own algorithms (algo.c). Every rank must pass the same
+ * kind to a call (the preflight below checks it); a call that mixes them is refused.
  *
  * Set-up never needs MPI. The backend first runs the tcp backend's rendezvous
- * (tcp.c: the store, rank claims, host names, a socket mesh). Rank 0 then makes the
- * ncclUniqueId and sets it in dtrain's store; the other ranks wait for it there. So
+ * (tcp.c: the store, rank claims, host names, a socket mesh). Each rank then takes the
+ * GPU of its local rank (dt_cuda_open), once the ranks have compared PCI bus ids so that
+ * no two of a host share one (pick_device). Rank 0 then makes the ncclUniqueId and
+ * sets it in dtrain's store; the other ranks wait for it there. So
  * Slurm clusters without PMIx work, and every rank knows its peers' host names for
  * error messages. The tcp mesh stays up as a side channel (below).
  *
@@ -27,15 +32,23 @@
  *     collective's sequence number and description; later calls fail fast.
  *
  * Streams: NCCL runs on the backend's own stream, ordered after the compute stream
- * with an event (dt_cuda_stream_wait_compute), so a collective sees every kernel
- * queued before it. Calls are blocking: they return when the result is in place.
+ * with an event, so a collective sees every kernel queued before it. For an async call
+ * the event is recorded on the caller's thread when the call is queued (nccl_queued:
+ * DDP's backward hook, the moment its bucket's gradients are queued), so NCCL waits for
+ * exactly that work rather than for whatever the host queued until the worker thread
+ * got to it; a blocking call records it when it starts. Calls return (and async work is
+ * done) when the result is in place.
  *
  * Reduction order: NCCL chooses rings or trees by size and topology, so sums may differ
- * in the last bits from the tcp backend and between world sizes. With deterministic mode
- * (opts.deterministic or DT_DETERMINISTIC=1) all_reduce, reduce_scatter and reduce
- * instead copy to pinned host memory and run dtrain's own algorithms (algo.c) over the
- * tcp side channel, bitwise equal to the tcp backend (DESIGN.md rule 2), at host speed.
- * Broadcast and all_gather move data without arithmetic and always use NCCL.
+ * in the last bits from the tcp backend and between world sizes; that is the default,
+ * the fast one. With deterministic mode (opts.deterministic or DT_DETERMINISTIC=1) the
+ * reductions follow dtrain's own tree (algo.c), bitwise equal to the tcp backend
+ * (DESIGN.md rule 2): all_reduce over a power-of-two world stays on the device
+ * (recursive halving with ncclSend/ncclRecv pairs and dt_cuda_combine adding what
+ * arrives, then recursive doubling: tree_allreduce below); other world sizes, and
+ * reduce_scatter and reduce, copy to pinned host memory and run algo.c over the tcp side
+ * channel, at host speed. Broadcast and all_gather move data without arithmetic and
+ * always use NCCL.
  *
  * Types: f32, f64, f16, bf16, i32, i64, u8; ops: sum, avg (ncclAvg), min, max, prod.
  * NCCL_SOCKET_IFNAME is set from DT_SOCKET_IFNAME when it is unset.
@@ -63,6 +76,8 @@ typedef struct {
     char          broken_msg[512];
     void         *stage;        /* pinned host staging for deterministic reductions */
     size_t        stage_cap;
+    void         *dtmp;         /* device scratch of the deterministic all_reduce */
+    size_t        dtmp_cap;
 } nccl_state;
 
 /* ---- errors ------------------------------------------------------------------------ */
@@ -158,11 +173,14 @@ static dt_status wait_stream(nccl_state *st, const dt_call *call, double deadlin
 #define WITH_TCP(c, st, stmt) do { void *nccl_save_ = (c)->priv; (c)->priv = (st)->tcp; stmt; (c)->priv = nccl_save_; } while (0)
 
 /* Every rank of the call agrees on it before NCCL sees it. Collectives: an all-gather
- * over the tcp side channel of each rank's (fingerprint, sequence number), under a
- * call that is the same on every rank, so it always completes and every rank can name
- * the first rank whose call differs; a rank that never arrives gets the tcp timeout
- * naming it. p2p: a zero-byte message each way whose header carries the fingerprint. */
-static dt_status preflight(nccl_state *st, const dt_call *call) {
+ * over the tcp side channel of each rank's (fingerprint, sequence number, buffer kind),
+ * under a call that is the same on every rank, so it always completes and every rank
+ * can name the first rank whose call differs; a rank that never arrives gets the tcp
+ * timeout naming it. p2p: a zero-byte message each way whose header carries the
+ * fingerprint (host p2p skips it: its message carries the fingerprint itself). */
+static const char *kind_name(uint64_t host) { return host ? "host" : "device"; }
+
+static dt_status preflight(nccl_state *st, const dt_call *call, int host) {
     dt_comm *c = st->c;
     if (!st->check || c->size == 1) return DT_OK;
     const dt_p2p *p = &c->p2p;
@@ -172,17 +190,24 @@ static dt_status preflight(nccl_state *st, const dt_call *call) {
         s = p->xfer(p->ctx, &x, call);
         return s == DT_OK ? DT_OK : set_broken(st, s);
     }
-    dt_call pre = { .kind = DT_CALL_ALLGATHER, .dtype = DT_U8, .op = DT_SUM, .count = 3 * sizeof(uint64_t),
+    dt_call pre = { .kind = DT_CALL_ALLGATHER, .dtype = DT_U8, .op = DT_SUM, .count = 4 * sizeof(uint64_t),
                     .root = -1, .seq = call->seq, .ctx = call->ctx };
     snprintf(pre.desc, sizeof pre.desc, "%s", call->desc);   /* errors name the real call */
     dt_fp fp = dt_call_fp(call);
-    uint64_t mine[3] = { fp.a, fp.b, call->seq };
+    uint64_t mine[4] = { fp.a, fp.b, call->seq, (uint64_t)host };
     uint64_t *all = malloc(sizeof mine * (size_t)c->size);
     if (!all) return dt_error(DT_ERR_NOMEM, "out of memory");
     s = dt_algo_allgather(p, &pre, mine, all);
     for (int k = 0; s == DT_OK && k < c->size; k++) {
-        const uint64_t *o = all + 3 * k;
-        if (o[0] == fp.a && o[1] == fp.b && o[2] == call->seq) continue;
+        const uint64_t *o = all + 4 * k;
+        if (o[0] == fp.a && o[1] == fp.b && o[2] == call->seq) {
+            if (o[3] != (uint64_t)host)
+                s = dt_error(DT_ERR_MISMATCH, "collective #%llu %s: this rank passed %s buffers, rank %d %s buffers "
+                             "(the nccl backend sends device buffers through NCCL and host buffers over its tcp "
+                             "side channel: every rank must pass the same kind)", (unsigned long long)call->seq,
+                             call->desc, kind_name((uint64_t)host), k, kind_name(o[3]));
+            continue;
+        }
         char theirs[112];
         dt_fp_describe((dt_fp){ o[0], o[1] }, theirs, sizeof theirs);
         if (o[2] == call->seq)
@@ -226,16 +251,66 @@ static ncclRedOp_t nccl_op(dt_redop op) {
 
 /* ---- one operation: checks, ordering, launch, wait ------------------------------------ */
 
-/* Start of every operation: fail fast when broken, bind the device, agree on the call,
- * order our stream after the compute stream. */
-static dt_status begin(dt_comm *c, const dt_call *call, nccl_state **out) {
+/* 1 for a buffer in host memory (pageable or pinned), 0 for device memory; -1 for NULL. */
+static int is_host(const void *p) {
+    if (!p) return -1;
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();   /* an old runtime's "not a CUDA pointer": host memory */
+        return 1;
+    }
+    return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+}
+
+/* Start of every operation: fail fast when broken, bind the device, say where the
+ * buffers are (*host), agree on the call, and for device buffers order our stream
+ * after the compute stream. */
+static dt_status begin(dt_comm *c, const dt_call *call, const void *send, const void *recv, nccl_state **out,
+                       int *host) {
     nccl_state *st = c->priv;
     *out = st;
     if (st->broken || !st->nc) return dt_error(DT_ERR_PEER, "%s", st->broken_msg[0] ? st->broken_msg : "the NCCL communicator is gone");
     DT_TRY(dt_cuda_bind_thread());
-    DT_TRY(preflight(st, call));
+    int a = is_host(send), b = is_host(recv);
+    if (a >= 0 && b >= 0 && a != b)
+        return dt_error(DT_ERR_INVALID, "%s: the send buffer is %s memory and the receive buffer %s memory; the nccl "
+                        "backend takes both on the device or both on the host", call->desc, kind_name((uint64_t)a),
+                        kind_name((uint64_t)b));
+    *host = a > 0 || b > 0;
+    if (call->kind == DT_CALL_P2P && *host) return DT_OK;
+    DT_TRY(preflight(st, call, *host));
+    if (*host) return DT_OK;
+    if (c->op_token) {   /* an async call: the compute stream as it stood when the call was queued */
+        cudaError_t e = cudaStreamWaitEvent(st->stream, (cudaEvent_t)c->op_token, 0);
+        return e == cudaSuccess ? DT_OK : cuda_fail(st, e, "cudaStreamWaitEvent", call);
+    }
     dt_status s = dt_cuda_stream_wait_compute((void *)st->stream);
     return s == DT_OK ? DT_OK : set_broken(st, s);
+}
+
+/* An async call on device buffers: record the compute stream's position now, on the
+ * caller's thread (the token begin() waits for on the worker). */
+static dt_status nccl_queued(dt_comm *c, const dt_call *call, const void *send, const void *recv, void **token) {
+    (void)c;
+    *token = NULL;
+    if (call->kind == DT_CALL_SPLIT || is_host(send) > 0 || is_host(recv) > 0) return DT_OK;
+    DT_TRY(dt_cuda_bind_thread());
+    cudaEvent_t ev;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) return dt_error(DT_ERR_IO, "%s: cudaEventCreateWithFlags failed: %s", call->desc,
+                                          cudaGetErrorString(e));
+    e = cudaEventRecord(ev, (cudaStream_t)dt_cuda_compute_stream());
+    if (e != cudaSuccess) {
+        cudaEventDestroy(ev);
+        return dt_error(DT_ERR_IO, "%s: cudaEventRecord failed: %s", call->desc, cudaGetErrorString(e));
+    }
+    *token = ev;
+    return DT_OK;
+}
+
+static void nccl_dequeued(dt_comm *c, void *token) {
+    (void)c;
+    cudaEventDestroy((cudaEvent_t)token);   /* a pending wait on it still happens */
 }
 
 static dt_status finish(nccl_state *st, ncclResult_t r, const char *what, const dt_call *call) {
@@ -277,28 +352,113 @@ static dt_status copy_sync(nccl_state *st, void *dst, const void *src, size_t by
     return e == cudaSuccess ? DT_OK : cuda_fail(st, e, "cudaMemcpyAsync (staging)", call);
 }
 
+/* A call on host buffers: dtrain's own algorithm over the tcp side channel. */
+static dt_status on_host(dt_comm *c, nccl_state *st, const dt_call *call, const void *send, void *recv) {
+    const dt_p2p *p = &c->p2p;
+    dt_status s;
+    switch (call->kind) {
+    case DT_CALL_ALLREDUCE:      s = dt_algo_allreduce(p, call, send, recv); break;
+    case DT_CALL_BROADCAST:      s = dt_algo_broadcast(p, call, recv); break;
+    case DT_CALL_ALLGATHER:      s = dt_algo_allgather(p, call, send, recv); break;
+    case DT_CALL_REDUCE_SCATTER: s = dt_algo_reduce_scatter(p, call, send, recv); break;
+    case DT_CALL_REDUCE:         s = dt_algo_reduce(p, call, send, recv); break;
+    default: {                   /* p2p */
+        size_t bytes = call->count * dt_dtype_size(call->dtype);
+        dt_xfer x = { .dst = call->is_send ? call->root : -1, .sbuf = send, .sbytes = call->is_send ? bytes : 0,
+                      .src = call->is_send ? -1 : call->root, .rbuf = recv, .rbytes = call->is_send ? 0 : bytes };
+        s = p->xfer(p->ctx, &x, call);
+    }
+    }
+    return s == DT_OK ? DT_OK : set_broken(st, s);
+}
+
 /* in_bytes of send go to the host, the algorithm runs there, out_bytes come back to recv. */
 static dt_status staged(dt_comm *c, nccl_state *st, const dt_call *call, const void *send, void *recv,
                         size_t in_bytes, size_t out_bytes, int write_back) {
     DT_TRY(stage_reserve(st, in_bytes + out_bytes, call));
     char *hin = st->stage, *hout = hin + in_bytes;
     DT_TRY(copy_sync(st, hin, send, in_bytes, cudaMemcpyDeviceToHost, call));
-    dt_status s;
-    switch (call->kind) {
-    case DT_CALL_ALLREDUCE:      s = dt_algo_allreduce(&c->p2p, call, hin, hout); break;
-    case DT_CALL_REDUCE_SCATTER: s = dt_algo_reduce_scatter(&c->p2p, call, hin, hout); break;
-    default:                     s = dt_algo_reduce(&c->p2p, call, hin, hout); break;
-    }
-    if (s != DT_OK) return set_broken(st, s);
+    DT_TRY(on_host(c, st, call, hin, hout));
     return write_back ? copy_sync(st, recv, hout, out_bytes, cudaMemcpyHostToDevice, call) : DT_OK;
+}
+
+/* ---- the deterministic all_reduce on the device ------------------------------------------
+ * algo.c's tree with NCCL moving the bytes: step k pairs rank r with r ^ (1 << k), as the
+ * tcp backend does, so every element is summed over the same binary tree of ranks; the
+ * received half is combined by dt_cuda_combine in reduce.c's arithmetic (the local
+ * value first), then recursive doubling gives every rank every block. */
+
+static int pow2(int w) { return w > 0 && (w & (w - 1)) == 0; }
+
+/* One exchange with partner: sn elements of sbuf out, rn into rbuf, in one NCCL group. */
+static dt_status exchange(nccl_state *st, const dt_call *call, int partner, const void *sbuf, size_t sn, void *rbuf,
+                          size_t rn, double deadline) {
+    ncclDataType_t t = nccl_type(call->dtype);
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return nccl_fail(st, r, "ncclGroupStart", call);
+    if (sn) r = ncclSend(sbuf, sn, t, partner, st->nc, st->stream);
+    if (rn && (r == ncclSuccess || r == ncclInProgress)) r = ncclRecv(rbuf, rn, t, partner, st->nc, st->stream);
+    ncclResult_t e = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(st, r, "ncclSend/ncclRecv", call);
+    return settle(st, e, "ncclGroupEnd", call, deadline);
+}
+
+static dt_status tree_allreduce(dt_comm *c, nccl_state *st, const dt_call *call, const void *send, void *recv) {
+    size_t es = dt_dtype_size(call->dtype), n = call->count;
+    int W = c->size, r = c->rank, nb = W, lo = 0, hi = W, L = 0, hist[2 * 32];
+    while ((1 << L) < W) L++;
+    double deadline = dt_now() + c->timeout_s;
+    char *work = recv;
+    DT_TRY(d2d(st, recv, send, n * es, call));
+    size_t tmp = (n / 2 + (size_t)W) * es;   /* the largest half a rank receives */
+    if (tmp > st->dtmp_cap) {
+        if (st->dtmp) cudaFree(st->dtmp);
+        st->dtmp = NULL;
+        st->dtmp_cap = 0;
+        cudaError_t e = cudaMalloc(&st->dtmp, tmp);
+        if (e != cudaSuccess) return cuda_fail(st, e, "cudaMalloc of the all_reduce scratch", call);
+        st->dtmp_cap = tmp;
+    }
+    int op = call->op == DT_PROD ? DT_CUDA_PROD : call->op == DT_MIN ? DT_CUDA_MIN
+           : call->op == DT_MAX ? DT_CUDA_MAX : DT_CUDA_SUM;
+    for (int k = 0; k < L; k++) {   /* recursive halving: keep one half, receive its other summand */
+        int partner = r ^ (1 << k), mid = (lo + hi) / 2, up = (r >> k) & 1;
+        int klo = up ? mid : lo, khi = up ? hi : mid, glo = up ? lo : mid, ghi = up ? mid : hi;
+        size_t ko = dt_algo_block_offset(n, nb, klo), kn = dt_algo_block_offset(n, nb, khi) - ko;
+        size_t go = dt_algo_block_offset(n, nb, glo), gn = dt_algo_block_offset(n, nb, ghi) - go;
+        hist[2 * k] = lo;
+        hist[2 * k + 1] = hi;
+        DT_TRY(exchange(st, call, partner, work + go * es, gn, st->dtmp, kn, deadline));
+        dt_status s = dt_cuda_combine(work + ko * es, st->dtmp, kn, call->dtype, op, (void *)st->stream);
+        if (s != DT_OK) return set_broken(st, s);
+        lo = klo;
+        hi = khi;
+    }
+    for (int k = L - 1; k >= 0; k--) {   /* recursive doubling: swap the blocks each side holds */
+        int partner = r ^ (1 << k), low = lo == hist[2 * k];   /* we hold the lower half of hist[k] */
+        int olo = low ? hi : hist[2 * k], ohi = low ? hist[2 * k + 1] : lo;
+        size_t mo = dt_algo_block_offset(n, nb, lo), mn = dt_algo_block_offset(n, nb, hi) - mo;
+        size_t oo = dt_algo_block_offset(n, nb, olo), on = dt_algo_block_offset(n, nb, ohi) - oo;
+        DT_TRY(exchange(st, call, partner, work + mo * es, mn, work + oo * es, on, deadline));
+        lo = hist[2 * k];
+        hi = hist[2 * k + 1];
+    }
+    if (call->op == DT_AVG) {
+        dt_status s = dt_cuda_divide(work, n, call->dtype, W, (void *)st->stream);
+        if (s != DT_OK) return set_broken(st, s);
+    }
+    return wait_stream(st, call, deadline);
 }
 
 /* ---- collectives ------------------------------------------------------------------------ */
 
 static dt_status nccl_allreduce(dt_comm *c, const dt_call *call, const void *send, void *recv) {
     nccl_state *st;
-    DT_TRY(begin(c, call, &st));
+    int host;
+    DT_TRY(begin(c, call, send, recv, &st, &host));
+    if (host) return on_host(c, st, call, send, recv);
     size_t bytes = call->count * dt_dtype_size(call->dtype);
+    if (c->deterministic && pow2(c->size) && c->size > 1) return tree_allreduce(c, st, call, send, recv);
     if (c->deterministic) return staged(c, st, call, send, recv, bytes, bytes, 1);
     return finish(st, ncclAllReduce(send, recv, call->count, nccl_type(call->dtype), nccl_op(call->op), st->nc, st->stream),
                   "ncclAllReduce", call);
@@ -306,7 +466,9 @@ static dt_status nccl_allreduce(dt_comm *c, const dt_call *call, const void *sen
 
 static dt_status nccl_broadcast(dt_comm *c, const dt_call *call, void *buf) {
     nccl_state *st;
-    DT_TRY(begin(c, call, &st));
+    int host;
+    DT_TRY(begin(c, call, buf, buf, &st, &host));
+    if (host) return on_host(c, st, call, buf, buf);
     return finish(st, ncclBroadcast(buf, buf, call->count, nccl_type(call->dtype), call->root, st->nc, st->stream),
                   "ncclBroadcast", call);
 }
@@ -321,7 +483,9 @@ static dt_status nccl_allgather(dt_comm *c, const dt_call *call, const void *sen
         dt_status s = dt_algo_allgather(&c->p2p, call, send, recv);
         return s == DT_OK ? DT_OK : set_broken(st, s);
     }
-    DT_TRY(begin(c, call, &st));
+    int host;
+    DT_TRY(begin(c, call, send, recv, &st, &host));
+    if (host) return on_host(c, st, call, send, recv);
     size_t cb = call->count * dt_dtype_size(call->dtype);
     char *mine = (char *)recv + (size_t)c->rank * cb;
     const void *src = send;
@@ -337,7 +501,9 @@ static dt_status nccl_allgather(dt_comm *c, const dt_call *call, const void *sen
  * result is computed there, then moved to the start. */
 static dt_status nccl_reduce_scatter(dt_comm *c, const dt_call *call, const void *send, void *recv) {
     nccl_state *st;
-    DT_TRY(begin(c, call, &st));
+    int host;
+    DT_TRY(begin(c, call, send, recv, &st, &host));
+    if (host) return on_host(c, st, call, send, recv);
     size_t rb = call->count * dt_dtype_size(call->dtype), total = rb * (size_t)c->size;
     if (c->deterministic) return staged(c, st, call, send, recv, total, rb, 1);
     char *natural = (char *)send + (size_t)c->rank * rb;
@@ -354,7 +520,9 @@ static dt_status nccl_reduce_scatter(dt_comm *c, const dt_call *call, const void
 
 static dt_status nccl_reduce(dt_comm *c, const dt_call *call, const void *send, void *recv) {
     nccl_state *st;
-    DT_TRY(begin(c, call, &st));
+    int host;
+    DT_TRY(begin(c, call, send, recv, &st, &host));
+    if (host) return on_host(c, st, call, send, recv);
     size_t bytes = call->count * dt_dtype_size(call->dtype);
     if (c->deterministic) return staged(c, st, call, send, recv, bytes, bytes, c->rank == call->root);
     return finish(st, ncclReduce(send, c->rank == call->root ? recv : NULL, call->count, nccl_type(call->dtype),
@@ -365,7 +533,9 @@ static dt_status nccl_reduce(dt_comm *c, const dt_call *call, const void *send, 
 
 static dt_status p2p(dt_comm *c, const dt_call *call, void *buf) {
     nccl_state *st;
-    DT_TRY(begin(c, call, &st));
+    int host;
+    DT_TRY(begin(c, call, buf, NULL, &st, &host));
+    if (host) return on_host(c, st, call, buf, buf);
     double deadline = dt_now() + c->timeout_s;
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) return nccl_fail(st, r, "ncclGroupStart", call);
@@ -407,6 +577,7 @@ static void state_free(nccl_state *st) {
     comm_close(st);
     if (st->stream) cudaStreamDestroy(st->stream);
     if (st->stage) cudaFreeHost(st->stage);
+    if (st->dtmp) cudaFree(st->dtmp);
     free(st);
 }
 
@@ -442,6 +613,46 @@ static void nccl_destroy(dt_comm *c) {
     dt_backend_tcp.destroy(c);
 }
 
+/* The GPU of this rank: its local rank modulo the visible devices (dt_cuda.h). Before
+ * NCCL starts, every rank all-gathers its PCI bus id (or why it has none) over the side
+ * channel, so all ranks fail alike, naming the culprits, when one has no device or two
+ * ranks of a host would share one (NCCL would refuse that too, less clearly). */
+#define GPU_REC 160
+static dt_status pick_device(dt_comm *c) {
+    char mine[GPU_REC] = "", *all = NULL;
+    int n = 0;
+    if (dt_cuda_device_count(&n) == DT_OK && n < 1) dt_error(DT_ERR_UNSUPPORTED, "no CUDA device is visible");
+    if (n < 1 || dt_cuda_pci_bus_id(c->local_rank, mine, sizeof mine) != DT_OK)
+        snprintf(mine, sizeof mine, "!%.*s", GPU_REC - 2, dt_last_error());
+    dt_call call = { .kind = DT_CALL_ALLGATHER, .dtype = DT_U8, .op = DT_SUM, .count = GPU_REC, .root = -1,
+                     .ctx = c->ctx };
+    snprintf(call.desc, sizeof call.desc, "the GPU check before NCCL starts");
+    if (!(all = calloc((size_t)c->size, GPU_REC))) return dt_error(DT_ERR_NOMEM, "out of memory");
+    dt_status s = dt_algo_allgather(&c->p2p, &call, mine, all);
+    for (int i = 0; s == DT_OK && i < c->size; i++) {
+        const char *a = all + (size_t)i * GPU_REC;
+        if (a[0] == '!') {
+            s = dt_error(DT_ERR_UNSUPPORTED, "nccl: rank %d (%s) has no usable GPU: %s", i, c->hosts[i], a + 1);
+            break;
+        }
+        int shared = 0;
+        char ranks[160] = "";
+        for (int j = i; j < c->size; j++) {
+            const char *b = all + (size_t)j * GPU_REC;
+            if (strcmp(c->hosts[i], c->hosts[j]) || strcmp(a, b)) continue;
+            size_t used = strlen(ranks);
+            if (used < sizeof ranks - 16) snprintf(ranks + used, sizeof ranks - used, "%s%d", shared++ ? ", " : "", j);
+        }
+        if (shared > 1)
+            s = dt_error(DT_ERR_INVALID, "nccl: ranks %s on host %s would share the GPU at PCI bus id %s (%d ranks on "
+                         "that host, %d GPU%s visible to this one); NCCL needs one GPU per rank: run fewer ranks per "
+                         "host, or give each rank its own GPU (CUDA_VISIBLE_DEVICES)", ranks, c->hosts[i], a,
+                         c->local_size, n, n == 1 ? "" : "s");
+    }
+    free(all);
+    return s == DT_OK ? dt_cuda_open(c->local_rank) : s;
+}
+
 static dt_status nccl_init(dt_comm *c, const dt_comm_opts *opts) {
     const char *ifn = getenv("DT_SOCKET_IFNAME");
     if (ifn && *ifn && !getenv("NCCL_SOCKET_IFNAME") && setenv("NCCL_SOCKET_IFNAME", ifn, 0) != 0)
@@ -449,7 +660,7 @@ static dt_status nccl_init(dt_comm *c, const dt_comm_opts *opts) {
     DT_TRY(dt_backend_tcp.init(c, opts));   /* rank, size, hosts, store, side channel */
     void *tcp = c->priv;
     nccl_state *st = NULL;
-    dt_status s = dt_cuda_bind_thread();    /* the device of this local rank */
+    dt_status s = pick_device(c);           /* the device of this local rank */
     if (s == DT_OK) s = state_new(c, &st);
     if (s != DT_OK) {
         dt_backend_tcp.destroy(c);
@@ -499,7 +710,8 @@ static dt_status nccl_init(dt_comm *c, const dt_comm_opts *opts) {
 
 static dt_status nccl_split(dt_comm *parent, const dt_call *call, int color, int key, dt_comm *child) {
     nccl_state *pst;
-    DT_TRY(begin(parent, call, &pst));
+    int host;
+    DT_TRY(begin(parent, call, NULL, NULL, &pst, &host));
     dt_status s;
     WITH_TCP(parent, pst, s = dt_backend_tcp.split(parent, call, color, key, child));
     if (s != DT_OK) return s;
@@ -537,6 +749,16 @@ static void nccl_split_destroy(dt_comm *child) {
     dt_backend_tcp.split_destroy(child);
 }
 
+/* "NCCL 2.27.3", and the header's version when the library loaded is another. */
+static void nccl_library(char *buf, size_t n) {
+    int v = 0;
+    if (ncclGetVersion(&v) != ncclSuccess) { snprintf(buf, n, "NCCL (version unknown)"); return; }
+    int len = snprintf(buf, n, "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+    if (v != NCCL_VERSION_CODE && len > 0 && (size_t)len < n)
+        snprintf(buf + len, n - (size_t)len, " (built against %d.%d.%d)", NCCL_VERSION_CODE / 10000,
+                 NCCL_VERSION_CODE / 100 % 100, NCCL_VERSION_CODE % 100);
+}
+
 const dt_backend dt_backend_nccl = {
     .name           = "nccl",
     .device_buffers = 1,
@@ -552,4 +774,7 @@ const dt_backend dt_backend_nccl = {
     .recv           = nccl_recv,
     .split          = nccl_split,
     .split_destroy  = nccl_split_destroy,
+    .library        = nccl_library,
+    .queued         = nccl_queued,
+    .dequeued       = nccl_dequeued,
 };

@@ -84,6 +84,7 @@ static dt_status cpu_copy(void *dst, const void *src, size_t bytes) {
 
 /* Device memory is host memory: one copy for every direction, one allocator for both. */
 static dt_status cpu_copy_h2d(void *dst, const void *src, size_t bytes) { return cpu_copy(dst, src, bytes); }
+static dt_status cpu_copy_h2d_async(void *dst, const void *src, size_t bytes) { return cpu_copy(dst, src, bytes); }
 static dt_status cpu_copy_d2h(void *dst, const void *src, size_t bytes) { return cpu_copy(dst, src, bytes); }
 static dt_status cpu_copy_d2d(void *dst, const void *src, size_t bytes) { return cpu_copy(dst, src, bytes); }
 static dt_status cpu_host_alloc(void **p, size_t bytes) { return cpu_alloc(p, bytes); }

@@ -32,7 +32,7 @@ extern "C" {
 
 /* ---- bias ---- */
 
-__global__ void k_bias_add(float *y, const float *b, int cols, size_t n, int relu) {
+__global__ void __launch_bounds__(DT_CU_THREADS) k_bias_add(float *y, const float *b, int cols, size_t n, int relu) {
     DT_CU_FOR(i, n) {
         float v = y[i] + b[i % cols];
         y[i] = relu ? (v > 0.0f ? v : 0.0f) : v;
@@ -133,10 +133,11 @@ dt_status dt_cu_bias_grad(float *db, const float *dy, int rows, int cols) {
  * of DT_OPS_ELEM, over the scalar functions of ops_elem.h (the CPU's expressions) ---- */
 
 #define ELEM_KERNELS_(X_, name, saved, tol) \
-__global__ void k_##name##_forward(float *y, const float *x, size_t n) { \
+__global__ void __launch_bounds__(DT_CU_THREADS) k_##name##_forward(float *y, const float *x, size_t n) { \
     DT_CU_FOR(i, n) y[i] = dt_##name##_fwd(x[i]); \
 } \
-__global__ void k_##name##_backward(float *dx, const float *dy, const float *s, size_t n) { \
+__global__ void __launch_bounds__(DT_CU_THREADS) \
+k_##name##_backward(float *dx, const float *dy, const float *s, size_t n) { \
     DT_CU_FOR(i, n) dx[i] = dt_##name##_bwd(dy[i], s[i]); \
 } \
 dt_status dt_cu_##name##_forward(float *y, const float *x, size_t n) { \
@@ -158,8 +159,9 @@ DT_OPS_ELEM(ELEM_KERNELS_, _)
 
 /* ---- dropout: thread t owns elements 4t..4t+3 of a row: one Philox block, as the CPU ---- */
 
-__global__ void k_dropout(float *y, const float *x, int rows, int cols, float p, float scale,
-                          dt_philox_key key, uint32_t stream, uint32_t epoch, uint64_t sample0) {
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_dropout(float *y, const float *x, int rows, int cols, float p, float scale,
+          dt_philox_key key, uint32_t stream, uint32_t epoch, uint64_t sample0) {
     const size_t groups = (size_t)(cols + 3) / 4, n = (size_t)rows * groups;
     DT_CU_FOR(t, n) {
         size_t i = t / groups;
@@ -280,8 +282,9 @@ dt_status dt_cu_xent_forward(float *loss, float *probs, const float *logits, con
     return dt_cu_pairwise(rows, rows + (B > 0 ? B : 1), (size_t)B, (double)norm, loss);
 }
 
-__global__ void k_xent_backward(float *d, const float *probs, const int32_t *labels, int C, size_t n,
-                                float inv, float off, float on, int *err) {
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_xent_backward(float *d, const float *probs, const int32_t *labels, int C, size_t n,
+                float inv, float off, float on, int *err) {
     DT_CU_FOR(t, n) {
         size_t i = t / C;
         int c = (int)(t % C);
@@ -372,7 +375,8 @@ dt_status dt_cu_mse_forward(float *loss, const float *pred, const float *target,
     return chunk_total(loss, pred, target, n, 0, (double)norm);
 }
 
-__global__ void k_mse_backward(float *d, const float *p, const float *t, size_t n, float k) {
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_mse_backward(float *d, const float *p, const float *t, size_t n, float k) {
     DT_CU_FOR(i, n) d[i] = k * (p[i] - t[i]);
 }
 
@@ -425,7 +429,8 @@ static __device__ double block_sum(double v, double *sh) {
 
 /* One block: thread t counts rows t, t+256, ...; the counts are added in a fixed tree
  * (integers, so any order is exact; the tree keeps the no-atomics rule anyway). */
-__global__ void k_count_correct(int32_t *correct, const float *logits, const int32_t *labels, int B, int C) {
+__global__ void __launch_bounds__(DT_CU_RED_THREADS)
+k_count_correct(int32_t *correct, const float *logits, const int32_t *labels, int B, int C) {
     __shared__ double sh[DT_CU_RED_THREADS];
     double n = 0.0;
     for (int i = threadIdx.x; i < B; i += DT_CU_RED_THREADS)
@@ -447,7 +452,8 @@ dt_status dt_cu_count_correct(int32_t *correct, const float *logits, const int32
 
 enum { EW_FILL, EW_SCALE, EW_ADD };
 
-__global__ void k_elementwise(int kind, float *z, const float *x, const float *y, float alpha, size_t n) {
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_elementwise(int kind, float *z, const float *x, const float *y, float alpha, size_t n) {
     DT_CU_FOR(i, n) {
         switch (kind) {
         case EW_FILL:  z[i] = alpha; break;
@@ -473,7 +479,7 @@ dt_status dt_cu_add(float *z, const float *x, const float *y, size_t n) { return
 
 enum { CAST_TO_BF16, CAST_FROM_BF16, CAST_TO_F16, CAST_FROM_F16 };
 
-__global__ void k_cast(int kind, void *dst, const void *src, size_t n) {
+__global__ void __launch_bounds__(DT_CU_THREADS) k_cast(int kind, void *dst, const void *src, size_t n) {
     DT_CU_FOR(i, n) {
         switch (kind) {
         case CAST_TO_BF16:   ((uint16_t *)dst)[i] = dt_f32_to_bf16(((const float *)src)[i]); break;
@@ -499,8 +505,9 @@ dt_status dt_cu_f16_to_f32(float *d, const uint16_t *s, size_t n) { return cast(
 
 /* ---- optimizers: scalars prepared on the host exactly as cpu_vec.c does ---- */
 
-__global__ void k_sgd(float *p, const float *grad, float *buf, size_t n, float lr, float mom, float damp1,
-                      float wd, float gs, int first, int nest) {
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_sgd(float *p, const float *grad, float *buf, size_t n, float lr, float mom, float damp1,
+      float wd, float gs, int first, int nest) {
     DT_CU_FOR(i, n) {
         float g = gs * grad[i];
         if (wd != 0.0f) g += wd * p[i];
@@ -525,8 +532,9 @@ dt_status dt_cu_sgd_update(float *p, const float *grad, float *buf, size_t n, co
     return DT_OK;
 }
 
-__global__ void k_adamw(float *p, const float *grad, float *m, float *v, size_t n, float step_size, float bc2_sqrt,
-                        float decay, float b1, float b2, float omb1, float omb2, float eps, float gs) {
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_adamw(float *p, const float *grad, float *m, float *v, size_t n, float step_size, float bc2_sqrt,
+        float decay, float b1, float b2, float omb1, float omb2, float eps, float gs) {
     DT_CU_FOR(i, n) {
         float g = gs * grad[i];
         float pi = p[i] * decay;
@@ -561,14 +569,16 @@ static __device__ float rng_unit(dt_philox_key key, uint64_t stream, uint64_t in
     return dt_u32_to_unit(dt_philox4x32_10(c, key).v[0]);
 }
 
-__global__ void k_rng_uniform(float *x, size_t n, float a, float b, dt_philox_key key, uint64_t stream, uint64_t offset) {
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_rng_uniform(float *x, size_t n, float a, float b, dt_philox_key key, uint64_t stream, uint64_t offset) {
     DT_CU_FOR(i, n) x[i] = a + b * rng_unit(key, stream, offset + i);
 }
 
 /* Box-Muller in double, cpu_vec.c's expression (CUDA's log and cos may differ from
  * glibc's in the last bit of a double, so rarely in the float). */
-__global__ void k_rng_normal(float *x, size_t n, double mean, double std, dt_philox_key key, uint64_t stream,
-                             uint64_t offset) {
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_rng_normal(float *x, size_t n, double mean, double std, dt_philox_key key, uint64_t stream,
+             uint64_t offset) {
     DT_CU_FOR(i, n) {
         double u = rng_unit(key, stream, 2 * (offset + i)), w = rng_unit(key, stream, 2 * (offset + i) + 1);
         x[i] = (float)(mean + std * sqrt(-2.0 * log(1.0 - u)) * cos(6.283185307179586 * w));

@@ -4,7 +4,9 @@
  * The backend is split by idea: cuda_ops.cu (context, memory, GEMM, the table),
  * cuda_elem.cu (bias, activations, dropout, losses, vector ops, casts, optimizers,
  * the random fills, the sum of squares), cuda_nn.cu (convolution, pooling, batch and
- * layer norm), cuda_seq.cu (embeddings, positions, attention). Each op of ops.h's list is a function dt_cu_<op>, declared below from
+ * layer norm), cuda_seq.cu (embeddings, positions, attention), cuda_reduce.cu (the
+ * combination of buffers for the nccl backend's deterministic all-reduce). Each op of
+ * ops.h's list is a function dt_cu_<op>, declared below from
  * the list, and the table in cuda_ops.cu is generated from the same list.
  *
  * Checking: every CUDA and cuBLAS call goes through DT_CU / DT_CUBLAS, which return a
@@ -69,6 +71,7 @@ dt_status dt_cublas_fail(cublasStatus_t e, const char *fn, const char *call);
 #define DT_CU_LAUNCH(name) do { \
     cudaError_t dt_cu_e_ = cudaGetLastError(); \
     if (dt_cu_e_ != cudaSuccess) return dt_cu_fail(dt_cu_e_, __func__, "launch of " name); \
+    if (dt_cu_sync_launches) DT_TRY(dt_cu_sync_after(__func__, "kernel " name)); \
 } while (0)
 /* Check an argument; on failure name the kernel and the condition. */
 #define DT_CU_ARG(cond) do { \
@@ -76,6 +79,11 @@ dt_status dt_cublas_fail(cublasStatus_t e, const char *fn, const char *call);
 } while (0)
 
 /* ---- the context (cuda_ops.cu) ---- */
+
+/* DT_CUDA_SYNC (dt_cuda_set_debug): synchronise after every launch; the error of one
+ * that faulted names it ("cuda FN: kernel K failed (DT_CUDA_SYNC): REASON"). */
+extern int dt_cu_sync_launches;
+dt_status  dt_cu_sync_after(const char *fn, const char *what);
 
 /* Make sure the backend is initialised (dt_cuda_init) and this thread uses its device.
  * Every table function calls it first. */
@@ -104,15 +112,16 @@ dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K
 #define DT_CU_CHUNK DT_SUM_CHUNK        /* fixed-size chunks of sum / sumsq / mse, as the CPU's */
 
 /* Blocks for a grid-stride loop over n elements: enough to fill a large GPU, capped at
- * DT_CU_MAX_BLOCKS. The partition of the work does not matter for these kernels (one
- * writer per output), so the cap may be anything >= 1 (tests/gpu_emu.sh sets it small). */
-#ifndef DT_CU_MAX_BLOCKS
+ * dt_cu_max_blocks (DT_CU_MAX_BLOCKS unless dt_cuda_set_debug set another). The
+ * partition of the work does not matter for these kernels (one writer per output), so
+ * the cap may be anything >= 1 (tests/gpu_emu.sh and gpu_train.sh set it small and hold
+ * the results equal). */
 #define DT_CU_MAX_BLOCKS (65535u * 8u)
-#endif
+extern unsigned dt_cu_max_blocks;
 static inline unsigned dt_cu_blocks(size_t n) {
     size_t b = (n + DT_CU_THREADS - 1) / DT_CU_THREADS;
     if (b < 1) b = 1;
-    if (b > DT_CU_MAX_BLOCKS) b = DT_CU_MAX_BLOCKS;
+    if (b > dt_cu_max_blocks) b = dt_cu_max_blocks;
     return (unsigned)b;
 }
 

@@ -11,8 +11,10 @@
  * default stream stays ordered with ours.
  *
  * Copies: host-to-device and device-to-host copies wait for completion before they
- * return (the caller may reuse or read its host buffer at once, pageable or pinned);
- * device-to-device copies, memsets and kernels are queued and return at once.
+ * return (the caller may reuse or read its host buffer at once, pageable or pinned),
+ * except copy_h2d_async, which only queues (the trainer's batch upload from the
+ * loader's pinned buffers); device-to-device copies, memsets and kernels are queued and
+ * return at once.
  *
  * GEMM: row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so cuBLAS
  * gets the operands swapped (B first) and the sizes as (N, M, K). TF32 is off unless
@@ -22,6 +24,7 @@
 #include "cuda_impl.h"
 
 #include <mutex>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unordered_map>
@@ -65,6 +68,8 @@ static struct {
 } g = {};
 
 static thread_local int t_device = -1;
+int dt_cu_sync_launches;
+unsigned dt_cu_max_blocks = DT_CU_MAX_BLOCKS;
 
 static void mem_track(void *p, size_t bytes) {
     std::lock_guard<std::mutex> l(g.mu);
@@ -137,9 +142,37 @@ static dt_status ctx_open(int index, int allow_tf32, int *created) {
     return DT_OK;
 }
 
+/* The context on device `index` (mod the count): created here (*created), or checked to
+ * be on that device. */
+static dt_status ctx_use(int index, int allow_tf32, int *created) {
+    DT_TRY(ctx_open(index, allow_tf32, created));
+    if (*created) return DT_OK;
+    int n = 0;
+    DT_TRY(dt_cuda_device_count(&n));
+    if (index < 0 || n < 1 || index % n != g.device)
+        return dt_error(DT_ERR_INVALID, "cuda: this process already uses device %d; it cannot also open device index %d "
+                        "(one device per process)", g.device, index);
+    return DT_OK;
+}
+
 extern "C" dt_status dt_cuda_init(void) {
     int created;
     return ctx_open(0, 0, &created);
+}
+
+extern "C" dt_status dt_cuda_open(int index) {
+    int created;
+    DT_TRY(ctx_use(index, 0, &created));
+    return dt_cu_enter();
+}
+
+extern "C" dt_status dt_cuda_pci_bus_id(int index, char *buf, size_t n) {
+    if (!buf || n < 2 || index < 0) return dt_error(DT_ERR_INVALID, "cuda pci_bus_id: bad arguments");
+    int count = 0;
+    DT_TRY(dt_cuda_device_count(&count));
+    if (count < 1) return dt_error(DT_ERR_UNSUPPORTED, "cuda: no CUDA device is visible");
+    DT_CU(cudaDeviceGetPCIBusId(buf, (int)(n > 64 ? 64 : n), index % count));
+    return DT_OK;
 }
 
 dt_status dt_cu_enter(void) {
@@ -187,6 +220,39 @@ extern "C" dt_status dt_cuda_set_allow_tf32(int allow) {
 }
 
 extern "C" int dt_cuda_allow_tf32(void) { return g.tf32; }
+
+extern "C" dt_status dt_cuda_set_debug(int sync, unsigned max_blocks) {
+    dt_cu_sync_launches = sync != 0;
+    dt_cu_max_blocks = max_blocks ? max_blocks : DT_CU_MAX_BLOCKS;
+    return DT_OK;
+}
+
+dt_status dt_cu_sync_after(const char *fn, const char *what) {
+    cudaError_t e = cudaStreamSynchronize(g.stream);
+    if (e != cudaSuccess) {
+        char call[160];
+        snprintf(call, sizeof call, "%s (DT_CUDA_SYNC: synchronised after it)", what);
+        return dt_cu_fail(e, fn, call);
+    }
+    return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_describe(char *buf, size_t n) {
+    if (!buf || !n) return dt_error(DT_ERR_INVALID, "cuda describe: NULL buffer");
+    DT_TRY(dt_cu_enter());
+    cudaDeviceProp p;
+    DT_CU(cudaGetDeviceProperties(&p, g.device));
+    int drv = 0, rt = 0, blas = 0;
+    DT_CU(cudaDriverGetVersion(&drv));
+    DT_CU(cudaRuntimeGetVersion(&rt));
+    DT_CUBLAS(cublasGetVersion(g.blas, &blas));
+    char bus[32] = "?";
+    cudaDeviceGetPCIBusId(bus, sizeof bus, g.device);
+    snprintf(buf, n, "device %d: %s (sm_%d%d, %d SMs, %.0f GiB, PCI bus id %s), driver %d.%d, runtime %d.%d, "
+             "cuBLAS %d.%d.%d", g.device, p.name, p.major, p.minor, p.multiProcessorCount, (double)p.totalGlobalMem / (1024.0 * 1024 * 1024), bus,
+             drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10, blas / 10000, blas % 10000 / 100, blas % 100);
+    return DT_OK;
+}
 
 dt_status dt_cu_scratch(void **p, size_t bytes) {
     if (bytes > g.scratch_bytes) {
@@ -286,12 +352,17 @@ static dt_status cu_zero(void *p, size_t bytes) {
     return DT_OK;
 }
 
-static dt_status cu_copy_h2d(void *dst, const void *src, size_t bytes) {
+static dt_status cu_copy_h2d_async(void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return DT_OK;
     if (!dst || !src) return dt_error(DT_ERR_INVALID, "cuda copy_h2d: NULL pointer for %zu bytes", bytes);
     DT_TRY(dt_cu_enter());
     DT_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.stream));
-    DT_CU(cudaStreamSynchronize(g.stream));   /* src may be reused as soon as we return */
+    return DT_OK;
+}
+
+static dt_status cu_copy_h2d(void *dst, const void *src, size_t bytes) {
+    DT_TRY(cu_copy_h2d_async(dst, src, bytes));
+    if (bytes) DT_CU(cudaStreamSynchronize(g.stream));   /* src may be reused as soon as we return */
     return DT_OK;
 }
 
@@ -345,7 +416,7 @@ static dt_status cu_set_threads(int n) {
 /* ---- GEMM ---- */
 
 /* C (M, N) with row stride ldc: C = beta * C (beta = 0 writes zeros, NaN or not). */
-__global__ void k_scale_matrix(float *C, int M, int N, int ldc, float beta) {
+__global__ void __launch_bounds__(DT_CU_THREADS) k_scale_matrix(float *C, int M, int N, int ldc, float beta) {
     size_t total = (size_t)M * N;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         float *c = C + (i / N) * (size_t)ldc + i % N;
@@ -377,7 +448,7 @@ dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K
     cublasStatus_t e = cublasSgemm(g.blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc);
     if (e != CUBLAS_STATUS_SUCCESS) return dt_cublas_fail(e, fn, "cublasSgemm");
-    return DT_OK;
+    return dt_cu_sync_launches ? dt_cu_sync_after(fn, "cublasSgemm") : DT_OK;
 }
 
 dt_status dt_cu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
@@ -391,7 +462,7 @@ dt_status dt_cu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
 
 /* One block: level by level, dst[i] = src[2i] + src[2i+1] (odd last carried), buffers
  * swapped between levels; the same tree as dt_cpu_pairwise. */
-__global__ void k_pairwise(double *v, double *tmp, size_t n, double divisor, float *out) {
+__global__ void __launch_bounds__(1024) k_pairwise(double *v, double *tmp, size_t n, double divisor, float *out) {
     double *src = v, *dst = tmp;
     while (n > 1) {
         size_t h = n / 2;
@@ -424,17 +495,8 @@ static const dt_ops cuda_table = {
 
 extern "C" const dt_ops *dt_ops_cuda(int index, int allow_tf32) {
     int created = 0;
-    if (ctx_open(index, allow_tf32, &created) != DT_OK) return NULL;   /* the message says why */
-    if (!created) {
-        int n = 0;
-        if (dt_cuda_device_count(&n) != DT_OK) return NULL;
-        if (index < 0 || index % n != g.device) {
-            dt_error(DT_ERR_INVALID, "cuda: this process already uses device %d; it cannot also open device index %d "
-                     "(one device per process)", g.device, index);
-            return NULL;
-        }
-        if (dt_cuda_set_allow_tf32(allow_tf32) != DT_OK) return NULL;
-    }
+    if (ctx_use(index, allow_tf32, &created) != DT_OK) return NULL;   /* the message says why */
+    if (!created && dt_cuda_set_allow_tf32(allow_tf32) != DT_OK) return NULL;
     if (dt_cu_enter() != DT_OK) return NULL;
     return &cuda_table;
 }

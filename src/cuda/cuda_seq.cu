@@ -40,7 +40,8 @@ static __device__ int token(float id, int V) {
 
 /* ---- embeddings ---- */
 
-__global__ void k_embedding_forward(float *y, const float *ids, const float *W, int n, int C, int V, int *err) {
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_embedding_forward(float *y, const float *ids, const float *W, int n, int C, int V, int *err) {
     DT_CU_FOR(e, (size_t)n * C) {
         size_t i = e / C, c = e % C;
         int v = token(ids[i], V);
@@ -109,7 +110,8 @@ dt_status dt_cu_embedding_backward(float *dW, const float *ids, const float *dy,
 /* ---- learned positions ---- */
 
 /* y (B, T, C) = x + P[t]: element e of y reads P at e mod (T*C). */
-__global__ void k_pos_forward(float *y, const float *x, const float *P, size_t n, size_t tc) {
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_pos_forward(float *y, const float *x, const float *P, size_t n, size_t tc) {
     DT_CU_FOR(e, n) y[e] = x[e] + P[e % tc];
 }
 
@@ -125,7 +127,7 @@ dt_status dt_cu_pos_forward(float *y, const float *x, const float *P, int B, int
 }
 
 /* One thread per element of dP (T, C): the batch in order, from 0, as the CPU. */
-__global__ void k_pos_backward(float *dP, const float *dy, int B, size_t tc) {
+__global__ void __launch_bounds__(DT_CU_THREADS) k_pos_backward(float *dP, const float *dy, int B, size_t tc) {
     DT_CU_FOR(e, tc) {
         float acc = 0.0f;
         for (int b = 0; b < B; b++) acc += dy[(size_t)b * tc + e];
@@ -257,7 +259,8 @@ __global__ void __launch_bounds__(TILE * SUB) k_attn_forward(attn_args a) {
 }
 
 /* delta (B, H, T) = rowsum(dy * y) of each head's row (the CPU's dot). */
-__global__ void k_attn_delta(float *delta, const float *dy, const float *y, size_t n, int T, int H, int D) {
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_attn_delta(float *delta, const float *dy, const float *y, size_t n, int T, int H, int D) {
     const size_t C = (size_t)H * D;
     DT_CU_FOR(e, n) {
         size_t bh = e / T, t = e % T, off = (bh / H * T + t) * C + bh % H * D;
@@ -441,7 +444,8 @@ static __device__ void lse_merge(float *m, float *l, float m2, float l2) {
  * query of row t. Pass 1: thread k keeps the running maximum and sum of keys k,
  * k+ROW_THREADS, ..., merged in a fixed tree. Pass 2: chunks of ROW_THREADS keys, their
  * probabilities in shared memory, each column summed by one thread in key order. */
-__global__ void __launch_bounds__(ROW_THREADS) k_attn_decode(float *y, const float *qkv, int t, int H, int D, float scale) {
+__global__ void __launch_bounds__(ROW_THREADS)
+k_attn_decode(float *y, const float *qkv, int t, int H, int D, float scale) {
     __shared__ float ms[ROW_THREADS], ls[ROW_THREADS], ps[ROW_THREADS];
     const int h = blockIdx.x, tid = threadIdx.x, C = H * D;
     const size_t ld = 3 * (size_t)C;

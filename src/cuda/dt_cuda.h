@@ -6,12 +6,14 @@
  * communication backend include this header; the trainer reaches the backend through
  * dt_ops_get_ex("cuda", &opts) (DESIGN.md rule 1). Built only with ./configure --with-cuda.
  *
- * Device: chosen once per process, by the first dt_ops_cuda(index, ...), as index
- * modulo the number of visible devices. The backend reads no environment: the program
- * passes the index (dtrain passes the launch environment's local rank, so N ranks on a
- * node with N GPUs take one each; restrict the visible devices with
- * CUDA_VISIBLE_DEVICES). Code that needs the context before any table was asked for
- * (dt_cuda_init, dt_cuda_bind_thread) gets device 0.
+ * Device: chosen once per process, by the first dt_ops_cuda(index, ...) or
+ * dt_cuda_open(index), as index modulo the number of visible devices. The backend reads
+ * no environment: the program passes the index, the local rank of its communicator
+ * (dtrain creates the communicator first, so N ranks on a node with N GPUs take one
+ * each, and a rank that sees only its own GPU through CUDA_VISIBLE_DEVICES takes that
+ * one). The nccl backend opens the device of its local rank itself, after checking by
+ * PCI bus id that no two ranks of a host would share one. Code that needs the context
+ * before any device was chosen (dt_cuda_init, dt_cuda_bind_thread) gets device 0.
  *
  * Streams: every kernel and copy of the dt_ops table runs in order on one compute
  * stream, so kernels need no synchronisation among themselves. A communication
@@ -34,12 +36,13 @@
 #define DT_CUDA_H
 
 #include <stddef.h>
-#include "ops.h"
-#include "status.h"
 
 #ifdef __cplusplus
-extern "C" {
+extern "C" {   /* the project's C headers too: a .cu file may include this one first */
 #endif
+#include "dtype.h"
+#include "ops.h"
+#include "status.h"
 
 /* The CUDA backend's table on device `index` (>= 0, taken modulo the visible devices)
  * with TF32 allowed or not; NULL with a message for dt_last_error() when no CUDA device
@@ -50,6 +53,12 @@ DT_API const dt_ops *dt_ops_cuda(int index, int allow_tf32);
 /* Number of visible CUDA devices into *n; an error (with CUDA's reason) when the
  * runtime cannot count them, as on a machine without a driver. */
 DT_API dt_status dt_cuda_device_count(int *n);
+/* Create the context on device `index` (>= 0, modulo the visible devices) and bind this
+ * thread to it; if the context exists, an error unless it is on that device. */
+DT_API dt_status dt_cuda_open(int index);
+/* The PCI bus id ("0000:3b:00.0") of visible device `index` (modulo their number), to
+ * tell whether two processes would share a GPU; needs no context. */
+DT_API dt_status dt_cuda_pci_bus_id(int index, char *buf, size_t n);
 /* Create the context, if no dt_ops_cuda() did yet, on device 0: the compute stream and
  * the cuBLAS handle. Idempotent; every other function calls it when needed. */
 DT_API dt_status dt_cuda_init(void);
@@ -72,6 +81,25 @@ DT_API dt_status dt_cuda_compute_wait_stream(void *stream);
 DT_API size_t    dt_cuda_memory_allocated(void);
 DT_API size_t    dt_cuda_max_memory_allocated(void);
 DT_API void      dt_cuda_reset_peak_memory(void);
+
+/* Debugging (dt_device_opts: DT_CUDA_SYNC, DT_CU_MAX_BLOCKS): sync = 1 synchronises after
+ * every kernel launch and cuBLAS call, so an error names the kernel or call that
+ * faulted; max_blocks > 0 caps the grid of the grid-stride kernels (0: the default cap),
+ * which must not change any result. */
+DT_API dt_status dt_cuda_set_debug(int sync, unsigned max_blocks);
+/* "device D: NAME (sm_XY, N SMs, M GiB, PCI bus id B), driver X.Y, runtime X.Y, cuBLAS
+ * X.Y.Z" for the selected device, into buf. */
+DT_API dt_status dt_cuda_describe(char *buf, size_t n);
+
+/* Elementwise combination on the device for a communication library that reduces in
+ * dtrain's own order (src/comm/nccl.c, deterministic mode): acc[i] = acc[i] op in[i] for
+ * n elements of t (a collective type), queued on `stream` (a cudaStream_t), in the
+ * arithmetic of src/comm/reduce.c (f16/bf16 through f32, rounded each time), so results
+ * are the tcp backend's bit for bit; dt_cuda_divide is avg's last step (buf[i] /=
+ * divisor; integers truncate). */
+enum { DT_CUDA_SUM, DT_CUDA_PROD, DT_CUDA_MIN, DT_CUDA_MAX };
+DT_API dt_status dt_cuda_combine(void *acc, const void *in, size_t n, dt_dtype t, int op, void *stream);
+DT_API dt_status dt_cuda_divide(void *buf, size_t n, dt_dtype t, int divisor, void *stream);
 
 /* Let cuBLAS use TF32 tensor cores for FP32 GEMMs (1) or not (0, the default). */
 DT_API dt_status dt_cuda_set_allow_tf32(int allow);

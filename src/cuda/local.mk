@@ -7,14 +7,17 @@
 # C++ (std::mutex, std::unordered_map), hence -lstdc++. --fmad=false: no fused
 # multiply-adds, so elementwise kernels round as the CPU backend does (built with
 # -ffp-contract=off) and agree with it bit for bit where the math is the same.
-NVCCFLAGS = -O3 -std=c++17 --fmad=false --compiler-options=-Wall,-Wextra
-CUDA_SRC = src/cuda/cuda_ops.cu src/cuda/cuda_elem.cu src/cuda/cuda_nn.cu src/cuda/cuda_seq.cu
+# -lineinfo: compute-sanitizer and Nsight name the source line of a fault, at no cost.
+NVCCFLAGS = -O3 -lineinfo -std=c++17 --fmad=false --compiler-options=-Wall,-Wextra
+CUDA_SRC = src/cuda/cuda_ops.cu src/cuda/cuda_elem.cu src/cuda/cuda_nn.cu src/cuda/cuda_seq.cu \
+	src/cuda/cuda_reduce.cu
 CUDA_HDR = src/cuda/cuda_impl.h src/cuda/dt_cuda.h src/ops.h src/ops_elem.h src/status.h src/dt_api.h src/rng.h \
 	src/dtype.h
 EXTRA_DIST += $(CUDA_SRC) src/cuda/cuda_impl.h src/cuda/dt_cuda.h build-aux/nvcc-wrap src/comm/nccl.c \
 	tests/test_cuda_ops.c tests/gpu_nccl_prog.c tests/gpu_lib.sh tests/gpu_train.sh tests/gpu_nccl.sh \
 	tests/gpu_emu.sh tests/gpu_emu/cuda_runtime.h tests/gpu_emu/cublas_v2.h tests/gpu_emu/emu.cpp \
-	tests/gpu_emu/emu_warp.h tests/gpu_emu_build.sh
+	tests/gpu_emu/emu_warp.h tests/gpu_emu_build.sh \
+	tests/gpu_emu/nccl.h tests/gpu_emu/nccl_emu.cpp tests/gpu_emu/selftest.cu
 
 if HAVE_CUDA
 AM_CPPFLAGS += $(CUDA_CFLAGS)
@@ -27,7 +30,7 @@ SUFFIXES = .cu
 libdtrain_core_la_SOURCES += $(CUDA_SRC) src/cuda/cuda_impl.h
 libdtrain_core_la_LIBADD += -lstdc++
 dtraininclude_HEADERS += src/cuda/dt_cuda.h
-src/cuda/cuda_ops.lo src/cuda/cuda_elem.lo src/cuda/cuda_nn.lo src/cuda/cuda_seq.lo: $(CUDA_HDR)
+src/cuda/cuda_ops.lo src/cuda/cuda_elem.lo src/cuda/cuda_nn.lo src/cuda/cuda_seq.lo src/cuda/cuda_reduce.lo: $(CUDA_HDR)
 
 check_PROGRAMS += tests/test_cuda_ops
 TESTS += tests/test_cuda_ops

@@ -640,15 +640,24 @@ static int cmd_train(int argc, char **argv) {
     /* the recipe's cosine floor is a tenth of its rate (nanoGPT's rule): another --lr moves it too */
     if (gpt && lr_flag && !min_lr_flag) o.min_lr = o.lr / 10.0;
 
-    /* each rank of a node takes the GPU of its local rank (modulo the visible ones) */
-    dt_launch_env env;
-    if ((s = dt_launch_env_discover(&env)) != DT_OK) return fail(s);
-    dt_device_opts dev = {.index = env.local_rank > 0 ? env.local_rank : 0, .allow_tf32 = allow_tf32};
-    const dt_ops *ops = dt_ops_get_ex(device, &dev);
-    if (!ops) return fail(DT_ERR_INVALID);
     dt_comm *comm = NULL;
     int local_size = 1;
     if ((s = setup_comm(backend, init, quiet, &comm, &local_size)) != DT_OK) return fail(s);
+    /* the device after the communicator: each rank of a node takes the GPU of its local
+     * rank (modulo the visible ones; the nccl backend has opened it already) */
+    dt_device_opts dev = {.index = comm ? dt_comm_local_rank(comm) : 0, .allow_tf32 = allow_tf32};
+    const dt_ops *ops = NULL;
+    if ((s = dt_device_opts_env(&dev)) == DT_OK && !(ops = dt_ops_get_ex(device, &dev))) s = DT_ERR_INVALID;
+    char about[400], lib[200];
+    if (s == DT_OK) s = dt_ops_describe(ops, about, sizeof about);
+    if (s != DT_OK) {
+        int rc = fail(s);
+        dt_comm_destroy(comm);
+        return rc;
+    }
+    /* first contact with a GPU: what each rank runs on, for the log */
+    dt_comm_library(comm, lib, sizeof lib);
+    if (about[0] && !quiet) printf("dtrain: rank %d: %s %s%s%s\n", g_rank, ops->name, about, lib[0] ? "; " : "", lib);
     if (batch_per_rank > 0) o.batch = batch_per_rank * g_world;
     int nthreads = 1;
     if ((s = setup_threads(ops, threads, local_size, &nthreads)) != DT_OK) goto out;

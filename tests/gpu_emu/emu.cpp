@@ -1,26 +1,56 @@
 /* gpu_emu/emu.cpp: the CPU side of the CUDA stand-in (see cuda_runtime.h here): the
- * fiber scheduler that runs a launch, and the runtime and cuBLAS calls the backend uses. */
+ * fiber scheduler that runs a launch, the tracked memory, the lazy streams and events,
+ * and the runtime and cuBLAS calls the backend uses.
+ *
+ * One recursive lock guards everything: queued work runs on whichever host thread waits
+ * for it (a communication worker may run the compute stream up to an event), never on
+ * two at once. */
 #include "cublas_v2.h"
 
 #include <cblas.h>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string>
+#include <time.h>
 #include <ucontext.h>
 #include <vector>
 
 dim3 emu_threadIdx, emu_blockIdx, emu_blockDim, emu_gridDim;
 
+static std::recursive_mutex mu;
+#define LOCK std::lock_guard<std::recursive_mutex> lock_(mu)
+
+/* ---- errors: the last error of each thread, one sticky error, their texts ---- */
+
+static thread_local cudaError_t last_err = cudaSuccess;
+static cudaError_t sticky = cudaSuccess;
+static std::map<int, std::string> detail;   /* error code -> the text of its latest occurrence */
+
+/* ---- the fibers of one launch ----
+ * The threads of a block run as fibers that switch at __syncthreads and meet at warp
+ * shuffles (emu_warp.h). A kernel whose thread 0 (of block 0) never reaches either runs
+ * its threads as plain calls instead (far fewer context switches); a later thread that
+ * does reach one then is a barrier in divergent code, and the emulation stops there,
+ * naming the kernel. */
+
 static std::vector<ucontext_t> fibers;
 static std::vector<char> stacks;
 static std::vector<int> finished;
-/* Where a thread waits (emu_warp.h): running, at __syncthreads, or at a warp rendezvous
- * of the lanes in wait_mask. */
+/* Where a thread waits: running, at __syncthreads, or at a warp rendezvous of the lanes
+ * in wait_mask. */
 enum { RUN, AT_BLOCK, AT_WARP };
 static std::vector<int> waiting;
 static std::vector<unsigned> wait_mask;
 static std::vector<uint64_t> shfl_slots;
 static ucontext_t scheduler;
-static int current;
+static int current, synced, direct;
+static const char *kernel_name;
 static const std::function<void()> *body;
 static const size_t STACK = 256 * 1024;
 
@@ -29,12 +59,23 @@ static void trampoline(void) {
     finished[current] = 1;   /* uc_link returns to the scheduler */
 }
 
+static void divergent(const char *what) {
+    fprintf(stderr, "gpu_emu: kernel %s: thread (%u, %u, %u) of block (%u, %u, %u) reached %s, which thread 0 of "
+            "block 0 never did: a barrier in divergent code\n", kernel_name, emu_threadIdx.x, emu_threadIdx.y,
+            emu_threadIdx.z, emu_blockIdx.x, emu_blockIdx.y, emu_blockIdx.z, what);
+    abort();
+}
+
 void __syncthreads(void) {
+    if (direct) divergent("__syncthreads");
+    synced = 1;
     waiting[current] = AT_BLOCK;
     swapcontext(&fibers[current], &scheduler);
 }
 
 void emu_warp_sync(unsigned mask) {
+    if (direct) divergent("a warp shuffle");
+    synced = 1;
     waiting[current] = AT_WARP;
     wait_mask[current] = mask;
     swapcontext(&fibers[current], &scheduler);
@@ -43,8 +84,8 @@ void emu_warp_sync(unsigned mask) {
 uint64_t *emu_shfl_slots(void) { return shfl_slots.data(); }
 
 [[noreturn]] static void emu_die(const char *what, int thread) {
-    fprintf(stderr, "gpu_emu: block (%u,%u,%u) thread %d: %s\n", emu_blockIdx.x, emu_blockIdx.y, emu_blockIdx.z,
-            thread, what);
+    fprintf(stderr, "gpu_emu: kernel %s: block (%u,%u,%u) thread %d: %s\n", kernel_name, emu_blockIdx.x,
+            emu_blockIdx.y, emu_blockIdx.z, thread, what);
     abort();
 }
 
@@ -79,7 +120,41 @@ static int release(int nt) {
     return live;
 }
 
-void emu_exec(dim3 g, dim3 b, const std::function<void()> &f) {
+static dim3 thread_of(int i, dim3 b) { return dim3(i % b.x, (i / b.x) % b.y, i / (b.x * b.y)); }
+
+static void fiber_make(int i) {
+    getcontext(&fibers[i]);
+    fibers[i].uc_stack.ss_sp = &stacks[(size_t)i * STACK];
+    fibers[i].uc_stack.ss_size = STACK;
+    fibers[i].uc_link = &scheduler;
+    makecontext(&fibers[i], trampoline, 0);
+    finished[i] = 0;
+    waiting[i] = RUN;
+}
+
+static void fiber_step(int i, dim3 b) {
+    current = i;
+    emu_threadIdx = thread_of(i, b);
+    swapcontext(&scheduler, &fibers[i]);
+}
+
+static void run_direct(int from, int nt, dim3 b) {
+    direct = 1;
+    for (int i = from; i < nt; i++) {
+        emu_threadIdx = thread_of(i, b);
+        (*body)();
+    }
+    direct = 0;
+}
+
+void emu_exec(const char *name, dim3 g, dim3 b, const std::function<void()> &f) {
+    LOCK;
+    const char *inject = getenv("DT_GPU_EMU_FAULT");
+    if (inject && !strcmp(inject, name)) {   /* an asynchronous fault that names nothing */
+        detail[cudaErrorIllegalAddress] = "an illegal memory access was encountered";
+        sticky = cudaErrorIllegalAddress;
+        return;
+    }
     const int nt = (int)(b.x * b.y * b.z);
     if ((int)fibers.size() < nt) {
         fibers.resize(nt);
@@ -90,83 +165,713 @@ void emu_exec(dim3 g, dim3 b, const std::function<void()> &f) {
         shfl_slots.resize(nt);
     }
     body = &f;
+    kernel_name = name;
     emu_blockDim = b;
     emu_gridDim = g;
+    int plain = 0;
     for (unsigned bz = 0; bz < g.z; bz++)
         for (unsigned by = 0; by < g.y; by++)
             for (unsigned bx = 0; bx < g.x; bx++) {
                 emu_blockIdx = dim3(bx, by, bz);
-                for (int i = 0; i < nt; i++) {
-                    getcontext(&fibers[i]);
-                    fibers[i].uc_stack.ss_sp = &stacks[(size_t)i * STACK];
-                    fibers[i].uc_stack.ss_size = STACK;
-                    fibers[i].uc_link = &scheduler;
-                    makecontext(&fibers[i], trampoline, 0);
-                    finished[i] = 0;
-                    waiting[i] = RUN;
+                if (plain) {
+                    run_direct(0, nt, b);
+                    continue;
                 }
-                /* rounds: every running thread runs to its next barrier or its end */
+                /* thread 0 alone first: does this kernel synchronise at all? */
+                synced = 0;
+                fiber_make(0);
+                fiber_step(0, b);
+                if (finished[0] && !synced && bx + by + bz == 0) {
+                    plain = 1;
+                    run_direct(1, nt, b);
+                    continue;
+                }
+                for (int i = 1; i < nt; i++) fiber_make(i);
+                /* rounds: every running thread runs to its next barrier or its end (thread 0
+                 * has run its first stretch already, and waits or has finished) */
                 do {
                     for (int i = 0; i < nt; i++) {
                         if (finished[i] || waiting[i] != RUN) continue;
-                        current = i;
-                        emu_threadIdx = dim3(i % b.x, (i / b.x) % b.y, i / (b.x * b.y));
-                        swapcontext(&scheduler, &fibers[i]);
+                        fiber_step(i, b);
                     }
                 } while (release(nt));
             }
 }
 
+static cudaError_t fail(cudaError_t e, const char *fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    detail[e] = buf;
+    last_err = e;
+    return e;
+}
+
+extern "C" void emu_fault(const char *call, const char *what) {
+    LOCK;
+    fprintf(stderr, "gpu_emu: %s: %s\n", call, what);
+    fail(cudaErrorIllegalAddress, "%s: %s (an illegal address on a GPU; gpu_emu)", call, what);
+    sticky = cudaErrorIllegalAddress;
+}
+
+#define STICKY do { if (sticky != cudaSuccess) return last_err = sticky; } while (0)
+
+/* ---- devices ---- */
+
+static int ndev = -1;
+static thread_local int cur_dev = 0;
+
+static int device_count(void) {
+    if (ndev < 0) {
+        const char *v = getenv("DT_GPU_EMU_DEVICES");
+        ndev = v && *v ? atoi(v) : 1;
+        if (ndev < 0 || ndev > 64) ndev = 1;
+    }
+    return ndev;
+}
+
+extern "C" int emu_device(void) { return cur_dev; }
+
+/* The physical index of visible device d: the d-th entry of CUDA_VISIBLE_DEVICES, else d. */
+static int physical(int d) {
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (!v || !*v) return d;
+    for (int i = 0; *v; i++) {
+        if (i == d) return atoi(v);
+        const char *comma = strchr(v, ',');
+        if (!comma) break;
+        v = comma + 1;
+    }
+    return d;
+}
+
+static int driver_version(void) {
+    const char *v = getenv("DT_GPU_EMU_DRIVER");
+    return v && *v ? atoi(v) : CUDART_VERSION;
+}
+
 /* DT_GPU_EMU_MARK=FILE: create FILE, so a test can tell the stand-in was used. */
-cudaError_t cudaGetDeviceCount(int *n) {
+extern "C" cudaError_t cudaGetDeviceCount(int *n) {
+    LOCK;
     const char *mark = getenv("DT_GPU_EMU_MARK");
     FILE *f = mark ? fopen(mark, "w") : NULL;
     if (f) fclose(f);
-    *n = 1;
+    *n = 0;
+    if (driver_version() < CUDART_VERSION)
+        return fail(cudaErrorInsufficientDriver, "CUDA driver version is insufficient for CUDA runtime version");
+    *n = device_count();
+    if (*n == 0) return fail(cudaErrorNoDevice, "no CUDA-capable device is detected");
     return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int) { return cudaSuccess; }
-cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = (cudaStream_t)&scheduler; return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaMalloc(void **p, size_t bytes) {
-    *p = aligned_alloc(256, (bytes + 255) & ~(size_t)255);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
-cudaError_t cudaMemset(void *p, int v, size_t n) { memset(p, v, n); return cudaSuccess; }
-cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) { memset(p, v, n); return cudaSuccess; }
-cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
-    memmove(d, s, n);
-    return cudaSuccess;
-}
-cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) { *p = malloc(n); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
-cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
-cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-cudaError_t cudaMemGetInfo(size_t *fr, size_t *tot) { *fr = *tot = 0; return cudaSuccess; }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { *e = (cudaEvent_t)&scheduler; return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
-cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
-const char *cudaGetErrorString(cudaError_t) { return "emulated error"; }
-const char *cudaGetErrorName(cudaError_t) { return "cudaErrorEmulated"; }
 
-cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = (cublasHandle_t)&scheduler; return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSetPointerMode(cublasHandle_t, cublasPointerMode_t) { return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                           const float *alpha, const float *A, int lda, const float *B, int ldb,
-                           const float *beta, float *C, int ldc) {
-    cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, tb == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
-                m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
+extern "C" cudaError_t cudaSetDevice(int d) {
+    LOCK;
+    STICKY;
+    if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice, "invalid device ordinal %d", d);
+    cur_dev = d;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGetDevice(int *d) { *d = cur_dev; return cudaSuccess; }
+
+extern "C" cudaError_t cudaDeviceGetPCIBusId(char *buf, int len, int d) {
+    LOCK;
+    if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice, "invalid device ordinal %d", d);
+    snprintf(buf, (size_t)len, "0000:%02X:00.0", 0x10 + physical(d));
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
+    LOCK;
+    if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice, "invalid device ordinal %d", d);
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "gpu_emu (CPU emulation)");
+    p->totalGlobalMem = (size_t)16 << 30;
+    p->sharedMemPerBlock = 48 << 10;
+    p->maxThreadsPerBlock = 1024;
+    p->multiProcessorCount = 4;
+    p->major = 9;
+    p->pciBusID = 0x10 + physical(d);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaDriverGetVersion(int *v) { *v = driver_version(); return cudaSuccess; }
+extern "C" cudaError_t cudaRuntimeGetVersion(int *v) { *v = CUDART_VERSION; return cudaSuccess; }
+
+/* ---- memory: the tracked ranges ---- */
+
+enum { MEM_HOST = 0, MEM_PINNED = 1, MEM_DEVICE = 2 };
+struct region {
+    size_t size;
+    int    kind, device;
+};
+static std::map<uintptr_t, region> regions;
+static size_t device_bytes;
+
+/* The range holding p (p may be its end when at_end); NULL if none. */
+static const std::pair<const uintptr_t, region> *find(const void *p, int at_end) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = regions.upper_bound(a);
+    if (it == regions.begin()) return NULL;
+    --it;
+    if (a < it->first + it->second.size || (at_end && a == it->first + it->second.size)) return &*it;
+    return NULL;
+}
+
+extern "C" int emu_mem_kind(const void *p, size_t bytes) {
+    LOCK;
+    auto r = find(p, 0);
+    if (!r || (uintptr_t)p + bytes > r->first + r->second.size) return MEM_HOST;
+    return r->second.kind;
+}
+
+/* Where [p, p + bytes) is, in words, for messages: 0 when device (or pinned, if allowed)
+ * memory of the current device. */
+static int describe(const void *p, size_t bytes, int pinned_ok, char *buf, size_t n) {
+    auto r = find(p, bytes == 0);
+    if (!r) {
+        snprintf(buf, n, "%p is host memory, not device memory", p);
+        return 1;
+    }
+    if ((uintptr_t)p + bytes > r->first + r->second.size) {
+        snprintf(buf, n, "%p + %zu bytes runs past the end of its allocation (%#lx, %zu bytes)", p, bytes,
+                 (unsigned long)r->first, r->second.size);
+        return 1;
+    }
+    if (r->second.kind == MEM_PINNED && !pinned_ok) {
+        snprintf(buf, n, "%p is pinned host memory, not device memory", p);
+        return 1;
+    }
+    if (r->second.kind == MEM_DEVICE && r->second.device != cur_dev) {
+        snprintf(buf, n, "%p is memory of device %d; the current device is %d", p, r->second.device, cur_dev);
+        return 1;
+    }
+    return 0;
+}
+
+extern "C" int emu_check_range(const char *call, const char *arg, const void *p, size_t bytes, char *buf, size_t n) {
+    LOCK;
+    char what[300];
+    if (bytes == 0 || !describe(p, bytes, 1, what, sizeof what)) return 1;
+    snprintf(buf, n, "%s: %s %s", call, arg, what);
+    return 0;
+}
+
+static cudaError_t track(void *p, size_t bytes, int kind) {
+    regions[(uintptr_t)p] = region{bytes, kind, cur_dev};
+    if (kind == MEM_DEVICE) device_bytes += bytes;
+    return cudaSuccess;
+}
+
+/* ---- host synchronisations: DT_GPU_EMU_SYNCS=FILE counts the calls that block the
+ * host until the device is done (stream, event and device synchronisations, cudaMemcpy,
+ * cudaFree and cudaFreeHost) and writes "syncs N" there at exit ---- */
+
+static unsigned long host_syncs;
+static struct sync_report {
+    ~sync_report() {
+        const char *f = getenv("DT_GPU_EMU_SYNCS");
+        FILE *o = f && *f ? fopen(f, "w") : NULL;
+        if (o) {
+            fprintf(o, "syncs %lu\n", host_syncs);
+            fclose(o);
+        }
+    }
+} sync_report_at_exit;
+
+/* ---- streams: queued work, run when waited for ---- */
+
+struct item {
+    uint64_t              seq;
+    const char           *name;
+    const void           *owner;
+    std::function<bool()> fn;
+};
+struct emu_stream {
+    std::deque<item> q;
+    uint64_t         next = 1;     /* seq of the next item */
+    unsigned         flags = 0;
+    int              device = 0, running = 0, stalled = 0;
+};
+struct emu_event {
+    emu_stream             *s = NULL;
+    uint64_t                seq = 0;
+    std::shared_ptr<double> t = std::make_shared<double>(0.0);   /* queued work may outlive the event */
+};
+static emu_stream legacy;                 /* stream 0: runs at once, after the blocking streams */
+static std::set<emu_stream *> streams;    /* every stream created (never freed: waits may name them) */
+
+static emu_stream *S(cudaStream_t s) { return s ? (emu_stream *)s : &legacy; }
+
+/* Run s's work up to and including seq; 0 when an item cannot finish (stalled). */
+static int run_to(emu_stream *s, uint64_t seq) {
+    if (s->running) return 1;   /* a wait reached back into the item being run: already ordered */
+    s->running = 1;
+    while (!s->stalled && !s->q.empty() && s->q.front().seq <= seq) {
+        if (!s->q.front().fn()) s->stalled = 1;   /* stays at the front */
+        else s->q.pop_front();
+    }
+    s->running = 0;
+    return !s->stalled;
+}
+static int run_all(emu_stream *s) { return run_to(s, s->next - 1); }
+
+/* Every stream of the current device (blocking ones only, when only_blocking). */
+static int run_device(int only_blocking) {
+    int good = 1;
+    for (emu_stream *s : streams)
+        if (s->device == cur_dev && !(only_blocking && (s->flags & cudaStreamNonBlocking))) good &= run_all(s);
+    return good;
+}
+
+void emu_enqueue(cudaStream_t st, const char *name, const void *owner, std::function<bool()> work) {
+    LOCK;
+    emu_stream *s = S(st);
+    if (s == &legacy) {   /* the legacy stream waits for the blocking streams, and they for it */
+        run_device(1);
+        work();
+        return;
+    }
+    s->q.push_back(item{s->next++, name, owner, std::move(work)});
+}
+
+/* Drop the queued work of `owner` (an aborted NCCL communicator), un-stalling its streams. */
+void emu_drop_owner(const void *owner) {
+    LOCK;
+    for (emu_stream *s : streams) {
+        std::deque<item> keep;
+        for (auto &it : s->q)
+            if (it.owner != owner) keep.push_back(std::move(it));
+        s->q.swap(keep);
+        s->stalled = 0;
+    }
+}
+
+static cudaError_t new_stream(cudaStream_t *out, unsigned flags) {
+    emu_stream *s = new emu_stream;
+    s->flags = flags;
+    s->device = cur_dev;
+    streams.insert(s);
+    *out = (cudaStream_t)s;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamCreate(cudaStream_t *s) { LOCK; STICKY; return new_stream(s, 0); }
+extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f) { LOCK; STICKY; return new_stream(s, f); }
+
+static const char *STALLED = "the stream holds work that cannot finish (a failed NCCL call: see ncclCommGetAsyncError)";
+
+extern "C" cudaError_t cudaStreamDestroy(cudaStream_t st) {
+    LOCK;
+    if (!st || !streams.count(S(st))) return fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: not a stream");
+    run_all(S(st));   /* its work still completes */
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    LOCK;
+    STICKY;
+    host_syncs++;
+    if (!run_all(S(s))) return fail(cudaErrorLaunchFailure, "%s", STALLED);
+    return sticky ? last_err = sticky : cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamQuery(cudaStream_t s) {
+    LOCK;
+    STICKY;
+    if (!run_all(S(s))) return cudaErrorNotReady;
+    return sticky ? last_err = sticky : cudaSuccess;
+}
+
+extern "C" cudaError_t cudaDeviceSynchronize(void) {
+    LOCK;
+    STICKY;
+    host_syncs++;
+    if (!run_device(0)) return fail(cudaErrorLaunchFailure, "%s", STALLED);
+    return sticky ? last_err = sticky : cudaSuccess;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { LOCK; STICKY; *e = new emu_event; return cudaSuccess; }
+extern "C" cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e) { LOCK; delete e; return cudaSuccess; }
+
+extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
+    LOCK;
+    STICKY;
+    emu_stream *s = S(st);
+    if (s == &legacy) {
+        run_device(1);
+        e->s = NULL;
+        *e->t = now();
+        return cudaSuccess;
+    }
+    e->s = s;
+    e->seq = s->next;
+    std::shared_ptr<double> t = e->t;
+    s->q.push_back(item{s->next++, "event", NULL, [t] { *t = now(); return true; }});
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned) {
+    LOCK;
+    STICKY;
+    if (!e->s) return cudaSuccess;   /* never recorded, or on the legacy stream: nothing to wait for */
+    emu_stream *from = e->s;
+    uint64_t seq = e->seq;
+    emu_enqueue(st, "cudaStreamWaitEvent", NULL, [from, seq] { return run_to(from, seq) != 0; });
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    LOCK;
+    STICKY;
+    host_syncs++;
+    if (e->s && !run_to(e->s, e->seq)) return fail(cudaErrorLaunchFailure, "%s", STALLED);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventQuery(cudaEvent_t e) {
+    LOCK;
+    STICKY;
+    if (e->s && !run_to(e->s, e->seq)) return cudaErrorNotReady;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    LOCK;
+    STICKY;
+    *ms = (float)((*b->t - *a->t) * 1e3);
+    return cudaSuccess;
+}
+
+/* ---- memory calls ---- */
+
+extern "C" cudaError_t cudaMalloc(void **p, size_t bytes) {
+    LOCK;
+    *p = NULL;
+    STICKY;
+    if (bytes == 0) return cudaSuccess;
+    *p = aligned_alloc(256, (bytes + 255) & ~(size_t)255);
+    if (!*p) return fail(cudaErrorMemoryAllocation, "out of memory");
+    memset(*p, 0xff, bytes);   /* fresh device memory is not zero: NaN floats, -1 integers */
+    return track(*p, bytes, MEM_DEVICE);
+}
+
+extern "C" cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned) {
+    LOCK;
+    *p = NULL;
+    STICKY;
+    *p = malloc(bytes ? bytes : 1);
+    if (!*p) return fail(cudaErrorMemoryAllocation, "out of memory");
+    return track(*p, bytes, MEM_PINNED);
+}
+
+static cudaError_t release(void *p, int kind, const char *call) {
+    LOCK;
+    if (!p) return cudaSuccess;
+    host_syncs++;
+    run_device(0);   /* an implicit device synchronisation, as on a GPU */
+    auto it = regions.find((uintptr_t)p);
+    if (it == regions.end() || it->second.kind != kind) {
+        fprintf(stderr, "gpu_emu: %s: %p is not the start of a %s allocation\n", call, p,
+                kind == MEM_DEVICE ? "cudaMalloc" : "cudaHostAlloc");
+        return fail(cudaErrorInvalidValue, "%s: %p is not the start of a %s allocation", call, p,
+                    kind == MEM_DEVICE ? "cudaMalloc" : "cudaHostAlloc");
+    }
+    if (kind == MEM_DEVICE) device_bytes -= it->second.size;
+    memset(p, 0xfe, it->second.size);   /* a read after free sees garbage */
+    regions.erase(it);
+    free(p);
+    return sticky ? last_err = sticky : cudaSuccess;
+}
+
+extern "C" cudaError_t cudaFree(void *p) { return release(p, MEM_DEVICE, "cudaFree"); }
+extern "C" cudaError_t cudaFreeHost(void *p) { return release(p, MEM_PINNED, "cudaFreeHost"); }
+
+extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
+    LOCK;
+    memset(a, 0, sizeof *a);
+    a->device = -2;
+    auto r = find(p, 0);
+    if (!r) return cudaSuccess;   /* cudaMemoryTypeUnregistered */
+    a->type = r->second.kind == MEM_DEVICE ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
+    a->device = r->second.device;
+    a->devicePointer = (void *)p;
+    a->hostPointer = r->second.kind == MEM_PINNED ? (void *)p : NULL;
+    return cudaSuccess;
+}
+
+static const char *const kind_name[] = {"HostToHost", "HostToDevice", "DeviceToHost", "DeviceToDevice", "Default"};
+
+/* A copy's ranges against its kind: device ends must be device memory of this device,
+ * host ends must not be device memory. */
+static cudaError_t copy_check(const char *call, void *d, const void *s, size_t n, cudaMemcpyKind k) {
+    if (k == cudaMemcpyDefault)
+        k = (cudaMemcpyKind)((emu_mem_kind(s, n) == MEM_DEVICE ? 2 : 0) + (emu_mem_kind(d, n) == MEM_DEVICE ? 1 : 0));
+    int dd = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
+    int sd = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
+    char what[300];
+    const void *ends[2] = {d, s};
+    int dev[2] = {dd, sd};
+    for (int i = 0; i < 2; i++) {
+        const char *end = i ? "source" : "destination";
+        if (dev[i] && describe(ends[i], n, 0, what, sizeof what)) {
+            fprintf(stderr, "gpu_emu: %s (%s): the %s %s\n", call, kind_name[k], end, what);
+            return fail(cudaErrorInvalidValue, "%s (%s): the %s %s", call, kind_name[k], end, what);
+        }
+        if (!dev[i] && emu_mem_kind(ends[i], 1) == MEM_DEVICE) {
+            fprintf(stderr, "gpu_emu: %s (%s): the %s %p is device memory\n", call, kind_name[k], end, ends[i]);
+            return fail(cudaErrorInvalidValue, "%s (%s): the %s %p is device memory", call, kind_name[k], end, ends[i]);
+        }
+    }
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st) {
+    LOCK;
+    STICKY;
+    if (n == 0) return cudaSuccess;
+    if (copy_check("cudaMemcpyAsync", d, s, n, k) != cudaSuccess) return last_err;
+    emu_enqueue(st, "cudaMemcpyAsync", NULL, [d, s, n] { memmove(d, s, n); return true; });
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k) {
+    host_syncs++;
+    return cudaMemcpyAsync(d, s, n, k, 0);   /* the legacy stream: at once, after the blocking streams */
+}
+
+extern "C" cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st) {
+    LOCK;
+    STICKY;
+    if (n == 0) return cudaSuccess;
+    char what[300];
+    if (describe(p, n, 0, what, sizeof what)) {
+        fprintf(stderr, "gpu_emu: cudaMemsetAsync: %s\n", what);
+        return fail(cudaErrorInvalidValue, "cudaMemsetAsync: %s", what);
+    }
+    emu_enqueue(st, "cudaMemsetAsync", NULL, [p, v, n] { memset(p, v, n); return true; });
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemset(void *p, int v, size_t n) { return cudaMemsetAsync(p, v, n, 0); }
+
+extern "C" cudaError_t cudaGetLastError(void) {
+    cudaError_t e = last_err;
+    last_err = sticky;   /* a sticky error stays */
+    return e;
+}
+extern "C" cudaError_t cudaPeekAtLastError(void) { return last_err; }
+
+extern "C" cudaError_t cudaMemGetInfo(size_t *fr, size_t *tot) {
+    LOCK;
+    *tot = (size_t)16 << 30;
+    *fr = *tot > device_bytes ? *tot - device_bytes : 0;
+    return cudaSuccess;
+}
+
+extern "C" const char *cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess:                     return "cudaSuccess";
+    case cudaErrorInvalidValue:           return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:       return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:   return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer:   return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInsufficientDriver:     return "cudaErrorInsufficientDriver";
+    case cudaErrorNoDevice:               return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice:          return "cudaErrorInvalidDevice";
+    case cudaErrorNoKernelImageForDevice: return "cudaErrorNoKernelImageForDevice";
+    case cudaErrorInvalidResourceHandle:  return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:               return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress:         return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchOutOfResources:   return "cudaErrorLaunchOutOfResources";
+    case cudaErrorLaunchFailure:          return "cudaErrorLaunchFailure";
+    }
+    return "cudaErrorUnknown";
+}
+
+extern "C" const char *cudaGetErrorString(cudaError_t e) {
+    LOCK;
+    auto it = detail.find(e);
+    if (it != detail.end()) return it->second.c_str();
+    return e == cudaSuccess ? "no error" : cudaGetErrorName(e);
+}
+
+/* ---- launches ---- */
+
+static std::map<std::string, unsigned> &bounds(void) {
+    static std::map<std::string, unsigned> m;   /* built before any static registration uses it */
+    return m;
+}
+
+void emu_register_bounds(const char *k, unsigned threads) { bounds()[k] = threads; }
+
+int emu_launch_ok(const char *k, dim3 g, dim3 b, size_t shmem) {
+    LOCK;
+    if (sticky) { last_err = sticky; return 0; }
+    unsigned long long threads = (unsigned long long)b.x * b.y * b.z;
+    auto lb = bounds().find(k);
+    if (lb != bounds().end() && threads > lb->second) {
+        fail(cudaErrorLaunchOutOfResources, "too many resources requested for launch: kernel %s has "
+             "__launch_bounds__(%u) and was launched with %llu threads a block", k, lb->second, threads);
+        return 0;
+    }
+    if (b.x < 1 || b.y < 1 || b.z < 1 || b.x > 1024 || b.y > 1024 || b.z > 64 || threads > 1024) {
+        fail(cudaErrorInvalidConfiguration, "invalid configuration argument: kernel %s: block (%u, %u, %u) "
+             "(at most 1024 threads, 1024 x 1024 x 64)", k, b.x, b.y, b.z);
+        return 0;
+    }
+    if (g.x < 1 || g.y < 1 || g.z < 1 || g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535) {
+        fail(cudaErrorInvalidConfiguration, "invalid configuration argument: kernel %s: grid (%u, %u, %u)", k, g.x,
+             g.y, g.z);
+        return 0;
+    }
+    if (shmem > (48u << 10)) {
+        fail(cudaErrorInvalidConfiguration, "invalid configuration argument: kernel %s: %zu bytes of dynamic "
+             "shared memory (at most 49152 without an opt-in)", k, shmem);
+        return 0;
+    }
+    return 1;
+}
+
+int emu_kernel_ptr_ok(const char *k, int index, const void *p) {
+    LOCK;
+    if (!p) return 1;
+    char what[300], call[160];
+    if (!describe(p, 0, 1, what, sizeof what)) return 1;
+    snprintf(call, sizeof call, "kernel %s", k);
+    char arg[360];
+    snprintf(arg, sizeof arg, "argument %d: %s", index, what);
+    emu_fault(call, arg);
+    return 0;
+}
+
+/* ---- cuBLAS ---- */
+
+struct emu_blas {
+    cudaStream_t s;
+};
+
+extern "C" cublasStatus_t cublasCreate(cublasHandle_t *h) {
+    openblas_set_num_threads(1);   /* one "GPU" thread: OpenBLAS's spinning helpers only slow a loaded machine */
+    *h = new emu_blas{};
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                                         int k, const float *alpha, const float *A, int lda, long long sa,
-                                         const float *B, int ldb, long long sb, const float *beta, float *C, int ldc,
-                                         long long sc, int batch) {
-    for (int i = 0; i < batch; i++)
-        cublasSgemm(h, ta, tb, m, n, k, alpha, A + i * sa, lda, B + i * sb, ldb, beta, C + i * sc, ldc);
+extern "C" cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return CUBLAS_STATUS_SUCCESS; }
+extern "C" cublasStatus_t cublasGetVersion(cublasHandle_t, int *v) { *v = CUBLAS_VERSION; return CUBLAS_STATUS_SUCCESS; }
+extern "C" cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { h->s = s; return CUBLAS_STATUS_SUCCESS; }
+extern "C" cublasStatus_t cublasSetPointerMode(cublasHandle_t, cublasPointerMode_t) { return CUBLAS_STATUS_SUCCESS; }
+extern "C" cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+
+/* Bytes spanned by a column-major rows x cols matrix with leading dimension ld. */
+static size_t extent(int rows, int cols, int ld) {
+    if (rows <= 0 || cols <= 0) return 0;
+    return ((size_t)(cols - 1) * (size_t)ld + (size_t)rows) * sizeof(float);
+}
+
+static int blas_ptrs_ok(const char *call, const float *A, size_t ea, const float *B, size_t eb, const float *C,
+                        size_t ec) {
+    const char *names[3] = {"A", "B", "C"};
+    const float *p[3] = {A, B, C};
+    size_t e[3] = {ea, eb, ec};
+    for (int i = 0; i < 3; i++) {
+        char what[300], arg[360];
+        if (!e[i] || !describe(p[i], e[i], 1, what, sizeof what)) continue;
+        snprintf(arg, sizeof arg, "matrix %s: %s", names[i], what);
+        emu_fault(call, arg);
+        return 0;
+    }
+    return 1;
+}
+
+extern "C" cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                                    int m, int n, int k, const float *alpha, const float *A, int lda,
+                                                    long long sa, const float *B, int ldb, long long sb,
+                                                    const float *beta, float *C, int ldc, long long sc, int batch) {
+    LOCK;
+    if (sticky) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (m < 0 || n < 0 || k < 0 || batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+    size_t ea = ta == CUBLAS_OP_N ? extent(m, k, lda) : extent(k, m, lda);
+    size_t eb = tb == CUBLAS_OP_N ? extent(k, n, ldb) : extent(n, k, ldb);
+    size_t ec = extent(m, n, ldc);
+    size_t more = (size_t)(batch - 1) * sizeof(float);
+    const char *call = batch > 1 || sa || sb || sc ? "cublasSgemmStridedBatched" : "cublasSgemm";
+    if (!blas_ptrs_ok(call, A, ea ? ea + more * (size_t)sa : 0, B, eb ? eb + more * (size_t)sb : 0, C,
+                      ec + more * (size_t)sc))
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    float al = *alpha, be = *beta;
+    emu_enqueue(h->s, call, NULL, [=] {
+        for (int i = 0; i < batch; i++)
+            cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
+                        tb == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, m, n, k, al, A + i * sa, lda, B + i * sb, ldb,
+                        be, C + i * sc, ldc);
+        return true;
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
-const char *cublasGetStatusString(cublasStatus_t) { return "emulated cuBLAS error"; }
+
+static float emu_widen(uint16_t h, bool bf16) {   /* bf16/f16 -> f32, exact */
+    uint32_t u;
+    if (bf16) {
+        u = (uint32_t)h << 16;
+    } else {
+        uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+        if (e == 0) return (sign ? -1.0f : 1.0f) * (float)m * (1.0f / 16777216.0f);
+        u = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                       int k, const void *alpha, const void *A, cudaDataType_t at, int lda,
+                                       const void *B, cudaDataType_t bt, int ldb, const void *beta, void *C,
+                                       cudaDataType_t ct, int ldc, cublasComputeType_t comp, cublasGemmAlgo_t) {
+    LOCK;
+    if (sticky) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (at != bt || (at != CUDA_R_16BF && at != CUDA_R_16F) || ct != CUDA_R_32F || comp != CUBLAS_COMPUTE_32F)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    /* spans in elements; the 16-bit operands take half the bytes of extent()'s floats */
+    size_t na = (ta == CUBLAS_OP_N ? extent(m, k, lda) : extent(k, m, lda)) / sizeof(float);
+    size_t nb = (tb == CUBLAS_OP_N ? extent(k, n, ldb) : extent(n, k, ldb)) / sizeof(float);
+    if (!blas_ptrs_ok("cublasGemmEx", (const float *)A, na * 2, (const float *)B, nb * 2, (const float *)C,
+                      extent(m, n, ldc)))
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    const uint16_t *ha = (const uint16_t *)A, *hb = (const uint16_t *)B;
+    float *hc = (float *)C;
+    bool bf16 = at == CUDA_R_16BF;
+    emu_enqueue(h->s, "cublasGemmEx", NULL, [=] {
+        std::vector<float> a(na), b(nb);
+        for (size_t i = 0; i < na; i++) a[i] = emu_widen(ha[i], bf16);
+        for (size_t i = 0; i < nb; i++) b[i] = emu_widen(hb[i], bf16);
+        cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
+                    tb == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, m, n, k, al, a.data(), lda, b.data(), ldb, be, hc,
+                    ldc);
+        return true;
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                      int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
+                                      const float *beta, float *C, int ldc) {
+    return cublasSgemmStridedBatched(h, ta, tb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+}
+
+extern "C" const char *cublasGetStatusString(cublasStatus_t s) {
+    if (s == CUBLAS_STATUS_EXECUTION_FAILED && sticky) return cudaGetErrorString(sticky);
+    return "emulated cuBLAS error";
+}

@@ -1,0 +1,226 @@
+/*
+ * gpu_emu/selftest.cu: the CUDA stand-in's own test (tests/gpu_emu.sh compiles it with
+ * g++ as it does the backend): the mistakes a GPU punishes and a CPU forgives must fail
+ * here too, each naming the call.
+ *
+ *   selftest            launch-configuration errors, lazy streams (a missing wait reads
+ *                       stale data, an event wait or a synchronisation the fresh data),
+ *                       copies against their kind, pointer attributes, NCCL on a
+ *                       one-rank communicator with device buffers and with a host buffer
+ *   selftest kernel     a kernel given a host pointer: a sticky cudaErrorIllegalAddress
+ *                       naming the kernel and the argument
+ *   selftest cublas     cublasSgemm given a host matrix: the same, naming the matrix
+ *   selftest divergent  a __syncthreads that thread 0 never reaches: the emulation stops
+ *                       (abort), naming the kernel
+ * (a sticky error ends the process's use of the device, hence one run each)
+ */
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <nccl.h>
+
+#include "tap.h"
+
+__global__ void k_copy(float *dst, const float *src, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
+
+__global__ void __launch_bounds__(64) k_small(float *dst, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = 1.0f;
+}
+
+/* thread 0 skips the barrier the others reach: undefined on a GPU */
+__global__ void k_divergent(float *dst) {
+    if (threadIdx.x > 0) {
+        __syncthreads();
+        dst[threadIdx.x] = 1.0f;
+    }
+}
+
+static const int N = 1000;
+
+static float *dev(void) {
+    float *p = NULL;
+    cudaMalloc((void **)&p, N * sizeof(float));
+    return p;
+}
+
+/* Copy device src to the host and say whether it holds 0, 1, 2, ... */
+static int holds_iota(const float *src, cudaStream_t s) {
+    static float h[N];
+    cudaMemcpyAsync(h, src, sizeof h, cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    for (int i = 0; i < N; i++)
+        if (h[i] != (float)i) return 0;
+    return 1;
+}
+
+static void test_config(void) {
+    float *a = dev(), *b = dev();
+    k_copy<<<1, 2048, 0, 0>>>(a, b, N);
+    cudaError_t e = cudaGetLastError();
+    is_int(e, cudaErrorInvalidConfiguration, "a block of 2048 threads is cudaErrorInvalidConfiguration");
+    like(cudaGetErrorString(e), "k_copy", "the message names the kernel");
+    is_int(cudaGetLastError(), cudaSuccess, "and cudaGetLastError clears it (not sticky)");
+    k_copy<<<1, dim3(32, 1, 128), 0, 0>>>(a, b, N);
+    is_int(cudaGetLastError(), cudaErrorInvalidConfiguration, "a block z dimension of 128 too");
+    k_copy<<<0, 32, 0, 0>>>(a, b, N);
+    is_int(cudaGetLastError(), cudaErrorInvalidConfiguration, "an empty grid too");
+    k_copy<<<1, 32, 64 << 10, 0>>>(a, b, N);
+    e = cudaGetLastError();
+    is_int(e, cudaErrorInvalidConfiguration, "64 KiB of dynamic shared memory too");
+    like(cudaGetErrorString(e), "shared memory", "the message says shared memory");
+    k_small<<<1, 128, 0, 0>>>(a, N);
+    e = cudaGetLastError();
+    is_int(e, cudaErrorLaunchOutOfResources, "128 threads for a kernel with __launch_bounds__(64): out of resources");
+    like(cudaGetErrorString(e), "k_small has __launch_bounds__(64)", "the message names the kernel and its bound");
+    k_small<<<1, 64, 0, 0>>>(a, N);
+    is_int(cudaGetLastError(), cudaSuccess, "64 threads are fine");
+    cudaFree(a);
+    cudaFree(b);
+}
+
+static void test_streams(void) {
+    cudaStream_t s1, s2;
+    cudaStreamCreate(&s1);
+    cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+    float *pinned = NULL, *a = dev(), *b = dev();
+    cudaHostAlloc((void **)&pinned, N * sizeof(float), cudaHostAllocPortable);
+    for (int i = 0; i < N; i++) pinned[i] = (float)i;
+
+    /* upload on s1, copy on s2 without waiting: s2 reads what a held before */
+    cudaMemsetAsync(b, 0, N * sizeof(float), s2);
+    cudaMemcpyAsync(a, pinned, N * sizeof(float), cudaMemcpyHostToDevice, s1);
+    k_copy<<<2, 128, 0, s2>>>(b, a, N);
+    ok(!holds_iota(b, s2), "a kernel on another stream without a wait reads stale data");
+    ok(holds_iota(a, s1), "the upload happens when its own stream is synchronised");
+
+    /* with an event wait the copy sees the upload */
+    float *c = dev();
+    cudaEvent_t ev;
+    cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    cudaMemcpyAsync(c, pinned, N * sizeof(float), cudaMemcpyHostToDevice, s1);
+    cudaEventRecord(ev, s1);
+    cudaStreamWaitEvent(s2, ev, 0);
+    cudaEventDestroy(ev);   /* allowed: the wait still happens */
+    k_copy<<<2, 128, 0, s2>>>(b, c, N);
+    ok(holds_iota(b, s2), "with cudaStreamWaitEvent the kernel sees the upload");
+
+    /* a host read before the synchronisation sees the old bytes */
+    static float h[N];
+    memset(h, 0, sizeof h);
+    cudaMemcpyAsync(h, c, sizeof h, cudaMemcpyDeviceToHost, s1);
+    ok(h[N - 1] == 0.0f, "a device-to-host copy has not happened before its stream is synchronised");
+    cudaStreamSynchronize(s1);
+    ok(h[N - 1] == (float)(N - 1), "and has after");
+
+    /* the legacy stream runs after the blocking streams, not the non-blocking ones */
+    cudaMemcpyAsync(a, pinned, N * sizeof(float), cudaMemcpyHostToDevice, s1);
+    static float h2[N];
+    cudaMemcpy(h2, a, sizeof h2, cudaMemcpyDeviceToHost);
+    ok(h2[N - 1] == (float)(N - 1), "cudaMemcpy waits for the blocking streams");
+    is_int(cudaStreamQuery(s2), cudaSuccess, "cudaStreamQuery runs a stream's work");
+
+    /* fresh device memory is not zero */
+    float *f = dev(), z;
+    cudaMemcpy(&z, f, sizeof z, cudaMemcpyDeviceToHost);
+    ok(z != z, "fresh device memory reads as NaN, not zero");
+
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+    cudaFree(f);
+    cudaFreeHost(pinned);
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s2);
+}
+
+static void test_copies(void) {
+    float *a = dev(), host[4] = {0};
+    cudaError_t e = cudaMemcpyAsync(host, host + 2, 2 * sizeof(float), cudaMemcpyHostToDevice, 0);
+    is_int(e, cudaErrorInvalidValue, "a host-to-device copy into host memory is cudaErrorInvalidValue");
+    like(cudaGetErrorString(e), "destination", "the message names the destination");
+    is_int(cudaMemcpyAsync(a, a + 1, sizeof(float), cudaMemcpyHostToDevice, 0), cudaErrorInvalidValue,
+           "a host-to-device copy from device memory too");
+    is_int(cudaMemcpyAsync(host, a + N - 1, 2 * sizeof(float), cudaMemcpyDeviceToHost, 0), cudaErrorInvalidValue,
+           "a copy past the end of an allocation too");
+    is_int(cudaMemsetAsync(host, 0, sizeof host, 0), cudaErrorInvalidValue, "a memset of host memory too");
+    is_int(cudaFree(a + 1), cudaErrorInvalidValue, "cudaFree of a pointer inside an allocation too");
+    struct cudaPointerAttributes at;
+    cudaPointerGetAttributes(&at, a + 5);
+    is_int(at.type, cudaMemoryTypeDevice, "cudaPointerGetAttributes: device memory");
+    float *pinned = NULL;
+    cudaHostAlloc((void **)&pinned, 64, cudaHostAllocPortable);
+    cudaPointerGetAttributes(&at, pinned);
+    is_int(at.type, cudaMemoryTypeHost, "pinned host memory");
+    cudaPointerGetAttributes(&at, host);
+    is_int(at.type, cudaMemoryTypeUnregistered, "other host memory");
+    cudaFreeHost(pinned);
+    cudaFree(a);
+}
+
+static void test_nccl(void) {
+    ncclUniqueId id;
+    ncclComm_t comm = NULL;
+    if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&comm, 1, id, 0) != ncclSuccess) {
+        ok(0, "a one-rank NCCL communicator: %s", ncclGetLastError(NULL));
+        return;
+    }
+    float *a = dev(), *b = dev(), host[N];
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    is_int(ncclAllReduce(a, b, N, ncclFloat32, ncclSum, comm, s), ncclSuccess, "ncclAllReduce on device buffers");
+    is_int(cudaStreamSynchronize(s), cudaSuccess, "runs when its stream is synchronised");
+    is_int(ncclAllReduce(host, b, N, ncclFloat32, ncclSum, comm, s), ncclInvalidArgument,
+           "ncclAllReduce with a host send buffer is ncclInvalidArgument");
+    like(ncclGetLastError(comm), "ncclAllReduce: sendbuff", "the message names the call and the argument");
+    like(ncclGetLastError(comm), "host memory", "and says host memory");
+    is_int(ncclAllGather(a, host, N, ncclFloat32, comm, s), ncclInvalidArgument,
+           "ncclAllGather with a host receive buffer too");
+    is_int(ncclBroadcast(a, a + 1, N, ncclFloat32, 0, comm, s), ncclInvalidArgument,
+           "a buffer that runs past its allocation too");
+    ncclCommDestroy(comm);
+    cudaStreamDestroy(s);
+    cudaFree(a);
+    cudaFree(b);
+}
+
+static void test_kernel_fault(void) {
+    float *a = dev(), host[N];
+    k_copy<<<1, 32, 0, 0>>>(a, host, N);
+    cudaError_t e = cudaGetLastError();
+    is_int(e, cudaErrorIllegalAddress, "a kernel given a host pointer is cudaErrorIllegalAddress");
+    like(cudaGetErrorString(e), "kernel k_copy: argument 2", "the message names the kernel and the argument");
+    is_int(cudaMalloc((void **)&a, 16), cudaErrorIllegalAddress, "the error is sticky");
+}
+
+static void test_cublas_fault(void) {
+    cublasHandle_t h;
+    cublasCreate(&h);
+    float *a = dev(), *c = dev(), host[64], one = 1, zero = 0;
+    is_int(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, a, 4, a, 4, &zero, c, 4), CUBLAS_STATUS_SUCCESS,
+           "cublasSgemm on device matrices");
+    cublasStatus_t e = cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, a, 4, host, 4, &zero, c, 4);
+    is_int(e, CUBLAS_STATUS_EXECUTION_FAILED, "cublasSgemm with a host matrix fails");
+    like(cublasGetStatusString(e), "cublasSgemm: matrix B", "the message names the call and the matrix");
+    is_int(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, 4, 4, 4, &one, a + N - 8, 4, a, 4, &zero, c, 4),
+           CUBLAS_STATUS_EXECUTION_FAILED, "later calls fail too (sticky)");
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "divergent")) {
+        float *a = dev();
+        k_divergent<<<1, 32, 0, 0>>>(a);
+        cudaDeviceSynchronize();
+        ok(0, "a barrier in divergent code was not noticed");
+    } else if (!strcmp(mode, "kernel")) test_kernel_fault();
+    else if (!strcmp(mode, "cublas")) test_cublas_fault();
+    else {
+        test_config();
+        test_streams();
+        test_copies();
+        test_nccl();
+    }
+    printf("1..%d\n", tap_count_);
+    return tap_failed_ ? 1 : 0;
+}
