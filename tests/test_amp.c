@@ -92,6 +92,17 @@ static void test_scaler_text(const dt_ops *ops) {
     is_int(dt_amp_restore(b, "inf 1 0"), DT_ERR_FORMAT, "an infinite scale is refused");
     like(dt_last_error(), "loss scaler's state 'inf 1 0'", "the message quotes the text");
     is_int(dt_amp_restore(b, "none"), DT_OK, "'none' keeps the state");
+    dt_scaler_opts so;
+    dt_scaler_opts_default(&so);
+    so.growth_interval = 3;
+    is_int(dt_amp_set_scaler(b, &so), DT_OK, "GradScaler's settings can be changed");
+    ok(dt_amp_scale(b) == 65536.0, "and the scaler restarts from init_scale");
+    is_int(dt_amp_set_scaler(f32, &so), DT_ERR_INVALID, "fp32 has no scaler to set");
+    so.growth_factor = 1.0;
+    is_int(dt_amp_set_scaler(b, &so), DT_ERR_INVALID, "a growth factor of 1 is refused, as GradScaler does");
+    dt_scaler_opts_default(&so);
+    so.backoff_factor = 1.0;
+    is_int(dt_amp_set_scaler(b, &so), DT_ERR_INVALID, "a backoff factor of 1 is refused");
     dt_amp_free(a);
     dt_amp_free(b);
     dt_amp_free(f32);
