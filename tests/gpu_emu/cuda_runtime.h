@@ -204,7 +204,6 @@ struct emu_cfg {
         };
     }
 };
+#include "emu_warp.h"   /* warp shuffles: kernels are C++ */
 #endif /* __cplusplus */
-
-#include "emu_warp.h"
 #endif
