@@ -2,7 +2,8 @@
 # bench/allreduce.sh: collective bus bandwidth on this machine, in one run: all_reduce,
 # reduce_scatter and all_gather on 2 and 4 ranks of one host, f32 (sum), for
 #   dtrain tcp   dtbench over the tcp backend, started by dtrun -n N (same-host ranks
-#                exchange through shared-memory rings)
+#                exchange through shared-memory rings), its ranks placed as mpirun
+#                places its own (--bind auto)
 #   Open MPI     dtbench --backend mpi under mpirun -np N --oversubscribe: Open MPI's own
 #                MPI_Allreduce, MPI_Reduce_scatter_block and MPI_Allgather (DT_MPI_CHECK=0
 #                drops dtrain's per-call fingerprint check, so the column measures MPI alone)
@@ -15,10 +16,16 @@
 # With --repeat R, the tcp and Open MPI runs alternate R times and every number is the
 # median of its R runs (this machine's other work makes single runs noisy). The 1-minute
 # load average before and after each table says how busy the machine was.
+# Placement: mpirun binds each rank to a core of its own when the ranks fit in the cores
+# and binds none when they do not (oversubscribed); dtrun binds nothing. --bind auto
+# (default) gives the tcp ranks mpirun's placement (taskset, core = local rank), so the
+# columns compare the transports; --bind none leaves them to the scheduler, which under
+# other load often puts two ranks on one core, where every small message costs a context
+# switch.
 #
 # usage: bench/allreduce.sh [--max SIZE] [--min SIZE] [--factor F] [--iters N]
 #                           [--ranks "2 4"] [--ops "all_reduce reduce_scatter all_gather"]
-#                           [--repeat R] [--no-gloo] [--builddir DIR]
+#                           [--repeat R] [--bind auto|none] [--no-gloo] [--builddir DIR]
 #   --max SIZE     largest size (default 256M; e.g. --max 64K for a quick check)
 #   --min SIZE     smallest size (default 4K)
 #   --factor F     size step (default 2)
@@ -26,6 +33,7 @@
 #   --ranks LIST   world sizes (default "2 4"; more ranks than cores are oversubscribed)
 #   --ops LIST     collectives (default "all_reduce reduce_scatter all_gather")
 #   --repeat R     runs of each column, medians reported (default 1)
+#   --bind MODE    auto: tcp ranks bound as mpirun binds (default); none: unbound
 #   --no-gloo      skip the Gloo column
 #   --builddir DIR where dtrun and dtbench were built (default $DT_BUILDDIR, else the
 #                  source tree)
@@ -41,6 +49,7 @@ iters=20
 ranks="2 4"
 ops="all_reduce reduce_scatter all_gather"
 repeat=1
+bind=auto
 gloo=1
 while [ $# -gt 0 ]; do
     case $1 in
@@ -53,7 +62,8 @@ while [ $# -gt 0 ]; do
     --repeat) repeat=${2:?--repeat needs a number}; shift 2 ;;
     --no-gloo) gloo=0; shift ;;
     --builddir) builddir=${2:?--builddir needs a directory}; shift 2 ;;
-    -h|--help) sed -n '2,33s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --bind) bind=${2:?--bind needs auto or none}; shift 2 ;;
+    -h|--help) sed -n '2,41s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "allreduce.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -83,6 +93,7 @@ positive --factor "$factor"
 for n in $ranks; do
     case $n in ''|*[!0-9]*|0|1) echo "allreduce.sh: --ranks: expected world sizes >= 2, got '$n'" >&2; exit 2 ;; esac
 done
+case $bind in auto|none) ;; *) echo "allreduce.sh: --bind: expected auto or none, got '$bind'" >&2; exit 2 ;; esac
 [ -n "$ops" ] || { echo "allreduce.sh: --ops: expected all_reduce, reduce_scatter and/or all_gather" >&2; exit 2; }
 for op in $ops; do
     case $op in all_reduce|reduce_scatter|all_gather) ;;
@@ -108,10 +119,22 @@ trap 'rm -rf "$tmp"' EXIT
 unset DT_BACKEND DT_DETERMINISTIC
 export DT_TIMEOUT=600
 load() { cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo "?"; }
+cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+[ "$bind" = auto ] && ! command -v taskset > /dev/null 2>&1 && bind=none && echo "# taskset not found: tcp ranks unbound"
+# the tcp ranks of an N-rank run, placed as mpirun places its own (see above)
+tcp_placed() {
+    if [ "$bind" = auto ] && [ "$1" -le "$cores" ]; then
+        shift
+        "$DTRUN" -n "$n" sh -c 'exec taskset -c "$LOCAL_RANK" "$@"' sh "$@"
+    else
+        shift
+        "$DTRUN" -n "$n" "$@"
+    fi
+}
 bench_args="-b $minb -e $maxb -f $factor -w 5 -n $iters"
 
-echo "# f32 sum, $min .. $max (x$factor), dtbench -n $iters, $repeat run(s) per column (medians);" \
-     "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(uname -m)"
+echo "# f32 sum, $min .. $max (x$factor), dtbench -n $iters, $repeat run(s) per column (medians), tcp ranks" \
+     "bound: $bind; $(date -u '+%Y-%m-%d %H:%M UTC'), $cores cores, $(uname -m)"
 worst=
 for n in $ranks; do
     for op in $ops; do
@@ -122,7 +145,7 @@ for n in $ranks; do
         while [ $i -lt "$repeat" ]; do
             i=$((i + 1))
             # 1. dtrain tcp: "size time busbw" per correct row
-            "$DTRUN" -n "$n" "$DTBENCH" -o "$op" $bench_args > "$tmp/tcp.raw" 2> "$tmp/tcp.err"
+            tcp_placed "$n" "$DTBENCH" -o "$op" $bench_args > "$tmp/tcp.raw" 2> "$tmp/tcp.err"
             rc=$?
             sed -n 's/^\[rank0\]://p' "$tmp/tcp.raw" | awk '$1 ~ /^[0-9]+$/ && $NF == 0 { print $1, $5, $7 }' >> "$tmp/tcp"
             [ $rc -eq 0 ] || notes="$notes

@@ -82,6 +82,8 @@ bad "^dtbench: -f: expected a number, got 'x'" -f x
 bad "^dtbench: --backend: expected tcp, mpi or nccl" --backend=ib
 bad "^dtbench: unknown option '--bogus'" --bogus
 bad "^dtbench: -w: expected a value after it" -w
+bad "^dtbench: -W: expected a value in \[0, 3600\], got '-1'" -W -1
+bad "^dtbench: -W: expected a number, got 'soon'" -W soon
 timeout 20 "$DTBENCH" --help > "$tmp/out" 2>&1
 ok $? "--help exits 0"
 ok_grep "$tmp/out" "busbw" "--help explains the columns"

@@ -6,8 +6,9 @@
  *
  * Every rank joins the job from its launch environment (dt_comm_init with defaults),
  * warms up as nccl-tests does (-w runs at the largest size, then -w at the smallest, so
- * connections, shared-memory rings and buffers are set up and the ranks are settled on
- * their cores before anything is timed), then for each size from -b to -e (times -f each
+ * connections, shared-memory rings and buffers are set up) and goes on at the smallest
+ * size until -W seconds have passed (so the ranks are settled on their cores before
+ * anything is timed), then for each size from -b to -e (times -f each
  * step) runs the collective -w times to warm up, checks one result, and times -n
  * iterations. Rank 0 prints one row per size:
  *
@@ -47,6 +48,8 @@ static const char usage[] =
 "  -r REDOP       sum | avg | min | max | prod (default sum)\n"
 "  -w N           warm-up iterations per size, and at the largest and smallest size\n"
 "                 before the first row (default 5)\n"
+"  -W SECONDS     then keep warming up at the smallest size until this long has\n"
+"                 passed since the first warm-up (default 0.2; 0: do not)\n"
 "  -n N           timed iterations per size (default 20)\n"
 "  -c 0|1         check results (default 1)\n"
 "  --backend B    tcp | mpi | nccl (default: $DT_BACKEND or tcp)\n"
@@ -67,6 +70,7 @@ typedef struct {
     dt_dtype  dtype;
     dt_redop  redop;
     int       warmup, iters, check;
+    double    settle;     /* -W: seconds of warm-up before the first row */
     const char *backend;
 } bench_cfg;
 
@@ -88,8 +92,9 @@ static void arg_or_die(dt_status s) {
 
 static void parse_args(int argc, char **argv, bench_cfg *cfg) {
     *cfg = (bench_cfg){ .minb = 4096, .maxb = 64u << 20, .factor = 2, .op = OP_ALLREDUCE,
-                        .dtype = DT_F32, .redop = DT_SUM, .warmup = 5, .iters = 20, .check = 1 };
-    static const char *const flags[] = { "-b", "-e", "-f", "-o", "-d", "-r", "-w", "-n", "-c", "--backend" };
+                        .dtype = DT_F32, .redop = DT_SUM, .warmup = 5, .iters = 20, .check = 1,
+                        .settle = 0.2 };
+    static const char *const flags[] = { "-b", "-e", "-f", "-o", "-d", "-r", "-w", "-W", "-n", "-c", "--backend" };
     for (int i = 1; i < argc;) {
         const char *a = argv[i], *v = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(usage, stdout); exit(0); }
@@ -106,6 +111,8 @@ static void parse_args(int argc, char **argv, bench_cfg *cfg) {
         } else if (!strcmp(f, "-f")) {
             arg_or_die(dt_arg_double(f, v, 1, 1024, &cfg->factor));
             if (!(cfg->factor > 1)) die_usage("-f: expected a factor > 1, got '%s'", v);
+        } else if (!strcmp(f, "-W")) {
+            arg_or_die(dt_arg_double(f, v, 0, 3600, &cfg->settle));
         } else if (!strcmp(f, "-o")) {
             static const char *const alias[] = { "allreduce", "bcast", "allgather", "reducescatter", "reduce" };
             int found = -1;
@@ -287,11 +294,25 @@ static dt_status bench(dt_comm *c, const bench_cfg *cfg, int64_t *wrong_total) {
     dt_status s = DT_OK;
     *wrong_total = 0;
     size_t ends[2] = { cfg->maxb, cfg->minb };
+    double start = dt_now(), waited = 0;
     for (int e = 0; e < 2; e++) {
         size_t total, per;
         row_counts(cfg, ends[e], n, &total, &per);
         for (int w = 0; w < cfg->warmup && s == DT_OK; w++) s = run_once(c, cfg, &b, total, per);
     }
+    /* -W: the ranks of a job just started may share cores until the scheduler spreads
+     * them (tens of milliseconds, longer when other work keeps the cores busy); the
+     * slowest rank's clock decides, so every rank runs the same calls */
+    while (s == DT_OK && cfg->settle > 0) {
+        double mine = dt_now() - start;
+        if ((s = dt_allreduce(c, &mine, &waited, 1, DT_F64, DT_MAX)) != DT_OK || waited >= cfg->settle) break;
+        size_t total, per;
+        row_counts(cfg, cfg->minb, n, &total, &per);
+        for (int w = 0; w < (cfg->warmup > 0 ? cfg->warmup : 1) && s == DT_OK; w++) s = run_once(c, cfg, &b, total, per);
+    }
+    /* the barrier before each timed loop talks to other peers than most collectives:
+     * their connections are set up here, not in the first row */
+    for (int k = 0; k < 2 && s == DT_OK; k++) s = dt_barrier(c);
     for (double bytes_d = (double)cfg->minb; s == DT_OK && bytes_d <= (double)cfg->maxb * (1 + 1e-12);
          bytes_d *= cfg->factor) {
         size_t total, per;
