@@ -20,6 +20,7 @@
  *   checkpoint.h   model weights to and from safetensors
  *   ddp.h          distributed data parallelism for one model
  *   train.h        the training loop
+ *   amp.h          mixed precision: --precision and --grad-dtype, the fp16 loss scaler
  */
 #ifndef DTRAIN_H
 #define DTRAIN_H
@@ -41,5 +42,6 @@
 #include "checkpoint.h"
 #include "ddp.h"
 #include "train.h"
+#include "amp.h"
 
 #endif /* DTRAIN_H */
