@@ -22,6 +22,7 @@
  *   ddp.h          distributed data parallelism for one model
  *   shard.h        ZeRO sharding of optimizer state and gradients
  *   train.h        the training loop
+ *   amp.h          mixed precision: --precision and --grad-dtype, the fp16 loss scaler
  */
 #ifndef DTRAIN_H
 #define DTRAIN_H
@@ -45,5 +46,6 @@
 #include "ddp.h"
 #include "shard.h"
 #include "train.h"
+#include "amp.h"
 
 #endif /* DTRAIN_H */
