@@ -22,7 +22,8 @@
 #   5 parity     mlp and cnn, 20 steps: GPU losses against CPU losses
 #   6 throughput dtrain against PyTorch on the same GPU, inside each process after
 #                warm-up: cnn (batch 256) and an 8 x 4096 MLP (batch 1024) with TF32 off
-#                and on, the gpt2 size (batch 8 x 1024 tokens): ms/step, samples/s, peak
+#                and on and in bf16 (--precision bf16 against torch.autocast),
+#                the gpt2 size (batch 8 x 1024 tokens): ms/step, samples/s, peak
 #                memory, dtrain's data/compute/comm split (--rank-stats)
 #   7 nsys       the top kernels of a cnn run
 #   8 nccl       with 2+ GPUs: tests/gpu_nccl.sh and 2-rank training over NCCL
@@ -267,9 +268,10 @@ s_throughput() {
     fi
     printf '%-18s %10s %10s %10s %9s %9s %9s | %10s %10s %9s | %6s\n' row "ms/step" "samples/s" "peak MiB" "data ms" \
         "comp ms" "comm ms" "torch ms" "samples/s" "peak MiB" ratio | tee "$R/throughput.txt"
-    row() {  # name model batch steps tf32 torchname
+    row() {  # name model batch steps tf32(0, 1 or bf16) torchname
         local d t tf=
         [ "$5" = 1 ] && tf=--allow-tf32
+        [ "$5" = bf16 ] && tf="--precision bf16"
         d=$(dtrain_rate "$2" "$3" "$4" "tp-$1" $tf)
         if [ $emulate = 1 ]; then t="n/a emulated"
         elif [ -n "$PY" ]; then t=$(timeout 240 "$PY" "$here/gpu_torch.py" "$6" "$3" "$4" "$4" "$5" 2>&1 | tail -1)
@@ -288,6 +290,7 @@ s_throughput() {
     row cnn-tf32on cnn $cb $cs 1 cnn
     row mlp8x$w-tf32off "$mlp" $mb $ms 0 mlp8x4096
     row mlp8x$w-tf32on "$mlp" $mb $ms 1 mlp8x4096
+    row mlp8x$w-bf16 "$mlp" $mb $ms bf16 mlp8x4096
     if [ $emulate = 1 ] || [ $quick = 1 ]; then
         echo "gpt2: skipped (124M parameters need a GPU; --quick and --emulate leave it out)"
     else

@@ -6,7 +6,8 @@ MODEL is cnn, mlp8x4096 (flatten, 8 x (linear(4096) relu), linear(10)) or gpt2 (
 GPT at 12 layers, 12 heads, width 768, block 1024, vocabulary 50304, AdamW; TOKENS_DIR
 is dtrain prepare-text's output). cnn and mlp train with SGD (momentum 0.9, lr 0.05,
 weight decay 5e-4) on random 1x28x28 images held on the GPU, as dtrain's synthetic data.
-TF32 is 0 or 1 (matmul and cuDNN). WARMUP steps run first; then STEPS steps are timed
+TF32 is 0 or 1 (matmul and cuDNN), or bf16: TF32 off and the forward and loss under
+torch.autocast("cuda", dtype=torch.bfloat16), as dtrain's --precision bf16. WARMUP steps run first; then STEPS steps are timed
 between torch.cuda.synchronize() calls, inside the process. Prints one line:
     ms_per_step samples_per_s peak_mib
 or "n/a REASON" when PyTorch or its CUDA is missing.
@@ -34,7 +35,7 @@ def main():
     if name == "gpt2":
         step, per_step = gpt2_step(torch, nn, F, dev, batch, sys.argv[6]), batch * 1024
     else:
-        step, per_step = image_step(torch, nn, dev, name, batch), batch
+        step, per_step = image_step(torch, nn, dev, name, batch, tf32 == "bf16"), batch
     for i in range(warmup):
         step(i)
     torch.cuda.synchronize()
@@ -47,7 +48,7 @@ def main():
     print("%.3f %.0f %.0f" % (dt * 1e3, per_step / dt, torch.cuda.max_memory_allocated() / 2**20))
 
 
-def image_step(torch, nn, dev, name, batch):
+def image_step(torch, nn, dev, name, batch, bf16):
     if name == "cnn":
         m = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
@@ -66,7 +67,9 @@ def image_step(torch, nn, dev, name, batch):
 
     def step(i):
         opt.zero_grad(set_to_none=True)
-        lossf(m(X[i % 8]), Y[i % 8]).backward()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = lossf(m(X[i % 8]), Y[i % 8])
+        loss.backward()
         opt.step()
     return step
 

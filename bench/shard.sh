@@ -12,8 +12,10 @@
 #           8 layers and growing width (block 64, batch 8, AdamW) on 2 and 4 processes,
 #           --shard none against --shard params; a model fits when every rank's peak
 #           resident memory (the per-rank table of --rank-stats) stays within
-#           DT_SHARD_CAP_MIB (default 256) MiB. Prints every width's peak and the
-#           largest that fits in each mode, with its parameter count.
+#           DT_SHARD_CAP_MIB (default 256) MiB. Prints the peaks on a grid of widths,
+#           then the largest width (to a multiple of 32, found by bisection) that fits
+#           in each mode, with its parameter count and peak, without and with
+#           --recompute (same batch and flags in both modes).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 B=${DT_BUILDDIR:-$(pwd)}
@@ -67,27 +69,42 @@ if [ "$MODE" = speed ] || [ "$MODE" = all ]; then
 fi
 
 if [ "$MODE" = memory ] || [ "$MODE" = all ]; then
+    # peak NP MODE C: "PEAK PARAMS": the largest rank's peak resident MiB for width C (0
+    # when the run failed) and the parameter count
+    peak() {
+        out=$(run_np "$1" --model "gpt(layers=8,heads=8,dim=$3,block=64)" --data "tokens:$DATA" --batch 8 \
+              --steps 2 --warmup 1 --optim adamw --no-eval --rank-stats 2 --shard "$2" $EXTRA)
+        n=$(echo "$out" | sed -n 's/.* \([0-9,]*\) parameters.*/\1/p' | head -1 | tr -d ,)
+        echo "$out" | awk -v n="${n:-0}" '/peak MiB/ { on = 1; next } on && NF >= 7 && $1 ~ /^[0-9]+$/ { if ($6 > x) x = $6 } END { print x + 0, n }'
+    }
+    fits() { set -- $1; awk -v p="$1" -v c="$CAP" 'BEGIN { exit !(p > 0 && p <= c) }'; }
     echo "gpt, 8 layers, block 64, batch 8, AdamW: peak resident MiB per rank (the largest rank); cap $CAP MiB"
+    EXTRA=
     for np in 2 4; do
         printf "%-3s %-6s %12s %10s %10s\n" np width params none params
-        best_none=0; best_params=0; pn_none=0; pn_params=0
         for C in 128 256 384 512 640 768 896 1024; do
-            row=""
-            for m in none params; do
-                out=$(run_np "$np" --model "gpt(layers=8,heads=8,dim=$C,block=64)" --data "tokens:$DATA" --batch 8 \
-                      --steps 2 --warmup 1 --optim adamw --no-eval --rank-stats 2 --shard $m)
-                peak=$(echo "$out" | awk '/peak MiB/ { on = 1; next } on && NF >= 7 && $1 ~ /^[0-9]+$/ { if ($6 > x) x = $6 } END { print x + 0 }')
-                n=$(echo "$out" | sed -n 's/.* \([0-9,]*\) parameters.*/\1/p' | head -1 | tr -d ,)
-                row="$row $peak"
-                if [ "${peak%.*}" -gt 0 ] && awk -v p="$peak" -v c="$CAP" 'BEGIN { exit !(p <= c) }'; then
-                    [ $m = none ] && { best_none=$C; pn_none=$n; }
-                    [ $m = params ] && { best_params=$C; pn_params=$n; }
-                fi
-            done
-            set -- $row
-            printf "%-3s %-6s %12s %10s %10s\n" "$np" "$C" "${n:-?}" "$1" "$2"
+            set -- $(peak "$np" none "$C") $(peak "$np" params "$C")
+            printf "%-3s %-6s %12s %10s %10s\n" "$np" "$C" "$2" "$1" "$3"
         done
-        echo "np $np: largest width within $CAP MiB: none $best_none (${pn_none} parameters), params $best_params" \
-             "(${pn_params} parameters): $(ratio "$pn_params" "$pn_none")x the parameters"
+    done
+    # the largest width (a multiple of 32) within the cap, per mode: doubling, then
+    # bisection; without and with --recompute (activations are a large part of these
+    # small models' memory, the same in both modes, and recomputation takes most away)
+    for EXTRA in "" --recompute; do
+      for np in 2 4; do
+        for m in none params; do
+            lo=0 hi=64
+            while [ $hi -le 8192 ] && fits "$(peak "$np" $m $hi)"; do lo=$hi; hi=$((hi * 2)); done
+            while [ $((hi - lo)) -gt 32 ]; do
+                mid=$(((lo + hi) / 64 * 32))
+                if fits "$(peak "$np" $m $mid)"; then lo=$mid; else hi=$mid; fi
+            done
+            set -- $(peak "$np" $m $lo)
+            eval "best_$m=$lo pk_$m=$1 pn_$m=$2"
+        done
+        echo "np $np${EXTRA:+ $EXTRA}: largest width within $CAP MiB (to 32): none $best_none ($pn_none parameters," \
+             "peak $pk_none MiB), params $best_params ($pn_params parameters, peak $pk_params MiB):" \
+             "$(ratio "$pn_params" "$pn_none")x the parameters"
+      done
     done
 fi
