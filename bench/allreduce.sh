@@ -13,6 +13,11 @@
 # is faster). busbw follows nccl-tests: algbw = bytes / time with bytes the whole array
 # (all_gather's output, reduce_scatter's input), busbw = algbw * 2(n-1)/n for all_reduce
 # and * (n-1)/n for reduce_scatter and all_gather; time is the slowest rank's mean.
+# By default each column is one dtbench sweep over all sizes. --paired makes each size
+# its own short run, tcp then Open MPI, so the two numbers of a row are taken seconds
+# apart (this machine's memory speed changes by up to 3x from minute to minute, which
+# sweeping one column, then the other, can turn into false ratios); single-size runs
+# are noisier at small sizes, on oversubscribed cores most.
 # With --repeat R, the tcp and Open MPI runs alternate R times and every number is the
 # median of its R runs (this machine's other work makes single runs noisy). The 1-minute
 # load average before and after each table says how busy the machine was.
@@ -25,7 +30,7 @@
 #
 # usage: bench/allreduce.sh [--max SIZE] [--min SIZE] [--factor F] [--iters N]
 #                           [--ranks "2 4"] [--ops "all_reduce reduce_scatter all_gather"]
-#                           [--repeat R] [--bind auto|none] [--no-gloo] [--builddir DIR]
+#                           [--repeat R] [--bind auto|none] [--paired] [--no-gloo] [--builddir DIR]
 #   --max SIZE     largest size (default 256M; e.g. --max 64K for a quick check)
 #   --min SIZE     smallest size (default 4K)
 #   --factor F     size step (default 2)
@@ -34,6 +39,7 @@
 #   --ops LIST     collectives (default "all_reduce reduce_scatter all_gather")
 #   --repeat R     runs of each column, medians reported (default 1)
 #   --bind MODE    auto: tcp ranks bound as mpirun binds (default); none: unbound
+#   --paired       a run per size, tcp then Open MPI, instead of a sweep per column
 #   --no-gloo      skip the Gloo column
 #   --builddir DIR where dtrun and dtbench were built (default $DT_BUILDDIR, else the
 #                  source tree)
@@ -50,6 +56,7 @@ ranks="2 4"
 ops="all_reduce reduce_scatter all_gather"
 repeat=1
 bind=auto
+paired=0
 gloo=1
 while [ $# -gt 0 ]; do
     case $1 in
@@ -61,9 +68,10 @@ while [ $# -gt 0 ]; do
     --ops) ops=${2?--ops needs a list}; shift 2 ;;
     --repeat) repeat=${2:?--repeat needs a number}; shift 2 ;;
     --no-gloo) gloo=0; shift ;;
+    --paired) paired=1; shift ;;
     --builddir) builddir=${2:?--builddir needs a directory}; shift 2 ;;
     --bind) bind=${2:?--bind needs auto or none}; shift 2 ;;
-    -h|--help) sed -n '2,41s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,46s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "allreduce.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -131,21 +139,30 @@ tcp_placed() {
         "$DTRUN" -n "$n" "$@"
     fi
 }
-bench_args="-b $minb -e $maxb -f $factor -w 5 -n $iters"
+# the runs of one repetition: the whole sweep, or one run per size (paired)
+if [ $paired = 1 ]; then
+    runs= s=$minb
+    while [ "$s" -le "$maxb" ]; do runs="$runs -b:$s:-e:$s"; s=$((s * factor)); done
+else
+    runs="-b:$minb:-e:$maxb"
+fi
 
 echo "# f32 sum, $min .. $max (x$factor), dtbench -n $iters, $repeat run(s) per column (medians), tcp ranks" \
-     "bound: $bind; $(date -u '+%Y-%m-%d %H:%M UTC'), $cores cores, $(uname -m)"
+     "bound: $bind, $([ $paired = 1 ] && echo 'paired (a run per size, tcp then Open MPI)' || echo 'one sweep per column');" \
+     "$(date -u '+%Y-%m-%d %H:%M UTC'), $cores cores, $(uname -m)"
 worst=
 for n in $ranks; do
     for op in $ops; do
         l0=$(load)
-        notes=
+        notes= nompi_said=
         : > "$tmp/tcp"; : > "$tmp/mpi"; : > "$tmp/gloo"
         i=0
         while [ $i -lt "$repeat" ]; do
-            i=$((i + 1))
+          i=$((i + 1))
+          for run in $runs; do
+            args="$(echo "$run" | tr : ' ') -f $factor -w 5 -n $iters"
             # 1. dtrain tcp: "size time busbw" per correct row
-            tcp_placed "$n" "$DTBENCH" -o "$op" $bench_args > "$tmp/tcp.raw" 2> "$tmp/tcp.err"
+            tcp_placed "$n" "$DTBENCH" -o "$op" $args > "$tmp/tcp.raw" 2> "$tmp/tcp.err"
             rc=$?
             sed -n 's/^\[rank0\]://p' "$tmp/tcp.raw" | awk '$1 ~ /^[0-9]+$/ && $NF == 0 { print $1, $5, $7 }' >> "$tmp/tcp"
             [ $rc -eq 0 ] || notes="$notes
@@ -153,15 +170,17 @@ for n in $ranks; do
             # 2. Open MPI
             if [ -n "$MPIRUN" ] && [ -x "$MPIRUN" ]; then
                 DT_MPI_CHECK=0 "$MPIRUN" --allow-run-as-root --oversubscribe -np "$n" "$DTBENCH" --backend mpi -o "$op" \
-                    $bench_args > "$tmp/mpi.raw" 2> "$tmp/mpi.err"
+                    $args > "$tmp/mpi.raw" 2> "$tmp/mpi.err"
                 rc=$?
                 awk '$1 ~ /^[0-9]+$/ && $NF == 0 { print $1, $5, $7 }' "$tmp/mpi.raw" >> "$tmp/mpi"
                 [ $rc -eq 0 ] || notes="$notes
 # Open MPI run $i failed (exit $rc): $(tail -1 "$tmp/mpi.err")"
-            elif [ $i = 1 ]; then
+            elif [ $i = 1 ] && [ -z "${nompi_said:-}" ]; then
+                nompi_said=1
                 notes="$notes
 # Open MPI column empty: no mpirun found (install openmpi-bin, configure dtrain with MPI)"
             fi
+          done
         done
         # 3. PyTorch Gloo, all_reduce only (the peer script has its own size list; sizes
         #    outside --min .. --max are dropped)
