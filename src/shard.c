@@ -67,6 +67,7 @@ struct dt_shard {
     int          *lunit;      /* layer -> unit */
     struct { dt_work *work; size_t lo, hi; } *pend;   /* gradient sums in flight, oldest first */
     size_t        full_held;  /* gather_params: bytes of parameters beyond the shard */
+    size_t        grads_gone; /* release_grads: bytes of this rank's gradient given back */
     int           npend, pend_cap;
     size_t        pend_floats;
 };
@@ -136,6 +137,7 @@ dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard
 void dt_shard_free(dt_shard *s) {
     if (!s) return;
     dt_mem_sub(DT_MEM_PARAMS, s->full_held);   /* the model's own accounting takes over */
+    dt_mem_add(DT_MEM_GRADS, s->grads_gone);   /* and frees the gradient array it counts */
     if (s->units) {
         dt_model_set_layer_hook(s->model, NULL, NULL);
         for (int u = 0; u < s->nunits; u++) {
@@ -435,6 +437,17 @@ dt_status dt_shard_gather_params(dt_shard *s) {
     s->full_held = outside(s, 0, s->n);
     dt_mem_add(DT_MEM_PARAMS, s->full_held);
     s->full = 1;
+    return DT_OK;
+}
+
+dt_status dt_shard_release_grads(dt_shard *s) {
+    if (!params_sharded(s) || s->grads_gone || !s->ops->host_memory) return DT_OK;
+    DT_TRY(grads_settle(s, s->npend));
+    float *g = dt_model_grads(s->model);
+    DT_TRY(drop_range(s, g, 0, s->per * (size_t)s->world));
+    DT_TRY(s->ops->discard(g + s->per * (size_t)s->rank, s->per * sizeof(float)));
+    s->grads_gone = s->per * sizeof(float);
+    dt_mem_sub(DT_MEM_GRADS, s->grads_gone);
     return DT_OK;
 }
 

@@ -80,6 +80,10 @@ DT_API dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes);
  * rank's shard only. Nothing to do in the other modes. Collective. */
 DT_API dt_status dt_shard_gather_params(dt_shard *s);
 DT_API dt_status dt_shard_drop_params(dt_shard *s);
+/* params, training over: this rank's gradient shard is given back (its pages discarded,
+ * no longer counted), before the end-of-run gather_params. Host memory only (CUDA
+ * pages stay, and so does their count); nothing to do in the other modes. */
+DT_API dt_status dt_shard_release_grads(dt_shard *s);
 
 /* After DDP's local sum (grads mode): reduce-scatter, so this rank's shard of the
  * gradient holds the global sum. Nothing to do in the other modes. */

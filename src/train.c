@@ -1072,10 +1072,12 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
     }
     /* Training is over. With sharded parameters the whole model is gathered below (to
      * compare the ranks' weights and hand the model to the caller): the optimizer state
-     * goes first, 8/W bytes a parameter given back before 4 - 4/W are gathered. */
+     * and the gradient shard go first, 12/W bytes a parameter given back before 4 - 4/W
+     * are gathered. */
     if (dt_shard_mode_of(t->shard) == DT_SHARD_PARAMS && t->world > 1) {
         dt_optim_free(t->optim);
         t->optim = NULL;
+        DT_TRY(dt_shard_release_grads(t->shard));
     }
     /* Every rank must end with the same parameters: a hash per tensor, compared. */
     DT_TRY(dt_shard_gather_params(t->shard));

@@ -180,11 +180,13 @@ for mode in optim grads params; do
     awk -v g="$got" -v w="$want" 'BEGIN { exit !(g > 0 && w > 0 && w <= 1.1 * g && w >= 0.9 * g) }'
     ok $? "dtrain plan --shard $mode: $want MiB per rank, within 10% of the accounted peak $got MiB"
 done
-# with params, the optimizer state is given back before the end-of-run gather of the
-# whole model: none at the end, its shard at the peak
-sed 's/^\[rank0\]://' "$T/pl-params.out" | awk '/memory of rank 0 \(accounted\)/ { on = 1; next }
-    on && $1 == "optim" { found = 1; exit !($2 == 0 && $3 > 0) } END { if (!found) exit 1 }'
-ok $? "--shard params frees the optimizer state before gathering the whole model at the end"
+# with params, the optimizer state and the gradient shard are given back before the
+# end-of-run gather of the whole model: none at the end, their shards at the peak
+for cat in optim grads; do
+    sed 's/^\[rank0\]://' "$T/pl-params.out" | awk -v c=$cat '/memory of rank 0 \(accounted\)/ { on = 1; next }
+        on && $1 == c { found = 1; exit !($2 == 0 && $3 > 0) } END { if (!found) exit 1 }'
+    ok $? "--shard params gives back its $cat before gathering the whole model at the end"
+done
 
 # 7. bad input
 timeout 60 "$D" train $BASE --model "$CNN" --shard params --shard-unit-mb 0 > "$T/bad0.out" 2>&1
