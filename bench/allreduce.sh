@@ -154,7 +154,9 @@ worst=
 for n in $ranks; do
     for op in $ops; do
         l0=$(load)
-        notes= nompi_said=
+        notes=
+        [ -n "$MPIRUN" ] && [ -x "$MPIRUN" ] || notes="
+# Open MPI column empty: no mpirun found (install openmpi-bin, configure dtrain with MPI)"
         : > "$tmp/tcp"; : > "$tmp/mpi"; : > "$tmp/gloo"
         i=0
         while [ $i -lt "$repeat" ]; do
@@ -175,10 +177,6 @@ for n in $ranks; do
                 awk '$1 ~ /^[0-9]+$/ && $NF == 0 { print $1, $5, $7 }' "$tmp/mpi.raw" >> "$tmp/mpi"
                 [ $rc -eq 0 ] || notes="$notes
 # Open MPI run $i failed (exit $rc): $(tail -1 "$tmp/mpi.err")"
-            elif [ $i = 1 ] && [ -z "${nompi_said:-}" ]; then
-                nompi_said=1
-                notes="$notes
-# Open MPI column empty: no mpirun found (install openmpi-bin, configure dtrain with MPI)"
             fi
           done
         done

@@ -443,9 +443,7 @@ dt_status dt_shard_gather_params(dt_shard *s) {
 dt_status dt_shard_release_grads(dt_shard *s) {
     if (!params_sharded(s) || s->grads_gone || !s->ops->host_memory) return DT_OK;
     DT_TRY(grads_settle(s, s->npend));
-    float *g = dt_model_grads(s->model);
-    DT_TRY(drop_range(s, g, 0, s->per * (size_t)s->world));
-    DT_TRY(s->ops->discard(g + s->per * (size_t)s->rank, s->per * sizeof(float)));
+    DT_TRY(s->ops->discard(dt_model_grads(s->model), s->per * (size_t)s->world * sizeof(float)));
     s->grads_gone = s->per * sizeof(float);
     dt_mem_sub(DT_MEM_GRADS, s->grads_gone);
     return DT_OK;

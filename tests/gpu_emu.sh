@@ -48,19 +48,8 @@ tap_include() {
 # cu SRC OUT: a CUDA source compiled for the CPU (launches rewritten)
 cxx="g++ -std=c++17 -O1 -fPIC -I$S/tests/gpu_emu $blas_cflags"
 cu() {
-    # launches become calls; a kernel whose __launch_bounds__ is a constant gets EMU_BOUNDS
-    sed 's/\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/emu_cfg(\2).run(EMU_NAMED(\1))(/' "$1" | awk '
-        held != "" {
-            if (match($0, /^[A-Za-z_][A-Za-z_0-9]*\(/)) printf "EMU_BOUNDS(%s, %s) ", substr($0, 1, RLENGTH - 1), bound
-            print held; held = ""
-        }
-        /^__global__ void __launch_bounds__\([A-Z0-9_]+\)/ {
-            bound = $0; sub(/^__global__ void __launch_bounds__\(/, "", bound); sub(/\).*/, "", bound)
-            rest = $0; sub(/^__global__ void __launch_bounds__\([A-Z0-9_]+\) */, "", rest)
-            if (rest == "") { held = $0; next }
-            if (match(rest, /^[A-Za-z_][A-Za-z_0-9]*\(/)) printf "EMU_BOUNDS(%s, %s) ", substr(rest, 1, RLENGTH - 1), bound
-        }
-        { print }' > "$TMP/$2.cpp"
+    # launches become calls (tests/gpu_emu/cu2cpp.sh)
+    sh "$S/tests/gpu_emu/cu2cpp.sh" "$1" > "$TMP/$2.cpp"
     if grep -n '<<<' "$TMP/$2.cpp" > "$TMP/log"; then fail "a kernel launch in $1 was not rewritten"; fi
     timeout 300 $cxx -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$S/tests" -I"$B" \
         -c "$TMP/$2.cpp" -o "$TMP/$2.o" > "$TMP/log" 2>&1 || fail "compile $1 for the CPU"

@@ -15,21 +15,10 @@ mkdir -p "$O" || exit 1
 blas_cflags=$(sed -n 's/^OPENBLAS_CFLAGS = //p' "$B/Makefile")
 blas_libs=$(sed -n 's/^OPENBLAS_LIBS = //p' "$B/Makefile")
 cxx="g++ -std=c++17 -O1 -fPIC -I$S/tests/gpu_emu $blas_cflags"
-# cu SRC NAME: a CUDA source compiled for the CPU into OUT/NAME.o; launches become calls,
-# and a kernel whose __launch_bounds__ is a constant gets EMU_BOUNDS (as tests/gpu_emu.sh)
+# cu SRC NAME: a CUDA source compiled for the CPU into OUT/NAME.o (launches rewritten by
+# tests/gpu_emu/cu2cpp.sh)
 cu() {
-    sed 's/\([A-Za-z_][A-Za-z_0-9]*\)<<<\(.*\)>>>(/emu_cfg(\2).run(EMU_NAMED(\1))(/' "$1" | awk '
-        held != "" {
-            if (match($0, /^[A-Za-z_][A-Za-z_0-9]*\(/)) printf "EMU_BOUNDS(%s, %s) ", substr($0, 1, RLENGTH - 1), bound
-            print held; held = ""
-        }
-        /^__global__ void __launch_bounds__\([A-Z0-9_]+\)/ {
-            bound = $0; sub(/^__global__ void __launch_bounds__\(/, "", bound); sub(/\).*/, "", bound)
-            rest = $0; sub(/^__global__ void __launch_bounds__\([A-Z0-9_]+\) */, "", rest)
-            if (rest == "") { held = $0; next }
-            if (match(rest, /^[A-Za-z_][A-Za-z_0-9]*\(/)) printf "EMU_BOUNDS(%s, %s) ", substr(rest, 1, RLENGTH - 1), bound
-        }
-        { print }' > "$O/$2.cpp"
+    sh "$S/tests/gpu_emu/cu2cpp.sh" "$1" > "$O/$2.cpp"
     if grep -n '<<<' "$O/$2.cpp" > "$O/build.log"; then die "a kernel launch in $1 was not rewritten"; fi
     timeout 300 $cxx -DDT_CU_MAX_BLOCKS="$cap" -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$S/tests" -I"$B" \
         -c "$O/$2.cpp" -o "$O/$2.o" > "$O/build.log" 2>&1 || die "compile $1 for the CPU (grid cap $cap)"

@@ -17,7 +17,8 @@ EXTRA_DIST += $(CUDA_SRC) src/cuda/cuda_impl.h src/cuda/dt_cuda.h build-aux/nvcc
 	tests/test_cuda_ops.c tests/gpu_nccl_prog.c tests/gpu_lib.sh tests/gpu_train.sh tests/gpu_nccl.sh \
 	tests/gpu_emu.sh tests/gpu_emu/cuda_runtime.h tests/gpu_emu/cublas_v2.h tests/gpu_emu/emu.cpp \
 	tests/gpu_emu/emu_warp.h tests/gpu_emu_build.sh \
-	tests/gpu_emu/nccl.h tests/gpu_emu/nccl_emu.cpp tests/gpu_emu/selftest.cu
+	tests/gpu_emu/nccl.h tests/gpu_emu/nccl_emu.cpp tests/gpu_emu/selftest.cu \
+	tests/gpu_emu/cu2cpp.sh
 
 if HAVE_CUDA
 AM_CPPFLAGS += $(CUDA_CFLAGS)
