@@ -105,6 +105,28 @@ typedef struct {
     int64_t step;                 /* 1 on the first step */
 } dt_adamw_args;
 
+/* AdamW in float, shared by the backends: the scalars rounded once from the doubles
+ * (as PyTorch computes them in Python), then the same expression for every element. */
+typedef struct { float step_size, bc2_sqrt, decay, b1, b2, omb1, omb2, eps, gs; } dt_adamw_f;
+
+static inline dt_adamw_f dt_adamw_floats(const dt_adamw_args *a) {
+    const double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
+    dt_adamw_f k = { (float)(a->lr / bc1), (float)sqrt(bc2), (float)(1.0 - a->lr * a->weight_decay),
+                     (float)a->beta1, (float)a->beta2, (float)(1.0 - a->beta1), (float)(1.0 - a->beta2),
+                     (float)a->eps, (float)a->grad_scale };
+    return k;
+}
+
+static inline DT_HD void dt_adamw_elem(float *p, float *m, float *v, float grad, dt_adamw_f k) {
+    float g = k.gs * grad;
+    float pi = *p * k.decay;
+    float mi = k.b1 * *m + k.omb1 * g;
+    float vi = k.b2 * *v + k.omb2 * g * g;
+    *m = mi;
+    *v = vi;
+    *p = pi - k.step_size * (mi / (sqrtf(vi) / k.bc2_sqrt + k.eps));
+}
+
 /* ---- the op list ---------------------------------------------------------------------
  * DT_OPS(X) names every compute op once, as X(name, (parameters)); every op returns a
  * dt_status. Everything else is generated from it: the members of dt_ops, the indices

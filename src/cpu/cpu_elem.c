@@ -49,21 +49,24 @@ dt_status dt_cpu_bias_relu(float *y, const float *b, int rows, int cols) {
 
 /* Column sums: columns are cut into fixed blocks of 64; each block is summed over
  * rows in order, in double, by one thread. */
+/* db of columns j0 .. j0 + w (w <= 64): sums over the rows in order, in double */
+DT_CPU_CLONES static void bias_grad_cols(float *db, const float *dy, int rows, int cols, int j0, int w) {
+    double acc[64] = {0};
+    for (int i = 0; i < rows; i++) {
+        const float *r = dy + (size_t)i * cols + j0;
+        for (int j = 0; j < w; j++) acc[j] += r[j];
+    }
+    for (int j = 0; j < w; j++) db[j0 + j] = (float)acc[j];
+}
+
 dt_status dt_cpu_bias_grad(float *db, const float *dy, int rows, int cols) {
     DT_CPU_ARG(rows >= 0 && cols >= 0);
     if (cols == 0) return DT_OK;
     DT_CPU_ARG(db && (rows == 0 || dy));
     int nblk = (cols + 63) / 64, nt = dt_cpu_threads();
     #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
-    for (int blk = 0; blk < nblk; blk++) {
-        int j0 = blk * 64, w = cols - j0 < 64 ? cols - j0 : 64;
-        double acc[64] = {0};
-        for (int i = 0; i < rows; i++) {
-            const float *r = dy + (size_t)i * cols + j0;
-            for (int j = 0; j < w; j++) acc[j] += r[j];
-        }
-        for (int j = 0; j < w; j++) db[j0 + j] = (float)acc[j];
-    }
+    for (int blk = 0; blk < nblk; blk++)
+        bias_grad_cols(db, dy, rows, cols, blk * 64, cols - blk * 64 < 64 ? cols - blk * 64 : 64);
     return DT_OK;
 }
 

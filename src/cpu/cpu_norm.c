@@ -166,6 +166,34 @@ dt_status dt_cpu_bn_backward_dx(float *dx, const float *dy, const float *x, cons
 
 /* ---- layer norm ---- */
 
+/* Layer norm works row by row, one row per OpenMP iteration. A row's sums run in
+ * eight double lanes (lane k takes column j = k mod 8) combined in a fixed tree, so
+ * the order depends on the row length only and the lanes vectorise; the column sums of
+ * the parameter gradients run in fixed blocks of 64 columns, rows in order. */
+#define LANES8(a) (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])))
+
+DT_CPU_CLONES static void ln_row_forward(float *restrict y, float *mean, float *rstd, const float *restrict x,
+                                         const float *restrict gamma, const float *restrict beta, int n,
+                                         float eps) {
+    double s[8] = { 0 }, v[8] = { 0 };
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++) s[k] += x[j + k];
+    for (int k = 0; j < n; j++, k++) s[k] += x[j];
+    const double m = LANES8(s) / n;
+    for (j = 0; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++) v[k] += ((double)x[j + k] - m) * ((double)x[j + k] - m);
+    for (int k = 0; j < n; j++, k++) v[k] += ((double)x[j] - m) * ((double)x[j] - m);
+    const float mf = (float)m, r = (float)(1.0 / sqrt(LANES8(v) / n + eps));
+    *mean = mf;
+    *rstd = r;
+    /* y = xhat * gamma + beta, a missing gamma 1 and a missing beta +0 */
+    if (gamma && beta) for (j = 0; j < n; j++) y[j] = (x[j] - mf) * r * gamma[j] + beta[j];
+    else if (gamma) for (j = 0; j < n; j++) y[j] = (x[j] - mf) * r * gamma[j] + 0.0f;
+    else if (beta) for (j = 0; j < n; j++) y[j] = (x[j] - mf) * r + beta[j];
+    else for (j = 0; j < n; j++) y[j] = (x[j] - mf) * r + 0.0f;
+}
+
 dt_status dt_cpu_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
                                    const float *gamma, const float *beta, int rows, int cols, float eps) {
     DT_CPU_ARG(rows >= 0 && cols >= 1 && eps >= 0.0f);
@@ -173,22 +201,62 @@ dt_status dt_cpu_layernorm_forward(float *y, float *mean, float *rstd, const flo
     DT_CPU_ARG(y && mean && rstd && x);
     int nt = dt_cpu_threads();
     #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
-    for (int i = 0; i < rows; i++) {
-        const float *xr = x + (size_t)i * cols;
-        float *yr = y + (size_t)i * cols;
-        double s = 0.0;
-        for (int j = 0; j < cols; j++) s += xr[j];
-        double m = s / cols, v = 0.0;
-        for (int j = 0; j < cols; j++) v += ((double)xr[j] - m) * ((double)xr[j] - m);
-        float mf = (float)m, r = (float)(1.0 / sqrt(v / cols + eps));
-        mean[i] = mf;
-        rstd[i] = r;
-        for (int j = 0; j < cols; j++) {
-            float h = (xr[j] - mf) * r;
-            yr[j] = gamma ? h * gamma[j] + (beta ? beta[j] : 0.0f) : h + (beta ? beta[j] : 0.0f);
+    for (int i = 0; i < rows; i++)
+        ln_row_forward(y + (size_t)i * cols, mean + i, rstd + i, x + (size_t)i * cols, gamma, beta, cols, eps);
+    return DT_OK;
+}
+
+/* dx of one row: dxhat = dy * gamma (gamma missing: 1), a = mean(dxhat),
+ * b = mean(dxhat * xhat), dx = rstd * (dxhat - a - xhat * b) */
+DT_CPU_CLONES static void ln_row_backward(float *restrict d, const float *restrict g, const float *restrict x,
+                                          const float *restrict gamma, float m, float r, int n) {
+    double a[8] = { 0 }, b[8] = { 0 };
+    int j = 0;
+    if (gamma) {
+        for (; j + 8 <= n; j += 8)
+            for (int k = 0; k < 8; k++) {
+                float dh = g[j + k] * gamma[j + k];
+                a[k] += dh;
+                b[k] += (double)dh * ((x[j + k] - m) * r);
+            }
+        for (int k = 0; j < n; j++, k++) {
+            float dh = g[j] * gamma[j];
+            a[k] += dh;
+            b[k] += (double)dh * ((x[j] - m) * r);
+        }
+    } else {
+        for (; j + 8 <= n; j += 8)
+            for (int k = 0; k < 8; k++) {
+                a[k] += g[j + k];
+                b[k] += (double)g[j + k] * ((x[j + k] - m) * r);
+            }
+        for (int k = 0; j < n; j++, k++) {
+            a[k] += g[j];
+            b[k] += (double)g[j] * ((x[j] - m) * r);
         }
     }
-    return DT_OK;
+    const float ma = (float)(LANES8(a) / n), mb = (float)(LANES8(b) / n);
+    if (gamma) for (j = 0; j < n; j++) d[j] = r * (g[j] * gamma[j] - ma - (x[j] - m) * r * mb);
+    else for (j = 0; j < n; j++) d[j] = r * (g[j] - ma - (x[j] - m) * r * mb);
+}
+
+/* dgamma, dbeta of columns j0 .. j0 + w (w <= 64): sums over the rows in order */
+DT_CPU_CLONES static void ln_cols_backward(float *dgamma, float *dbeta, const float *dy, const float *x,
+                                           const float *mean, const float *rstd, int rows, int cols, int j0,
+                                           int w) {
+    double ag[64] = { 0 }, ab[64] = { 0 };
+    for (int i = 0; i < rows; i++) {
+        const float *restrict g = dy + (size_t)i * cols + j0, *restrict xr = x + (size_t)i * cols + j0;
+        const float m = mean[i], r = rstd[i];
+        for (int j = 0; j < w; j++) {
+            ag[j] += (double)g[j] * ((xr[j] - m) * r);
+            ab[j] += g[j];
+        }
+    }
+    for (int j = 0; j < w; j++) {
+        if (dgamma) dgamma[j0 + j] = (float)ag[j];
+        if (dbeta) dbeta[j0 + j] = (float)ab[j];
+    }
 }
 
 dt_status dt_cpu_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
@@ -199,43 +267,16 @@ dt_status dt_cpu_layernorm_backward(float *dx, float *dgamma, float *dbeta, cons
     int nt = dt_cpu_threads();
     if (dx && rows > 0) {
         #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
-        for (int i = 0; i < rows; i++) {
-            const float *g = dy + (size_t)i * cols, *xr = x + (size_t)i * cols;
-            float *d = dx + (size_t)i * cols;
-            const float m = mean[i], r = rstd[i];
-            double a = 0.0, b = 0.0;   /* sums of dxhat and dxhat*xhat over the row */
-            for (int j = 0; j < cols; j++) {
-                float dh = g[j] * (gamma ? gamma[j] : 1.0f);
-                a += dh;
-                b += (double)dh * ((xr[j] - m) * r);
-            }
-            const float ma = (float)(a / cols), mb = (float)(b / cols);
-            for (int j = 0; j < cols; j++) {
-                float dh = g[j] * (gamma ? gamma[j] : 1.0f);
-                d[j] = r * (dh - ma - (xr[j] - m) * r * mb);
-            }
-        }
+        for (int i = 0; i < rows; i++)
+            ln_row_backward(dx + (size_t)i * cols, dy + (size_t)i * cols, x + (size_t)i * cols, gamma, mean[i],
+                            rstd[i], cols);
     }
     if (dgamma || dbeta) {
-        /* Column sums over rows, columns in fixed blocks of 64, rows in order. */
         int nblk = (cols + 63) / 64;
         #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
-        for (int blk = 0; blk < nblk; blk++) {
-            int j0 = blk * 64, w = cols - j0 < 64 ? cols - j0 : 64;
-            double ag[64] = {0}, ab[64] = {0};
-            for (int i = 0; i < rows; i++) {
-                const float *g = dy + (size_t)i * cols + j0, *xr = x + (size_t)i * cols + j0;
-                const float m = mean[i], r = rstd[i];
-                for (int j = 0; j < w; j++) {
-                    ag[j] += (double)g[j] * ((xr[j] - m) * r);
-                    ab[j] += g[j];
-                }
-            }
-            for (int j = 0; j < w; j++) {
-                if (dgamma) dgamma[j0 + j] = (float)ag[j];
-                if (dbeta) dbeta[j0 + j] = (float)ab[j];
-            }
-        }
+        for (int blk = 0; blk < nblk; blk++)
+            ln_cols_backward(dgamma, dbeta, dy, x, mean, rstd, rows, cols, blk * 64,
+                             cols - blk * 64 < 64 ? cols - blk * 64 : 64);
     }
     return DT_OK;
 }

@@ -11,6 +11,7 @@
  * scheme).
  */
 #include "cpu.h"
+#include "ops_elem.h"   /* dt_exp_nonpos */
 
 #include <math.h>
 #include <string.h>
@@ -140,6 +141,31 @@ static void weigh(float *y, float *s, float m, const float *v0, size_t ld, int t
     if (lse) *lse = m + (float)log(l);
 }
 
+/* The probabilities of one score row: p[c] = exp(s[c] - m) with the polynomial exp of
+ * ops_elem.h (vectorised, unlike expf), 0 where s[c] is -inf (a masked key); every
+ * s[c] - m is <= 0 up to rounding. Returns their sum in eight lanes (lane k takes
+ * c = k mod 8) combined in a fixed tree: the order depends on n only. */
+DT_CPU_CLONES static float exp_row(float *restrict p, const float *restrict s, float m, int n) {
+    for (int c = 0; c < n; c++) p[c] = s[c] == -INFINITY ? 0.0f : dt_exp_nonpos(s[c] - m);
+    float acc[8] = { 0 };
+    int c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int k = 0; k < 8; k++) acc[k] += p[c + k];
+    for (int k = 0; c < n; c++, k++) acc[k] += p[c];
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+/* the largest of m and s[0..n) (exact in any order) */
+static float row_max(const float *s, int n, float m) {
+    float acc[8] = { m, m, m, m, m, m, m, m };
+    int c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int k = 0; k < 8; k++) acc[k] = s[c + k] > acc[k] ? s[c + k] : acc[k];
+    for (; c < n; c++) acc[0] = s[c] > acc[0] ? s[c] : acc[0];
+    for (int k = 1; k < 8; k++) acc[0] = acc[k] > acc[0] ? acc[k] : acc[0];
+    return acc[0];
+}
+
 /* Tiles of BR queries x BC keys: a tile's scores go through small GEMMs (the
  * single-threaded dt_cpu_gemm1) in one thread's scratch memory, whose size is fixed
  * by the tile, not by T. Per (batch, head) the tiles run in a fixed order. */
@@ -170,14 +196,9 @@ static void attn_fwd_head(float *y, float *lse, const float *base, int T, int C,
             int bc = i0 + br - j0 < BC ? i0 + br - j0 : BC;
             tile_scores(S, Q, K, ld, i0, br, j0, bc, D, scale);
             for (int r = 0; r < br; r++) {
-                float *sr = S + (size_t)r * BC, *pr = P + (size_t)r * BC, mx = m[r];
-                for (int c = 0; c < bc; c++) if (sr[c] > mx) mx = sr[c];
-                float alpha = m[r] == -INFINITY ? 0.0f : expf(m[r] - mx), sum = 0.0f;
-                for (int c = 0; c < bc; c++) {
-                    pr[c] = sr[c] == -INFINITY ? 0.0f : expf(sr[c] - mx);
-                    sum += pr[c];
-                }
-                l[r] = l[r] * alpha + sum;
+                float *sr = S + (size_t)r * BC, *pr = P + (size_t)r * BC, mx = row_max(sr, bc, m[r]);
+                float alpha = m[r] == -INFINITY ? 0.0f : dt_exp_nonpos(m[r] - mx);
+                l[r] = l[r] * alpha + exp_row(pr, sr, mx, bc);
                 m[r] = mx;
                 float *orow = O + (size_t)r * D;
                 for (int d = 0; d < D; d++) orow[d] *= alpha;
@@ -209,23 +230,20 @@ static void attn_bwd_head(float *dbase, const float *g, const float *base, const
         for (int j0 = 0; j0 < i0 + br; j0 += BC) {
             int bc = i0 + br - j0 < BC ? i0 + br - j0 : BC;
             tile_scores(S, Q, K, ld, i0, br, j0, bc, D, scale);
-            for (int r = 0; r < br; r++) {   /* P = exp(S - lse), masked entries 0 */
-                float *sr = S + (size_t)r * BC;
-                const float L = lse[i0 + r];
-                for (int c = 0; c < bc; c++) sr[c] = sr[c] == -INFINITY ? 0.0f : expf(sr[c] - L);
-            }
-            /* dV_j += P^T dO_i; dP = dO_i V_j^T */
-            dt_cpu_gemm1(1, 0, bc, D, br, 1.0f, S, BC, g + (size_t)i0 * C, C, 1.0f, dV + (size_t)j0 * ld, (int)ld);
-            dt_cpu_gemm1(0, 1, br, bc, D, 1.0f, g + (size_t)i0 * C, C, V + (size_t)j0 * ld, (int)ld, 0.0f, P, BC);
-            for (int r = 0; r < br; r++) {   /* dS = P (dP - D_i) scale, in P */
-                const float *pr = S + (size_t)r * BC;
-                float *dr = P + (size_t)r * BC;
+            for (int r = 0; r < br; r++)   /* P = exp(S - lse), masked entries 0 */
+                exp_row(P + (size_t)r * BC, S + (size_t)r * BC, lse[i0 + r], bc);
+            /* dV_j += P^T dO_i; dP = dO_i V_j^T, in S */
+            dt_cpu_gemm1(1, 0, bc, D, br, 1.0f, P, BC, g + (size_t)i0 * C, C, 1.0f, dV + (size_t)j0 * ld, (int)ld);
+            dt_cpu_gemm1(0, 1, br, bc, D, 1.0f, g + (size_t)i0 * C, C, V + (size_t)j0 * ld, (int)ld, 0.0f, S, BC);
+            for (int r = 0; r < br; r++) {   /* dS = P (dP - D_i) scale, in S */
+                const float *pr = P + (size_t)r * BC;
+                float *dr = S + (size_t)r * BC;
                 const float di = Di[i0 + r];
                 for (int c = 0; c < bc; c++) dr[c] = pr[c] * (dr[c] - di) * scale;
             }
             /* dQ_i += dS K_j; dK_j += dS^T Q_i */
-            dt_cpu_gemm1(0, 0, br, D, bc, 1.0f, P, BC, K + (size_t)j0 * ld, (int)ld, 1.0f, dQ + (size_t)i0 * ld, (int)ld);
-            dt_cpu_gemm1(1, 0, bc, D, br, 1.0f, P, BC, Q + (size_t)i0 * ld, (int)ld, 1.0f, dK + (size_t)j0 * ld, (int)ld);
+            dt_cpu_gemm1(0, 0, br, D, bc, 1.0f, S, BC, K + (size_t)j0 * ld, (int)ld, 1.0f, dQ + (size_t)i0 * ld, (int)ld);
+            dt_cpu_gemm1(1, 0, bc, D, br, 1.0f, S, BC, Q + (size_t)i0 * ld, (int)ld, 1.0f, dK + (size_t)j0 * ld, (int)ld);
         }
     }
 }

@@ -140,6 +140,52 @@ dt_status dt_cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n) {
 
 /* ---- optimizers (the formulas are in ops.h) ---- */
 
+/* The update loops run over chunks of OPT_CHUNK elements, each a call of a loop
+ * compiled for every vector width (DT_CPU_CLONES): the same expression per element, so
+ * the same bits on any width and thread. Square roots and divisions are IEEE-exact in
+ * vector form too (the backend is built with -fno-math-errno, so sqrtf is one
+ * instruction). */
+#define OPT_CHUNK 4096
+#define OPT_CHUNKS(n, body) do { \
+    int nt_ = dt_cpu_threads(); \
+    size_t nc_ = ((n) + OPT_CHUNK - 1) / OPT_CHUNK; \
+    _Pragma("omp parallel for schedule(static) num_threads(nt_) if ((n) >= PAR_MIN)") \
+    for (size_t c_ = 0; c_ < nc_; c_++) { \
+        size_t lo = c_ * OPT_CHUNK, len = (n) - lo < OPT_CHUNK ? (n) - lo : OPT_CHUNK; \
+        body; \
+    } \
+} while (0)
+
+typedef struct { float lr, mom, damp1, wd, gs; int first, nest; } sgd_k;
+
+DT_CPU_CLONES static void sgd_loop(float *restrict p, const float *restrict grad, float *restrict buf, size_t n,
+                                   const sgd_k *k) {
+    const float lr = k->lr, mom = k->mom, damp1 = k->damp1, wd = k->wd, gs = k->gs;
+    const int decay = wd != 0.0f, nest = k->nest;
+    if (mom == 0.0f) {
+        for (size_t i = 0; i < n; i++) {
+            float g = gs * grad[i];
+            if (decay) g += wd * p[i];
+            p[i] -= lr * g;
+        }
+    } else if (k->first) {   /* the buffer starts as the gradient */
+        for (size_t i = 0; i < n; i++) {
+            float g = gs * grad[i];
+            if (decay) g += wd * p[i];
+            buf[i] = g;
+            p[i] -= lr * (nest ? g + mom * g : g);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float g = gs * grad[i];
+            if (decay) g += wd * p[i];
+            float b = mom * buf[i] + damp1 * g;
+            buf[i] = b;
+            p[i] -= lr * (nest ? g + mom * b : b);
+        }
+    }
+}
+
 dt_status dt_cpu_sgd_update(float *p, const float *grad, float *buf, size_t n, const dt_sgd_args *a) {
     DT_CPU_ARG(a);
     if (n == 0) return DT_OK;
@@ -147,22 +193,16 @@ dt_status dt_cpu_sgd_update(float *p, const float *grad, float *buf, size_t n, c
     DT_CPU_ARG(a->lr >= 0.0 && a->momentum >= 0.0 && a->weight_decay >= 0.0);
     DT_CPU_ARG(!a->nesterov || (a->momentum > 0.0 && a->dampening == 0.0));
     /* scalars rounded to float once, (1 - dampening) formed in double, as PyTorch does */
-    const float lr = (float)a->lr, mom = (float)a->momentum, damp1 = (float)(1.0 - a->dampening);
-    const float wd = (float)a->weight_decay, gs = (float)a->grad_scale;
-    const int first = a->first_step, nest = a->nesterov;
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        float g = gs * grad[i];
-        if (wd != 0.0f) g += wd * p[i];
-        if (mom != 0.0f) {
-            float b = first ? g : mom * buf[i] + damp1 * g;
-            buf[i] = b;
-            g = nest ? g + mom * b : b;
-        }
-        p[i] -= lr * g;
-    }
+    const sgd_k k = { .lr = (float)a->lr, .mom = (float)a->momentum, .damp1 = (float)(1.0 - a->dampening),
+                      .wd = (float)a->weight_decay, .gs = (float)a->grad_scale, .first = a->first_step,
+                      .nest = a->nesterov };
+    OPT_CHUNKS(n, sgd_loop(p + lo, grad + lo, buf ? buf + lo : NULL, len, &k));
     return DT_OK;
+}
+
+DT_CPU_CLONES static void adamw_loop(float *restrict p, const float *restrict grad, float *restrict m,
+                                     float *restrict v, size_t n, dt_adamw_f k) {
+    for (size_t i = 0; i < n; i++) dt_adamw_elem(p + i, m + i, v + i, grad[i], k);
 }
 
 dt_status dt_cpu_adamw_update(float *p, const float *grad, float *m, float *v, size_t n, const dt_adamw_args *a) {
@@ -172,23 +212,8 @@ dt_status dt_cpu_adamw_update(float *p, const float *grad, float *m, float *v, s
     DT_CPU_ARG(a->step >= 1);
     DT_CPU_ARG(a->lr >= 0.0 && a->eps >= 0.0 && a->weight_decay >= 0.0);
     DT_CPU_ARG(a->beta1 >= 0.0 && a->beta1 < 1.0 && a->beta2 >= 0.0 && a->beta2 < 1.0);
-    /* Scalars in double as PyTorch computes them in Python, then rounded once. */
-    const double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
-    const float step_size = (float)(a->lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    const float decay = (float)(1.0 - a->lr * a->weight_decay);
-    const float b1 = (float)a->beta1, b2 = (float)a->beta2, omb1 = (float)(1.0 - a->beta1), omb2 = (float)(1.0 - a->beta2);
-    const float eps = (float)a->eps, gs = (float)a->grad_scale;
-    int nt = dt_cpu_threads();
-    #pragma omp parallel for schedule(static) num_threads(nt) if (n >= PAR_MIN / 4)
-    for (size_t i = 0; i < n; i++) {
-        float g = gs * grad[i];
-        float pi = p[i] * decay;
-        float mi = b1 * m[i] + omb1 * g;
-        float vi = b2 * v[i] + omb2 * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
-    }
+    const dt_adamw_f k = dt_adamw_floats(a);
+    OPT_CHUNKS(n, adamw_loop(p + lo, grad + lo, m + lo, v + lo, len, k));
     return DT_OK;
 }
 

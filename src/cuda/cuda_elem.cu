@@ -533,17 +533,8 @@ dt_status dt_cu_sgd_update(float *p, const float *grad, float *buf, size_t n, co
 }
 
 __global__ void __launch_bounds__(DT_CU_THREADS)
-k_adamw(float *p, const float *grad, float *m, float *v, size_t n, float step_size, float bc2_sqrt,
-        float decay, float b1, float b2, float omb1, float omb2, float eps, float gs) {
-    DT_CU_FOR(i, n) {
-        float g = gs * grad[i];
-        float pi = p[i] * decay;
-        float mi = b1 * m[i] + omb1 * g;
-        float vi = b2 * v[i] + omb2 * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
-    }
+k_adamw(float *p, const float *grad, float *m, float *v, size_t n, dt_adamw_f k) {
+    DT_CU_FOR(i, n) dt_adamw_elem(p + i, m + i, v + i, grad[i], k);
 }
 
 dt_status dt_cu_adamw_update(float *p, const float *grad, float *m, float *v, size_t n, const dt_adamw_args *a) {
@@ -554,10 +545,7 @@ dt_status dt_cu_adamw_update(float *p, const float *grad, float *m, float *v, si
     DT_CU_ARG(a->lr >= 0.0 && a->eps >= 0.0 && a->weight_decay >= 0.0);
     DT_CU_ARG(a->beta1 >= 0.0 && a->beta1 < 1.0 && a->beta2 >= 0.0 && a->beta2 < 1.0);
     DT_TRY(dt_cu_enter());
-    const double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
-    LAUNCH(k_adamw, n, p, grad, m, v, n, (float)(a->lr / bc1), (float)sqrt(bc2), (float)(1.0 - a->lr * a->weight_decay),
-           (float)a->beta1, (float)a->beta2, (float)(1.0 - a->beta1), (float)(1.0 - a->beta2), (float)a->eps,
-           (float)a->grad_scale);
+    LAUNCH(k_adamw, n, p, grad, m, v, n, dt_adamw_floats(a));
     return DT_OK;
 }
 
