@@ -9,18 +9,21 @@
  * (K is never split: that would change the summation order), and OpenMP spreads the
  * blocks over the threads. Whichever thread computes a block, its bits are the same.
  *
- * Blocks are about 256 x 256 outputs: big enough for OpenBLAS's packed kernels to
- * run near peak (the packing of a 256-row panel of A is amortised over 256 columns),
- * small enough that the mlp's 256x1024 outputs give 4 blocks to share among threads;
- * smaller outputs are cut down to 64-wide blocks to still give 4.
+ * Blocks are about 512 x 512 outputs, and a product gets at least 2 (cut down to
+ * 64-wide blocks if need be): every block is one OpenBLAS call that packs its panels
+ * of A and B again, so on one thread the fewer the blocks the better (the gpt's
+ * 384 x 384 x 128 product costs ~10% more as four 192 x 192 blocks than as two
+ * 192 x 384 ones, and the default gpt on 2 processes runs ~10% faster), while two
+ * near-equal blocks still share evenly between two threads. The count grows with
+ * the output (2048 x 2048: 16 blocks), not with the thread count.
  */
 #include "cpu.h"
 
 #include <cblas.h>
 
-#define GEMM_TILE 256                    /* target block edge */
+#define GEMM_TILE 512                    /* target block edge */
 #define GEMM_MIN_TILE 64                 /* smallest block edge when splitting further */
-#define GEMM_MIN_BLOCKS 4                /* aim for at least this many blocks */
+#define GEMM_MIN_BLOCKS 2                /* aim for at least this many blocks */
 #define GEMM_SERIAL_WORK (1LL << 21)     /* below this many multiply-adds: one block */
 
 void dt_cpu_gemm1(int transA, int transB, int M, int N, int K, float alpha,
@@ -59,7 +62,7 @@ static int gemm_piece(int n, int tile) {
 
 /* The block grid of an M x N output: tiles of about GEMM_TILE, halved along the longer
  * side (down to GEMM_MIN_TILE) until there are GEMM_MIN_BLOCKS blocks, so a 256x128
- * output still gives every thread work. A function of the shape only. */
+ * output still gives two threads work. A function of the shape only. */
 static void gemm_grid(int M, int N, int K, int *mb, int *nb) {
     *mb = M;
     *nb = N;
