@@ -10,7 +10,9 @@
 #           12, nanoGPT's recipe): tokens/s of dtrain and PyTorch on 1 process x 2 threads
 #           and on 2 processes x 1 thread, STEPS steps each (default 60; PyTorch leaves out
 #           its first 10 steps, dtrain counts every step), and dtrain's MFU against its
-#           measured sgemm peak.
+#           measured sgemm peak. In DT_BENCH_ROUNDS rounds (default 3; bench/lib.sh): each
+#           round runs dtrain then PyTorch in each configuration; the table gives the
+#           medians, and each round's ratio.
 #   gpt2    the 124M GPT-2 (12 layers, 12 heads, 768 wide, vocabulary 50304) at block 256,
 #           global batch 4, 1 process x 2 threads, STEPS steps (default 14): tokens/s of
 #           both, dtrain's MFU and its peak memory (--rank-stats).
@@ -34,7 +36,7 @@ if [ ! -s "$DATA/train.bin" ]; then
     "$B/dtrain" prepare-text "$DATA" $files || exit 1
 fi
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { a += 0; b += 0; if (b > 0 && a > 0) printf "%.2f", a / b; else printf "n/a" }'; }
+. "$here/lib.sh"
 # dtrain_run PROCS THREADS ARGS...: dtrain's final line ("done: ... tokens/s (MFU ...)")
 dtrain_run() {
     local np=$1 thr=$2; shift 2
@@ -55,13 +57,19 @@ torch_run() {
 case $MODE in
 speed)
     STEPS=${2:-60}
-    printf "%-16s %14s %14s %8s %8s\n" config "dtrain tok/s" "pytorch tok/s" ratio "MFU"
+    printf "%-16s %14s %14s %8s %8s   %s\n" config "dtrain tok/s" "pytorch tok/s" ratio "MFU" "ratio per round"
     for cfg in "1 2" "2 1"; do
         set -- $cfg
-        d=$(dtrain_run "$1" "$2" --model gpt --steps "$STEPS" --warmup 10 --no-eval)
-        t=$(torch_run "$1" "$STEPS" | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
-        printf "%-16s %14s %14s %8s %8s\n" "$1 proc x $2 thr" "$(echo "$d" | tok)" "${t:-fail}" \
-            "$(ratio "$(echo "$d" | tok)" "${t:-0}")" "$(echo "$d" | sed -n 's/.*MFU \([0-9.]*%\).*/\1/p')"
+        ds= ts= rs= ms=
+        for r in $(seq "$ROUNDS"); do
+            d=$(dtrain_run "$1" "$2" --model gpt --steps "$STEPS" --warmup 10 --no-eval)
+            t=$(torch_run "$1" "$STEPS" | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
+            dt=$(echo "$d" | tok)
+            ds="$ds ${dt:-fail}" ts="$ts ${t:-fail}" rs="$rs $(ratio "${dt:-0}" "${t:-0}")"
+            ms="$ms $(echo "$d" | sed -n 's/.*MFU \([0-9.]*\)%.*/\1/p')"
+        done
+        printf "%-16s %14s %14s %8s %7s%%  %s\n" "$1 proc x $2 thr" "$(median $ds)" "$(median $ts)" "$(median $rs)" \
+            "$(median $ms)" "$rs"
     done
     ;;
 gpt2)

@@ -35,7 +35,7 @@ if [[ " $models " == *" gpt "* ]] && [ ! -s "$DATA/train.bin" ]; then
     "$B/dtrain" prepare-text "$DATA" $files > /dev/null || exit 1
 fi
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { a += 0; b += 0; if (b > 0 && a > 0) printf "%.2f", a / b; else printf "n/a" }'; }
+. "$here/lib.sh"   # ratio, median
 # run MODEL PRECISION: prints "SPEED QUALITY CPU_SECONDS" from dtrain's final line and time(1)
 tf=$(mktemp); trap 'rm -f "$tf"' EXIT
 run() {

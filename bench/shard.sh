@@ -3,7 +3,8 @@
 #
 #   bench/shard.sh [speed|memory|all]      (run from the build directory or set DT_BUILDDIR)
 #
-#   speed   throughput of every shard mode against --shard none in the same run:
+#   speed   throughput of every shard mode against --shard none in the same run, in
+#           DT_BENCH_ROUNDS rounds (default 3; medians, bench/lib.sh):
 #           the default gpt on fortunes (60 steps, 2 processes x 1 thread, tokens/s), and
 #           the mlp on Fashion-MNIST (1 epoch, 2 processes x 1 thread, samples/s) next
 #           to PyTorch DDP over Gloo (peers/torch_ddp_fmnist.py mlp 2) and to dtrain on
@@ -30,40 +31,56 @@ if [ ! -s "$DATA/train.bin" ]; then
     [ -n "$files" ] || { echo "bench/shard.sh: install Debian's fortunes package (apt-get install fortunes)"; exit 2; }
     "$B/dtrain" prepare-text "$DATA" $files > /dev/null || exit 1
 fi
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { a += 0; b += 0; if (b > 0 && a > 0) printf "%.2f", a / b; else printf "n/a" }'; }
+. "$here/lib.sh"   # ratio, median
 # run2 ARGS...: dtrain train on 2 processes x 1 thread; its final line
 run_np() {
     local np=$1; shift
     OMP_NUM_THREADS=1 "$B/dtrun" -n "$np" "$B/dtrain" train --threads 1 "$@" 2>&1 | sed 's/^\[rank0\]://'
 }
 
+MODES="none optim grads params"
 if [ "$MODE" = speed ] || [ "$MODE" = all ]; then
-    echo "gpt (default), 2 processes x 1 thread, 60 steps: tokens/s"
-    printf "%-8s %10s %10s\n" shard tokens/s "vs none"
-    base=
-    for m in none optim grads params; do
-        t=$(run_np 2 --model gpt --data "tokens:$DATA" --steps 60 --warmup 5 --eval-batches 1 --log-every 1000000 \
-            --shard $m | sed -n 's/.*dtrain: done.* \([0-9][0-9]*\) tokens\/s.*/\1/p')
-        [ $m = none ] && base=$t
-        printf "%-8s %10s %10s\n" $m "${t:-fail}" "$(ratio "${t:-0}" "${base:-0}")"
+    # rounds (bench/lib.sh): every configuration once per round; medians of the rates
+    # and of the ratios taken within a round
+    declare -A rate vs_none
+    echo "gpt (default), 2 processes x 1 thread, 60 steps: tokens/s (medians of $ROUNDS rounds)"
+    for r in $(seq "$ROUNDS"); do
+        for m in $MODES; do
+            t=$(run_np 2 --model gpt --data "tokens:$DATA" --steps 60 --warmup 5 --eval-batches 1 --log-every 1000000 \
+                --shard $m | sed -n 's/.*dtrain: done.* \([0-9][0-9]*\) tokens\/s.*/\1/p')
+            [ $m = none ] && base=${t:-0}
+            rate[$m]+=" ${t:-fail}" vs_none[$m]+=" $(ratio "${t:-0}" "$base")"
+        done
+    done
+    printf "%-8s %10s %10s   %s\n" shard tokens/s "vs none" "vs none per round"
+    for m in $MODES; do
+        printf "%-8s %10s %10s   %s\n" $m "$(median ${rate[$m]})" "$(median ${vs_none[$m]})" "${vs_none[$m]}"
     done
     echo
-    echo "mlp on Fashion-MNIST, 1 epoch: samples/s"
-    tp=n/a
-    for py in ${PYTHON:-python3 /usr/bin/python3}; do
-        if "$py" -c 'import torch' 2>/dev/null && [ -f "$PEERS/torch_ddp_fmnist.py" ]; then
-            tp=$("$py" "$PEERS/torch_ddp_fmnist.py" mlp 2 1 2>/dev/null | sed -n 's/.*samples_per_s=\([0-9]*\).*/\1/p')
-            break
-        fi
+    echo "mlp on Fashion-MNIST, 1 epoch: samples/s (medians of $ROUNDS rounds)"
+    declare -A sps vs_torch scaling
+    for r in $(seq "$ROUNDS"); do
+        t=n/a
+        for py in ${PYTHON:-python3 /usr/bin/python3}; do
+            if "$py" -c 'import torch' 2>/dev/null && [ -f "$PEERS/torch_ddp_fmnist.py" ]; then
+                t=$("$py" "$PEERS/torch_ddp_fmnist.py" mlp 2 1 2>/dev/null | sed -n 's/.*samples_per_s=\([0-9]*\).*/\1/p')
+                break
+            fi
+        done
+        o=$("$B/dtrain" train --model mlp --epochs 1 --threads 1 --no-eval --quiet 2>&1 |
+            sed -n 's/.* \([0-9][0-9]*\) samples\/s.*/\1/p' | tail -1)
+        sps[torch]+=" ${t:-fail}" sps[one]+=" ${o:-fail}"
+        for m in $MODES; do
+            s=$(run_np 2 --model mlp --epochs 1 --no-eval --quiet --shard $m | sed -n 's/.* \([0-9][0-9]*\) samples\/s.*/\1/p' | tail -1)
+            sps[$m]+=" ${s:-fail}" vs_torch[$m]+=" $(ratio "${s:-0}" "${t:-0}")" scaling[$m]+=" $(ratio "${s:-0}" "${o:-0}")"
+        done
     done
-    one=$("$B/dtrain" train --model mlp --epochs 1 --threads 1 --no-eval --quiet 2>&1 |
-          sed -n 's/.* \([0-9][0-9]*\) samples\/s.*/\1/p' | tail -1)
-    printf "%-24s %10s %12s %10s\n" configuration samples/s "vs PyTorch" "scaling"
-    printf "%-24s %10s %12s %10s\n" "PyTorch DDP, 2 x 1" "${tp:-fail}" "" ""
-    printf "%-24s %10s %12s %10s\n" "dtrain, 1 x 1" "${one:-fail}" "" ""
-    for m in none optim grads params; do
-        s=$(run_np 2 --model mlp --epochs 1 --no-eval --quiet --shard $m | sed -n 's/.* \([0-9][0-9]*\) samples\/s.*/\1/p' | tail -1)
-        printf "%-24s %10s %12s %10s\n" "dtrain, 2 x 1, $m" "${s:-fail}" "$(ratio "${s:-0}" "${tp:-0}")" "$(ratio "${s:-0}" "${one:-0}")"
+    printf "%-24s %10s %12s %10s   %s\n" configuration samples/s "vs PyTorch" "scaling" "per round: vs PyTorch / scaling"
+    printf "%-24s %10s\n" "PyTorch DDP, 2 x 1" "$(median ${sps[torch]})"
+    printf "%-24s %10s\n" "dtrain, 1 x 1" "$(median ${sps[one]})"
+    for m in $MODES; do
+        printf "%-24s %10s %12s %10s   %s /%s\n" "dtrain, 2 x 1, $m" "$(median ${sps[$m]})" "$(median ${vs_torch[$m]})" \
+            "$(median ${scaling[$m]})" "${vs_torch[$m]}" "${scaling[$m]}"
     done
     echo
 fi

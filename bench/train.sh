@@ -39,7 +39,7 @@ torch_sps() {  # $1 model, $2 procs
     [ "$have_torch" -eq 1 ] || { echo "n/a"; return; }
     "$PY" "$PEERS/torch_ddp_fmnist.py" "$1" "$2" "$EPOCHS" 2>/dev/null | sed -n 's/.*samples_per_s=\([0-9]*\).*/\1/p'
 }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { a += 0; b += 0; if (b > 0 && a > 0) printf "%.2f", a / b; else printf "n/a" }'; }
+. "$here/lib.sh"   # ratio, median
 
 printf "%-5s %-14s %12s %12s %8s\n" model config dtrain pytorch ratio
 for m in mlp cnn; do

@@ -1,0 +1,24 @@
+# bench/lib.sh: helpers the benchmark scripts source.
+#
+# This machine's speed moves by 2-3x from minute to minute (shared hosts, memory
+# bandwidth states), so one run of each side gives ratios that swing by as much. The
+# scripts therefore run in rounds: each round runs every configuration once, back to
+# back, and the tables give medians over the rounds: of the rates, and of the ratios
+# taken within a round (both sides measured in the same minute).
+
+# ratio A B: A / B to two decimals, n/a when either is missing or zero
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { a += 0; b += 0; if (b > 0 && a > 0) printf "%.2f", a / b; else printf "n/a" }'; }
+
+# median V...: the median of the numeric values given (n/a, fail and empty ones are
+# left out; the lower middle of an even count); n/a when none is left
+median() {
+    printf '%s\n' "$@" | awk 'BEGIN { n = 0 } $1 ~ /^[0-9.]+$/ { v[n] = $1 + 0; w[n++] = $1 }
+        END { if (!n) { print "n/a"; exit }
+              for (i = 1; i < n; i++)
+                  for (j = i; j > 0 && v[j - 1] > v[j]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t; t = w[j]; w[j] = w[j - 1]; w[j - 1] = t }
+              print w[int((n - 1) / 2)] }'
+}
+
+# ROUNDS: rounds per table (DT_BENCH_ROUNDS, default 3)
+ROUNDS=${DT_BENCH_ROUNDS:-3}
+case $ROUNDS in ''|*[!0-9]*|0) echo "bench: DT_BENCH_ROUNDS must be a positive integer, got '$ROUNDS'" >&2; exit 2 ;; esac
