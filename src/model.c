@@ -509,8 +509,10 @@ static dt_status recompute_block(dt_model *m, int b) {
     const float *cur = start ? m->spec.layers[start - 1].out_ptr : m->x;
     for (int i = start; i < end; i++) {
         dt_layer *L = &m->spec.layers[i];
-        /* its parameters are needed now, before its backward (sharded: gathered) */
-        dt_status s = layer_hook(m, i, DT_HOOK_BWD_PRE);
+        /* its parameters are needed now, before its backward (sharded: gathered, and the
+         * next layer's fetched meanwhile) */
+        dt_status s = layer_hook(m, i, DT_HOOK_RECOMPUTE);
+        if (s == DT_OK && i + 1 < end) s = layer_hook(m, i + 1, DT_HOOK_PREFETCH);
         if (s == DT_OK) s = dt_layer_forward(&c, L, cur, m->last_B);
         if (s != DT_OK) return dt_error_wrap(s, "recomputing forward, layer %s '%s': ", L->name, L->text);
         cur = L->out_ptr;

@@ -89,8 +89,12 @@ typedef dt_status (*dt_bn_sync_fn)(void *ctx, int backward, float *stats, size_t
 typedef dt_status (*dt_grad_ready_fn)(void *ctx, int first_param, int nparams);
 /* Called around every layer's forward and backward (a backward's POST after its
  * grad_ready), so sharding (shard.h) can gather the parameters a layer reads just
- * before it runs and drop them after. */
-typedef enum { DT_HOOK_FWD_PRE, DT_HOOK_FWD_POST, DT_HOOK_BWD_PRE, DT_HOOK_BWD_POST } dt_layer_phase;
+ * before it runs and drop them after. Recomputation calls RECOMPUTE before a layer's
+ * forward runs again in backward, and PREFETCH for the next layer of the block: its
+ * parameters are needed soon. */
+typedef enum {
+    DT_HOOK_FWD_PRE, DT_HOOK_FWD_POST, DT_HOOK_BWD_PRE, DT_HOOK_BWD_POST, DT_HOOK_RECOMPUTE, DT_HOOK_PREFETCH
+} dt_layer_phase;
 typedef dt_status (*dt_layer_hook_fn)(void *ctx, int layer, dt_layer_phase phase);
 
 /* ---- the layer table ------------------------------------------------------ */

@@ -324,6 +324,18 @@ static dt_status unit_drop(dt_shard *s, int u) {
     return DT_OK;
 }
 
+/* Before a layer's backward writes its gradient: the sums in flight are settled
+ * (oldest first) until they and this layer's gradient together fit in a unit, so at
+ * most a unit's worth of gradient outside the shard is resident at any time. */
+static dt_status grads_room(dt_shard *s, int layer) {
+    const dt_layer *L = dt_model_layer(s->model, layer);
+    size_t n = 0;
+    for (int t = 0; t < L->ntensors; t++)
+        if (L->t[t].role == DT_TENSOR_PARAM) n += (size_t)L->t[t].numel;
+    while (s->npend > 0 && n > 0 && s->pend_floats + n > s->unit_floats) DT_TRY(grads_settle(s, 1));
+    return DT_OK;
+}
+
 static dt_status on_layer(void *ctx, int layer, dt_layer_phase phase) {
     dt_shard *s = ctx;
     if (s->full) return DT_OK;
@@ -336,10 +348,17 @@ static dt_status on_layer(void *ctx, int layer, dt_layer_phase phase) {
     case DT_HOOK_FWD_POST:
         return layer == U->last && u + 1 < s->nunits ? unit_drop(s, u) : DT_OK;
     case DT_HOOK_BWD_PRE:
+        DT_TRY(grads_room(s, layer));
         DT_TRY(unit_need(s, u));
         return u > 0 ? unit_fetch(s, u - 1) : DT_OK;
     case DT_HOOK_BWD_POST:
         return layer == U->first ? unit_drop(s, u) : DT_OK;
+    case DT_HOOK_RECOMPUTE:   /* forward again, in backward: the block's next unit is
+                               * fetched by PREFETCH, the one before it once backward
+                               * reaches this unit (BWD_PRE), not now: one block in flight */
+        return unit_need(s, u);
+    case DT_HOOK_PREFETCH:
+        return unit_fetch(s, u);
     }
     return DT_OK;
 }
