@@ -14,8 +14,8 @@
 #           --shard none against --shard params; a model fits when every rank's peak
 #           resident memory (the per-rank table of --rank-stats) stays within
 #           DT_SHARD_CAP_MIB (default 256) MiB. Prints the peaks on a grid of widths,
-#           then the largest width (to a multiple of 32, found by bisection) that fits
-#           in each mode, with its parameter count and peak, without and with
+#           then the largest width (to a multiple of 8, the head count; by bisection) that
+#           fits in each mode, with its parameter count and peak, without and with
 #           --recompute (same batch and flags in both modes).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -104,22 +104,22 @@ if [ "$MODE" = memory ] || [ "$MODE" = all ]; then
             printf "%-3s %-6s %12s %10s %10s\n" "$np" "$C" "$2" "$1" "$3"
         done
     done
-    # the largest width (a multiple of 32) within the cap, per mode: doubling, then
-    # bisection; without and with --recompute (activations are a large part of these
+    # the largest width (a multiple of 8, which the 8 heads divide) within the cap, per
+    # mode: doubling, then bisection; without and with --recompute (activations are a large part of these
     # small models' memory, the same in both modes, and recomputation takes most away)
     for EXTRA in "" --recompute; do
       for np in 2 4; do
         for m in none params; do
             lo=0 hi=64
             while [ $hi -le 8192 ] && fits "$(peak "$np" $m $hi)"; do lo=$hi; hi=$((hi * 2)); done
-            while [ $((hi - lo)) -gt 32 ]; do
-                mid=$(((lo + hi) / 64 * 32))
+            while [ $((hi - lo)) -gt 8 ]; do
+                mid=$(((lo + hi) / 16 * 8))
                 if fits "$(peak "$np" $m $mid)"; then lo=$mid; else hi=$mid; fi
             done
             set -- $(peak "$np" $m $lo)
             eval "best_$m=$lo pk_$m=$1 pn_$m=$2"
         done
-        echo "np $np${EXTRA:+ $EXTRA}: largest width within $CAP MiB (to 32): none $best_none ($pn_none parameters," \
+        echo "np $np${EXTRA:+ $EXTRA}: largest width within $CAP MiB (to 8): none $best_none ($pn_none parameters," \
              "peak $pk_none MiB), params $best_params ($pn_params parameters, peak $pk_params MiB):" \
              "$(ratio "$pn_params" "$pn_none")x the parameters"
       done
