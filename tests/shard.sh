@@ -75,6 +75,19 @@ for n in 2 4; do
     ok $? "gpt: --shard params --recompute on $n processes gives bitwise the weights of --shard none"
 done
 
+# 3a. with --recompute at most one block's parameters are gathered at a time: the
+#    recomputed forward fetches the block's next unit, and the unit before the block only
+#    once backward reaches it (the accounting counts what lies outside the rank's shard;
+#    the largest of peak less shard over the ranks is a block of 12 C^2 + 13 C floats)
+run gpt-fl 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 --warmup 1 \
+    --threads 1 --no-eval --shard params --recompute --shard-unit-mb 0.25 --rank-stats 2
+ok $? "gpt: 4 blocks of 256 wide train with --shard params --recompute in layer-sized units"
+shard=$(sed -n 's/.*keeps the optimizer state of \([0-9]*\) of.*/\1/p' "$T/gpt-fl.out" | head -1)
+fl=$(sed 's/^\[rank0\]://' "$T/gpt-fl.out" | awk -v s="${shard:-0}" '/now\/peak \(accounted\)/ { on = 1; next }
+    on && $1 ~ /^[0-9]+$/ { split($2, a, "/"); d = a[2] - s * 4 / 1048576; if (d > m) m = d } END { printf "%.2f", m }')
+awk -v f="$fl" -v b="$(( (12 * 256 * 256 + 13 * 256) * 4 ))" 'BEGIN { exit !(f > 0.5 * b / 1048576 && f <= 1.1 * b / 1048576) }'
+ok $? "--shard params --recompute holds at most one block of parameters beyond the shard ($fl MiB; a block is 3.01 MiB)"
+
 # 3b. mixed precision: the loss scaler decides from each rank's shard together, bf16
 #    rounds the same operands; every mode keeps the bits of none
 for p in bf16 fp16; do
