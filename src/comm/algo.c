@@ -275,16 +275,23 @@ dt_status dt_algo_allgather(const dt_p2p *p, const dt_call *call, const void *se
     return ring_allgather(p, call, recv, call->count * (size_t)W);
 }
 
+/* rank of relative rank v in a tree rooted at root: by XOR on a power-of-two world
+ * (relative rank r ^ root), by rotation otherwise */
+static int unrel(int v, int root, int W) { return is_pow2(W) ? v ^ root : mod(v + root, W); }
+
 dt_status dt_algo_broadcast(const dt_p2p *p, const dt_call *call, void *buf) {
     size_t bytes = call->count * dt_dtype_size(call->dtype);
-    int W = p->size, vr = mod(p->rank - call->root, W);
+    int W = p->size, root = call->root, vr = is_pow2(W) ? p->rank ^ root : mod(p->rank - root, W);
     /* binomial tree: at step `mask` the ranks [0, mask) (relative to root) hold the data
-     * and send it to [mask, 2 mask) */
+     * and send it to [mask, 2 mask). On a power-of-two world the step pairs rank r with
+     * r ^ mask, whatever the root: the pairs of all_reduce's halving and doubling, so a
+     * broadcast from any root (sharding broadcasts from every shard's owner) needs no
+     * connection or shared-memory ring of its own */
     for (int mask = 1; mask < W; mask <<= 1) {
         if (vr < mask && vr + mask < W)
-            DT_TRY(xchg(p, call, mod(vr + mask + call->root, W), buf, bytes, -1, NULL, 0, NULL));
+            DT_TRY(xchg(p, call, unrel(vr + mask, root, W), buf, bytes, -1, NULL, 0, NULL));
         else if (vr >= mask && vr < 2 * mask)
-            DT_TRY(xchg(p, call, -1, NULL, 0, mod(vr - mask + call->root, W), buf, bytes, NULL));
+            DT_TRY(xchg(p, call, -1, NULL, 0, unrel(vr - mask, root, W), buf, bytes, NULL));
     }
     return DT_OK;
 }
