@@ -51,6 +51,10 @@ float    *dt_cpu_scratch(int slot, size_t floats);
 #define DT_CPU_CLONES
 #endif
 
+/* The sum of eight lanes a[0..7] (lane k took the elements i = k mod 8) in a fixed
+ * tree, so a lane-wise sum's order depends on its length only. */
+#define DT_CPU_TREE8(a) ((((a)[0] + (a)[4]) + ((a)[2] + (a)[6])) + (((a)[1] + (a)[5]) + ((a)[3] + (a)[7])))
+
 /* Sums over one contiguous run of n floats, for per-channel statistics:
  *   *s1 = sum a[i],  *s2 = sum a[i] * (b[i] - m)   (b == NULL: sum a[i]^2).
  * 16 float lanes (lane k takes the elements i = k mod 16), combined in double in a

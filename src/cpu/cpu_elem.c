@@ -47,9 +47,8 @@ dt_status dt_cpu_bias_relu(float *y, const float *b, int rows, int cols) {
     return DT_OK;
 }
 
-/* Column sums: columns are cut into fixed blocks of 64; each block is summed over
- * rows in order, in double, by one thread. */
-/* db of columns j0 .. j0 + w (w <= 64): sums over the rows in order, in double */
+/* Column sums: columns are cut into fixed blocks of 64; each block (db of columns
+ * j0 .. j0 + w, w <= 64) is summed over rows in order, in double, by one thread. */
 DT_CPU_CLONES static void bias_grad_cols(float *db, const float *dy, int rows, int cols, int j0, int w) {
     double acc[64] = {0};
     for (int i = 0; i < rows; i++) {

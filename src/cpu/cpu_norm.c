@@ -167,11 +167,9 @@ dt_status dt_cpu_bn_backward_dx(float *dx, const float *dy, const float *x, cons
 /* ---- layer norm ---- */
 
 /* Layer norm works row by row, one row per OpenMP iteration. A row's sums run in
- * eight double lanes (lane k takes column j = k mod 8) combined in a fixed tree, so
+ * eight double lanes (lane k takes column j = k mod 8) combined by DT_CPU_TREE8, so
  * the order depends on the row length only and the lanes vectorise; the column sums of
  * the parameter gradients run in fixed blocks of 64 columns, rows in order. */
-#define LANES8(a) (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])))
-
 DT_CPU_CLONES static void ln_row_forward(float *restrict y, float *mean, float *rstd, const float *restrict x,
                                          const float *restrict gamma, const float *restrict beta, int n,
                                          float eps) {
@@ -180,11 +178,11 @@ DT_CPU_CLONES static void ln_row_forward(float *restrict y, float *mean, float *
     for (; j + 8 <= n; j += 8)
         for (int k = 0; k < 8; k++) s[k] += x[j + k];
     for (int k = 0; j < n; j++, k++) s[k] += x[j];
-    const double m = LANES8(s) / n;
+    const double m = DT_CPU_TREE8(s) / n;
     for (j = 0; j + 8 <= n; j += 8)
         for (int k = 0; k < 8; k++) v[k] += ((double)x[j + k] - m) * ((double)x[j + k] - m);
     for (int k = 0; j < n; j++, k++) v[k] += ((double)x[j] - m) * ((double)x[j] - m);
-    const float mf = (float)m, r = (float)(1.0 / sqrt(LANES8(v) / n + eps));
+    const float mf = (float)m, r = (float)(1.0 / sqrt(DT_CPU_TREE8(v) / n + eps));
     *mean = mf;
     *rstd = r;
     /* y = xhat * gamma + beta, a missing gamma 1 and a missing beta +0 */
@@ -235,7 +233,7 @@ DT_CPU_CLONES static void ln_row_backward(float *restrict d, const float *restri
             b[k] += (double)g[j] * ((x[j] - m) * r);
         }
     }
-    const float ma = (float)(LANES8(a) / n), mb = (float)(LANES8(b) / n);
+    const float ma = (float)(DT_CPU_TREE8(a) / n), mb = (float)(DT_CPU_TREE8(b) / n);
     if (gamma) for (j = 0; j < n; j++) d[j] = r * (g[j] * gamma[j] - ma - (x[j] - m) * r * mb);
     else for (j = 0; j < n; j++) d[j] = r * (g[j] - ma - (x[j] - m) * r * mb);
 }

@@ -110,7 +110,7 @@ static inline float dot(const float *a, const float *b, int D) {
         acc += x * y;
     }
     for (int k = 0; d < D; d++, k++) acc[k] += a[d] * b[d];
-    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    return DT_CPU_TREE8(acc);
 }
 
 /* y += a * x over D (element-wise: each output has one writer) */
@@ -152,7 +152,7 @@ DT_CPU_CLONES static float exp_row(float *restrict p, const float *restrict s, f
     for (; c + 8 <= n; c += 8)
         for (int k = 0; k < 8; k++) acc[k] += p[c + k];
     for (int k = 0; c < n; c++, k++) acc[k] += p[c];
-    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    return DT_CPU_TREE8(acc);
 }
 
 /* the largest of m and s[0..n) (exact in any order) */
