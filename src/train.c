@@ -134,16 +134,27 @@ static dt_status evaluate_idx(dt_model *m, const dt_dataset *ds, const dt_loss *
     int64_t *bi = malloc((size_t)maxb * sizeof *bi);
     dt_status s = hx && hy && bi ? DT_OK : dt_error(DT_ERR_NOMEM, "evaluation: out of memory");
     if (s == DT_OK) s = batch_alloc(ops, lf, (size_t)maxb, (int64_t)ss, (int64_t)lw, C, &dx, &dy, &hot, &dhot);
+    /* Every rank runs as many forwards as the largest share takes: with --shard params a
+     * forward gathers each unit of parameters from the ranks that hold it, so all must
+     * take part. A rank whose share is done runs a one-sample forward and ignores it. */
+    int64_t rounds = 0;
+    for (int q = 0; q < W; q++) {
+        int64_t share = count * (q + 1) / W - count * q / W, nb = (share + maxb - 1) / maxb;
+        if (nb > rounds) rounds = nb;
+    }
     double sums[2] = {0.0, 0.0};  /* loss sum, correct count */
-    for (int64_t i = lo; s == DT_OK && i < hi; i += maxb) {
-        int b = (int)((hi - i) < maxb ? (hi - i) : maxb);
+    for (int64_t k = 0; s == DT_OK && k < rounds; k++) {
+        int64_t i = lo + k * maxb;
+        int idle = i >= hi;
+        int b = idle ? 1 : (int)((hi - i) < maxb ? (hi - i) : maxb);
         const void *target = NULL;
-        for (int j = 0; j < b; j++) bi[j] = idx ? idx[i + j] : i + j;
+        for (int j = 0; j < b; j++) bi[j] = idle ? (idx ? idx[0] : 0) : idx ? idx[i + j] : i + j;
         s = dt_dataset_gather(ds, bi, (size_t)b, hx, hy);
         if (s == DT_OK) s = ops->copy_h2d(dx, hx, (size_t)b * ss * sizeof(float));
         if (s == DT_OK) s = ops->copy_h2d(dy, hy, (size_t)b * lw * sizeof(int32_t));
         if (s == DT_OK) s = loss_target(ops, lf, hy, (size_t)b, C, dy, hot, dhot, &target);
         if (s == DT_OK) s = dt_model_forward(m, dx, b, 0, 0, i, NULL);
+        if (idle) continue;
         float l = 0.0f;
         int64_t correct = 0;
         if (s == DT_OK) s = dt_model_loss(m, lf, target, b, 1.0f, &l, NULL);
@@ -956,17 +967,10 @@ static dt_status rank_report(trainer *t, int64_t done, int epoch) {
 }
 
 /* Validation: the whole test split, or for token data the fixed windows of
- * eval_batches global batches. */
-static dt_status validate_whole(trainer *t, double *loss, double *acc);
-
-/* Evaluation sees the whole model: sharded parameters are gathered for it. */
+ * eval_batches global batches. The forward runs as in training: with --shard params
+ * each unit's parameters are gathered as it runs and dropped after it (the layer
+ * hooks), so evaluating holds no more of the model than a step does. */
 static dt_status validate(trainer *t, double *loss, double *acc) {
-    DT_TRY(dt_shard_gather_params(t->shard));
-    DT_TRY(validate_whole(t, loss, acc));
-    return dt_shard_drop_params(t->shard);
-}
-
-static dt_status validate_whole(trainer *t, double *loss, double *acc) {
     if (t->lw > 1)
         return evaluate_windows(t->model, t->test, t->comm, t->o->eval_batches * t->o->batch, t->o->seed, loss, acc);
     const dt_loss plain = {.kind = t->lf.kind, .label_smoothing = 0.0f};   /* the test loss is unsmoothed */

@@ -77,16 +77,35 @@ done
 
 # 3a. with --recompute at most one block's parameters are gathered at a time: the
 #    recomputed forward fetches the block's next unit, and the unit before the block only
-#    once backward reaches it (the accounting counts what lies outside the rank's shard;
-#    the largest of peak less shard over the ranks is a block of 12 C^2 + 13 C floats)
+#    once backward reaches it; evaluation (after each step here) gathers unit by unit as
+#    training does (the accounting counts what lies outside the rank's shard; the
+#    largest of peak less shard over the ranks is a block of 12 C^2 + 13 C floats)
 run gpt-fl 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 --warmup 1 \
-    --threads 1 --no-eval --shard params --recompute --shard-unit-mb 0.25 --rank-stats 2
-ok $? "gpt: 4 blocks of 256 wide train with --shard params --recompute in layer-sized units"
+    --threads 1 --eval-every 1 --eval-batches 2 --shard params --recompute --shard-unit-mb 0.25 --rank-stats 2
+ok $? "gpt: 4 blocks of 256 wide train and evaluate with --shard params --recompute in layer-sized units"
 shard=$(sed -n 's/.*keeps the optimizer state of \([0-9]*\) of.*/\1/p' "$T/gpt-fl.out" | head -1)
 fl=$(sed 's/^\[rank0\]://' "$T/gpt-fl.out" | awk -v s="${shard:-0}" '/now\/peak \(accounted\)/ { on = 1; next }
     on && $1 ~ /^[0-9]+$/ { split($2, a, "/"); d = a[2] - s * 4 / 1048576; if (d > m) m = d } END { printf "%.2f", m }')
 awk -v f="$fl" -v b="$(( (12 * 256 * 256 + 13 * 256) * 4 ))" 'BEGIN { exit !(f > 0.5 * b / 1048576 && f <= 1.1 * b / 1048576) }'
-ok $? "--shard params --recompute holds at most one block of parameters beyond the shard ($fl MiB; a block is 3.01 MiB)"
+ok $? "--shard params --recompute holds at most one block of parameters beyond the shard, evaluating too ($fl MiB; a block is 3.01 MiB)"
+run gpt-fl-none 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 \
+    --warmup 1 --threads 1 --eval-every 1 --eval-batches 2
+ok $? "and the same run without sharding"
+vals() { sed -n 's/.*val loss \([0-9.]*\).*/\1/p' "$T/$1.out" | tr '\n' ' '; }
+[ -n "$(vals gpt-fl)" ] && [ "$(vals gpt-fl)" = "$(vals gpt-fl-none)" ]
+ok $? "its validation losses are those of --shard none ($(vals gpt-fl))"
+
+# 3a'. a test split of 10 samples on 4 ranks of 2 samples a batch: shares of 2, 3, 2, 3,
+#    so ranks 0 and 2 finish after one forward where 1 and 3 take two; with --shard params
+#    every forward gathers from all ranks, so all run two (ending with an idle one)
+SMALL="--data synthetic:64,1,8,8,4,10 --batch 8 --micro-batches 4 --steps 2 --threads 1"
+run ev-ref 1 $SMALL --model "flatten linear(16) relu linear(4)"
+ok $? "a model with a test split of 10 samples trains on 1 process"
+run ev-params 4 $SMALL --model "flatten linear(16) relu linear(4)" --shard params --shard-unit-mb 0.00001
+ok $? "and on 4 processes with --shard params, evaluating shares of unequal batch counts"
+acc() { sed -n 's/.*\(test accuracy [0-9.]*\).*/\1/p' "$T/$1.out"; }
+[ -n "$(acc ev-ref)" ] && [ "$(acc ev-ref)" = "$(acc ev-params)" ] && cmp -s "$T/ev-ref.st" "$T/ev-params.st"
+ok $? "with the test accuracy and the weights of 1 process ($(acc ev-params))"
 
 # 3b. mixed precision: the loss scaler decides from each rank's shard together, bf16
 #    rounds the same operands; every mode keeps the bits of none
