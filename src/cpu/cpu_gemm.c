@@ -20,6 +20,7 @@
 #include "cpu.h"
 
 #include <cblas.h>
+#include <string.h>
 
 #define GEMM_TILE 512                    /* target block edge */
 #define GEMM_MIN_TILE 64                 /* smallest block edge when splitting further */
@@ -33,6 +34,16 @@ void dt_cpu_gemm1(int transA, int transB, int M, int N, int K, float alpha,
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
         return;
+    }
+    if (beta == 0.0f) {
+        /* OpenBLAS clears C for beta = 0 in a pass of its own (sgemm_beta, 6% of the
+         * default gpt's time on one thread) that memset does several times faster; its
+         * kernel adds to C either way, so beta = 1 over zeros gives the same bits
+         * (checked with cmp on the mlp, cnn and gpt weights). The gpt's 384 x 384 x 128
+         * product: 5-9% faster; training on one thread, medians of interleaved runs:
+         * cnn +12%, gpt +4%, mlp +5%. */
+        for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, (size_t)N * sizeof *C);
+        beta = 1.0f;
     }
     cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
                 M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
