@@ -13,9 +13,10 @@
  * (the total's peak is the most held at one moment, not the sum of the
  * categories' peaks).
  *
+ * The tcp backend's shared-memory rings (comm/shm.c) count as comm while mapped:
+ * every page is resident, the rings a rank creates and those of its partners alike.
  * What is not counted: the loader's batches in pinned host memory, host copies
- * made for checks and checkpoints, and the communication backends' own buffers
- * (comm/ knows nothing of the ops table).
+ * made for checks and checkpoints, and the buffers of the MPI and NCCL libraries.
  */
 #ifndef DT_MEM_H
 #define DT_MEM_H
@@ -31,7 +32,7 @@
     X(GRADS,  "grads",  "gradients, and the tree that sums micro-batch gradients (k > 1 per rank)")  \
     X(OPTIM,  "optim",  "optimizer state (momentum, AdamW's moments)")                               \
     X(ACTS,   "acts",   "activations, saved state and layer scratch, activation gradients")          \
-    X(COMM,   "comm",   "communication buffers (host staging of gradients, gathers)")                \
+    X(COMM,   "comm",   "communication buffers (staging, gathers, tcp shared-memory rings)")         \
     X(OTHER,  "other",  "the step's input batch and labels, batchnorm records, small scalars")
 
 typedef enum {

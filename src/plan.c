@@ -6,6 +6,7 @@
 
 #include <string.h>
 
+#include "comm.h"    /* dt_comm_shm_plan */
 #include "ddp.h"     /* dt_ddp_tree_arrays, dt_ddp_opts_default */
 #include "optim.h"
 
@@ -100,6 +101,10 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
         size_t all = (size_t)P * (size_t)pr->grad_bytes;
         B[DT_MEM_COMM] = bucket < all ? bucket : all;
     }
+    /* the tcp backend's shared-memory rings, the ranks on one host */
+    size_t rings;
+    DT_TRY(dt_comm_shm_plan(W, &rings));
+    B[DT_MEM_COMM] += rings;
     /* other: the model's scalars, the step's batch (k micro-batches), the batchnorm
      * records of S micro-batches (replayed unless synchronised), evaluation's batch while
      * it runs, and clipping's scalar */

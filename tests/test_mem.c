@@ -5,6 +5,7 @@
  * category, with and without recomputation; recomputation giving the gradients and
  * batchnorm buffers of a run without it, bit for bit; and the plan's formula rows
  * (plan.h) for the sharding modes and precisions. */
+#include "comm.h"
 #include "ddp.h"
 #include "mem.h"
 #include "model.h"
@@ -265,6 +266,7 @@ static void test_recompute_bits(void) {
 }
 
 static void test_plan_rows(void) {
+    setenv("DT_SHM", "0", 1);   /* the formula without the tcp rings (test_plan_rings) */
     dt_train_opts t;
     dt_train_opts_default(&t);
     t.model = "mlp";
@@ -326,6 +328,44 @@ static void test_plan_rows(void) {
     ok(!dt_plan_fit(&o, fp32, 1000, 1 << 20, &sh, &w), "nothing fits in 1000 bytes");
 }
 
+/* The tcp backend's shared-memory rings in the plan: a ring each way with each partner
+ * of halving/doubling on a power-of-two host, with every partner the sizing allows
+ * otherwise, none past the budget; the plan's comm row adds them. */
+static void test_plan_rings(void) {
+    const size_t one = (4u << 20) + 4096;   /* a 4 MiB ring and its control page */
+    const int W[] = {1, 2, 3, 4, 8};
+    const size_t want[] = {0, 2 * one, 4 * one, 4 * one, 6 * one};
+    unsetenv("DT_SHM");
+    setenv("DT_SHM_BUDGET", "64M", 1);
+    for (int i = 0; i < 5; i++) {
+        size_t b = 1;
+        dt_status st = dt_comm_shm_plan(W[i], &b);
+        ok(st == DT_OK && b == want[i], "rings of one rank among %d on a host: %zu bytes (want %zu)", W[i], b, want[i]);
+    }
+    size_t b = 1;
+    setenv("DT_SHM_BUDGET", "1", 1);
+    ok(dt_comm_shm_plan(4, &b) == DT_OK && b == 0, "a budget below one ring: none");
+    setenv("DT_SHM_BUDGET", "12x", 1);
+    ok(dt_comm_shm_plan(4, &b) == DT_ERR_INVALID && strstr(dt_last_error(), "DT_SHM_BUDGET='12x'"),
+       "a bad DT_SHM_BUDGET is named");
+    setenv("DT_SHM_BUDGET", "64M", 1);
+    dt_train_opts t;
+    dt_train_opts_default(&t);
+    t.model = "mlp";
+    t.batch = 64;
+    t.eval = 0;
+    dt_plan_opts o = { .train = &t, .world = 2, .input = MNIST, .labels = 1 };
+    dt_plan_estimate with, without;
+    const dt_plan_precision *fp32 = dt_plan_precision_find("fp32");
+    dt_status s1 = dt_plan_run(&o, dt_plan_shard_find("none"), fp32, &with);
+    setenv("DT_SHM", "0", 1);
+    dt_status s2 = dt_plan_run(&o, dt_plan_shard_find("none"), fp32, &without);
+    ok(s1 == DT_OK && s2 == DT_OK && with.bytes[DT_MEM_COMM] == without.bytes[DT_MEM_COMM] + 2 * one &&
+       with.total == without.total + 2 * one, "the plan's comm row holds the rings of 2 ranks");
+    unsetenv("DT_SHM");
+    unsetenv("DT_SHM_BUDGET");
+}
+
 int main(void) {
     test_counts();
     test_threads();
@@ -333,5 +373,6 @@ int main(void) {
     test_plans();
     test_recompute_bits();
     test_plan_rows();
+    test_plan_rings();
     return done_testing();
 }

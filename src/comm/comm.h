@@ -105,6 +105,12 @@ DT_API int         dt_comm_device_buffers(const dt_comm *c);     /* 1: takes dev
 DT_API const char *dt_comm_host      (const dt_comm *c, int rank);   /* that rank's host name; NULL if out of range */
 DT_API dt_status   dt_comm_set_timeout(dt_comm *c, double seconds);  /* for later calls; > 0 */
 DT_API double      dt_comm_timeout   (const dt_comm *c);
+/* The bytes of shared-memory rings one rank of the tcp backend holds mapped (and counts
+ * as communication memory, mem.h) when `local` ranks of a job share its host, with this
+ * process's DT_SHM and DT_SHM_BUDGET: rings to and from each partner of the collectives,
+ * log2(local) of them on a power-of-two host (halving/doubling pairs), at most the
+ * budget's worth otherwise. For planning; 0 for one rank or DT_SHM=0. */
+DT_API dt_status   dt_comm_shm_plan  (int local, size_t *bytes);
 
 /* Ranks with the same color form a new communicator, ordered by (key, old rank).
  * color < 0: this rank joins none and *out = NULL. Collective over c. */

@@ -9,6 +9,7 @@
  */
 #include "config.h"
 #include "shm.h"
+#include "mem.h"
 #include "shm_name.h"
 
 #include <errno.h>
@@ -91,6 +92,7 @@ static dt_status map_ring(int fd, size_t total, dt_shm_ring **out) {
     r->ctrl = m;
     r->data = (char *)m + DT_SHM_CTRL_BYTES;
     r->map_bytes = total;
+    dt_mem_add(DT_MEM_COMM, total);   /* resident in this process: every page is mapped */
     *out = r;
     return DT_OK;
 }
@@ -165,6 +167,7 @@ void dt_shm_close(dt_shm_ring *r) {
     /* names are never reused, so this only removes our own segment if nobody else did */
     dt_shm_unlink(r->name);
     munmap(r->ctrl, r->map_bytes);
+    dt_mem_sub(DT_MEM_COMM, r->map_bytes);
     free(r);
 }
 

@@ -83,16 +83,12 @@ static dt_status parse_budget(const char *v, size_t *out) {
     return DT_OK;
 }
 
-dt_status tcp_ring_setup(tcp_world *w, int local, int first_local) {
-    if (first_local) dt_shm_sweep();
-    const char *e = getenv("DT_SHM");
-    w->shm = !(e && strcmp(e, "0") == 0) && local > 1;
-    e = getenv("DT_CMA");
-    w->cma_want = !(e && strcmp(e, "0") == 0);
-    w->cma_send = e && strcmp(e, "1") == 0;
-    /* a rank's share of the host's cap, at most RANK_BUDGET_BYTES; rings sized so that the
-     * partners of the collectives (2 log2(local) + 2 covers halving/doubling, trees and
-     * ring neighbours) fit in it, 4 MiB for small jobs */
+/* A rank's ring size and budget when `local` ranks share the host: its share of the
+ * host's cap, at most RANK_BUDGET_BYTES (or DT_SHM_BUDGET); rings sized so that the
+ * partners of the collectives (2 log2(local) + 2 covers halving/doubling, trees and ring
+ * neighbours) fit in it, 4 MiB for small jobs. *partners: that partner count. */
+static dt_status ring_sizing(int local, size_t *ring_out, size_t *budget_out, size_t *partners_out) {
+    const char *e;
     size_t budget = host_cap() / (size_t)(local > 0 ? local : 1);
     if (budget > RANK_BUDGET_BYTES) budget = RANK_BUDGET_BYTES;
     if ((e = getenv("DT_SHM_BUDGET")) && *e) DT_TRY(parse_budget(e, &budget));
@@ -102,6 +98,42 @@ dt_status tcp_ring_setup(tcp_world *w, int local, int first_local) {
     if (partners < 1) partners = 1;
     size_t ring = DEFAULT_RING_BYTES;
     while (ring > MIN_RING_BYTES && (ring + DT_SHM_CTRL_BYTES) * partners > budget) ring /= 2;
+    *ring_out = ring;
+    *budget_out = budget;
+    *partners_out = partners;
+    return DT_OK;
+}
+
+static int shm_wanted(int local) {
+    const char *e = getenv("DT_SHM");
+    return !(e && strcmp(e, "0") == 0) && local > 1;
+}
+
+dt_status dt_comm_shm_plan(int local, size_t *bytes) {
+    *bytes = 0;
+    if (!shm_wanted(local)) return DT_OK;
+    size_t ring, budget, partners;
+    DT_TRY(ring_sizing(local, &ring, &budget, &partners));
+    /* power-of-two worlds: the log2(local) partners of halving/doubling, which every
+     * collective uses; others: up to the partners the sizing allows for */
+    if ((local & (local - 1)) == 0) {
+        partners = 0;
+        while ((1 << partners) < local) partners++;
+    }
+    size_t one = ring + DT_SHM_CTRL_BYTES, made = budget / one;
+    if (made > partners) made = partners;
+    *bytes = 2 * made * one;   /* the rings it creates and as many of its partners' */
+    return DT_OK;
+}
+
+dt_status tcp_ring_setup(tcp_world *w, int local, int first_local) {
+    if (first_local) dt_shm_sweep();
+    w->shm = shm_wanted(local);
+    const char *e = getenv("DT_CMA");
+    w->cma_want = !(e && strcmp(e, "0") == 0);
+    w->cma_send = e && strcmp(e, "1") == 0;
+    size_t ring, budget, partners;
+    DT_TRY(ring_sizing(local, &ring, &budget, &partners));
     w->ring_bytes = ring;
     w->shm_budget = budget;
     w->shm_used = 0;
