@@ -66,7 +66,7 @@ struct dt_shard {
     struct shard_unit *units;
     int          *lunit;      /* layer -> unit */
     struct { dt_work *work; size_t lo, hi; } *pend;   /* gradient sums in flight, oldest first */
-    size_t        full_held;  /* gather_params: bytes of parameters beyond the shard */
+    size_t        full_held;  /* gather_root: bytes of parameters beyond the shard */
     size_t        grads_gone; /* release_grads: bytes of this rank's gradient given back */
     int           npend, pend_cap;
     size_t        pend_floats;
@@ -443,11 +443,29 @@ dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes) {
     return DT_OK;
 }
 
-dt_status dt_shard_gather_params(dt_shard *s) {
+#define SHARD_GATHER_TAG 0x5348   /* the end-of-run gather's messages to rank 0 */
+
+dt_status dt_shard_gather_root(dt_shard *s) {
     if (!params_sharded(s) || s->full) return DT_OK;
     for (int u = 0; u < s->nunits; u++)
         if (s->units[u].state == U_FLIGHT) DT_TRY(unit_need(s, u));
-    DT_TRY(allgather(s, dt_model_params(s->model)));
+    float *p = dt_model_params(s->model);
+    for (int q = 1; q < s->world; q++) {
+        size_t lo = (size_t)q * s->per, hi = lo + s->per < s->n ? lo + s->per : s->n;
+        if (lo >= hi || (s->rank != 0 && s->rank != q)) continue;
+        float *h = s->stage ? s->host + lo : p + lo;
+        if (s->rank == q) {
+            if (s->stage) DT_TRY(s->ops->copy_d2h(h, p + lo, (hi - lo) * sizeof(float)));
+            DT_TRY(dt_send(s->comm, h, hi - lo, DT_F32, 0, SHARD_GATHER_TAG));
+        } else {
+            DT_TRY(dt_recv(s->comm, h, hi - lo, DT_F32, q, SHARD_GATHER_TAG));
+            if (s->stage) DT_TRY(s->ops->copy_h2d(p + lo, h, (hi - lo) * sizeof(float)));
+        }
+    }
+    if (s->rank != 0) {   /* its shard only, as between steps */
+        for (int u = 0; u < s->nunits; u++) DT_TRY(unit_drop(s, u));
+        return DT_OK;
+    }
     for (int u = 0; u < s->nunits; u++) {
         s->units[u].state = U_HERE;
         dt_mem_sub(DT_MEM_PARAMS, s->units[u].held);

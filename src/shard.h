@@ -23,8 +23,9 @@
  *           and dropped after it (the device takes the pages back: ops discard); a
  *           finished gradient slice is reduced to the ranks that own it, then dropped.
  *           Between steps a rank holds 1/W of parameters, gradients and optimizer
- *           state; evaluation, checkpoints and the end of the run see the whole model
- *           (dt_shard_gather_params). Several local micro-batches (S/W > 1) still
+ *           state; evaluation gathers unit by unit as training does, checkpoints write
+ *           each rank's shard, and at the end rank 0 alone receives the whole model
+ *           (dt_shard_gather_root). Several local micro-batches (S/W > 1) still
  *           accumulate in full-size arrays.
  *
  * Bits (DESIGN.md rule 2): every mode gives the weights of none. The reduce-scatter
@@ -75,13 +76,16 @@ DT_API int       dt_shard_ddp_reduces(const dt_shard *s);
  * least unit_bytes of parameters (consecutive layers gathered as one). After the
  * start-of-run broadcast (dt_ddp_sync_start) call dt_shard_drop_params. */
 DT_API dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes);
-/* params: every rank gathers the whole parameter array (for evaluation, checkpoints,
- * the end of the run; layer gathers pause), and drop_params goes back to keeping this
- * rank's shard only. Nothing to do in the other modes. Collective. */
-DT_API dt_status dt_shard_gather_params(dt_shard *s);
+/* params, training over: rank 0 receives every other rank's shard and holds the whole
+ * parameter array (layer gathers pause there), the others keep their shard only and
+ * drop any unit still gathered (FSDP's rank0_only full state dict: no rank holds
+ * more at the end than during the steps, rank 0 aside). Nothing to do in the other
+ * modes. Every rank calls it. */
+DT_API dt_status dt_shard_gather_root(dt_shard *s);
+/* params: after the start-of-run broadcast, keep this rank's shard only. */
 DT_API dt_status dt_shard_drop_params(dt_shard *s);
 /* params, training over: this rank's gradient shard is given back (its pages discarded,
- * no longer counted), before the end-of-run gather_params. Host memory only (CUDA
+ * no longer counted), before the end-of-run gather_root. Host memory only (CUDA
  * pages stay, and so does their count); nothing to do in the other modes. */
 DT_API dt_status dt_shard_release_grads(dt_shard *s);
 

@@ -1066,7 +1066,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         DT_TRY(maybe_checkpoint(t, done, stop));
         if (stop) {
             /* an interruption on purpose: checkpointed above, end without finishing */
-            DT_TRY(dt_shard_gather_params(t->shard));
+            DT_TRY(dt_shard_gather_root(t->shard));
             res->stopped = 1;
             dt_mem_get(&res->mem);
             res->steps = done;
@@ -1074,18 +1074,19 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
             return DT_OK;
         }
     }
-    /* Training is over. With sharded parameters the whole model is gathered below (to
-     * compare the ranks' weights and hand the model to the caller): the optimizer state
-     * and the gradient shard go first, 12/W bytes a parameter given back before 4 - 4/W
-     * are gathered. */
+    /* Training is over. With sharded parameters each one has a single owner, so there
+     * is nothing to compare: rank 0 receives the whole model to hand to the caller
+     * (after giving back its optimizer state and gradient shard, 12/W bytes a parameter,
+     * before 4 - 4/W arrive), the others end with their shard. Otherwise every rank
+     * must end with the same parameters: a hash per tensor, compared. */
     if (dt_shard_mode_of(t->shard) == DT_SHARD_PARAMS && t->world > 1) {
         dt_optim_free(t->optim);
         t->optim = NULL;
         DT_TRY(dt_shard_release_grads(t->shard));
+        DT_TRY(dt_shard_gather_root(t->shard));
+    } else {
+        DT_TRY(dt_ddp_check_equal(t->ddp));
     }
-    /* Every rank must end with the same parameters: a hash per tensor, compared. */
-    DT_TRY(dt_shard_gather_params(t->shard));
-    DT_TRY(dt_ddp_check_equal(t->ddp));
     dt_mem_get(&res->mem);
     res->steps = t->total;
     res->final_loss = loss;

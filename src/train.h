@@ -178,7 +178,10 @@ typedef struct {
 
 /* Train as the options say, on device `ops`, across `comm` (NULL: one process).
  * On success *model_out (optional) receives the trained model (free it with
- * dt_model_free); *res (optional) the summary. Every rank calls it. */
+ * dt_model_free): the whole model on every rank, except with --shard params on several
+ * ranks, where rank 0's is whole and the others hold their shard of the parameters
+ * only (as FSDP's rank0_only state dict); *res (optional) the summary. Every rank
+ * calls it. */
 DT_API dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
                               dt_model **model_out, dt_train_result *res);
 

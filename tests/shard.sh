@@ -203,7 +203,7 @@ ok $? "--shard params keeps at most 30% of --shard none's state per rank ($part 
 # 6b. dtrain plan against the accounted peak of an 8-layer MLP on 4 processes, every mode
 MLP8="flatten $(i=0; while [ $i -lt 8 ]; do printf 'linear(1024) relu '; i=$((i + 1)); done)linear(4)"
 for mode in optim grads params; do
-    timeout 120 "$R" -n 4 "$D" train $MEM --model "$MLP8" --shard $mode > "$T/pl-$mode.out" 2>&1
+    timeout 120 "$R" -n 4 "$D" train $MEM --model "$MLP8" --shard $mode --metrics "$T/pl-$mode.jsonl" > "$T/pl-$mode.out" 2>&1
     ok $? "the 8-layer MLP trains with --shard $mode (accounted)"
     got=$(sed 's/^\[rank0\]://' "$T/pl-$mode.out" | awk '/now\/peak \(accounted\)/ { on = 1; next }
         on && $1 ~ /^[0-9]+$/ { split($NF, a, "/"); if (a[2] > m) m = a[2] } END { print m + 0 }')
@@ -219,6 +219,11 @@ for cat in optim grads; do
         on && $1 == c { found = 1; exit !($2 == 0 && $3 > 0) } END { if (!found) exit 1 }'
     ok $? "--shard params gives back its $cat before gathering the whole model at the end"
 done
+# ... which rank 0 alone receives: the others end with their shard (a quarter)
+endp() { sed -n "s/.*\"event\":\"memory\",\"step\":[0-9]*,\"rank\":$1,\"mem_bytes\":{\"params\":\([0-9]*\).*/\1/p" "$T/pl-params.jsonl"; }
+r0=$(endp 0); big=0
+for r in 1 2 3; do awk -v a="$(endp $r)" -v b="$r0" 'BEGIN { exit !(a > 0 && b > 0 && a <= 0.3 * b) }' || big=1; done
+[ $big -eq 0 ]; ok $? "--shard params: only rank 0 holds the whole model at the end (parameters, bytes: $r0 on rank 0; $(endp 1) $(endp 2) $(endp 3) on ranks 1-3)"
 
 # 7. bad input
 timeout 60 "$D" train $BASE --model "$CNN" --shard params --shard-unit-mb 0 > "$T/bad0.out" 2>&1

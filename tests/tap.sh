@@ -40,10 +40,10 @@ need_torch() {
     PYTHONPATH="$DT_SRCDIR/tests${PYTHONPATH:+:$PYTHONPATH}"
     export PYTHONPATH
 }
-# The peak bytes of memory category CAT (params, ..., total) in the last "memory" line
+# The peak bytes of memory category CAT (params, ..., total) in rank 0's last "memory" line
 # of a metrics file (dtrain train --metrics), and the bytes of CAT that `dtrain plan
 # --json` planned in its first row: metrics_peak FILE CAT, plan_bytes FILE CAT.
-metrics_peak() { sed -n "s/.*\"event\":\"memory\".*\"mem_peak_bytes\":{[^}]*\"$2\":\([0-9]*\).*/\1/p" "$1" | tail -1; }
+metrics_peak() { sed -n "s/.*\"event\":\"memory\",\"step\":[0-9]*,\"rank\":0,.*\"mem_peak_bytes\":{[^}]*\"$2\":\([0-9]*\).*/\1/p" "$1" | tail -1; }
 plan_bytes() { sed -n "s/.*\"bytes\":{[^}]*\"$2\":\([0-9]*\).*/\1/p" "$1" | head -1; }
 # A free TCP port on loopback (bound and released; good enough for tests on one machine).
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

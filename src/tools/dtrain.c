@@ -327,18 +327,20 @@ static void mem_json(const double *cur, const double *peak, char *buf, size_t n)
     }
 }
 
-/* The end of a run: this rank's accounted memory, one line per category, and the
- * same in the metrics file ({"event":"memory",...}). */
-static void show_memory(reporter *r, const dt_mem_stats *m, int64_t step) {
+/* The end of a run: rank 0's accounted memory, one line per category, and every
+ * rank's in the metrics file ({"event":"memory","rank":R,...}; all holds `world`
+ * ranks' dt_mem_stats, gathered). */
+static void show_memory(reporter *r, const dt_mem_stats *all, int world, int64_t step) {
     double cur[DT_MEM_NCAT + 1], peak[DT_MEM_NCAT + 1];
-    for (int c = 0; c <= DT_MEM_TOTAL; c++) {
-        cur[c] = (double)m->cur[c];
-        peak[c] = (double)m->peak[c];
-    }
-    if (r->metrics) {
+    for (int q = world - 1; q >= 0; q--) {   /* rank 0 last: its figures are printed below */
+        for (int c = 0; c <= DT_MEM_TOTAL; c++) {
+            cur[c] = (double)all[q].cur[c];
+            peak[c] = (double)all[q].peak[c];
+        }
+        if (!r->metrics) continue;
         char mem[1024];
         mem_json(cur, peak, mem, sizeof mem);
-        fprintf(r->metrics, "{\"event\":\"memory\",\"step\":%lld,\"rank\":0,%s}\n", (long long)step, mem);
+        fprintf(r->metrics, "{\"event\":\"memory\",\"step\":%lld,\"rank\":%d,%s}\n", (long long)step, q, mem);
         fflush(r->metrics);
     }
     if (r->quiet) return;
@@ -678,8 +680,15 @@ static int cmd_train(int argc, char **argv) {
     dt_model *model = NULL;
     dt_train_result res;
     s = dt_train_run(&o, ops, comm, &model, &res);
+    /* every rank's memory at the end, for the metrics file */
+    dt_mem_stats *mems = calloc((size_t)g_world, sizeof *mems);
+    if (s == DT_OK && !mems) s = dt_error(DT_ERR_NOMEM, "out of memory");
+    if (s == DT_OK && g_world > 1)
+        s = dt_allgather(comm, &res.mem, mems, sizeof res.mem, DT_U8);
+    else if (s == DT_OK)
+        mems[0] = res.mem;
     if (s == DT_OK && g_rank == 0) {
-        show_memory(&rep, &res.mem, res.steps);
+        show_memory(&rep, mems, g_world, res.steps);
         if (res.stopped)
             printf("dtrain: stopped at step %lld as asked (--stop-at); resume with --resume auto\n",
                    (long long)res.steps);
@@ -718,6 +727,7 @@ static int cmd_train(int argc, char **argv) {
             if (s == DT_OK) printf("dtrain: saved weights to %s\n", save);
         }
     }
+    free(mems);
     if (rep.metrics) fclose(rep.metrics);
     dt_model_free(model);
 out:
