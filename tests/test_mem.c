@@ -332,7 +332,7 @@ static void test_plan_rows(void) {
  * of halving/doubling on a power-of-two host, with every partner the sizing allows
  * otherwise, none past the budget; the plan's comm row adds them. */
 static void test_plan_rings(void) {
-    const size_t one = (4u << 20) + 4096;   /* a 4 MiB ring and its control page */
+    const size_t one = (1u << 20) + 4096;   /* a 1 MiB ring and its control page */
     const int W[] = {1, 2, 3, 4, 8};
     const size_t want[] = {0, 2 * one, 4 * one, 4 * one, 6 * one};
     unsetenv("DT_SHM");
