@@ -183,7 +183,7 @@ ok_grep "$T/bad2.out" "expected a checkpoint and -o FILE" "and says what it need
 #    units gathered around the running one are the rest).
 DEEP="flatten $(i=0; while [ $i -lt 32 ]; do printf 'linear(1024) relu '; i=$((i + 1)); done)linear(4)"
 peak() {  # the largest "peak MiB" of the per-rank table in $T/$1.out
-    awk '/peak MiB/ { on = 1; next } on && NF >= 7 && $1 ~ /^[0-9]+$/ { if ($6 > m) m = $6 } END { print m + 0 }' \
+    awk '/peak MiB/ { on = 1; next } /now\/peak/ { on = 0 } on && NF >= 7 && $1 ~ /^[0-9]+$/ { if ($6 + 0 > m) m = $6 + 0 } END { print m + 0 }' \
         "$T/$1.out" | sed 's/^\[rank0\]://'
 }
 MEM="--data synthetic:256,1,8,8,4 --batch 16 --steps 2 --optim adamw --no-eval --threads 1 --rank-stats 2"
