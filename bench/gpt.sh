@@ -37,16 +37,18 @@ if [ ! -s "$DATA/train.bin" ]; then
 fi
 
 . "$here/lib.sh"
-# dtrain_run PROCS THREADS ARGS...: dtrain's final line ("done: ... tokens/s (MFU ...)")
-dtrain_run() {
+# dtrain_all PROCS THREADS ARGS...: dtrain's output (rank 0's, without its prefix)
+dtrain_all() {
     local np=$1 thr=$2; shift 2
     if [ "$np" -eq 1 ]; then
-        "$B/dtrain" train --data "tokens:$DATA" --threads "$thr" --log-every 1000000 "$@" 2>&1 | grep 'dtrain: done'
+        "$B/dtrain" train --data "tokens:$DATA" --threads "$thr" --log-every 1000000 "$@" 2>&1
     else
         OMP_NUM_THREADS=$thr "$B/dtrun" -n "$np" "$B/dtrain" train --data "tokens:$DATA" --threads "$thr" \
-            --log-every 1000000 "$@" 2>&1 | grep 'dtrain: done' | sed 's/^\[rank0\]://'
+            --log-every 1000000 "$@" 2>&1 | sed 's/^\[rank0\]://'
     fi
 }
+# dtrain_run PROCS THREADS ARGS...: dtrain's final line ("done: ... tokens/s (MFU ...)")
+dtrain_run() { dtrain_all "$@" | grep 'dtrain: done'; }
 tok() { sed -n 's/.* \([0-9][0-9]*\) tokens\/s.*/\1/p'; }
 # torch_run PROCS ITERS [L H C T GB [V]]
 torch_run() {
@@ -74,12 +76,17 @@ speed)
     ;;
 gpt2)
     STEPS=${2:-14}
-    d=$(dtrain_run 1 2 --model "gpt(layers=12,heads=12,dim=768,block=256,vocab=50304)" --batch 4 --steps "$STEPS" --warmup 2 \
-        --no-eval --rank-stats "$STEPS")
+    all=$(dtrain_all 1 2 --model "gpt(layers=12,heads=12,dim=768,block=256,vocab=50304)" --batch 4 --steps "$STEPS" \
+        --warmup 2 --no-eval --rank-stats "$STEPS")
+    d=$(echo "$all" | grep 'dtrain: done')
     t=$(torch_run 1 "$STEPS" 12 12 768 256 4 50304 | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
     echo "gpt2 (124M, block 256, batch 4), 1 proc x 2 thr: dtrain $(echo "$d" | tok) tokens/s," \
          "pytorch ${t:-fail} tokens/s, ratio $(ratio "$(echo "$d" | tok)" "${t:-0}")"
     echo "$d"
+    # peak resident memory (the per-rank step table) and the accounted split at the end
+    echo "$all" | awk '/peak MiB/ { on = 1; next } /now\/peak/ { on = 0 } on && NF >= 7 && $1 ~ /^[0-9]+$/ {
+        printf "dtrain peak resident memory: %s MiB\n", $6 }'
+    echo "$all" | sed -n '/memory of rank 0 (accounted)/,/total/p'
     ;;
 quality)
     STEPS=${2:-2000}
