@@ -84,8 +84,7 @@ gpt2)
          "pytorch ${t:-fail} tokens/s, ratio $(ratio "$(echo "$d" | tok)" "${t:-0}")"
     echo "$d"
     # peak resident memory (the per-rank step table) and the accounted split at the end
-    echo "$all" | awk '/peak MiB/ { on = 1; next } /now\/peak/ { on = 0 } on && NF >= 7 && $1 ~ /^[0-9]+$/ {
-        printf "dtrain peak resident memory: %s MiB\n", $6 }'
+    echo "dtrain peak resident memory: $(echo "$all" | peak_rss_mib) MiB"
     echo "$all" | sed -n '/memory of rank 0 (accounted)/,/total/p'
     ;;
 quality)

@@ -19,6 +19,14 @@ median() {
               print w[int((n - 1) / 2)] }'
 }
 
+# peak_rss_mib: on stdin, dtrain's output with --rank-stats (rank prefixes removed); prints
+# the largest "peak MiB" (peak resident memory) of the per-rank step table, 0 if none.
+# The accounted-memory table that follows it is left out.
+peak_rss_mib() {
+    awk '/peak MiB/ { on = 1; next } /now\/peak/ { on = 0 }
+         on && NF >= 7 && $1 ~ /^[0-9]+$/ { if ($6 + 0 > x) x = $6 + 0 } END { print x + 0 }'
+}
+
 # ROUNDS: rounds per table (DT_BENCH_ROUNDS, default 3)
 ROUNDS=${DT_BENCH_ROUNDS:-3}
 case $ROUNDS in ''|*[!0-9]*|0) echo "bench: DT_BENCH_ROUNDS must be a positive integer, got '$ROUNDS'" >&2; exit 2 ;; esac

@@ -31,7 +31,7 @@ if [ ! -s "$DATA/train.bin" ]; then
     [ -n "$files" ] || { echo "bench/shard.sh: install Debian's fortunes package (apt-get install fortunes)"; exit 2; }
     "$B/dtrain" prepare-text "$DATA" $files > /dev/null || exit 1
 fi
-. "$here/lib.sh"   # ratio, median
+. "$here/lib.sh"   # ratio, median, peak_rss_mib
 # run2 ARGS...: dtrain train on 2 processes x 1 thread; its final line
 run_np() {
     local np=$1; shift
@@ -92,7 +92,7 @@ if [ "$MODE" = memory ] || [ "$MODE" = all ]; then
         out=$(run_np "$1" --model "gpt(layers=8,heads=8,dim=$3,block=64)" --data "tokens:$DATA" --batch 8 \
               --steps 2 --warmup 1 --optim adamw --no-eval --rank-stats 2 --shard "$2" $EXTRA)
         n=$(echo "$out" | sed -n 's/.* \([0-9,]*\) parameters.*/\1/p' | head -1 | tr -d ,)
-        echo "$out" | awk -v n="${n:-0}" '/peak MiB/ { on = 1; next } /now\/peak/ { on = 0 } on && NF >= 7 && $1 ~ /^[0-9]+$/ { if ($6 + 0 > x) x = $6 + 0 } END { print x + 0, n }'
+        echo "$(echo "$out" | peak_rss_mib) ${n:-0}"
     }
     fits() { set -- $1; awk -v p="$1" -v c="$CAP" 'BEGIN { exit !(p > 0 && p <= c) }'; }
     echo "gpt, 8 layers, block 64, batch 8, AdamW: peak resident MiB per rank (the largest rank); cap $CAP MiB"

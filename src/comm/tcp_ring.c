@@ -91,13 +91,18 @@ static dt_status parse_budget(const char *v, size_t *out) {
  * host's cap, at most RANK_BUDGET_BYTES (or DT_SHM_BUDGET); rings sized so that the
  * partners of the collectives (2 log2(local) + 2 covers halving/doubling, trees and ring
  * neighbours) fit in it, 1 MiB for small jobs. *partners: that partner count. */
+static int ceil_log2(int n) {
+    int l = 0;
+    while ((1 << l) < n) l++;
+    return l;
+}
+
 static dt_status ring_sizing(int local, size_t *ring_out, size_t *budget_out, size_t *partners_out) {
     const char *e;
     size_t budget = host_cap() / (size_t)(local > 0 ? local : 1);
     if (budget > RANK_BUDGET_BYTES) budget = RANK_BUDGET_BYTES;
     if ((e = getenv("DT_SHM_BUDGET")) && *e) DT_TRY(parse_budget(e, &budget));
-    int l2 = 0;
-    while ((1 << l2) < local) l2++;
+    int l2 = ceil_log2(local);
     size_t partners = (size_t)(local - 1 < 2 * l2 + 2 ? local - 1 : 2 * l2 + 2);
     if (partners < 1) partners = 1;
     size_t ring = DEFAULT_RING_BYTES;
@@ -120,10 +125,7 @@ dt_status dt_comm_shm_plan(int local, size_t *bytes) {
     DT_TRY(ring_sizing(local, &ring, &budget, &partners));
     /* power-of-two worlds: the log2(local) partners of halving/doubling, which every
      * collective uses; others: up to the partners the sizing allows for */
-    if ((local & (local - 1)) == 0) {
-        partners = 0;
-        while ((1 << partners) < local) partners++;
-    }
+    if ((local & (local - 1)) == 0) partners = (size_t)ceil_log2(local);
     size_t one = ring + DT_SHM_CTRL_BYTES, made = budget / one;
     if (made > partners) made = partners;
     *bytes = 2 * made * one;   /* the rings it creates and as many of its partners' */

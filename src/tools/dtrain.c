@@ -330,19 +330,23 @@ static void mem_json(const double *cur, const double *peak, char *buf, size_t n)
 /* The end of a run: rank 0's accounted memory, one line per category, and every
  * rank's in the metrics file ({"event":"memory","rank":R,...}; all holds `world`
  * ranks' dt_mem_stats, gathered). */
+static void mem_doubles(const dt_mem_stats *m, double *cur, double *peak) {
+    for (int c = 0; c <= DT_MEM_TOTAL; c++) {
+        cur[c] = (double)m->cur[c];
+        peak[c] = (double)m->peak[c];
+    }
+}
+
 static void show_memory(reporter *r, const dt_mem_stats *all, int world, int64_t step) {
     double cur[DT_MEM_NCAT + 1], peak[DT_MEM_NCAT + 1];
-    for (int q = world - 1; q >= 0; q--) {   /* rank 0 last: its figures are printed below */
-        for (int c = 0; c <= DT_MEM_TOTAL; c++) {
-            cur[c] = (double)all[q].cur[c];
-            peak[c] = (double)all[q].peak[c];
-        }
-        if (!r->metrics) continue;
+    for (int q = world - 1; r->metrics && q >= 0; q--) {   /* rank 0's line last */
         char mem[1024];
+        mem_doubles(&all[q], cur, peak);
         mem_json(cur, peak, mem, sizeof mem);
         fprintf(r->metrics, "{\"event\":\"memory\",\"step\":%lld,\"rank\":%d,%s}\n", (long long)step, q, mem);
         fflush(r->metrics);
     }
+    mem_doubles(&all[0], cur, peak);
     if (r->quiet) return;
     printf("dtrain: memory of rank 0 (accounted), MiB at the end and at peak:\n");
     for (int c = 0; c <= DT_MEM_TOTAL; c++)
