@@ -16,7 +16,8 @@
 #           DT_SHARD_CAP_MIB (default 256) MiB. Prints the peaks on a grid of widths,
 #           then the largest width (to a multiple of 8, the head count; by bisection) that
 #           fits in each mode, with its parameter count and peak, without and with
-#           --recompute (same batch and flags in both modes).
+#           --recompute (same batch and flags in both modes), with --backward-prefetch
+#           post, the least memory (DT_SHARD_PREFETCH=pre for the default).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 B=${DT_BUILDDIR:-$(pwd)}
@@ -90,12 +91,14 @@ if [ "$MODE" = memory ] || [ "$MODE" = all ]; then
     # when the run failed) and the parameter count
     peak() {
         out=$(run_np "$1" --model "gpt(layers=8,heads=8,dim=$3,block=64)" --data "tokens:$DATA" --batch 8 \
-              --steps 2 --warmup 1 --optim adamw --no-eval --rank-stats 2 --shard "$2" $EXTRA)
+              --steps 2 --warmup 1 --optim adamw --no-eval --rank-stats 2 --shard "$2" \
+              --backward-prefetch "${DT_SHARD_PREFETCH:-post}" $EXTRA)
         n=$(echo "$out" | sed -n 's/.* \([0-9,]*\) parameters.*/\1/p' | head -1 | tr -d ,)
         echo "$(echo "$out" | peak_rss_mib) ${n:-0}"
     }
     fits() { set -- $1; awk -v p="$1" -v c="$CAP" 'BEGIN { exit !(p > 0 && p <= c) }'; }
-    echo "gpt, 8 layers, block 64, batch 8, AdamW: peak resident MiB per rank (the largest rank); cap $CAP MiB"
+    echo "gpt, 8 layers, block 64, batch 8, AdamW, --backward-prefetch ${DT_SHARD_PREFETCH:-post}:" \
+         "peak resident MiB per rank (the largest rank); cap $CAP MiB"
     EXTRA=
     for np in 2 4; do
         printf "%-3s %-6s %12s %10s %10s\n" np width params none params

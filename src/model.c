@@ -514,6 +514,7 @@ static dt_status recompute_block(dt_model *m, int b) {
         dt_status s = layer_hook(m, i, DT_HOOK_RECOMPUTE);
         if (s == DT_OK && i + 1 < end) s = layer_hook(m, i + 1, DT_HOOK_PREFETCH);
         if (s == DT_OK) s = dt_layer_forward(&c, L, cur, m->last_B);
+        if (s == DT_OK && i + 1 < end) s = layer_hook(m, i, DT_HOOK_RECOMPUTE_POST);
         if (s != DT_OK) return dt_error_wrap(s, "recomputing forward, layer %s '%s': ", L->name, L->text);
         cur = L->out_ptr;
     }
@@ -620,16 +621,18 @@ dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *t
         dt_status s = layer_hook(m, i, DT_HOOK_BWD_PRE);
         if (s == DT_OK) s = dt_layer_backward(&c, L, x, dy, dx, B);
         if (s != DT_OK) return dt_error_wrap(s, "backward, layer %s '%s': ", L->name, L->text);
-        /* a block's closing row is done (its state, dskip, lies outside its layers' part
-         * of the arena): bring the block's activations back before its layers' backward */
-        int b = m->block_of[i];
-        if (b >= 0 && i == m->blocks[b][1]) DT_TRY(recompute_block(m, b));
         if (L->nparams && m->grad_ready) {
             s = m->grad_ready(m->grad_ready_ctx, L->first_param, L->nparams);
             if (s != DT_OK) return dt_error_wrap(s, "gradient hook after layer %s: ", L->name);
         }
         if ((s = layer_hook(m, i, DT_HOOK_BWD_POST)) != DT_OK)
             return dt_error_wrap(s, "backward, layer %s '%s': ", L->name, L->text);
+        /* a block's closing row is done (its state, dskip, lies outside its layers' part
+         * of the arena): bring the block's activations back before its layers' backward.
+         * After the row's POST hook, so sharding has dropped the unit that row shares
+         * with the next block before this block's units are gathered again */
+        int b = m->block_of[i];
+        if (b >= 0 && i == m->blocks[b][1]) DT_TRY(recompute_block(m, b));
         dy = dx;
     }
     return DT_OK;

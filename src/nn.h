@@ -91,9 +91,11 @@ typedef dt_status (*dt_grad_ready_fn)(void *ctx, int first_param, int nparams);
  * grad_ready), so sharding (shard.h) can gather the parameters a layer reads just
  * before it runs and drop them after. Recomputation calls RECOMPUTE before a layer's
  * forward runs again in backward, and PREFETCH for the next layer of the block: its
- * parameters are needed soon. */
+ * parameters are needed soon; RECOMPUTE_POST after it, but for the block's last layer
+ * (whose backward comes next). */
 typedef enum {
-    DT_HOOK_FWD_PRE, DT_HOOK_FWD_POST, DT_HOOK_BWD_PRE, DT_HOOK_BWD_POST, DT_HOOK_RECOMPUTE, DT_HOOK_PREFETCH
+    DT_HOOK_FWD_PRE, DT_HOOK_FWD_POST, DT_HOOK_BWD_PRE, DT_HOOK_BWD_POST, DT_HOOK_RECOMPUTE, DT_HOOK_PREFETCH,
+    DT_HOOK_RECOMPUTE_POST
 } dt_layer_phase;
 typedef dt_status (*dt_layer_hook_fn)(void *ctx, int layer, dt_layer_phase phase);
 

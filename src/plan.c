@@ -9,6 +9,7 @@
 #include "comm.h"    /* dt_comm_shm_plan */
 #include "ddp.h"     /* dt_ddp_tree_arrays, dt_ddp_opts_default */
 #include "optim.h"
+#include "shard.h"   /* dt_shard_prefetch_parse */
 
 /* ---- the rows ------------------------------------------------------------------------ */
 
@@ -19,7 +20,9 @@ static const dt_plan_shard shards[] = {
     { .name = "grads", .optim_sharded = 1,
       .help = "ZeRO-2: as optim, gradients reduce-scattered (the array stays whole)" },
     /* the current and the prefetched unit of parameters; a unit's worth of finished
-     * gradient being summed (shard.c) */
+     * gradient being summed (shard.c). With --backward-prefetch post, one unit of
+     * parameters less: two units at most (forward's two of parameters count the same
+     * bytes in fp32) */
     { .name = "params", .optim_sharded = 1, .grads_sharded = 1, .params_sharded = 1, .gather_units = 2,
       .grad_units = 1, .help = "ZeRO-3 / FSDP: 1/W of everything, plus two units gathered" },
 };
@@ -83,11 +86,14 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
     DT_TRY(dt_model_plan_memory(t->model, &o->input, (int)b, &mo, mm));
     int64_t P = mm->nparams;
     size_t *B = out->bytes;
+    dt_shard_prefetch pf;
+    DT_TRY(dt_shard_prefetch_parse(t->backward_prefetch, &pf));
+    int gather_units = sh->gather_units - (sh->params_sharded && pf == DT_PREFETCH_POST);
 
     /* parameters: master weights and rounded copies (their shard), buffers, gathered units */
     B[DT_MEM_PARAMS] = per_rank(P, pr->master_bytes + pr->copy_bytes, sh->params_sharded, W) +
                        mm->nbuffers * sizeof(float) +
-                       (size_t)sh->gather_units * (size_t)mm->unit_params_max * (size_t)pr->gather_bytes;
+                       (size_t)gather_units * (size_t)mm->unit_params_max * (size_t)pr->gather_bytes;
     /* gradients: the model's array (or its shard) and DDP's accumulation tree */
     B[DT_MEM_GRADS] = per_rank(P, pr->grad_bytes, sh->grads_sharded, W) +
                       (size_t)sh->grad_units * (size_t)mm->unit_params_max * (size_t)pr->grad_bytes +

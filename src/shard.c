@@ -29,6 +29,13 @@ dt_status dt_shard_parse(const char *s, dt_shard_mode *out) {
     return dt_error(DT_ERR_INVALID, "shard: expected none, optim, grads or params, got '%s'", s ? s : "(null)");
 }
 
+dt_status dt_shard_prefetch_parse(const char *s, dt_shard_prefetch *out) {
+    if (s && !strcmp(s, "pre")) *out = DT_PREFETCH_PRE;
+    else if (s && !strcmp(s, "post")) *out = DT_PREFETCH_POST;
+    else return dt_error(DT_ERR_INVALID, "backward_prefetch: expected pre or post, got '%s'", s ? s : "(null)");
+    return DT_OK;
+}
+
 /* Units: runs of consecutive layers holding at least unit_floats parameters (the last
  * one whatever is left), gathered and dropped as one, as FSDP wraps modules.
  * While unit u runs, unit u + 1 (forward) or u - 1 (backward) is gathered on the
@@ -62,6 +69,7 @@ struct dt_shard {
     int           full;       /* every rank holds the whole parameter array: layer hooks pause */
     size_t       *rlo, *rhi;  /* the parameter ranges the layers read, unit by unit */
     size_t        unit_floats; /* a unit holds at least this many parameters */
+    int           post;       /* backward prefetch after a unit's backward (DT_PREFETCH_POST) */
     int           nunits;
     struct shard_unit *units;
     int          *lunit;      /* layer -> unit */
@@ -350,13 +358,19 @@ static dt_status on_layer(void *ctx, int layer, dt_layer_phase phase) {
     case DT_HOOK_BWD_PRE:
         DT_TRY(grads_room(s, layer));
         DT_TRY(unit_need(s, u));
-        return u > 0 ? unit_fetch(s, u - 1) : DT_OK;
+        return u > 0 && !s->post ? unit_fetch(s, u - 1) : DT_OK;
     case DT_HOOK_BWD_POST:
-        return layer == U->first ? unit_drop(s, u) : DT_OK;
+        if (layer != U->first) return DT_OK;
+        DT_TRY(unit_drop(s, u));
+        return u > 0 && s->post ? unit_fetch(s, u - 1) : DT_OK;
     case DT_HOOK_RECOMPUTE:   /* forward again, in backward: the block's next unit is
                                * fetched by PREFETCH, the one before it once backward
-                               * reaches this unit (BWD_PRE), not now: one block in flight */
+                               * reaches this unit, not now: one block in flight. With
+                               * post, the gradient sums still in flight settle first */
+        if (s->post && s->npend > 0) DT_TRY(grads_settle(s, s->npend));
         return unit_need(s, u);
+    case DT_HOOK_RECOMPUTE_POST:   /* post: backward gathers it again */
+        return s->post && layer == U->last ? unit_drop(s, u) : DT_OK;
     case DT_HOOK_PREFETCH:
         return unit_fetch(s, u);
     }
@@ -402,8 +416,9 @@ static dt_status on_final(void *ctx, size_t lo, size_t hi) {
     return grads_settle(s, 0);
 }
 
-dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes) {
+dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_prefetch prefetch) {
     if (!params_sharded(s)) return DT_OK;
+    s->post = prefetch == DT_PREFETCH_POST;
     s->unit_floats = unit_bytes / sizeof(float) > 0 ? unit_bytes / sizeof(float) : 1;
     int n = dt_model_nlayers(s->model), cap = 0;
     for (int i = 0; i < n; i++) cap += dt_model_layer(s->model, i)->ntensors;
@@ -462,10 +477,7 @@ dt_status dt_shard_gather_root(dt_shard *s) {
             if (s->stage) DT_TRY(s->ops->copy_h2d(p + lo, h, (hi - lo) * sizeof(float)));
         }
     }
-    if (s->rank != 0) {   /* its shard only, as between steps */
-        for (int u = 0; u < s->nunits; u++) DT_TRY(unit_drop(s, u));
-        return DT_OK;
-    }
+    if (s->rank != 0) return dt_shard_drop_units(s);   /* its shard only, as between steps */
     for (int u = 0; u < s->nunits; u++) {
         s->units[u].state = U_HERE;
         dt_mem_sub(DT_MEM_PARAMS, s->units[u].held);
@@ -474,6 +486,15 @@ dt_status dt_shard_gather_root(dt_shard *s) {
     s->full_held = outside(s, 0, s->n);
     dt_mem_add(DT_MEM_PARAMS, s->full_held);
     s->full = 1;
+    return DT_OK;
+}
+
+dt_status dt_shard_drop_units(dt_shard *s) {
+    if (!params_sharded(s) || s->full) return DT_OK;
+    for (int u = 0; u < s->nunits; u++) {
+        if (s->units[u].state == U_FLIGHT) DT_TRY(unit_need(s, u));
+        DT_TRY(unit_drop(s, u));
+    }
     return DT_OK;
 }
 

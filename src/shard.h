@@ -55,6 +55,17 @@ DT_API const char *dt_shard_name (dt_shard_mode m);         /* "none", "optim", 
 /* DT_ERR_INVALID "shard: expected none, optim, grads or params, got 'X'". */
 DT_API dt_status   dt_shard_parse(const char *s, dt_shard_mode *out);
 
+/* params: when backward gathers the unit before the one it runs (FSDP's backward_prefetch).
+ *   pre   with the current unit, before its backward: the gather overlaps that backward;
+ *         at most three units beyond the shard (two of parameters, one of gradient);
+ *   post  after the current unit's backward, its parameters dropped: two units at most,
+ *         the gather overlapping only the gradient's sum. With recomputation a block's
+ *         units are also dropped after their forward runs again (the block's last
+ *         kept), and gathered once more for their backward. Same bits either way. */
+typedef enum { DT_PREFETCH_PRE, DT_PREFETCH_POST } dt_shard_prefetch;
+/* DT_ERR_INVALID "backward_prefetch: expected pre or post, got 'X'". */
+DT_API dt_status   dt_shard_prefetch_parse(const char *s, dt_shard_prefetch *out);
+
 typedef struct dt_shard dt_shard;
 
 /* How to build the model for sharding its nparams parameters over comm in mode: the
@@ -73,15 +84,20 @@ DT_API void      dt_shard_range(const dt_shard *s, size_t *lo, size_t *len);
  * local micro-batches and sharding does the rest (grads, params). */
 DT_API int       dt_shard_ddp_reduces(const dt_shard *s);
 /* params: install the model's layer hook and DDP's final-slice hook, with units of at
- * least unit_bytes of parameters (consecutive layers gathered as one). After the
- * start-of-run broadcast (dt_ddp_sync_start) call dt_shard_drop_params. */
-DT_API dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes);
+ * least unit_bytes of parameters (consecutive layers gathered as one) and backward's
+ * prefetch as given. After the start-of-run broadcast (dt_ddp_sync_start) call
+ * dt_shard_drop_params. */
+DT_API dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_prefetch prefetch);
 /* params, training over: rank 0 receives every other rank's shard and holds the whole
  * parameter array (layer gathers pause there), the others keep their shard only and
  * drop any unit still gathered (FSDP's rank0_only full state dict: no rank holds
  * more at the end than during the steps, rank 0 aside). Nothing to do in the other
  * modes. Every rank calls it. */
 DT_API dt_status dt_shard_gather_root(dt_shard *s);
+/* params: drop every unit still gathered, as after an evaluation (forward only, which
+ * keeps the last unit as a training forward does for its backward). No communication;
+ * nothing to do in the other modes or while the whole array is held. */
+DT_API dt_status dt_shard_drop_units(dt_shard *s);
 /* params: after the start-of-run broadcast, keep this rank's shard only. */
 DT_API dt_status dt_shard_drop_params(dt_shard *s);
 /* params, training over: this rank's gradient shard is given back (its pages discarded,

@@ -59,6 +59,7 @@ void dt_train_opts_default(dt_train_opts *o) {
     o->decay = "all";
     o->shard = "none";
     o->shard_unit_mb = 1.0;
+    o->backward_prefetch = "pre";
     o->eval_batches = 20;
     o->gamma = 0.1;
     o->eval = 1;
@@ -851,6 +852,8 @@ static dt_status trainer_setup(trainer *t) {
      * params, no rank ever holds the whole array */
     dt_shard_mode mode;
     DT_TRY(dt_shard_parse(o->shard, &mode));
+    dt_shard_prefetch prefetch;
+    DT_TRY(dt_shard_prefetch_parse(o->backward_prefetch, &prefetch));
     dt_spec spec;
     DT_TRY(dt_spec_parse(o->model, &spec));
     dt_status ss = dt_spec_infer(&spec, &shape);
@@ -893,7 +896,7 @@ static dt_status trainer_setup(trainer *t) {
     dopt.sharded_params = mode == DT_SHARD_PARAMS && t->world > 1;
     dopt.grad_dtype = dt_amp_grad_dtype(t->amp);
     DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
-    DT_TRY(dt_shard_attach(t->shard, t->ddp, (size_t)(o->shard_unit_mb * 1048576.0)));
+    DT_TRY(dt_shard_attach(t->shard, t->ddp, (size_t)(o->shard_unit_mb * 1048576.0), prefetch));
 
     size_t local = (size_t)(t->k * t->b);
     t->idx = malloc(local * sizeof *t->idx);
@@ -971,10 +974,11 @@ static dt_status rank_report(trainer *t, int64_t done, int epoch) {
  * each unit's parameters are gathered as it runs and dropped after it (the layer
  * hooks), so evaluating holds no more of the model than a step does. */
 static dt_status validate(trainer *t, double *loss, double *acc) {
-    if (t->lw > 1)
-        return evaluate_windows(t->model, t->test, t->comm, t->o->eval_batches * t->o->batch, t->o->seed, loss, acc);
     const dt_loss plain = {.kind = t->lf.kind, .label_smoothing = 0.0f};   /* the test loss is unsmoothed */
-    return dt_evaluate(t->model, t->test, &plain, t->comm, loss, acc);
+    DT_TRY(t->lw > 1 ? evaluate_windows(t->model, t->test, t->comm, t->o->eval_batches * t->o->batch, t->o->seed,
+                                        loss, acc)
+                     : dt_evaluate(t->model, t->test, &plain, t->comm, loss, acc));
+    return dt_shard_drop_units(t->shard);   /* params: the last unit, which no backward drops */
 }
 
 /* nanoGPT's estimate of a token model's training FLOPs per token (for MFU): 6 per

@@ -115,6 +115,7 @@ typedef struct {
                                  * Same bits as none; checkpoints load in any mode */
     double      shard_unit_mb;  /* shard params: consecutive layers are gathered in units of at
                                  * least this many MiB of parameters (default 1) */
+    const char *backward_prefetch; /* shard params: "pre" (default) or "post", shard.h */
     const char *decay;          /* weight decay on "all" parameters (default) or "matrices" only
                                  * (every parameter of 2 or more dimensions, as nanoGPT and llm.c) */
     double      min_lr;         /* cosine schedule: the learning rate it ends at (default 0) */

@@ -106,6 +106,7 @@ bad "no --model" "--model: required" --np 2
 bad "--np 0" "--np: " --model mlp --np 0
 bad "--np x" "--np: " --model mlp --np x
 bad "an unknown shard mode" "--shard: expected none, optim, grads or params, got 'all'" --model mlp --shard all
+bad "an unknown backward prefetch" "--backward-prefetch: expected pre or post, got 'late'" --model mlp --backward-prefetch late
 bad "an unknown precision" "--precision: expected fp32, bf16 or fp16, got 'fp8'" --model mlp --precision fp8
 bad "--batch 0" "--batch: " --model mlp --batch 0
 bad "--device-mem -1" "--device-mem: " --model mlp --device-mem -1

@@ -40,6 +40,10 @@ same() {
         [ $rc -eq 0 ] && cmp -s "$T/$name-ref.st" "$T/$name-units-$n.st"
         ok $? "$name: --shard params in layer-sized units on $n processes gives bitwise the weights of --shard none"
     done
+    run "$name-post-4" 4 "$@" --shard params --shard-unit-mb 0.001 --backward-prefetch post
+    rc=$?
+    [ $rc -eq 0 ] && cmp -s "$T/$name-ref.st" "$T/$name-post-4.st"
+    ok $? "$name: --shard params --backward-prefetch post in layer-sized units on 4 processes: the same bits"
 }
 
 # 1. a conv net of 82,692 parameters: 21 chunks of 4096, so shards of 45056 floats on 2
@@ -66,34 +70,58 @@ ok $? "prepare-text writes the token files"
 same gpt --model "gpt(layers=2,heads=2,dim=32,block=16,dropout=0.1)" --data "tokens:$T/tok" --batch 8 \
     --micro-batches 4 --steps 4 --warmup 1 --quiet --threads 1 --eval-batches 1
 # with --recompute a block's forward runs again inside backward: its parameters are gathered for it
+# (with --backward-prefetch post, dropped after it and gathered again for backward)
 for n in 2 4; do
-    run gpt-rc-$n $n --model "gpt(layers=2,heads=2,dim=32,block=16,dropout=0.1)" --data "tokens:$T/tok" --batch 8 \
-        --micro-batches 4 --steps 4 --warmup 1 --quiet --threads 1 --eval-batches 1 --shard params --recompute \
-        --shard-unit-mb 0.001
-    rc=$?
-    [ $rc -eq 0 ] && cmp -s "$T/gpt-ref.st" "$T/gpt-rc-$n.st"
-    ok $? "gpt: --shard params --recompute on $n processes gives bitwise the weights of --shard none"
+    for pf in pre post; do
+        run gpt-rc-$pf-$n $n --model "gpt(layers=2,heads=2,dim=32,block=16,dropout=0.1)" --data "tokens:$T/tok" \
+            --batch 8 --micro-batches 4 --steps 4 --warmup 1 --quiet --threads 1 --eval-batches 1 --shard params \
+            --recompute --shard-unit-mb 0.001 --backward-prefetch $pf
+        rc=$?
+        [ $rc -eq 0 ] && cmp -s "$T/gpt-ref.st" "$T/gpt-rc-$pf-$n.st"
+        ok $? "gpt: --shard params --recompute --backward-prefetch $pf on $n processes gives bitwise the weights of --shard none"
+    done
 done
 
 # 3a. with --recompute at most one block's parameters are gathered at a time: the
 #    recomputed forward fetches the block's next unit, and the unit before the block only
 #    once backward reaches it; evaluation (after each step here) gathers unit by unit as
 #    training does (the accounting counts what lies outside the rank's shard; the
-#    largest of peak less shard over the ranks is a block of 12 C^2 + 13 C floats)
+#    largest of peak less shard over the ranks is two units of at most 4 C^2 + 22 C floats,
+#    the tied embedding aside, not a block of 12 C^2 + 13 C: the row closing a block drops
+#    the unit it shares with the next block before the block's units are gathered again)
 run gpt-fl 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 --warmup 1 \
     --threads 1 --eval-every 1 --eval-batches 2 --shard params --recompute --shard-unit-mb 0.25 --rank-stats 2
 ok $? "gpt: 4 blocks of 256 wide train and evaluate with --shard params --recompute in layer-sized units"
 shard=$(sed -n 's/.*keeps the optimizer state of \([0-9]*\) of.*/\1/p' "$T/gpt-fl.out" | head -1)
 fl=$(sed 's/^\[rank0\]://' "$T/gpt-fl.out" | awk -v s="${shard:-0}" '/now\/peak \(accounted\)/ { on = 1; next }
     on && $1 ~ /^[0-9]+$/ { split($2, a, "/"); d = a[2] - s * 4 / 1048576; if (d > m) m = d } END { printf "%.2f", m }')
-awk -v f="$fl" -v b="$(( (12 * 256 * 256 + 13 * 256) * 4 ))" 'BEGIN { exit !(f > 0.5 * b / 1048576 && f <= 1.1 * b / 1048576) }'
-ok $? "--shard params --recompute holds at most one block of parameters beyond the shard, evaluating too ($fl MiB; a block is 3.01 MiB)"
+U=$(( (4 * 256 * 256 + 22 * 256) * 4 )); TIED=$(( 256 * 256 * 4 ))
+awk -v f="$fl" -v u="$U" -v e="$TIED" 'BEGIN { exit !(f > u / 1048576 && f <= 1.1 * (2 * u + e) / 1048576) }'
+ok $? "--shard params --recompute holds at most two units of parameters beyond the shard, evaluating too ($fl MiB; a unit is 1.02 MiB, a block 3.01)"
 run gpt-fl-none 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 \
     --warmup 1 --threads 1 --eval-every 1 --eval-batches 2
 ok $? "and the same run without sharding"
 vals() { sed -n 's/.*val loss \([0-9.]*\).*/\1/p' "$T/$1.out" | tr '\n' ' '; }
 [ -n "$(vals gpt-fl)" ] && [ "$(vals gpt-fl)" = "$(vals gpt-fl-none)" ]
 ok $? "its validation losses are those of --shard none ($(vals gpt-fl))"
+# 3a''. parameters and gradients together beyond the shard (the largest of peak less
+#    end-of-step total over the ranks, all categories): --backward-prefetch pre holds the
+#    unit backward runs, the one before it and the gradient being summed, three units;
+#    post two (the tied embedding aside: the embedding's unit and the head's count it
+#    twice). The largest unit is the position table and the first attention, 4 C^2 + 22 C.
+run gpt-fl-post 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 \
+    --warmup 1 --threads 1 --eval-every 1 --eval-batches 2 --shard params --recompute --shard-unit-mb 0.25 \
+    --rank-stats 2 --backward-prefetch post
+ok $? "the same run with --backward-prefetch post"
+extra() { sed 's/^\[rank0\]://' "$T/$1.out" | awk '/now\/peak \(accounted\)/ { on = 1; next }
+    on && $1 ~ /^[0-9]+$/ { split($NF, a, "/"); d = a[2] - a[1]; if (d > m) m = d } END { printf "%.2f", m }'; }
+xpre=$(extra gpt-fl); xpost=$(extra gpt-fl-post)
+awk -v x="$xpost" -v u="$U" -v e="$TIED" 'BEGIN { exit !(x > 0 && x <= 1.1 * (2 * u + e) / 1048576) }'
+ok $? "--backward-prefetch post: two units at most beyond the shard ($xpost MiB; a unit is 1.02 MiB)"
+awk -v p="$xpre" -v x="$xpost" -v u="$U" 'BEGIN { exit !(p >= x + 0.5 * u / 1048576 && p <= 1.1 * 3 * u / 1048576 + 0.3) }'
+ok $? "--backward-prefetch pre: a unit more ($xpre MiB)"
+[ -n "$(vals gpt-fl-post)" ] && [ "$(vals gpt-fl-post)" = "$(vals gpt-fl-none)" ] && cmp -s "$T/gpt-fl.st" "$T/gpt-fl-post.st"
+ok $? "with the validation losses and the weights of pre"
 
 # 3a'. a test split of 10 samples on 4 ranks of 2 samples a batch: shares of 2, 3, 2, 3,
 #    so ranks 0 and 2 finish after one forward where 1 and 3 take two; with --shard params

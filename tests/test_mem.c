@@ -295,6 +295,16 @@ static void test_plan_rows(void) {
     is_int(e.bytes[DT_MEM_GRADS], 4 * Ps + 4 * U, "params: P/W of the gradient and a unit being summed");
     ok(e.bytes[DT_MEM_ACTS] == none.bytes[DT_MEM_ACTS] && e.bytes[DT_MEM_OTHER] == none.bytes[DT_MEM_OTHER],
        "params: activations and the rest as unsharded");
+    t.backward_prefetch = "post";
+    dt_plan_run(&o, dt_plan_shard_find("params"), fp32, &e);
+    is_int(e.bytes[DT_MEM_PARAMS] + e.bytes[DT_MEM_GRADS], 8 * Ps + 2 * 4 * U,
+           "params, backward prefetch post: the shards and two units at most");
+    dt_plan_run(&o, dt_plan_shard_find("none"), fp32, &e);
+    is_int(e.bytes[DT_MEM_PARAMS], 4 * P, "... which --shard none does not change");
+    t.backward_prefetch = "late";
+    is_int(dt_plan_run(&o, dt_plan_shard_find("params"), fp32, &e), DT_ERR_INVALID, "backward prefetch 'late': refused");
+    like(dt_last_error(), "backward_prefetch: expected pre or post", "... naming the choices");
+    t.backward_prefetch = "pre";
     dt_plan_run(&o, dt_plan_shard_find("none"), bf16, &e);
     is_int(e.bytes[DT_MEM_PARAMS], 6 * P, "bf16: fp32 master weights and a 2-byte copy");
     is_int(e.bytes[DT_MEM_OPTIM], 8 * P, "bf16: fp32 optimizer state");

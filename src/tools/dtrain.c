@@ -165,6 +165,9 @@ static const char *usage_train_rest =
     "                        parameters just before it runs. Same weights as none  [none]\n"
     "  --shard-unit-mb X     --shard params gathers consecutive layers in units of at\n"
     "                        least X MiB of parameters (FSDP's wrapping)  [1]\n"
+    "  --backward-prefetch pre|post  --shard params: backward gathers the next unit\n"
+    "                        while the current one runs (pre: three units beyond the\n"
+    "                        shard at most) or after it (post: two, less overlap)  [pre]\n"
     "  --backend tcp|mpi|nccl  communication backend  [$DT_BACKEND or tcp]\n"
     "  --init-method URL     env:// (default), tcp://HOST:PORT or file:///PATH; under\n"
     "                        mpirun without MASTER_ADDR/MASTER_PORT, rank 0's address\n"
@@ -627,6 +630,7 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--stop-at")) { if (s == DT_OK) s = dt_arg_int("--stop-at", v, 1, INT64_MAX, 0, &o.stop_at); }
         else if (FLAG("--rank-stats")) { if (s == DT_OK && (s = dt_arg_int("--rank-stats", v, 0, 1 << 30, 0, &iv)) == DT_OK) o.rank_stats_every = (int)iv; }
         else if (FLAG("--shard")) o.shard = v;
+        else if (FLAG("--backward-prefetch")) o.backward_prefetch = v;
         else if (FLAG("--shard-unit-mb")) { if (s == DT_OK) s = dt_arg_double("--shard-unit-mb", v, 1e-6, 1e6, &o.shard_unit_mb); }
         else if (FLAG("--bucket-mb")) { if (s == DT_OK) s = dt_arg_double("--bucket-mb", v, 1e-6, 1e6, &o.bucket_mb); }
         else if (FLAG("--lr-scale")) o.lr_scale = v;

@@ -16,13 +16,14 @@
 #include <unistd.h>
 
 #include "plan.h"
+#include "shard.h"
 #include "tool_util.h"
 #include "tools.h"
 
 static const char usage_plan[] =
     "usage: dtrain plan --model SPEC --np N [--precision fp32|bf16|fp16] [--shard none|optim|grads|params]\n"
     "                   [--batch B] [--micro-batches S] [--recompute] [--device-mem GB] [--optim NAME]\n"
-    "                   [--input C,H,W | --data SPEC] [--no-eval] [--json]\n"
+    "                   [--backward-prefetch pre|post] [--input C,H,W | --data SPEC] [--no-eval] [--json]\n"
     "\n"
     "Prints the memory one rank holds when N processes train SPEC (`dtrain train`'s\n"
     "flags mean the same here), split into parameters, gradients, optimizer state,\n"
@@ -38,6 +39,8 @@ static const char usage_plan[] =
     "  --recompute           recompute the activations of residual blocks in backward\n"
     "  --device-mem GB       memory of one rank's device in GiB  [this machine's / N]\n"
     "  --optim NAME          sgd (momentum 0.9) or adamw  [sgd; a gpt preset: adamw]\n"
+    "  --backward-prefetch pre|post  --shard params: three units beyond the shard, or two\n"
+    "                        (dtrain train --help)  [pre]\n"
     "  --input C,H,W | F     the per-sample input  [a token model's window, else 1,28,28]\n"
     "  --data SPEC           take the input shape from a data set instead\n"
     "  --no-eval             no evaluation buffers (as dtrain train --no-eval)\n"
@@ -171,6 +174,7 @@ int dtrain_plan_main(int argc, char **argv) {
         else if (FLAG("--micro-batches")) { if (s == DT_OK) s = dt_arg_int("--micro-batches", v, 1, 1 << 20, 0, &t.micro_batches); }
         else if (FLAG("--device-mem")) { if (s == DT_OK) s = dt_arg_double("--device-mem", v, 1e-6, 1e9, &mem_gb); }
         else if (FLAG("--optim")) optim = v;
+        else if (FLAG("--backward-prefetch")) t.backward_prefetch = v;
         else if (FLAG("--input")) input = v;
         else if (FLAG("--data")) data = v;
         else s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain plan --help)", a);
@@ -184,6 +188,8 @@ int dtrain_plan_main(int argc, char **argv) {
     const dt_plan_precision *pr1 = prec ? dt_plan_precision_find(prec) : NULL;
     if (s == DT_OK && shard && !sh1)
         s = dt_error(DT_ERR_INVALID, "--shard: expected none, optim, grads or params, got '%s'", shard);
+    dt_shard_prefetch pf;
+    if (s == DT_OK) s = dt_shard_prefetch_parse(t.backward_prefetch, &pf);
     if (s == DT_OK && prec && !pr1)
         s = dt_error(DT_ERR_INVALID, "--precision: expected fp32, bf16 or fp16, got '%s'", prec);
     if (s != DT_OK) return dt_tool_fail(s);

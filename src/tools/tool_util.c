@@ -34,6 +34,7 @@ const dt_arg_field dt_tool_train_flags[] = {
     {"warmup", "--warmup"},               {"clip", "--clip"},
     {"label_smoothing", "--label-smoothing"}, {"seed", "--seed"},
     {"loss", "--loss"},                   {"decay", "--decay"}, {"shard", "--shard"}, {"shard_unit_mb", "--shard-unit-mb"},
+    {"backward_prefetch", "--backward-prefetch"},
     {"min_lr", "--min-lr"},               {"eval_every", "--eval-every"},
     {"eval_batches", "--eval-batches"},   {"dampening", "--dampening"},
     {"normalize", "--normalize"},         {"init_weights", "--init"},
