@@ -9,6 +9,7 @@
  * `reduction(+:...)` clause, no atomics, so 1 and 2 threads give the same bits.
  */
 #include "cpu.h"
+#include "ops_elem.h"   /* dt_exp_nonpos */
 #include "rng.h"
 
 #include <math.h>
@@ -162,6 +163,28 @@ static dt_status check_labels(const char *fn, const int32_t *labels, int B, int 
     return DT_OK;
 }
 
+/* One row of C logits x: p[c] = exp(x[c] - mx) with the polynomial exp of ops_elem.h
+ * (vectorised, unlike expf; mx the row's largest, so every argument is <= 0); the sums
+ * of p and of x in eight double lanes (lane k takes c = k mod 8) combined in a fixed
+ * tree: the order depends on C only. */
+DT_CPU_CLONES static void xent_row(float *restrict p, const float *restrict x, int C, float mx, double *s,
+                                   double *sx) {
+    for (int c = 0; c < C; c++) p[c] = dt_exp_nonpos(x[c] - mx);
+    double a[8] = { 0 }, b[8] = { 0 };
+    int c = 0;
+    for (; c + 8 <= C; c += 8)
+        for (int k = 0; k < 8; k++) {
+            a[k] += p[c + k];
+            b[k] += x[c + k];
+        }
+    for (int k = 0; c < C; c++, k++) {
+        a[k] += p[c];
+        b[k] += x[c];
+    }
+    *s = DT_CPU_TREE8(a);
+    *sx = DT_CPU_TREE8(b);
+}
+
 dt_status dt_cpu_xent_forward(float *loss, float *probs, const float *logits, const int32_t *labels,
                               int B, int C, float label_smoothing, float norm) {
     DT_CPU_ARG(B >= 0 && C >= 1);
@@ -177,14 +200,9 @@ dt_status dt_cpu_xent_forward(float *loss, float *probs, const float *logits, co
     for (int i = 0; i < B; i++) {
         const float *x = logits + (size_t)i * C;
         float *p = probs + (size_t)i * C;
-        float mx = x[0];
-        for (int c = 1; c < C; c++) mx = x[c] > mx ? x[c] : mx;
-        double s = 0.0, sx = 0.0;
-        for (int c = 0; c < C; c++) {
-            p[c] = expf(x[c] - mx);
-            s += p[c];
-            sx += x[c];
-        }
+        float mx = dt_cpu_row_max(x, C, x[0]);
+        double s, sx;
+        xent_row(p, x, C, mx, &s, &sx);
         float inv = (float)(1.0 / s);
         for (int c = 0; c < C; c++) p[c] *= inv;
         if (labels[i] < 0) { row[i] = 0.0; continue; }
@@ -215,8 +233,10 @@ dt_status dt_cpu_xent_backward(float *dlogits, const float *probs, const int32_t
             for (int c = 0; c < C; c++) d[c] = 0.0f;
             continue;
         }
-        const int y = labels[i];   /* one pass, reading p[c] before writing d[c]: in place is fine */
-        for (int c = 0; c < C; c++) d[c] = (p[c] - off - (c == y ? on : 0.0f)) * inv;
+        const int y = labels[i];   /* reading p[c] before writing d[c]: in place is fine */
+        const float py = p[y];
+        for (int c = 0; c < C; c++) d[c] = (p[c] - off) * inv;   /* x - 0 is x: the bits of off + 0 */
+        d[y] = (py - off - on) * inv;
     }
     return DT_OK;
 }

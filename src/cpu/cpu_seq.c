@@ -156,7 +156,7 @@ DT_CPU_CLONES static float exp_row(float *restrict p, const float *restrict s, f
 }
 
 /* the largest of m and s[0..n) (exact in any order) */
-static float row_max(const float *s, int n, float m) {
+float dt_cpu_row_max(const float *s, int n, float m) {
     float acc[8] = { m, m, m, m, m, m, m, m };
     int c = 0;
     for (; c + 8 <= n; c += 8)
@@ -196,7 +196,7 @@ static void attn_fwd_head(float *y, float *lse, const float *base, int T, int C,
             int bc = i0 + br - j0 < BC ? i0 + br - j0 : BC;
             tile_scores(S, Q, K, ld, i0, br, j0, bc, D, scale);
             for (int r = 0; r < br; r++) {
-                float *sr = S + (size_t)r * BC, *pr = P + (size_t)r * BC, mx = row_max(sr, bc, m[r]);
+                float *sr = S + (size_t)r * BC, *pr = P + (size_t)r * BC, mx = dt_cpu_row_max(sr, bc, m[r]);
                 float alpha = m[r] == -INFINITY ? 0.0f : dt_exp_nonpos(m[r] - mx);
                 l[r] = l[r] * alpha + exp_row(pr, sr, mx, bc);
                 m[r] = mx;
