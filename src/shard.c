@@ -68,6 +68,9 @@ struct dt_shard {
     /* params mode */
     int           full;       /* every rank holds the whole parameter array: layer hooks pause */
     size_t       *rlo, *rhi;  /* the parameter ranges the layers read, unit by unit */
+    int           nranges;
+    unsigned char *rcnt;      /* 1: range r's bytes are in its unit's `held` (a range two
+                               * gathered units share, a tied embedding, counts once) */
     size_t        unit_floats; /* a unit holds at least this many parameters */
     int           post;       /* backward prefetch after a unit's backward (DT_PREFETCH_POST) */
     int           nunits;
@@ -159,6 +162,7 @@ void dt_shard_free(dt_shard *s) {
     free(s->lunit);
     free(s->pend);
     free(s->rlo);
+    free(s->rcnt);
     free(s->rhi);
     if (s->host) s->ops->host_free(s->host);
     s->ops->free(s->dparts);
@@ -279,6 +283,18 @@ static dt_status per_owner(dt_shard *s, float *buf, size_t a, size_t b, int redu
     return DT_OK;
 }
 
+/* A range of another gathered (or arriving) unit than u that overlaps range r (a tied
+ * embedding's two uses): its index, its unit in *v; -1 when none. */
+static int live_range(const dt_shard *s, int u, int r, int *v) {
+    for (*v = 0; *v < s->nunits; (*v)++) {
+        const struct shard_unit *V = &s->units[*v];
+        if (*v == u || V->state == U_DROPPED) continue;
+        for (int q = V->r0; q < V->r0 + V->nr; q++)
+            if (s->rlo[q] < s->rhi[r] && s->rlo[r] < s->rhi[q]) return q;
+    }
+    return -1;
+}
+
 /* Start gathering unit u (blocking when staging through host memory). */
 static dt_status unit_fetch(dt_shard *s, int u) {
     struct shard_unit *U = &s->units[u];
@@ -286,7 +302,9 @@ static dt_status unit_fetch(dt_shard *s, int u) {
     float *p = dt_model_params(s->model);
     for (int r = U->r0; r < U->r0 + U->nr; r++) {
         DT_TRY(per_owner(s, p, s->rlo[r], s->rhi[r], 0, s->stage ? NULL : U));
-        U->held += outside(s, s->rlo[r], s->rhi[r]);
+        int v, q = live_range(s, u, r, &v);
+        s->rcnt[r] = !(q >= 0 && s->rcnt[q]);   /* already resident and counted: not again */
+        if (s->rcnt[r]) U->held += outside(s, s->rlo[r], s->rhi[r]);
     }
     dt_mem_add(DT_MEM_PARAMS, U->held);
     U->state = s->stage ? U_HERE : U_FLIGHT;
@@ -321,13 +339,15 @@ static dt_status unit_drop(dt_shard *s, int u) {
     U->held = 0;
     float *p = dt_model_params(s->model);
     for (int r = U->r0; r < U->r0 + U->nr; r++) {
-        int shared = 0;
-        for (int v = 0; v < s->nunits && !shared; v++) {
-            if (v == u || s->units[v].state == U_DROPPED) continue;
-            for (int q = s->units[v].r0; q < s->units[v].r0 + s->units[v].nr; q++)
-                if (s->rlo[q] < s->rhi[r] && s->rlo[r] < s->rhi[q]) shared = 1;
+        int v, q = live_range(s, u, r, &v);
+        if (q >= 0 && s->rcnt[r] && !s->rcnt[q]) {   /* it stays: the unit keeping it counts it now */
+            size_t b = outside(s, s->rlo[q], s->rhi[q]);
+            s->rcnt[q] = 1;
+            s->units[v].held += b;
+            dt_mem_add(DT_MEM_PARAMS, b);
         }
-        if (!shared) DT_TRY(drop_range(s, p, s->rlo[r], s->rhi[r]));
+        s->rcnt[r] = 0;
+        if (q < 0) DT_TRY(drop_range(s, p, s->rlo[r], s->rhi[r]));
     }
     return DT_OK;
 }
@@ -424,11 +444,12 @@ dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_
     for (int i = 0; i < n; i++) cap += dt_model_layer(s->model, i)->ntensors;
     s->rlo = calloc((size_t)cap + 1, sizeof *s->rlo);
     s->rhi = calloc((size_t)cap + 1, sizeof *s->rhi);
+    s->rcnt = calloc((size_t)cap + 1, sizeof *s->rcnt);
     s->lunit = calloc((size_t)n + 1, sizeof *s->lunit);
     s->units = calloc((size_t)n + 1, sizeof *s->units);
     s->pend_cap = cap + 1;
     s->pend = calloc((size_t)s->pend_cap, sizeof *s->pend);
-    if (!s->rlo || !s->rhi || !s->lunit || !s->units || !s->pend) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
+    if (!s->rlo || !s->rhi || !s->rcnt || !s->lunit || !s->units || !s->pend) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
     s->nunits = dt_model_units(s->model, s->unit_floats, s->lunit, NULL);
     int nr = 0;
     for (int i = 0; i < n; i++) {
@@ -447,6 +468,7 @@ dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_
         U->last = i;
         U->nr = nr - U->r0;
     }
+    s->nranges = nr;
     for (int u = 0; u < s->nunits; u++) {   /* the most broadcasts a unit's gather takes */
         struct shard_unit *V = &s->units[u];
         for (int r = V->r0; r < V->r0 + V->nr; r++) V->cap += (int)((s->rhi[r] - 1) / s->per - s->rlo[r] / s->per) + 1;
@@ -483,6 +505,7 @@ dt_status dt_shard_gather_root(dt_shard *s) {
         dt_mem_sub(DT_MEM_PARAMS, s->units[u].held);
         s->units[u].held = 0;
     }
+    memset(s->rcnt, 0, (size_t)s->nranges);
     s->full_held = outside(s, 0, s->n);
     dt_mem_add(DT_MEM_PARAMS, s->full_held);
     s->full = 1;
@@ -517,6 +540,7 @@ dt_status dt_shard_drop_params(dt_shard *s) {
         dt_mem_sub(DT_MEM_PARAMS, s->units[u].held);
         s->units[u].held = 0;
     }
+    memset(s->rcnt, 0, (size_t)s->nranges);
     dt_mem_sub(DT_MEM_PARAMS, s->full_held);
     s->full_held = 0;
     s->full = 0;

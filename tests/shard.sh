@@ -107,8 +107,9 @@ ok $? "its validation losses are those of --shard none ($(vals gpt-fl))"
 # 3a''. parameters and gradients together beyond the shard (the largest of peak less
 #    end-of-step total over the ranks, all categories): --backward-prefetch pre holds the
 #    unit backward runs, the one before it and the gradient being summed, three units;
-#    post two (the tied embedding aside: the embedding's unit and the head's count it
-#    twice). The largest unit is the position table and the first attention, 4 C^2 + 22 C.
+#    post two (the tied embedding aside: the head starts its gradient, which is final
+#    only after the embedding's backward, at the end). The largest unit is the position
+#    table and the first attention, 4 C^2 + 22 C.
 run gpt-fl-post 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 \
     --warmup 1 --threads 1 --eval-every 1 --eval-batches 2 --shard params --recompute --shard-unit-mb 0.25 \
     --rank-stats 2 --backward-prefetch post
@@ -122,6 +123,19 @@ awk -v p="$xpre" -v x="$xpost" -v u="$U" 'BEGIN { exit !(p >= x + 0.5 * u / 1048
 ok $? "--backward-prefetch pre: a unit more ($xpre MiB)"
 [ -n "$(vals gpt-fl-post)" ] && [ "$(vals gpt-fl-post)" = "$(vals gpt-fl-none)" ] && cmp -s "$T/gpt-fl.st" "$T/gpt-fl-post.st"
 ok $? "with the validation losses and the weights of pre"
+
+# 3a'''. the tied embedding's two uses (the embedding's unit and the head's) gathered
+#    together, as forward prefetches the second while the first runs in this 2-unit
+#    model: its pages count once, so no rank's parameters ever count more than the whole
+#    (padded) array, 2 x 12288 floats (they used to, by the embedding's 32 KiB)
+timeout 120 "$R" -n 2 "$D" train --model "gpt(layers=1,heads=2,dim=32,block=16)" --data "tokens:$T/tok" --batch 4 \
+    --steps 2 --warmup 1 --threads 1 --no-eval --shard params --shard-unit-mb 0.04 --rank-stats 1 \
+    --metrics "$T/tied.jsonl" > "$T/tied.out" 2>&1
+ok $? "a 1-layer gpt in two units, both holding the tied embedding, trains with --shard params"
+per=$(sed -n 's/.*keeps the optimizer state of \([0-9]*\) of.*/\1/p' "$T/tied.out" | head -1)
+tp=$(sed -n 's/.*"mem_peak_bytes":{"params":\([0-9]*\).*/\1/p' "$T/tied.jsonl" | sort -n | tail -1)
+[ -n "$per" ] && [ -n "$tp" ] && [ "$tp" -gt 0 ] && [ "$tp" -le $((2 * per * 4)) ]
+ok $? "its accounted parameters peak at most at the whole array ($tp bytes; the array is $((2 * ${per:-0} * 4)))"
 
 # 3a'. a test split of 10 samples on 4 ranks of 2 samples a batch: shares of 2, 3, 2, 3,
 #    so ranks 0 and 2 finish after one forward where 1 and 3 take two; with --shard params
