@@ -273,4 +273,7 @@ timeout 60 "$D" train $BASE --model "$CNN" --shard params --shard-unit-mb 0 > "$
 timeout 60 "$D" train $BASE --model "$CNN" --shard params3 > "$T/bad.out" 2>&1
 [ $? -eq 2 ]; ok $? "an unknown --shard exits 2"
 ok_grep "$T/bad.out" "--shard: expected none, optim, grads or params, got 'params3'" "and names the choices"
+timeout 60 "$D" train $BASE --model "$CNN" --shard params --backward-prefetch late > "$T/badpf.out" 2>&1
+[ $? -eq 2 ]; ok $? "an unknown --backward-prefetch exits 2"
+ok_grep "$T/badpf.out" "--backward-prefetch: expected pre or post, got 'late'" "and names the choices"
 done_testing

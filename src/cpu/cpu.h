@@ -55,12 +55,13 @@ float    *dt_cpu_scratch(int slot, size_t floats);
  * tree, so a lane-wise sum's order depends on its length only. */
 #define DT_CPU_TREE8(a) ((((a)[0] + (a)[4]) + ((a)[2] + (a)[6])) + (((a)[1] + (a)[5]) + ((a)[3] + (a)[7])))
 
+/* The largest of m and s[0..n), in eight lanes (exact in any order). */
+float dt_cpu_row_max(const float *s, int n, float m);
+
 /* Sums over one contiguous run of n floats, for per-channel statistics:
  *   *s1 = sum a[i],  *s2 = sum a[i] * (b[i] - m)   (b == NULL: sum a[i]^2).
  * 16 float lanes (lane k takes the elements i = k mod 16), combined in double in a
  * fixed tree: the order depends on n only, and the lanes vectorise on any x86-64. */
-/* The largest of m and s[0..n), in eight lanes (exact in any order). */
-float dt_cpu_row_max(const float *s, int n, float m);
 void dt_cpu_run_sums(const float *a, const float *b, float m, size_t n, double *s1, double *s2);
 
 /* Single-threaded row-major GEMM (a thin wrapper of cblas_sgemm), for use inside

@@ -235,7 +235,8 @@ dt_status dt_cpu_xent_backward(float *dlogits, const float *probs, const int32_t
         }
         const int y = labels[i];   /* reading p[c] before writing d[c]: in place is fine */
         const float py = p[y];
-        for (int c = 0; c < C; c++) d[c] = (p[c] - off) * inv;   /* x - 0 is x: the bits of off + 0 */
+        /* (p - off - 0) is p - off: the bits the label test gave, without it in the loop */
+        for (int c = 0; c < C; c++) d[c] = (p[c] - off) * inv;
         d[y] = (py - off - on) * inv;
     }
     return DT_OK;
