@@ -60,7 +60,7 @@ typedef struct {
     int          rank;        /* local rank */
     pid_t        pid;
     int          status;      /* wait status once reaped */
-    int          reaped;
+    int          reaped;      /* 1; 2 while handle_signals has yet to report it */
     dtrun_stream s[2];        /* stdout, stderr */
     FILE        *log;         /* --log-dir file, or NULL */
     char        *tail[DTRUN_TAIL];   /* ring of the last stderr lines */

@@ -330,7 +330,10 @@ static void got_signal(dtrun_job *job, int sig) {
     job->no_restart = 1;
 }
 
-/* Read the signalfd: signals to forward, children to reap. */
+/* Read the signalfd: signals to forward, children to reap. Every child that has ended
+ * is reaped before any is reported, and a rank killed by a signal is reported before
+ * ranks that exited: when one rank is killed and another exits on losing it, both can
+ * be waiting by the time dtrun runs, in any order, and the killed one is the cause. */
 static void handle_signals(dtrun_job *job) {
     struct signalfd_siginfo si;
     while (read(job->sfd, &si, sizeof si) == (ssize_t)sizeof si)
@@ -342,12 +345,18 @@ static void handle_signals(dtrun_job *job) {
         for (int r = 0; r < job->cfg->nproc; r++) {
             dtrun_rank *rk = &job->rk[r];
             if (rk->reaped || rk->pid != pid) continue;
-            rk->reaped = 1;
+            rk->reaped = 2;   /* reaped, not reported yet */
             rk->status = status;
             job->alive--;
-            rank_ended(job, rk);
         }
     }
+    for (int pass = 0; pass < 2; pass++)   /* the signalled first, then the rest */
+        for (int r = 0; r < job->cfg->nproc; r++) {
+            dtrun_rank *rk = &job->rk[r];
+            if (rk->reaped != 2 || (pass == 0 && !WIFSIGNALED(rk->status))) continue;
+            rk->reaped = 1;
+            rank_ended(job, rk);
+        }
     if (job->alive == 0) job->kill_at = 0;
 }
 
