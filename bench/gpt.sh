@@ -37,6 +37,7 @@ if [ ! -s "$DATA/train.bin" ]; then
 fi
 
 . "$here/lib.sh"
+blas_kernels
 # dtrain_all PROCS THREADS ARGS...: dtrain's output (rank 0's, without its prefix)
 dtrain_all() {
     local np=$1 thr=$2; shift 2

@@ -30,3 +30,11 @@ peak_rss_mib() {
 # ROUNDS: rounds per table (DT_BENCH_ROUNDS, default 3)
 ROUNDS=${DT_BENCH_ROUNDS:-3}
 case $ROUNDS in ''|*[!0-9]*|0) echo "bench: DT_BENCH_ROUNDS must be a positive integer, got '$ROUNDS'" >&2; exit 2 ;; esac
+
+# blas_kernels: a line saying which sgemm kernels OpenBLAS runs, for dtrain and PyTorch
+# alike (both call the same library). OPENBLAS_CORETYPE, when set, chooses them: an
+# environment that sets it to Haswell runs the AVX2 kernels on a CPU with AVX-512,
+# about half the sgemm rate of OpenBLAS's own choice there.
+blas_kernels() {
+    echo "sgemm kernels: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset: OpenBLAS picks them from the CPU)}"
+}

@@ -40,6 +40,7 @@ torch_sps() {  # $1 model, $2 procs
     "$PY" "$PEERS/torch_ddp_fmnist.py" "$1" "$2" "$EPOCHS" 2>/dev/null | sed -n 's/.*samples_per_s=\([0-9]*\).*/\1/p'
 }
 . "$here/lib.sh"   # ratio, median
+blas_kernels
 
 printf "%-5s %-14s %12s %12s %8s\n" model config dtrain pytorch ratio
 for m in mlp cnn; do
