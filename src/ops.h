@@ -363,6 +363,10 @@ typedef struct dt_ops dt_ops;
 struct dt_ops {
     const char *name;                    /* "cpu", "cuda" */
     int         host_memory;             /* 1: device pointers are host pointers */
+    size_t      page_block;              /* host memory: an allocation of at least this many
+                                          * bytes starts on a multiple of it, its whole blocks
+                                          * are pages of that size (huge pages) that discard
+                                          * gives back whole; 0: no such blocks */
 #define DT_OPS_DEVICE_MEMBER_(ret, name, params) ret (*name) params;
     DT_OPS_DEVICE(DT_OPS_DEVICE_MEMBER_)
 #undef DT_OPS_DEVICE_MEMBER_

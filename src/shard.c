@@ -81,6 +81,11 @@ struct dt_shard {
     size_t        grads_gone; /* release_grads: bytes of this rank's gradient given back */
     int           npend, pend_cap;
     size_t        pend_floats;
+    /* host memory: the gradient array's blocks (ops page_block) outside the shard go
+     * back whole once every gradient in them is summed: blk_need floats each, blk_dead
+     * summed so far in this pass (0 for a block that holds part of the shard) */
+    size_t       *blk_need, *blk_dead;
+    size_t        nblk;
 };
 
 /* The shards of n parameters over world ranks: per floats each (whole chunks), rank's
@@ -164,6 +169,8 @@ void dt_shard_free(dt_shard *s) {
     free(s->rlo);
     free(s->rcnt);
     free(s->rhi);
+    free(s->blk_need);
+    free(s->blk_dead);
     if (s->host) s->ops->host_free(s->host);
     s->ops->free(s->dparts);
     free(s->parts);
@@ -254,6 +261,64 @@ static dt_status drop_range(dt_shard *s, float *buf, size_t a, size_t b) {
     if (a < mine) DT_TRY(s->ops->discard(buf + a, ((b < mine ? b : mine) - a) * sizeof(float)));
     if (b > end) DT_TRY(s->ops->discard(buf + (a > end ? a : end), (b - (a > end ? a : end)) * sizeof(float)));
     return DT_OK;
+}
+
+/* Pages go back in the device's blocks where they can (ops page_block: the CPU's 2 MiB
+ * huge pages). A block given back whole comes back as one page at its next use; one
+ * given back in part is split into 4 KiB pages until the whole block is given back,
+ * and each of those pages is a page fault at every gather (12 us on a virtual machine
+ * here, where 2 MiB takes 250 us). Floats per block, 0 when the model's arrays are
+ * not in blocks; *end: the floats of an array's whole blocks (a partial last block is
+ * in 4 KiB pages). */
+static size_t block_floats(const dt_shard *s, size_t *end) {
+    size_t pb = s->ops->host_memory ? s->ops->page_block : 0, cap = s->per * (size_t)s->world;
+    if (pb < sizeof(float) || cap * sizeof(float) < pb) return *end = 0;
+    size_t bf = pb / sizeof(float);
+    *end = cap / bf * bf;
+    return bf;
+}
+
+/* 1: this rank needs nothing of the parameters [x, y) now: none of its shard, of a
+ * unit gathered or of one arriving (the worker thread is writing those). */
+static int params_idle(const dt_shard *s, size_t x, size_t y) {
+    size_t mine = s->per * (size_t)s->rank, end = mine + s->per;
+    if (x < end && mine < y) return 0;
+    for (int v = 0; v < s->nunits; v++) {
+        const struct shard_unit *V = &s->units[v];
+        if (V->state == U_DROPPED) continue;
+        for (int q = V->r0; q < V->r0 + V->nr; q++)
+            if (s->rlo[q] < y && x < s->rhi[q]) return 0;
+    }
+    return 1;
+}
+
+/* 1: unit u's ranges cover [x, y). */
+static int unit_covers(const dt_shard *s, int u, size_t x, size_t y) {
+    const struct shard_unit *U = &s->units[u];
+    for (int moved = 1; x < y && moved;) {
+        moved = 0;
+        for (int r = U->r0; r < U->r0 + U->nr; r++)
+            if (s->rlo[r] <= x && x < s->rhi[r]) {
+                x = s->rhi[r];
+                moved = 1;
+            }
+    }
+    return x >= y;
+}
+
+/* Drop the parameters [a, b) of unit u (dropped), grown to the whole blocks around it
+ * where u fills the rest of those blocks and nothing there is needed: such a block
+ * comes back whole at u's next gather. A block that other units share stays in 4 KiB
+ * pages: gathering one of them in a 2 MiB page would bring the others' bytes early. */
+static dt_status drop_params(dt_shard *s, int u, float *p, size_t a, size_t b) {
+    size_t end, bf = block_floats(s, &end);
+    if (bf) {
+        size_t lo = a / bf * bf, hi = (b + bf - 1) / bf * bf;
+        if (hi > end) hi = end;
+        if (lo < a && unit_covers(s, u, lo, a) && params_idle(s, lo, a)) a = lo;
+        if (hi > b && unit_covers(s, u, b, hi) && params_idle(s, b, hi)) b = hi;
+    }
+    return drop_range(s, p, a, b);
 }
 
 /* Bytes of [a, b) outside this rank's shard: what gathering it adds (accounting). */
@@ -347,7 +412,7 @@ static dt_status unit_drop(dt_shard *s, int u) {
             dt_mem_add(DT_MEM_PARAMS, b);
         }
         s->rcnt[r] = 0;
-        if (q < 0) DT_TRY(drop_range(s, p, s->rlo[r], s->rhi[r]));
+        if (q < 0) DT_TRY(drop_params(s, u, p, s->rlo[r], s->rhi[r]));
     }
     return DT_OK;
 }
@@ -366,6 +431,8 @@ static dt_status grads_room(dt_shard *s, int layer) {
 
 static dt_status on_layer(void *ctx, int layer, dt_layer_phase phase) {
     dt_shard *s = ctx;
+    if (layer == 0 && phase == DT_HOOK_FWD_PRE && s->nblk)   /* a pass begins: no sum in flight */
+        memset(s->blk_dead, 0, s->nblk * sizeof *s->blk_dead);
     if (s->full) return DT_OK;
     int u = s->lunit[layer];
     const struct shard_unit *U = &s->units[u];
@@ -397,6 +464,23 @@ static dt_status on_layer(void *ctx, int layer, dt_layer_phase phase) {
     return DT_OK;
 }
 
+/* The gradients [lo, hi) outside the shard are summed and dropped (their whole pages):
+ * a block they complete goes back whole, so that the page table of its 4 KiB pieces
+ * goes too and the next backward writes it as one 2 MiB page. */
+static dt_status grads_blocks(dt_shard *s, float *g, size_t lo, size_t hi) {
+    size_t all, bf = block_floats(s, &all);
+    for (size_t b = s->nblk ? lo / bf : 0; b < s->nblk && b * bf < hi; b++) {
+        size_t x = b * bf > lo ? b * bf : lo, y = (b + 1) * bf < hi ? (b + 1) * bf : hi;
+        if (!s->blk_need[b]) continue;
+        if (y > s->n) y = s->n;
+        s->blk_dead[b] += y > x ? y - x : 0;
+        if (s->blk_dead[b] < s->blk_need[b]) continue;
+        s->blk_dead[b] = 0;
+        DT_TRY(s->ops->discard(g + b * bf, bf * sizeof(float)));
+    }
+    return DT_OK;
+}
+
 /* Gradient sums in flight, oldest first: wait for the first `force` of them, settle
  * the ones after that are done already; a settled slice is dropped but for this rank's
  * shard. */
@@ -407,6 +491,7 @@ static dt_status grads_settle(dt_shard *s, int force) {
     for (; i < s->npend && (i < force || dt_work_test(s->pend[i].work)); i++) {
         dt_status w = dt_work_wait(s->pend[i].work);
         if (w == DT_OK) w = drop_range(s, g, s->pend[i].lo, s->pend[i].hi);
+        if (w == DT_OK) w = grads_blocks(s, g, s->pend[i].lo, s->pend[i].hi);
         dt_mem_sub(DT_MEM_GRADS, outside(s, s->pend[i].lo, s->pend[i].hi));
         if (st == DT_OK) st = w;
         s->pend_floats -= s->pend[i].hi - s->pend[i].lo;
@@ -434,6 +519,24 @@ static dt_status on_final(void *ctx, size_t lo, size_t hi) {
     s->pend[s->npend++].hi = hi;
     s->pend_floats += hi - lo;
     return grads_settle(s, 0);
+}
+
+/* The gradient array's blocks outside the shard that one unit fills: how many gradients
+ * each holds (as for the parameters, a block units share stays in 4 KiB pages). */
+static dt_status blocks_init(dt_shard *s) {
+    size_t all, bf = block_floats(s, &all), mine = s->per * (size_t)s->rank, end = mine + s->per;
+    if (!bf || ((uintptr_t)dt_model_grads(s->model) & (bf * sizeof(float) - 1))) return DT_OK;
+    s->nblk = all / bf;
+    s->blk_need = calloc(s->nblk, sizeof *s->blk_need);
+    s->blk_dead = calloc(s->nblk, sizeof *s->blk_dead);
+    if (!s->blk_need || !s->blk_dead) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
+    for (size_t b = 0; b < s->nblk; b++) {
+        size_t lo = b * bf, hi = lo + bf < s->n ? lo + bf : s->n;
+        int one = 0;
+        for (int u = 0; u < s->nunits && !one && hi > lo; u++) one = unit_covers(s, u, lo, hi);
+        if (one && !(lo < end && mine < lo + bf)) s->blk_need[b] = hi - lo;
+    }
+    return DT_OK;
 }
 
 dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_prefetch prefetch) {
@@ -474,6 +577,7 @@ dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_
         for (int r = V->r0; r < V->r0 + V->nr; r++) V->cap += (int)((s->rhi[r] - 1) / s->per - s->rlo[r] / s->per) + 1;
         if (!(V->work = calloc((size_t)V->cap + 1, sizeof *V->work))) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
     }
+    if (s->ops->host_memory) DT_TRY(blocks_init(s));
     s->full = 1;   /* until the start-of-run broadcast is done and drop_params is called */
     dt_model_set_layer_hook(s->model, on_layer, s);
     dt_ddp_set_final_hook(ddp, on_final, s);

@@ -4,7 +4,8 @@
  * plan (dt_model_plan_memory) equal to what building it allocates, category by
  * category, with and without recomputation; recomputation giving the gradients and
  * batchnorm buffers of a run without it, bit for bit; and the plan's formula rows
- * (plan.h) for the sharding modes and precisions. */
+ * (plan.h) for the sharding modes and precisions; the CPU's large arrays in 2 MiB
+ * blocks of huge pages, and what giving back part of one leaves. */
 #include "comm.h"
 #include "ddp.h"
 #include "mem.h"
@@ -16,6 +17,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -376,6 +378,64 @@ static void test_plan_rings(void) {
     unsetenv("DT_SHM_BUDGET");
 }
 
+/* Kilobytes of huge pages in the mapping that holds p (/proc/self/smaps), -1 unknown. */
+static long huge_kb_at(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0;
+    long kb = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= a && (uintptr_t)p < b;
+            continue;
+        }
+        if (in && sscanf(line, "AnonHugePages: %ld kB", &kb) == 1) break;
+    }
+    fclose(f);
+    return kb;
+}
+
+/* The CPU backend's arrays of 2 MiB or more (ops page_block) start on a block and
+ * come in huge pages where the kernel has them; discard gives back the whole pages of
+ * a range, zeros where they were, and keeps the bytes around it. */
+static void test_page_blocks(void) {
+    const dt_ops *ops = dt_ops_cpu();
+    /* 40 MiB: beyond the largest size glibc serves from memory used before (32 MiB),
+     * which earlier tests touched in 4 KiB pages */
+    const size_t pb = ops->page_block, n = (40u << 20) / sizeof(float) + 25;
+    is_int((long long)pb, 2 << 20, "cpu page_block is 2 MiB");
+    float *a = NULL, *small = NULL;
+    if (!ok(ops->alloc((void **)&a, n * sizeof(float)) == DT_OK && ops->alloc((void **)&small, 1000) == DT_OK,
+            "alloc 40 MiB and 1000 bytes")) return;
+    ok((uintptr_t)a % pb == 0, "an array of 40 MiB starts on a 2 MiB block");
+    ok((uintptr_t)small % 64 == 0, "a small one on 64 bytes");
+    ok(ops->fill(a, 1.0f, n) == DT_OK, "fill");
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char mode[128] = "";
+    if (f && !fgets(mode, sizeof mode, f)) mode[0] = 0;
+    if (f) fclose(f);
+    if (strstr(mode, "[always]") || strstr(mode, "[madvise]"))
+        ok(huge_kb_at(a) >= 2048, "its whole blocks are huge pages (%ld kB; transparent huge pages: %.*s)",
+           huge_kb_at(a), (int)strcspn(mode, "\n"), mode);
+    else
+        skip(1, "no transparent huge pages here");
+    /* give back [1 MiB + 3 floats, 3.5 MiB + 5 floats): what lies in whole 4 KiB pages
+     * reads 0, the rest of the range and everything around it 1 */
+    const size_t lo = (1u << 20) / sizeof(float) + 3, hi = (7u << 19) / sizeof(float) + 5, pg = 4096 / sizeof(float);
+    ok(ops->discard(a + lo, (hi - lo) * sizeof(float)) == DT_OK, "discard part of two blocks");
+    size_t wlo = (lo + pg - 1) / pg * pg, whi = hi / pg * pg, bad = 0;
+    for (size_t i = 0; i < n; i++) bad += a[i] != (i >= wlo && i < whi ? 0.0f : 1.0f);
+    is_int((long long)bad, 0, "zeros in the whole pages given back, ones elsewhere");
+    ok(ops->fill(a + lo, 2.0f, hi - lo) == DT_OK, "the range written again");
+    bad = 0;
+    for (size_t i = 0; i < n; i++) bad += a[i] != (i >= lo && i < hi ? 2.0f : 1.0f);
+    is_int((long long)bad, 0, "and it reads back");
+    ops->free(a);
+    ops->free(small);
+}
+
 int main(void) {
     test_counts();
     test_threads();
@@ -384,5 +444,6 @@ int main(void) {
     test_recompute_bits();
     test_plan_rows();
     test_plan_rings();
+    test_page_blocks();
     return done_testing();
 }

@@ -14,6 +14,7 @@
 #include "cpu.h"
 
 #include <cblas.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,19 +55,41 @@ static dt_status cpu_set_threads(int n) {
     return DT_OK;
 }
 
+/* Arrays of CPU_HUGE bytes or more (parameters, gradients, optimizer state, the
+ * activation arena of any real model) start on a 2 MiB boundary, and their whole
+ * 2 MiB blocks ask for transparent huge pages (the last, partial block stays in 4 KiB
+ * pages, so that touching its start does not make 2 MiB resident). Sharding gives
+ * back the pages of the ranges a rank does not own after each use (cpu_discard) and
+ * touches them again at the next gather. With 4 KiB pages that is a page fault per
+ * 4 KiB: writing 8 MiB and giving it back took 24 ms on a virtual machine here, 1 ms
+ * in 2 MiB pages. A discarded range gives back its whole 2 MiB pages and splits the
+ * ones at its ends, so what stays resident is what it would be with 4 KiB pages. */
+#define CPU_HUGE ((size_t)2 << 20)
+
 static dt_status cpu_alloc(void **p, size_t bytes) {
     if (!p) return dt_error(DT_ERR_INVALID, "cpu alloc: NULL result pointer");
     *p = NULL;
     if (bytes == 0) return DT_OK;
-    size_t rounded = (bytes + 63) & ~(size_t)63;   /* aligned_alloc wants a multiple of the alignment */
-    if (rounded < bytes) return dt_error(DT_ERR_NOMEM, "cpu alloc: %zu bytes is too large", bytes);
-    void *q = aligned_alloc(64, rounded);
-    if (!q) return dt_error(DT_ERR_NOMEM, "cpu alloc: out of memory allocating %zu bytes", bytes);
+    void *q = NULL;
+    if (posix_memalign(&q, bytes >= CPU_HUGE ? CPU_HUGE : 64, bytes) != 0 || !q)
+        return dt_error(DT_ERR_NOMEM, "cpu alloc: out of memory allocating %zu bytes", bytes);
+#ifdef MADV_HUGEPAGE
+    /* advice only: without transparent huge pages it fails, and the pages stay 4 KiB */
+    if (bytes >= CPU_HUGE) (void)madvise(q, bytes & ~(CPU_HUGE - 1), MADV_HUGEPAGE);
+#endif
     *p = q;
     return DT_OK;
 }
 
-static void cpu_free(void *p) { free(p); }
+/* The advice goes with the array: memory the allocator hands out again for something
+ * small must not fault in 2 MiB at a time. */
+static void cpu_free(void *p) {
+#ifdef MADV_NOHUGEPAGE
+    size_t n = p && ((uintptr_t)p & (CPU_HUGE - 1)) == 0 ? malloc_usable_size(p) : 0;
+    if (n >= CPU_HUGE) (void)madvise(p, n & ~(CPU_HUGE - 1), MADV_NOHUGEPAGE);
+#endif
+    free(p);
+}
 
 static dt_status cpu_zero(void *p, size_t bytes) {
     if (bytes == 0) return DT_OK;
@@ -88,7 +111,7 @@ static dt_status cpu_copy_h2d_async(void *dst, const void *src, size_t bytes) { 
 static dt_status cpu_copy_d2h(void *dst, const void *src, size_t bytes) { return cpu_copy(dst, src, bytes); }
 static dt_status cpu_copy_d2d(void *dst, const void *src, size_t bytes) { return cpu_copy(dst, src, bytes); }
 static dt_status cpu_host_alloc(void **p, size_t bytes) { return cpu_alloc(p, bytes); }
-static void cpu_host_free(void *p) { free(p); }
+static void cpu_host_free(void *p) { cpu_free(p); }
 
 /* The whole pages inside [p, p + bytes) go back to the kernel (MADV_DONTNEED: private
  * anonymous memory reads as zeros afterwards); the pages at either end, which may hold
@@ -114,6 +137,7 @@ static dt_status cpu_synchronize(void) { return DT_OK; }
 static const dt_ops cpu_table = {
     .name        = "cpu",
     .host_memory = 1,
+    .page_block = CPU_HUGE,
     DT_OPS_TABLE_INIT(NULL)
 };
 
