@@ -345,6 +345,10 @@ static inline DT_HD void dt_adamw_elem(float *p, float *m, float *v, float grad,
      * needed: the device may take their memory back (they read as zeros, or as they \
      * were, until written); for sharded parameters (shard.h) */ \
     X(dt_status, discard,     (void *p, size_t bytes)) \
+    /* the whole pages inside [p, p + bytes) stay small pages (page_block > 0): a range \
+     * whose resident part changes piece by piece, which the system must not fill to a \
+     * whole block behind the caller's back */ \
+    X(dt_status, small_pages, (void *p, size_t bytes)) \
     X(dt_status, synchronize, (void))                     /* wait for all queued work */ \
     X(dt_status, set_threads, (int n))                    /* compute threads (OpenMP on cpu); n >= 1 */
 

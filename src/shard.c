@@ -521,20 +521,46 @@ static dt_status on_final(void *ctx, size_t lo, size_t hi) {
     return grads_settle(s, 0);
 }
 
-/* The gradient array's blocks outside the shard that one unit fills: how many gradients
- * each holds (as for the parameters, a block units share stays in 4 KiB pages). */
+/* 1: layer i's parameters cover [x, y). */
+static int layer_covers(const dt_shard *s, int i, size_t x, size_t y) {
+    const dt_layer *L = dt_model_layer(s->model, i);
+    for (int moved = 1; x < y && moved;) {
+        moved = 0;
+        for (int t = 0; t < L->ntensors; t++) {
+            const dt_layer_tensor *T = &L->t[t];
+            if ((T->role == DT_TENSOR_PARAM || T->role == DT_TENSOR_TIED) && T->offset <= x &&
+                x < T->offset + (size_t)T->numel) {
+                x = T->offset + (size_t)T->numel;
+                moved = 1;
+            }
+        }
+    }
+    return x >= y;
+}
+
+/* The model's arrays in blocks. A block inside the shard stays resident, whole. One
+ * outside it that one unit's parameters fill comes and goes with the unit (drop_params),
+ * and its gradients go back once summed if one layer's parameters fill it: blk_need
+ * gradients (a block layers share would be written as one 2 MiB page by the first
+ * layer's backward, before grads_room has made room for the next layer's gradient).
+ * Every other block stays in small pages: it is resident in part. */
 static dt_status blocks_init(dt_shard *s) {
     size_t all, bf = block_floats(s, &all), mine = s->per * (size_t)s->rank, end = mine + s->per;
-    if (!bf || ((uintptr_t)dt_model_grads(s->model) & (bf * sizeof(float) - 1))) return DT_OK;
+    float *p = dt_model_params(s->model), *g = dt_model_grads(s->model);
+    if (!bf || (((uintptr_t)p | (uintptr_t)g) & (bf * sizeof(float) - 1))) return DT_OK;
     s->nblk = all / bf;
     s->blk_need = calloc(s->nblk, sizeof *s->blk_need);
     s->blk_dead = calloc(s->nblk, sizeof *s->blk_dead);
     if (!s->blk_need || !s->blk_dead) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
     for (size_t b = 0; b < s->nblk; b++) {
         size_t lo = b * bf, hi = lo + bf < s->n ? lo + bf : s->n;
-        int one = 0;
-        for (int u = 0; u < s->nunits && !one && hi > lo; u++) one = unit_covers(s, u, lo, hi);
-        if (one && !(lo < end && mine < lo + bf)) s->blk_need[b] = hi - lo;
+        if (lo >= mine && lo + bf <= end) continue;
+        int unit = 0, layer = 0, shard = lo < end && mine < lo + bf;
+        for (int u = 0; u < s->nunits && !unit && !shard && hi > lo; u++) unit = unit_covers(s, u, lo, hi);
+        for (int i = 0; i < dt_model_nlayers(s->model) && !layer && unit; i++) layer = layer_covers(s, i, lo, hi);
+        if (layer) s->blk_need[b] = hi - lo;
+        else DT_TRY(s->ops->small_pages(g + lo, bf * sizeof(float)));
+        if (!unit) DT_TRY(s->ops->small_pages(p + lo, bf * sizeof(float)));
     }
     return DT_OK;
 }
