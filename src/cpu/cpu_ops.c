@@ -113,16 +113,22 @@ static dt_status cpu_copy_d2d(void *dst, const void *src, size_t bytes) { return
 static dt_status cpu_host_alloc(void **p, size_t bytes) { return cpu_alloc(p, bytes); }
 static void cpu_host_free(void *p) { cpu_free(p); }
 
+/* The whole pages inside [p, p + bytes): [*a, *b), empty when there are none. */
+static void whole_pages(const void *p, size_t bytes, uintptr_t *a, uintptr_t *b) {
+    long pg = sysconf(_SC_PAGESIZE);
+    *a = *b = 0;
+    if (pg <= 0 || bytes == 0 || !p) return;
+    *a = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    *b = ((uintptr_t)p + bytes) & ~((uintptr_t)pg - 1);
+}
+
 /* The whole pages inside [p, p + bytes) go back to the kernel (MADV_DONTNEED: private
  * anonymous memory reads as zeros afterwards); the pages at either end, which may hold
  * other data, stay. */
 static dt_status cpu_discard(void *p, size_t bytes) {
-    long pg = sysconf(_SC_PAGESIZE);
-    if (pg <= 0 || bytes == 0 || !p) return DT_OK;
-    uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
-    uintptr_t b = ((uintptr_t)p + bytes) & ~((uintptr_t)pg - 1);
-    if (b <= a) return DT_OK;
-    if (madvise((void *)a, b - a, MADV_DONTNEED) != 0)
+    uintptr_t a, b;
+    whole_pages(p, bytes, &a, &b);
+    if (b > a && madvise((void *)a, b - a, MADV_DONTNEED) != 0)
         return dt_error(DT_ERR_IO, "cpu discard: madvise of %zu bytes failed", (size_t)(b - a));
     return DT_OK;
 }
@@ -131,10 +137,8 @@ static dt_status cpu_discard(void *p, size_t bytes) {
  * its 512 pages may be absent), making 2 MiB resident where the owner keeps a part. */
 static dt_status cpu_small_pages(void *p, size_t bytes) {
 #ifdef MADV_NOHUGEPAGE
-    long pg = sysconf(_SC_PAGESIZE);
-    if (pg <= 0 || bytes == 0 || !p) return DT_OK;
-    uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
-    uintptr_t b = ((uintptr_t)p + bytes) & ~((uintptr_t)pg - 1);
+    uintptr_t a, b;
+    whole_pages(p, bytes, &a, &b);
     if (b > a && madvise((void *)a, b - a, MADV_NOHUGEPAGE) != 0)
         return dt_error(DT_ERR_IO, "cpu small_pages: madvise of %zu bytes failed", (size_t)(b - a));
 #else
