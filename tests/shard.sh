@@ -239,8 +239,13 @@ done
 sed -i 's/^\[rank0\]://' "$T"/mem*.out
 full=$(awk -v a="$(peak mem-none)" -v b="$(peak mem0-none)" 'BEGIN { print a - b }')
 part=$(awk -v a="$(peak mem-params)" -v b="$(peak mem0-params)" 'BEGIN { print a - b }')
-awk -v f="$full" -v p="$part" 'BEGIN { exit !(f > 400 && p > 0 && p <= 0.30 * f) }'
-ok $? "--shard params keeps at most 30% of --shard none's state per rank ($part MiB against $full MiB)"
+if [ -n "${DT_SANITIZED:-}" ]; then   # ASan here: 179 against 568 MiB; the same build without it: 138 against 501
+    skip "--shard params keeps at most 30% of --shard none's state per rank: a sanitizer build's shadow memory" \
+         "(1/8 of each array's whole address range, the parameters' and gradients' too, resident in every mode) is in its figures"
+else
+    awk -v f="$full" -v p="$part" 'BEGIN { exit !(f > 400 && p > 0 && p <= 0.30 * f) }'
+    ok $? "--shard params keeps at most 30% of --shard none's state per rank ($part MiB against $full MiB)"
+fi
 
 # 6b. dtrain plan against the accounted peak of an 8-layer MLP on 4 processes, every mode
 MLP8="flatten $(i=0; while [ $i -lt 8 ]; do printf 'linear(1024) relu '; i=$((i + 1)); done)linear(4)"

@@ -158,7 +158,7 @@ static dt_status cpu_synchronize(void) { return DT_OK; }
 static const dt_ops cpu_table = {
     .name        = "cpu",
     .host_memory = 1,
-    .page_block = CPU_HUGE,
+    .page_block  = CPU_HUGE,
     DT_OPS_TABLE_INIT(NULL)
 };
 

@@ -497,6 +497,7 @@ dt_status dt_cu_pairwise(double *v, double *tmp, size_t n, double divisor, float
 static const dt_ops cuda_table = {
     .name        = "cuda",
     .host_memory = 0,
+    .page_block  = 0,
     DT_OPS_TABLE_INIT(cu_memory)
 };
 
