@@ -81,11 +81,13 @@ struct dt_shard {
     size_t        grads_gone; /* release_grads: bytes of this rank's gradient given back */
     int           npend, pend_cap;
     size_t        pend_floats;
-    /* host memory: the gradient array's blocks (ops page_block) outside the shard go
-     * back whole once every gradient in them is summed: blk_need floats each, blk_dead
-     * summed so far in this pass (0 for a block that holds part of the shard) */
+    int          *lr0;        /* layer i's ranges: rlo/rhi[lr0[i] .. lr0[i + 1]) */
+    /* host memory: the model's arrays in nblk blocks of blk_floats (ops page_block);
+     * a gradient block outside the shard that one layer fills goes back whole once
+     * every gradient in it is summed: blk_need floats (0: not such a block), blk_dead
+     * summed so far in this pass */
     size_t       *blk_need, *blk_dead;
-    size_t        nblk;
+    size_t        nblk, blk_floats;
 };
 
 /* The shards of n parameters over world ranks: per floats each (whole chunks), rank's
@@ -169,6 +171,7 @@ void dt_shard_free(dt_shard *s) {
     free(s->rlo);
     free(s->rcnt);
     free(s->rhi);
+    free(s->lr0);
     free(s->blk_need);
     free(s->blk_dead);
     if (s->host) s->ops->host_free(s->host);
@@ -267,16 +270,7 @@ static dt_status drop_range(dt_shard *s, float *buf, size_t a, size_t b) {
  * huge pages). A block given back whole comes back as one page at its next use; one
  * given back in part is split into 4 KiB pages until the whole block is given back,
  * and each of those pages is a page fault at every gather (12 us on a virtual machine
- * here, where 2 MiB takes 250 us). Floats per block, 0 when the model's arrays are
- * not in blocks; *end: the floats of an array's whole blocks (a partial last block is
- * in 4 KiB pages). */
-static size_t block_floats(const dt_shard *s, size_t *end) {
-    size_t pb = s->ops->host_memory ? s->ops->page_block : 0, cap = s->per * (size_t)s->world;
-    if (pb < sizeof(float) || cap * sizeof(float) < pb) return *end = 0;
-    size_t bf = pb / sizeof(float);
-    *end = cap / bf * bf;
-    return bf;
-}
+ * here, where 2 MiB takes 250 us). blocks_init finds the blocks. */
 
 /* 1: this rank needs nothing of the parameters [x, y) now: none of its shard, of a
  * unit gathered or of one arriving (the worker thread is writing those). */
@@ -292,12 +286,11 @@ static int params_idle(const dt_shard *s, size_t x, size_t y) {
     return 1;
 }
 
-/* 1: unit u's ranges cover [x, y). */
-static int unit_covers(const dt_shard *s, int u, size_t x, size_t y) {
-    const struct shard_unit *U = &s->units[u];
+/* 1: the parameter ranges [r0, r0 + nr) cover [x, y). */
+static int ranges_cover(const dt_shard *s, int r0, int nr, size_t x, size_t y) {
     for (int moved = 1; x < y && moved;) {
         moved = 0;
-        for (int r = U->r0; r < U->r0 + U->nr; r++)
+        for (int r = r0; r < r0 + nr; r++)
             if (s->rlo[r] <= x && x < s->rhi[r]) {
                 x = s->rhi[r];
                 moved = 1;
@@ -306,15 +299,19 @@ static int unit_covers(const dt_shard *s, int u, size_t x, size_t y) {
     return x >= y;
 }
 
+static int unit_covers(const dt_shard *s, int u, size_t x, size_t y) {
+    return ranges_cover(s, s->units[u].r0, s->units[u].nr, x, y);
+}
+
 /* Drop the parameters [a, b) of unit u (dropped), grown to the whole blocks around it
  * where u fills the rest of those blocks and nothing there is needed: such a block
  * comes back whole at u's next gather. A block that other units share stays in 4 KiB
  * pages: gathering one of them in a 2 MiB page would bring the others' bytes early. */
 static dt_status drop_params(dt_shard *s, int u, float *p, size_t a, size_t b) {
-    size_t end, bf = block_floats(s, &end);
-    if (bf) {
+    size_t bf = s->blk_floats;
+    if (s->nblk) {
         size_t lo = a / bf * bf, hi = (b + bf - 1) / bf * bf;
-        if (hi > end) hi = end;
+        if (hi > s->nblk * bf) hi = s->nblk * bf;
         if (lo < a && unit_covers(s, u, lo, a) && params_idle(s, lo, a)) a = lo;
         if (hi > b && unit_covers(s, u, b, hi) && params_idle(s, b, hi)) b = hi;
     }
@@ -468,7 +465,7 @@ static dt_status on_layer(void *ctx, int layer, dt_layer_phase phase) {
  * a block they complete goes back whole, so that the page table of its 4 KiB pieces
  * goes too and the next backward writes it as one 2 MiB page. */
 static dt_status grads_blocks(dt_shard *s, float *g, size_t lo, size_t hi) {
-    size_t all, bf = block_floats(s, &all);
+    size_t bf = s->blk_floats;
     for (size_t b = s->nblk ? lo / bf : 0; b < s->nblk && b * bf < hi; b++) {
         size_t x = b * bf > lo ? b * bf : lo, y = (b + 1) * bf < hi ? (b + 1) * bf : hi;
         if (!s->blk_need[b]) continue;
@@ -521,23 +518,6 @@ static dt_status on_final(void *ctx, size_t lo, size_t hi) {
     return grads_settle(s, 0);
 }
 
-/* 1: layer i's parameters cover [x, y). */
-static int layer_covers(const dt_shard *s, int i, size_t x, size_t y) {
-    const dt_layer *L = dt_model_layer(s->model, i);
-    for (int moved = 1; x < y && moved;) {
-        moved = 0;
-        for (int t = 0; t < L->ntensors; t++) {
-            const dt_layer_tensor *T = &L->t[t];
-            if ((T->role == DT_TENSOR_PARAM || T->role == DT_TENSOR_TIED) && T->offset <= x &&
-                x < T->offset + (size_t)T->numel) {
-                x = T->offset + (size_t)T->numel;
-                moved = 1;
-            }
-        }
-    }
-    return x >= y;
-}
-
 /* The model's arrays in blocks. A block inside the shard stays resident, whole. One
  * outside it that one unit's parameters fill comes and goes with the unit (drop_params),
  * and its gradients go back once summed if one layer's parameters fill it: blk_need
@@ -545,19 +525,24 @@ static int layer_covers(const dt_shard *s, int i, size_t x, size_t y) {
  * layer's backward, before grads_room has made room for the next layer's gradient).
  * Every other block stays in small pages: it is resident in part. */
 static dt_status blocks_init(dt_shard *s) {
-    size_t all, bf = block_floats(s, &all), mine = s->per * (size_t)s->rank, end = mine + s->per;
+    size_t pb = s->ops->page_block, cap = s->per * (size_t)s->world, mine = s->per * (size_t)s->rank,
+           end = mine + s->per, bf = pb / sizeof(float);
     float *p = dt_model_params(s->model), *g = dt_model_grads(s->model);
-    if (!bf || (((uintptr_t)p | (uintptr_t)g) & (bf * sizeof(float) - 1))) return DT_OK;
-    s->nblk = all / bf;
-    s->blk_need = calloc(s->nblk, sizeof *s->blk_need);
-    s->blk_dead = calloc(s->nblk, sizeof *s->blk_dead);
+    /* a partial last block is in 4 KiB pages (cpu_alloc) */
+    if (!bf || cap < bf || (((uintptr_t)p | (uintptr_t)g) & (pb - 1))) return DT_OK;
+    size_t nblk = cap / bf;
+    s->blk_need = calloc(nblk, sizeof *s->blk_need);
+    s->blk_dead = calloc(nblk, sizeof *s->blk_dead);
     if (!s->blk_need || !s->blk_dead) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
+    s->nblk = nblk;
+    s->blk_floats = bf;
     for (size_t b = 0; b < s->nblk; b++) {
         size_t lo = b * bf, hi = lo + bf < s->n ? lo + bf : s->n;
         if (lo >= mine && lo + bf <= end) continue;
         int unit = 0, layer = 0, shard = lo < end && mine < lo + bf;
         for (int u = 0; u < s->nunits && !unit && !shard && hi > lo; u++) unit = unit_covers(s, u, lo, hi);
-        for (int i = 0; i < dt_model_nlayers(s->model) && !layer && unit; i++) layer = layer_covers(s, i, lo, hi);
+        for (int i = 0; i < dt_model_nlayers(s->model) && !layer && unit; i++)
+            layer = ranges_cover(s, s->lr0[i], s->lr0[i + 1] - s->lr0[i], lo, hi);
         if (layer) s->blk_need[b] = hi - lo;
         else DT_TRY(s->ops->small_pages(g + lo, bf * sizeof(float)));
         if (!unit) DT_TRY(s->ops->small_pages(p + lo, bf * sizeof(float)));
@@ -575,10 +560,11 @@ dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_
     s->rhi = calloc((size_t)cap + 1, sizeof *s->rhi);
     s->rcnt = calloc((size_t)cap + 1, sizeof *s->rcnt);
     s->lunit = calloc((size_t)n + 1, sizeof *s->lunit);
+    s->lr0 = calloc((size_t)n + 1, sizeof *s->lr0);
     s->units = calloc((size_t)n + 1, sizeof *s->units);
     s->pend_cap = cap + 1;
     s->pend = calloc((size_t)s->pend_cap, sizeof *s->pend);
-    if (!s->rlo || !s->rhi || !s->rcnt || !s->lunit || !s->units || !s->pend) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
+    if (!s->rlo || !s->rhi || !s->rcnt || !s->lunit || !s->lr0 || !s->units || !s->pend) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
     s->nunits = dt_model_units(s->model, s->unit_floats, s->lunit, NULL);
     int nr = 0;
     for (int i = 0; i < n; i++) {
@@ -588,6 +574,7 @@ dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_
             U->first = i;
             U->r0 = nr;
         }
+        s->lr0[i] = nr;
         for (int t = 0; t < L->ntensors; t++) {
             const dt_layer_tensor *T = &L->t[t];
             if ((T->role != DT_TENSOR_PARAM && T->role != DT_TENSOR_TIED) || T->numel == 0) continue;
@@ -597,13 +584,13 @@ dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_
         U->last = i;
         U->nr = nr - U->r0;
     }
-    s->nranges = nr;
+    s->nranges = s->lr0[n] = nr;
     for (int u = 0; u < s->nunits; u++) {   /* the most broadcasts a unit's gather takes */
         struct shard_unit *V = &s->units[u];
         for (int r = V->r0; r < V->r0 + V->nr; r++) V->cap += (int)((s->rhi[r] - 1) / s->per - s->rlo[r] / s->per) + 1;
         if (!(V->work = calloc((size_t)V->cap + 1, sizeof *V->work))) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
     }
-    if (s->ops->host_memory) DT_TRY(blocks_init(s));
+    if (s->ops->host_memory && s->ops->page_block) DT_TRY(blocks_init(s));
     s->full = 1;   /* until the start-of-run broadcast is done and drop_params is called */
     dt_model_set_layer_hook(s->model, on_layer, s);
     dt_ddp_set_final_hook(ddp, on_final, s);
