@@ -31,10 +31,15 @@ peak_rss_mib() {
 ROUNDS=${DT_BENCH_ROUNDS:-3}
 case $ROUNDS in ''|*[!0-9]*|0) echo "bench: DT_BENCH_ROUNDS must be a positive integer, got '$ROUNDS'" >&2; exit 2 ;; esac
 
-# blas_kernels: a line saying which sgemm kernels OpenBLAS runs, for dtrain and PyTorch
-# alike (both call the same library). OPENBLAS_CORETYPE, when set, chooses them: an
-# environment that sets it to Haswell runs the AVX2 kernels on a CPU with AVX-512,
-# about half the sgemm rate of OpenBLAS's own choice there.
+# blas_kernels: a line saying which sgemm kernels run. PyTorch calls OpenBLAS, whose
+# kernels OPENBLAS_CORETYPE chooses when set (an environment that sets it to Haswell
+# runs the AVX2 kernels on a CPU with AVX-512, about half the sgemm rate of OpenBLAS's
+# own choice there). dtrain runs its own AVX-512 GEMM on a CPU with AVX-512 F
+# (src/cpu/cpu_gemm_avx512.c) unless DT_CPU_GEMM=openblas, and OpenBLAS's otherwise.
 blas_kernels() {
-    echo "sgemm kernels: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset: OpenBLAS picks them from the CPU)}"
+    local own=no
+    grep -qw avx512f /proc/cpuinfo 2>/dev/null && own=yes
+    [ "${DT_CPU_GEMM:-own}" = openblas ] && own=no
+    echo "sgemm kernels: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset: OpenBLAS picks them from the CPU)};" \
+         "dtrain: $([ $own = yes ] && echo 'its own AVX-512 GEMM' || echo "OpenBLAS's")"
 }

@@ -10,6 +10,7 @@
 #include "config.h"
 #endif
 #include "ops.h"
+#include "cpu/cpu.h"   /* dt_cpu_gemm_own */
 #ifdef DT_HAVE_CUDA
 #include "cuda/dt_cuda.h"
 #endif
@@ -36,6 +37,12 @@ dt_status dt_device_opts_env(dt_device_opts *o) {
             return dt_error(DT_ERR_INVALID, "DT_CU_MAX_BLOCKS='%s': expected a block count from 1 to 2147483647", v);
         o->max_blocks = (unsigned)n;
     }
+    v = getenv("DT_CPU_GEMM");
+    if (v && *v) {
+        if (strcmp(v, "own") && strcmp(v, "openblas"))
+            return dt_error(DT_ERR_INVALID, "DT_CPU_GEMM='%s': expected own or openblas", v);
+        o->openblas_gemm = !strcmp(v, "openblas");
+    }
     return DT_OK;
 }
 
@@ -59,7 +66,10 @@ const dt_ops *dt_ops_get_ex(const char *device, const dt_device_opts *opts) {
         dt_error(DT_ERR_INVALID, "device \"%s\": index %d must be >= 0", device, opts->index);
         return NULL;
     }
-    if (strcmp(device, "cpu") == 0) return dt_ops_cpu();
+    if (strcmp(device, "cpu") == 0) {
+        dt_cpu_gemm_own(!opts->openblas_gemm);
+        return dt_ops_cpu();
+    }
     if (strcmp(device, "cuda") == 0) {
 #ifdef DT_HAVE_CUDA
         const dt_ops *t = dt_ops_cuda(opts->index, opts->allow_tf32);   /* NULL with the backend's own message */

@@ -412,10 +412,14 @@ typedef struct {
                            * names the kernel that faulted (slow; for first contact) */
     unsigned max_blocks;  /* > 0: cap on the grid of grid-stride kernels (results must not
                            * depend on it; a test varies it); 0: the backend's own */
+    int      openblas_gemm; /* cpu: 1: every GEMM through OpenBLAS; 0: dtrain's own AVX-512
+                           * GEMM where the CPU has AVX-512 F (OpenBLAS elsewhere). The
+                           * choice holds for the process until the cpu is opened again */
 } dt_device_opts;
 
-/* Fill the debugging fields of *o from the environment: DT_CUDA_SYNC=1 (sync) and
- * DT_CU_MAX_BLOCKS=N (max_blocks, N >= 1); the others are left alone. A malformed
+/* Fill the debugging fields of *o from the environment: DT_CUDA_SYNC=1 (sync),
+ * DT_CU_MAX_BLOCKS=N (max_blocks, N >= 1) and DT_CPU_GEMM=own|openblas
+ * (openblas_gemm); the others are left alone. A malformed
  * value is DT_ERR_INVALID naming the variable. */
 DT_API dt_status dt_device_opts_env(dt_device_opts *o);
 

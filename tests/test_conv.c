@@ -4,6 +4,7 @@
  * (the same call on 1 and 2 threads must give the same bytes: DESIGN.md rule 2).
  */
 #include "ops_util.h"
+#include "cpu/cpu.h"   /* dt_cpu_gemm_own, dt_cpu_gemm1 */
 
 static const dt_ops *ops;
 
@@ -75,6 +76,56 @@ static void test_gemm(void) {
     is_int(s, DT_ERR_INVALID, "sgemm rejects lda smaller than K");
     like(dt_last_error(), "leading dimension", "and says which argument");
     is_int(ops->sgemm(0, 0, -1, 2, 2, 1.0f, x, 2, x, 2, 0.0f, x, 2), DT_ERR_INVALID, "sgemm rejects a negative size");
+}
+
+/* dtrain's own AVX-512 block (cpu_gemm_avx512.c) where the CPU has it, against
+ * OpenBLAS and the double loops, across its slice edges (K past 256, M past 128, N past
+ * 1024, tiles of 8 x 32 cut short), with a NaN-filled C for beta = 0; and its rule:
+ * an output's bits depend on its row, its column and K only, so the rows (and the
+ * columns) of a product computed apart are the bytes of the whole. */
+static void test_gemm_own(void) {
+    if (!dt_cpu_gemm_avx512(0, 0, 1, 1, 1, 1.0f, (float[]){1}, 1, (float[]){1}, 1, 0.0f, (float[]){0}, 1)) {
+        skip(16, "this CPU (or compiler) has no AVX-512 F: every GEMM is OpenBLAS's");
+        return;
+    }
+    static const int shapes[][3] = {{13, 1100, 600}, {300, 47, 257}, {129, 33, 1}, {64, 64, 32}};
+    for (int t = 0; t < 4; t++)
+        for (int tr = 0; tr < 4; tr++) {
+            int ta = tr & 1, tb = tr >> 1, M = shapes[t][0], N = shapes[t][1], K = shapes[t][2];
+            int lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2, ldc = N + 3;
+            float *A = tu_rand((size_t)(ta ? K : M) * lda), *B = tu_rand((size_t)(tb ? N : K) * ldb);
+            float *C = tu_alloc((size_t)M * ldc), *R = tu_alloc((size_t)M * ldc), *P = tu_alloc((size_t)M * ldc);
+            for (size_t i = 0; i < (size_t)M * ldc; i++) C[i] = P[i] = NAN;
+            dt_cpu_gemm_own(0);
+            for (size_t i = 0; i < (size_t)M * ldc; i++) R[i] = 0.0f;
+            dt_cpu_gemm1(ta, tb, M, N, K, -0.5f, A, lda, B, ldb, 0.0f, R, ldc);   /* OpenBLAS */
+            dt_cpu_gemm_own(1);
+            dt_cpu_gemm1(ta, tb, M, N, K, -0.5f, A, lda, B, ldb, 0.0f, C, ldc);
+            /* rows [0, h) and [h, M) apart, then columns [0, w) and [w, N) apart */
+            int h = M / 3 + 1, w = N / 2 + 1;
+            dt_cpu_gemm1(ta, tb, h, N, K, -0.5f, A, lda, B, ldb, 0.0f, P, ldc);
+            dt_cpu_gemm1(ta, tb, M - h, N, K, -0.5f, ta ? A + h : A + (size_t)h * lda, lda, B, ldb, 0.0f,
+                         P + (size_t)h * ldc, ldc);
+            int same_rows = 1, same_cols = 1, close = 1, pad = 1;
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < ldc; j++) {
+                    float c = C[(size_t)i * ldc + j], r = R[(size_t)i * ldc + j];
+                    if (j >= N) pad &= isnan(c) && isnan(P[(size_t)i * ldc + j]);
+                    else {
+                        same_rows &= memcmp(&c, &P[(size_t)i * ldc + j], sizeof c) == 0;
+                        close &= fabsf(c - r) <= 1e-4f * sqrtf((float)K) * (1.0f + fabsf(r));
+                    }
+                }
+            for (size_t i = 0; i < (size_t)M * ldc; i++) P[i] = NAN;
+            dt_cpu_gemm1(ta, tb, M, w, K, -0.5f, A, lda, B, ldb, 0.0f, P, ldc);
+            dt_cpu_gemm1(ta, tb, M, N - w, K, -0.5f, A, lda, tb ? B + (size_t)w * ldb : B + w, ldb, 0.0f, P + w, ldc);
+            for (int i = 0; i < M; i++) same_cols &= memcmp(C + (size_t)i * ldc, P + (size_t)i * ldc, sizeof(float) * N) == 0;
+            ok(close && pad && same_rows && same_cols,
+               "own GEMM %dx%dx%d tA=%d tB=%d: as OpenBLAS (%s), C's padding untouched (%s), rows apart the same bytes "
+               "(%s), columns apart (%s)", M, N, K, ta, tb, close ? "yes" : "no", pad ? "yes" : "no",
+               same_rows ? "yes" : "no", same_cols ? "yes" : "no");
+            free(A); free(B); free(C); free(R); free(P);
+        }
 }
 
 /* ---- convolution ---- */
@@ -286,6 +337,7 @@ int main(void) {
     ops = dt_ops_get("cpu");
     if (!ops) { printf("Bail out! no cpu backend: %s\n", dt_last_error()); return 1; }
     test_gemm();
+    test_gemm_own();
     test_conv();
     test_pool();
     ops->set_threads(2);

@@ -64,10 +64,17 @@ float dt_cpu_row_max(const float *s, int n, float m);
  * fixed tree: the order depends on n only, and the lanes vectorise on any x86-64. */
 void dt_cpu_run_sums(const float *a, const float *b, float m, size_t n, double *s1, double *s2);
 
-/* Single-threaded row-major GEMM (a thin wrapper of cblas_sgemm), for use inside
- * parallel regions where each thread owns one output block. */
+/* Single-threaded row-major GEMM (dt_cpu_gemm_avx512 where it applies, else
+ * cblas_sgemm), for use inside parallel regions where each thread owns one output block. */
 void dt_cpu_gemm1(int transA, int transB, int M, int N, int K, float alpha,
                   const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+/* The same block in AVX-512 (cpu_gemm_avx512.c): 1 when it computed C, 0 when the
+ * CPU (or the compiler) has no AVX-512 F, dt_cpu_gemm_own(0) chose OpenBLAS, or the
+ * packing buffers could not be had; then the caller calls OpenBLAS. */
+int  dt_cpu_gemm_avx512(int transA, int transB, int M, int N, int K, float alpha,
+                        const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+void dt_cpu_gemm_own(int on);
 
 /* The kernels of the table, dt_cpu_<op> for every op of ops.h's list, defined in the
  * files above (the activations by one generator in cpu_elem.c). */

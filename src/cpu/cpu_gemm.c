@@ -9,8 +9,10 @@
  * (K is never split: that would change the summation order), and OpenMP spreads the
  * blocks over the threads. Whichever thread computes a block, its bits are the same.
  *
- * Blocks are about 512 x 512 outputs, and a product gets at least 2 (cut down to
- * 64-wide blocks if need be): every block is one OpenBLAS call that packs its panels
+ * A block is computed by dtrain's own AVX-512 kernel where the CPU has AVX-512 F
+ * (cpu_gemm_avx512.c: it sums every output in an order that depends on K only), by
+ * OpenBLAS otherwise. Blocks are about 512 x 512 outputs, and a product gets at least
+ * 2 (cut down to 64-wide blocks if need be): every block is one call that packs its panels
  * of A and B again, so on one thread the fewer the blocks the better (the gpt's
  * 384 x 384 x 128 product costs ~10% more as four 192 x 192 blocks than as two
  * 192 x 384 ones, and the default gpt on 2 processes runs ~10% faster), while two
@@ -35,6 +37,7 @@ void dt_cpu_gemm1(int transA, int transB, int M, int N, int K, float alpha,
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
         return;
     }
+    if (dt_cpu_gemm_avx512(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
     if (beta == 0.0f) {
         /* OpenBLAS clears C for beta = 0 in a pass of its own (sgemm_beta, 6% of the
          * default gpt's time on one thread) that memset does several times faster; its
