@@ -201,17 +201,21 @@ static float tree(int lo, int hi, size_t i) {
     return tree(lo, mid, i) + tree(mid, hi, i);
 }
 
+/* rs: 0 all_reduce, 1 reduce_scatter, 2 + q reduce to root q (checked on q only) */
 static int check_tree(int W, size_t n, int rs) {
     void *s[16], *d[16];
     for (int r = 0; r < W; r++) {
         s[r] = malloc(n * 4 + 4); d[r] = malloc(n * 4 + 4);
         for (size_t i = 0; i < n; i++) ((float *)s[r])[i] = awkward(r, i);
     }
+    int root = rs >= 2 ? rs - 2 : -1;
+    if (root >= 0) rs = 0;
     size_t rc = n / (size_t)W;
     int good = run(W, rs ? mkcall(DT_CALL_REDUCE_SCATTER, DT_F32, DT_SUM, rc, -1)
-                         : mkcall(DT_CALL_ALLREDUCE, DT_F32, DT_SUM, n, -1), s, d);
+                  : root >= 0 ? mkcall(DT_CALL_REDUCE, DT_F32, DT_SUM, n, root)
+                              : mkcall(DT_CALL_ALLREDUCE, DT_F32, DT_SUM, n, -1), s, d);
     int differs = 0;
-    for (int r = 0; good && r < W; r++)
+    for (int r = root >= 0 ? root : 0; good && r < (root >= 0 ? root + 1 : W); r++)
         for (size_t j = 0; j < (rs ? rc : n); j++) {
             size_t i = rs ? (size_t)r * rc + j : j;
             float want = tree(0, W, i), got = ((float *)d[r])[j];
@@ -251,6 +255,9 @@ int main(void) {
             ok(check_tree(W, 160000, 0), "W=%d: all_reduce (large path) is the fixed pairwise tree, bitwise", W);
             ok(check_tree(W, 1000, 1), "W=%d: reduce_scatter (small path) is the same tree, bitwise", W);
             ok(check_tree(W, 600000, 1), "W=%d: reduce_scatter (large path) is the same tree, bitwise", W);
+            int good_reduce = 1;
+            for (int q = 0; q < W; q++) good_reduce &= check_tree(W, 70001, 2 + q);
+            ok(good_reduce, "W=%d: reduce to every root is the same tree, bitwise", W);
         }
     }
     return done_testing();

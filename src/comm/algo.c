@@ -13,7 +13,8 @@
  * pre-sums them (b0 + b1) is indistinguishable from the pair (0,1) of a world twice as
  * large. Small messages use recursive doubling on the whole buffer (one exchange per
  * step, fewer latencies) over the same pairs, hence the same tree. reduce_scatter
- * halves over the same pairs; reduce is all_reduce kept on the root.
+ * halves over the same pairs; reduce is a binomial tree over the same pairs (rings:
+ * all_reduce kept on the root).
  *
  * Other world sizes use rings (reduce-scatter then all-gather, W-1 steps each); their
  * results agree with the power-of-two ones to rounding only.
@@ -297,14 +298,38 @@ dt_status dt_algo_broadcast(const dt_p2p *p, const dt_call *call, void *buf) {
 }
 
 dt_status dt_algo_reduce(const dt_p2p *p, const dt_call *call, const void *send, void *recv) {
-    /* the same tree as all_reduce (so reduce and all_reduce agree bitwise); the result
-     * is kept on the root only */
-    if (p->rank == call->root) return dt_algo_allreduce(p, call, send, recv);
-    size_t bytes = call->count * dt_dtype_size(call->dtype);
-    void *tmp = tmp_alloc(bytes);
-    if (!tmp) return nomem(bytes);
-    dt_status s = dt_algo_allreduce(p, call, send, tmp);
-    free(tmp);
+    size_t n = call->count, bytes = n * dt_dtype_size(call->dtype);
+    int W = p->size, root = call->root, vr = p->rank ^ root;
+    if (!is_pow2(W) || W == 1 || n == 0) {
+        /* the ring's tree: all_reduce kept on the root */
+        if (p->rank == root) return dt_algo_allreduce(p, call, send, recv);
+        void *tmp = tmp_alloc(bytes);
+        if (!tmp) return nomem(bytes);
+        dt_status s = dt_algo_allreduce(p, call, send, tmp);
+        free(tmp);
+        return s;
+    }
+    /* Binomial tree over all_reduce's pairs: step k pairs rank r with r ^ (1 << k), so
+     * every element is summed over the same tree of ranks as all_reduce's, whichever the
+     * root: ((x0 + x1) + (x2 + x3)) + ... (IEEE addition commutes). A rank whose bit k
+     * of r ^ root is the lowest one set sends its partial sum up and is done; the others
+     * add their partner's. Each rank sends the array at most once (all_reduce: twice its
+     * size in halves), and a leaf sends straight from send. */
+    char *work = p->rank == root ? recv : NULL;
+    const char *cur = send;
+    dt_status s = DT_OK;
+    for (int k = 0; (1 << k) < W && s == DT_OK; k++) {
+        int partner = p->rank ^ (1 << k);
+        if (vr & (1 << k)) {
+            s = xchg(p, call, partner, cur, bytes, -1, NULL, 0, NULL);
+            break;
+        }
+        if (!work && !(work = tmp_alloc(bytes))) return nomem(bytes);
+        s = xchg(p, call, -1, NULL, 0, partner, work, bytes, cur);
+        cur = work;
+    }
+    if (s == DT_OK && p->rank == root) finish_avg(p, call, recv, n);   /* the root's work is recv */
+    if (work && work != recv) free(work);
     return s;
 }
 
