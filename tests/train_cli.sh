@@ -72,6 +72,13 @@ bad "^dtrain: --batch: the global batch 100 is not divisible" "a batch that micr
 bad "^dtrain: --checkpoint-dir: required to resume 'auto'" "--resume auto without a checkpoint directory" train --data "$DATA" --resume auto
 bad "^dtrain: --schedule: expected cosine, constant or step, got 'linear'" "an unknown --schedule" train --data "$DATA" --schedule linear
 bad "unknown command" "an unknown command" frobnicate
+DT_CPU_GEMM=bogus run train --data "$DATA" --model "$MLP" --epochs 1 > "$T/bad" 2>&1; rc=$?
+[ $rc -eq 2 ]; ok $? "DT_CPU_GEMM=bogus exits 2 (got $rc)"
+ok_grep "$T/bad" "DT_CPU_GEMM='bogus': expected own or openblas" "DT_CPU_GEMM=bogus: message names the variable and its values"
+for g in own openblas; do
+    DT_CPU_GEMM=$g run train --data "$DATA" --model "$MLP" --epochs 1 --batch 64 --log-every 0 > "$T/gemm_$g" 2>&1
+    ok $? "DT_CPU_GEMM=$g trains"
+done
 bad "/nonexistent" "dtrain model with a missing data directory" model --model cnn --data /nonexistent/dir
 bad "/nonexistent/spec.txt" "dtrain model with a missing @FILE" model --model @/nonexistent/spec.txt
 bad "/nonexistent/spec.txt" "dtrain train with a missing @FILE" train --data "$DATA" --model @/nonexistent/spec.txt
