@@ -349,6 +349,10 @@ static inline DT_HD void dt_adamw_elem(float *p, float *m, float *v, float grad,
      * whose resident part changes piece by piece, which the system must not fill to a \
      * whole block behind the caller's back */ \
     X(dt_status, small_pages, (void *p, size_t bytes)) \
+    /* the whole pages inside [p, p + bytes) are about to be written: a device whose \
+     * pages come back on first touch (discard) may bring them back at once, in one \
+     * call instead of one fault per page (a hint: nothing to do where unsupported) */ \
+    X(dt_status, populate,    (void *p, size_t bytes)) \
     X(dt_status, synchronize, (void))                     /* wait for all queued work */ \
     X(dt_status, set_threads, (int n))                    /* compute threads (OpenMP on cpu); n >= 1 */
 

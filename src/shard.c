@@ -258,12 +258,18 @@ dt_status dt_shard_step(dt_shard *s, dt_optim *o, float lr, float grad_scale) {
 
 /* ---- params: gather before a layer runs, drop after ---------------------------------- */
 
-/* Drop [a, b) of buf (a model array) except this rank's shard. */
-static dt_status drop_range(dt_shard *s, float *buf, size_t a, size_t b) {
+/* op (the device's discard or populate) over [a, b) of buf (a model array) but this
+ * rank's shard: the one or two pieces on either side of it. */
+static dt_status outside_shard(dt_shard *s, float *buf, size_t a, size_t b, dt_status (*op)(void *, size_t)) {
     size_t mine = s->per * (size_t)s->rank, end = mine + s->per;
-    if (a < mine) DT_TRY(s->ops->discard(buf + a, ((b < mine ? b : mine) - a) * sizeof(float)));
-    if (b > end) DT_TRY(s->ops->discard(buf + (a > end ? a : end), (b - (a > end ? a : end)) * sizeof(float)));
+    if (a < mine) DT_TRY(op(buf + a, ((b < mine ? b : mine) - a) * sizeof(float)));
+    if (b > end) DT_TRY(op(buf + (a > end ? a : end), (b - (a > end ? a : end)) * sizeof(float)));
     return DT_OK;
+}
+
+/* Drop [a, b) of buf except this rank's shard. */
+static dt_status drop_range(dt_shard *s, float *buf, size_t a, size_t b) {
+    return outside_shard(s, buf, a, b, s->ops->discard);
 }
 
 /* Pages go back in the device's blocks where they can (ops page_block: the CPU's 2 MiB
@@ -363,6 +369,8 @@ static dt_status unit_fetch(dt_shard *s, int u) {
     if (U->state != U_DROPPED) return DT_OK;
     float *p = dt_model_params(s->model);
     for (int r = U->r0; r < U->r0 + U->nr; r++) {
+        /* the dropped pages come back in one call each side, not one fault per page */
+        DT_TRY(outside_shard(s, p, s->rlo[r], s->rhi[r], s->ops->populate));
         DT_TRY(per_owner(s, p, s->rlo[r], s->rhi[r], 0, s->stage ? NULL : U));
         int v, q = live_range(s, u, r, &v);
         s->rcnt[r] = !(q >= 0 && s->rcnt[q]);   /* already resident and counted: not again */
@@ -416,13 +424,17 @@ static dt_status unit_drop(dt_shard *s, int u) {
 
 /* Before a layer's backward writes its gradient: the sums in flight are settled
  * (oldest first) until they and this layer's gradient together fit in a unit, so at
- * most a unit's worth of gradient outside the shard is resident at any time. */
+ * most a unit's worth of gradient outside the shard is resident at any time; then the
+ * gradient's pages are brought back. */
 static dt_status grads_room(dt_shard *s, int layer) {
     const dt_layer *L = dt_model_layer(s->model, layer);
     size_t n = 0;
     for (int t = 0; t < L->ntensors; t++)
         if (L->t[t].role == DT_TENSOR_PARAM) n += (size_t)L->t[t].numel;
     while (s->npend > 0 && n > 0 && s->pend_floats + n > s->unit_floats) DT_TRY(grads_settle(s, 1));
+    /* the gradient's dropped pages come back in one call, not one fault per page */
+    float *g = dt_model_grads(s->model);
+    for (int r = s->lr0[layer]; r < s->lr0[layer + 1]; r++) DT_TRY(outside_shard(s, g, s->rlo[r], s->rhi[r], s->ops->populate));
     return DT_OK;
 }
 

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static const dt_shape MNIST = { 3, { 1, 28, 28 } };
 #define GPT "gpt(layers=2,heads=2,dim=16,block=8,vocab=32,dropout=0.1)"
@@ -397,6 +398,16 @@ static long huge_kb_at(const void *p) {
     return kb;
 }
 
+/* Resident pages among the n 4 KiB pages from p (mincore); 0 where it fails. */
+static size_t resident_pages(const void *p, size_t n) {
+    unsigned char *vec = malloc(n ? n : 1);
+    size_t in = 0;
+    if (vec && mincore((void *)p, n * 4096, vec) == 0)
+        for (size_t i = 0; i < n; i++) in += vec[i] & 1;
+    free(vec);
+    return in;
+}
+
 /* The CPU backend's arrays of 2 MiB or more (ops page_block) start on a block and
  * come in huge pages where the kernel has them; discard gives back the whole pages of
  * a range, zeros where they were, and keeps the bytes around it. */
@@ -428,6 +439,22 @@ static void test_page_blocks(void) {
     size_t wlo = (lo + pg - 1) / pg * pg, whi = hi / pg * pg, bad = 0;
     for (size_t i = 0; i < n; i++) bad += a[i] != (i >= wlo && i < whi ? 0.0f : 1.0f);
     is_int((long long)bad, 0, "zeros in the whole pages given back, ones elsewhere");
+    /* populate brings them back before they are written: where the kernel has
+     * MADV_POPULATE_WRITE (Linux 5.14) every page is resident after it (mincore, asked
+     * before anything reads them), none before; and no byte changes */
+    size_t npg = (whi - wlo) / pg;
+    ok(ops->discard(a + lo, (hi - lo) * sizeof(float)) == DT_OK, "discard the range again");
+    size_t before = resident_pages(a + wlo, npg);
+    ok(ops->populate(a + lo, (hi - lo) * sizeof(float)) == DT_OK, "populate the range");
+    size_t after = resident_pages(a + wlo, npg);
+    char probe[8192] __attribute__((aligned(4096)));
+    if (madvise(probe, 4096, 23 /* MADV_POPULATE_WRITE */) == 0)
+        ok(before == 0 && after == npg, "its %zu pages: %zu resident before populate, %zu after", npg, before, after);
+    else
+        skip(1, "no MADV_POPULATE_WRITE in this kernel: populate is a hint it ignores");
+    bad = 0;
+    for (size_t i = 0; i < n; i++) bad += a[i] != (i >= wlo && i < whi ? 0.0f : 1.0f);
+    is_int((long long)bad, 0, "populate changes no byte");
     ok(ops->fill(a + lo, 2.0f, hi - lo) == DT_OK, "the range written again");
     bad = 0;
     for (size_t i = 0; i < n; i++) bad += a[i] != (i >= lo && i < hi ? 2.0f : 1.0f);

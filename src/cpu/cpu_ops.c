@@ -17,6 +17,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -141,6 +142,25 @@ static dt_status cpu_small_pages(void *p, size_t bytes) {
     whole_pages(p, bytes, &a, &b);
     if (b > a && madvise((void *)a, b - a, MADV_NOHUGEPAGE) != 0)
         return dt_error(DT_ERR_IO, "cpu small_pages: madvise of %zu bytes failed", (size_t)(b - a));
+#else
+    (void)p;
+    (void)bytes;
+#endif
+    return DT_OK;
+}
+
+/* A 4 KiB page fault costs 12 us in some virtual machines; MADV_POPULATE_WRITE (Linux
+ * 5.14) brings a range's pages back in one call at about half that. Older kernels
+ * (EINVAL) and other systems fault them in as they are written. */
+#if defined(__linux__) && !defined(MADV_POPULATE_WRITE)
+#define MADV_POPULATE_WRITE 23   /* glibc's headers before 2.35 lack it */
+#endif
+static dt_status cpu_populate(void *p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+    uintptr_t a, b;
+    whole_pages(p, bytes, &a, &b);
+    if (b > a && madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
+        return dt_error(DT_ERR_NOMEM, "cpu populate: %zu bytes: %s", (size_t)(b - a), strerror(errno));
 #else
     (void)p;
     (void)bytes;

@@ -351,6 +351,13 @@ static dt_status cu_small_pages(void *p, size_t bytes) {
     return DT_OK;
 }
 
+/* device memory is never discarded: nothing to bring back */
+static dt_status cu_populate(void *p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+    return DT_OK;
+}
+
 static dt_status cu_zero(void *p, size_t bytes) {
     if (bytes == 0) return DT_OK;
     if (!p) return dt_error(DT_ERR_INVALID, "cuda zero: NULL pointer for %zu bytes", bytes);
