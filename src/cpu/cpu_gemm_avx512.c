@@ -29,7 +29,6 @@
 
 #include <pthread.h>
 #include <stdint.h>
-#include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -56,26 +55,66 @@ static void pack_a(int transA, const float *A, int lda, int i0, int m, int k0, i
                                     : transA ? A[(size_t)(k0 + k) * lda + i0 + i] : A[(size_t)(i0 + i) * lda + k0 + k];
 }
 
+/* r[0..16) (16 floats each) transposed in place: lane j of r[c] becomes lane c of r[j]. */
+__attribute__((target("avx512f")))
+static inline void transpose16(__m512 r[16]) {
+    __m512 t[16], u[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i += 4) {
+        __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 2]);
+        __m512d c = _mm512_castps_pd(t[i + 1]), d = _mm512_castps_pd(t[i + 3]);
+        u[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+        u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(u[i], u[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(u[i], u[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(u[i + 8], u[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(u[i + 8], u[i + 12], 0xdd);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
 /* op(B)[k0 .. k0 + kc, j0 .. j0 + n) into strips of NR columns: strip s holds
- * dst[s*kc*NR + k*NR + j], columns past n zero. */
+ * dst[s*kc*NR + k*NR + j], columns past n zero. B^T's rows are read 16 floats at a
+ * time and transposed in registers, 16 x 16 at once. */
+__attribute__((target("avx512f")))
 static void pack_b(int transB, const float *B, int ldb, int k0, int kc, int j0, int n, float *dst) {
     for (int s = 0; s < n; s += NR, dst += (size_t)kc * NR) {
         int c = n - s < NR ? n - s : NR;
         if (transB) {
-            for (int j = 0; j < NR; j++) {
-                if (j >= c) {
-                    for (int k = 0; k < kc; k++) dst[(size_t)k * NR + j] = 0.0f;
-                    continue;
+            for (int kb = 0; kb < kc; kb += 16) {
+                int w = kc - kb < 16 ? kc - kb : 16;
+                __mmask16 m = (__mmask16)((1u << w) - 1);
+                for (int h = 0; h < NR; h += 16) {
+                    __m512 r[16];
+#pragma GCC unroll 16
+                    for (int j = 0; j < 16; j++)
+                        r[j] = h + j < c ? _mm512_maskz_loadu_ps(m, B + (size_t)(j0 + s + h + j) * ldb + k0 + kb)
+                                         : _mm512_setzero_ps();
+                    transpose16(r);
+                    for (int k = 0; k < w; k++) _mm512_store_ps(dst + (size_t)(kb + k) * NR + h, r[k]);
                 }
-                const float *src = B + (size_t)(j0 + s + j) * ldb + k0;
-                for (int k = 0; k < kc; k++) dst[(size_t)k * NR + j] = src[k];
             }
-        } else {
+        } else {   /* rows of 32 in two vectors (memcpy's rep movs costs more than it moves) */
+            __mmask16 m0 = c >= 16 ? 0xffff : (__mmask16)((1u << c) - 1);
+            __mmask16 m1 = c >= NR ? 0xffff : c <= 16 ? 0 : (__mmask16)((1u << (c - 16)) - 1);
             for (int k = 0; k < kc; k++) {
                 const float *src = B + (size_t)(k0 + k) * ldb + j0 + s;
-                float *d = dst + (size_t)k * NR;
-                memcpy(d, src, (size_t)c * sizeof(float));
-                if (c < NR) memset(d + c, 0, (size_t)(NR - c) * sizeof(float));
+                _mm512_store_ps(dst + (size_t)k * NR, _mm512_maskz_loadu_ps(m0, src));
+                _mm512_store_ps(dst + (size_t)k * NR + 16, _mm512_maskz_loadu_ps(m1, src + 16));
             }
         }
     }
