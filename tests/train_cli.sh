@@ -75,6 +75,8 @@ bad "unknown command" "an unknown command" frobnicate
 DT_CPU_GEMM=bogus run train --data "$DATA" --model "$MLP" --epochs 1 > "$T/bad" 2>&1; rc=$?
 [ $rc -eq 2 ]; ok $? "DT_CPU_GEMM=bogus exits 2 (got $rc)"
 ok_grep "$T/bad" "DT_CPU_GEMM='bogus': expected own or openblas" "DT_CPU_GEMM=bogus: message names the variable and its values"
+DT_CPU_GEMM=bogus run eval --data "$DATA" --model "$MLP" --weights "$T/a.st" > "$T/bad" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "DT_CPU_GEMM='bogus'" "$T/bad"; ok $? "dtrain eval reads DT_CPU_GEMM too: bogus exits 2 naming it (got $rc)"
 for g in own openblas; do
     DT_CPU_GEMM=$g run train --data "$DATA" --model "$MLP" --epochs 1 --batch 64 --log-every 0 > "$T/gemm_$g" 2>&1
     ok $? "DT_CPU_GEMM=$g trains"

@@ -768,8 +768,9 @@ static int cmd_eval(int argc, char **argv) {
     }
     if (s == DT_OK && !spec) s = dt_error(DT_ERR_INVALID, "--model: required (a preset, a layer list or @FILE)");
     if (s == DT_OK && !weights) s = dt_error(DT_ERR_INVALID, "--weights: required (a .safetensors file)");
+    const dt_ops *ops = NULL;
+    if (s == DT_OK) s = dt_tool_cpu(&ops);
     if (s != DT_OK) return fail(s);
-    const dt_ops *ops = dt_ops_cpu();
     dt_dataset *test = NULL;
     dt_model *m = NULL;
     double loss = 0, acc = 0;

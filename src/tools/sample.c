@@ -94,8 +94,9 @@ int dtrain_sample_main(int argc, char **argv) {
         else s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain sample --help)", argv[i]);
     }
     if (s == DT_OK && !weights) s = dt_error(DT_ERR_INVALID, "--weights: required (a .safetensors file of the model)");
+    const dt_ops *ops = NULL;
+    if (s == DT_OK) s = dt_tool_cpu(&ops);
     if (s != DT_OK) return dt_tool_fail(s);
-    const dt_ops *ops = dt_ops_cpu();
     if (threads > 0) s = ops->set_threads((int)threads);
     dt_model *m = NULL;
     dt_shape one = { 1, { 1 } };

@@ -60,6 +60,14 @@ int dt_tool_fail(dt_status s) {
     return dt_exit_code(s);
 }
 
+dt_status dt_tool_cpu(const dt_ops **ops) {
+    dt_device_opts dev = {0};
+    *ops = NULL;
+    DT_TRY(dt_device_opts_env(&dev));
+    if (!(*ops = dt_ops_get_ex("cpu", &dev))) return DT_ERR_INVALID;
+    return DT_OK;
+}
+
 /* ---- models and data ----------------------------------------------------------------- */
 
 dt_status dt_tool_input_shape(const char *spec, const char *data, const char *input, const char *flag,

@@ -30,6 +30,9 @@ const char *dt_tool_error(char *buf, size_t n);
 /* Print "dtrain: <that message>" to stderr; returns the exit code of s (2 bad input,
  * 1 runtime failure). For the commands that run on one process. */
 int         dt_tool_fail(dt_status s);
+/* The CPU backend opened as the environment asks (dt_device_opts_env: DT_CPU_GEMM),
+ * for the commands that compute on the CPU only (eval, sample); *ops NULL on failure. */
+dt_status   dt_tool_cpu(const dt_ops **ops);
 
 /* ---- models and data ----------------------------------------------------------------- */
 
