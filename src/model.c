@@ -55,6 +55,7 @@ struct dt_model {
     void            *grad_ready_ctx;
     dt_layer_hook_fn layer_hook;
     void            *layer_hook_ctx;
+    const float    **pview;        /* per layer: where its parameters are read (NULL: params) */
     int              decode_pos;   /* < 0: ordinary passes */
     dt_model_opts    mo;
     /* recompute: the outermost residual blocks [start, end] (their opening and closing
@@ -68,6 +69,12 @@ struct dt_model {
     dt_lowp         *lp;           /* mixed precision (lowp.h), NULL in f32 */
     float            loss_scale;   /* the loss gradient's factor before backward (fp16 loss scaling) */
 };
+
+/* Where layer i reads its parameters: the flat array, or a view set by
+ * dt_model_set_param_view (base + offset is each of its tensors). */
+static float *layer_params(const dt_model *m, int i) {
+    return m->pview && m->pview[i] ? (float *)m->pview[i] : m->params;
+}
 
 static dt_nn_ctx nn_ctx(dt_model *m, int train) {
     dt_nn_ctx c = {
@@ -120,6 +127,7 @@ void dt_model_free(dt_model *m) {
     free(m->param_state);
     free(m->blocks);
     free(m->block_of);
+    free(m->pview);
     free(m);
 }
 
@@ -400,8 +408,16 @@ dt_dtype dt_model_precision(const dt_model *m) { return dt_lowp_dtype(m->lp); }
 size_t   dt_model_precision_bytes(const dt_model *m) { return dt_lowp_bytes(m->lp); }
 void     dt_model_set_loss_scale(dt_model *m, float scale) { m->loss_scale = scale; }
 void     dt_model_params_changed(dt_model *m) { dt_lowp_stale(m->lp); }
-dt_status dt_model_params_arrived(dt_model *m, size_t lo, size_t hi) {
-    return dt_lowp_refresh(m->lp, m->ops, m->params, lo, hi);
+dt_status dt_model_params_arrived(dt_model *m, int layer, size_t lo, size_t hi) {
+    return dt_lowp_refresh(m->lp, m->ops, layer_params(m, layer), lo, hi);
+}
+
+dt_status dt_model_set_param_view(dt_model *m, int layer, const float *base) {
+    if (layer < 0 || layer >= m->spec.n) return dt_error(DT_ERR_INVALID, "model: no layer %d", layer);
+    if (!m->pview && !(m->pview = calloc((size_t)m->spec.n, sizeof *m->pview)))
+        return dt_error(DT_ERR_NOMEM, "model: out of memory");
+    m->pview[layer] = base;
+    return DT_OK;
 }
 
 void dt_model_set_bn_sync(dt_model *m, dt_bn_sync_fn fn, void *ctx) { m->bn_sync = fn; m->bn_sync_ctx = ctx; }
@@ -488,6 +504,7 @@ dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
     for (int i = 0; i < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i];
         dt_status s = layer_hook(m, i, DT_HOOK_FWD_PRE);
+        c.params = layer_params(m, i);
         if (s == DT_OK) s = dt_layer_forward(&c, L, cur, B);
         if (s == DT_OK) s = layer_hook(m, i, DT_HOOK_FWD_POST);
         if (s != DT_OK) return dt_error_wrap(s, "forward, layer %s '%s': ", L->name, L->text);
@@ -513,6 +530,7 @@ static dt_status recompute_block(dt_model *m, int b) {
          * next layer's fetched meanwhile) */
         dt_status s = layer_hook(m, i, DT_HOOK_RECOMPUTE);
         if (s == DT_OK && i + 1 < end) s = layer_hook(m, i + 1, DT_HOOK_PREFETCH);
+        c.params = layer_params(m, i);
         if (s == DT_OK) s = dt_layer_forward(&c, L, cur, m->last_B);
         if (s == DT_OK && i + 1 < end) s = layer_hook(m, i, DT_HOOK_RECOMPUTE_POST);
         if (s != DT_OK) return dt_error_wrap(s, "recomputing forward, layer %s '%s': ", L->name, L->text);
@@ -619,6 +637,7 @@ dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *t
         else if (i == 0) dx = NULL;                                  /* no gradient for the data */
         else { dx = m->dbuf[which]; which ^= 1; }
         dt_status s = layer_hook(m, i, DT_HOOK_BWD_PRE);
+        c.params = layer_params(m, i);
         if (s == DT_OK) s = dt_layer_backward(&c, L, x, dy, dx, B);
         if (s != DT_OK) return dt_error_wrap(s, "backward, layer %s '%s': ", L->name, L->text);
         if (L->nparams && m->grad_ready) {

@@ -159,9 +159,14 @@ DT_API void      dt_model_set_loss_scale(dt_model *m, float scale);
  * (dt_model_state, _param, _state_find) says so. Code that writes through a pointer it
  * kept from earlier calls this after writing. */
 DT_API void      dt_model_params_changed(dt_model *m);
-/* The parameters [lo, hi) were just written in the middle of a pass (sharding gathers
- * them layer by layer): their derived copies (the rounded weights) are made now. */
-DT_API dt_status dt_model_params_arrived(dt_model *m, size_t lo, size_t hi);
+/* The parameters [lo, hi) of layer `layer` were just written in the middle of a pass
+ * (sharding gathers them layer by layer), where the layer reads them (its view, below):
+ * their derived copies (the rounded weights) are made now. */
+DT_API dt_status dt_model_params_arrived(dt_model *m, int layer, size_t lo, size_t hi);
+/* Layer `layer` reads its parameters from base + offset instead of the flat array (NULL:
+ * the flat array again): sharding's gathered copy of its unit. Only passes read views;
+ * dt_model_params() and the state registry still address the flat array. */
+DT_API dt_status dt_model_set_param_view(dt_model *m, int layer, const float *base);
 
 DT_API int             dt_model_nlayers(const dt_model *m);
 DT_API const dt_layer *dt_model_layer(const dt_model *m, int i);

@@ -11,6 +11,7 @@
 #include "mem.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +51,10 @@ struct shard_unit {
     int       nwork, cap;     /* broadcasts in flight */
     dt_work **work;
     size_t    held;           /* bytes of parameters it brought that this rank does not own */
+    /* pool: its runs of back-to-back ranges q0 .. q0 + nq (qlo/qhi/qpos), gathered into
+     * a slot of the pool at qpos; own: all in this rank's shard, read where they lie */
+    int       q0, nq, own;
+    float    *slot;
 };
 
 struct dt_shard {
@@ -88,6 +93,17 @@ struct dt_shard {
      * summed so far in this pass */
     size_t       *blk_need, *blk_dead;
     size_t        nblk, blk_floats;
+    /* params with a pool (host memory, no staging): a unit is gathered into one of the
+     * pool's slots of slot_floats each, its layers read it there (model views), and the
+     * slot is reused by the next unit: the same pages every step, none given back and
+     * faulted in again. The flat array outside the shard stays untouched. */
+    int           pool;
+    size_t       *qlo, *qhi, *qpos;  /* the units' runs: flat [qlo, qhi) at slot + qpos */
+    int          *lrun;              /* layer -> its run (-1: no parameters) */
+    size_t        slot_floats;
+    float       **slots;
+    unsigned char *slot_used;
+    int           nslots;
 };
 
 /* The shards of n parameters over world ranks: per floats each (whole chunks), rank's
@@ -152,6 +168,8 @@ dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard
     return DT_OK;
 }
 
+static void pool_free(dt_shard *s);
+
 void dt_shard_free(dt_shard *s) {
     if (!s) return;
     dt_mem_sub(DT_MEM_PARAMS, s->full_held);   /* the model's own accounting takes over */
@@ -172,12 +190,33 @@ void dt_shard_free(dt_shard *s) {
     free(s->rcnt);
     free(s->rhi);
     free(s->lr0);
+    if (s->slots) {
+        for (int i = 0; i < dt_model_nlayers(s->model); i++) dt_model_set_param_view(s->model, i, NULL);
+        pool_free(s);
+    }
+    free(s->slots);
+    free(s->slot_used);
+    free(s->qlo);
+    free(s->qhi);
+    free(s->qpos);
+    free(s->lrun);
     free(s->blk_need);
     free(s->blk_dead);
     if (s->host) s->ops->host_free(s->host);
     s->ops->free(s->dparts);
     free(s->parts);
     free(s);
+}
+
+/* The pool's slots back to the device (none taken: after dt_shard_drop_units). */
+static void pool_free(dt_shard *s) {
+    for (int i = 0; i < s->nslots; i++) {
+        s->ops->free(s->slots[i]);
+        dt_mem_sub(DT_MEM_PARAMS, s->slot_floats * sizeof(float));
+        s->slots[i] = NULL;
+        s->slot_used[i] = 0;
+    }
+    s->nslots = 0;
 }
 
 dt_shard_mode dt_shard_mode_of(const dt_shard *s) { return s->mode; }
@@ -363,15 +402,142 @@ static int live_range(const dt_shard *s, int u, int r, int *v) {
     return -1;
 }
 
+/* The end of the run of ranges from r on (within [r, end)) that lie back to back:
+ * consecutive layers' tensors, moved by one call. */
+static int run_end(const dt_shard *s, int r, int end) {
+    while (r + 1 < end && s->rhi[r] == s->rlo[r + 1]) r++;
+    return r + 1;
+}
+
+/* ---- the pool ---- */
+
+/* Point unit u's layers at its slot (NULL: at the flat array). */
+static dt_status unit_views(dt_shard *s, const struct shard_unit *U, const float *slot) {
+    for (int i = U->first; i <= U->last; i++) {
+        int q = s->lrun[i];
+        const float *base = NULL;
+        /* base + offset is the slot's copy of each of the layer's tensors (the address
+         * arithmetic in integers: base itself may lie before the slot) */
+        if (slot && q >= 0) base = (const float *)((uintptr_t)(slot + s->qpos[q]) - s->qlo[q] * sizeof(float));
+        DT_TRY(dt_model_set_param_view(s->model, i, base));
+    }
+    return DT_OK;
+}
+
+/* A free slot of the pool, made when every slot is taken (at most one per unit). */
+static dt_status slot_take(dt_shard *s, float **out) {
+    for (int i = 0; i < s->nslots; i++)
+        if (!s->slot_used[i]) {
+            s->slot_used[i] = 1;
+            *out = s->slots[i];
+            return DT_OK;
+        }
+    if (s->nslots == s->nunits) return dt_error(DT_ERR_INTERNAL, "shard: more slots taken than units");
+    DT_TRY(s->ops->alloc((void **)&s->slots[s->nslots], s->slot_floats * sizeof(float)));
+    dt_mem_add(DT_MEM_PARAMS, s->slot_floats * sizeof(float));
+    s->slot_used[s->nslots] = 1;
+    *out = s->slots[s->nslots++];
+    return DT_OK;
+}
+
+static void slot_give(dt_shard *s, float *slot) {
+    for (int i = 0; i < s->nslots; i++)
+        if (s->slots[i] == slot) s->slot_used[i] = 0;
+}
+
+/* Gather unit u into a slot: each run's pieces broadcast from their owners (this rank's
+ * own pieces copied in first, and sent from the slot); a unit wholly in this rank's
+ * shard is sent from where it lies and read there. */
+static dt_status pool_fetch(dt_shard *s, struct shard_unit *U) {
+    float *p = dt_model_params(s->model);
+    if (U->own) {
+        for (int q = U->q0; q < U->q0 + U->nq; q++) DT_TRY(per_owner(s, p, s->qlo[q], s->qhi[q], 0, U));
+        return DT_OK;
+    }
+    DT_TRY(slot_take(s, &U->slot));
+    for (int q = U->q0; q < U->q0 + U->nq; q++) {
+        float *dst = U->slot + s->qpos[q];
+        size_t a = s->qlo[q], b = s->qhi[q];
+        for (int o = (int)(a / s->per); o < s->world && (size_t)o * s->per < b; o++) {
+            size_t x = (size_t)o * s->per > a ? (size_t)o * s->per : a;
+            size_t y = (size_t)(o + 1) * s->per < b ? (size_t)(o + 1) * s->per : b;
+            if (o == s->rank) DT_TRY(s->ops->copy_d2d(dst + (x - a), p + x, (y - x) * sizeof(float)));
+            DT_TRY(dt_broadcast_async(s->comm, dst + (x - a), y - x, DT_F32, o, &U->work[U->nwork]));
+            U->nwork++;
+        }
+    }
+    return unit_views(s, U, U->slot);
+}
+
+/* Unit u's slot back to the pool, its layers pointed at the flat array. */
+static dt_status pool_drop(dt_shard *s, struct shard_unit *U) {
+    if (!U->slot) return DT_OK;
+    slot_give(s, U->slot);
+    U->slot = NULL;
+    return unit_views(s, U, NULL);
+}
+
+/* The units' runs and the pool's slot size; the pool is off (0) where a layer's
+ * tensors lie in more than one run (one view per layer could not address them). */
+static dt_status pool_init(dt_shard *s) {
+    int n = dt_model_nlayers(s->model);
+    s->qlo = calloc((size_t)s->nranges + 1, sizeof *s->qlo);
+    s->qhi = calloc((size_t)s->nranges + 1, sizeof *s->qhi);
+    s->qpos = calloc((size_t)s->nranges + 1, sizeof *s->qpos);
+    s->lrun = calloc((size_t)n + 1, sizeof *s->lrun);
+    s->slots = calloc((size_t)s->nunits + 1, sizeof *s->slots);
+    s->slot_used = calloc((size_t)s->nunits + 1, 1);
+    if (!s->qlo || !s->qhi || !s->qpos || !s->lrun || !s->slots || !s->slot_used)
+        return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
+    size_t mine = s->per * (size_t)s->rank, end = mine + s->per;
+    int nq = 0;
+    for (int u = 0; u < s->nunits; u++) {
+        struct shard_unit *U = &s->units[u];
+        size_t pos = 0;
+        U->q0 = nq;
+        U->own = 1;
+        for (int r = U->r0, e; r < U->r0 + U->nr; r = e) {
+            e = run_end(s, r, U->r0 + U->nr);
+            s->qlo[nq] = s->rlo[r];
+            s->qhi[nq] = s->rhi[e - 1];
+            s->qpos[nq] = pos;
+            pos += s->qhi[nq] - s->qlo[nq];
+            if (s->qlo[nq] < mine || s->qhi[nq] > end) U->own = 0;
+            nq++;
+        }
+        U->nq = nq - U->q0;
+        if (!U->own && pos > s->slot_floats) s->slot_floats = pos;
+        for (int i = U->first; i <= U->last; i++) {
+            int a = s->lr0[i], b = s->lr0[i + 1];
+            s->lrun[i] = -1;
+            if (a == b) continue;
+            for (int q = U->q0; q < nq; q++)
+                if (s->qlo[q] <= s->rlo[a] && s->rhi[b - 1] <= s->qhi[q]) s->lrun[i] = q;
+            for (int r = a; r + 1 < b; r++)
+                if (s->rhi[r] != s->rlo[r + 1]) s->pool = 0;
+        }
+    }
+    return DT_OK;
+}
+
 /* Start gathering unit u (blocking when staging through host memory). */
 static dt_status unit_fetch(dt_shard *s, int u) {
     struct shard_unit *U = &s->units[u];
     if (U->state != U_DROPPED) return DT_OK;
+    if (s->pool) {
+        DT_TRY(pool_fetch(s, U));
+        U->state = U_FLIGHT;
+        return DT_OK;
+    }
     float *p = dt_model_params(s->model);
+    for (int r = U->r0, e; r < U->r0 + U->nr; r = e) {
+        /* one broadcast per owner for a run of ranges, and the dropped pages come back
+         * in one call each side, not one fault per page */
+        e = run_end(s, r, U->r0 + U->nr);
+        DT_TRY(outside_shard(s, p, s->rlo[r], s->rhi[e - 1], s->ops->populate));
+        DT_TRY(per_owner(s, p, s->rlo[r], s->rhi[e - 1], 0, s->stage ? NULL : U));
+    }
     for (int r = U->r0; r < U->r0 + U->nr; r++) {
-        /* the dropped pages come back in one call each side, not one fault per page */
-        DT_TRY(outside_shard(s, p, s->rlo[r], s->rhi[r], s->ops->populate));
-        DT_TRY(per_owner(s, p, s->rlo[r], s->rhi[r], 0, s->stage ? NULL : U));
         int v, q = live_range(s, u, r, &v);
         s->rcnt[r] = !(q >= 0 && s->rcnt[q]);   /* already resident and counted: not again */
         if (s->rcnt[r]) U->held += outside(s, s->rlo[r], s->rhi[r]);
@@ -394,8 +560,9 @@ static dt_status unit_need(dt_shard *s, int u) {
     U->state = U_HERE;
     /* the parameters arrived in the middle of a pass: the model's derived copies of them
      * (mixed precision's rounded weights) are made now */
-    for (int r = U->r0; st == DT_OK && r < U->r0 + U->nr; r++)
-        st = dt_model_params_arrived(s->model, s->rlo[r], s->rhi[r]);
+    for (int i = U->first; i <= U->last; i++)
+        for (int r = s->lr0[i]; st == DT_OK && r < s->lr0[i + 1]; r++)
+            st = dt_model_params_arrived(s->model, i, s->rlo[r], s->rhi[r]);
     return st;
 }
 
@@ -405,6 +572,7 @@ static dt_status unit_drop(dt_shard *s, int u) {
     struct shard_unit *U = &s->units[u];
     if (U->state != U_HERE) return DT_OK;
     U->state = U_DROPPED;
+    if (s->pool) return pool_drop(s, U);
     dt_mem_sub(DT_MEM_PARAMS, U->held);
     U->held = 0;
     float *p = dt_model_params(s->model);
@@ -417,7 +585,13 @@ static dt_status unit_drop(dt_shard *s, int u) {
             dt_mem_add(DT_MEM_PARAMS, b);
         }
         s->rcnt[r] = 0;
-        if (q < 0) DT_TRY(drop_params(s, u, p, s->rlo[r], s->rhi[r]));
+    }
+    /* runs of back-to-back ranges no other unit holds go in one call each */
+    for (int r = U->r0, e, v; r < U->r0 + U->nr; r = e) {
+        e = r + 1;
+        if (live_range(s, u, r, &v) >= 0) continue;
+        while (e < U->r0 + U->nr && s->rhi[e - 1] == s->rlo[e] && live_range(s, u, e, &v) < 0) e++;
+        DT_TRY(drop_params(s, u, p, s->rlo[r], s->rhi[e - 1]));
     }
     return DT_OK;
 }
@@ -434,7 +608,10 @@ static dt_status grads_room(dt_shard *s, int layer) {
     while (s->npend > 0 && n > 0 && s->pend_floats + n > s->unit_floats) DT_TRY(grads_settle(s, 1));
     /* the gradient's dropped pages come back in one call, not one fault per page */
     float *g = dt_model_grads(s->model);
-    for (int r = s->lr0[layer]; r < s->lr0[layer + 1]; r++) DT_TRY(outside_shard(s, g, s->rlo[r], s->rhi[r], s->ops->populate));
+    for (int r = s->lr0[layer], e; r < s->lr0[layer + 1]; r = e) {
+        e = run_end(s, r, s->lr0[layer + 1]);
+        DT_TRY(outside_shard(s, g, s->rlo[r], s->rhi[e - 1], s->ops->populate));
+    }
     return DT_OK;
 }
 
@@ -602,6 +779,11 @@ dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_
         for (int r = V->r0; r < V->r0 + V->nr; r++) V->cap += (int)((s->rhi[r] - 1) / s->per - s->rlo[r] / s->per) + 1;
         if (!(V->work = calloc((size_t)V->cap + 1, sizeof *V->work))) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
     }
+    const char *pool = getenv("DT_SHARD_POOL");
+    if (pool && *pool && strcmp(pool, "0") && strcmp(pool, "1"))
+        return dt_error(DT_ERR_INVALID, "DT_SHARD_POOL='%s': expected 0 or 1", pool);
+    s->pool = s->ops->host_memory && !s->stage && !(pool && !strcmp(pool, "0"));
+    if (s->pool) DT_TRY(pool_init(s));
     if (s->ops->host_memory && s->ops->page_block) DT_TRY(blocks_init(s));
     s->full = 1;   /* until the start-of-run broadcast is done and drop_params is called */
     dt_model_set_layer_hook(s->model, on_layer, s);
@@ -628,7 +810,14 @@ dt_status dt_shard_gather_root(dt_shard *s) {
             if (s->stage) DT_TRY(s->ops->copy_h2d(p + lo, h, (hi - lo) * sizeof(float)));
         }
     }
-    if (s->rank != 0) return dt_shard_drop_units(s);   /* its shard only, as between steps */
+    /* training is over: the pool goes back (an evaluation after this takes slots again) */
+    if (s->rank != 0) {
+        DT_TRY(dt_shard_drop_units(s));   /* its shard only, as between steps */
+        if (s->pool) pool_free(s);
+        return DT_OK;
+    }
+    for (int u = 0; u < s->nunits && s->pool; u++) DT_TRY(pool_drop(s, &s->units[u]));   /* read the whole array */
+    if (s->pool) pool_free(s);
     for (int u = 0; u < s->nunits; u++) {
         s->units[u].state = U_HERE;
         dt_mem_sub(DT_MEM_PARAMS, s->units[u].held);
@@ -665,6 +854,7 @@ dt_status dt_shard_drop_params(dt_shard *s) {
     DT_TRY(drop_range(s, dt_model_params(s->model), 0, all));
     DT_TRY(drop_range(s, dt_model_grads(s->model), 0, all));
     for (int u = 0; u < s->nunits; u++) {
+        if (s->pool) DT_TRY(pool_drop(s, &s->units[u]));
         s->units[u].state = U_DROPPED;
         dt_mem_sub(DT_MEM_PARAMS, s->units[u].held);
         s->units[u].held = 0;

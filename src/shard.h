@@ -20,8 +20,15 @@
  *           only. Just before a unit (consecutive layers of at least a given size)
  *           runs, forward or backward, the parameters it reads are gathered (broadcast
  *           from the ranks whose shards hold them; the next unit while this one runs),
- *           and dropped after it (the device takes the pages back: ops discard); a
- *           finished gradient slice is reduced to the ranks that own it, then dropped.
+ *           and dropped after it; a finished gradient slice is reduced to the ranks
+ *           that own it, then dropped (the device takes its pages back: ops discard).
+ *           On the CPU a unit is gathered into a slot of a pool of reused buffers and
+ *           its layers read it there (dt_model_set_param_view), so no page goes back
+ *           and comes again at every gather: on a virtual machine each such 4 KiB page
+ *           costs microseconds at its first touch. The pool holds as many slots of the
+ *           largest unit as units are gathered at once (two or three), until the end
+ *           of training. DT_SHARD_POOL=0 gathers in place instead: into the flat array,
+ *           whose pages outside the shard go back after each use (the least memory).
  *           Between steps a rank holds 1/W of parameters, gradients and optimizer
  *           state; evaluation gathers unit by unit as training does, checkpoints write
  *           each rank's shard, and at the end rank 0 alone receives the whole model

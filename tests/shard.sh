@@ -44,6 +44,11 @@ same() {
     rc=$?
     [ $rc -eq 0 ] && cmp -s "$T/$name-ref.st" "$T/$name-post-4.st"
     ok $? "$name: --shard params --backward-prefetch post in layer-sized units on 4 processes: the same bits"
+    # the gathers in place (DT_SHARD_POOL=0: pages given back and brought again) too
+    DT_SHARD_POOL=0 run "$name-inplace-2" 2 "$@" --shard params --shard-unit-mb 0.001
+    rc=$?
+    [ $rc -eq 0 ] && cmp -s "$T/$name-ref.st" "$T/$name-inplace-2.st"
+    ok $? "$name: --shard params gathering in place (DT_SHARD_POOL=0) on 2 processes: the same bits"
 }
 
 # 1. a conv net of 82,692 parameters: 21 chunks of 4096, so shards of 45056 floats on 2
@@ -89,7 +94,8 @@ done
 #    largest of peak less shard over the ranks is two units of at most 4 C^2 + 22 C floats,
 #    the tied embedding aside, not a block of 12 C^2 + 13 C: the row closing a block drops
 #    the unit it shares with the next block before the block's units are gathered again)
-run gpt-fl 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 --warmup 1 \
+#    These bounds are those of the gathers in place (DT_SHARD_POOL=0); the pool's follow.
+DT_SHARD_POOL=0 run gpt-fl 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 --warmup 1 \
     --threads 1 --eval-every 1 --eval-batches 2 --shard params --recompute --shard-unit-mb 0.25 --rank-stats 2
 ok $? "gpt: 4 blocks of 256 wide train and evaluate with --shard params --recompute in layer-sized units"
 shard=$(sed -n 's/.*keeps the optimizer state of \([0-9]*\) of.*/\1/p' "$T/gpt-fl.out" | head -1)
@@ -110,7 +116,7 @@ ok $? "its validation losses are those of --shard none ($(vals gpt-fl))"
 #    post two (the tied embedding aside: the head starts its gradient, which is final
 #    only after the embedding's backward, at the end). The largest unit is the position
 #    table and the first attention, 4 C^2 + 22 C.
-run gpt-fl-post 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 \
+DT_SHARD_POOL=0 run gpt-fl-post 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 \
     --warmup 1 --threads 1 --eval-every 1 --eval-batches 2 --shard params --recompute --shard-unit-mb 0.25 \
     --rank-stats 2 --backward-prefetch post
 ok $? "the same run with --backward-prefetch post"
@@ -123,12 +129,25 @@ awk -v p="$xpre" -v x="$xpost" -v u="$U" 'BEGIN { exit !(p >= x + 0.5 * u / 1048
 ok $? "--backward-prefetch pre: a unit more ($xpre MiB)"
 [ -n "$(vals gpt-fl-post)" ] && [ "$(vals gpt-fl-post)" = "$(vals gpt-fl-none)" ] && cmp -s "$T/gpt-fl.st" "$T/gpt-fl-post.st"
 ok $? "with the validation losses and the weights of pre"
+# 3a''''. the pool (the default): units gathered into reused slots of the largest unit's
+#    size, as many as are gathered at once (pre: the running unit, the next and, in
+#    backward, the one before; a unit in the rank's own shard takes none): the same
+#    bits, and the parameters beyond the shard within three slots
+run gpt-fl-pool 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 \
+    --warmup 1 --threads 1 --eval-every 1 --eval-batches 2 --shard params --recompute --shard-unit-mb 0.25 --rank-stats 2
+ok $? "the same run gathering into the pool"
+flp=$(sed 's/^\[rank0\]://' "$T/gpt-fl-pool.out" | awk -v s="${shard:-0}" '/now\/peak \(accounted\)/ { on = 1; next }
+    on && $1 ~ /^[0-9]+$/ { split($2, a, "/"); d = a[2] - s * 4 / 1048576; if (d > m) m = d } END { printf "%.2f", m }')
+awk -v f="$flp" -v u="$U" 'BEGIN { exit !(f >= u / 1048576 && f <= 1.05 * 3 * u / 1048576) }'
+ok $? "the pool holds at least one and at most three units' slots beyond the shard ($flp MiB; a unit is 1.02 MiB)"
+[ -n "$(vals gpt-fl-pool)" ] && [ "$(vals gpt-fl-pool)" = "$(vals gpt-fl-none)" ] && cmp -s "$T/gpt-fl.st" "$T/gpt-fl-pool.st"
+ok $? "with the validation losses and the weights of the gathers in place"
 
 # 3a'''. the tied embedding's two uses (the embedding's unit and the head's) gathered
 #    together, as forward prefetches the second while the first runs in this 2-unit
 #    model: its pages count once, so no rank's parameters ever count more than the whole
 #    (padded) array, 2 x 12288 floats (they used to, by the embedding's 32 KiB)
-timeout 120 "$R" -n 2 "$D" train --model "gpt(layers=1,heads=2,dim=32,block=16)" --data "tokens:$T/tok" --batch 4 \
+DT_SHARD_POOL=0 timeout 120 "$R" -n 2 "$D" train --model "gpt(layers=1,heads=2,dim=32,block=16)" --data "tokens:$T/tok" --batch 4 \
     --steps 2 --warmup 1 --threads 1 --no-eval --shard params --shard-unit-mb 0.04 --rank-stats 1 \
     --metrics "$T/tied.jsonl" > "$T/tied.out" 2>&1
 ok $? "a 1-layer gpt in two units, both holding the tied embedding, trains with --shard params"
@@ -281,4 +300,7 @@ ok_grep "$T/bad.out" "--shard: expected none, optim, grads or params, got 'param
 timeout 60 "$D" train $BASE --model "$CNN" --shard params --backward-prefetch late > "$T/badpf.out" 2>&1
 [ $? -eq 2 ]; ok $? "an unknown --backward-prefetch exits 2"
 ok_grep "$T/badpf.out" "--backward-prefetch: expected pre or post, got 'late'" "and names the choices"
+DT_SHARD_POOL=yes timeout 120 "$R" -n 2 "$D" train $BASE --model "$CNN" --shard params > "$T/badpool.out" 2>&1
+[ $? -eq 2 ]; ok $? "DT_SHARD_POOL=yes exits 2"
+ok_grep "$T/badpool.out" "DT_SHARD_POOL='yes': expected 0 or 1" "and names the variable and its values"
 done_testing
