@@ -164,7 +164,7 @@ static dt_status on_grad_ready(void *ctx, int first, int count) {
     if (count <= 0) return DT_OK;
     size_t lo = d->t_off[first];
     size_t hi = d->t_off[first + count - 1] + d->t_len[first + count - 1];
-    float *g = dt_model_grads(d->model);
+    float *g = dt_model_grads_written(d->model);   /* the layer's view (sharding's slot) or the flat array */
     dt_status s = grad_round(d, g, lo, hi - lo);   /* a leaf */
     if (s == DT_OK && d->k > 1) {
         s = tree_push(d, d->micro, g, lo, hi - lo);

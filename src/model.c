@@ -56,6 +56,8 @@ struct dt_model {
     dt_layer_hook_fn layer_hook;
     void            *layer_hook_ctx;
     const float    **pview;        /* per layer: where its parameters are read (NULL: params) */
+    float          **gview;        /* per layer: where its gradient is written (NULL: grads) */
+    float           *gcur;         /* where the layer whose backward ran last wrote it */
     int              decode_pos;   /* < 0: ordinary passes */
     dt_model_opts    mo;
     /* recompute: the outermost residual blocks [start, end] (their opening and closing
@@ -74,6 +76,10 @@ struct dt_model {
  * dt_model_set_param_view (base + offset is each of its tensors). */
 static float *layer_params(const dt_model *m, int i) {
     return m->pview && m->pview[i] ? (float *)m->pview[i] : m->params;
+}
+
+static float *layer_grads(const dt_model *m, int i) {
+    return m->gview && m->gview[i] ? m->gview[i] : m->grads;
 }
 
 static dt_nn_ctx nn_ctx(dt_model *m, int train) {
@@ -128,6 +134,7 @@ void dt_model_free(dt_model *m) {
     free(m->blocks);
     free(m->block_of);
     free(m->pview);
+    free(m->gview);
     free(m);
 }
 
@@ -412,6 +419,16 @@ dt_status dt_model_params_arrived(dt_model *m, int layer, size_t lo, size_t hi) 
     return dt_lowp_refresh(m->lp, m->ops, layer_params(m, layer), lo, hi);
 }
 
+dt_status dt_model_set_grad_view(dt_model *m, int layer, float *base) {
+    if (layer < 0 || layer >= m->spec.n) return dt_error(DT_ERR_INVALID, "model: no layer %d", layer);
+    if (!m->gview && !(m->gview = calloc((size_t)m->spec.n, sizeof *m->gview)))
+        return dt_error(DT_ERR_NOMEM, "model: out of memory");
+    m->gview[layer] = base;
+    return DT_OK;
+}
+
+float *dt_model_grads_written(const dt_model *m) { return m->gcur ? m->gcur : m->grads; }
+
 dt_status dt_model_set_param_view(dt_model *m, int layer, const float *base) {
     if (layer < 0 || layer >= m->spec.n) return dt_error(DT_ERR_INVALID, "model: no layer %d", layer);
     if (!m->pview && !(m->pview = calloc((size_t)m->spec.n, sizeof *m->pview)))
@@ -638,6 +655,7 @@ dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *t
         else { dx = m->dbuf[which]; which ^= 1; }
         dt_status s = layer_hook(m, i, DT_HOOK_BWD_PRE);
         c.params = layer_params(m, i);
+        c.grads = m->gcur = layer_grads(m, i);
         if (s == DT_OK) s = dt_layer_backward(&c, L, x, dy, dx, B);
         if (s != DT_OK) return dt_error_wrap(s, "backward, layer %s '%s': ", L->name, L->text);
         if (L->nparams && m->grad_ready) {
@@ -654,6 +672,7 @@ dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *t
         if (b >= 0 && i == m->blocks[b][1]) DT_TRY(recompute_block(m, b));
         dy = dx;
     }
+    m->gcur = NULL;
     return DT_OK;
 }
 

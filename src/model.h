@@ -167,6 +167,12 @@ DT_API dt_status dt_model_params_arrived(dt_model *m, int layer, size_t lo, size
  * the flat array again): sharding's gathered copy of its unit. Only passes read views;
  * dt_model_params() and the state registry still address the flat array. */
 DT_API dt_status dt_model_set_param_view(dt_model *m, int layer, const float *base);
+/* Layer `layer`'s backward writes its parameter gradients at base + offset instead of
+ * the flat gradient array (NULL: the flat array again). */
+DT_API dt_status dt_model_set_grad_view(dt_model *m, int layer, float *base);
+/* Where the layer whose backward ran last wrote its gradients (base + offset): its view
+ * or the flat array; the gradient hook reads them there. */
+DT_API float    *dt_model_grads_written(const dt_model *m);
 
 DT_API int             dt_model_nlayers(const dt_model *m);
 DT_API const dt_layer *dt_model_layer(const dt_model *m, int i);

@@ -55,6 +55,9 @@ struct shard_unit {
      * a slot of the pool at qpos; own: all in this rank's shard, read where they lie */
     int       q0, nq, own;
     float    *slot;
+    float    *gslot;          /* its layers' gradients (the pool's gradient slots) */
+    int       gpend;          /* sums in flight from gslot */
+    int       gdone;          /* its backward is over: gslot goes once gpend is 0 */
 };
 
 struct dt_shard {
@@ -81,7 +84,9 @@ struct dt_shard {
     int           nunits;
     struct shard_unit *units;
     int          *lunit;      /* layer -> unit */
-    struct { dt_work *work; size_t lo, hi; } *pend;   /* gradient sums in flight, oldest first */
+    /* gradient sums in flight, oldest first: [lo, hi) of the flat array (unit -1) or of
+     * unit's gradient slot at base + lo */
+    struct { dt_work *work; size_t lo, hi; int unit; float *base; } *pend;
     size_t        full_held;  /* gather_root: bytes of parameters beyond the shard */
     size_t        grads_gone; /* release_grads: bytes of this rank's gradient given back */
     int           npend, pend_cap;
@@ -104,6 +109,12 @@ struct dt_shard {
     float       **slots;
     unsigned char *slot_used;
     int           nslots;
+    /* the same for gradients: a layer whose tensors no other unit shares (lgrad) writes
+     * its gradient into its unit's gradient slot; the sum goes to the flat array's shard */
+    float       **gslots;
+    unsigned char *gslot_used, *lgrad;
+    int           ngslots;
+    int           cur;       /* the layer backward runs */
 };
 
 /* The shards of n parameters over world ranks: per floats each (whole chunks), rank's
@@ -191,11 +202,17 @@ void dt_shard_free(dt_shard *s) {
     free(s->rhi);
     free(s->lr0);
     if (s->slots) {
-        for (int i = 0; i < dt_model_nlayers(s->model); i++) dt_model_set_param_view(s->model, i, NULL);
+        for (int i = 0; i < dt_model_nlayers(s->model); i++) {
+            dt_model_set_param_view(s->model, i, NULL);
+            dt_model_set_grad_view(s->model, i, NULL);
+        }
         pool_free(s);
     }
     free(s->slots);
     free(s->slot_used);
+    free(s->gslots);
+    free(s->gslot_used);
+    free(s->lgrad);
     free(s->qlo);
     free(s->qhi);
     free(s->qpos);
@@ -209,7 +226,18 @@ void dt_shard_free(dt_shard *s) {
 }
 
 /* The pool's slots back to the device (none taken: after dt_shard_drop_units). */
+static void pool_free_grads(dt_shard *s) {
+    for (int i = 0; i < s->ngslots; i++) {
+        s->ops->free(s->gslots[i]);
+        dt_mem_sub(DT_MEM_GRADS, s->slot_floats * sizeof(float));
+        s->gslots[i] = NULL;
+        s->gslot_used[i] = 0;
+    }
+    s->ngslots = 0;
+}
+
 static void pool_free(dt_shard *s) {
+    pool_free_grads(s);
     for (int i = 0; i < s->nslots; i++) {
         s->ops->free(s->slots[i]);
         dt_mem_sub(DT_MEM_PARAMS, s->slot_floats * sizeof(float));
@@ -411,38 +439,73 @@ static int run_end(const dt_shard *s, int r, int end) {
 
 /* ---- the pool ---- */
 
+/* Layer i's base in a slot: base + offset is the slot's copy of each of its tensors
+ * (the address arithmetic in integers: base itself may lie before the slot). */
+static float *slot_base(const dt_shard *s, int i, float *slot) {
+    int q = s->lrun[i];
+    return slot && q >= 0 ? (float *)((uintptr_t)(slot + s->qpos[q]) - s->qlo[q] * sizeof(float)) : NULL;
+}
+
 /* Point unit u's layers at its slot (NULL: at the flat array). */
-static dt_status unit_views(dt_shard *s, const struct shard_unit *U, const float *slot) {
-    for (int i = U->first; i <= U->last; i++) {
-        int q = s->lrun[i];
-        const float *base = NULL;
-        /* base + offset is the slot's copy of each of the layer's tensors (the address
-         * arithmetic in integers: base itself may lie before the slot) */
-        if (slot && q >= 0) base = (const float *)((uintptr_t)(slot + s->qpos[q]) - s->qlo[q] * sizeof(float));
-        DT_TRY(dt_model_set_param_view(s->model, i, base));
-    }
+static dt_status unit_views(dt_shard *s, const struct shard_unit *U, float *slot) {
+    for (int i = U->first; i <= U->last; i++) DT_TRY(dt_model_set_param_view(s->model, i, slot_base(s, i, slot)));
     return DT_OK;
 }
 
-/* A free slot of the pool, made when every slot is taken (at most one per unit). */
-static dt_status slot_take(dt_shard *s, float **out) {
-    for (int i = 0; i < s->nslots; i++)
-        if (!s->slot_used[i]) {
-            s->slot_used[i] = 1;
-            *out = s->slots[i];
+/* The same for the gradients of the unit's layers that write into its gradient slot. */
+static dt_status unit_gviews(dt_shard *s, const struct shard_unit *U, float *slot) {
+    for (int i = U->first; i <= U->last; i++)
+        if (s->lgrad[i]) DT_TRY(dt_model_set_grad_view(s->model, i, slot_base(s, i, slot)));
+    return DT_OK;
+}
+
+
+/* A free slot of a pool (parameters or gradients), made when every slot is taken (at
+ * most one per unit); NULL when none is free and the pool has `most` slots. */
+static dt_status slot_take(dt_shard *s, float **slots, unsigned char *used, int *n, int most, dt_mem_cat cat,
+                           float **out) {
+    *out = NULL;
+    for (int i = 0; i < *n; i++)
+        if (!used[i]) {
+            used[i] = 1;
+            *out = slots[i];
             return DT_OK;
         }
-    if (s->nslots == s->nunits) return dt_error(DT_ERR_INTERNAL, "shard: more slots taken than units");
-    DT_TRY(s->ops->alloc((void **)&s->slots[s->nslots], s->slot_floats * sizeof(float)));
-    dt_mem_add(DT_MEM_PARAMS, s->slot_floats * sizeof(float));
-    s->slot_used[s->nslots] = 1;
-    *out = s->slots[s->nslots++];
+    if (*n >= most) return DT_OK;
+    DT_TRY(s->ops->alloc((void **)&slots[*n], s->slot_floats * sizeof(float)));
+    dt_mem_add(cat, s->slot_floats * sizeof(float));
+    used[*n] = 1;
+    *out = slots[(*n)++];
     return DT_OK;
 }
 
-static void slot_give(dt_shard *s, float *slot) {
-    for (int i = 0; i < s->nslots; i++)
-        if (s->slots[i] == slot) s->slot_used[i] = 0;
+static void slot_give(float **slots, unsigned char *used, int n, const float *slot) {
+    for (int i = 0; i < n; i++)
+        if (slots[i] == slot) used[i] = 0;
+}
+
+/* The unit's gradient slot goes back once its backward is over and its sums are done. */
+static dt_status gslot_settled(dt_shard *s, struct shard_unit *U) {
+    if (!U->gslot || !U->gdone || U->gpend > 0) return DT_OK;
+    slot_give(s->gslots, s->gslot_used, s->ngslots, U->gslot);
+    U->gslot = NULL;
+    return unit_gviews(s, U, NULL);
+}
+
+static dt_status grads_settle(dt_shard *s, int force);
+
+/* Unit u's backward begins writing gradients into its slot: one is taken (two at most:
+ * one written, one summed; the oldest sums are waited for when both are taken). */
+static dt_status gslot_need(dt_shard *s, int u) {
+    struct shard_unit *U = &s->units[u];
+    U->gdone = 0;
+    while (!U->gslot) {
+        DT_TRY(slot_take(s, s->gslots, s->gslot_used, &s->ngslots, 2, DT_MEM_GRADS, &U->gslot));
+        if (U->gslot) break;
+        if (s->npend == 0) return dt_error(DT_ERR_INTERNAL, "shard: no gradient slot free and no sum in flight");
+        DT_TRY(grads_settle(s, 1));
+    }
+    return unit_gviews(s, U, U->gslot);
 }
 
 /* Gather unit u into a slot: each run's pieces broadcast from their owners (this rank's
@@ -454,7 +517,8 @@ static dt_status pool_fetch(dt_shard *s, struct shard_unit *U) {
         for (int q = U->q0; q < U->q0 + U->nq; q++) DT_TRY(per_owner(s, p, s->qlo[q], s->qhi[q], 0, U));
         return DT_OK;
     }
-    DT_TRY(slot_take(s, &U->slot));
+    DT_TRY(slot_take(s, s->slots, s->slot_used, &s->nslots, s->nunits, DT_MEM_PARAMS, &U->slot));
+    if (!U->slot) return dt_error(DT_ERR_INTERNAL, "shard: more slots taken than units");
     for (int q = U->q0; q < U->q0 + U->nq; q++) {
         float *dst = U->slot + s->qpos[q];
         size_t a = s->qlo[q], b = s->qhi[q];
@@ -472,7 +536,7 @@ static dt_status pool_fetch(dt_shard *s, struct shard_unit *U) {
 /* Unit u's slot back to the pool, its layers pointed at the flat array. */
 static dt_status pool_drop(dt_shard *s, struct shard_unit *U) {
     if (!U->slot) return DT_OK;
-    slot_give(s, U->slot);
+    slot_give(s->slots, s->slot_used, s->nslots, U->slot);
     U->slot = NULL;
     return unit_views(s, U, NULL);
 }
@@ -487,7 +551,11 @@ static dt_status pool_init(dt_shard *s) {
     s->lrun = calloc((size_t)n + 1, sizeof *s->lrun);
     s->slots = calloc((size_t)s->nunits + 1, sizeof *s->slots);
     s->slot_used = calloc((size_t)s->nunits + 1, 1);
-    if (!s->qlo || !s->qhi || !s->qpos || !s->lrun || !s->slots || !s->slot_used)
+    s->gslots = calloc((size_t)s->nunits + 1, sizeof *s->gslots);
+    s->gslot_used = calloc((size_t)s->nunits + 1, 1);
+    s->lgrad = calloc((size_t)n + 1, 1);
+    if (!s->qlo || !s->qhi || !s->qpos || !s->lrun || !s->slots || !s->slot_used || !s->gslots || !s->gslot_used ||
+        !s->lgrad)
         return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
     size_t mine = s->per * (size_t)s->rank, end = mine + s->per;
     int nq = 0;
@@ -515,6 +583,14 @@ static dt_status pool_init(dt_shard *s) {
                 if (s->qlo[q] <= s->rlo[a] && s->rhi[b - 1] <= s->qhi[q]) s->lrun[i] = q;
             for (int r = a; r + 1 < b; r++)
                 if (s->rhi[r] != s->rlo[r + 1]) s->pool = 0;
+            /* the gradient goes to the unit's slot unless the unit is this rank's own or a
+             * range of the layer is another unit's too (the tied embedding: its two uses
+             * add into one gradient, which stays in the flat array) */
+            s->lgrad[i] = !U->own;
+            for (int r = a; r < b; r++)
+                for (int v = 0; v < s->nunits; v++)
+                    for (int x = s->units[v].r0; v != u && x < s->units[v].r0 + s->units[v].nr; x++)
+                        if (s->rlo[x] < s->rhi[r] && s->rlo[r] < s->rhi[x]) s->lgrad[i] = 0;
         }
     }
     return DT_OK;
@@ -629,11 +705,15 @@ static dt_status on_layer(void *ctx, int layer, dt_layer_phase phase) {
     case DT_HOOK_FWD_POST:
         return layer == U->last && u + 1 < s->nunits ? unit_drop(s, u) : DT_OK;
     case DT_HOOK_BWD_PRE:
-        DT_TRY(grads_room(s, layer));
+        s->cur = layer;
+        if (s->pool && s->lgrad[layer]) DT_TRY(gslot_need(s, u));
+        else DT_TRY(grads_room(s, layer));
         DT_TRY(unit_need(s, u));
         return u > 0 && !s->post ? unit_fetch(s, u - 1) : DT_OK;
     case DT_HOOK_BWD_POST:
         if (layer != U->first) return DT_OK;
+        s->units[u].gdone = 1;
+        DT_TRY(gslot_settled(s, &s->units[u]));
         DT_TRY(unit_drop(s, u));
         return u > 0 && s->post ? unit_fetch(s, u - 1) : DT_OK;
     case DT_HOOK_RECOMPUTE:   /* forward again, in backward: the block's next unit is
@@ -674,8 +754,19 @@ static dt_status grads_settle(dt_shard *s, int force) {
     float *g = dt_model_grads(s->model);
     dt_status st = DT_OK;
     int i = 0;
+    size_t mine = s->per * (size_t)s->rank, end = mine + s->per;
     for (; i < s->npend && (i < force || dt_work_test(s->pend[i].work)); i++) {
         dt_status w = dt_work_wait(s->pend[i].work);
+        size_t lo = s->pend[i].lo, hi = s->pend[i].hi;
+        if (s->pend[i].unit >= 0) {   /* from a gradient slot: this rank's part to the shard */
+            struct shard_unit *U = &s->units[s->pend[i].unit];
+            size_t x = lo > mine ? lo : mine, y = hi < end ? hi : end;
+            if (w == DT_OK && x < y) w = s->ops->copy_d2d(g + x, s->pend[i].base + x, (y - x) * sizeof(float));
+            U->gpend--;
+            if (w == DT_OK) w = gslot_settled(s, U);
+            if (st == DT_OK) st = w;
+            continue;
+        }
         if (w == DT_OK) w = drop_range(s, g, s->pend[i].lo, s->pend[i].hi);
         if (w == DT_OK) w = grads_blocks(s, g, s->pend[i].lo, s->pend[i].hi);
         dt_mem_sub(DT_MEM_GRADS, outside(s, s->pend[i].lo, s->pend[i].hi));
@@ -697,9 +788,21 @@ static dt_status on_final(void *ctx, size_t lo, size_t hi) {
         DT_TRY(per_owner(s, g, lo, hi, 1, NULL));
         return drop_range(s, g, lo, hi);
     }
+    float *base = dt_model_grads_written(s->model);
+    if (base != g) {   /* the layer wrote into its unit's gradient slot */
+        if (s->npend == s->pend_cap) DT_TRY(grads_settle(s, 1));
+        DT_TRY(dt_allreduce_async(s->comm, base + lo, base + lo, hi - lo, DT_F32, DT_SUM, &s->pend[s->npend].work));
+        s->units[s->lunit[s->cur]].gpend++;
+        s->pend[s->npend].lo = lo;
+        s->pend[s->npend].hi = hi;
+        s->pend[s->npend].base = base;
+        s->pend[s->npend++].unit = s->lunit[s->cur];
+        return grads_settle(s, 0);
+    }
     while (s->npend > 0 && (s->npend == s->pend_cap || s->pend_floats > s->unit_floats))
         DT_TRY(grads_settle(s, 1));
     DT_TRY(dt_allreduce_async(s->comm, g + lo, g + lo, hi - lo, DT_F32, DT_SUM, &s->pend[s->npend].work));
+    s->pend[s->npend].unit = -1;
     dt_mem_add(DT_MEM_GRADS, outside(s, lo, hi));   /* backward wrote it; held until summed */
     s->pend[s->npend].lo = lo;
     s->pend[s->npend++].hi = hi;
@@ -842,6 +945,7 @@ dt_status dt_shard_drop_units(dt_shard *s) {
 dt_status dt_shard_release_grads(dt_shard *s) {
     if (!params_sharded(s) || s->grads_gone || !s->ops->host_memory) return DT_OK;
     DT_TRY(grads_settle(s, s->npend));
+    pool_free_grads(s);
     DT_TRY(s->ops->discard(dt_model_grads(s->model), s->per * (size_t)s->world * sizeof(float)));
     s->grads_gone = s->per * sizeof(float);
     dt_mem_sub(DT_MEM_GRADS, s->grads_gone);

@@ -23,12 +23,16 @@
  *           and dropped after it; a finished gradient slice is reduced to the ranks
  *           that own it, then dropped (the device takes its pages back: ops discard).
  *           On the CPU a unit is gathered into a slot of a pool of reused buffers and
- *           its layers read it there (dt_model_set_param_view), so no page goes back
+ *           its layers read it there (dt_model_set_param_view); their backward writes
+ *           its gradient into one of two gradient slots (dt_model_set_grad_view), whose
+ *           sum leaves this rank's part in the flat array's shard. So no page goes back
  *           and comes again at every gather: on a virtual machine each such 4 KiB page
  *           costs microseconds at its first touch. The pool holds as many slots of the
- *           largest unit as units are gathered at once (two or three), until the end
- *           of training. DT_SHARD_POOL=0 gathers in place instead: into the flat array,
- *           whose pages outside the shard go back after each use (the least memory).
+ *           largest unit as units are gathered at once (two or three), and two for
+ *           gradients, until the end of training. A gradient two units share (the tied
+ *           embedding's) and a unit wholly in this rank's shard stay in the flat array.
+ *           DT_SHARD_POOL=0 gathers in place instead: into the flat arrays, whose pages
+ *           outside the shard go back after each use (the least memory).
  *           Between steps a rank holds 1/W of parameters, gradients and optimizer
  *           state; evaluation gathers unit by unit as training does, checkpoints write
  *           each rank's shard, and at the end rank 0 alone receives the whole model
