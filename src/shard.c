@@ -225,26 +225,23 @@ void dt_shard_free(dt_shard *s) {
     free(s);
 }
 
-/* The pool's slots back to the device (none taken: after dt_shard_drop_units). */
-static void pool_free_grads(dt_shard *s) {
-    for (int i = 0; i < s->ngslots; i++) {
-        s->ops->free(s->gslots[i]);
-        dt_mem_sub(DT_MEM_GRADS, s->slot_floats * sizeof(float));
-        s->gslots[i] = NULL;
-        s->gslot_used[i] = 0;
+/* A pool's slots back to the device (none taken). */
+static void slots_free(dt_shard *s, float **slots, unsigned char *used, int *n, dt_mem_cat cat) {
+    for (int i = 0; i < *n; i++) {
+        s->ops->free(slots[i]);
+        dt_mem_sub(cat, s->slot_floats * sizeof(float));
+        slots[i] = NULL;
+        used[i] = 0;
     }
-    s->ngslots = 0;
+    *n = 0;
 }
 
+static void pool_free_grads(dt_shard *s) { slots_free(s, s->gslots, s->gslot_used, &s->ngslots, DT_MEM_GRADS); }
+
+/* Both pools (after dt_shard_drop_units). */
 static void pool_free(dt_shard *s) {
     pool_free_grads(s);
-    for (int i = 0; i < s->nslots; i++) {
-        s->ops->free(s->slots[i]);
-        dt_mem_sub(DT_MEM_PARAMS, s->slot_floats * sizeof(float));
-        s->slots[i] = NULL;
-        s->slot_used[i] = 0;
-    }
-    s->nslots = 0;
+    slots_free(s, s->slots, s->slot_used, &s->nslots, DT_MEM_PARAMS);
 }
 
 dt_shard_mode dt_shard_mode_of(const dt_shard *s) { return s->mode; }
