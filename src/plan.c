@@ -89,6 +89,14 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
     dt_shard_prefetch pf;
     DT_TRY(dt_shard_prefetch_parse(t->backward_prefetch, &pf));
     int gather_units = sh->gather_units - (sh->params_sharded && pf == DT_PREFETCH_POST);
+    int grad_units = sh->grad_units, pool = 0;
+    DT_TRY(dt_shard_pool_env(&pool));
+    if (sh->params_sharded && pool) {
+        /* the CPU's pool (shard.c): slots of the largest unit, as many as are gathered
+         * at once (two; three with --recompute and pre), and two gradient slots */
+        gather_units = 2 + (t->recompute && pf == DT_PREFETCH_PRE);
+        grad_units = 2;
+    }
 
     /* parameters: master weights and rounded copies (their shard), buffers, gathered units */
     B[DT_MEM_PARAMS] = per_rank(P, pr->master_bytes + pr->copy_bytes, sh->params_sharded, W) +
@@ -96,7 +104,7 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
                        (size_t)gather_units * (size_t)mm->unit_params_max * (size_t)pr->gather_bytes;
     /* gradients: the model's array (or its shard) and DDP's accumulation tree */
     B[DT_MEM_GRADS] = per_rank(P, pr->grad_bytes, sh->grads_sharded, W) +
-                      (size_t)sh->grad_units * (size_t)mm->unit_params_max * (size_t)pr->grad_bytes +
+                      (size_t)grad_units * (size_t)mm->unit_params_max * (size_t)pr->grad_bytes +
                       (size_t)dt_ddp_tree_arrays(k) * (size_t)P * sizeof(float);
     B[DT_MEM_OPTIM] = (size_t)dt_optim_nstate_of(&cfg) * per_rank(P, pr->state_bytes, sh->optim_sharded, W);
     B[DT_MEM_ACTS] = (size_t)((double)mm->bytes[DT_MEM_ACTS] * pr->act_factor);

@@ -30,6 +30,14 @@ dt_status dt_shard_parse(const char *s, dt_shard_mode *out) {
     return dt_error(DT_ERR_INVALID, "shard: expected none, optim, grads or params, got '%s'", s ? s : "(null)");
 }
 
+dt_status dt_shard_pool_env(int *on) {
+    const char *v = getenv("DT_SHARD_POOL");
+    if (v && *v && strcmp(v, "0") && strcmp(v, "1"))
+        return dt_error(DT_ERR_INVALID, "DT_SHARD_POOL='%s': expected 0 or 1", v);
+    *on = !(v && !strcmp(v, "0"));
+    return DT_OK;
+}
+
 dt_status dt_shard_prefetch_parse(const char *s, dt_shard_prefetch *out) {
     if (s && !strcmp(s, "pre")) *out = DT_PREFETCH_PRE;
     else if (s && !strcmp(s, "post")) *out = DT_PREFETCH_POST;
@@ -879,10 +887,9 @@ dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_
         for (int r = V->r0; r < V->r0 + V->nr; r++) V->cap += (int)((s->rhi[r] - 1) / s->per - s->rlo[r] / s->per) + 1;
         if (!(V->work = calloc((size_t)V->cap + 1, sizeof *V->work))) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
     }
-    const char *pool = getenv("DT_SHARD_POOL");
-    if (pool && *pool && strcmp(pool, "0") && strcmp(pool, "1"))
-        return dt_error(DT_ERR_INVALID, "DT_SHARD_POOL='%s': expected 0 or 1", pool);
-    s->pool = s->ops->host_memory && !s->stage && !(pool && !strcmp(pool, "0"));
+    int pool;
+    DT_TRY(dt_shard_pool_env(&pool));
+    s->pool = s->ops->host_memory && !s->stage && pool;
     if (s->pool) DT_TRY(pool_init(s));
     if (s->ops->host_memory && s->ops->page_block) DT_TRY(blocks_init(s));
     s->full = 1;   /* until the start-of-run broadcast is done and drop_params is called */

@@ -98,6 +98,9 @@ DT_API int       dt_shard_ddp_reduces(const dt_shard *s);
  * least unit_bytes of parameters (consecutive layers gathered as one) and backward's
  * prefetch as given. After the start-of-run broadcast (dt_ddp_sync_start) call
  * dt_shard_drop_params. */
+/* DT_SHARD_POOL: 1 (or unset) gathers --shard params' units into the pool where the
+ * device's memory is host memory, 0 in place (above); anything else is an error. */
+DT_API dt_status dt_shard_pool_env(int *on);
 DT_API dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_prefetch prefetch);
 /* params, training over: rank 0 receives every other rank's shard and holds the whole
  * parameter array (layer gathers pause there), the others keep their shard only and
