@@ -91,10 +91,11 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
     int gather_units = sh->gather_units - (sh->params_sharded && pf == DT_PREFETCH_POST);
     int grad_units = sh->grad_units, pool = 0;
     DT_TRY(dt_shard_pool_env(&pool));
-    if (sh->params_sharded && pool) {
-        /* the CPU's pool (shard.c): slots of the largest unit, as many as are gathered
-         * at once (two; three with --recompute and pre), and two gradient slots */
-        gather_units = 2 + (t->recompute && pf == DT_PREFETCH_PRE);
+    if (sh->params_sharded && pool && pf == DT_PREFETCH_PRE) {
+        /* the CPU's pool (shard.c) with pre: slots of the largest unit, as many as are
+         * gathered at once (two; three with --recompute) and two for gradients; with
+         * post two slots in all, as the gathers in place */
+        gather_units = 2 + (t->recompute != 0);
         grad_units = 2;
     }
 

@@ -63,7 +63,7 @@ struct shard_unit {
      * a slot of the pool at qpos; own: all in this rank's shard, read where they lie */
     int       q0, nq, own;
     float    *slot;
-    float    *gslot;          /* its layers' gradients (the pool's gradient slots) */
+    float    *gslot;          /* its layers' gradients (a slot of the same pool) */
     int       gpend;          /* sums in flight from gslot */
     int       gdone;          /* its backward is over: gslot goes once gpend is 0 */
 };
@@ -116,12 +116,12 @@ struct dt_shard {
     size_t        slot_floats;
     float       **slots;
     unsigned char *slot_used;
-    int           nslots;
-    /* the same for gradients: a layer whose tensors no other unit shares (lgrad) writes
-     * its gradient into its unit's gradient slot; the sum goes to the flat array's shard */
-    float       **gslots;
-    unsigned char *gslot_used, *lgrad;
-    int           ngslots;
+    int           nslots, slot_cap;
+    /* a layer whose tensors no other unit shares (lgrad) writes its gradient into a slot
+     * its unit takes from the same pool (ngrad of them taken, two at most); the sum goes
+     * to the flat array's shard */
+    unsigned char *lgrad;
+    int           ngrad;
     int           cur;       /* the layer backward runs */
 };
 
@@ -218,8 +218,6 @@ void dt_shard_free(dt_shard *s) {
     }
     free(s->slots);
     free(s->slot_used);
-    free(s->gslots);
-    free(s->gslot_used);
     free(s->lgrad);
     free(s->qlo);
     free(s->qhi);
@@ -233,23 +231,17 @@ void dt_shard_free(dt_shard *s) {
     free(s);
 }
 
-/* A pool's slots back to the device (none taken). */
-static void slots_free(dt_shard *s, float **slots, unsigned char *used, int *n, dt_mem_cat cat) {
-    for (int i = 0; i < *n; i++) {
-        s->ops->free(slots[i]);
-        dt_mem_sub(cat, s->slot_floats * sizeof(float));
-        slots[i] = NULL;
-        used[i] = 0;
-    }
-    *n = 0;
-}
-
-static void pool_free_grads(dt_shard *s) { slots_free(s, s->gslots, s->gslot_used, &s->ngslots, DT_MEM_GRADS); }
-
-/* Both pools (after dt_shard_drop_units). */
+/* The pool's slots back to the device, when none is taken (after dt_shard_drop_units
+ * and the last gradient sums). A slot counts as parameters unless a gradient holds it. */
 static void pool_free(dt_shard *s) {
-    pool_free_grads(s);
-    slots_free(s, s->slots, s->slot_used, &s->nslots, DT_MEM_PARAMS);
+    for (int i = 0; i < s->nslots; i++)
+        if (s->slot_used[i]) return;
+    for (int i = 0; i < s->nslots; i++) {
+        s->ops->free(s->slots[i]);
+        dt_mem_sub(DT_MEM_PARAMS, s->slot_floats * sizeof(float));
+        s->slots[i] = NULL;
+    }
+    s->nslots = 0;
 }
 
 dt_shard_mode dt_shard_mode_of(const dt_shard *s) { return s->mode; }
@@ -465,51 +457,56 @@ static dt_status unit_gviews(dt_shard *s, const struct shard_unit *U, float *slo
 }
 
 
-/* A free slot of a pool (parameters or gradients), made when every slot is taken (at
- * most one per unit); NULL when none is free and the pool has `most` slots. */
-static dt_status slot_take(dt_shard *s, float **slots, unsigned char *used, int *n, int most, dt_mem_cat cat,
-                           float **out) {
-    *out = NULL;
-    for (int i = 0; i < *n; i++)
-        if (!used[i]) {
-            used[i] = 1;
-            *out = slots[i];
-            return DT_OK;
-        }
-    if (*n >= most) return DT_OK;
-    DT_TRY(s->ops->alloc((void **)&slots[*n], s->slot_floats * sizeof(float)));
-    dt_mem_add(cat, s->slot_floats * sizeof(float));
-    used[*n] = 1;
-    *out = slots[(*n)++];
+
+/* A free slot of the pool. When every slot is taken and the pool has slot_cap of them,
+ * the oldest gradient sums are waited for until one frees; a slot is made when none can
+ * (at most two per unit). */
+static dt_status slot_take(dt_shard *s, float **out) {
+    for (;;) {
+        for (int i = 0; i < s->nslots; i++)
+            if (!s->slot_used[i]) {
+                s->slot_used[i] = 1;
+                *out = s->slots[i];
+                return DT_OK;
+            }
+        if (s->nslots < s->slot_cap || s->npend == 0) break;
+        DT_TRY(grads_settle(s, 1));
+    }
+    if (s->nslots >= 2 * s->nunits) return dt_error(DT_ERR_INTERNAL, "shard: more slots taken than units");
+    DT_TRY(s->ops->alloc((void **)&s->slots[s->nslots], s->slot_floats * sizeof(float)));
+    dt_mem_add(DT_MEM_PARAMS, s->slot_floats * sizeof(float));
+    s->slot_used[s->nslots] = 1;
+    *out = s->slots[s->nslots++];
     return DT_OK;
 }
 
-static void slot_give(float **slots, unsigned char *used, int n, const float *slot) {
-    for (int i = 0; i < n; i++)
-        if (slots[i] == slot) used[i] = 0;
+static void slot_give(dt_shard *s, const float *slot) {
+    for (int i = 0; i < s->nslots; i++)
+        if (s->slots[i] == slot) s->slot_used[i] = 0;
 }
 
 /* The unit's gradient slot goes back once its backward is over and its sums are done. */
 static dt_status gslot_settled(dt_shard *s, struct shard_unit *U) {
     if (!U->gslot || !U->gdone || U->gpend > 0) return DT_OK;
-    slot_give(s->gslots, s->gslot_used, s->ngslots, U->gslot);
+    slot_give(s, U->gslot);
     U->gslot = NULL;
+    s->ngrad--;
+    dt_mem_sub(DT_MEM_GRADS, s->slot_floats * sizeof(float));
+    dt_mem_add(DT_MEM_PARAMS, s->slot_floats * sizeof(float));
     return unit_gviews(s, U, NULL);
 }
 
-static dt_status grads_settle(dt_shard *s, int force);
-
-/* Unit u's backward begins writing gradients into its slot: one is taken (two at most:
- * one written, one summed; the oldest sums are waited for when both are taken). */
+/* Unit u's backward begins writing gradients into a slot: one is taken (two at most for
+ * gradients: one written, one summed; the oldest sums are waited for when both are). */
 static dt_status gslot_need(dt_shard *s, int u) {
     struct shard_unit *U = &s->units[u];
     U->gdone = 0;
-    while (!U->gslot) {
-        DT_TRY(slot_take(s, s->gslots, s->gslot_used, &s->ngslots, 2, DT_MEM_GRADS, &U->gslot));
-        if (U->gslot) break;
-        if (s->npend == 0) return dt_error(DT_ERR_INTERNAL, "shard: no gradient slot free and no sum in flight");
-        DT_TRY(grads_settle(s, 1));
-    }
+    if (U->gslot) return DT_OK;
+    while (s->ngrad >= 2 && s->npend > 0) DT_TRY(grads_settle(s, 1));
+    DT_TRY(slot_take(s, &U->gslot));
+    s->ngrad++;
+    dt_mem_sub(DT_MEM_PARAMS, s->slot_floats * sizeof(float));
+    dt_mem_add(DT_MEM_GRADS, s->slot_floats * sizeof(float));
     return unit_gviews(s, U, U->gslot);
 }
 
@@ -522,8 +519,7 @@ static dt_status pool_fetch(dt_shard *s, struct shard_unit *U) {
         for (int q = U->q0; q < U->q0 + U->nq; q++) DT_TRY(per_owner(s, p, s->qlo[q], s->qhi[q], 0, U));
         return DT_OK;
     }
-    DT_TRY(slot_take(s, s->slots, s->slot_used, &s->nslots, s->nunits, DT_MEM_PARAMS, &U->slot));
-    if (!U->slot) return dt_error(DT_ERR_INTERNAL, "shard: more slots taken than units");
+    DT_TRY(slot_take(s, &U->slot));
     for (int q = U->q0; q < U->q0 + U->nq; q++) {
         float *dst = U->slot + s->qpos[q];
         size_t a = s->qlo[q], b = s->qhi[q];
@@ -541,7 +537,7 @@ static dt_status pool_fetch(dt_shard *s, struct shard_unit *U) {
 /* Unit u's slot back to the pool, its layers pointed at the flat array. */
 static dt_status pool_drop(dt_shard *s, struct shard_unit *U) {
     if (!U->slot) return DT_OK;
-    slot_give(s->slots, s->slot_used, s->nslots, U->slot);
+    slot_give(s, U->slot);
     U->slot = NULL;
     return unit_views(s, U, NULL);
 }
@@ -554,13 +550,13 @@ static dt_status pool_init(dt_shard *s) {
     s->qhi = calloc((size_t)s->nranges + 1, sizeof *s->qhi);
     s->qpos = calloc((size_t)s->nranges + 1, sizeof *s->qpos);
     s->lrun = calloc((size_t)n + 1, sizeof *s->lrun);
-    s->slots = calloc((size_t)s->nunits + 1, sizeof *s->slots);
-    s->slot_used = calloc((size_t)s->nunits + 1, 1);
-    s->gslots = calloc((size_t)s->nunits + 1, sizeof *s->gslots);
-    s->gslot_used = calloc((size_t)s->nunits + 1, 1);
+    s->slots = calloc(2 * (size_t)s->nunits + 1, sizeof *s->slots);
+    s->slot_used = calloc(2 * (size_t)s->nunits + 1, 1);
     s->lgrad = calloc((size_t)n + 1, 1);
-    if (!s->qlo || !s->qhi || !s->qpos || !s->lrun || !s->slots || !s->slot_used || !s->gslots || !s->gslot_used ||
-        !s->lgrad)
+    /* post: two slots, what the gathers in place hold beyond the shard (forward's running
+     * and next unit; backward's unit and its gradient); pre: as many as it takes */
+    s->slot_cap = s->post ? 2 : 2 * s->nunits;
+    if (!s->qlo || !s->qhi || !s->qpos || !s->lrun || !s->slots || !s->slot_used || !s->lgrad)
         return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
     size_t mine = s->per * (size_t)s->rank, end = mine + s->per;
     int nq = 0;
@@ -705,6 +701,9 @@ static dt_status on_layer(void *ctx, int layer, dt_layer_phase phase) {
     const struct shard_unit *U = &s->units[u];
     switch (phase) {
     case DT_HOOK_FWD_PRE:
+        /* a forward begins: the last pass's units (an evaluation's last, kept as for a
+         * backward) are not needed now */
+        for (int v = 1; layer == 0 && v < s->nunits; v++) DT_TRY(unit_drop(s, v));
         DT_TRY(unit_need(s, u));
         return u + 1 < s->nunits ? unit_fetch(s, u + 1) : DT_OK;
     case DT_HOOK_FWD_POST:
@@ -949,7 +948,7 @@ dt_status dt_shard_drop_units(dt_shard *s) {
 dt_status dt_shard_release_grads(dt_shard *s) {
     if (!params_sharded(s) || s->grads_gone || !s->ops->host_memory) return DT_OK;
     DT_TRY(grads_settle(s, s->npend));
-    pool_free_grads(s);
+    pool_free(s);   /* unless a unit still holds a slot: then at the end-of-run gather */
     DT_TRY(s->ops->discard(dt_model_grads(s->model), s->per * (size_t)s->world * sizeof(float)));
     s->grads_gone = s->per * sizeof(float);
     dt_mem_sub(DT_MEM_GRADS, s->grads_gone);

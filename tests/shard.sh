@@ -129,19 +129,27 @@ awk -v p="$xpre" -v x="$xpost" -v u="$U" 'BEGIN { exit !(p >= x + 0.5 * u / 1048
 ok $? "--backward-prefetch pre: a unit more ($xpre MiB)"
 [ -n "$(vals gpt-fl-post)" ] && [ "$(vals gpt-fl-post)" = "$(vals gpt-fl-none)" ] && cmp -s "$T/gpt-fl.st" "$T/gpt-fl-post.st"
 ok $? "with the validation losses and the weights of pre"
-# 3a''''. the pool (the default): units gathered into reused slots of the largest unit's
-#    size, as many as are gathered at once (pre: the running unit, the next and, in
-#    backward, the one before; a unit in the rank's own shard takes none): the same
-#    bits, and the parameters beyond the shard within three slots
-run gpt-fl-pool 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 \
-    --warmup 1 --threads 1 --eval-every 1 --eval-batches 2 --shard params --recompute --shard-unit-mb 0.25 --rank-stats 2
-ok $? "the same run gathering into the pool"
-flp=$(sed 's/^\[rank0\]://' "$T/gpt-fl-pool.out" | awk -v s="${shard:-0}" '/now\/peak \(accounted\)/ { on = 1; next }
-    on && $1 ~ /^[0-9]+$/ { split($2, a, "/"); d = a[2] - s * 4 / 1048576; if (d > m) m = d } END { printf "%.2f", m }')
-awk -v f="$flp" -v u="$U" 'BEGIN { exit !(f >= u / 1048576 && f <= 1.05 * 3 * u / 1048576) }'
-ok $? "the pool holds at least one and at most three units' slots beyond the shard ($flp MiB; a unit is 1.02 MiB)"
-[ -n "$(vals gpt-fl-pool)" ] && [ "$(vals gpt-fl-pool)" = "$(vals gpt-fl-none)" ] && cmp -s "$T/gpt-fl.st" "$T/gpt-fl-pool.st"
-ok $? "with the validation losses and the weights of the gathers in place"
+# 3a''''. the pool (the default): units and gradients gathered into reused slots of the
+#    largest unit's size. With post it holds two, what the gathers in place hold beyond
+#    the shard (a slot is the largest unit, in place a unit takes its own size); with pre as many as are in use at once (here the running unit, the one
+#    before it arriving, the unit's gradient and the one being summed): the same bits,
+#    and the accounted peaks (total, the largest rank) against the gathers in place
+peak_total() { sed 's/^\[rank0\]://' "$T/$1.out" | awk '/now\/peak \(accounted\)/ { on = 1; next }
+    on && $1 ~ /^[0-9]+$/ { split($NF, a, "/"); if (a[2] > m) m = a[2] } END { printf "%.2f", m }'; }
+for pf in pre post; do
+    run gpt-fl-pool-$pf 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 \
+        --steps 2 --warmup 1 --threads 1 --eval-every 1 --eval-batches 2 --shard params --recompute \
+        --shard-unit-mb 0.25 --rank-stats 2 --backward-prefetch $pf
+    ok $? "the same run gathering into the pool, --backward-prefetch $pf"
+    [ -n "$(vals gpt-fl-pool-$pf)" ] && [ "$(vals gpt-fl-pool-$pf)" = "$(vals gpt-fl-none)" ] &&
+        cmp -s "$T/gpt-fl.st" "$T/gpt-fl-pool-$pf.st"
+    ok $? "with the validation losses and the weights of the gathers in place"
+done
+inpre=$(peak_total gpt-fl); inpost=$(peak_total gpt-fl-post); ppre=$(peak_total gpt-fl-pool-pre); ppost=$(peak_total gpt-fl-pool-post)
+awk -v p="$ppost" -v i="$inpost" -v u="$U" 'BEGIN { exit !(p > 0 && p <= i + 0.5 * u / 1048576) }'
+ok $? "the pool with post peaks within half a unit of the gathers in place (slots of the largest unit: $ppost MiB against $inpost)"
+awk -v p="$ppre" -v i="$inpre" -v u="$U" 'BEGIN { exit !(p > i && p <= i + 2 * u / 1048576 + 0.05) }'
+ok $? "with pre by at most two units more ($ppre MiB against $inpre; a unit is 1.02 MiB)"
 
 # 3a'''. the tied embedding's two uses (the embedding's unit and the head's) gathered
 #    together, as forward prefetches the second while the first runs in this 2-unit

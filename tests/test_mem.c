@@ -295,7 +295,13 @@ static void test_plan_rows(void) {
     is_int(e.bytes[DT_MEM_COMM], 0, "grads: no communication buffer");
     dt_plan_run(&o, dt_plan_shard_find("params"), fp32, &e);
     is_int(e.bytes[DT_MEM_PARAMS], 4 * Ps + 2 * 4 * U, "params: P/W of the parameters and two gathered units");
-    is_int(e.bytes[DT_MEM_GRADS], 4 * Ps + 4 * U, "params: P/W of the gradient and a unit being summed");
+    is_int(e.bytes[DT_MEM_GRADS], 4 * Ps + 2 * 4 * U,
+           "params, the CPU's pool: P/W of the gradient and two gradient slots (one written, one summed)");
+    setenv("DT_SHARD_POOL", "0", 1);   /* the gathers in place */
+    dt_plan_run(&o, dt_plan_shard_find("params"), fp32, &e);
+    is_int(e.bytes[DT_MEM_PARAMS], 4 * Ps + 2 * 4 * U, "params in place: P/W of the parameters and two gathered units");
+    is_int(e.bytes[DT_MEM_GRADS], 4 * Ps + 4 * U, "params in place: P/W of the gradient and a unit being summed");
+    unsetenv("DT_SHARD_POOL");
     ok(e.bytes[DT_MEM_ACTS] == none.bytes[DT_MEM_ACTS] && e.bytes[DT_MEM_OTHER] == none.bytes[DT_MEM_OTHER],
        "params: activations and the rest as unsharded");
     t.backward_prefetch = "post";
