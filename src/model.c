@@ -55,7 +55,7 @@ struct dt_model {
     void            *grad_ready_ctx;
     dt_layer_hook_fn layer_hook;
     void            *layer_hook_ctx;
-    const float    **pview;        /* per layer: where its parameters are read (NULL: params) */
+    float          **pview;        /* per layer: where its parameters are read (NULL: params) */
     float          **gview;        /* per layer: where its gradient is written (NULL: grads) */
     float           *gcur;         /* where the layer whose backward ran last wrote it */
     int              decode_pos;   /* < 0: ordinary passes */
@@ -75,7 +75,7 @@ struct dt_model {
 /* Where layer i reads its parameters: the flat array, or a view set by
  * dt_model_set_param_view (base + offset is each of its tensors). */
 static float *layer_params(const dt_model *m, int i) {
-    return m->pview && m->pview[i] ? (float *)m->pview[i] : m->params;
+    return m->pview && m->pview[i] ? m->pview[i] : m->params;
 }
 
 static float *layer_grads(const dt_model *m, int i) {
@@ -419,22 +419,21 @@ dt_status dt_model_params_arrived(dt_model *m, int layer, size_t lo, size_t hi) 
     return dt_lowp_refresh(m->lp, m->ops, layer_params(m, layer), lo, hi);
 }
 
-dt_status dt_model_set_grad_view(dt_model *m, int layer, float *base) {
+/* Layer `layer`'s entry of a per-layer view array, made on first use. */
+static dt_status set_view(dt_model *m, float ***views, int layer, float *base) {
     if (layer < 0 || layer >= m->spec.n) return dt_error(DT_ERR_INVALID, "model: no layer %d", layer);
-    if (!m->gview && !(m->gview = calloc((size_t)m->spec.n, sizeof *m->gview)))
+    if (!*views && !(*views = calloc((size_t)m->spec.n, sizeof **views)))
         return dt_error(DT_ERR_NOMEM, "model: out of memory");
-    m->gview[layer] = base;
+    (*views)[layer] = base;
     return DT_OK;
 }
+
+dt_status dt_model_set_grad_view(dt_model *m, int layer, float *base) { return set_view(m, &m->gview, layer, base); }
 
 float *dt_model_grads_written(const dt_model *m) { return m->gcur ? m->gcur : m->grads; }
 
 dt_status dt_model_set_param_view(dt_model *m, int layer, const float *base) {
-    if (layer < 0 || layer >= m->spec.n) return dt_error(DT_ERR_INVALID, "model: no layer %d", layer);
-    if (!m->pview && !(m->pview = calloc((size_t)m->spec.n, sizeof *m->pview)))
-        return dt_error(DT_ERR_NOMEM, "model: out of memory");
-    m->pview[layer] = base;
-    return DT_OK;
+    return set_view(m, &m->pview, layer, (float *)base);   /* only read through */
 }
 
 void dt_model_set_bn_sync(dt_model *m, dt_bn_sync_fn fn, void *ctx) { m->bn_sync = fn; m->bn_sync_ctx = ctx; }

@@ -388,10 +388,17 @@ static dt_status drop_params(dt_shard *s, int u, float *p, size_t a, size_t b) {
     return drop_range(s, p, a, b);
 }
 
+/* The part [*x, *y) of [a, b) in this rank's shard; 0 when there is none. */
+static int in_shard(const dt_shard *s, size_t a, size_t b, size_t *x, size_t *y) {
+    size_t mine = s->per * (size_t)s->rank, end = mine + s->per;
+    *x = a > mine ? a : mine;
+    *y = b < end ? b : end;
+    return *x < *y;
+}
+
 /* Bytes of [a, b) outside this rank's shard: what gathering it adds (accounting). */
 static size_t outside(const dt_shard *s, size_t a, size_t b) {
-    size_t mine = s->per * (size_t)s->rank, end = mine + s->per, in = 0;
-    if (b > mine && a < end) in = (b < end ? b : end) - (a > mine ? a : mine);
+    size_t x, y, in = in_shard(s, a, b, &x, &y) ? y - x : 0;
     return (b - a - in) * sizeof(float);
 }
 
@@ -436,11 +443,15 @@ static int run_end(const dt_shard *s, int r, int end) {
 
 /* ---- the pool ---- */
 
-/* Layer i's base in a slot: base + offset is the slot's copy of each of its tensors
+/* Run q's base in a slot: base + offset is the slot's copy of each parameter of the run
  * (the address arithmetic in integers: base itself may lie before the slot). */
+static float *run_base(const dt_shard *s, int q, float *slot) {
+    return (float *)((uintptr_t)(slot + s->qpos[q]) - s->qlo[q] * sizeof(float));
+}
+
+/* Layer i's base in a slot (NULL: none, the flat array). */
 static float *slot_base(const dt_shard *s, int i, float *slot) {
-    int q = s->lrun[i];
-    return slot && q >= 0 ? (float *)((uintptr_t)(slot + s->qpos[q]) - s->qlo[q] * sizeof(float)) : NULL;
+    return slot && s->lrun[i] >= 0 ? run_base(s, s->lrun[i], slot) : NULL;
 }
 
 /* Point unit u's layers at its slot (NULL: at the flat array). */
@@ -515,23 +526,15 @@ static dt_status gslot_need(dt_shard *s, int u) {
  * shard is sent from where it lies and read there. */
 static dt_status pool_fetch(dt_shard *s, struct shard_unit *U) {
     float *p = dt_model_params(s->model);
-    if (U->own) {
-        for (int q = U->q0; q < U->q0 + U->nq; q++) DT_TRY(per_owner(s, p, s->qlo[q], s->qhi[q], 0, U));
-        return DT_OK;
-    }
-    DT_TRY(slot_take(s, &U->slot));
+    if (!U->own) DT_TRY(slot_take(s, &U->slot));
     for (int q = U->q0; q < U->q0 + U->nq; q++) {
-        float *dst = U->slot + s->qpos[q];
-        size_t a = s->qlo[q], b = s->qhi[q];
-        for (int o = (int)(a / s->per); o < s->world && (size_t)o * s->per < b; o++) {
-            size_t x = (size_t)o * s->per > a ? (size_t)o * s->per : a;
-            size_t y = (size_t)(o + 1) * s->per < b ? (size_t)(o + 1) * s->per : b;
-            if (o == s->rank) DT_TRY(s->ops->copy_d2d(dst + (x - a), p + x, (y - x) * sizeof(float)));
-            DT_TRY(dt_broadcast_async(s->comm, dst + (x - a), y - x, DT_F32, o, &U->work[U->nwork]));
-            U->nwork++;
-        }
+        float *base = U->own ? p : run_base(s, q, U->slot);
+        size_t x, y;
+        if (!U->own && in_shard(s, s->qlo[q], s->qhi[q], &x, &y))
+            DT_TRY(s->ops->copy_d2d(base + x, p + x, (y - x) * sizeof(float)));
+        DT_TRY(per_owner(s, base, s->qlo[q], s->qhi[q], 0, U));
     }
-    return unit_views(s, U, U->slot);
+    return U->own ? DT_OK : unit_views(s, U, U->slot);
 }
 
 /* Unit u's slot back to the pool, its layers pointed at the flat array. */
@@ -758,14 +761,13 @@ static dt_status grads_settle(dt_shard *s, int force) {
     float *g = dt_model_grads(s->model);
     dt_status st = DT_OK;
     int i = 0;
-    size_t mine = s->per * (size_t)s->rank, end = mine + s->per;
     for (; i < s->npend && (i < force || dt_work_test(s->pend[i].work)); i++) {
         dt_status w = dt_work_wait(s->pend[i].work);
-        size_t lo = s->pend[i].lo, hi = s->pend[i].hi;
         if (s->pend[i].unit >= 0) {   /* from a gradient slot: this rank's part to the shard */
             struct shard_unit *U = &s->units[s->pend[i].unit];
-            size_t x = lo > mine ? lo : mine, y = hi < end ? hi : end;
-            if (w == DT_OK && x < y) w = s->ops->copy_d2d(g + x, s->pend[i].base + x, (y - x) * sizeof(float));
+            size_t x, y;
+            if (w == DT_OK && in_shard(s, s->pend[i].lo, s->pend[i].hi, &x, &y))
+                w = s->ops->copy_d2d(g + x, s->pend[i].base + x, (y - x) * sizeof(float));
             U->gpend--;
             if (w == DT_OK) w = gslot_settled(s, U);
             if (st == DT_OK) st = w;

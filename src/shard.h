@@ -24,12 +24,13 @@
  *           that own it, then dropped (the device takes its pages back: ops discard).
  *           On the CPU a unit is gathered into a slot of a pool of reused buffers and
  *           its layers read it there (dt_model_set_param_view); their backward writes
- *           its gradient into one of two gradient slots (dt_model_set_grad_view), whose
- *           sum leaves this rank's part in the flat array's shard. So no page goes back
- *           and comes again at every gather: on a virtual machine each such 4 KiB page
- *           costs microseconds at its first touch. The pool holds as many slots of the
- *           largest unit as units are gathered at once (two or three), and two for
- *           gradients, until the end of training. A gradient two units share (the tied
+ *           its gradient into another slot of the pool (dt_model_set_grad_view; two at
+ *           most), whose sum leaves this rank's part in the flat array's shard. So no
+ *           page goes back and comes again at every gather: on a virtual machine each
+ *           such 4 KiB page costs microseconds at its first touch. Each slot is the
+ *           largest unit's size; with --backward-prefetch post the pool holds two in
+ *           all (what the gathers in place hold beyond the shard), with pre as many as
+ *           are in use at once, until the end of training. A gradient two units share (the tied
  *           embedding's) and a unit wholly in this rank's shard stay in the flat array.
  *           DT_SHARD_POOL=0 gathers in place instead: into the flat arrays, whose pages
  *           outside the shard go back after each use (the least memory).
@@ -98,10 +99,10 @@ DT_API int       dt_shard_ddp_reduces(const dt_shard *s);
  * least unit_bytes of parameters (consecutive layers gathered as one) and backward's
  * prefetch as given. After the start-of-run broadcast (dt_ddp_sync_start) call
  * dt_shard_drop_params. */
+DT_API dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_prefetch prefetch);
 /* DT_SHARD_POOL: 1 (or unset) gathers --shard params' units into the pool where the
  * device's memory is host memory, 0 in place (above); anything else is an error. */
 DT_API dt_status dt_shard_pool_env(int *on);
-DT_API dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_prefetch prefetch);
 /* params, training over: rank 0 receives every other rank's shard and holds the whole
  * parameter array (layer gathers pause there), the others keep their shard only and
  * drop any unit still gathered (FSDP's rank0_only full state dict: no rank holds
