@@ -2,29 +2,31 @@
  * lowp.c: mixed precision inside a model (see lowp.h): the rounded copy of the GEMM
  * weights, the activation scratch, and the layer rows' helpers (layers.h).
  *
- * Memory: the weight copy has the layout of the parameter array (nparams floats; only
- * the GEMM weights' runs are written), so a parameter pointer maps to its copy by its
- * offset. Each scratch buffer holds max_batch x the largest operand a GEMM row rounds:
- * its input, its output gradient, or rows x the widest dimension of its 2-d weights
- * (attention's fused QKV gradient is 3C wide while its input and output are C).
+ * Memory (counted: mem.h): the weight copy has the layout of the parameter array
+ * (nparams floats, counted as parameters; only the GEMM weights are written), so a
+ * parameter pointer maps to its copy by its offset. It is made at the first forward
+ * that reads the parameter array; a model whose layers read through views (sharding's
+ * pool) rounds the GEMM weights there, in place, and never makes it. Each scratch
+ * buffer (counted as activations) holds max_batch x the largest operand a GEMM row
+ * rounds: its input, its output gradient, or rows x the widest dimension of its 2-d
+ * weights (attention's fused QKV gradient is 3C wide while its input and output are C).
  */
 #include "lowp.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "layers.h"
-
-typedef struct { size_t off, n; } run;
+#include "mem.h"
 
 struct dt_lowp {
-    dt_dtype dtype;
-    size_t   nparams;
-    float   *wcopy;          /* (nparams): GEMM weights rounded to dtype */
-    run     *runs;           /* the GEMM weights: float runs of the parameter array */
-    int      nruns;
-    int      fresh;          /* wcopy holds the current parameters' rounding */
-    size_t   scratch_n;      /* floats of each scratch buffer */
-    float   *scratch[2];
+    dt_dtype       dtype;
+    const dt_spec *spec;
+    size_t         nparams;
+    float         *wcopy;          /* (nparams): GEMM weights rounded to dtype; NULL until needed */
+    int            fresh;          /* wcopy holds the current parameters' rounding */
+    size_t         scratch_n;      /* floats of each scratch buffer */
+    float         *scratch[2];
 };
 
 /* Floats one sample needs in a scratch buffer for layer L. */
@@ -39,33 +41,28 @@ static int64_t scratch_need(const dt_layer *L) {
     return need;
 }
 
+size_t dt_lowp_scratch_floats(const dt_spec *spec, int max_batch) {
+    int64_t need = 1;
+    for (int i = 0; i < spec->n; i++) {
+        int64_t s = scratch_need(&spec->layers[i]);
+        if (s > need) need = s;
+    }
+    return (size_t)max_batch * (size_t)need;
+}
+
 dt_status dt_lowp_init(const dt_ops *ops, const dt_spec *spec, int max_batch, dt_dtype dtype, dt_lowp **out) {
     *out = NULL;
     if (dtype != DT_BF16 && dtype != DT_F16)
         return dt_error(DT_ERR_INVALID, "precision: low precision is bf16 or f16, got %s", dt_dtype_name(dtype));
     dt_lowp *lp = calloc(1, sizeof *lp);
-    int cap = 0;
-    for (int i = 0; i < spec->n; i++) cap += spec->layers[i].ntensors;
-    if (lp) lp->runs = calloc((size_t)cap + 1, sizeof *lp->runs);
-    if (!lp || !lp->runs) {
-        if (lp) free(lp);
-        return dt_error(DT_ERR_NOMEM, "precision: out of memory");
-    }
+    if (!lp) return dt_error(DT_ERR_NOMEM, "precision: out of memory");
     lp->dtype = dtype;
+    lp->spec = spec;
     lp->nparams = (size_t)spec->nparams;
-    int64_t need = 1;
-    for (int i = 0; i < spec->n; i++) {
-        const dt_layer *L = &spec->layers[i];
-        int64_t s = scratch_need(L);
-        if (s > need) need = s;
-        if (!(L->def->flags & DT_LDEF_GEMM)) continue;
-        for (int t = 0; t < L->ntensors; t++)
-            if ((L->t[t].role == DT_TENSOR_PARAM || L->t[t].role == DT_TENSOR_TIED) && L->t[t].ndim >= 2)
-                lp->runs[lp->nruns++] = (run){L->t[t].offset, (size_t)L->t[t].numel};
-    }
-    lp->scratch_n = (size_t)max_batch * (size_t)need;
-    dt_status s = ops->alloc((void **)&lp->wcopy, lp->nparams * sizeof(float));
-    for (int k = 0; k < 2 && s == DT_OK; k++) s = ops->alloc((void **)&lp->scratch[k], lp->scratch_n * sizeof(float));
+    lp->scratch_n = dt_lowp_scratch_floats(spec, max_batch);
+    dt_status s = DT_OK;
+    for (int k = 0; k < 2 && s == DT_OK; k++)
+        s = dt_mem_alloc(ops, DT_MEM_ACTS, (void **)&lp->scratch[k], lp->scratch_n * sizeof(float));
     if (s != DT_OK) {
         dt_lowp_free(ops, lp);
         return s;
@@ -76,35 +73,47 @@ dt_status dt_lowp_init(const dt_ops *ops, const dt_spec *spec, int max_batch, dt
 
 void dt_lowp_free(const dt_ops *ops, dt_lowp *lp) {
     if (!lp) return;
-    ops->free(lp->wcopy);
-    ops->free(lp->scratch[0]);
-    ops->free(lp->scratch[1]);
-    free(lp->runs);
+    dt_mem_free(ops, lp->wcopy);
+    dt_mem_free(ops, lp->scratch[0]);
+    dt_mem_free(ops, lp->scratch[1]);
     free(lp);
 }
 
-dt_dtype dt_lowp_dtype(const dt_lowp *lp) { return lp ? lp->dtype : DT_F32; }
-void     dt_lowp_stale(dt_lowp *lp) { if (lp) lp->fresh = 0; }
+dt_dtype     dt_lowp_dtype(const dt_lowp *lp) { return lp ? lp->dtype : DT_F32; }
+const float *dt_lowp_weights(const dt_lowp *lp) { return lp ? lp->wcopy : NULL; }
+void         dt_lowp_stale(dt_lowp *lp) { if (lp) lp->fresh = 0; }
 
 size_t dt_lowp_bytes(const dt_lowp *lp) {
-    return lp ? (lp->nparams + 2 * lp->scratch_n) * sizeof(float) : 0;
+    return lp ? ((lp->wcopy ? lp->nparams : 0) + 2 * lp->scratch_n) * sizeof(float) : 0;
+}
+
+/* The weight copy, made on first use. */
+static dt_status wcopy_need(dt_lowp *lp, const dt_ops *ops) {
+    return lp->wcopy ? DT_OK : dt_mem_alloc(ops, DT_MEM_PARAMS, (void **)&lp->wcopy, lp->nparams * sizeof(float));
+}
+
+dt_status dt_lowp_round_layer(dt_lowp *lp, const dt_ops *ops, const dt_layer *L, const float *src, float *dst,
+                              size_t lo, size_t hi) {
+    if (!lp || !(L->def->flags & DT_LDEF_GEMM)) return DT_OK;
+    if (!dst) {
+        DT_TRY(wcopy_need(lp, ops));
+        dst = lp->wcopy;
+    }
+    for (int t = 0; t < L->ntensors; t++) {
+        const dt_layer_tensor *T = &L->t[t];
+        if ((T->role != DT_TENSOR_PARAM && T->role != DT_TENSOR_TIED) || T->ndim < 2) continue;
+        size_t a = T->offset > lo ? T->offset : lo, b = T->offset + (size_t)T->numel;
+        if (b > hi) b = hi;
+        if (a < b) DT_TRY(ops->round_to(dst + a, src + a, b - a, (int)lp->dtype));
+    }
+    return DT_OK;
 }
 
 dt_status dt_lowp_prepare(dt_lowp *lp, const dt_ops *ops, const float *params) {
     if (!lp || lp->fresh) return DT_OK;
-    for (int i = 0; i < lp->nruns; i++)
-        DT_TRY(ops->round_to(lp->wcopy + lp->runs[i].off, params + lp->runs[i].off, lp->runs[i].n, (int)lp->dtype));
+    for (int i = 0; i < lp->spec->n; i++)
+        DT_TRY(dt_lowp_round_layer(lp, ops, &lp->spec->layers[i], params, NULL, 0, SIZE_MAX));
     lp->fresh = 1;
-    return DT_OK;
-}
-
-dt_status dt_lowp_refresh(dt_lowp *lp, const dt_ops *ops, const float *params, size_t lo, size_t hi) {
-    for (int i = 0; lp && i < lp->nruns; i++) {
-        size_t a = lp->runs[i].off, b = a + lp->runs[i].n;
-        if (a < lo) a = lo;
-        if (b > hi) b = hi;
-        if (a < b) DT_TRY(ops->round_to(lp->wcopy + a, params + a, b - a, (int)lp->dtype));
-    }
     return DT_OK;
 }
 

@@ -9,8 +9,10 @@
  * (ops.h gemm_lp); softmax, normalisation, losses, reductions, the master weights,
  * gradients and optimizer state stay f32. The weights of GEMM rows (nn.h DT_LDEF_GEMM)
  * are rounded once into a copy that lives beside the parameters and is made again at
- * the first forward after the parameters may have changed; activations are rounded into
- * two scratch buffers per model.
+ * the first forward after the parameters may have changed; a layer that reads its
+ * parameters through a view (model.h dt_model_set_param_view: sharding's pool) has them
+ * rounded there, in place, when they arrive (dt_lowp_round_layer). Activations are
+ * rounded into two scratch buffers per model.
  *
  * Where this differs from PyTorch: autocast's GEMM OUTPUTS are bf16/f16 tensors; here
  * they stay f32 (one rounding fewer per layer), and the biases are added in f32. The
@@ -33,17 +35,25 @@ typedef struct dt_lowp dt_lowp;
 dt_status dt_lowp_init(const dt_ops *ops, const dt_spec *spec, int max_batch, dt_dtype dtype, dt_lowp **out);
 void      dt_lowp_free(const dt_ops *ops, dt_lowp *lp);                /* NULL is fine */
 dt_dtype  dt_lowp_dtype(const dt_lowp *lp);                            /* DT_F32 for NULL */
+/* The rounded copy of the parameter array (NULL until a forward made it, or for NULL). */
+const float *dt_lowp_weights(const dt_lowp *lp);
 /* The parameters may have changed: the rounded weights are made again before the next
  * forward (NULL is fine). */
 void      dt_lowp_stale(dt_lowp *lp);
-/* Before a forward: round the GEMM weights of params into the copy if it is stale. */
+/* Before a forward that reads the parameter array: round the GEMM weights of params
+ * into the copy if it is stale (the copy is made at its first use). */
 dt_status dt_lowp_prepare(dt_lowp *lp, const dt_ops *ops, const float *params);
-/* The parameters [lo, hi) were just written (sharding gathered them): round their GEMM
- * weights into the copy now. */
-dt_status dt_lowp_refresh(dt_lowp *lp, const dt_ops *ops, const float *params, size_t lo, size_t hi);
+/* Layer L's parameters [lo, hi) (offsets into the parameter array) were just written
+ * (sharding gathered them): round its GEMM weights there from src + offset to
+ * dst + offset; dst NULL is the copy, dst == src rounds a view in place. Only L's own
+ * tensors are rounded: a range another layer reads too (a tied embedding) is left. */
+dt_status dt_lowp_round_layer(dt_lowp *lp, const dt_ops *ops, const dt_layer *L, const float *src, float *dst,
+                              size_t lo, size_t hi);
 /* Fill the lp fields of a pass's context (lp NULL: f32). */
 void      dt_lowp_ctx(const dt_lowp *lp, dt_nn_ctx *c);
-/* Device bytes held: the weight copy and the scratch. */
+/* Device bytes held: the weight copy (once made) and the scratch. */
 size_t    dt_lowp_bytes(const dt_lowp *lp);
+/* Floats of each of the two scratch buffers for spec at max_batch (dtrain plan). */
+size_t    dt_lowp_scratch_floats(const dt_spec *spec, int max_batch);
 
 #endif /* DT_LOWP_H */

@@ -56,6 +56,7 @@ struct dt_model {
     dt_layer_hook_fn layer_hook;
     void            *layer_hook_ctx;
     float          **pview;        /* per layer: where its parameters are read (NULL: params) */
+    int              views_only;   /* every layer with parameters reads them through pview */
     float          **gview;        /* per layer: where its gradient is written (NULL: grads) */
     float           *gcur;         /* where the layer whose backward ran last wrote it */
     int              decode_pos;   /* < 0: ordinary passes */
@@ -76,6 +77,19 @@ struct dt_model {
  * dt_model_set_param_view (base + offset is each of its tensors). */
 static float *layer_params(const dt_model *m, int i) {
     return m->pview && m->pview[i] ? m->pview[i] : m->params;
+}
+
+/* Point a pass's context at layer i's parameters, and at their rounded GEMM weights in
+ * mixed precision: the flat array's copy, or the view itself (rounded in place as the
+ * parameters arrived: dt_model_params_arrived). */
+static dt_status layer_ctx(const dt_model *m, dt_nn_ctx *c, int i) {
+    int view = m->pview && m->pview[i];
+    c->params = layer_params(m, i);
+    if (!c->lp) return DT_OK;
+    c->lp_params = view ? c->params : dt_lowp_weights(m->lp);
+    if (!c->lp_params && (m->spec.layers[i].def->flags & DT_LDEF_GEMM))
+        return dt_error(DT_ERR_INTERNAL, "model: layer %d has no rounded weights (no view, and the copy was not made)", i);
+    return DT_OK;
 }
 
 static float *layer_grads(const dt_model *m, int i) {
@@ -321,6 +335,7 @@ dt_status dt_model_plan_memory(const char *spec, const dt_shape *input, int max_
     out->nrecord = m->spec.nrecord;
     out->unit_params_max = unit_max;
     out->nblocks = m->nblocks;
+    out->lp_scratch = 2 * dt_lowp_scratch_floats(&m->spec, max_batch) * sizeof(float);
     dt_model_free(m);
     return s;
 }
@@ -416,8 +431,11 @@ size_t   dt_model_precision_bytes(const dt_model *m) { return dt_lowp_bytes(m->l
 void     dt_model_set_loss_scale(dt_model *m, float scale) { m->loss_scale = scale; }
 void     dt_model_params_changed(dt_model *m) { dt_lowp_stale(m->lp); }
 dt_status dt_model_params_arrived(dt_model *m, int layer, size_t lo, size_t hi) {
-    return dt_lowp_refresh(m->lp, m->ops, layer_params(m, layer), lo, hi);
+    if (layer < 0 || layer >= m->spec.n) return dt_error(DT_ERR_INVALID, "model: no layer %d", layer);
+    float *p = layer_params(m, layer);
+    return dt_lowp_round_layer(m->lp, m->ops, &m->spec.layers[layer], p, p == m->params ? NULL : p, lo, hi);
 }
+void dt_model_set_views_only(dt_model *m, int on) { m->views_only = on; }
 
 /* Layer `layer`'s entry of a per-layer view array, made on first use. */
 static dt_status set_view(dt_model *m, float ***views, int layer, float *base) {
@@ -432,9 +450,7 @@ dt_status dt_model_set_grad_view(dt_model *m, int layer, float *base) { return s
 
 float *dt_model_grads_written(const dt_model *m) { return m->gcur ? m->gcur : m->grads; }
 
-dt_status dt_model_set_param_view(dt_model *m, int layer, const float *base) {
-    return set_view(m, &m->pview, layer, (float *)base);   /* only read through */
-}
+dt_status dt_model_set_param_view(dt_model *m, int layer, float *base) { return set_view(m, &m->pview, layer, base); }
 
 void dt_model_set_bn_sync(dt_model *m, dt_bn_sync_fn fn, void *ctx) { m->bn_sync = fn; m->bn_sync_ctx = ctx; }
 void dt_model_set_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ctx) { m->grad_ready = fn; m->grad_ready_ctx = ctx; }
@@ -514,13 +530,13 @@ dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
     m->x = x;
     m->last_B = B;
     m->last_train = train;
-    DT_TRY(dt_lowp_prepare(m->lp, m->ops, m->params));
+    if (!m->views_only) DT_TRY(dt_lowp_prepare(m->lp, m->ops, m->params));
     dt_nn_ctx c = nn_ctx(m, train);
     const float *cur = x;
     for (int i = 0; i < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i];
         dt_status s = layer_hook(m, i, DT_HOOK_FWD_PRE);
-        c.params = layer_params(m, i);
+        if (s == DT_OK) s = layer_ctx(m, &c, i);
         if (s == DT_OK) s = dt_layer_forward(&c, L, cur, B);
         if (s == DT_OK) s = layer_hook(m, i, DT_HOOK_FWD_POST);
         if (s != DT_OK) return dt_error_wrap(s, "forward, layer %s '%s': ", L->name, L->text);
@@ -546,7 +562,7 @@ static dt_status recompute_block(dt_model *m, int b) {
          * next layer's fetched meanwhile) */
         dt_status s = layer_hook(m, i, DT_HOOK_RECOMPUTE);
         if (s == DT_OK && i + 1 < end) s = layer_hook(m, i + 1, DT_HOOK_PREFETCH);
-        c.params = layer_params(m, i);
+        if (s == DT_OK) s = layer_ctx(m, &c, i);
         if (s == DT_OK) s = dt_layer_forward(&c, L, cur, m->last_B);
         if (s == DT_OK && i + 1 < end) s = layer_hook(m, i, DT_HOOK_RECOMPUTE_POST);
         if (s != DT_OK) return dt_error_wrap(s, "recomputing forward, layer %s '%s': ", L->name, L->text);
@@ -653,7 +669,7 @@ dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *t
         else if (i == 0) dx = NULL;                                  /* no gradient for the data */
         else { dx = m->dbuf[which]; which ^= 1; }
         dt_status s = layer_hook(m, i, DT_HOOK_BWD_PRE);
-        c.params = layer_params(m, i);
+        if (s == DT_OK) s = layer_ctx(m, &c, i);
         c.grads = m->gcur = layer_grads(m, i);
         if (s == DT_OK) s = dt_layer_backward(&c, L, x, dy, dx, B);
         if (s != DT_OK) return dt_error_wrap(s, "backward, layer %s '%s': ", L->name, L->text);

@@ -130,6 +130,7 @@ typedef struct {
     size_t  block_acts;          /* activation bytes of all blocks (their layers' outputs and
                                   * state; with recompute the blocks' outputs and the arena) */
     size_t  arena;               /* recompute: bytes of the shared arena (else 0) */
+    size_t  lp_scratch;          /* mixed precision: bytes of its two scratch buffers */
 } dt_model_mem;
 
 DT_API dt_status dt_model_plan_memory(const char *spec, const dt_shape *input, int max_batch,
@@ -146,7 +147,8 @@ DT_API void      dt_model_free(dt_model *m);
  * backward the output gradients too) to that type and multiplies them with f32
  * accumulation; softmax, normalisation, losses and reductions, the parameters and their
  * gradients stay f32. DT_F32 (the default) turns it off. Low precision keeps a rounded
- * copy of the GEMM weights (nparams floats) and two activation-sized scratch buffers. */
+ * copy of the GEMM weights (nparams floats, made at the first forward; not with
+ * dt_model_set_views_only) and two activation-sized scratch buffers. */
 DT_API dt_status dt_model_set_precision(dt_model *m, dt_dtype precision);
 DT_API dt_dtype  dt_model_precision(const dt_model *m);
 /* Device bytes the precision setting holds beyond f32 training (0 in f32). */
@@ -161,12 +163,18 @@ DT_API void      dt_model_set_loss_scale(dt_model *m, float scale);
 DT_API void      dt_model_params_changed(dt_model *m);
 /* The parameters [lo, hi) of layer `layer` were just written in the middle of a pass
  * (sharding gathers them layer by layer), where the layer reads them (its view, below):
- * their derived copies (the rounded weights) are made now. */
+ * their derived copies are made now (the rounded weights: in the flat array's copy, or
+ * in the view itself, in place). */
 DT_API dt_status dt_model_params_arrived(dt_model *m, int layer, size_t lo, size_t hi);
 /* Layer `layer` reads its parameters from base + offset instead of the flat array (NULL:
  * the flat array again): sharding's gathered copy of its unit. Only passes read views;
- * dt_model_params() and the state registry still address the flat array. */
-DT_API dt_status dt_model_set_param_view(dt_model *m, int layer, const float *base);
+ * dt_model_params() and the state registry still address the flat array. In mixed
+ * precision the view's GEMM weights are rounded in place (dt_model_params_arrived). */
+DT_API dt_status dt_model_set_param_view(dt_model *m, int layer, float *base);
+/* 1: every layer with parameters reads them through a view while a pass runs (set
+ * before the layer runs: sharding's pool), so mixed precision makes no rounded copy of
+ * the flat array; 0 (the default): layers without a view read the flat array. */
+DT_API void      dt_model_set_views_only(dt_model *m, int on);
 /* Layer `layer`'s backward writes its parameter gradients at base + offset instead of
  * the flat gradient array (NULL: the flat array again). */
 DT_API dt_status dt_model_set_grad_view(dt_model *m, int layer, float *base);

@@ -30,9 +30,11 @@ static const dt_plan_shard shards[] = {
 static const dt_plan_precision precisions[] = {
     { .name = "fp32", .master_bytes = 4, .copy_bytes = 0, .grad_bytes = 4, .state_bytes = 4, .gather_bytes = 4,
       .act_factor = 1.0, .help = "everything in 4 bytes" },
-    { .name = "bf16", .master_bytes = 4, .copy_bytes = 2, .grad_bytes = 4, .state_bytes = 4, .gather_bytes = 2,
-      .act_factor = 1.0, .help = "fp32 master weights and state, a 2-byte copy of the weights" },
-    { .name = "fp16", .master_bytes = 4, .copy_bytes = 2, .grad_bytes = 4, .state_bytes = 4, .gather_bytes = 2,
+    /* the matrix products read rounded values held in f32 (lowp.h): a copy of the whole
+     * parameter array, or with --shard params the gathered units rounded in place */
+    { .name = "bf16", .master_bytes = 4, .copy_bytes = 4, .grad_bytes = 4, .state_bytes = 4, .gather_bytes = 4,
+      .act_factor = 1.0, .help = "fp32 master weights and state, a rounded copy of the weights (none with params)" },
+    { .name = "fp16", .master_bytes = 4, .copy_bytes = 4, .grad_bytes = 4, .state_bytes = 4, .gather_bytes = 4,
       .act_factor = 1.0, .help = "as bf16, with loss scaling" },
 };
 
@@ -60,11 +62,12 @@ const dt_plan_precision *dt_plan_precision_find(const char *name) {
 
 /* ---- the formula ------------------------------------------------------------------------ */
 
-/* n parameters of `bytes` each, divided over w ranks when sharded (contiguous shards:
- * the largest holds ceil(n / w)) */
+/* n parameters of `bytes` each, divided over w ranks when sharded (contiguous shards of
+ * whole DT_SUM_CHUNK chunks, shard.c: the largest holds ceil(chunks / w) of them) */
 static size_t per_rank(int64_t n, int bytes, int sharded, int w) {
-    int64_t k = sharded ? (n + w - 1) / w : n;
-    return (size_t)k * (size_t)bytes;
+    const int64_t C = DT_SUM_CHUNK;
+    int64_t k = sharded ? ((n + C - 1) / C + w - 1) / w * C : n;
+    return (size_t)(k < n ? k : n) * (size_t)bytes;
 }
 
 dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
@@ -99,8 +102,11 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
         grad_units = 2;
     }
 
-    /* parameters: master weights and rounded copies (their shard), buffers, gathered units */
-    B[DT_MEM_PARAMS] = per_rank(P, pr->master_bytes + pr->copy_bytes, sh->params_sharded, W) +
+    /* parameters: master weights (their shard), the rounded copy (not with the pool: its
+     * units are rounded where they were gathered), buffers, gathered units */
+    int copy = pr->copy_bytes && !(sh->params_sharded && pool && W > 1);
+    B[DT_MEM_PARAMS] = per_rank(P, pr->master_bytes, sh->params_sharded, W) +
+                       (copy ? (size_t)P * (size_t)pr->copy_bytes : 0) +
                        mm->nbuffers * sizeof(float) +
                        (size_t)gather_units * (size_t)mm->unit_params_max * (size_t)pr->gather_bytes;
     /* gradients: the model's array (or its shard) and DDP's accumulation tree */
@@ -108,7 +114,7 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
                       (size_t)grad_units * (size_t)mm->unit_params_max * (size_t)pr->grad_bytes +
                       (size_t)dt_ddp_tree_arrays(k) * (size_t)P * sizeof(float);
     B[DT_MEM_OPTIM] = (size_t)dt_optim_nstate_of(&cfg) * per_rank(P, pr->state_bytes, sh->optim_sharded, W);
-    B[DT_MEM_ACTS] = (size_t)((double)mm->bytes[DT_MEM_ACTS] * pr->act_factor);
+    B[DT_MEM_ACTS] = (size_t)((double)mm->bytes[DT_MEM_ACTS] * pr->act_factor) + (pr->copy_bytes ? mm->lp_scratch : 0);
     if (sh->grad_bucket) {
         dt_ddp_opts d;
         dt_ddp_opts_default(&d);

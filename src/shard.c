@@ -56,6 +56,7 @@ struct shard_unit {
     int       first, last;    /* layers [first, last] */
     int       r0, nr;         /* parameter ranges rlo/rhi[r0 .. r0 + nr) */
     int       state;
+    int       made;           /* here, and the model's copies derived from it made (unit_need) */
     int       nwork, cap;     /* broadcasts in flight */
     dt_work **work;
     size_t    held;           /* bytes of parameters it brought that this rank does not own */
@@ -112,7 +113,11 @@ struct dt_shard {
      * faulted in again. The flat array outside the shard stays untouched. */
     int           pool;
     size_t       *qlo, *qhi, *qpos;  /* the units' runs: flat [qlo, qhi) at slot + qpos */
-    int          *lrun;              /* layer -> its run (-1: no parameters) */
+    int          *rrun;              /* range -> its run */
+    int          *lrun;              /* layer -> the run its ranges were gathered in (-1: none) */
+    int          *glrun;             /* layer -> the run its gradient is written in: the last
+                                      * that holds its ranges (a tied weight's two uses in one
+                                      * unit add into one gradient) */
     size_t        slot_floats;
     float       **slots;
     unsigned char *slot_used;
@@ -214,6 +219,7 @@ void dt_shard_free(dt_shard *s) {
             dt_model_set_param_view(s->model, i, NULL);
             dt_model_set_grad_view(s->model, i, NULL);
         }
+        dt_model_set_views_only(s->model, 0);
         pool_free(s);
     }
     free(s->slots);
@@ -222,7 +228,9 @@ void dt_shard_free(dt_shard *s) {
     free(s->qlo);
     free(s->qhi);
     free(s->qpos);
+    free(s->rrun);
     free(s->lrun);
+    free(s->glrun);
     free(s->blk_need);
     free(s->blk_dead);
     if (s->host) s->ops->host_free(s->host);
@@ -449,21 +457,22 @@ static float *run_base(const dt_shard *s, int q, float *slot) {
     return (float *)((uintptr_t)(slot + s->qpos[q]) - s->qlo[q] * sizeof(float));
 }
 
-/* Layer i's base in a slot (NULL: none, the flat array). */
-static float *slot_base(const dt_shard *s, int i, float *slot) {
-    return slot && s->lrun[i] >= 0 ? run_base(s, s->lrun[i], slot) : NULL;
+/* A layer's base in a slot for its run q (NULL: none, the flat array). */
+static float *slot_base(const dt_shard *s, int q, float *slot) {
+    return slot && q >= 0 ? run_base(s, q, slot) : NULL;
 }
 
-/* Point unit u's layers at its slot (NULL: at the flat array). */
+/* Point unit u's layers at its slot (NULL: at the flat array). Each layer reads its own
+ * ranges' copy: in mixed precision that copy's GEMM weights are rounded in place. */
 static dt_status unit_views(dt_shard *s, const struct shard_unit *U, float *slot) {
-    for (int i = U->first; i <= U->last; i++) DT_TRY(dt_model_set_param_view(s->model, i, slot_base(s, i, slot)));
+    for (int i = U->first; i <= U->last; i++) DT_TRY(dt_model_set_param_view(s->model, i, slot_base(s, s->lrun[i], slot)));
     return DT_OK;
 }
 
 /* The same for the gradients of the unit's layers that write into its gradient slot. */
 static dt_status unit_gviews(dt_shard *s, const struct shard_unit *U, float *slot) {
     for (int i = U->first; i <= U->last; i++)
-        if (s->lgrad[i]) DT_TRY(dt_model_set_grad_view(s->model, i, slot_base(s, i, slot)));
+        if (s->lgrad[i]) DT_TRY(dt_model_set_grad_view(s->model, i, slot_base(s, s->glrun[i], slot)));
     return DT_OK;
 }
 
@@ -552,15 +561,20 @@ static dt_status pool_init(dt_shard *s) {
     s->qlo = calloc((size_t)s->nranges + 1, sizeof *s->qlo);
     s->qhi = calloc((size_t)s->nranges + 1, sizeof *s->qhi);
     s->qpos = calloc((size_t)s->nranges + 1, sizeof *s->qpos);
+    s->rrun = calloc((size_t)s->nranges + 1, sizeof *s->rrun);
     s->lrun = calloc((size_t)n + 1, sizeof *s->lrun);
+    s->glrun = calloc((size_t)n + 1, sizeof *s->glrun);
     s->slots = calloc(2 * (size_t)s->nunits + 1, sizeof *s->slots);
     s->slot_used = calloc(2 * (size_t)s->nunits + 1, 1);
     s->lgrad = calloc((size_t)n + 1, 1);
     /* post: two slots, what the gathers in place hold beyond the shard (forward's running
      * and next unit; backward's unit and its gradient); pre: as many as it takes */
     s->slot_cap = s->post ? 2 : 2 * s->nunits;
-    if (!s->qlo || !s->qhi || !s->qpos || !s->lrun || !s->slots || !s->slot_used || !s->lgrad)
+    if (!s->qlo || !s->qhi || !s->qpos || !s->rrun || !s->lrun || !s->glrun || !s->slots || !s->slot_used || !s->lgrad)
         return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
+    /* mixed precision rounds a unit's GEMM weights in place where its layers read them:
+     * never in the rank's own shard (the master weights), so every unit takes a slot */
+    int lp = dt_model_precision(s->model) != DT_F32;
     size_t mine = s->per * (size_t)s->rank, end = mine + s->per;
     int nq = 0;
     for (int u = 0; u < s->nunits; u++) {
@@ -574,17 +588,19 @@ static dt_status pool_init(dt_shard *s) {
             s->qhi[nq] = s->rhi[e - 1];
             s->qpos[nq] = pos;
             pos += s->qhi[nq] - s->qlo[nq];
-            if (s->qlo[nq] < mine || s->qhi[nq] > end) U->own = 0;
+            if (s->qlo[nq] < mine || s->qhi[nq] > end || lp) U->own = 0;
+            for (int x = r; x < e; x++) s->rrun[x] = nq;
             nq++;
         }
         U->nq = nq - U->q0;
         if (!U->own && pos > s->slot_floats) s->slot_floats = pos;
         for (int i = U->first; i <= U->last; i++) {
             int a = s->lr0[i], b = s->lr0[i + 1];
-            s->lrun[i] = -1;
+            s->lrun[i] = s->glrun[i] = -1;
             if (a == b) continue;
+            s->lrun[i] = s->rrun[a];
             for (int q = U->q0; q < nq; q++)
-                if (s->qlo[q] <= s->rlo[a] && s->rhi[b - 1] <= s->qhi[q]) s->lrun[i] = q;
+                if (s->qlo[q] <= s->rlo[a] && s->rhi[b - 1] <= s->qhi[q]) s->glrun[i] = q;
             for (int r = a; r + 1 < b; r++)
                 if (s->rhi[r] != s->rlo[r + 1]) s->pool = 0;
             /* the gradient goes to the unit's slot unless the unit is this rank's own or a
@@ -604,6 +620,7 @@ static dt_status pool_init(dt_shard *s) {
 static dt_status unit_fetch(dt_shard *s, int u) {
     struct shard_unit *U = &s->units[u];
     if (U->state != U_DROPPED) return DT_OK;
+    U->made = 0;
     if (s->pool) {
         DT_TRY(pool_fetch(s, U));
         U->state = U_FLIGHT;
@@ -630,6 +647,7 @@ static dt_status unit_fetch(dt_shard *s, int u) {
 /* Unit u is here when this returns. */
 static dt_status unit_need(dt_shard *s, int u) {
     struct shard_unit *U = &s->units[u];
+    if (U->state == U_HERE && U->made) return DT_OK;
     DT_TRY(unit_fetch(s, u));
     dt_status st = DT_OK;
     for (int i = 0; i < U->nwork; i++) {
@@ -638,6 +656,7 @@ static dt_status unit_need(dt_shard *s, int u) {
     }
     U->nwork = 0;
     U->state = U_HERE;
+    U->made = 1;
     /* the parameters arrived in the middle of a pass: the model's derived copies of them
      * (mixed precision's rounded weights) are made now */
     for (int i = U->first; i <= U->last; i++)
@@ -925,6 +944,7 @@ dt_status dt_shard_gather_root(dt_shard *s) {
         return DT_OK;
     }
     for (int u = 0; u < s->nunits && s->pool; u++) DT_TRY(pool_drop(s, &s->units[u]));   /* read the whole array */
+    dt_model_set_views_only(s->model, 0);
     if (s->pool) pool_free(s);
     for (int u = 0; u < s->nunits; u++) {
         s->units[u].state = U_HERE;
@@ -972,5 +992,7 @@ dt_status dt_shard_drop_params(dt_shard *s) {
     dt_mem_sub(DT_MEM_PARAMS, s->full_held);
     s->full_held = 0;
     s->full = 0;
+    /* mixed precision: the layers read their units' slots, rounded there */
+    dt_model_set_views_only(s->model, s->pool && dt_model_precision(s->model) != DT_F32);
     return DT_OK;
 }

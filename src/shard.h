@@ -31,7 +31,10 @@
  *           largest unit's size; with --backward-prefetch post the pool holds two in
  *           all (what the gathers in place hold beyond the shard), with pre as many as
  *           are in use at once, until the end of training. A gradient two units share (the tied
- *           embedding's) and a unit wholly in this rank's shard stay in the flat array.
+ *           embedding's) and a unit wholly in this rank's shard stay in the flat array
+ *           (in mixed precision such a unit takes a slot too: the pool's copy of a
+ *           unit has its GEMM weights rounded in place as it arrives, so no rank holds
+ *           a rounded copy of the whole model and the master weights stay f32).
  *           DT_SHARD_POOL=0 gathers in place instead: into the flat arrays, whose pages
  *           outside the shard go back after each use (the least memory).
  *           Between steps a rank holds 1/W of parameters, gradients and optimizer

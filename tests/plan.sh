@@ -1,7 +1,8 @@
 #!/bin/sh
 # plan.sh: dtrain plan against the accounted memory of real runs: for every
 # configuration that runs here (--shard none in fp32; mlp, cnn, resnet and gpt; with
-# and without --recompute; 1 and 2 processes, one or several micro-batches per rank)
+# and without --recompute; 1 and 2 processes, one or several micro-batches per rank;
+# bf16 and fp16)
 # the estimate is within 10% of the measured peak, in total and per category; the
 # per-rank memory shows in --rank-stats and the metrics file; the walls are named
 # (fits, the memory wall with the sharding and ranks that get past it, the compute
@@ -22,7 +23,8 @@ awk 'BEGIN { for (i = 0; i < 200; i++) printf "line %d: the quick brown fox jump
 timeout 60 "$D" prepare-text "$T/tok" "$T/text.txt" > "$T/o" 2>&1
 ok $? "prepare-text"
 
-# compare NAME NP MODEL DATA "TRAIN-ONLY FLAGS" SHARED FLAGS...: train, plan, compare
+# compare NAME NP MODEL DATA "TRAIN-ONLY FLAGS" SHARED FLAGS...: train, plan (--shard none
+# --precision fp32 unless the flags say otherwise), compare
 compare() {
     name=$1 np=$2 model=$3 data=$4 only=$5
     shift 5
@@ -31,7 +33,7 @@ compare() {
         --metrics "$T/$name.jsonl" > "$T/$name.out" 2>&1
     ok $? "$name: trains on $np process(es)"
     input="--data $data"; case $data in tokens:*) input="" ;; esac
-    "$D" plan --model "$model" --np "$np" $input "$@" --shard none --precision fp32 --json > "$T/$name.plan" 2>&1
+    "$D" plan --model "$model" --np "$np" $input --shard none --precision fp32 "$@" --json > "$T/$name.plan" 2>&1
     ok $? "$name: dtrain plan"
     total=$(metrics_peak "$T/$name.jsonl" total)
     bad=""
@@ -55,6 +57,11 @@ compare gpt-1 1 "$G" "tokens:$T/tok" "$GT" --batch 8
 compare gpt-1-re 1 "$G" "tokens:$T/tok" "$GT" --batch 8 --recompute
 compare gpt-2-re 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --recompute --no-eval
 compare gpt-2x2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4
+# mixed precision: the rounded copy of the weights and the scratch for rounded
+# activations (--shard params, which rounds its gathered units in place: tests/shard.sh)
+compare mlp-2-bf16 2 mlp $S "$E" --batch 64 --precision bf16
+compare cnn-1-fp16 1 cnn $S "$E" --batch 64 --precision fp16
+compare gpt-2-bf16 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --precision bf16 --recompute
 
 # per-rank memory in --rank-stats and the metrics file; the end-of-run lines
 timeout 120 "$R" -n 2 "$D" train --model mlp --data $S --epochs 1 --batch 64 --threads 1 --rank-stats 4 \

@@ -11,6 +11,10 @@ D="$DT_BUILDDIR/dtrain"; R="$DT_BUILDDIR/dtrun"
 [ -x "$D" ] && [ -x "$R" ] || skip_all "dtrain or dtrun not built"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 
+peak() {  # the largest "peak MiB" of the per-rank table in $T/$1.out
+    awk '/peak MiB/ { on = 1; next } /now\/peak/ { on = 0 } on && NF >= 7 && $1 ~ /^[0-9]+$/ { if ($6 + 0 > m) m = $6 + 0 } END { print m + 0 }' \
+        "$T/$1.out" | sed 's/^\[rank0\]://'
+}
 # run TAG NPROC ARGS...: train on NPROC processes, weights to $T/TAG.st
 run() {
     tag=$1; n=$2; shift 2
@@ -187,6 +191,49 @@ for p in bf16 fp16; do
         ok $? "--precision $p --shard $mode on 4 processes gives bitwise the weights of 1 process without sharding"
     done
 done
+# the gpt in bf16: its tied embedding is read as stored by the embedding and rounded by
+#    the head. The pool rounds each layer's own copy of its ranges in place, where they
+#    were gathered (the whole model in one unit, layer-sized units, recompute with post);
+#    the gathers in place round into a copy of the flat array
+GPT="gpt(layers=2,heads=2,dim=32,block=16,dropout=0.1)"
+GB="--data tokens:$T/tok --batch 8 --micro-batches 4 --steps 4 --warmup 1 --quiet --threads 1 --eval-batches 1 --precision bf16"
+run gpt-bf16-ref 1 --model "$GPT" $GB
+for v in "2 one-unit 64" "4 units 0.001" "2 recompute-post 0.001 --recompute --backward-prefetch post"; do
+    set -- $v
+    np=$1 kind=$2 mb=$3; shift 3
+    run gpt-bf16-$kind $np --model "$GPT" $GB --shard params --shard-unit-mb $mb "$@"
+    rc=$?
+    [ $rc -eq 0 ] && cmp -s "$T/gpt-bf16-ref.st" "$T/gpt-bf16-$kind.st"
+    ok $? "gpt in bf16: --shard params ($kind, $np processes) gives bitwise the weights of 1 process without sharding"
+done
+DT_SHARD_POOL=0 run gpt-bf16-inplace 2 --model "$GPT" $GB --shard params --shard-unit-mb 0.001
+rc=$?
+[ $rc -eq 0 ] && cmp -s "$T/gpt-bf16-ref.st" "$T/gpt-bf16-inplace.st"
+ok $? "gpt in bf16: --shard params gathering in place (DT_SHARD_POOL=0): the same bits"
+# ... and no rounded copy of the whole model on any rank (3.2M parameters: 12.3 MiB in
+#    f32): the accounted parameters of bf16 are those of fp32 within one unit (the units
+#    of a rank's own shard take a slot too, to be rounded there), its peak resident memory
+#    within a third of such a copy
+for p in fp32 bf16; do
+    run lp-mem-$p 2 --model "gpt(layers=4,heads=2,dim=256,block=16)" --data "tokens:$T/tok" --batch 4 --steps 2 \
+        --warmup 1 --threads 1 --eval-every 1 --eval-batches 2 --shard params --rank-stats 2 --precision $p
+    ok $? "a gpt of 3.2M parameters trains with --shard params in $p"
+    sed -i 's/^\[rank0\]://' "$T/lp-mem-$p.out"
+done
+cat_peak() {  # the largest peak of accounted category column $2 over the ranks in $T/$1.out
+    awk -v c="$2" '/now\/peak \(accounted\)/ { on = 1; next } on && $1 ~ /^[0-9]+$/ { split($c, a, "/"); if (a[2] > m) m = a[2] }
+        END { print m + 0 }' "$T/$1.out"
+}
+p32=$(cat_peak lp-mem-fp32 2); p16=$(cat_peak lp-mem-bf16 2)
+awk -v a="$p32" -v b="$p16" 'BEGIN { exit !(a > 0 && b <= a + 1.1) }'
+ok $? "bf16 --shard params: accounted parameters within a unit of fp32's ($p16 against $p32 MiB)"
+r32=$(peak lp-mem-fp32); r16=$(peak lp-mem-bf16)
+if [ -n "${DT_SANITIZED:-}" ]; then
+    skip "bf16 --shard params: peak resident memory against fp32's: a sanitizer build's shadow memory is in its figures"
+else
+    awk -v a="$r32" -v b="$r16" 'BEGIN { exit !(a > 0 && b <= a + 12.3 / 3) }'
+    ok $? "bf16 --shard params: peak resident memory within a third of a full copy of fp32's ($r16 against $r32 MiB)"
+fi
 run gd 2 $BASE --model "$CNN" --shard params --grad-dtype bf16
 [ $rc -ne 0 ] && grep -q "bf16 gradients go with --shard none or optim" "$T/gd.out"
 ok $? "--grad-dtype bf16 with --shard params is refused, saying which modes take it"
@@ -251,10 +298,6 @@ ok_grep "$T/bad2.out" "expected a checkpoint and -o FILE" "and says what it need
 #    --shard params the state must be at most 30% of --shard none's (ideal 25%: the
 #    units gathered around the running one are the rest).
 DEEP="flatten $(i=0; while [ $i -lt 32 ]; do printf 'linear(1024) relu '; i=$((i + 1)); done)linear(4)"
-peak() {  # the largest "peak MiB" of the per-rank table in $T/$1.out
-    awk '/peak MiB/ { on = 1; next } /now\/peak/ { on = 0 } on && NF >= 7 && $1 ~ /^[0-9]+$/ { if ($6 + 0 > m) m = $6 + 0 } END { print m + 0 }' \
-        "$T/$1.out" | sed 's/^\[rank0\]://'
-}
 MEM="--data synthetic:256,1,8,8,4 --batch 16 --steps 2 --optim adamw --no-eval --threads 1 --rank-stats 2"
 for mode in none params; do
     DT_SHM_BUDGET=1 timeout 300 "$R" -n 4 "$D" train $MEM --model "$DEEP" --shard $mode > "$T/mem-$mode.out" 2>&1
@@ -276,25 +319,29 @@ fi
 
 # 6b. dtrain plan against the accounted peak of an 8-layer MLP on 4 processes, every mode
 MLP8="flatten $(i=0; while [ $i -lt 8 ]; do printf 'linear(1024) relu '; i=$((i + 1)); done)linear(4)"
-for mode in optim grads params; do
-    timeout 120 "$R" -n 4 "$D" train $MEM --model "$MLP8" --shard $mode --metrics "$T/pl-$mode.jsonl" > "$T/pl-$mode.out" 2>&1
-    ok $? "the 8-layer MLP trains with --shard $mode (accounted)"
-    got=$(sed 's/^\[rank0\]://' "$T/pl-$mode.out" | awk '/now\/peak \(accounted\)/ { on = 1; next }
+#    (and --shard params in bf16: its units rounded where they were gathered)
+for v in "optim fp32" "grads fp32" "params fp32" "params bf16"; do
+    set -- $v
+    mode=$1 prec=$2
+    timeout 120 "$R" -n 4 "$D" train $MEM --model "$MLP8" --shard $mode --precision $prec \
+        --metrics "$T/pl-$mode-$prec.jsonl" > "$T/pl-$mode-$prec.out" 2>&1
+    ok $? "the 8-layer MLP trains with --shard $mode in $prec (accounted)"
+    got=$(sed 's/^\[rank0\]://' "$T/pl-$mode-$prec.out" | awk '/now\/peak \(accounted\)/ { on = 1; next }
         on && $1 ~ /^[0-9]+$/ { split($NF, a, "/"); if (a[2] > m) m = a[2] } END { print m + 0 }')
-    want=$(timeout 60 "$D" plan --model "$MLP8" --np 4 --shard $mode --precision fp32 --input 1,8,8 --batch 16 \
-        --optim adamw --no-eval 2>&1 | awk -v m=$mode '$1 == m && $2 == "fp32" { print $9 }')
+    want=$(timeout 60 "$D" plan --model "$MLP8" --np 4 --shard $mode --precision $prec --input 1,8,8 --batch 16 \
+        --optim adamw --no-eval 2>&1 | awk -v m=$mode -v p=$prec '$1 == m && $2 == p { print $9 }')
     awk -v g="$got" -v w="$want" 'BEGIN { exit !(g > 0 && w > 0 && w <= 1.1 * g && w >= 0.9 * g) }'
-    ok $? "dtrain plan --shard $mode: $want MiB per rank, within 10% of the accounted peak $got MiB"
+    ok $? "dtrain plan --shard $mode --precision $prec: $want MiB per rank, within 10% of the accounted peak $got MiB"
 done
 # with params, the optimizer state and the gradient shard are given back before the
 # end-of-run gather of the whole model: none at the end, their shards at the peak
 for cat in optim grads; do
-    sed 's/^\[rank0\]://' "$T/pl-params.out" | awk -v c=$cat '/memory of rank 0 \(accounted\)/ { on = 1; next }
+    sed 's/^\[rank0\]://' "$T/pl-params-fp32.out" | awk -v c=$cat '/memory of rank 0 \(accounted\)/ { on = 1; next }
         on && $1 == c { found = 1; exit !($2 == 0 && $3 > 0) } END { if (!found) exit 1 }'
     ok $? "--shard params gives back its $cat before gathering the whole model at the end"
 done
 # ... which rank 0 alone receives: the others end with their shard (a quarter)
-endp() { sed -n "s/.*\"event\":\"memory\",\"step\":[0-9]*,\"rank\":$1,\"mem_bytes\":{\"params\":\([0-9]*\).*/\1/p" "$T/pl-params.jsonl"; }
+endp() { sed -n "s/.*\"event\":\"memory\",\"step\":[0-9]*,\"rank\":$1,\"mem_bytes\":{\"params\":\([0-9]*\).*/\1/p" "$T/pl-params-fp32.jsonl"; }
 r0=$(endp 0); big=0
 for r in 1 2 3; do awk -v a="$(endp $r)" -v b="$r0" 'BEGIN { exit !(a > 0 && b > 0 && a <= 0.3 * b) }' || big=1; done
 [ $big -eq 0 ]; ok $? "--shard params: only rank 0 holds the whole model at the end (parameters, bytes: $r0 on rank 0; $(endp 1) $(endp 2) $(endp 3) on ranks 1-3)"

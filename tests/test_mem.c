@@ -277,7 +277,8 @@ static void test_plan_rows(void) {
     t.optim = "adamw";
     t.eval = 0;
     dt_plan_opts o = { .train = &t, .world = 4, .input = MNIST, .labels = 1 };
-    const int64_t P = 1863690, U = 1024 * 1024 + 1024, Ps = (P + 3) / 4;
+    /* a rank's shard: whole chunks of 4096, ceil(455 / 4) = 114 of them (shard.c) */
+    const int64_t P = 1863690, U = 1024 * 1024 + 1024, Ps = 114 * 4096;
     dt_plan_estimate none, e;
     const dt_plan_precision *fp32 = dt_plan_precision_find("fp32"), *bf16 = dt_plan_precision_find("bf16");
     ok(fp32 && bf16 && dt_plan_precision_find("fp16") && !dt_plan_precision_find("fp8"), "precision rows by name");
@@ -315,10 +316,15 @@ static void test_plan_rows(void) {
     like(dt_last_error(), "backward_prefetch: expected pre or post", "... naming the choices");
     t.backward_prefetch = "pre";
     dt_plan_run(&o, dt_plan_shard_find("none"), bf16, &e);
-    is_int(e.bytes[DT_MEM_PARAMS], 6 * P, "bf16: fp32 master weights and a 2-byte copy");
+    is_int(e.bytes[DT_MEM_PARAMS], 8 * P, "bf16: fp32 master weights and a copy of rounded values in fp32");
+    ok(e.bytes[DT_MEM_ACTS] > none.bytes[DT_MEM_ACTS], "bf16: and scratch for rounded activations");
     is_int(e.bytes[DT_MEM_OPTIM], 8 * P, "bf16: fp32 optimizer state");
     dt_plan_run(&o, dt_plan_shard_find("params"), bf16, &e);
-    is_int(e.bytes[DT_MEM_PARAMS], 6 * Ps + 2 * 2 * U, "bf16, params: the shard's master and copy, units gathered in 2 bytes");
+    is_int(e.bytes[DT_MEM_PARAMS], 4 * Ps + 2 * 4 * U, "bf16, params: the shard's master, no copy (the units are rounded where gathered)");
+    setenv("DT_SHARD_POOL", "0", 1);   /* the gathers in place round into a copy of the whole array */
+    dt_plan_run(&o, dt_plan_shard_find("params"), bf16, &e);
+    is_int(e.bytes[DT_MEM_PARAMS], 4 * Ps + 4 * P + 2 * 4 * U, "bf16, params in place: and a copy of the whole array");
+    unsetenv("DT_SHARD_POOL");
     t.micro_batches = 8;
     dt_plan_run(&o, dt_plan_shard_find("none"), fp32, &e);
     is_int(e.bytes[DT_MEM_GRADS], 4 * P + 2 * 4 * P, "2 micro-batches per rank: the tree's 2 arrays of gradients");
