@@ -25,8 +25,9 @@
  *   DT_DETERMINISTIC  1: mpi/nccl run dtrain's tree    DT_SHM           0: no shared memory
  *   DT_SOCKET_IFNAME  "eth0,ib0" or "^docker0": interfaces for peer connections
  *   DT_SHM_SPIN_US    busy-wait before sleeping on shared memory (default 1000 in blocking
- *                     calls, 20 on the async worker, 5 when ranks outnumber cores); a
- *                     rank whose peer runs on the same CPU yields to it instead
+ *                     calls, 20 on the async worker; 200 and 5 when ranks outnumber
+ *                     cores, spinning by sched_yield); a rank whose peer runs on the
+ *                     same CPU yields to it instead
  *   DT_SHM_BUDGET     bytes of shared-memory rings a rank may create, e.g. 8M (default:
  *                     its share of 1/8 of the host's memory, at most 32M); peers past it
  *                     talk over TCP

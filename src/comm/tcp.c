@@ -22,9 +22,10 @@
  *      shared-memory rings when they first talk (unless DT_SHM=0; tcp_ring.c says how,
  *      and why not at init); the socket stays open so the death of the peer is still
  *      seen as end of file. A waiting rank spins DT_SHM_SPIN_US microseconds before
- *      sleeping (default 1000 for blocking calls and 20 on the async worker, 5 when ranks
- *      outnumber cores), and yields at once to a peer that runs on its own CPU. Large collective messages can skip the ring (process_vm_readv)
- *      when the sender sets DT_CMA=1 (tcp_xfer.c).
+ *      sleeping (default 1000 for blocking calls and 20 on the async worker; 200 and 5,
+ *      spinning by sched_yield, when ranks outnumber cores), and yields at once to a
+ *      peer that runs on its own CPU. Large collective messages can skip the ring
+ *      (process_vm_readv) when the sender sets DT_CMA=1 (tcp_xfer.c).
  * The mesh holds a socket per peer, so a large job needs as many open files: the soft
  * limit is raised to the hard one when it is too low (fd_limit).
  * The data path lives in tcp_xfer.c; the algorithms in algo.c run over it.
@@ -674,17 +675,23 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     lfd = -1;
     if ((s = setup_shm(w, regs)) != DT_OK) goto fail;
     {
-        /* Spinning only pays when every local rank can have a core of its own; then a
-         * blocked caller spins like MPI does (yielding hands the core to whatever else
-         * runs, and getting it back costs a scheduler round), while the async worker,
-         * which shares the process's cores with computation, yields soon. */
+        /* When every local rank can have a core of its own, a blocked caller spins like
+         * MPI does (yielding hands the core to whatever else runs, and getting it back
+         * costs a scheduler round), while the async worker, which shares the process's
+         * cores with computation, sleeps soon. With more local ranks than cores the peer a
+         * rank waits for may be queued behind it on its own core: there it spins by
+         * sched_yield, as Open MPI does when oversubscribed, and longer (200 us), since a
+         * sleep on the ring's futex costs a wake-up (4 ranks on 2 cores, dtbench 4 KiB
+         * to 128 KiB, 2026-12-03: 14-45 us a call yielding for 20-200 us; 13-160 us, most
+         * runs about 110, pausing 5 us then sleeping; a 500 us pause-spin took 1 ms). */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int local = 0;
         for (int i = 0; i < size; i++) local += same_host(&regs[i], me);
         const char *spin = getenv("DT_SHM_SPIN_US");
         int own_core = cores >= local;
-        w->spin_s = spin && *spin ? atof(spin) * 1e-6 : own_core ? 1e-3 : 5e-6;
+        w->spin_s = spin && *spin ? atof(spin) * 1e-6 : own_core ? 1e-3 : 200e-6;
         w->spin_worker_s = spin && *spin ? atof(spin) * 1e-6 : own_core ? 20e-6 : 5e-6;
+        w->spin_yield = !own_core;
     }
 done:
     if ((s = fill_comm(c, w, regs)) != DT_OK) goto fail;

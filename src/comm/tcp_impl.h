@@ -60,6 +60,7 @@ typedef struct {
     size_t           stage_cap;
     double           spin_s;        /* busy-wait this long on rings before yielding */
     double           spin_worker_s; /* the same on the async worker thread */
+    int              spin_yield;    /* more local ranks than cores: spin by yielding */
     volatile uint64_t cma_token;    /* random; same-host peers read it to test process_vm_readv */
     int              shm;           /* rings may be made (DT_SHM is not 0, other local ranks) */
     int              cma_want;      /* DT_CMA is not 0: cross-memory reads are allowed both ways */

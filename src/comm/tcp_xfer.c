@@ -561,7 +561,7 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
             if (r_shm) dt_shm_set_cpu(r.tp->in, cpu);
             int shared = cpu >= 0 && ((r_shm && dt_shm_peer_cpu(r.tp->in) == cpu) ||
                                       (s_shm && dt_shm_peer_cpu(s.tp->out) == cpu));
-            if (shared) {
+            if (shared || w->spin_yield) {
                 sched_yield();
                 continue;
             }
