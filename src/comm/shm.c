@@ -193,16 +193,6 @@ void dt_shm_wait_space(dt_shm_ring *r, double timeout_s) {
 
 size_t dt_shm_size(const dt_shm_ring *r) { return r->size; }
 
-size_t dt_shm_write_rewind(dt_shm_ring *r, size_t need) {
-    uint64_t tail = atomic_load_explicit(&r->ctrl->tail, memory_order_acquire);
-    size_t used = (size_t)(r->pos - tail), head_off = (size_t)(r->pos & (r->size - 1));
-    size_t tail_off = (size_t)(tail & (r->size - 1)), to_end = r->size - head_off;
-    /* the bytes in use, [tail, head), must not wrap, and the start of the ring up to the
-     * tail must hold the record: then skipping to the end leaves room for it */
-    if (head_off == 0 || tail_off > head_off || to_end + need > r->size - used) return 0;
-    return to_end;
-}
-
 size_t dt_shm_read_span(dt_shm_ring *r, const void **p) {
     uint64_t head = atomic_load_explicit(&r->ctrl->head, memory_order_acquire);
     r->seen = head;

@@ -43,10 +43,6 @@ unsigned  dt_shm_accepted(dt_shm_ring *r);
 /* Producer: a contiguous writable span (0 bytes when full), then publish n of it. */
 size_t    dt_shm_write_span  (dt_shm_ring *r, void **p);
 void      dt_shm_write_commit(dt_shm_ring *r, size_t n);
-/* Producer: when `need` bytes fit at the start of the data area right now (the consumer
- * has taken everything there), the bytes from the write position to the end, which a
- * skip record may commit to move there; 0 when they do not fit, or it is there already. */
-size_t    dt_shm_write_rewind(dt_shm_ring *r, size_t need);
 size_t    dt_shm_size        (const dt_shm_ring *r);   /* bytes of the data area */
 /* Consumer: a contiguous readable span (0 when empty), then release n of it. */
 size_t    dt_shm_read_span   (dt_shm_ring *r, const void **p);

@@ -18,7 +18,6 @@
 /* Message header, on sockets and rings alike (little-endian):
  *   magic u32, ctx u32, seq u64, fp.a u64, fp.b u64, payload bytes u64 */
 #define TCP_MSG_MAGIC 0x534d5444u   /* "DTMS" */
-#define SHM_SKIP_MAGIC 0x4b534444u  /* "DDSK": ring record "skip to the start of the ring" */
 #define TCP_HDR_BYTES 40
 #define SHM_HDR_BYTES 64            /* ring records are 64-byte aligned */
 /* A ring header whose bytes 40..43 hold CMA_MAGIC carries no payload: the receiver reads
