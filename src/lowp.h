@@ -40,9 +40,10 @@ const float *dt_lowp_weights(const dt_lowp *lp);
 /* The parameters may have changed: the rounded weights are made again before the next
  * forward (NULL is fine). */
 void      dt_lowp_stale(dt_lowp *lp);
-/* Before a forward that reads the parameter array: round the GEMM weights of params
- * into the copy if it is stale (the copy is made at its first use). */
-dt_status dt_lowp_prepare(dt_lowp *lp, const dt_ops *ops, const float *params);
+/* Before a forward that reads the parameter array: round the GEMM weights of params in
+ * [lo, hi) (what is resident: the rest is rounded as it arrives) into the copy if it is
+ * stale (the copy is made at its first use). */
+dt_status dt_lowp_prepare(dt_lowp *lp, const dt_ops *ops, const float *params, size_t lo, size_t hi);
 /* Layer L's parameters [lo, hi) (offsets into the parameter array) were just written
  * (sharding gathered them): round its GEMM weights there from src + offset to
  * dst + offset; dst NULL is the copy, dst == src rounds a view in place. Only L's own

@@ -92,7 +92,7 @@ static dt_status mem_alloc(const dt_ops *ops, dt_mem_cat cat, void **p, size_t b
     if (!p) return dt_error(DT_ERR_INVALID, "memory accounting: NULL result pointer");
     *p = NULL;
     if (!valid_cat(cat)) return dt_error(DT_ERR_INVALID, "memory accounting: unknown category %d", (int)cat);
-    DT_TRY(host ? ops->host_alloc(p, bytes) : ops->alloc(p, bytes));
+    DT_TRY(host ? ops->host_alloc(p, bytes) : counted < bytes ? ops->alloc_sparse(p, bytes) : ops->alloc(p, bytes));
     if (!*p) return DT_OK;   /* 0 bytes */
     dt_status s = remember(*p, counted < bytes ? counted : bytes, cat, host);
     if (s != DT_OK) {

@@ -57,7 +57,8 @@ DT_API const char *dt_mem_cat_help(int cat);
 DT_API dt_status dt_mem_alloc(const dt_ops *ops, dt_mem_cat cat, void **p, size_t bytes);
 /* An allocation of which only `counted` bytes are resident and counted (a sharded
  * array: the rest is never touched, or given back with ops discard); what is brought in
- * later is counted with dt_mem_add / dt_mem_sub. */
+ * later is counted with dt_mem_add / dt_mem_sub. With counted < bytes it comes from
+ * ops->alloc_sparse: the caller populates (ops populate) what it uses. */
 DT_API dt_status dt_mem_alloc_part(const dt_ops *ops, dt_mem_cat cat, void **p, size_t bytes, size_t counted);
 /* The ops table's host memory (host_alloc: pinned on a GPU), counted under cat. */
 DT_API dt_status dt_mem_host_alloc(const dt_ops *ops, dt_mem_cat cat, void **p, size_t bytes);

@@ -57,6 +57,7 @@ struct dt_model {
     void            *layer_hook_ctx;
     float          **pview;        /* per layer: where its parameters are read (NULL: params) */
     int              views_only;   /* every layer with parameters reads them through pview */
+    size_t           res_lo, res_hi;   /* the parameters resident in the flat array (sharded) */
     float          **gview;        /* per layer: where its gradient is written (NULL: grads) */
     float           *gcur;         /* where the layer whose backward ran last wrote it */
     int              decode_pos;   /* < 0: ordinary passes */
@@ -279,6 +280,15 @@ static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
     return DT_OK;
 }
 
+/* Before initialising layer L of a sharded model: its parameters outside the kept range
+ * are brought in (a GPU's sparse array has nothing mapped there). */
+static dt_status populate_layer(dt_model *m, const dt_layer *L) {
+    for (int t = 0; t < L->ntensors; t++)
+        if (L->t[t].role == DT_TENSOR_PARAM)
+            DT_TRY(m->ops->populate(m->params + L->t[t].offset, (size_t)L->t[t].numel * sizeof(float)));
+    return DT_OK;
+}
+
 /* After initialising layer L: drop its parameters' pages outside the kept range. */
 static dt_status drop_outside(dt_model *m, const dt_layer *L, const dt_model_layout *lay) {
     for (int t = 0; t < L->ntensors; t++) {
@@ -350,21 +360,26 @@ dt_status dt_model_build_ex(const char *spec, const dt_shape *input, const dt_op
     m->seed = seed;
     dt_status s = model_layout(m, NULL);
     if (s != DT_OK) goto fail;
-    /* zero gradients (only the kept range when sharded: the rest is written before it is
-     * read), and zero padding */
+    /* zero gradients and padding (only in the kept range when sharded, the arrays'
+     * resident part: the rest is written before it is read) */
     const dt_model_layout *lay = &m->mo.layout;
     int keep = lay->keep_hi > lay->keep_lo;
     size_t zlo = keep ? lay->keep_lo : 0, zhi = keep && lay->keep_hi < m->cap ? lay->keep_hi : m->cap;
-    if (zhi > zlo && (s = ops->zero(m->grads + zlo, (zhi - zlo) * sizeof(float))) != DT_OK) goto fail;
-    if (m->cap > m->nparams && ((s = ops->zero(m->params + m->nparams, (m->cap - m->nparams) * sizeof(float))) != DT_OK ||
-                                (s = ops->zero(m->grads + m->nparams, (m->cap - m->nparams) * sizeof(float))) != DT_OK))
+    size_t plo = m->nparams > zlo ? m->nparams : zlo;
+    m->res_lo = zlo;
+    m->res_hi = keep ? zhi : SIZE_MAX;
+    if (keep && ((s = ops->populate(m->params + zlo, (zhi - zlo) * sizeof(float))) != DT_OK ||
+                 (s = ops->populate(m->grads + zlo, (zhi - zlo) * sizeof(float))) != DT_OK))
         goto fail;
+    if (zhi > zlo && (s = ops->zero(m->grads + zlo, (zhi - zlo) * sizeof(float))) != DT_OK) goto fail;
+    if (zhi > plo && (s = ops->zero(m->params + plo, (zhi - plo) * sizeof(float))) != DT_OK) goto fail;
     for (int i = 0; i + 1 < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i], *N = &m->spec.layers[i + 1];
         if ((L->def->flags & DT_LDEF_FUSE_RELU) && N->kind == DT_LAYER_RELU) L->fuse_relu = N->relu_fused = 1;
     }
     dt_nn_ctx c = nn_ctx(m, 0);
     for (int i = 0; i < m->spec.n; i++) {
+        if (keep && (s = populate_layer(m, &m->spec.layers[i])) != DT_OK) goto fail;
         if ((s = dt_layer_init(&c, &m->spec.layers[i])) != DT_OK) goto fail;
         if (keep && (s = drop_outside(m, &m->spec.layers[i], lay)) != DT_OK) goto fail;
     }
@@ -436,6 +451,11 @@ dt_status dt_model_params_arrived(dt_model *m, int layer, size_t lo, size_t hi) 
     return dt_lowp_round_layer(m->lp, m->ops, &m->spec.layers[layer], p, p == m->params ? NULL : p, lo, hi);
 }
 void dt_model_set_views_only(dt_model *m, int on) { m->views_only = on; }
+void dt_model_set_resident(dt_model *m, size_t lo, size_t hi) {
+    m->res_lo = lo;
+    m->res_hi = hi;
+    dt_lowp_stale(m->lp);
+}
 
 /* Layer `layer`'s entry of a per-layer view array, made on first use. */
 static dt_status set_view(dt_model *m, float ***views, int layer, float *base) {
@@ -530,7 +550,7 @@ dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
     m->x = x;
     m->last_B = B;
     m->last_train = train;
-    if (!m->views_only) DT_TRY(dt_lowp_prepare(m->lp, m->ops, m->params));
+    if (!m->views_only) DT_TRY(dt_lowp_prepare(m->lp, m->ops, m->params, m->res_lo, m->res_hi));
     dt_nn_ctx c = nn_ctx(m, train);
     const float *cur = x;
     for (int i = 0; i < m->spec.n; i++) {

@@ -175,6 +175,10 @@ DT_API dt_status dt_model_set_param_view(dt_model *m, int layer, float *base);
  * before the layer runs: sharding's pool), so mixed precision makes no rounded copy of
  * the flat array; 0 (the default): layers without a view read the flat array. */
 DT_API void      dt_model_set_views_only(dt_model *m, int on);
+/* The parameters [lo, hi) of the flat array are resident (the rest given back:
+ * sharding; a model built with a kept range starts with that, otherwise the whole): a
+ * forward rounds those for mixed precision, and the others as they arrive. */
+DT_API void      dt_model_set_resident(dt_model *m, size_t lo, size_t hi);
 /* Layer `layer`'s backward writes its parameter gradients at base + offset instead of
  * the flat gradient array (NULL: the flat array again). */
 DT_API dt_status dt_model_set_grad_view(dt_model *m, int layer, float *base);

@@ -55,6 +55,14 @@ dt_status dt_ops_describe(const dt_ops *ops, char *buf, size_t n) {
     return DT_OK;
 }
 
+void dt_ops_reset_peak(const dt_ops *ops) {
+#ifdef DT_HAVE_CUDA
+    if (ops && !strcmp(ops->name, "cuda")) dt_cuda_reset_peak_memory();
+#else
+    (void)ops;
+#endif
+}
+
 const dt_ops *dt_ops_get_ex(const char *device, const dt_device_opts *opts) {
     const dt_device_opts none = {0};
     if (!opts) opts = &none;

@@ -331,6 +331,9 @@ static inline DT_HD void dt_adamw_elem(float *p, float *m, float *v, float grad,
 /* DT_OPS_DEVICE(X): memory and execution, as X(return type, name, (parameters)). */
 #define DT_OPS_DEVICE(X) \
     X(dt_status, alloc,       (void **p, size_t bytes))   /* device memory, 64-byte aligned; bytes=0 gives NULL */ \
+    /* the same, every page discarded from the start (see discard): what is used is \
+     * populated first; the cpu's pages come on first touch anyway (its alloc) */ \
+    X(dt_status, alloc_sparse, (void **p, size_t bytes)) \
     X(void,      free,        (void *p))                  /* NULL is fine */ \
     X(dt_status, zero,        (void *p, size_t bytes))    /* memset 0 */ \
     X(dt_status, copy_h2d,    (void *dst, const void *src, size_t bytes)) \
@@ -342,16 +345,18 @@ static inline DT_HD void dt_adamw_elem(float *p, float *m, float *v, float grad,
     X(dt_status, host_alloc,  (void **p, size_t bytes))   /* pinned host memory (aligned malloc on cpu) */ \
     X(void,      host_free,   (void *p)) \
     /* the contents of the whole pages inside [p, p + bytes) of an allocation are no longer \
-     * needed: the device may take their memory back (they read as zeros, or as they \
-     * were, until written); for sharded parameters (shard.h) */ \
+     * needed: the device may take their memory back (populate brings them back, \
+     * their contents undefined); for sharded parameters (shard.h) */ \
     X(dt_status, discard,     (void *p, size_t bytes)) \
     /* the whole pages inside [p, p + bytes) stay small pages (page_block > 0): a range \
      * whose resident part changes piece by piece, which the system must not fill to a \
      * whole block behind the caller's back */ \
     X(dt_status, small_pages, (void *p, size_t bytes)) \
-    /* the whole pages inside [p, p + bytes) are about to be written: a device whose \
-     * pages come back on first touch (discard) may bring them back at once, in one \
-     * call instead of one fault per page (a hint: nothing to do where unsupported) */ \
+    /* the pages that [p, p + bytes) touches are about to be used: a device whose \
+     * pages come back on first touch (the cpu) may bring them back at once, in one \
+     * call instead of one fault per page; a device without page faults (a GPU, whose \
+     * discarded memory is unmapped) must, so a discarded range is populated before \
+     * it is read or written again (their contents are undefined) */ \
     X(dt_status, populate,    (void *p, size_t bytes)) \
     X(dt_status, synchronize, (void))                     /* wait for all queued work */ \
     X(dt_status, set_threads, (int n))                    /* compute threads (OpenMP on cpu); n >= 1 */
@@ -371,10 +376,11 @@ typedef struct dt_ops dt_ops;
 struct dt_ops {
     const char *name;                    /* "cpu", "cuda" */
     int         host_memory;             /* 1: device pointers are host pointers */
-    size_t      page_block;              /* host memory: an allocation of at least this many
-                                          * bytes starts on a multiple of it, its whole blocks
-                                          * are pages of that size (huge pages) that discard
-                                          * gives back whole; 0: no such blocks */
+    size_t      page_block;              /* an allocation of at least this many bytes starts
+                                          * on a multiple of it, its whole blocks are pages of
+                                          * that size that discard gives back whole (the cpu's
+                                          * huge pages, a GPU's granules of sparse memory);
+                                          * 0: no such blocks */
 #define DT_OPS_DEVICE_MEMBER_(ret, name, params) ret (*name) params;
     DT_OPS_DEVICE(DT_OPS_DEVICE_MEMBER_)
 #undef DT_OPS_DEVICE_MEMBER_
@@ -430,6 +436,8 @@ DT_API dt_status dt_device_opts_env(dt_device_opts *o);
 /* One line about the device behind `ops` ("device 0: NVIDIA H200 (sm_90, 132 SMs, ...),
  * driver 13.0, runtime 13.0, cuBLAS 13.0.2") into buf; "" for the cpu. */
 DT_API dt_status dt_ops_describe(const dt_ops *ops, char *buf, size_t n);
+/* The device's peak memory (ops memory) starts again from what it holds now. */
+DT_API void      dt_ops_reset_peak(const dt_ops *ops);
 
 /* The CPU backend (OpenBLAS kept single-threaded + OpenMP over fixed blocks). */
 DT_API const dt_ops *dt_ops_cpu(void);

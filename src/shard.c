@@ -268,6 +268,9 @@ static int grads_sharded(const dt_shard *s) {
     return s->world > 1 && (s->mode == DT_SHARD_GRADS || s->mode == DT_SHARD_PARAMS);
 }
 static int params_sharded(const dt_shard *s) { return s->world > 1 && s->mode == DT_SHARD_PARAMS; }
+/* the device takes memory back when it is discarded: host memory, or a GPU whose
+ * allocations are sparse (ops page_block) */
+static int gives_back(const dt_shard *s) { return s->ops->host_memory || s->ops->page_block; }
 
 /* Every rank's shard of buf (world*per floats, device) to every rank. */
 static dt_status allgather(dt_shard *s, float *buf) {
@@ -909,9 +912,9 @@ dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_
     }
     int pool;
     DT_TRY(dt_shard_pool_env(&pool));
-    s->pool = s->ops->host_memory && !s->stage && pool;
+    s->pool = !s->stage && pool;
     if (s->pool) DT_TRY(pool_init(s));
-    if (s->ops->host_memory && s->ops->page_block) DT_TRY(blocks_init(s));
+    if (s->ops->page_block) DT_TRY(blocks_init(s));
     s->full = 1;   /* until the start-of-run broadcast is done and drop_params is called */
     dt_model_set_layer_hook(s->model, on_layer, s);
     dt_ddp_set_final_hook(ddp, on_final, s);
@@ -929,6 +932,7 @@ dt_status dt_shard_gather_root(dt_shard *s) {
         size_t lo = (size_t)q * s->per, hi = lo + s->per < s->n ? lo + s->per : s->n;
         if (lo >= hi || (s->rank != 0 && s->rank != q)) continue;
         float *h = s->stage ? s->host + lo : p + lo;
+        if (s->rank == 0) DT_TRY(s->ops->populate(p + lo, (hi - lo) * sizeof(float)));
         if (s->rank == q) {
             if (s->stage) DT_TRY(s->ops->copy_d2h(h, p + lo, (hi - lo) * sizeof(float)));
             DT_TRY(dt_send(s->comm, h, hi - lo, DT_F32, 0, SHARD_GATHER_TAG));
@@ -945,6 +949,7 @@ dt_status dt_shard_gather_root(dt_shard *s) {
     }
     for (int u = 0; u < s->nunits && s->pool; u++) DT_TRY(pool_drop(s, &s->units[u]));   /* read the whole array */
     dt_model_set_views_only(s->model, 0);
+    dt_model_set_resident(s->model, 0, SIZE_MAX);
     if (s->pool) pool_free(s);
     for (int u = 0; u < s->nunits; u++) {
         s->units[u].state = U_HERE;
@@ -968,7 +973,7 @@ dt_status dt_shard_drop_units(dt_shard *s) {
 }
 
 dt_status dt_shard_release_grads(dt_shard *s) {
-    if (!params_sharded(s) || s->grads_gone || !s->ops->host_memory) return DT_OK;
+    if (!params_sharded(s) || s->grads_gone || !gives_back(s)) return DT_OK;
     DT_TRY(grads_settle(s, s->npend));
     pool_free(s);   /* unless a unit still holds a slot: then at the end-of-run gather */
     DT_TRY(s->ops->discard(dt_model_grads(s->model), s->per * (size_t)s->world * sizeof(float)));
@@ -994,5 +999,6 @@ dt_status dt_shard_drop_params(dt_shard *s) {
     s->full = 0;
     /* mixed precision: the layers read their units' slots, rounded there */
     dt_model_set_views_only(s->model, s->pool && dt_model_precision(s->model) != DT_F32);
+    dt_model_set_resident(s->model, s->per * (size_t)s->rank, s->per * (size_t)(s->rank + 1));
     return DT_OK;
 }

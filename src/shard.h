@@ -21,8 +21,10 @@
  *           runs, forward or backward, the parameters it reads are gathered (broadcast
  *           from the ranks whose shards hold them; the next unit while this one runs),
  *           and dropped after it; a finished gradient slice is reduced to the ranks
- *           that own it, then dropped (the device takes its pages back: ops discard).
- *           On the CPU a unit is gathered into a slot of a pool of reused buffers and
+ *           that own it, then dropped (the device takes its pages back: ops discard;
+ *           a GPU's arrays are sparse, mapped granule by granule: cuda_ops.cu).
+ *           Unless gradients are staged through host memory (a host backend on a
+ *           GPU), a unit is gathered into a slot of a pool of reused buffers and
  *           its layers read it there (dt_model_set_param_view); their backward writes
  *           its gradient into another slot of the pool (dt_model_set_grad_view; two at
  *           most), whose sum leaves this rank's part in the flat array's shard. So no
@@ -103,8 +105,8 @@ DT_API int       dt_shard_ddp_reduces(const dt_shard *s);
  * prefetch as given. After the start-of-run broadcast (dt_ddp_sync_start) call
  * dt_shard_drop_params. */
 DT_API dt_status dt_shard_attach(dt_shard *s, dt_ddp *ddp, size_t unit_bytes, dt_shard_prefetch prefetch);
-/* DT_SHARD_POOL: 1 (or unset) gathers --shard params' units into the pool where the
- * device's memory is host memory, 0 in place (above); anything else is an error. */
+/* DT_SHARD_POOL: 1 (or unset) gathers --shard params' units into the pool (unless
+ * staging through host memory), 0 in place (above); anything else is an error. */
 DT_API dt_status dt_shard_pool_env(int *on);
 /* params, training over: rank 0 receives every other rank's shard and holds the whole
  * parameter array (layer gathers pause there), the others keep their shard only and
@@ -119,8 +121,9 @@ DT_API dt_status dt_shard_drop_units(dt_shard *s);
 /* params: after the start-of-run broadcast, keep this rank's shard only. */
 DT_API dt_status dt_shard_drop_params(dt_shard *s);
 /* params, training over: this rank's gradient shard is given back (its pages discarded,
- * no longer counted), before the end-of-run gather_root. Host memory only (CUDA
- * pages stay, and so does their count); nothing to do in the other modes. */
+ * no longer counted), before the end-of-run gather_root. Where the device takes
+ * discarded memory back (host memory, a GPU's sparse arrays; elsewhere the pages stay,
+ * and so does their count); nothing to do in the other modes. */
 DT_API dt_status dt_shard_release_grads(dt_shard *s);
 
 /* After DDP's local sum (grads mode): reduce-scatter, so this rank's shard of the

@@ -1109,6 +1109,7 @@ dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
     t.ops = ops;
     t.comm = comm;
     dt_mem_reset_peak();   /* this run's peaks, not those of what the process did before */
+    dt_ops_reset_peak(ops);
     dt_status s = trainer_setup(&t);
     if (s == DT_OK) {   /* the normalisation a user must repeat to feed these weights */
         const dt_dataset_info *di = dt_dataset_get_info(t.train);

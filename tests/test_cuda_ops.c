@@ -405,6 +405,46 @@ static void test_errors(void) {
 
 /* ---- memory, streams and the device ---- */
 
+/* Sparse memory (the driver's virtual memory management; page_block is its granule):
+ * alloc_sparse maps nothing, populate maps the granules a range touches, discard gives
+ * back the whole granules inside a range once the work queued before it is done, and
+ * what is populated again holds what is written. Without it (page_block 0) these are
+ * plain allocations and discard keeps the memory. */
+static void test_sparse(void) {
+    size_t pb = G->page_block, before = dt_cuda_memory_allocated();
+    if (!pb) {
+        skip(6, "no sparse memory here (page_block 0: the driver lacks the calls, or DT_CUDA_VMM=0)");
+        return;
+    }
+    ok((pb & (pb - 1)) == 0 && pb >= 4096, "page_block is a granule of %zu bytes", pb);
+    float *a = NULL;
+    MUST(G->alloc_sparse((void **)&a, 4 * pb));
+    ok(a && (uintptr_t)a % pb == 0 && dt_cuda_memory_allocated() == before,
+       "alloc_sparse of 4 granules: aligned to a granule, nothing mapped");
+    MUST(G->populate(a + pb / sizeof(float) - 1, 8));   /* the last float of granule 0, the first of 1 */
+    is_int((long long)(dt_cuda_memory_allocated() - before), (long long)(2 * pb), "populate maps the 2 granules a range touches");
+    size_t n = 2 * pb / sizeof(float);
+    MUST(G->fill(a, 3.0f, n));
+    MUST(G->discard(a + 1, 2 * pb - 2 * sizeof(float)));   /* inside both granules, neither whole */
+    MUST(G->synchronize());
+    MUST(G->populate(a, 4));   /* settles what was given back */
+    is_int((long long)(dt_cuda_memory_allocated() - before), (long long)(2 * pb),
+           "discard keeps the granules it does not cover whole");
+    MUST(G->discard(a + n / 2, pb));   /* granule 1 whole */
+    MUST(G->synchronize());
+    MUST(G->populate(a, 4));
+    is_int((long long)(dt_cuda_memory_allocated() - before), (long long)pb,
+           "and gives back a granule inside the range once the queued work is done");
+    MUST(G->populate(a + n / 2, pb));
+    MUST(G->fill(a + n / 2, 5.0f, n / 2));
+    float got[2] = {0, 0};
+    MUST(G->copy_d2h(&got[0], a, sizeof(float)));
+    MUST(G->copy_d2h(&got[1], a + n - 1, sizeof(float)));
+    ok(got[0] == 3.0f && got[1] == 5.0f, "a granule kept keeps its data; one mapped again holds what is written (%g %g)",
+       (double)got[0], (double)got[1]);
+    G->free(a);
+}
+
 static void test_memory(void) {
     void *p = (void *)1;
     is_int(G->alloc(&p, 0), DT_OK, "alloc of 0 bytes is fine");
@@ -413,15 +453,18 @@ static void test_memory(void) {
     is_int(G->set_threads(0), DT_ERR_INVALID, "set_threads(0) is invalid");
     is_int(G->set_threads(3), DT_OK, "set_threads(3)");
     if (self_test) return;
-    size_t before = dt_cuda_memory_allocated();
+    size_t before = dt_cuda_memory_allocated(), pb = G->page_block;
+    size_t held = pb ? ((3u << 20) + pb - 1) / pb * pb : 3u << 20;   /* sparse: whole granules */
     void *q = NULL;
     MUST(G->alloc(&q, 3u << 20));
-    is_int((long long)(dt_cuda_memory_allocated() - before), 3 << 20, "memory_allocated counts an allocation");
-    ok(dt_cuda_max_memory_allocated() >= before + (3u << 20), "max_memory_allocated is at least the current peak");
+    is_int((long long)(dt_cuda_memory_allocated() - before), (long long)held,
+           "memory_allocated counts an allocation (%zu bytes: granules of %zu)", held, pb);
+    ok(dt_cuda_max_memory_allocated() >= before + held, "max_memory_allocated is at least the current peak");
     G->free(q);
     is_int((long long)dt_cuda_memory_allocated(), (long long)before, "and forgets it when freed");
     dt_cuda_reset_peak_memory();
     is_int((long long)dt_cuda_max_memory_allocated(), (long long)before, "reset_peak_memory sets the peak to the current");
+    test_sparse();
     void *h = NULL;
     is_int(G->host_alloc(&h, 1 << 16), DT_OK, "pinned host memory");
     memset(h, 1, 1 << 16);

@@ -284,9 +284,9 @@ static void snd_copy(const snd_t *s, size_t off, size_t n) {
  * message rewrote the lines the receiver had just read, and each write first had to take
  * them back from the other core's cache. 2 ranks on 2 cores (2026-12-03, dtbench, 200
  * calls, 1 MiB rings): all_reduce 128 KiB-1 MiB took half the time walking the ring
- * (256 KiB: 27 against 57 us), reduce_scatter and all_gather 256 KiB-1 MiB 1.7-2.2x less,
+ * (256 KiB: 27 against 57 us), reduce_scatter and all_gather 256 KiB-1 MiB 1.6-2.3x less,
  * 4 KiB-64 KiB and 2 MiB up the same; with two to six memory-copying processes beside
- * them, 256 KiB-1 MiB ran 1.5-5x faster walking. */
+ * them, 256 KiB-1 MiB ran 1.3-5x faster walking. */
 static void snd_shm(snd_t *s, const dt_call *call, int *prog) {
     dt_shm_ring *q = s->tp->out;
     void *p;

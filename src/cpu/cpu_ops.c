@@ -112,6 +112,7 @@ static dt_status cpu_copy_h2d_async(void *dst, const void *src, size_t bytes) { 
 static dt_status cpu_copy_d2h(void *dst, const void *src, size_t bytes) { return cpu_copy(dst, src, bytes); }
 static dt_status cpu_copy_d2d(void *dst, const void *src, size_t bytes) { return cpu_copy(dst, src, bytes); }
 static dt_status cpu_host_alloc(void **p, size_t bytes) { return cpu_alloc(p, bytes); }
+static dt_status cpu_alloc_sparse(void **p, size_t bytes) { return cpu_alloc(p, bytes); }   /* lazy pages */
 static void cpu_host_free(void *p) { cpu_free(p); }
 
 /* The whole pages inside [p, p + bytes): [*a, *b), empty when there are none. */

@@ -23,7 +23,10 @@
  */
 #include "cuda_impl.h"
 
+#include <cuda.h>   /* the driver API's types: virtual memory management */
+#include <map>
 #include <mutex>
+#include <vector>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -301,11 +304,230 @@ static dt_status sync_and_check(void) {
 
 /* ---- memory and execution ---- */
 
-static dt_status cu_alloc(void **p, size_t bytes) {
+/* ---- sparse allocations: memory that sharding can give back ----
+ * Sharding (shard.h) gives back the parts of the parameter and gradient arrays that a
+ * rank does not hold (ops discard) and brings them back before it touches them again
+ * (ops populate). cudaMalloc'd memory cannot be given back in part; memory under the
+ * driver's virtual memory management can. With it (the driver has the calls, and
+ * DT_CUDA_VMM is not 0), an allocation of at least one granule (2 MiB on current GPUs)
+ * reserves its address range and maps it granule by granule, each granule its own
+ * physical allocation (cuMemCreate, cuMemMap), so the table's page_block is the
+ * granule. discard unmaps and releases the whole granules inside a range, populate maps
+ * new ones where a range has none (their contents undefined, as ops.h allows).
+ *
+ * On a GPU an unmapped granule is an illegal address: populate is not a hint here, and
+ * whoever discarded a range populates it before touching it again. Work already queued
+ * may still use a range being discarded, so its granules are released only once an event
+ * recorded on the compute stream at the discard has completed (the caller has made that
+ * stream wait for whatever else used them); a populate before then keeps them. The device
+ * memory statistics count the granules mapped. */
+
+typedef CUresult (*fn_granularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+typedef CUresult (*fn_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*fn_addr_free)(CUdeviceptr, size_t);
+typedef CUresult (*fn_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*fn_release)(CUmemGenericAllocationHandle);
+typedef CUresult (*fn_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+typedef CUresult (*fn_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*fn_unmap)(CUdeviceptr, size_t);
+
+enum { G_UNMAPPED = 0, G_MAPPED, G_LEAVING };   /* a granule's state; LEAVING: released at its event */
+struct sparse {
+    size_t bytes, n;                       /* the reservation: n granules */
+    CUmemGenericAllocationHandle *h;
+    unsigned char *state;
+    uint64_t *when;                        /* LEAVING: the discard that let it go */
+};
+struct leaving {                           /* one discard's granules, released at its event */
+    cudaEvent_t ev;
+    uint64_t seq;
+    uintptr_t base;
+};
+static struct {
+    int            on;                     /* -1: not probed yet */
+    size_t         gran;
+    CUmemAllocationProp prop;
+    fn_reserve reserve; fn_addr_free addr_free; fn_create create; fn_release release;
+    fn_map map; fn_access access; fn_unmap unmap;
+    std::map<uintptr_t, sparse> *all;      /* by start address */
+    std::vector<leaving> *pend;
+    uint64_t       seq;
+} vm = {-1, 0, {}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+
+static dt_status cu_drv(CUresult r, const char *call) {
+    if (r == CUDA_SUCCESS) return DT_OK;
+    return dt_error(r == CUDA_ERROR_OUT_OF_MEMORY ? DT_ERR_NOMEM : DT_ERR_IO, "cuda: %s failed (CUresult %d)", call, (int)r);
+}
+#define DT_DRV(call, name) DT_TRY(cu_drv((call), name))
+
+/* Probe once (g.mu held): the driver's calls through the runtime (no link to libcuda),
+ * the granularity of this device. Any failure leaves plain cudaMalloc. */
+static void vm_probe(void) {
+    if (vm.on >= 0) return;
+    vm.on = 0;
+    const char *e = getenv("DT_CUDA_VMM");
+    if (e && strcmp(e, "0") == 0) return;
+#if CUDART_VERSION < 12050   /* cudaGetDriverEntryPointByVersion: CUDA 12.5 on */
+    return;
+#else
+    struct { const char *name; void **fn; } want[] = {
+        {"cuMemAddressReserve", (void **)&vm.reserve}, {"cuMemAddressFree", (void **)&vm.addr_free},
+        {"cuMemCreate", (void **)&vm.create},          {"cuMemRelease", (void **)&vm.release},
+        {"cuMemMap", (void **)&vm.map},                {"cuMemSetAccess", (void **)&vm.access},
+        {"cuMemUnmap", (void **)&vm.unmap},
+    };
+    fn_granularity granularity = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAllocationGranularity", (void **)&granularity, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !granularity) {
+        cudaGetLastError();
+        return;
+    }
+    for (auto &w : want)
+        if (cudaGetDriverEntryPointByVersion(w.name, w.fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !*w.fn) {
+            cudaGetLastError();
+            return;
+        }
+    vm.prop = CUmemAllocationProp{};
+    vm.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    vm.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    vm.prop.location.id = g.device;
+    size_t gr = 0;
+    if (granularity(&gr, &vm.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || gr == 0 || (gr & (gr - 1))) return;
+    vm.gran = gr;
+    vm.all = new std::map<uintptr_t, sparse>();
+    vm.pend = new std::vector<leaving>();
+    vm.on = 1;
+#endif
+}
+
+/* Granule i of sp (at base) mapped: a physical allocation of its own. */
+static dt_status vm_map_one(uintptr_t base, sparse &sp, size_t i) {
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr a = (CUdeviceptr)(base + i * vm.gran);
+    DT_DRV(vm.create(&h, vm.gran, &vm.prop, 0), "cuMemCreate");
+    CUresult r = vm.map(a, vm.gran, 0, h, 0);
+    if (r != CUDA_SUCCESS) {
+        vm.release(h);
+        return cu_drv(r, "cuMemMap");
+    }
+    CUmemAccessDesc d = {};
+    d.location = vm.prop.location;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = vm.access(a, vm.gran, &d, 1);
+    if (r != CUDA_SUCCESS) {
+        vm.unmap(a, vm.gran);
+        vm.release(h);
+        return cu_drv(r, "cuMemSetAccess");
+    }
+    sp.h[i] = h;
+    sp.state[i] = G_MAPPED;
+    g.cur += vm.gran;
+    if (g.cur > g.peak) g.peak = g.cur;
+    return DT_OK;
+}
+
+static dt_status vm_unmap_one(uintptr_t base, sparse &sp, size_t i) {
+    CUdeviceptr a = (CUdeviceptr)(base + i * vm.gran);
+    DT_DRV(vm.unmap(a, vm.gran), "cuMemUnmap");
+    DT_DRV(vm.release(sp.h[i]), "cuMemRelease");
+    sp.h[i] = 0;
+    sp.state[i] = G_UNMAPPED;
+    g.cur -= vm.gran;
+    return DT_OK;
+}
+
+/* Release the granules of the discards whose event has completed (all of them, waiting,
+ * when wait is set). */
+static dt_status vm_settle(int wait) {
+    size_t k = 0;
+    dt_status st = DT_OK;
+    for (size_t i = 0; i < vm.pend->size(); i++) {
+        leaving &l = (*vm.pend)[i];
+        cudaError_t e = wait ? cudaEventSynchronize(l.ev) : cudaEventQuery(l.ev);
+        if (e == cudaErrorNotReady) {
+            (*vm.pend)[k++] = l;
+            continue;
+        }
+        if (e != cudaSuccess && st == DT_OK) st = dt_cu_fail(e, "discard", "cudaEventQuery");
+        cudaEventDestroy(l.ev);
+        auto it = vm.all->find(l.base);
+        if (it == vm.all->end()) continue;
+        sparse &sp = it->second;
+        for (size_t j = 0; j < sp.n; j++)
+            if (sp.state[j] == G_LEAVING && sp.when[j] == l.seq && st == DT_OK) st = vm_unmap_one(l.base, sp, j);
+    }
+    vm.pend->resize(k);
+    return st;
+}
+
+/* The sparse allocation holding [a, a + n), or NULL. */
+static std::pair<const uintptr_t, sparse> *vm_find(uintptr_t a, size_t n) {
+    if (vm.on != 1 || vm.all->empty()) return NULL;
+    auto it = vm.all->upper_bound(a);
+    if (it == vm.all->begin()) return NULL;
+    --it;
+    return a + n <= it->first + it->second.bytes ? &*it : NULL;
+}
+
+static dt_status vm_free_all(uintptr_t base, sparse &sp) {
+    dt_status st = DT_OK;
+    for (size_t i = 0; i < sp.n; i++)
+        if (sp.state[i] != G_UNMAPPED) {
+            dt_status s2 = vm_unmap_one(base, sp, i);
+            if (st == DT_OK) st = s2;
+        }
+    dt_status s2 = cu_drv(vm.addr_free((CUdeviceptr)base, sp.bytes), "cuMemAddressFree");
+    free(sp.h);
+    free(sp.state);
+    free(sp.when);
+    return st != DT_OK ? st : s2;
+}
+
+/* A sparse allocation of bytes (g.mu held), every granule mapped or none. */
+static dt_status vm_alloc(void **p, size_t bytes, int mapped) {
+    sparse sp = {};
+    sp.n = (bytes + vm.gran - 1) / vm.gran;
+    sp.bytes = sp.n * vm.gran;
+    sp.h = (CUmemGenericAllocationHandle *)calloc(sp.n, sizeof *sp.h);
+    sp.state = (unsigned char *)calloc(sp.n, 1);
+    sp.when = (uint64_t *)calloc(sp.n, sizeof *sp.when);
+    CUdeviceptr a = 0;
+    dt_status st = sp.h && sp.state && sp.when ? DT_OK : dt_error(DT_ERR_NOMEM, "cuda alloc: out of host memory");
+    if (st == DT_OK) st = cu_drv(vm.reserve(&a, sp.bytes, vm.gran, 0, 0), "cuMemAddressReserve");
+    if (st != DT_OK) {
+        free(sp.h);
+        free(sp.state);
+        free(sp.when);
+        return st;
+    }
+    for (size_t i = 0; i < sp.n && st == DT_OK && mapped; i++) st = vm_map_one((uintptr_t)a, sp, i);
+    if (st != DT_OK) {
+        vm_free_all((uintptr_t)a, sp);
+        return st;
+    }
+    (*vm.all)[(uintptr_t)a] = sp;
+    *p = (void *)(uintptr_t)a;
+    return DT_OK;
+}
+
+/* Device memory: sparse from one granule on (mapped, or with sparse set nothing mapped
+ * yet), cudaMalloc'd below that or without the driver's calls. */
+static dt_status alloc_dev(void **p, size_t bytes, int sparse) {
     if (!p) return dt_error(DT_ERR_INVALID, "cuda alloc: NULL result pointer");
     *p = NULL;
     if (bytes == 0) return DT_OK;
     DT_TRY(dt_cu_enter());
+    {
+        std::lock_guard<std::mutex> l(g.mu);
+        vm_probe();
+        if (vm.on == 1 && (bytes >= vm.gran || sparse)) {
+            dt_status st = vm_alloc(p, bytes, !sparse);
+            if (st == DT_OK || st != DT_ERR_NOMEM) return st;
+            dt_error_clear();   /* fall back: cudaMalloc below says how much is free */
+        }
+    }
     void *q = NULL;
     cudaError_t e = cudaMalloc(&q, bytes);   /* 256-byte aligned */
     if (e != cudaSuccess) {
@@ -323,11 +545,24 @@ static dt_status cu_alloc(void **p, size_t bytes) {
 
 void dt_cu_free(void *p) {
     if (!p || dt_cu_enter() != DT_OK) return;
+    {
+        std::lock_guard<std::mutex> l(g.mu);
+        auto *it = vm_find((uintptr_t)p, 0);
+        if (it && it->first == (uintptr_t)p) {
+            cudaDeviceSynchronize();   /* as cudaFree: nothing queued uses it after this */
+            vm_settle(1);
+            vm_free_all(it->first, it->second);
+            vm.all->erase(it->first);
+            return;
+        }
+    }
     mem_untrack(p);
     cudaFree(p);
 }
 
-dt_status dt_cu_alloc(void **p, size_t bytes) { return cu_alloc(p, bytes); }
+static dt_status cu_alloc(void **p, size_t bytes) { return alloc_dev(p, bytes, 0); }
+static dt_status cu_alloc_sparse(void **p, size_t bytes) { return alloc_dev(p, bytes, 1); }
+dt_status dt_cu_alloc(void **p, size_t bytes) { return alloc_dev(p, bytes, 0); }
 
 /* A freed buffer's address may come back for other data: columns cached for it go. */
 static void cu_free(void *p) {
@@ -336,27 +571,60 @@ static void cu_free(void *p) {
     dt_cu_free(p);
 }
 
-/* cudaMalloc'd memory cannot give pages back: discarding keeps them (a virtual memory
- * reservation with cuMemMap would let sharding return them). */
-static dt_status cu_discard(void *p, size_t bytes) {
-    (void)p;
-    (void)bytes;
-    return DT_OK;
+/* Discard (below): the whole granules inside [a, b) of sp go back once the work queued
+ * so far is done. */
+static dt_status vm_discard(uintptr_t base, sparse &sp, size_t a, size_t b) {
+    size_t i0 = (a + vm.gran - 1) / vm.gran, i1 = b / vm.gran;
+    int any = 0;
+    for (size_t i = i0; i < i1; i++) any |= sp.state[i] == G_MAPPED;
+    if (!any) return vm_settle(0);
+    leaving lv = {NULL, ++vm.seq, base};
+    DT_CU(cudaEventCreateWithFlags(&lv.ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(lv.ev, g.stream);
+    if (e != cudaSuccess) {
+        cudaEventDestroy(lv.ev);
+        return dt_cu_fail(e, "discard", "cudaEventRecord");
+    }
+    for (size_t i = i0; i < i1; i++)
+        if (sp.state[i] == G_MAPPED) {
+            sp.state[i] = G_LEAVING;
+            sp.when[i] = lv.seq;
+        }
+    vm.pend->push_back(lv);
+    return vm_settle(0);
 }
 
-/* no page blocks (page_block 0) */
+/* Populate (below): every granule that [a, b) touches is mapped (one being given back is
+ * kept). */
+static dt_status vm_populate(uintptr_t base, sparse &sp, size_t a, size_t b) {
+    for (size_t i = a / vm.gran; i < (b + vm.gran - 1) / vm.gran; i++) {
+        if (sp.state[i] == G_LEAVING) sp.state[i] = G_MAPPED;
+        else if (sp.state[i] == G_UNMAPPED) DT_TRY(vm_map_one(base, sp, i));
+    }
+    return vm_settle(0);
+}
+
+/* discard and populate: on [p, p + bytes) of a sparse allocation; elsewhere (cudaMalloc'd
+ * memory) nothing to do: discarding keeps the memory. */
+static dt_status sparse_op(void *p, size_t bytes, int discard) {
+    if (!p || bytes == 0) return DT_OK;
+    DT_TRY(dt_cu_enter());
+    std::lock_guard<std::mutex> l(g.mu);
+    auto *it = vm_find((uintptr_t)p, bytes);
+    if (!it) return DT_OK;
+    size_t a = (uintptr_t)p - it->first;
+    return discard ? vm_discard(it->first, it->second, a, a + bytes) : vm_populate(it->first, it->second, a, a + bytes);
+}
+static dt_status cu_discard(void *p, size_t bytes) { return sparse_op(p, bytes, 1); }
+static dt_status cu_populate(void *p, size_t bytes) { return sparse_op(p, bytes, 0); }
+
+/* granules are never split: nothing to do */
 static dt_status cu_small_pages(void *p, size_t bytes) {
     (void)p;
     (void)bytes;
     return DT_OK;
 }
 
-/* device memory is never discarded: nothing to bring back */
-static dt_status cu_populate(void *p, size_t bytes) {
-    (void)p;
-    (void)bytes;
-    return DT_OK;
-}
 
 static dt_status cu_zero(void *p, size_t bytes) {
     if (bytes == 0) return DT_OK;
@@ -501,10 +769,10 @@ dt_status dt_cu_pairwise(double *v, double *tmp, size_t n, double divisor, float
  * dt_cu_<op> (cuda_impl.h); one missing is a compile error here. */
 #define DT_OPS_DEVFN(name) cu_##name
 #define DT_OPS_KERNEL(name) dt_cu_##name
-static const dt_ops cuda_table = {
+static dt_ops cuda_table = {
     .name        = "cuda",
     .host_memory = 0,
-    .page_block  = 0,
+    .page_block  = 0,      /* the granule of sparse allocations, once probed (dt_ops_cuda) */
     DT_OPS_TABLE_INIT(cu_memory)
 };
 
@@ -513,5 +781,10 @@ extern "C" const dt_ops *dt_ops_cuda(int index, int allow_tf32) {
     if (ctx_use(index, allow_tf32, &created) != DT_OK) return NULL;   /* the message says why */
     if (!created && dt_cuda_set_allow_tf32(allow_tf32) != DT_OK) return NULL;
     if (dt_cu_enter() != DT_OK) return NULL;
+    {
+        std::lock_guard<std::mutex> l(g.mu);
+        vm_probe();
+        cuda_table.page_block = vm.on == 1 ? vm.gran : 0;
+    }
     return &cuda_table;
 }

@@ -29,6 +29,8 @@
  *   - DT_GPU_EMU_FAULT=KERNEL: that kernel faults when it runs (asynchronously, as on a
  *     GPU: a sticky "an illegal memory access was encountered" that names nothing), to
  *     test what a program reports then.
+ *   - virtual memory management (gpu_emu/cuda.h): an address range reserved and mapped
+ *     granule by granule; an unmapped granule is inaccessible, so a touch faults.
  *   - devices: DT_GPU_EMU_DEVICES (default 1) devices; device i has the PCI bus id
  *     0000:(0x10 + p):00.0 where p is the i-th entry of CUDA_VISIBLE_DEVICES (else i).
  *
@@ -77,6 +79,9 @@ struct cudaDeviceProp {
 #define cudaEventDisableTiming 2u
 #define cudaStreamDefault 0u
 #define cudaStreamNonBlocking 1u
+enum cudaDriverEntryPointQueryResult { cudaDriverEntryPointSuccess = 0, cudaDriverEntryPointSymbolNotFound = 1,
+                                       cudaDriverEntryPointVersionNotSufficent = 2 };
+#define cudaEnableDefault 0ull
 
 #ifdef __cplusplus
 extern "C" {
@@ -115,6 +120,10 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 const char *cudaGetErrorString(cudaError_t e);
+/* the driver's virtual memory management calls (gpu_emu/cuda.h); any other symbol is
+ * not found */
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
+                                             unsigned long long flags, enum cudaDriverEntryPointQueryResult *status);
 const char *cudaGetErrorName(cudaError_t e);
 
 /* ---- for the other stand-ins (cublas, nccl) and the emulator's own test ---- */

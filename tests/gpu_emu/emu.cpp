@@ -6,6 +6,7 @@
  * for it (a communication worker may run the compute stream up to an event), never on
  * two at once. */
 #include "cublas_v2.h"
+#include "cuda.h"
 
 #include <cblas.h>
 #include <deque>
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string>
+#include <sys/mman.h>
 #include <time.h>
 #include <ucontext.h>
 #include <vector>
@@ -663,6 +665,171 @@ extern "C" cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st
 }
 
 extern "C" cudaError_t cudaMemset(void *p, int v, size_t n) { return cudaMemsetAsync(p, v, n, 0); }
+
+/* ---- the driver's virtual memory management (gpu_emu/cuda.h) ----
+ * A reservation is an inaccessible mapping (PROT_NONE), tracked as device memory of the
+ * current device so that pointers into it pass the calls' checks; cuMemMap makes one
+ * granule of it accessible (filled with 0xff: fresh device memory is not zero),
+ * cuMemUnmap makes it inaccessible again and gives its pages back. Device memory counts
+ * the physical allocations (cuMemCreate .. cuMemRelease). Every call checks what the
+ * driver checks: alignment to the granularity, a mapping inside a reservation, onto an
+ * unmapped range, an unmap of exactly what is mapped. */
+
+static size_t granule(void) {
+    static size_t g;
+    if (!g) {
+        const char *e = getenv("DT_GPU_EMU_GRANULE");
+        unsigned long v = e && *e ? strtoul(e, NULL, 0) : 0;
+        g = v >= 4096 && (v & (v - 1)) == 0 ? v : (size_t)2 << 20;
+    }
+    return g;
+}
+struct vmm_handle { size_t size; int device; };
+static std::map<uintptr_t, size_t> reserved;          /* start -> bytes */
+static std::map<uintptr_t, size_t> mapped;            /* start -> bytes */
+
+static CUresult vfail(const char *call, const char *fmt, ...) {
+    char buf[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "gpu_emu: %s: %s\n", call, buf);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The reservation that holds [a, a + n), or reserved.end(). */
+static std::map<uintptr_t, size_t>::iterator reservation_of(uintptr_t a, size_t n) {
+    auto it = reserved.upper_bound(a);
+    if (it == reserved.begin()) return reserved.end();
+    --it;
+    return a + n <= it->first + it->second ? it : reserved.end();
+}
+
+static CUresult emu_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+                                                  CUmemAllocationGranularity_flags f) {
+    (void)f;
+    if (!g || !prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return vfail("cuMemGetAllocationGranularity", "a pinned device allocation's properties expected");
+    *g = granule();
+    return CUDA_SUCCESS;
+}
+
+static CUresult emu_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                                        unsigned long long flags) {
+    LOCK;
+    size_t g = granule();
+    if (!ptr || size == 0 || size % g || addr || flags || (align && (align & (align - 1))))
+        return vfail("cuMemAddressReserve", "size %zu is not a positive multiple of the granularity %zu", size, g);
+    if (align < g) align = g;
+    char *p = (char *)mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t a = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+    if (a > (uintptr_t)p) munmap(p, a - (uintptr_t)p);
+    if ((uintptr_t)p + size + align > a + size) munmap((void *)(a + size), (uintptr_t)p + size + align - (a + size));
+    reserved[a] = size;
+    regions[a] = region{size, MEM_DEVICE, cur_dev};
+    *ptr = (CUdeviceptr)a;
+    return CUDA_SUCCESS;
+}
+
+static CUresult emu_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    LOCK;
+    auto it = reserved.find((uintptr_t)ptr);
+    if (it == reserved.end() || it->second != size)
+        return vfail("cuMemAddressFree", "%#llx (%zu bytes) is not a reservation", ptr, size);
+    auto m = mapped.lower_bound((uintptr_t)ptr);
+    if (m != mapped.end() && m->first < (uintptr_t)ptr + size)
+        return vfail("cuMemAddressFree", "%#llx still has memory mapped at %#lx", ptr, (unsigned long)m->first);
+    run_device(0);   /* work queued on it runs first; it would fault now */
+    munmap((void *)ptr, size);
+    reserved.erase(it);
+    regions.erase((uintptr_t)ptr);
+    return CUDA_SUCCESS;
+}
+
+static CUresult emu_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                                unsigned long long flags) {
+    LOCK;
+    if (!h || !prop || flags || size == 0 || size % granule() || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id != cur_dev)
+        return vfail("cuMemCreate", "%zu bytes on device %d: expected a multiple of the granularity on the current "
+                     "device %d", size, prop ? prop->location.id : -1, cur_dev);
+    *h = (CUmemGenericAllocationHandle)(uintptr_t) new vmm_handle{size, cur_dev};
+    device_bytes += size;
+    return CUDA_SUCCESS;
+}
+
+static CUresult emu_cuMemRelease(CUmemGenericAllocationHandle h) {
+    LOCK;
+    vmm_handle *v = (vmm_handle *)(uintptr_t)h;
+    if (!v) return vfail("cuMemRelease", "no handle");
+    device_bytes -= v->size;   /* its memory goes when the last mapping does: unmapped first here */
+    delete v;
+    return CUDA_SUCCESS;
+}
+
+static CUresult emu_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                             unsigned long long flags) {
+    LOCK;
+    vmm_handle *v = (vmm_handle *)(uintptr_t)h;
+    uintptr_t a = (uintptr_t)ptr;
+    if (!v || offset || flags || size != v->size || a % granule())
+        return vfail("cuMemMap", "%#llx: %zu bytes of a handle expected whole, at a granule", ptr, size);
+    if (reservation_of(a, size) == reserved.end())
+        return vfail("cuMemMap", "%#llx + %zu bytes is not inside a reservation", ptr, size);
+    auto m = mapped.lower_bound(a);
+    if ((m != mapped.end() && m->first < a + size) || (m != mapped.begin() && std::prev(m)->first + std::prev(m)->second > a))
+        return vfail("cuMemMap", "%#llx + %zu bytes overlaps a mapping", ptr, size);
+    if (mprotect((void *)a, size, PROT_READ | PROT_WRITE)) return CUDA_ERROR_OUT_OF_MEMORY;
+    memset((void *)a, 0xff, size);
+    mapped[a] = size;
+    return CUDA_SUCCESS;
+}
+
+static CUresult emu_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *d, size_t count) {
+    LOCK;
+    auto m = mapped.find((uintptr_t)ptr);
+    if (!d || count != 1 || d->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE || d->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        m == mapped.end() || m->second != size)
+        return vfail("cuMemSetAccess", "%#llx + %zu bytes: read-write access from a device to one mapping expected", ptr, size);
+    return CUDA_SUCCESS;
+}
+
+static CUresult emu_cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    LOCK;
+    auto m = mapped.find((uintptr_t)ptr);
+    if (m == mapped.end() || m->second != size)
+        return vfail("cuMemUnmap", "%#llx + %zu bytes is not one mapping", ptr, size);
+    mapped.erase(m);
+    /* queued work is not run first: as on a GPU, what still reads or writes it faults */
+    madvise((void *)ptr, size, MADV_DONTNEED);
+    mprotect((void *)ptr, size, PROT_NONE);
+    return CUDA_SUCCESS;
+}
+
+extern "C" cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
+                                                        unsigned long long flags,
+                                                        enum cudaDriverEntryPointQueryResult *status) {
+    static const struct { const char *name; void *f; } calls[] = {
+        {"cuMemGetAllocationGranularity", (void *)emu_cuMemGetAllocationGranularity},
+        {"cuMemAddressReserve", (void *)emu_cuMemAddressReserve},
+        {"cuMemAddressFree", (void *)emu_cuMemAddressFree},
+        {"cuMemCreate", (void *)emu_cuMemCreate},
+        {"cuMemRelease", (void *)emu_cuMemRelease},
+        {"cuMemMap", (void *)emu_cuMemMap},
+        {"cuMemSetAccess", (void *)emu_cuMemSetAccess},
+        {"cuMemUnmap", (void *)emu_cuMemUnmap},
+    };
+    (void)version;
+    (void)flags;
+    if (!symbol || !fn) return cudaErrorInvalidValue;
+    *fn = NULL;
+    for (const auto &c : calls)
+        if (!strcmp(symbol, c.name)) *fn = c.f;
+    if (status) *status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    return cudaSuccess;
+}
 
 extern "C" cudaError_t cudaGetLastError(void) {
     cudaError_t e = last_err;
