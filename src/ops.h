@@ -376,11 +376,11 @@ typedef struct dt_ops dt_ops;
 struct dt_ops {
     const char *name;                    /* "cpu", "cuda" */
     int         host_memory;             /* 1: device pointers are host pointers */
-    size_t      page_block;              /* an allocation of at least this many bytes starts
-                                          * on a multiple of it, its whole blocks are pages of
-                                          * that size that discard gives back whole (the cpu's
-                                          * huge pages, a GPU's granules of sparse memory);
-                                          * 0: no such blocks */
+    size_t      page_block;              /* an allocation of at least this many bytes (on a
+                                          * GPU, any from alloc_sparse) starts on a multiple of
+                                          * it, its whole blocks are pages of that size that
+                                          * discard gives back whole (the cpu's huge pages, a
+                                          * GPU's granules of sparse memory); 0: none */
 #define DT_OPS_DEVICE_MEMBER_(ret, name, params) ret (*name) params;
     DT_OPS_DEVICE(DT_OPS_DEVICE_MEMBER_)
 #undef DT_OPS_DEVICE_MEMBER_

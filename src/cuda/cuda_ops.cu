@@ -309,10 +309,11 @@ static dt_status sync_and_check(void) {
  * rank does not hold (ops discard) and brings them back before it touches them again
  * (ops populate). cudaMalloc'd memory cannot be given back in part; memory under the
  * driver's virtual memory management can. With it (the driver has the calls, and
- * DT_CUDA_VMM is not 0), an allocation of at least one granule (2 MiB on current GPUs)
- * reserves its address range and maps it granule by granule, each granule its own
- * physical allocation (cuMemCreate, cuMemMap), so the table's page_block is the
- * granule. discard unmaps and releases the whole granules inside a range, populate maps
+ * DT_CUDA_VMM is not 0), alloc_sparse (sharding's arrays: mem.h, dt_mem_alloc_part)
+ * reserves an address range of whole granules (2 MiB on current GPUs) and maps nothing;
+ * populate maps it granule by granule, each granule its own physical allocation
+ * (cuMemCreate, cuMemMap), so the table's page_block is the granule. Every other
+ * allocation is cudaMalloc'd as before. discard unmaps and releases the whole granules inside a range, populate maps
  * new ones where a range has none (their contents undefined, as ops.h allows).
  *
  * On a GPU an unmapped granule is an illegal address: populate is not a hint here, and
@@ -485,8 +486,8 @@ static dt_status vm_free_all(uintptr_t base, sparse &sp) {
     return st != DT_OK ? st : s2;
 }
 
-/* A sparse allocation of bytes (g.mu held), every granule mapped or none. */
-static dt_status vm_alloc(void **p, size_t bytes, int mapped) {
+/* A sparse allocation of bytes (g.mu held), nothing mapped. */
+static dt_status vm_alloc(void **p, size_t bytes) {
     sparse sp = {};
     sp.n = (bytes + vm.gran - 1) / vm.gran;
     sp.bytes = sp.n * vm.gran;
@@ -502,18 +503,13 @@ static dt_status vm_alloc(void **p, size_t bytes, int mapped) {
         free(sp.when);
         return st;
     }
-    for (size_t i = 0; i < sp.n && st == DT_OK && mapped; i++) st = vm_map_one((uintptr_t)a, sp, i);
-    if (st != DT_OK) {
-        vm_free_all((uintptr_t)a, sp);
-        return st;
-    }
     (*vm.all)[(uintptr_t)a] = sp;
     *p = (void *)(uintptr_t)a;
     return DT_OK;
 }
 
-/* Device memory: sparse from one granule on (mapped, or with sparse set nothing mapped
- * yet), cudaMalloc'd below that or without the driver's calls. */
+/* Device memory: cudaMalloc'd, or with sparse set (and the driver's calls) a sparse
+ * allocation with nothing mapped yet. */
 static dt_status alloc_dev(void **p, size_t bytes, int sparse) {
     if (!p) return dt_error(DT_ERR_INVALID, "cuda alloc: NULL result pointer");
     *p = NULL;
@@ -522,8 +518,8 @@ static dt_status alloc_dev(void **p, size_t bytes, int sparse) {
     {
         std::lock_guard<std::mutex> l(g.mu);
         vm_probe();
-        if (vm.on == 1 && (bytes >= vm.gran || sparse)) {
-            dt_status st = vm_alloc(p, bytes, !sparse);
+        if (vm.on == 1 && sparse) {
+            dt_status st = vm_alloc(p, bytes);
             if (st == DT_OK || st != DT_ERR_NOMEM) return st;
             dt_error_clear();   /* fall back: cudaMalloc below says how much is free */
         }
