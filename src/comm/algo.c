@@ -26,6 +26,7 @@
 #include "comm_impl.h"
 #include "reduce.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,12 +54,20 @@ static dt_status xchg(const dt_p2p *p, const dt_call *call, int dst, const void 
 static _Thread_local char  *tmp_keep;
 static _Thread_local size_t tmp_keep_n;
 static _Thread_local int    tmp_keep_taken;
+static pthread_key_t  tmp_key;      /* the same pointer, freed when its thread exits */
+static pthread_once_t tmp_once = PTHREAD_ONCE_INIT;
+static int            tmp_key_ok;
+
+static void tmp_key_make(void) { tmp_key_ok = pthread_key_create(&tmp_key, free) == 0; }
 
 static void *tmp_alloc(size_t bytes) {
     if (bytes < TMP_KEEP || tmp_keep_taken) return malloc(bytes ? bytes : 1);
+    pthread_once(&tmp_once, tmp_key_make);
+    if (!tmp_key_ok) return malloc(bytes);
     if (tmp_keep_n < bytes) {
         free(tmp_keep);
         tmp_keep_n = (tmp_keep = malloc(bytes)) ? bytes : 0;
+        pthread_setspecific(tmp_key, tmp_keep);
         if (!tmp_keep) return NULL;
     }
     tmp_keep_taken = 1;
