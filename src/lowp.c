@@ -111,7 +111,6 @@ dt_status dt_lowp_round_layer(dt_lowp *lp, const dt_ops *ops, const dt_layer *L,
 
 dt_status dt_lowp_prepare(dt_lowp *lp, const dt_ops *ops, const float *params, size_t lo, size_t hi) {
     if (!lp || lp->fresh) return DT_OK;
-    DT_TRY(wcopy_need(lp, ops));
     for (int i = 0; i < lp->spec->n; i++)
         DT_TRY(dt_lowp_round_layer(lp, ops, &lp->spec->layers[i], params, NULL, lo, hi));
     lp->fresh = 1;

@@ -286,8 +286,9 @@ if [ $nccl_build = 1 ]; then
     for prec in fp32 bf16; do
         shard2 ref-$prec --precision $prec --shard none
         ok $? "gpt on 2 emulated ranks, $prec, --shard none"
-        for mode in optim grads params in-place tcp recompute; do
+        for mode in optim grads params in-place tcp recompute cudamalloc; do
             case $mode in
+            cudamalloc) DT_CUDA_VMM=0 shard2 $mode-$prec --precision $prec --shard params --shard-unit-mb 0.001 ;;
             recompute) shard2 $mode-$prec --precision $prec --shard params --shard-unit-mb 0.001 --recompute \
                 --backward-prefetch post ;;
             in-place) DT_SHARD_POOL=0 shard2 $mode-$prec --precision $prec --shard params --shard-unit-mb 0.001 ;;
@@ -301,6 +302,7 @@ if [ $nccl_build = 1 ]; then
             in-place) what="--shard params gathering in place (DT_SHARD_POOL=0)" ;;
             tcp) what="--shard params over the tcp backend (staged through host memory, in place)" ;;
             recompute) what="--shard params --recompute --backward-prefetch post" ;;
+            cudamalloc) what="--shard params with DT_CUDA_VMM=0 (cudaMalloc'd arrays: nothing given back)" ;;
             *) what="--shard $mode" ;;
             esac
             ok $same "$prec: $what gives bitwise the weights of --shard none on the emulated GPUs"

@@ -312,9 +312,9 @@ static dt_status sync_and_check(void) {
  * DT_CUDA_VMM is not 0), alloc_sparse (sharding's arrays: mem.h, dt_mem_alloc_part)
  * reserves an address range of whole granules (2 MiB on current GPUs) and maps nothing;
  * populate maps it granule by granule, each granule its own physical allocation
- * (cuMemCreate, cuMemMap), so the table's page_block is the granule. Every other
- * allocation is cudaMalloc'd as before. discard unmaps and releases the whole granules inside a range, populate maps
- * new ones where a range has none (their contents undefined, as ops.h allows).
+ * (cuMemCreate, cuMemMap; contents undefined, as ops.h allows), so the table's
+ * page_block is the granule. discard unmaps and releases the whole granules inside a
+ * range. Every other allocation is cudaMalloc'd as before.
  *
  * On a GPU an unmapped granule is an illegal address: populate is not a hint here, and
  * whoever discarded a range populates it before touching it again. Work already queued
@@ -334,7 +334,7 @@ typedef CUresult (*fn_unmap)(CUdeviceptr, size_t);
 
 enum { G_UNMAPPED = 0, G_MAPPED, G_LEAVING };   /* a granule's state; LEAVING: released at its event */
 struct sparse {
-    size_t bytes, n;                       /* the reservation: n granules */
+    size_t n;                              /* the reservation: n granules */
     CUmemGenericAllocationHandle *h;
     unsigned char *state;
     uint64_t *when;                        /* LEAVING: the discard that let it go */
@@ -343,6 +343,7 @@ struct leaving {                           /* one discard's granules, released a
     cudaEvent_t ev;
     uint64_t seq;
     uintptr_t base;
+    size_t i0, i1;                         /* the granules [i0, i1) it let go */
 };
 static struct {
     int            on;                     /* -1: not probed yet */
@@ -371,19 +372,15 @@ static void vm_probe(void) {
 #if CUDART_VERSION < 12050   /* cudaGetDriverEntryPointByVersion: CUDA 12.5 on */
     return;
 #else
+    fn_granularity granularity = NULL;
     struct { const char *name; void **fn; } want[] = {
+        {"cuMemGetAllocationGranularity", (void **)&granularity},
         {"cuMemAddressReserve", (void **)&vm.reserve}, {"cuMemAddressFree", (void **)&vm.addr_free},
         {"cuMemCreate", (void **)&vm.create},          {"cuMemRelease", (void **)&vm.release},
         {"cuMemMap", (void **)&vm.map},                {"cuMemSetAccess", (void **)&vm.access},
         {"cuMemUnmap", (void **)&vm.unmap},
     };
-    fn_granularity granularity = NULL;
     cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAllocationGranularity", (void **)&granularity, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || !granularity) {
-        cudaGetLastError();
-        return;
-    }
     for (auto &w : want)
         if (cudaGetDriverEntryPointByVersion(w.name, w.fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
             q != cudaDriverEntryPointSuccess || !*w.fn) {
@@ -456,7 +453,7 @@ static dt_status vm_settle(int wait) {
         auto it = vm.all->find(l.base);
         if (it == vm.all->end()) continue;
         sparse &sp = it->second;
-        for (size_t j = 0; j < sp.n; j++)
+        for (size_t j = l.i0; j < l.i1; j++)
             if (sp.state[j] == G_LEAVING && sp.when[j] == l.seq && st == DT_OK) st = vm_unmap_one(l.base, sp, j);
     }
     vm.pend->resize(k);
@@ -469,7 +466,13 @@ static std::pair<const uintptr_t, sparse> *vm_find(uintptr_t a, size_t n) {
     auto it = vm.all->upper_bound(a);
     if (it == vm.all->begin()) return NULL;
     --it;
-    return a + n <= it->first + it->second.bytes ? &*it : NULL;
+    return a + n <= it->first + it->second.n * vm.gran ? &*it : NULL;
+}
+
+static void vm_free_arrays(sparse &sp) {
+    free(sp.h);
+    free(sp.state);
+    free(sp.when);
 }
 
 static dt_status vm_free_all(uintptr_t base, sparse &sp) {
@@ -479,10 +482,8 @@ static dt_status vm_free_all(uintptr_t base, sparse &sp) {
             dt_status s2 = vm_unmap_one(base, sp, i);
             if (st == DT_OK) st = s2;
         }
-    dt_status s2 = cu_drv(vm.addr_free((CUdeviceptr)base, sp.bytes), "cuMemAddressFree");
-    free(sp.h);
-    free(sp.state);
-    free(sp.when);
+    dt_status s2 = cu_drv(vm.addr_free((CUdeviceptr)base, sp.n * vm.gran), "cuMemAddressFree");
+    vm_free_arrays(sp);
     return st != DT_OK ? st : s2;
 }
 
@@ -490,17 +491,14 @@ static dt_status vm_free_all(uintptr_t base, sparse &sp) {
 static dt_status vm_alloc(void **p, size_t bytes) {
     sparse sp = {};
     sp.n = (bytes + vm.gran - 1) / vm.gran;
-    sp.bytes = sp.n * vm.gran;
     sp.h = (CUmemGenericAllocationHandle *)calloc(sp.n, sizeof *sp.h);
     sp.state = (unsigned char *)calloc(sp.n, 1);
     sp.when = (uint64_t *)calloc(sp.n, sizeof *sp.when);
     CUdeviceptr a = 0;
     dt_status st = sp.h && sp.state && sp.when ? DT_OK : dt_error(DT_ERR_NOMEM, "cuda alloc: out of host memory");
-    if (st == DT_OK) st = cu_drv(vm.reserve(&a, sp.bytes, vm.gran, 0, 0), "cuMemAddressReserve");
+    if (st == DT_OK) st = cu_drv(vm.reserve(&a, sp.n * vm.gran, vm.gran, 0, 0), "cuMemAddressReserve");
     if (st != DT_OK) {
-        free(sp.h);
-        free(sp.state);
-        free(sp.when);
+        vm_free_arrays(sp);
         return st;
     }
     (*vm.all)[(uintptr_t)a] = sp;
@@ -574,7 +572,7 @@ static dt_status vm_discard(uintptr_t base, sparse &sp, size_t a, size_t b) {
     int any = 0;
     for (size_t i = i0; i < i1; i++) any |= sp.state[i] == G_MAPPED;
     if (!any) return vm_settle(0);
-    leaving lv = {NULL, ++vm.seq, base};
+    leaving lv = {NULL, ++vm.seq, base, i0, i1};
     DT_CU(cudaEventCreateWithFlags(&lv.ev, cudaEventDisableTiming));
     cudaError_t e = cudaEventRecord(lv.ev, g.stream);
     if (e != cudaSuccess) {
@@ -620,7 +618,6 @@ static dt_status cu_small_pages(void *p, size_t bytes) {
     (void)bytes;
     return DT_OK;
 }
-
 
 static dt_status cu_zero(void *p, size_t bytes) {
     if (bytes == 0) return DT_OK;

@@ -684,7 +684,7 @@ static size_t granule(void) {
     }
     return g;
 }
-struct vmm_handle { size_t size; int device; };
+struct vmm_handle { size_t size; };
 static std::map<uintptr_t, size_t> reserved;          /* start -> bytes */
 static std::map<uintptr_t, size_t> mapped;            /* start -> bytes */
 
@@ -755,7 +755,7 @@ static CUresult emu_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, co
         prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id != cur_dev)
         return vfail("cuMemCreate", "%zu bytes on device %d: expected a multiple of the granularity on the current "
                      "device %d", size, prop ? prop->location.id : -1, cur_dev);
-    *h = (CUmemGenericAllocationHandle)(uintptr_t) new vmm_handle{size, cur_dev};
+    *h = (CUmemGenericAllocationHandle)(uintptr_t) new vmm_handle{size};
     device_bytes += size;
     return CUDA_SUCCESS;
 }
