@@ -21,23 +21,41 @@
 
 /* ---- the registry ---- */
 
+/* The switch `name`: unset or empty leaves *on; "0" or "1" sets it. */
+static dt_status env_switch(const char *name, int *on) {
+    const char *v = getenv(name);
+    if (!v || !*v) return DT_OK;
+    if (strcmp(v, "0") && strcmp(v, "1")) return dt_error(DT_ERR_INVALID, "%s='%s': expected 0 or 1", name, v);
+    *on = v[0] == '1';
+    return DT_OK;
+}
+
+/* The decimal count `name` in [lo, hi] into *n (unset or empty: left alone); `what`
+ * says what it counts in the error. */
+static dt_status env_count(const char *name, unsigned long lo, unsigned long hi, const char *what, unsigned long *n) {
+    const char *v = getenv(name);
+    if (!v || !*v) return DT_OK;
+    char *end = NULL;
+    errno = 0;
+    unsigned long x = strtoul(v, &end, 10);
+    if (errno || *end || v[0] < '0' || v[0] > '9' || x < lo || x > hi)
+        return dt_error(DT_ERR_INVALID, "%s='%s': expected %s from %lu to %lu", name, v, what, lo, hi);
+    *n = x;
+    return DT_OK;
+}
+
 dt_status dt_device_opts_env(dt_device_opts *o) {
-    const char *v = getenv("DT_CUDA_SYNC");
-    if (v && *v) {
-        if (strcmp(v, "0") && strcmp(v, "1"))
-            return dt_error(DT_ERR_INVALID, "DT_CUDA_SYNC='%s': expected 0 or 1", v);
-        o->sync = v[0] == '1';
-    }
-    v = getenv("DT_CU_MAX_BLOCKS");
-    if (v && *v) {
-        char *end = NULL;
-        errno = 0;
-        unsigned long n = strtoul(v, &end, 10);
-        if (errno || *end || v[0] == '-' || n < 1 || n > 0x7fffffffUL)
-            return dt_error(DT_ERR_INVALID, "DT_CU_MAX_BLOCKS='%s': expected a block count from 1 to 2147483647", v);
-        o->max_blocks = (unsigned)n;
-    }
-    v = getenv("DT_CPU_GEMM");
+    DT_TRY(env_switch("DT_CUDA_SYNC", &o->sync));
+    unsigned long n = 0;
+    DT_TRY(env_count("DT_CU_MAX_BLOCKS", 1, 0x7fffffffUL, "a block count", &n));
+    if (n) o->max_blocks = (unsigned)n;
+    int vmm = !o->no_vmm;
+    DT_TRY(env_switch("DT_CUDA_VMM", &vmm));
+    o->no_vmm = !vmm;
+    n = (unsigned long)-1;
+    DT_TRY(env_count("DT_CUDA_CONV_CACHE_MB", 0, 1UL << 30, "a size in MiB", &n));
+    if (n != (unsigned long)-1) o->conv_cache_mb = n ? (long long)n : -1;
+    const char *v = getenv("DT_CPU_GEMM");
     if (v && *v) {
         if (strcmp(v, "own") && strcmp(v, "openblas"))
             return dt_error(DT_ERR_INVALID, "DT_CPU_GEMM='%s': expected own or openblas", v);
@@ -56,11 +74,7 @@ dt_status dt_ops_describe(const dt_ops *ops, char *buf, size_t n) {
 }
 
 void dt_ops_reset_peak(const dt_ops *ops) {
-#ifdef DT_HAVE_CUDA
-    if (ops && !strcmp(ops->name, "cuda")) dt_cuda_reset_peak_memory();
-#else
-    (void)ops;
-#endif
+    if (ops && ops->memory) ops->memory(NULL, NULL, 1);
 }
 
 const dt_ops *dt_ops_get_ex(const char *device, const dt_device_opts *opts) {
@@ -80,6 +94,7 @@ const dt_ops *dt_ops_get_ex(const char *device, const dt_device_opts *opts) {
     }
     if (strcmp(device, "cuda") == 0) {
 #ifdef DT_HAVE_CUDA
+        dt_cuda_set_memory_opts(!opts->no_vmm, opts->conv_cache_mb);   /* before the table's page_block is set */
         const dt_ops *t = dt_ops_cuda(opts->index, opts->allow_tf32);   /* NULL with the backend's own message */
         if (t && dt_cuda_set_debug(opts->sync, opts->max_blocks) != DT_OK) return NULL;
         return t;

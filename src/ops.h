@@ -385,9 +385,11 @@ struct dt_ops {
     DT_OPS_DEVICE(DT_OPS_DEVICE_MEMBER_)
 #undef DT_OPS_DEVICE_MEMBER_
     /* device memory held now and at most so far, in bytes (as torch.cuda's
-     * memory_allocated / max_memory_allocated); the one optional member: NULL when the
-     * device does not track it (cpu: the process's resident memory tells instead) */
-    void      (*memory)(size_t *current, size_t *peak);
+     * memory_allocated / max_memory_allocated; either pointer may be NULL), after the
+     * peak starts again from the current when reset_peak is 1; the one optional member:
+     * NULL when the device does not track it (cpu: the process's resident memory tells
+     * instead) */
+    void      (*memory)(size_t *current, size_t *peak, int reset_peak);
 #define DT_OPS_MEMBER_(name, params) dt_status (*name) params;
     DT_OPS(DT_OPS_MEMBER_)
 #undef DT_OPS_MEMBER_
@@ -425,18 +427,29 @@ typedef struct {
     int      openblas_gemm; /* cpu: 1: every GEMM through OpenBLAS; 0: dtrain's own AVX-512
                            * GEMM where the CPU has AVX-512 F (OpenBLAS elsewhere). The
                            * choice holds for the process until the cpu is opened again */
+    int      no_vmm;      /* cuda: 1: alloc_sparse is a plain cudaMalloc (page_block 0:
+                           * sharding gives nothing back); 0: the driver's virtual memory
+                           * management where it has the calls. Allocations keep the kind
+                           * they were made with; the choice holds until the next opening */
+    long long conv_cache_mb; /* cuda: the convolution's im2col columns kept from forward for
+                           * backward, at most this many MiB; < 0: none kept; 0: the
+                           * backend's default (the smaller of 1 GiB and a sixteenth of the
+                           * device) */
 } dt_device_opts;
 
-/* Fill the debugging fields of *o from the environment: DT_CUDA_SYNC=1 (sync),
- * DT_CU_MAX_BLOCKS=N (max_blocks, N >= 1) and DT_CPU_GEMM=own|openblas
- * (openblas_gemm); the others are left alone. A malformed
- * value is DT_ERR_INVALID naming the variable. */
+/* Fill the debugging and tuning fields of *o from the environment: DT_CUDA_SYNC=0|1
+ * (sync), DT_CU_MAX_BLOCKS=N (max_blocks, N >= 1), DT_CPU_GEMM=own|openblas
+ * (openblas_gemm), DT_CUDA_VMM=0|1 (no_vmm: 0 sets it) and DT_CUDA_CONV_CACHE_MB=N
+ * (conv_cache_mb, MiB; 0 keeps no columns); the others are left alone. An unset or
+ * empty variable changes nothing; a malformed value is DT_ERR_INVALID naming the
+ * variable. */
 DT_API dt_status dt_device_opts_env(dt_device_opts *o);
 
 /* One line about the device behind `ops` ("device 0: NVIDIA H200 (sm_90, 132 SMs, ...),
  * driver 13.0, runtime 13.0, cuBLAS 13.0.2") into buf; "" for the cpu. */
 DT_API dt_status dt_ops_describe(const dt_ops *ops, char *buf, size_t n);
-/* The device's peak memory (ops memory) starts again from what it holds now. */
+/* The device's peak memory (ops memory) starts again from what it holds now; nothing
+ * for a device that does not track its memory. */
 DT_API void      dt_ops_reset_peak(const dt_ops *ops);
 
 /* The CPU backend (OpenBLAS kept single-threaded + OpenMP over fixed blocks). */

@@ -949,7 +949,7 @@ static dt_status rank_report(trainer *t, int64_t done, int epoch) {
     mine[5] = (double)ru.ru_maxrss / 1024.0;
     if (t->ops->memory) {   /* a device that tracks its memory: its peak, as torch.cuda does */
         size_t cur = 0, peak = 0;
-        t->ops->memory(&cur, &peak);
+        t->ops->memory(&cur, &peak, 0);
         mine[5] = (double)peak / 1048576.0;
     }
     mine[6] = (double)(done * t->k * t->b);

@@ -160,6 +160,11 @@ if [ $cuda_build = 1 ]; then
     emu1 badcap DT_CU_MAX_BLOCKS=0
     [ $? -eq 2 ] && grep -q "DT_CU_MAX_BLOCKS='0'" "$TMP/badcap.out"
     ok $? "DT_CU_MAX_BLOCKS=0 is bad input (exit 2), naming the variable"
+    for v in DT_CUDA_VMM=yes DT_CUDA_CONV_CACHE_MB=64M; do
+        emu1 badmem "$v"
+        [ $? -eq 2 ] && grep -q "${v%%=*}='${v#*=}'" "$TMP/badmem.out"
+        ok $? "$v is bad input (exit 2), naming the variable"
+    done
     emu1 async DT_GPU_EMU_FAULT=k_bias_add
     rc=$?
     [ $rc -eq 1 ] && ! grep -q "k_bias_add" "$TMP/async.out"

@@ -280,7 +280,7 @@ static void real_conv(tc_run *r) {
 }
 
 /* Backward with the forward's kept columns and with columns rebuilt (nothing kept:
- * DT_CUDA_CONV_CACHE_MB=0) on two copies of one input; then an input freed after its
+ * dt_cuda_set_memory_opts(1, -1)) on two copies of one input; then an input freed after its
  * forward and a new one, likely at the same address, with other data: backward must
  * not take the old columns. */
 static void real_conv_kept(tc_run *r) {
@@ -296,10 +296,10 @@ static void real_conv_kept(tc_run *r) {
     TC(r, r->ops->conv2d_backward(&d, dxa, dwa, NULL, dy, xa, w));
     float *dxb = tc_out(r, nx * sizeof(float), 1, TC_GEMM, "dx (columns rebuilt)");
     float *dwb = tc_out(r, nw * sizeof(float), 1, TC_GEMM, "dw (columns rebuilt)");
-    setenv("DT_CUDA_CONV_CACHE_MB", "0", 1);
+    dt_cuda_set_memory_opts(1, -1);   /* keep none */
     TC(r, r->ops->conv2d_forward(&d, y, xb, w, NULL, 0));
     TC(r, r->ops->conv2d_backward(&d, dxb, dwb, NULL, dy, xb, w));
-    unsetenv("DT_CUDA_CONV_CACHE_MB");
+    dt_cuda_set_memory_opts(1, 0);
     /* freed and allocated again: outside the case's buffer list, freed here */
     float *xc = NULL, *xd = NULL;
     TC(r, r->ops->alloc((void **)&xc, nx * sizeof(float)));
@@ -413,7 +413,7 @@ static void test_errors(void) {
 static void test_sparse(void) {
     size_t pb = G->page_block, before = dt_cuda_memory_allocated();
     if (!pb) {
-        skip(6, "no sparse memory here (page_block 0: the driver lacks the calls, or DT_CUDA_VMM=0)");
+        skip(10, "no sparse memory here (page_block 0: the driver lacks the calls, or DT_CUDA_VMM=0)");
         return;
     }
     ok((pb & (pb - 1)) == 0 && pb >= 4096, "page_block is a granule of %zu bytes", pb);
@@ -442,7 +442,19 @@ static void test_sparse(void) {
     MUST(G->copy_d2h(&got[1], a + n - 1, sizeof(float)));
     ok(got[0] == 3.0f && got[1] == 5.0f, "a granule kept keeps its data; one mapped again holds what is written (%g %g)",
        (double)got[0], (double)got[1]);
+    /* turned off (dtrain: DT_CUDA_VMM=0), from the next opening on alloc_sparse is a
+     * whole allocation; one made before keeps its kind and is freed as one */
+    dt_cuda_set_memory_opts(0, 0);
+    ok(dt_ops_cuda(0, 0) == G && G->page_block == 0, "sparse memory turned off: the table's page_block is 0");
+    size_t mid = dt_cuda_memory_allocated();
+    float *b = NULL;
+    MUST(G->alloc_sparse((void **)&b, 4 * pb));
+    is_int((long long)(dt_cuda_memory_allocated() - mid), (long long)(4 * pb), "and alloc_sparse maps all its bytes at once");
+    G->free(b);
     G->free(a);
+    is_int((long long)dt_cuda_memory_allocated(), (long long)before, "the sparse allocation made before is freed as one");
+    dt_cuda_set_memory_opts(1, 0);
+    ok(dt_ops_cuda(0, 0) == G && G->page_block == pb, "turned on again, page_block is the granule again");
 }
 
 static void test_memory(void) {
@@ -462,6 +474,14 @@ static void test_memory(void) {
     is_int((long long)dt_cuda_memory_allocated(), (long long)before, "and forgets it when freed");
     dt_cuda_reset_peak_memory();
     is_int((long long)dt_cuda_max_memory_allocated(), (long long)before, "reset_peak_memory sets the peak to the current");
+    MUST(G->alloc(&q, 1u << 20));
+    G->free(q);
+    size_t cur = 0, peak = 0;
+    G->memory(&cur, &peak, 0);
+    ok(cur == before && peak == before + (1u << 20), "the table's memory: current and peak (%zu, %zu)", cur, peak);
+    dt_ops_reset_peak(G);
+    G->memory(&cur, &peak, 0);
+    ok(cur == before && peak == before, "dt_ops_reset_peak starts the peak again from the current, through it");
     test_sparse();
     void *h = NULL;
     is_int(G->host_alloc(&h, 1 << 16), DT_OK, "pinned host memory");
@@ -539,8 +559,12 @@ int main(void) {
         is_str(G->name, "cuda", "the cuda table is named cuda");
         if (emulated) diag("DT_CUDA_TEST_EMU: the kernels run on the CPU (tests/gpu_emu.sh)");
         dt_device_opts o = {.index = 0, .allow_tf32 = 0};
-        MUST(dt_device_opts_env(&o));   /* DT_CUDA_SYNC, DT_CU_MAX_BLOCKS */
-        if (emulated) MUST(dt_cuda_set_debug(o.sync, o.max_blocks));   /* libdtrain may have no CUDA backend */
+        MUST(dt_device_opts_env(&o));   /* DT_CUDA_SYNC, DT_CU_MAX_BLOCKS, DT_CUDA_VMM, ... */
+        if (emulated) {   /* libdtrain may have no CUDA backend: what dt_ops_get_ex does */
+            MUST(dt_cuda_set_debug(o.sync, o.max_blocks));
+            dt_cuda_set_memory_opts(!o.no_vmm, o.conv_cache_mb);
+            G = dt_ops_cuda(0, 0);
+        }
         else ok(dt_ops_get_ex("cuda", &o) == G && dt_ops_get("cuda") == G,
                 "dt_ops_get_ex and dt_ops_get give the cuda table");
         if (o.max_blocks) diag("DT_CU_MAX_BLOCKS=%u: grid-stride kernels run on at most that many blocks", o.max_blocks);

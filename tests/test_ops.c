@@ -631,6 +631,35 @@ static void test_tensor(void) {
     ok(dt_device_opts_env(&e) == DT_ERR_INVALID && strstr(dt_last_error(), "DT_CUDA_SYNC='yes'"),
        "DT_CUDA_SYNC=yes is refused, naming it");
     unsetenv("DT_CUDA_SYNC");
+    /* the CUDA memory switches: sparse allocations and the convolution's kept columns */
+    dt_device_opts m = {0};
+    ok(dt_device_opts_env(&m) == DT_OK && m.no_vmm == 0 && m.conv_cache_mb == 0,
+       "unset, DT_CUDA_VMM and DT_CUDA_CONV_CACHE_MB leave the defaults (0)");
+    setenv("DT_CUDA_VMM", "0", 1);
+    setenv("DT_CUDA_CONV_CACHE_MB", "0", 1);
+    ok(dt_device_opts_env(&m) == DT_OK && m.no_vmm == 1 && m.conv_cache_mb < 0,
+       "DT_CUDA_VMM=0 sets no_vmm; DT_CUDA_CONV_CACHE_MB=0 keeps no columns (conv_cache_mb < 0)");
+    setenv("DT_CUDA_VMM", "1", 1);
+    setenv("DT_CUDA_CONV_CACHE_MB", "64", 1);
+    ok(dt_device_opts_env(&m) == DT_OK && m.no_vmm == 0 && m.conv_cache_mb == 64,
+       "DT_CUDA_VMM=1 clears it; DT_CUDA_CONV_CACHE_MB=64 is 64 MiB");
+    const char *badvmm[] = {"yes", "2", "off", " 1"};
+    for (int i = 0; i < 4; i++) {
+        setenv("DT_CUDA_VMM", badvmm[i], 1);
+        char want[64];
+        snprintf(want, sizeof want, "DT_CUDA_VMM='%s'", badvmm[i]);
+        ok(dt_device_opts_env(&m) == DT_ERR_INVALID && strstr(dt_last_error(), want) && m.no_vmm == 0,
+           "DT_CUDA_VMM='%s' is refused, naming it, and changes nothing", badvmm[i]);
+    }
+    unsetenv("DT_CUDA_VMM");
+    const char *badcache[] = {"-1", "1.5", "64M", "x", "9999999999999"};
+    for (int i = 0; i < 5; i++) {
+        setenv("DT_CUDA_CONV_CACHE_MB", badcache[i], 1);
+        ok(dt_device_opts_env(&m) == DT_ERR_INVALID && strstr(dt_last_error(), "DT_CUDA_CONV_CACHE_MB") &&
+               m.conv_cache_mb == 64,
+           "DT_CUDA_CONV_CACHE_MB='%s' is refused, naming it, and changes nothing", badcache[i]);
+    }
+    unsetenv("DT_CUDA_CONV_CACHE_MB");
     char about[64] = "x";
     ok(dt_ops_describe(ops, about, sizeof about) == DT_OK && about[0] == 0, "dt_ops_describe of the cpu is empty");
     is_int(ops->set_threads(0), DT_ERR_INVALID, "set_threads(0) is rejected");

@@ -118,6 +118,9 @@ dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K
  * the results equal). */
 #define DT_CU_MAX_BLOCKS (65535u * 8u)
 extern unsigned dt_cu_max_blocks;
+/* The cap on the convolution's kept columns (dt_cuda_set_memory_opts): > 0 MiB, < 0
+ * none, 0 the default. */
+extern long long dt_cu_conv_cache_mb;
 static inline unsigned dt_cu_blocks(size_t n) {
     size_t b = (n + DT_CU_THREADS - 1) / DT_CU_THREADS;
     if (b < 1) b = 1;

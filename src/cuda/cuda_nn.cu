@@ -66,7 +66,7 @@ static int conv_group(const dt_conv2d_desc *d) {
 /* -- the columns of a forward, kept for the backward of the same input --
  * conv2d_backward is given the forward's x (ops.h), so columns built from the same
  * address with the same descriptor are the ones backward would build again. At most
- * `budget` bytes are kept (DT_CUDA_CONV_CACHE_MB, default the smaller of 1 GiB and a
+ * `budget` bytes are kept (dt_cuda_set_memory_opts, DT_CUDA_CONV_CACHE_MB for dtrain; default the smaller of 1 GiB and a
  * sixteenth of the device); the least recently used go first, and the columns of an
  * input go when its buffer is freed (dt_cu_conv_forget, from the table's free). */
 struct conv_cols {
@@ -84,12 +84,11 @@ static struct {
     uint64_t               tick;
 } cc;
 
-/* Called with cc.mu held. The variable is read at every call, the device's size once. */
+/* Called with cc.mu held. The setting is read at every call, the device's size once. */
 static size_t cols_budget(void) {
-    const char *e = getenv("DT_CUDA_CONV_CACHE_MB");
-    char *end = NULL;
-    unsigned long long mb = e ? strtoull(e, &end, 10) : 0;
-    if (e && end != e && *end == 0) return (size_t)mb << 20;
+    const long long mb = dt_cu_conv_cache_mb;
+    if (mb < 0) return 0;
+    if (mb > 0) return (size_t)mb << 20;
     if (!cc.have_budget) {
         size_t fr = 0, tot = 0;
         cc.budget = (size_t)1 << 30;

@@ -309,7 +309,7 @@ static dt_status sync_and_check(void) {
  * rank does not hold (ops discard) and brings them back before it touches them again
  * (ops populate). cudaMalloc'd memory cannot be given back in part; memory under the
  * driver's virtual memory management can. With it (the driver has the calls, and
- * DT_CUDA_VMM is not 0), alloc_sparse (sharding's arrays: mem.h, dt_mem_alloc_part)
+ * dt_cuda_set_memory_opts did not turn it off: DT_CUDA_VMM=0 for dtrain), alloc_sparse (sharding's arrays: mem.h, dt_mem_alloc_part)
  * reserves an address range of whole granules (2 MiB on current GPUs) and maps nothing;
  * populate maps it granule by granule, each granule its own physical allocation
  * (cuMemCreate, cuMemMap; contents undefined, as ops.h allows), so the table's
@@ -347,6 +347,7 @@ struct leaving {                           /* one discard's granules, released a
 };
 static struct {
     int            on;                     /* -1: not probed yet */
+    int            want;                   /* dt_cuda_set_memory_opts: new sparse allocations use it */
     size_t         gran;
     CUmemAllocationProp prop;
     fn_reserve reserve; fn_addr_free addr_free; fn_create create; fn_release release;
@@ -354,7 +355,7 @@ static struct {
     std::map<uintptr_t, sparse> *all;      /* by start address */
     std::vector<leaving> *pend;
     uint64_t       seq;
-} vm = {-1, 0, {}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+} vm = {-1, 1, 0, {}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 
 static dt_status cu_drv(CUresult r, const char *call) {
     if (r == CUDA_SUCCESS) return DT_OK;
@@ -367,8 +368,6 @@ static dt_status cu_drv(CUresult r, const char *call) {
 static void vm_probe(void) {
     if (vm.on >= 0) return;
     vm.on = 0;
-    const char *e = getenv("DT_CUDA_VMM");
-    if (e && strcmp(e, "0") == 0) return;
 #if CUDART_VERSION < 12050   /* cudaGetDriverEntryPointByVersion: CUDA 12.5 on */
     return;
 #else
@@ -398,6 +397,16 @@ static void vm_probe(void) {
     vm.pend = new std::vector<leaving>();
     vm.on = 1;
 #endif
+}
+
+long long dt_cu_conv_cache_mb = 0;
+
+extern "C" void dt_cuda_set_memory_opts(int vmm, long long conv_cache_mb) {
+    {
+        std::lock_guard<std::mutex> l(g.mu);
+        vm.want = vmm != 0;
+    }
+    dt_cu_conv_cache_mb = conv_cache_mb;
 }
 
 /* Granule i of sp (at base) mapped: a physical allocation of its own. */
@@ -516,7 +525,7 @@ static dt_status alloc_dev(void **p, size_t bytes, int sparse) {
     {
         std::lock_guard<std::mutex> l(g.mu);
         vm_probe();
-        if (vm.on == 1 && sparse) {
+        if (vm.on == 1 && vm.want && sparse) {
             dt_status st = vm_alloc(p, bytes);
             if (st == DT_OK || st != DT_ERR_NOMEM) return st;
             dt_error_clear();   /* fall back: cudaMalloc below says how much is free */
@@ -666,7 +675,8 @@ static dt_status cu_host_alloc(void **p, size_t bytes) {
     return DT_OK;
 }
 
-static void cu_memory(size_t *current, size_t *peak) {
+static void cu_memory(size_t *current, size_t *peak, int reset_peak) {
+    if (reset_peak) dt_cuda_reset_peak_memory();
     if (current) *current = dt_cuda_memory_allocated();
     if (peak) *peak = dt_cuda_max_memory_allocated();
 }
@@ -777,7 +787,7 @@ extern "C" const dt_ops *dt_ops_cuda(int index, int allow_tf32) {
     {
         std::lock_guard<std::mutex> l(g.mu);
         vm_probe();
-        cuda_table.page_block = vm.on == 1 ? vm.gran : 0;
+        cuda_table.page_block = vm.on == 1 && vm.want ? vm.gran : 0;
     }
     return &cuda_table;
 }

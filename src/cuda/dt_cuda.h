@@ -87,6 +87,13 @@ DT_API void      dt_cuda_reset_peak_memory(void);
  * faulted; max_blocks > 0 caps the grid of the grid-stride kernels (0: the default cap),
  * which must not change any result. */
 DT_API dt_status dt_cuda_set_debug(int sync, unsigned max_blocks);
+/* Memory (dt_device_opts: DT_CUDA_VMM, DT_CUDA_CONV_CACHE_MB): vmm = 0 makes alloc_sparse
+ * a plain cudaMalloc and the table's page_block 0 from the next dt_ops_cuda on (1, the
+ * default: the driver's virtual memory management where it has the calls); allocations
+ * made before keep their kind. conv_cache_mb caps the im2col columns kept from a
+ * convolution's forward for its backward: > 0 MiB, < 0 none, 0 the default (the smaller
+ * of 1 GiB and a sixteenth of the device). Callable before the context exists. */
+DT_API void      dt_cuda_set_memory_opts(int vmm, long long conv_cache_mb);
 /* "device D: NAME (sm_XY, N SMs, M GiB, PCI bus id B), driver X.Y, runtime X.Y, cuBLAS
  * X.Y.Z" for the selected device, into buf. */
 DT_API dt_status dt_cuda_describe(char *buf, size_t n);
