@@ -10,7 +10,9 @@
 #include "mem.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     void      *p;
@@ -21,6 +23,8 @@ typedef struct {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static size_t cur[DT_MEM_NCAT + 1], peak[DT_MEM_NCAT + 1];
+static size_t at_peak[DT_MEM_NCAT + 1];   /* the counts when the total last peaked */
+static size_t limit;                      /* dt_mem_set_limit; 0: none */
 static mem_entry *reg;
 static size_t nreg, capreg;
 
@@ -46,7 +50,19 @@ static void count_add(dt_mem_cat cat, size_t bytes) {
     cur[cat] += bytes;
     cur[DT_MEM_TOTAL] += bytes;
     if (cur[cat] > peak[cat]) peak[cat] = cur[cat];
-    if (cur[DT_MEM_TOTAL] > peak[DT_MEM_TOTAL]) peak[DT_MEM_TOTAL] = cur[DT_MEM_TOTAL];
+    if (cur[DT_MEM_TOTAL] > peak[DT_MEM_TOTAL]) {
+        peak[DT_MEM_TOTAL] = cur[DT_MEM_TOTAL];
+        memcpy(at_peak, cur, sizeof at_peak);
+    }
+}
+
+/* "params 1.0, grads 1.0, ... MiB": the counts c by category into buf. */
+static const char *split(const size_t *c, char *buf, size_t n) {
+    size_t k = 0;
+    for (int i = 0; i < DT_MEM_NCAT && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%s %.2f", i ? ", " : "", names[i], (double)c[i] / 1048576.0);
+    if (k < n) snprintf(buf + k, n - k, " MiB");
+    return buf;
 }
 
 static void count_sub(dt_mem_cat cat, size_t bytes) {
@@ -74,7 +90,13 @@ void dt_mem_sub(dt_mem_cat cat, size_t bytes) {
 static dt_status remember(void *p, size_t bytes, dt_mem_cat cat, int host) {
     dt_status s = DT_OK;
     pthread_mutex_lock(&mu);
-    if (nreg == capreg) {
+    if (limit && (bytes > limit || cur[DT_MEM_TOTAL] > limit - bytes)) {
+        char held[200];
+        s = dt_error(DT_ERR_NOMEM, "memory cap: %.2f MiB more of %s would take this process to %.2f MiB, over its cap of "
+                     "%.2f MiB; it holds %s", (double)bytes / 1048576.0, names[cat],
+                     (double)(cur[DT_MEM_TOTAL] + bytes) / 1048576.0, (double)limit / 1048576.0,
+                     split(cur, held, sizeof held));
+    } else if (nreg == capreg) {
         size_t ncap = capreg ? 2 * capreg : 256;
         mem_entry *n = realloc(reg, ncap * sizeof *n);
         if (!n) s = dt_error(DT_ERR_NOMEM, "memory accounting: out of memory");
@@ -147,6 +169,31 @@ void dt_mem_get(dt_mem_stats *out) {
 
 void dt_mem_reset_peak(void) {
     pthread_mutex_lock(&mu);
-    for (int c = 0; c <= DT_MEM_TOTAL; c++) peak[c] = cur[c];
+    for (int c = 0; c <= DT_MEM_TOTAL; c++) peak[c] = at_peak[c] = cur[c];
     pthread_mutex_unlock(&mu);
+}
+
+void dt_mem_set_limit(size_t bytes) {
+    pthread_mutex_lock(&mu);
+    limit = bytes;
+    pthread_mutex_unlock(&mu);
+}
+
+size_t dt_mem_limit(void) {
+    pthread_mutex_lock(&mu);
+    size_t l = limit;
+    pthread_mutex_unlock(&mu);
+    return l;
+}
+
+dt_status dt_mem_check_limit(void) {
+    dt_status s = DT_OK;
+    pthread_mutex_lock(&mu);
+    if (limit && peak[DT_MEM_TOTAL] > limit) {
+        char held[200];
+        s = dt_error(DT_ERR_NOMEM, "memory cap: this process held %.2f MiB at its peak, over its cap of %.2f MiB (%s)",
+                     (double)peak[DT_MEM_TOTAL] / 1048576.0, (double)limit / 1048576.0, split(at_peak, held, sizeof held));
+    }
+    pthread_mutex_unlock(&mu);
+    return s;
 }

@@ -75,4 +75,16 @@ DT_API void      dt_mem_get(dt_mem_stats *out);
 /* Start the peaks again from the current counts (a run's peak, not the process's). */
 DT_API void      dt_mem_reset_peak(void);
 
+/* A cap on the total counted, in bytes (0: none, the default), as a device of that size
+ * would impose. An allocation through dt_mem_alloc, dt_mem_alloc_part or
+ * dt_mem_host_alloc that would take the total over it fails with DT_ERR_NOMEM, saying
+ * how much of which category it asked for and what the process holds; nothing is kept.
+ * Bytes counted with dt_mem_add are held already and cannot be refused: a caller that
+ * counts such bytes asks dt_mem_check_limit at a point where it can stop. */
+DT_API void      dt_mem_set_limit(size_t bytes);
+DT_API size_t    dt_mem_limit(void);
+/* DT_ERR_NOMEM when the total has been over the cap since the peaks were last reset,
+ * naming the peak, the cap and what was held at that peak by category; DT_OK otherwise. */
+DT_API dt_status dt_mem_check_limit(void);
+
 #endif /* DT_MEM_H */

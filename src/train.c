@@ -1018,6 +1018,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         int epoch = (int)(g / t->spe);
         int logged = (o->log_every > 0 && done % o->log_every == 0) || done == t->total;
         DT_TRY(train_step(t, g, logged, &loss, &lr, &norm));
+        DT_TRY(dt_mem_check_limit());
         t->epoch_loss += loss;
         t->epoch_steps++;
         run_steps++;
@@ -1071,6 +1072,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         if (stop) {
             /* an interruption on purpose: checkpointed above, end without finishing */
             DT_TRY(dt_shard_gather_root(t->shard));
+            DT_TRY(dt_mem_check_limit());
             res->stopped = 1;
             dt_mem_get(&res->mem);
             res->steps = done;
@@ -1091,6 +1093,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
     } else {
         DT_TRY(dt_ddp_check_equal(t->ddp));
     }
+    DT_TRY(dt_mem_check_limit());
     dt_mem_get(&res->mem);
     res->steps = t->total;
     res->final_loss = loss;
@@ -1110,6 +1113,8 @@ dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
     t.comm = comm;
     dt_mem_reset_peak();   /* this run's peaks, not those of what the process did before */
     dt_ops_reset_peak(ops);
+    const size_t cap_before = dt_mem_limit();
+    dt_mem_set_limit(o->max_memory);
     dt_status s = trainer_setup(&t);
     if (s == DT_OK) {   /* the normalisation a user must repeat to feed these weights */
         const dt_dataset_info *di = dt_dataset_get_info(t.train);
@@ -1130,5 +1135,6 @@ dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
     }
     trainer_free(&t);          /* first: DDP unhooks itself from the model */
     dt_model_free(t.model);
+    dt_mem_set_limit(cap_before);   /* the caller's model outlives the run, and so does its cap */
     return s;
 }

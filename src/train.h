@@ -152,6 +152,11 @@ typedef struct {
                                  * from the checkpoint's (refused by default, naming each) */
     int         log_every;      /* STEP events every this many steps; default 50 */
     int         rank_stats_every; /* RANKS events every this many steps (0: after each epoch only) */
+    size_t      max_memory;     /* > 0: a cap in bytes on the memory each rank counts (mem.h,
+                                 * dt_mem_set_limit), as a device of that size would impose: an
+                                 * allocation over it, or a step, evaluation or end whose peak
+                                 * went over it, stops the run with DT_ERR_NOMEM saying what was
+                                 * held; 0: none (default) */
     dt_train_event_fn on_event;
     void       *event_ctx;
 } dt_train_opts;

@@ -14,8 +14,8 @@ EXTRA_DIST += tests/st_torch.py tests/train_cli.sh tests/ddp_invariance.sh tests
 	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
 # memory accounting, the model's memory plan, recomputation's bits, the plan's rows
 check_PROGRAMS += tests/test_mem
-TESTS += tests/test_mem tests/recompute.sh tests/plan.sh
-EXTRA_DIST += tests/recompute.sh tests/plan.sh
+TESTS += tests/test_mem tests/recompute.sh tests/plan.sh tests/memcap.sh
+EXTRA_DIST += tests/recompute.sh tests/plan.sh tests/memcap.sh
 TESTS += tests/optim_cli.sh tests/shard.sh
 EXTRA_DIST += tests/optim_cli.sh tests/shard.sh
 # the gpt end to end (learning, invariance, resume, sampling, check on token data, Hugging

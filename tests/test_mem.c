@@ -114,6 +114,43 @@ static void test_threads(void) {
     ok(!bad && !memcmp(a.cur, b.cur, sizeof a.cur), "4 threads allocating and freeing leave every count as it was");
 }
 
+/* The cap (dt_mem_set_limit): an allocation over it is refused and nothing kept, one
+ * that lands exactly on it is not; counted bytes may pass it and dt_mem_check_limit
+ * says so, with what was held at the peak, until the peaks start again. */
+static void test_limit(void) {
+    const dt_ops *ops = dt_ops_cpu();
+    dt_mem_reset_peak();
+    size_t base = cur_of(DT_MEM_TOTAL);
+    is_int((long long)dt_mem_limit(), 0, "no cap by default");
+    dt_mem_set_limit(base + 4096);
+    is_int((long long)dt_mem_limit(), (long long)(base + 4096), "dt_mem_limit gives the cap back");
+    void *p = NULL, *q = NULL;
+    is_int(dt_mem_alloc(ops, DT_MEM_ACTS, &p, 3000), DT_OK, "an allocation under the cap");
+    is_int(dt_mem_alloc(ops, DT_MEM_OPTIM, &q, 2000), DT_ERR_NOMEM, "one that would cross it is refused");
+    ok(q == NULL && cur_of(DT_MEM_TOTAL) == base + 3000, "and nothing of it is kept or counted");
+    like(dt_last_error(), "MiB more of optim would take this process to ", "the error names the category");
+    like(dt_last_error(), "over its cap of ", "the cap");
+    like(dt_last_error(), "; it holds params 0.00, grads 0.00, optim 0.00, acts 0.00, comm 0.00, other 0.00 MiB",
+         "and what is held, by category");
+    is_int(dt_mem_host_alloc(ops, DT_MEM_COMM, &q, 2000), DT_ERR_NOMEM, "host memory counts against it too");
+    is_int(dt_mem_alloc(ops, DT_MEM_OPTIM, &q, 1096), DT_OK, "an allocation that lands on the cap exactly is fine");
+    is_int(dt_mem_check_limit(), DT_OK, "at the cap, not over it: dt_mem_check_limit is content");
+    dt_mem_add(DT_MEM_PARAMS, 10);   /* held already: counted, over the cap */
+    dt_mem_sub(DT_MEM_PARAMS, 10);
+    is_int(dt_mem_check_limit(), DT_ERR_NOMEM, "counted bytes that went over it, even given back: the peak was over");
+    like(dt_last_error(), "memory cap: this process held ", "the error names the peak");
+    like(dt_last_error(), "MiB at its peak, over its cap of ", "and the cap");
+    like(dt_last_error(), " MiB (params 0.00, grads 0.00", "and what was held then, by category");
+    dt_mem_reset_peak();
+    is_int(dt_mem_check_limit(), DT_OK, "the peaks started again: content again");
+    dt_mem_free(ops, p);
+    dt_mem_free(ops, q);
+    dt_mem_set_limit(0);
+    is_int(dt_mem_alloc(ops, DT_MEM_ACTS, &p, 1 << 20), DT_OK, "cap 0: none");
+    dt_mem_free(ops, p);
+    dt_mem_reset_peak();
+}
+
 /* Building spec allocates exactly what dt_model_plan_memory says, by category, and
  * freeing it gives it all back. */
 static void check_plan_equals_build(const char *spec, const dt_shape *in, int B, int recompute,
@@ -478,6 +515,7 @@ static void test_page_blocks(void) {
 int main(void) {
     test_counts();
     test_threads();
+    test_limit();
     test_known_sizes();
     test_plans();
     test_recompute_bits();

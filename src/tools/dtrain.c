@@ -135,6 +135,9 @@ static const char *usage_train_rest =
     "  --recompute           keep only the inputs of residual blocks from forward to\n"
     "                        backward and run each block's forward again in backward\n"
     "                        (activation checkpointing: less memory, the same weights)\n"
+    "  --max-memory SIZE     cap each rank's memory as --rank-stats counts it (bytes,\n"
+    "                        or with K, M, G), as a device of that size would: going\n"
+    "                        over it stops the run, saying what was held  [none]\n"
     "  --device cpu|cuda     compute device (cuda needs a --with-cuda build; each rank\n"
     "                        takes the GPU of its local rank)  [cpu]\n"
     "  --allow-tf32          let cuBLAS use TF32 for GEMMs (faster, fewer mantissa bits)\n"
@@ -628,6 +631,7 @@ static int cmd_train(int argc, char **argv) {
         else if (FLAG("--keep")) { if (s == DT_OK && (s = dt_arg_int("--keep", v, 0, 1 << 30, 0, &iv)) == DT_OK) o.ckpt_keep = (int)iv; }
         else if (FLAG("--resume")) o.resume = v;
         else if (FLAG("--stop-at")) { if (s == DT_OK) s = dt_arg_int("--stop-at", v, 1, INT64_MAX, 0, &o.stop_at); }
+        else if (FLAG("--max-memory")) { if (s == DT_OK && (s = dt_arg_int("--max-memory", v, 1, INT64_MAX, 1, &iv)) == DT_OK) o.max_memory = (size_t)iv; }
         else if (FLAG("--rank-stats")) { if (s == DT_OK && (s = dt_arg_int("--rank-stats", v, 0, 1 << 30, 0, &iv)) == DT_OK) o.rank_stats_every = (int)iv; }
         else if (FLAG("--shard")) o.shard = v;
         else if (FLAG("--backward-prefetch")) o.backward_prefetch = v;
