@@ -309,8 +309,8 @@ static dt_status sync_and_check(void) {
  * rank does not hold (ops discard) and brings them back before it touches them again
  * (ops populate). cudaMalloc'd memory cannot be given back in part; memory under the
  * driver's virtual memory management can. With it (the driver has the calls, and
- * dt_cuda_set_memory_opts did not turn it off: DT_CUDA_VMM=0 for dtrain), alloc_sparse (sharding's arrays: mem.h, dt_mem_alloc_part)
- * reserves an address range of whole granules (2 MiB on current GPUs) and maps nothing;
+ * dt_cuda_set_memory_opts did not turn it off: DT_CUDA_VMM=0 for dtrain), alloc_sparse
+ * (sharding's arrays: mem.h, dt_mem_alloc_part) reserves an address range of whole granules (2 MiB on current GPUs) and maps nothing;
  * populate maps it granule by granule, each granule its own physical allocation
  * (cuMemCreate, cuMemMap; contents undefined, as ops.h allows), so the table's
  * page_block is the granule. discard unmaps and releases the whole granules inside a
