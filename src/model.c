@@ -158,10 +158,14 @@ void dt_model_opts_default(dt_model_opts *o) { memset(o, 0, sizeof *o); }
 /* ---- memory layout ------------------------------------------------------------------ */
 
 int dt_model_units(const dt_model *m, size_t unit_floats, int *unit, int64_t *max) {
+    return dt_spec_units(&m->spec, unit_floats, unit, max);
+}
+
+int dt_spec_units(const dt_spec *s, size_t unit_floats, int *unit, int64_t *max) {
     int nu = 0;
     int64_t floats = 0, most = 0;
-    for (int i = 0, open = 0; i < m->spec.n; i++) {
-        const dt_layer *L = &m->spec.layers[i];
+    for (int i = 0, open = 0; i < s->n; i++) {
+        const dt_layer *L = &s->layers[i];
         if (!open) {
             nu++;
             floats = 0;

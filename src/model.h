@@ -111,6 +111,8 @@ typedef struct {
  * unit, *max (optional) the most parameters of one unit; returns the number of units. */
 #define DT_MODEL_UNIT_FLOATS ((size_t)1 << 18)   /* 1 MiB of parameters */
 DT_API int dt_model_units(const dt_model *m, size_t unit_floats, int *unit, int64_t *max);
+/* The same for a spec after dt_spec_infer. */
+DT_API int dt_spec_units(const dt_spec *s, size_t unit_floats, int *unit, int64_t *max);
 
 DT_API void      dt_model_opts_default(dt_model_opts *o);   /* everything off */
 /* dt_model_build with options (NULL: the defaults). */

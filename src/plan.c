@@ -4,6 +4,7 @@
  */
 #include "plan.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "comm.h"    /* dt_comm_shm_plan */
@@ -70,6 +71,66 @@ static size_t per_rank(int64_t n, int bytes, int sharded, int w) {
     return (size_t)(k < n ? k : n) * (size_t)bytes;
 }
 
+/* The CPU's pool of --shard params (shard.c) on the rank it costs most: *pool_bytes its
+ * slots, *grad_bytes the most of them holding gradients at once. A rank's slots are the
+ * size of its largest unit that is not wholly in its own shard (in mixed precision none
+ * is: every unit is rounded in a slot); its own units are read where they lie and take
+ * none. Forward holds a unit and the next; backward a unit, its gradient, the unit
+ * before it (pre) and the gradient after it still being summed: a run of L units that
+ * are not the rank's own makes min(L + 1, 4) slots, with post min(L + 1, 2) (one unit and
+ * one gradient at a time). Gradients take at most two of them (post: one). */
+static dt_status pool_slots(const dt_plan_opts *o, size_t unit_floats, int lowp, int post, size_t *pool_bytes,
+                            size_t *grad_bytes) {
+    *pool_bytes = *grad_bytes = 0;
+    dt_spec sp;
+    DT_TRY(dt_spec_parse(o->train->model, &sp));
+    dt_status s = dt_spec_infer(&sp, &o->input);
+    int *unit = s == DT_OK ? calloc((size_t)sp.n + 1, sizeof *unit) : NULL;
+    if (s == DT_OK && !unit) s = dt_error(DT_ERR_NOMEM, "plan: out of memory");
+    int nu = s == DT_OK ? dt_spec_units(&sp, unit_floats, unit, NULL) : 0;
+    size_t *lo = s == DT_OK ? calloc((size_t)nu + 1, sizeof *lo) : NULL, *hi = lo ? calloc((size_t)nu + 1, sizeof *hi) : NULL,
+           *fl = hi ? calloc((size_t)nu + 1, sizeof *fl) : NULL;
+    if (s == DT_OK && !fl) s = dt_error(DT_ERR_NOMEM, "plan: out of memory");
+    const int64_t C = DT_SUM_CHUNK, W = o->world, n = sp.nparams;
+    for (int u = 0; s == DT_OK && u < nu; u++) lo[u] = (size_t)n;
+    for (int i = 0; s == DT_OK && i < sp.n; i++) {   /* each unit's tensors: their extent and floats */
+        const dt_layer *L = &sp.layers[i];
+        for (int t = 0; t < L->ntensors; t++) {
+            const dt_layer_tensor *T = &L->t[t];
+            if ((T->role != DT_TENSOR_PARAM && T->role != DT_TENSOR_TIED) || T->numel == 0) continue;
+            int u = unit[i];
+            if (T->offset < lo[u]) lo[u] = T->offset;
+            if (T->offset + (size_t)T->numel > hi[u]) hi[u] = T->offset + (size_t)T->numel;
+            fl[u] += (size_t)T->numel;
+        }
+    }
+    const size_t per = (size_t)(((n + C - 1) / C + W - 1) / W * C);
+    for (int64_t r = 0; s == DT_OK && r < W; r++) {
+        size_t mine = per * (size_t)r, end = mine + per, slot = 0;
+        int run = 0, longest = 0;
+        for (int u = 0; u < nu; u++) {
+            int own = !lowp && fl[u] && lo[u] >= mine && hi[u] <= end;
+            run = own || !fl[u] ? 0 : run + 1;
+            if (run > longest) longest = run;
+            if (!own && fl[u] > slot) slot = fl[u];
+        }
+        int slots = longest ? longest + 1 : 0, cap = post ? 2 : 4;
+        if (slots > cap) slots = cap;
+        int gslots = slots > 1 ? (slots - 1 < 2 ? slots - 1 : 2) : 0;
+        if (post && gslots > 1) gslots = 1;
+        if ((size_t)slots * slot * sizeof(float) > *pool_bytes) {
+            *pool_bytes = (size_t)slots * slot * sizeof(float);
+            *grad_bytes = (size_t)gslots * slot * sizeof(float);
+        }
+    }
+    free(lo);
+    free(hi);
+    free(fl);
+    free(unit);
+    dt_spec_free(&sp);
+    return s;
+}
+
 dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
                       dt_plan_estimate *out) {
     const dt_train_opts *t = o->train;
@@ -94,12 +155,13 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
     int gather_units = sh->gather_units - (sh->params_sharded && pf == DT_PREFETCH_POST);
     int grad_units = sh->grad_units, pool = 0;
     DT_TRY(dt_shard_pool_env(&pool));
-    if (sh->params_sharded && pool && pf == DT_PREFETCH_PRE) {
-        /* the CPU's pool (shard.c) with pre: slots of the largest unit, as many as are
-         * gathered at once (two; three with --recompute) and two for gradients; with
-         * post two slots in all, as the gathers in place */
-        gather_units = 2 + (t->recompute != 0);
-        grad_units = 2;
+    /* the CPU's pool: its slots count under params while free and under grads while a
+     * unit's gradient is written in them, so the total holds them once */
+    size_t pool_bytes = 0, pool_grads = 0;
+    if (sh->params_sharded && pool && W > 1) {
+        DT_TRY(pool_slots(o, mo.unit_floats ? mo.unit_floats : DT_MODEL_UNIT_FLOATS, pr->copy_bytes != 0,
+                          pf == DT_PREFETCH_POST, &pool_bytes, &pool_grads));
+        gather_units = grad_units = 0;
     }
 
     /* parameters: master weights (their shard), the rounded copy (not with the pool: its
@@ -107,11 +169,11 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
     int copy = pr->copy_bytes && !(sh->params_sharded && pool && W > 1);
     B[DT_MEM_PARAMS] = per_rank(P, pr->master_bytes, sh->params_sharded, W) +
                        (copy ? (size_t)P * (size_t)pr->copy_bytes : 0) +
-                       mm->nbuffers * sizeof(float) +
+                       mm->nbuffers * sizeof(float) + pool_bytes +
                        (size_t)gather_units * (size_t)mm->unit_params_max * (size_t)pr->gather_bytes;
     /* gradients: the model's array (or its shard) and DDP's accumulation tree */
     B[DT_MEM_GRADS] = per_rank(P, pr->grad_bytes, sh->grads_sharded, W) +
-                      (size_t)grad_units * (size_t)mm->unit_params_max * (size_t)pr->grad_bytes +
+                      (size_t)grad_units * (size_t)mm->unit_params_max * (size_t)pr->grad_bytes + pool_grads +
                       (size_t)dt_ddp_tree_arrays(k) * (size_t)P * sizeof(float);
     B[DT_MEM_OPTIM] = (size_t)dt_optim_nstate_of(&cfg) * per_rank(P, pr->state_bytes, sh->optim_sharded, W);
     B[DT_MEM_ACTS] = (size_t)((double)mm->bytes[DT_MEM_ACTS] * pr->act_factor) + (pr->copy_bytes ? mm->lp_scratch : 0);
@@ -136,6 +198,8 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
     B[DT_MEM_OTHER] = mm->bytes[DT_MEM_OTHER] + step.x + step.y + bnrec + (t->eval ? eval.x + eval.y : 0) +
                       sizeof(float);
     for (int c = 0; c < DT_MEM_NCAT; c++) out->total += B[c];
+    out->shared = pool_grads;   /* the slots holding gradients: counted under params too */
+    out->total -= out->shared;
     out->nparams = P;
     out->micro_batches = S;
     out->local_micro = k;

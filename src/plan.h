@@ -19,7 +19,8 @@
  *   shard grads   also P/W of the gradient, plus one gradient bucket of communication buffer
  *   shard params  also P/W of the parameters, plus the gathered parameters of two units
  *                 (the current and the prefetched: an outermost residual block, or a
- *                 layer outside blocks)
+ *                 layer outside blocks); with the CPU's pool, its slots as shard.c
+ *                 makes them (pool_slots in plan.c)
  *   fp32          4-byte weights, gradients, optimizer state and activations
  *   bf16, fp16    fp32 master weights and optimizer state plus a 2-byte rounded copy of
  *                 the weights (gathered in 2 bytes when sharded); gradients and
@@ -80,7 +81,10 @@ typedef struct {
 /* One rank's estimate. */
 typedef struct {
     size_t  bytes[DT_MEM_NCAT];  /* by category, at peak */
-    size_t  total;
+    size_t  shared;              /* bytes in two categories' peaks, held once: the CPU pool's
+                                  * slots (--shard params), params while free and grads while
+                                  * a unit's gradient is written in them */
+    size_t  total;               /* the categories less `shared` */
     int64_t nparams;
     int64_t micro_batches, local_micro, micro_size;   /* S, k = S/W, b = B/S */
     dt_model_mem model;          /* the model's part (its activations at micro-batch b) */

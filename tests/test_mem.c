@@ -331,10 +331,20 @@ static void test_plan_rows(void) {
     is_int(e.bytes[DT_MEM_GRADS], 4 * P, "grads: the whole gradient array (backward's output, reduce-scattered in place)");
     is_int(e.bytes[DT_MEM_OPTIM], 8 * Ps, "grads: the state of P/W parameters");
     is_int(e.bytes[DT_MEM_COMM], 0, "grads: no communication buffer");
+    /* the CPU's pool: on rank 0 none of the 3 units is its own, a run of 3: four slots of
+     * the largest, two of them holding gradients at once, counted once in the total */
     dt_plan_run(&o, dt_plan_shard_find("params"), fp32, &e);
-    is_int(e.bytes[DT_MEM_PARAMS], 4 * Ps + 2 * 4 * U, "params: P/W of the parameters and two gathered units");
+    is_int(e.bytes[DT_MEM_PARAMS], 4 * Ps + 4 * 4 * U, "params, the CPU's pool: P/W of the parameters and four slots");
     is_int(e.bytes[DT_MEM_GRADS], 4 * Ps + 2 * 4 * U,
-           "params, the CPU's pool: P/W of the gradient and two gradient slots (one written, one summed)");
+           "params, the CPU's pool: P/W of the gradient and two of the slots (one written, one summed)");
+    size_t sum = 0;
+    for (int c = 0; c < DT_MEM_NCAT; c++) sum += e.bytes[c];
+    is_int(e.total, sum - 2 * 4 * U, "params, the CPU's pool: the total counts the gradients' slots once");
+    o.world = 2;   /* a rank's shard holds a unit: runs of 2, three slots */
+    dt_plan_run(&o, dt_plan_shard_find("params"), fp32, &e);
+    is_int(e.bytes[DT_MEM_PARAMS], 4 * 228 * 4096 + 3 * 4 * U,
+           "params on 2 ranks: each holds a unit of its own, the others are a run of 2: three slots");
+    o.world = 4;
     setenv("DT_SHARD_POOL", "0", 1);   /* the gathers in place */
     dt_plan_run(&o, dt_plan_shard_find("params"), fp32, &e);
     is_int(e.bytes[DT_MEM_PARAMS], 4 * Ps + 2 * 4 * U, "params in place: P/W of the parameters and two gathered units");
@@ -344,8 +354,10 @@ static void test_plan_rows(void) {
        "params: activations and the rest as unsharded");
     t.backward_prefetch = "post";
     dt_plan_run(&o, dt_plan_shard_find("params"), fp32, &e);
-    is_int(e.bytes[DT_MEM_PARAMS] + e.bytes[DT_MEM_GRADS], 8 * Ps + 2 * 4 * U,
-           "params, backward prefetch post: the shards and two units at most");
+    ok(e.bytes[DT_MEM_PARAMS] == 4 * Ps + 2 * 4 * U && e.bytes[DT_MEM_GRADS] == 4 * Ps + 4 * U &&
+           e.total == 8 * Ps + 2 * 4 * U + e.bytes[DT_MEM_OPTIM] + e.bytes[DT_MEM_ACTS] + e.bytes[DT_MEM_COMM] +
+                          e.bytes[DT_MEM_OTHER],
+       "params, backward prefetch post: the shards and two slots in all, one of them for gradients");
     dt_plan_run(&o, dt_plan_shard_find("none"), fp32, &e);
     is_int(e.bytes[DT_MEM_PARAMS], 4 * P, "... which --shard none does not change");
     t.backward_prefetch = "late";
@@ -357,7 +369,8 @@ static void test_plan_rows(void) {
     ok(e.bytes[DT_MEM_ACTS] > none.bytes[DT_MEM_ACTS], "bf16: and scratch for rounded activations");
     is_int(e.bytes[DT_MEM_OPTIM], 8 * P, "bf16: fp32 optimizer state");
     dt_plan_run(&o, dt_plan_shard_find("params"), bf16, &e);
-    is_int(e.bytes[DT_MEM_PARAMS], 4 * Ps + 2 * 4 * U, "bf16, params: the shard's master, no copy (the units are rounded where gathered)");
+    is_int(e.bytes[DT_MEM_PARAMS], 4 * Ps + 4 * 4 * U,
+           "bf16, params: the shard's master and the pool's slots, no copy (the units are rounded where gathered)");
     setenv("DT_SHARD_POOL", "0", 1);   /* the gathers in place round into a copy of the whole array */
     dt_plan_run(&o, dt_plan_shard_find("params"), bf16, &e);
     is_int(e.bytes[DT_MEM_PARAMS], 4 * Ps + 4 * P + 2 * 4 * U, "bf16, params in place: and a copy of the whole array");

@@ -83,8 +83,8 @@ static void print_json(const dt_plan_opts *o, const plan_row *r, size_t capacity
            r->sh->name, r->pr->name, o->world, (long long)r->e.micro_batches, (long long)r->e.micro_size,
            (long long)r->e.nparams, capacity);
     for (int c = 0; c < DT_MEM_NCAT; c++) printf("%s\"%s\":%zu", c ? "," : "", dt_mem_cat_name(c), r->e.bytes[c]);
-    printf(",\"total\":%zu},\"blocks\":%d,\"block_acts\":%zu,\"arena\":%zu,\"fits\":%s,\"wall\":\"%s\"}\n",
-           r->e.total, r->e.model.nblocks, r->e.model.block_acts, r->e.model.arena, r->fits ? "true" : "false",
+    printf(",\"total\":%zu},\"shared\":%zu,\"blocks\":%d,\"block_acts\":%zu,\"arena\":%zu,\"fits\":%s,\"wall\":\"%s\"}\n",
+           r->e.total, r->e.shared, r->e.model.nblocks, r->e.model.block_acts, r->e.model.arena, r->fits ? "true" : "false",
            r->wall);
 }
 
@@ -134,6 +134,12 @@ static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size
         for (int c = 0; c < DT_MEM_NCAT; c++) printf(" %9.2f", (double)r->e.bytes[c] / unit);
         printf(" %9.2f  %s\n", (double)r->e.total / unit, r->wall);
     }
+    for (int i = 0; i < n; i++)
+        if (rows[i].e.shared) {
+            printf("  (params: the pool's slots count under params, and under grads while they hold gradients;\n"
+                   "  the total counts them once)\n");
+            break;
+        }
 }
 
 /* The verdict for the configuration asked for (the first row): the memory wall, or
