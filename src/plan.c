@@ -71,6 +71,14 @@ static size_t per_rank(int64_t n, int bytes, int sharded, int w) {
     return (size_t)(k < n ? k : n) * (size_t)bytes;
 }
 
+/* An array of n parameters of `bytes` each held whole on a rank: with any sharding the
+ * model's arrays are W shards long (shard.c, dt_shard_layout), the last shard padded */
+static size_t whole(int64_t n, int bytes, int sharding, int w) {
+    const int64_t C = DT_SUM_CHUNK;
+    int64_t k = sharding ? ((n + C - 1) / C + w - 1) / w * C * w : n;
+    return (size_t)(k > n ? k : n) * (size_t)bytes;
+}
+
 /* The CPU's pool of --shard params (shard.c) on the rank it costs most: *pool_bytes its
  * slots, *grad_bytes the most of them holding gradients at once. A rank's slots are the
  * size of its largest unit that is not wholly in its own shard (in mixed precision none
@@ -167,12 +175,13 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
     /* parameters: master weights (their shard), the rounded copy (not with the pool: its
      * units are rounded where they were gathered), buffers, gathered units */
     int copy = pr->copy_bytes && !(sh->params_sharded && pool && W > 1);
-    B[DT_MEM_PARAMS] = per_rank(P, pr->master_bytes, sh->params_sharded, W) +
+    int sharding = sh->optim_sharded || sh->grads_sharded || sh->params_sharded;
+    B[DT_MEM_PARAMS] = (sh->params_sharded ? per_rank(P, pr->master_bytes, 1, W) : whole(P, pr->master_bytes, sharding, W)) +
                        (copy ? (size_t)P * (size_t)pr->copy_bytes : 0) +
                        mm->nbuffers * sizeof(float) + pool_bytes +
                        (size_t)gather_units * (size_t)mm->unit_params_max * (size_t)pr->gather_bytes;
     /* gradients: the model's array (or its shard) and DDP's accumulation tree */
-    B[DT_MEM_GRADS] = per_rank(P, pr->grad_bytes, sh->grads_sharded, W) +
+    B[DT_MEM_GRADS] = (sh->grads_sharded ? per_rank(P, pr->grad_bytes, 1, W) : whole(P, pr->grad_bytes, sharding, W)) +
                       (size_t)grad_units * (size_t)mm->unit_params_max * (size_t)pr->grad_bytes + pool_grads +
                       (size_t)dt_ddp_tree_arrays(k) * (size_t)P * sizeof(float);
     B[DT_MEM_OPTIM] = (size_t)dt_optim_nstate_of(&cfg) * per_rank(P, pr->state_bytes, sh->optim_sharded, W);
@@ -190,13 +199,13 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
     B[DT_MEM_COMM] += rings;
     /* other: the model's scalars, the step's batch (k micro-batches), the batchnorm
      * records of S micro-batches (replayed unless synchronised), evaluation's batch while
-     * it runs, and clipping's scalar */
+     * it runs, and the step's k losses and clipping's scalar (train.c's dlosses) */
     int64_t ss = dt_shape_numel(&o->input);
     dt_train_batch_bytes step = dt_train_batch_size(k * b, ss, o->labels, 0, 0);
     dt_train_batch_bytes eval = dt_train_batch_size(b, ss, o->labels, 0, 0);
     size_t bnrec = (t->sync_bn && W > 1) ? 0 : (size_t)S * mm->nrecord * sizeof(float);
     B[DT_MEM_OTHER] = mm->bytes[DT_MEM_OTHER] + step.x + step.y + bnrec + (t->eval ? eval.x + eval.y : 0) +
-                      sizeof(float);
+                      (size_t)(k + 1) * sizeof(float);
     for (int c = 0; c < DT_MEM_NCAT; c++) out->total += B[c];
     out->shared = pool_grads;   /* the slots holding gradients: counted under params too */
     out->total -= out->shared;

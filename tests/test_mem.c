@@ -326,9 +326,11 @@ static void test_plan_rows(void) {
     is_int(none.bytes[DT_MEM_COMM], 0, "none: no communication buffer");
     dt_plan_run(&o, dt_plan_shard_find("optim"), fp32, &e);
     is_int(e.bytes[DT_MEM_OPTIM], 8 * Ps, "optim: the state of P/W parameters");
-    is_int(e.bytes[DT_MEM_GRADS], 4 * P, "optim: whole gradients");
+    is_int(e.bytes[DT_MEM_GRADS], 4 * 4 * Ps, "optim: whole gradients, W shards long (the last one padded)");
+    is_int(e.bytes[DT_MEM_PARAMS], 4 * 4 * Ps, "optim: whole parameters, W shards long");
     dt_plan_run(&o, dt_plan_shard_find("grads"), fp32, &e);
-    is_int(e.bytes[DT_MEM_GRADS], 4 * P, "grads: the whole gradient array (backward's output, reduce-scattered in place)");
+    is_int(e.bytes[DT_MEM_GRADS], 4 * 4 * Ps,
+           "grads: the whole gradient array (backward's output, reduce-scattered in place), W shards long");
     is_int(e.bytes[DT_MEM_OPTIM], 8 * Ps, "grads: the state of P/W parameters");
     is_int(e.bytes[DT_MEM_COMM], 0, "grads: no communication buffer");
     /* the CPU's pool: on rank 0 none of the 3 units is its own, a run of 3: four slots of
@@ -385,20 +387,20 @@ static void test_plan_rows(void) {
     /* the wall: 4 ranks cannot hold it in 20 MB; sharding the state on 4 does (none is ~41 MB) */
     const dt_plan_shard *sh = NULL;
     int w = 0;
-    ok(dt_plan_fit(&o, fp32, (size_t)(none.total - 8 * P + 8 * Ps + 4096), 1024, &sh, &w) && sh &&
+    ok(dt_plan_fit(&o, fp32, (size_t)(none.total - 8 * P + 8 * Ps + 8 * (4 * Ps - P) + 4096), 1024, &sh, &w) && sh &&
        !strcmp(sh->name, "optim") && w == 4, "the wall: --shard optim on the same 4 ranks fits");
     sh = NULL;
     w = 0;
-    int found = dt_plan_fit(&o, fp32, (size_t)15 << 20, 1 << 20, &sh, &w);
+    int found = dt_plan_fit(&o, fp32, (size_t)16 << 20, 1 << 20, &sh, &w);
     dt_plan_opts q = o;
     q.world = w;
-    ok(found && w > 4 && dt_plan_run(&q, sh, fp32, &e) == DT_OK && e.total <= (size_t)15 << 20,
-       "the wall: 15 MiB needs more ranks (%d, --shard %s), and fits there", w, sh ? sh->name : "-");
+    ok(found && w > 4 && dt_plan_run(&q, sh, fp32, &e) == DT_OK && e.total <= (size_t)16 << 20,
+       "the wall: 16 MiB needs more ranks (%d, --shard %s), and fits there", w, sh ? sh->name : "-");
     q.world = w / 2;
     int smaller = 0;
     int nsh;
     const dt_plan_shard *rows = dt_plan_shards(&nsh);
-    for (int i = 0; i < nsh; i++) smaller |= dt_plan_run(&q, &rows[i], fp32, &e) == DT_OK && e.total <= (size_t)15 << 20;
+    for (int i = 0; i < nsh; i++) smaller |= dt_plan_run(&q, &rows[i], fp32, &e) == DT_OK && e.total <= (size_t)16 << 20;
     ok(found && !smaller, "... and no mode fits on half as many");
     ok(!dt_plan_fit(&o, fp32, 1000, 1 << 20, &sh, &w), "nothing fits in 1000 bytes");
 }
