@@ -65,17 +65,20 @@ const dt_plan_precision *dt_plan_precision_find(const char *name) {
 
 /* n parameters of `bytes` each, divided over w ranks when sharded (contiguous shards of
  * whole DT_SUM_CHUNK chunks, shard.c: the largest holds ceil(chunks / w) of them) */
-static size_t per_rank(int64_t n, int bytes, int sharded, int w) {
+static int64_t shard_floats(int64_t n, int64_t w) {
     const int64_t C = DT_SUM_CHUNK;
-    int64_t k = sharded ? ((n + C - 1) / C + w - 1) / w * C : n;
+    return ((n + C - 1) / C + w - 1) / w * C;
+}
+
+static size_t per_rank(int64_t n, int bytes, int sharded, int w) {
+    int64_t k = sharded ? shard_floats(n, w) : n;
     return (size_t)(k < n ? k : n) * (size_t)bytes;
 }
 
 /* An array of n parameters of `bytes` each held whole on a rank: with any sharding the
  * model's arrays are W shards long (shard.c, dt_shard_layout), the last shard padded */
 static size_t whole(int64_t n, int bytes, int sharding, int w) {
-    const int64_t C = DT_SUM_CHUNK;
-    int64_t k = sharding ? ((n + C - 1) / C + w - 1) / w * C * w : n;
+    int64_t k = sharding ? shard_floats(n, w) * w : n;
     return (size_t)(k > n ? k : n) * (size_t)bytes;
 }
 
@@ -96,31 +99,30 @@ static dt_status pool_slots(const dt_plan_opts *o, size_t unit_floats, int lowp,
     int *unit = s == DT_OK ? calloc((size_t)sp.n + 1, sizeof *unit) : NULL;
     if (s == DT_OK && !unit) s = dt_error(DT_ERR_NOMEM, "plan: out of memory");
     int nu = s == DT_OK ? dt_spec_units(&sp, unit_floats, unit, NULL) : 0;
-    size_t *lo = s == DT_OK ? calloc((size_t)nu + 1, sizeof *lo) : NULL, *hi = lo ? calloc((size_t)nu + 1, sizeof *hi) : NULL,
-           *fl = hi ? calloc((size_t)nu + 1, sizeof *fl) : NULL;
-    if (s == DT_OK && !fl) s = dt_error(DT_ERR_NOMEM, "plan: out of memory");
-    const int64_t C = DT_SUM_CHUNK, W = o->world, n = sp.nparams;
-    for (int u = 0; s == DT_OK && u < nu; u++) lo[u] = (size_t)n;
+    struct { size_t lo, hi, floats; } *U = s == DT_OK ? calloc((size_t)nu + 1, sizeof *U) : NULL;   /* per unit */
+    if (s == DT_OK && !U) s = dt_error(DT_ERR_NOMEM, "plan: out of memory");
+    const int64_t W = o->world, n = sp.nparams;
+    for (int u = 0; s == DT_OK && u < nu; u++) U[u].lo = (size_t)n;
     for (int i = 0; s == DT_OK && i < sp.n; i++) {   /* each unit's tensors: their extent and floats */
         const dt_layer *L = &sp.layers[i];
         for (int t = 0; t < L->ntensors; t++) {
             const dt_layer_tensor *T = &L->t[t];
             if ((T->role != DT_TENSOR_PARAM && T->role != DT_TENSOR_TIED) || T->numel == 0) continue;
             int u = unit[i];
-            if (T->offset < lo[u]) lo[u] = T->offset;
-            if (T->offset + (size_t)T->numel > hi[u]) hi[u] = T->offset + (size_t)T->numel;
-            fl[u] += (size_t)T->numel;
+            if (T->offset < U[u].lo) U[u].lo = T->offset;
+            if (T->offset + (size_t)T->numel > U[u].hi) U[u].hi = T->offset + (size_t)T->numel;
+            U[u].floats += (size_t)T->numel;
         }
     }
-    const size_t per = (size_t)(((n + C - 1) / C + W - 1) / W * C);
+    const size_t per = (size_t)shard_floats(n, W);
     for (int64_t r = 0; s == DT_OK && r < W; r++) {
         size_t mine = per * (size_t)r, end = mine + per, slot = 0;
         int run = 0, longest = 0;
         for (int u = 0; u < nu; u++) {
-            int own = !lowp && fl[u] && lo[u] >= mine && hi[u] <= end;
-            run = own || !fl[u] ? 0 : run + 1;
+            int own = !lowp && U[u].floats && U[u].lo >= mine && U[u].hi <= end;
+            run = own || !U[u].floats ? 0 : run + 1;
             if (run > longest) longest = run;
-            if (!own && fl[u] > slot) slot = fl[u];
+            if (!own && U[u].floats > slot) slot = U[u].floats;
         }
         int slots = longest ? longest + 1 : 0, cap = post ? 2 : 4;
         if (slots > cap) slots = cap;
@@ -131,9 +133,7 @@ static dt_status pool_slots(const dt_plan_opts *o, size_t unit_floats, int lowp,
             *grad_bytes = (size_t)gslots * slot * sizeof(float);
         }
     }
-    free(lo);
-    free(hi);
-    free(fl);
+    free(U);
     free(unit);
     dt_spec_free(&sp);
     return s;

@@ -77,8 +77,10 @@ compare gpt-2-params-bf16 2 "$G4" "tokens:$T/tok" "$GT" --batch 8 --shard params
 # that halving/doubling does not use; the plan counts the rings of the latter
 # (dt_comm_shm_plan), so its comm is one ring short (a transient: the total's peak is
 # elsewhere, and within 10%)
-ONLY="params grads optim acts other total" compare mlp-4-params 4 mlp $S "$E" --batch 64 --shard params
-ONLY="params grads optim acts other total" compare gpt-4-params 4 "$G4" "tokens:$T/tok" "$GT" --batch 8 --shard params --no-eval
+ONLY="params grads optim acts other total"
+compare mlp-4-params 4 mlp $S "$E" --batch 64 --shard params
+compare gpt-4-params 4 "$G4" "tokens:$T/tok" "$GT" --batch 8 --shard params --no-eval
+ONLY=
 
 # per-rank memory in --rank-stats and the metrics file; the end-of-run lines
 timeout 120 "$R" -n 2 "$D" train --model mlp --data $S --epochs 1 --batch 64 --threads 1 --rank-stats 4 \

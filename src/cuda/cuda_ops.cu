@@ -310,11 +310,12 @@ static dt_status sync_and_check(void) {
  * (ops populate). cudaMalloc'd memory cannot be given back in part; memory under the
  * driver's virtual memory management can. With it (the driver has the calls, and
  * dt_cuda_set_memory_opts did not turn it off: DT_CUDA_VMM=0 for dtrain), alloc_sparse
- * (sharding's arrays: mem.h, dt_mem_alloc_part) reserves an address range of whole granules (2 MiB on current GPUs) and maps nothing;
- * populate maps it granule by granule, each granule its own physical allocation
- * (cuMemCreate, cuMemMap; contents undefined, as ops.h allows), so the table's
- * page_block is the granule. discard unmaps and releases the whole granules inside a
- * range. Every other allocation is cudaMalloc'd as before.
+ * (sharding's arrays: mem.h, dt_mem_alloc_part) reserves an address range of whole
+ * granules (2 MiB on current GPUs) and maps nothing; populate maps it granule by
+ * granule, each granule its own physical allocation (cuMemCreate, cuMemMap; contents
+ * undefined, as ops.h allows), so the table's page_block is the granule. discard
+ * unmaps and releases the whole granules inside a range. Every other allocation is
+ * cudaMalloc'd as before.
  *
  * On a GPU an unmapped granule is an illegal address: populate is not a hint here, and
  * whoever discarded a range populates it before touching it again. Work already queued
