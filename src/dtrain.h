@@ -22,6 +22,7 @@
  *   ddp.h          distributed data parallelism for one model
  *   shard.h        ZeRO sharding of optimizer state and gradients
  *   train.h        the training loop
+ *   options.h      the train options as rows: defaults, flags, help, what a resume must match
  *   amp.h          mixed precision: --precision and --grad-dtype, the fp16 loss scaler
  */
 #ifndef DTRAIN_H
@@ -46,6 +47,7 @@
 #include "ddp.h"
 #include "shard.h"
 #include "train.h"
+#include "options.h"
 #include "amp.h"
 
 #endif /* DTRAIN_H */

@@ -39,209 +39,9 @@
 #include "sampler.h"
 #include "shard.h"
 #include "testing.h"
-
-#define DT_DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
-
-void dt_train_opts_default(dt_train_opts *o) {
-    memset(o, 0, sizeof *o);
-    o->model = "cnn";
-    o->data = DT_DEFAULT_DATA;
-    o->epochs = 15;
-    o->batch = 256;
-    o->optim = "sgd";
-    o->lr = 0.05;
-    o->momentum = 0.9;
-    o->beta1 = 0.9;
-    o->beta2 = 0.999;
-    o->eps = 1e-8;
-    o->weight_decay = 5e-4;
-    o->schedule = "cosine";
-    o->decay = "all";
-    o->shard = "none";
-    o->shard_unit_mb = 1.0;
-    o->backward_prefetch = "pre";
-    o->eval_batches = 20;
-    o->gamma = 0.1;
-    o->eval = 1;
-    o->bucket_mb = 25.0;
-    o->overlap = 1;
-    o->lr_scale = "none";
-    o->normalize = "auto";
-    o->precision = "fp32";
-    o->grad_dtype = "f32";
-    o->loss = "ce";
-    o->ckpt_keep = 3;
-    o->log_every = 50;
-}
-
-/* ---- loss targets ---------------------------------------------------------------------- */
-
-/* What a loss compares the outputs (n, C) with, in device memory: the labels (already
- * in dy) for cross-entropy; for MSE one-hot rows (n, C), the label's column 1 and the
- * others 0, written into host memory hot and copied to dhot (both n x C floats). */
-static dt_status loss_target(const dt_ops *ops, const dt_loss *lf, const int32_t *labels, size_t n, int C,
-                             const int32_t *dy, float *hot, float *dhot, const void **target) {
-    if (lf->kind == DT_LOSS_CE) {
-        *target = dy;
-        return DT_OK;
-    }
-    memset(hot, 0, n * (size_t)C * sizeof *hot);
-    for (size_t i = 0; i < n; i++)
-        if (labels[i] >= 0 && labels[i] < C) hot[i * (size_t)C + (size_t)labels[i]] = 1.0f;
-    *target = dhot;
-    return ops->copy_h2d(dhot, hot, n * (size_t)C * sizeof *hot);
-}
-
-dt_train_batch_bytes dt_train_batch_size(int64_t n, int64_t sample_floats, int64_t labels, int64_t C, int mse) {
-    dt_train_batch_bytes b = {.x = (size_t)n * (size_t)sample_floats * sizeof(float),
-                              .y = (size_t)n * (size_t)labels * sizeof(int32_t),
-                              .hot = mse ? (size_t)n * (size_t)C * sizeof(float) : 0};
-    return b;
-}
-
-/* The device batch of n samples (x, labels) and, for MSE, its one-hot targets on the
- * host and the device (loss_target), sized by dt_train_batch_size and counted as other. */
-static dt_status batch_alloc(const dt_ops *ops, const dt_loss *lf, size_t n, int64_t ss, int64_t lw, int C,
-                             float **dx, int32_t **dy, float **hot, float **dhot) {
-    dt_train_batch_bytes b = dt_train_batch_size((int64_t)n, ss, lw, C, lf->kind != DT_LOSS_CE);
-    *hot = *dhot = NULL;
-    DT_TRY(dt_mem_alloc(ops, DT_MEM_OTHER, (void **)dx, b.x));
-    DT_TRY(dt_mem_alloc(ops, DT_MEM_OTHER, (void **)dy, b.y));
-    if (!b.hot) return DT_OK;
-    if (!(*hot = malloc(b.hot))) return dt_error(DT_ERR_NOMEM, "out of memory for %zu one-hot targets", n);
-    return dt_mem_alloc(ops, DT_MEM_OTHER, (void **)dhot, b.hot);
-}
-
-/* ---- evaluation -------------------------------------------------------------------- */
-
-/* Mean loss (lf; NULL: cross-entropy) and accuracy over samples idx[0..count) of ds (all
- * of it when idx is NULL), each rank taking a contiguous share, gathered through host
- * memory. Per position for token windows: the loss is the mean over count x T tokens. */
-static dt_status evaluate_idx(dt_model *m, const dt_dataset *ds, const dt_loss *lf, dt_comm *comm,
-                              const int64_t *idx, int64_t count, double *loss, double *acc) {
-    const dt_ops *ops = dt_model_ops(m);
-    const dt_dataset_info *info = dt_dataset_get_info(ds);
-    int W = comm ? dt_comm_size(comm) : 1, r = comm ? dt_comm_rank(comm) : 0;
-    int64_t lo = count * r / W, hi = count * (r + 1) / W;
-    int maxb = dt_model_max_batch(m);
-    int C = (int)dt_shape_numel(dt_model_output_shape(m));
-    size_t ss = (size_t)info->sample_size, lw = (size_t)info->label_width;
-    const dt_loss ce = {.kind = DT_LOSS_CE, .label_smoothing = 0.0f};
-    if (!lf) lf = &ce;
-    if (lf->kind != DT_LOSS_CE && lw > 1)
-        return dt_error(DT_ERR_INVALID, "loss: mse needs one label per sample; token data takes ce");
-    float *dx = NULL, *hot = NULL, *dhot = NULL, *hx = malloc((size_t)maxb * ss * sizeof(float));
-    int32_t *dy = NULL, *hy = malloc((size_t)maxb * lw * sizeof(int32_t));
-    int64_t *bi = malloc((size_t)maxb * sizeof *bi);
-    dt_status s = hx && hy && bi ? DT_OK : dt_error(DT_ERR_NOMEM, "evaluation: out of memory");
-    if (s == DT_OK) s = batch_alloc(ops, lf, (size_t)maxb, (int64_t)ss, (int64_t)lw, C, &dx, &dy, &hot, &dhot);
-    /* Every rank runs as many forwards as the largest share takes: with --shard params a
-     * forward gathers each unit of parameters from the ranks that hold it, so all must
-     * take part. A rank whose share is done runs a one-sample forward and ignores it. */
-    int64_t rounds = 0;
-    for (int q = 0; q < W; q++) {
-        int64_t share = count * (q + 1) / W - count * q / W, nb = (share + maxb - 1) / maxb;
-        if (nb > rounds) rounds = nb;
-    }
-    double sums[2] = {0.0, 0.0};  /* loss sum, correct count */
-    for (int64_t k = 0; s == DT_OK && k < rounds; k++) {
-        int64_t i = lo + k * maxb;
-        int idle = i >= hi;
-        int b = idle ? 1 : (int)((hi - i) < maxb ? (hi - i) : maxb);
-        const void *target = NULL;
-        for (int j = 0; j < b; j++) bi[j] = idle ? (idx ? idx[0] : 0) : idx ? idx[i + j] : i + j;
-        s = dt_dataset_gather(ds, bi, (size_t)b, hx, hy);
-        if (s == DT_OK) s = ops->copy_h2d(dx, hx, (size_t)b * ss * sizeof(float));
-        if (s == DT_OK) s = ops->copy_h2d(dy, hy, (size_t)b * lw * sizeof(int32_t));
-        if (s == DT_OK) s = loss_target(ops, lf, hy, (size_t)b, C, dy, hot, dhot, &target);
-        if (s == DT_OK) s = dt_model_forward(m, dx, b, 0, 0, i, NULL);
-        if (idle) continue;
-        float l = 0.0f;
-        int64_t correct = 0;
-        if (s == DT_OK) s = dt_model_loss(m, lf, target, b, 1.0f, &l, NULL);
-        if (s == DT_OK) s = dt_model_correct(m, dy, b, &correct);
-        sums[0] += l;
-        sums[1] += (double)correct;
-    }
-    dt_mem_free(ops, dx);
-    dt_mem_free(ops, dy);
-    dt_mem_free(ops, dhot);
-    free(hot);
-    free(hx);
-    free(hy);
-    free(bi);
-    if (s != DT_OK) return s;
-    if (comm && W > 1) DT_TRY(dt_allreduce(comm, sums, sums, 2, DT_F64, DT_SUM));
-    if (loss) *loss = count ? sums[0] / (double)count : 0.0;
-    if (acc) *acc = count ? sums[1] / ((double)count * (double)lw) : 0.0;
-    return DT_OK;
-}
-
-/* Token data is evaluated on a fixed set of windows, the same on every rank and
- * world size. */
-static dt_status evaluate_windows(dt_model *m, const dt_dataset *ds, dt_comm *comm, int64_t count, uint64_t seed,
-                                  double *loss, double *acc) {
-    int64_t n = dt_dataset_get_info(ds)->n;
-    if (count > n) count = n;
-    int64_t *idx = malloc((size_t)(count > 0 ? count : 1) * sizeof *idx);
-    if (!idx) return dt_error(DT_ERR_NOMEM, "evaluation: out of memory");
-    dt_status s = dt_dataset_eval_windows(ds, count, seed, idx);
-    if (s == DT_OK) s = evaluate_idx(m, ds, NULL, comm, idx, count, loss, acc);
-    free(idx);
-    return s;
-}
-
-dt_status dt_evaluate(dt_model *m, const dt_dataset *test, const dt_loss *lf, dt_comm *comm, double *loss,
-                      double *acc) {
-    const dt_dataset_info *info = dt_dataset_get_info(test);
-    if (info->label_width > 1)   /* token windows: 20 batches of fixed windows */
-        return evaluate_windows(m, test, comm, 20 * (int64_t)dt_model_max_batch(m), 0, loss, acc);
-    return evaluate_idx(m, test, lf, comm, NULL, info->n, loss, acc);
-}
+#include "train_impl.h"
 
 /* ---- the loop ------------------------------------------------------------------------ */
-
-typedef struct {
-    const dt_train_opts *o;
-    const dt_ops *ops;
-    dt_comm *comm;
-    int rank, world;
-    dt_dataset *train, *test;
-    dt_sampler *sampler;
-    dt_loader *loader;
-    dt_model *model;
-    dt_optim *optim;
-    dt_schedule sched;
-    dt_ddp *ddp;
-    dt_shard *shard;                 /* which part of the parameters this rank's optimizer updates */
-    dt_amp *amp;                     /* mixed precision: loss scaler, gradient dtype (amp.h) */
-    int64_t S, k, b, first_micro;   /* micro-batches, local micro-batches, micro size, first local */
-    int64_t *idx;                    /* this rank's sample indices of one step (k*b) */
-    float *dx;                       /* device batch (k*b, sample) */
-    int32_t *dy;                     /* device labels (k*b*lw) */
-    int64_t lw;                      /* labels per sample: 1, or T for token windows */
-    dt_loss lf;                      /* the training loss */
-    int C;                           /* model outputs per sample */
-    float *hot, *dhot;               /* MSE: one-hot targets (k*b, C), host and device */
-    float *losses, *all_losses;      /* k local / S global micro-batch losses */
-    float *dlosses;                  /* device: the k local losses, then the clipping scalar */
-    float *bnrec;                    /* S batchnorm records of bnrec_n floats, micro-batch order */
-    size_t bnrec_n;
-    int64_t spe, total;              /* steps per epoch, total steps */
-    int64_t queued;                  /* steps submitted to the loader */
-    uint64_t hash_term[4];           /* this rank's fingerprint term of queued step g, at g % 4
-                                      * (the loader runs at most 2 steps ahead) */
-    uint64_t *hash_all;              /* one fingerprint term per rank */
-    /* this rank's time split since the last per-rank report, seconds */
-    double t_data, t_compute, t_comm, t_step;
-    int64_t steps_since;
-    double *rank_stats;              /* world x DT_RANK_STATS */
-    int64_t g0;                      /* first step of this run (> 0 when resumed) */
-    dt_ckpt *resume;                 /* the checkpoint to resume from, until restored */
-    char note[1536];                 /* what resume did, for the START event */
-    double epoch_loss;               /* sum of step losses of the current epoch */
-    int64_t epoch_steps;             /* steps of the current epoch (resumed ones included) */
-} trainer;
 
 static dt_status check_opts(const dt_train_opts *o) {
     if (o->epochs < 1 && o->max_steps < 1)
@@ -422,7 +222,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     DT_TRY(ops->copy_h2d_async(t->dx, hx, n * ss * sizeof(float)));
     DT_TRY(ops->copy_h2d_async(t->dy, hy, n * (size_t)t->lw * sizeof(int32_t)));
     const void *target;
-    DT_TRY(loss_target(ops, &t->lf, hy, n, t->C, t->dy, t->hot, t->dhot, &target));
+    DT_TRY(dt_train_loss_target_(ops, &t->lf, hy, n, t->C, t->dy, t->hot, t->dhot, &target));
     /* keep the loader one step ahead */
     if (t->queued < t->total) DT_TRY(queue_step(t, t->queued++));
 
@@ -538,258 +338,6 @@ static void *loader_alloc(void *ctx, size_t bytes) {
 }
 static void loader_free(void *ctx, void *p) { ((const dt_ops *)ctx)->host_free(p); }
 
-/* A sharded run's checkpoint (ckpt.h): every rank writes its shard of parameters and
- * optimizer state at once, rank 0 the buffers and the manifest; every rank learns the
- * outcome. No rank gathers anything. */
-static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *const *extra, int nextra) {
-    const dt_train_opts *o = t->o;
-    char tmp[4096] = "";
-    int64_t st = DT_OK;
-    if (t->rank == 0) st = dt_ckpt_begin(o->ckpt_dir, info->step, tmp, sizeof tmp);
-    DT_TRY(dt_broadcast(t->comm, &st, 1, DT_I64, 0));
-    if (st != DT_OK) return t->rank == 0 ? (dt_status)st : dt_error((dt_status)st, "rank 0 could not start the checkpoint");
-    DT_TRY(dt_broadcast(t->comm, tmp, sizeof tmp, DT_U8, 0));
-    typedef struct { int64_t st, lo, len; char sum[24]; } piece;
-    piece mine = {0};
-    size_t lo, len;
-    dt_shard_range(t->shard, &lo, &len);
-    mine.lo = (int64_t)lo;
-    mine.len = (int64_t)len;
-    mine.st = dt_ckpt_write_shard(tmp, t->rank, t->world, t->model, t->optim, lo, len, mine.sum);
-    char why[1024];
-    snprintf(why, sizeof why, "%s", mine.st != DT_OK ? dt_last_error() : "");
-    piece *all = calloc((size_t)t->world, sizeof *all);
-    size_t *los = calloc((size_t)t->world, sizeof *los), *lens = calloc((size_t)t->world, sizeof *lens);
-    char (*sums)[24] = calloc((size_t)t->world, sizeof *sums);
-    dt_status s = all && los && lens && sums ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory for the checkpoint's list");
-    if (s == DT_OK) s = dt_allgather(t->comm, &mine, all, sizeof mine, DT_U8);
-    int bad = -1;
-    for (int r = 0; s == DT_OK && r < t->world; r++) {
-        if (all[r].st != DT_OK && bad < 0) bad = r;
-        los[r] = (size_t)all[r].lo;
-        lens[r] = (size_t)all[r].len;
-        memcpy(sums[r], all[r].sum, sizeof sums[r]);
-        sums[r][23] = '\0';
-    }
-    if (s == DT_OK && bad >= 0)
-        s = bad == t->rank ? dt_error((dt_status)mine.st, "%s", why)
-                           : dt_error((dt_status)all[bad].st, "rank %d could not write its shard", bad);
-    if (t->rank == 0) {
-        if (s == DT_OK) s = dt_ckpt_commit(o->ckpt_dir, o->ckpt_keep, tmp, t->model, t->optim, info, extra, nextra,
-                                           t->world, los, lens, (const char (*)[24])sums);
-        else dt_ckpt_abort(tmp);
-    }
-    free(all);
-    free(los);
-    free(lens);
-    free(sums);
-    /* rank 0's outcome for all */
-    if (bad < 0) {
-        st = s;
-        DT_TRY(dt_broadcast(t->comm, &st, 1, DT_I64, 0));
-        if (st != DT_OK && t->rank != 0) s = dt_error((dt_status)st, "rank 0 could not complete the checkpoint");
-    }
-    return s;
-}
-
-/* Checkpoints every --checkpoint-every steps and at the end. The state is the
- * same on every rank, so rank 0 alone writes it; a run that shards its state over
- * several ranks writes a sharded checkpoint (every rank its part). Either loads on any
- * world size and in any shard mode. */
-static dt_status maybe_checkpoint(trainer *t, int64_t done, int force) {
-    const dt_train_opts *o = t->o;
-    if (!o->ckpt_dir) return DT_OK;
-    if (!force && !((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == t->total)) return DT_OK;
-    char loss[64], total[32], smooth[32], shape[128] = "";
-    snprintf(loss, sizeof loss, "%.17g", t->epoch_loss);
-    snprintf(total, sizeof total, "%lld", (long long)t->total);
-    char minlr[32], scaler[96];
-    snprintf(minlr, sizeof minlr, "%.9g", o->min_lr);
-    dt_amp_scaler_text(t->amp, scaler, sizeof scaler);
-    snprintf(smooth, sizeof smooth, "%.9g", o->label_smoothing);
-    /* the per-sample input shape, so `dtrain export` can build the model */
-    const dt_dataset_info *di = dt_dataset_get_info(t->train);
-    for (int i = 0; i < di->ndim; i++) {
-        size_t k = strlen(shape);
-        snprintf(shape + k, sizeof shape - k, "%s%lld", i ? "," : "", (long long)di->shape[i]);
-    }
-    /* the settings that change the computation beyond the model, schedule and optimizer
-     * rows: resume_compare holds a resumed run to them */
-    const char *extra[] = {"epoch_loss", loss, "total_steps", total, "data", o->data, "loss", o->loss,
-                           "normalize", o->normalize, "label_smoothing", smooth, "decay", o->decay,
-                           "min_lr", minlr, "precision", o->precision, "grad_dtype", o->grad_dtype,
-                           "loss_scaler", scaler, "input_shape", shape};
-    dt_ckpt_info info = {.step = done, .epoch = done / t->spe, .step_in_epoch = done % t->spe,
-                         .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
-                         .model_spec = o->model, .schedule = o->schedule};
-    int nextra = (int)(sizeof extra / sizeof extra[0] / 2);
-    dt_status s = DT_OK;
-    if (dt_shard_mode_of(t->shard) != DT_SHARD_NONE && t->world > 1) s = save_sharded(t, &info, extra, nextra);
-    else if (t->rank == 0) s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, nextra);
-    if (s != DT_OK) dt_error_wrap(s, "checkpoint at step %lld: ", (long long)done);
-    return s;
-}
-
-/* Which checkpoint to resume from: rank 0 decides and tells the others, so all
- * ranks load the same one (the directory must be visible to every rank). */
-static dt_status resume_open(trainer *t) {
-    const dt_train_opts *o = t->o;
-    char path[4096] = "", skipped[1024] = "";
-    int found = 0;
-    if (t->rank == 0) {
-        const char *where = o->resume;
-        if (!strcmp(where, "auto")) {
-            if (!o->ckpt_dir) return dt_error(DT_ERR_INVALID, "ckpt_dir: required to resume 'auto' (from the newest checkpoint in it)");
-            where = o->ckpt_dir;
-        }
-        char probe[4096];
-        snprintf(probe, sizeof probe, "%s/train_state.safetensors", where);
-        if (access(probe, F_OK) == 0) {            /* one step-* directory */
-            snprintf(path, sizeof path, "%s", where);
-            found = 1;
-        } else {
-            dt_status s = dt_ckpt_latest(where, path, sizeof path, skipped, sizeof skipped);
-            if (s == DT_OK) found = 1;
-            else if (s == DT_ERR_IO && strcmp(o->resume, "auto") != 0)
-                return DT_ERR_INVALID;                   /* a named checkpoint that is not there: bad input */
-            else if (s != DT_ERR_IO) return s;           /* auto: nothing yet is fine */
-        }
-    }
-    if (t->world > 1) {
-        int64_t f = found;
-        DT_TRY(dt_broadcast(t->comm, &f, 1, DT_I64, 0));
-        DT_TRY(dt_broadcast(t->comm, path, sizeof path, DT_U8, 0));
-        found = (int)f;
-    }
-    if (!found) {
-        snprintf(t->note, sizeof t->note, "no checkpoint in %s yet: starting from step 0", o->ckpt_dir);
-        return DT_OK;
-    }
-    DT_TRY(dt_ckpt_open(path, &t->resume));
-    const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
-    if (ci->seed != o->seed)
-        return dt_error(DT_ERR_INVALID, "resume: %s was written with seed %llu, this run has seed %llu",
-                        path, (unsigned long long)ci->seed, (unsigned long long)o->seed);
-    if (ci->batch != o->batch)
-        return dt_error(DT_ERR_INVALID, "resume: %s was written with a global batch of %lld, this run has a global batch of %lld",
-                        path, (long long)ci->batch, (long long)o->batch);
-    if (o->micro_batches > 0 && o->micro_batches != ci->micro_batches)
-        return dt_error(DT_ERR_INVALID, "resume: %s was written with %lld micro-batches; resume with as many "
-                        "(or leave the count to the checkpoint) to continue the same computation",
-                        path, (long long)ci->micro_batches);
-    snprintf(t->note, sizeof t->note, "resumed from %s (step %lld)%s%s", path, (long long)ci->step,
-             skipped[0] ? "; skipped: " : "", skipped);
-    return DT_OK;
-}
-
-/* Append "what: recorded -> now" to list (n bytes) when the two texts differ. */
-static void note_change(char *list, size_t n, const char *what, const char *was, const char *now) {
-    if (!strcmp(was, now)) return;
-    size_t len = strlen(list);
-    snprintf(list + len, n - len, "%s%s '%s' -> '%s'", len ? ", " : "", what, was, now);
-}
-
-/* A resumed run continues the recorded computation only with the recorded model,
- * data and hyper-parameters: refuse a difference, naming each, unless overridden
- * (then the START note says what changed). */
-static dt_status resume_compare(trainer *t) {
-    const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
-    char diff[1024] = "";
-    note_change(diff, sizeof diff, "model", ci->model_spec, t->o->model);
-    /* settings kept as text beside the state; a checkpoint from before one was recorded
-     * is not held to it */
-    char smooth[32];
-    snprintf(smooth, sizeof smooth, "%.9g", t->o->label_smoothing);
-    const char *const recorded[][2] = {{"data", t->o->data}, {"loss", t->o->loss}, {"normalize", t->o->normalize},
-                                       {"label_smoothing", smooth}, {"precision", t->o->precision},
-                                       {"grad_dtype", t->o->grad_dtype}};
-    for (size_t i = 0; i < sizeof recorded / sizeof recorded[0]; i++) {
-        const char *was = dt_ckpt_extra(t->resume, recorded[i][0]);
-        if (was) note_change(diff, sizeof diff, recorded[i][0], was, recorded[i][1]);
-    }
-    note_change(diff, sizeof diff, "schedule", ci->schedule, t->o->schedule);
-    const char *decay = dt_ckpt_extra(t->resume, "decay"), *minlr = dt_ckpt_extra(t->resume, "min_lr");
-    char cur[32];
-    snprintf(cur, sizeof cur, "%.9g", t->o->min_lr);
-    if (decay) note_change(diff, sizeof diff, "decay", decay, t->o->decay);
-    if (minlr) note_change(diff, sizeof diff, "min_lr", minlr, cur);
-    if (ci->has_optim) {
-        const dt_optim_config *now = dt_optim_config_of(t->optim);
-        int nhp;
-        const dt_optim_hparam *hp = dt_optim_hparams(&nhp);
-        for (int i = 0; i < nhp; i++) {
-            char was[32], cur[32];
-            const char *a = (const char *)&ci->optim + hp[i].offset, *b = (const char *)now + hp[i].offset;
-            size_t width = hp[i].is_int ? sizeof(int) : sizeof(float);
-            if (!memcmp(a, b, width)) continue;     /* the exact value, bit for bit */
-            if (hp[i].is_int) {
-                snprintf(was, sizeof was, "%d", *(const int *)a);
-                snprintf(cur, sizeof cur, "%d", *(const int *)b);
-            } else {   /* shortest text that still tells two floats apart */
-                int prec = 6;
-                do {
-                    snprintf(was, sizeof was, "%.*g", prec, (double)*(const float *)a);
-                    snprintf(cur, sizeof cur, "%.*g", prec, (double)*(const float *)b);
-                } while (!strcmp(was, cur) && ++prec <= 9);
-            }
-            note_change(diff, sizeof diff, hp[i].name, was, cur);
-        }
-    }
-    if (!diff[0]) return DT_OK;
-    if (!t->o->resume_override)
-        return dt_error(DT_ERR_INVALID, "resume: this run differs from the checkpoint: %s; resume with the recorded "
-                        "settings to continue the same computation, or override this check to continue anyway", diff);
-    size_t len = strlen(t->note);
-    snprintf(t->note + len, sizeof t->note - len, "; changed on resume (overridden): %s", diff);
-    return DT_OK;
-}
-
-/* Restore model, optimizer and loop position from the opened checkpoint. */
-static dt_status resume_restore(trainer *t) {
-    const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
-    const char *total = dt_ckpt_extra(t->resume, "total_steps");
-    if (total && strtoll(total, NULL, 10) != t->total)
-        return dt_error(DT_ERR_INVALID, "resume: the checkpointed run has %s steps in all, this one %lld; resume "
-                        "with the same epochs and step limit so the schedule continues unchanged", total, (long long)t->total);
-    if (ci->step > t->total)
-        return dt_error(DT_ERR_INVALID, "resume: the checkpoint is at step %lld, past this run's %lld steps",
-                        (long long)ci->step, (long long)t->total);
-    /* the tensors first: another model gets the message naming the first tensor that
-     * differs. A rank reads the parameters it holds (its shard with --shard params) and
-     * its range of the optimizer state, from a sharded checkpoint or not. */
-    size_t lo, len, n = dt_model_nparams(t->model);
-    dt_shard_range(t->shard, &lo, &len);
-    int own = dt_shard_mode_of(t->shard) == DT_SHARD_PARAMS && t->world > 1;
-    DT_TRY(dt_ckpt_restore_range(t->resume, t->model, own ? lo : 0, own ? lo + len : n, t->optim, lo));
-    DT_TRY(resume_compare(t));
-    DT_TRY(dt_amp_restore(t->amp, dt_ckpt_extra(t->resume, "loss_scaler")));
-    const char *el = dt_ckpt_extra(t->resume, "epoch_loss");
-    t->g0 = ci->step;
-    t->epoch_loss = el ? strtod(el, NULL) : 0.0;
-    t->epoch_steps = ci->step % t->spe;
-    dt_ckpt_close(t->resume);
-    t->resume = NULL;
-    return DT_OK;
-}
-
-/* The checkpoint directory must be writable before the first step: rank 0 (the
- * writer) prepares it and every rank learns the outcome, so a bad directory
- * costs no training. */
-static dt_status check_ckpt_dir(trainer *t) {
-    const char *dir = t->o->ckpt_dir;
-    if (!dir) return DT_OK;
-    int64_t okay = 1;
-    char msg[512] = "";
-    if (t->rank == 0 && dt_ckpt_prepare_dir(dir) != DT_OK) {
-        okay = 0;
-        snprintf(msg, sizeof msg, "%s", dt_last_error());
-    }
-    if (t->world > 1) DT_TRY(dt_broadcast(t->comm, &okay, 1, DT_I64, 0));
-    if (okay) return DT_OK;
-    if (t->rank == 0) return dt_error(DT_ERR_INVALID, "ckpt_dir: %s", msg);
-    return dt_error(DT_ERR_INVALID, "ckpt_dir: rank 0 cannot write checkpoints into %s", dir);
-}
-
 /* Every rank must train on the same data (the sampler draws the same global
  * batches everywhere): a rank that read other data would silently train other
  * weights. Each rank's fingerprint is gathered; every rank names the first that
@@ -812,21 +360,29 @@ static dt_status check_same_data(trainer *t) {
     return s;
 }
 
-static dt_status trainer_setup(trainer *t) {
+/* ---- setup, step by step ----------------------------------------------------------------- */
+
+/* The options, this rank's place, the checkpoint to resume from (its micro-batch count
+ * when none is given) and the split of the global batch. */
+static dt_status setup_world(trainer *t) {
     const dt_train_opts *o = t->o;
     DT_TRY(check_opts(o));
     t->world = t->comm ? dt_comm_size(t->comm) : 1;
     t->rank = t->comm ? dt_comm_rank(t->comm) : 0;
-    if (o->resume) DT_TRY(resume_open(t));
-    DT_TRY(check_ckpt_dir(t));
+    if (o->resume) DT_TRY(dt_train_resume_open_(t));
+    DT_TRY(dt_train_check_ckpt_dir_(t));
     t->S = o->micro_batches > 0 ? o->micro_batches
          : t->resume ? dt_ckpt_info_of(t->resume)->micro_batches : t->world;
     if (t->S % t->world != 0 && t->resume && o->micro_batches == 0)
         return dt_error(DT_ERR_INVALID, "resume: the checkpoint was written with %lld micro-batches, which %d "
                         "processes cannot split; resume on a world size dividing %lld",
                         (long long)t->S, t->world, (long long)t->S);
-    DT_TRY(dt_train_split(o->batch, t->S, t->world, &t->k, &t->b));
+    return dt_train_split(o->batch, t->S, t->world, &t->k, &t->b);
+}
 
+/* The data (the same on every rank), the sampler and the length of the run. */
+static dt_status setup_data(trainer *t) {
+    const dt_train_opts *o = t->o;
     /* A data file that cannot be read is bad input (exit 2), not a runtime failure. */
     dt_data_opts data_opts;
     DT_TRY(dt_train_data_opts(o, &data_opts));
@@ -834,9 +390,6 @@ static dt_status trainer_setup(trainer *t) {
     if (ds != DT_OK) return ds == DT_ERR_IO ? DT_ERR_INVALID : ds;
     DT_TRY(check_same_data(t));
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
-    dt_shape shape = {.ndim = info->ndim};
-    for (int i = 0; i < info->ndim; i++) shape.d[i] = info->shape[i];
-
     t->lw = info->label_width;
     /* windows are drawn at random from (seed, step, position): an epoch over every
      * window start would be T times the corpus */
@@ -846,14 +399,20 @@ static dt_status trainer_setup(trainer *t) {
     t->total = t->spe * (int64_t)(o->epochs > 0 ? o->epochs : 1);
     if (o->max_steps > 0 && (o->epochs < 1 || o->max_steps < t->total)) t->total = o->max_steps;
     int64_t dummy;
-    DT_TRY(dt_sampler_rank_block(t->sampler, t->world, t->rank, &t->first_micro, &dummy));
+    return dt_sampler_rank_block(t->sampler, t->world, t->rank, &t->first_micro, &dummy);
+}
 
+/* The model, built where sharding puts its parameters, from its initial or given
+ * weights, with outputs the data can be scored against. */
+static dt_status setup_model(trainer *t) {
+    const dt_train_opts *o = t->o;
+    const dt_dataset_info *info = dt_dataset_get_info(t->train);
+    dt_shape shape = {.ndim = info->ndim};
+    for (int i = 0; i < info->ndim; i++) shape.d[i] = info->shape[i];
     /* sharding decides where the parameters live before the model is built: with
      * params, no rank ever holds the whole array */
-    dt_shard_mode mode;
-    DT_TRY(dt_shard_parse(o->shard, &mode));
-    dt_shard_prefetch prefetch;
-    DT_TRY(dt_shard_prefetch_parse(o->backward_prefetch, &prefetch));
+    DT_TRY(dt_shard_parse(o->shard, &t->mode));
+    DT_TRY(dt_shard_prefetch_parse(o->backward_prefetch, &t->prefetch));
     dt_spec spec;
     DT_TRY(dt_spec_parse(o->model, &spec));
     dt_status ss = dt_spec_infer(&spec, &shape);
@@ -863,7 +422,7 @@ static dt_status trainer_setup(trainer *t) {
     dt_model_opts mo;
     dt_model_opts_default(&mo);
     mo.recompute = o->recompute;
-    DT_TRY(dt_shard_layout(nparams, t->comm, mode, &mo.layout));
+    DT_TRY(dt_shard_layout(nparams, t->comm, t->mode, &mo.layout));
     DT_TRY(dt_model_build_ex(o->model, &shape, t->ops, o->seed, (int)t->b, &mo, &t->model));
     if (o->init_weights && !t->resume) {   /* a file that cannot be used is bad input */
         dt_status ls = dt_model_load(t->model, o->init_weights);
@@ -880,7 +439,15 @@ static dt_status trainer_setup(trainer *t) {
         return dt_error(DT_ERR_INVALID, "model: the model's output must be (%d) class scores for this data, got %lld values",
                         info->classes, (long long)dt_shape_numel(os));
     }
-    DT_TRY(dt_shard_init(t->model, t->comm, mode, &t->shard));
+    t->C = (int)dt_shape_numel(os);
+    return DT_OK;
+}
+
+/* Where each part of the state lives and how gradients meet: sharding, mixed
+ * precision, the optimizer over this rank's range, DDP's buckets. */
+static dt_status setup_parallel(trainer *t) {
+    const dt_train_opts *o = t->o;
+    DT_TRY(dt_shard_init(t->model, t->comm, t->mode, &t->shard));
     DT_TRY(dt_amp_init(o->precision, o->grad_dtype, t->model, t->comm, &t->amp));
     if (dt_amp_grad_dtype(t->amp) != DT_F32 && !dt_shard_ddp_reduces(t->shard))
         return dt_error(DT_ERR_INVALID, "grad_dtype: bf16 gradients go with --shard none or optim (the sharded "
@@ -893,11 +460,17 @@ static dt_status trainer_setup(trainer *t) {
     dopt.overlap = o->overlap;
     dopt.sync_bn = o->sync_bn;
     dopt.local_only = !dt_shard_ddp_reduces(t->shard);
-    dopt.sharded_params = mode == DT_SHARD_PARAMS && t->world > 1;
+    dopt.sharded_params = t->mode == DT_SHARD_PARAMS && t->world > 1;
     dopt.grad_dtype = dt_amp_grad_dtype(t->amp);
     DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
-    DT_TRY(dt_shard_attach(t->shard, t->ddp, (size_t)(o->shard_unit_mb * 1048576.0), prefetch));
+    return dt_shard_attach(t->shard, t->ddp, (size_t)(o->shard_unit_mb * 1048576.0), t->prefetch);
+}
 
+/* The step's buffers: sample indices, losses, the device batch, batchnorm records and
+ * the loader that fills them ahead of the step. */
+static dt_status setup_buffers(trainer *t) {
+    const dt_train_opts *o = t->o;
+    const dt_dataset_info *info = dt_dataset_get_info(t->train);
     size_t local = (size_t)(t->k * t->b);
     t->idx = malloc(local * sizeof *t->idx);
     t->hash_all = calloc((size_t)t->world, sizeof *t->hash_all);
@@ -906,12 +479,11 @@ static dt_status trainer_setup(trainer *t) {
     t->losses = calloc((size_t)t->k, sizeof *t->losses);
     t->all_losses = calloc((size_t)t->S, sizeof *t->all_losses);
     if (!t->idx || !t->losses || !t->all_losses) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
-    t->C = (int)dt_shape_numel(os);
     DT_TRY(dt_loss_parse(o->loss, &t->lf.kind));
     if (t->lf.kind != DT_LOSS_CE && t->lw > 1)
         return dt_error(DT_ERR_INVALID, "loss: mse needs one label per sample; token data takes ce");
     t->lf.label_smoothing = (float)o->label_smoothing;
-    DT_TRY(batch_alloc(t->ops, &t->lf, local, info->sample_size, t->lw, t->C, &t->dx, &t->dy, &t->hot, &t->dhot));
+    DT_TRY(dt_train_batch_alloc_(t->ops, &t->lf, local, info->sample_size, t->lw, t->C, &t->dx, &t->dy, &t->hot, &t->dhot));
     DT_TRY(dt_mem_alloc(t->ops, DT_MEM_OTHER, (void **)&t->dlosses, (size_t)(t->k + 1) * sizeof(float)));
     /* With synchronised batchnorm every rank already sees the global statistics
      * and updates its buffers in place; otherwise records are replayed in order. */
@@ -922,17 +494,31 @@ static dt_status trainer_setup(trainer *t) {
      * slots: one uploading, one ready, one gathering */
     dt_loader_opts lo = {.depth = 3, .timeout_s = 600, .alloc = loader_alloc, .free = loader_free,
                          .alloc_ctx = (void *)t->ops};
-    DT_TRY(dt_loader_init_opts(t->train, local, &lo, &t->loader));
-    if (t->resume) DT_TRY(resume_restore(t));
+    return dt_loader_init_opts(t->train, local, &lo, &t->loader);
+}
+
+/* The state to start from: the checkpoint's, or rank 0's broadcast; with sharded
+ * parameters each rank then keeps its shard only. */
+static dt_status setup_start(trainer *t) {
+    if (t->resume) DT_TRY(dt_train_resume_restore_(t));
     DT_TRY(dt_ddp_sync_start(t->ddp));
     DT_TRY(dt_shard_drop_params(t->shard));
-    if (mode != DT_SHARD_NONE) {
+    if (t->mode != DT_SHARD_NONE) {
         size_t lo, len, nl = strlen(t->note);
         dt_shard_range(t->shard, &lo, &len);
         snprintf(t->note + nl, sizeof t->note - nl, "%sshard %s: rank %d of %d keeps the optimizer state of %zu of %zu "
-                 "parameters", nl ? "; " : "", dt_shard_name(mode), t->rank, t->world, len, dt_model_nparams(t->model));
+                 "parameters", nl ? "; " : "", dt_shard_name(t->mode), t->rank, t->world, len, dt_model_nparams(t->model));
     }
     return DT_OK;
+}
+
+static dt_status trainer_setup(trainer *t) {
+    DT_TRY(setup_world(t));
+    DT_TRY(setup_data(t));
+    DT_TRY(setup_model(t));
+    DT_TRY(setup_parallel(t));
+    DT_TRY(setup_buffers(t));
+    return setup_start(t);
 }
 
 /* Per-rank figures since the last report, gathered so rank 0 can show them:
@@ -967,18 +553,6 @@ static dt_status rank_report(trainer *t, int64_t done, int epoch) {
     t->steps_since = 0;
     t->t_step = t->t_data = t->t_compute = t->t_comm = 0.0;
     return DT_OK;
-}
-
-/* Validation: the whole test split, or for token data the fixed windows of
- * eval_batches global batches. The forward runs as in training: with --shard params
- * each unit's parameters are gathered as it runs and dropped after it (the layer
- * hooks), so evaluating holds no more of the model than a step does. */
-static dt_status validate(trainer *t, double *loss, double *acc) {
-    const dt_loss plain = {.kind = t->lf.kind, .label_smoothing = 0.0f};   /* the test loss is unsmoothed */
-    DT_TRY(t->lw > 1 ? evaluate_windows(t->model, t->test, t->comm, t->o->eval_batches * t->o->batch, t->o->seed,
-                                        loss, acc)
-                     : dt_evaluate(t->model, t->test, &plain, t->comm, loss, acc));
-    return dt_shard_drop_units(t->shard);   /* params: the last unit, which no backward drops */
 }
 
 /* nanoGPT's estimate of a token model's training FLOPs per token (for MFU): 6 per
@@ -1043,7 +617,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
             dt_train_event e = {.kind = DT_EV_EVAL, .epoch = epoch, .epochs = o->epochs, .step = done,
                                 .total_steps = t->total, .steps_per_epoch = t->spe, .loss = loss, .lr = lr,
                                 .elapsed_s = elapsed, .eta_s = eta, .evaluated = 1};
-            DT_TRY(validate(t, &e.test_loss, &e.test_acc));
+            DT_TRY(dt_train_validate_(t, &e.test_loss, &e.test_acc));
             emit(t, &e);
         }
         if (end_of_epoch) {
@@ -1054,7 +628,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
                                 .lr = lr, .grad_norm = norm, .samples_per_s = sps, .elapsed_s = train_time,
                                 .eta_s = eta};
             if (t->test) {
-                DT_TRY(validate(t, &e.test_loss, &e.test_acc));
+                DT_TRY(dt_train_validate_(t, &e.test_loss, &e.test_acc));
                 e.evaluated = 1;
                 res->test_loss = e.test_loss;
                 res->test_acc = e.test_acc;
@@ -1068,7 +642,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
             epoch_start = dt_now();
         }
         int stop = o->stop_at > 0 && done >= o->stop_at && done < t->total;
-        DT_TRY(maybe_checkpoint(t, done, stop));
+        DT_TRY(dt_train_checkpoint_(t, done, stop));
         if (stop) {
             /* an interruption on purpose: checkpointed above, end without finishing */
             DT_TRY(dt_shard_gather_root(t->shard));

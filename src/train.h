@@ -161,7 +161,7 @@ typedef struct {
     void       *event_ctx;
 } dt_train_opts;
 
-/* The defaults listed above. */
+/* The defaults listed above (the rows of options.h). */
 DT_API void dt_train_opts_default(dt_train_opts *o);
 
 typedef struct {

@@ -1,7 +1,7 @@
 # src/train.mk: the training loop, weight files, and the dtrain program.
-libdtrain_core_la_SOURCES += src/train.c src/checkpoint.c src/ddp.c src/shard.c src/testing.c src/testing.h src/plan.c \
+libdtrain_core_la_SOURCES += src/train.c src/train_ckpt.c src/train_eval.c src/train_impl.h src/options.c src/checkpoint.c src/ddp.c src/shard.c src/testing.c src/testing.h src/plan.c \
 	src/plan.h
-dtraininclude_HEADERS += src/train.h src/checkpoint.h src/ddp.h src/shard.h
+dtraininclude_HEADERS += src/train.h src/options.h src/checkpoint.h src/ddp.h src/shard.h
 
 bin_PROGRAMS += dtrain
 dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h \
@@ -12,6 +12,10 @@ TESTS += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/c
 	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
 EXTRA_DIST += tests/st_torch.py tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
 	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
+# the train options' rows: complete, in --help, recorded by checkpoints and held on resume
+check_PROGRAMS += tests/test_options
+tests_test_options_SOURCES = tests/test_options.c src/tools/args.c src/tools/tool_util.c
+TESTS += tests/test_options
 # memory accounting, the model's memory plan, recomputation's bits, the plan's rows
 check_PROGRAMS += tests/test_mem
 TESTS += tests/test_mem tests/recompute.sh tests/plan.sh tests/memcap.sh

@@ -117,13 +117,6 @@ typedef struct {
     char log[4200], metrics[4200], weights[4200];
 } run_info;
 
-/* Flags of `dtrain train` that take no value. */
-static int is_bool_flag(const char *a) {
-    return !strcmp(a, "--nesterov") || !strcmp(a, "--no-eval") || !strcmp(a, "--quiet") ||
-           !strcmp(a, "--no-overlap") || !strcmp(a, "--sync-bn") || !strcmp(a, "--allow-tf32") ||
-           !strcmp(a, "--recompute");
-}
-
 static dt_status find_programs(check_cfg *c) {
     ssize_t len = readlink("/proc/self/exe", c->self, sizeof c->self - 1);
     if (len <= 0) return dt_error(DT_ERR_IO, "cannot find the dtrain program (/proc/self/exe: %s)", strerror(errno));
@@ -150,15 +143,17 @@ static dt_status find_programs(check_cfg *c) {
     return dt_error(DT_ERR_IO, "dtrun not found next to %s (set $DTRUN to the launcher)", c->self);
 }
 
-/* Parse check's own flags and the train flags it must know; the rest passes through. */
+/* Parse check's own flags and the train flags (options.h's rows and the program's): a
+ * row marked DT_OPT_CHECK is check's to set, one marked DT_OPT_PER_WORLD is refused
+ * unless at its default, the rest pass through to both runs. A flag that is no row
+ * passes through too, for the trainer to refuse. */
 static dt_status parse_flags(int argc, char **argv, check_cfg *c, int *help) {
     dt_train_opts o;
     dt_train_opts_default(&o);
     if (dt_tool_gpt_workload(argc, argv)) dt_tool_gpt_recipe(&o);   /* the trainer's defaults then */
-    int64_t bpr = 0, user_steps = 0, iv;
-    c->data = o.data;
-    c->batch = o.batch;
-    c->warmup = o.warmup;
+    dt_tool_train_cli cli;
+    dt_tool_train_cli_default(&cli);
+    int64_t user_steps = 0, iv;
     c->timeout_s = 300;
     c->pass = calloc((size_t)argc + 1, sizeof *c->pass);
     if (!c->pass) return dt_error(DT_ERR_NOMEM, "out of memory");
@@ -167,49 +162,47 @@ static dt_status parse_flags(int argc, char **argv, check_cfg *c, int *help) {
         dt_status s = DT_OK;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { *help = 1; return DT_OK; }
         if (!strcmp(a, "--keep-runs")) { c->keep = 1; i++; continue; }
-        if (!strcmp(a, "--quiet") || !strcmp(a, "--no-eval")) { i++; continue; }  /* check sets them */
-        if (!strcmp(a, "--sync-bn")) c->sync_bn = 1;
-        if (is_bool_flag(a)) { c->pass[c->npass++] = argv[i++]; continue; }
         if (strncmp(a, "--", 2) != 0 || !a[2])
             return dt_error(DT_ERR_INVALID, "unexpected argument '%s' (dtrain check takes flags only; see --help)", a);
-        /* every other flag has a value: "--flag VALUE" or "--flag=VALUE" */
-        char name[64];
-        size_t nl = strcspn(a, "=");
-        if (nl >= sizeof name) return dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain check --help)", a);
-        memcpy(name, a, nl);
-        name[nl] = '\0';
-        int start = i;
-        if (!dt_arg_match(name, argc, argv, &i, &v, &s)) return dt_error(DT_ERR_INTERNAL, "flag '%s' not matched", a);
-        if (s != DT_OK) return s;
-        if (!strcmp(name, "--model")) o.model = v;            /* passed on, and needed to open token data */
-        if (!strcmp(name, "--normalize")) o.normalize = v;
-        if (!strcmp(name, "--np")) {
+        if (dt_arg_match("--np", argc, argv, &i, &v, &s)) {
+            DT_TRY(s);
             DT_TRY(dt_arg_int("--np", v, 2, 1024, 0, &iv));
             c->np = (int)iv;
+            continue;
         }
-        else if (!strcmp(name, "--timeout")) DT_TRY(dt_arg_double("--timeout", v, 1, 1e6, &c->timeout_s));
-        else if (!strcmp(name, "--data")) c->data = v;
-        else if (!strcmp(name, "--batch")) DT_TRY(dt_arg_int("--batch", v, 1, 1 << 24, 0, &c->batch));
-        else if (!strcmp(name, "--batch-per-rank")) DT_TRY(dt_arg_int("--batch-per-rank", v, 1, 1 << 24, 0, &bpr));
-        else if (!strcmp(name, "--micro-batches")) DT_TRY(dt_arg_int("--micro-batches", v, 1, 1 << 20, 0, &c->micro));
-        else if (!strcmp(name, "--steps")) DT_TRY(dt_arg_int("--steps", v, 0, INT64_MAX, 0, &user_steps));
-        else if (!strcmp(name, "--warmup")) DT_TRY(dt_arg_int("--warmup", v, 0, INT64_MAX, 0, &c->warmup));
-        else if (!strcmp(name, "--epochs") || !strcmp(name, "--log-every") || !strcmp(name, "--metrics") ||
-                 !strcmp(name, "--save")) {
-            /* check sets these itself */
-        } else if (!strcmp(name, "--checkpoint-dir") || !strcmp(name, "--checkpoint-every") ||
-                   !strcmp(name, "--keep") || !strcmp(name, "--resume") || !strcmp(name, "--stop-at")) {
-            /* both runs would share (and resume from) the same checkpoints: check trains from scratch */
-        } else if (!strcmp(name, "--lr-scale")) {
-            if (strcmp(v, "none") != 0)
-                return dt_error(DT_ERR_INVALID, "--lr-scale: '%s' makes the learning rate depend on the world size, "
-                                "so 1 and N processes cannot agree; pass the scaled --lr instead", v);
-        } else {
-            for (int j = start; j < i; j++) c->pass[c->npass++] = argv[j];
+        if (dt_arg_match("--timeout", argc, argv, &i, &v, &s)) {
+            DT_TRY(s);
+            DT_TRY(dt_arg_double("--timeout", v, 1, 1e6, &c->timeout_s));
+            continue;
         }
+        int start = i;
+        const dt_opt_row *r = dt_tool_train_flag(argc, argv, &i, &o, &cli, &s);
+        if (!r) {   /* not a train flag: "--flag VALUE" or "--flag=VALUE" passes on as it is */
+            char name[64];
+            size_t nl = strcspn(a, "=");
+            if (nl >= sizeof name) return dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain check --help)", a);
+            memcpy(name, a, nl);
+            name[nl] = '\0';
+            dt_arg_match(name, argc, argv, &i, &v, &s);
+        }
+        DT_TRY(s);
+        if (r && r == dt_train_option_field("max_steps")) user_steps = o.max_steps;
+        if (r && (r->where & DT_OPT_CHECK)) continue;   /* check sets it (the runs' tail, run_train) */
+        if (r && (r->where & DT_OPT_PER_WORLD)) {
+            char now[64];
+            if (strcmp(dt_opt_text(r, &o, now, sizeof now), r->def) != 0)
+                return dt_error(DT_ERR_INVALID, "%s: '%s' makes the computation depend on the world size, so 1 and "
+                                "N processes cannot agree; pass the value it would give instead", r->flag, now);
+            continue;
+        }
+        for (int j = start; j < i; j++) c->pass[c->npass++] = argv[j];
     }
+    c->sync_bn = o.sync_bn;
+    c->data = o.data;
+    c->batch = cli.batch_per_rank > 0 ? cli.batch_per_rank * (c->np > 0 ? c->np : 1) : o.batch;
+    c->micro = o.micro_batches;
+    c->warmup = o.warmup;
     if (c->np == 0) return dt_error(DT_ERR_INVALID, "--np: required (the number of processes to compare with 1)");
-    if (bpr > 0) c->batch = bpr * c->np;
     if (c->micro == 0) c->micro = c->np;
     if (c->micro % c->np != 0)
         return dt_error(DT_ERR_INVALID, "--micro-batches: %lld is not a multiple of --np %d", (long long)c->micro, c->np);

@@ -157,39 +157,54 @@ static void print_verdict(const dt_plan_opts *o, const plan_row *r) {
     else printf("fits (the batch cannot be split over more ranks)\n");
 }
 
+/* Plan's own flags, or a train flag whose row is marked DT_OPT_PLAN (set in t, and
+ * noted in given[] by row); anything else is refused. */
+static dt_status plan_flag(int argc, char **argv, int *i, dt_train_opts *t, unsigned char *given, int64_t *np,
+                           double *mem_gb, const char **input, int *json) {
+    const char *v = NULL, *a = argv[*i];
+    dt_status s = DT_OK;
+    if (!strcmp(a, "--json")) { *json = 1; (*i)++; return DT_OK; }
+    if (dt_arg_match("--np", argc, argv, i, &v, &s)) return s ? s : dt_arg_int("--np", v, 1, 1 << 20, 0, np);
+    if (dt_arg_match("--device-mem", argc, argv, i, &v, &s))
+        return s ? s : dt_arg_double("--device-mem", v, 1e-6, 1e9, mem_gb);
+    if (dt_arg_match("--input", argc, argv, i, &v, &s)) { *input = v; return s; }
+    int n;
+    const dt_opt_row *rows = dt_train_options(&n), *r = dt_arg_match_row(rows, n, argc, argv, i, t, &s);
+    if (!r || !(r->where & DT_OPT_PLAN)) return dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain plan --help)", a);
+    given[r - rows] = 1;
+    return s;
+}
+
 int dtrain_plan_main(int argc, char **argv) {
+    int nrows;
+    const dt_opt_row *opt_rows = dt_train_options(&nrows);
+    unsigned char *given = calloc((size_t)nrows, 1);
     dt_train_opts t;
-    dt_train_opts_default(&t);
-    const char *model = NULL, *data = NULL, *input = NULL, *prec = NULL, *shard = NULL, *optim = NULL;
-    int64_t np = 1, batch = 0;
+    const char *input = NULL;
+    int64_t np = 1;
     double mem_gb = 0.0;
     int json = 0;
-    dt_status s = DT_OK;
-    for (int i = 1; i < argc && s == DT_OK;) {
-        const char *v = NULL, *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage_plan, stdout); return 0; }
-        if (!strcmp(a, "--recompute")) { t.recompute = 1; i++; continue; }
-        if (!strcmp(a, "--no-eval")) { t.eval = 0; i++; continue; }
-        if (!strcmp(a, "--json")) { json = 1; i++; continue; }
-#define FLAG(name) dt_arg_match(name, argc, argv, &i, &v, &s)
-        if (FLAG("--model")) model = v;
-        else if (FLAG("--np")) { if (s == DT_OK) s = dt_arg_int("--np", v, 1, 1 << 20, 0, &np); }
-        else if (FLAG("--precision")) prec = v;
-        else if (FLAG("--shard")) shard = v;
-        else if (FLAG("--batch")) { if (s == DT_OK) s = dt_arg_int("--batch", v, 1, 1 << 24, 0, &batch); }
-        else if (FLAG("--micro-batches")) { if (s == DT_OK) s = dt_arg_int("--micro-batches", v, 1, 1 << 20, 0, &t.micro_batches); }
-        else if (FLAG("--device-mem")) { if (s == DT_OK) s = dt_arg_double("--device-mem", v, 1e-6, 1e9, &mem_gb); }
-        else if (FLAG("--optim")) optim = v;
-        else if (FLAG("--backward-prefetch")) t.backward_prefetch = v;
-        else if (FLAG("--input")) input = v;
-        else if (FLAG("--data")) data = v;
-        else s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain plan --help)", a);
-#undef FLAG
+    dt_status s = given ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage_plan, stdout); free(given); return 0; }
+    /* twice: the model (found the first time) says whose defaults the flags apply over */
+    for (int pass = 0; pass < 2 && s == DT_OK; pass++) {
+        const char *model = pass ? t.model : NULL;
+        dt_train_opts_default(&t);
+        if (model && !strncmp(model, "gpt", 3)) dt_tool_gpt_recipe(&t);   /* as dtrain train on token data */
+        for (int i = 1; i < argc && s == DT_OK;) s = plan_flag(argc, argv, &i, &t, given, &np, &mem_gb, &input, &json);
     }
-    if (s == DT_OK && !model) s = dt_error(DT_ERR_INVALID, "--model: required (a preset, a layer list or @FILE)");
+    const dt_opt_row *model_row = dt_train_option_field("model");
+    if (s == DT_OK && !given[model_row - opt_rows])
+        s = dt_error(DT_ERR_INVALID, "--model: required (a preset, a layer list or @FILE)");
     int nsh, npr;
     const dt_plan_shard *shards = dt_plan_shards(&nsh);
     const dt_plan_precision *precs = dt_plan_precisions(&npr);
+    /* --shard and --precision given: only that mode, that precision */
+    const char *shard = given[dt_train_option_field("shard") - opt_rows] ? t.shard : NULL;
+    const char *prec = given[dt_train_option_field("precision") - opt_rows] ? t.precision : NULL;
+    const char *model = t.model, *data = given[dt_train_option_field("data") - opt_rows] ? t.data : NULL;
+    free(given);
     const dt_plan_shard *sh1 = shard ? dt_plan_shard_find(shard) : NULL;
     const dt_plan_precision *pr1 = prec ? dt_plan_precision_find(prec) : NULL;
     if (s == DT_OK && shard && !sh1)
@@ -199,10 +214,6 @@ int dtrain_plan_main(int argc, char **argv) {
     if (s == DT_OK && prec && !pr1)
         s = dt_error(DT_ERR_INVALID, "--precision: expected fp32, bf16 or fp16, got '%s'", prec);
     if (s != DT_OK) return dt_tool_fail(s);
-    t.model = model;
-    if (!strncmp(model, "gpt", 3)) dt_tool_gpt_recipe(&t);   /* as dtrain train on token data */
-    if (batch > 0) t.batch = batch;
-    if (optim) t.optim = optim;
 
     dt_plan_opts o = {.train = &t, .world = (int)np};
     if ((s = dt_tool_input_shape(model, data, input, "--input", &o.input, &o.labels)) != DT_OK) return dt_tool_fail(s);

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,41 +18,104 @@
 
 #include "clock.h"
 #include "fileio.h"
+#include "optim.h"
 #include "tool_util.h"
 
 extern char **environ;
 
 /* ---- messages ----------------------------------------------------------------------- */
 
-const dt_arg_field dt_tool_train_flags[] = {
-    {"model", "--model"},                 {"data", "--data"},
-    {"epochs", "--epochs"},               {"max_steps", "--steps"},
-    {"batch", "--batch"},                 {"micro_batches", "--micro-batches"},
-    {"optim", "--optim"},                 {"lr", "--lr"},
-    {"momentum", "--momentum"},           {"nesterov", "--nesterov"},
-    {"weight_decay", "--weight-decay"},   {"schedule", "--schedule"},
-    {"step_size", "--step-size"},         {"gamma", "--gamma"},
-    {"warmup", "--warmup"},               {"clip", "--clip"},
-    {"label_smoothing", "--label-smoothing"}, {"seed", "--seed"},
-    {"loss", "--loss"},                   {"decay", "--decay"}, {"shard", "--shard"}, {"shard_unit_mb", "--shard-unit-mb"},
-    {"backward_prefetch", "--backward-prefetch"},
-    {"min_lr", "--min-lr"},               {"eval_every", "--eval-every"},
-    {"eval_batches", "--eval-batches"},   {"dampening", "--dampening"},
-    {"normalize", "--normalize"},         {"init_weights", "--init"},
-    {"bucket_mb", "--bucket-mb"},         {"overlap", "--no-overlap"},
-    {"sync_bn", "--sync-bn"},             {"lr_scale", "--lr-scale"},
-    {"recompute", "--recompute"},
-    {"eval", "--no-eval"},                {"ckpt_dir", "--checkpoint-dir"},
-    {"ckpt_every", "--checkpoint-every"}, {"ckpt_keep", "--keep"},
-    {"stop_at", "--stop-at"},             {"resume", "--resume"},
-    {"resume_override", "--resume-override"},
-    {"log_every", "--log-every"},         {"rank_stats_every", "--rank-stats"},
-    {"precision", "--precision"},         {"grad_dtype", "--grad-dtype"},
-    {NULL, NULL},
+#define CLI(name) offsetof(dt_tool_train_cli, name)
+const dt_opt_row dt_tool_train_rows[] = {
+    {.field = "threads", .flag = "--threads", .arg = "N", .type = DT_OPT_I64, .off = CLI(threads), .lo = 1,
+     .hi = 4096, .sec = DT_OPT_SEC_RUN, .shown = "", .example = "1",
+     .help = "compute threads per process (default: $OMP_NUM_THREADS,\n"
+             "else cores / local processes, at most the cores this\n"
+             "process is bound to)"},
+    {.field = "peak_gflops", .flag = "--peak-gflops", .arg = "X", .type = DT_OPT_F64, .off = CLI(peak_gflops),
+     .lo = 1e-6, .hi = 1e12, .sec = DT_OPT_SEC_RUN, .shown = "measured sgemm", .example = "100",
+     .help = "token models: one process's peak; MFU is stated against it\n"
+             "times the processes"},
+    {.field = "save", .flag = "--save", .arg = "FILE", .type = DT_OPT_STR, .off = CLI(save),
+     .where = DT_OPT_CHECK, .sec = DT_OPT_SEC_RUN, .example = "w.safetensors",
+     .help = "write the final weights (safetensors, PyTorch names)"},
+    {.field = "metrics", .flag = "--metrics", .arg = "FILE", .type = DT_OPT_STR, .off = CLI(metrics),
+     .where = DT_OPT_CHECK, .sec = DT_OPT_SEC_RUN, .example = "m.jsonl",
+     .help = "append JSON lines: one per logged step and per epoch"},
+    {.field = "quiet", .flag = "--quiet", .type = DT_OPT_ON, .off = CLI(quiet), .where = DT_OPT_CHECK,
+     .sec = DT_OPT_SEC_RUN, .example = "1", .help = "no progress, only the final summary"},
+    {.field = "device", .flag = "--device", .arg = "cpu|cuda", .type = DT_OPT_STR, .off = CLI(device), .def = "cpu",
+     .sec = DT_OPT_SEC_RUN, .example = "cuda",
+     .help = "compute device (cuda needs a --with-cuda build; each rank\n"
+             "takes the GPU of its local rank)"},
+    {.field = "allow_tf32", .flag = "--allow-tf32", .type = DT_OPT_ON, .off = CLI(allow_tf32),
+     .sec = DT_OPT_SEC_RUN, .example = "1", .help = "let cuBLAS use TF32 for GEMMs (faster, fewer mantissa bits)"},
+    {.field = "batch_per_rank", .flag = "--batch-per-rank", .arg = "N", .type = DT_OPT_I64,
+     .off = CLI(batch_per_rank), .lo = 1, .hi = 1 << 24, .where = DT_OPT_CHECK, .sec = DT_OPT_SEC_DIST, .shown = "", .example = "8",
+     .help = "global batch = N x world size (instead of --batch)"},
+    {.field = "backend", .flag = "--backend", .arg = "tcp|mpi|nccl", .type = DT_OPT_STR, .off = CLI(backend),
+     .sec = DT_OPT_SEC_DIST, .shown = "$DT_BACKEND or tcp", .example = "tcp", .help = "communication backend"},
+    {.field = "init_method", .flag = "--init-method", .arg = "URL", .type = DT_OPT_STR, .off = CLI(init_method),
+     .sec = DT_OPT_SEC_DIST, .example = "env://",
+     .help = "env:// (default), tcp://HOST:PORT or file:///PATH; under\n"
+             "mpirun without MASTER_ADDR/MASTER_PORT, rank 0's address\n"
+             "travels through MPI (tcp backend; README \"Launching\")"},
+    /* for tests/check_planted.sh: plant a known bug (testing.h) */
+    {.field = "fault", .flag = "--testing-fault", .arg = "NAME", .type = DT_OPT_STR, .off = CLI(fault),
+     .where = DT_OPT_HIDDEN, .sec = DT_OPT_SEC_RUN, .example = "lr-rank1", .help = "plant a known bug"},
 };
+const int dt_tool_train_nrows = (int)(sizeof dt_tool_train_rows / sizeof dt_tool_train_rows[0]);
+
+void dt_tool_train_cli_default(dt_tool_train_cli *c) {
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < dt_tool_train_nrows; i++) dt_opt_set_default(&dt_tool_train_rows[i], c);
+}
+
+const dt_opt_row *dt_tool_train_flag(int argc, char **argv, int *i, dt_train_opts *o, dt_tool_train_cli *c,
+                                     dt_status *err) {
+    int n;
+    const dt_opt_row *rows = dt_train_options(&n), *r = dt_arg_match_row(rows, n, argc, argv, i, o, err);
+    return r ? r : dt_arg_match_row(dt_tool_train_rows, dt_tool_train_nrows, argc, argv, i, c, err);
+}
+
+const dt_opt_row *dt_tool_train_row(const char *flag) {
+    const dt_opt_row *r = dt_train_option_flag(flag);
+    return r ? r : dt_arg_find_row(dt_tool_train_rows, dt_tool_train_nrows, flag);
+}
+
+void dt_tool_train_help(FILE *f) {
+    int n;
+    const dt_opt_row *rows = dt_train_options(&n);
+    fputs("usage: dtrain train [flags]\n", f);
+    for (int sec = 0; sec < DT_OPT_NSEC; sec++) {
+        const char *intro = dt_opt_section_intro((dt_opt_section)sec);
+        fprintf(f, "%s%s%s%s:\n", sec ? "" : "\n", dt_opt_section_name((dt_opt_section)sec), *intro ? " " : "", intro);
+        for (int pass = 0; pass < 2; pass++) {
+            const dt_opt_row *rs = pass ? dt_tool_train_rows : rows;
+            for (int i = 0; i < (pass ? dt_tool_train_nrows : n); i++) {
+                if ((int)rs[i].sec != sec || (rs[i].where & DT_OPT_HIDDEN)) continue;
+                dt_arg_help_row(f, &rs[i]);
+                if (pass == 0 && !strcmp(rs[i].field, "optim")) {   /* one line per optimizer row (optim.h) */
+                    for (int k = 0; k < DT_OPTIM_COUNT; k++) {
+                        const dt_optim_def *d = dt_optim_def_of((dt_optim_kind)k);
+                        fprintf(f, "    %-20s%s\n", d->name, d->help);
+                        fprintf(f, "%24sdefaults: --lr %g --weight-decay %g\n", "", d->train_lr, d->train_weight_decay);
+                    }
+                }
+            }
+        }
+        if (sec == DT_OPT_SEC_OPTIM)
+            fputs("GPT workload: with a gpt preset and --data tokens:DIR the defaults become nanoGPT's\n"
+                  "recipe: --optim adamw --lr 1e-3 --betas 0.9,0.99 --weight-decay 0.1 --decay matrices\n"
+                  "--warmup 100 --min-lr 1e-4 (lr/10 when --lr is given) --clip 1 --batch 12 --steps 2000\n"
+                  "--eval-every 250 --eval-batches 20; flags given still win.\n", f);
+    }
+}
 
 const char *dt_tool_error(char *buf, size_t n) {
-    return dt_arg_flag_message(dt_tool_train_flags, dt_last_error(), buf, n);
+    int nrows;
+    const dt_opt_row *rows = dt_train_options(&nrows);
+    return dt_arg_flag_message(rows, nrows, dt_last_error(), buf, n);
 }
 
 int dt_tool_fail(dt_status s) {

@@ -12,6 +12,7 @@
 #define DT_TOOL_UTIL_H
 
 #include <signal.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "args.h"
@@ -20,9 +21,28 @@
 
 /* ---- messages ----------------------------------------------------------------------- */
 
-/* The option fields of dt_train_opts (train.h) with the `dtrain train` flags that
- * set them (eval, model and check use the same flag names), ended by NULLs. */
-extern const dt_arg_field dt_tool_train_flags[];
+/* The flags of `dtrain train` that belong to the program, not to dt_train_opts: rows
+ * (options.h) over this struct, shown in --help beside the library's rows. */
+typedef struct {
+    int64_t     threads;         /* compute threads per process (0: the default) */
+    int64_t     batch_per_rank;  /* global batch = this x the world size (0: --batch) */
+    double      peak_gflops;     /* MFU's peak (0: measured) */
+    const char *save, *metrics, *device, *backend, *init_method, *fault;
+    int         quiet, allow_tf32;
+} dt_tool_train_cli;
+extern const dt_opt_row dt_tool_train_rows[];
+extern const int        dt_tool_train_nrows;
+
+/* The defaults of the program's rows. */
+void dt_tool_train_cli_default(dt_tool_train_cli *c);
+/* When argv[*i] is a flag of `dtrain train` (the library's rows or the program's), set
+ * it in o or c, advance *i and return its row (*err set for a bad value); else NULL. */
+const dt_opt_row *dt_tool_train_flag(int argc, char **argv, int *i, dt_train_opts *o, dt_tool_train_cli *c,
+                                     dt_status *err);
+/* The row of a `dtrain train` flag (exactly "--flag"), the library's or the program's. */
+const dt_opt_row *dt_tool_train_row(const char *flag);
+/* `dtrain train --help`, from the rows. */
+void dt_tool_train_help(FILE *f);
 
 /* dt_last_error() into buf (size n), naming the flag where the library named the
  * option field ("micro_batches: ..." -> "--micro-batches: ..."). Returns buf. */

@@ -1,0 +1,93 @@
+/*
+ * train_impl.h: what the trainer's files share; not installed.
+ *
+ *   train.c        setup, the step and the loop
+ *   train_ckpt.c   the checkpoint and resume protocol (driven by options.h's recorded rows)
+ *   train_eval.c   loss targets, the device batch, evaluation
+ */
+#ifndef DT_TRAIN_IMPL_H
+#define DT_TRAIN_IMPL_H
+
+#include "amp.h"
+#include "ckpt.h"
+#include "data.h"
+#include "ddp.h"
+#include "model.h"
+#include "optim.h"
+#include "sampler.h"
+#include "shard.h"
+#include "train.h"
+
+/* One run's state, from setup to the end. */
+typedef struct trainer {
+    const dt_train_opts *o;
+    const dt_ops *ops;
+    dt_comm *comm;
+    int rank, world;
+    dt_dataset *train, *test;
+    dt_sampler *sampler;
+    dt_loader *loader;
+    dt_model *model;
+    dt_optim *optim;
+    dt_schedule sched;
+    dt_ddp *ddp;
+    dt_shard_mode mode;              /* --shard */
+    dt_shard_prefetch prefetch;      /* --backward-prefetch */
+    dt_shard *shard;                 /* which part of the parameters this rank's optimizer updates */
+    dt_amp *amp;                     /* mixed precision: loss scaler, gradient dtype (amp.h) */
+    int64_t S, k, b, first_micro;   /* micro-batches, local micro-batches, micro size, first local */
+    int64_t *idx;                    /* this rank's sample indices of one step (k*b) */
+    float *dx;                       /* device batch (k*b, sample) */
+    int32_t *dy;                     /* device labels (k*b*lw) */
+    int64_t lw;                      /* labels per sample: 1, or T for token windows */
+    dt_loss lf;                      /* the training loss */
+    int C;                           /* model outputs per sample */
+    float *hot, *dhot;               /* MSE: one-hot targets (k*b, C), host and device */
+    float *losses, *all_losses;      /* k local / S global micro-batch losses */
+    float *dlosses;                  /* device: the k local losses, then the clipping scalar */
+    float *bnrec;                    /* S batchnorm records of bnrec_n floats, micro-batch order */
+    size_t bnrec_n;
+    int64_t spe, total;              /* steps per epoch, total steps */
+    int64_t queued;                  /* steps submitted to the loader */
+    uint64_t hash_term[4];           /* this rank's fingerprint term of queued step g, at g % 4
+                                      * (the loader runs at most 2 steps ahead) */
+    uint64_t *hash_all;              /* one fingerprint term per rank */
+    /* this rank's time split since the last per-rank report, seconds */
+    double t_data, t_compute, t_comm, t_step;
+    int64_t steps_since;
+    double *rank_stats;              /* world x DT_RANK_STATS */
+    int64_t g0;                      /* first step of this run (> 0 when resumed) */
+    dt_ckpt *resume;                 /* the checkpoint to resume from, until restored */
+    char note[1536];                 /* what resume did, for the START event */
+    double epoch_loss;               /* sum of step losses of the current epoch */
+    int64_t epoch_steps;             /* steps of the current epoch (resumed ones included) */
+} trainer;
+
+/* ---- train_eval.c ---- */
+
+/* What a loss compares the outputs (n, C) with, in device memory: the labels (already
+ * in dy) for cross-entropy; for MSE one-hot rows (n, C), the label's column 1 and the
+ * others 0, written into host memory hot and copied to dhot (both n x C floats). */
+dt_status dt_train_loss_target_(const dt_ops *ops, const dt_loss *lf, const int32_t *labels, size_t n, int C,
+                                const int32_t *dy, float *hot, float *dhot, const void **target);
+/* The device batch of n samples (x, labels) and, for MSE, its one-hot targets on the
+ * host and the device, sized by dt_train_batch_size and counted as other. */
+dt_status dt_train_batch_alloc_(const dt_ops *ops, const dt_loss *lf, size_t n, int64_t ss, int64_t lw, int C,
+                                float **dx, int32_t **dy, float **hot, float **dhot);
+/* Validation during training: test loss and accuracy (see train_eval.c). */
+dt_status dt_train_validate_(trainer *t, double *loss, double *acc);
+
+/* ---- train_ckpt.c ---- */
+
+/* The checkpoint directory can be written (rank 0 prepares it; every rank learns). */
+dt_status dt_train_check_ckpt_dir_(trainer *t);
+/* Open the checkpoint to resume from (rank 0 chooses; t->resume, or a note that there
+ * is none yet), and check its seed, batch and micro-batches. */
+dt_status dt_train_resume_open_(trainer *t);
+/* Restore model, optimizer and loop position from t->resume, holding the run to the
+ * recorded settings; closes it. */
+dt_status dt_train_resume_restore_(trainer *t);
+/* A checkpoint after step `done` when one is due (or force). */
+dt_status dt_train_checkpoint_(trainer *t, int64_t done, int force);
+
+#endif /* DT_TRAIN_IMPL_H */
