@@ -10,7 +10,7 @@
 #include "comm.h"    /* dt_comm_shm_plan */
 #include "ddp.h"     /* dt_ddp_tree_arrays, dt_ddp_opts_default */
 #include "optim.h"
-#include "shard.h"   /* dt_shard_prefetch_parse */
+#include "shard.h"   /* dt_shard_prefetch_parse, dt_shard_floats, dt_shard_pool_in_use */
 
 /* ---- the rows ------------------------------------------------------------------------ */
 
@@ -63,12 +63,8 @@ const dt_plan_precision *dt_plan_precision_find(const char *name) {
 
 /* ---- the formula ------------------------------------------------------------------------ */
 
-/* n parameters of `bytes` each, divided over w ranks when sharded (contiguous shards of
- * whole DT_SUM_CHUNK chunks, shard.c: the largest holds ceil(chunks / w) of them) */
-static int64_t shard_floats(int64_t n, int64_t w) {
-    const int64_t C = DT_SUM_CHUNK;
-    return ((n + C - 1) / C + w - 1) / w * C;
-}
+/* n parameters of `bytes` each, divided over w ranks when sharded (shard.c's shards) */
+static int64_t shard_floats(int64_t n, int64_t w) { return (int64_t)dt_shard_floats((size_t)n, (int)w); }
 
 static size_t per_rank(int64_t n, int bytes, int sharded, int w) {
     int64_t k = sharded ? shard_floats(n, w) : n;
@@ -86,10 +82,7 @@ static size_t whole(int64_t n, int bytes, int sharding, int w) {
  * slots, *grad_bytes the most of them holding gradients at once. A rank's slots are the
  * size of its largest unit that is not wholly in its own shard (in mixed precision none
  * is: every unit is rounded in a slot); its own units are read where they lie and take
- * none. Forward holds a unit and the next; backward a unit, its gradient, the unit
- * before it (pre) and the gradient after it still being summed: a run of L units that
- * are not the rank's own makes min(L + 1, 4) slots, with post min(L + 1, 2) (one unit and
- * one gradient at a time). Gradients take at most two of them (post: one). */
+ * none. The slots in use at once for its longest run of such units: dt_shard_pool_in_use. */
 static dt_status pool_slots(const dt_plan_opts *o, size_t unit_floats, int lowp, int post, size_t *pool_bytes,
                             size_t *grad_bytes) {
     *pool_bytes = *grad_bytes = 0;
@@ -124,10 +117,8 @@ static dt_status pool_slots(const dt_plan_opts *o, size_t unit_floats, int lowp,
             if (run > longest) longest = run;
             if (!own && U[u].floats > slot) slot = U[u].floats;
         }
-        int slots = longest ? longest + 1 : 0, cap = post ? 2 : 4;
-        if (slots > cap) slots = cap;
-        int gslots = slots > 1 ? (slots - 1 < 2 ? slots - 1 : 2) : 0;
-        if (post && gslots > 1) gslots = 1;
+        int slots, gslots;
+        dt_shard_pool_in_use(longest, post, &slots, &gslots);
         if ((size_t)slots * slot * sizeof(float) > *pool_bytes) {
             *pool_bytes = (size_t)slots * slot * sizeof(float);
             *grad_bytes = (size_t)gslots * slot * sizeof(float);

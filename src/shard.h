@@ -69,7 +69,8 @@
 typedef enum { DT_SHARD_NONE, DT_SHARD_OPTIM, DT_SHARD_GRADS, DT_SHARD_PARAMS, DT_SHARD_COUNT } dt_shard_mode;
 
 DT_API const char *dt_shard_name (dt_shard_mode m);         /* "none", "optim", "grads", "params"; "?" */
-/* DT_ERR_INVALID "shard: expected none, optim, grads or params, got 'X'". */
+/* DT_ERR_INVALID "shard: expected none, optim, grads or params, got 'X'" (the names
+ * from the modes' rows, shard.c). */
 DT_API dt_status   dt_shard_parse(const char *s, dt_shard_mode *out);
 
 /* params: when backward gathers the unit before the one it runs (FSDP's backward_prefetch).
@@ -94,6 +95,23 @@ DT_API dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, d
 DT_API void      dt_shard_free(dt_shard *s);
 
 DT_API dt_shard_mode dt_shard_mode_of(const dt_shard *s);
+/* Floats per shard of n parameters over world ranks: whole DT_SUM_CHUNK chunks,
+ * ceil(chunks / world) of them (the last rank's shard padded). dtrain plan reads it. */
+DT_API size_t    dt_shard_floats(size_t n, int world);
+/* 1 when the optimizer state is split over several ranks (a checkpoint is then written
+ * by every rank, its shard); 0 with none or one rank. */
+DT_API int       dt_shard_state_sharded(const dt_shard *s);
+/* 1 when each rank keeps its shard of the parameters only (params on several ranks):
+ * no rank holds the whole model until dt_shard_gather_root. */
+DT_API int       dt_shard_params_sharded(const dt_shard *s);
+/* What this rank keeps, for the log ("shard optim: rank 1 of 2 keeps the optimizer state
+ * of ..."); "" with none. */
+DT_API void      dt_shard_note(const dt_shard *s, char *buf, size_t n);
+/* params, the pool: the slots a rank takes at most at once when its longest run of
+ * consecutive units not wholly its own is `run` units long, and how many of them hold
+ * gradients (*grad_slots); post: backward's prefetch after the unit (DT_PREFETCH_POST).
+ * shard_params.c explains the count; dtrain plan reads it. */
+DT_API void      dt_shard_pool_in_use(int run, int post, int *slots, int *grad_slots);
 /* This rank's part of the parameters the optimizer updates: [*lo, *lo + *len) of the
  * n parameters (the whole array with none). */
 DT_API void      dt_shard_range(const dt_shard *s, size_t *lo, size_t *len);

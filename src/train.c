@@ -460,7 +460,7 @@ static dt_status setup_parallel(trainer *t) {
     dopt.overlap = o->overlap;
     dopt.sync_bn = o->sync_bn;
     dopt.local_only = !dt_shard_ddp_reduces(t->shard);
-    dopt.sharded_params = t->mode == DT_SHARD_PARAMS && t->world > 1;
+    dopt.sharded_params = dt_shard_params_sharded(t->shard);
     dopt.grad_dtype = dt_amp_grad_dtype(t->amp);
     DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
     return dt_shard_attach(t->shard, t->ddp, (size_t)(o->shard_unit_mb * 1048576.0), t->prefetch);
@@ -503,12 +503,10 @@ static dt_status setup_start(trainer *t) {
     if (t->resume) DT_TRY(dt_train_resume_restore_(t));
     DT_TRY(dt_ddp_sync_start(t->ddp));
     DT_TRY(dt_shard_drop_params(t->shard));
-    if (t->mode != DT_SHARD_NONE) {
-        size_t lo, len, nl = strlen(t->note);
-        dt_shard_range(t->shard, &lo, &len);
-        snprintf(t->note + nl, sizeof t->note - nl, "%sshard %s: rank %d of %d keeps the optimizer state of %zu of %zu "
-                 "parameters", nl ? "; " : "", dt_shard_name(t->mode), t->rank, t->world, len, dt_model_nparams(t->model));
-    }
+    char what[256];
+    dt_shard_note(t->shard, what, sizeof what);
+    size_t nl = strlen(t->note);
+    if (what[0]) snprintf(t->note + nl, sizeof t->note - nl, "%s%s", nl ? "; " : "", what);
     return DT_OK;
 }
 
@@ -659,7 +657,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
      * (after giving back its optimizer state and gradient shard, 12/W bytes a parameter,
      * before 4 - 4/W arrive), the others end with their shard. Otherwise every rank
      * must end with the same parameters: a hash per tensor, compared. */
-    if (dt_shard_mode_of(t->shard) == DT_SHARD_PARAMS && t->world > 1) {
+    if (dt_shard_params_sharded(t->shard)) {
         dt_optim_free(t->optim);
         t->optim = NULL;
         DT_TRY(dt_shard_release_grads(t->shard));

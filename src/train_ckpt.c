@@ -109,7 +109,7 @@ dt_status dt_train_checkpoint_(trainer *t, int64_t done, int force) {
                          .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
                          .model_spec = o->model, .schedule = o->schedule};
     dt_status s = DT_OK;
-    if (dt_shard_mode_of(t->shard) != DT_SHARD_NONE && t->world > 1) s = save_sharded(t, &info, extra, nextra);
+    if (dt_shard_state_sharded(t->shard)) s = save_sharded(t, &info, extra, nextra);
     else if (t->rank == 0) s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, nextra);
     if (s != DT_OK) dt_error_wrap(s, "checkpoint at step %lld: ", (long long)done);
     return s;
@@ -237,7 +237,7 @@ dt_status dt_train_resume_restore_(trainer *t) {
      * its range of the optimizer state, from a sharded checkpoint or not. */
     size_t lo, len, n = dt_model_nparams(t->model);
     dt_shard_range(t->shard, &lo, &len);
-    int own = dt_shard_mode_of(t->shard) == DT_SHARD_PARAMS && t->world > 1;
+    int own = dt_shard_params_sharded(t->shard);
     DT_TRY(dt_ckpt_restore_range(t->resume, t->model, own ? lo : 0, own ? lo + len : n, t->optim, lo));
     DT_TRY(resume_compare(t));
     DT_TRY(dt_amp_restore(t->amp, dt_ckpt_extra(t->resume, "loss_scaler")));

@@ -12,6 +12,7 @@
 #include "model.h"
 #include "optim.h"
 #include "plan.h"
+#include "shard.h"
 #include "rng.h"
 #include "tap.h"
 
@@ -320,6 +321,14 @@ static void test_plan_rows(void) {
     const dt_plan_precision *fp32 = dt_plan_precision_find("fp32"), *bf16 = dt_plan_precision_find("bf16");
     ok(fp32 && bf16 && dt_plan_precision_find("fp16") && !dt_plan_precision_find("fp8"), "precision rows by name");
     ok(dt_plan_shard_find("none") && dt_plan_shard_find("params") && !dt_plan_shard_find("all"), "shard rows by name");
+    int nmodes;
+    const dt_plan_shard *modes = dt_plan_shards(&nmodes);
+    int same = nmodes == DT_SHARD_COUNT;
+    for (int i = 0; same && i < nmodes; i++) {
+        dt_shard_mode m;
+        same = dt_shard_parse(modes[i].name, &m) == DT_OK && (int)m == i;
+    }
+    ok(same, "the plan has a row for each sharding mode of shard.c, in its order");
     is_int(dt_plan_run(&o, dt_plan_shard_find("none"), fp32, &none), DT_OK, "plan: none, fp32 on 4 ranks");
     is_int(none.bytes[DT_MEM_PARAMS], 4 * P, "none: 4P of parameters");
     is_int(none.bytes[DT_MEM_OPTIM], 8 * P, "none: AdamW's 8P");
