@@ -44,29 +44,17 @@ const int32_t *dt_dataset_labels(const dt_dataset *ds) { return ds->y; }
 const char *dt_dataset_source(const dt_dataset *ds) { return ds->source; }
 
 void dt_dataset_free(dt_dataset *ds) {
-    if (!ds) return;
-    dt_tokens_unmap_(ds);
-    free(ds->x);
-    free(ds->y);
-    free(ds);
+    if (ds) ds->src->free(ds);
 }
 
 dt_status dt_dataset_gather(const dt_dataset *ds, const int64_t *idx, size_t n, float *x, int32_t *y) {
-    size_t row = (size_t)ds->info.sample_size;
     for (size_t i = 0; i < n; i++) {
         int64_t k = idx[i];
         if (k < 0 || k >= ds->info.n)
             return dt_error(DT_ERR_INVALID, "%s: sample index %lld out of range [0, %lld)", ds->source, (long long)k,
                             (long long)ds->info.n);
     }
-    if (ds->tok) {
-        dt_tokens_gather_(ds, idx, n, x, y);
-        return DT_OK;
-    }
-    for (size_t i = 0; i < n; i++) {
-        memcpy(x + i * row, ds->x + (size_t)idx[i] * row, row * sizeof(float));
-        y[i] = ds->y[idx[i]];
-    }
+    ds->src->gather(ds, idx, n, x, y);
     return DT_OK;
 }
 
@@ -422,6 +410,8 @@ static dt_status load_arrays(const data_spec *sp, dt_split split, dt_array *x, d
     return s;
 }
 
+static const dt_data_source_ synthetic_, files_;   /* the rows of in-memory sources, below */
+
 /* Build the dataset of one split; for the training split (stats == NULL) the
  * statistics and class count are computed and stored for the test split. */
 static dt_status build_split(const data_spec *sp, dt_split split, const dt_data_opts *o, const dt_dataset *train,
@@ -430,6 +420,7 @@ static dt_status build_split(const data_spec *sp, dt_split split, const dt_data_
     dt_array x, y;
     dt_dataset *ds = calloc(1, sizeof *ds);
     if (!ds) return dt_error(DT_ERR_NOMEM, "out of memory");
+    ds->src = sp->synthetic ? &synthetic_ : &files_;
     dt_status s = load_arrays(sp, split, &x, &y, ds->source, sizeof ds->source);
     if (s != DT_OK) {
         free(ds);
@@ -488,18 +479,15 @@ static dt_status build_split(const data_spec *sp, dt_split split, const dt_data_
     return DT_OK;
 }
 
-dt_status dt_dataset_open_pair(const char *spec, const dt_data_opts *opts, dt_dataset **train, dt_dataset **test) {
-    dt_data_opts o;
-    if (opts) o = *opts;
-    else dt_data_opts_default(&o);
-    *train = NULL;
-    if (test) *test = NULL;
-    if (spec && strncmp(spec, "tokens:", 7) == 0) return dt_tokens_open_pair_(spec + 7, &o, train, test);
+/* ---- the sources ---------------------------------------------------------- */
+
+/* Both splits of an in-memory source (a directory, X,Y files or synthetic:). */
+static dt_status arrays_open_pair(const char *spec, const dt_data_opts *o, dt_dataset **train, dt_dataset **test) {
     data_spec sp;
     DT_TRY(parse_spec(spec, &sp));
-    DT_TRY(build_split(&sp, DT_SPLIT_TRAIN, &o, NULL, train));
+    DT_TRY(build_split(&sp, DT_SPLIT_TRAIN, o, NULL, train));
     if (test) {
-        dt_status s = build_split(&sp, DT_SPLIT_TEST, &o, *train, test);
+        dt_status s = build_split(&sp, DT_SPLIT_TEST, o, *train, test);
         if (s != DT_OK) {
             dt_dataset_free(*train);
             *train = NULL;
@@ -507,6 +495,45 @@ dt_status dt_dataset_open_pair(const char *spec, const dt_data_opts *opts, dt_da
         }
     }
     return DT_OK;
+}
+
+static void arrays_gather(const dt_dataset *ds, const int64_t *idx, size_t n, float *x, int32_t *y) {
+    size_t row = (size_t)ds->info.sample_size;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(x + i * row, ds->x + (size_t)idx[i] * row, row * sizeof(float));
+        y[i] = ds->y[idx[i]];
+    }
+}
+
+static void arrays_free(dt_dataset *ds) {
+    free(ds->x);
+    free(ds->y);
+    free(ds);
+}
+
+static const dt_data_source_ synthetic_ = {.prefix = "synthetic:", .open_pair = arrays_open_pair,
+                                           .gather = arrays_gather, .free = arrays_free};
+static const dt_data_source_ files_ = {.prefix = NULL, .open_pair = arrays_open_pair, .gather = arrays_gather,
+                                       .free = arrays_free};
+/* by prefix; the last, without one, takes every other spec */
+static const dt_data_source_ *const sources[] = {&dt_data_tokens_, &synthetic_, &files_};
+
+static const dt_data_source_ *source_of(const char *spec) {
+    size_t n = sizeof sources / sizeof sources[0];
+    for (size_t i = 0; i + 1 < n; i++)
+        if (spec && !strncmp(spec, sources[i]->prefix, strlen(sources[i]->prefix))) return sources[i];
+    return sources[n - 1];
+}
+
+int dt_data_windows(const char *spec) { return source_of(spec)->windows; }
+
+dt_status dt_dataset_open_pair(const char *spec, const dt_data_opts *opts, dt_dataset **train, dt_dataset **test) {
+    dt_data_opts o;
+    if (opts) o = *opts;
+    else dt_data_opts_default(&o);
+    *train = NULL;
+    if (test) *test = NULL;
+    return source_of(spec)->open_pair(spec, &o, train, test);
 }
 
 dt_status dt_dataset_open_opts(const char *spec, dt_split split, const dt_data_opts *opts, dt_dataset **out) {

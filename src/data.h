@@ -105,6 +105,9 @@ DT_API dt_status dt_dataset_open(const char *spec, dt_split split, dt_dataset **
 DT_API dt_status dt_dataset_open_opts(const char *spec, dt_split split, const dt_data_opts *opts, dt_dataset **out);
 /* Both splits, computing the training statistics once (test may be NULL). */
 DT_API dt_status dt_dataset_open_pair(const char *spec, const dt_data_opts *opts, dt_dataset **train, dt_dataset **test);
+/* 1 when spec's source reads windows whose length and vocabulary come from the model
+ * (tokens:DIR): dt_data_opts.window and .classes must then be set from it. */
+DT_API int       dt_data_windows(const char *spec);
 /* A synthetic dataset: n samples of (c, h, w), `classes` classes; split picks
  * an independent stream of samples over the same class prototypes. */
 DT_API dt_status dt_dataset_synthetic(int64_t n, int c, int h, int w, int classes, uint64_t seed, dt_split split,

@@ -161,6 +161,15 @@ static dt_status tokmap_check_vocab(const tokmap *m, int vocab) {
     return dt_error(DT_ERR_INTERNAL, "%s: largest token %u not found again", m->path, m->max);
 }
 
+static void tokens_free(dt_dataset *ds) {
+    if (!ds) return;
+    if (ds->map) munmap(ds->map, ds->map_len);
+    free(ds);
+}
+
+static dt_status tokens_open_pair(const char *spec, const dt_data_opts *o, dt_dataset **train, dt_dataset **test);
+static void      tokens_gather(const dt_dataset *ds, const int64_t *idx, size_t n, float *x, int32_t *y);
+
 /* The window dataset over m (which hands its mapping over). */
 static dt_status tokmap_dataset(tokmap *m, int64_t T, int vocab, dt_dataset **out) {
     *out = NULL;
@@ -170,6 +179,7 @@ static dt_status tokmap_dataset(tokmap *m, int64_t T, int vocab, dt_dataset **ou
     dt_dataset *ds = calloc(1, sizeof *ds);
     if (!ds) return dt_error(DT_ERR_NOMEM, "%s: out of memory", m->path);
     snprintf(ds->source, sizeof ds->source, "%s", m->path);
+    ds->src = &dt_data_tokens_;
     ds->map = m->map;
     ds->map_len = m->len;
     ds->tok = m->tok;
@@ -190,7 +200,8 @@ static dt_status tokmap_dataset(tokmap *m, int64_t T, int vocab, dt_dataset **ou
     return DT_OK;
 }
 
-dt_status dt_tokens_open_pair_(const char *dir, const dt_data_opts *o, dt_dataset **train, dt_dataset **test) {
+static dt_status tokens_open_pair(const char *spec, const dt_data_opts *o, dt_dataset **train, dt_dataset **test) {
+    const char *dir = spec + strlen("tokens:");
     if (o->window <= 0)
         return dt_error(DT_ERR_INVALID, "data: tokens:%s needs a window length > 0 (the model's block size), got %lld",
                         dir, (long long)o->window);
@@ -220,13 +231,13 @@ dt_status dt_tokens_open_pair_(const char *dir, const dt_data_opts *o, dt_datase
     tokmap_close(&tr);
     tokmap_close(&va);
     if (s != DT_OK) {
-        dt_dataset_free(*train);
+        tokens_free(*train);
         *train = NULL;
     }
     return s;
 }
 
-void dt_tokens_gather_(const dt_dataset *ds, const int64_t *idx, size_t n, float *x, int32_t *y) {
+static void tokens_gather(const dt_dataset *ds, const int64_t *idx, size_t n, float *x, int32_t *y) {
     size_t T = (size_t)ds->info.sample_size;
     for (size_t i = 0; i < n; i++) {
         const unsigned char *w = ds->tok + 2 * (size_t)idx[i];
@@ -239,11 +250,8 @@ void dt_tokens_gather_(const dt_dataset *ds, const int64_t *idx, size_t n, float
     }
 }
 
-void dt_tokens_unmap_(dt_dataset *ds) {
-    if (ds->map) munmap(ds->map, ds->map_len);
-    ds->map = NULL;
-    ds->tok = NULL;
-}
+const dt_data_source_ dt_data_tokens_ = {.prefix = "tokens:", .windows = 1, .open_pair = tokens_open_pair,
+                                         .gather = tokens_gather, .free = tokens_free};
 
 /* ---- writing ---------------------------------------------------------------- */
 

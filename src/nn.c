@@ -14,6 +14,26 @@
 #include <stdio.h>
 #include <string.h>
 
+/* ---- shapes ------------------------------------------------------------- */
+
+int64_t dt_shape_numel(const dt_shape *s) {
+    int64_t n = 1;
+    for (int i = 0; i < s->ndim; i++)
+        if (__builtin_mul_overflow(n, s->d[i], &n)) return INT64_MAX;   /* saturates: callers bound it */
+    return n;
+}
+
+void dt_shape_str(const dt_shape *s, int with_batch, char *buf, size_t n) {
+    size_t off = 0;
+    if (n == 0) return;
+    buf[0] = '\0';
+    off += (size_t)snprintf(buf, n, "(%s", with_batch ? "B" : "");
+    for (int i = 0; i < s->ndim && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, "%s%lld", (i || with_batch) ? ", " : "",
+                                (long long)s->d[i]);
+    if (off < n) snprintf(buf + off, n - off, ")");
+}
+
 static const dt_layer_def *const defs[] = {
 #define DT_LAYER_ROW_(K, name) [DT_LAYER_##K] = &dt_layer_def_##name,
     DT_LAYER_LIST(DT_LAYER_ROW_)

@@ -78,7 +78,7 @@ static dt_status check_opts(const dt_train_opts *o) {
 dt_status dt_train_data_opts(const dt_train_opts *o, dt_data_opts *out) {
     DT_TRY(dt_data_opts_from_name(o->normalize, out));
     /* token windows are as long as the model's block, their tokens inside its vocabulary */
-    if (o->data && !strncmp(o->data, "tokens:", 7)) DT_TRY(dt_spec_token_dims(o->model, &out->window, &out->classes));
+    if (dt_data_windows(o->data)) DT_TRY(dt_spec_token_dims(o->model, &out->window, &out->classes));
     return DT_OK;
 }
 

@@ -580,7 +580,7 @@ static int cmd_eval(int argc, char **argv) {
     s = setup_threads(ops, threads, 1, NULL);
     dt_data_opts dopt;
     if (s == DT_OK) s = dt_data_opts_from_name(norm, &dopt);
-    if (s == DT_OK && !strncmp(data, "tokens:", 7)) s = dt_spec_token_dims(spec, &dopt.window, &dopt.classes);
+    if (s == DT_OK && dt_data_windows(data)) s = dt_spec_token_dims(spec, &dopt.window, &dopt.classes);
     if (s == DT_OK && (s = dt_dataset_open_opts(data, DT_SPLIT_TEST, &dopt, &test)) == DT_ERR_IO) s = DT_ERR_INVALID;
     if (s == DT_OK) {
         const dt_dataset_info *info = dt_dataset_get_info(test);

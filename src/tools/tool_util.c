@@ -142,7 +142,7 @@ dt_status dt_tool_input_shape(const char *spec, const char *data, const char *in
     dt_data_opts_default(&dopt);
     if (data) {
         dt_dataset *ds = NULL;
-        if (!strncmp(data, "tokens:", 7)) DT_TRY(dt_spec_token_dims(spec, &dopt.window, &dopt.classes));
+        if (dt_data_windows(data)) DT_TRY(dt_spec_token_dims(spec, &dopt.window, &dopt.classes));
         dt_status s = dt_dataset_open_opts(data, DT_SPLIT_TEST, &dopt, &ds);
         if (s != DT_OK) return s == DT_ERR_IO ? DT_ERR_INVALID : s;
         const dt_dataset_info *info = dt_dataset_get_info(ds);
@@ -182,7 +182,7 @@ int dt_tool_gpt_workload(int argc, char **argv) {
         if (!strncmp(argv[i], "--model=", 8)) model = argv[i] + 8;
         if (!strncmp(argv[i], "--data=", 7)) data = argv[i] + 7;
     }
-    return model && data && !strncmp(model, "gpt", 3) && !strncmp(data, "tokens:", 7);
+    return model && data && !strncmp(model, "gpt", 3) && dt_data_windows(data);
 }
 
 void dt_tool_gpt_recipe(dt_train_opts *o) {
