@@ -48,17 +48,17 @@ static void desc_meta(dt_sbuf *d, const char *k, const char *v) {
     dt_sbuf_put_(d, v, strlen(v) + 1);
 }
 
-/* "xxh64:<16 hex>" of data then description into out (24 bytes). */
-static dt_status desc_sum(dt_sbuf *d, const void *data, size_t n, char out[24]) {
+/* "xxh64:<16 hex>" of data then description into out (DT_CKPT_SUM_LEN bytes). */
+static dt_status desc_sum(dt_sbuf *d, const void *data, size_t n, char out[DT_CKPT_SUM_LEN]) {
     if (d->oom) return dt_error(DT_ERR_NOMEM, "out of memory computing a checkpoint checksum");
     uint64_t h = dt_xxh64(data, n, 0);
     h = dt_xxh64(d->p ? d->p : "", d->len, h);
-    snprintf(out, 24, "xxh64:%016" PRIx64, h);
+    snprintf(out, DT_CKPT_SUM_LEN, "xxh64:%016" PRIx64, h);
     return DT_OK;
 }
 
 /* The checksum a file should carry, recomputed from what was read. */
-static dt_status file_sum(const dt_st_file *f, char out[24]) {
+static dt_status file_sum(const dt_st_file *f, char out[DT_CKPT_SUM_LEN]) {
     dt_sbuf d = {0};
     for (size_t i = 0; i < dt_st_count(f); i++) {
         dt_st_tensor t;
@@ -88,7 +88,7 @@ static dt_status open_verified(const char *path, dt_st_file **out) {
     *out = NULL;
     DT_TRY(dt_st_open(path, &f));
     const char *want = dt_st_meta_get(f, DT_CKPT_SUM_KEY_);
-    char got[24];
+    char got[DT_CKPT_SUM_LEN];
     dt_status s = DT_OK;
     if (!want)
         s = dt_error(DT_ERR_FORMAT, "%s: no %s in its metadata (not written by dt_ckpt_save)", path, DT_CKPT_SUM_KEY_);
@@ -135,13 +135,13 @@ static dt_status sw_metaf(swriter *sw, const char *k, float v) {
 }
 
 /* Set the checksum over data (n bytes, the file's whole data region) and write. */
-static dt_status sw_finish(swriter *sw, const void *data, size_t n, const char *path, char sum[24]) {
+static dt_status sw_finish(swriter *sw, const void *data, size_t n, const char *path, char sum[DT_CKPT_SUM_LEN]) {
     DT_TRY(desc_sum(&sw->d, data, n, sum));
     DT_TRY(dt_st_writer_set_meta(sw->w, DT_CKPT_SUM_KEY_, sum));
     return dt_st_writer_write(sw->w, path);
 }
 
-static dt_status write_model(const char *path, dt_model *m, dt_state_part part, int64_t step, char sum[24]) {
+static dt_status write_model(const char *path, dt_model *m, dt_state_part part, int64_t step, char sum[DT_CKPT_SUM_LEN]) {
     swriter sw = {0};
     void *host = NULL;
     size_t n = 0;
@@ -165,7 +165,7 @@ static dt_status write_model(const char *path, dt_model *m, dt_state_part part, 
 typedef struct {
     int          world;
     const size_t *lo, *len;
-    const char  (*sum)[24];
+    const char  (*sum)[DT_CKPT_SUM_LEN];
 } shard_list;
 
 /* train_state.safetensors; with shards (a sharded save) it holds no tensors, and the
@@ -231,7 +231,7 @@ static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, c
         snprintf(key, sizeof key, "%s%s", DT_CKPT_EXTRA_, extra[2 * i]);
         s = sw_meta(&sw, key, extra[2 * i + 1]);
     }
-    char sum[24];
+    char sum[DT_CKPT_SUM_LEN];
     if (s == DT_OK) s = sw_finish(&sw, host, bytes, path, sum);
     dt_st_writer_free(sw.w);
     dt_sbuf_free_(&sw.d);
@@ -291,7 +291,7 @@ dt_status dt_ckpt_begin(const char *dir, int64_t step, char *tmp, size_t n) {
 static dt_status finish_save(const char *dir, int keep, const char *tmp, dt_model *m, dt_optim *o,
                              const dt_ckpt_info *info, const char *const *extra, int nextra, const shard_list *sh,
                              size_t total) {
-    char final[DT_CKPT_PATH_MAX_], file[DT_CKPT_PATH_MAX_], msum[24];
+    char final[DT_CKPT_PATH_MAX_], file[DT_CKPT_PATH_MAX_], msum[DT_CKPT_SUM_LEN];
     dt_status s = dt_ckpt_path(dir, info->step, final, sizeof final);
     if (s == DT_OK) s = dt_ckpt_join_(file, sizeof file, tmp, "model.safetensors");
     if (s == DT_OK) s = write_model(file, m, sh ? DT_STATE_BUFFERS : DT_STATE_ALL, info->step, msum);
@@ -318,7 +318,7 @@ dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *o, cons
 }
 
 dt_status dt_ckpt_write_shard(const char *tmp, int rank, int world, dt_model *m, dt_optim *o, size_t lo,
-                              size_t len, char sum[24]) {
+                              size_t len, char sum[DT_CKPT_SUM_LEN]) {
     if (!tmp || !m || rank < 0 || rank >= world || lo + len > dt_model_nparams(m) || (o && dt_optim_size(o) != len))
         return dt_error(DT_ERR_INVALID, "checkpoint shard %d of %d: bad arguments (range %zu + %zu of %zu)", rank,
                         world, lo, len, dt_model_nparams(m));
@@ -356,7 +356,7 @@ dt_status dt_ckpt_write_shard(const char *tmp, int rank, int world, dt_model *m,
 
 dt_status dt_ckpt_commit(const char *dir, int keep, const char *tmp, dt_model *m, dt_optim *o,
                          const dt_ckpt_info *info, const char *const *extra, int nextra, int world,
-                         const size_t *lo, const size_t *len, const char (*sums)[24]) {
+                         const size_t *lo, const size_t *len, const char (*sums)[DT_CKPT_SUM_LEN]) {
     DT_TRY(check_save_args(dir, keep, m, NULL, info, extra, nextra));
     size_t at = 0;
     for (int r = 0; r < world; r++) {   /* the shards must tile the parameter array */
@@ -384,7 +384,7 @@ struct dt_ckpt {
     int64_t       optim_size;   /* elements of each optimizer state array (the whole array's) */
     /* a sharded checkpoint: its shard files, their ranges and checksums */
     size_t       *slo, *slen;
-    char        (*ssum)[24];
+    char        (*ssum)[DT_CKPT_SUM_LEN];
 };
 
 void dt_ckpt_close(dt_ckpt *c) {

@@ -88,6 +88,9 @@ DT_API dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *
 /* "DIR/step-000000000100" into path (n bytes); DT_ERR_INVALID if it does not fit. */
 DT_API dt_status dt_ckpt_path(const char *dir, int64_t step, char *path, size_t n);
 
+/* A file's checksum as text: "xxh64:" and 16 hex digits, and the terminating zero. */
+#define DT_CKPT_SUM_LEN 24
+
 /* A sharded save, in three steps (the trainer runs them across ranks):
  *   begin   one rank: create the temporary directory of dir's checkpoint of step and
  *           put its path in tmp (n bytes), for every rank;
@@ -99,10 +102,10 @@ DT_API dt_status dt_ckpt_path(const char *dir, int64_t step, char *path, size_t 
  * On a failure anywhere, abort removes tmp. */
 DT_API dt_status dt_ckpt_begin(const char *dir, int64_t step, char *tmp, size_t n);
 DT_API dt_status dt_ckpt_write_shard(const char *tmp, int rank, int world, dt_model *m, dt_optim *o, size_t lo,
-                                     size_t len, char sum[24]);
+                                     size_t len, char sum[DT_CKPT_SUM_LEN]);
 DT_API dt_status dt_ckpt_commit(const char *dir, int keep, const char *tmp, dt_model *m, dt_optim *o,
                                 const dt_ckpt_info *info, const char *const *extra, int nextra, int world,
-                                const size_t *lo, const size_t *len, const char (*sums)[24]);
+                                const size_t *lo, const size_t *len, const char (*sums)[DT_CKPT_SUM_LEN]);
 DT_API void      dt_ckpt_abort(const char *tmp);
 
 /* ---- finding ---------------------------------------------------------------- */

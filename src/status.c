@@ -24,6 +24,7 @@ const char *dt_status_str(dt_status s) {
     case DT_ERR_UNSUPPORTED: return "unsupported";
     case DT_ERR_INTERNAL:    return "internal error";
     case DT_ERR_NONFINITE:   return "non-finite value";
+    case DT_ERR_STOPPED:     return "stopped";
     }
     return "unknown status";
 }

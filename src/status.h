@@ -25,6 +25,7 @@ typedef enum {
     DT_ERR_UNSUPPORTED,  /* the backend or build cannot do this */
     DT_ERR_INTERNAL,     /* a bug in dtrain */
     DT_ERR_NONFINITE,    /* a loss or gradient became NaN or infinite (training diverged) */
+    DT_ERR_STOPPED,      /* a wait ended because its owner asked it to stop (shutting down) */
 } dt_status;
 
 /* The message of the last failure on this thread ("" when none). */

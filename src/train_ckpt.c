@@ -29,7 +29,7 @@ static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *
     DT_TRY(dt_broadcast(t->comm, &st, 1, DT_I64, 0));
     if (st != DT_OK) return t->rank == 0 ? (dt_status)st : dt_error((dt_status)st, "rank 0 could not start the checkpoint");
     DT_TRY(dt_broadcast(t->comm, tmp, sizeof tmp, DT_U8, 0));
-    typedef struct { int64_t st, lo, len; char sum[24]; } piece;
+    typedef struct { int64_t st, lo, len; char sum[DT_CKPT_SUM_LEN]; } piece;
     piece mine = {0};
     size_t lo, len;
     dt_shard_range(t->shard, &lo, &len);
@@ -40,7 +40,7 @@ static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *
     snprintf(why, sizeof why, "%s", mine.st != DT_OK ? dt_last_error() : "");
     piece *all = calloc((size_t)t->world, sizeof *all);
     size_t *los = calloc((size_t)t->world, sizeof *los), *lens = calloc((size_t)t->world, sizeof *lens);
-    char (*sums)[24] = calloc((size_t)t->world, sizeof *sums);
+    char (*sums)[DT_CKPT_SUM_LEN] = calloc((size_t)t->world, sizeof *sums);
     dt_status s = all && los && lens && sums ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory for the checkpoint's list");
     if (s == DT_OK) s = dt_allgather(t->comm, &mine, all, sizeof mine, DT_U8);
     int bad = -1;
@@ -49,14 +49,14 @@ static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *
         los[r] = (size_t)all[r].lo;
         lens[r] = (size_t)all[r].len;
         memcpy(sums[r], all[r].sum, sizeof sums[r]);
-        sums[r][23] = '\0';
+        sums[r][DT_CKPT_SUM_LEN - 1] = '\0';
     }
     if (s == DT_OK && bad >= 0)
         s = bad == t->rank ? dt_error((dt_status)mine.st, "%s", why)
                            : dt_error((dt_status)all[bad].st, "rank %d could not write its shard", bad);
     if (t->rank == 0) {
         if (s == DT_OK) s = dt_ckpt_commit(o->ckpt_dir, o->ckpt_keep, tmp, t->model, t->optim, info, extra, nextra,
-                                           t->world, los, lens, (const char (*)[24])sums);
+                                           t->world, los, lens, (const char (*)[DT_CKPT_SUM_LEN])sums);
         else dt_ckpt_abort(tmp);
     }
     free(all);

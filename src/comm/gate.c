@@ -151,7 +151,7 @@ dt_status dt_gate_accept(dt_gate *g, double deadline, int wake_fd, int *out) {
         int pr = poll(pf, (nfds_t)np, ms);
         if (pr < 0 && errno != EINTR) return dt_error(DT_ERR_IO, "poll: %s", strerror(errno));
         if (pr <= 0) continue;
-        if (pf[1].revents) return dt_error(DT_ERR_UNSUPPORTED, "stopped");
+        if (pf[1].revents) return dt_error(DT_ERR_STOPPED, "stopped");
         now = dt_now();
         for (int j = 0; j < ns; j++) {
             if (!pf[2 + j].revents) continue;

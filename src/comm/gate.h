@@ -26,7 +26,7 @@ dt_status dt_gate_new(const dt_auth *a, unsigned purpose, int lfd, dt_gate **out
 /* The next authenticated connection (a blocking, tuned socket) before the absolute
  * deadline: DT_ERR_TIMEOUT after it (a deadline already past still takes one look at
  * what is there, for callers with their own poll loop). When wake_fd (>= 0) becomes
- * readable: DT_ERR_UNSUPPORTED, meaning "stop". */
+ * readable: DT_ERR_STOPPED. */
 dt_status dt_gate_accept(dt_gate *g, double deadline, int wake_fd, int *fd);
 /* The descriptors the gate waits on (the listening socket and the pending ones), for
  * a caller's own poll: when one is ready, call dt_gate_accept with a past deadline.

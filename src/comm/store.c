@@ -238,7 +238,7 @@ static void *acceptor_main(void *arg) {
     for (;;) {
         int fd;
         dt_status st = dt_gate_accept(s->gate, 1e18, s->wake[0], &fd);
-        if (st == DT_ERR_UNSUPPORTED) break;   /* stopping */
+        if (st == DT_ERR_STOPPED) break;
         if (st != DT_OK) continue;
         pthread_mutex_lock(&s->mu);
         client *slot = NULL;
