@@ -598,18 +598,59 @@ static dt_status recompute_block(dt_model *m, int b) {
 
 /* ---- losses ---------------------------------------------------------------------- */
 
-static const char *const loss_names[DT_LOSS_COUNT] = { [DT_LOSS_CE] = "ce", [DT_LOSS_MSE] = "mse" };
+/* Cross-entropy over the last layer's (B, classes) or (B, T, classes) scores: a sequence is
+ * T rows of classes, each with its label, and the loss is the mean over all B x T
+ * positions of the global batch. */
+static dt_status ce_head(dt_model *m, const dt_loss *loss, const void *target, int B, float normaliser, int grad) {
+    const dt_layer *last = &m->spec.layers[m->spec.n - 1];
+    if (last->outs.ndim > 2)
+        return dt_error(DT_ERR_INVALID, "cross-entropy needs (B, classes) or (B, T, classes) outputs; add 'flatten'");
+    int per = last->outs.ndim == 2 ? (int)last->outs.d[0] : 1;
+    int C = (int)last->outs.d[last->outs.ndim - 1];
+    if (!(loss->label_smoothing >= 0.0f && loss->label_smoothing <= 1.0f))
+        return dt_error(DT_ERR_INVALID, "label smoothing must be in [0, 1], got %g", (double)loss->label_smoothing);
+    DT_TRY(m->ops->xent_forward(m->scalar, m->probs, last->out_ptr, target, B * per, C, loss->label_smoothing,
+                                normaliser * per));
+    if (grad)
+        DT_TRY(m->ops->xent_backward(m->head, m->probs, target, B * per, C, loss->label_smoothing, normaliser * per));
+    return DT_OK;
+}
+
+/* Mean squared error against (B, C) targets: a sample's loss is the mean over its C
+ * outputs, so the sum is divided by normaliser * C. */
+static dt_status mse_head(dt_model *m, const dt_loss *loss, const void *target, int B, float normaliser, int grad) {
+    (void)loss;
+    const dt_layer *last = &m->spec.layers[m->spec.n - 1];
+    int C = (int)last->out_numel;
+    size_t n = (size_t)B * (size_t)C;
+    DT_TRY(m->ops->mse_forward(m->scalar, last->out_ptr, target, n, normaliser * (float)C));
+    if (grad) DT_TRY(m->ops->mse_backward(m->head, last->out_ptr, target, n, normaliser * (float)C));
+    return DT_OK;
+}
+
+static const struct {
+    dt_loss_def def;
+    dt_status (*head)(dt_model *m, const dt_loss *loss, const void *target, int B, float normaliser, int grad);
+} losses[DT_LOSS_COUNT] = {
+    [DT_LOSS_CE] = {{.name = "ce", .smoothing = 1, .windows = 1}, ce_head},
+    [DT_LOSS_MSE] = {{.name = "mse", .one_hot = 1}, mse_head},
+};
+
+const dt_loss_def *dt_loss_def_of(dt_loss_kind kind) {
+    return (unsigned)kind < DT_LOSS_COUNT ? &losses[kind].def : NULL;
+}
 
 const char *dt_loss_name(dt_loss_kind kind) {
-    return (unsigned)kind < DT_LOSS_COUNT ? loss_names[kind] : "?";
+    return (unsigned)kind < DT_LOSS_COUNT ? losses[kind].def.name : "?";
 }
 
 dt_status dt_loss_parse(const char *name, dt_loss_kind *kind) {
     char list[64] = "";
     for (int k = 0; k < DT_LOSS_COUNT; k++) {
-        if (name && strcmp(name, loss_names[k]) == 0) { *kind = (dt_loss_kind)k; return DT_OK; }
+        if (name && strcmp(name, losses[k].def.name) == 0) { *kind = (dt_loss_kind)k; return DT_OK; }
         size_t l = strlen(list);
-        snprintf(list + l, sizeof list - l, "%s%s", k == 0 ? "" : k + 1 < DT_LOSS_COUNT ? ", " : " or ", loss_names[k]);
+        snprintf(list + l, sizeof list - l, "%s%s", k == 0 ? "" : k + 1 < DT_LOSS_COUNT ? ", " : " or ",
+                 losses[k].def.name);
     }
     return dt_error(DT_ERR_INVALID, "loss: expected %s, got '%s'", list, name ? name : "(null)");
 }
@@ -621,33 +662,13 @@ static dt_status loss_head(dt_model *m, const dt_loss *loss, const void *target,
         return dt_error(DT_ERR_INVALID, "model loss: batch %d does not match the last forward (%d)", B, m->last_B);
     if (!target) return dt_error(DT_ERR_INVALID, "model loss: NULL target");
     if (!(normaliser > 0.0f)) return dt_error(DT_ERR_INVALID, "model loss: normaliser must be positive");
-    const dt_ops *o = m->ops;
-    const dt_layer *last = &m->spec.layers[m->spec.n - 1];
-    const float *y = last->out_ptr;
-    int C = (int)last->out_numel;
-    if (loss->kind == DT_LOSS_CE) {
-        if (last->outs.ndim > 2)
-            return dt_error(DT_ERR_INVALID, "cross-entropy needs (B, classes) or (B, T, classes) outputs; add 'flatten'");
-        /* a sequence is T rows of classes, each with its label: the loss is the mean over
-         * all B x T positions of the global batch */
-        int per = last->outs.ndim == 2 ? (int)last->outs.d[0] : 1;
-        C = (int)last->outs.d[last->outs.ndim - 1];
-        if (!(loss->label_smoothing >= 0.0f && loss->label_smoothing <= 1.0f))
-            return dt_error(DT_ERR_INVALID, "label smoothing must be in [0, 1], got %g", (double)loss->label_smoothing);
-        DT_TRY(o->xent_forward(m->scalar, m->probs, y, target, B * per, C, loss->label_smoothing, normaliser * per));
-        if (grad)
-            DT_TRY(o->xent_backward(m->head, m->probs, target, B * per, C, loss->label_smoothing, normaliser * per));
-    } else if (loss->kind == DT_LOSS_MSE) {
-        /* per-sample loss is the mean over the C outputs: divide by normaliser * C */
-        size_t n = (size_t)B * (size_t)C;
-        DT_TRY(o->mse_forward(m->scalar, y, target, n, normaliser * (float)C));
-        if (grad) DT_TRY(o->mse_backward(m->head, y, target, n, normaliser * (float)C));
-    } else {
+    if ((unsigned)loss->kind >= DT_LOSS_COUNT)
         return dt_error(DT_ERR_INVALID, "model loss: unknown loss kind %d", (int)loss->kind);
-    }
+    DT_TRY(losses[loss->kind].head(m, loss, target, B, normaliser, grad));
     /* fp16 loss scaling: backward starts from the gradient of loss x scale (exact for
      * the powers of two a scaler uses) */
-    if (grad && m->loss_scale != 1.0f) DT_TRY(o->scale(m->head, m->loss_scale, (size_t)B * (size_t)last->out_numel));
+    const dt_layer *last = &m->spec.layers[m->spec.n - 1];
+    if (grad && m->loss_scale != 1.0f) DT_TRY(m->ops->scale(m->head, m->loss_scale, (size_t)B * (size_t)last->out_numel));
     return DT_OK;
 }
 
@@ -670,7 +691,9 @@ dt_status dt_model_loss(dt_model *m, const dt_loss *loss, const void *target, in
     DT_TRY(loss_head(m, loss, target, B, normaliser, 0));
     if (loss_out) DT_TRY(m->ops->copy_d2h(loss_out, m->scalar, sizeof(float)));
     if (correct) {
-        if (loss->kind != DT_LOSS_CE) return dt_error(DT_ERR_INVALID, "model: accuracy needs cross-entropy labels");
+        if (dt_loss_def_of(loss->kind)->one_hot)
+            return dt_error(DT_ERR_INVALID, "model: accuracy needs class labels, not loss %s's targets",
+                            dt_loss_name(loss->kind));
         DT_TRY(dt_model_correct(m, target, B, correct));
     }
     return DT_OK;

@@ -67,6 +67,18 @@ typedef struct {
     float        label_smoothing;   /* cross-entropy only, 0 = none */
 } dt_loss;
 
+/* A loss's row (model.c): its name as --loss spells it and what it asks of the data
+ * and the trainer. The kernels it runs are the row's own, inside model.c. */
+typedef struct {
+    const char   *name;       /* "ce", "mse" */
+    unsigned char one_hot;    /* its targets are one-hot rows (B, C) of floats made from the labels;
+                               * 0: the int32 labels themselves */
+    unsigned char smoothing;  /* takes label smoothing */
+    unsigned char windows;    /* scores token windows (a label per position) */
+} dt_loss_def;
+/* The row of a loss (NULL for an unknown kind). */
+DT_API const dt_loss_def *dt_loss_def_of(dt_loss_kind kind);
+
 /* Loss names, as the --loss flag spells them: "ce" (cross-entropy over class labels),
  * "mse" (mean squared error). */
 DT_API const char *dt_loss_name (dt_loss_kind kind);                    /* "?" if invalid */

@@ -59,7 +59,7 @@ static dt_status check_opts(const dt_train_opts *o) {
         return dt_error(DT_ERR_INVALID, "label_smoothing: expected a value in [0, 1), got %g", o->label_smoothing);
     dt_loss_kind loss;
     DT_TRY(dt_loss_parse(o->loss, &loss));
-    if (loss != DT_LOSS_CE && o->label_smoothing > 0.0)
+    if (!dt_loss_def_of(loss)->smoothing && o->label_smoothing > 0.0)
         return dt_error(DT_ERR_INVALID, "label_smoothing: smooths cross-entropy targets only, not those of loss '%s'",
                         o->loss);
     if (!(o->bucket_mb > 0.0)) return dt_error(DT_ERR_INVALID, "bucket_mb: expected a positive size, got %g", o->bucket_mb);
@@ -235,9 +235,10 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         DT_TRY(dt_model_forward(t->model, t->dx + (size_t)(i * t->b) * ss, (int)t->b, 1,
                                 (uint64_t)epoch, sample_base, NULL));
         DT_TRY(dt_ddp_begin_micro(t->ddp, i));
-        /* micro-batch i's targets: b x lw labels (CE) or b one-hot rows of C (MSE) */
-        const void *ti = t->lf.kind == DT_LOSS_CE ? (const void *)((const int32_t *)target + i * t->b * t->lw)
-                                                  : (const void *)((const float *)target + (size_t)(i * t->b) * (size_t)t->C);
+        /* micro-batch i's targets: b x lw labels, or b one-hot rows of C (the loss's row says) */
+        const void *ti = !dt_loss_def_of(t->lf.kind)->one_hot
+                             ? (const void *)((const int32_t *)target + i * t->b * t->lw)
+                             : (const void *)((const float *)target + (size_t)(i * t->b) * (size_t)t->C);
         DT_TRY(dt_model_loss_backward(t->model, &t->lf, ti, (int)t->b, (float)t->o->batch, NULL));
         DT_TRY(ops->copy_d2d(t->dlosses + i, dt_model_loss_dev(t->model), sizeof(float)));
     }
@@ -480,8 +481,7 @@ static dt_status setup_buffers(trainer *t) {
     t->all_losses = calloc((size_t)t->S, sizeof *t->all_losses);
     if (!t->idx || !t->losses || !t->all_losses) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
     DT_TRY(dt_loss_parse(o->loss, &t->lf.kind));
-    if (t->lf.kind != DT_LOSS_CE && t->lw > 1)
-        return dt_error(DT_ERR_INVALID, "loss: mse needs one label per sample; token data takes ce");
+    DT_TRY(dt_train_loss_check_(&t->lf, t->lw));
     t->lf.label_smoothing = (float)o->label_smoothing;
     DT_TRY(dt_train_batch_alloc_(t->ops, &t->lf, local, info->sample_size, t->lw, t->C, &t->dx, &t->dy, &t->hot, &t->dhot));
     DT_TRY(dt_mem_alloc(t->ops, DT_MEM_OTHER, (void **)&t->dlosses, (size_t)(t->k + 1) * sizeof(float)));

@@ -11,9 +11,17 @@
 
 /* ---- loss targets ---------------------------------------------------------------------- */
 
+dt_status dt_train_loss_check_(const dt_loss *lf, int64_t lw) {
+    const dt_loss_def *d = dt_loss_def_of(lf->kind);
+    if (!d) return dt_error(DT_ERR_INVALID, "loss: unknown kind %d", (int)lf->kind);
+    if (lw > 1 && !d->windows)
+        return dt_error(DT_ERR_INVALID, "loss: %s needs one label per sample; token data takes ce", d->name);
+    return DT_OK;
+}
+
 dt_status dt_train_loss_target_(const dt_ops *ops, const dt_loss *lf, const int32_t *labels, size_t n, int C,
                              const int32_t *dy, float *hot, float *dhot, const void **target) {
-    if (lf->kind == DT_LOSS_CE) {
+    if (!dt_loss_def_of(lf->kind)->one_hot) {
         *target = dy;
         return DT_OK;
     }
@@ -33,7 +41,7 @@ dt_train_batch_bytes dt_train_batch_size(int64_t n, int64_t sample_floats, int64
 
 dt_status dt_train_batch_alloc_(const dt_ops *ops, const dt_loss *lf, size_t n, int64_t ss, int64_t lw, int C,
                              float **dx, int32_t **dy, float **hot, float **dhot) {
-    dt_train_batch_bytes b = dt_train_batch_size((int64_t)n, ss, lw, C, lf->kind != DT_LOSS_CE);
+    dt_train_batch_bytes b = dt_train_batch_size((int64_t)n, ss, lw, C, dt_loss_def_of(lf->kind)->one_hot);
     *hot = *dhot = NULL;
     DT_TRY(dt_mem_alloc(ops, DT_MEM_OTHER, (void **)dx, b.x));
     DT_TRY(dt_mem_alloc(ops, DT_MEM_OTHER, (void **)dy, b.y));
@@ -58,8 +66,7 @@ static dt_status evaluate_idx(dt_model *m, const dt_dataset *ds, const dt_loss *
     size_t ss = (size_t)info->sample_size, lw = (size_t)info->label_width;
     const dt_loss ce = {.kind = DT_LOSS_CE, .label_smoothing = 0.0f};
     if (!lf) lf = &ce;
-    if (lf->kind != DT_LOSS_CE && lw > 1)
-        return dt_error(DT_ERR_INVALID, "loss: mse needs one label per sample; token data takes ce");
+    DT_TRY(dt_train_loss_check_(lf, (int64_t)lw));
     float *dx = NULL, *hot = NULL, *dhot = NULL, *hx = malloc((size_t)maxb * ss * sizeof(float));
     int32_t *dy = NULL, *hy = malloc((size_t)maxb * lw * sizeof(int32_t));
     int64_t *bi = malloc((size_t)maxb * sizeof *bi);

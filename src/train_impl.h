@@ -65,6 +65,9 @@ typedef struct trainer {
 
 /* ---- train_eval.c ---- */
 
+/* The loss fits data of lw labels per sample (token windows: a loss over positions). */
+dt_status dt_train_loss_check_(const dt_loss *lf, int64_t lw);
+
 /* What a loss compares the outputs (n, C) with, in device memory: the labels (already
  * in dy) for cross-entropy; for MSE one-hot rows (n, C), the label's column 1 and the
  * others 0, written into host memory hot and copied to dhot (both n x C floats). */

@@ -570,7 +570,23 @@ static void test_decode(void) {
     dt_model_free(dec);
 }
 
+/* Every loss row is complete and named as --loss parses it. */
+static void test_loss_rows(void) {
+    for (int k = 0; k < DT_LOSS_COUNT; k++) {
+        const dt_loss_def *d = dt_loss_def_of((dt_loss_kind)k);
+        dt_loss_kind back = DT_LOSS_COUNT;
+        ok(d && d->name && *d->name && dt_loss_parse(d->name, &back) == DT_OK && back == (dt_loss_kind)k &&
+           !strcmp(dt_loss_name((dt_loss_kind)k), d->name), "loss row %d (%s): named, parsed back", k, d ? d->name : "?");
+        ok(!(d && d->one_hot && d->windows), "loss %s: one-hot targets cannot score token windows", d ? d->name : "?");
+    }
+    ok(!dt_loss_def_of(DT_LOSS_COUNT), "no row past the last loss");
+    dt_loss_kind k;
+    ok(dt_loss_parse("l1", &k) == DT_ERR_INVALID && strstr(dt_last_error(), "expected ce or mse"),
+       "an unknown loss: the message lists the rows (%s)", dt_last_error());
+}
+
 int main(void) {
+    test_loss_rows();
     test_parse();
     test_files();
     test_errors();
