@@ -1,7 +1,7 @@
 # src/comm/local.mk: the communication core (see Makefile.am): the public API and its
 # dispatch (comm.c), rendezvous store, typed reductions, the collective algorithms over a
 # point-to-point primitive, and the tcp backend with shared memory for same-host peers.
-libdtrain_core_la_SOURCES += src/comm/comm.c src/comm/comm_impl.h src/comm/store.c src/comm/store.h \
+libdtrain_core_la_SOURCES += src/comm/comm.c src/comm/comm_impl.h src/comm/coll.h src/comm/store.c src/comm/store.h \
 	src/comm/sock.c src/comm/sock.h src/comm/auth.c src/comm/auth.h src/comm/gate.c src/comm/gate.h \
 	src/comm/reduce.c src/comm/reduce.h src/comm/algo.c \
 	src/comm/tcp.c src/comm/tcp_xfer.c src/comm/tcp_ring.c src/comm/tcp_impl.h src/comm/shm.c src/comm/shm.h \
