@@ -9,6 +9,9 @@
  *                   result is exact and compared bit for bit. --big adds one 64 MiB
  *                   all_reduce. Rank 0 prints TAP lines; every rank's exit code is 0
  *                   only if all its checks passed.
+ *   --mode every    every collective of the list (src/comm/coll.h) on host buffers, from the
+ *                   table of tests/coll_cases.h: each element type, operator and placement,
+ *                   exact. TAP from rank 0, as --mode all.
  *   --mode tree     the world-size invariance check of DESIGN.md rule 2: 8 fixed buffers
  *                   of awkward floats, rank r holds 8/W of them and pre-sums them
  *                   pairwise, then all_reduce; rank 0 writes the result bytes to --dump
@@ -38,6 +41,7 @@
  */
 #include "comm.h"
 #include "rank_tap.h"
+#include "coll_cases.h"
 #include "dtype.h"   /* dt_f32_to_f16, dt_f32_to_bf16 */
 
 #include <math.h>
@@ -328,6 +332,22 @@ static int mode_all(int big) {
     return nfail ? 1 : 0;
 }
 
+/* ---- mode every: the table of tests/coll_cases.h on host memory ------------------------------- */
+
+static void *host_alloc(size_t bytes) {
+    void *p = malloc(bytes);
+    if (!p) { fprintf(stderr, "ERROR: out of memory (%zu bytes)\n", bytes); exit(1); }
+    return p;
+}
+static void host_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+static int mode_every(void) {
+    static const cc_mem host = { .alloc = host_alloc, .release = free, .put = host_copy, .get = host_copy };
+    cc_run_all(comm, &host);
+    if (R == 0) printf("1..%d\n", ntest);
+    return nfail ? 1 : 0;
+}
+
 /* ---- mode tree: world-size invariance ------------------------------------------------------- */
 
 /* Awkward floats: random signs, exponents over 2^-20..2^20, full mantissas. */
@@ -511,6 +531,8 @@ int main(int argc, char **argv) {
     int rc = 0;
     if (!strcmp(mode, "all")) {
         rc = mode_all(big);
+    } else if (!strcmp(mode, "every")) {
+        rc = mode_every();
     } else if (!strcmp(mode, "tree")) {
         rc = mode_tree(dump);
     } else if (!strcmp(mode, "slices")) {
