@@ -83,7 +83,7 @@ typedef struct {
 /* Set the inputs, run once, and count this rank's wrong elements (*wrong starts at 0). */
 typedef dt_status bench_check(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, size_t total, size_t per,
                               int64_t *wrong);
-static bench_check check_reduction, check_broadcast, check_allgather, check_reduce_scatter;
+static bench_check check_reduction, check_broadcast, check_allgather;
 
 /* busbw = algbw times this (nccl-tests' factors) on n ranks */
 static double bus_allreduce(int n) { return 2.0 * (n - 1) / n; }
@@ -104,7 +104,7 @@ static const bench_coll colls[DT_COLL_COUNT + 1] = {
     [DT_CALL_ALLREDUCE]      = { .alias = "allreduce",     .bus = bus_allreduce, .check = check_reduction },
     [DT_CALL_BROADCAST]      = { .alias = "bcast",         .bus = bus_one,       .check = check_broadcast },
     [DT_CALL_ALLGATHER]      = { .alias = "allgather",     .bus = bus_gather,    .check = check_allgather },
-    [DT_CALL_REDUCE_SCATTER] = { .alias = "reducescatter", .bus = bus_gather,    .check = check_reduce_scatter },
+    [DT_CALL_REDUCE_SCATTER] = { .alias = "reducescatter", .bus = bus_gather,    .check = check_reduction },
     [DT_CALL_REDUCE]         = { .alias = "reduce",        .bus = bus_one,       .check = check_reduction },
     [DT_CALL_BARRIER]        = { .alias = NULL },
 };
@@ -270,17 +270,20 @@ static dt_status run_once(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, size_
     return dt_coll_run(c, cfg->op, b->send, b->recv, count, cfg->dtype, cfg->redop, 0, NULL);
 }
 
-/* all_reduce, and reduce to root 0 (only the root's recv is written). */
+/* all_reduce, reduce_scatter (recv is block r of per elements) and reduce to root 0 (only
+ * the root's recv is written). */
 static dt_status check_reduction(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, size_t total, size_t per,
                                  int64_t *wrong) {
     int r = dt_comm_rank(c), n = dt_comm_size(c);
     size_t es = dt_dtype_size(cfg->dtype);
+    int block = (coll_flags(cfg->op) & DT_COLL_PER_RANK) != 0;
+    size_t len = block ? per : total, first = block ? (size_t)r * per : 0;
     fill(cfg, b->send, 0, total, r);
-    memset(b->recv, 0xA5, total * es);
+    memset(b->recv, 0xA5, len * es);
     DT_TRY(run_once(c, cfg, b, total, per));
     if ((coll_flags(cfg->op) & DT_COLL_ROOT_RECV) && r != 0) return DT_OK;
-    DT_TRY(expected_reduction(cfg, b->want, 0, total, n));
-    *wrong = count_wrong(b->recv, b->want, total, es);
+    DT_TRY(expected_reduction(cfg, b->want, first, len, n));
+    *wrong = count_wrong(b->recv, b->want, len, es);
     return DT_OK;
 }
 
@@ -307,18 +310,6 @@ static dt_status check_allgather(dt_comm *c, const bench_cfg *cfg, bench_bufs *b
     DT_TRY(run_once(c, cfg, b, total, per));
     for (int q = 0; q < n; q++) fill(cfg, (char *)b->want + (size_t)q * per * es, (size_t)q * per, per, q);
     *wrong = count_wrong(b->recv, b->want, total, es);
-    return DT_OK;
-}
-
-static dt_status check_reduce_scatter(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, size_t total, size_t per,
-                                      int64_t *wrong) {
-    int r = dt_comm_rank(c), n = dt_comm_size(c);
-    size_t es = dt_dtype_size(cfg->dtype);
-    fill(cfg, b->send, 0, total, r);
-    memset(b->recv, 0xA5, per * es);
-    DT_TRY(run_once(c, cfg, b, total, per));
-    DT_TRY(expected_reduction(cfg, b->want, (size_t)r * per, per, n));
-    *wrong = count_wrong(b->recv, b->want, per, es);
     return DT_OK;
 }
 
