@@ -4,15 +4,17 @@
  * DT_COLLECTIVES(X) names every collective once, as X(ID, id, name, flags): ID spells
  * its dt_call_kind (DT_CALL_<ID>), id its members and functions (the backend member
  * dt_backend.<id>, the algorithm dt_algo_<id>), name is how messages and dtbench call
- * it, and flags say what it takes. Everything that does not need a person's judgement
- * is generated from the list: the kinds, their names and descriptions, the argument
- * checks, the fingerprint, the backend members and the dispatch to them or to algo.c
- * (comm.c, comm_impl.h, algo.c), dtbench's -o choices, and the table of cases that runs
- * every collective on every backend (tests/coll_cases.h: a missing case does not
- * compile). What does need one sits beside a _Static_assert on DT_COLL_COUNT, so a
- * collective added here and not there does not compile either: the public functions
- * (comm.c, declared in comm.h), dtbench's row (alias, bus bandwidth, check) and the
- * nccl backend's table (a device buffer needs NCCL's own call).
+ * it, and flags say what it takes. What can be generated is generated from the list:
+ * the kinds, their names and descriptions, the argument checks, the fingerprint, the
+ * backend members and the dispatch to them or to algo.c (comm.c, comm_impl.h, algo.c),
+ * dtbench's -o choices, and the table of cases that runs every collective on every
+ * backend (tests/coll_cases.h: a missing case does not compile). The algorithm,
+ * dt_algo_<id> in algo.c, is declared from the list, so a collective without one does
+ * not link. What must be written by hand sits beside a _Static_assert on DT_COLL_COUNT,
+ * so a collective added here and not there does not compile either: the public
+ * functions (comm.c, declared in comm.h), dtbench's row (alias, bus bandwidth, check)
+ * and the nccl backend's table (a device buffer needs NCCL's own call). The mpi backend
+ * may add its own (else algo.c runs over MPI's point-to-point).
  *
  * Private to the library and its programs (dtbench, the tests): nothing here is
  * installed.
