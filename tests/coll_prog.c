@@ -9,6 +9,9 @@
  *                   result is exact and compared bit for bit. --big adds one 64 MiB
  *                   all_reduce. Rank 0 prints TAP lines; every rank's exit code is 0
  *                   only if all its checks passed.
+ *   --mode every    every collective of the list (src/comm/coll.h) on host buffers, from the
+ *                   table of tests/coll_cases.h: each element type, operator and placement,
+ *                   exact. TAP from rank 0, as --mode all.
  *   --mode tree     the world-size invariance check of DESIGN.md rule 2: 8 fixed buffers
  *                   of awkward floats, rank r holds 8/W of them and pre-sums them
  *                   pairwise, then all_reduce; rank 0 writes the result bytes to --dump
@@ -38,6 +41,7 @@
  */
 #include "comm.h"
 #include "rank_tap.h"
+#include "coll_cases.h"
 #include "dtype.h"   /* dt_f32_to_f16, dt_f32_to_bf16 */
 
 #include <math.h>
@@ -60,48 +64,32 @@ static int fail_status(dt_status s, const char *what) {
 
 /* ---- typed element access for exact small values ------------------------------------ */
 
-static void set_elem(dt_dtype t, void *p, size_t i, double v) {
-    switch (t) {
-    case DT_F32:  ((float *)p)[i] = (float)v; break;
-    case DT_F64:  ((double *)p)[i] = v; break;
-    case DT_F16:  ((uint16_t *)p)[i] = dt_f32_to_f16((float)v); break;
-    case DT_BF16: ((uint16_t *)p)[i] = dt_f32_to_bf16((float)v); break;
-    case DT_I32:  ((int32_t *)p)[i] = (int32_t)v; break;
-    case DT_I64:  ((int64_t *)p)[i] = (int64_t)v; break;
-    case DT_U8:   ((uint8_t *)p)[i] = (uint8_t)v; break;
-    default:      break;   /* not a collective type */
-    }
-}
-
-/* Input of rank r, element i: small positive integers; prod stays tiny so every type,
- * bf16 included, represents the product exactly. */
-static int input(int r, size_t i, dt_redop op) {
-    if (op == DT_PROD) return 1 + (int)((i + (size_t)r) % 2);
-    return 1 + (int)((i * 7 + (size_t)r * 3) % 5);
-}
+/* Elements are written by cc_set and inputs come from cc_input (coll_cases.h): small
+ * positive integers; prod stays tiny so every type, bf16 included, represents the
+ * product exactly. */
 
 /* Expected element i of op over ranks, encoded in type t into out[i]. */
 static void expect_elem(dt_dtype t, dt_redop op, size_t i, void *out, int nranks, const int *ranks) {
     long acc = op == DT_PROD ? 1 : op == DT_MIN ? 1000 : op == DT_MAX ? -1000 : 0;
     for (int k = 0; k < nranks; k++) {
-        int v = input(ranks ? ranks[k] : k, i, op);
+        int v = cc_input(ranks ? ranks[k] : k, i, op);
         if (op == DT_SUM || op == DT_AVG) acc += v;
         else if (op == DT_PROD) acc *= v;
         else if (op == DT_MIN) acc = v < acc ? v : acc;
         else acc = v > acc ? v : acc;
     }
-    if (op != DT_AVG) { set_elem(t, out, i, (double)acc); return; }
+    if (op != DT_AVG) { cc_set(t, out, i, (double)acc); return; }
     switch (t) {   /* avg: the exact sum, then one division in the type's arithmetic */
     case DT_F32:  ((float *)out)[i] = (float)acc / (float)nranks; break;
     case DT_F64:  ((double *)out)[i] = (double)acc / nranks; break;
     case DT_F16:  ((uint16_t *)out)[i] = dt_f32_to_f16((float)acc / (float)nranks); break;
     case DT_BF16: ((uint16_t *)out)[i] = dt_f32_to_bf16((float)acc / (float)nranks); break;
-    default:      set_elem(t, out, i, (double)(acc / nranks)); break;
+    default:      cc_set(t, out, i, (double)(acc / nranks)); break;
     }
 }
 
 static void fill_input(dt_dtype t, dt_redop op, void *p, size_t n, int r, size_t base) {
-    for (size_t i = 0; i < n; i++) set_elem(t, p, i, input(r, base + i, op));
+    for (size_t i = 0; i < n; i++) cc_set(t, p, i, cc_input(r, base + i, op));
 }
 
 /* ---- mode all ----------------------------------------------------------------------------- */
@@ -328,6 +316,22 @@ static int mode_all(int big) {
     return nfail ? 1 : 0;
 }
 
+/* ---- mode every: the table of tests/coll_cases.h on host memory ------------------------------- */
+
+static void *host_alloc(size_t bytes) {
+    void *p = malloc(bytes);
+    if (!p) { fprintf(stderr, "ERROR: out of memory (%zu bytes)\n", bytes); exit(1); }
+    return p;
+}
+static void host_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+static int mode_every(void) {
+    static const cc_mem host = { .alloc = host_alloc, .release = free, .put = host_copy, .get = host_copy };
+    cc_run_all(comm, &host);
+    if (R == 0) printf("1..%d\n", ntest);
+    return nfail ? 1 : 0;
+}
+
 /* ---- mode tree: world-size invariance ------------------------------------------------------- */
 
 /* Awkward floats: random signs, exponents over 2^-20..2^20, full mantissas. */
@@ -511,6 +515,8 @@ int main(int argc, char **argv) {
     int rc = 0;
     if (!strcmp(mode, "all")) {
         rc = mode_all(big);
+    } else if (!strcmp(mode, "every")) {
+        rc = mode_every();
     } else if (!strcmp(mode, "tree")) {
         rc = mode_tree(dump);
     } else if (!strcmp(mode, "slices")) {

@@ -40,6 +40,11 @@ gpu_nccl_checks() {
     DT_DETERMINISTIC=1 $run det "$w" --mode all; rc=$?
     ok $rc "$w ranks, deterministic mode: the same checks through dtrain's own tree"
     [ $rc -eq 0 ] || grep -v ':ok ' "$TMP/det.out" | tail -8 | sed 's/^/#   /'
+    for det in 0 1; do
+        DT_DETERMINISTIC=$det $run every$det "$w" --mode every; rc=$?
+        ok $rc "$w ranks$([ $det = 1 ] && echo ', deterministic mode'): every collective of the list (tests/coll_cases.h) on device buffers ($(grep -c '^\[rank0\]:ok' "$TMP/every$det.out") checks)"
+        [ $rc -eq 0 ] || grep -v ':ok ' "$TMP/every$det.out" | tail -8 | sed 's/^/#   /'
+    done
     DT_DETERMINISTIC=1 $run tree "$w" --mode tree; rc=$?
     ok $rc "$w ranks, deterministic mode: all_reduce is dtrain's tree bit for bit (f32, f64, f16, bf16)"
     [ $rc -eq 0 ] || grep -v ':ok ' "$TMP/tree.out" | tail -8 | sed 's/^/#   /'

@@ -9,6 +9,9 @@
  *                    are exact in every type and compared exactly (avg of floating types
  *                    within rounding). Rank 0 prints TAP lines; a rank exits 0 only if all
  *                    its checks passed.
+ *   --mode every     every collective of the list (src/comm/coll.h) on device buffers, from
+ *                    the table of tests/coll_cases.h (the one tests/comm_every.sh runs on the
+ *                    host backends): each element type, operator and placement.
  *   --mode mismatch  rank 0 calls all_reduce, the others broadcast: every rank must get
  *                    DT_ERR_MISMATCH naming the calls (exit 0 when it does).
  *   --mode timeout   rank 1 sleeps past the timeout; the others all_reduce with a 3 s
@@ -30,6 +33,7 @@
 #include "reduce.h"
 #include "cuda/dt_cuda.h"
 #include "rank_tap.h"
+#include "coll_cases.h"
 #include "ops.h"
 #include "status.h"
 
@@ -374,6 +378,13 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(mode, "tree")) {
         test_tree();
+        dt_comm_destroy(comm);
+        if (R == 0) printf("1..%d\n", ntest);
+        return nfail ? 1 : 0;
+    }
+    if (!strcmp(mode, "every")) {
+        static const cc_mem device = { .alloc = buf_alloc, .release = buf_free, .put = buf_put, .get = buf_get };
+        cc_run_all(comm, &device);
         dt_comm_destroy(comm);
         if (R == 0) printf("1..%d\n", ntest);
         return nfail ? 1 : 0;

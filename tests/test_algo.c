@@ -78,15 +78,8 @@ static void *run_rank(void *arg) {
     job *j = arg;
     endpoint e = { j->w, j->rank };
     dt_p2p p = { .ctx = &e, .rank = j->rank, .size = j->w->size, .xfer = fake_xfer };
-    switch (j->call.kind) {
-    case DT_CALL_ALLREDUCE:      j->status = dt_algo_allreduce(&p, &j->call, j->send, j->recv); break;
-    case DT_CALL_REDUCE_SCATTER: j->status = dt_algo_reduce_scatter(&p, &j->call, j->send, j->recv); break;
-    case DT_CALL_ALLGATHER:      j->status = dt_algo_allgather(&p, &j->call, j->send, j->recv); break;
-    case DT_CALL_BROADCAST:      j->status = dt_algo_broadcast(&p, &j->call, j->recv); break;
-    case DT_CALL_REDUCE:         j->status = dt_algo_reduce(&p, &j->call, j->send, j->recv); break;
-    case DT_CALL_BARRIER:        j->status = dt_algo_barrier(&p, &j->call); break;
-    default:                     j->status = DT_ERR_INTERNAL; break;
-    }
+    dt_algo_fn algo = dt_algo_of(j->call.kind);
+    j->status = algo ? algo(&p, &j->call, j->send, j->recv) : DT_ERR_INTERNAL;
     return NULL;
 }
 

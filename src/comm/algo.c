@@ -313,7 +313,8 @@ dt_status dt_algo_allgather(const dt_p2p *p, const dt_call *call, const void *se
  * (relative rank r ^ root), by rotation otherwise */
 static int unrel(int v, int root, int W) { return is_pow2(W) ? v ^ root : mod(v + root, W); }
 
-dt_status dt_algo_broadcast(const dt_p2p *p, const dt_call *call, void *buf) {
+dt_status dt_algo_broadcast(const dt_p2p *p, const dt_call *call, const void *send, void *buf) {
+    (void)send;   /* the root's data is in buf */
     size_t bytes = call->count * dt_dtype_size(call->dtype);
     int W = p->size, root = call->root, vr = is_pow2(W) ? p->rank ^ root : mod(p->rank - root, W);
     /* binomial tree: at step `mask` the ranks [0, mask) (relative to root) hold the data
@@ -366,10 +367,22 @@ dt_status dt_algo_reduce(const dt_p2p *p, const dt_call *call, const void *send,
     return s;
 }
 
-dt_status dt_algo_barrier(const dt_p2p *p, const dt_call *call) {
+dt_status dt_algo_barrier(const dt_p2p *p, const dt_call *call, const void *send, void *recv) {
+    (void)send; (void)recv;
     /* dissemination: after ceil(log2 W) rounds every rank has heard from every other */
     int W = p->size, r = p->rank;
     for (int d = 1; d < W; d <<= 1)
         DT_TRY(xchg(p, call, mod(r + d, W), NULL, 0, mod(r - d, W), NULL, 0, NULL));
     return DT_OK;
+}
+
+/* The algorithms in the list's order (comm_impl.h declares one per row, so a collective
+ * without its algorithm does not link). */
+dt_algo_fn dt_algo_of(int kind) {
+    static const dt_algo_fn algos[] = {
+#define ALGO_ROW_(ID, id, name, flags) dt_algo_##id,
+        DT_COLLECTIVES(ALGO_ROW_)
+#undef ALGO_ROW_
+    };
+    return dt_coll_get(kind) ? algos[kind - 1] : NULL;
 }

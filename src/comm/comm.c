@@ -7,6 +7,8 @@
  *   - sequence numbers and fingerprints, so ranks that call different collectives get an
  *     error naming both calls instead of wrong data (DESIGN.md rule 3);
  *   - dispatch: a backend's own collective when it has one, else algo.c over its p2p;
+ *   - the checks, descriptions and dispatch read each collective's row of the list
+ *     (coll.h): one entry point, dt_coll_run, behind the public functions;
  *   - async work: one worker thread per communicator runs queued operations in issue
  *     order; a blocking call first waits for the queue to drain;
  *   - split: agree on groups with an all-gather, then let the backend attach transport;
@@ -45,25 +47,22 @@ dt_status dt_redop_parse(const char *s, dt_redop *out) {
 
 /* ---- fingerprints ------------------------------------------------------------------- */
 
+/* The calls that are not collectives; a collective's name is its row's (coll.h). */
 static const char *kind_name(unsigned k) {
+    const dt_coll_row *row = dt_coll_get((int)k);
+    if (row) return row->name;
     switch (k) {
-    case DT_CALL_ALLREDUCE:      return "all_reduce";
-    case DT_CALL_BROADCAST:      return "broadcast";
-    case DT_CALL_ALLGATHER:      return "all_gather";
-    case DT_CALL_REDUCE_SCATTER: return "reduce_scatter";
-    case DT_CALL_REDUCE:         return "reduce";
-    case DT_CALL_BARRIER:        return "barrier";
-    case DT_CALL_P2P:            return "send/recv";
-    case DT_CALL_SPLIT:          return "comm_split";
-    case DT_CALL_INIT:           return "init";
+    case DT_CALL_P2P:   return "send/recv";
+    case DT_CALL_SPLIT: return "comm_split";
+    case DT_CALL_INIT:  return "init";
     }
     return "unknown call";
 }
 
 dt_fp dt_call_fp(const dt_call *call) {
+    const dt_coll_row *row = dt_coll_get(call->kind);
     int arg = call->kind == DT_CALL_P2P ? call->tag : call->root;
-    unsigned op = (call->kind == DT_CALL_ALLREDUCE || call->kind == DT_CALL_REDUCE_SCATTER ||
-                   call->kind == DT_CALL_REDUCE) ? (unsigned)call->op : 0xffu;
+    unsigned op = row && (row->flags & DT_COLL_REDOP) ? (unsigned)call->op : 0xffu;
     dt_fp fp;
     fp.a = (uint64_t)(call->kind & 0xff) | ((uint64_t)(call->dtype & 0xff) << 8) | ((uint64_t)(op & 0xff) << 16) |
            ((uint64_t)(uint32_t)arg << 32);
@@ -71,18 +70,23 @@ dt_fp dt_call_fp(const dt_call *call) {
     return fp;
 }
 
+/* "all_reduce (f32, 1048576 elems, sum)": a collective as its flags say (per rank, the
+ * operator, the root), a send or recv with its tag; other calls by name. */
 static const char *describe(unsigned kind, unsigned dtype, unsigned op, int arg, uint64_t count, const char *p2p,
                             char *buf, size_t n) {
     const char *t = dt_dtype_name((dt_dtype)dtype), *o = dt_redop_name((dt_redop)op);
     unsigned long long cnt = (unsigned long long)count;
-    switch (kind) {
-    case DT_CALL_ALLREDUCE:      snprintf(buf, n, "all_reduce (%s, %llu elems, %s)", t, cnt, o); break;
-    case DT_CALL_BROADCAST:      snprintf(buf, n, "broadcast (%s, %llu elems, root %d)", t, cnt, arg); break;
-    case DT_CALL_ALLGATHER:      snprintf(buf, n, "all_gather (%s, %llu elems per rank)", t, cnt); break;
-    case DT_CALL_REDUCE_SCATTER: snprintf(buf, n, "reduce_scatter (%s, %llu elems per rank, %s)", t, cnt, o); break;
-    case DT_CALL_REDUCE:         snprintf(buf, n, "reduce (%s, %llu elems, %s, root %d)", t, cnt, o, arg); break;
-    case DT_CALL_P2P:            snprintf(buf, n, "%s (%s, %llu elems, tag %d)", p2p, t, cnt, arg); break;
-    default:                     snprintf(buf, n, "%s", kind_name(kind)); break;
+    const dt_coll_row *row = dt_coll_get((int)kind);
+    if (row && !(row->flags & DT_COLL_NO_DATA)) {
+        unsigned f = row->flags;
+        char root[32] = "";
+        if (f & DT_COLL_ROOT) snprintf(root, sizeof root, ", root %d", arg);
+        snprintf(buf, n, "%s (%s, %llu elems%s%s%s%s)", row->name, t, cnt, f & DT_COLL_PER_RANK ? " per rank" : "",
+                 f & DT_COLL_REDOP ? ", " : "", f & DT_COLL_REDOP ? o : "", root);
+    } else if (kind == DT_CALL_P2P) {
+        snprintf(buf, n, "%s (%s, %llu elems, tag %d)", p2p, t, cnt, arg);
+    } else {
+        snprintf(buf, n, "%s", kind_name(kind));
     }
     return buf;
 }
@@ -266,37 +270,23 @@ struct dt_async {
     int             stop;
 };
 
+/* The backend's member for collective `kind` (NULL: it has none, or kind is no collective). */
+typedef dt_status (*coll_fn)(dt_comm *c, const dt_call *call, const void *send, void *recv);
+static coll_fn backend_coll(const dt_backend *b, int kind) {
+    switch (kind) {
+#define BACKEND_CASE_(ID, id, name, flags) case DT_CALL_##ID: return b->id;
+    DT_COLLECTIVES(BACKEND_CASE_)
+#undef BACKEND_CASE_
+    }
+    return NULL;
+}
+
 static dt_status exec(dt_comm *c, const op_t *o) {
     const dt_backend *b = c->backend;
     const dt_p2p *p = &c->p2p;
     const dt_call *k = &o->call;
     int have_p2p = p->xfer != NULL;
-    switch (k->kind) {
-    case DT_CALL_ALLREDUCE:
-        if (b->allreduce) return b->allreduce(c, k, o->send, o->recv);
-        if (have_p2p) return dt_algo_allreduce(p, k, o->send, o->recv);
-        break;
-    case DT_CALL_BROADCAST:
-        if (b->broadcast) return b->broadcast(c, k, o->recv);
-        if (have_p2p) return dt_algo_broadcast(p, k, o->recv);
-        break;
-    case DT_CALL_ALLGATHER: case DT_CALL_SPLIT:
-        if (b->allgather) return b->allgather(c, k, o->send, o->recv);
-        if (have_p2p) return dt_algo_allgather(p, k, o->send, o->recv);
-        break;
-    case DT_CALL_REDUCE_SCATTER:
-        if (b->reduce_scatter) return b->reduce_scatter(c, k, o->send, o->recv);
-        if (have_p2p) return dt_algo_reduce_scatter(p, k, o->send, o->recv);
-        break;
-    case DT_CALL_REDUCE:
-        if (b->reduce) return b->reduce(c, k, o->send, o->recv);
-        if (have_p2p) return dt_algo_reduce(p, k, o->send, o->recv);
-        break;
-    case DT_CALL_BARRIER:
-        if (b->barrier) return b->barrier(c, k);
-        if (have_p2p) return dt_algo_barrier(p, k);
-        break;
-    case DT_CALL_P2P:
+    if (k->kind == DT_CALL_P2P) {
         if (k->is_send && b->send) return b->send(c, k, o->send);
         if (!k->is_send && b->recv) return b->recv(c, k, o->recv);
         if (have_p2p) {
@@ -305,9 +295,13 @@ static dt_status exec(dt_comm *c, const op_t *o) {
                           .src = k->is_send ? -1 : k->root, .rbuf = o->recv, .rbytes = k->is_send ? 0 : bytes };
             return p->xfer(p->ctx, &x, k);
         }
-        break;
-    default:
-        break;
+    } else {
+        /* a split agrees on the groups with an all_gather (the call keeps its own kind) */
+        int kind = k->kind == DT_CALL_SPLIT ? DT_CALL_ALLGATHER : (int)k->kind;
+        coll_fn fn = backend_coll(b, kind);
+        if (fn) return fn(c, k, o->send, o->recv);
+        dt_algo_fn algo = dt_algo_of(kind);
+        if (algo && have_p2p) return algo(p, k, o->send, o->recv);
     }
     return dt_error(DT_ERR_UNSUPPORTED, "backend %s cannot do %s", b->name, k->desc);
 }
@@ -438,16 +432,18 @@ int dt_work_test(dt_work *w) {
 /* Common checks; fills the call and takes a sequence number. */
 static dt_status prep(dt_comm *c, dt_call_kind kind, dt_dtype t, dt_redop op, size_t count, size_t mult,
                       int root, op_t *o, const char *what) {
+    const dt_coll_row *row = dt_coll_get(kind);
+    unsigned f = row ? row->flags : 0;
     if (!c) return dt_error(DT_ERR_INVALID, "%s: communicator is NULL", what);
     if (!dtype_ok(t))
         return dt_error(DT_ERR_INVALID, "rank %d: %s: element type %s (%d) is not one of the collectives' "
                         "(f32, f64, f16, bf16, i32, i64, u8)", c->rank, what, dt_dtype_name(t), (int)t);
-    if ((kind == DT_CALL_ALLREDUCE || kind == DT_CALL_REDUCE || kind == DT_CALL_REDUCE_SCATTER) && !redop_ok(op))
+    if ((f & DT_COLL_REDOP) && !redop_ok(op))
         return dt_error(DT_ERR_INVALID, "rank %d: %s: invalid reduction operator %d", c->rank, what, (int)op);
     size_t es = dt_dtype_size(t);
     if (count > SIZE_MAX / es / (mult ? mult : 1) || count > (size_t)INT64_MAX / es)
         return dt_error(DT_ERR_INVALID, "rank %d: %s: count %zu overflows the size of a buffer", c->rank, what, count);
-    if ((kind == DT_CALL_BROADCAST || kind == DT_CALL_REDUCE) && (root < 0 || root >= c->size))
+    if ((f & DT_COLL_ROOT) && (root < 0 || root >= c->size))
         return dt_error(DT_ERR_INVALID, "rank %d: %s: root %d is out of range (world size %d)", c->rank, what, root, c->size);
     memset(o, 0, sizeof *o);
     o->call.kind = kind;
@@ -464,93 +460,75 @@ static dt_status null_buf(dt_comm *c, const char *what, const char *which, size_
     return dt_error(DT_ERR_INVALID, "rank %d: %s: %s buffer is NULL with count %zu", c->rank, what, which, count);
 }
 
-static dt_status allreduce_op(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, dt_work **w) {
+dt_status dt_coll_run(dt_comm *c, dt_call_kind kind, const void *send, void *recv, size_t count, dt_dtype t,
+                      dt_redop op, int root, dt_work **w) {
+    const dt_coll_row *row = dt_coll_get(kind);
+    if (!row) return dt_error(DT_ERR_INTERNAL, "dt_coll_run: %d is not a collective", (int)kind);
+    const char *what = row->name;
+    unsigned f = row->flags;
+    if (!(f & DT_COLL_REDOP)) op = DT_SUM;
+    if (!(f & DT_COLL_ROOT)) root = -1;
+    if (f & DT_COLL_ONE_BUF) send = NULL;
+    if (f & DT_COLL_NO_DATA) { send = NULL; recv = NULL; count = 0; t = DT_U8; }
+    if (c && count) {
+        if (f & DT_COLL_ONE_BUF) {
+            if (!recv) return null_buf(c, what, "data", count);
+        } else if (!send) {
+            return null_buf(c, what, "send", count);
+        } else if (!recv && (!(f & DT_COLL_ROOT_RECV) || c->rank == root)) {
+            return null_buf(c, what, f & DT_COLL_ROOT_RECV ? "recv (on the root)" : "recv", count);
+        }
+    }
     op_t o;
-    if (c && count && (!send || !recv)) return null_buf(c, "all_reduce", !send ? "send" : "recv", count);
-    DT_TRY(prep(c, DT_CALL_ALLREDUCE, t, op, count, 1, -1, &o, "all_reduce"));
-    o.send = send; o.recv = recv;
+    DT_TRY(prep(c, kind, t, op, count, (f & DT_COLL_PER_RANK) && c ? (size_t)c->size : 1, root, &o, what));
+    o.send = send;
+    o.recv = recv;
     dt_call_describe(&o.call);
     return submit(c, &o, w);
 }
 
-static dt_status broadcast_op(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_work **w) {
-    op_t o;
-    if (c && count && !buf) return null_buf(c, "broadcast", "data", count);
-    DT_TRY(prep(c, DT_CALL_BROADCAST, t, DT_SUM, count, 1, root, &o, "broadcast"));
-    o.recv = buf;
-    dt_call_describe(&o.call);
-    return submit(c, &o, w);
-}
-
-static dt_status allgather_op(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_work **w) {
-    op_t o;
-    if (c && count && (!send || !recv)) return null_buf(c, "all_gather", !send ? "send" : "recv", count);
-    DT_TRY(prep(c, DT_CALL_ALLGATHER, t, DT_SUM, count, c ? (size_t)c->size : 1, -1, &o, "all_gather"));
-    o.send = send; o.recv = recv;
-    dt_call_describe(&o.call);
-    return submit(c, &o, w);
-}
-
-static dt_status reduce_scatter_op(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op,
-                                   dt_work **w) {
-    op_t o;
-    if (c && count && (!send || !recv)) return null_buf(c, "reduce_scatter", !send ? "send" : "recv", count);
-    DT_TRY(prep(c, DT_CALL_REDUCE_SCATTER, t, op, count, c ? (size_t)c->size : 1, -1, &o, "reduce_scatter"));
-    o.send = send; o.recv = recv;
-    dt_call_describe(&o.call);
-    return submit(c, &o, w);
-}
+/* The public functions, one per collective of the list (and _async forms for four). */
+_Static_assert(DT_COLL_COUNT == 6, "a collective added to coll.h needs its public functions here and in comm.h");
 
 dt_status dt_allreduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op) {
-    return allreduce_op(c, send, recv, count, t, op, NULL);
+    return dt_coll_run(c, DT_CALL_ALLREDUCE, send, recv, count, t, op, -1, NULL);
 }
 dt_status dt_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root) {
-    return broadcast_op(c, buf, count, t, root, NULL);
+    return dt_coll_run(c, DT_CALL_BROADCAST, NULL, buf, count, t, DT_SUM, root, NULL);
 }
 dt_status dt_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t) {
-    return allgather_op(c, send, recv, count, t, NULL);
+    return dt_coll_run(c, DT_CALL_ALLGATHER, send, recv, count, t, DT_SUM, -1, NULL);
 }
 dt_status dt_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op) {
-    return reduce_scatter_op(c, send, recv, count, t, op, NULL);
+    return dt_coll_run(c, DT_CALL_REDUCE_SCATTER, send, recv, count, t, op, -1, NULL);
+}
+dt_status dt_reduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, int root) {
+    return dt_coll_run(c, DT_CALL_REDUCE, send, recv, count, t, op, root, NULL);
+}
+dt_status dt_barrier(dt_comm *c) {
+    return dt_coll_run(c, DT_CALL_BARRIER, NULL, NULL, 0, DT_U8, DT_SUM, -1, NULL);
 }
 
-static dt_status need_work(dt_comm *c, dt_work **w, const char *what) {
-    if (!w) return dt_error(DT_ERR_INVALID, "rank %d: %s: work handle pointer is NULL", c ? c->rank : -1, what);
-    return DT_OK;
+/* An async form: the work handle pointer is checked first, then the call as the blocking one. */
+static dt_status coll_async(dt_comm *c, dt_call_kind kind, const void *send, void *recv, size_t count, dt_dtype t,
+                            dt_redop op, int root, dt_work **w) {
+    if (!w)
+        return dt_error(DT_ERR_INVALID, "rank %d: %s_async: work handle pointer is NULL", c ? c->rank : -1,
+                        dt_coll_get(kind)->name);
+    return dt_coll_run(c, kind, send, recv, count, t, op, root, w);
 }
 dt_status dt_allreduce_async(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, dt_work **w) {
-    DT_TRY(need_work(c, w, "all_reduce_async"));
-    return allreduce_op(c, send, recv, count, t, op, w);
+    return coll_async(c, DT_CALL_ALLREDUCE, send, recv, count, t, op, -1, w);
 }
 dt_status dt_broadcast_async(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_work **w) {
-    DT_TRY(need_work(c, w, "broadcast_async"));
-    return broadcast_op(c, buf, count, t, root, w);
+    return coll_async(c, DT_CALL_BROADCAST, NULL, buf, count, t, DT_SUM, root, w);
 }
 dt_status dt_allgather_async(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_work **w) {
-    DT_TRY(need_work(c, w, "all_gather_async"));
-    return allgather_op(c, send, recv, count, t, w);
+    return coll_async(c, DT_CALL_ALLGATHER, send, recv, count, t, DT_SUM, -1, w);
 }
 dt_status dt_reduce_scatter_async(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op,
                                   dt_work **w) {
-    DT_TRY(need_work(c, w, "reduce_scatter_async"));
-    return reduce_scatter_op(c, send, recv, count, t, op, w);
-}
-
-dt_status dt_reduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op, int root) {
-    op_t o;
-    if (c && count && !send) return null_buf(c, "reduce", "send", count);
-    if (c && count && !recv && c->rank == root) return null_buf(c, "reduce", "recv (on the root)", count);
-    DT_TRY(prep(c, DT_CALL_REDUCE, t, op, count, 1, root, &o, "reduce"));
-    o.send = send; o.recv = recv;
-    dt_call_describe(&o.call);
-    return submit(c, &o, NULL);
-}
-
-dt_status dt_barrier(dt_comm *c) {
-    op_t o;
-    DT_TRY(prep(c, DT_CALL_BARRIER, DT_U8, DT_SUM, 0, 1, -1, &o, "barrier"));
-    dt_call_describe(&o.call);
-    return submit(c, &o, NULL);
+    return coll_async(c, DT_CALL_REDUCE_SCATTER, send, recv, count, t, op, -1, w);
 }
 
 static dt_status p2p_op(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, int peer, int tag, int is_send) {

@@ -24,14 +24,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "clock.h"   /* dt_now(): every deadline */
+#include "coll.h"    /* the collectives (DT_COLLECTIVES) and dt_call_kind */
 #include "comm.h"
 
 /* ---- one call, as validated by comm.c ------------------------------------------------ */
-
-typedef enum {
-    DT_CALL_ALLREDUCE = 1, DT_CALL_BROADCAST, DT_CALL_ALLGATHER, DT_CALL_REDUCE_SCATTER,
-    DT_CALL_REDUCE, DT_CALL_BARRIER, DT_CALL_P2P, DT_CALL_SPLIT, DT_CALL_INIT,
-} dt_call_kind;
 
 typedef struct {
     dt_call_kind kind;
@@ -83,14 +79,17 @@ typedef struct dt_p2p {
     dt_status (*xfer)(void *ctx, const dt_xfer *x, const dt_call *call);
 } dt_p2p;
 
-/* algo.c: the collectives over dt_p2p (call validated by comm.c; in place when send == recv).
- * Power-of-two sizes: recursive halving / doubling over the fixed tree; others: rings. */
-dt_status dt_algo_allreduce     (const dt_p2p *p, const dt_call *call, const void *send, void *recv);
-dt_status dt_algo_broadcast     (const dt_p2p *p, const dt_call *call, void *buf);
-dt_status dt_algo_allgather     (const dt_p2p *p, const dt_call *call, const void *send, void *recv);
-dt_status dt_algo_reduce_scatter(const dt_p2p *p, const dt_call *call, const void *send, void *recv);
-dt_status dt_algo_reduce        (const dt_p2p *p, const dt_call *call, const void *send, void *recv);
-dt_status dt_algo_barrier       (const dt_p2p *p, const dt_call *call);
+/* algo.c: the collectives over dt_p2p, dt_algo_<id> for every row of DT_COLLECTIVES (call
+ * validated by comm.c; in place when send == recv; send and recv as dt_coll_run passes
+ * them: broadcast's buffer is recv, barrier has none). Power-of-two sizes: recursive
+ * halving / doubling over the fixed tree; others: rings. */
+typedef dt_status (*dt_algo_fn)(const dt_p2p *p, const dt_call *call, const void *send, void *recv);
+#define DT_ALGO_DECL_(ID, id, name, flags) \
+    dt_status dt_algo_##id(const dt_p2p *p, const dt_call *call, const void *send, void *recv);
+DT_COLLECTIVES(DT_ALGO_DECL_)
+#undef DT_ALGO_DECL_
+/* dt_algo_<id> of collective `kind`; NULL when kind is not a collective. */
+dt_algo_fn dt_algo_of(int kind);
 /* Element offset of block b when count elements are cut into nb blocks (the first
  * count % nb one element longer): the blocks of the algorithms above. */
 size_t    dt_algo_block_offset(size_t count, int nb, int b);
@@ -148,12 +147,12 @@ struct dt_backend {
      * p2p. c->timeout_s, job_id and deterministic are already set from the options. */
     dt_status (*init)          (dt_comm *c, const dt_comm_opts *opts);
     void      (*destroy)       (dt_comm *c);
-    dt_status (*allreduce)     (dt_comm *c, const dt_call *call, const void *send, void *recv);
-    dt_status (*broadcast)     (dt_comm *c, const dt_call *call, void *buf);
-    dt_status (*allgather)     (dt_comm *c, const dt_call *call, const void *send, void *recv);
-    dt_status (*reduce_scatter)(dt_comm *c, const dt_call *call, const void *send, void *recv);
-    dt_status (*reduce)        (dt_comm *c, const dt_call *call, const void *send, void *recv);
-    dt_status (*barrier)       (dt_comm *c, const dt_call *call);
+    /* One member per collective, named by the row's id (.allreduce, .broadcast, ...), with
+     * send and recv as dt_coll_run passes them (broadcast's buffer is recv, barrier has none). */
+#define DT_BACKEND_COLL_(ID, id, name, flags) \
+    dt_status (*id)(dt_comm *c, const dt_call *call, const void *send, void *recv);
+    DT_COLLECTIVES(DT_BACKEND_COLL_)
+#undef DT_BACKEND_COLL_
     dt_status (*send)          (dt_comm *c, const dt_call *call, const void *buf);
     dt_status (*recv)          (dt_comm *c, const dt_call *call, void *buf);
     /* Called on every rank of parent after comm.c has agreed on the groups. child == NULL

@@ -1,7 +1,7 @@
 # src/comm/local.mk: the communication core (see Makefile.am): the public API and its
 # dispatch (comm.c), rendezvous store, typed reductions, the collective algorithms over a
 # point-to-point primitive, and the tcp backend with shared memory for same-host peers.
-libdtrain_core_la_SOURCES += src/comm/comm.c src/comm/comm_impl.h src/comm/store.c src/comm/store.h \
+libdtrain_core_la_SOURCES += src/comm/comm.c src/comm/comm_impl.h src/comm/coll.h src/comm/store.c src/comm/store.h \
 	src/comm/sock.c src/comm/sock.h src/comm/auth.c src/comm/auth.h src/comm/gate.c src/comm/gate.h \
 	src/comm/reduce.c src/comm/reduce.h src/comm/algo.c \
 	src/comm/tcp.c src/comm/tcp_xfer.c src/comm/tcp_ring.c src/comm/tcp_impl.h src/comm/shm.c src/comm/shm.h \
@@ -11,5 +11,7 @@ dtraininclude_HEADERS += src/comm/comm.h
 check_PROGRAMS += tests/test_reduce tests/test_store tests/test_algo tests/coll_prog
 TESTS += tests/test_reduce tests/test_store tests/test_algo
 TESTS += tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh tests/auth_rdzv.sh tests/shm_many.sh
+# every collective of the list (coll.h) on every backend built in, from one table of cases
+TESTS += tests/comm_every.sh
 EXTRA_DIST += tests/rank_tap.h tests/comm_lib.sh tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh \
-	tests/auth_rdzv.sh tests/shm_many.sh
+	tests/auth_rdzv.sh tests/shm_many.sh tests/comm_every.sh tests/coll_cases.h

@@ -334,9 +334,9 @@ static dt_status mpi_allreduce(dt_comm *c, const dt_call *call, const void *send
     return s;
 }
 
-static dt_status mpi_broadcast(dt_comm *c, const dt_call *call, void *buf) {
+static dt_status mpi_broadcast(dt_comm *c, const dt_call *call, const void *send, void *buf) {
     mpi_state *st = state(c);
-    if (c->deterministic) return dt_algo_broadcast(&c->p2p, call, buf);
+    if (c->deterministic) return dt_algo_broadcast(&c->p2p, call, send, buf);
     call_lock();
     dt_status s = entry(st, call);
     size_t es = dt_dtype_size(call->dtype);
@@ -420,9 +420,9 @@ static dt_status mpi_reduce(dt_comm *c, const dt_call *call, const void *send, v
     return s;
 }
 
-static dt_status mpi_barrier(dt_comm *c, const dt_call *call) {
+static dt_status mpi_barrier(dt_comm *c, const dt_call *call, const void *send, void *recv) {
     mpi_state *st = state(c);
-    if (c->deterministic) return dt_algo_barrier(&c->p2p, call);
+    if (c->deterministic) return dt_algo_barrier(&c->p2p, call, send, recv);
     call_lock();
     dt_status s = entry(st, call);
     if (s == DT_OK) {

@@ -356,18 +356,14 @@ static dt_status copy_sync(nccl_state *st, void *dst, const void *src, size_t by
 static dt_status on_host(dt_comm *c, nccl_state *st, const dt_call *call, const void *send, void *recv) {
     const dt_p2p *p = &c->p2p;
     dt_status s;
-    switch (call->kind) {
-    case DT_CALL_ALLREDUCE:      s = dt_algo_allreduce(p, call, send, recv); break;
-    case DT_CALL_BROADCAST:      s = dt_algo_broadcast(p, call, recv); break;
-    case DT_CALL_ALLGATHER:      s = dt_algo_allgather(p, call, send, recv); break;
-    case DT_CALL_REDUCE_SCATTER: s = dt_algo_reduce_scatter(p, call, send, recv); break;
-    case DT_CALL_REDUCE:         s = dt_algo_reduce(p, call, send, recv); break;
-    default: {                   /* p2p */
+    dt_algo_fn algo = dt_algo_of(call->kind);
+    if (algo) {
+        s = algo(p, call, send, recv);
+    } else {   /* p2p */
         size_t bytes = call->count * dt_dtype_size(call->dtype);
         dt_xfer x = { .dst = call->is_send ? call->root : -1, .sbuf = send, .sbytes = call->is_send ? bytes : 0,
                       .src = call->is_send ? -1 : call->root, .rbuf = recv, .rbytes = call->is_send ? 0 : bytes };
         s = p->xfer(p->ctx, &x, call);
-    }
     }
     return s == DT_OK ? DT_OK : set_broken(st, s);
 }
@@ -464,7 +460,8 @@ static dt_status nccl_allreduce(dt_comm *c, const dt_call *call, const void *sen
                   "ncclAllReduce", call);
 }
 
-static dt_status nccl_broadcast(dt_comm *c, const dt_call *call, void *buf) {
+static dt_status nccl_broadcast(dt_comm *c, const dt_call *call, const void *send, void *buf) {
+    (void)send;   /* the root's data is in buf */
     nccl_state *st;
     int host;
     DT_TRY(begin(c, call, buf, buf, &st, &host));
@@ -758,6 +755,10 @@ static void nccl_library(char *buf, size_t n) {
         snprintf(buf + len, n - (size_t)len, " (built against %d.%d.%d)", NCCL_VERSION_CODE / 10000,
                  NCCL_VERSION_CODE / 100 % 100, NCCL_VERSION_CODE % 100);
 }
+
+/* Every collective of the list needs NCCL's own call here: comm.c's fallback, algo.c over
+ * c->p2p, is the tcp side channel, which cannot read device buffers (barrier has none). */
+_Static_assert(DT_COLL_COUNT == 6, "a collective added to coll.h needs its nccl_ function in this table");
 
 const dt_backend dt_backend_nccl = {
     .name           = "nccl",

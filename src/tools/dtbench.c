@@ -22,10 +22,15 @@
  * Inputs are small integers (1..4, or 1..2 for prod), so every reduction is exact in
  * every type and the expected result is known bit for bit; #wrong is the number of
  * wrong elements summed over ranks, and dtbench exits 1 when it is not 0.
+ *
+ * The collectives are the library's list (src/comm/coll.h): -o takes their names, and
+ * what they take (an operator, counts per rank) comes from their rows; dtbench adds a row
+ * of its own per collective (colls below: the other spelling, the bus factor, the check).
  */
 #include "config.h"
 #include "args.h"
 #include "clock.h"
+#include "coll.h"
 #include "comm.h"
 #include "reduce.h"
 #include "status.h"
@@ -36,14 +41,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char usage[] =
+/* The usage text around the -o line, which names the collectives of the list. */
+static const char usage_head[] =
 "usage: dtbench [options]   (run under dtrun, mpirun or srun)\n"
 "\n"
 "  -b SIZE        smallest size in bytes (default 4K; suffixes K, M, G = 2^10, 2^20, 2^30)\n"
 "  -e SIZE        largest size in bytes (default 64M)\n"
-"  -f FACTOR      size multiplier between rows (default 2)\n"
-"  -o OP          all_reduce | broadcast | all_gather | reduce_scatter | reduce\n"
-"                 (default all_reduce)\n"
+"  -f FACTOR      size multiplier between rows (default 2)\n";
+static const char usage_tail[] =
 "  -d TYPE        f32 | f64 | f16 | bf16 | i32 | i64 | u8 (default f32)\n"
 "  -r REDOP       sum | avg | min | max | prod (default sum)\n"
 "  -w N           warm-up iterations per size, and at the largest and smallest size\n"
@@ -60,19 +65,76 @@ static const char usage[] =
 "iteration). Exit status: 0, 1 if any result was wrong or the job failed, 2 for a bad\n"
 "command line.\n";
 
-typedef enum { OP_ALLREDUCE, OP_BROADCAST, OP_ALLGATHER, OP_REDUCE_SCATTER, OP_REDUCE } bench_op;
-static const char *const op_names[] = { "all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce" };
-
 typedef struct {
     size_t    minb, maxb;
     double    factor;
-    bench_op  op;
+    dt_call_kind op;      /* a collective of the list */
     dt_dtype  dtype;
     dt_redop  redop;
     int       warmup, iters, check;
     double    settle;     /* -W: seconds of warm-up before the first row */
     const char *backend;
 } bench_cfg;
+
+typedef struct {
+    void  *send, *recv, *want;   /* max bytes each */
+} bench_bufs;
+
+/* Set the inputs, run once, and count this rank's wrong elements (*wrong starts at 0). */
+typedef dt_status bench_check(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, size_t total, size_t per,
+                              int64_t *wrong);
+static bench_check check_reduction, check_broadcast, check_allgather;
+
+/* busbw = algbw times this (nccl-tests' factors) on n ranks */
+static double bus_allreduce(int n) { return 2.0 * (n - 1) / n; }
+static double bus_gather   (int n) { return (double)(n - 1) / n; }
+static double bus_one      (int n) { (void)n; return 1.0; }
+
+/* dtbench's row of each collective of the list, by kind: the other spelling -o takes, the
+ * bus bandwidth factor and the check. A collective without a check is not benchmarked
+ * (barrier: no data to time or check). */
+typedef struct {
+    const char  *alias;
+    double     (*bus)(int n);
+    bench_check *check;
+} bench_coll;
+
+_Static_assert(DT_COLL_COUNT == 6, "a collective added to src/comm/coll.h needs its row here");
+static const bench_coll colls[DT_COLL_COUNT + 1] = {
+    [DT_CALL_ALLREDUCE]      = { .alias = "allreduce",     .bus = bus_allreduce, .check = check_reduction },
+    [DT_CALL_BROADCAST]      = { .alias = "bcast",         .bus = bus_one,       .check = check_broadcast },
+    [DT_CALL_ALLGATHER]      = { .alias = "allgather",     .bus = bus_gather,    .check = check_allgather },
+    [DT_CALL_REDUCE_SCATTER] = { .alias = "reducescatter", .bus = bus_gather,    .check = check_reduction },
+    [DT_CALL_REDUCE]         = { .alias = "reduce",        .bus = bus_one,       .check = check_reduction },
+    [DT_CALL_BARRIER]        = { .alias = NULL },
+};
+
+static unsigned coll_flags(dt_call_kind k) { return dt_coll_get(k)->flags; }
+
+/* The names of the benchmarked collectives into buf, "a, b or c" (sep ", ", last " or "). */
+static const char *coll_choices(char *buf, size_t n, const char *sep, const char *last) {
+    int total = 0, i = 0;
+    for (int k = 1; k <= DT_COLL_COUNT; k++) total += colls[k].check != NULL;
+    size_t len = 0;
+    buf[0] = 0;
+    for (int k = 1; k <= DT_COLL_COUNT; k++) {
+        if (!colls[k].check) continue;
+        const char *pre = i == 0 ? "" : i == total - 1 ? last : sep;
+        int w = snprintf(buf + len, n - len, "%s%s", pre, dt_coll_get(k)->name);
+        if (w < 0 || (size_t)w >= n - len) break;
+        len += (size_t)w;
+        i++;
+    }
+    return buf;
+}
+
+static void print_usage(void) {
+    char ops[256];
+    fputs(usage_head, stdout);
+    printf("  -o OP          %s\n", coll_choices(ops, sizeof ops, " | ", " | "));
+    printf("                 (default %s)\n", dt_coll_get(DT_CALL_ALLREDUCE)->name);
+    fputs(usage_tail, stdout);
+}
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die_usage(const char *fmt, ...) {
@@ -91,13 +153,13 @@ static void arg_or_die(dt_status s) {
 }
 
 static void parse_args(int argc, char **argv, bench_cfg *cfg) {
-    *cfg = (bench_cfg){ .minb = 4096, .maxb = 64u << 20, .factor = 2, .op = OP_ALLREDUCE,
+    *cfg = (bench_cfg){ .minb = 4096, .maxb = 64u << 20, .factor = 2, .op = DT_CALL_ALLREDUCE,
                         .dtype = DT_F32, .redop = DT_SUM, .warmup = 5, .iters = 20, .check = 1,
                         .settle = 0.2 };
     static const char *const flags[] = { "-b", "-e", "-f", "-o", "-d", "-r", "-w", "-W", "-n", "-c", "--backend" };
     for (int i = 1; i < argc;) {
         const char *a = argv[i], *v = NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(usage, stdout); exit(0); }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { print_usage(); exit(0); }
         dt_status err = DT_OK;
         size_t k = 0;
         while (k < sizeof flags / sizeof flags[0] && !dt_arg_match(flags[k], argc, argv, &i, &v, &err)) k++;
@@ -114,11 +176,12 @@ static void parse_args(int argc, char **argv, bench_cfg *cfg) {
         } else if (!strcmp(f, "-W")) {
             arg_or_die(dt_arg_double(f, v, 0, 3600, &cfg->settle));
         } else if (!strcmp(f, "-o")) {
-            static const char *const alias[] = { "allreduce", "bcast", "allgather", "reducescatter", "reduce" };
-            int found = -1;
-            for (int o = 0; o < 5; o++) if (!strcmp(v, op_names[o]) || !strcmp(v, alias[o])) found = o;
-            if (found < 0) die_usage("-o: expected all_reduce, broadcast, all_gather, reduce_scatter or reduce, got '%s'", v);
-            cfg->op = (bench_op)found;
+            int found = 0;
+            for (int k = 1; k <= DT_COLL_COUNT; k++)
+                if (colls[k].check && (!strcmp(v, dt_coll_get(k)->name) || !strcmp(v, colls[k].alias))) found = k;
+            char ops[256];
+            if (!found) die_usage("-o: expected %s, got '%s'", coll_choices(ops, sizeof ops, ", ", " or "), v);
+            cfg->op = (dt_call_kind)found;
         } else if (!strcmp(f, "-d")) {
             if (dt_dtype_parse(v, &cfg->dtype) != DT_OK || cfg->dtype >= DT_COMM_NDTYPES)
                 die_usage("-d: expected f32, f64, f16, bf16, i32, i64 or u8, got '%s'", v);
@@ -190,85 +253,64 @@ static int64_t count_wrong(const void *got, const void *want, size_t n, size_t e
 
 /* ---- one size ------------------------------------------------------------------------- */
 
-typedef struct {
-    void  *send, *recv, *want;   /* max bytes each */
-} bench_bufs;
-
 /* Element counts of one row: total (the whole array) and per rank (all_gather's send,
  * reduce_scatter's recv). */
 static void row_counts(const bench_cfg *cfg, size_t bytes, int n, size_t *total, size_t *per) {
     size_t es = dt_dtype_size(cfg->dtype);
     *total = bytes / es;
     *per = *total;
-    if (cfg->op == OP_ALLGATHER || cfg->op == OP_REDUCE_SCATTER) {
+    if (coll_flags(cfg->op) & DT_COLL_PER_RANK) {
         *per = *total / (size_t)n;
         *total = *per * (size_t)n;
     }
 }
 
 static dt_status run_once(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, size_t total, size_t per) {
-    switch (cfg->op) {
-    case OP_ALLREDUCE:      return dt_allreduce(c, b->send, b->recv, total, cfg->dtype, cfg->redop);
-    case OP_BROADCAST:      return dt_broadcast(c, b->recv, total, cfg->dtype, 0);
-    case OP_ALLGATHER:      return dt_allgather(c, b->send, b->recv, per, cfg->dtype);
-    case OP_REDUCE_SCATTER: return dt_reduce_scatter(c, b->send, b->recv, per, cfg->dtype, cfg->redop);
-    case OP_REDUCE:         return dt_reduce(c, b->send, b->recv, total, cfg->dtype, cfg->redop, 0);
-    }
-    return dt_error(DT_ERR_INTERNAL, "unknown operation");
+    size_t count = coll_flags(cfg->op) & DT_COLL_PER_RANK ? per : total;
+    return dt_coll_run(c, cfg->op, b->send, b->recv, count, cfg->dtype, cfg->redop, 0, NULL);
 }
 
-/* Set the inputs, run once, and count this rank's wrong elements. */
-static dt_status check_once(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, size_t total, size_t per,
-                            int64_t *wrong) {
+/* all_reduce, reduce_scatter (recv is block r of per elements) and reduce to root 0 (only
+ * the root's recv is written). */
+static dt_status check_reduction(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, size_t total, size_t per,
+                                 int64_t *wrong) {
     int r = dt_comm_rank(c), n = dt_comm_size(c);
     size_t es = dt_dtype_size(cfg->dtype);
-    *wrong = 0;
-    switch (cfg->op) {
-    case OP_ALLREDUCE:
-    case OP_REDUCE:
-        fill(cfg, b->send, 0, total, r);
-        memset(b->recv, 0xA5, total * es);
-        DT_TRY(run_once(c, cfg, b, total, per));
-        if (cfg->op == OP_REDUCE && r != 0) return DT_OK;
-        DT_TRY(expected_reduction(cfg, b->want, 0, total, n));
-        *wrong = count_wrong(b->recv, b->want, total, es);
-        return DT_OK;
-    case OP_BROADCAST:
-        /* root holds rank 0's inputs; the others start with something else */
-        if (r == 0) fill(cfg, b->recv, 0, total, 0);
-        else memset(b->recv, 0xA5, total * es);
-        DT_TRY(run_once(c, cfg, b, total, per));
-        fill(cfg, b->want, 0, total, 0);
-        *wrong = count_wrong(b->recv, b->want, total, es);
-        return DT_OK;
-    case OP_ALLGATHER:
-        /* rank r contributes elements [r*per, (r+1)*per) of the array */
-        fill(cfg, b->send, (size_t)r * per, per, r);
-        memset(b->recv, 0xA5, total * es);
-        DT_TRY(run_once(c, cfg, b, total, per));
-        for (int q = 0; q < n; q++) fill(cfg, (char *)b->want + (size_t)q * per * es, (size_t)q * per, per, q);
-        *wrong = count_wrong(b->recv, b->want, total, es);
-        return DT_OK;
-    case OP_REDUCE_SCATTER:
-        fill(cfg, b->send, 0, total, r);
-        memset(b->recv, 0xA5, per * es);
-        DT_TRY(run_once(c, cfg, b, total, per));
-        DT_TRY(expected_reduction(cfg, b->want, (size_t)r * per, per, n));
-        *wrong = count_wrong(b->recv, b->want, per, es);
-        return DT_OK;
-    }
+    int block = (coll_flags(cfg->op) & DT_COLL_PER_RANK) != 0;
+    size_t len = block ? per : total, first = block ? (size_t)r * per : 0;
+    fill(cfg, b->send, 0, total, r);
+    memset(b->recv, 0xA5, len * es);
+    DT_TRY(run_once(c, cfg, b, total, per));
+    if ((coll_flags(cfg->op) & DT_COLL_ROOT_RECV) && r != 0) return DT_OK;
+    DT_TRY(expected_reduction(cfg, b->want, first, len, n));
+    *wrong = count_wrong(b->recv, b->want, len, es);
     return DT_OK;
 }
 
-static double bus_factor(bench_op op, int n) {
-    switch (op) {
-    case OP_ALLREDUCE:      return 2.0 * (n - 1) / n;
-    case OP_ALLGATHER:
-    case OP_REDUCE_SCATTER: return (double)(n - 1) / n;
-    case OP_BROADCAST:
-    case OP_REDUCE:         return 1.0;
-    }
-    return 1.0;
+static dt_status check_broadcast(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, size_t total, size_t per,
+                                 int64_t *wrong) {
+    int r = dt_comm_rank(c);
+    size_t es = dt_dtype_size(cfg->dtype);
+    /* root holds rank 0's inputs; the others start with something else */
+    if (r == 0) fill(cfg, b->recv, 0, total, 0);
+    else memset(b->recv, 0xA5, total * es);
+    DT_TRY(run_once(c, cfg, b, total, per));
+    fill(cfg, b->want, 0, total, 0);
+    *wrong = count_wrong(b->recv, b->want, total, es);
+    return DT_OK;
+}
+
+static dt_status check_allgather(dt_comm *c, const bench_cfg *cfg, bench_bufs *b, size_t total, size_t per,
+                                 int64_t *wrong) {
+    int r = dt_comm_rank(c), n = dt_comm_size(c);
+    size_t es = dt_dtype_size(cfg->dtype);
+    /* rank r contributes elements [r*per, (r+1)*per) of the array */
+    fill(cfg, b->send, (size_t)r * per, per, r);
+    memset(b->recv, 0xA5, total * es);
+    DT_TRY(run_once(c, cfg, b, total, per));
+    for (int q = 0; q < n; q++) fill(cfg, (char *)b->want + (size_t)q * per * es, (size_t)q * per, per, q);
+    *wrong = count_wrong(b->recv, b->want, total, es);
+    return DT_OK;
 }
 
 static dt_status bench(dt_comm *c, const bench_cfg *cfg, int64_t *wrong_total) {
@@ -282,10 +324,10 @@ static dt_status bench(dt_comm *c, const bench_cfg *cfg, int64_t *wrong_total) {
     /* valid inputs from the start (warm-up runs too reduce them: no overflow on garbage) */
     fill(cfg, b.send, 0, cfg->maxb / es, r);
     fill(cfg, b.recv, 0, cfg->maxb / es, r);
-    int is_red = cfg->op == OP_ALLREDUCE || cfg->op == OP_REDUCE_SCATTER || cfg->op == OP_REDUCE;
+    int is_red = (coll_flags(cfg->op) & DT_COLL_REDOP) != 0;
     if (r == 0) {
         printf("# dtbench: %s, backend %s, %d ranks, %s%s%s, warmup %d, iters %d, check %d\n",
-               op_names[cfg->op], dt_comm_backend(c), n, dt_dtype_name(cfg->dtype),
+               dt_coll_get(cfg->op)->name, dt_comm_backend(c), n, dt_dtype_name(cfg->dtype),
                is_red ? " " : "", is_red ? dt_redop_name(cfg->redop) : "", cfg->warmup, cfg->iters, cfg->check);
         printf("# %12s %12s %6s %6s %12s %12s %12s %8s\n",
                "size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
@@ -321,7 +363,7 @@ static dt_status bench(dt_comm *c, const bench_cfg *cfg, int64_t *wrong_total) {
         /* warm up (and let every rank arrive), then one checked run, then the timed loop */
         for (int w = 0; w < cfg->warmup && s == DT_OK; w++) s = run_once(c, cfg, &b, total, per);
         int64_t wrong = 0;
-        if (s == DT_OK && cfg->check) s = check_once(c, cfg, &b, total, per, &wrong);
+        if (s == DT_OK && cfg->check) s = colls[cfg->op].check(c, cfg, &b, total, per, &wrong);
         if (s == DT_OK) s = dt_barrier(c);
         double t0 = dt_now();
         for (int it = 0; it < cfg->iters && s == DT_OK; it++) s = run_once(c, cfg, &b, total, per);
@@ -338,7 +380,7 @@ static dt_status bench(dt_comm *c, const bench_cfg *cfg, int64_t *wrong_total) {
             if (cfg->check) snprintf(wr, sizeof wr, "%lld", (long long)wrong);
             else snprintf(wr, sizeof wr, "N/A");
             printf("  %12zu %12zu %6s %6s %12.2f %12.3f %12.3f %8s\n", bytes, total, dt_dtype_name(cfg->dtype),
-                   is_red ? dt_redop_name(cfg->redop) : "-", tmax * 1e6, algbw, algbw * bus_factor(cfg->op, n), wr);
+                   is_red ? dt_redop_name(cfg->redop) : "-", tmax * 1e6, algbw, algbw * colls[cfg->op].bus(n), wr);
             fflush(stdout);
         }
     }
