@@ -1,6 +1,6 @@
 /*
  * layers.c: the rows of the layer table — linear, convolution, pooling,
- * activations, dropout, flatten and the residual block (normalisation rows
+ * activations, the gated MLP (swiglu), dropout, flatten and the residual block (normalisation rows
  * are in layers_norm.c).
  *
  * Each row says how its kind is written (argument schema), what shape it
@@ -112,6 +112,11 @@ dt_status layer_linear_backward(const dt_nn_ctx *c, float *dx, float *dw, float 
                                 const float *w, int rows, int in, int out) {
     /* in low precision every GEMM operand rounded: dy, the saved x, W */
     DT_TRY(layer_lp_operand(c, 0, &dy, (size_t)rows * (size_t)out));
+    return layer_linear_backward_rounded(c, dx, dw, db, dy, x, w, rows, in, out);
+}
+
+dt_status layer_linear_backward_rounded(const dt_nn_ctx *c, float *dx, float *dw, float *db, const float *dy,
+                                        const float *x, const float *w, int rows, int in, int out) {
     /* dW (out, in) = dy^T (out, rows) @ x (rows, in); db (out) = column sums of dy */
     if (dw) {
         DT_TRY(layer_lp_operand(c, 1, &x, (size_t)rows * (size_t)in));
@@ -353,6 +358,85 @@ ELEMENTWISE_ROW(gelu, "nn.GELU", x)
 ELEMENTWISE_ROW(tanh, "nn.Tanh", L->y)
 ELEMENTWISE_ROW(silu, "nn.SiLU", x)
 ELEMENTWISE_ROW(sigmoid, "nn.Sigmoid", L->y)
+
+/* ---- swiglu(hidden): Llama's gated MLP on the last dimension ------------------
+ * y = down_proj(silu(gate_proj(x)) * up_proj(x)), three bias-free nn.Linear.
+ * tensors: 0 gate_proj.weight (hid, C), 1 up_proj.weight (hid, C), 2 down_proj.weight
+ * (C, hid). The first two lie one after the other in the parameter array, so they are
+ * one (2 hid, C) matrix and one GEMM gives gu (rows, 2 hid) = [g | u]. Saved: gu and
+ * h = silu(g) * u (rows, hid); backward writes dh over h (after down_proj's gradient
+ * has read it) and dgu over gu. */
+
+typedef struct { int hidden; float std; float *gu, *h; } swiglu_self;
+
+static const dt_arg_def swiglu_args[] = {
+    { "hidden", DT_ARG_INT, offsetof(swiglu_self, hidden), 1, 0, POSITIVE, "'hidden' expects a positive integer" },
+    { "std", DT_ARG_FLOAT, offsetof(swiglu_self, std), 0, 0, 0, 1e3, 0,
+      "'std' expects 0 (PyTorch's default init) or the standard deviation of a normal init" },
+    { 0 }
+};
+
+static dt_status swiglu_infer(dt_layer *L, dt_shape *out) {
+    swiglu_self *s = LAYER_SELF(swiglu_self, L);
+    if (L->in.ndim == 3)
+        return layer_shape_error(L, "swiglu expects a flat (B, features) or (B, T, features) input",
+                                 "; add 'flatten' before it");
+    int64_t C = last_dim(L), H = s->hidden;
+    *out = L->in;
+    DT_TRY(dt_layer_tensor_add(L, "gate_proj.weight", DT_TENSOR_PARAM, NULL, 2, (int64_t[]){ H, C }));
+    DT_TRY(dt_layer_tensor_add(L, "up_proj.weight", DT_TENSOR_PARAM, NULL, 2, (int64_t[]){ H, C }));
+    return dt_layer_tensor_add(L, "down_proj.weight", DT_TENSOR_PARAM, NULL, 2, (int64_t[]){ C, H });
+}
+
+static dt_status swiglu_alloc(dt_layer_mem *a, dt_layer *L, int max_batch) {
+    swiglu_self *s = LAYER_SELF(swiglu_self, L);
+    size_t rh = (size_t)max_batch * (size_t)rows_per_sample(L) * (size_t)s->hidden;
+    DT_TRY(dt_layer_mem_take(a, L, (void **)&s->gu, 2 * rh * sizeof(float)));
+    return dt_layer_mem_take(a, L, (void **)&s->h, rh * sizeof(float));
+}
+
+/* each weight as nn.Linear(bias=False) initialises it (U(+-1/sqrt(fan_in))), or normal(0, std) */
+static dt_status swiglu_init(const dt_nn_ctx *c, dt_layer *L) {
+    swiglu_self *s = LAYER_SELF(swiglu_self, L);
+    for (int t = 0; t < 3; t++) {
+        if (s->std > 0.0f) { DT_TRY(layer_init_normal(c, L, t, s->std)); continue; }
+        float bound = (float)(1.0 / sqrt((double)L->t[t].shape[1]));
+        DT_TRY(c->ops->rng_uniform(dt_layer_tensor_ptr(c, L, t), (size_t)L->t[t].numel, -bound, bound, c->seed,
+                                   (uint64_t)L->first_param + (uint64_t)t, 0));
+    }
+    return DT_OK;
+}
+
+static dt_status swiglu_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
+    swiglu_self *s = LAYER_SELF(swiglu_self, L);
+    int rows = (int)(B * rows_per_sample(L)), C = (int)last_dim(L), H = s->hidden;
+    /* gate_proj and up_proj as one (2H, C) weight: gu (rows, 2H) */
+    DT_TRY(layer_linear_forward(c, s->gu, x, dt_layer_tensor_ptr(c, L, 0), NULL, rows, C, 2 * H, 0));
+    DT_TRY(c->ops->swiglu_forward(s->h, s->gu, rows, H));
+    DT_TRY(layer_lp_round(c, s->h, (size_t)rows * (size_t)H));
+    return layer_linear_forward(c, L->y, s->h, dt_layer_tensor_ptr(c, L, 2), NULL, rows, H, C, 0);
+}
+
+static dt_status swiglu_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy, float *dx, int B) {
+    swiglu_self *s = LAYER_SELF(swiglu_self, L);
+    int rows = (int)(B * rows_per_sample(L)), C = (int)last_dim(L), H = s->hidden;
+    float *g = c->grads;
+    /* d down_proj from the saved h first; then dh (rows, H) over h */
+    DT_TRY(layer_linear_backward(c, s->h, g + L->t[2].offset, NULL, dy, s->h, dt_layer_tensor_ptr(c, L, 2), rows, H, C));
+    DT_TRY(c->ops->swiglu_backward(s->gu, s->h, s->gu, rows, H));
+    /* gate_proj and up_proj's gradients as one (2H, C) block; dgu rounded in place, as it
+     * is wider than the scratch of a low-precision operand */
+    DT_TRY(layer_lp_round(c, s->gu, (size_t)rows * 2 * (size_t)H));
+    return layer_linear_backward_rounded(c, dx, g + L->t[0].offset, NULL, s->gu, x, dt_layer_tensor_ptr(c, L, 0),
+                                         rows, C, 2 * H);
+}
+
+const dt_layer_def dt_layer_def_swiglu = {
+    .name = "swiglu", .help = "swiglu(hidden[, std=0])", .torch = "LlamaMLP (gate_proj, up_proj, down_proj)",
+    .flags = DT_LDEF_GEMM, .self_size = sizeof(swiglu_self), .args = swiglu_args,
+    .infer = swiglu_infer, .alloc = swiglu_alloc, .init = swiglu_init,
+    .forward = swiglu_forward, .backward = swiglu_backward,
+};
 
 /* ---- dropout -------------------------------------------------------------- */
 

@@ -33,6 +33,10 @@ dt_status layer_linear_forward(const dt_nn_ctx *c, float *y, const float *x, con
                                int rows, int in, int out, int relu);
 dt_status layer_linear_backward(const dt_nn_ctx *c, float *dx, float *dw, float *db, const float *dy, const float *x,
                                 const float *w, int rows, int in, int out);
+/* The same with dy taken as it is: in low precision the caller rounded it in place
+ * (layer_lp_round), as a row does with its own gradient buffers wider than the scratch. */
+dt_status layer_linear_backward_rounded(const dt_nn_ctx *c, float *dx, float *dw, float *db, const float *dy,
+                                        const float *x, const float *w, int rows, int in, int out);
 
 /* Mixed precision (src/lowp.c; every helper is a no-op or plain f32 when c->lp is 0):
  *   layer_lp_operand  *x (n floats) becomes its rounding in scratch buffer slot (0, 1)

@@ -1,6 +1,6 @@
 /*
  * layers_norm.c: the normalisation rows of the layer table — batchnorm (1d
- * and 2d) and layer norm.
+ * and 2d), layer norm and RMS norm.
  *
  * Batchnorm's statistics are plain per-channel sums so that DDP can make them
  * global (synchronised batchnorm, the bn_sync hook) and so that the trainer
@@ -9,6 +9,7 @@
  */
 #include "layers.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #define BN_EPS      1e-5f
@@ -191,4 +192,48 @@ const dt_layer_def dt_layer_def_ln = {
     .self_size = sizeof(ln_self),
     .infer = ln_infer, .alloc = ln_alloc, .init = ln_init,
     .forward = ln_forward, .backward = ln_backward,
+};
+
+/* ---- RMS norm over the last dimension (Llama's RMSNorm: no mean, no bias) ------
+ * tensors: 0 weight (cols); save = rstd (rows). */
+
+typedef struct { float eps; float *rstd; } rms_self;
+
+static const dt_arg_def rms_args[] = {
+    { "eps", DT_ARG_FLOAT, offsetof(rms_self, eps), 0, 1e-5, 0, 1, 0, "'eps' expects a number in [0, 1]" },
+    { 0 }
+};
+
+static dt_status rms_infer(dt_layer *L, dt_shape *out) {
+    int64_t cols = ln_cols(L);
+    *out = L->in;
+    return dt_layer_tensor_add(L, "weight", DT_TENSOR_PARAM, NULL, 1, &cols);
+}
+
+static dt_status rms_alloc(dt_layer_mem *a, dt_layer *L, int max_batch) {
+    return dt_layer_mem_take(a, L, (void **)&LAYER_SELF(rms_self, L)->rstd,
+                             (size_t)max_batch * (size_t)ln_rows(L) * sizeof(float));
+}
+
+static dt_status rms_init(const dt_nn_ctx *c, dt_layer *L) {
+    return c->ops->fill(dt_layer_tensor_ptr(c, L, 0), 1.0f, (size_t)ln_cols(L));
+}
+
+static dt_status rms_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
+    rms_self *s = LAYER_SELF(rms_self, L);
+    int cols = (int)ln_cols(L), rows = (int)((int64_t)B * ln_rows(L));
+    return c->ops->rmsnorm_forward(L->y, s->rstd, x, dt_layer_tensor_ptr(c, L, 0), rows, cols, s->eps);
+}
+
+static dt_status rms_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy, float *dx, int B) {
+    int cols = (int)ln_cols(L), rows = (int)((int64_t)B * ln_rows(L));
+    return c->ops->rmsnorm_backward(dx, c->grads + L->t[0].offset, dy, x, LAYER_SELF(rms_self, L)->rstd,
+                                    dt_layer_tensor_ptr(c, L, 0), rows, cols);
+}
+
+const dt_layer_def dt_layer_def_rmsnorm = {
+    .name = "rmsnorm", .help = "rmsnorm([eps=1e-5])", .torch = "RMSNorm (transformers' LlamaRMSNorm)",
+    .self_size = sizeof(rms_self), .args = rms_args,
+    .infer = rms_infer, .alloc = rms_alloc, .init = rms_init,
+    .forward = rms_forward, .backward = rms_backward,
 };

@@ -44,16 +44,18 @@
     X(GAP, gap)                   /* global average pool        (C,H,W) -> (C) */          \
     X(BN, bn)                     /* BatchNorm1d on (F), BatchNorm2d on (C,H,W) */         \
     X(LN, ln)                     /* LayerNorm over the last dimension */                  \
+    X(RMSNORM, rmsnorm)           /* rmsnorm([eps]): RMSNorm over the last dimension, weight only */ \
     X(RELU, relu)                                                                          \
     X(GELU, gelu)                 /* exact (erf) GELU, PyTorch's default */                \
     X(TANH, tanh)                                                                          \
     X(SILU, silu)                 /* x * sigmoid(x), as nn.SiLU */                         \
     X(SIGMOID, sigmoid)                                                                    \
+    X(SWIGLU, swiglu)             /* swiglu(hidden): down(silu(gate(x)) * up(x)), no biases */ \
     X(DROPOUT, dropout)           /* dropout(p), inverted: kept values scaled by 1/(1-p) */ \
     X(FLATTEN, flatten)           /* (C,H,W) -> (C*H*W) */                                 \
     X(EMBED, embed)               /* embed(vocab, dim): token ids (T) -> (T, dim), nn.Embedding */ \
     X(POS, pos)                   /* pos(block): (T, C) + a learned row per position t < block */ \
-    X(ATTN, attn)                 /* attn(heads): causal self-attention, fused QKV (T, C) -> (T, C) */ \
+    X(ATTN, attn)                 /* attn(heads[,kv_heads][,rope]): causal self-attention (T, C) -> (T, C) */ \
     X(UNEMBED, unembed)           /* (T, C) -> (T, vocab) with the embedding's weight (tied head) */ \
     X(RESIDUAL, residual)         /* residual(layers...): opens y = x + f(x) */            \
     X(RESIDUAL_END, residual_end) /* closes it (internal: not written in specs) */
@@ -145,7 +147,7 @@ typedef enum {
                               * listed in the state dict, no storage or gradient of its own */
 } dt_tensor_role;
 
-#define DT_LAYER_MAX_TENSORS 6
+#define DT_LAYER_MAX_TENSORS 8
 /* Largest element count of one parameter or buffer, and of one sample's
  * activation: kernels take 32-bit counts. */
 #define DT_LAYER_MAX_NUMEL  INT64_C(2147483647)

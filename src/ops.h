@@ -127,6 +127,16 @@ static inline DT_HD void dt_adamw_elem(float *p, float *m, float *v, float grad,
     *p = pi - k.step_size * (mi / (sqrtf(vi) / k.bc2_sqrt + k.eps));
 }
 
+/* The rotation of rotary position embedding's pair (i, i + D/2) at position pos: the
+ * angle pos * theta^(-2i/D) and its cosine and sine in double, rounded to float, so both
+ * backends get the same tables (Hugging Face computes them in float32, within an ulp or
+ * two of these). */
+static inline DT_HD void dt_rope_angle(double pos, int i, int D, float theta, float *c, float *s) {
+    double a = pos * pow((double)theta, -2.0 * (double)i / (double)D);
+    *c = (float)cos(a);
+    *s = (float)sin(a);
+}
+
 /* ---- the op list ---------------------------------------------------------------------
  * DT_OPS(X) names every compute op once, as X(name, (parameters)); every op returns a
  * dt_status. Everything else is generated from it: the members of dt_ops, the indices
@@ -249,6 +259,18 @@ static inline DT_HD void dt_adamw_elem(float *p, float *m, float *v, float grad,
     X(layernorm_backward, (float *dx, float *dgamma, float *dbeta, const float *dy, \
                            const float *x, const float *mean, const float *rstd, \
                            const float *gamma, int rows, int cols)) \
+    /* -- RMS normalisation over the last dim, as Llama's RMSNorm(cols): y = x * rstd * w, \
+     * rstd = 1 / sqrt(mean(x^2) + eps); x, y (rows, cols), w (cols), rstd (rows) saved. */ \
+    X(rmsnorm_forward,  (float *y, float *rstd, const float *x, const float *w, int rows, int cols, float eps)) \
+    /* dx (rows, cols) (NULL to skip); dw (cols) (NULL to skip; column sums over the rows \
+     * in a fixed order, layer norm's with the mean 0). */ \
+    X(rmsnorm_backward, (float *dx, float *dw, const float *dy, const float *x, const float *rstd, \
+                         const float *w, int rows, int cols)) \
+    /* -- the gated MLP of Llama: h (rows, hid) = silu(g) * u, where gu (rows, 2 hid) holds \
+     * g in columns 0..hid-1 and u in hid..2hid-1 of each row (one GEMM's output). */ \
+    X(swiglu_forward,  (float *h, const float *gu, int rows, int hid)) \
+    /* dgu (rows, 2 hid) from dh (rows, hid) and the forward's gu; dgu may be gu (in place). */ \
+    X(swiglu_backward, (float *dgu, const float *dh, const float *gu, int rows, int hid)) \
     \
     /* -- sequences (transformers); ids are floats holding exact integers in [0, V) -- \
      * y (n, C) = W[ids[i]] (W (V, C)), as nn.Embedding. */ \
@@ -261,19 +283,29 @@ static inline DT_HD void dt_adamw_elem(float *p, float *m, float *v, float grad,
     X(pos_forward,  (float *y, const float *x, const float *P, int B, int T, int C)) \
     /* dP (T, C) = sum over b of dy (B, T, C), in b order. */ \
     X(pos_backward, (float *dP, const float *dy, int B, int T, int C)) \
-    /* Causal multi-head self-attention, softmax(q k^T / sqrt(D)) v per (batch, head), \
-     * position t attending to 0..t. qkv (B, T, 3C) as a fused projection writes it: \
-     * q, k, v in column blocks of C, head h at columns h*D of each (C = H*D). y (B, T, C), \
+    /* Rotary position embedding, Hugging Face Llama's "rotate_half" layout, in place on \
+     * the q and k heads of qkv (B, T, (H + 2K) D) (attention's layout below): in each head, \
+     * dimension i < D/2 pairs with i + D/2 and the pair turns by the angle \
+     * (pos0 + t) * theta^(-2i/D) (cos and sin in double, rounded to float); v is left \
+     * alone. inverse 1 turns by the opposite angle: the backward of the rotation (its \
+     * transpose), applied to dqkv. D even. */ \
+    X(rope, (float *qkv, int B, int T, int H, int K, int D, float theta, int pos0, int inverse)) \
+    /* Causal self-attention with H query heads and K key/value heads (K divides H; query \
+     * head h reads key/value head h / (H/K): grouped-query attention, multi-head when \
+     * K = H), softmax(q k^T / sqrt(D)) v per (batch, head), position t attending to 0..t. \
+     * qkv (B, T, (H + 2K) D) as a fused projection writes it: q in columns 0..HD-1, k in \
+     * the next KD, v in the last KD, head h at columns h*D of its block. y (B, T, HD), \
      * head h at columns h*D; lse (B, H, T) the log-sum-exp of each row of scores, kept \
      * for backward. Never forms the T x T matrix: memory grows with T. */ \
-    X(attn_forward,  (float *y, float *lse, const float *qkv, int B, int T, int H, int D)) \
-    /* dqkv (B, T, 3C) from dy (B, T, C), recomputing the scores from qkv and lse \
-     * (y is the forward's output). */ \
+    X(attn_forward,  (float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D)) \
+    /* dqkv (B, T, (H + 2K) D) from dy (B, T, HD), recomputing the scores from qkv and lse \
+     * (y is the forward's output); a key/value head's gradient sums its query heads in \
+     * order. */ \
     X(attn_backward, (float *dqkv, const float *dy, const float *qkv, const float *y, const float *lse, \
-                      int B, int T, int H, int D)) \
-    /* One decoding position t for sampling: y (C) = attention of the query of row t of \
-     * qkv (t+1, 3C) (the rows of positions 0..t, a cache) over keys and values 0..t. */ \
-    X(attn_decode,   (float *y, const float *qkv, int t, int H, int D)) \
+                      int B, int T, int H, int K, int D)) \
+    /* One decoding position t for sampling: y (HD) = attention of the query of row t of \
+     * qkv (t+1, (H + 2K) D) (the rows of positions 0..t, a cache) over keys and values 0..t. */ \
+    X(attn_decode,   (float *y, const float *qkv, int t, int H, int K, int D)) \
     \
     /* -- reductions and metrics -- \
      * correct (1) = number of rows whose argmax equals labels (B) (first maximum wins, a \

@@ -485,6 +485,43 @@ static void tc_layernorm_backward(tc_run *r) {
     TC(r, r->ops->layernorm_backward(NULL, dg2, NULL, dy, x, mean, rstd, g, TC_LR, TC_LC));
 }
 
+static void tc_rmsnorm_forward(tc_run *r) {
+    float *x = tc_rand(r, (size_t)TC_LR * TC_LC, -1.0f, 3.0f), *w = tc_rand(r, TC_LC, -1.0f, 1.0f);
+    for (int v = 0; v < 2; v++) {
+        const char *aff = v ? "no weight" : "weight";
+        float *y = tc_out(r, (size_t)TC_LR * TC_LC * sizeof(float), 1, TC_SUM, "y (%s)", aff);
+        float *rstd = tc_out(r, TC_LR * sizeof(float), 1, TC_SUM, "rstd (%s)", aff);
+        TC(r, r->ops->rmsnorm_forward(y, rstd, x, v ? NULL : w, TC_LR, TC_LC, 1e-5f));
+    }
+}
+
+static void tc_rmsnorm_backward(tc_run *r) {
+    size_t n = (size_t)TC_LR * TC_LC;
+    float *x = tc_rand(r, n, -1.0f, 3.0f), *dy = tc_rand(r, n, -1.0f, 1.0f), *w = tc_rand(r, TC_LC, -1.0f, 1.0f);
+    float *y = tc_dev(r, n * sizeof(float)), *rstd = tc_dev(r, TC_LR * sizeof(float));
+    TC(r, r->ops->rmsnorm_forward(y, rstd, x, w, TC_LR, TC_LC, 1e-5f));
+    float *dx = tc_out(r, n * sizeof(float), 1, TC_SUM, "dx");
+    float *dw = tc_out(r, TC_LC * sizeof(float), 1, TC_SUM, "dw");
+    TC(r, r->ops->rmsnorm_backward(dx, dw, dy, x, rstd, w, TC_LR, TC_LC));
+    float *dw2 = tc_out(r, TC_LC * sizeof(float), 1, TC_SUM, "dw alone");
+    TC(r, r->ops->rmsnorm_backward(NULL, dw2, dy, x, rstd, w, TC_LR, TC_LC));
+}
+
+static void tc_swiglu_forward(tc_run *r) {
+    float *gu = tc_rand(r, (size_t)TC_LR * 2 * TC_LC, -4.0f, 4.0f);
+    float *h = tc_out(r, (size_t)TC_LR * TC_LC * sizeof(float), 1, TC_TRANSC, "h");
+    TC(r, r->ops->swiglu_forward(h, gu, TC_LR, TC_LC));
+}
+
+static void tc_swiglu_backward(tc_run *r) {
+    size_t n = (size_t)TC_LR * TC_LC;
+    float *gu = tc_rand(r, 2 * n, -4.0f, 4.0f), *dh = tc_rand(r, n, -1.0f, 1.0f);
+    float *dgu = tc_out(r, 2 * n * sizeof(float), 1, TC_TRANSC, "dgu");
+    TC(r, r->ops->swiglu_backward(dgu, dh, gu, TC_LR, TC_LC));
+    float *inplace = tc_inout(r, 2 * n, -4.0f, 4.0f, TC_TRANSC, "dgu (in place over gu)");
+    TC(r, r->ops->swiglu_backward(inplace, dh, inplace, TC_LR, TC_LC));
+}
+
 static void tc_count_correct(tc_run *r) {
     const int B = 1001, C = 10;
     float *h = tc_hrand(r, (size_t)B * C, -1.0f, 1.0f);
@@ -681,31 +718,57 @@ static void tc_pos_backward(tc_run *r) {
     TC(r, r->ops->pos_backward(dP, dy, TC_SB, TC_ST, TC_SC));
 }
 
-#define TC_SH 3     /* heads of TC_SC / TC_SH = 16 */
+
+/* Grouped-query shapes: 6 query heads of width 8 over K = 6 (multi-head), 2 and 1
+ * key/value heads; qkv rows are (H + 2K) D wide. */
+#define TC_GH 6
+#define TC_GD 8
+static const int tc_gk[3] = { TC_GH, 2, 1 };
 
 static void tc_attn_forward(tc_run *r) {
     size_t bt = (size_t)TC_SB * TC_ST;
-    float *qkv = tc_rand(r, bt * 3 * TC_SC, -2.0f, 2.0f);
-    float *y = tc_out(r, bt * TC_SC * sizeof(float), 1, TC_GEMM, "y");
-    float *lse = tc_out(r, bt * TC_SH * sizeof(float), 1, TC_GEMM, "lse");
-    TC(r, r->ops->attn_forward(y, lse, qkv, TC_SB, TC_ST, TC_SH, TC_SC / TC_SH));
+    for (int v = 0; v < 3; v++) {
+        const int K = tc_gk[v], W = (TC_GH + 2 * K) * TC_GD;
+        float *qkv = tc_rand(r, bt * W, -2.0f, 2.0f);
+        float *y = tc_out(r, bt * TC_GH * TC_GD * sizeof(float), 1, TC_GEMM, "y (K=%d)", K);
+        float *lse = tc_out(r, bt * TC_GH * sizeof(float), 1, TC_GEMM, "lse (K=%d)", K);
+        TC(r, r->ops->attn_forward(y, lse, qkv, TC_SB, TC_ST, TC_GH, K, TC_GD));
+    }
 }
 
 static void tc_attn_backward(tc_run *r) {
     size_t bt = (size_t)TC_SB * TC_ST;
-    float *qkv = tc_rand(r, bt * 3 * TC_SC, -2.0f, 2.0f), *dy = tc_rand(r, bt * TC_SC, -1.0f, 1.0f);
-    float *y = tc_dev(r, bt * TC_SC * sizeof(float)), *lse = tc_dev(r, bt * TC_SH * sizeof(float));
-    TC(r, r->ops->attn_forward(y, lse, qkv, TC_SB, TC_ST, TC_SH, TC_SC / TC_SH));
-    float *dqkv = tc_out(r, bt * 3 * TC_SC * sizeof(float), 1, TC_GEMM, "dqkv");
-    TC(r, r->ops->attn_backward(dqkv, dy, qkv, y, lse, TC_SB, TC_ST, TC_SH, TC_SC / TC_SH));
+    for (int v = 0; v < 3; v++) {
+        const int K = tc_gk[v], W = (TC_GH + 2 * K) * TC_GD, C = TC_GH * TC_GD;
+        float *qkv = tc_rand(r, bt * W, -2.0f, 2.0f), *dy = tc_rand(r, bt * C, -1.0f, 1.0f);
+        float *y = tc_dev(r, bt * C * sizeof(float)), *lse = tc_dev(r, bt * TC_GH * sizeof(float));
+        TC(r, r->ops->attn_forward(y, lse, qkv, TC_SB, TC_ST, TC_GH, K, TC_GD));
+        float *dqkv = tc_out(r, bt * W * sizeof(float), 1, TC_GEMM, "dqkv (K=%d)", K);
+        TC(r, r->ops->attn_backward(dqkv, dy, qkv, y, lse, TC_SB, TC_ST, TC_GH, K, TC_GD));
+    }
 }
 
 static void tc_attn_decode(tc_run *r) {
-    float *qkv = tc_rand(r, (size_t)TC_ST * 3 * TC_SC, -2.0f, 2.0f);
-    float *y = tc_out(r, TC_SC * sizeof(float), 1, TC_GEMM, "y (last position)");
-    TC(r, r->ops->attn_decode(y, qkv, TC_ST - 1, TC_SH, TC_SC / TC_SH));
-    float *y0 = tc_out(r, TC_SC * sizeof(float), 1, TC_GEMM, "y (position 0)");
-    TC(r, r->ops->attn_decode(y0, qkv, 0, TC_SH, TC_SC / TC_SH));
+    for (int v = 0; v < 3; v++) {
+        const int K = tc_gk[v], W = (TC_GH + 2 * K) * TC_GD, C = TC_GH * TC_GD;
+        float *qkv = tc_rand(r, (size_t)TC_ST * W, -2.0f, 2.0f);
+        float *y = tc_out(r, C * sizeof(float), 1, TC_GEMM, "y (last position, K=%d)", K);
+        TC(r, r->ops->attn_decode(y, qkv, TC_ST - 1, TC_GH, K, TC_GD));
+        float *y0 = tc_out(r, C * sizeof(float), 1, TC_GEMM, "y (position 0, K=%d)", K);
+        TC(r, r->ops->attn_decode(y0, qkv, 0, TC_GH, K, TC_GD));
+    }
+}
+
+/* both directions, from position 0 and from a later one (decoding), theta 10000 and 500000 */
+static void tc_rope(tc_run *r) {
+    const int K = 2, W = (TC_GH + 2 * K) * TC_GD;
+    const size_t n = (size_t)TC_SB * TC_ST * W;
+    float *a = tc_inout(r, n, -2.0f, 2.0f, TC_TRANSC, "qkv (pos0 0)");
+    TC(r, r->ops->rope(a, TC_SB, TC_ST, TC_GH, K, TC_GD, 10000.0f, 0, 0));
+    float *b = tc_inout(r, n, -2.0f, 2.0f, TC_TRANSC, "qkv (pos0 300, theta 500000)");
+    TC(r, r->ops->rope(b, TC_SB, TC_ST, TC_GH, K, TC_GD, 500000.0f, 300, 0));
+    float *c = tc_inout(r, n, -2.0f, 2.0f, TC_TRANSC, "dqkv (inverse)");
+    TC(r, r->ops->rope(c, TC_SB, TC_ST, TC_GH, K, TC_GD, 10000.0f, 5, 1));
 }
 
 /* The table, in the order of the list: a missing tc_<op> is a compile error. */

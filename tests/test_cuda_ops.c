@@ -149,21 +149,24 @@ static int seq_D;   /* head width of the next attention case */
 static void seq_attn(tc_run *r) {
     const int B = 2, T = 70, H = 2, D = seq_D, Cw = H * D;
     size_t bt = (size_t)B * T;
-    float *qkv = tc_rand(r, bt * 3 * Cw, -2.0f, 2.0f), *dy = tc_rand(r, bt * Cw, -1.0f, 1.0f);
-    float *y = tc_out(r, bt * Cw * sizeof(float), 1, TC_GEMM, "y (D=%d)", D);
-    float *lse = tc_out(r, bt * H * sizeof(float), 1, TC_GEMM, "lse (D=%d)", D);
-    TC(r, r->ops->attn_forward(y, lse, qkv, B, T, H, D));
-    float *dqkv = tc_out(r, bt * 3 * Cw * sizeof(float), 1, TC_GEMM, "dqkv (D=%d)", D);
-    TC(r, r->ops->attn_backward(dqkv, dy, qkv, y, lse, B, T, H, D));
-    float *y1 = tc_out(r, Cw * sizeof(float), 1, TC_GEMM, "decode y (D=%d, t=%d)", D, T - 1);
-    TC(r, r->ops->attn_decode(y1, qkv, T - 1, H, D));
+    for (int K = H; K >= 1; K--) {   /* multi-head, then one key/value head for both */
+        const int W = (H + 2 * K) * D;
+        float *qkv = tc_rand(r, bt * W, -2.0f, 2.0f), *dy = tc_rand(r, bt * Cw, -1.0f, 1.0f);
+        float *y = tc_out(r, bt * Cw * sizeof(float), 1, TC_GEMM, "y (D=%d, K=%d)", D, K);
+        float *lse = tc_out(r, bt * H * sizeof(float), 1, TC_GEMM, "lse (D=%d, K=%d)", D, K);
+        TC(r, r->ops->attn_forward(y, lse, qkv, B, T, H, K, D));
+        float *dqkv = tc_out(r, bt * W * sizeof(float), 1, TC_GEMM, "dqkv (D=%d, K=%d)", D, K);
+        TC(r, r->ops->attn_backward(dqkv, dy, qkv, y, lse, B, T, H, K, D));
+        float *y1 = tc_out(r, Cw * sizeof(float), 1, TC_GEMM, "decode y (D=%d, K=%d, t=%d)", D, K, T - 1);
+        TC(r, r->ops->attn_decode(y1, qkv, T - 1, H, K, D));
+    }
 }
 
 static void seq_decode_wide(tc_run *r) {
     const int T = 300, H = 2, D = 300, Cw = H * D;
     float *qkv = tc_rand(r, (size_t)T * 3 * Cw, -2.0f, 2.0f);
     float *y = tc_out(r, Cw * sizeof(float), 1, TC_GEMM, "decode y (D=%d, t=%d)", D, T - 1);
-    TC(r, r->ops->attn_decode(y, qkv, T - 1, H, D));
+    TC(r, r->ops->attn_decode(y, qkv, T - 1, H, H, D));
 }
 
 static void seq_embedding(tc_run *r) {
@@ -395,7 +398,7 @@ static void test_errors(void) {
         like(dt_last_error(), "conv2d_forward", "the message names the kernel");
         G->free(p);
         float *qkv = dev_zero(3 * 257), *y = dev_zero(257), *lse = dev_zero(1);
-        is_int(G->attn_forward(y, lse, qkv, 1, 1, 1, 257), DT_ERR_UNSUPPORTED, "attn_forward with D = 257 is unsupported");
+        is_int(G->attn_forward(y, lse, qkv, 1, 1, 1, 1, 257), DT_ERR_UNSUPPORTED, "attn_forward with D = 257 is unsupported");
         like(dt_last_error(), "attn_forward", "the message names the kernel");
         G->free(qkv); G->free(y); G->free(lse);
     } else {

@@ -215,44 +215,74 @@ static void check_token_model(const char *spec, const char *what, float step, in
     dt_model_free(m);
 }
 
-/* attn_forward against a naive reference (the T x T softmax materialised, in double)
- * at several lengths and head counts. */
+/* attn_forward (and rope before it) against a naive reference: the rotation and the
+ * T x T softmax materialised in double, key/value head h / (H/K) for query head h, at
+ * several lengths, head counts and key/value head counts K (1, 2, H). Then the inverse
+ * rotation undoes the rotation. */
 static void check_attention_reference(void) {
-    static const struct { int T, H, D; } cfg[] = { { 1, 1, 4 }, { 7, 2, 8 }, { 64, 4, 16 }, { 257, 3, 8 } };
+    static const struct { int T, H, K, D; float theta; } cfg[] = {
+        { 1, 1, 1, 4, 0 }, { 1, 2, 1, 4, 10000 }, { 1, 2, 2, 4, 10000 },
+        { 7, 2, 2, 8, 0 }, { 7, 4, 1, 8, 10000 }, { 7, 4, 2, 8, 10000 }, { 7, 4, 4, 8, 500000 },
+        { 64, 4, 4, 16, 0 }, { 64, 4, 1, 16, 10000 }, { 64, 4, 2, 16, 10000 }, { 64, 4, 4, 16, 10000 },
+        { 257, 3, 3, 8, 0 }, { 257, 6, 2, 8, 10000 },
+    };
     for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
-        int T = cfg[k].T, H = cfg[k].H, D = cfg[k].D, C = H * D, B = 2;
-        size_t nq = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
-        float *qkv = malloc(nq * sizeof(float)), *y = malloc(ny * sizeof(float)), *lse = malloc((size_t)B * H * T * sizeof(float));
-        double *s = malloc((size_t)T * sizeof(double));
-        for (size_t i = 0; i < nq; i++) qkv[i] = 2.0f * urand(11, i);
-        int good = ops->attn_forward(y, lse, qkv, B, T, H, D) == DT_OK;
-        double maxerr = 0;
+        int T = cfg[k].T, H = cfg[k].H, K = cfg[k].K, D = cfg[k].D, C = H * D, W = (H + 2 * K) * D, B = 2;
+        int rep = H / K, half = D / 2;
+        size_t nq = (size_t)B * T * W, ny = (size_t)B * T * C;
+        float *qkv = malloc(nq * sizeof(float)), *orig = malloc(nq * sizeof(float)), *y = malloc(ny * sizeof(float));
+        float *lse = malloc((size_t)B * H * T * sizeof(float));
+        double *s = malloc((size_t)T * sizeof(double)), *rot = malloc(nq * sizeof(double));
+        for (size_t i = 0; i < nq; i++) orig[i] = qkv[i] = 2.0f * urand(11, i);
+        /* the reference rotation of every q and k head, in double */
+        for (size_t i = 0; i < nq; i++) rot[i] = orig[i];
+        if (cfg[k].theta > 0)
+            for (int r = 0; r < B * T; r++)
+                for (int hh = 0; hh < H + K; hh++)
+                    for (int i = 0; i < half; i++) {
+                        double a = (double)(r % T) * pow((double)cfg[k].theta, -2.0 * i / D);
+                        size_t o = (size_t)r * W + (size_t)hh * D + (size_t)i;
+                        rot[o] = orig[o] * cos(a) - orig[o + half] * sin(a);
+                        rot[o + half] = orig[o + half] * cos(a) + orig[o] * sin(a);
+                    }
+        int good = cfg[k].theta <= 0 || ops->rope(qkv, B, T, H, K, D, cfg[k].theta, 0, 0) == DT_OK;
+        good = good && ops->attn_forward(y, lse, qkv, B, T, H, K, D) == DT_OK;
+        double maxerr = 0, roterr = 0;
+        for (size_t i = 0; good && i < nq; i++)
+            if (fabs(qkv[i] - rot[i]) > roterr) roterr = fabs(qkv[i] - rot[i]);
         for (int b = 0; b < B && good; b++)
             for (int h = 0; h < H; h++)
                 for (int t = 0; t < T; t++) {
-                    const float *q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * D;
+                    const double *q = rot + ((size_t)b * T + t) * W + (size_t)h * D;
+                    const size_t ko = (size_t)C + (size_t)(h / rep) * D, vo = (size_t)C + (size_t)(K + h / rep) * D;
                     double m = -INFINITY, l = 0;
                     for (int j = 0; j <= t; j++) {
-                        const float *kk = qkv + ((size_t)b * T + j) * 3 * C + C + (size_t)h * D;
+                        const double *kk = rot + ((size_t)b * T + j) * W + ko;
                         double d = 0;
-                        for (int e = 0; e < D; e++) d += (double)q[e] * kk[e];
+                        for (int e = 0; e < D; e++) d += q[e] * kk[e];
                         s[j] = d / sqrt((double)D);
                         if (s[j] > m) m = s[j];
                     }
                     for (int j = 0; j <= t; j++) l += exp(s[j] - m);
                     for (int e = 0; e < D; e++) {
                         double acc = 0;
-                        for (int j = 0; j <= t; j++)
-                            acc += exp(s[j] - m) / l * qkv[((size_t)b * T + j) * 3 * C + 2 * C + (size_t)h * D + e];
+                        for (int j = 0; j <= t; j++) acc += exp(s[j] - m) / l * rot[((size_t)b * T + j) * W + vo + e];
                         double err = fabs(acc - y[((size_t)b * T + t) * C + (size_t)h * D + e]);
                         if (err > maxerr) maxerr = err;
                     }
                     double el = fabs(m + log(l) - lse[((size_t)b * H + h) * T + t]);
                     if (el > maxerr) maxerr = el;
                 }
-        ok(good && maxerr < 1e-4, "attention T=%d, %d heads of %d: matches the materialised softmax (max err %.2g)",
-           T, H, D, maxerr);
-        free(qkv); free(y); free(lse); free(s);
+        ok(good && maxerr < 1e-4 && roterr < 1e-5, "attention T=%d, %d heads of %d, %d key/value heads, rope %g: matches "
+           "the materialised softmax (max err %.2g, rotation %.2g)", T, H, D, K, (double)cfg[k].theta, maxerr, roterr);
+        if (cfg[k].theta > 0) {
+            double back = 0;
+            good = ops->rope(qkv, B, T, H, K, D, cfg[k].theta, 0, 1) == DT_OK;
+            for (size_t i = 0; good && i < nq; i++)
+                if (fabs(qkv[i] - orig[i]) > back) back = fabs(qkv[i] - orig[i]);
+            ok(good && back < 1e-5, "rope T=%d: the inverse rotation undoes it (max err %.2g)", T, back);
+        }
+        free(qkv); free(orig); free(y); free(lse); free(s); free(rot);
     }
 }
 
@@ -406,6 +436,15 @@ int main(void) {
         { "attn(2)", 3, 2, 1, 0, 1e-2f },
         { "attn(1,std=0.5,proj_std=0.5)", 3, 3, 1, 0, 1e-2f },
         { "attn(8)", 3, 1, 1, 0, 1e-2f },
+        { "attn(2,bias=0)", 3, 2, 1, 0, 1e-2f },
+        { "attn(4,kv_heads=2,rope=10000,bias=0)", 3, 2, 1, 0, 1e-2f },   /* grouped-query, rotary */
+        { "attn(2,kv_heads=1,rope=100,std=0.5,proj_std=0.5)", 3, 2, 1, 0, 1e-2f },   /* with biases */
+        { "attn(2,kv_heads=2)", 3, 2, 1, 0, 1e-2f },
+        { "attn(1,kv_heads=1,rope=10)", 3, 2, 1, 0, 1e-2f },
+        { "rmsnorm", 0, 4, 1, 0, 1e-2f },
+        { "rmsnorm(eps=0.1)", 3, 2, 1, 0, 1e-2f },
+        { "swiglu(6)", 3, 2, 1, 0, 1e-2f },
+        { "swiglu(3,std=0.5)", 0, 3, 1, 0, 1e-2f },
     };
     const dt_shape *shapes[] = { &flat, &img, &img2, &seq };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)

@@ -1,5 +1,5 @@
 /*
- * cpu_elem.c: bias, activations, dropout and losses on the CPU.
+ * cpu_elem.c: bias, activations, the gated MLP (swiglu), dropout and losses on the CPU.
  *
  * Elementwise kernels are trivially thread-independent (each output has one
  * writer); the activations are generated from the list in ops_elem.h. The
@@ -16,6 +16,43 @@
 #include <stdlib.h>
 
 #define PAR_MIN 32768   /* below this many elements a parallel region costs more than it saves */
+
+/* ---- the gated MLP: element-wise over (row, j), one writer per element, silu's scalar
+ * functions of ops_elem.h ---- */
+
+dt_status dt_cpu_swiglu_forward(float *h, const float *gu, int rows, int hid) {
+    DT_CPU_ARG(rows >= 0 && hid >= 1);
+    if (rows == 0) return DT_OK;
+    DT_CPU_ARG(h && gu);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * hid >= PAR_MIN)
+    for (int i = 0; i < rows; i++) {
+        const float *g = gu + (size_t)i * 2 * hid, *u = g + hid;
+        float *hr = h + (size_t)i * hid;
+        for (int j = 0; j < hid; j++) hr[j] = dt_silu_fwd(g[j]) * u[j];
+    }
+    return DT_OK;
+}
+
+/* dg = silu'(g) * (dh * u), du = dh * silu(g); each (row, j) reads g, u before writing
+ * dg, du at the same places, so dgu may be gu */
+dt_status dt_cpu_swiglu_backward(float *dgu, const float *dh, const float *gu, int rows, int hid) {
+    DT_CPU_ARG(rows >= 0 && hid >= 1);
+    if (rows == 0) return DT_OK;
+    DT_CPU_ARG(dgu && dh && gu);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * hid >= PAR_MIN)
+    for (int i = 0; i < rows; i++) {
+        const float *g = gu + (size_t)i * 2 * hid, *u = g + hid, *d = dh + (size_t)i * hid;
+        float *dg = dgu + (size_t)i * 2 * hid, *du = dg + hid;
+        for (int j = 0; j < hid; j++) {
+            const float gj = g[j], uj = u[j], dj = d[j];
+            dg[j] = dt_silu_bwd(dj * uj, gj);
+            du[j] = dj * dt_silu_fwd(gj);
+        }
+    }
+    return DT_OK;
+}
 
 /* ---- bias ---- */
 

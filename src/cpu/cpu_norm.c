@@ -1,5 +1,5 @@
 /*
- * cpu_norm.c: batch normalisation and layer normalisation on the CPU.
+ * cpu_norm.c: batch normalisation, layer normalisation and RMS normalisation on the CPU.
  *
  * Batch norm is split into sums, finalisation and application so that synchronised
  * batch norm is an all-reduce of the sums between bn_stats and bn_finalize (and of
@@ -245,7 +245,7 @@ DT_CPU_CLONES static void ln_cols_backward(float *dgamma, float *dbeta, const fl
     double ag[64] = { 0 }, ab[64] = { 0 };
     for (int i = 0; i < rows; i++) {
         const float *restrict g = dy + (size_t)i * cols + j0, *restrict xr = x + (size_t)i * cols + j0;
-        const float m = mean[i], r = rstd[i];
+        const float m = mean ? mean[i] : 0.0f, r = rstd[i];   /* no mean: RMS norm's */
         for (int j = 0; j < w; j++) {
             ag[j] += (double)g[j] * ((xr[j] - m) * r);
             ab[j] += g[j];
@@ -275,6 +275,68 @@ dt_status dt_cpu_layernorm_backward(float *dx, float *dgamma, float *dbeta, cons
         for (int blk = 0; blk < nblk; blk++)
             ln_cols_backward(dgamma, dbeta, dy, x, mean, rstd, rows, cols, blk * 64,
                              cols - blk * 64 < 64 ? cols - blk * 64 : 64);
+    }
+    return DT_OK;
+}
+
+/* ---- RMS norm ---- */
+
+/* RMS norm is layer norm without the mean: one row per OpenMP iteration, the row's sum
+ * of squares in eight double lanes combined by DT_CPU_TREE8, the weight's gradient in
+ * layer norm's fixed column blocks with the mean 0. */
+DT_CPU_CLONES static void rms_row_forward(float *restrict y, float *rstd, const float *restrict x,
+                                          const float *restrict w, int n, float eps) {
+    double v[8] = { 0 };
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++) v[k] += (double)x[j + k] * (double)x[j + k];
+    for (int k = 0; j < n; j++, k++) v[k] += (double)x[j] * (double)x[j];
+    const float r = (float)(1.0 / sqrt(DT_CPU_TREE8(v) / n + eps));
+    *rstd = r;
+    if (w) for (j = 0; j < n; j++) y[j] = x[j] * r * w[j];
+    else for (j = 0; j < n; j++) y[j] = x[j] * r;
+}
+
+dt_status dt_cpu_rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int rows, int cols,
+                                 float eps) {
+    DT_CPU_ARG(rows >= 0 && cols >= 1 && eps >= 0.0f);
+    if (rows == 0) return DT_OK;
+    DT_CPU_ARG(y && rstd && x);
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
+    for (int i = 0; i < rows; i++)
+        rms_row_forward(y + (size_t)i * cols, rstd + i, x + (size_t)i * cols, w, cols, eps);
+    return DT_OK;
+}
+
+/* dx of one row: dxhat = dy * w (w missing: 1), b = mean(dxhat * xhat) with
+ * xhat = x * rstd, dx = rstd * (dxhat - xhat * b) */
+DT_CPU_CLONES static void rms_row_backward(float *restrict d, const float *restrict g, const float *restrict x,
+                                           const float *restrict w, float r, int n) {
+    double b[8] = { 0 };
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++) b[k] += (double)(g[j + k] * (w ? w[j + k] : 1.0f)) * (x[j + k] * r);
+    for (int k = 0; j < n; j++, k++) b[k] += (double)(g[j] * (w ? w[j] : 1.0f)) * (x[j] * r);
+    const float mb = (float)(DT_CPU_TREE8(b) / n);
+    for (j = 0; j < n; j++) d[j] = r * (g[j] * (w ? w[j] : 1.0f) - x[j] * r * mb);
+}
+
+dt_status dt_cpu_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *rstd,
+                                  const float *w, int rows, int cols) {
+    DT_CPU_ARG(rows >= 0 && cols >= 1);
+    DT_CPU_ARG(rows == 0 || (dy && x && rstd));
+    int nt = dt_cpu_threads();
+    if (dx && rows > 0) {
+        #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
+        for (int i = 0; i < rows; i++)
+            rms_row_backward(dx + (size_t)i * cols, dy + (size_t)i * cols, x + (size_t)i * cols, w, rstd[i], cols);
+    }
+    if (dw) {
+        int nblk = (cols + 63) / 64;
+        #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)rows * cols >= PAR_MIN)
+        for (int blk = 0; blk < nblk; blk++)
+            ln_cols_backward(dw, NULL, dy, x, NULL, rstd, rows, cols, blk * 64, cols - blk * 64 < 64 ? cols - blk * 64 : 64);
     }
     return DT_OK;
 }

@@ -1,6 +1,6 @@
 /*
  * cpu_seq.c: the sequence kernels of transformers on the CPU — embeddings, learned
- * positions and fused causal attention.
+ * positions, rotary positions and fused causal attention (multi-head or grouped-query).
  *
  * Attention works per (batch, head) pair, one pair per OpenMP iteration: each pair's
  * sums run in one thread in a fixed order, so no result depends on the thread count.
@@ -184,9 +184,10 @@ static void tile_scores(float *S, const float *Q, const float *K, size_t ld, int
         for (int c = i0 + r - j0 + 1 > 0 ? i0 + r - j0 + 1 : 0; c < bc; c++) S[(size_t)r * BC + c] = -INFINITY;
 }
 
-static void attn_fwd_head(float *y, float *lse, const float *base, int T, int C, int D, float scale, float *w) {
-    const size_t ld = 3 * (size_t)C;
-    const float *Q = base, *K = base + C, *V = base + 2 * C;
+/* One (batch, head) pair: Q, K, V at position 0 of the head's columns, row stride ld
+ * (the fused qkv's); y (T, D) of the head with row stride C, lse (T). */
+static void attn_fwd_head(float *y, float *lse, const float *Q, const float *K, const float *V, size_t ld, int T,
+                          int C, int D, float scale, float *w) {
     float *S = w, *P = S + (size_t)BR * BC, *O = P + (size_t)BR * BC, *m = O + (size_t)BR * D, *l = m + BR;
     for (int i0 = 0; i0 < T; i0 += BR) {
         int br = T - i0 < BR ? T - i0 : BR;
@@ -213,17 +214,16 @@ static void attn_fwd_head(float *y, float *lse, const float *base, int T, int C,
     }
 }
 
-static void attn_bwd_head(float *dbase, const float *g, const float *base, const float *y, const float *lse, int T,
-                          int C, int D, float scale, float *w) {
-    const size_t ld = 3 * (size_t)C;
-    const float *Q = base, *K = base + C, *V = base + 2 * C;
-    float *dQ = dbase, *dK = dbase + C, *dV = dbase + 2 * C;
+/* One query head's share of the backward: dQ of the head written, its contributions
+ * added to dK, dV of its key/value head (zeroed by the caller before its first query
+ * head). Q, K, V, dQ, dK, dV have row stride ld; g (dy) and y row stride C. */
+static void attn_bwd_head(float *dQ, float *dK, float *dV, const float *g, const float *Q, const float *K,
+                          const float *V, const float *y, const float *lse, size_t ld, int T, int C, int D,
+                          float scale, float *w) {
     float *S = w, *P = S + (size_t)BR * BC, *Di = P + (size_t)BR * BC + (size_t)BR * D + 2 * BR;
     for (int t = 0; t < T; t++) {
         Di[t] = dot(g + (size_t)t * C, y + (size_t)t * C, D);
         memset(dQ + (size_t)t * ld, 0, (size_t)D * sizeof(float));
-        memset(dK + (size_t)t * ld, 0, (size_t)D * sizeof(float));
-        memset(dV + (size_t)t * ld, 0, (size_t)D * sizeof(float));
     }
     for (int i0 = 0; i0 < T; i0 += BR) {
         int br = T - i0 < BR ? T - i0 : BR;
@@ -248,66 +248,113 @@ static void attn_bwd_head(float *dbase, const float *g, const float *base, const
     }
 }
 
-/* What one head's pass needs; the forward reads qkv and writes y and lse, the backward
- * also reads dy, y and lse and writes dqkv. */
+/* What one pass needs; the forward reads qkv and writes y and lse, the backward also
+ * reads dy, y and lse and writes dqkv. K key/value heads, H/K query heads each. */
 typedef struct {
-    int backward, B, T, H, D;
+    int backward, B, T, H, K, D;
     float *y, *lse, *dqkv;
     const float *qkv, *dy;
 } attn_job;
 
-/* Every (batch, head) pair of a job, one per OpenMP iteration, each with its thread's
- * scratch. */
+/* The forward takes one (batch, query head) pair per OpenMP iteration; the backward one
+ * (batch, key/value head) pair, whose query heads run in order in that iteration (the
+ * sums into dK and dV have one writer and a fixed order). Each has its thread's scratch. */
 static dt_status attn_each_head(const char *fn, const attn_job *j) {
-    const int C = j->H * j->D;
+    const int C = j->H * j->D, rep = j->H / j->K, units = j->backward ? j->K : j->H;
+    const size_t ld = (size_t)(j->H + 2 * j->K) * j->D;
     const float scale = 1.0f / sqrtf((float)j->D);
     int nt = dt_cpu_threads(), failed = 0;
     #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)j->B * j->H * j->T * j->T * j->D >= PAR_MIN)
-    for (int bh = 0; bh < j->B * j->H; bh++) {
-        int b = bh / j->H, h = bh % j->H;
+    for (int bu = 0; bu < j->B * units; bu++) {
+        int b = bu / units, u = bu % units;
         float *w = dt_cpu_scratch(0, attn_scratch(j->T, j->D));
         if (!w) {
             #pragma omp atomic write
             failed = 1;
             continue;
         }
-        size_t off = (size_t)b * j->T * 3 * C + (size_t)h * j->D, yo = (size_t)b * j->T * C + (size_t)h * j->D;
-        float *lse = j->lse + ((size_t)b * j->H + h) * j->T;
-        if (j->backward) attn_bwd_head(j->dqkv + off, j->dy + yo, j->qkv + off, j->y + yo, lse, j->T, C, j->D, scale, w);
-        else attn_fwd_head(j->y + yo, lse, j->qkv + off, j->T, C, j->D, scale, w);
+        const size_t row0 = (size_t)b * j->T;
+        const float *base = j->qkv + row0 * ld;
+        if (!j->backward) {
+            int kh = u / rep;
+            attn_fwd_head(j->y + row0 * C + (size_t)u * j->D, j->lse + ((size_t)b * j->H + u) * j->T,
+                          base + (size_t)u * j->D, base + C + (size_t)kh * j->D,
+                          base + C + (size_t)(j->K + kh) * j->D, ld, j->T, C, j->D, scale, w);
+            continue;
+        }
+        float *dbase = j->dqkv + row0 * ld;
+        float *dK = dbase + C + (size_t)u * j->D, *dV = dbase + C + (size_t)(j->K + u) * j->D;
+        for (int t = 0; t < j->T; t++) {
+            memset(dK + (size_t)t * ld, 0, (size_t)j->D * sizeof(float));
+            memset(dV + (size_t)t * ld, 0, (size_t)j->D * sizeof(float));
+        }
+        for (int h = u * rep; h < (u + 1) * rep; h++)
+            attn_bwd_head(dbase + (size_t)h * j->D, dK, dV, j->dy + row0 * C + (size_t)h * j->D,
+                          base + (size_t)h * j->D, base + C + (size_t)u * j->D, base + C + (size_t)(j->K + u) * j->D,
+                          j->y + row0 * C + (size_t)h * j->D, j->lse + ((size_t)b * j->H + h) * j->T, ld, j->T, C,
+                          j->D, scale, w);
     }
     return failed ? dt_error(DT_ERR_NOMEM, "cpu %s: out of memory", fn) : DT_OK;
 }
 
-dt_status dt_cpu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int D) {
-    DT_CPU_ARG(B >= 0 && T >= 1 && H >= 1 && D >= 1);
+dt_status dt_cpu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D) {
+    DT_CPU_ARG(B >= 0 && T >= 1 && H >= 1 && K >= 1 && H % K == 0 && D >= 1);
     if (B == 0) return DT_OK;
     DT_CPU_ARG(y && lse && qkv);
-    attn_job j = { .backward = 0, .B = B, .T = T, .H = H, .D = D, .y = y, .lse = lse, .qkv = qkv };
+    attn_job j = { .backward = 0, .B = B, .T = T, .H = H, .K = K, .D = D, .y = y, .lse = lse, .qkv = qkv };
     return attn_each_head("attn_forward", &j);
 }
 
 dt_status dt_cpu_attn_backward(float *dqkv, const float *dy, const float *qkv, const float *y, const float *lse,
-                               int B, int T, int H, int D) {
-    DT_CPU_ARG(B >= 0 && T >= 1 && H >= 1 && D >= 1);
+                               int B, int T, int H, int K, int D) {
+    DT_CPU_ARG(B >= 0 && T >= 1 && H >= 1 && K >= 1 && H % K == 0 && D >= 1);
     if (B == 0) return DT_OK;
     DT_CPU_ARG(dqkv && dy && qkv && y && lse);
-    attn_job j = { .backward = 1, .B = B, .T = T, .H = H, .D = D, .y = (float *)y, .lse = (float *)lse,
+    attn_job j = { .backward = 1, .B = B, .T = T, .H = H, .K = K, .D = D, .y = (float *)y, .lse = (float *)lse,
                    .dqkv = dqkv, .qkv = qkv, .dy = dy };
     return attn_each_head("attn_backward", &j);
 }
 
-dt_status dt_cpu_attn_decode(float *y, const float *qkv, int t, int H, int D) {
-    DT_CPU_ARG(t >= 0 && H >= 1 && D >= 1 && y && qkv);
-    const int C = H * D;
-    const size_t ld = 3 * (size_t)C;
+dt_status dt_cpu_attn_decode(float *y, const float *qkv, int t, int H, int K, int D) {
+    DT_CPU_ARG(t >= 0 && H >= 1 && K >= 1 && H % K == 0 && D >= 1 && y && qkv);
+    const int C = H * D, rep = H / K;
+    const size_t ld = (size_t)(H + 2 * K) * D;
     const float scale = 1.0f / sqrtf((float)D);
     float *s = dt_cpu_scratch(0, (size_t)t + 1);
     if (!s) return dt_error(DT_ERR_NOMEM, "cpu attn_decode: out of memory");
     for (int h = 0; h < H; h++) {
         const float *q = qkv + (size_t)t * ld + (size_t)h * D;
-        float m = scores(s, q, qkv + C + (size_t)h * D, ld, t, D, scale);
-        weigh(y + (size_t)h * D, s, m, qkv + 2 * C + (size_t)h * D, ld, t, D, NULL);
+        float m = scores(s, q, qkv + C + (size_t)(h / rep) * D, ld, t, D, scale);
+        weigh(y + (size_t)h * D, s, m, qkv + C + (size_t)(K + h / rep) * D, ld, t, D, NULL);
+    }
+    return DT_OK;
+}
+
+/* ---- rotary positions ---- */
+
+/* Each (row, head) pair is rotated by one thread; the angles depend on (position, i) only. */
+dt_status dt_cpu_rope(float *qkv, int B, int T, int H, int K, int D, float theta, int pos0, int inverse) {
+    DT_CPU_ARG(B >= 0 && T >= 1 && H >= 1 && K >= 1 && D >= 2 && D % 2 == 0 && theta > 0.0f && pos0 >= 0);
+    if (B == 0) return DT_OK;
+    DT_CPU_ARG(qkv);
+    const size_t ld = (size_t)(H + 2 * K) * D;
+    const int half = D / 2, heads = H + K;   /* the q heads, then the k heads: contiguous */
+    int nt = dt_cpu_threads();
+    #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)B * T * heads * D >= PAR_MIN)
+    for (int r = 0; r < B * T; r++) {
+        const double pos = (double)(pos0 + r % T);
+        float *row = qkv + (size_t)r * ld;
+        for (int i = 0; i < half; i++) {
+            float c, s;
+            dt_rope_angle(pos, i, D, theta, &c, &s);
+            if (inverse) s = -s;
+            for (int h = 0; h < heads; h++) {
+                float *x = row + (size_t)h * D;
+                const float a = x[i], b = x[i + half];
+                x[i] = a * c - b * s;
+                x[i + half] = b * c + a * s;
+            }
+        }
     }
     return DT_OK;
 }

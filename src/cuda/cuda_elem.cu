@@ -1,5 +1,5 @@
 /*
- * cuda_elem.cu: bias, activations, dropout, losses, the accuracy count, the
+ * cuda_elem.cu: bias, activations, the gated MLP (swiglu), dropout, losses, the accuracy count, the
  * deterministic sum of squares, elementwise arithmetic, casts, fused optimizer steps
  * and the uniform and normal random fills on the GPU.
  *
@@ -80,7 +80,7 @@ k_colsum_slabs(float *ps, float *px, const float *dy, const float *x, const floa
             for (int k = 0; k < n; k++) a[k] += gv[k];
             if (x) {
                 dt_cu_load4(xv, x + (size_t)i * cols, g, cols, vec);
-                const float m = mean[i], r = rstd[i];
+                const float m = mean ? mean[i] : 0.0f, r = rstd[i];   /* no mean: RMS norm's */
                 for (int k = 0; k < n; k++) b[k] += gv[k] * ((xv[k] - m) * r);
             }
         }
@@ -156,6 +156,47 @@ dt_status dt_cu_##name##_backward(float *dx, const float *dy, const float *saved
 }
 DT_OPS_ELEM(ELEM_KERNELS_, _)
 #undef ELEM_KERNELS_
+
+/* ---- the gated MLP: one thread per (row, j), silu's scalar functions (the CPU's
+ * expressions) ---- */
+
+__global__ void __launch_bounds__(DT_CU_THREADS) k_swiglu_forward(float *h, const float *gu, int hid, size_t n) {
+    DT_CU_FOR(e, n) {
+        const size_t i = e / hid, j = e % hid;
+        const float *g = gu + i * 2 * hid;
+        h[e] = dt_silu_fwd(g[j]) * g[hid + j];
+    }
+}
+
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_swiglu_backward(float *dgu, const float *dh, const float *gu, int hid, size_t n) {
+    DT_CU_FOR(e, n) {
+        const size_t i = e / hid, j = e % hid, o = i * 2 * hid + j;
+        const float gj = gu[o], uj = gu[o + hid], dj = dh[e];
+        dgu[o] = dt_silu_bwd(dj * uj, gj);
+        dgu[o + hid] = dj * dt_silu_fwd(gj);
+    }
+}
+
+dt_status dt_cu_swiglu_forward(float *h, const float *gu, int rows, int hid) {
+    DT_CU_ARG(rows >= 0 && hid >= 1);
+    if (rows == 0) return DT_OK;
+    DT_CU_ARG(h && gu);
+    DT_TRY(dt_cu_enter());
+    const size_t n = (size_t)rows * hid;
+    LAUNCH(k_swiglu_forward, n, h, gu, hid, n);
+    return DT_OK;
+}
+
+dt_status dt_cu_swiglu_backward(float *dgu, const float *dh, const float *gu, int rows, int hid) {
+    DT_CU_ARG(rows >= 0 && hid >= 1);
+    if (rows == 0) return DT_OK;
+    DT_CU_ARG(dgu && dh && gu);
+    DT_TRY(dt_cu_enter());
+    const size_t n = (size_t)rows * hid;
+    LAUNCH(k_swiglu_backward, n, dgu, dh, gu, hid, n);
+    return DT_OK;
+}
 
 /* ---- dropout: thread t owns elements 4t..4t+3 of a row: one Philox block, as the CPU ---- */
 

@@ -1,5 +1,5 @@
 /*
- * cuda_nn.cu: convolution (im2col + cuBLAS GEMM), pooling, batch and layer
+ * cuda_nn.cu: convolution (im2col + cuBLAS GEMM), pooling, batch, layer and RMS
  * normalisation on the GPU — the semantics of src/cpu/cpu_conv.c and cpu_norm.c.
  *
  * Convolution works on groups of G samples, G fixed by the shape (a group's buffers stay
@@ -715,5 +715,84 @@ dt_status dt_cu_layernorm_backward(float *dx, float *dgamma, float *dbeta, const
         DT_CU_LAUNCH("k_ln_backward_dx");
     }
     if (dgamma || dbeta) DT_TRY(dt_cu_column_sums(dbeta, dgamma, dy, x, mean, rstd, rows, cols));
+    return DT_OK;
+}
+
+/* ---- RMS norm: layer norm's kernels without the mean (one warp per row; the weight's
+ * gradient from the column sums with no mean) ---- */
+
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_rms_forward(float *y, float *rstd, const float *x, const float *w, int rows, int cols, float eps, int vec) {
+    const int lane = threadIdx.x % 32;
+    for (int i = blockIdx.x * DT_CU_WARPS + threadIdx.x / 32; i < rows; i += gridDim.x * DT_CU_WARPS) {
+        const float *xr = x + (size_t)i * cols;
+        float *yr = y + (size_t)i * cols;
+        float v[4], wv[4], q = 0.0f;
+        for (int g = lane; 4 * g < cols; g += 32) {
+            const int n = dt_cu_load4(v, xr, g, cols, vec);
+            for (int k = 0; k < n; k++) q += v[k] * v[k];
+        }
+        const float r = (float)(1.0 / sqrt((double)dt_cu_warp_sum(q) / cols + eps));
+        if (lane == 0) rstd[i] = r;
+        for (int g = lane; 4 * g < cols; g += 32) {
+            const int n = dt_cu_load4(v, xr, g, cols, vec);
+            if (w) dt_cu_load4(wv, w, g, cols, vec);
+            for (int k = 0; k < n; k++) v[k] = w ? v[k] * r * wv[k] : v[k] * r;
+            dt_cu_store4(yr, g, v, n, vec);
+        }
+    }
+}
+
+dt_status dt_cu_rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int rows, int cols, float eps) {
+    DT_CU_ARG(rows >= 0 && cols >= 1 && eps >= 0.0f);
+    if (rows == 0) return DT_OK;
+    DT_CU_ARG(y && rstd && x);
+    DT_TRY(dt_cu_enter());
+    const int vec = dt_cu_vec4(x, cols) && dt_cu_vec4(y, cols) && dt_cu_vec4(w, cols);
+    k_rms_forward<<<dt_cu_grid((size_t)rows, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(y, rstd, x, w, rows, cols,
+                                                                                               eps, vec);
+    DT_CU_LAUNCH("k_rms_forward");
+    return DT_OK;
+}
+
+/* Row i of dx: dh = dy * w, xhat = x * rstd, b = sum dh * xhat, dx = rstd * (dh - xhat * b/cols). */
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_rms_backward_dx(float *dx, const float *dy, const float *x, const float *rstd, const float *w, int rows, int cols,
+                  int vec) {
+    const int lane = threadIdx.x % 32;
+    for (int i = blockIdx.x * DT_CU_WARPS + threadIdx.x / 32; i < rows; i += gridDim.x * DT_CU_WARPS) {
+        const float *gr = dy + (size_t)i * cols, *xr = x + (size_t)i * cols;
+        float *d = dx + (size_t)i * cols;
+        const float r = rstd[i];
+        float gv[4], xv[4], wv[4] = {1.0f, 1.0f, 1.0f, 1.0f}, b = 0.0f;
+        for (int g = lane; 4 * g < cols; g += 32) {
+            const int n = dt_cu_load4(gv, gr, g, cols, vec);
+            dt_cu_load4(xv, xr, g, cols, vec);
+            if (w) dt_cu_load4(wv, w, g, cols, vec);
+            for (int k = 0; k < n; k++) b += (gv[k] * wv[k]) * (xv[k] * r);
+        }
+        const float mb = (float)((double)dt_cu_warp_sum(b) / cols);
+        for (int g = lane; 4 * g < cols; g += 32) {
+            const int n = dt_cu_load4(gv, gr, g, cols, vec);
+            dt_cu_load4(xv, xr, g, cols, vec);
+            if (w) dt_cu_load4(wv, w, g, cols, vec);
+            for (int k = 0; k < n; k++) gv[k] = r * (gv[k] * wv[k] - xv[k] * r * mb);
+            dt_cu_store4(d, g, gv, n, vec);
+        }
+    }
+}
+
+dt_status dt_cu_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *rstd,
+                                 const float *w, int rows, int cols) {
+    DT_CU_ARG(rows >= 0 && cols >= 1);
+    DT_CU_ARG(rows == 0 || (dy && x && rstd));
+    DT_TRY(dt_cu_enter());
+    if (dx && rows > 0) {
+        const int vec = dt_cu_vec4(dx, cols) && dt_cu_vec4(dy, cols) && dt_cu_vec4(x, cols) && dt_cu_vec4(w, cols);
+        k_rms_backward_dx<<<dt_cu_grid((size_t)rows, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(
+            dx, dy, x, rstd, w, rows, cols, vec);
+        DT_CU_LAUNCH("k_rms_backward_dx");
+    }
+    if (dw) DT_TRY(dt_cu_column_sums(NULL, dw, dy, x, NULL, rstd, rows, cols));
     return DT_OK;
 }

@@ -1,6 +1,7 @@
 /*
  * cuda_seq.cu: the sequence kernels of transformers on the GPU — embeddings, learned
- * positions and fused causal attention; the semantics of src/cpu/cpu_seq.c.
+ * positions, rotary positions and fused causal attention (multi-head or grouped-query);
+ * the semantics of src/cpu/cpu_seq.c.
  *
  * Embeddings and positions move data, or sum in the CPU's order, so they match it bit
  * for bit. The embedding gradient has one writer per element of dW: block (column
@@ -15,10 +16,11 @@
  *             diagonal stream through shared memory; each query row keeps its running
  *             maximum, sum and output (D / SUB floats per thread, in registers);
  *             lse (B, H, T) is saved for backward.
- *   backward: delta (B, H, T) = rowsum(dy * y) first; then block (b*H + h, key tile)
- *             computes dK, dV of its keys over the query tiles from the diagonal to
- *             T - 1 in order, and block (b*H + h, query tile) computes dQ over the key
- *             tiles up to the diagonal in order, both recomputing the probabilities
+ *   backward: delta (B, H, T) = rowsum(dy * y) first; then block (b*K + kh, key tile)
+ *             computes dK, dV of its keys over the query heads of key/value head kh
+ *             in order and their query tiles from the diagonal to T - 1 in order, and
+ *             block (b*H + h, query tile) computes dQ over the key tiles up to the
+ *             diagonal in order, both recomputing the probabilities
  *             from lse. Every output row has one writer and every sum a fixed order:
  *             no atomics, and two runs give the same bits.
  * The sums run in another order than the CPU's (tiles, fused multiply-adds), so the
@@ -150,38 +152,48 @@ dt_status dt_cu_pos_backward(float *dP, const float *dy, int B, int T, int C) {
 #define SUB 4            /* threads per row of a tile; thread (row, sub) owns columns sub, sub+SUB, ... */
 #define ATTN_DMAX 256    /* the widest head built */
 
-/* What the attention kernels read and write; head h of batch b is block row b*H + h.
- *   qkv (B, T, 3C), y and dy (B, T, C), lse and delta (B, H, T), dqkv (B, T, 3C). */
+/* What the attention kernels read and write; query head h of batch b is block row
+ * b*H + h (key/value head kh of batch b is block row b*K + kh in the dK, dV kernel).
+ *   qkv (B, T, (H + 2K) D), y and dy (B, T, C), lse and delta (B, H, T),
+ *   dqkv (B, T, (H + 2K) D); C = H D. */
 typedef struct {
     float       *y, *lse, *dqkv;   /* lse: written by forward, read by backward */
     float       *delta;            /* backward: rowsum(dy * y) per (b, h, t) */
     const float *qkv, *dy;
-    int          T, H, D;
+    int          T, H, K, D;
     float        scale;            /* 1 / sqrt(D) */
 } attn_args;
 
-/* Where block row blockIdx.x = b*H + h finds its head. */
+/* Where query head h of batch b finds its columns. */
 struct attn_head {
-    int          b, h, C;
-    size_t       ld;      /* row stride of qkv and dqkv: 3C */
-    const float *q;       /* q of (b, h) at position 0; k at q + C, v at q + 2C, row stride ld */
+    int          b, h, kh, C;
+    size_t       ld;      /* row stride of qkv and dqkv: (H + 2K) D */
+    const float *q;       /* q of (b, h) at position 0, row stride ld */
+    size_t       ko, vo;  /* k and v of its key/value head kh = h / (H/K): q - h*D + ko, + vo */
     const float *g;       /* dy of (b, h) at position 0, row stride C */
     size_t       row0;    /* b*T: the first row of the batch in (B, T, .) arrays */
     size_t       bh;      /* b*H + h: the row of lse and delta (times T) */
 };
 
-static __device__ attn_head attn_locate(const attn_args &a) {
+static __device__ attn_head attn_locate(const attn_args &a, int b, int h) {
     attn_head w;
-    w.bh = blockIdx.x;
-    w.b = (int)(w.bh / a.H);
-    w.h = (int)(w.bh % a.H);
+    w.b = b;
+    w.h = h;
+    w.kh = h / (a.H / a.K);
+    w.bh = (size_t)b * a.H + h;
     w.C = a.H * a.D;
-    w.ld = 3 * (size_t)w.C;
+    w.ld = (size_t)(a.H + 2 * a.K) * a.D;
     w.row0 = (size_t)w.b * a.T;
     w.q = a.qkv + w.row0 * w.ld + (size_t)w.h * a.D;
+    w.ko = (size_t)w.C + (size_t)w.kh * a.D;
+    w.vo = (size_t)w.C + (size_t)(a.K + w.kh) * a.D;
     w.g = a.dy ? a.dy + w.row0 * w.C + (size_t)w.h * a.D : NULL;
     return w;
 }
+
+/* the head's k and v at position 0 */
+static __device__ const float *attn_k(const attn_head &w, int D) { return w.q - (size_t)w.h * D + w.ko; }
+static __device__ const float *attn_v(const attn_head &w, int D) { return w.q - (size_t)w.h * D + w.vo; }
 
 /* s = rows row0 .. row0+TILE-1 of a (rows, D) slice with row stride ld; zero beyond
  * `rows` and beyond D, so a padding row or column adds nothing. Every thread calls it. */
@@ -213,7 +225,7 @@ template <int DMAX, int TILE>
 __global__ void __launch_bounds__(TILE * SUB) k_attn_forward(attn_args a) {
     __shared__ float Qs[TILE][DMAX + 1], Ks[TILE][DMAX + 1], Vs[TILE][DMAX + 1];
     __shared__ float Ss[TILE][TILE + 1], Ps[TILE][TILE + 1];
-    const attn_head w = attn_locate(a);
+    const attn_head w = attn_locate(a, (int)(blockIdx.x / a.H), (int)(blockIdx.x % a.H));
     const int r = threadIdx.x / SUB, sub = threadIdx.x % SUB;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * TILE, t = q0 + r;
     const int tq = t < a.T ? t : a.T - 1;              /* a padding row attends as the last one; never stored */
@@ -224,8 +236,8 @@ __global__ void __launch_bounds__(TILE * SUB) k_attn_forward(attn_args a) {
     for (int k = 0; k < DMAX / SUB; k++) o[k] = 0.0f;
     for (int k0 = 0; k0 < kend; k0 += TILE) {
         __syncthreads();   /* the previous tile is consumed */
-        tile_load<DMAX, TILE>(Ks, w.q + w.C, w.ld, k0, a.T, a.D);
-        tile_load<DMAX, TILE>(Vs, w.q + 2 * w.C, w.ld, k0, a.T, a.D);
+        tile_load<DMAX, TILE>(Ks, attn_k(w, a.D), w.ld, k0, a.T, a.D);
+        tile_load<DMAX, TILE>(Vs, attn_v(w, a.D), w.ld, k0, a.T, a.D);
         __syncthreads();
         for (int i = 0; i < TILE / SUB; i++) {
             const int c = sub + SUB * i;
@@ -270,55 +282,60 @@ k_attn_delta(float *delta, const float *dy, const float *y, size_t n, int T, int
     }
 }
 
-/* dK, dV. Block (b*H + h, key tile), thread (key row r, sub): the query tiles from the
- * diagonal to the end, in order. */
+/* dK, dV. Block (b*K + kh, key tile), thread (key row r, sub): the query heads of the
+ * key/value head kh in order, and for each the query tiles from the diagonal to the end,
+ * in order. */
 template <int DMAX, int TILE>
 __global__ void __launch_bounds__(TILE * SUB) k_attn_dkv(attn_args a) {
     __shared__ float Ks[TILE][DMAX + 1], Vs[TILE][DMAX + 1], Qs[TILE][DMAX + 1], Gs[TILE][DMAX + 1];
     __shared__ float Ps[TILE][TILE + 1], Ds[TILE][TILE + 1], Ls[TILE], Es[TILE];
-    const attn_head w = attn_locate(a);
+    const int b = (int)(blockIdx.x / a.K), kh = (int)(blockIdx.x % a.K), rep = a.H / a.K;
     const int r = threadIdx.x / SUB, sub = threadIdx.x % SUB;
     const int k0 = blockIdx.y * TILE, j = k0 + r;
-    const float *L = a.lse + w.bh * a.T, *E = a.delta + w.bh * a.T;
-    tile_load<DMAX, TILE>(Ks, w.q + w.C, w.ld, k0, a.T, a.D);
-    tile_load<DMAX, TILE>(Vs, w.q + 2 * w.C, w.ld, k0, a.T, a.D);
+    const attn_head w0 = attn_locate(a, b, kh * rep);
+    tile_load<DMAX, TILE>(Ks, attn_k(w0, a.D), w0.ld, k0, a.T, a.D);
+    tile_load<DMAX, TILE>(Vs, attn_v(w0, a.D), w0.ld, k0, a.T, a.D);
     float dk[DMAX / SUB], dv[DMAX / SUB];
 #pragma unroll
     for (int k = 0; k < DMAX / SUB; k++) dk[k] = dv[k] = 0.0f;
-    for (int q0 = k0; q0 < a.T; q0 += TILE) {
-        __syncthreads();
-        tile_load<DMAX, TILE>(Qs, w.q, w.ld, q0, a.T, a.D);
-        tile_load<DMAX, TILE>(Gs, w.g, w.C, q0, a.T, a.D);
-        if ((int)threadIdx.x < TILE) {
-            const int t = q0 + threadIdx.x;
-            Ls[threadIdx.x] = t < a.T ? L[t] : 0.0f;
-            Es[threadIdx.x] = t < a.T ? E[t] : 0.0f;
-        }
-        __syncthreads();
-        for (int i = 0; i < TILE / SUB; i++) {
-            const int c = sub + SUB * i, t = q0 + c;
-            float p = 0.0f, ds = 0.0f;
-            if (t < a.T && j <= t) {
-                p = expf(row_dot(Qs[c], Ks[r], a.D) * a.scale - Ls[c]);
-                ds = p * (row_dot(Gs[c], Vs[r], a.D) - Es[c]) * a.scale;
+    for (int h = kh * rep; h < (kh + 1) * rep; h++) {
+        const attn_head w = attn_locate(a, b, h);
+        const float *L = a.lse + w.bh * a.T, *E = a.delta + w.bh * a.T;
+        for (int q0 = k0; q0 < a.T; q0 += TILE) {
+            __syncthreads();
+            tile_load<DMAX, TILE>(Qs, w.q, w.ld, q0, a.T, a.D);
+            tile_load<DMAX, TILE>(Gs, w.g, w.C, q0, a.T, a.D);
+            if ((int)threadIdx.x < TILE) {
+                const int t = q0 + threadIdx.x;
+                Ls[threadIdx.x] = t < a.T ? L[t] : 0.0f;
+                Es[threadIdx.x] = t < a.T ? E[t] : 0.0f;
             }
-            Ps[c][r] = p;
-            Ds[c][r] = ds;
-        }
-        __syncthreads();
-        for (int c = 0; c < TILE; c++) {
-            const float p = Ps[c][r], ds = Ds[c][r];
+            __syncthreads();
+            for (int i = 0; i < TILE / SUB; i++) {
+                const int c = sub + SUB * i, t = q0 + c;
+                float p = 0.0f, ds = 0.0f;
+                if (t < a.T && j <= t) {
+                    p = expf(row_dot(Qs[c], Ks[r], a.D) * a.scale - Ls[c]);
+                    ds = p * (row_dot(Gs[c], Vs[r], a.D) - Es[c]) * a.scale;
+                }
+                Ps[c][r] = p;
+                Ds[c][r] = ds;
+            }
+            __syncthreads();
+            for (int c = 0; c < TILE; c++) {
+                const float p = Ps[c][r], ds = Ds[c][r];
 #pragma unroll
-            for (int k = 0; k < DMAX / SUB; k++) {
-                dv[k] = fmaf(p, Gs[c][sub + SUB * k], dv[k]);
-                dk[k] = fmaf(ds, Qs[c][sub + SUB * k], dk[k]);
+                for (int k = 0; k < DMAX / SUB; k++) {
+                    dv[k] = fmaf(p, Gs[c][sub + SUB * k], dv[k]);
+                    dk[k] = fmaf(ds, Qs[c][sub + SUB * k], dk[k]);
+                }
             }
         }
     }
     if (j < a.T) {
-        float *out = a.dqkv + (w.row0 + j) * w.ld + (size_t)w.h * a.D;
-        row_store<DMAX>(out + w.C, dk, 1.0f, sub, a.D);
-        row_store<DMAX>(out + 2 * w.C, dv, 1.0f, sub, a.D);
+        float *out = a.dqkv + (w0.row0 + j) * w0.ld;
+        row_store<DMAX>(out + w0.ko, dk, 1.0f, sub, a.D);
+        row_store<DMAX>(out + w0.vo, dv, 1.0f, sub, a.D);
     }
 }
 
@@ -328,7 +345,7 @@ template <int DMAX, int TILE>
 __global__ void __launch_bounds__(TILE * SUB) k_attn_dq(attn_args a) {
     __shared__ float Qs[TILE][DMAX + 1], Gs[TILE][DMAX + 1], Ks[TILE][DMAX + 1], Vs[TILE][DMAX + 1];
     __shared__ float Ds[TILE][TILE + 1];
-    const attn_head w = attn_locate(a);
+    const attn_head w = attn_locate(a, (int)(blockIdx.x / a.H), (int)(blockIdx.x % a.H));
     const int r = threadIdx.x / SUB, sub = threadIdx.x % SUB;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * TILE, t = q0 + r;
     const int kend = q0 + TILE < a.T ? q0 + TILE : a.T;
@@ -340,8 +357,8 @@ __global__ void __launch_bounds__(TILE * SUB) k_attn_dq(attn_args a) {
     for (int k = 0; k < DMAX / SUB; k++) dq[k] = 0.0f;
     for (int k0 = 0; k0 < kend; k0 += TILE) {
         __syncthreads();
-        tile_load<DMAX, TILE>(Ks, w.q + w.C, w.ld, k0, a.T, a.D);
-        tile_load<DMAX, TILE>(Vs, w.q + 2 * w.C, w.ld, k0, a.T, a.D);
+        tile_load<DMAX, TILE>(Ks, attn_k(w, a.D), w.ld, k0, a.T, a.D);
+        tile_load<DMAX, TILE>(Vs, attn_v(w, a.D), w.ld, k0, a.T, a.D);
         __syncthreads();
         for (int i = 0; i < TILE / SUB; i++) {
             const int c = sub + SUB * i;
@@ -368,6 +385,7 @@ template <int DMAX, int TILE>
 static dt_status attn_launch(const attn_args &a, int B, int backward) {
     static_assert(TILE % SUB == 0 && DMAX % SUB == 0, "tiles split into SUB-thread rows");
     dim3 grid((unsigned)(B * a.H), (unsigned)((a.T + TILE - 1) / TILE));
+    dim3 kv_grid((unsigned)(B * a.K), grid.y);
     if (!backward) {
         void (*fwd)(attn_args) = k_attn_forward<DMAX, TILE>;
         fwd<<<grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
@@ -375,7 +393,7 @@ static dt_status attn_launch(const attn_args &a, int B, int backward) {
         return DT_OK;
     }
     void (*dkv)(attn_args) = k_attn_dkv<DMAX, TILE>;
-    dkv<<<grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
+    dkv<<<kv_grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
     DT_CU_LAUNCH("k_attn_dkv");
     void (*dq)(attn_args) = k_attn_dq<DMAX, TILE>;
     dq<<<grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
@@ -392,38 +410,38 @@ static dt_status attn_dispatch(const attn_args &a, int B, int backward) {
 }
 
 /* The shape checks of both directions; fn names the op. */
-static dt_status attn_check(const char *fn, int B, int T, int H, int D) {
+static dt_status attn_check(const char *fn, int B, int T, int H, int K, int D) {
     if (D > ATTN_DMAX)
         return dt_error(DT_ERR_UNSUPPORTED, "cuda %s: head width D = %d is above the %d this backend supports",
                         fn, D, ATTN_DMAX);
-    if ((int64_t)B * H > INT32_MAX || (int64_t)H * D > INT32_MAX / 3 || (T + 7) / 8 > 65535)
+    if ((int64_t)B * H > INT32_MAX || (int64_t)(H + 2 * K) * D > INT32_MAX || (T + 7) / 8 > 65535)
         return dt_error(DT_ERR_INVALID, "cuda %s: shape B=%d T=%d H=%d D=%d is too large", fn, B, T, H, D);
     return DT_OK;
 }
 
-dt_status dt_cu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int D) {
-    DT_CU_ARG(B >= 0 && T >= 1 && H >= 1 && D >= 1);
+dt_status dt_cu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D) {
+    DT_CU_ARG(B >= 0 && T >= 1 && H >= 1 && K >= 1 && H % K == 0 && D >= 1);
     if (B == 0) return DT_OK;
     DT_CU_ARG(y && lse && qkv);
-    DT_TRY(attn_check("attn_forward", B, T, H, D));
+    DT_TRY(attn_check("attn_forward", B, T, H, K, D));
     DT_TRY(dt_cu_enter());
-    attn_args a = {y, lse, NULL, NULL, qkv, NULL, T, H, D, 1.0f / sqrtf((float)D)};
+    attn_args a = {y, lse, NULL, NULL, qkv, NULL, T, H, K, D, 1.0f / sqrtf((float)D)};
     return attn_dispatch(a, B, 0);
 }
 
 dt_status dt_cu_attn_backward(float *dqkv, const float *dy, const float *qkv, const float *y, const float *lse,
-                              int B, int T, int H, int D) {
-    DT_CU_ARG(B >= 0 && T >= 1 && H >= 1 && D >= 1);
+                              int B, int T, int H, int K, int D) {
+    DT_CU_ARG(B >= 0 && T >= 1 && H >= 1 && K >= 1 && H % K == 0 && D >= 1);
     if (B == 0) return DT_OK;
     DT_CU_ARG(dqkv && dy && qkv && y && lse);
-    DT_TRY(attn_check("attn_backward", B, T, H, D));
+    DT_TRY(attn_check("attn_backward", B, T, H, K, D));
     DT_TRY(dt_cu_enter());
     float *delta = NULL;
         const size_t rows = (size_t)B * H * T;
     DT_TRY(dt_cu_scratch((void **)&delta, sizeof(float) * rows));
     k_attn_delta<<<dt_cu_blocks(rows), DT_CU_THREADS, 0, dt_cu_stream()>>>(delta, dy, y, rows, T, H, D);
     DT_CU_LAUNCH("k_attn_delta");
-    attn_args a = {NULL, (float *)lse, dqkv, delta, qkv, dy, T, H, D, 1.0f / sqrtf((float)D)};
+    attn_args a = {NULL, (float *)lse, dqkv, delta, qkv, dy, T, H, K, D, 1.0f / sqrtf((float)D)};
     return attn_dispatch(a, B, 1);
 }
 
@@ -445,11 +463,12 @@ static __device__ void lse_merge(float *m, float *l, float m2, float l2) {
  * k+ROW_THREADS, ..., merged in a fixed tree. Pass 2: chunks of ROW_THREADS keys, their
  * probabilities in shared memory, each column summed by one thread in key order. */
 __global__ void __launch_bounds__(ROW_THREADS)
-k_attn_decode(float *y, const float *qkv, int t, int H, int D, float scale) {
+k_attn_decode(float *y, const float *qkv, int t, int H, int KV, int D, float scale) {
     __shared__ float ms[ROW_THREADS], ls[ROW_THREADS], ps[ROW_THREADS];
-    const int h = blockIdx.x, tid = threadIdx.x, C = H * D;
-    const size_t ld = 3 * (size_t)C;
-    const float *q = qkv + (size_t)t * ld + (size_t)h * D, *K = qkv + C + (size_t)h * D, *V = K + C;
+    const int h = blockIdx.x, tid = threadIdx.x, C = H * D, kh = h / (H / KV);
+    const size_t ld = (size_t)(H + 2 * KV) * D;
+    const float *q = qkv + (size_t)t * ld + (size_t)h * D, *K = qkv + C + (size_t)kh * D;
+    const float *V = qkv + C + (size_t)(KV + kh) * D;
     float *yh = y + (size_t)h * D;
     float m = -INFINITY, l = 0.0f;
     for (int j = tid; j <= t; j += ROW_THREADS) lse_merge(&m, &l, row_dot(q, K + (size_t)j * ld, D) * scale, 1.0f);
@@ -474,11 +493,42 @@ k_attn_decode(float *y, const float *qkv, int t, int H, int D, float scale) {
     }
 }
 
-dt_status dt_cu_attn_decode(float *y, const float *qkv, int t, int H, int D) {
-    DT_CU_ARG(t >= 0 && H >= 1 && D >= 1 && y && qkv);
-    DT_CU_ARG((int64_t)H * D <= INT32_MAX / 3);
+dt_status dt_cu_attn_decode(float *y, const float *qkv, int t, int H, int K, int D) {
+    DT_CU_ARG(t >= 0 && H >= 1 && K >= 1 && H % K == 0 && D >= 1 && y && qkv);
+    DT_CU_ARG((int64_t)(H + 2 * K) * D <= INT32_MAX);
     DT_TRY(dt_cu_enter());
-    k_attn_decode<<<H, ROW_THREADS, 0, dt_cu_stream()>>>(y, qkv, t, H, D, 1.0f / sqrtf((float)D));
+    k_attn_decode<<<H, ROW_THREADS, 0, dt_cu_stream()>>>(y, qkv, t, H, K, D, 1.0f / sqrtf((float)D));
     DT_CU_LAUNCH("k_attn_decode");
+    return DT_OK;
+}
+
+/* ---- rotary positions: one thread per (row, q or k head, pair i), the angles of
+ * dt_rope_angle (ops.h, the CPU's) ---- */
+
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_rope(float *qkv, int T, int heads, int D, size_t ld, float theta, int pos0, int inverse, size_t n) {
+    const int half = D / 2;
+    DT_CU_FOR(e, n) {
+        const size_t r = e / ((size_t)heads * half);
+        const int hh = (int)(e / half % heads), i = (int)(e % half);
+        float c, s;
+        dt_rope_angle((double)(pos0 + (int)(r % T)), i, D, theta, &c, &s);
+        if (inverse) s = -s;
+        float *x = qkv + r * ld + (size_t)hh * D;
+        const float a = x[i], b = x[i + half];
+        x[i] = a * c - b * s;
+        x[i + half] = b * c + a * s;
+    }
+}
+
+dt_status dt_cu_rope(float *qkv, int B, int T, int H, int K, int D, float theta, int pos0, int inverse) {
+    DT_CU_ARG(B >= 0 && T >= 1 && H >= 1 && K >= 1 && D >= 2 && D % 2 == 0 && theta > 0.0f && pos0 >= 0);
+    if (B == 0) return DT_OK;
+    DT_CU_ARG(qkv);
+    DT_TRY(dt_cu_enter());
+    const size_t n = (size_t)B * T * (H + K) * (D / 2);
+    k_rope<<<dt_cu_blocks(n), DT_CU_THREADS, 0, dt_cu_stream()>>>(qkv, T, H + K, D, (size_t)(H + 2 * K) * D, theta,
+                                                                   pos0, inverse, n);
+    DT_CU_LAUNCH("k_rope");
     return DT_OK;
 }
