@@ -52,7 +52,57 @@ static const struct { const char *name, *text; } presets[] = {
 
 static char *trim(char *s);
 
-typedef struct { const char *name; double *v; double lo, hi; int integer; } gpt_arg;
+/* One key=value argument of a preset: integer in [lo, hi], a probability in [lo, 1), or
+ * a number in [lo, hi]. */
+enum { ARG_INT, ARG_PROB, ARG_NUM };
+typedef struct { const char *name; double *v; double lo, hi; int kind; } gpt_arg;
+
+/* "a, b, c" (sep ", ") or "a, b or c" into buf */
+static void arg_names(const gpt_arg *a, size_t n, int with_or, char *buf, size_t cap) {
+    size_t off = 0;
+    buf[0] = '\0';
+    for (size_t k = 0; k < n && off < cap; k++)
+        off += (size_t)snprintf(buf + off, cap - off, "%s%s", k == 0 ? "" : with_or && k == n - 1 ? " or " : ", ",
+                                a[k].name);
+}
+
+/* Read "key=value, ..." (rest, its closing parenthesis included; "" for none) of preset
+ * spec into args. */
+static dt_status preset_args(const char *spec, const char *rest, gpt_arg *args, size_t nargs) {
+    char buf[512], list[160];
+    snprintf(buf, sizeof buf, "%s", rest);
+    if (*buf) buf[strlen(buf) - 1] = '\0';   /* the closing parenthesis */
+    for (char *a = *buf ? buf : NULL, *next; a; a = next) {
+        next = strchr(a, ',');
+        if (next) *next++ = '\0';
+        char *eq = strchr(a, '=');
+        if (!eq) {
+            arg_names(args, nargs, 0, list, sizeof list);
+            return dt_error(DT_ERR_INVALID, "model spec: %s: expected key=value arguments (%s), got '%s'", spec, list,
+                            trim(a));
+        }
+        *eq = '\0';
+        char *key = trim(a), *val = trim(eq + 1), *end;
+        size_t k = 0;
+        while (k < nargs && strcmp(args[k].name, key)) k++;
+        if (k == nargs) {
+            arg_names(args, nargs, 1, list, sizeof list);
+            return dt_error(DT_ERR_INVALID, "model spec: %s: unknown argument '%s' (expected %s)", spec, key, list);
+        }
+        errno = 0;
+        double v = strtod(val, &end);
+        if (end == val || *end || errno || v < args[k].lo || v > args[k].hi ||
+            (args[k].kind == ARG_INT && v != (double)(long long)v) || (args[k].kind == ARG_PROB && v >= 1)) {
+            char want[96];
+            if (args[k].kind == ARG_NUM) snprintf(want, sizeof want, "a number in [%g, %g]", args[k].lo, args[k].hi);
+            return dt_error(DT_ERR_INVALID, "model spec: %s: '%s' expects %s, got '%s'", spec, key,
+                            args[k].kind == ARG_INT ? "a positive integer"
+                            : args[k].kind == ARG_PROB ? "a probability in [0, 1)" : want, val);
+        }
+        *args[k].v = v;
+    }
+    return DT_OK;
+}
 
 /* 1 when spec names a GPT preset (*text then holds its layer list, or NULL after an
  * error in *st); 0 when it does not. */
@@ -65,36 +115,10 @@ static int gpt_preset(const char *spec, char **text, dt_status *st) {
     else if (!strcmp(spec, "gpt")) rest = "";
     else if (!strncmp(spec, "gpt(", 4) && spec[strlen(spec) - 1] == ')') rest = spec + 4;
     else return 0;
-    gpt_arg args[] = { { "layers", &L, 1, 1000, 1 }, { "heads", &H, 1, 1024, 1 }, { "dim", &C, 1, 1 << 20, 1 },
-                       { "block", &T, 1, 1 << 24, 1 }, { "vocab", &V, 1, 1 << 24, 1 }, { "dropout", &p, 0, 1, 0 } };
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", rest);
-    if (*buf) buf[strlen(buf) - 1] = '\0';   /* the closing parenthesis */
-    for (char *a = *buf ? buf : NULL, *next; a; a = next) {
-        next = strchr(a, ',');
-        if (next) *next++ = '\0';
-        char *eq = strchr(a, '=');
-        if (!eq) { *st = dt_error(DT_ERR_INVALID, "model spec: %s: expected key=value arguments (layers, heads, dim, "
-                                  "block, vocab, dropout), got '%s'", spec, trim(a)); return 1; }
-        *eq = '\0';
-        char *key = trim(a), *val = trim(eq + 1), *end;
-        size_t k = 0;
-        while (k < sizeof args / sizeof args[0] && strcmp(args[k].name, key)) k++;
-        if (k == sizeof args / sizeof args[0]) {
-            *st = dt_error(DT_ERR_INVALID, "model spec: %s: unknown argument '%s' (expected layers, heads, dim, "
-                           "block, vocab or dropout)", spec, key);
-            return 1;
-        }
-        errno = 0;
-        double v = strtod(val, &end);
-        if (end == val || *end || errno || v < args[k].lo || v > args[k].hi ||
-            (args[k].integer && v != (double)(long long)v) || (!args[k].integer && v >= 1)) {
-            *st = dt_error(DT_ERR_INVALID, "model spec: %s: '%s' expects %s, got '%s'", spec, key,
-                           args[k].integer ? "a positive integer" : "a probability in [0, 1)", val);
-            return 1;
-        }
-        *args[k].v = v;
-    }
+    gpt_arg args[] = { { "layers", &L, 1, 1000, ARG_INT }, { "heads", &H, 1, 1024, ARG_INT },
+                       { "dim", &C, 1, 1 << 20, ARG_INT }, { "block", &T, 1, 1 << 24, ARG_INT },
+                       { "vocab", &V, 1, 1 << 24, ARG_INT }, { "dropout", &p, 0, 1, ARG_PROB } };
+    if ((*st = preset_args(spec, rest, args, sizeof args / sizeof args[0])) != DT_OK) return 1;
     if ((long long)C % (long long)H) {
         *st = dt_error(DT_ERR_INVALID, "model spec: %s: %g heads do not divide the width %g", spec, H, C);
         return 1;
@@ -113,6 +137,66 @@ static int gpt_preset(const char *spec, char **text, dt_status *st) {
                               "_:residual(ln_2:ln mlp:seq(c_fc:linear(%.0f,std=0.02) gelu c_proj:linear(%.0f,std=%.9g))%s))",
                               i ? " " : "", i, H, proj, drop, 4 * C, C, proj, drop);
     snprintf(out + n, cap - n, ") ln_f:ln) lm_head:unembed");
+    *text = out;
+    return 1;
+}
+
+/* ---- the Llama presets -----------------------------------------------------------
+ * llama(layers=L, heads=H, kv_heads=K, dim=C, hidden=F, block=T, vocab=V, theta, eps) is
+ * Hugging Face's LlamaForCausalLM with its names (model.embed_tokens, model.layers.<i>.
+ * input_layernorm, .self_attn.{q,k,v,o}_proj, .post_attention_layernorm,
+ * .mlp.{gate,up,down}_proj, model.norm, an untied lm_head): RMSNorm, rotary positions
+ * (base theta) in grouped-query attention with K key/value heads, a SwiGLU MLP of F
+ * hidden units, no biases, every matrix normal(0, 0.02). The named shapes are for
+ * planning: smollm-135m (SmolLM-135M's shape) and llama-1b (Llama 3.2 1B's), both at
+ * block 2048 and with an untied head. */
+
+static const struct { const char *name; double L, H, K, C, F, T, V, theta; } llama_shapes[] = {
+    { "smollm-135m", 30, 9, 3, 576, 1536, 2048, 49152, 10000 },
+    { "llama-1b", 16, 32, 8, 2048, 8192, 2048, 128256, 500000 },
+};
+
+static int llama_preset(const char *spec, char **text, dt_status *st) {
+    double L = 4, H = 4, K = 2, C = 128, F = 352, T = 64, V = 256, theta = 10000, eps = 1e-5;
+    *text = NULL;
+    *st = DT_OK;
+    const char *rest = NULL;
+    for (size_t i = 0; i < sizeof llama_shapes / sizeof llama_shapes[0]; i++)
+        if (!strcmp(spec, llama_shapes[i].name)) {
+            L = llama_shapes[i].L; H = llama_shapes[i].H; K = llama_shapes[i].K; C = llama_shapes[i].C;
+            F = llama_shapes[i].F; T = llama_shapes[i].T; V = llama_shapes[i].V; theta = llama_shapes[i].theta;
+            rest = "";
+        }
+    if (rest) {}
+    else if (!strcmp(spec, "llama")) rest = "";
+    else if (!strncmp(spec, "llama(", 6) && spec[strlen(spec) - 1] == ')') rest = spec + 6;
+    else return 0;
+    gpt_arg args[] = { { "layers", &L, 1, 1000, ARG_INT }, { "heads", &H, 1, 1024, ARG_INT },
+                       { "kv_heads", &K, 1, 1024, ARG_INT }, { "dim", &C, 1, 1 << 20, ARG_INT },
+                       { "hidden", &F, 1, 1 << 24, ARG_INT }, { "block", &T, 1, 1 << 24, ARG_INT },
+                       { "vocab", &V, 1, 1 << 24, ARG_INT }, { "theta", &theta, 2, 1e12, ARG_NUM },
+                       { "eps", &eps, 0, 1, ARG_NUM } };
+    if ((*st = preset_args(spec, rest, args, sizeof args / sizeof args[0])) != DT_OK) return 1;
+    long long h = (long long)H, k = (long long)K, c = (long long)C;
+    if (c % h)
+        *st = dt_error(DT_ERR_INVALID, "model spec: %s: 'heads' %lld does not divide 'dim' %lld", spec, h, c);
+    else if (h % k)
+        *st = dt_error(DT_ERR_INVALID, "model spec: %s: 'kv_heads' %lld does not divide 'heads' %lld", spec, k, h);
+    else if ((c / h) % 2)
+        *st = dt_error(DT_ERR_INVALID, "model spec: %s: rotary positions pair the dimensions of a head, but the head "
+                       "width 'dim' / 'heads' = %lld / %lld = %lld is odd", spec, c, h, c / h);
+    if (*st != DT_OK) return 1;
+    size_t cap = 512 + (size_t)L * 400;
+    char *out = malloc(cap);
+    if (!out) { *st = dt_error(DT_ERR_NOMEM, "model spec: out of memory"); return 1; }
+    size_t n = (size_t)snprintf(out, cap, "model:seq(embed_tokens:embed(%.0f,%.0f,std=0.02) layers:seq(", V, C);
+    for (int i = 0; i < (int)L; i++)
+        n += (size_t)snprintf(out + n, cap - n,
+                              "%s%d:seq(_:residual(input_layernorm:rmsnorm(eps=%.9g) self_attn:attn(%.0f,std=0.02,"
+                              "proj_std=0.02,kv_heads=%.0f,rope=%.9g,bias=0,block=%.0f)) "
+                              "_:residual(post_attention_layernorm:rmsnorm(eps=%.9g) mlp:swiglu(%.0f,std=0.02)))",
+                              i ? " " : "", i, eps, H, K, theta, T, eps, F);
+    snprintf(out + n, cap - n, ") norm:rmsnorm(eps=%.9g)) lm_head:linear(%.0f,bias=0,std=0.02)", eps, V);
     *text = out;
     return 1;
 }
@@ -432,6 +516,9 @@ dt_status dt_spec_parse(const char *spec, dt_spec *out) {
     } else if (gpt_preset(spec, &owned, &gs)) {
         if (gs != DT_OK) return gs;
         text = owned;
+    } else if (llama_preset(spec, &owned, &gs)) {
+        if (gs != DT_OK) return gs;
+        text = owned;
     } else if (spec[0] == '@') {
         DT_TRY(read_spec_file(spec + 1, &owned));
         text = owned;
@@ -476,14 +563,17 @@ dt_status dt_spec_token_dims(const char *model, int64_t *window, int *vocab) {
     int64_t block = 0;
     int v = 0;
     for (int i = 0; i < sp.n; i++) {
+        /* the window: learned positions' table, or an attention's block (rotary positions) */
         if (sp.layers[i].kind == DT_LAYER_POS && !block) block = (int64_t)dt_layer_arg(&sp.layers[i], "block");
+        if (sp.layers[i].kind == DT_LAYER_ATTN && !block) block = (int64_t)dt_layer_arg(&sp.layers[i], "block");
         if (sp.layers[i].kind == DT_LAYER_EMBED && !v) v = (int)dt_layer_arg(&sp.layers[i], "vocab");
     }
     dt_spec_free(&sp);
     if (!block || !v)
-        return dt_error(DT_ERR_INVALID, "model: token data needs a token model with an embedding and learned "
-                        "positions (embed(vocab, dim) ... pos(block)), as the gpt presets; '%s' has %s", model,
-                        !v ? "no embed layer" : "no pos layer");
+        return dt_error(DT_ERR_INVALID, "model: token data needs a token model with an embedding and learned positions "
+                        "(embed(vocab, dim) ... pos(block)) or an attention with a block (attn(..., block=T)), "
+                        "as the gpt and llama presets; "
+                        "'%s' has %s", model, !v ? "no embed layer" : "no pos layer nor attn with a block");
     *window = block;
     *vocab = v;
     return DT_OK;

@@ -1,6 +1,7 @@
 #!/bin/sh
 # gpt_train.sh: a small gpt on a small text, end to end: it learns (the loss falls,
-# validation runs); 1, 2 and 4 processes give bitwise the same weights (dropout on);
+# validation runs); 1, 2 and 4 processes give bitwise the same weights (dropout on),
+# and 1 and 2 for the llama preset, whose bad arguments exit 2 naming them;
 # a run stopped on 2 processes and resumed on 1 is bitwise the uninterrupted one;
 # dtrain sample is reproducible by seed, greedy at temperature 0, and refuses bad
 # flags (exit 2); dtrain check proves the distributed run on token data (and catches
@@ -44,6 +45,25 @@ for n in 2 4; do
     ok $? "$n processes train"
     cmp -s "$T/w1.st" "$T/w$n.st"; ok $? "$n processes give bitwise the weights of 1 process"
 done
+
+# ... and for the llama preset (RMSNorm, rotary positions, grouped-query attention, SwiGLU)
+ML="llama(layers=2,heads=4,kv_heads=2,dim=32,hidden=48,block=16)"
+IL="--model $ML $A --micro-batches 4 --steps 4 --warmup 1 --no-eval"
+timeout 120 "$D" train $IL --save "$T/l1.st" > "$T/ol1" 2>&1
+ok $? "llama: 1 process, 4 micro-batches"
+timeout 120 "$R" -n 2 "$D" train $IL --save "$T/l2.st" > "$T/ol2" 2>&1
+ok $? "llama: 2 processes train"
+cmp -s "$T/l1.st" "$T/l2.st"; ok $? "llama: 2 processes give bitwise the weights of 1 process"
+badm() {   # badm PATTERN MODEL: dtrain train exits 2 naming the argument
+    timeout 60 "$D" train --model "$2" $A --steps 1 --no-eval > "$T/o.bm" 2>&1
+    rc=$?; [ $rc -eq 2 ]; ok $? "llama: '$2' exits 2 (got $rc)"
+    ok_grep "$T/o.bm" "$1" "... saying: $1"
+}
+badm "'kv_heads' 3 does not divide 'heads' 4" "llama(layers=1,heads=4,kv_heads=3,dim=32,block=16)"
+badm "head width 'dim' / 'heads' = 12 / 4 = 3 is odd" "llama(layers=1,heads=4,kv_heads=2,dim=12,block=16)"
+badm "'hidden' expects a positive integer, got '0'" "llama(layers=1,hidden=0,dim=32,block=16)"
+badm "'kv_heads' 2 does not divide 'heads' 3" "embed(256,12) attn(3,kv_heads=2,block=16) linear(256)"
+badm "'rope' needs an even head width" "embed(256,12) attn(4,rope=10000,block=16) linear(256)"
 
 # (c) stopped on 2 processes, resumed on 1: the uninterrupted run's bits
 timeout 120 "$R" -n 2 "$D" train $I --checkpoint-dir "$T/ck" --stop-at 2 > "$T/o.stop" 2>&1

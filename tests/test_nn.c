@@ -472,5 +472,7 @@ int main(void) {
                       "a one-block GPT with a tied head", 1e-2f, 0);
     /* the preset's weights are small (std 0.02): a smaller step keeps layer norm linear */
     check_token_model("gpt(layers=2,heads=2,dim=8,block=6,vocab=11)", "the gpt preset (2 layers)", 1e-3f, 1);
+    check_token_model("llama(layers=2,heads=4,kv_heads=2,dim=8,hidden=12,block=6,vocab=11)",
+                      "the llama preset (2 layers, grouped-query, rotary)", 1e-3f, 1);
     return done_testing();
 }

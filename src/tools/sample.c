@@ -110,8 +110,9 @@ int dtrain_sample_main(int argc, char **argv) {
     for (int i = 0; s == DT_OK && i < dt_model_nlayers(m); i++) {
         const dt_layer *L = dt_model_layer(m, i);
         if (L->kind == DT_LAYER_POS) block = (int)dt_layer_arg(L, "block");
+        if (L->kind == DT_LAYER_ATTN && !block) block = (int)dt_layer_arg(L, "block");   /* rotary positions */
     }
-    if (s == DT_OK && block < 2) s = dt_error(DT_ERR_INVALID, "--model: sampling needs a model with learned positions (pos)");
+    if (s == DT_OK && block < 2) s = dt_error(DT_ERR_INVALID, "--model: sampling needs a model with learned positions (pos) or an attention with a block");
     int V = os ? (int)os->d[1] : 0;
     size_t plen = strlen(prompt), cap = plen + (size_t)ntok + 1;
     int *hist = NULL;
