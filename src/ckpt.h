@@ -32,7 +32,7 @@
  * It resumes on any world size and in any shard mode (dt_ckpt_restore_range reads the
  * pieces a rank needs); `dtrain export` writes the whole model as one file.
  *
- * Writing is atomic (DESIGN.md rule 4): both files go into
+ * Writing is atomic (docs/DESIGN.md rule 4): both files go into
  * DIR/.tmp-step-<step>-<pid>/ (each fsynced), that directory is fsynced and
  * renamed to DIR/step-<step>, and DIR is fsynced. A crash at any point leaves
  * the old set of checkpoints or the new complete one, never a half one under a

@@ -1,5 +1,5 @@
 #!/bin/sh
-# ckpt_resume.sh: checkpoints that lose nothing (DESIGN.md rule 4) — a run stopped
+# ckpt_resume.sh: checkpoints that lose nothing (docs/DESIGN.md rule 4) — a run stopped
 # and resumed is bitwise the uninterrupted one, on the same and on another world
 # size; a damaged newest checkpoint is skipped; a rank killed mid-run ends the job
 # with an error naming it and leaves the last checkpoint loadable.

@@ -1,5 +1,5 @@
 #!/bin/bash
-# comm_errors.sh: the tcp backend fails loudly and names the culprit (DESIGN.md rule 3):
+# comm_errors.sh: the tcp backend fails loudly and names the culprit (docs/DESIGN.md rule 3):
 # mismatched collectives, a rank that never calls (timeout), a rank killed mid-collective,
 # junk bytes on the store port and on a peer port, two processes claiming one rank, a
 # wrong world size, a foreign job id, an unknown backend, a malformed init URL and a

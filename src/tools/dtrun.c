@@ -9,7 +9,7 @@
  * LOCAL_RANK, WORLD_SIZE, ... (the variables launch_env.c reads), its output comes back
  * prefixed "[rankK]:", and the job ends as a unit: the first rank that fails on any node
  * takes every rank down and every dtrun names it — rank, node, how, when and its last
- * stderr lines — so a crash never leaves the others hanging in a collective (DESIGN.md
+ * stderr lines — so a crash never leaves the others hanging in a collective (docs/DESIGN.md
  * rule 3). With --max-restarts K the job is started again, up to K times.
  *
  * This file holds the command line, the attempt loop and the final report; the ranks
