@@ -281,6 +281,10 @@ dt_status dt_ckpt_begin(const char *dir, int64_t step, char *tmp, size_t n) {
     snprintf(tname, sizeof tname, "%s%012" PRId64 "-%ld", DT_CKPT_TMP_STEP_, step, (long)getpid());
     DT_TRY(dt_ckpt_join_(tmp, n, dir, tname));
     DT_TRY(dt_ckpt_mkdirs_(dir));
+    /* a leftover of an earlier process with this pid is removed, a user's directory not */
+    struct stat st;
+    if (lstat(tmp, &st) == 0 && (!S_ISDIR(st.st_mode) || !dt_ckpt_only_(tmp, 1, 0)))
+        return dt_error(DT_ERR_IO, "%s exists and holds files that are not a checkpoint's; not removing it", tmp);
     DT_TRY(dt_ckpt_rm_tree_(tmp));
     if (mkdir(tmp, 0755) != 0) return dt_error(DT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     return DT_OK;

@@ -450,6 +450,70 @@ static void test_damage(void) {
     dt_model_free(m);
 }
 
+/* Pruning and replacing touch only what dtrain writes. A user's step-5/ and
+ * .tmp-mine-<dead pid>/, and directories of dtrain's names that hold anything
+ * else, survive every save; a dead writer's leftovers (dtrain's files only) go. */
+static void test_foreign(void) {
+    char dir[512], name[128], d[16][1024];
+    snprintf(dir, sizeof dir, "%s/foreign", tmpdir);
+    dt_model *m = build(SPEC, 1);
+    dt_optim *o = optim(0, m, 0.9f);
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    waitpid(child, NULL, 0);
+    is_int(save(dir, 1, m, o, 1), DT_OK, "a first checkpoint");
+    size_t sn;
+    unsigned char *state = slurp(pth(pth(dir, "step-000000000001"), "train_state.safetensors"), &sn);
+    ok(state != NULL, "its state file");
+    /* the user's: other names, and dtrain's names with more inside */
+    const char *kept[] = {"step-5", ".tmp-mine-%ld", "step-000000000002", "step-000000000003", "step-000000000004",
+                          ".tmp-step-000000000005-%ld"};
+    const char *gone[] = {".tmp-del-000000000006-%ld", ".tmp-step-000000000007-%ld"};
+    int nk = (int)(sizeof kept / sizeof kept[0]), ng = (int)(sizeof gone / sizeof gone[0]);
+    for (int i = 0; i < nk + ng; i++) {
+        snprintf(name, sizeof name, i < nk ? kept[i] : gone[i - nk], (long)child);
+        snprintf(d[i], sizeof d[i], "%s", pth(dir, name));
+        mkdir(d[i], 0755);
+    }
+    spit(pth(d[0], "results.txt"), "mine\n", 5);
+    spit(pth(d[1], "notes"), "mine\n", 5);
+    spit(pth(d[2], "train_state.safetensors"), state, sn);     /* a checkpoint's file and a foreign one */
+    spit(pth(d[2], "results.txt"), "mine\n", 5);
+    spit(pth(d[3], "train_state.safetensors"), state, sn);     /* ... and a subdirectory */
+    mkdir(pth(d[3], "plots"), 0755);
+    spit(pth(d[4], "model.safetensors"), "half", 4);           /* no state file: not a checkpoint */
+    spit(pth(d[5], "results.csv"), "mine\n", 5);
+    spit(pth(d[6], "model.safetensors.tmp.Ab12Cd"), "half", 4);   /* a killed writer's: removed */
+    spit(pth(d[6], "train_state.safetensors"), state, sn);
+    free(state);
+    /* a user's directory under the name of a step that is saved later */
+    char later[1024];
+    snprintf(later, sizeof later, "%s", pth(dir, "step-000000000020"));
+    mkdir(later, 0755);
+    spit(pth(later, "results.txt"), "mine\n", 5);
+
+    is_int(save(dir, 1, m, o, 10), DT_OK, "a save with keep 1 beside them");
+    ok(!exists(pth(dir, "step-000000000001")), "it removed the older checkpoint");
+    for (int i = 0; i < nk; i++) ok(exists(d[i]), "it left %s alone", strrchr(d[i], '/') + 1);
+    ok(exists(pth(d[0], "results.txt")) && exists(pth(d[1], "notes")) && exists(pth(d[2], "results.txt")) &&
+       exists(pth(d[3], "plots")) && exists(pth(d[5], "results.csv")), "... and everything in them");
+    for (int i = nk; i < nk + ng; i++) ok(!exists(d[i]), "it removed the dead writer's %s", strrchr(d[i], '/') + 1);
+
+    is_int(save(dir, 1, m, o, 20), DT_ERR_IO, "a save of step 20 over the user's step-000000000020 is refused");
+    like(dt_last_error(), "step-000000000020 exists and holds files that are not a checkpoint's",
+         "... naming the directory");
+    ok(exists(pth(later, "results.txt")), "... and the user's file is still there");
+    ok(exists(pth(dir, "step-000000000010")), "the previous checkpoint is still there");
+    char tmpn[128];
+    snprintf(tmpn, sizeof tmpn, ".tmp-step-000000000030-%ld", (long)getpid());
+    mkdir(pth(dir, tmpn), 0755);
+    spit(pth(pth(dir, tmpn), "results.txt"), "mine\n", 5);
+    is_int(save(dir, 1, m, o, 30), DT_ERR_IO, "a save whose temporary name is taken by a user's directory is refused");
+    ok(exists(pth(pth(dir, tmpn), "results.txt")), "... leaving it as it was");
+    dt_optim_free(o);
+    dt_model_free(m);
+}
+
 /* Writers killed (SIGKILL) at random moments while saving, replacing and
  * pruning: every step-* left behind verifies, and the next save cleans up. */
 static void test_crash(void) {
@@ -760,6 +824,7 @@ int main(void) {
     test_keep_and_latest();
     test_damage();
     test_crash();
+    test_foreign();
     test_refusals();
     test_bad_numbers();
     test_hf_gpt2();
