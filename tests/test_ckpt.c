@@ -566,6 +566,51 @@ static void test_crash(void) {
     dt_model_free(m);
 }
 
+/* A sharded checkpoint whose shards hold fewer parameters than the model its manifest
+ * names (checksums all valid) is refused on every restore, with an optimizer or without
+ * one as `dtrain export` restores, never completed with the model's fresh initialisation. */
+static void test_shard_coverage(void) {
+    char dir[512], tmp[1024], path[1024];
+    snprintf(dir, sizeof dir, "%s/coverage", tmpdir);
+    /* BIGGER has SPEC's buffers (bn over 16 features) and more parameters */
+    const char *bigger = "flatten linear(16) bn relu linear(8)";
+    dt_model *a = build(SPEC, 1), *big = build(bigger, 2), *big2 = build(bigger, 2);
+    size_t na = dt_model_nparams(a), nb = dt_model_nparams(big), half = na / 2;
+    dt_ckpt_info in = info_at(4);
+    in.model_spec = bigger;
+    size_t lo[2] = {0, half}, len[2] = {half, na - half};
+    char sums[2][24];
+    /* each "rank" with its optimizer's shard, as a --shard optim run writes them */
+    dt_optim_config oc = dt_optim_defaults(DT_OPTIM_SGD, 0.1f);
+    oc.momentum = 0.9f;
+    dt_optim *o = optim(0, a, 0.9f), *os[2] = {NULL, NULL};
+    dt_status s = DT_OK;
+    for (int r = 0; r < 2 && s == DT_OK; r++) s = dt_optim_init(&oc, dt_ops_cpu(), len[r], &os[r]);
+    if (s == DT_OK) s = dt_ckpt_begin(dir, 4, tmp, sizeof tmp);
+    for (int r = 0; r < 2 && s == DT_OK; r++) s = dt_ckpt_write_shard(tmp, r, 2, a, os[r], lo[r], len[r], sums[r]);
+    if (s == DT_OK) s = dt_ckpt_commit(dir, 0, tmp, a, o, &in, NULL, 0, 2, lo, len, (const char (*)[24])sums);
+    is_int(s, DT_OK, "a sharded checkpoint of %zu parameters naming a model of %zu", na, nb);
+    dt_ckpt_path(dir, 4, path, sizeof path);
+    dt_ckpt *c = NULL;
+    is_int(dt_ckpt_open(path, &c), DT_OK, "it opens: every checksum is valid");
+    if (c) {
+        is_int(dt_ckpt_restore_range(c, big, 0, nb, NULL, 0), DT_ERR_FORMAT,
+               "restoring all of the bigger model without an optimizer is refused");
+        char want[128];
+        snprintf(want, sizeof want, "its 2 shards hold %zu parameters, the model has %zu", na, nb);
+        like(dt_last_error(), want, "... saying what the shards hold");
+        is_int(dt_ckpt_restore_range(c, big, 0, half, NULL, 0), DT_ERR_FORMAT, "... and so is a range the shards hold");
+        ok(memcmp(dt_model_params(big), dt_model_params(big2), nb * sizeof(float)) == 0,
+           "the model is left as it was");
+        dt_ckpt_close(c);
+    }
+    for (int r = 0; r < 2; r++) dt_optim_free(os[r]);
+    dt_optim_free(o);
+    dt_model_free(big2);
+    dt_model_free(big);
+    dt_model_free(a);
+}
+
 /* Numbers read from a checkpoint are checked, even when its checksums are valid. */
 static void test_bad_numbers(void) {
     char dir[512], ck[1024], moved[1024];
@@ -827,6 +872,7 @@ int main(void) {
     test_foreign();
     test_refusals();
     test_bad_numbers();
+    test_shard_coverage();
     test_hf_gpt2();
     rm_rf(tmpdir);
     return done_testing();
