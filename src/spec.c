@@ -110,10 +110,16 @@ static int gpt_preset(const char *spec, char **text, dt_status *st) {
         }
         errno = 0;
         double v = strtod(val, &end);
-        if (end == val || *end || errno || v < args[k].lo || v > args[k].hi ||
-            (args[k].integer && v != (double)(long long)v) || (!args[k].integer && v >= 1)) {
-            *st = dt_error(DT_ERR_INVALID, "model spec: %s: '%s' expects %s, got '%s'", spec, key,
-                           args[k].integer ? "a positive integer" : "a probability in [0, 1)", val);
+        /* strtod reads "nan" and "inf": refuse them before any comparison or conversion
+         * (NaN passes every range test, and converting it to an integer is undefined) */
+        if (end == val || *end || errno || !isfinite(v) || v < args[k].lo || v > args[k].hi ||
+            (args[k].integer && v != floor(v)) || (!args[k].integer && v >= 1)) {
+            if (args[k].integer)
+                *st = dt_error(DT_ERR_INVALID, "model spec: %s: '%s' expects a whole number from %.0f to %.0f, got "
+                               "'%s'", spec, key, args[k].lo, args[k].hi, val);
+            else
+                *st = dt_error(DT_ERR_INVALID, "model spec: %s: '%s' expects a probability in [0, 1), got '%s'",
+                               spec, key, val);
             break;
         }
         *args[k].v = v;

@@ -609,6 +609,32 @@ static void test_long_text(void) {
     like(dt_last_error(), "...':", "... and ends in '...' where it is cut");
 }
 
+/* gpt(...) arguments that are not finite, or not whole where an integer is meant, are
+ * refused with a message giving the range; none reaches a conversion to an integer. */
+static void test_gpt_numbers(void) {
+    static const struct { const char *arg, *msg; } bad[] = {
+        { "layers=nan", "'layers' expects a whole number from 1 to 1000, got 'nan'" },
+        { "layers=-nan", "'layers' expects a whole number from 1 to 1000, got '-nan'" },
+        { "heads=inf", "'heads' expects a whole number from 1 to 1024, got 'inf'" },
+        { "dim=2.5", "'dim' expects a whole number from 1 to 1048576, got '2.5'" },
+        { "vocab=NAN(1)", "'vocab' expects a whole number from 1 to 16777216, got 'NAN(1)'" },
+        { "dropout=nan", "'dropout' expects a probability in [0, 1), got 'nan'" },
+        { "dropout=-inf", "'dropout' expects a probability in [0, 1), got '-inf'" },
+    };
+    const dt_shape tokens = { 1, { 64 } };   /* the default block: every gpt here would build */
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char spec[96];
+        snprintf(spec, sizeof spec, "gpt(%s)", bad[i].arg);
+        expect_error(spec, &tokens, DT_ERR_INVALID, bad[i].msg, spec);
+    }
+    is_int(try_spec("gpt(layers=1,dropout=0.5)", &tokens), DT_OK, "gpt(layers=1,dropout=0.5) builds on (64) tokens");
+    int64_t window = 0;
+    int vocab = 0;
+    is_int(dt_spec_token_dims("gpt(layers=2.0,heads=2,dim=8,block=8,vocab=1e2)", &window, &vocab), DT_OK,
+           "whole numbers written 2.0 and 1e2 are taken");
+    is_int(vocab, 100, "... as the integers they are");
+}
+
 int main(void) {
     test_parse();
     test_files();
@@ -620,5 +646,6 @@ int main(void) {
     test_against_torch();
     test_decode();
     test_long_text();
+    test_gpt_numbers();
     return done_testing();
 }
