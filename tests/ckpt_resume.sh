@@ -44,6 +44,16 @@ timeout 60 "$D" train $C --model "flatten linear(4)" --checkpoint-dir "$T/ck" --
 [ $? -ne 0 ]; ok $? "resume into another model fails"
 ok_grep "$T/o.m" "tensor '" "the message names the first mismatched tensor"
 
+# --keep prunes dtrain's own checkpoints only: a user's step-5/ and a .tmp-mine-<pid>/ of a
+# dead process in the checkpoint directory stay, with their files
+dead=$(sh -c 'echo $$')
+mkdir -p "$T/own/step-5" "$T/own/.tmp-mine-$dead"
+echo mine > "$T/own/step-5/results.txt"; echo mine > "$T/own/.tmp-mine-$dead/notes"
+timeout 60 "$D" train $C --model "$M" --checkpoint-dir "$T/own" --checkpoint-every 2 --keep 1 --steps 6 > "$T/o.own" 2>&1
+ok $? "a run with --keep 1 beside the user's directories"
+n=$(ls "$T/own" | grep -c '^step-0'); [ "$n" -eq 1 ] && [ -d "$T/own/step-000000000006" ]; ok $? "it keeps its newest checkpoint only (found $n)"
+[ -f "$T/own/step-5/results.txt" ] && [ -f "$T/own/.tmp-mine-$dead/notes" ]; ok $? "the user's step-5/ and .tmp-mine-$dead/ are still there"
+
 # a rank killed mid-run: the job ends naming it; the last checkpoint loads and resumes
 L="--data synthetic:8192,1,8,8,4 --epochs 40 --batch 64 --micro-batches 2 --quiet --checkpoint-dir $T/kill --checkpoint-every 8"
 timeout 120 "$R" -n 2 "$D" train $L --model "$M" > "$T/o.k" 2>&1 &

@@ -585,6 +585,71 @@ static void test_loss_rows(void) {
        "an unknown loss: the message lists the rows (%s)", dt_last_error());
 }
 
+/* No fixed buffer cuts the user's text: gpt(...) arguments of any length, the
+ * dropout probability as written, a module path that does not fit (refused, naming the
+ * limit), a long value quoted whole in a message, and a long layer text marked as cut. */
+static void test_long_text(void) {
+    char spec[1024], val[320];
+    int64_t window = 0;
+    int vocab = 0;
+    /* padding that puts "vocab=2560" across the 255th character of the arguments */
+    snprintf(spec, sizeof spec, "gpt(layers=1, heads=2, dim=8, block=8,%212svocab=2560)", "");
+    is_int(dt_spec_token_dims(spec, &window, &vocab), DT_OK, "a gpt(...) of %zu characters parses", strlen(spec));
+    is_int(vocab, 2560, "... with vocab=2560, not cut to 25");
+    is_int(window, 8, "... and its block");
+    dt_spec s;
+    is_int(dt_spec_parse("gpt(layers=1,heads=2,dim=8,block=8,dropout=0.1234567)", &s), DT_OK, "gpt with dropout parses");
+    double p = NAN;
+    for (int i = 0; i < s.n && isnan(p); i++)
+        if (s.layers[i].kind == DT_LAYER_DROPOUT) p = dt_layer_arg(&s.layers[i], "p");
+    ok(p == (double)0.1234567f, "its dropout layers get p = 0.1234567 as written, not 6 digits of it (got %.9g)", p);
+    dt_spec_free(&s);
+
+    /* a module path longer than a layer's name field holds */
+    const char *lab = "abcdefghijabcdefghijabcdefghijabcdefghi";   /* 39 characters, the longest label */
+    snprintf(spec, sizeof spec, "%s:seq(%s:relu)", lab, lab);
+    expect_error(spec, &MNIST, DT_ERR_INVALID, "is longer than 47 characters", "a module path of 79 characters");
+    like(dt_last_error(), "abcdefghijabcdefghijabcdefghijabcdefghi.abcdefghijabcdefghijabcdefghijabcdefghi",
+         "... naming the whole path");
+
+    /* a long value is quoted whole; a long layer text is shown as cut */
+    memset(val, 'x', 300);
+    val[300] = '\0';
+    snprintf(spec, sizeof spec, "flatten linear(%s)", val);
+    expect_error(spec, &MNIST, DT_ERR_INVALID, "expects a positive integer, got 'xxx", "a 300-character value");
+    char want[340];
+    snprintf(want, sizeof want, "got '%s'", val);
+    like(dt_last_error(), want, "... quoted whole in the message");
+    like(dt_last_error(), "layer 1 'linear(xxxxxxxxxxxxxxx", "the layer's text starts the message");
+    like(dt_last_error(), "...':", "... and ends in '...' where it is cut");
+}
+
+/* gpt(...) arguments that are not finite, or not whole where an integer is meant, are
+ * refused with a message giving the range; none reaches a conversion to an integer. */
+static void test_gpt_numbers(void) {
+    static const struct { const char *arg, *msg; } bad[] = {
+        { "layers=nan", "'layers' expects a whole number from 1 to 1000, got 'nan'" },
+        { "layers=-nan", "'layers' expects a whole number from 1 to 1000, got '-nan'" },
+        { "heads=inf", "'heads' expects a whole number from 1 to 1024, got 'inf'" },
+        { "dim=2.5", "'dim' expects a whole number from 1 to 1048576, got '2.5'" },
+        { "vocab=NAN(1)", "'vocab' expects a whole number from 1 to 16777216, got 'NAN(1)'" },
+        { "dropout=nan", "'dropout' expects a probability in [0, 1), got 'nan'" },
+        { "dropout=-inf", "'dropout' expects a probability in [0, 1), got '-inf'" },
+    };
+    const dt_shape tokens = { 1, { 64 } };   /* the default block: every gpt here would build */
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char spec[96];
+        snprintf(spec, sizeof spec, "gpt(%s)", bad[i].arg);
+        expect_error(spec, &tokens, DT_ERR_INVALID, bad[i].msg, spec);
+    }
+    is_int(try_spec("gpt(layers=1,dropout=0.5)", &tokens), DT_OK, "gpt(layers=1,dropout=0.5) builds on (64) tokens");
+    int64_t window = 0;
+    int vocab = 0;
+    is_int(dt_spec_token_dims("gpt(layers=2.0,heads=2,dim=8,block=8,vocab=1e2)", &window, &vocab), DT_OK,
+           "whole numbers written 2.0 and 1e2 are taken");
+    is_int(vocab, 100, "... as the integers they are");
+}
+
 int main(void) {
     test_loss_rows();
     test_parse();
@@ -596,5 +661,7 @@ int main(void) {
     test_bn_record();
     test_against_torch();
     test_decode();
+    test_long_text();
+    test_gpt_numbers();
     return done_testing();
 }
