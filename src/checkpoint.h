@@ -5,7 +5,7 @@
  * "1.running_mean", "1.num_batches_tracked" as I64) with no wrapper prefix, so
  * `model.load_state_dict(safetensors.torch.load_file(path))` works on the
  * equivalent nn.Sequential, and back. Files are written atomically (temporary
- * file, fsync, rename, fsync of the directory: DESIGN.md rule 4) and verified on
+ * file, fsync, rename, fsync of the directory: docs/DESIGN.md rule 4) and verified on
  * load: a tensor that is missing, of another shape or dtype, or a truncated or
  * corrupt file gives an error naming the file and the first mismatched tensor.
  */

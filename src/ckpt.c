@@ -281,6 +281,10 @@ dt_status dt_ckpt_begin(const char *dir, int64_t step, char *tmp, size_t n) {
     snprintf(tname, sizeof tname, "%s%012" PRId64 "-%ld", DT_CKPT_TMP_STEP_, step, (long)getpid());
     DT_TRY(dt_ckpt_join_(tmp, n, dir, tname));
     DT_TRY(dt_ckpt_mkdirs_(dir));
+    /* a leftover of an earlier process with this pid is removed, a user's directory not */
+    struct stat st;
+    if (lstat(tmp, &st) == 0 && (!S_ISDIR(st.st_mode) || !dt_ckpt_only_(tmp, 1, 0)))
+        return dt_error(DT_ERR_IO, "%s exists and holds files that are not a checkpoint's; not removing it", tmp);
     DT_TRY(dt_ckpt_rm_tree_(tmp));
     if (mkdir(tmp, 0755) != 0) return dt_error(DT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     return DT_OK;
@@ -385,6 +389,7 @@ struct dt_ckpt {
     /* a sharded checkpoint: its shard files, their ranges and checksums */
     size_t       *slo, *slen;
     char        (*ssum)[DT_CKPT_SUM_LEN];
+    uint64_t      stotal;       /* the parameters the shards hold together */
 };
 
 void dt_ckpt_close(dt_ckpt *c) {
@@ -469,6 +474,7 @@ static dt_status read_shards(dt_ckpt *c) {
         return dt_error(DT_ERR_FORMAT, "%s: the shards hold %" PRIu64 " parameters, the optimizer state %" PRId64,
                         c->state_path, at, c->optim_size);
     c->info.shards = (int)w;
+    c->stotal = at;
     return DT_OK;
 }
 
@@ -707,7 +713,14 @@ dt_status dt_ckpt_restore_range(dt_ckpt *c, dt_model *m, size_t plo, size_t phi,
     char label[DT_CKPT_PATH_MAX_ + 32];
     snprintf(label, sizeof label, "%s/model.safetensors", c->path);
     int sharded = c->info.shards > 0;
-    /* Check everything first: a mismatch leaves the model and optimizer as they were. */
+    /* Check everything first: a mismatch leaves the model and optimizer as they were.
+     * The shards must hold every parameter of the model, whichever range this rank
+     * reads and with or without an optimizer: a parameter they lack would keep the
+     * model's fresh initialisation. (Unsharded, model.safetensors is checked tensor
+     * by tensor against the model.) */
+    if (sharded && c->stotal != (uint64_t)n)
+        return dt_error(DT_ERR_FORMAT, "%s: its %d shards hold %" PRIu64 " parameters, the model has %zu (the "
+                        "shards are not of this model)", c->state_path, c->info.shards, c->stotal, n);
     DT_TRY(dt_model_state_check_part(m, sharded ? DT_STATE_BUFFERS : DT_STATE_ALL, c->model, label));
     if (o) DT_TRY(check_optim(c, o, n));
     if (!sharded) {

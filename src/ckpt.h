@@ -32,13 +32,14 @@
  * It resumes on any world size and in any shard mode (dt_ckpt_restore_range reads the
  * pieces a rank needs); `dtrain export` writes the whole model as one file.
  *
- * Writing is atomic (DESIGN.md rule 4): both files go into
+ * Writing is atomic (docs/DESIGN.md rule 4): both files go into
  * DIR/.tmp-step-<step>-<pid>/ (each fsynced), that directory is fsynced and
  * renamed to DIR/step-<step>, and DIR is fsynced. A crash at any point leaves
  * the old set of checkpoints or the new complete one, never a half one under a
- * step-* name. Leftover .tmp-* directories of dead writers are removed by the
- * next save (a writer is known dead when its pid is not a live process on the
- * saving host).
+ * step-* name. Leftover .tmp-step-* and .tmp-del-* directories of dead writers
+ * are removed by the next save (a writer is known dead when its pid is not a live
+ * process on the saving host). Pruning and replacing delete only directories of
+ * exactly those names that hold nothing but a checkpoint's files (ckpt_dir.c).
  */
 #ifndef DT_CKPT_H
 #define DT_CKPT_H
@@ -77,8 +78,9 @@ typedef struct dt_ckpt dt_ckpt;  /* an opened, verified checkpoint */
 /* ---- writing --------------------------------------------------------------- */
 
 /* Write DIR/step-<info->step> atomically (DIR is created if missing; an
- * existing checkpoint of the same step is replaced), then keep the `keep`
- * newest (0: all) and remove stale .tmp-* directories. o may be NULL (no
+ * existing checkpoint of the same step is replaced, unless it holds files that
+ * are not a checkpoint's: DT_ERR_IO), then keep the `keep` newest (0: all) and
+ * remove stale .tmp-* directories. o may be NULL (no
  * optimizer state). extra holds nextra pairs {k0, v0, k1, v1, ...} the trainer
  * wants back on resume (e.g. running loss sums). The optimizer's state must
  * live on the model's device (its arrays are copied with the model's ops).

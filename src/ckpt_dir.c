@@ -3,12 +3,16 @@
  * checkpoint atomically, pruning old ones and dead writers' leftovers, and
  * finding the newest checkpoint that verifies.
  *
- * Only two kinds of names matter: step-<digits> (complete checkpoints: they
- * appear by one rename of a fully written and fsynced directory) and
- * .tmp-<what>-<step>-<pid> (work in progress of writer <pid>: a checkpoint
+ * Only two kinds of names matter, exactly as dtrain writes them:
+ * step-<12 digits> (complete checkpoints: they appear by one rename of a fully
+ * written and fsynced directory) and .tmp-step-<12 digits>-<pid> or
+ * .tmp-del-<12 digits>-<pid> (work in progress of writer <pid>: a checkpoint
  * being written, or one being deleted, which is renamed away first so that a
  * crash in the middle of a deletion never leaves a half checkpoint under a
- * step-* name). Everything else in DIR is left alone.
+ * step-* name). Everything else in DIR is left alone, and so is a directory of
+ * those names that holds anything dtrain does not write there (a user's file, a
+ * subdirectory, a link): DIR may be shared with the user's own files, and a
+ * name that merely looks like ours is no licence to delete.
  */
 #include "config.h"
 
@@ -120,31 +124,80 @@ dt_status dt_ckpt_rm_tree_(const char *path) { return rm_tree(path, 0); }
 
 /* ---- listing ---------------------------------------------------------------------- */
 
-/* The step of a "step-<digits>" name, or -1. */
-static int64_t step_of(const char *name) {
-    size_t l = strlen(DT_CKPT_STEP_);
-    if (strncmp(name, DT_CKPT_STEP_, l) != 0) return -1;
-    const char *p = name + l;
-    if (!*p || strlen(p) > 15) return -1;
+/* The value of exactly n decimal digits at p (n <= 15), or -1. */
+static int64_t digits(const char *p, size_t n) {
     int64_t v = 0;
-    for (; *p; p++) {
-        if (*p < '0' || *p > '9') return -1;
-        v = v * 10 + (*p - '0');
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') return -1;
+        v = v * 10 + (p[i] - '0');
     }
     return v;
 }
 
-/* The writer pid of a ".tmp-...-<pid>" name, or -1. */
+/* The step of a "step-<12 digits>" name (dt_ckpt_path's), or -1. */
+static int64_t step_of(const char *name) {
+    size_t l = strlen(DT_CKPT_STEP_);
+    if (strncmp(name, DT_CKPT_STEP_, l) != 0 || strlen(name + l) != 12) return -1;
+    return digits(name + l, 12);
+}
+
+/* The writer pid of a ".tmp-step-<12 digits>-<pid>" or ".tmp-del-<12 digits>-<pid>"
+ * name (dt_ckpt_begin's, remove_ckpt's), or -1. */
 static long tmp_pid(const char *name) {
-    if (strncmp(name, DT_CKPT_TMP_, strlen(DT_CKPT_TMP_)) != 0) return -1;
-    const char *dash = strrchr(name, '-'), *p = dash + 1;
-    if (!*p || strlen(p) > 9) return -1;
-    long v = 0;
-    for (; *p; p++) {
-        if (*p < '0' || *p > '9') return -1;
-        v = v * 10 + (*p - '0');
+    const char *p;
+    if (strncmp(name, DT_CKPT_TMP_STEP_, strlen(DT_CKPT_TMP_STEP_)) == 0) p = name + strlen(DT_CKPT_TMP_STEP_);
+    else if (strncmp(name, DT_CKPT_TMP_DEL_, strlen(DT_CKPT_TMP_DEL_)) == 0) p = name + strlen(DT_CKPT_TMP_DEL_);
+    else return -1;
+    size_t n = strlen(p);
+    if (n < 14 || n > 22 || digits(p, 12) < 0 || p[12] != '-') return -1;
+    int64_t pid = digits(p + 13, n - 13);
+    return pid > 0 ? (long)pid : -1;
+}
+
+/* Whether name is a file dtrain writes into a checkpoint's directory: model.safetensors,
+ * train_state.safetensors, shard-<r>-of-<W>.safetensors (ckpt.c's shard_name); with
+ * partial, also the temporary file of one being written (<name>.tmp.<6 characters>,
+ * fileio.c), which a killed writer leaves behind. */
+static int ckpt_file(const char *name, int partial) {
+    static const char *const fixed[] = {"model.safetensors", "train_state.safetensors"};
+    static const char ext[] = ".safetensors";
+    size_t n = strlen(name);
+    if (partial && n > 11 && strncmp(name + n - 11, ".tmp.", 5) == 0) {
+        for (size_t i = n - 6; i < n; i++)
+            if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'z') ||
+                  (name[i] >= 'A' && name[i] <= 'Z')))
+                return 0;
+        n -= 11;
     }
-    return v;
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (n == strlen(fixed[i]) && strncmp(name, fixed[i], n) == 0) return 1;
+    /* shard-<r>-of-<W>.safetensors, each number of 5 to 10 digits (%05d); the digits
+     * stop at n, where a temporary file's ".tmp." begins */
+    const char *p = name + 6, *end = name + n;
+    if (n < 6 || strncmp(name, "shard-", 6) != 0) return 0;
+    size_t k = strspn(p, "0123456789");
+    if (k < 5 || k > 10 || (size_t)(end - p) < k + 4 || strncmp(p + k, "-of-", 4) != 0) return 0;
+    p += k + 4;
+    k = strspn(p, "0123456789");
+    return k >= 5 && k <= 10 && (size_t)(end - p) == k + strlen(ext) && strncmp(p + k, ext, strlen(ext)) == 0;
+}
+
+int dt_ckpt_only_(const char *path, int partial, int need_state) {
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    int ours = 1, state = 0;
+    struct dirent *e;
+    while (ours && (errno = 0, e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char sub[DT_CKPT_PATH_MAX_];
+        struct stat st;
+        ours = ckpt_file(e->d_name, partial) && dt_ckpt_join_(sub, sizeof sub, path, e->d_name) == DT_OK &&
+               lstat(sub, &st) == 0 && S_ISREG(st.st_mode);
+        state |= strcmp(e->d_name, "train_state.safetensors") == 0;
+    }
+    if (errno != 0) ours = 0;
+    closedir(d);
+    return ours && (state || !need_state);
 }
 
 typedef struct {
@@ -233,6 +286,10 @@ dt_status dt_ckpt_install_(const char *dir, const char *tmp, const char *final) 
     if (rename(tmp, final) == 0) return dt_ckpt_fsync_dir_(dir);
     if (errno != EEXIST && errno != ENOTEMPTY)
         return dt_error(DT_ERR_IO, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
+    /* Replacing deletes what final holds: only ever a checkpoint's files. */
+    if (!dt_ckpt_only_(final, 0, 0))
+        return dt_error(DT_ERR_IO, "%s exists and holds files that are not a checkpoint's; not replacing it (move "
+                        "them elsewhere, or use another checkpoint directory)", final);
     /* A checkpoint of this step exists (a resumed run saving again): swap the
      * two in one atomic step, then delete the old one, now under the tmp name. */
 #ifdef RENAME_EXCHANGE
@@ -256,19 +313,25 @@ dt_status dt_ckpt_prune_(const char *dir, int keep, int64_t step) {
     entry *v;
     size_t n;
     dt_status s = list_dir(dir, 1, &v, &n, NULL);
+    /* a dead writer's leftovers: any part of a checkpoint, nothing else */
     for (size_t i = 0; s == DT_OK && i < n; i++) {
         char p[DT_CKPT_PATH_MAX_];
         s = dt_ckpt_join_(p, sizeof p, dir, v[i].name);
-        if (s == DT_OK) s = dt_ckpt_rm_tree_(p);
+        if (s == DT_OK && dt_ckpt_only_(p, 1, 0)) s = dt_ckpt_rm_tree_(p);
     }
     free(v);
     if (s == DT_OK && keep > 0) {
         s = list_dir(dir, 0, &v, &n, NULL);
         /* newest first: the new one, then older ones; newer ones belong to a
-         * line of the run that was abandoned by resuming earlier, and are kept */
+         * line of the run that was abandoned by resuming earlier, and are kept.
+         * A step-* that is not a checkpoint as dtrain writes it (no state file,
+         * or anything else inside) is neither counted nor touched. */
         int kept = 1;
         for (size_t i = 0; s == DT_OK && i < n; i++) {
+            char p[DT_CKPT_PATH_MAX_];
             if (v[i].step >= step) continue;
+            s = dt_ckpt_join_(p, sizeof p, dir, v[i].name);
+            if (s != DT_OK || !dt_ckpt_only_(p, 0, 1)) continue;
             if (kept < keep) kept++;
             else s = remove_ckpt(dir, v[i].name, v[i].step);
         }

@@ -25,13 +25,20 @@ dt_status dt_ckpt_join_(char *out, size_t n, const char *a, const char *b);
 dt_status dt_ckpt_mkdirs_(const char *dir);
 /* rm -r of path (a missing path is fine). */
 dt_status dt_ckpt_rm_tree_(const char *path);
+/* Whether the directory path holds only what dtrain writes into a checkpoint:
+ * regular files named model.safetensors, train_state.safetensors or
+ * shard-<r>-of-<W>.safetensors (with partial, also such a file's temporary
+ * <name>.tmp.XXXXXX), and train_state.safetensors among them when need_state.
+ * A directory that cannot be read counts as not a checkpoint's. */
+int dt_ckpt_only_(const char *path, int partial, int need_state);
 /* fsync a directory so the entries created or renamed in it are durable. */
 dt_status dt_ckpt_fsync_dir_(const char *path);
 /* Rename the complete temporary directory tmp to final inside dir, replacing
  * an existing final atomically where the system allows, and fsync dir. */
 dt_status dt_ckpt_install_(const char *dir, const char *tmp, const char *final);
 /* After step was saved: keep the keep-1 newest older checkpoints (keep 0: all;
- * newer ones are never touched) and remove stale .tmp-* of dead writers. */
+ * newer ones are never touched) and remove stale .tmp-step-* and .tmp-del-* of
+ * dead writers; a directory that is not dt_ckpt_only_ is never touched. */
 dt_status dt_ckpt_prune_(const char *dir, int keep, int64_t step);
 
 #endif /* DT_CKPT_IMPL_H */

@@ -16,7 +16,7 @@
  *
  * For power-of-two world sizes the all-reduce continues the same binary tree
  * across ranks (comm.h), so the result is bitwise independent of the world size
- * and of the bucket sizes (DESIGN.md rule 2).
+ * and of the bucket sizes (docs/DESIGN.md rule 2).
  */
 #ifndef DT_DDP_H
 #define DT_DDP_H

@@ -23,6 +23,7 @@
  *   shard.h        ZeRO sharding of optimizer state and gradients
  *   train.h        the training loop
  *   options.h      the train options as rows: defaults, flags, help, what a resume must match
+ *   pipeline.h     pipeline schedules (GPipe, 1F1B) as per-stage action lists, and their check
  *   amp.h          mixed precision: --precision and --grad-dtype, the fp16 loss scaler
  */
 #ifndef DTRAIN_H
@@ -48,6 +49,7 @@
 #include "shard.h"
 #include "train.h"
 #include "options.h"
+#include "pipeline.h"
 #include "amp.h"
 
 #endif /* DTRAIN_H */

@@ -2,7 +2,7 @@
  * fileio.h: checked file reading and atomic file writing, shared by the
  * dataset readers, safetensors and checkpoints.
  *
- * Atomic writes keep DESIGN.md rule 4: the bytes go to a temporary file in
+ * Atomic writes keep docs/DESIGN.md rule 4: the bytes go to a temporary file in
  * the same directory (so the rename cannot cross filesystems), which is
  * fsynced, renamed over the target, and then the directory is fsynced so the
  * rename itself survives a crash. At every moment the target is either the

@@ -7,7 +7,7 @@
  *                checked with the xxhsum tool.
  *   dt_hash_u64  a counter-based hash of three 64-bit words: the sampler's
  *                permutations, synthetic data, batch fingerprints; wherever a
- *                random value must depend on its coordinates only (DESIGN.md
+ *                random value must depend on its coordinates only (docs/DESIGN.md
  *                rule 2), and Philox (rng.h) would be more than is needed;
  *                dt_hash_below draws a bounded integer from it without bias.
  */

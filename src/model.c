@@ -41,7 +41,8 @@ struct dt_model {
     float        *head;        /* (max_batch, outputs): dloss / doutputs */
     float        *probs;       /* (max_batch, outputs): softmax of the outputs */
     float        *scalar;      /* (2): loss, correct (device) */
-    const float  *x;           /* input of the last forward */
+    const float  *x;           /* input of the last forward (of layer x_at: a range's first) */
+    int           x_at;
     int           last_B, last_train;
     uint32_t      epoch;
     uint64_t      sample0;
@@ -78,6 +79,12 @@ struct dt_model {
  * dt_model_set_param_view (base + offset is each of its tensors). */
 static float *layer_params(const dt_model *m, int i) {
     return m->pview && m->pview[i] ? m->pview[i] : m->params;
+}
+
+/* The input of layer i in the last forward: the range's input for its first layer, else
+ * the output of the layer before. */
+static const float *input_of(const dt_model *m, int i) {
+    return i == m->x_at ? m->x : m->spec.layers[i - 1].out_ptr;
 }
 
 /* Point a pass's context at layer i's parameters, and at their rounded GEMM weights in
@@ -544,20 +551,51 @@ static dt_status layer_hook(dt_model *m, int i, dt_layer_phase phase) {
     return m->layer_hook ? m->layer_hook(m->layer_hook_ctx, i, phase) : DT_OK;
 }
 
-dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
-                           uint64_t epoch, int64_t sample_base, const float **out) {
+int dt_model_modules(const dt_model *m, int *cuts) {
+    int n = 0;
+    for (int i = 0; i < m->spec.n;) {
+        const dt_layer *L = &m->spec.layers[i];
+        if (cuts) cuts[n] = i;
+        n++;
+        i = L->kind == DT_LAYER_RESIDUAL ? (int)(L->partner - m->spec.layers) + 1 : i + 1;
+    }
+    if (cuts) cuts[n] = m->spec.n;
+    return n;
+}
+
+/* [lo, hi) is a non-empty run of whole top-level modules. */
+static dt_status check_range(const dt_model *m, int lo, int hi, const char *what) {
+    if (lo < 0 || hi > m->spec.n || lo >= hi)
+        return dt_error(DT_ERR_INVALID, "model %s: layers [%d, %d) outside [0, %d) or empty", what, lo, hi, m->spec.n);
+    int at_lo = 0, at_hi = hi == m->spec.n;
+    for (int i = 0; i < m->spec.n && !(at_lo && at_hi);) {
+        const dt_layer *L = &m->spec.layers[i];
+        at_lo |= i == lo;
+        at_hi |= i == hi;
+        i = L->kind == DT_LAYER_RESIDUAL ? (int)(L->partner - m->spec.layers) + 1 : i + 1;
+    }
+    if (!at_lo || !at_hi)
+        return dt_error(DT_ERR_INVALID, "model %s: layers [%d, %d) cut a residual block (a range is whole top-level "
+                        "modules)", what, lo, hi);
+    return DT_OK;
+}
+
+dt_status dt_model_forward_range(dt_model *m, int lo, int hi, const float *x, int B, int train, uint64_t epoch,
+                                 int64_t sample_base, const float **out) {
+    DT_TRY(check_range(m, lo, hi, "forward"));
     if (B <= 0 || B > m->max_batch)
         return dt_error(DT_ERR_INVALID, "model forward: batch %d outside [1, %d]", B, m->max_batch);
     if (!x) return dt_error(DT_ERR_INVALID, "model forward: NULL input");
     m->epoch = (uint32_t)epoch;
     m->sample0 = (uint64_t)sample_base;
     m->x = x;
+    m->x_at = lo;
     m->last_B = B;
     m->last_train = train;
     if (!m->views_only) DT_TRY(dt_lowp_prepare(m->lp, m->ops, m->params, m->res_lo, m->res_hi));
     dt_nn_ctx c = nn_ctx(m, train);
     const float *cur = x;
-    for (int i = 0; i < m->spec.n; i++) {
+    for (int i = lo; i < hi; i++) {
         dt_layer *L = &m->spec.layers[i];
         dt_status s = layer_hook(m, i, DT_HOOK_FWD_PRE);
         if (s == DT_OK) s = layer_ctx(m, &c, i);
@@ -571,6 +609,11 @@ dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
     return DT_OK;
 }
 
+dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
+                           uint64_t epoch, int64_t sample_base, const float **out) {
+    return dt_model_forward_range(m, 0, m->spec.n, x, B, train, epoch, sample_base, out);
+}
+
 /* Recompute: run block b's forward again from its input (the output of the layer
  * before it, kept), unless the arena still holds its activations (the last block
  * of a forward). Same inputs, same kernels, dropout keyed by sample: the same bits. */
@@ -579,7 +622,7 @@ static dt_status recompute_block(dt_model *m, int b) {
     dt_nn_ctx c = nn_ctx(m, m->last_train);
     c.recompute = 1;
     int start = m->blocks[b][0], end = m->blocks[b][1];
-    const float *cur = start ? m->spec.layers[start - 1].out_ptr : m->x;
+    const float *cur = input_of(m, start);
     for (int i = start; i < end; i++) {
         dt_layer *L = &m->spec.layers[i];
         /* its parameters are needed now, before its backward (sharded: gathered, and the
@@ -701,19 +744,21 @@ dt_status dt_model_loss(dt_model *m, const dt_loss *loss, const void *target, in
 
 const float *dt_model_loss_dev(const dt_model *m) { return m->scalar; }
 
-dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *target,
-                                 int B, float normaliser, float *loss_out) {
-    DT_TRY(loss_head(m, loss, target, B, normaliser, 1));
-    if (loss_out) DT_TRY(m->ops->copy_d2h(loss_out, m->scalar, sizeof(float)));
+dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, float *dx_out) {
+    DT_TRY(check_range(m, lo, hi, "backward"));
+    if (!m->x || lo < m->x_at)
+        return dt_error(DT_ERR_INVALID, "model backward: layers [%d, %d) were not all run by the last forward (from "
+                        "layer %d)", lo, hi, m->x_at);
+    if (!dy) return dt_error(DT_ERR_INVALID, "model backward: NULL output gradient");
+    const int B = m->last_B;
     dt_nn_ctx c = nn_ctx(m, m->last_train);
-    const float *dy = m->head;
     int which = 0;
-    for (int i = m->spec.n - 1; i >= 0; i--) {
+    float *dx = NULL;
+    for (int i = hi - 1; i >= lo; i--) {
         dt_layer *L = &m->spec.layers[i];
-        const float *x = i ? m->spec.layers[i - 1].out_ptr : m->x;
-        float *dx;
-        if (L->def->flags & DT_LDEF_GRAD_IN_PLACE) dx = (float *)dy; /* same memory */
-        else if (i == 0) dx = NULL;                                  /* no gradient for the data */
+        const float *x = input_of(m, i);
+        if (L->def->flags & DT_LDEF_GRAD_IN_PLACE) dx = (float *)dy;   /* same memory */
+        else if (i == lo) dx = dx_out;                                  /* the range's input: the caller's, or none */
         else { dx = m->dbuf[which]; which ^= 1; }
         dt_status s = layer_hook(m, i, DT_HOOK_BWD_PRE);
         if (s == DT_OK) s = layer_ctx(m, &c, i);
@@ -735,7 +780,24 @@ dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *t
         dy = dx;
     }
     m->gcur = NULL;
+    /* the first layer computed its input's gradient in place: hand it over */
+    if (dx_out && dx != dx_out) {
+        const dt_layer *L = &m->spec.layers[lo];
+        DT_TRY(m->ops->copy_d2d(dx_out, dx, (size_t)B * (size_t)L->in_numel * sizeof(float)));
+    }
     return DT_OK;
+}
+
+dt_status dt_model_loss_backward_to(dt_model *m, const dt_loss *loss, const void *target, int B, float normaliser,
+                                    float *loss_out, float *dx) {
+    DT_TRY(loss_head(m, loss, target, B, normaliser, 1));
+    if (loss_out) DT_TRY(m->ops->copy_d2h(loss_out, m->scalar, sizeof(float)));
+    return dt_model_backward_range(m, m->x_at, m->spec.n, m->head, dx);
+}
+
+dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *target,
+                                 int B, float normaliser, float *loss_out) {
+    return dt_model_loss_backward_to(m, loss, target, B, normaliser, loss_out, NULL);
 }
 
 size_t dt_model_summary(const dt_model *m, char *buf, size_t n) {

@@ -270,6 +270,24 @@ DT_API dt_status dt_model_bn_replay(dt_model *m, const float *record);
  * x must stay unchanged until the backward of this forward. */
 DT_API dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
                                   uint64_t epoch, int64_t sample_base, const float **out);
+/* The model as a pipeline sees it: a run of top-level modules (a layer, or a whole
+ * residual block, never cut inside). Returns their count; cuts (count + 1 ints, may be
+ * NULL) receives module k's layers as [cuts[k], cuts[k + 1]). */
+DT_API int       dt_model_modules(const dt_model *m, int *cuts);
+/* Forward over layers [lo, hi) (whole modules) from x, layer lo's input (B, its input
+ * shape), device memory, as dt_model_forward over the whole model (which is the range
+ * [0, n)); *out receives layer hi - 1's output. x must stay unchanged until the
+ * backward of this forward. */
+DT_API dt_status dt_model_forward_range(dt_model *m, int lo, int hi, const float *x, int B, int train,
+                                        uint64_t epoch, int64_t sample_base, const float **out);
+/* Backward over layers [lo, hi) of the last forward (which ran them all), from dy, the
+ * gradient of layer hi - 1's output (B, its output shape; a layer whose gradient is
+ * computed in place may overwrite it). The parameters' gradients OVERWRITE the grad
+ * array's part of those layers, as dt_model_loss_backward's do; dx (may be NULL: not
+ * needed) receives the gradient of layer lo's input (B, its input shape). A pipeline
+ * stage runs its range from the gradient its successor sends and sends dx back. */
+DT_API dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, float *dx);
+
 /* Loss of the last forward and backward through the model. target: int32
  * labels (B) for cross-entropy, float (B, output shape) for MSE, device memory.
  * The loss is sum over the batch of per-sample losses / normaliser (MSE per
@@ -278,6 +296,10 @@ DT_API dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
  * *loss_out (optional) receives it. */
 DT_API dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *target,
                                         int B, float normaliser, float *loss_out);
+/* The same for a pipeline's last stage, whose forward was a range from layer lo: the
+ * backward runs down to lo and dx (may be NULL) receives the gradient of lo's input. */
+DT_API dt_status dt_model_loss_backward_to(dt_model *m, const dt_loss *loss, const void *target, int B,
+                                           float normaliser, float *loss_out, float *dx);
 /* The device float that holds the loss of the last dt_model_loss(_backward), valid
  * until the next: a trainer copies it on the device and reads a step's losses once. */
 DT_API const float *dt_model_loss_dev(const dt_model *m);

@@ -5,7 +5,7 @@
  * driver allocates each layer's output, forwards every pass to the row, and
  * keeps what all kinds share (output pointer, train mode, tensor views).
  * Nothing here touches tensor data: every numeric step is a dt_ops call made
- * by a row, so the CUDA backend reuses this code as it is (DESIGN.md rule 1).
+ * by a row, so the CUDA backend reuses this code as it is (docs/DESIGN.md rule 1).
  */
 #include "layers.h"
 #include "mem.h"

@@ -20,7 +20,7 @@
  * images, (F) for flat features, (T) for token ids and (T, C) for sequences of
  * T positions (linear and layer norm act on the last dimension). Every buffer is device memory obtained from
  * the dt_ops table, and every numeric step goes through that table, so the same
- * code runs on the CPU and the CUDA backend (DESIGN.md rule 1).
+ * code runs on the CPU and the CUDA backend (docs/DESIGN.md rule 1).
  *
  * Adding a layer: one entry in DT_LAYER_LIST below and its row in
  * src/layers*.c (an element-wise one is one line there, over its ops).

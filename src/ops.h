@@ -1,7 +1,7 @@
 /*
  * ops.h: the compute interface — one table of kernels per device.
  *
- * Everything that touches tensor data goes through a dt_ops table (DESIGN.md rule 1):
+ * Everything that touches tensor data goes through a dt_ops table (docs/DESIGN.md rule 1):
  * the CPU backend (src/cpu/, OpenBLAS + OpenMP) and the CUDA backend (src/cuda/) each
  * fill one. Layers, models, optimizers and DDP are written once against these
  * pointers. Like ggml's backend interface, the table is a struct of function pointers
@@ -21,7 +21,7 @@
  *     never stalls; read them back with copy_d2h;
  *   - "in place" is allowed only where a comment says so;
  *   - gradient kernels OVERWRITE their outputs (dx, dw, db, ...): the trainer sums
- *     micro-batch gradients in its own fixed tree (DESIGN.md rule 2), so kernels
+ *     micro-batch gradients in its own fixed tree (docs/DESIGN.md rule 2), so kernels
  *     never accumulate into a gradient behind its back;
  *   - determinism: on a given device, no result depends on the number of threads
  *     (or, on a GPU, the grid size). Every reduction uses a partition fixed by the

@@ -4,7 +4,7 @@
  *
  * A counter-based generator is a pure function (key, counter) -> 128 random bits,
  * so the value used for "sample 1234 of epoch 3, element 17" is the same whichever
- * rank, micro-batch or thread computes it (DESIGN.md rule 2). There is no state to
+ * rank, micro-batch or thread computes it (docs/DESIGN.md rule 2). There is no state to
  * advance, seed per thread or save in a checkpoint.
  *
  * The algorithm is the one of Salmon et al., "Parallel random numbers: as easy as

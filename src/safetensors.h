@@ -15,7 +15,7 @@
  * or keys, UTF-8 strings. A file failing any check is rejected with one line
  * naming the file and the problem, and nothing of it is returned.
  *
- * Files are written atomically through fileio.h (DESIGN.md rule 4): a crash
+ * Files are written atomically through fileio.h (docs/DESIGN.md rule 4): a crash
  * at any point leaves either the old file or the complete new one.
  */
 #ifndef DT_SAFETENSORS_H

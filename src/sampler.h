@@ -1,5 +1,5 @@
 /*
- * sampler.h: the world-size-invariant sampler (DESIGN.md rule 2).
+ * sampler.h: the world-size-invariant sampler (docs/DESIGN.md rule 2).
  *
  * The order of an epoch is a permutation of [0, N) computed from (seed, epoch)
  * alone: Fisher-Yates driven by a counter-based hash keyed by (seed, epoch, i).

@@ -45,7 +45,7 @@
  *           (dt_shard_gather_root). Several local micro-batches (S/W > 1) still
  *           accumulate in full-size arrays.
  *
- * Bits (DESIGN.md rule 2): every mode gives the weights of none. The reduce-scatter
+ * Bits (docs/DESIGN.md rule 2): every mode gives the weights of none. The reduce-scatter
  * sums each element over the all-reduce's tree of ranks (comm.h), the update is
  * element-wise, and the global gradient norm is the pairwise sum of fixed 4096-float
  * chunk sums (ops.h, sumsq_chunks): a shard boundary is a chunk boundary, so the

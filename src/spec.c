@@ -14,6 +14,7 @@
 #include "model.h"
 #include "fileio.h"
 #include "layers.h"
+#include "sbuf.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -67,19 +68,25 @@ static void arg_names(const gpt_arg *a, size_t n, int with_or, char *buf, size_t
 }
 
 /* Read "key=value, ..." (rest, its closing parenthesis included; "" for none) of preset
- * spec into args. */
+ * spec into args. The arguments are read as long as they are (a fixed buffer would cut
+ * "vocab=2560" short), and a number must be finite before any comparison or conversion
+ * (strtod reads "nan" and "inf"; NaN passes every range test, and converting it to an
+ * integer is undefined). */
 static dt_status preset_args(const char *spec, const char *rest, gpt_arg *args, size_t nargs) {
-    char buf[512], list[160];
-    snprintf(buf, sizeof buf, "%s", rest);
+    char list[160];
+    char *buf = strdup(rest);
+    if (!buf) return dt_error(DT_ERR_NOMEM, "model spec: out of memory");
     if (*buf) buf[strlen(buf) - 1] = '\0';   /* the closing parenthesis */
-    for (char *a = *buf ? buf : NULL, *next; a; a = next) {
+    dt_status st = DT_OK;
+    for (char *a = *buf ? buf : NULL, *next; a && st == DT_OK; a = next) {
         next = strchr(a, ',');
         if (next) *next++ = '\0';
         char *eq = strchr(a, '=');
         if (!eq) {
             arg_names(args, nargs, 0, list, sizeof list);
-            return dt_error(DT_ERR_INVALID, "model spec: %s: expected key=value arguments (%s), got '%s'", spec, list,
-                            trim(a));
+            st = dt_error(DT_ERR_INVALID, "model spec: %s: expected key=value arguments (%s), got '%s'", spec, list,
+                          trim(a));
+            break;
         }
         *eq = '\0';
         char *key = trim(a), *val = trim(eq + 1), *end;
@@ -87,21 +94,28 @@ static dt_status preset_args(const char *spec, const char *rest, gpt_arg *args, 
         while (k < nargs && strcmp(args[k].name, key)) k++;
         if (k == nargs) {
             arg_names(args, nargs, 1, list, sizeof list);
-            return dt_error(DT_ERR_INVALID, "model spec: %s: unknown argument '%s' (expected %s)", spec, key, list);
+            st = dt_error(DT_ERR_INVALID, "model spec: %s: unknown argument '%s' (expected %s)", spec, key, list);
+            break;
         }
         errno = 0;
         double v = strtod(val, &end);
-        if (end == val || *end || errno || v < args[k].lo || v > args[k].hi ||
-            (args[k].kind == ARG_INT && v != (double)(long long)v) || (args[k].kind == ARG_PROB && v >= 1)) {
-            char want[96];
-            if (args[k].kind == ARG_NUM) snprintf(want, sizeof want, "a number in [%g, %g]", args[k].lo, args[k].hi);
-            return dt_error(DT_ERR_INVALID, "model spec: %s: '%s' expects %s, got '%s'", spec, key,
-                            args[k].kind == ARG_INT ? "a positive integer"
-                            : args[k].kind == ARG_PROB ? "a probability in [0, 1)" : want, val);
+        if (end == val || *end || errno || !isfinite(v) || v < args[k].lo || v > args[k].hi ||
+            (args[k].kind == ARG_INT && v != floor(v)) || (args[k].kind == ARG_PROB && v >= 1)) {
+            if (args[k].kind == ARG_INT)
+                st = dt_error(DT_ERR_INVALID, "model spec: %s: '%s' expects a whole number from %.0f to %.0f, got "
+                              "'%s'", spec, key, args[k].lo, args[k].hi, val);
+            else if (args[k].kind == ARG_PROB)
+                st = dt_error(DT_ERR_INVALID, "model spec: %s: '%s' expects a probability in [0, 1), got '%s'", spec,
+                              key, val);
+            else
+                st = dt_error(DT_ERR_INVALID, "model spec: %s: '%s' expects a number in [%g, %g], got '%s'", spec, key,
+                              args[k].lo, args[k].hi, val);
+            break;
         }
         *args[k].v = v;
     }
-    return DT_OK;
+    free(buf);
+    return st;
 }
 
 /* 1 when spec names a GPT preset (*text then holds its layer list, or NULL after an
@@ -123,21 +137,24 @@ static int gpt_preset(const char *spec, char **text, dt_status *st) {
         *st = dt_error(DT_ERR_INVALID, "model spec: %s: %g heads do not divide the width %g", spec, H, C);
         return 1;
     }
-    size_t cap = 512 + (size_t)L * 400;
-    char *out = malloc(cap);
-    if (!out) { *st = dt_error(DT_ERR_NOMEM, "model spec: out of memory"); return 1; }
-    char drop[32] = "";
-    if (p > 0) snprintf(drop, sizeof drop, " dropout(%g)", p);
+    /* dropout as the user gave it: %.17g gives the double back exactly */
+    char drop[48] = "";
+    if (p > 0) snprintf(drop, sizeof drop, " dropout(%.17g)", p);
     double proj = 0.02 / sqrt(2.0 * L);
-    size_t n = (size_t)snprintf(out, cap, "transformer:seq(wte:embed(%.0f,%.0f,std=0.02) wpe:pos(%.0f,std=0.02)%s h:seq(",
-                                V, C, T, drop);
+    dt_sbuf out = { 0 };
+    dt_sbuf_printf_(&out, "transformer:seq(wte:embed(%.0f,%.0f,std=0.02) wpe:pos(%.0f,std=0.02)%s h:seq(", V, C, T,
+                    drop);
     for (int i = 0; i < (int)L; i++)
-        n += (size_t)snprintf(out + n, cap - n,
-                              "%s%d:seq(_:residual(ln_1:ln attn:attn(%.0f,std=0.02,proj_std=%.9g)%s) "
-                              "_:residual(ln_2:ln mlp:seq(c_fc:linear(%.0f,std=0.02) gelu c_proj:linear(%.0f,std=%.9g))%s))",
-                              i ? " " : "", i, H, proj, drop, 4 * C, C, proj, drop);
-    snprintf(out + n, cap - n, ") ln_f:ln) lm_head:unembed");
-    *text = out;
+        dt_sbuf_printf_(&out, "%s%d:seq(_:residual(ln_1:ln attn:attn(%.0f,std=0.02,proj_std=%.9g)%s) "
+                        "_:residual(ln_2:ln mlp:seq(c_fc:linear(%.0f,std=0.02) gelu c_proj:linear(%.0f,std=%.9g))%s))",
+                        i ? " " : "", i, H, proj, drop, 4 * C, C, proj, drop);
+    dt_sbuf_str_(&out, ") ln_f:ln) lm_head:unembed");
+    if (out.oom) {
+        dt_sbuf_free_(&out);
+        *st = dt_error(DT_ERR_NOMEM, "model spec: out of memory");
+        return 1;
+    }
+    *text = out.p;
     return 1;
 }
 
@@ -186,18 +203,20 @@ static int llama_preset(const char *spec, char **text, dt_status *st) {
         *st = dt_error(DT_ERR_INVALID, "model spec: %s: rotary positions pair the dimensions of a head, but the head "
                        "width 'dim' / 'heads' = %lld / %lld = %lld is odd", spec, c, h, c / h);
     if (*st != DT_OK) return 1;
-    size_t cap = 512 + (size_t)L * 400;
-    char *out = malloc(cap);
-    if (!out) { *st = dt_error(DT_ERR_NOMEM, "model spec: out of memory"); return 1; }
-    size_t n = (size_t)snprintf(out, cap, "model:seq(embed_tokens:embed(%.0f,%.0f,std=0.02) layers:seq(", V, C);
+    dt_sbuf out = { 0 };
+    dt_sbuf_printf_(&out, "model:seq(embed_tokens:embed(%.0f,%.0f,std=0.02) layers:seq(", V, C);
     for (int i = 0; i < (int)L; i++)
-        n += (size_t)snprintf(out + n, cap - n,
-                              "%s%d:seq(_:residual(input_layernorm:rmsnorm(eps=%.9g) self_attn:attn(%.0f,std=0.02,"
-                              "proj_std=0.02,kv_heads=%.0f,rope=%.9g,bias=0,block=%.0f)) "
-                              "_:residual(post_attention_layernorm:rmsnorm(eps=%.9g) mlp:swiglu(%.0f,std=0.02)))",
-                              i ? " " : "", i, eps, H, K, theta, T, eps, F);
-    snprintf(out + n, cap - n, ") norm:rmsnorm(eps=%.9g)) lm_head:linear(%.0f,bias=0,std=0.02)", eps, V);
-    *text = out;
+        dt_sbuf_printf_(&out, "%s%d:seq(_:residual(input_layernorm:rmsnorm(eps=%.9g) self_attn:attn(%.0f,std=0.02,"
+                        "proj_std=0.02,kv_heads=%.0f,rope=%.9g,bias=0,block=%.0f)) "
+                        "_:residual(post_attention_layernorm:rmsnorm(eps=%.9g) mlp:swiglu(%.0f,std=0.02)))",
+                        i ? " " : "", i, eps, H, K, theta, T, eps, F);
+    dt_sbuf_printf_(&out, ") norm:rmsnorm(eps=%.9g)) lm_head:linear(%.0f,bias=0,std=0.02)", eps, V);
+    if (out.oom) {
+        dt_sbuf_free_(&out);
+        *st = dt_error(DT_ERR_NOMEM, "model spec: out of memory");
+        return 1;
+    }
+    *text = out.p;
     return 1;
 }
 
@@ -246,12 +265,19 @@ static char *trim(char *s) {
 
 static dt_status spec_error(const dt_layer *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static dt_status spec_error(const dt_layer *L, const char *fmt, ...) {
-    char what[256];
+    /* sized to the message: it quotes the user's text */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    return dt_error(DT_ERR_INVALID, "model spec: layer %s '%s': %s", L->name, L->text, what);
+    char *what = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!what) return dt_error(DT_ERR_NOMEM, "model spec: layer %s '%s': out of memory for a message", L->name, L->text);
+    va_start(ap, fmt);
+    vsnprintf(what, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    dt_status s = dt_error(DT_ERR_INVALID, "model spec: layer %s '%s': %s", L->name, L->text, what);
+    free(what);
+    return s;
 }
 
 /* Store one argument value (text val) into the layer's own struct per its schema entry. */
@@ -331,9 +357,14 @@ static dt_status layer_args(dt_layer *L, char *args) {
     return d->check ? d->check(L) : DT_OK;
 }
 
-/* Keep (a prefix of) the layer's text for messages and the summary. */
+/* Keep the layer's text for messages and the summary; a text longer than the field
+ * keeps its start and ends in "...", so a message never shows a cut text as whole. */
 static void set_text(dt_layer *L, const char *src, size_t len) {
-    if (len >= sizeof L->text) len = sizeof L->text - 1;
+    if (len >= sizeof L->text) {
+        memcpy(L->text, src, sizeof L->text - 4);
+        memcpy(L->text + sizeof L->text - 4, "...", 4);
+        return;
+    }
     memcpy(L->text, src, len);
     L->text[len] = '\0';
 }
@@ -433,7 +464,7 @@ static dt_status parse_list(layer_vec *lv, char *text, const char *prefix, int d
         /* "label:element" names the element as PyTorch names a module attribute
          * ("ln_1:ln" is <prefix>.ln_1); the label "_" adds no name at all (a block whose
          * layers are named as the container's own attributes). Else it is its position. */
-        char name[48], label[40] = "";
+        char name[sizeof ((dt_layer *)0)->name], label[40] = "";
         char *q = start;
         while (isalnum((unsigned char)*q) || *q == '_') q++;
         if (*q == ':' && q > start && q < p) {
@@ -452,9 +483,19 @@ static dt_status parse_list(layer_vec *lv, char *text, const char *prefix, int d
         char num[16];
         snprintf(num, sizeof num, "%d", pos);
         if (!comp) comp = num;
-        if (strcmp(comp, "_") == 0) snprintf(name, sizeof name, "%s", prefix);
-        else if (prefix[0]) snprintf(name, sizeof name, "%s.%s", prefix, comp);
-        else snprintf(name, sizeof name, "%s", comp);
+        /* the module path names the layer's tensors: refuse one that does not fit, never cut it */
+        int k;
+        if (strcmp(comp, "_") == 0) k = snprintf(name, sizeof name, "%s", prefix);
+        else if (prefix[0]) k = snprintf(name, sizeof name, "%s.%s", prefix, comp);
+        else k = snprintf(name, sizeof name, "%s", comp);
+        if (k < 0 || (size_t)k >= sizeof name) {
+            dt_layer tmp;
+            memset(&tmp, 0, sizeof tmp);
+            snprintf(tmp.name, sizeof tmp.name, "%s", prefix[0] ? prefix : "(top)");
+            set_text(&tmp, start, (size_t)(p - start));
+            return spec_error(&tmp, "its module path %s%s%s is longer than %zu characters", prefix,
+                              prefix[0] ? "." : "", comp, sizeof name - 1);
+        }
         int end_of_text = (*p == '\0');
         char saved = *p;
         *p = '\0';

@@ -1,7 +1,7 @@
 /*
  * status.h: how every dtrain library call reports failure.
  *
- * Library functions never print and never exit (DESIGN.md rule 5). They return a
+ * Library functions never print and never exit (docs/DESIGN.md rule 5). They return a
  * dt_status and leave one line for dt_last_error() saying what went wrong and,
  * where it applies, which file, flag, rank or collective. The message is
  * thread-local, so a communication thread's error does not clobber the caller's.

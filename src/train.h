@@ -4,9 +4,9 @@
  * dt_train_run() trains one model with data parallelism over a communicator
  * (NULL or size 1: one process). It is written once against the compute
  * interface (ops.h) and the communication interface (comm.h) and knows neither
- * device nor transport by name (DESIGN.md rule 1).
+ * device nor transport by name (docs/DESIGN.md rule 1).
  *
- * World-size invariance (DESIGN.md rule 2): the global batch B of a step is the
+ * World-size invariance (docs/DESIGN.md rule 2): the global batch B of a step is the
  * same whatever the world size W; it is split into S micro-batches of B/S
  * samples and rank r computes the contiguous block [r*S/W, (r+1)*S/W). Each
  * micro-batch's gradient is the gradient of (sum of its losses) / B, its local
@@ -14,7 +14,7 @@
  * continues the same binary tree across ranks, so for power-of-two W dividing S
  * the summed gradient, and therefore the weights, are bitwise those of W = 1.
  *
- * The library never prints (rule 5): progress reaches the caller through an
+ * The library never prints (docs/DESIGN.md rule 5): progress reaches the caller through an
  * event callback, and the program decides how to show it. A bad option is
  * DT_ERR_INVALID with a message that opens with the field's name
  * ("micro_batches: 3 is not a multiple of the world size 2"); a program that

@@ -1,7 +1,7 @@
 # src/train.mk: the training loop, weight files, and the dtrain program.
-libdtrain_core_la_SOURCES += src/train.c src/train_ckpt.c src/train_eval.c src/train_impl.h src/options.c src/checkpoint.c src/ddp.c src/shard.c src/shard_params.c src/shard_impl.h src/testing.c src/testing.h src/plan.c \
+libdtrain_core_la_SOURCES += src/train.c src/train_ckpt.c src/train_eval.c src/train_impl.h src/options.c src/checkpoint.c src/ddp.c src/shard.c src/shard_params.c src/shard_impl.h src/testing.c src/testing.h src/pipeline.c src/plan.c \
 	src/plan.h
-dtraininclude_HEADERS += src/train.h src/options.h src/checkpoint.h src/ddp.h src/shard.h
+dtraininclude_HEADERS += src/train.h src/options.h src/pipeline.h src/checkpoint.h src/ddp.h src/shard.h
 
 bin_PROGRAMS += dtrain
 dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h \
@@ -12,6 +12,9 @@ TESTS += tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/c
 	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
 EXTRA_DIST += tests/st_torch.py tests/train_cli.sh tests/ddp_invariance.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
 	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
+# the pipeline schedules' action lists against their definitions
+check_PROGRAMS += tests/test_pipeline
+TESTS += tests/test_pipeline
 # the train options' rows: complete, in --help, recorded by checkpoints and held on resume
 check_PROGRAMS += tests/test_options
 tests_test_options_SOURCES = tests/test_options.c src/tools/args.c src/tools/tool_util.c

@@ -1,5 +1,5 @@
 #!/bin/sh
-# ckpt_resume.sh: checkpoints that lose nothing (DESIGN.md rule 4) — a run stopped
+# ckpt_resume.sh: checkpoints that lose nothing (docs/DESIGN.md rule 4) — a run stopped
 # and resumed is bitwise the uninterrupted one, on the same and on another world
 # size; a damaged newest checkpoint is skipped; a rank killed mid-run ends the job
 # with an error naming it and leaves the last checkpoint loadable.
@@ -43,6 +43,16 @@ ok_grep "$T/o.b" "global batch of 64" "the message names the checkpoint's batch"
 timeout 60 "$D" train $C --model "flatten linear(4)" --checkpoint-dir "$T/ck" --resume auto > "$T/o.m" 2>&1
 [ $? -ne 0 ]; ok $? "resume into another model fails"
 ok_grep "$T/o.m" "tensor '" "the message names the first mismatched tensor"
+
+# --keep prunes dtrain's own checkpoints only: a user's step-5/ and a .tmp-mine-<pid>/ of a
+# dead process in the checkpoint directory stay, with their files
+dead=$(sh -c 'echo $$')
+mkdir -p "$T/own/step-5" "$T/own/.tmp-mine-$dead"
+echo mine > "$T/own/step-5/results.txt"; echo mine > "$T/own/.tmp-mine-$dead/notes"
+timeout 60 "$D" train $C --model "$M" --checkpoint-dir "$T/own" --checkpoint-every 2 --keep 1 --steps 6 > "$T/o.own" 2>&1
+ok $? "a run with --keep 1 beside the user's directories"
+n=$(ls "$T/own" | grep -c '^step-0'); [ "$n" -eq 1 ] && [ -d "$T/own/step-000000000006" ]; ok $? "it keeps its newest checkpoint only (found $n)"
+[ -f "$T/own/step-5/results.txt" ] && [ -f "$T/own/.tmp-mine-$dead/notes" ]; ok $? "the user's step-5/ and .tmp-mine-$dead/ are still there"
 
 # a rank killed mid-run: the job ends naming it; the last checkpoint loads and resumes
 L="--data synthetic:8192,1,8,8,4 --epochs 40 --batch 64 --micro-batches 2 --quiet --checkpoint-dir $T/kill --checkpoint-every 8"

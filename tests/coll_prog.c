@@ -12,7 +12,7 @@
  *   --mode every    every collective of the list (src/comm/coll.h) on host buffers, from the
  *                   table of tests/coll_cases.h: each element type, operator and placement,
  *                   exact. TAP from rank 0, as --mode all.
- *   --mode tree     the world-size invariance check of DESIGN.md rule 2: 8 fixed buffers
+ *   --mode tree     the world-size invariance check of docs/DESIGN.md rule 2: 8 fixed buffers
  *                   of awkward floats, rank r holds 8/W of them and pre-sums them
  *                   pairwise, then all_reduce; rank 0 writes the result bytes to --dump
  *                   FILE, which must be identical for W = 1, 2, 4, 8.

@@ -28,9 +28,10 @@ LAUNCH_ENV="DT_SHM=0" run_all 4 "4 ranks, TCP only"
 port=$(free_port)
 NO_MASTER=1 LAUNCH_ENV= run_all 2 "2 ranks, tcp://127.0.0.1:$port" --init "tcp://127.0.0.1:$port"
 
-# file://: a stale file from another job is already there; rank 1 starts first
+# file://: a stale file from another job is already there (this user's, mode 0600, as
+# rank 0 writes it); rank 1 starts first
 rdv="$TMP/rendezvous"
-echo "dtrain-store 2 otherjob 127.0.0.1 9 deadbeef -" > "$rdv"
+echo "dtrain-store 2 otherjob 127.0.0.1 9 deadbeef -" > "$rdv"; chmod 600 "$rdv"
 port=$(free_port)
 start_rank 1 3 $port --mode all --init "file://$rdv"; p1=$!
 start_rank 2 3 $port --mode all --init "file://$rdv"; p2=$!

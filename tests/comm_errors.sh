@@ -1,5 +1,5 @@
 #!/bin/bash
-# comm_errors.sh: the tcp backend fails loudly and names the culprit (DESIGN.md rule 3):
+# comm_errors.sh: the tcp backend fails loudly and names the culprit (docs/DESIGN.md rule 3):
 # mismatched collectives, a rank that never calls (timeout), a rank killed mid-collective,
 # junk bytes on the store port and on a peer port, two processes claiming one rank, a
 # wrong world size, a foreign job id, an unknown backend, a malformed init URL and a
@@ -151,7 +151,7 @@ ok_grep "$TMP/out.1" "rank 1: all_reduce: send buffer is NULL with count 4" "a N
 LAUNCH_ENV="DT_TIMEOUT=soon" launch 1 --mode init
 ok_grep "$TMP/out.0" "rank 0: DT_TIMEOUT='soon': expected a positive number of seconds" "a malformed DT_TIMEOUT is refused"
 # file:// with only a stale file of another job and no rank 0: a clear timeout
-echo "dtrain-store 2 otherjob 127.0.0.1 9 deadbeef -" > "$TMP/stale"
+echo "dtrain-store 2 otherjob 127.0.0.1 9 deadbeef -" > "$TMP/stale"; chmod 600 "$TMP/stale"
 env RANK=1 WORLD_SIZE=2 DT_JOB_ID=$JOB DT_TIMEOUT=1 timeout 30 "$PROG" --mode init --init "file://$TMP/stale" > "$TMP/fto" 2>&1
 st=$?
 [ $st -eq 1 ]; ok $? "file:// without a live store times out (exit $st)"
@@ -159,4 +159,64 @@ ok_grep "$TMP/fto" "rank 1: file://$TMP/stale: no store for job '$JOB' appeared 
     "the error says what the file held"
 NO_MASTER=1 launch 2 --mode init
 ok_grep "$TMP/out.0" "rank 0: init method env:// needs MASTER_ADDR and MASTER_PORT" "env:// without a master address"
+
+# file:// refuses a rendezvous file that is not this user's with mode 0600, whatever it
+# holds: here a line for this job, without a secret, naming a listener that records
+# whether anyone connects. The rank must fail at once, naming the file, owner and mode.
+python3 - "$TMP/lport" "$TMP/lconn" <<'PY' &
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(8); s.settimeout(0.2)
+open(sys.argv[1] + ".tmp", "w").write(str(s.getsockname()[1]))
+import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+end = time.time() + 60
+while time.time() < end:
+    try:
+        c, _ = s.accept(); open(sys.argv[2], "a").write("connected\n"); c.close()
+    except socket.timeout:
+        pass
+PY
+lpid=$!
+i=0; while [ ! -s "$TMP/lport" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+lport=$(cat "$TMP/lport" 2>/dev/null)
+# planted OWNER MODE: run rank 1 on a rendezvous file of that owner and mode (a symbolic
+# link to a file of this user's when MODE is "link"); st: its exit status, el: seconds
+planted() {
+    rm -f "$TMP/planted" "$TMP/planted.real"
+    if [ "$2" = link ]; then
+        echo "dtrain-store 2 $JOB 127.0.0.1 $lport 1 -" > "$TMP/planted.real"; chmod 600 "$TMP/planted.real"
+        ln -s "$TMP/planted.real" "$TMP/planted"
+    else
+        echo "dtrain-store 2 $JOB 127.0.0.1 $lport 1 -" > "$TMP/planted"; chown "$1" "$TMP/planted"; chmod "$2" "$TMP/planted"
+    fi
+    rm -f "$TMP/lconn"
+    start=$(date +%s)
+    env RANK=1 WORLD_SIZE=2 DT_JOB_ID=$JOB DT_TIMEOUT=5 timeout 30 "$PROG" --mode init --init "file://$TMP/planted" \
+        > "$TMP/pl" 2>&1
+    st=$?; el=$(($(date +%s) - start))
+}
+if [ -n "$lport" ] && [ "$(id -u)" = 0 ]; then
+    planted 65534 600
+    [ $st -ne 0 ] && [ $el -lt 4 ]; ok $? "a rendezvous file of user 65534 (mode 0600) is refused at once (exit $st, ${el}s)"
+    ok_grep "$TMP/pl" "rank 1: file://$TMP/planted: the rendezvous file is another user's \(owner 65534[ )].*mode 0600\)" \
+        "the error names the file, its owner and its mode"
+    [ ! -e "$TMP/lconn" ]; ok $? "the rank did not connect to the store the file names"
+else
+    skip "another owner needs root (to chown) and the listener (port '${lport:-none}')"
+    skip "another owner: the error names the file, its owner and its mode"
+    skip "another owner: the rank did not connect"
+fi
+if [ -n "$lport" ]; then
+    planted "$(id -u)" 644
+    [ $st -ne 0 ] && [ $el -lt 4 ]; ok $? "this user's rendezvous file of mode 0644 is refused at once (exit $st, ${el}s)"
+    ok_grep "$TMP/pl" "rank 1: file://$TMP/planted: the rendezvous file is readable or writable by others \(owner $(id -u)[ )].*mode 0644\)" \
+        "the error names its owner and mode"
+    [ ! -e "$TMP/lconn" ]; ok $? "the rank did not connect to the store the file names"
+    planted - link
+    [ $st -ne 0 ] && [ $el -lt 4 ]; ok $? "a symbolic link as the rendezvous file is refused at once (exit $st, ${el}s)"
+    ok_grep "$TMP/pl" "file://$TMP/planted: the rendezvous file is a symbolic link" "the error says so"
+    [ ! -e "$TMP/lconn" ]; ok $? "the rank did not connect to the store the link's target names"
+else
+    ok 1 "the listener for the planted rendezvous files did not start"
+fi
+kill $lpid 2>/dev/null; wait $lpid 2>/dev/null
 done_testing

@@ -1,5 +1,5 @@
 #!/bin/bash
-# comm_tree.sh: DESIGN.md rule 2 for the communication layer. Eight fixed buffers of
+# comm_tree.sh: docs/DESIGN.md rule 2 for the communication layer. Eight fixed buffers of
 # awkward floats are summed on world sizes 1, 2, 4 and 8 (8 ranks oversubscribed), each
 # rank pre-summing its 8/W buffers pairwise; all_reduce (small and large paths) and
 # reduce_scatter must give bitwise identical bytes on every world size and transport

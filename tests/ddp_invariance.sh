@@ -1,5 +1,5 @@
 #!/bin/sh
-# ddp_invariance.sh: DESIGN.md rule 2 end to end — training with S micro-batches on
+# ddp_invariance.sh: docs/DESIGN.md rule 2 end to end — training with S micro-batches on
 # 1, 2 and 4 processes (dtrun, tcp backend) gives bitwise the same weights, batchnorm
 # buffers included; and with S = 2 on 2 processes under mpirun (mpi, deterministic).
 . "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"

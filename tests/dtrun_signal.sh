@@ -1,7 +1,8 @@
 #!/bin/sh
 # dtrun_signal.sh: Ctrl-C (SIGINT to dtrun) and SIGTERM are forwarded to the ranks, dtrun
 # reaps them and exits 128+sig, and no process of the job is left behind — also when
-# dtrun itself is killed with SIGKILL (the ranks die with it).
+# dtrun itself is killed with SIGKILL (the ranks die with it), ranks behind a wrapper shell
+# included.
 . "$DT_SRCDIR/tests/tap.sh"
 DTRUN="$DT_BUILDDIR/dtrun"
 tmp=$(mktemp -d) || exit 1
@@ -64,16 +65,27 @@ sleep 0.3
 ok $? "ranks ignoring SIGINT: none left behind"
 cleanup
 
-# dtrun killed with SIGKILL: the ranks die with it (PR_SET_PDEATHSIG).
-fresh
-"$DTRUN" -n 2 sh -c 'echo up; exec sleep 60' "$tok" > "$tmp/out" 2> "$tmp/err" &
-pid=$!
-wait_up "$tmp/out" 2
-ok $? "SIGKILL: ranks started"
-kill -KILL $pid
-wait $pid 2>/dev/null
-i=0
-while pgrep -f "$tok" > /dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-! pgrep -f "$tok" > /dev/null
-ok $? "SIGKILL to dtrun: no rank outlives it"
+# dtrun killed with SIGKILL: nothing of the job outlives it, neither ranks that are
+# dtrun's children (PR_SET_PDEATHSIG) nor ranks started through a wrapper (dtrun -n 2
+# sh -c "prog; echo"): grandchildren, which the parent-death signal does not reach and
+# the watcher process ends with the rest of the group.
+# kill9 WHAT ARGS...: dtrun -n 2 ARGS (ranks that print "up"), SIGKILLed once they are up
+kill9() {
+    what=$1; shift
+    fresh
+    "$DTRUN" -n 2 "$@" > "$tmp/out" 2> "$tmp/err" &
+    pid=$!
+    wait_up "$tmp/out" 2
+    ok $? "SIGKILL, $what: ranks started"
+    kill -KILL $pid
+    wait $pid 2>/dev/null
+    i=0
+    while pgrep -f "$tok" > /dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+    left=$(pgrep -f "$tok" | tr '\n' ' ')
+    [ -z "$left" ]
+    ok $? "SIGKILL to dtrun, $what: nothing of the job outlives it within 5 s (left: ${left:-none})"
+    cleanup
+}
+kill9 "ranks as its children" sh -c 'echo up; exec sleep 60' "$tok"
+kill9 "ranks behind a wrapper" sh -c 'sh -c "echo up; while :; do sleep 1; done" "$0-rank"; echo after' "$tok"
 done_testing

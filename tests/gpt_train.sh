@@ -61,7 +61,7 @@ badm() {   # badm PATTERN MODEL: dtrain train exits 2 naming the argument
 }
 badm "'kv_heads' 3 does not divide 'heads' 4" "llama(layers=1,heads=4,kv_heads=3,dim=32,block=16)"
 badm "head width 'dim' / 'heads' = 12 / 4 = 3 is odd" "llama(layers=1,heads=4,kv_heads=2,dim=12,block=16)"
-badm "'hidden' expects a positive integer, got '0'" "llama(layers=1,hidden=0,dim=32,block=16)"
+badm "'hidden' expects a whole number from 1 to 16777216, got '0'" "llama(layers=1,hidden=0,dim=32,block=16)"
 badm "'kv_heads' 2 does not divide 'heads' 3" "embed(256,12) attn(3,kv_heads=2,block=16) linear(256)"
 badm "'rope' needs an even head width" "embed(256,12) attn(4,rope=10000,block=16) linear(256)"
 

@@ -3,7 +3,7 @@
 # with the tcp backend (MASTER_ADDR/MASTER_PORT passed with -x, as a user who picks
 # the rendezvous does) and the mpi backend: dtbench checks its collectives' results, and
 # a short dtrain run (4 micro-batches) must write the same weights under every backend
-# and world size (DESIGN.md rule 2). Without MASTER_ADDR/MASTER_PORT the tcp backend
+# and world size (docs/DESIGN.md rule 2). Without MASTER_ADDR/MASTER_PORT the tcp backend
 # finds rank 0 through MPI instead: tests/mpirun_bare.sh.
 . "$DT_SRCDIR/tests/tap.sh"
 need_mpirun open

@@ -1,6 +1,6 @@
 #!/bin/sh
 # mpi_determinism.sh: the mpi backend in deterministic mode gives bitwise the tcp
-# backend's results (DESIGN.md rule 2): the same reductions on pseudo-random data
+# backend's results (docs/DESIGN.md rule 2): the same reductions on pseudo-random data
 # (tests/coll_dump) under dtrun/tcp and under mpirun/mpi with DT_DETERMINISTIC=1, rank 0's
 # result bytes compared with cmp, for 2, 3 and 4 ranks.
 . "$DT_SRCDIR/tests/tap.sh"

@@ -1,5 +1,5 @@
 #!/bin/sh
-# mpirun_bare.sh: the laptop path of DESIGN.md, `mpirun -np 2 ./dtrain train` with no
+# mpirun_bare.sh: the laptop path of docs/DESIGN.md, `mpirun -np 2 ./dtrain train` with no
 # flags and no MASTER_ADDR/MASTER_PORT. The tcp backend then finds rank 0's store
 # through MPI (tcp.c, mpi_boot.h): the run must finish with the same weight bytes as
 # `dtrun -n 2` and as 4 ranks (the tcp backend is world-size invariant), say so once on

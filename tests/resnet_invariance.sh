@@ -1,5 +1,5 @@
 #!/bin/sh
-# resnet_invariance.sh: DESIGN.md rule 2 on a tree model — the resnet preset
+# resnet_invariance.sh: docs/DESIGN.md rule 2 on a tree model — the resnet preset
 # (residual blocks, batchnorm inside them) trained with 4 micro-batches on 1, 2
 # and 4 processes gives bitwise the same weights and buffers; so does a tree
 # with nested containers and dropout inside a block; a checkpoint of it resumes

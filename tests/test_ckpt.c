@@ -450,6 +450,70 @@ static void test_damage(void) {
     dt_model_free(m);
 }
 
+/* Pruning and replacing touch only what dtrain writes. A user's step-5/ and
+ * .tmp-mine-<dead pid>/, and directories of dtrain's names that hold anything
+ * else, survive every save; a dead writer's leftovers (dtrain's files only) go. */
+static void test_foreign(void) {
+    char dir[512], name[128], d[16][1024];
+    snprintf(dir, sizeof dir, "%s/foreign", tmpdir);
+    dt_model *m = build(SPEC, 1);
+    dt_optim *o = optim(0, m, 0.9f);
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    waitpid(child, NULL, 0);
+    is_int(save(dir, 1, m, o, 1), DT_OK, "a first checkpoint");
+    size_t sn;
+    unsigned char *state = slurp(pth(pth(dir, "step-000000000001"), "train_state.safetensors"), &sn);
+    ok(state != NULL, "its state file");
+    /* the user's: other names, and dtrain's names with more inside */
+    const char *kept[] = {"step-5", ".tmp-mine-%ld", "step-000000000002", "step-000000000003", "step-000000000004",
+                          ".tmp-step-000000000005-%ld"};
+    const char *gone[] = {".tmp-del-000000000006-%ld", ".tmp-step-000000000007-%ld"};
+    int nk = (int)(sizeof kept / sizeof kept[0]), ng = (int)(sizeof gone / sizeof gone[0]);
+    for (int i = 0; i < nk + ng; i++) {
+        snprintf(name, sizeof name, i < nk ? kept[i] : gone[i - nk], (long)child);
+        snprintf(d[i], sizeof d[i], "%s", pth(dir, name));
+        mkdir(d[i], 0755);
+    }
+    spit(pth(d[0], "results.txt"), "mine\n", 5);
+    spit(pth(d[1], "notes"), "mine\n", 5);
+    spit(pth(d[2], "train_state.safetensors"), state, sn);     /* a checkpoint's file and a foreign one */
+    spit(pth(d[2], "results.txt"), "mine\n", 5);
+    spit(pth(d[3], "train_state.safetensors"), state, sn);     /* ... and a subdirectory */
+    mkdir(pth(d[3], "plots"), 0755);
+    spit(pth(d[4], "model.safetensors"), "half", 4);           /* no state file: not a checkpoint */
+    spit(pth(d[5], "results.csv"), "mine\n", 5);
+    spit(pth(d[6], "model.safetensors.tmp.Ab12Cd"), "half", 4);   /* a killed writer's: removed */
+    spit(pth(d[6], "train_state.safetensors"), state, sn);
+    free(state);
+    /* a user's directory under the name of a step that is saved later */
+    char later[1024];
+    snprintf(later, sizeof later, "%s", pth(dir, "step-000000000020"));
+    mkdir(later, 0755);
+    spit(pth(later, "results.txt"), "mine\n", 5);
+
+    is_int(save(dir, 1, m, o, 10), DT_OK, "a save with keep 1 beside them");
+    ok(!exists(pth(dir, "step-000000000001")), "it removed the older checkpoint");
+    for (int i = 0; i < nk; i++) ok(exists(d[i]), "it left %s alone", strrchr(d[i], '/') + 1);
+    ok(exists(pth(d[0], "results.txt")) && exists(pth(d[1], "notes")) && exists(pth(d[2], "results.txt")) &&
+       exists(pth(d[3], "plots")) && exists(pth(d[5], "results.csv")), "... and everything in them");
+    for (int i = nk; i < nk + ng; i++) ok(!exists(d[i]), "it removed the dead writer's %s", strrchr(d[i], '/') + 1);
+
+    is_int(save(dir, 1, m, o, 20), DT_ERR_IO, "a save of step 20 over the user's step-000000000020 is refused");
+    like(dt_last_error(), "step-000000000020 exists and holds files that are not a checkpoint's",
+         "... naming the directory");
+    ok(exists(pth(later, "results.txt")), "... and the user's file is still there");
+    ok(exists(pth(dir, "step-000000000010")), "the previous checkpoint is still there");
+    char tmpn[128];
+    snprintf(tmpn, sizeof tmpn, ".tmp-step-000000000030-%ld", (long)getpid());
+    mkdir(pth(dir, tmpn), 0755);
+    spit(pth(pth(dir, tmpn), "results.txt"), "mine\n", 5);
+    is_int(save(dir, 1, m, o, 30), DT_ERR_IO, "a save whose temporary name is taken by a user's directory is refused");
+    ok(exists(pth(pth(dir, tmpn), "results.txt")), "... leaving it as it was");
+    dt_optim_free(o);
+    dt_model_free(m);
+}
+
 /* Writers killed (SIGKILL) at random moments while saving, replacing and
  * pruning: every step-* left behind verifies, and the next save cleans up. */
 static void test_crash(void) {
@@ -500,6 +564,51 @@ static void test_crash(void) {
     is_int(count_prefix(dir, "step-"), 2, "and kept two checkpoints");
     dt_optim_free(o);
     dt_model_free(m);
+}
+
+/* A sharded checkpoint whose shards hold fewer parameters than the model its manifest
+ * names (checksums all valid) is refused on every restore, with an optimizer or without
+ * one as `dtrain export` restores, never completed with the model's fresh initialisation. */
+static void test_shard_coverage(void) {
+    char dir[512], tmp[1024], path[1024];
+    snprintf(dir, sizeof dir, "%s/coverage", tmpdir);
+    /* BIGGER has SPEC's buffers (bn over 16 features) and more parameters */
+    const char *bigger = "flatten linear(16) bn relu linear(8)";
+    dt_model *a = build(SPEC, 1), *big = build(bigger, 2), *big2 = build(bigger, 2);
+    size_t na = dt_model_nparams(a), nb = dt_model_nparams(big), half = na / 2;
+    dt_ckpt_info in = info_at(4);
+    in.model_spec = bigger;
+    size_t lo[2] = {0, half}, len[2] = {half, na - half};
+    char sums[2][24];
+    /* each "rank" with its optimizer's shard, as a --shard optim run writes them */
+    dt_optim_config oc = dt_optim_defaults(DT_OPTIM_SGD, 0.1f);
+    oc.momentum = 0.9f;
+    dt_optim *o = optim(0, a, 0.9f), *os[2] = {NULL, NULL};
+    dt_status s = DT_OK;
+    for (int r = 0; r < 2 && s == DT_OK; r++) s = dt_optim_init(&oc, dt_ops_cpu(), len[r], &os[r]);
+    if (s == DT_OK) s = dt_ckpt_begin(dir, 4, tmp, sizeof tmp);
+    for (int r = 0; r < 2 && s == DT_OK; r++) s = dt_ckpt_write_shard(tmp, r, 2, a, os[r], lo[r], len[r], sums[r]);
+    if (s == DT_OK) s = dt_ckpt_commit(dir, 0, tmp, a, o, &in, NULL, 0, 2, lo, len, (const char (*)[24])sums);
+    is_int(s, DT_OK, "a sharded checkpoint of %zu parameters naming a model of %zu", na, nb);
+    dt_ckpt_path(dir, 4, path, sizeof path);
+    dt_ckpt *c = NULL;
+    is_int(dt_ckpt_open(path, &c), DT_OK, "it opens: every checksum is valid");
+    if (c) {
+        is_int(dt_ckpt_restore_range(c, big, 0, nb, NULL, 0), DT_ERR_FORMAT,
+               "restoring all of the bigger model without an optimizer is refused");
+        char want[128];
+        snprintf(want, sizeof want, "its 2 shards hold %zu parameters, the model has %zu", na, nb);
+        like(dt_last_error(), want, "... saying what the shards hold");
+        is_int(dt_ckpt_restore_range(c, big, 0, half, NULL, 0), DT_ERR_FORMAT, "... and so is a range the shards hold");
+        ok(memcmp(dt_model_params(big), dt_model_params(big2), nb * sizeof(float)) == 0,
+           "the model is left as it was");
+        dt_ckpt_close(c);
+    }
+    for (int r = 0; r < 2; r++) dt_optim_free(os[r]);
+    dt_optim_free(o);
+    dt_model_free(big2);
+    dt_model_free(big);
+    dt_model_free(a);
 }
 
 /* Numbers read from a checkpoint are checked, even when its checksums are valid. */
@@ -760,8 +869,10 @@ int main(void) {
     test_keep_and_latest();
     test_damage();
     test_crash();
+    test_foreign();
     test_refusals();
     test_bad_numbers();
+    test_shard_coverage();
     test_hf_gpt2();
     rm_rf(tmpdir);
     return done_testing();

@@ -1,7 +1,7 @@
 /*
  * test_conv.c: the CPU backend's GEMM, convolution and pooling against plain
  * double-precision loops, finite differences, and thread-count independence
- * (the same call on 1 and 2 threads must give the same bytes: DESIGN.md rule 2).
+ * (the same call on 1 and 2 threads must give the same bytes: docs/DESIGN.md rule 2).
  */
 #include "ops_util.h"
 #include "cpu/cpu.h"   /* dt_cpu_gemm_own, dt_cpu_gemm1 */

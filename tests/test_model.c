@@ -585,8 +585,172 @@ static void test_loss_rows(void) {
        "an unknown loss: the message lists the rows (%s)", dt_last_error());
 }
 
+/* No fixed buffer cuts the user's text: gpt(...) arguments of any length, the
+ * dropout probability as written, a module path that does not fit (refused, naming the
+ * limit), a long value quoted whole in a message, and a long layer text marked as cut. */
+static void test_long_text(void) {
+    char spec[1024], val[320];
+    int64_t window = 0;
+    int vocab = 0;
+    /* padding that puts "vocab=2560" across the 255th character of the arguments */
+    snprintf(spec, sizeof spec, "gpt(layers=1, heads=2, dim=8, block=8,%212svocab=2560)", "");
+    is_int(dt_spec_token_dims(spec, &window, &vocab), DT_OK, "a gpt(...) of %zu characters parses", strlen(spec));
+    is_int(vocab, 2560, "... with vocab=2560, not cut to 25");
+    is_int(window, 8, "... and its block");
+    dt_spec s;
+    is_int(dt_spec_parse("gpt(layers=1,heads=2,dim=8,block=8,dropout=0.1234567)", &s), DT_OK, "gpt with dropout parses");
+    double p = NAN;
+    for (int i = 0; i < s.n && isnan(p); i++)
+        if (s.layers[i].kind == DT_LAYER_DROPOUT) p = dt_layer_arg(&s.layers[i], "p");
+    ok(p == (double)0.1234567f, "its dropout layers get p = 0.1234567 as written, not 6 digits of it (got %.9g)", p);
+    dt_spec_free(&s);
+
+    /* a module path longer than a layer's name field holds */
+    const char *lab = "abcdefghijabcdefghijabcdefghijabcdefghi";   /* 39 characters, the longest label */
+    snprintf(spec, sizeof spec, "%s:seq(%s:relu)", lab, lab);
+    expect_error(spec, &MNIST, DT_ERR_INVALID, "is longer than 47 characters", "a module path of 79 characters");
+    like(dt_last_error(), "abcdefghijabcdefghijabcdefghijabcdefghi.abcdefghijabcdefghijabcdefghijabcdefghi",
+         "... naming the whole path");
+
+    /* a long value is quoted whole; a long layer text is shown as cut */
+    memset(val, 'x', 300);
+    val[300] = '\0';
+    snprintf(spec, sizeof spec, "flatten linear(%s)", val);
+    expect_error(spec, &MNIST, DT_ERR_INVALID, "expects a positive integer, got 'xxx", "a 300-character value");
+    char want[340];
+    snprintf(want, sizeof want, "got '%s'", val);
+    like(dt_last_error(), want, "... quoted whole in the message");
+    like(dt_last_error(), "layer 1 'linear(xxxxxxxxxxxxxxx", "the layer's text starts the message");
+    like(dt_last_error(), "...':", "... and ends in '...' where it is cut");
+}
+
+/* gpt(...) arguments that are not finite, or not whole where an integer is meant, are
+ * refused with a message giving the range; none reaches a conversion to an integer. */
+static void test_gpt_numbers(void) {
+    static const struct { const char *arg, *msg; } bad[] = {
+        { "layers=nan", "'layers' expects a whole number from 1 to 1000, got 'nan'" },
+        { "layers=-nan", "'layers' expects a whole number from 1 to 1000, got '-nan'" },
+        { "heads=inf", "'heads' expects a whole number from 1 to 1024, got 'inf'" },
+        { "dim=2.5", "'dim' expects a whole number from 1 to 1048576, got '2.5'" },
+        { "vocab=NAN(1)", "'vocab' expects a whole number from 1 to 16777216, got 'NAN(1)'" },
+        { "dropout=nan", "'dropout' expects a probability in [0, 1), got 'nan'" },
+        { "dropout=-inf", "'dropout' expects a probability in [0, 1), got '-inf'" },
+    };
+    const dt_shape tokens = { 1, { 64 } };   /* the default block: every gpt here would build */
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char spec[96];
+        snprintf(spec, sizeof spec, "gpt(%s)", bad[i].arg);
+        expect_error(spec, &tokens, DT_ERR_INVALID, bad[i].msg, spec);
+    }
+    is_int(try_spec("gpt(layers=1,dropout=0.5)", &tokens), DT_OK, "gpt(layers=1,dropout=0.5) builds on (64) tokens");
+    int64_t window = 0;
+    int vocab = 0;
+    is_int(dt_spec_token_dims("gpt(layers=2.0,heads=2,dim=8,block=8,vocab=1e2)", &window, &vocab), DT_OK,
+           "whole numbers written 2.0 and 1e2 are taken");
+    is_int(vocab, 100, "... as the integers they are");
+}
+
+/* The gradient array's part of layers [lo, hi) of m equals whole's. */
+static int same_grads(dt_model *whole, dt_model *m, int lo, int hi) {
+    int same = 1;
+    for (int i = lo; i < hi; i++) {
+        const dt_layer *L = dt_model_layer(m, i);
+        for (int p = L->first_param; p < L->first_param + L->nparams; p++) {
+            dt_tensor_info tw, tm;
+            if (dt_model_param(whole, p, &tw) != DT_OK || dt_model_param(m, p, &tm) != DT_OK) return 0;
+            same &= tw.numel == tm.numel && !memcmp(tw.grad, tm.grad, (size_t)tw.numel * sizeof(float));
+        }
+    }
+    return same;
+}
+
+/* The running statistics of layers [lo, hi) of m equal whole's. */
+static int same_buffers(dt_model *whole, dt_model *m, int lo, int hi) {
+    const float *bw = dt_model_buffers(whole), *bm = dt_model_buffers(m);
+    int same = 1;
+    for (int i = lo; i < hi; i++) {
+        const dt_layer *L = dt_model_layer(m, i);
+        for (int t = 0; t < L->ntensors; t++)
+            if (L->t[t].role == DT_TENSOR_BUFFER)
+                same &= !memcmp(bw + L->t[t].offset, bm + L->t[t].offset, (size_t)L->t[t].numel * sizeof(float));
+    }
+    return same;
+}
+
+/* The pipeline's seam: a model cut into three stages at module boundaries, each stage a
+ * model of its own running its range (forward from the previous stage's output,
+ * backward from the next stage's input gradient), gives the outputs, loss, gradients
+ * and running statistics of the whole model's pass, bit for bit; dropout, batchnorm,
+ * residual blocks and recomputation included. A range that cuts a block is refused. */
+static void test_ranges(void) {
+    const dt_ops *ops = dt_ops_cpu();
+    static const struct { const char *spec; dt_shape in; int recompute; } cases[] = {
+        {"flatten linear(16) relu dropout(0.3) linear(8) gelu linear(4)", {1, {12}}, 0},
+        {"conv(4,3,pad=1) bn relu residual(conv(4,3,pad=1) bn relu) residual(bn conv(4,1)) gap linear(4)",
+         {3, {2, 5, 5}}, 0},
+        {"conv(4,3,pad=1) bn relu residual(conv(4,3,pad=1) bn relu dropout(0.2)) residual(bn conv(4,1)) gap linear(4)",
+         {3, {2, 5, 5}}, 1},
+    };
+    enum { B = 3 };
+    int32_t labels[B];
+    for (int i = 0; i < B; i++) labels[i] = (i * 3 + 1) % 4;
+    const dt_loss ce = {.kind = DT_LOSS_CE};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const char *spec = cases[k].spec;
+        dt_model_opts mo;
+        dt_model_opts_default(&mo);
+        mo.recompute = cases[k].recompute;
+        dt_model *whole = NULL, *st[3] = {NULL, NULL, NULL};
+        dt_model_build_ex(spec, &cases[k].in, ops, 5, B, &mo, &whole);
+        for (int j = 0; j < 3; j++) dt_model_build_ex(spec, &cases[k].in, ops, 5, B, &mo, &st[j]);
+        if (!ok(whole && st[0] && st[1] && st[2], "%s: four models", spec)) continue;
+        int cuts[64], nmod = dt_model_modules(whole, cuts), n = dt_model_nlayers(whole);
+        ok(nmod >= 3 && cuts[0] == 0 && cuts[nmod] == n, "%s: %d modules over %d layers", spec, nmod, n);
+        int a = cuts[2], b = cuts[nmod - 2];   /* bn in the first stage, a block in the second */
+        size_t in_numel = (size_t)dt_shape_numel(&cases[k].in);
+        size_t d1 = (size_t)dt_model_layer(whole, a)->in_numel, d2 = (size_t)dt_model_layer(whole, b)->in_numel;
+        float *x = malloc(B * in_numel * sizeof *x), *dx1 = malloc(B * d1 * sizeof *dx1),
+              *dx2 = malloc(B * d2 * sizeof *dx2), y[B * 4];
+        for (size_t i = 0; i < B * in_numel; i++) x[i] = (float)((i * 7919) % 103) / 51.0f - 1.0f;
+        const float *yw = NULL, *y0 = NULL, *y1 = NULL, *y2 = NULL;
+        float lw = -1.0f, ls = -2.0f;
+        int run = dt_model_forward(whole, x, B, 1, 2, 40, &yw) == DT_OK;
+        if (run) memcpy(y, yw, sizeof y);
+        run = run && dt_model_loss_backward(whole, &ce, labels, B, (float)B, &lw) == DT_OK;
+        run = run && dt_model_forward_range(st[0], 0, a, x, B, 1, 2, 40, &y0) == DT_OK &&
+              dt_model_forward_range(st[1], a, b, y0, B, 1, 2, 40, &y1) == DT_OK &&
+              dt_model_forward_range(st[2], b, n, y1, B, 1, 2, 40, &y2) == DT_OK &&
+              dt_model_loss_backward_to(st[2], &ce, labels, B, (float)B, &ls, dx2) == DT_OK &&
+              dt_model_backward_range(st[1], a, b, dx2, dx1) == DT_OK &&
+              dt_model_backward_range(st[0], 0, a, dx1, NULL) == DT_OK;
+        if (ok(run, "%s: three stages [0,%d) [%d,%d) [%d,%d) run forward and backward (%s)", spec, a, a, b, b, n,
+               run ? "ok" : dt_last_error())) {
+            ok(!memcmp(y, y2, sizeof y) && lw == ls, "%s: the last stage's outputs and loss are the whole model's", spec);
+            ok(same_grads(whole, st[0], 0, a) && same_grads(whole, st[1], a, b) && same_grads(whole, st[2], b, n),
+               "%s: each stage's gradients are the whole model's, bit for bit", spec);
+            ok(same_buffers(whole, st[0], 0, a) && same_buffers(whole, st[1], a, b) && same_buffers(whole, st[2], b, n),
+               "%s: each stage's running statistics are the whole model's", spec);
+        }
+        /* a range inside a block, and a backward over layers the forward did not run */
+        if (cases[k].in.ndim == 3) {
+            int inside = cuts[3] + 1;   /* the first residual block is module 3 */
+            ok(dt_model_forward_range(st[1], inside, n, y1, B, 1, 0, 0, NULL) == DT_ERR_INVALID &&
+               strstr(dt_last_error(), "cut a residual block"), "%s: a range from inside a block is refused (%s)", spec,
+               dt_last_error());
+        }
+        ok(dt_model_backward_range(st[2], 0, n, dx2, NULL) == DT_ERR_INVALID && strstr(dt_last_error(), "not all run"),
+           "%s: a backward over layers its forward did not run is refused", spec);
+        free(x);
+        free(dx1);
+        free(dx2);
+        dt_model_free(whole);
+        for (int j = 0; j < 3; j++) dt_model_free(st[j]);
+    }
+}
+
 int main(void) {
     test_loss_rows();
+    test_ranges();
     test_parse();
     test_files();
     test_errors();
@@ -596,5 +760,7 @@ int main(void) {
     test_bn_record();
     test_against_torch();
     test_decode();
+    test_long_text();
+    test_gpt_numbers();
     return done_testing();
 }

@@ -4,7 +4,7 @@
  * differences and hand-computed values; Philox against Random123's published
  * vectors; casts exhaustively; bad arguments; the tensor helpers; the device
  * registry. Then the table-driven op test (ops_cases.h): the table is complete, and
- * every op of the list gives the same bytes on 1 and on 2 threads (DESIGN.md rule 2).
+ * every op of the list gives the same bytes on 1 and on 2 threads (docs/DESIGN.md rule 2).
  */
 #include "config.h"
 #include "ops_cases.h"
@@ -679,7 +679,7 @@ static void test_table(void) {
     ok(names, "dt_ops_op_name: %d distinct names, in the order of the case table", DT_OPS_COUNT);
     is_str(dt_ops_op_name(DT_OP_silu_backward), "silu_backward", "DT_OP_<name> indexes the names");
 
-    /* every op on 1 and on 2 threads: the same bytes (DESIGN.md rule 2) */
+    /* every op on 1 and on 2 threads: the same bytes (docs/DESIGN.md rule 2) */
     for (int i = 0; i < DT_OPS_COUNT; i++) {
         const tc_case *c = &tc_cases[i];
         tc_run one, two;

@@ -1,4 +1,4 @@
-/* test_sampler.c: the world-size-invariant sampler (DESIGN.md rule 2): rank
+/* test_sampler.c: the world-size-invariant sampler (docs/DESIGN.md rule 2): rank
  * blocks reassemble the 1-rank global batch, orders depend on (seed, epoch)
  * only, every sample once per epoch, padding, bad configurations, and the
  * random-window mode (draws from (seed, global step, position) only). */

@@ -3,7 +3,7 @@
  * dt_p2p (comm_impl.h), so the tcp backend and the mpi backend in deterministic mode
  * compute bitwise the same results.
  *
- * Reduction order (DESIGN.md rule 2). For a power-of-two world size W, all_reduce is
+ * Reduction order (docs/DESIGN.md rule 2). For a power-of-two world size W, all_reduce is
  * recursive halving (a reduce-scatter) then recursive doubling (an all-gather). Step k
  * pairs rank r with r ^ (1 << k): first (0,1),(2,3),..., then (01,23),... Every element
  * is therefore the sum over one fixed binary tree of ranks,

@@ -5,7 +5,7 @@
  *   - dt_comm_init: options from the environment, backend by name, the family lock;
  *   - argument checks with clear errors (NULL buffers, bad type/op/root, size overflow);
  *   - sequence numbers and fingerprints, so ranks that call different collectives get an
- *     error naming both calls instead of wrong data (DESIGN.md rule 3);
+ *     error naming both calls instead of wrong data (docs/DESIGN.md rule 3);
  *   - dispatch: a backend's own collective when it has one, else algo.c over its p2p;
  *   - the checks, descriptions and dispatch read each collective's row of the list
  *     (coll.h): one entry point, dt_coll_run, behind the public functions;

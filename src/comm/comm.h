@@ -2,7 +2,7 @@
  * comm.h: dtrain's communication interface — communicators and collectives.
  *
  * Everything above src/comm/ (DDP, sharding, the trainer) talks to other ranks only
- * through this header (DESIGN.md rule 1). A communicator is created once per process
+ * through this header (docs/DESIGN.md rule 1). A communicator is created once per process
  * with dt_comm_init(); the backend is chosen by name ("tcp": sockets + shared memory
  * for same-host peers, always built; "mpi" when configured with MPI; "nccl" with NCCL).
  *
@@ -13,7 +13,7 @@
  *   - every call is collective over the communicator unless it says otherwise, and
  *     every rank must issue the same collectives in the same order: a rank that calls
  *     a different one gets DT_ERR_MISMATCH naming both calls, never wrong data;
- *   - every blocking wait honours the communicator's timeout (DESIGN.md rule 3);
+ *   - every blocking wait honours the communicator's timeout (docs/DESIGN.md rule 3);
  *   - one thread at a time issues calls on a communicator (its async work runs on the
  *     communicator's own worker thread);
  *   - errors come back as a dt_status with a message for dt_last_error() that starts
@@ -43,7 +43,7 @@
  * reduce_scatter and reduce over a power-of-two world size sum every element over one
  * fixed binary tree of ranks ((0,1),(2,3) first, then (01,23), ...), so a rank that
  * pre-sums its 2 local buffers pairwise and joins a world of W/2 ranks gets the same
- * bits as W ranks with one buffer each (DESIGN.md rule 2).
+ * bits as W ranks with one buffer each (docs/DESIGN.md rule 2).
  */
 #ifndef DT_COMM_H
 #define DT_COMM_H

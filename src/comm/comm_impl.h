@@ -9,7 +9,7 @@
  * The collective algorithms are written once, in algo.c, over a point-to-point
  * primitive (dt_p2p). The tcp backend provides dt_p2p over sockets / shared memory;
  * the mpi backend in deterministic mode provides it over MPI_Sendrecv and runs the very
- * same algo.c functions, so both give bitwise the same results (DESIGN.md rule 2).
+ * same algo.c functions, so both give bitwise the same results (docs/DESIGN.md rule 2).
  *
  * Threading: comm.c runs a backend's operations one at a time per communicator family
  * (a communicator and everything split from it share one lock, c->family), either on

@@ -1,7 +1,7 @@
 /*
  * launch_env.h: who am I in this job? Rank discovery from the launcher's environment.
  *
- * Precedence (first source that defines a rank wins, DESIGN.md "Interfaces"):
+ * Precedence (first source that defines a rank wins, docs/DESIGN.md "Interfaces"):
  *   1. dtrain / torchrun: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
  *      NODE_RANK (or GROUP_RANK), MASTER_ADDR, MASTER_PORT
  *   2. Open MPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE

@@ -11,7 +11,7 @@
  *                  in the last bits from tcp and between world sizes.
  *   deterministic  (opts.deterministic or DT_DETERMINISTIC=1) the shared algorithms of
  *                  algo.c run over a point-to-point exchange built on MPI_Isend/Irecv,
- *                  so every bit equals the tcp backend's (DESIGN.md rule 2).
+ *                  so every bit equals the tcp backend's (docs/DESIGN.md rule 2).
  *
  * Rule 3 under MPI. In default mode each collective is preceded by a tiny MPI_Allreduce
  * of the call's fingerprint, so ranks that call different collectives get an error

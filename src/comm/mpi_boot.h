@@ -1,6 +1,6 @@
 /*
  * mpi_boot.h: the tcp backend's rendezvous through MPI, for `mpirun -np N prog` with no
- * MASTER_ADDR / MASTER_PORT (the laptop path of DESIGN.md).
+ * MASTER_ADDR / MASTER_PORT (the laptop path of docs/DESIGN.md).
  *
  * mpirun says who is rank 0 but not where it listens. When this build links MPI and
  * the launcher is that MPI's own, rank 0 starts the tcp backend's store on a port the

@@ -43,7 +43,7 @@
  * in the last bits from the tcp backend and between world sizes; that is the default,
  * the fast one. With deterministic mode (opts.deterministic or DT_DETERMINISTIC=1) the
  * reductions follow dtrain's own tree (algo.c), bitwise equal to the tcp backend
- * (DESIGN.md rule 2): all_reduce over a power-of-two world stays on the device
+ * (docs/DESIGN.md rule 2): all_reduce over a power-of-two world stays on the device
  * (recursive halving with ncclSend/ncclRecv pairs and dt_cuda_combine adding what
  * arrives, then recursive doubling: tree_allreduce below); other world sizes, and
  * reduce_scatter and reduce, copy to pinned host memory and run algo.c over the tcp side

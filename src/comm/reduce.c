@@ -8,7 +8,7 @@
  * rounded back to nearest-even per element with the conversions of dtype.h (scalar; they
  * are rare on the CPU path).
  * All operators are commutative, which is what makes a + b computed by either rank of a
- * pair give the same bits (DESIGN.md rule 2).
+ * pair give the same bits (docs/DESIGN.md rule 2).
  */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("O3")

@@ -5,7 +5,8 @@
  *   1. who am I: rank/size from the options or the launch environment (launch_env.h);
  *      where is the store: env:// (MASTER_ADDR/MASTER_PORT), tcp://host:port, or
  *      file:///path (rank 0 binds a free port and publishes "job host port nonce" there,
- *      and a fresh job secret when none is set: the file is private, mode 0600);
+ *      and a fresh job secret when none is set: the file is private, mode 0600; the
+ *      other ranks refuse any file that is not, file_open_private);
  *      under mpirun with neither MASTER_ADDR nor MASTER_PORT (and MPI built in), rank 0
  *      serves the store on a free port and MPI broadcasts where, and a fresh secret
  *      (mpi_boot.h); every connection, to the store and between ranks, first proves the
@@ -39,6 +40,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,11 +174,38 @@ static dt_status file_publish(const char *path, const char *job, const char *add
     return DT_OK;
 }
 
-/* file://: a secret is taken from the file only when the file is this user's alone: a
- * file planted by someone else must not lead the ranks to a store of theirs. */
-static int file_private(FILE *f) {
+/* file://: the rendezvous file is trusted only when it is this user's alone: a regular
+ * file, not a symbolic link, owned by this user, with no access for group or others
+ * (mode 0600, as file_publish writes it). Anything else is refused at once, whatever it
+ * holds: a file planted by another user must not lead the ranks to a store of theirs,
+ * with a secret in it or without one. *out is NULL (and DT_OK) while there is no file. */
+static dt_status file_open_private(const char *path, FILE **out) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 && errno == ENOENT) return DT_OK;   /* rank 0 has not written it yet */
     struct stat sb;
-    return fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_uid == geteuid() && !(sb.st_mode & 077);
+    int got = fd >= 0 ? fstat(fd, &sb) == 0 : lstat(path, &sb) == 0;
+    int e = errno;
+    if (fd >= 0 && got && S_ISREG(sb.st_mode) && sb.st_uid == geteuid() && !(sb.st_mode & 077)) {
+        if ((*out = fdopen(fd, "r")) != NULL) return DT_OK;
+        e = errno;
+        close(fd);
+        return dt_error(DT_ERR_IO, "file://%s: cannot read the rendezvous file: %s", path, strerror(e));
+    }
+    if (fd >= 0) close(fd);
+    if (!got) return dt_error(DT_ERR_IO, "file://%s: cannot open the rendezvous file: %s", path, strerror(e));
+    char owner[64];
+    struct passwd pw, *pwp = NULL;
+    char pwbuf[1024];
+    if (getpwuid_r(sb.st_uid, &pw, pwbuf, sizeof pwbuf, &pwp) == 0 && pwp)
+        snprintf(owner, sizeof owner, "%u (%s)", (unsigned)sb.st_uid, pw.pw_name);
+    else
+        snprintf(owner, sizeof owner, "%u", (unsigned)sb.st_uid);
+    const char *what = S_ISLNK(sb.st_mode) ? "a symbolic link" : !S_ISREG(sb.st_mode) ? "not a regular file"
+                     : sb.st_uid != geteuid() ? "another user's" : "readable or writable by others";
+    return dt_error(DT_ERR_INVALID, "file://%s: the rendezvous file is %s (owner %s, mode %04o); only a regular "
+                    "file of this user (%u) with mode 0600, as rank 0 writes it, is trusted: remove it or use "
+                    "another path", path, what, owner, (unsigned)(sb.st_mode & 07777), (unsigned)geteuid());
 }
 
 /* file://: wait for a file naming this job, connect, and check the nonce with the store
@@ -187,13 +216,13 @@ static dt_status file_connect(const char *path, dt_auth *auth, double deadline, 
     const char *job = auth->job;
     int own_secret = auth->has_secret;
     for (;;) {
-        FILE *f = fopen(path, "r");
+        FILE *f;
+        DT_TRY(file_open_private(path, &f));
         if (f) {
             char fjob[160], faddr[64], fsecret[80];
             int fport, ver;
             unsigned long long nonce;
             int n = fscanf(f, "dtrain-store %d %159s %63s %d %llx %79s", &ver, fjob, faddr, &fport, &nonce, fsecret);
-            int priv = file_private(f);
             fclose(f);
             if (n == 6 && ver == 2 && strcmp(fjob, *job ? job : "-") == 0) {
                 dt_store *st = NULL;
@@ -201,11 +230,7 @@ static dt_status file_connect(const char *path, dt_auth *auth, double deadline, 
                 int usable = 1;
                 if (!own_secret) {
                     int has = strcmp(fsecret, "-") != 0;
-                    usable = (!has || priv) && dt_auth_init_secret(auth, job, has ? fsecret : NULL,
-                                                                   has ? strlen(fsecret) : 0) == DT_OK;
-                    if (has && !priv)
-                        snprintf(seen, sizeof seen, "the file carries a job secret but is not this user's alone "
-                                 "(mode 0600): it is not trusted");
+                    usable = dt_auth_init_secret(auth, job, has ? fsecret : NULL, has ? strlen(fsecret) : 0) == DT_OK;
                 }
                 if (usable && dt_store_connect(faddr, fport, auth, left < 2 ? (left > 0.1 ? left : 0.1) : 2, &st) == DT_OK) {
                     void *v = NULL;

@@ -10,7 +10,7 @@
  *
  * Every message starts with a header {magic, context, sequence number, fingerprint,
  * bytes}; the receiver checks it against its own call, which turns "ranks called
- * different collectives" into an error naming both calls (DESIGN.md rule 3).
+ * different collectives" into an error naming both calls (docs/DESIGN.md rule 3).
  * Waiting spins briefly, then sleeps: on a futex in the ring when only shared memory is
  * involved (the peer wakes us), in poll() on the sockets otherwise. A peer that talks to
  * us over shared memory is checked on every wake-up: its socket reports end of file when
@@ -120,7 +120,7 @@ static const char *where(const dt_call *call, char *buf, size_t n) {
 
 /* After an error the byte streams may be out of step, so the world is unusable. Hang up
  * on every peer as well: ranks waiting on this one then fail within moments ("rank R
- * disconnected") instead of sitting out their timeout (DESIGN.md rule 3). */
+ * disconnected") instead of sitting out their timeout (docs/DESIGN.md rule 3). */
 static dt_status broken(tcp_world *w, dt_status s) {
     w->broken = 1;
     snprintf(w->broken_msg, sizeof w->broken_msg, "%s", dt_last_error());
@@ -438,7 +438,7 @@ static int peer_gone(tcp_comm *tc, int peer) {
 
 /* Who never arrived? Each rank that times out in a collective leaves a mark in the store
  * and, for a moment, looks for the others' marks: the ranks without one are the ones
- * that never joined (DESIGN.md rule 3). Without a store the message names the peer this
+ * that never joined (docs/DESIGN.md rule 3). Without a store the message names the peer this
  * rank was waiting for. */
 static dt_status timed_out(tcp_comm *tc, const dt_call *call, int who) {
     dt_comm *c = tc->c;

@@ -7,7 +7,7 @@
  * GEMM on inputs already rounded to bf16 or f16: a product of two such values has at
  * most 22 significant bits and is exact in f32, so the result is that of a 16-bit GEMM
  * with f32 accumulation, up to the order of the sums (here sgemm's fixed blocks, so
- * the bits are independent of the thread count, DESIGN.md rule 2).
+ * the bits are independent of the thread count, docs/DESIGN.md rule 2).
  */
 #include "cpu.h"
 #include "dtype.h"

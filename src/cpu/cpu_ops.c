@@ -8,7 +8,7 @@
  *
  * Threads: every parallel region uses dt_cpu_threads() threads (set_threads), and
  * OpenBLAS is pinned to one thread: its own threading changes the bits of sgemm
- * with the thread count (DESIGN.md rule 2), so cpu_gemm.c parallelises over fixed
+ * with the thread count (docs/DESIGN.md rule 2), so cpu_gemm.c parallelises over fixed
  * output blocks instead.
  */
 #include "cpu.h"

@@ -5,7 +5,7 @@
  *
  * The sum of squares uses the fixed-chunk scheme of cpu.h: chunk sums in double (8 interleaved
  * accumulators), chunks combined pairwise in index order, so gradient norms and
- * checksums have the same bits on 1 or 2 threads (DESIGN.md rule 2).
+ * checksums have the same bits on 1 or 2 threads (docs/DESIGN.md rule 2).
  */
 #include "cpu.h"
 #include "rng.h"

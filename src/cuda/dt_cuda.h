@@ -4,7 +4,7 @@
  *
  * Only code inside the compute layer (src/ops.c's dt_ops_get_ex) and the NCCL
  * communication backend include this header; the trainer reaches the backend through
- * dt_ops_get_ex("cuda", &opts) (DESIGN.md rule 1). Built only with ./configure --with-cuda.
+ * dt_ops_get_ex("cuda", &opts) (docs/DESIGN.md rule 1). Built only with ./configure --with-cuda.
  *
  * Device: chosen once per process, by the first dt_ops_cuda(index, ...) or
  * dt_cuda_open(index), as index modulo the number of visible devices. The backend reads

@@ -2,7 +2,7 @@
  * args.h: strict command-line value parsing shared by dtrain's programs.
  *
  * Every parser names the flag and the expected form in its error, so a program
- * prints one clear line and exits 2 (DESIGN.md rule 5): "--lr: expected a
+ * prints one clear line and exits 2 (docs/DESIGN.md rule 5): "--lr: expected a
  * number, got '0.1x'". The library names option fields instead ("lr: expected a
  * positive learning rate"); dt_arg_flag_message turns such a message into one
  * that names the flag.

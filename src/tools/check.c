@@ -1,6 +1,6 @@
 /*
  * check.c: `dtrain check --np N [train flags]` proves that a distributed run is
- * the 1-process run (DESIGN.md rule 2), with the checks practitioners use to
+ * the 1-process run (docs/DESIGN.md rule 2), with the checks practitioners use to
  * trust data parallelism, each turned from "looks similar" into an exact test:
  *
  *   end to end     a short run on N processes (dtrun) exits 0
@@ -59,7 +59,7 @@ static const char *usage_check =
     "1-process run:\n"
     "  end to end    the N-process run exits 0\n"
     "  loss curve    the loss of every step is bitwise equal when N is a power of\n"
-    "                two (DESIGN.md rule 2), within 1e-5 relative otherwise; the\n"
+    "                two (docs/DESIGN.md rule 2), within 1e-5 relative otherwise; the\n"
     "                first step that differs is shown with both values\n"
     "  batch order   every step's global batch has the same fingerprint\n"
     "  epoch order   step s of epoch 1 draws another batch than step s of epoch 0\n"

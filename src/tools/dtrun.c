@@ -9,7 +9,7 @@
  * LOCAL_RANK, WORLD_SIZE, ... (the variables launch_env.c reads), its output comes back
  * prefixed "[rankK]:", and the job ends as a unit: the first rank that fails on any node
  * takes every rank down and every dtrun names it — rank, node, how, when and its last
- * stderr lines — so a crash never leaves the others hanging in a collective (DESIGN.md
+ * stderr lines — so a crash never leaves the others hanging in a collective (docs/DESIGN.md
  * rule 3). With --max-restarts K the job is started again, up to K times.
  *
  * This file holds the command line, the attempt loop and the final report; the ranks
@@ -108,7 +108,8 @@ static const char usage[] =
 "With --max-restarts K every rank is then started again, up to K times. SIGINT, SIGTERM\n"
 "and SIGHUP sent to a dtrun are forwarded to its ranks (a second one sends SIGKILL) and\n"
 "end the job on every node, without restart; dtrun waits for its ranks before it exits.\n"
-"Ranks run in their own process group and are killed if dtrun dies.\n"
+"Ranks run in their own process group, with what they start, and are killed if dtrun\n"
+"dies, also by SIGKILL: a process named dtrun-watch leads the group and ends it then.\n"
 "\n"
 "exit status:\n"
 "  0        every rank exited 0 (on the last attempt)\n"

@@ -75,7 +75,9 @@ typedef struct {
     char         host[256];
     char       **hosts;       /* host of every node (the layout), or NULL */
     dtrun_rank  *rk;
-    pid_t        pgid;
+    pid_t        pgid;        /* the ranks' process group: the watcher's pid (dtrun_ranks.c) */
+    pid_t        watcher;     /* this attempt's watcher, 0 when none */
+    int          watch_fd;    /* the write end of its pipe, -1 when none */
     int          sfd;         /* signalfd: SIGCHLD, SIGINT, SIGTERM, SIGHUP */
     FILE        *log;         /* dtrun's own log in --log-dir, or NULL */
     dtrun_net   *net;         /* NULL on a single node */

@@ -10,10 +10,13 @@
  * kept whatever is shown, for the failure report.
  *
  * No rank outlives dtrun: the ranks share their own process group, which dtrun signals
- * as a whole (grandchildren included), and each child asks the kernel for SIGKILL if
- * dtrun dies (PR_SET_PDEATHSIG), in case dtrun itself is killed with SIGKILL. Once
- * they are reaped, the shared-memory segments of dead processes are swept (shm_name.h),
- * so a rank killed mid-set-up leaves nothing in /dev/shm.
+ * as a whole (grandchildren included) and SIGKILLs at the end of every attempt. If
+ * dtrun itself ends without running any code of its own (SIGKILL, a crash), a watcher
+ * process ends the group (watcher_run): PR_SET_PDEATHSIG, which each child also asks
+ * for, reaches dtrun's direct children only, not a rank started through a wrapper
+ * (dtrun -n 2 sh -c "dtrain ...; echo"). Once they are reaped, the shared-memory
+ * segments of dead processes are swept (shm_name.h), so a rank killed mid-set-up leaves
+ * nothing in /dev/shm.
  *
  * Everything runs in one thread with poll(): rank output pipes, a signalfd for SIGCHLD,
  * SIGINT, SIGTERM and SIGHUP (no signal-handler reentrancy), and on several nodes the
@@ -23,6 +26,7 @@
 #include "dtrun.h"
 #include "shm_name.h"   /* dt_shm_sweep: what killed ranks leave in /dev/shm */
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -30,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -152,6 +157,105 @@ static void stream_read(dtrun_job *job, dtrun_rank *rk, int k) {
     }
 }
 
+/* ---- the watcher --------------------------------------------------------------------
+ * Why a separate process: when dtrun is SIGKILLed, none of its code runs, and the kernel's
+ * parent-death signal reaches only its direct children; a rank behind a wrapper shell is a
+ * grandchild, reparented to init, and would run on. What the kernel does do on every way
+ * out of dtrun is close its descriptors. So before the ranks, dtrun forks a watcher that
+ * leads a new process group (the ranks join it) and holds the read end of a pipe whose
+ * only write end stays in dtrun (close-on-exec: no rank inherits it). When dtrun is gone,
+ * however it went, the read returns end-of-file and the watcher SIGKILLs the group,
+ * grandchildren and itself included. It does not ask for a parent-death signal (it must
+ * outlive dtrun), ignores the signals dtrun forwards to the group, holds no other
+ * descriptor (no rank output pipe, socket or terminal stays open through it), and, as the
+ * group's leader left unreaped until the attempt's final kill, keeps the group id from
+ * being reused while dtrun may still signal it. */
+
+/* Close every descriptor but keep (dtrun is single-threaded: opendir is safe after fork). */
+static void close_all_but(int keep) {
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        int dfd = dirfd(d), fds[256], n;
+        do {   /* in batches: closing while listing is not something readdir promises to survive */
+            struct dirent *e;
+            n = 0;
+            rewinddir(d);
+            while (n < 256 && (e = readdir(d)) != NULL) {
+                int fd = atoi(e->d_name);
+                if (e->d_name[0] != '.' && fd != keep && fd != dfd) fds[n++] = fd;
+            }
+            for (int i = 0; i < n; i++) close(fds[i]);
+        } while (n == 256);
+        closedir(d);
+        return;
+    }
+    struct rlimit rl;
+    int max = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 65536 ? (int)rl.rlim_cur : 65536;
+    for (int fd = 0; fd < max; fd++) if (fd != keep) close(fd);
+}
+
+/* In the watcher, after fork: wait for dtrun to go, then end the group. Never returns. */
+static void watcher_run(int rfd, int wfd) {
+    close(wfd);
+    (void)setpgid(0, 0);
+    if (getpgrp() != getpid()) _exit(1);   /* never kill(0) from dtrun's own group */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    close_all_but(rfd);
+    int devnull = open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+        for (int fd = 0; fd < 3; fd++) if (fd != rfd && fd != devnull) dup2(devnull, fd);
+        if (devnull > 2 && devnull != rfd) close(devnull);
+    }
+    prctl(PR_SET_NAME, "dtrun-watch", 0, 0, 0);
+    char c;
+    for (;;) {
+        ssize_t r = read(rfd, &c, 1);
+        if (r == 0 || (r < 0 && errno != EINTR)) break;   /* dtrun is gone (it never writes) */
+    }
+    kill(0, SIGKILL);   /* the whole group: the ranks, what they started, and this process */
+    _exit(0);
+}
+
+/* Start this attempt's watcher; job->pgid becomes its group. 0, or -1 with errno set. */
+static int watcher_start(dtrun_job *job) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(p[0]);
+        close(p[1]);
+        errno = e;
+        return -1;
+    }
+    if (pid == 0) watcher_run(p[0], p[1]);
+    (void)setpgid(pid, pid);   /* also here: the ranks join the group before the watcher runs */
+    close(p[0]);
+    job->watcher = pid;
+    job->watch_fd = p[1];
+    job->pgid = pid;
+    return 0;
+}
+
+/* End this attempt's watcher (after the group's final SIGKILL) and reap it. */
+static void watcher_end(dtrun_job *job) {
+    if (job->watch_fd >= 0) close(job->watch_fd);   /* end-of-file: it kills the group and exits */
+    job->watch_fd = -1;
+    if (job->watcher > 0) {
+        kill(job->watcher, SIGKILL);
+        waitpid(job->watcher, NULL, 0);
+    }
+    job->watcher = 0;
+    job->pgid = 0;   /* its id may be reused from now on: signal it no more */
+}
+
 /* In the child, after fork: become the rank and exec the program. Never returns. */
 static void child_exec(const dtrun_job *job, const dtrun_rank *rk, pid_t parent,
                        int out_w, int err_w, const char *threads) {
@@ -217,10 +321,16 @@ int dtrun_spawn(dtrun_job *job) {
     snprintf(threads, sizeof threads, "%d", t < 1 ? 1 : t);
     pid_t parent = getpid();
     job->pgid = 0;
+    job->watcher = 0;
+    job->watch_fd = -1;
     job->alive = 0;
     job->stopping = 0;
     job->kill_at = 0;
     memset(job->rk, 0, (size_t)cfg->nproc * sizeof *job->rk);
+    if (watcher_start(job) != 0) {
+        dtrun_say(job, "cannot start the process that ends the ranks with dtrun: %s", strerror(errno));
+        return -1;
+    }
     for (int r = 0; r < cfg->nproc; r++) {
         dtrun_rank *rk = &job->rk[r];
         int po[2], pe[2];
@@ -237,7 +347,6 @@ int dtrun_spawn(dtrun_job *job) {
         if (pid == 0) child_exec(job, rk, parent, po[1], pe[1], threads);
         /* also set the group here, so kill(-pgid) reaches the child before it runs */
         (void)setpgid(pid, job->pgid);   /* EACCES once the child has exec'd: it set it itself */
-        if (job->pgid == 0) job->pgid = pid;
         rk->pid = pid;
         job->alive++;
         close(po[1]);
@@ -257,6 +366,8 @@ int dtrun_spawn(dtrun_job *job) {
             for (int k = 0; k < 2; k++) if (job->rk[q].s[k].fd >= 0) close(job->rk[q].s[k].fd);
         }
         job->alive = 0;
+        kill(-job->pgid, SIGKILL);
+        watcher_end(job);
         dtrun_close_logs(job);
         return -1;
     }
@@ -338,17 +449,14 @@ static void handle_signals(dtrun_job *job) {
     struct signalfd_siginfo si;
     while (read(job->sfd, &si, sizeof si) == (ssize_t)sizeof si)
         if ((int)si.ssi_signo != SIGCHLD) got_signal(job, (int)si.ssi_signo);
-    for (;;) {
+    /* the ranks only: the watcher stays unreaped, holding the group's id, until the end */
+    for (int r = 0; r < job->cfg->nproc; r++) {
+        dtrun_rank *rk = &job->rk[r];
         int status;
-        pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid <= 0) break;
-        for (int r = 0; r < job->cfg->nproc; r++) {
-            dtrun_rank *rk = &job->rk[r];
-            if (rk->reaped || rk->pid != pid) continue;
-            rk->reaped = 2;   /* reaped, not reported yet */
-            rk->status = status;
-            job->alive--;
-        }
+        if (rk->reaped || waitpid(rk->pid, &status, WNOHANG) != rk->pid) continue;
+        rk->reaped = 2;   /* reaped, not reported yet */
+        rk->status = status;
+        job->alive--;
     }
     for (int pass = 0; pass < 2; pass++)   /* the signalled first, then the rest */
         for (int r = 0; r < job->cfg->nproc; r++) {
@@ -371,6 +479,7 @@ void dtrun_supervise(dtrun_job *job) {
         dtrun_signal_ranks(job, SIGKILL);
         for (int r = 0; r < n; r++)
             if (!job->rk[r].reaped) { waitpid(job->rk[r].pid, &job->rk[r].status, 0); job->rk[r].reaped = 1; }
+        watcher_end(job);
         job->alive = 0;
         dtrun_stop(job, "dtrun ran out of memory", 1, 1);
         free(pfd); free(who);
@@ -435,11 +544,12 @@ void dtrun_supervise(dtrun_job *job) {
             st->buf = NULL;
             st->len = st->cap = 0;
         }
-    /* make sure nothing of the attempt survives (a grandchild in our group) */
+    /* make sure nothing of the attempt survives (a grandchild in our group, the watcher) */
     if (job->pgid > 0) kill(-job->pgid, SIGKILL);
     /* the ranks are gone: reap what is left so the next attempt starts clean */
     for (int r = 0; r < n; r++)
         if (!job->rk[r].reaped) { waitpid(job->rk[r].pid, &job->rk[r].status, 0); job->rk[r].reaped = 1; }
+    watcher_end(job);
     /* a rank killed (SIGKILL, the OOM killer) while a shared-memory ring it made was not
      * yet mapped by its peer leaves the name in /dev/shm: remove what dead processes left */
     dt_shm_sweep();

@@ -6,7 +6,7 @@
  * `dtrain check`, `dtrain plot` and dtrain.c use them, so they sit below all three.
  *
  * These live in the dtrain program, not in the library: they start processes
- * and print, which the library never does (DESIGN.md rule 5).
+ * and print, which the library never does (docs/DESIGN.md rule 5).
  */
 #ifndef DT_TOOL_UTIL_H
 #define DT_TOOL_UTIL_H

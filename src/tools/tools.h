@@ -5,7 +5,7 @@
  * tool_util.h, below both, so neither file depends on the other.
  *
  * These live in the dtrain program, not in the library: they start processes
- * and print, which the library never does (DESIGN.md rule 5).
+ * and print, which the library never does (docs/DESIGN.md rule 5).
  */
 #ifndef DT_TOOLS_H
 #define DT_TOOLS_H

@@ -1,0 +1,82 @@
+/*
+ * pipeline.h: pipeline schedules as lists of actions, one list per stage.
+ *
+ * A pipeline cuts the model's top-level modules into P consecutive stages, one per
+ * rank of a pipeline group (model.h: dt_model_forward_range / dt_model_backward_range
+ * are the seam a stage runs), and cuts each step's local batch into M micro-batches
+ * that flow through the stages. A schedule says, for each stage, in which order it
+ * runs its forwards and backwards and moves the boundary tensors:
+ *
+ *   FWD m        forward of micro-batch m over the stage's range
+ *   BWD m        backward of micro-batch m (its forward ran before, on this stage)
+ *   SEND_ACT m   the stage's output of m to the next stage     (not on the last)
+ *   RECV_ACT m   the previous stage's output of m, our input   (not on the first)
+ *   SEND_GRAD m  the gradient of our input of m to the previous stage (not on the first)
+ *   RECV_GRAD m  the gradient of our output of m from the next stage  (not on the last)
+ *
+ * The schedules are rows (name, builder):
+ *   gpipe  every forward, then every backward: M micro-batches of activations held;
+ *   1f1b   after P - 1 - s warm-up forwards, stage s alternates one forward and one
+ *          backward: at most P - s micro-batches of activations held.
+ * Both run the backwards of a stage in micro-batch order 0, 1, ..., M - 1, so a stage
+ * sums its gradients in the order one process does (rule 2 of docs/DESIGN.md): the
+ * layout changes where work runs, never the order of a sum.
+ *
+ * Sends are blocking and meet their receive (the comm layer's dt_send / dt_recv may
+ * wait for the peer), so a list is usable only if no two neighbours wait on each other:
+ * dt_pp_check simulates every stage's list under exactly that rule and refuses a
+ * schedule that would hang, as well as one that breaks the definitions above.
+ *
+ * What a trainer that runs these lists must add (none does yet): a stage keeps the
+ * activations of every micro-batch in flight (1F1B: up to P - s of them; a model keeps
+ * one pass's, so either one model per slot, or the stage's input kept per micro-batch
+ * and its forward run again just before its backward, with the same bits, as
+ * --recompute does for blocks); the tied embedding of the gpt presets gets its two
+ * gradient parts in one process's order (the last stage's part first, then the first
+ * stage's backward adds into it); and the loss of every micro-batch reaches every rank.
+ */
+#ifndef DT_PIPELINE_H
+#define DT_PIPELINE_H
+
+#include <stddef.h>
+#include "dt_api.h"
+#include "status.h"
+
+typedef enum { DT_PP_FWD, DT_PP_BWD, DT_PP_SEND_ACT, DT_PP_RECV_ACT, DT_PP_SEND_GRAD, DT_PP_RECV_GRAD } dt_pp_op;
+
+typedef struct {
+    dt_pp_op op;
+    int      micro;    /* the micro-batch, 0 .. M - 1 */
+} dt_pp_action;
+
+typedef struct {
+    dt_pp_action *a;
+    int           n;
+} dt_pp_list;
+
+/* The schedules by name ("gpipe", "1f1b"); NULL for another. Their names, for a
+ * message: "gpipe or 1f1b". */
+typedef struct dt_pp_schedule dt_pp_schedule;
+DT_API const dt_pp_schedule *dt_pp_find(const char *name);
+DT_API const char           *dt_pp_name(const dt_pp_schedule *s);
+DT_API const char           *dt_pp_names(char *buf, size_t n);
+
+/* Stage `stage`'s actions (0 .. stages - 1) with `micro` micro-batches; free with
+ * dt_pp_list_free. DT_ERR_INVALID for fewer micro-batches than stages (the pipeline
+ * could not fill: the message names both numbers), or a stage out of range. */
+DT_API dt_status dt_pp_build(const dt_pp_schedule *s, int stages, int stage, int micro, dt_pp_list *out);
+DT_API void      dt_pp_list_free(dt_pp_list *l);
+
+/* Every stage's list (lists[0 .. stages)) holds to the definitions: each micro-batch's
+ * forward and backward once on every stage, its forward first; the boundary tensors
+ * received before they are used and sent after they are made, the first stage
+ * receiving and the last sending nothing; backwards in micro-batch order; and the lists
+ * run to their end when each send waits for its receive (no hang). *in_flight receives
+ * the most micro-batches whose activations a stage held at once (optional). The
+ * message says which stage and action break which rule. */
+DT_API dt_status dt_pp_check(const dt_pp_list *lists, int stages, int micro, int *in_flight);
+
+/* A list as text, one action a line ("FWD 3", "SEND_ACT 3"), for --schedule-dump. */
+DT_API size_t    dt_pp_dump(const dt_pp_list *l, char *buf, size_t n);
+
+#endif /* DT_PIPELINE_H */
