@@ -164,7 +164,11 @@ static dt_status setup_comm(const char *backend, const char *init, int quiet, dt
 /* ---- progress and metrics ------------------------------------------------------------ */
 
 typedef struct {
-    FILE *metrics;
+    FILE *metrics;           /* NULL once a write to it failed */
+    const char *metrics_path;
+    int   metrics_best_effort;
+    int   metrics_errno;     /* > 0: a write to the metrics file failed with this */
+    int64_t metrics_lost_at; /* ... at this step: its lines from there on are lost */
     int   quiet, tty, rank0;
     int   bar_open;
     int64_t tokens;          /* tokens per sample (> 1: a token model; progress in tokens/s) */
@@ -180,6 +184,35 @@ typedef struct {
 static double mfu(const reporter *r, double s) {
     double peak = r->peak_gflops * 1e9 * (r->world > 0 ? r->world : 1);
     return peak > 0 ? 100.0 * s * (double)r->tokens * r->flops_per_token / peak : 0.0;
+}
+
+/* After metrics lines are written: a write that failed (a full disk, a quota) is said at
+ * once, once, naming the file. The file is closed then and gets no further lines (a file
+ * with a hole in the middle would read as complete); the run goes on and fails at its
+ * end unless --metrics-best-effort (cmd_train). */
+static void metrics_lost(reporter *r, int err, int64_t step) {
+    if (r->metrics_errno) return;
+    r->metrics_errno = err ? err : EIO;
+    r->metrics_lost_at = step;
+    if (r->bar_open) {
+        fputs("\r\033[K", stderr);
+        r->bar_open = 0;
+    }
+    fflush(stdout);
+    fprintf(stderr, "dtrain: %swarning: --metrics: cannot write %s: %s; its lines from step %lld on are lost (%s)\n",
+            g_world > 1 ? "rank 0: " : "", r->metrics_path, strerror(r->metrics_errno), (long long)step,
+            r->metrics_best_effort ? "--metrics-best-effort: the run goes on"
+                                   : "the run goes on and exits 1 at its end; --metrics-best-effort accepts this");
+}
+
+static void metrics_flush(reporter *r, int64_t step) {
+    if (!r->metrics) return;
+    errno = 0;
+    if (fflush(r->metrics) == 0 && !ferror(r->metrics)) return;
+    int err = errno;
+    fclose(r->metrics);   /* fails again on what is still buffered: nothing more to learn */
+    r->metrics = NULL;
+    metrics_lost(r, err, step);
 }
 
 static void fmt_duration(double s, char *buf, size_t n) {
@@ -219,7 +252,7 @@ static void show_memory(reporter *r, const dt_mem_stats *all, int world, int64_t
         mem_doubles(&all[q], cur, peak);
         mem_json(cur, peak, mem, sizeof mem);
         fprintf(r->metrics, "{\"event\":\"memory\",\"step\":%lld,\"rank\":%d,%s}\n", (long long)step, q, mem);
-        fflush(r->metrics);
+        metrics_flush(r, step);
     }
     mem_doubles(&all[0], cur, peak);
     if (r->quiet) return;
@@ -250,7 +283,7 @@ static void show_ranks(reporter *r, const dt_train_event *ev) {
                     "\"compute_s\":%.6f,\"comm_s\":%.6f,\"peak_mem_mb\":%.1f,\"samples\":%.0f,%s}\n",
                     (long long)ev->step, q, x[0], x[1], x[2], x[3], x[4], x[5], x[6], mem);
         }
-        fflush(r->metrics);
+        metrics_flush(r, ev->step);
     }
     if (r->quiet) return;
     if (r->bar_open) {
@@ -352,7 +385,7 @@ static void on_event(void *ctx, const dt_train_event *ev) {
                     "{\"event\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.9g,\"samples_per_s\":%.1f,"
                     "\"elapsed_s\":%.3f,\"world_size\":%d}\n",
                     ev->epoch, (long long)ev->step, ev->loss, ev->samples_per_s, ev->elapsed_s, ev->world_size);
-        fflush(r->metrics);
+        metrics_flush(r, ev->step);
     }
     if (r->quiet) return;
     char eta[32];
@@ -480,6 +513,8 @@ static int cmd_train(int argc, char **argv) {
                     .peak_gflops = cli.peak_gflops, .peak_measured = cli.peak_gflops <= 0};
     if (g_rank == 0 && gpt && cli.peak_gflops <= 0) rep.peak_gflops = measure_peak(ops);
     if (g_rank == 0 && cli.metrics) {
+        rep.metrics_path = cli.metrics;
+        rep.metrics_best_effort = cli.metrics_best_effort;
         rep.metrics = fopen(cli.metrics, "a");
         if (!rep.metrics) {
             s = dt_error(DT_ERR_IO, "--metrics: cannot open %s for appending", cli.metrics);
@@ -539,7 +574,17 @@ static int cmd_train(int argc, char **argv) {
         }
     }
     free(mems);
-    if (rep.metrics) fclose(rep.metrics);
+    if (rep.metrics) {
+        errno = 0;
+        int bad = ferror(rep.metrics), err = errno;
+        if (fclose(rep.metrics) != 0 || bad) metrics_lost(&rep, bad ? err : errno, res.steps);
+        rep.metrics = NULL;
+    }
+    /* metrics lost on the way: said at once; the run fails now, after the weights are saved */
+    if (s == DT_OK && rep.metrics_errno && !cli.metrics_best_effort)
+        s = dt_error(DT_ERR_IO, "--metrics: could not write %s: %s; its lines from step %lld on are lost "
+                     "(--metrics-best-effort to accept this)", cli.metrics, strerror(rep.metrics_errno),
+                     (long long)rep.metrics_lost_at);
     dt_model_free(model);
 out:
     if (s != DT_OK) {
