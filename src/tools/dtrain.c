@@ -12,12 +12,14 @@
  * `srun`: the launch environment says the rank and world size, and then every
  * rank trains its share of each global batch (train.h). Only rank 0 prints,
  * writes metrics and saves weights; errors name the rank that speaks.
- * Exit codes: 0 success, 2 bad input (flags, files, specs), 1 runtime failure.
+ * Exit codes: 0 success, 2 bad input (flags, files, specs), 1 runtime failure,
+ * 75 (EX_TEMPFAIL) `train` stopped on SIGTERM after a checkpoint: resume later.
  */
 #include "config.h"   /* _GNU_SOURCE: sched_getaffinity */
 
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -436,6 +438,35 @@ static void on_event(void *ctx, const dt_train_event *ev) {
 
 /* ---- train ----------------------------------------------------------------------------- */
 
+/* Preemption. Slurm, Kubernetes and dtrun send SIGTERM some time (a grace period) before
+ * SIGKILL. The handler only sets this flag (async-signal-safe); the trainer reads it at
+ * each step's end, where the ranks agree on it, so every rank stops after the same step
+ * and writes the checkpoint there (dt_train_opts.stop_request). SA_RESETHAND: a second
+ * SIGTERM takes its default action and ends the process at once. SA_RESTART, and every
+ * wait of the library retries on EINTR, so the signal interrupts no read or write. */
+static volatile sig_atomic_t g_sigterm = 0;
+
+static void on_sigterm(int sig) {
+    (void)sig;
+    g_sigterm = 1;
+}
+
+static void catch_sigterm(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigterm;
+    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* The exit status of a run stopped on SIGTERM after its checkpoint: EX_TEMPFAIL of
+ * sysexits.h ("a temporary failure; retry later"). Not 0, which would tell a Kubernetes
+ * Job or a Slurm script that training is complete; not 1 or 2 (a failure, bad input); not
+ * 143 (128 + SIGTERM), which a shell reports for a process that SIGTERM killed, i.e.
+ * one that saved nothing. */
+#define DTRAIN_EXIT_PREEMPTED 75
+
 /* The sgemm rate of this device in GFLOP/s (the best of a few 1024^3 products after
  * one to warm up), the peak that model FLOPs utilisation is stated against unless
  * --peak-gflops says. */
@@ -523,6 +554,8 @@ static int cmd_train(int argc, char **argv) {
     }
     o.on_event = on_event;
     o.event_ctx = &rep;
+    o.stop_request = &g_sigterm;
+    catch_sigterm();
     dt_model *model = NULL;
     dt_train_result res;
     s = dt_train_run(&o, ops, comm, &model, &res);
@@ -535,7 +568,13 @@ static int cmd_train(int argc, char **argv) {
         mems[0] = res.mem;
     if (s == DT_OK && g_rank == 0) {
         show_memory(&rep, mems, g_world, res.steps);
-        if (res.stopped)
+        if (res.stopped == 2 && o.ckpt_dir)
+            printf("dtrain: stopped at step %lld on SIGTERM, checkpointed in %s; resume with --resume auto\n",
+                   (long long)res.steps, o.ckpt_dir);
+        else if (res.stopped == 2)
+            printf("dtrain: stopped at step %lld on SIGTERM; without --checkpoint-dir there is nothing to "
+                   "resume from\n", (long long)res.steps);
+        else if (res.stopped)
             printf("dtrain: stopped at step %lld as asked (--stop-at); resume with --resume auto\n",
                    (long long)res.steps);
         else if (!res.evaluated && rep.tokens > 1)
@@ -559,7 +598,7 @@ static int cmd_train(int argc, char **argv) {
         if (res.loss_scale > 0)
             printf("dtrain: fp16 loss scaling: %lld step%s skipped for inf/NaN gradients, final scale %.9g\n",
                    (long long)res.skipped_steps, res.skipped_steps == 1 ? "" : "s", res.loss_scale);
-        if (cli.save) {
+        if (cli.save && res.stopped != 2) {   /* preempted: the checkpoint holds the state; keep the grace */
             /* the input normalisation goes with the weights: a PyTorch user repeats it */
             char mean[1100] = "", std[1100] = "";
             for (int c = 0; c < res.norm_channels && c < 64; c++) {
@@ -593,7 +632,7 @@ out:
         return rc;
     }
     dt_comm_destroy(comm);
-    return 0;
+    return res.stopped == 2 ? DTRAIN_EXIT_PREEMPTED : 0;
 }
 
 /* ---- eval and model -------------------------------------------------------------------- */
