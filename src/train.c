@@ -566,6 +566,16 @@ static double flops_per_token(const dt_model *m) {
     return 6.0 * n + att;
 }
 
+/* Has the caller asked any rank to stop (opts.stop_request, set by a signal handler)?
+ * The ranks agree, so every one ends after the same step: one all-reduce of an int
+ * (max) a step, a few bytes beside the step's gradients. *stop becomes 2 when asked. */
+static dt_status stop_requested(trainer *t, int *stop) {
+    int32_t mine = *t->o->stop_request != 0, any = mine;
+    if (t->comm && t->world > 1) DT_TRY(dt_allreduce(t->comm, &mine, &any, 1, DT_I32, DT_MAX));
+    if (any) *stop = 2;
+    return DT_OK;
+}
+
 static dt_status run_loop(trainer *t, dt_train_result *res) {
     const dt_train_opts *o = t->o;
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
@@ -640,12 +650,13 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
             epoch_start = dt_now();
         }
         int stop = o->stop_at > 0 && done >= o->stop_at && done < t->total;
-        DT_TRY(dt_train_checkpoint_(t, done, stop));
+        if (!stop && done < t->total && o->stop_request) DT_TRY(stop_requested(t, &stop));
+        DT_TRY(dt_train_checkpoint_(t, done, stop != 0));
         if (stop) {
             /* an interruption on purpose: checkpointed above, end without finishing */
             DT_TRY(dt_shard_gather_root(t->shard));
             DT_TRY(dt_mem_check_limit());
-            res->stopped = 1;
+            res->stopped = stop;
             dt_mem_get(&res->mem);
             res->steps = done;
             res->final_loss = loss;

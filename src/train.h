@@ -23,6 +23,7 @@
 #ifndef DT_TRAIN_H
 #define DT_TRAIN_H
 
+#include <signal.h>   /* sig_atomic_t */
 #include <stdint.h>
 #include "comm.h"
 #include "data.h"    /* dt_data_opts */
@@ -159,6 +160,12 @@ typedef struct {
                                  * held; 0: none (default) */
     dt_train_event_fn on_event;
     void       *event_ctx;
+    /* Not an option (no row, like on_event): where the caller says "stop", e.g. from a
+     * SIGTERM handler it installed (the library installs none, docs/DESIGN.md rule 5).
+     * When non-NULL, at the end of every step the ranks agree (one all-reduce of an int,
+     * max) whether *stop_request is non-zero on any of them; if so every rank ends after
+     * that same step as stop_at does: checkpointed (with ckpt_dir), res->stopped = 2. */
+    const volatile sig_atomic_t *stop_request;
 } dt_train_opts;
 
 /* The defaults listed above (the rows of options.h). */
@@ -169,7 +176,7 @@ typedef struct {
     double  final_loss;        /* mean loss of the last step */
     double  test_loss, test_acc;
     int     evaluated;
-    int     stopped;           /* ended early at opts.stop_at */
+    int     stopped;           /* ended early: 1 at opts.stop_at, 2 on opts.stop_request */
     double  seconds;           /* training time, evaluation excluded */
     double  samples_per_s;     /* global training throughput */
     int     norm_channels;     /* the input normalisation applied, per channel: */

@@ -67,7 +67,7 @@ static void check_rows(const char *what, const dt_opt_row *rows, int n, size_t s
     }
 }
 
-/* Every byte of dt_train_opts belongs to a row, the event callback, or padding
+/* Every byte of dt_train_opts belongs to a row, the event callback, the stop flag, or padding
  * before an 8-byte member: a field added without a row leaves a hole. */
 static void check_coverage(const dt_opt_row *rows, int n) {
     unsigned char covered[sizeof(dt_train_opts)] = {0};
@@ -77,6 +77,8 @@ static void check_coverage(const dt_opt_row *rows, int n) {
     }
     memset(covered + offsetof(dt_train_opts, on_event), 1, sizeof(dt_train_event_fn));
     memset(covered + offsetof(dt_train_opts, event_ctx), 1, sizeof(void *));
+    /* the caller's stop flag (a pointer a signal handler sets), not an option either */
+    memset(covered + offsetof(dt_train_opts, stop_request), 1, sizeof(void *));
     size_t hole = 0, worst = 0;
     for (size_t b = 0; b < sizeof covered; b++) {
         hole = covered[b] ? 0 : hole + 1;

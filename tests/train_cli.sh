@@ -254,4 +254,25 @@ if command -v taskset > /dev/null && [ "$(nproc --all)" -ge 2 ]; then
 else
     skip "needs taskset and 2 cores"; skip "needs taskset and 2 cores"
 fi
+# Metrics that cannot be written (a full disk; /dev/full fails every write) are said at
+# once, once, naming the file, and the run exits 1 at the end naming it again, after
+# saving the weights; --metrics-best-effort keeps the warning and exits 0.
+if [ -w /dev/full ]; then
+    run train --data "$DATA" --model "$MLP" --steps 6 --batch 64 --log-every 1 --no-eval --metrics /dev/full \
+        --save "$T/full.st" > "$T/full.out" 2> "$T/full.err"
+    rc=$?
+    [ "$rc" -eq 1 ]; ok $? "--metrics /dev/full: exit 1 (got $rc)"
+    n=$(grep -c "warning: --metrics: cannot write /dev/full" "$T/full.err")
+    [ "$n" -eq 1 ]; ok $? "--metrics /dev/full: one warning naming the file ($n)"
+    ok_grep "$T/full.err" "^dtrain: --metrics: .*/dev/full.*lost" "--metrics /dev/full: the failure at the end names the file"
+    [ -s "$T/full.st" ]; ok $? "--metrics /dev/full: the weights are saved all the same"
+    run train --data "$DATA" --model "$MLP" --steps 6 --batch 64 --log-every 1 --no-eval --metrics /dev/full \
+        --metrics-best-effort > "$T/fullb.out" 2> "$T/fullb.err"
+    rc=$?
+    [ "$rc" -eq 0 ]; ok $? "--metrics-best-effort: exit 0 (got $rc)"
+    n=$(grep -c "warning: --metrics: cannot write /dev/full" "$T/fullb.err")
+    [ "$n" -eq 1 ]; ok $? "--metrics-best-effort: the warning still said, once ($n)"
+else
+    for i in 1 2 3 4 5 6; do skip "/dev/full is not writable here"; done
+fi
 done_testing

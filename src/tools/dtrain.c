@@ -12,12 +12,14 @@
  * `srun`: the launch environment says the rank and world size, and then every
  * rank trains its share of each global batch (train.h). Only rank 0 prints,
  * writes metrics and saves weights; errors name the rank that speaks.
- * Exit codes: 0 success, 2 bad input (flags, files, specs), 1 runtime failure.
+ * Exit codes: 0 success, 2 bad input (flags, files, specs), 1 runtime failure,
+ * 75 (EX_TEMPFAIL) `train` stopped on SIGTERM after a checkpoint: resume later.
  */
 #include "config.h"   /* _GNU_SOURCE: sched_getaffinity */
 
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,7 +166,11 @@ static dt_status setup_comm(const char *backend, const char *init, int quiet, dt
 /* ---- progress and metrics ------------------------------------------------------------ */
 
 typedef struct {
-    FILE *metrics;
+    FILE *metrics;           /* NULL once a write to it failed */
+    const char *metrics_path;
+    int   metrics_best_effort;
+    int   metrics_errno;     /* > 0: a write to the metrics file failed with this */
+    int64_t metrics_lost_at; /* ... at this step: its lines from there on are lost */
     int   quiet, tty, rank0;
     int   bar_open;
     int64_t tokens;          /* tokens per sample (> 1: a token model; progress in tokens/s) */
@@ -180,6 +186,35 @@ typedef struct {
 static double mfu(const reporter *r, double s) {
     double peak = r->peak_gflops * 1e9 * (r->world > 0 ? r->world : 1);
     return peak > 0 ? 100.0 * s * (double)r->tokens * r->flops_per_token / peak : 0.0;
+}
+
+/* After metrics lines are written: a write that failed (a full disk, a quota) is said at
+ * once, once, naming the file. The file is closed then and gets no further lines (a file
+ * with a hole in the middle would read as complete); the run goes on and fails at its
+ * end unless --metrics-best-effort (cmd_train). */
+static void metrics_lost(reporter *r, int err, int64_t step) {
+    if (r->metrics_errno) return;
+    r->metrics_errno = err ? err : EIO;
+    r->metrics_lost_at = step;
+    if (r->bar_open) {
+        fputs("\r\033[K", stderr);
+        r->bar_open = 0;
+    }
+    fflush(stdout);
+    fprintf(stderr, "dtrain: %swarning: --metrics: cannot write %s: %s; its lines from step %lld on are lost (%s)\n",
+            g_world > 1 ? "rank 0: " : "", r->metrics_path, strerror(r->metrics_errno), (long long)step,
+            r->metrics_best_effort ? "--metrics-best-effort: the run goes on"
+                                   : "the run goes on and exits 1 at its end; --metrics-best-effort accepts this");
+}
+
+static void metrics_flush(reporter *r, int64_t step) {
+    if (!r->metrics) return;
+    errno = 0;
+    if (fflush(r->metrics) == 0 && !ferror(r->metrics)) return;
+    int err = errno;
+    fclose(r->metrics);   /* fails again on what is still buffered: nothing more to learn */
+    r->metrics = NULL;
+    metrics_lost(r, err, step);
 }
 
 static void fmt_duration(double s, char *buf, size_t n) {
@@ -219,7 +254,7 @@ static void show_memory(reporter *r, const dt_mem_stats *all, int world, int64_t
         mem_doubles(&all[q], cur, peak);
         mem_json(cur, peak, mem, sizeof mem);
         fprintf(r->metrics, "{\"event\":\"memory\",\"step\":%lld,\"rank\":%d,%s}\n", (long long)step, q, mem);
-        fflush(r->metrics);
+        metrics_flush(r, step);
     }
     mem_doubles(&all[0], cur, peak);
     if (r->quiet) return;
@@ -250,7 +285,7 @@ static void show_ranks(reporter *r, const dt_train_event *ev) {
                     "\"compute_s\":%.6f,\"comm_s\":%.6f,\"peak_mem_mb\":%.1f,\"samples\":%.0f,%s}\n",
                     (long long)ev->step, q, x[0], x[1], x[2], x[3], x[4], x[5], x[6], mem);
         }
-        fflush(r->metrics);
+        metrics_flush(r, ev->step);
     }
     if (r->quiet) return;
     if (r->bar_open) {
@@ -352,7 +387,7 @@ static void on_event(void *ctx, const dt_train_event *ev) {
                     "{\"event\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.9g,\"samples_per_s\":%.1f,"
                     "\"elapsed_s\":%.3f,\"world_size\":%d}\n",
                     ev->epoch, (long long)ev->step, ev->loss, ev->samples_per_s, ev->elapsed_s, ev->world_size);
-        fflush(r->metrics);
+        metrics_flush(r, ev->step);
     }
     if (r->quiet) return;
     char eta[32];
@@ -402,6 +437,35 @@ static void on_event(void *ctx, const dt_train_event *ev) {
 }
 
 /* ---- train ----------------------------------------------------------------------------- */
+
+/* Preemption. Slurm, Kubernetes and dtrun send SIGTERM some time (a grace period) before
+ * SIGKILL. The handler only sets this flag (async-signal-safe); the trainer reads it at
+ * each step's end, where the ranks agree on it, so every rank stops after the same step
+ * and writes the checkpoint there (dt_train_opts.stop_request). SA_RESETHAND: a second
+ * SIGTERM takes its default action and ends the process at once. SA_RESTART, and every
+ * wait of the library retries on EINTR, so the signal interrupts no read or write. */
+static volatile sig_atomic_t g_sigterm = 0;
+
+static void on_sigterm(int sig) {
+    (void)sig;
+    g_sigterm = 1;
+}
+
+static void catch_sigterm(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigterm;
+    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* The exit status of a run stopped on SIGTERM after its checkpoint: EX_TEMPFAIL of
+ * sysexits.h ("a temporary failure; retry later"). Not 0, which would tell a Kubernetes
+ * Job or a Slurm script that training is complete; not 1 or 2 (a failure, bad input); not
+ * 143 (128 + SIGTERM), which a shell reports for a process that SIGTERM killed, i.e.
+ * one that saved nothing. */
+#define DTRAIN_EXIT_PREEMPTED 75
 
 /* The sgemm rate of this device in GFLOP/s (the best of a few 1024^3 products after
  * one to warm up), the peak that model FLOPs utilisation is stated against unless
@@ -480,6 +544,8 @@ static int cmd_train(int argc, char **argv) {
                     .peak_gflops = cli.peak_gflops, .peak_measured = cli.peak_gflops <= 0};
     if (g_rank == 0 && gpt && cli.peak_gflops <= 0) rep.peak_gflops = measure_peak(ops);
     if (g_rank == 0 && cli.metrics) {
+        rep.metrics_path = cli.metrics;
+        rep.metrics_best_effort = cli.metrics_best_effort;
         rep.metrics = fopen(cli.metrics, "a");
         if (!rep.metrics) {
             s = dt_error(DT_ERR_IO, "--metrics: cannot open %s for appending", cli.metrics);
@@ -488,6 +554,8 @@ static int cmd_train(int argc, char **argv) {
     }
     o.on_event = on_event;
     o.event_ctx = &rep;
+    o.stop_request = &g_sigterm;
+    catch_sigterm();
     dt_model *model = NULL;
     dt_train_result res;
     s = dt_train_run(&o, ops, comm, &model, &res);
@@ -500,7 +568,13 @@ static int cmd_train(int argc, char **argv) {
         mems[0] = res.mem;
     if (s == DT_OK && g_rank == 0) {
         show_memory(&rep, mems, g_world, res.steps);
-        if (res.stopped)
+        if (res.stopped == 2 && o.ckpt_dir)
+            printf("dtrain: stopped at step %lld on SIGTERM, checkpointed in %s; resume with --resume auto\n",
+                   (long long)res.steps, o.ckpt_dir);
+        else if (res.stopped == 2)
+            printf("dtrain: stopped at step %lld on SIGTERM; without --checkpoint-dir there is nothing to "
+                   "resume from\n", (long long)res.steps);
+        else if (res.stopped)
             printf("dtrain: stopped at step %lld as asked (--stop-at); resume with --resume auto\n",
                    (long long)res.steps);
         else if (!res.evaluated && rep.tokens > 1)
@@ -524,7 +598,7 @@ static int cmd_train(int argc, char **argv) {
         if (res.loss_scale > 0)
             printf("dtrain: fp16 loss scaling: %lld step%s skipped for inf/NaN gradients, final scale %.9g\n",
                    (long long)res.skipped_steps, res.skipped_steps == 1 ? "" : "s", res.loss_scale);
-        if (cli.save) {
+        if (cli.save && res.stopped != 2) {   /* preempted: the checkpoint holds the state; keep the grace */
             /* the input normalisation goes with the weights: a PyTorch user repeats it */
             char mean[1100] = "", std[1100] = "";
             for (int c = 0; c < res.norm_channels && c < 64; c++) {
@@ -539,7 +613,17 @@ static int cmd_train(int argc, char **argv) {
         }
     }
     free(mems);
-    if (rep.metrics) fclose(rep.metrics);
+    if (rep.metrics) {
+        errno = 0;
+        int bad = ferror(rep.metrics), err = errno;
+        if (fclose(rep.metrics) != 0 || bad) metrics_lost(&rep, bad ? err : errno, res.steps);
+        rep.metrics = NULL;
+    }
+    /* metrics lost on the way: said at once; the run fails now, after the weights are saved */
+    if (s == DT_OK && rep.metrics_errno && !cli.metrics_best_effort)
+        s = dt_error(DT_ERR_IO, "--metrics: could not write %s: %s; its lines from step %lld on are lost "
+                     "(--metrics-best-effort to accept this)", cli.metrics, strerror(rep.metrics_errno),
+                     (long long)rep.metrics_lost_at);
     dt_model_free(model);
 out:
     if (s != DT_OK) {
@@ -548,7 +632,7 @@ out:
         return rc;
     }
     dt_comm_destroy(comm);
-    return 0;
+    return res.stopped == 2 ? DTRAIN_EXIT_PREEMPTED : 0;
 }
 
 /* ---- eval and model -------------------------------------------------------------------- */

@@ -31,6 +31,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -68,7 +69,8 @@ static const char usage[] =
 "  --run-id ID               the job's id, given to the ranks as DT_JOB_ID; nodes that\n"
 "                            give different ids are refused           [DTRUN_RUN_ID]\n"
 "  --grace S                 seconds between SIGTERM and SIGKILL when the job is\n"
-"                            being stopped (default 5)                [DTRUN_GRACE]\n"
+"                            being stopped (default 30, Slurm's KillWait): time for\n"
+"                            dtrain to checkpoint on SIGTERM          [DTRUN_GRACE]\n"
 "  -h, --help                this text\n"
 "  --                        end of options (PROGRAM may also simply follow them)\n"
 "\n"
@@ -106,8 +108,10 @@ static const char usage[] =
 "  dtrun:   on node R (host), local rank L, at TIME, attempt A of K+1\n"
 "  dtrun:   last lines of its stderr: ...\n"
 "With --max-restarts K every rank is then started again, up to K times. SIGINT, SIGTERM\n"
-"and SIGHUP sent to a dtrun are forwarded to its ranks (a second one sends SIGKILL) and\n"
-"end the job on every node, without restart; dtrun waits for its ranks before it exits.\n"
+"and SIGHUP sent to a dtrun are forwarded to its ranks, once to each (a second one, or\n"
+"the end of --grace, sends SIGKILL), and end the job on every node, without restart;\n"
+"dtrun waits for its ranks before it exits. dtrain train takes SIGTERM as preemption:\n"
+"every rank finishes its step, the checkpoint is written, and the ranks exit 75.\n"
 "Ranks run in their own process group, with what they start, and are killed if dtrun\n"
 "dies, also by SIGKILL: a process named dtrun-watch leads the group and ends it then.\n"
 "\n"
@@ -116,6 +120,8 @@ static const char usage[] =
 "  C        the first rank to fail exited with code C\n"
 "  128+S    the first rank to fail was killed by signal S, or a dtrun of the job was\n"
 "           stopped by signal S (130 for SIGINT)\n"
+"  E        stopped by a signal, one node: every rank exited by itself with status E\n"
+"           (dtrain train on SIGTERM: 75, checkpointed; resume with --resume auto)\n"
 "  1        dtrun could not start the job, or a node was lost\n"
 "  2        bad command line, or nodes that disagree\n";
 
@@ -270,10 +276,24 @@ bad:
     die_usage("%s: expected ranks like 0,2-3, got '%s'", what, text);
 }
 
+/* The status every local rank exited with, when all exited by themselves (none killed)
+ * with the same one; else -1. After a forwarded signal this is the program's answer to it
+ * (dtrain train: 75, stopped at a step boundary and checkpointed), which dtrun passes on
+ * instead of 128 + the signal. */
+static int common_exit(const dtrun_job *job) {
+    int code = -1;
+    for (int r = 0; r < job->cfg->nproc; r++) {
+        int st = job->rk[r].status;
+        if (!WIFEXITED(st) || (code >= 0 && WEXITSTATUS(st) != code)) return -1;
+        code = WEXITSTATUS(st);
+    }
+    return code;
+}
+
 static void parse_args(int argc, char **argv, dtrun_cfg *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->nnodes = 1;
-    cfg->grace_s = 5.0;
+    cfg->grace_s = 30.0;   /* Slurm's KillWait */
     cfg->monitor_s = 1.0;
     cfg->hb_timeout_s = 30.0;
     cfg->rdzv_timeout_s = 300.0;
@@ -459,8 +479,16 @@ int main(int argc, char **argv) {
             rc = job.fail ? job.fail_code : job.signal ? 128 + job.signal : 0;
             if (job.fail) dtrun_say_block(&job, job.fail);
         }
+        int own = -1;   /* after a signal: the status every rank exited with by itself, if one */
+        if (rc >= 0 && job.signal && !job.fail && !job.net) {
+            own = common_exit(&job);
+            if (own >= 0) rc = own;
+        }
         if (rc >= 0) {
-            if (job.signal) dtrun_say(&job, "stopped by %s; all ranks ended", dtrun_signame(job.signal));
+            if (job.signal && own >= 0)
+                dtrun_say(&job, "stopped by %s; every rank exited by itself with status %d", dtrun_signame(job.signal), own);
+            else if (job.signal)
+                dtrun_say(&job, "stopped by %s; all ranks ended", dtrun_signame(job.signal));
             break;
         }
         free(job.fail);

@@ -106,8 +106,11 @@ int dtrun_free_port(void) {
 
 void dtrun_signal_ranks(dtrun_job *job, int sig) {
     if (job->pgid > 0) kill(-job->pgid, sig);   /* the whole group: grandchildren too */
+    /* a rank outside the group gets it by its pid; one inside must not get it twice (a
+     * second SIGTERM means "now" to a program that stops gracefully on the first) */
     for (int r = 0; r < job->cfg->nproc; r++)
-        if (job->rk[r].pid > 0 && !job->rk[r].reaped) kill(job->rk[r].pid, sig);
+        if (job->rk[r].pid > 0 && !job->rk[r].reaped && (job->pgid <= 0 || getpgid(job->rk[r].pid) != job->pgid))
+            kill(job->rk[r].pid, sig);
 }
 
 void dtrun_stop(dtrun_job *job, const char *desc, int code, int no_restart) {

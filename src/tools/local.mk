@@ -15,9 +15,10 @@ dtbench_SOURCES = src/tools/dtbench.c src/tools/args.c src/tools/args.h
 
 
 TESTS += tests/dtrun_env.sh tests/dtrun_output.sh tests/dtrun_fail.sh tests/dtrun_signal.sh \
-	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh
+	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh tests/preempt.sh
 EXTRA_DIST += tests/dtrun_env.sh tests/dtrun_output.sh tests/dtrun_fail.sh tests/dtrun_signal.sh \
-	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh tests/dtrun_lib.sh
+	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh tests/dtrun_lib.sh \
+	tests/preempt.sh
 # launching on real components: two nodes in network namespaces (root), a single-host
 # Slurm (slurm-wlm, munge), mpirun with the tcp and mpi backends, and bare mpirun (no
 # MASTER_*: the rendezvous through MPI); each skips saying why

@@ -41,7 +41,13 @@ const dt_opt_row dt_tool_train_rows[] = {
      .help = "write the final weights (safetensors, PyTorch names)"},
     {.field = "metrics", .flag = "--metrics", .arg = "FILE", .type = DT_OPT_STR, .off = CLI(metrics),
      .where = DT_OPT_CHECK, .sec = DT_OPT_SEC_RUN, .example = "m.jsonl",
-     .help = "append JSON lines: one per logged step and per epoch"},
+     .help = "append JSON lines: one per logged step and per epoch; a\n"
+             "write that fails (a full disk) is warned about at once\n"
+             "and the run exits 1 at its end"},
+    {.field = "metrics_best_effort", .flag = "--metrics-best-effort", .type = DT_OPT_ON,
+     .off = CLI(metrics_best_effort), .where = DT_OPT_CHECK, .sec = DT_OPT_SEC_RUN, .example = "1",
+     .help = "a --metrics file that cannot be written: warn, and exit 0\n"
+             "all the same"},
     {.field = "quiet", .flag = "--quiet", .type = DT_OPT_ON, .off = CLI(quiet), .where = DT_OPT_CHECK,
      .sec = DT_OPT_SEC_RUN, .example = "1", .help = "no progress, only the final summary"},
     {.field = "device", .flag = "--device", .arg = "cpu|cuda", .type = DT_OPT_STR, .off = CLI(device), .def = "cpu",

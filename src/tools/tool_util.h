@@ -29,6 +29,7 @@ typedef struct {
     double      peak_gflops;     /* MFU's peak (0: measured) */
     const char *save, *metrics, *device, *backend, *init_method, *fault;
     int         quiet, allow_tf32;
+    int         metrics_best_effort; /* a metrics file that cannot be written: warn, exit 0 */
 } dt_tool_train_cli;
 extern const dt_opt_row dt_tool_train_rows[];
 extern const int        dt_tool_train_nrows;

@@ -1,0 +1,104 @@
+#!/bin/sh
+# preempt.sh: SIGTERM is preemption, as Slurm and Kubernetes send it a grace period before
+# SIGKILL. dtrun forwards it to each rank once; every rank of `dtrain train` finishes its
+# step, the ranks agree to stop after the same one, the checkpoint is written there, and
+# the job exits 75 (dtrain's documented status for "stopped on SIGTERM, checkpointed");
+# `--resume auto` then ends with the weights of a run that was never interrupted. A
+# second SIGTERM to dtrun kills at once. Loopback only; every wait is bounded.
+. "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
+DTRUN="$DT_BUILDDIR/dtrun"
+D="$DT_BUILDDIR/dtrain"
+[ -x "$DTRUN" ] && [ -x "$D" ] || skip_all "dtrun and dtrain are not built"
+T=$(mktemp -d) || exit 1
+tok="dtpreempt$$"
+cleanup() { pids=$(pgrep -f "$tok"); [ -z "$pids" ] || kill -KILL $pids 2>/dev/null; }
+trap 'cleanup; rm -rf "$T"' EXIT
+STEPS=4000   # about 1.3 ms a step here: the signal comes long before the end
+# every process of the job carries $tok in its command line (the metrics directory), so
+# whatever a failed check leaves behind is found and killed at the end
+mkdir -p "$T/$tok"
+# Wait (at most 30 s) until file $1 holds a line matching $2.
+wait_line() {
+    i=0
+    while ! grep -Eq -- "$2" "$1" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    grep -Eq -- "$2" "$1"
+}
+# Wait (at most $2 s) for process $1 to end (then kill it); return its exit status.
+wait_pid() {
+    i=0
+    while kill -0 "$1" 2>/dev/null && [ $i -lt $(($2 * 10)) ]; do sleep 0.1; i=$((i + 1)); done
+    kill -0 "$1" 2>/dev/null && { echo "# pid $1 still running after $2 s: killed"; kill -KILL "$1"; }
+    wait "$1"
+}
+MODEL="flatten linear(512) relu linear(512) relu linear(4)"
+DATA=synthetic:2048,1,16,16,4
+run2() {   # run2 OUT ARGS...: dtrun -n 2 dtrain train (the shared run) ARGS..., in the foreground
+    out=$1; shift
+    timeout 300 "$DTRUN" -n 2 "$D" train --data $DATA --model "$MODEL" --batch 64 --epochs 200 --steps $STEPS \
+        --no-eval --log-every 50 --threads 1 --metrics "$T/$tok/m.jsonl" "$@" > "$out" 2>&1
+}
+
+# the run nobody interrupts
+run2 "$T/ref.out" --save "$T/ref.st"
+ok $? "uninterrupted 2-rank run of $STEPS steps"
+
+# the same run, SIGTERM to dtrun once it has logged step 50
+"$DTRUN" -n 2 "$D" train --data $DATA --model "$MODEL" --batch 64 --epochs 200 --steps $STEPS \
+    --no-eval --log-every 50 --threads 1 --metrics "$T/$tok/m.jsonl" --checkpoint-dir "$T/ck" --checkpoint-every 100000 \
+    --save "$T/stopped.st" > "$T/a.out" 2> "$T/a.err" &
+pid=$!
+wait_line "$T/a.out" "^\[rank0\]:epoch [0-9/]+  step 50/$STEPS"
+ok $? "the run logged its step 50"
+kill -TERM $pid
+wait_pid $pid 60
+rc=$?
+[ "$rc" -eq 75 ]; ok $? "SIGTERM: dtrun exits 75, the ranks' status for a checkpointed stop (got $rc)"
+[ "$rc" -eq 75 ] || sed 's/^/#   /' "$T/a.err" | tail -10
+n=$(sed -n "s/^\[rank0\]:dtrain: stopped at step \([0-9]*\) on SIGTERM, checkpointed in .*; resume with --resume auto$/\1/p" "$T/a.out")
+[ -n "$n" ] && [ "$n" -ge 50 ] && [ "$n" -lt $STEPS ]
+ok $? "rank 0 says at which step it stopped and how to resume (step ${n:-none} of $STEPS)"
+ok_grep "$T/a.err" "^dtrun: stopped by SIGTERM; every rank exited by itself with status 75" "dtrun says the ranks stopped themselves"
+ck=$(ls "$T/ck" 2>/dev/null | tr '\n' ' ')
+[ -n "$n" ] && [ "$ck" = "$(printf 'step-%012d ' "$n")" ]
+ok $? "the only checkpoint is the one at the step it stopped (${ck:-none})"
+[ ! -e "$T/stopped.st" ]; ok $? "no --save weights from a stopped run (the checkpoint holds its state)"
+! grep -q "killed by signal" "$T/a.err"; ok $? "no rank was killed"
+
+# resume: the weights of the uninterrupted run, bit for bit
+run2 "$T/b.out" --checkpoint-dir "$T/ck" --checkpoint-every 100000 --resume auto --save "$T/resumed.st"
+ok $? "--resume auto continues the stopped run to the end"
+ok_grep "$T/b.out" "resumed from .*step-0*${n:-x}" "it resumed from the step it stopped at"
+cmp -s "$T/ref.st" "$T/resumed.st"; ok $? "stopped and resumed: the same weight bytes as the uninterrupted run"
+
+# one process, no launcher: SIGTERM to dtrain itself
+"$D" train --data $DATA --model "$MODEL" --batch 64 --epochs 200 --steps $STEPS --no-eval --log-every 50 --threads 1 \
+    --metrics "$T/$tok/m1.jsonl" --checkpoint-dir "$T/ck1" --checkpoint-every 100000 > "$T/c.out" 2>&1 &
+pid=$!
+wait_line "$T/c.out" "^epoch [0-9/]+  step 50/$STEPS"
+kill -TERM $pid
+wait_pid $pid 60
+rc=$?
+[ "$rc" -eq 75 ]; ok $? "one process: SIGTERM ends it with 75 (got $rc)"
+n1=$(sed -n "s/^dtrain: stopped at step \([0-9]*\) on SIGTERM.*/\1/p" "$T/c.out")
+[ -n "$n1" ] && [ -d "$T/ck1/$(printf 'step-%012d' "$n1")" ]
+ok $? "one process: checkpointed at the step it stopped (${n1:-none})"
+
+# a second SIGTERM to dtrun kills at once, long before the default grace of 30 s: ranks
+# that take their time over the first (each says it got it, then goes on)
+: > "$T/d.out"
+"$DTRUN" -n 2 sh -c 'trap "echo got-term" TERM; echo up; while :; do sleep 0.2; done' "$tok" > "$T/d.out" 2> "$T/d.err" &
+pid=$!
+i=0; while [ "$(grep -c ':up$' "$T/d.out")" -lt 2 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+kill -TERM $pid
+i=0; while [ "$(grep -c ':got-term$' "$T/d.out")" -lt 2 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+start=$(date +%s)
+kill -TERM $pid
+wait_pid $pid 20
+rc=$?
+took=$(( $(date +%s) - start ))
+[ "$rc" -eq 143 ] && [ "$took" -lt 10 ]; ok $? "a second SIGTERM kills the ranks: exit 143 after ${took} s (got $rc)"
+g=$(grep -c ':got-term$' "$T/d.out")
+[ "$g" -eq 2 ]; ok $? "each rank got the first SIGTERM once ($g lines from 2 ranks)"
+"$DTRUN" --help | grep -q "(default 30, Slurm's KillWait)"; ok $? "dtrun --help: --grace defaults to 30 s"
+cleanup
+done_testing
