@@ -8,7 +8,7 @@
  *                            forward INPUT x or the forward OUTPUT y.
  * From the row, ops.h makes the ops <name>_forward (y, x, n) and <name>_backward
  * (dx, dy, x or y, n); src/cpu/cpu_elem.c makes their OpenMP loops, src/cuda/
- * cuda_elem.cu their grid-stride kernels and launchers, and tests/ops_cases.c their
+ * cuda_elem.cu their grid-stride kernels and launchers, and tests/ops_cases.h their
  * cases of the op test. Nothing else is written per activation. (The layer that uses
  * the ops is one line of the layer table in src/layers.c and one entry of
  * DT_LAYER_LIST in src/nn.h.)
