@@ -752,6 +752,54 @@ dt_status dt_ckpt_restore_range(dt_ckpt *c, dt_model *m, size_t plo, size_t phi,
     return DT_OK;
 }
 
+/* ---- finding the newest valid checkpoint ---------------------------------------------- */
+
+/* The step-* directories of dir, newest first (ckpt_dir.c lists them), opened one by one:
+ * the first that opens (format, checksums, metadata) is the newest valid one. */
+
+dt_status dt_ckpt_latest(const char *dir, char *path, size_t n, char *skipped, size_t skipped_n) {
+    if (skipped && skipped_n) skipped[0] = '\0';
+    if (path && n) path[0] = '\0';
+    if (!dir || !*dir) return dt_error(DT_ERR_INVALID, "checkpoint: empty directory name");
+    if (!path || !n) return dt_error(DT_ERR_INVALID, "checkpoint: no buffer for the path");
+    dt_ckpt_entry_ *v;
+    size_t cnt;
+    int missing;
+    DT_TRY(dt_ckpt_list_(dir, &v, &cnt, &missing));
+    if (missing) return dt_error(DT_ERR_IO, "no checkpoint in %s (the directory does not exist)", dir);
+    if (cnt == 0) {
+        free(v);
+        return dt_error(DT_ERR_IO, "no checkpoint in %s", dir);
+    }
+    char first[512] = "";
+    dt_status s = DT_ERR_FORMAT;
+    for (size_t i = 0; i < cnt; i++) {
+        char p[DT_CKPT_PATH_MAX_];
+        dt_ckpt *c = NULL;
+        dt_status si = dt_ckpt_join_(p, sizeof p, dir, v[i].name);
+        if (si == DT_OK) si = dt_ckpt_open(p, &c);
+        if (si == DT_OK) {
+            dt_ckpt_close(c);
+            s = dt_ckpt_join_(path, n, p, NULL);
+            break;
+        }
+        if (si == DT_ERR_NOMEM) {
+            s = si;
+            break;
+        }
+        if (!first[0]) snprintf(first, sizeof first, "%s", dt_last_error());
+        if (skipped && skipped_n) {
+            size_t k = strlen(skipped);
+            if (k + 1 < skipped_n) snprintf(skipped + k, skipped_n - k, "%s\n", dt_last_error());
+        }
+    }
+    free(v);
+    if (s == DT_ERR_FORMAT)
+        return dt_error(DT_ERR_FORMAT, "no valid checkpoint in %s: all %zu are damaged; the newest: %s", dir, cnt,
+                        first);
+    return s;
+}
+
 dt_status dt_ckpt_load(const char *path, dt_model *m, dt_optim *o, dt_ckpt **out) {
     dt_ckpt *c;
     if (out) *out = NULL;

@@ -200,10 +200,7 @@ int dt_ckpt_only_(const char *path, int partial, int need_state) {
     return ours && (state || !need_state);
 }
 
-typedef struct {
-    int64_t step;
-    char    name[256];
-} entry;
+typedef dt_ckpt_entry_ entry;
 
 static int by_step_desc(const void *a, const void *b) {
     int64_t x = ((const entry *)a)->step, y = ((const entry *)b)->step;
@@ -343,49 +340,10 @@ dt_status dt_ckpt_prune_(const char *dir, int keep, int64_t step) {
     return DT_OK;
 }
 
-/* ---- finding the newest valid checkpoint ---------------------------------------------- */
+/* ---- the checkpoints of a directory ---------------------------------------------------- */
 
-dt_status dt_ckpt_latest(const char *dir, char *path, size_t n, char *skipped, size_t skipped_n) {
-    if (skipped && skipped_n) skipped[0] = '\0';
-    if (path && n) path[0] = '\0';
-    if (!dir || !*dir) return dt_error(DT_ERR_INVALID, "checkpoint: empty directory name");
-    if (!path || !n) return dt_error(DT_ERR_INVALID, "checkpoint: no buffer for the path");
-    entry *v;
-    size_t cnt;
-    int missing;
-    DT_TRY(list_dir(dir, 0, &v, &cnt, &missing));
-    if (missing) return dt_error(DT_ERR_IO, "no checkpoint in %s (the directory does not exist)", dir);
-    if (cnt == 0) {
-        free(v);
-        return dt_error(DT_ERR_IO, "no checkpoint in %s", dir);
-    }
-    char first[512] = "";
-    dt_status s = DT_ERR_FORMAT;
-    for (size_t i = 0; i < cnt; i++) {
-        char p[DT_CKPT_PATH_MAX_];
-        dt_ckpt *c = NULL;
-        dt_status si = dt_ckpt_join_(p, sizeof p, dir, v[i].name);
-        if (si == DT_OK) si = dt_ckpt_open(p, &c);
-        if (si == DT_OK) {
-            dt_ckpt_close(c);
-            s = dt_ckpt_join_(path, n, p, NULL);
-            break;
-        }
-        if (si == DT_ERR_NOMEM) {
-            s = si;
-            break;
-        }
-        if (!first[0]) snprintf(first, sizeof first, "%s", dt_last_error());
-        if (skipped && skipped_n) {
-            size_t k = strlen(skipped);
-            if (k + 1 < skipped_n) snprintf(skipped + k, skipped_n - k, "%s\n", dt_last_error());
-        }
-    }
-    free(v);
-    if (s == DT_ERR_FORMAT)
-        return dt_error(DT_ERR_FORMAT, "no valid checkpoint in %s: all %zu are damaged; the newest: %s", dir, cnt,
-                        first);
-    return s;
+dt_status dt_ckpt_list_(const char *dir, dt_ckpt_entry_ **out, size_t *n, int *missing) {
+    return list_dir(dir, 0, out, n, missing);
 }
 
 dt_status dt_ckpt_prepare_dir(const char *dir) {

@@ -23,6 +23,14 @@
 dt_status dt_ckpt_join_(char *out, size_t n, const char *a, const char *b);
 /* mkdir -p, fsyncing the parent of each directory it creates. */
 dt_status dt_ckpt_mkdirs_(const char *dir);
+/* A step-* directory of a checkpoint directory: its step and name. */
+typedef struct {
+    int64_t step;
+    char    name[256];
+} dt_ckpt_entry_;
+/* The step-<12 digits> directories of dir (the names dtrain writes), newest first, into a
+ * malloc'd array (*n of them); *missing set when dir does not exist. */
+dt_status dt_ckpt_list_(const char *dir, dt_ckpt_entry_ **out, size_t *n, int *missing);
 /* rm -r of path (a missing path is fine). */
 dt_status dt_ckpt_rm_tree_(const char *path);
 /* Whether the directory path holds only what dtrain writes into a checkpoint:
