@@ -21,8 +21,8 @@ static const dt_opt_row rows[] = {
     /* ---- model and data ---- */
     {.field = "model", .flag = "--model", .arg = "SPEC", .type = DT_OPT_STR, .off = F(model), .def = "cnn",
      .where = DT_OPT_PLAN, .sec = DT_OPT_SEC_MODEL, .example = "mlp",
-     .help = "preset (mlp, cnn, resnet, gpt, gpt2), a layer list such as\n"
-             "'flatten linear(256) relu linear(10)', or @FILE"},
+     .help = "preset (mlp, cnn, resnet, gpt, gpt2, llama, smollm-135m, llama-1b),\n"
+             "a layer list such as 'flatten linear(256) relu linear(10)', or @FILE"},
     {.field = "data", .flag = "--data", .arg = "SPEC", .type = DT_OPT_STR, .off = F(data),
      .def = "/usr/share/datasets/fashion-mnist", .where = DT_OPT_RECORD | DT_OPT_PLAN | DT_OPT_CHECK,
      .sec = DT_OPT_SEC_MODEL, .example = "synthetic:64,1,4,4,3",
