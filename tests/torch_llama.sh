@@ -89,12 +89,8 @@ timeout 300 "$PY" "$T/llama.py" data "$T" $ARGS > "$T/data.out" 2>&1
 ok $? "a token file of block + 1 = $((BLOCK + 1)) tokens and the peer's weights written"
 [ -s "$T/data.out" ] && sed 's/^/#   /' "$T/data.out" | tail -5
 
-# plain SGD, no decay, no clipping, no schedule: one step is w - lr * g
-step() {
-    timeout 120 "$DTRAIN" train --model "$MODEL" --data "tokens:$T" --batch $B --steps 1 --optim sgd --momentum 0 \
-        --weight-decay 0 --schedule constant --warmup 0 --clip 0 --no-eval --log-every 1 --quiet --threads 1 "$@"
-}
-loss_of() { sed -n 's/.*"event":"step".*"loss":\([^,]*\),.*/\1/p' "$1" | head -1; }
+# plain SGD, no decay, no clipping, no schedule: one step is w - lr * g (peer_lib.sh: step, loss_of, val, close)
+. "${DT_SRCDIR:-$(dirname "$0")/..}/tests/peer_lib.sh"
 step --lr 1e-30 --metrics "$T/m0.jsonl" --save "$T/init.st" > "$T/a.out" 2>&1
 ok $? "dtrain saves its initial weights (one step at lr 1e-30)"
 step --lr 1 --save "$T/one.st" > "$T/b.out" 2>&1
@@ -106,8 +102,6 @@ for f in a b c; do grep -q '^dtrain: done' "$T/$f.out" || sed 's/^/#   /' "$T/$f
 timeout 300 "$PY" "$T/llama.py" compare "$T" $ARGS > "$T/cmp.out" 2> "$T/py.err"
 ok $? "the peer computes the same window from the same weights"
 [ -s "$T/py.err" ] && sed 's/^/#   /' "$T/py.err" | tail -5
-val() { sed -n "s/^$1 \([^ ]*\).*/\1/p" "$T/cmp.out"; }
-close() { awk -v a="${1:-0}" -v b="${2:-1}" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; if (b < 0) b = -b; exit !(a != 0 && d <= t * b) }'; }
 
 [ "$(val strict_load)" = 1 ]; ok $? "(a) dtrain's initial weights load into the peer with strict=True"
 dl=$(loss_of "$T/m0.jsonl"); tl=$(val loss)
