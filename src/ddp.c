@@ -35,10 +35,12 @@ struct dt_ddp {
     int64_t       k;          /* local micro-batches per step */
     int64_t       micro;      /* current local micro-batch */
     size_t        n;          /* floats in the gradient array */
+    size_t        rlo, rhi;   /* the range whose gradients backward makes (opts' range; [0, n)) */
     int           ntensors;
     size_t       *t_off, *t_len;   /* per parameter tensor: offset and length in floats */
     /* binary-counter tree of partial sums (k > 1): acc[l] holds a finished
-     * subtree of 2^l micro-batches for every slice pushed so far */
+     * subtree of 2^l micro-batches for every slice pushed so far, acc[l][0] the
+     * gradient at rlo */
     int           levels;
     float       **acc;
     /* buckets, bucket 0 at the end of the array */
@@ -63,6 +65,7 @@ void dt_ddp_opts_default(dt_ddp_opts *o) {
     o->local_only = 0;
     o->sharded_params = 0;
     o->grad_dtype = DT_F32;
+    o->range_lo = o->range_hi = 0;
 }
 
 /* --grad-dtype bf16: every node of the summation tree is rounded to bf16, the leaves
@@ -80,14 +83,15 @@ static dt_status grad_round(dt_ddp *d, float *p, size_t lo, size_t len) {
  * acc[T-1] + (... + (acc[0] + g)), built in the free slot acc[T]. */
 static dt_status tree_push(dt_ddp *d, int64_t i, const float *g, size_t lo, size_t len) {
     const dt_ops *ops = d->ops;
-    if ((i & 1) == 0) return ops->copy_d2d(d->acc[0] + lo, g + lo, len * sizeof(float));
+    size_t a = lo - d->rlo;   /* the slice's place in the tree's arrays */
+    if ((i & 1) == 0) return ops->copy_d2d(d->acc[0] + a, g + lo, len * sizeof(float));
     int T = 0;
     while ((i >> T) & 1) T++;
-    DT_TRY(ops->add(d->acc[T] + lo, d->acc[0] + lo, g + lo, len));
-    DT_TRY(grad_round(d, d->acc[T], lo, len));
+    DT_TRY(ops->add(d->acc[T] + a, d->acc[0] + a, g + lo, len));
+    DT_TRY(grad_round(d, d->acc[T], a, len));
     for (int l = 1; l < T; l++) {
-        DT_TRY(ops->add(d->acc[T] + lo, d->acc[l] + lo, d->acc[T] + lo, len));
-        DT_TRY(grad_round(d, d->acc[T], lo, len));
+        DT_TRY(ops->add(d->acc[T] + a, d->acc[l] + a, d->acc[T] + a, len));
+        DT_TRY(grad_round(d, d->acc[T], a, len));
     }
     return DT_OK;
 }
@@ -97,8 +101,8 @@ static dt_status tree_finish(dt_ddp *d, float *out, size_t lo, size_t len) {
     int started = 0;
     for (int l = d->levels - 1; l >= 0; l--) {
         if (!((d->k >> l) & 1)) continue;
-        if (!started) DT_TRY(d->ops->copy_d2d(out + lo, d->acc[l] + lo, len * sizeof(float)));
-        else DT_TRY(d->ops->add(out + lo, out + lo, d->acc[l] + lo, len));
+        if (!started) DT_TRY(d->ops->copy_d2d(out + lo, d->acc[l] + (lo - d->rlo), len * sizeof(float)));
+        else DT_TRY(d->ops->add(out + lo, out + lo, d->acc[l] + (lo - d->rlo), len));
         if (started) DT_TRY(grad_round(d, out, lo, len));
         started = 1;
     }
@@ -230,10 +234,13 @@ static dt_status make_buckets(dt_ddp *d) {
     d->b = calloc((size_t)(d->ntensors > 0 ? d->ntensors : 1), sizeof *d->b);
     if (!d->b) return dt_error(DT_ERR_NOMEM, "out of memory for gradient buckets");
     size_t cap = d->o.first_bucket_bytes / sizeof(float);
-    size_t hi = d->n, lo = d->n;
-    for (int t = d->ntensors - 1; t >= 0; t--) {
+    size_t hi = d->rhi, lo = d->rhi;
+    int t0 = 0;   /* the range's first tensor */
+    while (t0 < d->ntensors && d->t_off[t0] < d->rlo) t0++;
+    for (int t = d->ntensors - 1; t >= t0; t--) {
+        if (d->t_off[t] >= d->rhi) continue;
         lo = d->t_off[t];
-        int last = (t == 0);
+        int last = (t == t0);
         if ((hi - lo) >= cap || last) {
             d->b[d->nb++] = (bucket){.lo = lo, .hi = hi};
             hi = lo;
@@ -268,13 +275,27 @@ dt_status dt_ddp_init(dt_model *m, dt_comm *comm, int64_t k, const dt_ddp_opts *
         d->t_off[i] = ti.offset;
         d->t_len[i] = (size_t)ti.numel;
     }
+    d->rlo = 0;
+    d->rhi = d->n;
+    if (d->o.range_hi > 0) {
+        d->rlo = d->o.range_lo;
+        d->rhi = d->o.range_hi;
+        int edge_lo = 0, edge_hi = d->rhi == d->n;   /* the range's ends are tensors' edges */
+        for (int i = 0; i < d->ntensors; i++) {
+            edge_lo |= d->t_off[i] == d->rlo;
+            edge_hi |= d->t_off[i] == d->rhi;
+        }
+        if (s == DT_OK && (d->rlo >= d->rhi || d->rhi > d->n || !edge_lo || !edge_hi))
+            s = dt_error(DT_ERR_INVALID, "ddp: gradient range [%zu, %zu) is not a run of whole parameter tensors of "
+                         "[0, %zu)", d->rlo, d->rhi, d->n);
+    }
     if (s == DT_OK) s = make_buckets(d);
     d->levels = dt_ddp_tree_arrays(k);
     if (s == DT_OK && d->levels > 0) {
         d->acc = calloc((size_t)d->levels, sizeof *d->acc);
         if (!d->acc) s = dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
         for (int l = 0; s == DT_OK && l < d->levels; l++)
-            s = dt_mem_alloc(d->ops, DT_MEM_GRADS, (void **)&d->acc[l], d->n * sizeof(float));
+            s = dt_mem_alloc(d->ops, DT_MEM_GRADS, (void **)&d->acc[l], (d->rhi - d->rlo) * sizeof(float));
     }
     if (s != DT_OK) {
         dt_ddp_free(d);
@@ -326,7 +347,7 @@ dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i) {
     d->micro = i;
     d->hook_status = DT_OK;
     if (i == 0) {
-        d->ready_lo = d->n;
+        d->ready_lo = d->rhi;
         for (int b = 0; b < d->nb; b++) d->b[b].launched = 0;
     }
     return DT_OK;
@@ -335,8 +356,8 @@ dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i) {
 dt_status dt_ddp_finish(dt_ddp *d, double *wait_s) {
     double t0 = dt_now();
     dt_status s = d->hook_status;
-    if (d->ready_lo != 0 && s == DT_OK)
-        s = dt_error(DT_ERR_INTERNAL, "ddp: backward left gradients [0, %zu) unreported", d->ready_lo);
+    if (d->ready_lo != d->rlo && s == DT_OK)
+        s = dt_error(DT_ERR_INTERNAL, "ddp: backward left gradients [%zu, %zu) unreported", d->rlo, d->ready_lo);
     if (s == DT_OK && d->world > 1 && !d->o.local_only) s = launch_ready(d);
     /* wait for every bucket, even after a failure, so no buffer is still in use */
     for (int i = 0; i < d->nb; i++) {

@@ -41,6 +41,9 @@ typedef struct {
                                  * shards come from the same seed, file or checkpoint */
     dt_dtype grad_dtype;        /* DT_F32 (default) or DT_BF16: gradients summed and sent in bf16, every
                                  * node of the tree rounded (half the bytes; still world-size invariant) */
+    size_t   range_lo, range_hi; /* the gradients this rank's backward makes: the parameter tensors
+                                 * lying in [range_lo, range_hi) of the flat array (a pipeline
+                                 * stage's, pipeline.h); 0, 0: all of them */
 } dt_ddp_opts;
 
 DT_API void      dt_ddp_opts_default(dt_ddp_opts *o);

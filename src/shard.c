@@ -155,6 +155,17 @@ void dt_shard_range(const dt_shard *s, size_t *lo, size_t *len) {
     *len = s->len;
 }
 
+dt_status dt_shard_set_range(dt_shard *s, size_t lo, size_t hi) {
+    if (dt_shard_modes_[s->mode].optim)
+        return dt_error(DT_ERR_UNSUPPORTED, "shard %s: a range of the parameters goes with --shard none only",
+                        dt_shard_name(s->mode));
+    if (lo > hi || hi > s->n)
+        return dt_error(DT_ERR_INVALID, "shard: range [%zu, %zu) outside [0, %zu)", lo, hi, s->n);
+    s->lo = lo;
+    s->len = hi - lo;
+    return DT_OK;
+}
+
 /* ---- collectives over the padded arrays ------------------------------------------- */
 
 static dt_status allgather(dt_shard *s, float *buf) {

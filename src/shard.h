@@ -115,6 +115,9 @@ DT_API void      dt_shard_pool_in_use(int run, int post, int *slots, int *grad_s
 /* This rank's part of the parameters the optimizer updates: [*lo, *lo + *len) of the
  * n parameters (the whole array with none). */
 DT_API void      dt_shard_range(const dt_shard *s, size_t *lo, size_t *len);
+/* none: this rank's optimizer updates [lo, hi) of the parameters only (a pipeline stage's,
+ * pipeline.h), every rank of comm the same range; DT_ERR_UNSUPPORTED in the other modes. */
+DT_API dt_status dt_shard_set_range(dt_shard *s, size_t lo, size_t hi);
 /* 1 when DDP must all-reduce the gradient (none, optim); 0 when it only sums the
  * local micro-batches and sharding does the rest (grads, params). */
 DT_API int       dt_shard_ddp_reduces(const dt_shard *s);

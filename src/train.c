@@ -175,7 +175,7 @@ static dt_status make_optim(trainer *t) {
 static dt_status step_indices(trainer *t, int64_t g, int64_t *idx, size_t *n) {
     int64_t epoch = g / t->spe, step = g % t->spe;
     if (dt_testing_fault() == DT_FAULT_SAMPLER_EPOCH) epoch = 0;  /* planted bug (testing.h) */
-    return dt_sampler_rank_indices(t->sampler, epoch, step, t->world, t->rank, idx, n);
+    return dt_sampler_rank_indices(t->sampler, epoch, step, t->dp, t->dpr, idx, n);
 }
 
 /* Queue the sample indices of global step g with the loader, and note this
@@ -193,7 +193,7 @@ static dt_status queue_step(trainer *t, int64_t g) {
 
 /* The fingerprint of the global batch of step g (collective when distributed). */
 static dt_status batch_hash(trainer *t, int64_t g, uint64_t *out) {
-    uint64_t h = t->hash_term[g % 4];
+    uint64_t h = t->stage == 0 ? t->hash_term[g % 4] : 0;   /* one term per replica */
     if (t->world > 1) {
         DT_TRY(dt_allgather(t->comm, &h, t->hash_all, 1, DT_I64));
         h = 0;
@@ -228,7 +228,8 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
 
     float *grads = dt_model_grads(t->model);
     dt_amp_begin_step(t->amp);   /* fp16: backward of the loss x the scale */
-    for (int64_t i = 0; i < t->k; i++) {
+    if (t->pipe) DT_TRY(dt_train_pipe_run_(t, (uint64_t)epoch, step, target));
+    for (int64_t i = 0; !t->pipe && i < t->k; i++) {
         int64_t micro = t->first_micro + i;
         int64_t sample_base = step * t->o->batch + micro * t->b;
         if (t->bnrec_n) dt_model_set_bn_record(t->model, t->bnrec + (size_t)micro * t->bnrec_n);
@@ -249,7 +250,9 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     DT_TRY(dt_ddp_finish(t->ddp, &wait));
     DT_TRY(dt_shard_reduce(t->shard));
 
-    if (t->world > 1) {
+    if (t->pipe) {
+        DT_TRY(dt_train_pipe_losses_(t));
+    } else if (t->world > 1) {
         DT_TRY(dt_allgather(t->comm, t->losses, t->all_losses, (size_t)t->k, DT_F32));
         /* records are gathered, never combined */
         if (t->bnrec_n)
@@ -269,7 +272,8 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         if (!isfinite(t->all_losses[j]))
             return dt_error(DT_ERR_NONFINITE, "step %lld: the loss of micro-batch %lld (computed by rank %lld) is %s; "
                             "stopped before the update (a learning rate too high, or non-finite input data?)",
-                            (long long)g + 1, (long long)j, (long long)(j / t->k), isnan(t->all_losses[j]) ? "NaN" : "infinite");
+                            (long long)g + 1, (long long)j, (long long)(j / t->k * t->pp + t->pp - 1),
+                            isnan(t->all_losses[j]) ? "NaN" : "infinite");
 
     /* fp16: inf/NaN in the gradient on any rank skips the step on every rank (the loss
      * scaler's business, not an error); unscale folds 1/scale into clipping and the step.
@@ -279,13 +283,16 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     size_t glo, glen;
     dt_shard_range(t->shard, &glo, &glen);
     DT_TRY(dt_amp_check(t->amp, g, grads + glo, glen, &skip, &unscale));
-    if (!skip && (t->o->clip > 0.0 || logged)) DT_TRY(dt_shard_clip(t->shard, (float)t->o->clip, unscale, &norm));
+    if (!skip && (t->o->clip > 0.0 || logged))
+        DT_TRY(t->pipe ? dt_train_pipe_clip_(t, (float)t->o->clip, unscale, &norm)
+                       : dt_shard_clip(t->shard, (float)t->o->clip, unscale, &norm));
     float lr = dt_schedule_lr(&t->sched, g);
     if (dt_testing_fault() == DT_FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug (testing.h) */
     if (!isfinite(norm))
         return dt_error(DT_ERR_NONFINITE, "step %lld: the gradient norm is %s; stopped before the update",
                         (long long)g + 1, isnan(norm) ? "NaN" : "infinite");
     if (!skip) DT_TRY(dt_shard_step(t->shard, t->optim, lr, unscale));
+    if (!skip && t->pipe) DT_TRY(dt_train_pipe_after_step_(t));
     DT_TRY(ops->synchronize());
     double t4 = dt_now();
 
@@ -311,6 +318,7 @@ static void emit(trainer *t, dt_train_event *ev) {
 static void trainer_free(trainer *t) {
     dt_ddp_free(t->ddp);
     dt_shard_free(t->shard);
+    dt_train_pipe_free_(t);
     dt_amp_free(t->amp);
     dt_ckpt_close(t->resume);
     dt_loader_free(t->loader);
@@ -370,15 +378,17 @@ static dt_status setup_world(trainer *t) {
     DT_TRY(check_opts(o));
     t->world = t->comm ? dt_comm_size(t->comm) : 1;
     t->rank = t->comm ? dt_comm_rank(t->comm) : 0;
+    DT_TRY(dt_train_pipe_layout_(t));
     if (o->resume) DT_TRY(dt_train_resume_open_(t));
     DT_TRY(dt_train_check_ckpt_dir_(t));
     t->S = o->micro_batches > 0 ? o->micro_batches
          : t->resume ? dt_ckpt_info_of(t->resume)->micro_batches : t->world;
-    if (t->S % t->world != 0 && t->resume && o->micro_batches == 0)
+    if (t->S % t->dp != 0 && t->resume && o->micro_batches == 0)
         return dt_error(DT_ERR_INVALID, "resume: the checkpoint was written with %lld micro-batches, which %d "
-                        "processes cannot split; resume on a world size dividing %lld",
-                        (long long)t->S, t->world, (long long)t->S);
-    return dt_train_split(o->batch, t->S, t->world, &t->k, &t->b);
+                        "replicas cannot split; resume on a world size dividing %lld",
+                        (long long)t->S, t->dp, (long long)t->S);
+    DT_TRY(dt_train_split(o->batch, t->S, t->dp, &t->k, &t->b));
+    return dt_train_pipe_world_(t);
 }
 
 /* The data (the same on every rank), the sampler and the length of the run. */
@@ -400,7 +410,7 @@ static dt_status setup_data(trainer *t) {
     t->total = t->spe * (int64_t)(o->epochs > 0 ? o->epochs : 1);
     if (o->max_steps > 0 && (o->epochs < 1 || o->max_steps < t->total)) t->total = o->max_steps;
     int64_t dummy;
-    return dt_sampler_rank_block(t->sampler, t->world, t->rank, &t->first_micro, &dummy);
+    return dt_sampler_rank_block(t->sampler, t->dp, t->dpr, &t->first_micro, &dummy);
 }
 
 /* The model, built where sharding puts its parameters, from its initial or given
@@ -423,7 +433,7 @@ static dt_status setup_model(trainer *t) {
     dt_model_opts mo;
     dt_model_opts_default(&mo);
     mo.recompute = o->recompute;
-    DT_TRY(dt_shard_layout(nparams, t->comm, t->mode, &mo.layout));
+    DT_TRY(dt_shard_layout(nparams, t->dp_comm, t->mode, &mo.layout));
     DT_TRY(dt_model_build_ex(o->model, &shape, t->ops, o->seed, (int)t->b, &mo, &t->model));
     if (o->init_weights && !t->resume) {   /* a file that cannot be used is bad input */
         dt_status ls = dt_model_load(t->model, o->init_weights);
@@ -441,14 +451,19 @@ static dt_status setup_model(trainer *t) {
                         info->classes, (long long)dt_shape_numel(os));
     }
     t->C = (int)dt_shape_numel(os);
-    return DT_OK;
+    return t->pipe ? dt_train_pipe_setup_(t) : DT_OK;
 }
 
 /* Where each part of the state lives and how gradients meet: sharding, mixed
  * precision, the optimizer over this rank's range, DDP's buckets. */
 static dt_status setup_parallel(trainer *t) {
     const dt_train_opts *o = t->o;
-    DT_TRY(dt_shard_init(t->model, t->comm, t->mode, &t->shard));
+    DT_TRY(dt_shard_init(t->model, t->dp_comm, t->mode, &t->shard));
+    size_t plo = 0, phi = 0;   /* a pipeline stage's parameters */
+    if (t->pipe) {
+        dt_train_pipe_range_(t, &plo, &phi);
+        DT_TRY(dt_shard_set_range(t->shard, plo, phi));
+    }
     DT_TRY(dt_amp_init(o->precision, o->grad_dtype, t->model, t->comm, &t->amp));
     if (dt_amp_grad_dtype(t->amp) != DT_F32 && !dt_shard_ddp_reduces(t->shard))
         return dt_error(DT_ERR_INVALID, "grad_dtype: bf16 gradients go with --shard none or optim (the sharded "
@@ -463,7 +478,9 @@ static dt_status setup_parallel(trainer *t) {
     dopt.local_only = !dt_shard_ddp_reduces(t->shard);
     dopt.sharded_params = dt_shard_params_sharded(t->shard);
     dopt.grad_dtype = dt_amp_grad_dtype(t->amp);
-    DT_TRY(dt_ddp_init(t->model, t->comm, t->k, &dopt, &t->ddp));
+    dopt.range_lo = plo;
+    dopt.range_hi = phi;
+    DT_TRY(dt_ddp_init(t->model, t->dp_comm, t->k, &dopt, &t->ddp));
     return dt_shard_attach(t->shard, t->ddp, (size_t)(o->shard_unit_mb * 1048576.0), t->prefetch);
 }
 
@@ -586,7 +603,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
                          .tokens_per_sample = t->lw,
                          .flops_per_token = t->lw > 1 ? flops_per_token(t->model) : 0.0,
                          .precision = dt_precision_name(dt_amp_precision(t->amp)),
-                         .note = t->note[0] ? t->note : NULL};
+                         .note = t->note[0] ? t->note : NULL, .pipeline = dt_train_pipe_text_(t)};
     emit(t, &ev);
 
     t->queued = t->g0;
@@ -655,6 +672,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         if (stop) {
             /* an interruption on purpose: checkpointed above, end without finishing */
             DT_TRY(dt_shard_gather_root(t->shard));
+            if (t->pipe) DT_TRY(dt_train_pipe_gather_(t));
             DT_TRY(dt_mem_check_limit());
             res->stopped = stop;
             dt_mem_get(&res->mem);
@@ -674,6 +692,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         DT_TRY(dt_shard_release_grads(t->shard));
         DT_TRY(dt_shard_gather_root(t->shard));
     } else {
+        if (t->pipe) DT_TRY(dt_train_pipe_gather_(t));   /* every rank: the whole model */
         DT_TRY(dt_ddp_check_equal(t->ddp));
     }
     DT_TRY(dt_mem_check_limit());

@@ -62,6 +62,8 @@ typedef struct {
     int64_t  train_samples, test_samples;
     const char *note;          /* START: what resume did ("resumed from ..."), else NULL */
     const char *precision;     /* START: "fp32", "bf16" or "fp16" (mixed precision, amp.h) */
+    const char *pipeline;      /* START, --pipeline: the stages, their modules and parameters (and
+                                * with --schedule-dump each stage's actions), else NULL */
     double   loss_scale;       /* STEP, fp16: the loss scale the step used (0: no loss scaling) */
     int64_t  skipped;          /* STEP, fp16: steps skipped so far for inf/NaN gradients (the last
                                 * step was one when the count grew; its grad_norm is then 0) */
@@ -117,6 +119,12 @@ typedef struct {
     double      shard_unit_mb;  /* shard params: consecutive layers are gathered in units of at
                                  * least this many MiB of parameters (default 1) */
     const char *backward_prefetch; /* shard params: "pre" (default) or "post", shard.h */
+    int         pipeline;       /* pipeline stages P (default 1: none); the world is P x data-parallel
+                                 * replicas, stage = rank % P (pipeline.h) */
+    const char *pipeline_schedule; /* "1f1b" (default) or "gpipe" */
+    const char *stages;         /* "auto" (default: balanced by parameters and activations) or
+                                 * "A-B,C-D,...": the top-level modules of each stage */
+    int         schedule_dump;  /* print each stage's action list at the start */
     const char *decay;          /* weight decay on "all" parameters (default) or "matrices" only
                                  * (every parameter of 2 or more dimensions, as nanoGPT and llm.c) */
     double      min_lr;         /* cosine schedule: the learning rate it ends at (default 0) */

@@ -33,6 +33,7 @@ static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *
     piece mine = {0};
     size_t lo, len;
     dt_shard_range(t->shard, &lo, &len);
+    if (t->pipe && t->dpr > 0) lo = dt_model_nparams(t->model), len = 0;   /* replica 0's stages write it */
     mine.lo = (int64_t)lo;
     mine.len = (int64_t)len;
     mine.st = dt_ckpt_write_shard(tmp, t->rank, t->world, t->model, t->optim, lo, len, mine.sum);
@@ -109,7 +110,7 @@ dt_status dt_train_checkpoint_(trainer *t, int64_t done, int force) {
                          .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
                          .model_spec = o->model, .schedule = o->schedule};
     dt_status s = DT_OK;
-    if (dt_shard_state_sharded(t->shard)) s = save_sharded(t, &info, extra, nextra);
+    if (dt_shard_state_sharded(t->shard) || t->pipe) s = save_sharded(t, &info, extra, nextra);
     else if (t->rank == 0) s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, nextra);
     if (s != DT_OK) dt_error_wrap(s, "checkpoint at step %lld: ", (long long)done);
     return s;

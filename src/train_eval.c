@@ -142,6 +142,7 @@ dt_status dt_evaluate(dt_model *m, const dt_dataset *test, const dt_loss *lf, dt
  * hooks), so evaluating holds no more of the model than a step does. */
 dt_status dt_train_validate_(trainer *t, double *loss, double *acc) {
     const dt_loss plain = {.kind = t->lf.kind, .label_smoothing = 0.0f};   /* the test loss is unsmoothed */
+    if (t->pipe) DT_TRY(dt_train_pipe_gather_(t));   /* every rank evaluates the whole model */
     DT_TRY(t->lw > 1 ? evaluate_windows(t->model, t->test, t->comm, t->o->eval_batches * t->o->batch, t->o->seed,
                                         loss, acc)
                      : dt_evaluate(t->model, t->test, &plain, t->comm, loss, acc));

@@ -24,6 +24,12 @@ typedef struct trainer {
     const dt_ops *ops;
     dt_comm *comm;
     int rank, world;
+    /* the data-parallel side: dp replicas of the model (each a pipeline of pp stages); this
+     * rank is replica dpr's stage `stage`, and dp_comm is its stage's replicas (comm when
+     * pp is 1). Data and gradient sums go by dp and dpr; the rest by world and rank */
+    int dp, dpr, pp, stage;
+    dt_comm *dp_comm;
+    struct train_pipe *pipe;         /* train_pipe.c; NULL without --pipeline */
     dt_dataset *train, *test;
     dt_sampler *sampler;
     dt_loader *loader;
@@ -79,6 +85,32 @@ dt_status dt_train_batch_alloc_(const dt_ops *ops, const dt_loss *lf, size_t n, 
                                 float **dx, int32_t **dy, float **hot, float **dhot);
 /* Validation during training: test loss and accuracy (see train_eval.c). */
 dt_status dt_train_validate_(trainer *t, double *loss, double *acc);
+
+/* ---- train_pipe.c: --pipeline (pipeline.h) ---- */
+
+/* pp, dp, dpr and stage from --pipeline and the world (dp_comm = comm). */
+dt_status dt_train_pipe_layout_(trainer *t);
+/* The pipeline's checks and groups (dp_comm), after setup_world's split of the batch. */
+dt_status dt_train_pipe_world_(trainer *t);
+/* This rank's stage of the built model: its layers and parameters, the schedule's list
+ * (checked for every stage), the boundary buffers. */
+dt_status dt_train_pipe_setup_(trainer *t);
+/* The parameters [*lo, *hi) this rank's stage owns. */
+void      dt_train_pipe_range_(const trainer *t, size_t *lo, size_t *hi);
+/* One step's forwards and backwards as this stage's list says (t->dx holds the local
+ * batch, target its targets); the last stage's losses into t->dlosses. */
+dt_status dt_train_pipe_run_(trainer *t, uint64_t epoch, int64_t step, const void *target);
+/* The S micro-batch losses (the last stages') into t->all_losses on every rank. */
+dt_status dt_train_pipe_losses_(trainer *t);
+/* The global gradient norm over the stages (the bits of one process's) and clipping. */
+dt_status dt_train_pipe_clip_(trainer *t, float max_norm, float unscale, float *norm);
+/* After the optimizer step: parameters a later stage reads (a tied head) from their owner. */
+dt_status dt_train_pipe_after_step_(trainer *t);
+/* Every stage's parameters to every rank of its pipeline (evaluation, the end). */
+dt_status dt_train_pipe_gather_(trainer *t);
+void      dt_train_pipe_free_(trainer *t);
+/* The layout (and with --schedule-dump the lists), for the start; NULL without a pipeline. */
+const char *dt_train_pipe_text_(const trainer *t);
 
 /* ---- train_ckpt.c ---- */
 

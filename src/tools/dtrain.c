@@ -339,6 +339,7 @@ static void on_event(void *ctx, const dt_train_event *ev) {
         r->flops_per_token = ev->flops_per_token;
         r->world = ev->world_size;
         if (ev->note) printf("dtrain: %s\n", ev->note);
+        if (ev->pipeline) printf("dtrain: %s\n", ev->pipeline);
         if (!r->quiet && r->tokens > 1)
             printf("dtrain: token model: %.2f MFLOP per token; MFU against %d x %.1f GFLOP/s (%s per process)\n",
                    r->flops_per_token / 1e6, r->world > 0 ? r->world : 1, r->peak_gflops,

@@ -1,0 +1,578 @@
+/*
+ * train_pipe.c: the trainer's pipeline (--pipeline P; the schedules are pipeline.h's).
+ *
+ * The world is dp replicas x P stages: rank r is stage r % P of replica r / P, so the
+ * ranks of one pipeline are consecutive (on one host first, where its boundary tensors
+ * cross shared memory). The stages of a replica take its k = S/dp micro-batches through
+ * the model's top-level modules cut into P runs; the replicas of a stage sum their
+ * gradients over dp_comm as data parallelism does.
+ *
+ * Bits (docs/DESIGN.md rule 2): a stage runs its backwards in micro-batch order 0 .. k - 1
+ * and DDP sums them in the fixed tree, so its gradients are one process's. Two places
+ * need more than that:
+ *   - a tied head (gpt's unembed) writes its part of the embedding's gradient on the
+ *     last stage, and one process's embedding backward adds its own part to it, micro-batch
+ *     by micro-batch. So the head's part rides back with the boundary gradient of every
+ *     micro-batch, stage by stage, to the stage that owns the embedding, which lays it in
+ *     its gradient array before that micro-batch's backward, as one process would. After
+ *     the step the owner sends the updated weight to the stage that reads it.
+ *   - the global gradient norm is one process's pairwise sum of fixed 4096-float chunk
+ *     sums. A stage computes the chunks wholly its own; a chunk that a stage boundary cuts
+ *     is put together from its stages' parts (a sum with zeros everywhere else: exact)
+ *     and summed whole.
+ *
+ * A stage keeps the inputs of the micro-batches in flight and, before a backward, runs
+ * the forward of that micro-batch again unless the model still holds its activations
+ * (GPipe's re-materialisation): the same kernels on the same input, the same bits, and
+ * one micro-batch's activations held instead of up to k. Every rank holds the whole
+ * parameter array (its stage's part current), so checkpoints are written stage by stage
+ * (as a sharded run's are: they resume on any layout), and evaluation and the end of the
+ * run first gather every stage's part.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mem.h"
+#include "pipeline.h"
+#include "train_impl.h"
+
+enum { TAG_ACT = 0x5050, TAG_GRAD, TAG_TIED, TAG_PARAM };
+
+typedef struct {
+    size_t off, len;   /* the tied parameter's floats */
+    int    owner, user;   /* the stage that owns it (and applies its gradient), the stage that reads it too */
+} rider;
+
+struct train_pipe {
+    dt_comm *pp_comm;          /* this replica's stages, pp_comm rank = stage */
+    int *mod_lo;               /* stage s: top-level modules [mod_lo[s], mod_lo[s + 1]) */
+    int *layer_lo;             /* stage s: layers [layer_lo[s], layer_lo[s + 1]) */
+    size_t *plo;               /* stage s: parameters [plo[s], plo[s + 1]) */
+    dt_pp_list list;
+    int nslots;                /* stage inputs held at once */
+    float **in;                /* nslots inputs (B x in_n), not on the first stage */
+    float *gin, *gout;         /* the gradient of our output (not on the last), of our input (not on the first) */
+    size_t in_n, out_n;        /* floats per sample of the stage's input and output */
+    const float *out;          /* the output of the last forward */
+    int cur;                   /* the micro-batch whose activations the model holds, -1: none */
+    rider *ride;
+    int nride;
+    float *host;               /* staging for device memory the transport cannot take; host_n floats */
+    size_t host_n;
+    /* the norm */
+    size_t nch;                /* chunks of the parameter array */
+    double *parts, *dparts;    /* every chunk's sum (host), device scratch */
+    int nbc;                   /* chunks a stage boundary cuts */
+    size_t *bch;
+    float *bbuf, *dbbuf;       /* their values, nbc x DT_SUM_CHUNK: host, device */
+    float *losses;             /* world x k: every rank's local losses */
+    char *text;                /* the layout (and the lists) for the start */
+};
+
+typedef struct train_pipe train_pipe;
+
+/* ---- the world ------------------------------------------------------------------------ */
+
+dt_status dt_train_pipe_layout_(trainer *t) {
+    t->pp = t->o->pipeline > 1 ? t->o->pipeline : 1;
+    t->dp = t->world / t->pp;
+    t->dpr = t->rank / t->pp;
+    t->stage = t->rank % t->pp;
+    t->dp_comm = t->comm;
+    if (t->world % t->pp != 0)
+        return dt_error(DT_ERR_INVALID, "pipeline: %d process%s cannot hold whole pipelines of %d stages (the world "
+                        "size must be a multiple of --pipeline)", t->world, t->world == 1 ? "" : "es", t->pp);
+    return DT_OK;
+}
+
+dt_status dt_train_pipe_world_(trainer *t) {
+    const dt_train_opts *o = t->o;
+    if (t->pp == 1) return DT_OK;
+    dt_shard_mode mode;
+    DT_TRY(dt_shard_parse(o->shard, &mode));
+    if (mode != DT_SHARD_NONE)
+        return dt_error(DT_ERR_UNSUPPORTED, "pipeline: --shard %s with --pipeline is not supported yet (--shard none "
+                        "only)", o->shard);
+    if (o->sync_bn) return dt_error(DT_ERR_UNSUPPORTED, "pipeline: --sync-bn with --pipeline is not supported yet");
+    const dt_pp_schedule *sch = dt_pp_find(o->pipeline_schedule);
+    if (!sch) {
+        char names[64];
+        return dt_error(DT_ERR_INVALID, "pipeline_schedule: expected %s, got '%s'", dt_pp_names(names, sizeof names),
+                        o->pipeline_schedule ? o->pipeline_schedule : "(null)");
+    }
+    if (t->k < t->pp)
+        return dt_error(DT_ERR_INVALID, "pipeline: %lld micro-batches per replica cannot fill %d stages (--micro-batches "
+                        "%lld over %d replica%s); give at least %lld", (long long)t->k, t->pp, (long long)t->S, t->dp,
+                        t->dp == 1 ? "" : "s", (long long)t->pp * t->dp);
+    t->pipe = calloc(1, sizeof *t->pipe);
+    if (!t->pipe) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+    t->pipe->cur = -1;
+    DT_TRY(dt_comm_split(t->comm, t->stage, t->dpr, &t->dp_comm));
+    return dt_comm_split(t->comm, t->dpr, t->stage, &t->pipe->pp_comm);
+}
+
+/* ---- the cut -------------------------------------------------------------------------- */
+
+/* The parameters layers [lo, hi) own: [*plo, *phi) (a tied tensor is its owner's). */
+static void layer_params(const dt_model *m, int lo, int hi, size_t at, size_t *plo, size_t *phi) {
+    *plo = *phi = at;
+    int any = 0;
+    for (int i = lo; i < hi; i++) {
+        const dt_layer *L = dt_model_layer(m, i);
+        for (int k = 0; k < L->ntensors; k++) {
+            if (L->t[k].role != DT_TENSOR_PARAM) continue;
+            if (!any) *plo = L->t[k].offset;
+            any = 1;
+            *phi = L->t[k].offset + (size_t)L->t[k].numel;
+        }
+    }
+}
+
+/* A module's planned work: twice its GEMM weights per position plus its outputs (the
+ * element-wise work), per sample. */
+static double module_cost(const dt_model *m, int lo, int hi) {
+    double c = 0.0;
+    for (int i = lo; i < hi; i++) {
+        const dt_layer *L = dt_model_layer(m, i);
+        double pos = L->outs.ndim == 2 ? (double)L->outs.d[0] : L->outs.ndim == 3 ? (double)L->outs.d[1] * L->outs.d[2] : 1.0;
+        if (L->def->flags & DT_LDEF_GEMM)
+            for (int k = 0; k < L->ntensors; k++)
+                if ((L->t[k].role == DT_TENSOR_PARAM || L->t[k].role == DT_TENSOR_TIED) && L->t[k].ndim >= 2)
+                    c += 2.0 * (double)L->t[k].numel * pos;
+        c += (double)L->out_numel;
+    }
+    return c;
+}
+
+/* The contiguous cut of n module costs into P runs, each with parameters (has[i]: module
+ * i has some), whose largest sum is smallest. */
+static dt_status balance(const double *cost, const int *has, int n, int P, int *mod_lo) {
+    const double NONE = 1e300;
+    double *pre = calloc((size_t)n + 1, sizeof *pre), *best = malloc((size_t)(n + 1) * (size_t)P * sizeof *best);
+    int *from = malloc((size_t)(n + 1) * (size_t)P * sizeof *from), *cnt = calloc((size_t)n + 1, sizeof *cnt);
+    if (!pre || !best || !from || !cnt) {
+        free(pre), free(best), free(from), free(cnt);
+        return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+    }
+    for (int i = 0; i < n; i++) pre[i + 1] = pre[i] + cost[i], cnt[i + 1] = cnt[i] + (has[i] != 0);
+    /* best[s * (n + 1) + i]: stages 0 .. s over modules [0, i) */
+    for (int i = 0; i <= n; i++) best[i] = cnt[i] ? pre[i] : NONE, from[i] = 0;
+    for (int s = 1; s < P; s++)
+        for (int i = 0; i <= n; i++) {
+            double b = NONE;
+            int f = -1;
+            for (int j = s; j < i; j++) {
+                double a = best[(s - 1) * (n + 1) + j], run = pre[i] - pre[j], v = a > run ? a : run;
+                if (a < NONE && cnt[i] > cnt[j] && v < b) b = v, f = j;
+            }
+            best[s * (n + 1) + i] = b;
+            from[s * (n + 1) + i] = f;
+        }
+    dt_status st = best[(P - 1) * (n + 1) + n] < NONE ? DT_OK
+                 : dt_error(DT_ERR_INVALID, "pipeline: the model has %d modules with parameters, fewer than the %d "
+                            "stages (each stage needs some)", cnt[n], P);
+    mod_lo[P] = n;
+    for (int s = P - 1; st == DT_OK && s > 0; s--) mod_lo[s] = from[s * (n + 1) + mod_lo[s + 1]];
+    mod_lo[0] = 0;
+    free(pre), free(best), free(from), free(cnt);
+    return st;
+}
+
+/* --stages A-B,C-D,...: P runs of module indices, in order, covering 0 .. n - 1. */
+static dt_status parse_stages(const char *text, int n, int P, int *mod_lo) {
+    const char *p = text;
+    int next = 0;
+    for (int s = 0; s < P; s++) {
+        char *end;
+        long a = strtol(p, &end, 10), b;
+        if (end == p) goto bad;
+        if (*end == '-') {
+            p = end + 1;
+            b = strtol(p, &end, 10);
+            if (end == p) goto bad;
+        } else {
+            b = a;
+        }
+        if (a != next || b < a || b >= n)
+            return dt_error(DT_ERR_INVALID, "stages: stage %d is modules %ld-%ld; expected a run starting at module %d "
+                            "and ending before %d (the model has %d top-level modules, 0-%d)", s, a, b, next, n, n, n - 1);
+        mod_lo[s] = (int)a;
+        next = (int)b + 1;
+        p = end;
+        if (s + 1 < P) {
+            if (*p != ',') goto bad;
+            p++;
+        }
+    }
+    if (*p) goto bad;
+    if (next != n)
+        return dt_error(DT_ERR_INVALID, "stages: '%s' leaves modules %d-%d out (the stages must cover 0-%d)", text, next,
+                        n - 1, n - 1);
+    mod_lo[P] = n;
+    return DT_OK;
+bad:
+    return dt_error(DT_ERR_INVALID, "stages: expected auto or %d runs of module indices such as 0-3,4-7, got '%s'", P,
+                    text);
+}
+
+/* The tied tensors a stage reads but another owns. */
+static dt_status find_riders(trainer *t) {
+    train_pipe *p = t->pipe;
+    int n = dt_model_nlayers(t->model);
+    for (int s = 0; s < t->pp; s++)
+        for (int i = p->layer_lo[s]; i < p->layer_lo[s + 1] && i < n; i++) {
+            const dt_layer *L = dt_model_layer(t->model, i);
+            for (int k = 0; k < L->ntensors; k++) {
+                if (L->t[k].role != DT_TENSOR_TIED) continue;
+                int owner = 0;
+                while (owner + 1 < t->pp && p->plo[owner + 1] <= L->t[k].offset) owner++;
+                if (owner == s) continue;
+                rider *r = realloc(p->ride, (size_t)(p->nride + 1) * sizeof *r);
+                if (!r) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+                p->ride = r;
+                r[p->nride++] = (rider){.off = L->t[k].offset, .len = (size_t)L->t[k].numel, .owner = owner, .user = s};
+            }
+        }
+    return DT_OK;
+}
+
+/* The chunks of the norm that a stage boundary cuts. */
+static dt_status boundary_chunks(trainer *t) {
+    train_pipe *p = t->pipe;
+    const size_t C = DT_SUM_CHUNK, n = dt_model_nparams(t->model);
+    p->nch = (n + C - 1) / C;
+    p->bch = calloc((size_t)t->pp, sizeof *p->bch);
+    p->parts = calloc(p->nch ? p->nch : 1, sizeof *p->parts);
+    if (!p->bch || !p->parts) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+    for (int s = 1; s < t->pp; s++) {
+        size_t b = p->plo[s];
+        if (b % C == 0) continue;
+        if (p->nbc && p->bch[p->nbc - 1] == b / C) continue;   /* a chunk several boundaries cut */
+        p->bch[p->nbc++] = b / C;
+    }
+    DT_TRY(t->ops->alloc((void **)&p->dparts, (p->nch ? p->nch : 1) * sizeof(double)));
+    if (p->nbc) {
+        p->bbuf = malloc((size_t)p->nbc * C * sizeof(float));
+        if (!p->bbuf) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+        DT_TRY(dt_mem_alloc(t->ops, DT_MEM_OTHER, (void **)&p->dbbuf, (size_t)p->nbc * C * sizeof(float)));
+    }
+    return DT_OK;
+}
+
+static void put_text(train_pipe *p, size_t *len, size_t *cap, const char *s) {
+    size_t k = strlen(s);
+    if (*len + k + 1 > *cap) {
+        size_t c = (*len + k + 1) * 2;
+        char *x = realloc(p->text, c);
+        if (!x) return;
+        p->text = x;
+        *cap = c;
+    }
+    memcpy(p->text + *len, s, k + 1);
+    *len += k;
+}
+
+dt_status dt_train_pipe_setup_(trainer *t) {
+    train_pipe *p = t->pipe;
+    const dt_train_opts *o = t->o;
+    const int P = t->pp;
+    int nm = dt_model_modules(t->model, NULL);
+    if (nm < P)
+        return dt_error(DT_ERR_INVALID, "pipeline: %d stages, but the model has %d top-level modules (a stage holds at "
+                        "least one)", P, nm);
+    int *cuts = calloc((size_t)nm + 1, sizeof *cuts);
+    double *cost = calloc((size_t)nm, sizeof *cost);
+    int *has = calloc((size_t)nm, sizeof *has);
+    p->mod_lo = calloc((size_t)P + 1, sizeof *p->mod_lo);
+    p->layer_lo = calloc((size_t)P + 1, sizeof *p->layer_lo);
+    p->plo = calloc((size_t)P + 1, sizeof *p->plo);
+    dt_status s = cuts && cost && has && p->mod_lo && p->layer_lo && p->plo ? DT_OK : dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+    if (s == DT_OK) {
+        dt_model_modules(t->model, cuts);
+        for (int i = 0; i < nm; i++) {
+            size_t a, b;
+            cost[i] = module_cost(t->model, cuts[i], cuts[i + 1]);
+            layer_params(t->model, cuts[i], cuts[i + 1], 0, &a, &b);
+            has[i] = b > a;
+        }
+        s = !o->stages || !strcmp(o->stages, "auto") ? balance(cost, has, nm, P, p->mod_lo)
+                                                      : parse_stages(o->stages, nm, P, p->mod_lo);
+    }
+    for (int st = 0; s == DT_OK && st <= P; st++) p->layer_lo[st] = cuts[p->mod_lo[st]];
+    size_t at = 0;
+    for (int st = 0; s == DT_OK && st < P; st++) {
+        size_t lo, hi;
+        layer_params(t->model, p->layer_lo[st], p->layer_lo[st + 1], at, &lo, &hi);
+        if (hi == lo)
+            s = dt_error(DT_ERR_INVALID, "pipeline: stage %d (modules %d-%d) holds no parameters; name a cut with "
+                         "--stages", st, p->mod_lo[st], p->mod_lo[st + 1] - 1);
+        p->plo[st] = at;   /* parameterless layers before a stage's first parameter are its */
+        at = hi;
+    }
+    p->plo[P] = dt_model_nparams(t->model);
+    free(cuts);
+    free(cost);
+    free(has);
+    DT_TRY(s);
+    if (dt_model_bn_record_size(t->model))
+        return dt_error(DT_ERR_UNSUPPORTED, "pipeline: models with batchnorm are not supported with --pipeline yet");
+    /* every stage's list, checked together: definitions, order, no hang */
+    const dt_pp_schedule *sch = dt_pp_find(o->pipeline_schedule);
+    dt_pp_list *lists = calloc((size_t)P, sizeof *lists);
+    if (!lists) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+    for (int st = 0; s == DT_OK && st < P; st++) s = dt_pp_build(sch, P, st, (int)t->k, &lists[st]);
+    int in_flight = 0;
+    if (s == DT_OK) s = dt_pp_check(lists, P, (int)t->k, &in_flight);
+    /* the layout, and with --schedule-dump every list */
+    size_t len = 0, cap = 0;
+    char line[256];
+    snprintf(line, sizeof line, "pipeline: %d stages x %d replica%s, schedule %s, %lld micro-batches per replica "
+             "(at most %d in flight); stage:modules:parameters", P, t->dp, t->dp == 1 ? "" : "s", dt_pp_name(sch),
+             (long long)t->k, in_flight);
+    put_text(p, &len, &cap, line);
+    for (int st = 0; st < P && s == DT_OK; st++) {
+        snprintf(line, sizeof line, " %d:%d-%d:%zu", st, p->mod_lo[st], p->mod_lo[st + 1] - 1, p->plo[st + 1] - p->plo[st]);
+        put_text(p, &len, &cap, line);
+    }
+    for (int st = 0; o->schedule_dump && st < P && s == DT_OK; st++) {
+        snprintf(line, sizeof line, "\nstage %d:", st);
+        put_text(p, &len, &cap, line);
+        for (int i = 0; i < lists[st].n; i++) {
+            char one[48];
+            dt_pp_list l1 = {.a = &lists[st].a[i], .n = 1};
+            dt_pp_dump(&l1, one, sizeof one);
+            one[strcspn(one, "\n")] = '\0';
+            snprintf(line, sizeof line, "%s%s", i ? ", " : " ", one);
+            put_text(p, &len, &cap, line);
+        }
+    }
+    if (s == DT_OK) {
+        p->list = lists[t->stage];
+        lists[t->stage] = (dt_pp_list){0};
+    }
+    for (int st = 0; st < P; st++) dt_pp_list_free(&lists[st]);
+    free(lists);
+    DT_TRY(s);
+    /* the boundary tensors: inputs of the micro-batches in flight, the gradients */
+    const dt_layer *first = dt_model_layer(t->model, p->layer_lo[t->stage]);
+    const dt_layer *last = dt_model_layer(t->model, p->layer_lo[t->stage + 1] - 1);
+    p->in_n = (size_t)first->in_numel;
+    p->out_n = (size_t)last->out_numel;
+    int held = 0;
+    for (int i = 0; i < p->list.n; i++) {   /* received or forwarded, not yet backwarded */
+        if (p->list.a[i].op == DT_PP_RECV_ACT && ++held > p->nslots) p->nslots = held;
+        if (p->list.a[i].op == DT_PP_BWD) held--;
+    }
+    size_t B = (size_t)t->b;
+    if (t->stage > 0) {
+        p->in = calloc((size_t)p->nslots, sizeof *p->in);
+        if (!p->in) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+        for (int i = 0; i < p->nslots; i++) DT_TRY(dt_mem_alloc(t->ops, DT_MEM_ACTS, (void **)&p->in[i], B * p->in_n * sizeof(float)));
+        DT_TRY(dt_mem_alloc(t->ops, DT_MEM_ACTS, (void **)&p->gout, B * p->in_n * sizeof(float)));
+    }
+    if (t->stage < P - 1) DT_TRY(dt_mem_alloc(t->ops, DT_MEM_ACTS, (void **)&p->gin, B * p->out_n * sizeof(float)));
+    DT_TRY(find_riders(t));
+    DT_TRY(boundary_chunks(t));
+    p->losses = calloc((size_t)t->world * (size_t)t->k, sizeof *p->losses);
+    if (!p->losses) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+    if (!t->ops->host_memory && !dt_comm_device_buffers(t->comm)) {
+        size_t most = B * (p->in_n > p->out_n ? p->in_n : p->out_n);
+        for (int st = 0; st < P; st++)
+            if (p->plo[st + 1] - p->plo[st] > most) most = p->plo[st + 1] - p->plo[st];
+        for (int r = 0; r < p->nride; r++)
+            if (p->ride[r].len > most) most = p->ride[r].len;
+        p->host_n = most;
+        DT_TRY(dt_mem_host_alloc(t->ops, DT_MEM_COMM, (void **)&p->host, most * sizeof(float)));
+    }
+    return DT_OK;
+}
+
+void dt_train_pipe_range_(const trainer *t, size_t *lo, size_t *hi) {
+    *lo = t->pipe->plo[t->stage];
+    *hi = t->pipe->plo[t->stage + 1];
+}
+
+void dt_train_pipe_free_(trainer *t) {
+    train_pipe *p = t->pipe;
+    if (!p) {
+        return;
+    }
+    for (int i = 0; p->in && i < p->nslots; i++) dt_mem_free(t->ops, p->in[i]);
+    free(p->in);
+    dt_mem_free(t->ops, p->gin);
+    dt_mem_free(t->ops, p->gout);
+    dt_mem_free(t->ops, p->dbbuf);
+    dt_mem_free(t->ops, p->host);
+    if (p->dparts) t->ops->free(p->dparts);
+    dt_pp_list_free(&p->list);
+    dt_comm_destroy(p->pp_comm);
+    free(p->mod_lo), free(p->layer_lo), free(p->plo), free(p->ride), free(p->bch), free(p->parts), free(p->bbuf);
+    free(p->losses), free(p->text);
+    free(p);
+    t->pipe = NULL;
+    if (t->dp_comm != t->comm) dt_comm_destroy(t->dp_comm);
+    t->dp_comm = NULL;
+}
+
+const char *dt_train_pipe_text_(const trainer *t) { return t->pipe ? t->pipe->text : NULL; }
+
+/* ---- moving device memory -------------------------------------------------------------- */
+
+static dt_status xsend(trainer *t, const float *buf, size_t n, int stage, int tag) {
+    train_pipe *p = t->pipe;
+    int peer = t->dpr * t->pp + stage;
+    if (!p->host) return dt_send(t->comm, buf, n, DT_F32, peer, tag);
+    DT_TRY(t->ops->copy_d2h(p->host, buf, n * sizeof(float)));
+    return dt_send(t->comm, p->host, n, DT_F32, peer, tag);
+}
+
+static dt_status xrecv(trainer *t, float *buf, size_t n, int stage, int tag) {
+    train_pipe *p = t->pipe;
+    int peer = t->dpr * t->pp + stage;
+    if (!p->host) return dt_recv(t->comm, buf, n, DT_F32, peer, tag);
+    DT_TRY(dt_recv(t->comm, p->host, n, DT_F32, peer, tag));
+    return t->ops->copy_h2d(buf, p->host, n * sizeof(float));
+}
+
+static dt_status xbcast(trainer *t, float *buf, size_t n, int root) {
+    train_pipe *p = t->pipe;
+    if (!p->host) return dt_broadcast(p->pp_comm, buf, n, DT_F32, root);
+    if (t->stage == root) DT_TRY(t->ops->copy_d2h(p->host, buf, n * sizeof(float)));
+    DT_TRY(dt_broadcast(p->pp_comm, p->host, n, DT_F32, root));
+    return t->stage == root ? DT_OK : t->ops->copy_h2d(buf, p->host, n * sizeof(float));
+}
+
+/* ---- the step ------------------------------------------------------------------------- */
+
+static dt_status forward(trainer *t, int m, uint64_t epoch, int64_t step) {
+    train_pipe *p = t->pipe;
+    size_t ss = (size_t)dt_dataset_get_info(t->train)->sample_size;
+    int64_t sample_base = step * t->o->batch + (t->first_micro + m) * t->b;
+    const float *x = t->stage == 0 ? t->dx + (size_t)m * (size_t)t->b * ss : p->in[m % p->nslots];
+    DT_TRY(dt_model_forward_range(t->model, p->layer_lo[t->stage], p->layer_lo[t->stage + 1], x, (int)t->b, 1, epoch,
+                                  sample_base, &p->out));
+    p->cur = m;
+    return DT_OK;
+}
+
+static dt_status backward(trainer *t, int m, uint64_t epoch, int64_t step, const void *target) {
+    train_pipe *p = t->pipe;
+    if (p->cur != m) DT_TRY(forward(t, m, epoch, step));   /* its activations again */
+    DT_TRY(dt_ddp_begin_micro(t->ddp, m));
+    p->cur = -1;
+    if (t->stage == t->pp - 1) {
+        const void *tm = !dt_loss_def_of(t->lf.kind)->one_hot
+                             ? (const void *)((const int32_t *)target + (size_t)m * (size_t)(t->b * t->lw))
+                             : (const void *)((const float *)target + (size_t)m * (size_t)t->b * (size_t)t->C);
+        DT_TRY(dt_model_loss_backward_to(t->model, &t->lf, tm, (int)t->b, (float)t->o->batch, NULL, p->gout));
+        return t->ops->copy_d2d(t->dlosses + m, dt_model_loss_dev(t->model), sizeof(float));
+    }
+    return dt_model_backward_range(t->model, p->layer_lo[t->stage], p->layer_lo[t->stage + 1], p->gin, p->gout);
+}
+
+dt_status dt_train_pipe_run_(trainer *t, uint64_t epoch, int64_t step, const void *target) {
+    train_pipe *p = t->pipe;
+    const size_t B = (size_t)t->b;
+    float *grads = dt_model_grads(t->model);
+    DT_TRY(t->ops->zero(t->dlosses, (size_t)t->k * sizeof(float)));
+    for (int i = 0; i < p->list.n; i++) {
+        dt_pp_action a = p->list.a[i];
+        dt_status s = DT_OK;
+        switch (a.op) {
+        case DT_PP_FWD: s = forward(t, a.micro, epoch, step); break;
+        case DT_PP_BWD: s = backward(t, a.micro, epoch, step, target); break;
+        case DT_PP_RECV_ACT: s = xrecv(t, p->in[a.micro % p->nslots], B * p->in_n, t->stage - 1, TAG_ACT); break;
+        case DT_PP_SEND_ACT:
+            if (p->cur != a.micro)
+                return dt_error(DT_ERR_INTERNAL, "pipeline: stage %d sends the output of micro-batch %d, but holds %d's",
+                                t->stage, a.micro, p->cur);
+            s = xsend(t, p->out, B * p->out_n, t->stage + 1, TAG_ACT);
+            break;
+        case DT_PP_RECV_GRAD:
+            s = xrecv(t, p->gin, B * p->out_n, t->stage + 1, TAG_GRAD);
+            /* tied parts on their way to their owner, or arriving there */
+            for (int r = 0; s == DT_OK && r < p->nride; r++)
+                if (p->ride[r].owner <= t->stage && t->stage < p->ride[r].user)
+                    s = xrecv(t, grads + p->ride[r].off, p->ride[r].len, t->stage + 1, TAG_TIED);
+            break;
+        case DT_PP_SEND_GRAD:
+            s = xsend(t, p->gout, B * p->in_n, t->stage - 1, TAG_GRAD);
+            for (int r = 0; s == DT_OK && r < p->nride; r++)
+                if (p->ride[r].owner < t->stage && t->stage <= p->ride[r].user)
+                    s = xsend(t, grads + p->ride[r].off, p->ride[r].len, t->stage - 1, TAG_TIED);
+            break;
+        }
+        if (s != DT_OK) return dt_error_wrap(s, "pipeline stage %d, micro-batch %d: ", t->stage, a.micro);
+    }
+    return DT_OK;
+}
+
+dt_status dt_train_pipe_losses_(trainer *t) {
+    train_pipe *p = t->pipe;
+    DT_TRY(dt_allgather(t->comm, t->losses, p->losses, (size_t)t->k, DT_F32));
+    for (int r = 0; r < t->dp; r++)
+        memcpy(t->all_losses + (size_t)r * (size_t)t->k, p->losses + (size_t)(r * t->pp + t->pp - 1) * (size_t)t->k,
+               (size_t)t->k * sizeof(float));
+    return DT_OK;
+}
+
+dt_status dt_train_pipe_clip_(trainer *t, float max_norm, float unscale, float *norm) {
+    train_pipe *p = t->pipe;
+    const dt_ops *ops = t->ops;
+    const size_t C = DT_SUM_CHUNK, n = dt_model_nparams(t->model);
+    const size_t lo = p->plo[t->stage], hi = p->plo[t->stage + 1];
+    float *g = dt_model_grads(t->model);
+    memset(p->parts, 0, p->nch * sizeof *p->parts);
+    /* the chunks wholly this stage's */
+    size_t c0 = (lo + C - 1) / C, c1 = hi == n ? p->nch : hi / C;
+    if (c1 > c0) {
+        size_t end = c1 * C < n ? c1 * C : n;
+        DT_TRY(ops->sumsq_chunks(p->dparts, g + c0 * C, end - c0 * C));
+        DT_TRY(ops->copy_d2h(p->parts + c0, p->dparts, (c1 - c0) * sizeof(double)));
+    }
+    DT_TRY(dt_allreduce(p->pp_comm, p->parts, p->parts, p->nch, DT_F64, DT_SUM));
+    /* the chunks a boundary cuts: every stage's part of them, summed whole */
+    if (p->nbc) {
+        memset(p->bbuf, 0, (size_t)p->nbc * C * sizeof(float));
+        for (int j = 0; j < p->nbc; j++) {
+            size_t a = p->bch[j] * C, e = a + C < n ? a + C : n;
+            size_t x = lo > a ? lo : a, y = hi < e ? hi : e;
+            if (x < y) DT_TRY(ops->copy_d2h(p->bbuf + (size_t)j * C + (x - a), g + x, (y - x) * sizeof(float)));
+        }
+        DT_TRY(dt_allreduce(p->pp_comm, p->bbuf, p->bbuf, (size_t)p->nbc * C, DT_F32, DT_SUM));
+        DT_TRY(ops->copy_h2d(p->dbbuf, p->bbuf, (size_t)p->nbc * C * sizeof(float)));
+        for (int j = 0; j < p->nbc; j++) {
+            size_t a = p->bch[j] * C, e = a + C < n ? a + C : n;
+            DT_TRY(ops->sumsq_chunks(p->dparts, p->dbbuf + (size_t)j * C, e - a));
+            DT_TRY(ops->copy_d2h(p->parts + p->bch[j], p->dparts, sizeof(double)));
+        }
+    }
+    double sq = dt_pairwise_sum(p->parts, p->nch);
+    float total = sqrtf((float)sq) * unscale;
+    if (norm) *norm = total;
+    if (max_norm > 0.0f && hi > lo) {
+        float coef = max_norm / (total + 1e-6f);
+        if (coef < 1.0f) DT_TRY(ops->scale(g + lo, coef, hi - lo));
+    }
+    return DT_OK;
+}
+
+dt_status dt_train_pipe_after_step_(trainer *t) {
+    train_pipe *p = t->pipe;
+    float *params = dt_model_params(t->model);
+    for (int r = 0; r < p->nride; r++) {
+        if (p->ride[r].owner == t->stage) DT_TRY(xsend(t, params + p->ride[r].off, p->ride[r].len, p->ride[r].user, TAG_PARAM));
+        if (p->ride[r].user == t->stage) DT_TRY(xrecv(t, params + p->ride[r].off, p->ride[r].len, p->ride[r].owner, TAG_PARAM));
+    }
+    return DT_OK;
+}
+
+dt_status dt_train_pipe_gather_(trainer *t) {
+    train_pipe *p = t->pipe;
+    float *params = dt_model_params(t->model);
+    for (int s = 0; s < t->pp; s++) DT_TRY(xbcast(t, params + p->plo[s], p->plo[s + 1] - p->plo[s], s));
+    dt_model_params_changed(t->model);
+    return DT_OK;
+}
