@@ -33,10 +33,11 @@ static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *
     piece mine = {0};
     size_t lo, len;
     dt_shard_range(t->shard, &lo, &len);
-    if (t->pipe && t->dpr > 0) lo = dt_model_nparams(t->model), len = 0;   /* replica 0's stages write it */
+    int empty = t->pipe && t->dpr > 0;   /* a pipeline's stages: replica 0's write it */
+    if (empty) lo = dt_model_nparams(t->model), len = 0;
     mine.lo = (int64_t)lo;
     mine.len = (int64_t)len;
-    mine.st = dt_ckpt_write_shard(tmp, t->rank, t->world, t->model, t->optim, lo, len, mine.sum);
+    mine.st = dt_ckpt_write_shard(tmp, t->rank, t->world, t->model, empty ? NULL : t->optim, lo, len, mine.sum);
     char why[1024];
     snprintf(why, sizeof why, "%s", mine.st != DT_OK ? dt_last_error() : "");
     piece *all = calloc((size_t)t->world, sizeof *all);
