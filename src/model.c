@@ -73,6 +73,13 @@ struct dt_model {
     int              arena_owner;
     dt_lowp         *lp;           /* mixed precision (lowp.h), NULL in f32 */
     float            loss_scale;   /* the loss gradient's factor before backward (fp16 loss scaling) */
+    /* activation sets (dt_model_act_sets): layers [set_lo, set_hi) hold their buffers in
+     * set set_cur of nsets blocks of set_bytes; each set remembers the pass that filled it */
+    int              nsets, set_cur, set_lo, set_hi;
+    size_t           set_bytes;
+    unsigned char   *sets;
+    struct set_pass { const float *x; int x_at, B, train, valid; uint32_t epoch; uint64_t sample0; } *set_pass;
+    float          **set_out;      /* per set, the range's layers' outputs as the pass left them */
 };
 
 /* Where layer i reads its parameters: the flat array, or a view set by
@@ -146,13 +153,15 @@ void dt_model_free(dt_model *m) {
     if (o) {
         for (int i = 0; i < m->spec.n; i++) dt_layer_free(o, &m->spec.layers[i]);
         void *bufs[] = {m->params, m->grads, m->buffers, m->dbuf[0], m->dbuf[1], m->head, m->probs, m->scalar,
-                        m->arena};
+                        m->arena, m->sets};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dt_mem_free(o, bufs[i]);
         dt_lowp_free(o, m->lp);
     }
     dt_spec_free(&m->spec);
     free(m->state);
     free(m->param_state);
+    free(m->set_pass);
+    free(m->set_out);
     free(m->blocks);
     free(m->block_of);
     free(m->pview);
@@ -606,6 +615,59 @@ dt_status dt_model_forward_range(dt_model *m, int lo, int hi, const float *x, in
         cur = L->out_ptr;
     }
     if (out) *out = cur;
+    if (m->nsets && lo <= m->set_lo && hi >= m->set_hi)
+    {
+        m->set_pass[m->set_cur] = (struct set_pass){.x = x, .x_at = lo, .B = B, .train = train, .valid = 1,
+                                                    .epoch = m->epoch, .sample0 = m->sample0};
+        for (int i = m->set_lo; i < m->set_hi; i++)   /* a layer's own choice (a fused relu passes x on) */
+            m->set_out[(size_t)m->set_cur * (size_t)(m->set_hi - m->set_lo) + (size_t)(i - m->set_lo)] =
+                m->spec.layers[i].out_ptr;
+    }
+    return DT_OK;
+}
+
+dt_status dt_model_act_sets(dt_model *m, int lo, int hi, int n) {
+    DT_TRY(check_range(m, lo, hi, "activation sets"));
+    if (n < 1) return dt_error(DT_ERR_INVALID, "model activation sets: expected at least 1, got %d", n);
+    if (m->mo.recompute || m->nsets)
+        return dt_error(DT_ERR_UNSUPPORTED, "model activation sets: not with recomputation, and only once");
+    dt_layer_mem a = {.ops = m->ops, .in_arena = 1, .measure = 1};
+    for (int i = lo; i < hi; i++) DT_TRY(dt_layer_alloc_in(&a, &a, &m->spec.layers[i], m->max_batch));
+    m->set_pass = calloc((size_t)n, sizeof *m->set_pass);
+    m->set_out = calloc((size_t)n * (size_t)(hi - lo), sizeof *m->set_out);
+    if (!m->set_pass || !m->set_out) return dt_error(DT_ERR_NOMEM, "model: out of memory");
+    DT_TRY(dt_mem_alloc(m->ops, DT_MEM_ACTS, (void **)&m->sets, (a.used ? a.used : 1) * (size_t)n));
+    for (int i = lo; i < hi; i++) {   /* the range's own buffers give way to the sets */
+        dt_layer *L = &m->spec.layers[i];
+        for (int k = 0; k < L->nown; k++) dt_mem_free(m->ops, L->own[k]);
+        L->nown = 0;
+    }
+    m->nsets = n;
+    m->set_lo = lo;
+    m->set_hi = hi;
+    m->set_bytes = a.used;
+    m->set_cur = -1;
+    return dt_model_act_use(m, 0);
+}
+
+dt_status dt_model_act_use(dt_model *m, int set) {
+    if (set < 0 || set >= m->nsets)
+        return dt_error(DT_ERR_INVALID, "model activation sets: set %d outside [0, %d)", set, m->nsets);
+    if (set == m->set_cur) return DT_OK;
+    dt_layer_mem a = {.ops = m->ops, .arena = m->sets + (size_t)set * m->set_bytes, .in_arena = 1};
+    for (int i = m->set_lo; i < m->set_hi; i++) DT_TRY(dt_layer_alloc_in(&a, &a, &m->spec.layers[i], m->max_batch));
+    m->set_cur = set;
+    const struct set_pass *p = &m->set_pass[set];
+    if (!p->valid) return DT_OK;
+    /* the pass that filled it, as its backward needs it */
+    m->x = p->x;
+    m->x_at = p->x_at;
+    m->last_B = p->B;
+    m->last_train = p->train;
+    m->epoch = p->epoch;
+    m->sample0 = p->sample0;
+    for (int i = m->set_lo; i < m->set_hi; i++)
+        m->spec.layers[i].out_ptr = m->set_out[(size_t)set * (size_t)(m->set_hi - m->set_lo) + (size_t)(i - m->set_lo)];
     return DT_OK;
 }
 

@@ -288,6 +288,14 @@ DT_API dt_status dt_model_forward_range(dt_model *m, int lo, int hi, const float
  * stage runs its range from the gradient its successor sends and sends dx back. */
 DT_API dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, float *dx);
 
+/* Activation sets, for a pipeline stage with several micro-batches in flight: layers
+ * [lo, hi) (whole modules) keep n sets of their activations instead of one, and
+ * dt_model_act_use(set) selects the set the next forward over the range fills, or the
+ * one whose pass the next backward runs (its input, batch and dropout keys restored, as
+ * that forward left them). Not with recomputation (DT_ERR_UNSUPPORTED); once per model. */
+DT_API dt_status dt_model_act_sets(dt_model *m, int lo, int hi, int n);
+DT_API dt_status dt_model_act_use(dt_model *m, int set);
+
 /* Loss of the last forward and backward through the model. target: int32
  * labels (B) for cross-entropy, float (B, output shape) for MSE, device memory.
  * The loss is sum over the batch of per-sample losses / normaliser (MSE per

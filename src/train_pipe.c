@@ -21,10 +21,12 @@
  *     is put together from its stages' parts (a sum with zeros everywhere else: exact)
  *     and summed whole.
  *
- * A stage keeps the inputs of the micro-batches in flight and, before a backward, runs
- * the forward of that micro-batch again unless the model still holds its activations
- * (GPipe's re-materialisation): the same kernels on the same input, the same bits, and
- * one micro-batch's activations held instead of up to k. Every rank holds the whole
+ * A stage keeps the inputs and the activations of the micro-batches in flight (the
+ * model's activation sets: up to P - s on stage s with 1f1b, all k with gpipe). With
+ * --recompute it keeps the inputs only, and before a backward runs the forward of that
+ * micro-batch again unless the model still holds its activations (GPipe's
+ * re-materialisation): the same kernels on the same input, the same bits, one
+ * micro-batch's activations held. Every rank holds the whole
  * parameter array (its stage's part current), so checkpoints are written stage by stage
  * (as a sharded run's are: they resume on any layout), and evaluation and the end of the
  * run first gather every stage's part.
@@ -52,6 +54,8 @@ struct train_pipe {
     size_t *plo;               /* stage s: parameters [plo[s], plo[s + 1]) */
     dt_pp_list list;
     int nslots;                /* stage inputs held at once */
+    int nsets;                 /* > 1: the model keeps this many micro-batches' activations
+                                * (dt_model_act_sets), else a backward runs its forward again */
     float **in;                /* nslots inputs (B x in_n), not on the first stage */
     float *gin, *gout;         /* the gradient of our output (not on the last), of our input (not on the first) */
     size_t in_n, out_n;        /* floats per sample of the stage's input and output */
@@ -261,6 +265,35 @@ static dt_status boundary_chunks(trainer *t) {
     return DT_OK;
 }
 
+/* Neighbouring stages agree on the tensors between them (a rank that built another
+ * model would otherwise wait for a message of another size): each stage's cut, its input
+ * and output per sample, and the model's size, gathered over the pipeline. */
+static dt_status agree(trainer *t) {
+    train_pipe *p = t->pipe;
+    enum { LO, HI, IN, OUT, NL, NP, NV };
+    int64_t mine[NV] = {p->layer_lo[t->stage], p->layer_lo[t->stage + 1], (int64_t)p->in_n, (int64_t)p->out_n,
+                        dt_model_nlayers(t->model), (int64_t)dt_model_nparams(t->model)};
+    int64_t *all = calloc((size_t)t->pp * NV, sizeof *all);
+    if (!all) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+    dt_status s = dt_allgather(p->pp_comm, mine, all, NV, DT_I64);
+    for (int st = 0; s == DT_OK && st + 1 < t->pp; st++) {
+        const int64_t *a = all + st * NV, *b = all + (st + 1) * NV;
+        int r = t->dpr * t->pp + st;
+        if (a[NL] != b[NL] || a[NP] != b[NP])
+            s = dt_error(DT_ERR_MISMATCH, "pipeline: stage %d (rank %d) built a model of %lld layers and %lld parameters, "
+                         "stage %d (rank %d) one of %lld and %lld; every rank must build the same model", st, r,
+                         (long long)a[NL], (long long)a[NP], st + 1, r + 1, (long long)b[NL], (long long)b[NP]);
+        else if (a[HI] != b[LO])
+            s = dt_error(DT_ERR_MISMATCH, "pipeline: stage %d (rank %d) ends before layer %lld, stage %d (rank %d) starts "
+                         "at layer %lld", st, r, (long long)a[HI], st + 1, r + 1, (long long)b[LO]);
+        else if (a[OUT] != b[IN])
+            s = dt_error(DT_ERR_MISMATCH, "pipeline: stage %d (rank %d) sends %lld floats per sample, stage %d (rank %d) "
+                         "expects %lld", st, r, (long long)a[OUT], st + 1, r + 1, (long long)b[IN]);
+    }
+    free(all);
+    return s;
+}
+
 static void put_text(train_pipe *p, size_t *len, size_t *cap, const char *s) {
     size_t k = strlen(s);
     if (*len + k + 1 > *cap) {
@@ -365,6 +398,14 @@ dt_status dt_train_pipe_setup_(trainer *t) {
         if (p->list.a[i].op == DT_PP_RECV_ACT && ++held > p->nslots) p->nslots = held;
         if (p->list.a[i].op == DT_PP_BWD) held--;
     }
+    held = 0;
+    for (int i = 0; i < p->list.n; i++) {   /* forwarded, not yet backwarded */
+        if (p->list.a[i].op == DT_PP_FWD && ++held > p->nsets) p->nsets = held;
+        if (p->list.a[i].op == DT_PP_BWD) held--;
+    }
+    if (o->recompute) p->nsets = 1;   /* recomputation's stages run their forward again: the least memory */
+    if (p->nsets > 1)
+        DT_TRY(dt_model_act_sets(t->model, p->layer_lo[t->stage], p->layer_lo[t->stage + 1], p->nsets));
     size_t B = (size_t)t->b;
     if (t->stage > 0) {
         p->in = calloc((size_t)p->nslots, sizeof *p->in);
@@ -373,6 +414,7 @@ dt_status dt_train_pipe_setup_(trainer *t) {
         DT_TRY(dt_mem_alloc(t->ops, DT_MEM_ACTS, (void **)&p->gout, B * p->in_n * sizeof(float)));
     }
     if (t->stage < P - 1) DT_TRY(dt_mem_alloc(t->ops, DT_MEM_ACTS, (void **)&p->gin, B * p->out_n * sizeof(float)));
+    DT_TRY(agree(t));
     DT_TRY(find_riders(t));
     DT_TRY(boundary_chunks(t));
     p->losses = calloc((size_t)t->world * (size_t)t->k, sizeof *p->losses);
@@ -451,6 +493,7 @@ static dt_status forward(trainer *t, int m, uint64_t epoch, int64_t step) {
     size_t ss = (size_t)dt_dataset_get_info(t->train)->sample_size;
     int64_t sample_base = step * t->o->batch + (t->first_micro + m) * t->b;
     const float *x = t->stage == 0 ? t->dx + (size_t)m * (size_t)t->b * ss : p->in[m % p->nslots];
+    if (p->nsets > 1) DT_TRY(dt_model_act_use(t->model, m % p->nsets));
     DT_TRY(dt_model_forward_range(t->model, p->layer_lo[t->stage], p->layer_lo[t->stage + 1], x, (int)t->b, 1, epoch,
                                   sample_base, &p->out));
     p->cur = m;
@@ -459,6 +502,10 @@ static dt_status forward(trainer *t, int m, uint64_t epoch, int64_t step) {
 
 static dt_status backward(trainer *t, int m, uint64_t epoch, int64_t step, const void *target) {
     train_pipe *p = t->pipe;
+    if (p->nsets > 1) {
+        DT_TRY(dt_model_act_use(t->model, m % p->nsets));   /* its activations, kept */
+        p->cur = m;
+    }
     if (p->cur != m) DT_TRY(forward(t, m, epoch, step));   /* its activations again */
     DT_TRY(dt_ddp_begin_micro(t->ddp, m));
     p->cur = -1;

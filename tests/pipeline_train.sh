@@ -1,0 +1,135 @@
+#!/bin/sh
+# pipeline_train.sh: dtrain train --pipeline end to end (src/train_pipe.c) — every layout
+# of stages and replicas, both schedules, fp32, bf16 and fp16, recomputation, dropout and
+# the gpt presets' tied embedding give bitwise the weights of one process with the same
+# micro-batches; checkpoints resume across layouts; evaluation and the printed loss are
+# one process's; refused configurations exit 2 naming the reason; a rank that built
+# another model is named at the start, not hung.
+. "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
+D="$DT_BUILDDIR/dtrain"; R="$DT_BUILDDIR/dtrun"
+[ -x "$D" ] && [ -x "$R" ] || skip_all "dtrain or dtrun not built"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+
+# run NAME NPROC ARGS...: one process without dtrun, else dtrun -n NPROC
+run() {
+    name=$1; n=$2; shift 2
+    if [ "$n" = 1 ]; then timeout 180 "$D" train "$@" --save "$T/$name.st" > "$T/$name.out" 2>&1
+    else timeout 240 "$R" -n "$n" "$D" train "$@" --save "$T/$name.st" > "$T/$name.out" 2>&1; fi
+}
+# same REF NAME WHAT: NAME's weights are REF's, bit for bit
+same() { cmp -s "$T/$1.st" "$T/$2.st"; ok $? "$3"; }
+final() { sed -n 's/.*final loss \([0-9.]*\).*/\1/p' "$T/$1.out" | tail -1; }
+
+# (a) an mlp with dropout: P = 2 and 4, both schedules, 2 replicas x 2 stages
+MLP="flatten linear(32) relu dropout(0.1) linear(16) relu linear(16) tanh linear(4)"
+A="--model $MLP"
+A1="--data synthetic:1024,1,8,8,4 --epochs 1 --batch 64 --micro-batches 8 --quiet --no-eval --clip 0.5 --optim adamw --lr 0.01"
+run m1 1 --model "$MLP" $A1; ok $? "mlp, 1 process"
+for cfg in "2 2 1f1b" "2 2 gpipe" "4 4 1f1b" "4 4 gpipe" "4 2 1f1b"; do
+    set -- $cfg
+    run "m$1$2$3" "$1" --model "$MLP" $A1 --pipeline "$2" --pipeline-schedule "$3"
+    ok $? "mlp, $1 processes, --pipeline $2, $3"
+    same m1 "m$1$2$3" "mlp: $(($1 / $2)) x $2 stages ($3) give the weights of 1 process"
+done
+ok_grep "$T/m421f1b.out" "pipeline: 2 stages x 2 replicas, schedule 1f1b, 4 micro-batches per replica" \
+    "the start names the layout"
+run mst 2 --model "$MLP" $A1 --pipeline 2 --stages 0-3,4-8 --schedule-dump
+ok $? "--stages names the cut"
+same m1 mst "a named cut gives the same bits"
+ok_grep "$T/mst.out" "0:0-3:.* 1:4-8:" "the start shows each stage's modules"
+ok_grep "$T/mst.out" "stage 1: RECV_ACT 0, FWD 0, BWD 0, SEND_GRAD 0" "--schedule-dump prints the lists"
+
+# (b) a convolutional net: a relu fused into the layer before it on another stage
+CNN="conv(4,3,pad=1) relu maxpool(2) dropout(0.1) conv(8,3,pad=1) relu flatten linear(16) relu linear(4)"
+A2="--data synthetic:1024,1,8,8,4 --epochs 1 --batch 64 --micro-batches 4 --quiet --no-eval"
+run c1 1 --model "$CNN" $A2; ok $? "cnn, 1 process"
+for st in 0-4,5-9 0-7,8-9; do
+    run "c$st" 2 --model "$CNN" $A2 --pipeline 2 --stages "$st" --pipeline-schedule gpipe
+    same c1 "c$st" "cnn cut at $st (gpipe) gives the weights of 1 process"
+done
+run c4 4 --model "$CNN" $A2 --pipeline 4; same c1 c4 "cnn on 4 stages gives the weights of 1 process"
+
+# (c) a gpt with dropout and its tied embedding (first and last stage), clipping, adamw
+awk 'BEGIN { for (i = 0; i < 200; i++)
+    printf "line %d: the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs.\n", i % 17 }' \
+    > "$T/text.txt"
+timeout 60 "$D" prepare-text "$T/tok" "$T/text.txt" > "$T/prep.out" 2>&1; ok $? "token files"
+GPT="gpt(layers=3,heads=2,dim=32,block=16,dropout=0.1)"
+G="--model $GPT --data tokens:$T/tok --batch 16 --micro-batches 8 --threads 1 --quiet --steps 6 --warmup 2 --lr 3e-3
+   --clip 1.0 --optim adamw --eval-batches 2 --eval-every 3"
+run g1 1 $G; ok $? "gpt, 1 process"
+for cfg in "2 2 1f1b" "2 2 gpipe" "4 4 1f1b" "4 4 gpipe" "4 2 1f1b"; do
+    set -- $cfg
+    run "g$1$2$3" "$1" $G --pipeline "$2" --pipeline-schedule "$3"
+    ok $? "gpt, $1 processes, --pipeline $2, $3"
+    same g1 "g$1$2$3" "gpt: $(($1 / $2)) x $2 stages ($3) give the weights of 1 process"
+done
+l1=$(final g1); l4=$(final g441f1b)
+[ -n "$l1" ] && [ "$l1" = "$l4" ]; ok $? "the loss printed once, one process's ($l1 / $l4)"
+v1=$(sed -n 's/.*val loss \([0-9.]*\).*/\1/p' "$T/g1.out"); v4=$(sed -n 's/.*val loss \([0-9.]*\).*/\1/p' "$T/g441f1b.out")
+[ -n "$v1" ] && [ "$v1" = "$v4" ]; ok $? "validation on 4 stages gives one process's loss ($v1 / $v4)"
+[ "$(grep -c 'final loss' "$T/g441f1b.out")" = 1 ]; ok $? "and is printed by rank 0 alone"
+run grc 2 $G --pipeline 2 --recompute; same g1 grc "--recompute with a pipeline (forwards run again) gives the same bits"
+for p in bf16 fp16; do
+    run "g1$p" 1 $G --precision $p; ok $? "gpt $p, 1 process"
+    run "g2$p" 2 $G --precision $p --pipeline 2 --pipeline-schedule gpipe
+    same "g1$p" "g2$p" "gpt $p on 2 stages gives the weights of 1 process"
+done
+LL="llama(layers=2,heads=4,kv_heads=2,dim=32,hidden=64,block=16)"
+L="--model $LL --data tokens:$T/tok --batch 16 --micro-batches 4 --threads 1 --quiet --no-eval --steps 4 --warmup 1"
+run l1 1 $L; run l4 4 $L --pipeline 4; same l1 l4 "llama on 4 stages gives the weights of 1 process"
+
+# (d) checkpoints resume across layouts: 1 x 2 -> 1 process, 1 process -> 2 x 2, 2 x 2 -> 1 x 4
+ck() { timeout 240 "$R" -n "$1" "$D" train $G --checkpoint-dir "$T/$2" --checkpoint-every 3 --stop-at 3 $3 > "$T/$2.out" 2>&1; }
+ck 2 k12 "--pipeline 2"; ok $? "a pipeline stops at step 3 with a checkpoint"
+run r12 1 $G --checkpoint-dir "$T/k12" --resume auto; same g1 r12 "it resumes on 1 process to the uninterrupted weights"
+timeout 180 "$D" train $G --checkpoint-dir "$T/k1" --checkpoint-every 3 --stop-at 3 > "$T/k1.out" 2>&1
+run r22 4 $G --checkpoint-dir "$T/k1" --resume auto --pipeline 2
+same g1 r22 "one process's checkpoint resumes on 2 replicas x 2 stages to the same weights"
+ck 4 k22 "--pipeline 2"
+run r14 4 $G --checkpoint-dir "$T/k22" --resume auto --pipeline 4
+same g1 r14 "2 x 2 stages' checkpoint resumes on 4 stages to the same weights"
+
+# (e) refused: exit 2 with the reason
+refuse() {
+    what=$1; n=$2; pat=$3; shift 3
+    timeout 120 "$R" -n "$n" "$D" train "$@" > "$T/refuse.out" 2>&1
+    [ $? -ne 0 ]; ok $? "$what is refused"
+    ok_grep "$T/refuse.out" "$pat" "and the message says why"
+    grep -q "exit code 2" "$T/refuse.out"; ok $? "with exit code 2"
+}
+refuse "fewer micro-batches than stages" 4 "2 micro-batches per replica cannot fill 4 stages" \
+    --model "$MLP" $A1 --micro-batches 2 --pipeline 4
+refuse "a world that is no multiple of the stages" 2 "2 processes cannot hold whole pipelines of 4 stages" \
+    --model "$MLP" $A1 --pipeline 4
+refuse "a cut that leaves modules out" 2 "leaves modules 6-8 out" --model "$MLP" $A1 --pipeline 2 --stages 0-2,3-5
+refuse "a cut that does not follow on" 2 "stage 1 is modules 4-8; expected a run starting at module 3" \
+    --model "$MLP" $A1 --pipeline 2 --stages 0-2,4-8
+refuse "a malformed cut" 2 "expected auto or 2 runs of module indices" --model "$MLP" $A1 --pipeline 2 --stages 0-3
+refuse "more stages than modules with parameters" 4 "fewer than the 4 stages" \
+    --model "flatten linear(8) relu linear(4)" $A1 --pipeline 4
+refuse "an unknown schedule" 2 "expected gpipe or 1f1b, got 'zb'" --model "$MLP" $A1 --pipeline 2 --pipeline-schedule zb
+
+# (f) a rank that built another model is named at the start (not a hang on a message of
+# another size)
+timeout 120 "$R" -n 2 sh -c 'm="$1"; [ "$RANK" = 1 ] && m="$2"; shift 2; exec "$@" --model "$m"' sh \
+    "$CNN" "conv(4,3,pad=1) relu maxpool(2) dropout(0.1) conv(6,3,pad=1) relu flatten linear(16) relu linear(4)" \
+    "$D" train $A2 --pipeline 2 > "$T/diff.out" 2>&1
+[ $? -ne 0 ]; ok $? "stages that built different models fail"
+ok_grep "$T/diff.out" "stage 0 .rank 0. built a model of 10 layers and 2468 parameters, stage 1 .rank 1. one of 10 and 1882" \
+    "naming both stages and ranks"
+
+# (g) a killed stage ends the job, named
+# (rank 1 kills its trainer once a checkpoint exists: it is mid-run, not starting)
+CK="$T/kill.ck"
+DT_TIMEOUT=60 timeout 180 "$R" -n 2 sh -c 'if [ "$RANK" = 1 ]; then "$@" & p=$!; i=0
+    until ls "$0" 2>/dev/null | grep -q "^step-" || [ $i -ge 1200 ]; do sleep 0.1; i=$((i + 1)); done
+    ls "$0" 2>/dev/null | grep -q "^step-" && touch "$0.seen"; kill -9 $p; wait $p; exit 9; fi; exec "$@"' "$CK" \
+    "$D" train --model "$MLP" $A1 --epochs 200 --pipeline 2 --checkpoint-dir "$CK" --checkpoint-every 1 \
+    > "$T/kill.out" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ]; ok $? "a stage killed mid-run ends the job (exit $rc, no hang)"
+[ -f "$CK.seen" ]; ok $? "it was killed after its first checkpoint"
+ok_grep "$T/kill.out" "rank 1 .*failed first" "dtrun names the rank"
+
+done_testing
