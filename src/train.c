@@ -228,7 +228,8 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
 
     float *grads = dt_model_grads(t->model);
     dt_amp_begin_step(t->amp);   /* fp16: backward of the loss x the scale */
-    if (t->pipe) DT_TRY(dt_train_pipe_run_(t, (uint64_t)epoch, step, target));
+    double pipe_wait = 0.0;   /* a pipeline stage's waits for its neighbours */
+    if (t->pipe) DT_TRY(dt_train_pipe_run_(t, (uint64_t)epoch, step, target, &pipe_wait));
     for (int64_t i = 0; !t->pipe && i < t->k; i++) {
         int64_t micro = t->first_micro + i;
         int64_t sample_base = step * t->o->batch + micro * t->b;
@@ -302,8 +303,8 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     *lr_out = lr;
     *norm_out = norm;
     t->t_data += t1 - t0;
-    t->t_compute += (t2 - t1) + (t4 - t3);
-    t->t_comm += t3 - t2;
+    t->t_compute += (t2 - t1) + (t4 - t3) - pipe_wait;
+    t->t_comm += t3 - t2 + pipe_wait;
     t->t_step += dt_now() - t0;
     t->steps_since++;
     return DT_OK;
@@ -312,6 +313,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
 static void emit(trainer *t, dt_train_event *ev) {
     ev->world_size = t->world;
     ev->micro_batches = (int)t->S;
+    ev->stages = t->pp;
     if (t->o->on_event) t->o->on_event(t->o->event_ctx, ev);
 }
 

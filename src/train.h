@@ -68,6 +68,7 @@ typedef struct {
     int64_t  skipped;          /* STEP, fp16: steps skipped so far for inf/NaN gradients (the last
                                 * step was one when the count grew; its grad_norm is then 0) */
     int      world_size, micro_batches;
+    int      stages;           /* pipeline stages (--pipeline; 1 without): rank r runs stage r % stages */
     int64_t  tokens_per_sample; /* START: positions per sample with a label each (T of a token
                                  * window; 1 for classification), for tokens/s */
     double   flops_per_token;   /* START, token models: nanoGPT's estimate of the training FLOPs

@@ -98,8 +98,9 @@ dt_status dt_train_pipe_setup_(trainer *t);
 /* The parameters [*lo, *hi) this rank's stage owns. */
 void      dt_train_pipe_range_(const trainer *t, size_t *lo, size_t *hi);
 /* One step's forwards and backwards as this stage's list says (t->dx holds the local
- * batch, target its targets); the last stage's losses into t->dlosses. */
-dt_status dt_train_pipe_run_(trainer *t, uint64_t epoch, int64_t step, const void *target);
+ * batch, target its targets); the last stage's losses into t->dlosses; *wait: the
+ * seconds spent sending and receiving boundary tensors (the bubble, and the transfers). */
+dt_status dt_train_pipe_run_(trainer *t, uint64_t epoch, int64_t step, const void *target, double *wait);
 /* The S micro-batch losses (the last stages') into t->all_losses on every rank. */
 dt_status dt_train_pipe_losses_(trainer *t);
 /* The global gradient norm over the stages (the bits of one process's) and clipping. */

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "mem.h"
 #include "pipeline.h"
 #include "train_impl.h"
@@ -519,14 +520,16 @@ static dt_status backward(trainer *t, int m, uint64_t epoch, int64_t step, const
     return dt_model_backward_range(t->model, p->layer_lo[t->stage], p->layer_lo[t->stage + 1], p->gin, p->gout);
 }
 
-dt_status dt_train_pipe_run_(trainer *t, uint64_t epoch, int64_t step, const void *target) {
+dt_status dt_train_pipe_run_(trainer *t, uint64_t epoch, int64_t step, const void *target, double *wait) {
     train_pipe *p = t->pipe;
+    *wait = 0.0;
     const size_t B = (size_t)t->b;
     float *grads = dt_model_grads(t->model);
     DT_TRY(t->ops->zero(t->dlosses, (size_t)t->k * sizeof(float)));
     for (int i = 0; i < p->list.n; i++) {
         dt_pp_action a = p->list.a[i];
         dt_status s = DT_OK;
+        double t0 = a.op == DT_PP_FWD || a.op == DT_PP_BWD ? 0.0 : dt_now();   /* the boundary's waits */
         switch (a.op) {
         case DT_PP_FWD: s = forward(t, a.micro, epoch, step); break;
         case DT_PP_BWD: s = backward(t, a.micro, epoch, step, target); break;
@@ -552,6 +555,7 @@ dt_status dt_train_pipe_run_(trainer *t, uint64_t epoch, int64_t step, const voi
             break;
         }
         if (s != DT_OK) return dt_error_wrap(s, "pipeline stage %d, micro-batch %d: ", t->stage, a.micro);
+        if (t0 > 0.0) *wait += dt_now() - t0;
     }
     return DT_OK;
 }

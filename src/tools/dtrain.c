@@ -269,10 +269,13 @@ static void show_memory(reporter *r, const dt_mem_stats *all, int world, int64_t
  * slow rank stands out. */
 static void show_ranks(reporter *r, const dt_train_event *ev) {
     const double *st = ev->rank_stats;
-    int W = ev->world_size, slow = 0;
+    int W = ev->world_size, slow = 0, P = ev->stages > 1 ? ev->stages : 1;
+    /* the slowest: the longest step, or in a pipeline (whose stages wait for each other
+     * and end together) the most compute */
+    int col = P > 1 ? 3 : 1;
     for (int q = 1; q < W; q++) {
-        double a = st[q * DT_RANK_STATS + 1] / (st[q * DT_RANK_STATS] > 0 ? st[q * DT_RANK_STATS] : 1);
-        double b = st[slow * DT_RANK_STATS + 1] / (st[slow * DT_RANK_STATS] > 0 ? st[slow * DT_RANK_STATS] : 1);
+        double a = st[q * DT_RANK_STATS + col] / (st[q * DT_RANK_STATS] > 0 ? st[q * DT_RANK_STATS] : 1);
+        double b = st[slow * DT_RANK_STATS + col] / (st[slow * DT_RANK_STATS] > 0 ? st[slow * DT_RANK_STATS] : 1);
         if (a > b) slow = q;
     }
     if (r->metrics) {
@@ -282,8 +285,8 @@ static void show_ranks(reporter *r, const dt_train_event *ev) {
             mem_json(x + DT_RANK_MEM, x + DT_RANK_MEM_PEAK, mem, sizeof mem);
             fprintf(r->metrics,
                     "{\"event\":\"rank\",\"step\":%lld,\"rank\":%d,\"steps\":%.0f,\"step_s\":%.6f,\"data_s\":%.6f,"
-                    "\"compute_s\":%.6f,\"comm_s\":%.6f,\"peak_mem_mb\":%.1f,\"samples\":%.0f,%s}\n",
-                    (long long)ev->step, q, x[0], x[1], x[2], x[3], x[4], x[5], x[6], mem);
+                    "\"compute_s\":%.6f,\"comm_s\":%.6f,\"peak_mem_mb\":%.1f,\"samples\":%.0f,\"stage\":%d,%s}\n",
+                    (long long)ev->step, q, x[0], x[1], x[2], x[3], x[4], x[5], x[6], q % P, mem);
         }
         metrics_flush(r, ev->step);
     }
@@ -293,12 +296,17 @@ static void show_ranks(reporter *r, const dt_train_event *ev) {
         r->bar_open = 0;
     }
     printf("per-rank, ms per step over the last %.0f steps (step %lld):\n", st[0], (long long)ev->step);
-    printf("  rank    step    data  compute    comm  peak MiB    samples\n");
+    printf("  rank    step    data  compute    comm  peak MiB    samples%s\n", P > 1 ? "  stage  idle" : "");
     for (int q = 0; q < W; q++) {
         const double *x = st + q * DT_RANK_STATS;
         double n = x[0] > 0 ? x[0] : 1;
-        printf("  %4d %7.1f %7.1f %8.1f %7.1f %9.1f %10.0f%s\n", q, 1e3 * x[1] / n, 1e3 * x[2] / n,
-               1e3 * x[3] / n, 1e3 * x[4] / n, x[5], x[6], (W > 1 && q == slow) ? "  <- slowest" : "");
+        char stage[48] = "";
+        /* a stage's idle fraction: its step less its compute and data wait (the bubble and
+         * the boundary transfers, and the gradient sums) */
+        if (P > 1) snprintf(stage, sizeof stage, "  %5d %4.0f%%", q % P, x[1] > 0 ? 100.0 * (x[1] - x[2] - x[3]) / x[1] : 0.0);
+        printf("  %4d %7.1f %7.1f %8.1f %7.1f %9.1f %10.0f%s%s\n", q, 1e3 * x[1] / n, 1e3 * x[2] / n,
+               1e3 * x[3] / n, 1e3 * x[4] / n, x[5], x[6], stage,
+               (W > 1 && q == slow) ? (P > 1 ? "  <- slowest stage" : "  <- slowest") : "");
     }
     printf("per-rank memory, MiB now/peak (accounted):\n  rank");
     for (int c = 0; c <= DT_MEM_TOTAL; c++) printf(" %13s", dt_mem_cat_name(c));
