@@ -41,6 +41,8 @@ enum {
     DT_OPT_PER_WORLD = 1u << 3, /* any value but the default makes the computation depend on the
                                  * world size: `dtrain check` refuses it */
     DT_OPT_HIDDEN   = 1u << 4,  /* not in --help */
+    DT_OPT_LAYOUT   = 1u << 5,  /* where the work runs, not what it computes (--pipeline): `dtrain
+                                 * check` gives it to the N-process run only */
 };
 
 /* the groups of --help, in order */

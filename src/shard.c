@@ -96,8 +96,16 @@ dt_status dt_shard_layout(size_t nparams, dt_comm *comm, dt_shard_mode mode, dt_
 }
 
 dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard **out) {
+    return dt_shard_init_range(m, comm, mode, 0, dt_model_nparams(m), out);
+}
+
+dt_status dt_shard_init_range(dt_model *m, dt_comm *comm, dt_shard_mode mode, size_t lo, size_t hi, dt_shard **out) {
     *out = NULL;
     if ((int)mode < 0 || mode >= DT_SHARD_COUNT) return dt_error(DT_ERR_INVALID, "shard: unknown mode %d", (int)mode);
+    if (lo > hi || hi > dt_model_nparams(m))
+        return dt_error(DT_ERR_INVALID, "shard: range [%zu, %zu) outside the %zu parameters", lo, hi, dt_model_nparams(m));
+    if (dt_shard_modes_[mode].params && (lo > 0 || hi < dt_model_nparams(m)))
+        return dt_error(DT_ERR_UNSUPPORTED, "shard params: over the whole model only (not a pipeline stage's range)");
     dt_shard *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ERR_NOMEM, "out of memory for sharding");
     s->model = m;
@@ -106,12 +114,15 @@ dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard
     s->mode = mode;
     s->world = comm ? dt_comm_size(comm) : 1;
     s->rank = comm ? dt_comm_rank(comm) : 0;
-    s->n = dt_model_nparams(m);
+    s->base = lo;
+    s->n = hi - lo;
     const size_t C = DT_SUM_CHUNK;
     cut(s->n, s->world, s->rank, mode, &s->per, &s->lo, &s->len);
+    s->lo += s->base;
     size_t padded = dt_shard_modes_[mode].optim ? s->per * (size_t)s->world : s->n;
     size_t npart = (padded + C - 1) / C;
-    dt_status st = dt_model_reserve(m, padded);
+    size_t reserve = s->base + padded;
+    dt_status st = dt_model_reserve(m, reserve > dt_model_nparams(m) ? reserve : dt_model_nparams(m));
     if (st == DT_OK) st = s->ops->alloc((void **)&s->dparts, (npart ? npart : 1) * sizeof(double));
     if (st == DT_OK && !(s->parts = malloc((npart ? npart : 1) * sizeof(double))))
         st = dt_error(DT_ERR_NOMEM, "out of memory for the gradient norm's chunk sums");
@@ -155,20 +166,10 @@ void dt_shard_range(const dt_shard *s, size_t *lo, size_t *len) {
     *len = s->len;
 }
 
-dt_status dt_shard_set_range(dt_shard *s, size_t lo, size_t hi) {
-    if (dt_shard_modes_[s->mode].optim)
-        return dt_error(DT_ERR_UNSUPPORTED, "shard %s: a range of the parameters goes with --shard none only",
-                        dt_shard_name(s->mode));
-    if (lo > hi || hi > s->n)
-        return dt_error(DT_ERR_INVALID, "shard: range [%zu, %zu) outside [0, %zu)", lo, hi, s->n);
-    s->lo = lo;
-    s->len = hi - lo;
-    return DT_OK;
-}
-
 /* ---- collectives over the padded arrays ------------------------------------------- */
 
 static dt_status allgather(dt_shard *s, float *buf) {
+    buf += s->base;
     size_t mine = s->per * (size_t)s->rank;
     if (!s->stage) return dt_allgather(s->comm, buf + mine, buf, s->per, DT_F32);
     DT_TRY(s->ops->copy_d2h(s->host + mine, buf + mine, s->per * sizeof(float)));
@@ -179,7 +180,7 @@ static dt_status allgather(dt_shard *s, float *buf) {
 dt_status dt_shard_reduce(dt_shard *s) {
     if (params_sharded(s)) return dt_shard_grads_settle_(s, s->npend);   /* the sums launched during backward */
     if (!grads_sharded(s)) return DT_OK;
-    float *g = dt_model_grads(s->model);
+    float *g = dt_model_grads(s->model) + s->base;
     size_t mine = s->per * (size_t)s->rank, all = s->per * (size_t)s->world;
     if (!s->stage) return dt_reduce_scatter(s->comm, g, g + mine, s->per, DT_F32, DT_SUM);
     DT_TRY(s->ops->copy_d2h(s->host, g, all * sizeof(float)));
@@ -191,6 +192,8 @@ dt_status dt_shard_reduce(dt_shard *s) {
 
 dt_status dt_shard_clip(dt_shard *s, float max_norm, float unscale, float *norm) {
     const size_t C = DT_SUM_CHUNK;
+    if (s->base > 0 || s->n < dt_model_nparams(s->model))
+        return dt_error(DT_ERR_INTERNAL, "shard: the norm of a range is its caller's (dt_shard_init_range)");
     float *g = dt_model_grads(s->model);
     size_t nch = (s->n + C - 1) / C;
     double sq;

@@ -92,6 +92,13 @@ DT_API dt_status dt_shard_layout(size_t nparams, dt_comm *comm, dt_shard_mode mo
 /* Sharding of m's parameters over comm (NULL or size 1: one shard) in mode; pads the
  * model's arrays (dt_model_reserve). Call before any hook or pointer into them is kept. */
 DT_API dt_status dt_shard_init(dt_model *m, dt_comm *comm, dt_shard_mode mode, dt_shard **out);
+/* The same over the parameters [lo, hi) only (a pipeline stage's, pipeline.h: every rank
+ * of comm the same range), as if they were the whole array: none updates the range,
+ * optim and grads cut it into comm's shards (the last one padded into what follows, so
+ * the arrays are reserved to lo + the padded length). params: DT_ERR_UNSUPPORTED. The
+ * norm (dt_shard_clip) is then the caller's: the range's chunks are not the array's. */
+DT_API dt_status dt_shard_init_range(dt_model *m, dt_comm *comm, dt_shard_mode mode, size_t lo, size_t hi,
+                                     dt_shard **out);
 DT_API void      dt_shard_free(dt_shard *s);
 
 DT_API dt_shard_mode dt_shard_mode_of(const dt_shard *s);
@@ -113,11 +120,8 @@ DT_API void      dt_shard_note(const dt_shard *s, char *buf, size_t n);
  * shard_params.c explains the count; dtrain plan reads it. */
 DT_API void      dt_shard_pool_in_use(int run, int post, int *slots, int *grad_slots);
 /* This rank's part of the parameters the optimizer updates: [*lo, *lo + *len) of the
- * n parameters (the whole array with none). */
+ * n parameters (the whole array, or init_range's range, with none). */
 DT_API void      dt_shard_range(const dt_shard *s, size_t *lo, size_t *len);
-/* none: this rank's optimizer updates [lo, hi) of the parameters only (a pipeline stage's,
- * pipeline.h), every rank of comm the same range; DT_ERR_UNSUPPORTED in the other modes. */
-DT_API dt_status dt_shard_set_range(dt_shard *s, size_t lo, size_t hi);
 /* 1 when DDP must all-reduce the gradient (none, optim); 0 when it only sums the
  * local micro-batches and sharding does the rest (grads, params). */
 DT_API int       dt_shard_ddp_reduces(const dt_shard *s);

@@ -47,9 +47,10 @@ struct dt_shard {
     dt_comm      *comm;
     dt_shard_mode mode;
     int           world, rank;
-    size_t        n;          /* parameters */
+    size_t        base;       /* the first parameter sharded (dt_shard_init_range; else 0) */
+    size_t        n;          /* parameters sharded: [base, base + n) */
     size_t        per;        /* floats per shard (a multiple of DT_SUM_CHUNK); n with none */
-    size_t        lo, len;    /* this rank's range of [0, n) */
+    size_t        lo, len;    /* this rank's range of [base, base + n) */
     int           stage;      /* collectives through host: host holds world*per floats */
     float        *host;
     double       *dparts;     /* device: the chunk sums of the range the norm needs */

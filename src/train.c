@@ -460,12 +460,11 @@ static dt_status setup_model(trainer *t) {
  * precision, the optimizer over this rank's range, DDP's buckets. */
 static dt_status setup_parallel(trainer *t) {
     const dt_train_opts *o = t->o;
-    DT_TRY(dt_shard_init(t->model, t->dp_comm, t->mode, &t->shard));
-    size_t plo = 0, phi = 0;   /* a pipeline stage's parameters */
-    if (t->pipe) {
-        dt_train_pipe_range_(t, &plo, &phi);
-        DT_TRY(dt_shard_set_range(t->shard, plo, phi));
-    }
+    size_t plo = 0, phi = 0;   /* a pipeline stage's parameters (0, 0: all) */
+    if (t->pipe) dt_train_pipe_range_(t, &plo, &phi);
+    DT_TRY(dt_shard_init_range(t->model, t->dp_comm, t->mode, plo, t->pipe ? phi : dt_model_nparams(t->model),
+                               &t->shard));
+    if (t->pipe) DT_TRY(dt_train_pipe_norm_setup_(t));
     DT_TRY(dt_amp_init(o->precision, o->grad_dtype, t->model, t->comm, &t->amp));
     if (dt_amp_grad_dtype(t->amp) != DT_F32 && !dt_shard_ddp_reduces(t->shard))
         return dt_error(DT_ERR_INVALID, "grad_dtype: bf16 gradients go with --shard none or optim (the sharded "

@@ -21,6 +21,10 @@
 /* A sharded run's checkpoint (ckpt.h): every rank writes its shard of parameters and
  * optimizer state at once, rank 0 the buffers and the manifest; every rank learns the
  * outcome. No rank gathers anything. */
+/* Rank r's piece of a sharded checkpoint: r, or in a pipeline stage-major (stage r % pp,
+ * replica r / pp). */
+static int piece_of(const trainer *t, int r) { return t->pipe ? (r % t->pp) * t->dp + r / t->pp : r; }
+
 static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *const *extra, int nextra) {
     const dt_train_opts *o = t->o;
     char tmp[4096] = "";
@@ -33,11 +37,15 @@ static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *
     piece mine = {0};
     size_t lo, len;
     dt_shard_range(t->shard, &lo, &len);
-    int empty = t->pipe && t->dpr > 0;   /* a pipeline's stages: replica 0's write it */
-    if (empty) lo = dt_model_nparams(t->model), len = 0;
+    /* A pipeline's pieces in the manifest go stage by stage, each stage's replicas in
+     * order (so they tile the array); a stage's state not sharded over its replicas is
+     * written by replica 0, the others' pieces empty. */
+    int empty = t->pipe && t->dpr > 0 && !dt_shard_state_sharded(t->shard);
+    if (empty) lo += len, len = 0;
     mine.lo = (int64_t)lo;
     mine.len = (int64_t)len;
-    mine.st = dt_ckpt_write_shard(tmp, t->rank, t->world, t->model, empty ? NULL : t->optim, lo, len, mine.sum);
+    mine.st = dt_ckpt_write_shard(tmp, piece_of(t, t->rank), t->world, t->model, empty ? NULL : t->optim, lo, len,
+                                  mine.sum);
     char why[1024];
     snprintf(why, sizeof why, "%s", mine.st != DT_OK ? dt_last_error() : "");
     piece *all = calloc((size_t)t->world, sizeof *all);
@@ -48,10 +56,11 @@ static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *
     int bad = -1;
     for (int r = 0; s == DT_OK && r < t->world; r++) {
         if (all[r].st != DT_OK && bad < 0) bad = r;
-        los[r] = (size_t)all[r].lo;
-        lens[r] = (size_t)all[r].len;
-        memcpy(sums[r], all[r].sum, sizeof sums[r]);
-        sums[r][DT_CKPT_SUM_LEN - 1] = '\0';
+        int k = piece_of(t, r);
+        los[k] = (size_t)all[r].lo;
+        lens[k] = (size_t)all[r].len;
+        memcpy(sums[k], all[r].sum, sizeof sums[k]);
+        sums[k][DT_CKPT_SUM_LEN - 1] = '\0';
     }
     if (s == DT_OK && bad >= 0)
         s = bad == t->rank ? dt_error((dt_status)mine.st, "%s", why)

@@ -4,6 +4,7 @@
  *   train.c        setup, the step and the loop
  *   train_ckpt.c   the checkpoint and resume protocol (driven by options.h's recorded rows)
  *   train_eval.c   loss targets, the device batch, evaluation
+ *   train_pipe.c   --pipeline: stages, the schedule's actions, the norm across stages
  */
 #ifndef DT_TRAIN_IMPL_H
 #define DT_TRAIN_IMPL_H
@@ -103,6 +104,8 @@ void      dt_train_pipe_range_(const trainer *t, size_t *lo, size_t *hi);
 dt_status dt_train_pipe_run_(trainer *t, uint64_t epoch, int64_t step, const void *target, double *wait);
 /* The S micro-batch losses (the last stages') into t->all_losses on every rank. */
 dt_status dt_train_pipe_losses_(trainer *t);
+/* After the sharding is set up (its parts decide the norm's): the norm's scratch. */
+dt_status dt_train_pipe_norm_setup_(trainer *t);
 /* The global gradient norm over the stages (the bits of one process's) and clipping. */
 dt_status dt_train_pipe_clip_(trainer *t, float max_norm, float unscale, float *norm);
 /* After the optimizer step: parameters a later stage reads (a tied head) from their owner. */

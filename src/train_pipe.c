@@ -97,9 +97,9 @@ dt_status dt_train_pipe_world_(trainer *t) {
     if (t->pp == 1) return DT_OK;
     dt_shard_mode mode;
     DT_TRY(dt_shard_parse(o->shard, &mode));
-    if (mode != DT_SHARD_NONE)
-        return dt_error(DT_ERR_UNSUPPORTED, "pipeline: --shard %s with --pipeline is not supported yet (--shard none "
-                        "only)", o->shard);
+    if (mode == DT_SHARD_PARAMS)
+        return dt_error(DT_ERR_UNSUPPORTED, "pipeline: --shard params with --pipeline is not supported yet (none, "
+                        "optim and grads are: over each stage's replicas)");
     if (o->sync_bn) return dt_error(DT_ERR_UNSUPPORTED, "pipeline: --sync-bn with --pipeline is not supported yet");
     const dt_pp_schedule *sch = dt_pp_find(o->pipeline_schedule);
     if (!sch) {
@@ -243,20 +243,46 @@ static dt_status find_riders(trainer *t) {
     return DT_OK;
 }
 
-/* The chunks of the norm that a stage boundary cuts. */
-static dt_status boundary_chunks(trainer *t) {
+/* The part of the summed gradient rank (stage, replica) answers for in the norm: its
+ * stage's range on replica 0 (every replica holds the same sum), or with --shard grads
+ * the replica's shard of it (the only part it holds). The parts tile the array. */
+static void norm_part(const trainer *t, int stage, int replica, size_t *a, size_t *b) {
+    const train_pipe *p = t->pipe;
+    size_t lo = p->plo[stage], hi = p->plo[stage + 1];
+    if (dt_shard_ddp_reduces(t->shard)) {
+        *a = *b = replica == 0 ? lo : hi;
+        if (replica == 0) *b = hi;
+        return;
+    }
+    size_t per = dt_shard_floats(hi - lo, t->dp);
+    *a = lo + per * (size_t)replica < hi ? lo + per * (size_t)replica : hi;
+    *b = *a + per < hi ? *a + per : hi;
+}
+
+static int cmp_size(const void *a, const void *b) {
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The chunks of the norm that the parts' edges cut (after dt_shard_init_range). */
+dt_status dt_train_pipe_norm_setup_(trainer *t) {
     train_pipe *p = t->pipe;
     const size_t C = DT_SUM_CHUNK, n = dt_model_nparams(t->model);
     p->nch = (n + C - 1) / C;
-    p->bch = calloc((size_t)t->pp, sizeof *p->bch);
+    p->bch = calloc((size_t)t->world, sizeof *p->bch);
     p->parts = calloc(p->nch ? p->nch : 1, sizeof *p->parts);
     if (!p->bch || !p->parts) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
-    for (int s = 1; s < t->pp; s++) {
-        size_t b = p->plo[s];
-        if (b % C == 0) continue;
-        if (p->nbc && p->bch[p->nbc - 1] == b / C) continue;   /* a chunk several boundaries cut */
-        p->bch[p->nbc++] = b / C;
-    }
+    for (int st = 0; st < t->pp; st++)
+        for (int r = 0; r < t->dp; r++) {
+            size_t a, b;
+            norm_part(t, st, r, &a, &b);
+            if (a < b && a % C) p->bch[p->nbc++] = a / C;
+        }
+    qsort(p->bch, (size_t)p->nbc, sizeof *p->bch, cmp_size);
+    int k = 0;   /* a chunk several edges cut, once */
+    for (int j = 0; j < p->nbc; j++)
+        if (!k || p->bch[k - 1] != p->bch[j]) p->bch[k++] = p->bch[j];
+    p->nbc = k;
     DT_TRY(t->ops->alloc((void **)&p->dparts, (p->nch ? p->nch : 1) * sizeof(double)));
     if (p->nbc) {
         p->bbuf = malloc((size_t)p->nbc * C * sizeof(float));
@@ -417,7 +443,6 @@ dt_status dt_train_pipe_setup_(trainer *t) {
     if (t->stage < P - 1) DT_TRY(dt_mem_alloc(t->ops, DT_MEM_ACTS, (void **)&p->gin, B * p->out_n * sizeof(float)));
     DT_TRY(agree(t));
     DT_TRY(find_riders(t));
-    DT_TRY(boundary_chunks(t));
     p->losses = calloc((size_t)t->world * (size_t)t->k, sizeof *p->losses);
     if (!p->losses) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
     if (!t->ops->host_memory && !dt_comm_device_buffers(t->comm)) {
@@ -573,18 +598,20 @@ dt_status dt_train_pipe_clip_(trainer *t, float max_norm, float unscale, float *
     train_pipe *p = t->pipe;
     const dt_ops *ops = t->ops;
     const size_t C = DT_SUM_CHUNK, n = dt_model_nparams(t->model);
-    const size_t lo = p->plo[t->stage], hi = p->plo[t->stage + 1];
+    size_t lo, hi;
+    norm_part(t, t->stage, t->dpr, &lo, &hi);
     float *g = dt_model_grads(t->model);
     memset(p->parts, 0, p->nch * sizeof *p->parts);
-    /* the chunks wholly this stage's */
+    /* the chunks wholly this rank's part (each chunk's sum comes from one rank: the sums
+     * over the world add zeros to it, which is exact) */
     size_t c0 = (lo + C - 1) / C, c1 = hi == n ? p->nch : hi / C;
-    if (c1 > c0) {
+    if (hi > lo && c1 > c0) {
         size_t end = c1 * C < n ? c1 * C : n;
         DT_TRY(ops->sumsq_chunks(p->dparts, g + c0 * C, end - c0 * C));
         DT_TRY(ops->copy_d2h(p->parts + c0, p->dparts, (c1 - c0) * sizeof(double)));
     }
-    DT_TRY(dt_allreduce(p->pp_comm, p->parts, p->parts, p->nch, DT_F64, DT_SUM));
-    /* the chunks a boundary cuts: every stage's part of them, summed whole */
+    DT_TRY(dt_allreduce(t->comm, p->parts, p->parts, p->nch, DT_F64, DT_SUM));
+    /* the chunks the parts' edges cut: every part's values of them, summed whole */
     if (p->nbc) {
         memset(p->bbuf, 0, (size_t)p->nbc * C * sizeof(float));
         for (int j = 0; j < p->nbc; j++) {
@@ -592,7 +619,7 @@ dt_status dt_train_pipe_clip_(trainer *t, float max_norm, float unscale, float *
             size_t x = lo > a ? lo : a, y = hi < e ? hi : e;
             if (x < y) DT_TRY(ops->copy_d2h(p->bbuf + (size_t)j * C + (x - a), g + x, (y - x) * sizeof(float)));
         }
-        DT_TRY(dt_allreduce(p->pp_comm, p->bbuf, p->bbuf, (size_t)p->nbc * C, DT_F32, DT_SUM));
+        DT_TRY(dt_allreduce(t->comm, p->bbuf, p->bbuf, (size_t)p->nbc * C, DT_F32, DT_SUM));
         DT_TRY(ops->copy_h2d(p->dbbuf, p->bbuf, (size_t)p->nbc * C * sizeof(float)));
         for (int j = 0; j < p->nbc; j++) {
             size_t a = p->bch[j] * C, e = a + C < n ? a + C : n;
@@ -603,9 +630,11 @@ dt_status dt_train_pipe_clip_(trainer *t, float max_norm, float unscale, float *
     double sq = dt_pairwise_sum(p->parts, p->nch);
     float total = sqrtf((float)sq) * unscale;
     if (norm) *norm = total;
-    if (max_norm > 0.0f && hi > lo) {
+    size_t alo, alen;   /* what this rank applies */
+    dt_shard_range(t->shard, &alo, &alen);
+    if (max_norm > 0.0f && alen) {
         float coef = max_norm / (total + 1e-6f);
-        if (coef < 1.0f) DT_TRY(ops->scale(g + lo, coef, hi - lo));
+        if (coef < 1.0f) DT_TRY(ops->scale(g + alo, coef, alen));
     }
     return DT_OK;
 }

@@ -49,7 +49,8 @@ for st in 0-4,5-9 0-7,8-9; do
 done
 run c4 4 --model "$CNN" $A2 --pipeline 4; same c1 c4 "cnn on 4 stages gives the weights of 1 process"
 
-# (c) a gpt with dropout and its tied embedding (first and last stage), clipping, adamw
+# (c) a gpt with dropout and its tied embedding (first and last stage), clipping, adamw,
+# evaluation every 3 steps
 awk 'BEGIN { for (i = 0; i < 200; i++)
     printf "line %d: the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs.\n", i % 17 }' \
     > "$T/text.txt"
@@ -70,6 +71,12 @@ v1=$(sed -n 's/.*val loss \([0-9.]*\).*/\1/p' "$T/g1.out"); v4=$(sed -n 's/.*val
 [ -n "$v1" ] && [ "$v1" = "$v4" ]; ok $? "validation on 4 stages gives one process's loss ($v1 / $v4)"
 [ "$(grep -c 'final loss' "$T/g441f1b.out")" = 1 ]; ok $? "and is printed by rank 0 alone"
 run grc 2 $G --pipeline 2 --recompute; same g1 grc "--recompute with a pipeline (forwards run again) gives the same bits"
+# sharding over each stage's replicas (the norm's chunks cut by shard and stage edges)
+for cfg in "4 2 optim" "4 2 grads" "2 2 grads" "4 4 grads"; do
+    set -- $cfg
+    run "gs$1$2$3" "$1" $G --pipeline "$2" --shard "$3"
+    same g1 "gs$1$2$3" "gpt: $(($1 / $2)) x $2 stages with --shard $3 give the weights of 1 process"
+done
 for p in bf16 fp16; do
     run "g1$p" 1 $G --precision $p; ok $? "gpt $p, 1 process"
     run "g2$p" 2 $G --precision $p --pipeline 2 --pipeline-schedule gpipe
@@ -89,6 +96,10 @@ same g1 r22 "one process's checkpoint resumes on 2 replicas x 2 stages to the sa
 ck 4 k22 "--pipeline 2"
 run r14 4 $G --checkpoint-dir "$T/k22" --resume auto --pipeline 4
 same g1 r14 "2 x 2 stages' checkpoint resumes on 4 stages to the same weights"
+ck 4 k22g "--pipeline 2 --shard grads"; ok $? "2 x 2 stages with --shard grads write a sharded checkpoint"
+[ "$(ls "$T"/k22g/step-*/ | grep -c '^shard-.*-of-00004')" = 4 ]; ok $? "one piece per rank"
+run r2o 2 $G --checkpoint-dir "$T/k22g" --resume auto --shard optim
+same g1 r2o "it resumes on 2 data-parallel ranks (--shard optim) to the same weights"
 
 # (e) refused: exit 2 with the reason
 refuse() {
@@ -109,6 +120,9 @@ refuse "a malformed cut" 2 "expected auto or 2 runs of module indices" --model "
 refuse "more stages than modules with parameters" 4 "fewer than the 4 stages" \
     --model "flatten linear(8) relu linear(4)" $A1 --pipeline 4
 refuse "an unknown schedule" 2 "expected gpipe or 1f1b, got 'zb'" --model "$MLP" $A1 --pipeline 2 --pipeline-schedule zb
+timeout 120 "$R" -n 2 "$D" train --model "$MLP" $A1 --pipeline 2 --shard params > "$T/refuse.out" 2>&1
+[ $? -ne 0 ]; ok $? "--shard params with a pipeline is refused"
+ok_grep "$T/refuse.out" "shard params with --pipeline is not supported yet" "saying so"
 
 # (f) a rank that built another model is named at the start (not a hang on a message of
 # another size)

@@ -106,6 +106,7 @@ typedef struct {
     int64_t  window;           /* token data: the window (the model's block), else 0 */
     int      vocab;            /* token data: the model's vocabulary */
     char   **pass;             /* the user's train flags that go through unchanged */
+    unsigned char *layout;     /* per pass: a layout's flag (DT_OPT_LAYOUT), for the N-process run only */
     int      npass;
     char     self[4096], dtrun[4200], dir[4096];
 } check_cfg;
@@ -156,7 +157,8 @@ static dt_status parse_flags(int argc, char **argv, check_cfg *c, int *help) {
     int64_t user_steps = 0, iv;
     c->timeout_s = 300;
     c->pass = calloc((size_t)argc + 1, sizeof *c->pass);
-    if (!c->pass) return dt_error(DT_ERR_NOMEM, "out of memory");
+    c->layout = calloc((size_t)argc + 1, 1);
+    if (!c->pass || !c->layout) return dt_error(DT_ERR_NOMEM, "out of memory");
     for (int i = 1; i < argc;) {
         const char *a = argv[i], *v = NULL;
         dt_status s = DT_OK;
@@ -195,7 +197,10 @@ static dt_status parse_flags(int argc, char **argv, check_cfg *c, int *help) {
                                 "N processes cannot agree; pass the value it would give instead", r->flag, now);
             continue;
         }
-        for (int j = start; j < i; j++) c->pass[c->npass++] = argv[j];
+        for (int j = start; j < i; j++) {
+            c->layout[c->npass] = r && (r->where & DT_OPT_LAYOUT);
+            c->pass[c->npass++] = argv[j];
+        }
     }
     c->sync_bn = o.sync_bn;
     c->data = o.data;
@@ -289,7 +294,9 @@ static void run_train(const check_cfg *c, run_info *r, int nproc, int sampler) {
     argv[k++] = "train";
     int nf = c->npass < 256 ? c->npass : 256;
     for (int i = 0; i < nf; i++) {
-        /* --backend/--init-method belong to the distributed run; the reference is a plain one */
+        /* --backend/--init-method and a layout (--pipeline) belong to the distributed run;
+         * the reference is a plain one */
+        if (nproc == 1 && c->layout[i]) continue;
         if (nproc == 1 && (!strncmp(c->pass[i], "--backend", 9) || !strncmp(c->pass[i], "--init-method", 13))) {
             if (!strchr(c->pass[i], '=')) i++;
             continue;
@@ -649,14 +656,14 @@ int dtrain_check_main(int argc, char **argv) {
     memset(&c, 0, sizeof c);
     int help = 0;
     dt_status s = parse_flags(argc, argv, &c, &help);
-    if (help) { free(c.pass); fputs(usage_check, stdout); return 0; }
+    if (help) { free(c.pass), free(c.layout); fputs(usage_check, stdout); return 0; }
     if (s == DT_OK) s = find_programs(&c);
-    if (s != DT_OK) { free(c.pass); return bad(s); }
+    if (s != DT_OK) { free(c.pass), free(c.layout); return bad(s); }
 
     const char *tmp = getenv("TMPDIR");
     snprintf(c.dir, sizeof c.dir, "%s/dtrain-check-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(c.dir)) {
-        free(c.pass);
+        free(c.pass), free(c.layout);
         return bad(dt_error(DT_ERR_IO, "cannot create a directory for the runs in %s (%s)", tmp && *tmp ? tmp : "/tmp",
                             strerror(errno)));
     }
@@ -728,6 +735,6 @@ out:
     fflush(stdout);
     if ((rc == 0 && !c.keep) || rc == 2) remove_dir(c.dir, runs, nrun);  /* bad flags: the child said why */
     else if (rc == 0 || rc > 128) printf("dtrain check: the runs' output is in %s\n", c.dir);
-    free(c.pass);
+    free(c.pass), free(c.layout);
     return rc;
 }

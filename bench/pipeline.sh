@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# bench/pipeline.sh: what a pipeline (--pipeline, docs/pipeline.md) costs on this machine, in one run.
+#
+#   bench/pipeline.sh [speed|bubble|all]      (run from the build directory or set DT_BUILDDIR)
+#
+#   speed   a deep gpt (16 layers, 256 wide, block 64, batch 32, 16 micro-batches,
+#           20 steps on fortunes, AdamW) on 2 processes x 1 thread: --pipeline 2 with each
+#           schedule against 2 data-parallel ranks (--shard none) of the same model, in the
+#           same round; tokens/s and the ratio, medians of DT_BENCH_ROUNDS rounds (default 3;
+#           bench/lib.sh).
+#   bubble  each stage's idle fraction (its step less its compute and data wait, from
+#           --rank-stats: the bubble, the boundary transfers and the gradient sums) for
+#           P = 2 and M = 4, 8, 16 per schedule, beside the theory (P-1)/(M+P-1), on the
+#           same deep gpt (a stage's own transfers count as idle: the measured figure is
+#           the theory plus them and plus the stages' imbalance). P = 4 needs 4 cores
+#           (this machine's 2 would be shared): DT_PIPE_P4=1 adds it.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+B=${DT_BUILDDIR:-$(pwd)}
+MODE=${1:-all}
+DATA=${DT_GPT_DATA:-/tmp/dtrain-gpt-fortunes}
+[ -x "$B/dtrain" ] || { echo "bench/pipeline.sh: no dtrain in $B (set DT_BUILDDIR)"; exit 2; }
+if [ ! -s "$DATA/train.bin" ]; then
+    files=$(ls -d /usr/share/games/fortunes/* 2>/dev/null | grep -v '\.' | LC_ALL=C sort)
+    [ -n "$files" ] || { echo "bench/pipeline.sh: install Debian's fortunes package (apt-get install fortunes)"; exit 2; }
+    "$B/dtrain" prepare-text "$DATA" $files > /dev/null || exit 1
+fi
+. "$here/lib.sh"   # ratio, median, ROUNDS
+tmpd=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmpd"' EXIT
+MODEL="gpt(layers=16,heads=8,dim=256,block=64)"
+run_np() {
+    local np=$1; shift
+    OMP_NUM_THREADS=1 "$B/dtrun" -n "$np" "$B/dtrain" train --threads 1 --model "$MODEL" --data "tokens:$DATA" \
+        --optim adamw --warmup 2 --no-eval --log-every 1000000 "$@" 2>&1 | sed 's/^\[rank0\]://'
+}
+tps() { sed -n 's/.*dtrain: done.* \([0-9][0-9]*\) tokens\/s.*/\1/p' | tail -1; }
+grep -m1 "model name" /proc/cpuinfo | sed 's/.*: /cpu: /'
+echo "cores: $(nproc); $(blas_kernels)"
+
+if [ "$MODE" = speed ] || [ "$MODE" = all ]; then
+    declare -A rate vs
+    for r in $(seq "$ROUNDS"); do
+        base=$(run_np 2 --batch 32 --micro-batches 16 --steps 20 | tps)
+        rate[dp]+=" ${base:-fail}"
+        for s in 1f1b gpipe; do
+            t=$(run_np 2 --batch 32 --micro-batches 16 --steps 20 --pipeline 2 --pipeline-schedule $s | tps)
+            rate[$s]+=" ${t:-fail}" vs[$s]+=" $(ratio "${t:-0}" "${base:-0}")"
+        done
+    done
+    echo "$MODEL, batch 32, 16 micro-batches, 2 processes x 1 thread: tokens/s (medians of $ROUNDS rounds)"
+    printf "%-28s %10s %10s   %s\n" layout tokens/s "vs DP" "vs DP per round"
+    printf "%-28s %10s\n" "2 data-parallel ranks" "$(median ${rate[dp]})"
+    for s in 1f1b gpipe; do
+        printf "%-28s %10s %10s   %s\n" "--pipeline 2, $s" "$(median ${rate[$s]})" "$(median ${vs[$s]})" "${vs[$s]}"
+    done
+    echo
+fi
+
+if [ "$MODE" = bubble ] || [ "$MODE" = all ]; then
+    PS="2"
+    [ "${DT_PIPE_P4:-0}" = 1 ] && PS="2 4"
+    echo "idle fraction per stage, % of the step (medians of $ROUNDS rounds; 24 steps, the last 20 measured)"
+    printf "%-3s %-6s %-4s %8s   %s\n" P sched M theory "measured, stage 0 .. P-1"
+    for P in $PS; do
+        for s in gpipe 1f1b; do
+            for M in 4 8 16; do
+                declare -A idle=()
+                for r in $(seq "$ROUNDS"); do
+                    run_np "$P" --batch $((2 * M)) --micro-batches "$M" --steps 24 --pipeline "$P" \
+                        --pipeline-schedule $s --rank-stats 4 --metrics "$tmpd/m.jsonl" > /dev/null
+                    # the rank events after the first 4 steps: idle = step - data - compute, summed
+                    for q in $(seq 0 $((P - 1))); do
+                        v=$(sed -n "s/.*\"event\":\"rank\",\"step\":\([0-9]*\),\"rank\":$q,\"steps\":[0-9]*,\"step_s\":\([0-9.]*\),\"data_s\":\([0-9.]*\),\"compute_s\":\([0-9.]*\),.*/\1 \2 \3 \4/p" \
+                            "$tmpd/m.jsonl" | awk '$1 > 4 { st += $2; idle += $2 - $3 - $4 } END { if (st > 0) printf "%.1f", 100 * idle / st }')
+                        idle[$q]+=" ${v:-fail}"
+                    done
+                done
+                line=""
+                for q in $(seq 0 $((P - 1))); do line+=" $(median ${idle[$q]})"; done
+                printf "%-3s %-6s %-4s %7.1f%%  %s\n" "$P" $s "$M" "$(awk -v p=$P -v m=$M 'BEGIN { print 100 * (p - 1) / (m + p - 1) }')" "$line"
+            done
+        done
+    done
+fi
