@@ -86,6 +86,12 @@ LL="llama(layers=2,heads=4,kv_heads=2,dim=32,hidden=64,block=16)"
 L="--model $LL --data tokens:$T/tok --batch 16 --micro-batches 4 --threads 1 --quiet --no-eval --steps 4 --warmup 1"
 run l1 1 $L; run l4 4 $L --pipeline 4; same l1 l4 "llama on 4 stages gives the weights of 1 process"
 
+# dtrain check gives --pipeline to the N-process run only
+timeout 300 "$D" check --np 4 --pipeline 2 --model "$GPT" --data "tokens:$T/tok" --batch 16 --threads 1 \
+    > "$T/check.out" 2>&1
+ok $? "dtrain check --np 4 --pipeline 2 passes"
+ok_grep "$T/check.out" "bitwise +PASS" "its final weights are 1 process's"
+
 # (d) checkpoints resume across layouts: 1 x 2 -> 1 process, 1 process -> 2 x 2, 2 x 2 -> 1 x 4
 ck() { timeout 240 "$R" -n "$1" "$D" train $G --checkpoint-dir "$T/$2" --checkpoint-every 3 --stop-at 3 $3 > "$T/$2.out" 2>&1; }
 ck 2 k12 "--pipeline 2"; ok $? "a pipeline stops at step 3 with a checkpoint"
