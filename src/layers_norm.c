@@ -87,14 +87,15 @@ static dt_status bn_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int
     return o->bn_apply(L->y, x, mean, invstd, gamma, beta, B, C, HW, L->fuse_relu);
 }
 
-/* A record's count is that of this layer's last train forward, known on the host: every
+/* A record's count is the replay's batch (the model's micro-batch size) times the
+ * positions per channel, or this layer's last train forward's, known on the host: every
  * micro-batch of a step has the same size on every rank, so no record needs to carry it
  * (and the replay reads nothing back from the device). */
 static dt_status bn_replay(const dt_nn_ctx *c, dt_layer *L, const float *rec) {
     const dt_ops *o = c->ops;
     bn_self *s = LAYER_SELF(bn_self, L);
     int C = (int)L->in.d[0];
-    int64_t count = s->count;
+    int64_t count = c->replay_batch > 0 ? (int64_t)c->replay_batch * layer_hw(&L->in) : s->count;
     if (count < 2) return dt_error(DT_ERR_INVALID, "layer %s '%s': batchnorm replay before a train forward "
                                    "(count %lld)", L->name, L->text, (long long)count);
     /* mean/invstd outputs go to scratch (s1, s2): the saved ones belong to backward */

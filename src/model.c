@@ -502,6 +502,7 @@ void   dt_model_set_bn_record(dt_model *m, float *record) { m->bn_record = recor
 dt_status dt_model_bn_replay(dt_model *m, const float *record) {
     if (!record) return dt_error(DT_ERR_INVALID, "model: NULL batchnorm record");
     dt_nn_ctx c = nn_ctx(m, 1);
+    c.replay_batch = m->last_B;   /* every record is of a micro-batch of the last forward's size */
     for (int i = 0; i < m->spec.n; i++) DT_TRY(dt_layer_bn_replay(&c, &m->spec.layers[i], record));
     return DT_OK;
 }

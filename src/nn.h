@@ -187,6 +187,9 @@ typedef struct {
     void            *bn_sync_ctx;
     float           *bn_record;   /* non-NULL: train-mode batchnorm writes its statistics
                                    * here instead of updating the running buffers */
+    int              replay_batch; /* a replay: the samples behind each record (> 0), so a layer
+                                   * this process did not run (a pipeline's other stage) can
+                                   * apply it; 0: the layer's last train forward's */
     int              recompute;   /* 1: a forward run again during backward (model.h,
                                    * recomputation): it must leave the model's state as the
                                    * first run left it (no running-statistics update) */

@@ -253,6 +253,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
 
     if (t->pipe) {
         DT_TRY(dt_train_pipe_losses_(t));
+        if (t->bnrec_n) DT_TRY(dt_train_pipe_bn_(t));
     } else if (t->world > 1) {
         DT_TRY(dt_allgather(t->comm, t->losses, t->all_losses, (size_t)t->k, DT_F32));
         /* records are gathered, never combined */

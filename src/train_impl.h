@@ -104,6 +104,9 @@ void      dt_train_pipe_range_(const trainer *t, size_t *lo, size_t *hi);
 dt_status dt_train_pipe_run_(trainer *t, uint64_t epoch, int64_t step, const void *target, double *wait);
 /* The S micro-batch losses (the last stages') into t->all_losses on every rank. */
 dt_status dt_train_pipe_losses_(trainer *t);
+/* Every micro-batch's batchnorm record, each layer's part from the stage that ran it, in
+ * t->bnrec (S records) on every rank, for the replay in micro-batch order. */
+dt_status dt_train_pipe_bn_(trainer *t);
 /* After the sharding is set up (its parts decide the norm's): the norm's scratch. */
 dt_status dt_train_pipe_norm_setup_(trainer *t);
 /* The global gradient norm over the stages (the bits of one process's) and clipping. */

@@ -73,6 +73,7 @@ struct train_pipe {
     size_t *bch;
     float *bbuf, *dbbuf;       /* their values, nbc x DT_SUM_CHUNK: host, device */
     float *losses;             /* world x k: every rank's local losses */
+    float *bnall;              /* world x k batchnorm records (host), then one put together */
     char *text;                /* the layout (and the lists) for the start */
 };
 
@@ -376,8 +377,6 @@ dt_status dt_train_pipe_setup_(trainer *t) {
     free(cost);
     free(has);
     DT_TRY(s);
-    if (dt_model_bn_record_size(t->model))
-        return dt_error(DT_ERR_UNSUPPORTED, "pipeline: models with batchnorm are not supported with --pipeline yet");
     /* every stage's list, checked together: definitions, order, no hang */
     const dt_pp_schedule *sch = dt_pp_find(o->pipeline_schedule);
     dt_pp_list *lists = calloc((size_t)P, sizeof *lists);
@@ -445,6 +444,9 @@ dt_status dt_train_pipe_setup_(trainer *t) {
     DT_TRY(find_riders(t));
     p->losses = calloc((size_t)t->world * (size_t)t->k, sizeof *p->losses);
     if (!p->losses) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+    size_t rec = dt_model_bn_record_size(t->model);
+    if (rec && !(p->bnall = malloc((size_t)t->world * (size_t)t->k * rec * sizeof(float) + rec * sizeof(float))))
+        return dt_error(DT_ERR_NOMEM, "pipeline: out of memory for the batchnorm records");
     if (!t->ops->host_memory && !dt_comm_device_buffers(t->comm)) {
         size_t most = B * (p->in_n > p->out_n ? p->in_n : p->out_n);
         for (int st = 0; st < P; st++)
@@ -477,7 +479,7 @@ void dt_train_pipe_free_(trainer *t) {
     dt_pp_list_free(&p->list);
     dt_comm_destroy(p->pp_comm);
     free(p->mod_lo), free(p->layer_lo), free(p->plo), free(p->ride), free(p->bch), free(p->parts), free(p->bbuf);
-    free(p->losses), free(p->text);
+    free(p->losses), free(p->text), free(p->bnall);
     free(p);
     t->pipe = NULL;
     if (t->dp_comm != t->comm) dt_comm_destroy(t->dp_comm);
@@ -520,6 +522,7 @@ static dt_status forward(trainer *t, int m, uint64_t epoch, int64_t step) {
     int64_t sample_base = step * t->o->batch + (t->first_micro + m) * t->b;
     const float *x = t->stage == 0 ? t->dx + (size_t)m * (size_t)t->b * ss : p->in[m % p->nslots];
     if (p->nsets > 1) DT_TRY(dt_model_act_use(t->model, m % p->nsets));
+    if (t->bnrec_n) dt_model_set_bn_record(t->model, t->bnrec + (size_t)(t->first_micro + m) * t->bnrec_n);
     DT_TRY(dt_model_forward_range(t->model, p->layer_lo[t->stage], p->layer_lo[t->stage + 1], x, (int)t->b, 1, epoch,
                                   sample_base, &p->out));
     p->cur = m;
@@ -591,6 +594,29 @@ dt_status dt_train_pipe_losses_(trainer *t) {
     for (int r = 0; r < t->dp; r++)
         memcpy(t->all_losses + (size_t)r * (size_t)t->k, p->losses + (size_t)(r * t->pp + t->pp - 1) * (size_t)t->k,
                (size_t)t->k * sizeof(float));
+    return DT_OK;
+}
+
+dt_status dt_train_pipe_bn_(trainer *t) {
+    train_pipe *p = t->pipe;
+    const size_t rec = t->bnrec_n, k = (size_t)t->k;
+    float *mine = p->bnall + (size_t)t->rank * k * rec;
+    DT_TRY(t->ops->copy_d2h(mine, t->bnrec + (size_t)t->first_micro * rec, k * rec * sizeof(float)));
+    DT_TRY(dt_allgather(t->comm, mine, p->bnall, k * rec, DT_F32));
+    float *one = p->bnall + (size_t)t->world * k * rec;
+    int n = dt_model_nlayers(t->model);
+    for (int r = 0; r < t->dp; r++)
+        for (size_t i = 0; i < k; i++) {
+            /* micro-batch r k + i: each layer's record from the stage that ran it */
+            for (int st = 0, l = 0; l < n; l++) {
+                while (l >= p->layer_lo[st + 1]) st++;
+                const dt_layer *L = dt_model_layer(t->model, l);
+                if (!L->nrecord) continue;
+                const float *from = p->bnall + ((size_t)(r * t->pp + st) * k + i) * rec;
+                memcpy(one + L->rec_off, from + L->rec_off, (size_t)L->nrecord * sizeof(float));
+            }
+            DT_TRY(t->ops->copy_h2d(t->bnrec + ((size_t)r * k + i) * rec, one, rec * sizeof(float)));
+        }
     return DT_OK;
 }
 

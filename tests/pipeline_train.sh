@@ -1,8 +1,8 @@
 #!/bin/sh
 # pipeline_train.sh: dtrain train --pipeline end to end (src/train_pipe.c) — every layout
-# of stages and replicas, both schedules, fp32, bf16 and fp16, recomputation, dropout and
-# the gpt presets' tied embedding give bitwise the weights of one process with the same
-# micro-batches; checkpoints resume across layouts; evaluation and the printed loss are
+# of stages and replicas, both schedules, fp32, bf16 and fp16, recomputation, dropout,
+# batchnorm, --shard optim|grads and the gpt presets' tied embedding give bitwise the
+# weights of one process with the same micro-batches; dtrain check takes --pipeline; checkpoints resume across layouts; evaluation and the printed loss are
 # one process's; refused configurations exit 2 naming the reason; a rank that built
 # another model is named at the start, not hung.
 . "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
@@ -48,6 +48,17 @@ for st in 0-4,5-9 0-7,8-9; do
     same c1 "c$st" "cnn cut at $st (gpipe) gives the weights of 1 process"
 done
 run c4 4 --model "$CNN" $A2 --pipeline 4; same c1 c4 "cnn on 4 stages gives the weights of 1 process"
+# batchnorm (each stage's records gathered and replayed in micro-batch order on every
+# rank: the running statistics are saved too) and a residual block
+BN="conv(4,3,pad=1) bn relu maxpool(2) dropout(0.1) residual(conv(4,3,pad=1) bn relu) conv(8,3,pad=1) bn relu flatten linear(16) relu linear(4)"
+run b1 1 --model "$BN" $A2; ok $? "a cnn with batchnorm, 1 process"
+for cfg in "2 2 1f1b" "4 4 1f1b" "4 2 gpipe"; do
+    set -- $cfg
+    run "b$1$2$3" "$1" --model "$BN" $A2 --pipeline "$2" --pipeline-schedule "$3"
+    same b1 "b$1$2$3" "batchnorm: $(($1 / $2)) x $2 stages ($3) give the weights and running statistics of 1 process"
+done
+RN="--model resnet --data synthetic:256,1,28,28,10 --batch 16 --micro-batches 4 --steps 3 --quiet --no-eval --threads 1"
+run rn1 1 $RN; run rn2 2 $RN --pipeline 2 --recompute; same rn1 rn2 "the resnet preset on 2 stages with --recompute gives the weights of 1 process"
 
 # (c) a gpt with dropout and its tied embedding (first and last stage), clipping, adamw,
 # evaluation every 3 steps
