@@ -582,7 +582,14 @@ dt_status dt_train_pipe_run_(trainer *t, uint64_t epoch, int64_t step, const voi
                     s = xsend(t, grads + p->ride[r].off, p->ride[r].len, t->stage - 1, TAG_TIED);
             break;
         }
-        if (s != DT_OK) return dt_error_wrap(s, "pipeline stage %d, micro-batch %d: ", t->stage, a.micro);
+        if (s != DT_OK && (a.op == DT_PP_FWD || a.op == DT_PP_BWD))
+            return dt_error_wrap(s, "pipeline stage %d, micro-batch %d: ", t->stage, a.micro);
+        if (s != DT_OK) {   /* a neighbour that died or hangs: name its stage and rank */
+            int peer = a.op == DT_PP_SEND_ACT || a.op == DT_PP_RECV_GRAD ? t->stage + 1 : t->stage - 1;
+            return dt_error_wrap(s, "pipeline stage %d, micro-batch %d, %s stage %d (rank %d): ", t->stage, a.micro,
+                                 a.op == DT_PP_SEND_ACT || a.op == DT_PP_SEND_GRAD ? "sending to" : "receiving from",
+                                 peer, t->dpr * t->pp + peer);
+        }
         if (t0 > 0.0) *wait += dt_now() - t0;
     }
     return DT_OK;

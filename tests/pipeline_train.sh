@@ -163,4 +163,16 @@ rc=$?
 [ -f "$CK.seen" ]; ok $? "it was killed after its first checkpoint"
 ok_grep "$T/kill.out" "rank 1 .*failed first" "dtrun names the rank"
 
+# (h) a stage that hangs (stopped mid-run) ends the job within DT_TIMEOUT, its neighbour
+# naming it: stage, rank and micro-batch
+MF="$T/hang.jsonl"
+DT_TIMEOUT=5 timeout 120 "$R" -n 2 sh -c 'if [ "$RANK" = 1 ]; then "$@" & p=$!; i=0
+    until n=$(grep -c step "$0" 2>/dev/null); [ "${n:-0}" -ge 20 ] || [ $i -ge 1200 ]; do sleep 0.1; i=$((i + 1)); done
+    kill -STOP $p; wait $p; exit 9; fi; exec "$@"' "$MF" \
+    "$D" train --model "$MLP" $A1 --epochs 200 --pipeline 2 --log-every 1 --metrics "$MF" > "$T/hang.out" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ]; ok $? "a stage stopped mid-run ends the job (exit $rc, no hang)"
+ok_grep "$T/hang.out" "pipeline stage 0, micro-batch [0-9]*, .* stage 1 .rank 1.: .*timed out after 5 s" \
+    "its neighbour names the stage and rank it waited for"
+
 done_testing
