@@ -14,10 +14,15 @@
 #           same deep gpt (a stage's own transfers count as idle: the measured figure is
 #           the theory plus them and plus the stages' imbalance). P = 4 needs 4 cores
 #           (this machine's 2 would be shared): DT_PIPE_P4=1 adds it.
+#   memory  the largest gpt (8 layers, 8 heads, width a multiple of 8, block 64, batch 8,
+#           AdamW) that trains 2 steps under --max-memory DT_PIPE_CAP_MIB (default 256)
+#           MiB per rank on 2 processes: 2 data-parallel ranks, --pipeline 2, and
+#           --shard params, found by bisection; with its parameter count and tokens/s.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 B=${DT_BUILDDIR:-$(pwd)}
 MODE=${1:-all}
+CAP=${DT_PIPE_CAP_MIB:-256}
 DATA=${DT_GPT_DATA:-/tmp/dtrain-gpt-fortunes}
 [ -x "$B/dtrain" ] || { echo "bench/pipeline.sh: no dtrain in $B (set DT_BUILDDIR)"; exit 2; }
 if [ ! -s "$DATA/train.bin" ]; then
@@ -81,5 +86,31 @@ if [ "$MODE" = bubble ] || [ "$MODE" = all ]; then
                 printf "%-3s %-6s %-4s %7.1f%%  %s\n" "$P" $s "$M" "$(awk -v p=$P -v m=$M 'BEGIN { print 100 * (p - 1) / (m + p - 1) }')" "$line"
             done
         done
+    done
+fi
+
+if [ "$MODE" = memory ] || [ "$MODE" = all ]; then
+    # fits C FLAGS...: 0 when width C trains 2 steps within the cap (its output in $tmpd/fit)
+    fits() {
+        local c=$1; shift
+        MODEL="gpt(layers=8,heads=8,dim=$c,block=64)" run_np 2 --batch 8 --steps 2 --warmup 1 \
+            --max-memory "${CAP}M" "$@" > "$tmpd/fit"
+        grep -q "dtrain: done" "$tmpd/fit"
+    }
+    echo "the largest gpt(layers=8,heads=8,dim=C,block=64) under --max-memory ${CAP}M per rank, 2 processes, batch 8, AdamW"
+    printf "%-22s %6s %12s %10s\n" layout width params tokens/s
+    for cfg in "2 data-parallel ranks|" "--pipeline 2|--pipeline 2" "--shard params|--shard params"; do
+        name=${cfg%%|*} flags=${cfg#*|}
+        lo=0 hi=2048   # widths lo fits (0: none known), hi does not
+        while [ $((hi - lo)) -gt 8 ]; do
+            mid=$(( (lo + hi) / 16 * 8 )); [ "$mid" -le "$lo" ] && mid=$((lo + 8))
+            if fits "$mid" $flags; then lo=$mid; else hi=$mid; fi
+        done
+        n=n/a t=n/a
+        if [ "$lo" -gt 0 ] && fits "$lo" $flags; then
+            n=$(sed -n 's/.* \([0-9,]*\) parameters.*/\1/p' "$tmpd/fit" | head -1)
+            t=$(tps < "$tmpd/fit")
+        fi
+        printf "%-22s %6s %12s %10s\n" "$name" "$lo" "${n:-n/a}" "${t:-n/a}"
     done
 fi
