@@ -422,6 +422,10 @@ static dt_status param_hashes(dt_ddp *d, uint64_t *h, int values) {
             h[t] = dt_xxh64(sig, (size_t)len, 0);
             continue;
         }
+        if (ti.offset < d->rlo || ti.offset >= d->rhi) {   /* not this rank's range: not held, not compared */
+            h[t] = 0;
+            continue;
+        }
         size_t bytes = (size_t)ti.numel * sizeof(float);
         if (bytes > cap) {
             free(host);
@@ -473,7 +477,7 @@ dt_status dt_ddp_sync_start(dt_ddp *d) {
             DT_TRY(broadcast_dev(d, dt_model_buffers(d->model), dt_model_nbuffers(d->model) * sizeof(float), 0));
         return DT_OK;
     }
-    DT_TRY(broadcast_dev(d, dt_model_params(d->model), d->n * sizeof(float), 0));
+    DT_TRY(broadcast_dev(d, dt_model_params(d->model) + d->rlo, (d->rhi - d->rlo) * sizeof(float), 0));
     if (dt_model_nbuffers(d->model) > 0)
         DT_TRY(broadcast_dev(d, dt_model_buffers(d->model), dt_model_nbuffers(d->model) * sizeof(float), 0));
     return dt_ddp_check_equal(d);

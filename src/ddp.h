@@ -43,7 +43,8 @@ typedef struct {
                                  * node of the tree rounded (half the bytes; still world-size invariant) */
     size_t   range_lo, range_hi; /* the gradients this rank's backward makes: the parameter tensors
                                  * lying in [range_lo, range_hi) of the flat array (a pipeline
-                                 * stage's, pipeline.h); 0, 0: all of them */
+                                 * stage's, pipeline.h), the only ones the start broadcasts and
+                                 * the checks compare; 0, 0: all of them */
 } dt_ddp_opts;
 
 DT_API void      dt_ddp_opts_default(dt_ddp_opts *o);

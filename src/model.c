@@ -561,15 +561,17 @@ static dt_status layer_hook(dt_model *m, int i, dt_layer_phase phase) {
     return m->layer_hook ? m->layer_hook(m->layer_hook_ctx, i, phase) : DT_OK;
 }
 
-int dt_model_modules(const dt_model *m, int *cuts) {
+int dt_model_modules(const dt_model *m, int *cuts) { return dt_spec_modules(&m->spec, cuts); }
+
+int dt_spec_modules(const dt_spec *s, int *cuts) {
     int n = 0;
-    for (int i = 0; i < m->spec.n;) {
-        const dt_layer *L = &m->spec.layers[i];
+    for (int i = 0; i < s->n;) {
+        const dt_layer *L = &s->layers[i];
         if (cuts) cuts[n] = i;
         n++;
-        i = L->kind == DT_LAYER_RESIDUAL ? (int)(L->partner - m->spec.layers) + 1 : i + 1;
+        i = L->kind == DT_LAYER_RESIDUAL ? (int)(L->partner - s->layers) + 1 : i + 1;
     }
-    if (cuts) cuts[n] = m->spec.n;
+    if (cuts) cuts[n] = s->n;
     return n;
 }
 

@@ -274,6 +274,7 @@ DT_API dt_status dt_model_forward(dt_model *m, const float *x, int B, int train,
  * residual block, never cut inside). Returns their count; cuts (count + 1 ints, may be
  * NULL) receives module k's layers as [cuts[k], cuts[k + 1]). */
 DT_API int       dt_model_modules(const dt_model *m, int *cuts);
+DT_API int       dt_spec_modules(const dt_spec *s, int *cuts);   /* the same for a parsed spec */
 /* Forward over layers [lo, hi) (whole modules) from x, layer lo's input (B, its input
  * shape), device memory, as dt_model_forward over the whole model (which is the range
  * [0, n)); *out receives layer hi - 1's output. x must stay unchanged until the

@@ -431,12 +431,17 @@ static dt_status setup_model(trainer *t) {
     DT_TRY(dt_spec_parse(o->model, &spec));
     dt_status ss = dt_spec_infer(&spec, &shape);
     size_t nparams = (size_t)spec.nparams;
+    if (ss == DT_OK && t->pipe) ss = dt_train_pipe_cut_(t, &spec);   /* the stages, from the spec */
     dt_spec_free(&spec);
     DT_TRY(ss);
     dt_model_opts mo;
     dt_model_opts_default(&mo);
     mo.recompute = o->recompute;
     DT_TRY(dt_shard_layout(nparams, t->dp_comm, t->mode, &mo.layout));
+    if (t->pipe) {   /* a stage keeps its own parameters and gradients only */
+        dt_train_pipe_keep_(t, &mo.layout.keep_lo, &mo.layout.keep_hi);
+        mo.layout.capacity = mo.layout.keep_hi > nparams ? mo.layout.keep_hi : nparams;
+    }
     DT_TRY(dt_model_build_ex(o->model, &shape, t->ops, o->seed, (int)t->b, &mo, &t->model));
     if (o->init_weights && !t->resume) {   /* a file that cannot be used is bad input */
         dt_status ls = dt_model_load(t->model, o->init_weights);
@@ -521,6 +526,7 @@ static dt_status setup_buffers(trainer *t) {
 static dt_status setup_start(trainer *t) {
     if (t->resume) DT_TRY(dt_train_resume_restore_(t));
     DT_TRY(dt_ddp_sync_start(t->ddp));
+    if (t->pipe) DT_TRY(dt_train_pipe_after_step_(t));   /* a tied head's weight, from its owner */
     DT_TRY(dt_shard_drop_params(t->shard));
     char what[256];
     dt_shard_note(t->shard, what, sizeof what);
@@ -694,7 +700,11 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         DT_TRY(dt_shard_release_grads(t->shard));
         DT_TRY(dt_shard_gather_root(t->shard));
     } else {
-        if (t->pipe) DT_TRY(dt_train_pipe_gather_(t));   /* every rank: the whole model */
+        if (t->pipe) {   /* every rank: the whole model, its optimizer state given back first */
+            dt_optim_free(t->optim);
+            t->optim = NULL;
+            DT_TRY(dt_train_pipe_gather_(t));
+        }
         DT_TRY(dt_ddp_check_equal(t->ddp));
     }
     DT_TRY(dt_mem_check_limit());

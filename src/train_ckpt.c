@@ -246,10 +246,11 @@ dt_status dt_train_resume_restore_(trainer *t) {
     /* the tensors first: another model gets the message naming the first tensor that
      * differs. A rank reads the parameters it holds (its shard with --shard params) and
      * its range of the optimizer state, from a sharded checkpoint or not. */
-    size_t lo, len, n = dt_model_nparams(t->model);
+    size_t lo, len, n = dt_model_nparams(t->model), plo = 0, phi = n;
     dt_shard_range(t->shard, &lo, &len);
-    int own = dt_shard_params_sharded(t->shard);
-    DT_TRY(dt_ckpt_restore_range(t->resume, t->model, own ? lo : 0, own ? lo + len : n, t->optim, lo));
+    if (dt_shard_params_sharded(t->shard)) plo = lo, phi = lo + len;
+    if (t->pipe) dt_train_pipe_range_(t, &plo, &phi);   /* a stage's own (the tied head's comes from its owner) */
+    DT_TRY(dt_ckpt_restore_range(t->resume, t->model, plo, phi, t->optim, lo));
     DT_TRY(resume_compare(t));
     DT_TRY(dt_amp_restore(t->amp, dt_ckpt_extra(t->resume, "loss_scaler")));
     const char *el = dt_ckpt_extra(t->resume, "epoch_loss");

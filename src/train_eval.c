@@ -146,6 +146,7 @@ dt_status dt_train_validate_(trainer *t, double *loss, double *acc) {
     DT_TRY(t->lw > 1 ? evaluate_windows(t->model, t->test, t->comm, t->o->eval_batches * t->o->batch, t->o->seed,
                                         loss, acc)
                      : dt_evaluate(t->model, t->test, &plain, t->comm, loss, acc));
+    if (t->pipe) DT_TRY(dt_train_pipe_drop_(t));     /* and goes back to its stage's */
     return dt_shard_drop_units(t->shard);   /* params: the last unit, which no backward drops */
 }
 

@@ -93,8 +93,14 @@ dt_status dt_train_validate_(trainer *t, double *loss, double *acc);
 dt_status dt_train_pipe_layout_(trainer *t);
 /* The pipeline's checks and groups (dp_comm), after setup_world's split of the batch. */
 dt_status dt_train_pipe_world_(trainer *t);
-/* This rank's stage of the built model: its layers and parameters, the schedule's list
- * (checked for every stage), the boundary buffers. */
+/* The stages' cut of the model's spec (before the model is built): each stage's modules,
+ * layers and parameters. */
+dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *spec);
+/* The parameters this rank's model keeps resident: its stage's, padded to whole shards
+ * with --shard optim|grads (the model is built so: dt_model_layout's kept range). */
+void      dt_train_pipe_keep_(const trainer *t, size_t *lo, size_t *hi);
+/* This rank's stage of the built model: the schedule's list (checked for every stage),
+ * the boundary buffers, the tied tensors it reads or relays. */
 dt_status dt_train_pipe_setup_(trainer *t);
 /* The parameters [*lo, *hi) this rank's stage owns. */
 void      dt_train_pipe_range_(const trainer *t, size_t *lo, size_t *hi);
@@ -113,8 +119,10 @@ dt_status dt_train_pipe_norm_setup_(trainer *t);
 dt_status dt_train_pipe_clip_(trainer *t, float max_norm, float unscale, float *norm);
 /* After the optimizer step: parameters a later stage reads (a tied head) from their owner. */
 dt_status dt_train_pipe_after_step_(trainer *t);
-/* Every stage's parameters to every rank of its pipeline (evaluation, the end). */
+/* Every stage's parameters to every rank of its pipeline (evaluation, the end), counted. */
 dt_status dt_train_pipe_gather_(trainer *t);
+/* Back to the kept range (after an evaluation, or a load of the whole array). */
+dt_status dt_train_pipe_drop_(trainer *t);
 void      dt_train_pipe_free_(trainer *t);
 /* The layout (and with --schedule-dump the lists), for the start; NULL without a pipeline. */
 const char *dt_train_pipe_text_(const trainer *t);

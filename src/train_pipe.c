@@ -46,6 +46,7 @@ enum { TAG_ACT = 0x5050, TAG_GRAD, TAG_TIED, TAG_PARAM };
 typedef struct {
     size_t off, len;   /* the tied parameter's floats */
     int    owner, user;   /* the stage that owns it (and applies its gradient), the stage that reads it too */
+    int    layer;      /* the user's layer that reads it */
 } rider;
 
 struct train_pipe {
@@ -74,6 +75,11 @@ struct train_pipe {
     float *bbuf, *dbbuf;       /* their values, nbc x DT_SUM_CHUNK: host, device */
     float *losses;             /* world x k: every rank's local losses */
     float *bnall;              /* world x k batchnorm records (host), then one put together */
+    /* what this rank holds of the arrays: its stage's kept range [keep_lo, keep_hi) (the
+     * model was built so), the tied tensors it reads or relays (counted here: held), and
+     * between dt_train_pipe_gather_ and dt_train_pipe_drop_ every other stage's
+     * parameters (counted: whole) */
+    size_t keep_lo, keep_hi, held_params, held_grads, whole;   /* whole: the bytes counted for the others' */
     char *text;                /* the layout (and the lists) for the start */
 };
 
@@ -122,11 +128,11 @@ dt_status dt_train_pipe_world_(trainer *t) {
 /* ---- the cut -------------------------------------------------------------------------- */
 
 /* The parameters layers [lo, hi) own: [*plo, *phi) (a tied tensor is its owner's). */
-static void layer_params(const dt_model *m, int lo, int hi, size_t at, size_t *plo, size_t *phi) {
+static void layer_params(const dt_spec *sp, int lo, int hi, size_t at, size_t *plo, size_t *phi) {
     *plo = *phi = at;
     int any = 0;
     for (int i = lo; i < hi; i++) {
-        const dt_layer *L = dt_model_layer(m, i);
+        const dt_layer *L = &sp->layers[i];
         for (int k = 0; k < L->ntensors; k++) {
             if (L->t[k].role != DT_TENSOR_PARAM) continue;
             if (!any) *plo = L->t[k].offset;
@@ -138,10 +144,10 @@ static void layer_params(const dt_model *m, int lo, int hi, size_t at, size_t *p
 
 /* A module's planned work: twice its GEMM weights per position plus its outputs (the
  * element-wise work), per sample. */
-static double module_cost(const dt_model *m, int lo, int hi) {
+static double module_cost(const dt_spec *sp, int lo, int hi) {
     double c = 0.0;
     for (int i = lo; i < hi; i++) {
-        const dt_layer *L = dt_model_layer(m, i);
+        const dt_layer *L = &sp->layers[i];
         double pos = L->outs.ndim == 2 ? (double)L->outs.d[0] : L->outs.ndim == 3 ? (double)L->outs.d[1] * L->outs.d[2] : 1.0;
         if (L->def->flags & DT_LDEF_GEMM)
             for (int k = 0; k < L->ntensors; k++)
@@ -238,9 +244,68 @@ static dt_status find_riders(trainer *t) {
                 rider *r = realloc(p->ride, (size_t)(p->nride + 1) * sizeof *r);
                 if (!r) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
                 p->ride = r;
-                r[p->nride++] = (rider){.off = L->t[k].offset, .len = (size_t)L->t[k].numel, .owner = owner, .user = s};
+                r[p->nride++] = (rider){.off = L->t[k].offset, .len = (size_t)L->t[k].numel, .owner = owner, .user = s,
+                                        .layer = i};
             }
         }
+    return DT_OK;
+}
+
+/* The tied tensors beyond the kept range: the user holds their parameters and
+ * gradient, a stage between it and the owner their gradient (it relays it). The
+ * parameters come from the owner after the start (dt_train_pipe_after_step_). */
+static dt_status hold_riders(trainer *t) {
+    train_pipe *p = t->pipe;
+    dt_train_pipe_keep_(t, &p->keep_lo, &p->keep_hi);
+    for (int r = 0; r < p->nride; r++) {
+        const rider *R = &p->ride[r];
+        size_t bytes = R->len * sizeof(float);
+        if (t->stage == R->user) {
+            DT_TRY(t->ops->populate(dt_model_params(t->model) + R->off, bytes));
+            dt_mem_add(DT_MEM_PARAMS, bytes);
+            p->held_params += bytes;
+        }
+        if (R->owner < t->stage && t->stage <= R->user) {
+            DT_TRY(t->ops->populate(dt_model_grads(t->model) + R->off, bytes));
+            dt_mem_add(DT_MEM_GRADS, bytes);
+            p->held_grads += bytes;
+        }
+    }
+    return DT_OK;
+}
+
+/* The parameters outside the kept range and the riders: [0, keep_lo) and [keep_hi, n). */
+static size_t outside_bytes(const trainer *t) {
+    const train_pipe *p = t->pipe;
+    size_t n = dt_model_nparams(t->model);
+    return (p->keep_lo + (n > p->keep_hi ? n - p->keep_hi : 0)) * sizeof(float) - p->held_params;
+}
+
+/* Give back params [a, b) but the tied tensors this stage reads (their values stay). */
+static dt_status discard_but_riders(trainer *t, float *params, size_t a, size_t b) {
+    train_pipe *p = t->pipe;
+    while (a < b) {
+        size_t next = b, skip = b;   /* the first rider this stage reads that ends after a */
+        for (int r = 0; r < p->nride; r++) {
+            const rider *R = &p->ride[r];
+            if (R->user != t->stage || R->off + R->len <= a || R->off >= b) continue;
+            if (R->off < next || (R->off == next && R->off + R->len > skip)) next = R->off, skip = R->off + R->len;
+        }
+        if (next > a) DT_TRY(t->ops->discard(params + a, (next - a) * sizeof(float)));
+        a = skip > next ? skip : next;
+    }
+    return DT_OK;
+}
+
+dt_status dt_train_pipe_drop_(trainer *t) {
+    train_pipe *p = t->pipe;
+    size_t n = dt_model_nparams(t->model);
+    float *params = dt_model_params(t->model);
+    DT_TRY(discard_but_riders(t, params, 0, p->keep_lo));
+    if (n > p->keep_hi) DT_TRY(discard_but_riders(t, params, p->keep_hi, n));
+    dt_mem_sub(DT_MEM_PARAMS, p->whole);
+    p->whole = 0;
+    dt_model_set_resident(t->model, p->keep_lo, p->keep_hi);
     return DT_OK;
 }
 
@@ -335,11 +400,11 @@ static void put_text(train_pipe *p, size_t *len, size_t *cap, const char *s) {
     *len += k;
 }
 
-dt_status dt_train_pipe_setup_(trainer *t) {
+dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *sp) {
     train_pipe *p = t->pipe;
     const dt_train_opts *o = t->o;
     const int P = t->pp;
-    int nm = dt_model_modules(t->model, NULL);
+    int nm = dt_spec_modules(sp, NULL);
     if (nm < P)
         return dt_error(DT_ERR_INVALID, "pipeline: %d stages, but the model has %d top-level modules (a stage holds at "
                         "least one)", P, nm);
@@ -351,11 +416,11 @@ dt_status dt_train_pipe_setup_(trainer *t) {
     p->plo = calloc((size_t)P + 1, sizeof *p->plo);
     dt_status s = cuts && cost && has && p->mod_lo && p->layer_lo && p->plo ? DT_OK : dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
     if (s == DT_OK) {
-        dt_model_modules(t->model, cuts);
+        dt_spec_modules(sp, cuts);
         for (int i = 0; i < nm; i++) {
             size_t a, b;
-            cost[i] = module_cost(t->model, cuts[i], cuts[i + 1]);
-            layer_params(t->model, cuts[i], cuts[i + 1], 0, &a, &b);
+            cost[i] = module_cost(sp, cuts[i], cuts[i + 1]);
+            layer_params(sp, cuts[i], cuts[i + 1], 0, &a, &b);
             has[i] = b > a;
         }
         s = !o->stages || !strcmp(o->stages, "auto") ? balance(cost, has, nm, P, p->mod_lo)
@@ -365,18 +430,36 @@ dt_status dt_train_pipe_setup_(trainer *t) {
     size_t at = 0;
     for (int st = 0; s == DT_OK && st < P; st++) {
         size_t lo, hi;
-        layer_params(t->model, p->layer_lo[st], p->layer_lo[st + 1], at, &lo, &hi);
+        layer_params(sp, p->layer_lo[st], p->layer_lo[st + 1], at, &lo, &hi);
         if (hi == lo)
             s = dt_error(DT_ERR_INVALID, "pipeline: stage %d (modules %d-%d) holds no parameters; name a cut with "
                          "--stages", st, p->mod_lo[st], p->mod_lo[st + 1] - 1);
         p->plo[st] = at;   /* parameterless layers before a stage's first parameter are its */
         at = hi;
     }
-    p->plo[P] = dt_model_nparams(t->model);
+    p->plo[P] = (size_t)sp->nparams;
     free(cuts);
     free(cost);
     free(has);
-    DT_TRY(s);
+    return s;
+}
+
+void dt_train_pipe_keep_(const trainer *t, size_t *lo, size_t *hi) {
+    const train_pipe *p = t->pipe;
+    size_t a = p->plo[t->stage], b = p->plo[t->stage + 1];
+    dt_shard_mode mode = DT_SHARD_NONE;
+    dt_shard_parse(t->o->shard, &mode);
+    /* optim and grads pad the stage's range to whole shards (shard.h): those floats too */
+    if (mode != DT_SHARD_NONE) b = a + dt_shard_floats(b - a, t->dp) * (size_t)t->dp;
+    *lo = a;
+    *hi = b;
+}
+
+dt_status dt_train_pipe_setup_(trainer *t) {
+    train_pipe *p = t->pipe;
+    const dt_train_opts *o = t->o;
+    const int P = t->pp;
+    dt_status s = DT_OK;
     /* every stage's list, checked together: definitions, order, no hang */
     const dt_pp_schedule *sch = dt_pp_find(o->pipeline_schedule);
     dt_pp_list *lists = calloc((size_t)P, sizeof *lists);
@@ -442,6 +525,8 @@ dt_status dt_train_pipe_setup_(trainer *t) {
     if (t->stage < P - 1) DT_TRY(dt_mem_alloc(t->ops, DT_MEM_ACTS, (void **)&p->gin, B * p->out_n * sizeof(float)));
     DT_TRY(agree(t));
     DT_TRY(find_riders(t));
+    DT_TRY(hold_riders(t));
+    if (o->init_weights && !t->resume) DT_TRY(dt_train_pipe_drop_(t));   /* the load wrote every stage's */
     p->losses = calloc((size_t)t->world * (size_t)t->k, sizeof *p->losses);
     if (!p->losses) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
     size_t rec = dt_model_bn_record_size(t->model);
@@ -480,6 +565,8 @@ void dt_train_pipe_free_(trainer *t) {
     dt_comm_destroy(p->pp_comm);
     free(p->mod_lo), free(p->layer_lo), free(p->plo), free(p->ride), free(p->bch), free(p->parts), free(p->bbuf);
     free(p->losses), free(p->text), free(p->bnall);
+    dt_mem_sub(DT_MEM_PARAMS, p->held_params + p->whole);   /* the model counts its own (it may outlive the run) */
+    dt_mem_sub(DT_MEM_GRADS, p->held_grads);
     free(p);
     t->pipe = NULL;
     if (t->dp_comm != t->comm) dt_comm_destroy(t->dp_comm);
@@ -554,6 +641,11 @@ dt_status dt_train_pipe_run_(trainer *t, uint64_t epoch, int64_t step, const voi
     const size_t B = (size_t)t->b;
     float *grads = dt_model_grads(t->model);
     DT_TRY(t->ops->zero(t->dlosses, (size_t)t->k * sizeof(float)));
+    /* mixed precision rounds the kept range's weights at the first forward; a tied tensor
+     * this stage reads lies outside it: rounded here, from what its owner sent */
+    for (int r = 0; r < p->nride; r++)
+        if (p->ride[r].user == t->stage)
+            DT_TRY(dt_model_params_arrived(t->model, p->ride[r].layer, p->ride[r].off, p->ride[r].off + p->ride[r].len));
     for (int i = 0; i < p->list.n; i++) {
         dt_pp_action a = p->list.a[i];
         dt_status s = DT_OK;
@@ -685,7 +777,14 @@ dt_status dt_train_pipe_after_step_(trainer *t) {
 dt_status dt_train_pipe_gather_(trainer *t) {
     train_pipe *p = t->pipe;
     float *params = dt_model_params(t->model);
+    size_t n = dt_model_nparams(t->model);
+    if (!p->whole) {   /* the other stages' pages, back and counted */
+        if (p->keep_lo > 0) DT_TRY(t->ops->populate(params, p->keep_lo * sizeof(float)));
+        if (n > p->keep_hi) DT_TRY(t->ops->populate(params + p->keep_hi, (n - p->keep_hi) * sizeof(float)));
+        p->whole = outside_bytes(t);
+        dt_mem_add(DT_MEM_PARAMS, p->whole);
+    }
     for (int s = 0; s < t->pp; s++) DT_TRY(xbcast(t, params + p->plo[s], p->plo[s + 1] - p->plo[s], s));
-    dt_model_params_changed(t->model);
+    dt_model_set_resident(t->model, 0, n);   /* mixed precision rounds every layer's weights again */
     return DT_OK;
 }

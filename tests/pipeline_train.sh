@@ -93,9 +93,22 @@ for p in bf16 fp16; do
     run "g2$p" 2 $G --precision $p --pipeline 2 --pipeline-schedule gpipe
     same "g1$p" "g2$p" "gpt $p on 2 stages gives the weights of 1 process"
 done
+# starting from a file (every rank loads it whole, then keeps its stage's part)
+run gi1 1 $G --init "$T/g1.st"; run gi4 4 $G --init "$T/g1.st" --pipeline 4
+same gi1 gi4 "--init on 4 stages gives the weights of 1 process"
 LL="llama(layers=2,heads=4,kv_heads=2,dim=32,hidden=64,block=16)"
 L="--model $LL --data tokens:$T/tok --batch 16 --micro-batches 4 --threads 1 --quiet --no-eval --steps 4 --warmup 1"
 run l1 1 $L; run l4 4 $L --pipeline 4; same l1 l4 "llama on 4 stages gives the weights of 1 process"
+
+# memory: a stage holds its own parameters (and the tied head's), not the whole array:
+# each rank's accounted parameter bytes at step 3 (--rank-stats), against the model's
+run mem 2 $G --pipeline 2 --no-eval --rank-stats 3 --metrics "$T/mem.jsonl"
+full=$("$D" model --model "$GPT" --data "tokens:$T/tok" | sed -n 's/^Trainable params: //p' | tr -d ,)
+for r in 0 1; do
+    p=$(sed -n "s/.*\"event\":\"rank\",\"step\":3,\"rank\":$r,.*\"mem_peak_bytes\":{\"params\":\([0-9]*\).*/\1/p" "$T/mem.jsonl")
+    awk -v p="$p" -v n="$full" 'BEGIN { exit !(p > 0 && n > 0 && p < 0.8 * 4 * n) }'
+    ok $? "stage $r holds ${p:-?} bytes of parameters, less than 0.8 of the whole model's $((4 * ${full:-0}))"
+done
 
 # dtrain check gives --pipeline to the N-process run only
 timeout 300 "$D" check --np 4 --pipeline 2 --model "$GPT" --data "tokens:$T/tok" --batch 16 --threads 1 \
