@@ -78,20 +78,27 @@ static dt_status grad_round(dt_ddp *d, float *p, size_t lo, size_t len) {
 
 /* ---- the accumulation tree over slices -------------------------------------------- */
 
+/* 1 when k is a power of two above 1: the last leaf closes the whole tree. */
+static int whole_tree(int64_t k) { return k > 1 && (k & (k - 1)) == 0; }
+
 /* Add leaf i (the current micro-batch) of slice [lo, lo+len) of g into the tree.
  * Leaf i closes T subtrees, T = the trailing ones of i: the new subtree is
- * acc[T-1] + (... + (acc[0] + g)), built in the free slot acc[T]. */
-static dt_status tree_push(dt_ddp *d, int64_t i, const float *g, size_t lo, size_t len) {
+ * acc[T-1] + (... + (acc[0] + g)), built in the free slot acc[T]; when it is the whole
+ * tree (the last leaf of a power-of-two k) it is built in g itself, the same additions in
+ * the same order, and the tree needs no slot for it. */
+static dt_status tree_push(dt_ddp *d, int64_t i, float *g, size_t lo, size_t len) {
     const dt_ops *ops = d->ops;
     size_t a = lo - d->rlo;   /* the slice's place in the tree's arrays */
     if ((i & 1) == 0) return ops->copy_d2d(d->acc[0] + a, g + lo, len * sizeof(float));
     int T = 0;
     while ((i >> T) & 1) T++;
-    DT_TRY(ops->add(d->acc[T] + a, d->acc[0] + a, g + lo, len));
-    DT_TRY(grad_round(d, d->acc[T], a, len));
+    float *out = whole_tree(d->k) && i == d->k - 1 ? g : d->acc[T];
+    size_t o = out == g ? lo : a;
+    DT_TRY(ops->add(out + o, d->acc[0] + a, g + lo, len));
+    DT_TRY(grad_round(d, out, o, len));
     for (int l = 1; l < T; l++) {
-        DT_TRY(ops->add(d->acc[T] + a, d->acc[l] + a, d->acc[T] + a, len));
-        DT_TRY(grad_round(d, d->acc[T], a, len));
+        DT_TRY(ops->add(out + o, d->acc[l] + a, out + o, len));
+        DT_TRY(grad_round(d, out, o, len));
     }
     return DT_OK;
 }
@@ -109,12 +116,15 @@ static dt_status tree_finish(dt_ddp *d, float *out, size_t lo, size_t len) {
     return DT_OK;
 }
 
-int dt_ddp_tree_arrays(int64_t k) {
+/* The tree's levels for k leaves (0 for k = 1): a finished subtree of 2^l leaves per level. */
+static int tree_levels(int64_t k) {
     if (k <= 1) return 0;
     int levels = 1;
     while ((INT64_C(1) << (levels - 1)) < k) levels++;
     return levels;
 }
+
+int dt_ddp_tree_arrays(int64_t k) { return tree_levels(k) - whole_tree(k); }
 
 /* ---- buckets ----------------------------------------------------------------------- */
 
@@ -172,7 +182,7 @@ static dt_status on_grad_ready(void *ctx, int first, int count) {
     dt_status s = grad_round(d, g, lo, hi - lo);   /* a leaf */
     if (s == DT_OK && d->k > 1) {
         s = tree_push(d, d->micro, g, lo, hi - lo);
-        if (s == DT_OK && d->micro == d->k - 1) s = tree_finish(d, g, lo, hi - lo);
+        if (s == DT_OK && d->micro == d->k - 1 && !whole_tree(d->k)) s = tree_finish(d, g, lo, hi - lo);
     }
     if (s == DT_OK && d->micro == d->k - 1 && d->final) s = d->final(d->final_ctx, lo, hi);
     if (s == DT_OK && d->micro == d->k - 1) {
@@ -290,11 +300,11 @@ dt_status dt_ddp_init(dt_model *m, dt_comm *comm, int64_t k, const dt_ddp_opts *
                          "[0, %zu)", d->rlo, d->rhi, d->n);
     }
     if (s == DT_OK) s = make_buckets(d);
-    d->levels = dt_ddp_tree_arrays(k);
+    d->levels = tree_levels(k);
     if (s == DT_OK && d->levels > 0) {
         d->acc = calloc((size_t)d->levels, sizeof *d->acc);
         if (!d->acc) s = dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
-        for (int l = 0; s == DT_OK && l < d->levels; l++)
+        for (int l = 0; s == DT_OK && l < dt_ddp_tree_arrays(k); l++)
             s = dt_mem_alloc(d->ops, DT_MEM_GRADS, (void **)&d->acc[l], (d->rhi - d->rlo) * sizeof(float));
     }
     if (s != DT_OK) {

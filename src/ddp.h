@@ -49,7 +49,9 @@ typedef struct {
 
 DT_API void      dt_ddp_opts_default(dt_ddp_opts *o);
 /* Gradient-sized arrays of the accumulation tree for k local micro-batches (0 for
- * k = 1): what DDP allocates beside the model's gradient (counted as gradients). */
+ * k = 1; the levels less one when k is a power of two, whose last leaf closes the tree in
+ * the gradient itself): what DDP allocates beside the model's gradient (counted as
+ * gradients). */
 DT_API int       dt_ddp_tree_arrays(int64_t k);
 /* DDP for model m over comm (NULL or size 1: only the local accumulation) with
  * k local micro-batches per step. Installs the model's grad_ready (and, with
