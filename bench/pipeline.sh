@@ -17,7 +17,8 @@
 #   memory  the largest gpt (8 layers, 8 heads, width a multiple of 8, block 64, batch 8,
 #           AdamW) that trains 2 steps under --max-memory DT_PIPE_CAP_MIB (default 256)
 #           MiB per rank on 2 processes: 2 data-parallel ranks, --pipeline 2, and
-#           --shard params, found by bisection; with its parameter count and tokens/s.
+#           --shard params, and the first two with --recompute, found by bisection; with
+#           its parameter count and tokens/s.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 B=${DT_BUILDDIR:-$(pwd)}
@@ -98,8 +99,9 @@ if [ "$MODE" = memory ] || [ "$MODE" = all ]; then
         grep -q "dtrain: done" "$tmpd/fit"
     }
     echo "the largest gpt(layers=8,heads=8,dim=C,block=64) under --max-memory ${CAP}M per rank, 2 processes, batch 8, AdamW"
-    printf "%-22s %6s %12s %10s\n" layout width params tokens/s
-    for cfg in "2 data-parallel ranks|" "--pipeline 2|--pipeline 2" "--shard params|--shard params"; do
+    printf "%-26s %6s %12s %10s\n" layout width params tokens/s
+    for cfg in "2 data-parallel ranks|" "--pipeline 2|--pipeline 2" "--shard params|--shard params" \
+               "DP, --recompute|--recompute" "--pipeline 2 --recompute|--pipeline 2 --recompute"; do
         name=${cfg%%|*} flags=${cfg#*|}
         lo=0 hi=2048   # widths lo fits (0: none known), hi does not
         while [ $((hi - lo)) -gt 8 ]; do
@@ -111,6 +113,6 @@ if [ "$MODE" = memory ] || [ "$MODE" = all ]; then
             n=$(sed -n 's/.* \([0-9,]*\) parameters.*/\1/p' "$tmpd/fit" | head -1)
             t=$(tps < "$tmpd/fit")
         fi
-        printf "%-22s %6s %12s %10s\n" "$name" "$lo" "${n:-n/a}" "${t:-n/a}"
+        printf "%-26s %6s %12s %10s\n" "$name" "$lo" "${n:-n/a}" "${t:-n/a}"
     done
 fi

@@ -80,6 +80,7 @@ struct dt_model {
     unsigned char   *sets;
     struct set_pass { const float *x; int x_at, B, train, valid; uint32_t epoch; uint64_t sample0; } *set_pass;
     float          **set_out;      /* per set, the range's layers' outputs as the pass left them */
+    int              acts_out;     /* dt_model_acts_only gave some layers' buffers back */
 };
 
 /* Where layer i reads its parameters: the flat array, or a view set by
@@ -651,6 +652,38 @@ dt_status dt_model_act_sets(dt_model *m, int lo, int hi, int n) {
     m->set_bytes = a.used;
     m->set_cur = -1;
     return dt_model_act_use(m, 0);
+}
+
+/* The layers outside [lo, hi) that own their buffers (no activation sets, no recompute's
+ * arena): release gives the buffers back, take allocates them again. */
+static int owns_acts(const dt_model *m, int i) {
+    return !m->mo.recompute && !(m->nsets && i >= m->set_lo && i < m->set_hi);
+}
+
+dt_status dt_model_acts_only(dt_model *m, int lo, int hi) {
+    DT_TRY(check_range(m, lo, hi, "activations"));
+    if (m->mo.recompute) return DT_OK;   /* the blocks share one arena: nothing to give back by layer */
+    for (int i = 0; i < m->spec.n; i++) {
+        dt_layer *L = &m->spec.layers[i];
+        if ((i >= lo && i < hi) || !owns_acts(m, i) || !L->nown) continue;
+        for (int k = 0; k < L->nown; k++) dt_mem_free(m->ops, L->own[k]);
+        L->nown = 0;
+        L->y = L->out_ptr = NULL;
+        m->acts_out = 1;
+    }
+    return DT_OK;
+}
+
+dt_status dt_model_acts_all(dt_model *m) {
+    if (!m->acts_out) return DT_OK;
+    for (int i = 0; i < m->spec.n; i++) {
+        dt_layer *L = &m->spec.layers[i];
+        if (!owns_acts(m, i) || L->nown) continue;
+        dt_layer_mem own = {.ops = m->ops};
+        DT_TRY(dt_layer_alloc_in(&own, &own, L, m->max_batch));
+    }
+    m->acts_out = 0;
+    return DT_OK;
 }
 
 dt_status dt_model_act_use(dt_model *m, int set) {

@@ -297,6 +297,13 @@ DT_API dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const floa
 DT_API dt_status dt_model_act_sets(dt_model *m, int lo, int hi, int n);
 DT_API dt_status dt_model_act_use(dt_model *m, int set);
 
+/* A pipeline stage runs layers [lo, hi) only: the others give their activation buffers
+ * back (dt_model_acts_only; with recomputation, whose blocks share one arena, nothing
+ * goes), and take them again before a pass over the whole model (dt_model_acts_all: an
+ * evaluation, the model handed back at the end). A layer without its buffers must not run. */
+DT_API dt_status dt_model_acts_only(dt_model *m, int lo, int hi);
+DT_API dt_status dt_model_acts_all(dt_model *m);
+
 /* Loss of the last forward and backward through the model. target: int32
  * labels (B) for cross-entropy, float (B, output shape) for MSE, device memory.
  * The loss is sum over the batch of per-sample losses / normaliser (MSE per

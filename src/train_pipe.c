@@ -306,7 +306,7 @@ dt_status dt_train_pipe_drop_(trainer *t) {
     dt_mem_sub(DT_MEM_PARAMS, p->whole);
     p->whole = 0;
     dt_model_set_resident(t->model, p->keep_lo, p->keep_hi);
-    return DT_OK;
+    return dt_model_acts_only(t->model, p->layer_lo[t->stage], p->layer_lo[t->stage + 1]);
 }
 
 /* The part of the summed gradient rank (stage, replica) answers for in the norm: its
@@ -515,6 +515,7 @@ dt_status dt_train_pipe_setup_(trainer *t) {
     if (o->recompute) p->nsets = 1;   /* recomputation's stages run their forward again: the least memory */
     if (p->nsets > 1)
         DT_TRY(dt_model_act_sets(t->model, p->layer_lo[t->stage], p->layer_lo[t->stage + 1], p->nsets));
+    DT_TRY(dt_model_acts_only(t->model, p->layer_lo[t->stage], p->layer_lo[t->stage + 1]));   /* the others' go */
     size_t B = (size_t)t->b;
     if (t->stage > 0) {
         p->in = calloc((size_t)p->nslots, sizeof *p->in);
@@ -786,5 +787,5 @@ dt_status dt_train_pipe_gather_(trainer *t) {
     }
     for (int s = 0; s < t->pp; s++) DT_TRY(xbcast(t, params + p->plo[s], p->plo[s + 1] - p->plo[s], s));
     dt_model_set_resident(t->model, 0, n);   /* mixed precision rounds every layer's weights again */
-    return DT_OK;
+    return dt_model_acts_all(t->model);      /* and every layer may run */
 }
