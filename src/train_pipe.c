@@ -17,19 +17,21 @@
  *     its gradient array before that micro-batch's backward, as one process would. After
  *     the step the owner sends the updated weight to the stage that reads it.
  *   - the global gradient norm is one process's pairwise sum of fixed 4096-float chunk
- *     sums. A stage computes the chunks wholly its own; a chunk that a stage boundary cuts
- *     is put together from its stages' parts (a sum with zeros everywhere else: exact)
- *     and summed whole.
+ *     sums. A rank computes the chunks wholly in its part (its stage's range, or its shard
+ *     of it with --shard grads); a chunk that a stage or shard edge cuts is put together
+ *     from its parts (a sum with zeros everywhere else: exact) and summed whole.
  *
- * A stage keeps the inputs and the activations of the micro-batches in flight (the
- * model's activation sets: up to P - s on stage s with 1f1b, all k with gpipe). With
- * --recompute it keeps the inputs only, and before a backward runs the forward of that
- * micro-batch again unless the model still holds its activations (GPipe's
- * re-materialisation): the same kernels on the same input, the same bits, one
- * micro-batch's activations held. Every rank holds the whole
- * parameter array (its stage's part current), so checkpoints are written stage by stage
- * (as a sharded run's are: they resume on any layout), and evaluation and the end of the
- * run first gather every stage's part.
+ * Memory: the model is built with the stage's parameter range kept (model.h, the
+ * layout's kept range): a rank holds its stage's parameters, gradients and optimizer
+ * state, the tied head's weight and gradient where it reads or relays them, and only its
+ * stage's layers' activations. A stage keeps the inputs and the activations of the
+ * micro-batches in flight (the model's activation sets: up to P - s on stage s with
+ * 1f1b, all k with gpipe). With --recompute it keeps the inputs only, and before a
+ * backward runs the forward of that micro-batch again unless the model still holds its
+ * activations (GPipe's re-materialisation): the same kernels on the same input, the same
+ * bits. Checkpoints are written stage by stage (as a sharded run's are: they resume on
+ * any layout); an evaluation gathers every stage's parameters (and gives them back), and
+ * so does the end of the run, for the model handed back.
  */
 #include <math.h>
 #include <stdio.h>
