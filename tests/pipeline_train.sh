@@ -116,6 +116,21 @@ timeout 300 "$D" check --np 4 --pipeline 2 --model "$GPT" --data "tokens:$T/tok"
 ok $? "dtrain check --np 4 --pipeline 2 passes"
 ok_grep "$T/check.out" "bitwise +PASS" "its final weights are 1 process's"
 
+# under mpirun: the mpi backend (deterministic: dtrain's tree) and the tcp backend's
+# rendezvous through MPI
+if [ -n "${MPIRUN:-}" ] && [ -x "$MPIRUN" ]; then
+    mpi() { OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DT_DETERMINISTIC=1 \
+        timeout 240 "$MPIRUN" --allow-run-as-root --oversubscribe -np "$@"; }
+    mpi 2 "$D" train $G --pipeline 2 --backend mpi --save "$T/gm.st" > "$T/gm.out" 2>&1
+    ok $? "--pipeline 2 under mpirun, mpi backend"
+    same g1 gm "its weights are 1 process's"
+    mpi 4 "$D" train $G --pipeline 2 --save "$T/gm4.st" > "$T/gm4.out" 2>&1
+    ok $? "2 x 2 stages under mpirun, tcp backend"
+    same g1 gm4 "its weights are 1 process's"
+else
+    for i in 1 2 3 4; do skip "MPI not configured"; done
+fi
+
 # (d) checkpoints resume across layouts: 1 x 2 -> 1 process, 1 process -> 2 x 2, 2 x 2 -> 1 x 4
 ck() { timeout 240 "$R" -n "$1" "$D" train $G --checkpoint-dir "$T/$2" --checkpoint-every 3 --stop-at 3 $3 > "$T/$2.out" 2>&1; }
 ck 2 k12 "--pipeline 2"; ok $? "a pipeline stops at step 3 with a checkpoint"
