@@ -138,6 +138,13 @@ run r12 1 $G --checkpoint-dir "$T/k12" --resume auto; same g1 r12 "it resumes on
 timeout 180 "$D" train $G --checkpoint-dir "$T/k1" --checkpoint-every 3 --stop-at 3 > "$T/k1.out" 2>&1
 run r22 4 $G --checkpoint-dir "$T/k1" --resume auto --pipeline 2
 same g1 r22 "one process's checkpoint resumes on 2 replicas x 2 stages to the same weights"
+# the pipeline's checkpoint is an ordinary one: exported, it is the 1-process checkpoint's model
+"$D" export "$T/k12/step-000000000003" -o "$T/e12.st" > /dev/null 2>&1 &&
+    "$D" export "$T/k1/step-000000000003" -o "$T/e1.st" > /dev/null 2>&1
+ok $? "dtrain export writes the pipeline's and the 1-process run's step-3 models"
+cmp -s "$T/e12.st" "$T/e1.st"; ok $? "byte for byte the same"
+timeout 60 "$D" sample --model "$GPT" --weights "$T/e12.st" --prompt line --tokens 8 --threads 1 > "$T/sample.out" 2>&1
+ok $? "dtrain sample runs the pipeline's model"
 ck 4 k22 "--pipeline 2"
 run r14 4 $G --checkpoint-dir "$T/k22" --resume auto --pipeline 4
 same g1 r14 "2 x 2 stages' checkpoint resumes on 4 stages to the same weights"
