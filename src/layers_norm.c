@@ -98,8 +98,11 @@ static dt_status bn_replay(const dt_nn_ctx *c, dt_layer *L, const float *rec) {
     int64_t count = c->replay_batch > 0 ? (int64_t)c->replay_batch * layer_hw(&L->in) : s->count;
     if (count < 2) return dt_error(DT_ERR_INVALID, "layer %s '%s': batchnorm replay before a train forward "
                                    "(count %lld)", L->name, L->text, (long long)count);
-    /* mean/invstd outputs go to scratch (s1, s2): the saved ones belong to backward */
-    DT_TRY(o->bn_finalize(s->save + 2 * C, s->save + 3 * C, rec, rec + C, C, count, BN_EPS,
+    /* mean/invstd outputs go to scratch (the model's, or s1, s2): the saved ones belong to
+     * backward */
+    float *m0 = c->replay_scratch[0] ? c->replay_scratch[0] : s->save + 2 * C;
+    float *m1 = c->replay_scratch[1] ? c->replay_scratch[1] : s->save + 3 * C;
+    DT_TRY(o->bn_finalize(m0, m1, rec, rec + C, C, count, BN_EPS,
                           dt_layer_tensor_ptr(c, L, 2), dt_layer_tensor_ptr(c, L, 3), BN_MOMENTUM));
     s->num_batches_tracked++;
     return DT_OK;

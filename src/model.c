@@ -504,6 +504,8 @@ dt_status dt_model_bn_replay(dt_model *m, const float *record) {
     if (!record) return dt_error(DT_ERR_INVALID, "model: NULL batchnorm record");
     dt_nn_ctx c = nn_ctx(m, 1);
     c.replay_batch = m->last_B;   /* every record is of a micro-batch of the last forward's size */
+    c.replay_scratch[0] = m->dbuf[0];   /* free between passes; a layer may have given its own back */
+    c.replay_scratch[1] = m->dbuf[1];
     for (int i = 0; i < m->spec.n; i++) DT_TRY(dt_layer_bn_replay(&c, &m->spec.layers[i], record));
     return DT_OK;
 }

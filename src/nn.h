@@ -190,6 +190,9 @@ typedef struct {
     int              replay_batch; /* a replay: the samples behind each record (> 0), so a layer
                                    * this process did not run (a pipeline's other stage) can
                                    * apply it; 0: the layer's last train forward's */
+    float           *replay_scratch[2]; /* a replay's scratch (each at least a layer's output of
+                                   * one sample), or NULL: the layer's own (which a pipeline
+                                   * stage's other layers have given back) */
     int              recompute;   /* 1: a forward run again during backward (model.h,
                                    * recomputation): it must leave the model's state as the
                                    * first run left it (no running-statistics update) */
