@@ -27,13 +27,10 @@
  * dt_pp_check simulates every stage's list under exactly that rule and refuses a
  * schedule that would hang, as well as one that breaks the definitions above.
  *
- * What a trainer that runs these lists must add (none does yet): a stage keeps the
- * activations of every micro-batch in flight (1F1B: up to P - s of them; a model keeps
- * one pass's, so either one model per slot, or the stage's input kept per micro-batch
- * and its forward run again just before its backward, with the same bits, as
- * --recompute does for blocks); the tied embedding of the gpt presets gets its two
- * gradient parts in one process's order (the last stage's part first, then the first
- * stage's backward adds into it); and the loss of every micro-batch reaches every rank.
+ * The trainer runs these lists (src/train_pipe.c, docs/pipeline.md): it keeps the
+ * activations of every micro-batch in flight (the model's activation sets), carries the
+ * tied embedding's gradient part back in one process's order, and gathers every
+ * micro-batch's loss to every rank.
  */
 #ifndef DT_PIPELINE_H
 #define DT_PIPELINE_H

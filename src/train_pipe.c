@@ -72,7 +72,7 @@ struct train_pipe {
     /* the norm */
     size_t nch;                /* chunks of the parameter array */
     double *parts, *dparts;    /* every chunk's sum (host), device scratch */
-    int nbc;                   /* chunks a stage boundary cuts */
+    int nbc;                   /* chunks a stage or shard edge cuts */
     size_t *bch;
     float *bbuf, *dbbuf;       /* their values, nbc x DT_SUM_CHUNK: host, device */
     float *losses;             /* world x k: every rank's local losses */
