@@ -137,7 +137,8 @@ const dt_layer_def dt_layer_def_pos = {
  * rope = theta turns q and k by rotary position embedding (ops.h rope) before the
  * scores. Saved: qkv (after the rotation), att (B, T, C) before the output projection,
  * lse (B, H, T); scratch for backward: datt (B, T, C), dqkv (B, T, (H + 2K) D).
- * Decoding keeps the qkv rows of every position so far in a cache (block, (H + 2K) D). */
+ * Decoding keeps the key and value heads of every position so far in a cache (block,
+ * 2KD): with grouped-query attention K/H of the rows' query width, as a Llama's. */
 
 typedef struct {
     int heads;
@@ -148,7 +149,7 @@ typedef struct {
     int block;       /* the longest sequence (0: any): the window of token data */
     int K, tw, tb, tow, tob;   /* key/value heads; tensor indices (-1: none) */
     float *qkv, *att, *lse, *datt, *dqkv;
-    float *cache;    /* decoding: (block, (H + 2K) D) */
+    float *cache;    /* decoding: (rows, 2KD), the k then v heads of positions 0..rows-1 */
     int cache_rows;
 } attn_self;
 
@@ -281,7 +282,7 @@ static dt_status attn_init(const dt_nn_ctx *c, dt_layer *L) {
 static dt_status attn_decode_step(const dt_nn_ctx *c, dt_layer *L, int B) {
     attn_self *s = LAYER_SELF(attn_self, L);
     const dt_ops *o = c->ops;
-    int W = attn_W(L), t = c->decode_pos;
+    int W = 2 * s->K * attn_D(L), t = c->decode_pos;   /* a cache row: the k and v heads */
     if (B != 1 || attn_T(L) != 1) return dt_error(DT_ERR_INVALID, "attn: decoding takes one sequence, one position");
     if (s->block && t >= s->block)
         return dt_error(DT_ERR_INVALID, "attn: position %d is outside the block of %d", t, s->block);
@@ -296,8 +297,8 @@ static dt_status attn_decode_step(const dt_nn_ctx *c, dt_layer *L, int B) {
         s->cache = nc;
         s->cache_rows = rows;
     }
-    DT_TRY(o->copy_d2d(s->cache + (size_t)t * W, s->qkv, (size_t)W * sizeof(float)));
-    return o->attn_decode(s->att, s->cache, t, s->heads, s->K, attn_D(L));
+    DT_TRY(o->copy_d2d(s->cache + (size_t)t * W, s->qkv + (size_t)attn_C(L), (size_t)W * sizeof(float)));
+    return o->attn_decode(s->att, s->qkv, s->cache, t, s->heads, s->K, attn_D(L));
 }
 
 static const float *attn_ptr(const dt_nn_ctx *c, dt_layer *L, int t) {

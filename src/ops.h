@@ -303,9 +303,11 @@ static inline DT_HD void dt_rope_angle(double pos, int i, int D, float theta, fl
      * order. */ \
     X(attn_backward, (float *dqkv, const float *dy, const float *qkv, const float *y, const float *lse, \
                       int B, int T, int H, int K, int D)) \
-    /* One decoding position t for sampling: y (HD) = attention of the query of row t of \
-     * qkv (t+1, (H + 2K) D) (the rows of positions 0..t, a cache) over keys and values 0..t. */ \
-    X(attn_decode,   (float *y, const float *qkv, int t, int H, int K, int D)) \
+    /* One decoding position t for sampling: y (HD) = attention of the query q (HD) over \
+     * the keys and values of positions 0..t in kv (t+1, 2KD), a cache whose row j holds \
+     * position j's K key heads, then its K value heads (the k and v of a qkv row): a \
+     * cache of the key/value heads only, K/H of a whole qkv row's query width. */ \
+    X(attn_decode,   (float *y, const float *q, const float *kv, int t, int H, int K, int D)) \
     \
     /* -- reductions and metrics -- \
      * correct (1) = number of rows whose argmax equals labels (B) (first maximum wins, a \

@@ -751,11 +751,11 @@ static void tc_attn_backward(tc_run *r) {
 static void tc_attn_decode(tc_run *r) {
     for (int v = 0; v < 3; v++) {
         const int K = tc_gk[v], W = (TC_GH + 2 * K) * TC_GD, C = TC_GH * TC_GD;
-        float *qkv = tc_rand(r, (size_t)TC_ST * W, -2.0f, 2.0f);
+        float *q = tc_rand(r, (size_t)C, -2.0f, 2.0f), *kv = tc_rand(r, (size_t)TC_ST * (W - C), -2.0f, 2.0f);
         float *y = tc_out(r, C * sizeof(float), 1, TC_GEMM, "y (last position, K=%d)", K);
-        TC(r, r->ops->attn_decode(y, qkv, TC_ST - 1, TC_GH, K, TC_GD));
+        TC(r, r->ops->attn_decode(y, q, kv, TC_ST - 1, TC_GH, K, TC_GD));
         float *y0 = tc_out(r, C * sizeof(float), 1, TC_GEMM, "y (position 0, K=%d)", K);
-        TC(r, r->ops->attn_decode(y0, qkv, 0, TC_GH, K, TC_GD));
+        TC(r, r->ops->attn_decode(y0, q, kv, 0, TC_GH, K, TC_GD));
     }
 }
 

@@ -158,15 +158,16 @@ static void seq_attn(tc_run *r) {
         float *dqkv = tc_out(r, bt * W * sizeof(float), 1, TC_GEMM, "dqkv (D=%d, K=%d)", D, K);
         TC(r, r->ops->attn_backward(dqkv, dy, qkv, y, lse, B, T, H, K, D));
         float *y1 = tc_out(r, Cw * sizeof(float), 1, TC_GEMM, "decode y (D=%d, K=%d, t=%d)", D, K, T - 1);
-        TC(r, r->ops->attn_decode(y1, qkv, T - 1, H, K, D));
+        float *kv = tc_rand(r, (size_t)T * 2 * K * D, -2.0f, 2.0f);
+        TC(r, r->ops->attn_decode(y1, qkv, kv, T - 1, H, K, D));
     }
 }
 
 static void seq_decode_wide(tc_run *r) {
     const int T = 300, H = 2, D = 300, Cw = H * D;
-    float *qkv = tc_rand(r, (size_t)T * 3 * Cw, -2.0f, 2.0f);
+    float *q = tc_rand(r, (size_t)Cw, -2.0f, 2.0f), *kv = tc_rand(r, (size_t)T * 2 * Cw, -2.0f, 2.0f);
     float *y = tc_out(r, Cw * sizeof(float), 1, TC_GEMM, "decode y (D=%d, t=%d)", D, T - 1);
-    TC(r, r->ops->attn_decode(y, qkv, T - 1, H, H, D));
+    TC(r, r->ops->attn_decode(y, q, kv, T - 1, H, H, D));
 }
 
 static void seq_embedding(tc_run *r) {

@@ -504,15 +504,16 @@ static void test_against_torch(void) {
 }
 
 /* Incremental decoding (dt_model_set_decode, attention's cache of the positions
- * before) gives the logits of the full causal forward at every position: the same gpt
+ * before) gives the logits of the full causal forward at every position: the same model
  * built for T positions and for 1, the same parameters, one sequence of T tokens run
  * whole and position by position. T = 72 passes the cache's first size (64 rows), so
  * its growth is covered; a second sequence from position 0 checks that pos 0 starts
- * afresh. The weights are not GPT-2's small init but uniform in [-0.5, 0.5] (layer
- * norm scales around 1), so attention is far from uniform. */
-static void test_decode(void) {
+ * afresh. The weights are not the presets' small init but uniform in [-0.5, 0.5] (norm
+ * scales around 1), so attention is far from uniform. The gpt has one key/value head per
+ * query head; the llamas share each of 2 key/value heads among 2 query heads, or one
+ * among all 4, with rotary positions (the cache holds the rotated keys). */
+static void test_decode(const char *spec) {
     enum { T = 72, V = 13 };
-    const char *spec = "gpt(layers=2,heads=2,dim=16,block=72,vocab=13)";
     const dt_ops *ops = dt_ops_cpu();
     dt_shape full_in = { 1, { T } }, one_in = { 1, { 1 } };
     dt_model *full = NULL, *dec = NULL;
@@ -527,7 +528,7 @@ static void test_decode(void) {
     for (int i = 0; i < dt_model_nparam_tensors(full); i++) {   /* layer norm scales near 1 */
         dt_tensor_info t;
         dt_model_param(full, i, &t);
-        if (t.ndim == 1 && strstr(t.name, "ln_") && strstr(t.name, ".weight"))
+        if (t.ndim == 1 && (strstr(t.name, "ln_") || strstr(t.name, "norm")) && strstr(t.name, ".weight"))
             for (int64_t k = 0; k < t.numel; k++) p[t.offset + (size_t)k] += 1.0f;
     }
     ops->copy_h2d(dt_model_params(full), p, n * sizeof(float));
@@ -557,8 +558,8 @@ static void test_decode(void) {
                 }
             }
         }
-        ok(good, "decode: sequence %d, the logits of all %d positions decoded one by one are the full forward's "
-           "(largest difference %.3g, logits up to %.3g)", seq, T, worst, scale);
+        ok(good, "decode: %s, sequence %d, the logits of all %d positions decoded one by one are the full forward's "
+           "(largest difference %.3g, logits up to %.3g)", spec, seq, T, worst, scale);
     }
     dt_model_set_decode(dec, T);
     float x0 = 1.0f;
@@ -759,7 +760,9 @@ int main(void) {
     test_built();
     test_bn_record();
     test_against_torch();
-    test_decode();
+    test_decode("gpt(layers=2,heads=2,dim=16,block=72,vocab=13)");
+    test_decode("llama(layers=2,heads=4,kv_heads=2,dim=16,hidden=24,block=72,vocab=13)");
+    test_decode("llama(layers=1,heads=4,kv_heads=1,dim=16,hidden=24,block=72,vocab=13,theta=500000)");
     test_long_text();
     test_gpt_numbers();
     return done_testing();

@@ -315,17 +315,16 @@ dt_status dt_cpu_attn_backward(float *dqkv, const float *dy, const float *qkv, c
     return attn_each_head("attn_backward", &j);
 }
 
-dt_status dt_cpu_attn_decode(float *y, const float *qkv, int t, int H, int K, int D) {
-    DT_CPU_ARG(t >= 0 && H >= 1 && K >= 1 && H % K == 0 && D >= 1 && y && qkv);
-    const int C = H * D, rep = H / K;
-    const size_t ld = (size_t)(H + 2 * K) * D;
+dt_status dt_cpu_attn_decode(float *y, const float *q, const float *kv, int t, int H, int K, int D) {
+    DT_CPU_ARG(t >= 0 && H >= 1 && K >= 1 && H % K == 0 && D >= 1 && y && q && kv);
+    const int rep = H / K;
+    const size_t ld = (size_t)2 * K * D;
     const float scale = 1.0f / sqrtf((float)D);
     float *s = dt_cpu_scratch(0, (size_t)t + 1);
     if (!s) return dt_error(DT_ERR_NOMEM, "cpu attn_decode: out of memory");
     for (int h = 0; h < H; h++) {
-        const float *q = qkv + (size_t)t * ld + (size_t)h * D;
-        float m = scores(s, q, qkv + C + (size_t)(h / rep) * D, ld, t, D, scale);
-        weigh(y + (size_t)h * D, s, m, qkv + C + (size_t)(K + h / rep) * D, ld, t, D, NULL);
+        float m = scores(s, q + (size_t)h * D, kv + (size_t)(h / rep) * D, ld, t, D, scale);
+        weigh(y + (size_t)h * D, s, m, kv + (size_t)(K + h / rep) * D, ld, t, D, NULL);
     }
     return DT_OK;
 }

@@ -463,12 +463,12 @@ static __device__ void lse_merge(float *m, float *l, float m2, float l2) {
  * k+ROW_THREADS, ..., merged in a fixed tree. Pass 2: chunks of ROW_THREADS keys, their
  * probabilities in shared memory, each column summed by one thread in key order. */
 __global__ void __launch_bounds__(ROW_THREADS)
-k_attn_decode(float *y, const float *qkv, int t, int H, int KV, int D, float scale) {
+k_attn_decode(float *y, const float *q0, const float *kv, int t, int H, int KV, int D, float scale) {
     __shared__ float ms[ROW_THREADS], ls[ROW_THREADS], ps[ROW_THREADS];
-    const int h = blockIdx.x, tid = threadIdx.x, C = H * D, kh = h / (H / KV);
-    const size_t ld = (size_t)(H + 2 * KV) * D;
-    const float *q = qkv + (size_t)t * ld + (size_t)h * D, *K = qkv + C + (size_t)kh * D;
-    const float *V = qkv + C + (size_t)(KV + kh) * D;
+    const int h = blockIdx.x, tid = threadIdx.x, kh = h / (H / KV);
+    const size_t ld = (size_t)2 * KV * D;
+    const float *q = q0 + (size_t)h * D, *K = kv + (size_t)kh * D;
+    const float *V = kv + (size_t)(KV + kh) * D;
     float *yh = y + (size_t)h * D;
     float m = -INFINITY, l = 0.0f;
     for (int j = tid; j <= t; j += ROW_THREADS) lse_merge(&m, &l, row_dot(q, K + (size_t)j * ld, D) * scale, 1.0f);
@@ -493,11 +493,11 @@ k_attn_decode(float *y, const float *qkv, int t, int H, int KV, int D, float sca
     }
 }
 
-dt_status dt_cu_attn_decode(float *y, const float *qkv, int t, int H, int K, int D) {
-    DT_CU_ARG(t >= 0 && H >= 1 && K >= 1 && H % K == 0 && D >= 1 && y && qkv);
-    DT_CU_ARG((int64_t)(H + 2 * K) * D <= INT32_MAX);
+dt_status dt_cu_attn_decode(float *y, const float *q, const float *kv, int t, int H, int K, int D) {
+    DT_CU_ARG(t >= 0 && H >= 1 && K >= 1 && H % K == 0 && D >= 1 && y && q && kv);
+    DT_CU_ARG((int64_t)2 * K * D <= INT32_MAX);
     DT_TRY(dt_cu_enter());
-    k_attn_decode<<<H, ROW_THREADS, 0, dt_cu_stream()>>>(y, qkv, t, H, K, D, 1.0f / sqrtf((float)D));
+    k_attn_decode<<<H, ROW_THREADS, 0, dt_cu_stream()>>>(y, q, kv, t, H, K, D, 1.0f / sqrtf((float)D));
     DT_CU_LAUNCH("k_attn_decode");
     return DT_OK;
 }
