@@ -164,9 +164,12 @@ static int gpt_preset(const char *spec, char **text, dt_status *st) {
  * input_layernorm, .self_attn.{q,k,v,o}_proj, .post_attention_layernorm,
  * .mlp.{gate,up,down}_proj, model.norm, an untied lm_head): RMSNorm, rotary positions
  * (base theta) in grouped-query attention with K key/value heads, a SwiGLU MLP of F
- * hidden units, no biases, every matrix normal(0, 0.02). The named shapes are for
- * planning: smollm-135m (SmolLM-135M's shape) and llama-1b (Llama 3.2 1B's), both at
- * block 2048 and with an untied head. */
+ * hidden units, no biases, every matrix normal(0, 0.02). tie=1 ties the head to the
+ * embedding (tie_word_embeddings: the file may hold lm_head.weight or leave it out);
+ * dropout=P adds nanoGPT's dropout after the embedding and after each attention and MLP
+ * (Hugging Face's Llama has none; 0, the default, is its model). The named shapes are
+ * for planning: smollm-135m (SmolLM-135M's shape) and llama-1b (Llama 3.2 1B's), both at
+ * block 2048 and with their tied heads, as published. */
 
 static const struct { const char *name; double L, H, K, C, F, T, V, theta; } llama_shapes[] = {
     { "smollm-135m", 30, 9, 3, 576, 1536, 2048, 49152, 10000 },
@@ -174,7 +177,7 @@ static const struct { const char *name; double L, H, K, C, F, T, V, theta; } lla
 };
 
 static int llama_preset(const char *spec, char **text, dt_status *st) {
-    double L = 4, H = 4, K = 2, C = 128, F = 352, T = 64, V = 256, theta = 10000, eps = 1e-5;
+    double L = 4, H = 4, K = 2, C = 128, F = 352, T = 64, V = 256, theta = 10000, eps = 1e-5, tie = 0, p = 0;
     *text = NULL;
     *st = DT_OK;
     const char *rest = NULL;
@@ -182,6 +185,7 @@ static int llama_preset(const char *spec, char **text, dt_status *st) {
         if (!strcmp(spec, llama_shapes[i].name)) {
             L = llama_shapes[i].L; H = llama_shapes[i].H; K = llama_shapes[i].K; C = llama_shapes[i].C;
             F = llama_shapes[i].F; T = llama_shapes[i].T; V = llama_shapes[i].V; theta = llama_shapes[i].theta;
+            tie = 1;
             rest = "";
         }
     if (rest) {}
@@ -192,7 +196,8 @@ static int llama_preset(const char *spec, char **text, dt_status *st) {
                        { "kv_heads", &K, 1, 1024, ARG_INT }, { "dim", &C, 1, 1 << 20, ARG_INT },
                        { "hidden", &F, 1, 1 << 24, ARG_INT }, { "block", &T, 1, 1 << 24, ARG_INT },
                        { "vocab", &V, 1, 1 << 24, ARG_INT }, { "theta", &theta, 2, 1e12, ARG_NUM },
-                       { "eps", &eps, 0, 1, ARG_NUM } };
+                       { "eps", &eps, 0, 1, ARG_NUM }, { "tie", &tie, 0, 1, ARG_INT },
+                       { "dropout", &p, 0, 1, ARG_PROB } };
     if ((*st = preset_args(spec, rest, args, sizeof args / sizeof args[0])) != DT_OK) return 1;
     long long h = (long long)H, k = (long long)K, c = (long long)C;
     if (c % h)
@@ -203,14 +208,17 @@ static int llama_preset(const char *spec, char **text, dt_status *st) {
         *st = dt_error(DT_ERR_INVALID, "model spec: %s: rotary positions pair the dimensions of a head, but the head "
                        "width 'dim' / 'heads' = %lld / %lld = %lld is odd", spec, c, h, c / h);
     if (*st != DT_OK) return 1;
+    char drop[48] = "";   /* as the user gave it: %.17g gives the double back exactly */
+    if (p > 0) snprintf(drop, sizeof drop, " dropout(%.17g)", p);
     dt_sbuf out = { 0 };
-    dt_sbuf_printf_(&out, "model:seq(embed_tokens:embed(%.0f,%.0f,std=0.02) layers:seq(", V, C);
+    dt_sbuf_printf_(&out, "model:seq(embed_tokens:embed(%.0f,%.0f,std=0.02)%s layers:seq(", V, C, drop);
     for (int i = 0; i < (int)L; i++)
         dt_sbuf_printf_(&out, "%s%d:seq(_:residual(input_layernorm:rmsnorm(eps=%.9g) self_attn:attn(%.0f,std=0.02,"
-                        "proj_std=0.02,kv_heads=%.0f,rope=%.9g,bias=0,block=%.0f)) "
-                        "_:residual(post_attention_layernorm:rmsnorm(eps=%.9g) mlp:swiglu(%.0f,std=0.02)))",
-                        i ? " " : "", i, eps, H, K, theta, T, eps, F);
-    dt_sbuf_printf_(&out, ") norm:rmsnorm(eps=%.9g)) lm_head:linear(%.0f,bias=0,std=0.02)", eps, V);
+                        "proj_std=0.02,kv_heads=%.0f,rope=%.9g,bias=0,block=%.0f)%s) "
+                        "_:residual(post_attention_layernorm:rmsnorm(eps=%.9g) mlp:swiglu(%.0f,std=0.02)%s))",
+                        i ? " " : "", i, eps, H, K, theta, T, drop, eps, F, drop);
+    if (tie) dt_sbuf_printf_(&out, ") norm:rmsnorm(eps=%.9g)) lm_head:unembed", eps);
+    else dt_sbuf_printf_(&out, ") norm:rmsnorm(eps=%.9g)) lm_head:linear(%.0f,bias=0,std=0.02)", eps, V);
     if (out.oom) {
         dt_sbuf_free_(&out);
         *st = dt_error(DT_ERR_NOMEM, "model spec: out of memory");

@@ -27,5 +27,5 @@ TESTS += tests/optim_cli.sh tests/shard.sh
 EXTRA_DIST += tests/optim_cli.sh tests/shard.sh
 # the gpt end to end (learning, invariance, resume, sampling, check on token data, Hugging
 # Face's layout for --init) and against nanoGPT's PyTorch module, and the llama preset against its PyTorch peer
-TESTS += tests/gpt_train.sh tests/torch_gpt.sh tests/torch_llama.sh
-EXTRA_DIST += tests/gpt_train.sh tests/torch_gpt.sh tests/torch_llama.sh tests/peer_lib.sh
+TESTS += tests/gpt_train.sh tests/llama_train.sh tests/torch_gpt.sh tests/torch_llama.sh
+EXTRA_DIST += tests/gpt_train.sh tests/llama_train.sh tests/torch_gpt.sh tests/torch_llama.sh tests/peer_lib.sh
