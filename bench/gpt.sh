@@ -22,35 +22,11 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 B=${DT_BUILDDIR:-$(pwd)}
 MODE=${1:-speed}
-PEERS=${DT_PEERS:-$here/../../shared/peers}
-[ -d "$PEERS" ] || PEERS=$here/../shared/peers
-DATA=${DT_GPT_DATA:-/tmp/dtrain-gpt-fortunes}
 [ -x "$B/dtrain" ] || { echo "bench/gpt.sh: no dtrain in $B (set DT_BUILDDIR)"; exit 2; }
-have_torch=0
-for py in ${PYTHON:-python3 /usr/bin/python3}; do
-    if "$py" -c 'import torch' 2>/dev/null && [ -f "$PEERS/torch_gpt.py" ]; then PY=$py; have_torch=1; break; fi
-done
-if [ ! -s "$DATA/train.bin" ]; then
-    files=$(ls -d /usr/share/games/fortunes/* 2>/dev/null | grep -v '\.' | LC_ALL=C sort)
-    [ -n "$files" ] || { echo "bench/gpt.sh: install Debian's fortunes package (apt-get install fortunes)"; exit 2; }
-    "$B/dtrain" prepare-text "$DATA" $files || exit 1
-fi
-
 . "$here/lib.sh"
+fortunes_data bench/gpt.sh
+find_peer torch_gpt.py
 blas_kernels
-# dtrain_all PROCS THREADS ARGS...: dtrain's output (rank 0's, without its prefix)
-dtrain_all() {
-    local np=$1 thr=$2; shift 2
-    if [ "$np" -eq 1 ]; then
-        "$B/dtrain" train --data "tokens:$DATA" --threads "$thr" --log-every 1000000 "$@" 2>&1
-    else
-        OMP_NUM_THREADS=$thr "$B/dtrun" -n "$np" "$B/dtrain" train --data "tokens:$DATA" --threads "$thr" \
-            --log-every 1000000 "$@" 2>&1 | sed 's/^\[rank0\]://'
-    fi
-}
-# dtrain_run PROCS THREADS ARGS...: dtrain's final line ("done: ... tokens/s (MFU ...)")
-dtrain_run() { dtrain_all "$@" | grep 'dtrain: done'; }
-tok() { sed -n 's/.* \([0-9][0-9]*\) tokens\/s.*/\1/p'; }
 # torch_run PROCS ITERS [L H C T GB [V]]
 torch_run() {
     [ "$have_torch" -eq 1 ] || { echo "n/a"; return; }

@@ -43,3 +43,47 @@ blas_kernels() {
     echo "sgemm kernels: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset: OpenBLAS picks them from the CPU)};" \
          "dtrain: $([ $own = yes ] && echo 'its own AVX-512 GEMM' || echo "OpenBLAS's")"
 }
+
+# fortunes_data NAME: DATA, the byte-level token files of Debian's fortunes (the text
+# files of /usr/share/games/fortunes, sorted), made once by `dtrain prepare-text` in
+# $DT_GPT_DATA (default /tmp/dtrain-gpt-fortunes). B names the build directory; NAME
+# the script, in its messages. Exits 2 when fortunes is not installed.
+fortunes_data() {
+    DATA=${DT_GPT_DATA:-/tmp/dtrain-gpt-fortunes}
+    [ -s "$DATA/train.bin" ] && return 0
+    local files
+    files=$(ls -d /usr/share/games/fortunes/* 2>/dev/null | grep -v '\.' | LC_ALL=C sort)
+    [ -n "$files" ] || { echo "$1: install Debian's fortunes package (apt-get install fortunes)"; exit 2; }
+    "$B/dtrain" prepare-text "$DATA" $files > /dev/null || exit 1
+}
+
+# find_peer FILE: PY, a Python that imports torch, and have_torch=1 when it and the peer
+# script $PEERS/FILE exist (PEERS: DT_PEERS, or the shared folder beside the checkout);
+# have_torch=0 otherwise.
+find_peer() {
+    PEERS=${DT_PEERS:-$here/../../shared/peers}
+    [ -d "$PEERS" ] || PEERS=$here/../shared/peers
+    have_torch=0
+    local py
+    for py in ${PYTHON:-python3 /usr/bin/python3}; do
+        if "$py" -c 'import torch' 2>/dev/null && [ -f "$PEERS/$1" ]; then PY=$py; have_torch=1; return 0; fi
+    done
+}
+
+# dtrain_all PROCS THREADS ARGS...: dtrain train on token data $DATA, rank 0's output
+# without its prefix
+dtrain_all() {
+    local np=$1 thr=$2; shift 2
+    if [ "$np" -eq 1 ]; then
+        "$B/dtrain" train --data "tokens:$DATA" --threads "$thr" --log-every 1000000 "$@" 2>&1
+    else
+        OMP_NUM_THREADS=$thr "$B/dtrun" -n "$np" "$B/dtrain" train --data "tokens:$DATA" --threads "$thr" \
+            --log-every 1000000 "$@" 2>&1 | sed 's/^\[rank0\]://'
+    fi
+}
+# dtrain_run PROCS THREADS ARGS...: dtrain's final line ("done: ... tokens/s (MFU ...)")
+dtrain_run() { dtrain_all "$@" | grep 'dtrain: done'; }
+# tok: the tokens/s of dtrain's final line (on stdin)
+tok() { sed -n 's/.* \([0-9][0-9]*\) tokens\/s.*/\1/p'; }
+# peer_field NAME: the value of NAME=... on a peer's result line (on stdin)
+peer_field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }

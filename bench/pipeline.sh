@@ -24,14 +24,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 B=${DT_BUILDDIR:-$(pwd)}
 MODE=${1:-all}
 CAP=${DT_PIPE_CAP_MIB:-256}
-DATA=${DT_GPT_DATA:-/tmp/dtrain-gpt-fortunes}
 [ -x "$B/dtrain" ] || { echo "bench/pipeline.sh: no dtrain in $B (set DT_BUILDDIR)"; exit 2; }
-if [ ! -s "$DATA/train.bin" ]; then
-    files=$(ls -d /usr/share/games/fortunes/* 2>/dev/null | grep -v '\.' | LC_ALL=C sort)
-    [ -n "$files" ] || { echo "bench/pipeline.sh: install Debian's fortunes package (apt-get install fortunes)"; exit 2; }
-    "$B/dtrain" prepare-text "$DATA" $files > /dev/null || exit 1
-fi
-. "$here/lib.sh"   # ratio, median, ROUNDS
+. "$here/lib.sh"
+fortunes_data bench/pipeline.sh
 tmpd=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmpd"' EXIT
 MODEL="gpt(layers=16,heads=8,dim=256,block=64)"

@@ -29,16 +29,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 B=${DT_BUILDDIR:-$(pwd)}
 MODE=${1:-all}
 CAP=${DT_SHARD_CAP_MIB:-256}
-PEERS=${DT_PEERS:-$here/../../shared/peers}
-[ -d "$PEERS" ] || PEERS=$here/../shared/peers
-DATA=${DT_GPT_DATA:-/tmp/dtrain-gpt-fortunes}
 [ -x "$B/dtrain" ] || { echo "bench/shard.sh: no dtrain in $B (set DT_BUILDDIR)"; exit 2; }
-if [ ! -s "$DATA/train.bin" ]; then
-    files=$(ls -d /usr/share/games/fortunes/* 2>/dev/null | grep -v '\.' | LC_ALL=C sort)
-    [ -n "$files" ] || { echo "bench/shard.sh: install Debian's fortunes package (apt-get install fortunes)"; exit 2; }
-    "$B/dtrain" prepare-text "$DATA" $files > /dev/null || exit 1
-fi
-. "$here/lib.sh"   # ratio, median, peak_rss_mib
+. "$here/lib.sh"
+fortunes_data bench/shard.sh
+find_peer torch_ddp_fmnist.py
 tmpd=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmpd"' EXIT
 # run2 ARGS...: dtrain train on 2 processes x 1 thread; its final line
@@ -74,12 +68,7 @@ if [ "$MODE" = speed ] || [ "$MODE" = all ]; then
     }
     for r in $(seq "$ROUNDS"); do
         t=n/a
-        for py in ${PYTHON:-python3 /usr/bin/python3}; do
-            if "$py" -c 'import torch' 2>/dev/null && [ -f "$PEERS/torch_ddp_fmnist.py" ]; then
-                t=$("$py" "$PEERS/torch_ddp_fmnist.py" mlp 2 1 2>/dev/null | sed -n 's/.*samples_per_s=\([0-9]*\).*/\1/p')
-                break
-            fi
-        done
+        [ "$have_torch" -eq 1 ] && t=$("$PY" "$PEERS/torch_ddp_fmnist.py" mlp 2 1 2>/dev/null | peer_field samples_per_s)
         o=$(one)
         # the ceiling: two processes computing the ranks' half batches, nothing exchanged
         one --batch 128 > "$tmpd/apart0" & one --batch 128 > "$tmpd/apart1"; wait
