@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static size_t state_bytes(const dt_tensor_info *ti) { return (size_t)ti->numel * dt_dtype_size(ti->dtype); }
 
@@ -297,13 +298,51 @@ static dt_status load_hf(dt_model *m, const dt_st_file *f, const char *label, dt
     return s;
 }
 
+/* ---- which file: one safetensors file, or a sharded checkpoint's index ---------------
+ * A directory is read as Hugging Face's save_pretrained leaves it: its model.safetensors,
+ * else its model.safetensors.index.json; a path ending in .json is an index. */
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* "<dir>/<name>" (one '/' between them) into a new buffer, or NULL. */
+static char *path_in(const char *dir, const char *name) {
+    size_t dl = strlen(dir), n = dl + strlen(name) + 2;
+    while (dl > 1 && dir[dl - 1] == '/') dl--;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%.*s/%s", (int)dl, dir, name);
+    return p;
+}
+
+/* The file dt_model_load reads for path (a new string: path itself unless a directory). */
+static dt_status weights_file(const char *path, char **out) {
+    static const char *const names[] = {"model.safetensors", "model.safetensors.index.json"};
+    struct stat st;
+    *out = NULL;
+    if (!is_dir(path)) {
+        if (!(*out = strdup(path))) return dt_error(DT_ERR_NOMEM, "out of memory reading %s", path);
+        return DT_OK;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (!(*out = path_in(path, names[i]))) return dt_error(DT_ERR_NOMEM, "out of memory reading %s", path);
+        if (stat(*out, &st) == 0) return DT_OK;
+        free(*out);
+        *out = NULL;
+    }
+    return dt_error(DT_ERR_IO, "%s: a directory without model.safetensors or model.safetensors.index.json", path);
+}
+
 dt_status dt_model_load(dt_model *m, const char *path) {
     dt_st_file *f = NULL;
-    DT_TRY(dt_st_open(path, &f));
+    char *file = NULL;
+    DT_TRY(weights_file(path, &file));
+    dt_status s = has_suffix(file, ".json") ? dt_st_open_index(file, &f) : dt_st_open(file, &f);
     /* Check everything before changing anything: a failed load leaves the model as it was. */
-    dt_status s = dt_model_state_check(m, f, path);
-    if (s == DT_OK) s = dt_model_state_copy(m, f);
-    else if (s == DT_ERR_FORMAT) s = load_hf(m, f, path, s);
+    if (s == DT_OK && (s = dt_model_state_check(m, f, file)) == DT_OK) s = dt_model_state_copy(m, f);
+    else if (s == DT_ERR_FORMAT && f) s = load_hf(m, f, file, s);
     dt_st_close(f);
+    free(file);
     return s;
 }

@@ -24,7 +24,10 @@ DT_API dt_status dt_model_save(dt_model *m, const char *path, const char *const 
  * whose names or shapes do not match directly is read as Hugging Face's GPT-2 writes
  * it (transformers' GPT2Model / GPT2LMHeadModel): names without "transformer.",
  * Conv1D weights [in, out] transposed into nn.Linear's [out, in], the attn.bias and
- * attn.masked_bias buffers skipped, a tied weight under one of its names. */
+ * attn.masked_bias buffers skipped, a tied weight under one of its names. path may
+ * also be a sharded checkpoint's index (a name ending in .json, read with
+ * dt_st_open_index) or a directory holding model.safetensors or, failing that,
+ * model.safetensors.index.json; errors then name the file read. */
 DT_API dt_status dt_model_load(dt_model *m, const char *path);
 
 /* ---- building blocks (shared with the training checkpoints of ckpt.h) ---- */

@@ -1,7 +1,7 @@
 # src/data.mk: datasets (IDX, NPY, synthetic, token files), the prefetching loader, the
 # world-size-invariant sampler, safetensors files and atomic writes (see Makefile.am).
 libdtrain_core_la_SOURCES += src/data.c src/data_read.c src/data_loader.c src/data_tokens.c src/data_impl.h src/sampler.c \
-	src/safetensors.c src/safetensors_read.c src/safetensors_impl.h src/fileio.c
+	src/safetensors.c src/safetensors_read.c src/safetensors_index.c src/safetensors_impl.h src/fileio.c
 dtraininclude_HEADERS += src/data.h src/sampler.h src/safetensors.h src/fileio.h
 
 check_PROGRAMS += tests/test_sampler tests/test_data tests/test_tokens tests/test_safetensors

@@ -135,7 +135,8 @@ static const dt_opt_row rows[] = {
      .sec = DT_OPT_SEC_RUN, .example = "w.safetensors",
      .help = "start from the weights in FILE (safetensors with PyTorch\n"
              "names, e.g. a state_dict saved from PyTorch; for a gpt\n"
-             "also Hugging Face's GPT-2 names and Conv1D layout)"},
+             "also Hugging Face's GPT-2 names and Conv1D layout); a\n"
+             "sharded checkpoint: its index JSON or its directory"},
     {.field = "log_every", .flag = "--log-every", .arg = "N", .type = DT_OPT_INT, .off = F(log_every), .def = "50",
      .lo = 0, .hi = 1 << 30, .where = DT_OPT_CHECK, .sec = DT_OPT_SEC_RUN, .example = "1",
      .help = "progress every N steps"},

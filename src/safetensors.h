@@ -59,6 +59,13 @@ DT_API void      dt_st_writer_free(dt_st_writer *w);
 /* ---- reader --------------------------------------------------------------- */
 /* Read and validate a file (into memory). */
 DT_API dt_status dt_st_open(const char *path, dt_st_file **out);
+/* A sharded checkpoint: Hugging Face's index JSON (model.safetensors.index.json, its
+ * "weight_map" naming each tensor's shard, a file in the index's directory). Every
+ * shard is read and validated, the map and the shards must agree exactly, and the
+ * one file returned holds the tensors of all of them (shard by shard, in the order
+ * the map first names them) and the index's "metadata"; its data region is empty.
+ * Errors name the index and the culprit. */
+DT_API dt_status dt_st_open_index(const char *index_path, dt_st_file **out);
 /* Validate a file image already in memory (copied); label names it in errors. */
 DT_API dt_status dt_st_open_mem(const void *buf, size_t len, const char *label, dt_st_file **out);
 DT_API void      dt_st_close(dt_st_file *f);
@@ -71,7 +78,8 @@ DT_API dt_status dt_st_find(const dt_st_file *f, const char *name, dt_st_tensor 
 DT_API const char *dt_st_meta_get(const dt_st_file *f, const char *key);
 DT_API size_t    dt_st_meta_count(const dt_st_file *f);
 DT_API void      dt_st_meta_at(const dt_st_file *f, size_t i, const char **key, const char **value);
-/* The whole data region (after the header), e.g. for a checksum. */
+/* The whole data region (after the header), e.g. for a checksum; NULL and 0 for an
+ * index's union of shards. */
 DT_API void      dt_st_data_region(const dt_st_file *f, const void **data, size_t *len);
 
 #endif /* DT_SAFETENSORS_H */

@@ -22,33 +22,30 @@
 /* The reference implementation refuses headers over 100 MB; so do we. */
 #define MAX_HEADER ((uint64_t)100 << 20)
 
-/* ---- JSON parsing of the header -------------------------------------------- */
+/* ---- JSON parsing of the header --------------------------------------------
+ * The helpers are shared with the index reader (safetensors_index.c), which parses
+ * an index file's JSON with the same rules; safetensors_impl.h declares them. */
 
-typedef struct {
-    const char *base, *p, *end;
-    const char *label;  /* file name for messages */
-} jparse;
-
-static dt_status jerr(jparse *j, const char *what) {
-    return dt_error(DT_ERR_FORMAT, "%s: bad safetensors header at byte %lld of the JSON: %s", j->label,
+dt_status dt_jerr_(dt_jparse_ *j, const char *what) {
+    return dt_error(DT_ERR_FORMAT, "%s: bad %s at byte %lld of the JSON: %s", j->label, j->kind,
                     (long long)(j->p - j->base), what);
 }
 
-static void jws(jparse *j) {
+void dt_jws_(dt_jparse_ *j) {
     while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
 }
 
-static int jpeek(jparse *j, char c) {
-    jws(j);
+int dt_jpeek_(dt_jparse_ *j, char c) {
+    dt_jws_(j);
     return j->p < j->end && *j->p == c;
 }
 
-static dt_status jexpect(jparse *j, char c) {
-    jws(j);
+dt_status dt_jexpect_(dt_jparse_ *j, char c) {
+    dt_jws_(j);
     if (j->p >= j->end || *j->p != c) {
         char msg[32];
         snprintf(msg, sizeof msg, "expected '%c'", c);
-        return jerr(j, msg);
+        return dt_jerr_(j, msg);
     }
     j->p++;
     return DT_OK;
@@ -61,7 +58,7 @@ static int hexval(char c) {
     return -1;
 }
 
-static int read_hex4(jparse *j, uint32_t *v) {
+static int read_hex4(dt_jparse_ *j, uint32_t *v) {
     if (j->end - j->p < 4) return 0;
     *v = 0;
     for (int i = 0; i < 4; i++) {
@@ -74,21 +71,21 @@ static int read_hex4(jparse *j, uint32_t *v) {
 }
 
 /* A JSON string into a new NUL-terminated UTF-8 buffer. */
-static dt_status jstring(jparse *j, char **out) {
+dt_status dt_jstring_(dt_jparse_ *j, char **out) {
     *out = NULL;
-    DT_TRY(jexpect(j, '"'));
+    DT_TRY(dt_jexpect_(j, '"'));
     dt_sbuf b = {0};
     dt_sbuf_put_(&b, "", 0);
     while (1) {
         if (j->p >= j->end) {
             free(b.p);
-            return jerr(j, "unterminated string");
+            return dt_jerr_(j, "unterminated string");
         }
         unsigned char c = (unsigned char)*j->p;
         if (c == '"') break;
         if (c < 0x20) {
             free(b.p);
-            return jerr(j, "control character in a string");
+            return dt_jerr_(j, "control character in a string");
         }
         if (c != '\\') {
             dt_sbuf_put_(&b, j->p, 1);
@@ -111,7 +108,7 @@ static dt_status jstring(jparse *j, char **out) {
         case 'u': break;
         default:
             free(b.p);
-            return jerr(j, "bad escape in a string");
+            return dt_jerr_(j, "bad escape in a string");
         }
         if (simple) {
             dt_sbuf_put_(&b, simple, 1);
@@ -120,23 +117,23 @@ static dt_status jstring(jparse *j, char **out) {
         uint32_t cp;
         if (!read_hex4(j, &cp)) {
             free(b.p);
-            return jerr(j, "bad \\u escape");
+            return dt_jerr_(j, "bad \\u escape");
         }
         if (cp >= 0xD800 && cp <= 0xDBFF) { /* a surrogate pair */
             uint32_t lo;
             if (j->end - j->p < 2 || j->p[0] != '\\' || j->p[1] != 'u' || (j->p += 2, !read_hex4(j, &lo)) ||
                 lo < 0xDC00 || lo > 0xDFFF) {
                 free(b.p);
-                return jerr(j, "unpaired surrogate in a \\u escape");
+                return dt_jerr_(j, "unpaired surrogate in a \\u escape");
             }
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
         } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
             free(b.p);
-            return jerr(j, "unpaired surrogate in a \\u escape");
+            return dt_jerr_(j, "unpaired surrogate in a \\u escape");
         }
         if (cp == 0) {
             free(b.p);
-            return jerr(j, "NUL character in a string");
+            return dt_jerr_(j, "NUL character in a string");
         }
         char u[4];
         size_t n;
@@ -154,52 +151,52 @@ static dt_status jstring(jparse *j, char **out) {
     j->p++; /* closing quote */
     if (b.oom) {
         free(b.p);
-        return dt_error(DT_ERR_NOMEM, "%s: out of memory parsing the header", j->label);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory parsing the %s", j->label, j->kind);
     }
     if (!dt_utf8_valid_((const unsigned char *)b.p, b.len)) {
         free(b.p);
-        return jerr(j, "string is not valid UTF-8");
+        return dt_jerr_(j, "string is not valid UTF-8");
     }
     *out = b.p;
     return DT_OK;
 }
 
 /* A non-negative JSON integer (no sign, fraction or exponent; no leading zeros). */
-static dt_status juint(jparse *j, uint64_t *out) {
-    jws(j);
+static dt_status juint(dt_jparse_ *j, uint64_t *out) {
+    dt_jws_(j);
     const char *s = j->p;
     uint64_t v = 0;
     while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
         unsigned d = (unsigned)(*j->p - '0');
-        if (v > (UINT64_MAX - d) / 10) return jerr(j, "integer too large");
+        if (v > (UINT64_MAX - d) / 10) return dt_jerr_(j, "integer too large");
         v = v * 10 + d;
         j->p++;
     }
-    if (j->p == s) return jerr(j, "expected a non-negative integer");
-    if (j->p - s > 1 && *s == '0') return jerr(j, "integer with a leading zero");
+    if (j->p == s) return dt_jerr_(j, "expected a non-negative integer");
+    if (j->p - s > 1 && *s == '0') return dt_jerr_(j, "integer with a leading zero");
     if (j->p < j->end && (*j->p == '.' || *j->p == 'e' || *j->p == 'E'))
-        return jerr(j, "expected an integer, found a fraction or exponent");
+        return dt_jerr_(j, "expected an integer, found a fraction or exponent");
     *out = v;
     return DT_OK;
 }
 
 /* [u, u, ...] with at most max elements. */
-static dt_status juint_array(jparse *j, uint64_t *vals, int max, int *n) {
+static dt_status juint_array(dt_jparse_ *j, uint64_t *vals, int max, int *n) {
     *n = 0;
-    DT_TRY(jexpect(j, '['));
-    if (jpeek(j, ']')) {
+    DT_TRY(dt_jexpect_(j, '['));
+    if (dt_jpeek_(j, ']')) {
         j->p++;
         return DT_OK;
     }
     while (1) {
-        if (*n == max) return jerr(j, "array too long");
+        if (*n == max) return dt_jerr_(j, "array too long");
         DT_TRY(juint(j, &vals[(*n)++]));
-        jws(j);
-        if (jpeek(j, ',')) {
+        dt_jws_(j);
+        if (dt_jpeek_(j, ',')) {
             j->p++;
             continue;
         }
-        return jexpect(j, ']');
+        return dt_jexpect_(j, ']');
     }
 }
 
@@ -210,7 +207,8 @@ typedef struct {
     dt_dtype    dtype;
     int         ndim;
     int64_t     shape[DT_ST_MAX_DIMS];
-    uint64_t    begin, end;
+    uint64_t    begin, end;   /* in base's data region */
+    const unsigned char *base;
     void       *aligned;  /* a copy when begin is not a multiple of the element size */
 } rtensor;
 
@@ -227,14 +225,20 @@ struct dt_st_file {
      * O(n log n), not O(n^2) */
     const rtensor **t_by_name;
     char  *const  **meta_by_key;   /* pointers at the key slots of meta */
+    /* a union of files (dt_st_union_): their tensors are listed in t, their names,
+     * copies and data stay theirs, and data is NULL */
+    dt_st_file **parts;
+    size_t       nparts;
 };
 
 void dt_st_close(dt_st_file *f) {
     if (!f) return;
-    for (size_t i = 0; i < f->nt; i++) {
+    for (size_t i = 0; i < f->nt && !f->parts; i++) {
         free(f->t[i].name);
         free(f->t[i].aligned);
     }
+    for (size_t i = 0; i < f->nparts; i++) dt_st_close(f->parts[i]);
+    free(f->parts);
     for (size_t i = 0; i < 2 * f->nmeta; i++) free(f->meta[i]);
     free(f->t);
     free(f->meta);
@@ -244,18 +248,18 @@ void dt_st_close(dt_st_file *f) {
     free(f);
 }
 
-static dt_status parse_metadata(jparse *j, dt_st_file *f) {
-    DT_TRY(jexpect(j, '{'));
-    if (jpeek(j, '}')) {
+static dt_status parse_metadata(dt_jparse_ *j, dt_st_file *f) {
+    DT_TRY(dt_jexpect_(j, '{'));
+    if (dt_jpeek_(j, '}')) {
         j->p++;
         return DT_OK;
     }
     while (1) {
         char *k = NULL, *v = NULL;
-        DT_TRY(jstring(j, &k));
-        dt_status s = jexpect(j, ':');
-        if (s == DT_OK && !jpeek(j, '"')) s = jerr(j, "metadata values must be strings");
-        if (s == DT_OK) s = jstring(j, &v);
+        DT_TRY(dt_jstring_(j, &k));
+        dt_status s = dt_jexpect_(j, ':');
+        if (s == DT_OK && !dt_jpeek_(j, '"')) s = dt_jerr_(j, "metadata values must be strings");
+        if (s == DT_OK) s = dt_jstring_(j, &v);
         if (s == DT_OK && f->nmeta == f->capmeta) {
             size_t cap = f->capmeta ? 2 * f->capmeta : 8;
             char **m = realloc(f->meta, 2 * cap * sizeof *m);
@@ -273,26 +277,26 @@ static dt_status parse_metadata(jparse *j, dt_st_file *f) {
         f->meta[2 * f->nmeta] = k;
         f->meta[2 * f->nmeta + 1] = v;
         f->nmeta++;
-        if (jpeek(j, ',')) {
+        if (dt_jpeek_(j, ',')) {
             j->p++;
             continue;
         }
-        return jexpect(j, '}');
+        return dt_jexpect_(j, '}');
     }
 }
 
 /* {"dtype": ..., "shape": [...], "data_offsets": [b, e]} in any key order. */
-static dt_status parse_tensor(jparse *j, dt_st_file *f, rtensor *t) {
+static dt_status parse_tensor(dt_jparse_ *j, dt_st_file *f, rtensor *t) {
     int have_dtype = 0, have_shape = 0, have_off = 0;
-    DT_TRY(jexpect(j, '{'));
-    if (jpeek(j, '}')) return jerr(j, "empty tensor entry");
+    DT_TRY(dt_jexpect_(j, '{'));
+    if (dt_jpeek_(j, '}')) return dt_jerr_(j, "empty tensor entry");
     while (1) {
         char *k = NULL;
-        DT_TRY(jstring(j, &k));
-        dt_status s = jexpect(j, ':');
+        DT_TRY(dt_jstring_(j, &k));
+        dt_status s = dt_jexpect_(j, ':');
         if (s == DT_OK && strcmp(k, "dtype") == 0 && !have_dtype) {
             char *v = NULL;
-            s = jstring(j, &v);
+            s = dt_jstring_(j, &v);
             if (s == DT_OK && dt_dtype_from_st(v, &t->dtype) != DT_OK)
                 s = dt_error(DT_ERR_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"", f->label, t->name, v);
             free(v);
@@ -301,7 +305,7 @@ static dt_status parse_tensor(jparse *j, dt_st_file *f, rtensor *t) {
             uint64_t dims[DT_ST_MAX_DIMS];
             s = juint_array(j, dims, DT_ST_MAX_DIMS, &t->ndim);
             for (int i = 0; s == DT_OK && i < t->ndim; i++) {
-                if (dims[i] > (uint64_t)INT64_MAX) s = jerr(j, "dimension too large");
+                if (dims[i] > (uint64_t)INT64_MAX) s = dt_jerr_(j, "dimension too large");
                 t->shape[i] = (int64_t)dims[i];
             }
             have_shape = 1;
@@ -309,7 +313,7 @@ static dt_status parse_tensor(jparse *j, dt_st_file *f, rtensor *t) {
             uint64_t o[2] = {0, 0};
             int n;
             s = juint_array(j, o, 2, &n);
-            if (s == DT_OK && n != 2) s = jerr(j, "data_offsets must hold two integers");
+            if (s == DT_OK && n != 2) s = dt_jerr_(j, "data_offsets must hold two integers");
             t->begin = o[0];
             t->end = o[1];
             have_off = 1;
@@ -318,11 +322,11 @@ static dt_status parse_tensor(jparse *j, dt_st_file *f, rtensor *t) {
         }
         free(k);
         DT_TRY(s);
-        if (jpeek(j, ',')) {
+        if (dt_jpeek_(j, ',')) {
             j->p++;
             continue;
         }
-        DT_TRY(jexpect(j, '}'));
+        DT_TRY(dt_jexpect_(j, '}'));
         break;
     }
     if (!have_dtype || !have_shape || !have_off)
@@ -332,16 +336,16 @@ static dt_status parse_tensor(jparse *j, dt_st_file *f, rtensor *t) {
 }
 
 static dt_status parse_header(dt_st_file *f, const char *json, size_t len) {
-    jparse j = {json, json, json + len, f->label};
-    if (len == 0 || json[0] != '{') return jerr(&j, "the header must start with '{'");
-    if (!dt_utf8_valid_((const unsigned char *)json, len)) return jerr(&j, "the header is not valid UTF-8");
-    DT_TRY(jexpect(&j, '{'));
+    dt_jparse_ j = {json, json, json + len, f->label, "safetensors header"};
+    if (len == 0 || json[0] != '{') return dt_jerr_(&j, "the header must start with '{'");
+    if (!dt_utf8_valid_((const unsigned char *)json, len)) return dt_jerr_(&j, "the header is not valid UTF-8");
+    DT_TRY(dt_jexpect_(&j, '{'));
     int have_meta = 0;
-    if (!jpeek(&j, '}')) {
+    if (!dt_jpeek_(&j, '}')) {
         while (1) {
             char *k = NULL;
-            DT_TRY(jstring(&j, &k));
-            dt_status s = jexpect(&j, ':');
+            DT_TRY(dt_jstring_(&j, &k));
+            dt_status s = dt_jexpect_(&j, ':');
             if (s == DT_OK && strcmp(k, "__metadata__") == 0) {
                 if (have_meta) s = dt_error(DT_ERR_FORMAT, "%s: bad safetensors header: two __metadata__", f->label);
                 else s = parse_metadata(&j, f);
@@ -369,18 +373,18 @@ static dt_status parse_header(dt_st_file *f, const char *json, size_t len) {
                 free(k);
             }
             DT_TRY(s);
-            if (jpeek(&j, ',')) {
+            if (dt_jpeek_(&j, ',')) {
                 j.p++;
                 continue;
             }
-            DT_TRY(jexpect(&j, '}'));
+            DT_TRY(dt_jexpect_(&j, '}'));
             break;
         }
     } else {
         j.p++;
     }
-    jws(&j);
-    if (j.p != j.end) return jerr(&j, "unexpected text after the closing '}' (only space padding may follow)");
+    dt_jws_(&j);
+    if (j.p != j.end) return dt_jerr_(&j, "unexpected text after the closing '}' (only space padding may follow)");
     return DT_OK;
 }
 
@@ -506,6 +510,7 @@ static dt_status st_finish(dt_st_file *f, const char *json, size_t n) {
     for (size_t i = 0; i < f->nt; i++) {
         rtensor *t = &f->t[i];
         size_t bytes = (size_t)(t->end - t->begin);
+        t->base = f->data;
         if (bytes == 0 || t->begin % dt_dtype_size(t->dtype) == 0) continue;
         if (posix_memalign(&t->aligned, 64, bytes) != 0) {
             t->aligned = NULL;
@@ -561,6 +566,42 @@ dt_status dt_st_open(const char *path, dt_st_file **out) {
     return DT_OK;
 }
 
+/* ---- a union of files (an index's shards) ------------------------------------ */
+
+dt_status dt_st_union_(const char *label, dt_st_file **parts, size_t nparts, char **meta, size_t nmeta,
+                       dt_st_file **out) {
+    *out = NULL;
+    size_t nt = 0;
+    for (size_t i = 0; i < nparts; i++) nt += parts[i]->nt;
+    dt_st_file *f = calloc(1, sizeof *f);
+    rtensor *t = malloc((nt ? nt : 1) * sizeof *t);
+    if (!f || !t) {
+        free(f);
+        free(t);
+        for (size_t i = 0; i < nparts; i++) dt_st_close(parts[i]);
+        free(parts);
+        for (size_t i = 0; i < 2 * nmeta; i++) free(meta[i]);
+        free(meta);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory", label);
+    }
+    snprintf(f->label, sizeof f->label, "%s", label);
+    f->parts = parts;
+    f->nparts = nparts;
+    f->meta = meta;
+    f->nmeta = f->capmeta = nmeta;
+    f->t = t;
+    f->capt = nt;
+    for (size_t i = 0; i < nparts; i++)
+        for (size_t k = 0; k < parts[i]->nt; k++) f->t[f->nt++] = parts[i]->t[k];
+    dt_status s = index_names(f);
+    if (s != DT_OK) {
+        dt_st_close(f);
+        return s;
+    }
+    *out = f;
+    return DT_OK;
+}
+
 size_t dt_st_count(const dt_st_file *f) { return f->nt; }
 
 dt_status dt_st_tensor_at(const dt_st_file *f, size_t i, dt_st_tensor *out) {
@@ -571,7 +612,7 @@ dt_status dt_st_tensor_at(const dt_st_file *f, size_t i, dt_st_tensor *out) {
     out->dtype = t->dtype;
     out->ndim = t->ndim;
     for (int d = 0; d < t->ndim; d++) out->shape[d] = t->shape[d];
-    out->data = t->aligned ? t->aligned : f->data + t->begin;
+    out->data = t->aligned ? t->aligned : t->base + t->begin;
     out->nbytes = (size_t)(t->end - t->begin);
     return DT_OK;
 }

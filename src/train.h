@@ -133,7 +133,9 @@ typedef struct {
     int64_t     eval_batches;   /* token data: validation over this many global batches of fixed
                                  * windows (default 20) */
     const char *init_weights;   /* start from the weights of this safetensors file (PyTorch names),
-                                 * e.g. trained in PyTorch; a resumed checkpoint takes precedence */
+                                 * e.g. trained in PyTorch, or of a sharded checkpoint (its index
+                                 * JSON or directory: dt_model_load); a resumed checkpoint takes
+                                 * precedence */
     const char *precision;      /* "fp32" (default), "bf16" or "fp16": torch.autocast's split, GEMM and
                                  * convolution inputs rounded, f32 accumulation (model.h
                                  * dt_model_set_precision); fp16 adds dynamic loss scaling with

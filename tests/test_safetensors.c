@@ -1,7 +1,8 @@
 /* test_safetensors.c: safetensors round trips (dtypes, shapes, metadata), the
  * exact byte layout of a small file, interoperability with an independent
  * reader and writer in Python (json + struct only), corrupt files (each
- * rejected with a message naming the file), and atomic writes. */
+ * rejected with a message naming the file), atomic writes, and sharded checkpoints
+ * (an index and its shards, each bad index or shard refused naming the culprit). */
 #include "safetensors.h"
 #include "tap.h"
 #include "tmpfiles.h"
@@ -424,6 +425,147 @@ static void test_many_names(void) {
     free(data);
 }
 
+/* ---- sharded checkpoints: an index and its shards ----------------------------------- */
+
+static const float ix_a[6] = {1, 2, 3, 4, 5, 6}, ix_b[4] = {-1, -2, -3, -4}, ix_d = 9.5f;
+static const int64_t ix_c[2] = {7, -8};
+
+/* A shard file in the temp directory holding the tensors named (of a, b, c, d, e). */
+static void write_shard(const char *file, const char *names) {
+    static const int64_t s23[2] = {2, 3}, s4[1] = {4}, s2[1] = {2};
+    dt_st_writer *w = NULL;
+    dt_status s = dt_st_writer_init(&w);
+    for (const char *n = names; s == DT_OK && *n; n++) {
+        if (*n == 'a' || *n == 'e') s = dt_st_writer_add(w, *n == 'a' ? "a" : "e", DT_F32, 2, s23, ix_a);
+        if (*n == 'b') s = dt_st_writer_add(w, "b", DT_F32, 1, s4, ix_b);
+        if (*n == 'c') s = dt_st_writer_add(w, "c", DT_I64, 1, s2, ix_c);
+        if (*n == 'd') s = dt_st_writer_add(w, "d", DT_F32, 0, NULL, &ix_d);
+    }
+    if (s == DT_OK) s = dt_st_writer_write(w, tmp_path(file));
+    dt_st_writer_free(w);
+    ok(s == DT_OK, "write shard %s (%s)", file, names);
+}
+
+/* Write json as the index file name and open it. */
+static dt_status open_index_text(const char *name, const char *json, dt_st_file **f) {
+    tmp_spit(tmp_path(name), json, strlen(json));
+    return dt_st_open_index(tmp_path(name), f);
+}
+
+/* The index json is refused with want, nothing returned, the message naming the index and sub. */
+static void bad_index(const char *json, dt_status want, const char *sub, const char *what) {
+    dt_st_file *f = (dt_st_file *)1;
+    dt_status s = open_index_text("bad.index.json", json, &f);
+    ok(s == want && f == NULL && strstr(dt_last_error(), sub) && strstr(dt_last_error(), "bad.index.json"),
+       "%s is refused: %s", what, dt_last_error());
+}
+
+#define MAP_GOOD "\"b\": \"s2.safetensors\", \"\\u0061\": \"s1.safetensors\", \"c\": \"s1.safetensors\", " \
+                 "\"d\": \"s2.safetensors\""
+
+static void test_index_good(void) {
+    dt_st_file *f = NULL;
+    dt_st_tensor t;
+    is_int(open_index_text("good.index.json", "{\"metadata\": {\"total_size\": 64, \"format\": \"pt\", \"x\": -1.5e+3},\n"
+                           " \"weight_map\": {" MAP_GOOD "}}\n", &f), DT_OK, "an index of 2 shards opens");
+    if (!f) {
+        diag("%s", dt_last_error());
+        return;
+    }
+    is_int((int)dt_st_count(f), 4, "it holds the 4 tensors of both shards");
+    const char *order[4] = {"b", "d", "a", "c"};   /* s2 is named first, then s1; each in its header order */
+    int in_order = 1;
+    for (size_t i = 0; i < 4; i++) in_order &= dt_st_tensor_at(f, i, &t) == DT_OK && !strcmp(t.name, order[i]);
+    ok(in_order, "shard by shard in the order the map first names them, each in its header order");
+    ok(dt_st_find(f, "a", &t) == DT_OK && t.dtype == DT_F32 && t.ndim == 2 && t.shape[1] == 3 &&
+       t.nbytes == sizeof ix_a && !memcmp(t.data, ix_a, sizeof ix_a), "find a: F32 [2, 3], its bytes");
+    ok(dt_st_find(f, "b", &t) == DT_OK && t.nbytes == sizeof ix_b && !memcmp(t.data, ix_b, sizeof ix_b),
+       "find b (the other shard): its bytes");
+    ok(dt_st_find(f, "c", &t) == DT_OK && t.dtype == DT_I64 && !memcmp(t.data, ix_c, sizeof ix_c), "find c: I64");
+    ok(dt_st_find(f, "d", &t) == DT_OK && t.ndim == 0 && !memcmp(t.data, &ix_d, sizeof ix_d), "find d: a scalar");
+    ok(dt_st_find(f, "e", &t) == DT_ERR_INVALID && strstr(dt_last_error(), "good.index.json"),
+       "an absent tensor names the index: %s", dt_last_error());
+    is_str(dt_st_meta_get(f, "total_size"), "64", "the index's metadata: a number as its text");
+    is_str(dt_st_meta_get(f, "x"), "-1.5e+3", "  with a sign, fraction and exponent");
+    is_str(dt_st_meta_get(f, "format"), "pt", "  a string");
+    const void *d = (const void *)1;
+    size_t dl = 1;
+    dt_st_data_region(f, &d, &dl);
+    ok(d == NULL && dl == 0, "the union has no data region");
+    dt_st_close(f);
+    is_int(open_index_text("nometa.index.json", "{\"weight_map\":{" MAP_GOOD "}}", &f), DT_OK,
+           "metadata is optional");
+    ok(f && dt_st_meta_count(f) == 0, "  and then absent");
+    dt_st_close(f);
+}
+
+static void test_index_bad_json(void) {
+    bad_index("", DT_ERR_FORMAT, "expected '{'", "an empty index");
+    bad_index("[]", DT_ERR_FORMAT, "expected '{'", "an array");
+    bad_index("{}", DT_ERR_FORMAT, "no \"weight_map\"", "an index without weight_map");
+    bad_index("{\"weight_map\": {}}", DT_ERR_FORMAT, "\"weight_map\" is empty", "an empty weight_map");
+    bad_index("{\"weight_map\": {" MAP_GOOD "}, \"weight_map\": {" MAP_GOOD "}}", DT_ERR_FORMAT,
+              "repeated key \"weight_map\"", "two weight_maps");
+    bad_index("{\"weight_map\": {" MAP_GOOD "}, \"extra\": 1}", DT_ERR_FORMAT, "unexpected or repeated key \"extra\"",
+              "an unknown key");
+    bad_index("{\"weight_map\": {" MAP_GOOD ",}}", DT_ERR_FORMAT, "bad safetensors index at byte", "a trailing comma");
+    bad_index("{\"weight_map\": {" MAP_GOOD "}} x", DT_ERR_FORMAT, "after the closing", "text after the index");
+    bad_index("{\"weight_map\": {\"a\": 1}}", DT_ERR_FORMAT, "weight_map values must be", "a number for a file");
+    bad_index("{\"metadata\": {\"k\": null}, \"weight_map\": {" MAP_GOOD "}}", DT_ERR_FORMAT,
+              "metadata values must be strings or numbers", "a null metadata value");
+    bad_index("{\"metadata\": {\"k\": 01}, \"weight_map\": {" MAP_GOOD "}}", DT_ERR_FORMAT, "leading zero",
+              "a number with a leading zero");
+    bad_index("{\"metadata\": {\"k\": 1, \"k\": 2}, \"weight_map\": {" MAP_GOOD "}}", DT_ERR_FORMAT,
+              "metadata key \"k\" appears twice", "a metadata key given twice");
+    bad_index("{\"weight_map\": {" MAP_GOOD ", \"c\": \"s1.safetensors\"}}", DT_ERR_FORMAT,
+              "tensor \"c\" appears twice", "a tensor listed twice");
+    bad_index("{\"weight_map\": {\"a\": \"s1.safetensors\xff\"}}", DT_ERR_FORMAT, "not valid UTF-8", "bad UTF-8");
+}
+
+static void test_index_bad_shards(void) {
+    bad_index("{\"weight_map\": {\"a\": \"sub/s1.safetensors\"}}", DT_ERR_FORMAT,
+              "tensor \"a\": shard file name \"sub/s1.safetensors\" is not a plain file name", "a shard in a subdirectory");
+    bad_index("{\"weight_map\": {\"a\": \"/tmp/s1.safetensors\"}}", DT_ERR_FORMAT, "\"/tmp/s1.safetensors\" is not",
+              "an absolute shard path");
+    bad_index("{\"weight_map\": {\"a\": \"..\"}}", DT_ERR_FORMAT, "\"..\" is not a plain file name", "a shard \"..\"");
+    bad_index("{\"weight_map\": {\"a\": \"\"}}", DT_ERR_FORMAT, "tensor \"a\": an empty shard file name",
+              "an empty shard name");
+    bad_index("{\"weight_map\": {" MAP_GOOD ", \"e\": \"nope.safetensors\"}}", DT_ERR_IO,
+              "shard \"nope.safetensors\"", "a missing shard");
+    tmp_spit(tmp_path("junk.safetensors"), "not safetensors at all", 22);
+    bad_index("{\"weight_map\": {" MAP_GOOD ", \"e\": \"junk.safetensors\"}}", DT_ERR_FORMAT,
+              "junk.safetensors: header length", "an invalid shard (the reader's message)");
+    bad_index("{\"weight_map\": {" MAP_GOOD ", \"zz\": \"s1.safetensors\"}}", DT_ERR_FORMAT,
+              "weight_map puts tensor \"zz\" in shard \"s1.safetensors\", which does not hold it",
+              "a listed tensor its shard does not hold");
+    bad_index("{\"weight_map\": {\"b\": \"s2.safetensors\", \"a\": \"s1.safetensors\", \"d\": \"s2.safetensors\"}}",
+              DT_ERR_FORMAT, "shard \"s1.safetensors\" holds tensor \"c\", which weight_map does not list",
+              "a tensor of a shard the map does not list");
+    bad_index("{\"weight_map\": {\"b\": \"s2.safetensors\", \"a\": \"s1.safetensors\", \"c\": \"s2.safetensors\", "
+              "\"d\": \"s2.safetensors\"}}", DT_ERR_FORMAT,
+              "tensor \"c\" in shard \"s2.safetensors\", which does not hold it (it is in \"s1.safetensors\")",
+              "a tensor listed under another shard");
+    write_shard("s3.safetensors", "ae");
+    bad_index("{\"weight_map\": {" MAP_GOOD ", \"e\": \"s3.safetensors\"}}", DT_ERR_FORMAT,
+              "tensor \"a\" is in two shards, \"s1.safetensors\" and \"s3.safetensors\"", "a tensor in two shards");
+    FILE *big = fopen(tmp_path("bad.index.json"), "wb");   /* sparse: 64 MiB + 1 of nothing */
+    ok(big && fseek(big, 64 << 20, SEEK_SET) == 0 && fputc(' ', big) != EOF && fclose(big) == 0, "a 64 MiB index");
+    dt_st_file *f = (dt_st_file *)1;
+    ok(dt_st_open_index(tmp_path("bad.index.json"), &f) == DT_ERR_FORMAT && f == NULL &&
+       strstr(dt_last_error(), "64 MiB"), "  is refused before it is read: %s", dt_last_error());
+}
+
+static void test_index(void) {
+    write_shard("s1.safetensors", "ac");
+    write_shard("s2.safetensors", "bd");
+    test_index_good();
+    test_index_bad_json();
+    test_index_bad_shards();
+    const char *files[] = {"s1.safetensors", "s2.safetensors", "s3.safetensors", "junk.safetensors", "good.index.json",
+                           "nometa.index.json", "bad.index.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) unlink(tmp_path(files[i]));
+}
+
 int main(void) {
     tmp_init("dt_test_st");
     test_roundtrip();
@@ -432,6 +574,7 @@ int main(void) {
     test_corrupt();
     test_atomic();
     test_many_names();
+    test_index();
     unlink(tmp_path("rt.safetensors"));
     unlink(tmp_path("small.safetensors"));
     unlink(tmp_path("py.safetensors"));

@@ -231,6 +231,53 @@ cmp -s "$T/a.st" "$T/init.st"; ok $? "... starting from exactly its weights"
 bad "^dtrain: --init: .*tensor '0.weight' is missing" "--init with another model's weights" \
     train --data "$DATA" --model "$CNN" --init "$T/a.st"
 bad "^dtrain: --init: .*/nonexistent.st" "--init of a missing file" train --data "$DATA" --model "$MLP" --init /nonexistent.st
+# --init of a sharded checkpoint, as Hugging Face writes big models: shard files and an
+# index JSON whose weight_map names each tensor's shard; the index or its directory
+# starts from exactly the weights of the single file
+if command -v python3 > /dev/null 2>&1; then
+    mkdir "$T/sh"
+    python3 - "$T/a.st" "$T/sh" << 'EOF'
+import json, os, struct, sys
+src, out = sys.argv[1], sys.argv[2]
+b = open(src, 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+head, data = json.loads(b[8:8 + n]), b[8 + n:]
+head.pop('__metadata__', None)
+hdr, blob, wm = [{}, {}], [b'', b''], {}
+for i, name in enumerate(head):   # the tensors alternate between the two shards
+    t, k = head[name], i % 2
+    s, e = t['data_offsets']
+    hdr[k][name] = {'dtype': t['dtype'], 'shape': t['shape'], 'data_offsets': [len(blob[k]), len(blob[k]) + e - s]}
+    blob[k] += data[s:e]
+    wm[name] = 'model-%05d-of-00002.safetensors' % (k + 1)
+for k in range(2):
+    js = json.dumps(hdr[k]).encode()
+    js += b' ' * (-len(js) % 8)
+    with open(os.path.join(out, 'model-%05d-of-00002.safetensors' % (k + 1)), 'wb') as f:
+        f.write(struct.pack('<Q', len(js)) + js + blob[k])
+with open(os.path.join(out, 'model.safetensors.index.json'), 'w') as f:
+    json.dump({'metadata': {'total_size': len(data)}, 'weight_map': wm}, f, indent=2)
+EOF
+    ok $? "the saved weights split into two shards and an index (python3, json + struct)"
+    run train --data "$DATA" --model "$MLP" --steps 1 --lr 1e-30 --momentum 0 --weight-decay 0 --quiet --no-eval \
+        --init "$T/sh/model.safetensors.index.json" --save "$T/init_ix.st" > "$T/ix.out" 2>&1
+    ok $? "--init trains from a sharded checkpoint's index"
+    cmp -s "$T/init.st" "$T/init_ix.st"; ok $? "... starting from the weights of the single file, byte for byte"
+    run train --data "$DATA" --model "$MLP" --steps 1 --lr 1e-30 --momentum 0 --weight-decay 0 --quiet --no-eval \
+        --init "$T/sh" --save "$T/init_dir.st" > "$T/dir.out" 2>&1
+    ok $? "--init trains from the sharded checkpoint's directory"
+    cmp -s "$T/init.st" "$T/init_dir.st"; ok $? "... starting from the same weights"
+    run eval --data "$DATA" --model "$MLP" --weights "$T/sh" > "$T/evsh" 2>&1
+    ok_grep "$T/evsh" "test accuracy $acc" "eval --weights of the sharded checkpoint reproduces the accuracy"
+    sed 's/model-00002-of-00002/model-00003-of-00002/' "$T/sh/model.safetensors.index.json" > "$T/sh/broken.index.json"
+    bad '^dtrain: --init: .*/sh/broken.index.json: shard "model-00003-of-00002.safetensors": .*No such file' \
+        "--init of an index naming a missing shard" train --data "$DATA" --model "$MLP" --init "$T/sh/broken.index.json"
+    sed 's|"model-00001-of-00002.safetensors"|"../a.st"|' "$T/sh/model.safetensors.index.json" > "$T/sh/out.index.json"
+    bad '^dtrain: --init: .*/sh/out.index.json: bad safetensors index: tensor "1.weight": shard file name "\.\./a\.st" is not a plain file name' \
+        "--init of an index naming a file outside its directory" train --data "$DATA" --model "$MLP" --init "$T/sh/out.index.json"
+else
+    for i in 1 2 3 4 5 6 7 8 9 10; do skip "python3 not found"; done
+fi
 # output paths are checked before training, not after it
 bad "^dtrain: --save: cannot create /nonexistent/dir/x.st: directory /nonexistent/dir" "an unwritable --save" \
     train --data "$DATA" --model "$MLP" --save /nonexistent/dir/x.st

@@ -63,9 +63,10 @@ static const char *usage_eval =
     "                   [--normalize auto|standard|unit|none] [--loss ce|mse] [--threads N]\n"
     "\n"
     "Prints the test accuracy and mean loss of FILE (safetensors written by\n"
-    "dtrain train --save) for the model SPEC on the test split of --data, normalised\n"
-    "as in training (give the --normalize that training had), the loss being --loss\n"
-    "(default ce; see dtrain train --help).\n";
+    "dtrain train --save, or a sharded checkpoint's index JSON or directory) for the\n"
+    "model SPEC on the test split of --data, normalised as in training (give the\n"
+    "--normalize that training had), the loss being --loss (default ce; see dtrain\n"
+    "train --help).\n";
 
 static const char *usage_model =
     "usage: dtrain model --model SPEC [--input C,H,W | --data SPEC]\n"
