@@ -23,8 +23,8 @@
  * sampler does not look at the data): a synthetic one of the same sample shape, or
  * for token data a token file of 2 global batches of windows, written in the runs'
  * directory. The data set is opened as the trainer opens it (token windows as long
- * as the model's block), and a gpt preset on token data takes the trainer's gpt
- * recipe as its defaults (batch 12, ...), as `dtrain train` does.
+ * as the model's block), and a gpt or llama preset on token data takes the trainer's
+ * token recipe as its defaults (batch 12, ...), as `dtrain train` does.
  */
 #include <errno.h>
 #include <math.h>
@@ -73,8 +73,8 @@ static const char *usage_check =
     "default N). They run steps-per-epoch + 1 steps when that is at most 32, so they\n"
     "cross an epoch boundary; else 4 steps, and the epoch-order check gets its own\n"
     "3-step N-process run on synthetic data of the same shape (2 global batches;\n"
-    "token data: a token file of 2 global batches of windows). A gpt preset on token\n"
-    "data starts from the same defaults as `dtrain train` (nanoGPT's recipe).\n"
+    "token data: a token file of 2 global batches of windows). A gpt or llama preset on\n"
+    "token data starts from the same defaults as `dtrain train` (nanoGPT's recipe).\n"
     "A smaller --steps shortens the runs. check sets --steps, --epochs, --log-every,\n"
     "--metrics, --save, --no-eval and --quiet itself, cuts --warmup to fit the runs\n"
     "(the same for both), and drops the checkpoint flags\n"

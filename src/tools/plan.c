@@ -34,11 +34,11 @@ static const char usage_plan[] =
     "  --np N                processes  [1]\n"
     "  --precision P         only this precision  [all: fp32, bf16, fp16]\n"
     "  --shard MODE          only this sharding mode  [all: none, optim, grads, params]\n"
-    "  --batch B             global batch  [256; a gpt preset: 12, as dtrain train's recipe]\n"
+    "  --batch B             global batch  [256; a gpt or llama preset: 12, as dtrain train's recipe]\n"
     "  --micro-batches S     micro-batches of the global batch  [N]\n"
     "  --recompute           recompute the activations of residual blocks in backward\n"
     "  --device-mem GB       memory of one rank's device in GiB  [this machine's / N]\n"
-    "  --optim NAME          sgd (momentum 0.9) or adamw  [sgd; a gpt preset: adamw]\n"
+    "  --optim NAME          sgd (momentum 0.9) or adamw  [sgd; a gpt or llama preset: adamw]\n"
     "  --backward-prefetch pre|post  --shard params: three units beyond the shard, or two\n"
     "                        (dtrain train --help)  [pre]\n"
     "  --input C,H,W | F     the per-sample input  [a token model's window, else 1,28,28]\n"
@@ -191,7 +191,7 @@ int dtrain_plan_main(int argc, char **argv) {
     for (int pass = 0; pass < 2 && s == DT_OK; pass++) {
         const char *model = pass ? t.model : NULL;
         dt_train_opts_default(&t);
-        if (model && !strncmp(model, "gpt", 3)) dt_tool_gpt_recipe(&t);   /* as dtrain train on token data */
+        if (dt_tool_token_preset(model)) dt_tool_gpt_recipe(&t);   /* as dtrain train on token data */
         for (int i = 1; i < argc && s == DT_OK;) s = plan_flag(argc, argv, &i, &t, given, &np, &mem_gb, &input, &json);
     }
     const dt_opt_row *model_row = dt_train_option_field("model");

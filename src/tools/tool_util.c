@@ -111,7 +111,7 @@ void dt_tool_train_help(FILE *f) {
             }
         }
         if (sec == DT_OPT_SEC_OPTIM)
-            fputs("GPT workload: with a gpt preset and --data tokens:DIR the defaults become nanoGPT's\n"
+            fputs("Token workload: with a gpt or llama preset and --data tokens:DIR the defaults become nanoGPT's\n"
                   "recipe: --optim adamw --lr 1e-3 --betas 0.9,0.99 --weight-decay 0.1 --decay matrices\n"
                   "--warmup 100 --min-lr 1e-4 (lr/10 when --lr is given) --clip 1 --batch 12 --steps 2000\n"
                   "--eval-every 250 --eval-batches 20; flags given still win.\n", f);
@@ -180,6 +180,10 @@ dt_status dt_tool_input_shape(const char *spec, const char *data, const char *in
 
 /* ---- the gpt recipe ------------------------------------------------------------------ */
 
+int dt_tool_token_preset(const char *model) {
+    return model && (!strncmp(model, "gpt", 3) || !strncmp(model, "llama", 5) || !strcmp(model, "smollm-135m"));
+}
+
 int dt_tool_gpt_workload(int argc, char **argv) {
     const char *model = NULL, *data = NULL;
     for (int i = 1; i < argc; i++) {
@@ -188,7 +192,7 @@ int dt_tool_gpt_workload(int argc, char **argv) {
         if (!strncmp(argv[i], "--model=", 8)) model = argv[i] + 8;
         if (!strncmp(argv[i], "--data=", 7)) data = argv[i] + 7;
     }
-    return model && data && !strncmp(model, "gpt", 3) && dt_data_windows(data);
+    return dt_tool_token_preset(model) && data && dt_data_windows(data);
 }
 
 void dt_tool_gpt_recipe(dt_train_opts *o) {

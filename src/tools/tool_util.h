@@ -67,10 +67,14 @@ dt_status dt_tool_input_shape(const char *spec, const char *data, const char *in
 
 /* ---- the gpt recipe ------------------------------------------------------------------ */
 
-/* 1 when the flags train a gpt preset (--model gpt...) on token data (--data tokens:...):
- * then `dtrain train` starts from nanoGPT's recipe (the one of ../peers/torch_gpt.py),
- * so `dtrain train --model gpt --data tokens:DIR` needs no other flag, and `dtrain
- * check` takes the same defaults. Flags given on the command line still win. */
+/* 1 when model names a token preset: gpt, gpt2, gpt(...), llama, llama(...) or a named
+ * Llama shape (smollm-135m, llama-1b). */
+int  dt_tool_token_preset(const char *model);
+/* 1 when the flags train a token preset (--model gpt..., llama...) on token data (--data
+ * tokens:...): then `dtrain train` starts from nanoGPT's recipe (the one of
+ * ../peers/torch_gpt.py and torch_llama.py), so `dtrain train --model llama --data
+ * tokens:DIR` needs no other flag, and `dtrain check` takes the same defaults. Flags
+ * given on the command line still win. */
 int  dt_tool_gpt_workload(int argc, char **argv);
 /* Set nanoGPT's recipe in o: AdamW (0.9, 0.99), lr 1e-3 with 100 warm-up steps and a
  * cosine to 1e-4, weight decay 0.1 on matrices, clipping at 1, batch 12, 2000 steps,
