@@ -97,7 +97,7 @@ smollm() {
     local M="llama(layers=30,heads=9,kv_heads=3,dim=576,hidden=1536,block=256,vocab=49152)"
     echo "== smollm: SmolLM-135M's shape at block 256, global batch 4, 1 process x 2 threads, $STEPS steps"
     local all d t
-    all=$(dtrain_all 1 2 --model "$M" --batch 4 --steps "$STEPS" --warmup 2 --no-eval --rank-stats "$STEPS")
+    all=$(dtrain_all 1 2 --model "$M" --batch 4 --steps "$STEPS" --warmup 1 --no-eval --rank-stats "$STEPS")
     d=$(echo "$all" | grep 'dtrain: done')
     t=$(torch_run 0 1 "$((STEPS + 10))" 30 9 3 576 1536 256 4 49152 | peer_field tokens_per_s)
     echo "dtrain $(echo "$d" | tok) tokens/s, pytorch ${t:-fail} tokens/s, ratio $(ratio "$(echo "$d" | tok)" "${t:-0}")"

@@ -257,7 +257,8 @@ DT_API const char         *dt_layer_def_missing(const dt_layer_def *d);
 struct dt_layer {
     const dt_layer_def *def;
     dt_layer_kind kind;
-    char     text[64];       /* the spec text as written, for messages and the summary */
+    char     text[128];      /* the spec text as written, for messages and the summary (a preset's
+                              * longest, a llama attn(...), fits; longer ends in "...") */
     char     name[48];       /* module path: "3", "3.0" (nn.Sequential nesting) */
     int      index;          /* position in the flat layer list (dropout stream) */
     int      depth;          /* container nesting depth, 0 at the top */
