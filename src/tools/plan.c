@@ -29,12 +29,17 @@ static const char usage_plan[] =
     "flags mean the same here), split into parameters, gradients, optimizer state,\n"
     "activations, communication buffers and the rest, for every sharding mode and\n"
     "precision (or the ones given), and the wall the run meets: \"fits\", \"memory wall:\n"
-    "needs --shard X on >= R ranks\", or \"compute wall: fits, add ranks for speed\".\n"
+    "needs --shard X on >= R ranks\", or \"compute wall: fits, add ranks for speed\". When\n"
+    "the run asked for does not fit, what does, in the order to try: --recompute,\n"
+    "--precision bf16, each sharding mode, more ranks; with each its memory, its compute\n"
+    "per rank against the asked run's (recompute counted as a third more) and the bytes a\n"
+    "rank sends per step (a ring all-reduce of the gradient; --shard params half again).\n"
     "  --model SPEC          a preset, a layer list or @FILE (required)\n"
     "  --np N                processes  [1]\n"
     "  --precision P         only this precision  [all: fp32, bf16, fp16]\n"
     "  --shard MODE          only this sharding mode  [all: none, optim, grads, params]\n"
-    "  --batch B             global batch  [256; a gpt or llama preset: 12, as dtrain train's recipe]\n"
+    "  --batch B             global batch  [256; a gpt or llama preset: 12, as dtrain train's recipe;\n"
+    "                        not given, rounded up to a multiple of the micro-batches]\n"
     "  --micro-batches S     micro-batches of the global batch  [N]\n"
     "  --recompute           recompute the activations of residual blocks in backward\n"
     "  --device-mem GB       memory of one rank's device in GiB  [this machine's / N]\n"
@@ -100,7 +105,8 @@ static void commas(int64_t v, char *out, size_t n) {
     out[j] = '\0';
 }
 
-static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size_t capacity, const char *cap_note) {
+static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size_t capacity, const char *cap_note,
+                        const char *batch_note) {
     const dt_train_opts *t = o->train;
     const dt_plan_estimate *e = &rows[0].e;
     size_t most = 0;
@@ -112,10 +118,10 @@ static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size
     dt_optim_config cfg;
     int nstate = dt_train_optim_config(t, &cfg) == DT_OK ? dt_optim_nstate_of(&cfg) : 0;
     printf("dtrain plan: %s, %s parameters, %d rank%s\n", t->model, np, o->world, o->world == 1 ? "" : "s");
-    printf("  global batch %lld in %lld micro-batch%s of %lld (%lld per rank), %s (%d state array%s), "
-           "recompute %s\n", (long long)t->batch, (long long)e->micro_batches, e->micro_batches == 1 ? "" : "es",
-           (long long)e->micro_size, (long long)e->local_micro, t->optim, nstate, nstate == 1 ? "" : "s",
-           t->recompute ? "on" : "off");
+    printf("  global batch %lld%s in %lld micro-batch%s of %lld (%lld per rank), %s (%d state array%s), "
+           "recompute %s\n", (long long)t->batch, batch_note, (long long)e->micro_batches,
+           e->micro_batches == 1 ? "" : "es", (long long)e->micro_size, (long long)e->local_micro, t->optim, nstate,
+           nstate == 1 ? "" : "s", t->recompute ? "on" : "off");
     const dt_model_mem *mm = &e->model;
     if (mm->nblocks > 0 && !t->recompute)
         printf("  activations of the %d residual blocks: %.2f MiB, %.2f MiB per block\n", mm->nblocks,
@@ -142,12 +148,111 @@ static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size
         }
 }
 
-/* The verdict for the configuration asked for (the first row): the memory wall, or
- * when it fits, the compute wall when more ranks could share the batch. */
-static void print_verdict(const dt_plan_opts *o, const plan_row *r) {
+/* ---- what fits: the changes a user would try, in order ------------------------------
+ * A candidate is the asked run with some of: --recompute, --precision bf16, a sharding
+ * mode, more ranks. Its cost against the asked run: compute per rank (the samples a
+ * rank computes, and recompute's second forward of the residual blocks: at most a
+ * third more, counted as a third) and the bytes a rank sends per step (a ring
+ * all-reduce of the gradient, 2 (W-1)/W of it; optim and grads the same volume as a
+ * reduce-scatter and an all-gather; params half again, ZeRO-3's gathers in backward). */
+typedef struct {
+    int recompute, world;
+    const dt_plan_precision *pr;
+    const dt_plan_shard     *sh;
+    dt_plan_estimate         e;
+} candidate;
+
+static dt_status candidate_run(const dt_plan_opts *o, candidate *c) {
+    dt_train_opts t = *o->train;
+    t.recompute = c->recompute;
+    dt_plan_opts q = *o;
+    q.train = &t;
+    q.world = c->world;
+    dt_status s = dt_plan_run(&q, c->sh, c->pr, &c->e);
+    dt_error_clear();
+    return s;
+}
+
+static double compute_of(const candidate *c) {
+    return (double)c->e.local_micro * (double)c->e.micro_size * (c->recompute ? 4.0 / 3.0 : 1.0);
+}
+
+static double comm_bytes_of(const candidate *c) {
+    if (c->world < 2) return 0.0;
+    double ring = 2.0 * (c->world - 1) / c->world * (double)c->e.nparams * c->pr->grad_bytes;
+    return c->sh->params_sharded ? 1.5 * ring : ring;
+}
+
+/* The first candidate of a family that fits: sharding rows from `from` on (or the asked
+ * one only), the asked recompute setting then recompute on, at `world`. */
+static int first_fit(const dt_plan_opts *o, const candidate *asked, const dt_plan_precision *pr, int shard_from,
+                     int shard_to, int world, size_t capacity, candidate *out) {
+    int nsh;
+    const dt_plan_shard *rows = dt_plan_shards(&nsh);
+    for (int i = shard_from; i <= shard_to && i < nsh; i++)
+        for (int rc = asked->recompute; rc <= 1; rc++) {
+            candidate c = {.recompute = rc, .world = world, .pr = pr, .sh = &rows[i]};
+            if (candidate_run(o, &c) != DT_OK) return 0;   /* the batch does not split over world ranks */
+            if (c.e.total <= capacity) { *out = c; return 1; }
+        }
+    return 0;
+}
+
+static void candidate_flags(const candidate *asked, const candidate *c, char *buf, size_t n) {
+    int len = 0;
+    buf[0] = '\0';
+    if (c->recompute && !asked->recompute) len += snprintf(buf + len, n - (size_t)len, "--recompute ");
+    if (c->pr != asked->pr && (size_t)len < n) len += snprintf(buf + len, n - (size_t)len, "--precision %s ", c->pr->name);
+    if (c->sh != asked->sh && (size_t)len < n) len += snprintf(buf + len, n - (size_t)len, "--shard %s ", c->sh->name);
+    if (c->world != asked->world && (size_t)len < n) snprintf(buf + len, n - (size_t)len, "--np %d", c->world);
+}
+
+static void print_candidate(const candidate *asked, const candidate *c, int first) {
+    char flags[128];
+    candidate_flags(asked, c, flags, sizeof flags);
+    double ca = compute_of(asked), cb = comm_bytes_of(c);
+    printf("  %-40s %8.2f GiB   compute %5.2fx   sends %9.2f MiB/step%s\n", flags, (double)c->e.total / 1073741824.0,
+           ca > 0 ? compute_of(c) / ca : 0.0, cb / 1048576.0, first ? "   <- the first to try" : "");
+}
+
+/* The asked run does not fit: the first fit of each change a user would try, in order:
+ * --recompute, --precision bf16, each sharding mode beyond the asked one, more ranks
+ * (the least sharding that fits there), each with recompute where it alone is short. */
+static void print_fits(const dt_plan_opts *o, const plan_row *r, size_t capacity) {
+    int nsh, npr;
+    const dt_plan_shard *rows = dt_plan_shards(&nsh);
+    (void)dt_plan_precisions(&npr);
+    const dt_plan_precision *bf16 = dt_plan_precision_find("bf16");
+    candidate asked = {.recompute = o->train->recompute, .world = o->world, .pr = r->pr, .sh = r->sh, .e = r->e};
+    int at = (int)(r->sh - rows), shown = 0;
+    candidate c;
+    printf("  what fits, in the order to try (per-rank memory; compute per rank and bytes sent per step against\n"
+           "  the asked run's %.2f GiB, compute 1x, %.2f MiB sent):\n", (double)r->e.total / 1073741824.0,
+           comm_bytes_of(&asked) / 1048576.0);
+    if (!asked.recompute && first_fit(o, &asked, r->pr, at, at, o->world, capacity, &c))
+        print_candidate(&asked, &c, !shown++);
+    if (bf16 && r->pr != bf16 && first_fit(o, &asked, bf16, at, at, o->world, capacity, &c))
+        print_candidate(&asked, &c, !shown++);
+    for (int i = at + 1; i < nsh; i++)
+        if (first_fit(o, &asked, r->pr, i, i, o->world, capacity, &c)) print_candidate(&asked, &c, !shown++);
+    for (int64_t w = (int64_t)o->world * 2; w <= (1 << 20); w *= 2)
+        if (first_fit(o, &asked, r->pr, at, nsh - 1, (int)w, capacity, &c)) {
+            print_candidate(&asked, &c, !shown++);
+            break;
+        }
+    if (!shown) printf("  nothing of these: lower --batch or raise --micro-batches\n");
+}
+
+/* The verdict for the configuration asked for (the first row): the memory wall and
+ * what fits, or when it fits, the compute wall when more ranks could share the batch. */
+static void print_verdict(const dt_plan_opts *o, const plan_row *r, size_t capacity) {
     printf("\nverdict (--shard %s --precision %s on %d rank%s): ", r->sh->name, r->pr->name, o->world,
            o->world == 1 ? "" : "s");
-    if (!r->fits) { printf("%s\n", r->wall); return; }
+    if (!r->fits) {
+        printf("%s\n", r->wall);
+        print_fits(o, r, capacity);
+        return;
+    }
     dt_plan_opts more = *o;
     more.world = o->world * 2;
     dt_plan_estimate e;
@@ -204,7 +309,17 @@ int dtrain_plan_main(int argc, char **argv) {
     const char *shard = given[dt_train_option_field("shard") - opt_rows] ? t.shard : NULL;
     const char *prec = given[dt_train_option_field("precision") - opt_rows] ? t.precision : NULL;
     const char *model = t.model, *data = given[dt_train_option_field("data") - opt_rows] ? t.data : NULL;
+    int batch_given = given[dt_train_option_field("batch") - opt_rows];
     free(given);
+    /* no --batch: the default rounded up to a multiple of the micro-batches, said so */
+    char batch_note[160] = "";
+    int64_t S = t.micro_batches > 0 ? t.micro_batches : np;
+    if (s == DT_OK && !batch_given && S > 0 && t.batch % S) {
+        int64_t nb = (t.batch + S - 1) / S * S;
+        snprintf(batch_note, sizeof batch_note, " (chosen: the default %lld is not divisible by %lld micro-batches; "
+                 "--batch sets it)", (long long)t.batch, (long long)S);
+        t.batch = nb;
+    }
     const dt_plan_shard *sh1 = shard ? dt_plan_shard_find(shard) : NULL;
     const dt_plan_precision *pr1 = prec ? dt_plan_precision_find(prec) : NULL;
     if (s == DT_OK && shard && !sh1)
@@ -254,7 +369,7 @@ int dtrain_plan_main(int argc, char **argv) {
         for (int i = 0; i < n; i++) print_json(&o, &rows[i], capacity);
         return 0;
     }
-    print_table(&o, rows, n, capacity, cap_note);
-    print_verdict(&o, &rows[0]);
+    print_table(&o, rows, n, capacity, cap_note, batch_note);
+    print_verdict(&o, &rows[0], capacity);
     return 0;
 }
