@@ -4,7 +4,8 @@
 #   (b) every --shard mode gives bitwise the weights of --shard none (2 processes), and
 #       so do --recompute and a 2-stage pipeline;
 #   (c) a run stopped on 2 processes resumes on 1 and on 4 to the uninterrupted bits;
-#   (d) a tied head (tie=1) trains across processes bitwise, and its file loads back;
+#   (d) a tied head (tie=1) trains across processes bitwise, and its file loads back,
+#       with lm_head.weight or without it (as Hugging Face saves a tied model);
 #   (e) dtrain sample continues a prompt from a llama checkpoint, the same text for the
 #       same seed, greedy text at temperature 0 whatever the seed;
 #   (f) --init with a file missing a layer, or a tensor of the wrong shape, exits 2
@@ -32,6 +33,26 @@ run() {   # run NAME N ARGS...: dtrain train on N processes (1: no launcher), we
 }
 same() {   # same A B WHAT
     cmp -s "$T/$1.st" "$T/$2.st"; ok $? "$3"
+}
+st_edit() {   # st_edit SRC DST [--drop PREFIX | --reverse-shape NAME]: a safetensors file rewritten
+    python3 - "$@" <<'PYEOF'
+import json, struct, sys
+src, dst, how, arg = sys.argv[1:5]
+raw = open(src, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+out, blobs, off = {}, [], 0
+for k, v in hdr.items():
+    if k == "__metadata__" or (how == "--drop" and k.startswith(arg)):
+        continue
+    b = data[v["data_offsets"][0]:v["data_offsets"][1]]
+    shape = v["shape"][::-1] if how == "--reverse-shape" and k == arg else v["shape"]   # same bytes
+    out[k] = {"dtype": v["dtype"], "shape": shape, "data_offsets": [off, off + len(b)]}
+    blobs.append(b); off += len(b)
+h = json.dumps(out).encode()
+h += b" " * (-len(h) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PYEOF
 }
 
 # (a) world sizes, dropout off and on
@@ -77,6 +98,12 @@ timeout 60 "$D" train $A --model "$MT" --init "$T/tie1.st" --lr 1e-30 --optim sg
     --save "$T/tieback.st" > "$T/o.tieback" 2>&1
 ok $? "tie=1: --init takes its own saved file"
 same tie1 tieback "... and starts from exactly its weights"
+st_edit "$T/tie1.st" "$T/nohead.st" --drop lm_head.weight
+ok $? "tie=1: the file without lm_head.weight written (as Hugging Face saves a tied model)"
+timeout 60 "$D" train $A --model "$MT" --init "$T/nohead.st" --lr 1e-30 --optim sgd --weight-decay 0 --steps 1 \
+    --warmup 0 --save "$T/tienohead.st" > "$T/o.tienohead" 2>&1
+ok $? "tie=1: --init takes it"
+same tie1 tienohead "... the head is the embedding's weight: the same model"
 
 # (e) sampling
 S="--weights $T/plain1.st --model $M --prompt 3: --tokens 40 --threads 1"
@@ -90,29 +117,8 @@ cmp -s "$T/g1" "$T/g2"; ok $? "greedy decoding does not depend on the seed"
 [ -s "$T/s.err" ] && sed 's/^/#   /' "$T/s.err" | tail -3
 
 # (f) bad files and arguments exit 2, naming the culprit
-python3 - "$T/plain1.st" "$T/nolayer.st" "$T/badshape.st" <<'PYEOF'
-import json, struct, sys
-src, nolayer, badshape = sys.argv[1:4]
-raw = open(src, "rb").read()
-n = struct.unpack("<Q", raw[:8])[0]
-hdr, data = json.loads(raw[8:8 + n]), raw[8 + n:]
-def write(path, keep, shape_of=None):
-    out, blobs, off = {}, [], 0
-    for k, v in hdr.items():
-        if k == "__metadata__" or not keep(k):
-            continue
-        b = data[v["data_offsets"][0]:v["data_offsets"][1]]
-        shape = v["shape"]
-        if shape_of and k == shape_of:   # same bytes, shape read the other way round
-            shape = shape[::-1]
-        out[k] = {"dtype": v["dtype"], "shape": shape, "data_offsets": [off, off + len(b)]}
-        blobs.append(b); off += len(b)
-    h = json.dumps(out).encode()
-    h += b" " * (-len(h) % 8)
-    open(path, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-write(nolayer, lambda k: not k.startswith("model.layers.1."))
-write(badshape, lambda k: True, "model.layers.0.mlp.up_proj.weight")
-PYEOF
+st_edit "$T/plain1.st" "$T/nolayer.st" --drop model.layers.1. &&
+    st_edit "$T/plain1.st" "$T/badshape.st" --reverse-shape model.layers.0.mlp.up_proj.weight
 ok $? "two broken weight files written"
 for f in nolayer badshape; do
     timeout 60 "$D" train $A --model "$M" --init "$T/$f.st" --steps 1 > "$T/o.$f" 2>&1
