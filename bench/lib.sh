@@ -47,8 +47,9 @@ blas_kernels() {
 # fortunes_data NAME: DATA, the byte-level token files of Debian's fortunes (the text
 # files of /usr/share/games/fortunes, sorted), made once by `dtrain prepare-text` in
 # $DT_GPT_DATA (default /tmp/dtrain-gpt-fortunes). B names the build directory; NAME
-# the script, in its messages. Exits 2 when fortunes is not installed.
+# the script, in its messages. Exits 2 when B has no dtrain or fortunes is not installed.
 fortunes_data() {
+    [ -x "$B/dtrain" ] || { echo "$1: no dtrain in $B (set DT_BUILDDIR)"; exit 2; }
     DATA=${DT_GPT_DATA:-/tmp/dtrain-gpt-fortunes}
     [ -s "$DATA/train.bin" ] && return 0
     local files

@@ -29,7 +29,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 B=${DT_BUILDDIR:-$(pwd)}
 MODE=${1:-all}
 CAP=${DT_SHARD_CAP_MIB:-256}
-[ -x "$B/dtrain" ] || { echo "bench/shard.sh: no dtrain in $B (set DT_BUILDDIR)"; exit 2; }
 . "$here/lib.sh"
 fortunes_data bench/shard.sh
 find_peer torch_ddp_fmnist.py

@@ -83,38 +83,6 @@ static dt_status nomem(iparse *p) {
     return dt_error(DT_ERR_NOMEM, "%s: out of memory parsing the safetensors index", p->j.label);
 }
 
-/* {"key": "string" or number, ...} */
-static dt_status parse_meta(iparse *p) {
-    dt_jparse_ *j = &p->j;
-    DT_TRY(dt_jexpect_(j, '{'));
-    if (dt_jpeek_(j, '}')) {
-        j->p++;
-        return DT_OK;
-    }
-    while (1) {
-        char *k = NULL, *v = NULL;
-        DT_TRY(dt_jstring_(j, &k));
-        dt_status s = dt_jexpect_(j, ':');
-        if (s == DT_OK) s = dt_jpeek_(j, '"') ? dt_jstring_(j, &v) : jnumber_text(j, &v);
-        char **m = s == DT_OK ? grow(p->ix->meta, 2 * p->ix->nmeta + 1, &p->capmeta, sizeof *m) : NULL;
-        if (s == DT_OK && !m) s = nomem(p);
-        if (s != DT_OK) {
-            free(k);
-            free(v);
-            return s;
-        }
-        p->ix->meta = m;
-        p->ix->meta[2 * p->ix->nmeta] = k;
-        p->ix->meta[2 * p->ix->nmeta + 1] = v;
-        p->ix->nmeta++;
-        if (dt_jpeek_(j, ',')) {
-            j->p++;
-            continue;
-        }
-        return dt_jexpect_(j, '}');
-    }
-}
-
 /* A shard is a plain file beside the index: no directory part, no "..". */
 static dt_status check_file_name(iparse *p, const char *file, const char *name) {
     if (!*file) return ierr(p, "tensor \"%s\": an empty shard file name", name);
@@ -124,8 +92,35 @@ static dt_status check_file_name(iparse *p, const char *file, const char *name) 
     return DT_OK;
 }
 
-/* {"tensor name": "shard file", ...} */
-static dt_status parse_map(iparse *p) {
+/* metadata's value (a string or a number, kept as its text), stored with its key */
+static dt_status meta_pair(iparse *p, char *k, char **v) {
+    dt_jparse_ *j = &p->j;
+    DT_TRY(dt_jpeek_(j, '"') ? dt_jstring_(j, v) : jnumber_text(j, v));
+    char **m = grow(p->ix->meta, 2 * p->ix->nmeta + 1, &p->capmeta, sizeof *m);
+    if (!m) return nomem(p);
+    p->ix->meta = m;
+    m[2 * p->ix->nmeta] = k;
+    m[2 * p->ix->nmeta++ + 1] = *v;
+    return DT_OK;
+}
+
+/* weight_map's value (a shard's file name), stored with its tensor's name */
+static dt_status map_pair(iparse *p, char *k, char **v) {
+    dt_jparse_ *j = &p->j;
+    if (!dt_jpeek_(j, '"')) return dt_jerr_(j, "weight_map values must be shard file names (strings)");
+    DT_TRY(dt_jstring_(j, v));
+    DT_TRY(check_file_name(p, *v, k));
+    dt_st_index_entry_ *e = grow(p->ix->e, p->ix->n, &p->capmap, sizeof *e);
+    if (!e) return nomem(p);
+    p->ix->e = e;
+    e[p->ix->n].name = k;
+    e[p->ix->n++].file = *v;
+    return DT_OK;
+}
+
+/* {"key": value, ...}, each pair parsed and stored by pair(), which owns the key and
+ * the value it sets once it returns DT_OK */
+static dt_status parse_object(iparse *p, dt_status (*pair)(iparse *, char *, char **)) {
     dt_jparse_ *j = &p->j;
     DT_TRY(dt_jexpect_(j, '{'));
     if (dt_jpeek_(j, '}')) {
@@ -136,19 +131,12 @@ static dt_status parse_map(iparse *p) {
         char *k = NULL, *v = NULL;
         DT_TRY(dt_jstring_(j, &k));
         dt_status s = dt_jexpect_(j, ':');
-        if (s == DT_OK && !dt_jpeek_(j, '"')) s = dt_jerr_(j, "weight_map values must be shard file names (strings)");
-        if (s == DT_OK) s = dt_jstring_(j, &v);
-        if (s == DT_OK) s = check_file_name(p, v, k);
-        dt_st_index_entry_ *e = s == DT_OK ? grow(p->ix->e, p->ix->n, &p->capmap, sizeof *e) : NULL;
-        if (s == DT_OK && !e) s = nomem(p);
+        if (s == DT_OK) s = pair(p, k, &v);
         if (s != DT_OK) {
             free(k);
             free(v);
             return s;
         }
-        p->ix->e = e;
-        p->ix->e[p->ix->n].name = k;
-        p->ix->e[p->ix->n++].file = v;
         if (dt_jpeek_(j, ',')) {
             j->p++;
             continue;
@@ -164,10 +152,10 @@ static dt_status parse_top_key(iparse *p, int *have_meta, int *have_map) {
     dt_status s = dt_jexpect_(&p->j, ':');
     if (s == DT_OK && !strcmp(k, "metadata") && !*have_meta) {
         *have_meta = 1;
-        s = parse_meta(p);
+        s = parse_object(p, meta_pair);
     } else if (s == DT_OK && !strcmp(k, "weight_map") && !*have_map) {
         *have_map = 1;
-        s = parse_map(p);
+        s = parse_object(p, map_pair);
     } else if (s == DT_OK) {
         s = ierr(p, "unexpected or repeated key \"%s\" (an index holds \"metadata\" and \"weight_map\", once each)",
                  k);
