@@ -2,7 +2,8 @@
 # llama_train.sh: the llama preset under everything the trainer does to a model.
 #   (a) 1, 2 and 4 processes give bitwise the same weights, dropout off and on;
 #   (b) every --shard mode gives bitwise the weights of --shard none (2 processes), and
-#       so do --recompute and a 2-stage pipeline;
+#       so do --recompute and a 2-stage pipeline; bf16 on 2 processes is bf16 on 1;
+#       dtrain check passes;
 #   (c) a run stopped on 2 processes resumes on 1 and on 4 to the uninterrupted bits;
 #   (d) a tied head (tie=1) trains across processes bitwise, and its file loads back,
 #       with lm_head.weight or without it (as Hugging Face saves a tied model);
@@ -75,6 +76,14 @@ run rc 2 --model "$MD" --recompute; ok $? "--recompute trains"
 same drop2 rc "--recompute gives bitwise the weights without it"
 run pp 2 --model "$MD" --pipeline 2; ok $? "--pipeline 2 trains (one stage a process)"
 same drop1 pp "a 2-stage pipeline gives bitwise the weights of 1 process"
+run bf1 1 --model "$MD" --precision bf16; ok $? "--precision bf16: 1 process"
+run bf2 2 --model "$MD" --precision bf16; ok $? "--precision bf16: 2 processes"
+same bf1 bf2 "--precision bf16: 2 processes give bitwise the weights of 1 process"
+! cmp -s "$T/drop1.st" "$T/bf1.st"; ok $? "... and bf16 is not fp32 (the check above can fail)"
+export TMPDIR="$T"   # dtrain check's run directories land here
+timeout 300 "$D" check --np 2 --model "$M" --data "tokens:$T/tok" --batch 8 --threads 1 > "$T/o.ck" 2>&1
+rc=$?; [ $rc -eq 0 ]; ok $? "dtrain check --np 2 passes for the llama (exit $rc)"
+ok_grep "$T/o.ck" "all 6 checks passed" "... all six checks"
 
 # (c) stopped on 2, resumed on 1 and on 4
 timeout 180 "$R" -n 2 "$D" train $A --model "$MD" --checkpoint-dir "$T/ck" --stop-at 2 > "$T/o.stop" 2>&1
