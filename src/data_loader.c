@@ -22,6 +22,7 @@
 
 #include "data.h"
 #include "clock.h"
+#include "trace.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -70,6 +71,7 @@ static void default_free(void *ctx, void *p) {
 
 static void *loader_main(void *arg) {
     dt_loader *l = arg;
+    dt_trace_thread("loader");
     pthread_mutex_lock(&l->mu);
     for (;;) {
         while (!l->stop && l->slots[l->work_pos].st != SLOT_QUEUED) pthread_cond_wait(&l->work_cv, &l->mu);
@@ -77,7 +79,9 @@ static void *loader_main(void *arg) {
         slot *s = &l->slots[l->work_pos];
         pthread_mutex_unlock(&l->mu);
         /* The slot is ours while QUEUED: nobody else touches it. */
+        double t0 = dt_trace_on() ? dt_now() : 0.0;
         s->err = dt_dataset_gather(l->ds, s->idx, s->n, s->x, s->y);
+        if (t0 > 0.0) dt_trace_span("gather batch", "data", t0, dt_now(), NULL);
         if (s->err != DT_OK) snprintf(s->msg, sizeof s->msg, "loader thread: %s", dt_last_error());
         pthread_mutex_lock(&l->mu);
         s->st = SLOT_READY;

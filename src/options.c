@@ -144,6 +144,15 @@ static const dt_opt_row rows[] = {
      .off = F(rank_stats_every), .def = "0", .lo = 0, .hi = 1 << 30, .sec = DT_OPT_SEC_RUN, .example = "1",
      .help = "per-rank step/data/compute/comm times, memory and samples\n"
              "every K steps (0: after each epoch, when distributed)"},
+    {.field = "trace", .flag = "--trace", .arg = "FILE", .type = DT_OPT_STR, .off = F(trace),
+     .sec = DT_OPT_SEC_RUN, .example = "t.json",
+     .help = "write a timeline of every rank's steps (data wait, forward\n"
+             "and backward, gradient sums, optimizer) and collectives to\n"
+             "FILE as Chrome trace-event JSON (Perfetto, chrome://tracing)"},
+    {.field = "trace_steps", .flag = "--trace-steps", .arg = "A:B", .type = DT_OPT_STR, .off = F(trace_steps),
+     .sec = DT_OPT_SEC_RUN, .shown = "every step", .example = "2:3",
+     .help = "--trace: only steps A to B (1-based, both included; A: from\n"
+             "step A to the end)"},
     {.field = "recompute", .flag = "--recompute", .type = DT_OPT_ON, .off = F(recompute),
      .where = DT_OPT_PLAN, .sec = DT_OPT_SEC_RUN, .example = "1",
      .help = "keep only the inputs of residual blocks from forward to\n"

@@ -39,6 +39,7 @@
 #include "sampler.h"
 #include "shard.h"
 #include "testing.h"
+#include "trace.h"
 #include "train_impl.h"
 
 /* ---- the loop ------------------------------------------------------------------------ */
@@ -203,6 +204,29 @@ static dt_status batch_hash(trainer *t, int64_t g, uint64_t *out) {
     return DT_OK;
 }
 
+/* --trace: micro-batch `micro`'s forward [f0, f1] and backward [f1, f2] */
+static void trace_micro(int64_t micro, double f0, double f1, double f2) {
+    char d[48];
+    snprintf(d, sizeof d, "micro-batch %lld", (long long)micro);
+    dt_trace_span("forward", "compute", f0, f1, d);
+    dt_trace_span("backward", "compute", f1, f2, d);
+}
+
+/* --trace: step g's phases (at[0..4]: start, batch in, backward done, gradients summed,
+ * parameters updated) and the memory held at its end */
+static void trace_step(const trainer *t, int64_t g, const double *at) {
+    char d[48];
+    snprintf(d, sizeof d, "step %lld", (long long)g + 1);
+    dt_trace_span("step", "step", at[0], at[4], d);
+    dt_trace_span("data wait", "data", at[0], at[1], d);
+    if (t->pipe) dt_trace_span("pipeline actions", "compute", at[1], at[2], d);
+    dt_trace_span("gradient sums", "comm", at[2], at[3], d);
+    dt_trace_span("optimizer", "compute", at[3], at[4], d);
+    dt_mem_stats m;
+    dt_mem_get(&m);
+    dt_trace_counter("memory MiB", at[4], (double)m.cur[DT_MEM_TOTAL] / 1048576.0);
+}
+
 /* One optimizer step on global step g; *loss receives the global mean loss. */
 static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, double *lr_out, double *norm_out) {
     const dt_ops *ops = t->ops;
@@ -234,8 +258,10 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         int64_t micro = t->first_micro + i;
         int64_t sample_base = step * t->o->batch + micro * t->b;
         if (t->bnrec_n) dt_model_set_bn_record(t->model, t->bnrec + (size_t)micro * t->bnrec_n);
+        double f0 = dt_trace_on() ? dt_now() : 0.0;
         DT_TRY(dt_model_forward(t->model, t->dx + (size_t)(i * t->b) * ss, (int)t->b, 1,
                                 (uint64_t)epoch, sample_base, NULL));
+        double f1 = f0 > 0.0 ? dt_now() : 0.0;
         DT_TRY(dt_ddp_begin_micro(t->ddp, i));
         /* micro-batch i's targets: b x lw labels, or b one-hot rows of C (the loss's row says) */
         const void *ti = !dt_loss_def_of(t->lf.kind)->one_hot
@@ -243,6 +269,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
                              : (const void *)((const float *)target + (size_t)(i * t->b) * (size_t)t->C);
         DT_TRY(dt_model_loss_backward(t->model, &t->lf, ti, (int)t->b, (float)t->o->batch, NULL));
         DT_TRY(ops->copy_d2d(t->dlosses + i, dt_model_loss_dev(t->model), sizeof(float)));
+        if (f0 > 0.0) trace_micro(micro, f0, f1, dt_now());
     }
     DT_TRY(ops->copy_d2h(t->losses, t->dlosses, (size_t)t->k * sizeof(float)));   /* the step's one read back */
     dt_loader_release(t->loader);   /* the uploads are done */
@@ -297,6 +324,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     if (!skip && t->pipe) DT_TRY(dt_train_pipe_after_step_(t));
     DT_TRY(ops->synchronize());
     double t4 = dt_now();
+    if (dt_trace_on()) trace_step(t, g, (double[]){ t0, t1, t2, t3, t4 });
 
     double sum = 0.0;
     for (int64_t i = 0; i < t->S; i++) sum += (double)t->all_losses[i];
@@ -537,6 +565,7 @@ static dt_status setup_start(trainer *t) {
 
 static dt_status trainer_setup(trainer *t) {
     DT_TRY(setup_world(t));
+    DT_TRY(dt_train_trace_setup_(t));
     DT_TRY(setup_data(t));
     DT_TRY(setup_model(t));
     DT_TRY(setup_parallel(t));
@@ -601,6 +630,14 @@ static dt_status stop_requested(trainer *t, int *stop) {
     return DT_OK;
 }
 
+/* An evaluation, a span of the trace when one is recorded. */
+static dt_status validate(trainer *t, double *loss, double *acc) {
+    double t0 = dt_now();
+    dt_status s = dt_train_validate_(t, loss, acc);
+    dt_trace_span("evaluation", "eval", t0, dt_now(), NULL);
+    return s;
+}
+
 static dt_status run_loop(trainer *t, dt_train_result *res) {
     const dt_train_opts *o = t->o;
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
@@ -624,6 +661,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         int64_t done = g + 1;
         int epoch = (int)(g / t->spe);
         int logged = (o->log_every > 0 && done % o->log_every == 0) || done == t->total;
+        dt_train_trace_step_(t, g);
         DT_TRY(train_step(t, g, logged, &loss, &lr, &norm));
         DT_TRY(dt_mem_check_limit());
         t->epoch_loss += loss;
@@ -650,7 +688,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
             dt_train_event e = {.kind = DT_EV_EVAL, .epoch = epoch, .epochs = o->epochs, .step = done,
                                 .total_steps = t->total, .steps_per_epoch = t->spe, .loss = loss, .lr = lr,
                                 .elapsed_s = elapsed, .eta_s = eta, .evaluated = 1};
-            DT_TRY(dt_train_validate_(t, &e.test_loss, &e.test_acc));
+            DT_TRY(validate(t, &e.test_loss, &e.test_acc));
             emit(t, &e);
         }
         if (end_of_epoch) {
@@ -661,7 +699,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
                                 .lr = lr, .grad_norm = norm, .samples_per_s = sps, .elapsed_s = train_time,
                                 .eta_s = eta};
             if (t->test) {
-                DT_TRY(dt_train_validate_(t, &e.test_loss, &e.test_acc));
+                DT_TRY(validate(t, &e.test_loss, &e.test_acc));
                 e.evaluated = 1;
                 res->test_loss = e.test_loss;
                 res->test_acc = e.test_acc;
@@ -737,6 +775,7 @@ dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
         memcpy(r.norm_mean, di->mean, sizeof r.norm_mean);
         memcpy(r.norm_std, di->std, sizeof r.norm_std);
         s = run_loop(&t, &r);
+        if (s == DT_OK) s = dt_train_trace_write_(&t);
         r.skipped_steps = dt_amp_skipped(t.amp);
         r.loss_scale = dt_amp_scale(t.amp);
     }
@@ -747,6 +786,8 @@ dt_status dt_train_run(const dt_train_opts *o, const dt_ops *ops, dt_comm *comm,
         *model_out = t.model;
         t.model = NULL;
     }
+    dt_trace_enable(0);        /* a run that failed leaves no trace file and no records */
+    dt_trace_reset();
     trainer_free(&t);          /* first: DDP unhooks itself from the model */
     dt_model_free(t.model);
     dt_mem_set_limit(cap_before);   /* the caller's model outlives the run, and so does its cap */

@@ -164,6 +164,9 @@ typedef struct {
                                  * from the checkpoint's (refused by default, naming each) */
     int         log_every;      /* STEP events every this many steps; default 50 */
     int         rank_stats_every; /* RANKS events every this many steps (0: after each epoch only) */
+    const char *trace;          /* write every rank's timeline here (trace.h; rank 0 writes the
+                                 * file, NULL: none) */
+    const char *trace_steps;    /* "A:B" or "A:": the steps traced (NULL: all) */
     size_t      max_memory;     /* > 0: a cap in bytes on the memory each rank counts (mem.h,
                                  * dt_mem_set_limit), as a device of that size would impose: an
                                  * allocation over it, or a step, evaluation or end whose peak

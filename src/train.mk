@@ -1,5 +1,5 @@
 # src/train.mk: the training loop, weight files, and the dtrain program.
-libdtrain_core_la_SOURCES += src/train.c src/train_ckpt.c src/train_eval.c src/train_pipe.c src/train_impl.h src/options.c src/checkpoint.c src/ddp.c src/shard.c src/shard_params.c src/shard_impl.h src/testing.c src/testing.h src/pipeline.c src/plan.c \
+libdtrain_core_la_SOURCES += src/train.c src/train_ckpt.c src/train_eval.c src/train_pipe.c src/train_trace.c src/train_impl.h src/options.c src/checkpoint.c src/ddp.c src/shard.c src/shard_params.c src/shard_impl.h src/testing.c src/testing.h src/pipeline.c src/plan.c \
 	src/plan.h
 dtraininclude_HEADERS += src/train.h src/options.h src/pipeline.h src/checkpoint.h src/ddp.h src/shard.h
 
@@ -27,5 +27,5 @@ TESTS += tests/optim_cli.sh tests/shard.sh
 EXTRA_DIST += tests/optim_cli.sh tests/shard.sh
 # the gpt end to end (learning, invariance, resume, sampling, check on token data, Hugging
 # Face's layout for --init) and against nanoGPT's PyTorch module, and the llama preset against its PyTorch peer
-TESTS += tests/gpt_train.sh tests/llama_train.sh tests/torch_gpt.sh tests/torch_llama.sh
-EXTRA_DIST += tests/gpt_train.sh tests/llama_train.sh tests/torch_gpt.sh tests/torch_llama.sh tests/peer_lib.sh
+TESTS += tests/trace.sh tests/gpt_train.sh tests/llama_train.sh tests/torch_gpt.sh tests/torch_llama.sh
+EXTRA_DIST += tests/trace.sh tests/gpt_train.sh tests/llama_train.sh tests/torch_gpt.sh tests/torch_llama.sh tests/peer_lib.sh

@@ -5,6 +5,7 @@
  *   train_ckpt.c   the checkpoint and resume protocol (driven by options.h's recorded rows)
  *   train_eval.c   loss targets, the device batch, evaluation
  *   train_pipe.c   --pipeline: stages, the schedule's actions, the norm across stages
+ *   train_trace.c  --trace: the steps traced, the ranks' clocks, the file
  */
 #ifndef DT_TRAIN_IMPL_H
 #define DT_TRAIN_IMPL_H
@@ -31,6 +32,9 @@ typedef struct trainer {
     int dp, dpr, pp, stage;
     dt_comm *dp_comm;
     struct train_pipe *pipe;         /* train_pipe.c; NULL without --pipeline */
+    int64_t trace_lo, trace_hi;      /* --trace: the steps traced, [lo, hi] (1-based; hi 0: to the end) */
+    double trace_base, trace_offset; /* rank 0's clock at the start; this rank's clock + offset is rank 0's */
+    double trace_err;                /* the offsets' error bound, seconds */
     dt_dataset *train, *test;
     dt_sampler *sampler;
     dt_loader *loader;
@@ -139,5 +143,15 @@ dt_status dt_train_resume_open_(trainer *t);
 dt_status dt_train_resume_restore_(trainer *t);
 /* A checkpoint after step `done` when one is due (or force). */
 dt_status dt_train_checkpoint_(trainer *t, int64_t done, int force);
+
+/* ---- train_trace.c ---- */
+
+/* --trace: the steps (--trace-steps) and each rank's clock against rank 0's (collective
+ * when distributed: every rank calls it after the communicator is up). */
+dt_status dt_train_trace_setup_(trainer *t);
+/* Recording on for global step g (0-based) when it is traced, off otherwise. */
+void      dt_train_trace_step_(const trainer *t, int64_t g);
+/* The end of a run: every rank's records to rank 0, which writes the file (collective). */
+dt_status dt_train_trace_write_(trainer *t);
 
 #endif /* DT_TRAIN_IMPL_H */

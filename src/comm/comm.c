@@ -18,6 +18,8 @@
 #include "comm_impl.h"
 #include "launch_env.h"
 #include "reduce.h"
+#include "clock.h"
+#include "trace.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -306,6 +308,17 @@ static dt_status exec(dt_comm *c, const op_t *o) {
     return dt_error(DT_ERR_UNSUPPORTED, "backend %s cannot do %s", b->name, k->desc);
 }
 
+/* The span of an operation that ran from t0 until now, named by its kind (the first
+ * word of its description: "all_reduce", "send", ...). */
+static void trace_op(const op_t *o, double t0) {
+    char kind[32];
+    size_t n = strcspn(o->call.desc, " ");
+    if (n >= sizeof kind) n = sizeof kind - 1;
+    memcpy(kind, o->call.desc, n);
+    kind[n] = '\0';
+    dt_trace_span(kind, "comm", t0, dt_now(), o->call.desc);
+}
+
 /* Run one operation now (the caller has ordered it after earlier async work). */
 static dt_status run(dt_comm *c, const op_t *o) {
     pthread_mutex_lock(&c->family->lock);
@@ -314,7 +327,9 @@ static dt_status run(dt_comm *c, const op_t *o) {
         s = dt_error(DT_ERR_PEER, "%s", c->broken_msg);
     } else {
         c->op_token = o->token;
+        double t0 = dt_trace_on() ? dt_now() : 0.0;
         s = exec(c, o);
+        if (t0 > 0.0) trace_op(o, t0);
         c->op_token = NULL;
         if (s != DT_OK) {
             dt_error_wrap(s, "rank %d: ", c->rank);
@@ -333,6 +348,7 @@ _Thread_local int dt_comm_on_worker;
 static void *worker_main(void *arg) {
     dt_comm *c = arg;
     dt_comm_on_worker = 1;
+    dt_trace_thread("comm");
     dt_async *a = c->async;
     pthread_mutex_lock(&a->mu);
     for (;;) {

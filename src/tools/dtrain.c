@@ -550,6 +550,7 @@ static int cmd_train(int argc, char **argv) {
     if ((s = setup_threads(ops, cli.threads, local_size, &nthreads)) != DT_OK) goto out;
 
     if (g_rank == 0 && cli.save && (s = check_writable("--save", cli.save)) != DT_OK) goto out;   /* before, not after, training */
+    if (g_rank == 0 && o.trace && (s = check_writable("--trace", o.trace)) != DT_OK) goto out;
     reporter rep = {.quiet = cli.quiet, .tty = isatty(STDERR_FILENO), .rank0 = g_rank == 0, .threads = nthreads,
                     .peak_gflops = cli.peak_gflops, .peak_measured = cli.peak_gflops <= 0};
     if (g_rank == 0 && gpt && cli.peak_gflops <= 0) rep.peak_gflops = measure_peak(ops);

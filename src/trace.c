@@ -1,0 +1,165 @@
+/*
+ * trace.c: the records of trace.h, in one growable array under a mutex (a few dozen a
+ * step, from the main, communication and loader threads), written as trace events.
+ */
+#include "config.h"
+
+#include "trace.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sbuf.h"
+
+#define MAX_THREADS 16
+
+typedef struct {
+    char   name[48], cat[16], detail[96];
+    double t0, t1;        /* a counter: t0 = t1 = its time */
+    double value;
+    int    tid, counter;
+} record;
+
+static atomic_int       g_on;
+static pthread_mutex_t  g_mu = PTHREAD_MUTEX_INITIALIZER;
+static record          *g_rec;
+static size_t           g_n, g_cap;
+static const char      *g_thread_name[MAX_THREADS];
+static atomic_int       g_threads;
+static _Thread_local int t_tid = -1;
+
+void dt_trace_enable(int on) { atomic_store_explicit(&g_on, on ? 1 : 0, memory_order_relaxed); }
+int  dt_trace_on(void) { return atomic_load_explicit(&g_on, memory_order_relaxed); }
+
+/* The calling thread's id: 0, 1, ... in the order threads first record (the last id
+ * is shared by threads beyond MAX_THREADS). */
+static int tid(void) {
+    if (t_tid < 0) {
+        int id = atomic_fetch_add(&g_threads, 1);
+        t_tid = id < MAX_THREADS ? id : MAX_THREADS - 1;
+    }
+    return t_tid;
+}
+
+void dt_trace_thread(const char *name) {
+    int id = tid();
+    pthread_mutex_lock(&g_mu);
+    if (!g_thread_name[id]) g_thread_name[id] = name;
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void add(const record *r) {
+    pthread_mutex_lock(&g_mu);
+    if (g_n == g_cap) {
+        size_t cap = g_cap ? 2 * g_cap : 1024;
+        record *p = realloc(g_rec, cap * sizeof *p);
+        if (!p) {   /* out of memory: the record is lost, the run goes on */
+            pthread_mutex_unlock(&g_mu);
+            return;
+        }
+        g_rec = p;
+        g_cap = cap;
+    }
+    g_rec[g_n++] = *r;
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void copy(char *dst, size_t n, const char *src) {
+    size_t len = src ? strlen(src) : 0;
+    if (len >= n) len = n - 1;
+    if (len) memcpy(dst, src, len);
+    dst[len] = '\0';
+}
+
+void dt_trace_span(const char *name, const char *cat, double t0, double t1, const char *detail) {
+    if (!dt_trace_on()) return;
+    record r = {.t0 = t0, .t1 = t1 >= t0 ? t1 : t0, .tid = tid()};
+    copy(r.name, sizeof r.name, name);
+    copy(r.cat, sizeof r.cat, cat);
+    copy(r.detail, sizeof r.detail, detail);
+    add(&r);
+}
+
+void dt_trace_counter(const char *name, double t, double value) {
+    if (!dt_trace_on()) return;
+    record r = {.t0 = t, .t1 = t, .value = value, .tid = tid(), .counter = 1};
+    copy(r.name, sizeof r.name, name);
+    add(&r);
+}
+
+/* s as a JSON string's contents: quotes, backslashes and control bytes escaped */
+static void json_str(dt_sbuf *b, const char *s) {
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') dt_sbuf_printf_(b, "\\%c", c);
+        else if (c < 0x20) dt_sbuf_printf_(b, "\\u%04x", c);
+        else dt_sbuf_put_(b, s, 1);
+    }
+}
+
+static void meta_event(dt_sbuf *b, int rank, int id, const char *what, const char *name, int n) {
+    dt_sbuf_printf_(b, "%s{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"%s\",\"args\":{\"name\":\"", n ? ",\n" : "",
+                    rank, id, what);
+    json_str(b, name);
+    dt_sbuf_str_(b, "\"}}");
+}
+
+dt_status dt_trace_json(int rank, double base, double offset, char **out, size_t *len) {
+    dt_sbuf b = {0};
+    pthread_mutex_lock(&g_mu);
+    char pname[32];
+    snprintf(pname, sizeof pname, "rank %d", rank);
+    meta_event(&b, rank, 0, "process_name", pname, 0);
+    dt_sbuf_printf_(&b, ",\n{\"ph\":\"M\",\"pid\":%d,\"name\":\"process_sort_index\",\"args\":{\"sort_index\":%d}}",
+                    rank, rank);
+    int nthreads = atomic_load(&g_threads);
+    for (int i = 0; i < nthreads && i < MAX_THREADS; i++)
+        if (g_thread_name[i]) meta_event(&b, rank, i, "thread_name", g_thread_name[i], 1);
+    for (size_t i = 0; i < g_n; i++) {
+        const record *r = &g_rec[i];
+        double ts = (r->t0 + offset - base) * 1e6;
+        dt_sbuf_str_(&b, ",\n{\"name\":\"");
+        json_str(&b, r->name);
+        if (r->counter) {
+            dt_sbuf_printf_(&b, "\",\"ph\":\"C\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"args\":{\"value\":%.6g}}", rank,
+                            r->tid, ts, r->value);
+            continue;
+        }
+        dt_sbuf_str_(&b, "\",\"cat\":\"");
+        json_str(&b, r->cat);
+        dt_sbuf_printf_(&b, "\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", rank, r->tid, ts,
+                        (r->t1 - r->t0) * 1e6);
+        if (r->detail[0]) {
+            dt_sbuf_str_(&b, ",\"args\":{\"detail\":\"");
+            json_str(&b, r->detail);
+            dt_sbuf_str_(&b, "\"}");
+        }
+        dt_sbuf_str_(&b, "}");
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (b.oom) {
+        dt_sbuf_free_(&b);
+        return dt_error(DT_ERR_NOMEM, "trace: out of memory writing the events");
+    }
+    *out = b.p;
+    *len = b.len;
+    return DT_OK;
+}
+
+size_t dt_trace_count(void) {
+    pthread_mutex_lock(&g_mu);
+    size_t n = g_n;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
+void dt_trace_reset(void) {
+    pthread_mutex_lock(&g_mu);
+    free(g_rec);
+    g_rec = NULL;
+    g_n = g_cap = 0;
+    pthread_mutex_unlock(&g_mu);
+}

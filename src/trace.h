@@ -1,0 +1,40 @@
+/*
+ * trace.h: a timeline of what each thread of this process did (dtrain train --trace),
+ * for the Chrome trace-event format that Perfetto and chrome://tracing load.
+ *
+ * Spans (name, category, start, end on the monotonic clock of clock.h, a short
+ * detail) and counters are recorded from any thread while tracing is on; a thread is
+ * named once (dt_trace_thread: "main", "comm", "loader"). dt_trace_json writes this
+ * process's records as trace events with pid = its rank, timestamps in microseconds
+ * on a clock shifted by `offset` seconds (the trainer measures each rank's offset to
+ * rank 0's clock, so that every rank's events share one time line) and relative to
+ * `base`. Recording costs a clock read and, for a span, a short critical section; off,
+ * a relaxed atomic load.
+ */
+#ifndef DT_TRACE_H
+#define DT_TRACE_H
+
+#include <stddef.h>
+
+#include "status.h"
+
+/* Recording on (from now) or off; records are kept until dt_trace_reset. */
+void      dt_trace_enable(int on);
+int       dt_trace_on(void);
+/* Name the calling thread (a string literal: not copied). */
+void      dt_trace_thread(const char *name);
+/* A span [t0, t1] (dt_now() seconds) of the calling thread; detail may be NULL. Names
+ * and details longer than the record's fields are cut. */
+void      dt_trace_span(const char *name, const char *cat, double t0, double t1, const char *detail);
+/* A counter sample: series `name`, value at t. */
+void      dt_trace_counter(const char *name, double t, double value);
+/* This process's records as trace-event JSON objects separated by ",\n" (no enclosing
+ * brackets; empty when there are none), with metadata events naming the process
+ * "rank R" and its threads; *out is malloc'ed. */
+dt_status dt_trace_json(int rank, double base, double offset, char **out, size_t *len);
+/* The number of records kept. */
+size_t    dt_trace_count(void);
+/* Forget every record (tracing stays as it was). */
+void      dt_trace_reset(void);
+
+#endif /* DT_TRACE_H */

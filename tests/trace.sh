@@ -1,0 +1,99 @@
+#!/bin/sh
+# trace.sh: dtrain train --trace writes one Chrome trace-event file for every rank:
+#   valid JSON with a process per rank and named threads (main, comm, loader); on each
+#   rank the step's phases (data wait, forward and backward per micro-batch, gradient
+#   sums, optimizer) for exactly the steps --trace-steps names, the collectives on the
+#   communication thread, a memory counter; the ranks' clocks on one time line (every
+#   all-reduce overlaps its partner on the other rank, within the stated error);
+#   a 1-process run and a pipeline trace too; bad --trace and --trace-steps exit 2.
+. "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
+D="$DT_BUILDDIR/dtrain"; R="$DT_BUILDDIR/dtrun"
+[ -x "$D" ] && [ -x "$R" ] || skip_all "dtrain or dtrun not built"
+command -v python3 > /dev/null || skip_all "python3 is needed to read the JSON"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+A="--model mlp --batch 64 --micro-batches 4 --steps 5 --threads 1 --no-eval --quiet"
+
+timeout 120 "$R" -n 2 "$D" train $A --trace "$T/t2.json" --trace-steps 2:3 > "$T/o2" 2>&1
+ok $? "2 processes train with --trace --trace-steps 2:3"
+cat > "$T/check.py" <<'PYEOF'
+import json, sys
+path, ranks, steps = sys.argv[1], int(sys.argv[2]), [int(s) for s in sys.argv[3].split(",")]
+d = json.load(open(path))
+ev = d["traceEvents"]
+say = lambda k, v: print("%s %s" % (k, v))
+names = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+procs = sorted(e["pid"] for e in ev if e["ph"] == "M" and e["name"] == "process_name")
+say("procs", ",".join(map(str, procs)))
+X = [e for e in ev if e["ph"] == "X"]
+say("durations_ok", int(all(e["dur"] >= 0 for e in X)))
+for r in range(ranks):
+    mine = [e for e in X if e["pid"] == r]
+    main = [e for e in mine if names.get((r, e["tid"])) == "main"]
+    got = sorted(int(e["args"]["detail"].split()[1]) for e in main if e["name"] == "step")
+    say("steps%d" % r, ",".join(map(str, got)))
+    say("phases%d" % r, int(all(any(e["name"] == n for e in main)
+                                for n in ("data wait", "forward", "backward", "gradient sums", "optimizer"))))
+    fw = [e for e in main if e["name"] == "forward"]
+    say("forwards%d" % r, len(fw))
+    comm = [e for e in mine if names.get((r, e["tid"])) == "comm" and e["name"] == "all_reduce"]
+    say("comm_allreduce%d" % r, len(comm))
+    say("memory%d" % r, sum(1 for e in ev if e["ph"] == "C" and e["pid"] == r and e["name"] == "memory MiB"))
+    # every phase inside its step's span, on this rank's time line
+    spans = {int(e["args"]["detail"].split()[1]): e for e in main if e["name"] == "step"}
+    inside = all(spans[int(e["args"]["detail"].split()[1])]["ts"] - 1 <= e["ts"] and
+                 e["ts"] + e["dur"] <= spans[int(e["args"]["detail"].split()[1])]["ts"] +
+                 spans[int(e["args"]["detail"].split()[1])]["dur"] + 1
+                 for e in main if e["name"] in ("data wait", "gradient sums", "optimizer"))
+    say("nested%d" % r, int(inside))
+if ranks > 1:
+    err = d["otherData"]["clock_error_us"] + 1.0
+    a = sorted((e for e in X if e["pid"] == 0 and e["name"] == "all_reduce"), key=lambda e: e["ts"])
+    b = sorted((e for e in X if e["pid"] == 1 and e["name"] == "all_reduce"), key=lambda e: e["ts"])
+    overl = len(a) == len(b) and len(a) > 0 and all(
+        x["ts"] <= y["ts"] + y["dur"] + err and y["ts"] <= x["ts"] + x["dur"] + err for x, y in zip(a, b))
+    say("aligned", int(overl))
+    say("clock_error_us", d["otherData"]["clock_error_us"])
+PYEOF
+py() { python3 "$T/check.py" "$@" > "$T/c.out" 2> "$T/c.err" || sed 's/^/#   /' "$T/c.err" | tail -3; }
+val() { sed -n "s/^$1 //p" "$T/c.out"; }
+py "$T/t2.json" 2 2,3
+[ "$(val procs)" = "0,1" ]; ok $? "a process per rank, named (got '$(val procs)')"
+[ "$(val durations_ok)" = 1 ]; ok $? "every span's duration is >= 0"
+for r in 0 1; do
+    [ "$(val steps$r)" = "2,3" ]; ok $? "rank $r: exactly steps 2 and 3 (got '$(val steps$r)')"
+    [ "$(val phases$r)" = 1 ]; ok $? "rank $r: data wait, forward, backward, gradient sums and optimizer on the main thread"
+    [ "$(val forwards$r)" = 4 ]; ok $? "rank $r: a forward per local micro-batch (2 steps x 2; got $(val forwards$r))"
+    n=$(val comm_allreduce$r); [ "${n:-0}" -ge 2 ]; ok $? "rank $r: the gradient all-reduces on the comm thread ($n)"
+    [ "$(val memory$r)" = 2 ]; ok $? "rank $r: a memory counter per step"
+    [ "$(val nested$r)" = 1 ]; ok $? "rank $r: each phase lies within its step"
+done
+diag "clock error bound: $(val clock_error_us) us"
+[ "$(val aligned)" = 1 ]; ok $? "the ranks share one time line: each all-reduce overlaps its partner on the other rank"
+
+# one process, and a pipeline
+timeout 60 "$D" train $A --trace "$T/t1.json" > "$T/o1" 2>&1
+ok $? "1 process with --trace (every step)"
+py "$T/t1.json" 1 1,2,3,4,5
+[ "$(val steps0)" = "1,2,3,4,5" ]; ok $? "... every step traced (got '$(val steps0)')"
+[ "$(val forwards0)" = 20 ]; ok $? "... a forward per micro-batch (5 x 4; got $(val forwards0))"
+timeout 120 "$R" -n 2 "$D" train $A --pipeline 2 --trace "$T/tp.json" --trace-steps 4: > "$T/op" 2>&1
+ok $? "a 2-stage pipeline with --trace --trace-steps 4:"
+python3 -c "
+import json, sys
+ev = json.load(open(sys.argv[1]))['traceEvents']
+print(sorted(set(e['pid'] for e in ev if e.get('name') == 'pipeline actions')))" "$T/tp.json" > "$T/pp" 2>&1
+[ "$(cat "$T/pp")" = "[0, 1]" ]; ok $? "... both stages' pipeline actions (got $(cat "$T/pp"))"
+
+# bad input: exit 2 before training, naming the flag
+bad() {   # bad WHAT PATTERN ARGS...
+    what=$1 pat=$2; shift 2
+    timeout 60 "$D" train $A "$@" > "$T/bad" 2>&1
+    rc=$?; [ $rc -eq 2 ]; ok $? "$what exits 2 (got $rc)"
+    ok_grep "$T/bad" "$pat" "... saying: $pat"
+}
+bad "--trace-steps 3:2" "--trace-steps: expected A:B" --trace "$T/x.json" --trace-steps 3:2
+bad "--trace-steps 0:2" "--trace-steps: expected A:B" --trace "$T/x.json" --trace-steps 0:2
+bad "--trace-steps without --trace" "--trace-steps: needs --trace" --trace-steps 1:2
+bad "--trace into a missing directory" "--trace: cannot create" --trace "$T/nodir/x.json"
+[ ! -e "$T/x.json" ]; ok $? "no file is left by a refused run"
+done_testing
