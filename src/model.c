@@ -19,7 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "lowp.h"
+#include "trace.h"
 
 /* One entry of the state registry: tensor t of layer `layer`. */
 typedef struct {
@@ -69,6 +71,7 @@ struct dt_model {
     int              nblocks;
     int             (*blocks)[2];
     int             *block_of;
+    int             *mod_first;    /* per layer: the first layer of its top-level module */
     unsigned char   *arena;
     int              arena_owner;
     dt_lowp         *lp;           /* mixed precision (lowp.h), NULL in f32 */
@@ -165,6 +168,7 @@ void dt_model_free(dt_model *m) {
     free(m->set_out);
     free(m->blocks);
     free(m->block_of);
+    free(m->mod_first);
     free(m->pview);
     free(m->gview);
     free(m);
@@ -325,6 +329,34 @@ static dt_status drop_outside(dt_model *m, const dt_layer *L, const dt_model_lay
     return DT_OK;
 }
 
+/* Each layer's top-level module, as its first layer (for --trace's spans). */
+static dt_status find_modules(dt_model *m) {
+    int n = m->spec.n, nmod = dt_spec_modules(&m->spec, NULL);
+    int *cuts = malloc((size_t)(nmod + 1) * sizeof *cuts);
+    m->mod_first = malloc((size_t)(n > 0 ? n : 1) * sizeof *m->mod_first);
+    if (!cuts || !m->mod_first) {
+        free(cuts);
+        return dt_error(DT_ERR_NOMEM, "model: out of memory");
+    }
+    dt_spec_modules(&m->spec, cuts);
+    for (int k = 0; k < nmod; k++)
+        for (int i = cuts[k]; i < cuts[k + 1]; i++) m->mod_first[i] = cuts[k];
+    free(cuts);
+    return DT_OK;
+}
+
+/* --trace: the span of the pass (forward or backward) over the module whose first
+ * layer is `first`, from t0 until now; named by that layer and the module's place (a
+ * block's two residuals share their first layer's name) */
+static void trace_module(const dt_model *m, int first, const char *pass, double t0) {
+    char name[80];
+    int k = 0;
+    for (int i = 1; i <= first; i++) k += m->mod_first[i] == i;
+    snprintf(name, sizeof name, "%.48s (module %d)", m->spec.layers[first].name[0] ? m->spec.layers[first].name : "-",
+             k);
+    dt_trace_span(name, pass, t0, dt_now(), pass);
+}
+
 /* The spec of a model parsed and inferred, its registry and blocks: everything but memory. */
 static dt_status model_prepare(const char *spec, const dt_shape *input, const dt_ops *ops, int max_batch,
                                const dt_model_opts *mo, dt_model **out, int64_t *unit_max) {
@@ -343,6 +375,7 @@ static dt_status model_prepare(const char *spec, const dt_shape *input, const dt
     if (s != DT_OK) { free(m); return s; }
     if ((s = dt_spec_infer(&m->spec, input)) == DT_OK && (s = build_registry(m)) == DT_OK)
         s = find_blocks(m, unit_max);
+    if (s == DT_OK) s = find_modules(m);
     if (s != DT_OK) {
         dt_model_free(m);
         return s;
@@ -610,13 +643,19 @@ dt_status dt_model_forward_range(dt_model *m, int lo, int hi, const float *x, in
     if (!m->views_only) DT_TRY(dt_lowp_prepare(m->lp, m->ops, m->params, m->res_lo, m->res_hi));
     dt_nn_ctx c = nn_ctx(m, train);
     const float *cur = x;
+    double tm = 0.0;   /* --trace: the start of the module running */
     for (int i = lo; i < hi; i++) {
         dt_layer *L = &m->spec.layers[i];
+        if (dt_trace_on() && (i == lo || m->mod_first[i] == i)) tm = dt_now();
         dt_status s = layer_hook(m, i, DT_HOOK_FWD_PRE);
         if (s == DT_OK) s = layer_ctx(m, &c, i);
         if (s == DT_OK) s = dt_layer_forward(&c, L, cur, B);
         if (s == DT_OK) s = layer_hook(m, i, DT_HOOK_FWD_POST);
         if (s != DT_OK) return dt_error_wrap(s, "forward, layer %s '%s': ", L->name, L->text);
+        if (tm > 0.0 && (i + 1 == hi || m->mod_first[i + 1] == i + 1)) {
+            trace_module(m, m->mod_first[i], "forward", tm);
+            tm = 0.0;
+        }
         if (m->block_of[i] >= 0) m->arena_owner = m->block_of[i];
         cur = L->out_ptr;
     }
@@ -854,9 +893,11 @@ dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, 
     dt_nn_ctx c = nn_ctx(m, m->last_train);
     int which = 0;
     float *dx = NULL;
+    double tm = 0.0;   /* --trace: the start of the module running */
     for (int i = hi - 1; i >= lo; i--) {
         dt_layer *L = &m->spec.layers[i];
         const float *x = input_of(m, i);
+        if (dt_trace_on() && (i == hi - 1 || m->mod_first[i + 1] == i + 1)) tm = dt_now();
         if (L->def->flags & DT_LDEF_GRAD_IN_PLACE) dx = (float *)dy;   /* same memory */
         else if (i == lo) dx = dx_out;                                  /* the range's input: the caller's, or none */
         else { dx = m->dbuf[which]; which ^= 1; }
@@ -877,6 +918,10 @@ dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, 
          * with the next block before this block's units are gathered again */
         int b = m->block_of[i];
         if (b >= 0 && i == m->blocks[b][1]) DT_TRY(recompute_block(m, b));
+        if (tm > 0.0 && (i == lo || m->mod_first[i] == i)) {
+            trace_module(m, m->mod_first[i], "backward", tm);
+            tm = 0.0;
+        }
         dy = dx;
     }
     m->gcur = NULL;

@@ -84,6 +84,22 @@ ev = json.load(open(sys.argv[1]))['traceEvents']
 print(sorted(set(e['pid'] for e in ev if e.get('name') == 'pipeline actions')))" "$T/tp.json" > "$T/pp" 2>&1
 [ "$(cat "$T/pp")" = "[0, 1]" ]; ok $? "... both stages' pipeline actions (got $(cat "$T/pp"))"
 
+# a gpt: a forward and a backward span per top-level module and micro-batch
+awk 'BEGIN { for (i = 0; i < 100; i++) printf "%d: the quick brown fox.\n", i % 13 }' > "$T/text.txt"
+timeout 60 "$D" prepare-text "$T/tok" "$T/text.txt" > /dev/null 2>&1
+timeout 60 "$D" train --model "gpt(layers=2,heads=2,dim=32,block=16)" --data "tokens:$T/tok" --steps 3 --warmup 1 \
+    --batch 8 --micro-batches 2 --threads 1 --no-eval --quiet --trace "$T/g.json" > "$T/og" 2>&1
+ok $? "a gpt with --trace"
+python3 -c "
+import json, sys, collections
+ev = json.load(open(sys.argv[1]))['traceEvents']
+for p in ('forward', 'backward'):
+    c = collections.Counter(e['name'] for e in ev if e['ph'] == 'X' and e.get('cat') == p)
+    print(p, len(c), sorted(set(c.values())))" "$T/g.json" > "$T/mods" 2>&1
+diag "$(tr '\n' ';' < "$T/mods")"
+grep -qx "forward 8 \[6\]" "$T/mods"; ok $? "its 8 modules each have a forward span per micro-batch (3 steps x 2)"
+grep -qx "backward 8 \[6\]" "$T/mods"; ok $? "... and a backward span"
+
 # bad input: exit 2 before training, naming the flag
 bad() {   # bad WHAT PATTERN ARGS...
     what=$1 pat=$2; shift 2
