@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "clock.h"
 #include "options.h"
+#include "trace.h"
 #include "train_impl.h"
 
 /* A sharded run's checkpoint (ckpt.h): every rank writes its shard of parameters and
@@ -120,9 +122,13 @@ dt_status dt_train_checkpoint_(trainer *t, int64_t done, int force) {
                          .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
                          .model_spec = o->model, .schedule = o->schedule};
     dt_status s = DT_OK;
+    double t0 = dt_now();
     if (dt_shard_state_sharded(t->shard) || t->pipe) s = save_sharded(t, &info, extra, nextra);
     else if (t->rank == 0) s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, nextra);
     if (s != DT_OK) dt_error_wrap(s, "checkpoint at step %lld: ", (long long)done);
+    char d[48];
+    snprintf(d, sizeof d, "step %lld", (long long)done);
+    dt_trace_span("checkpoint", "checkpoint", t0, dt_now(), d);
     return s;
 }
 

@@ -71,8 +71,12 @@ diag "clock error bound: $(val clock_error_us) us"
 [ "$(val aligned)" = 1 ]; ok $? "the ranks share one time line: each all-reduce overlaps its partner on the other rank"
 
 # one process, and a pipeline
-timeout 60 "$D" train $A --trace "$T/t1.json" > "$T/o1" 2>&1
-ok $? "1 process with --trace (every step)"
+timeout 60 "$D" train $A --trace "$T/t1.json" --checkpoint-dir "$T/ck" --checkpoint-every 2 > "$T/o1" 2>&1
+ok $? "1 process with --trace (every step) and checkpoints every 2 steps"
+n=$(python3 -c "
+import json, sys
+print(sum(1 for e in json.load(open(sys.argv[1]))['traceEvents'] if e.get('name') == 'checkpoint'))" "$T/t1.json")
+[ "$n" = 3 ]; ok $? "... a span per checkpoint written (steps 2, 4 and the end, 5; got $n)"
 py "$T/t1.json" 1 1,2,3,4,5
 [ "$(val steps0)" = "1,2,3,4,5" ]; ok $? "... every step traced (got '$(val steps0)')"
 [ "$(val forwards0)" = 20 ]; ok $? "... a forward per micro-batch (5 x 4; got $(val forwards0))"
