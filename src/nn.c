@@ -34,6 +34,25 @@ void dt_shape_str(const dt_shape *s, int with_batch, char *buf, size_t n) {
     if (off < n) snprintf(buf + off, n - off, ")");
 }
 
+dt_status dt_shape_parse(const char *text, dt_shape *s) {
+    memset(s, 0, sizeof *s);
+    const char *p = text ? text : "";
+    for (;;) {
+        /* digits only: no sign, space or empty field; at most 3 of them (dt_shape's d[]) */
+        int64_t v = 0;
+        const char *start = p;
+        while (*p >= '0' && *p <= '9' && v <= (INT64_C(1) << 31)) v = v * 10 + (*p++ - '0');
+        if (p == start || v < 1 || v > (INT64_C(1) << 31) || s->ndim == 3 || (*p && *p != ','))
+            break;
+        s->d[s->ndim++] = v;
+        if (!*p) return DT_OK;
+        p++;
+    }
+    memset(s, 0, sizeof *s);
+    return dt_error(DT_ERR_FORMAT, "input shape \"%.64s\" is not C,H,W, T,C or F (1 to 3 sizes in 1..2^31, "
+                    "comma-separated)", text ? text : "");
+}
+
 static const dt_layer_def *const defs[] = {
 #define DT_LAYER_ROW_(K, name) [DT_LAYER_##K] = &dt_layer_def_##name,
     DT_LAYER_LIST(DT_LAYER_ROW_)

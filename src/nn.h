@@ -77,6 +77,9 @@ typedef struct {
 DT_API int64_t     dt_shape_numel(const dt_shape *s);
 /* Writes "(B, C, H, W)"-style text (with batch "B" when with_batch) into buf. */
 DT_API void        dt_shape_str(const dt_shape *s, int with_batch, char *buf, size_t n);
+/* Reads "C,H,W", "T,C" or "F" (1 to 3 sizes in 1..2^31, decimal, comma-separated, as a
+ * checkpoint records the input); DT_ERR_FORMAT quoting the text otherwise. */
+DT_API dt_status   dt_shape_parse(const char *text, dt_shape *s);
 
 /* Called with per-channel statistics of a train-mode batchnorm so DDP can make
  * them global (synchronised batchnorm). Forward (backward = 0): stats is device

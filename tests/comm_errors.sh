@@ -157,6 +157,13 @@ st=$?
 [ $st -eq 1 ]; ok $? "file:// without a live store times out (exit $st)"
 ok_grep "$TMP/fto" "rank 1: file://$TMP/stale: no store for job '$JOB' appeared before the timeout \(the file is from job 'otherjob'\)" \
     "the error says what the file held"
+# ... and with a file of this job that does not parse (a port past 65535): the timeout says why
+echo "dtrain-store 2 $JOB 127.0.0.1 70000 deadbeef -" > "$TMP/badport"; chmod 600 "$TMP/badport"
+env RANK=1 WORLD_SIZE=2 DT_JOB_ID=$JOB DT_TIMEOUT=1 timeout 30 "$PROG" --mode init --init "file://$TMP/badport" > "$TMP/fbp" 2>&1
+st=$?
+[ $st -eq 1 ]; ok $? "file:// with a malformed rendezvous file times out (exit $st)"
+ok_grep "$TMP/fbp" "appeared before the timeout \(rendezvous file: the store's port is not a number in 1..65535\)" \
+    "the error says what is wrong with the file"
 NO_MASTER=1 launch 2 --mode init
 ok_grep "$TMP/out.0" "rank 0: init method env:// needs MASTER_ADDR and MASTER_PORT" "env:// without a master address"
 

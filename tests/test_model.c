@@ -243,6 +243,30 @@ static void test_summary(void) {
     dt_spec_free(&s);
 }
 
+/* dt_shape_parse: the per-sample shape a checkpoint records ("1,28,28"), as `dtrain
+ * export` reads it. A fourth size once went into d[3], past the array. */
+static void test_shape_parse(void) {
+    dt_shape s;
+    char buf[64];
+    is_int(dt_shape_parse("1,28,28", &s), DT_OK, "shape \"1,28,28\" parses");
+    dt_shape_str(&s, 0, buf, sizeof buf);
+    is_str(buf, "(1, 28, 28)", "into C, H, W");
+    is_int(dt_shape_parse("64,32", &s), DT_OK, "shape \"64,32\" parses");
+    ok(s.ndim == 2 && s.d[0] == 64 && s.d[1] == 32, "into T, C");
+    is_int(dt_shape_parse("2147483648", &s), DT_OK, "a size of 2^31 is the largest");
+    ok(s.ndim == 1 && s.d[0] == INT64_C(2147483648), "into F");
+    const char *const bad[] = {"1,2,3,4", "1,2,3,4,5,6,7,8", "", "1,,2", "1,2,", ",1", "0,2", "-1", "+1", " 1",
+                               "1 ", "2147483649", "99999999999999999999999", "1;2", "1,2x", NULL};
+    for (int i = 0; bad[i]; i++) {
+        dt_error_clear();
+        s = (dt_shape){.ndim = 7};
+        is_int(dt_shape_parse(bad[i], &s), DT_ERR_FORMAT, "shape \"%s\" is refused", bad[i]);
+        ok(s.ndim == 0, "shape \"%s\": nothing is left in the shape", bad[i]);
+        like(dt_last_error(), "is not C,H,W, T,C or F", "shape \"%s\": the message says what is expected", bad[i]);
+    }
+    is_int(dt_shape_parse(NULL, &s), DT_ERR_FORMAT, "no text is refused");
+}
+
 /* ---- built models ------------------------------------------------------------ */
 
 typedef struct { int calls, order_ok, last_first; int seen[64]; } ready_log;
@@ -753,6 +777,7 @@ int main(void) {
     test_loss_rows();
     test_ranges();
     test_parse();
+    test_shape_parse();
     test_files();
     test_errors();
     test_summary();

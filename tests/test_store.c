@@ -4,8 +4,11 @@
  * refused; a flood of silent or half-done connections neither shuts a client out nor
  * costs memory, and is counted by source), and raw garbage written to the port before
  * and after authentication (bad magic, a hostile length, a truncated header) closing
- * only that connection while the server keeps serving. */
+ * only that connection while the server keeps serving. Also the file of a file://
+ * rendezvous (rdzv_file.h): what rank 0 writes reads back, and every malformed file is
+ * refused naming what is wrong. */
 #include "store.h"
+#include "rdzv_file.h"
 #include "auth.h"
 #include "sock.h"
 #include "comm_impl.h"
@@ -109,7 +112,82 @@ static long rss_kib(void) {
     return kb;
 }
 
+/* A file that must be refused, with sub in the message and nothing left in the fields. */
+static void rdzv_bad(const char *what, const char *text, size_t n, const char *sub) {
+    dt_rdzv_file f;
+    memset(&f, 0x5a, sizeof f);
+    dt_error_clear();
+    is_int(dt_rdzv_file_parse(text, n, &f), DT_ERR_FORMAT, "rendezvous file %s: refused", what);
+    like(dt_last_error(), sub, "rendezvous file %s: the message says so", what);
+    ok(!f.job[0] && !f.addr[0] && !f.secret[0] && !f.port && !f.nonce, "rendezvous file %s: the fields are empty",
+       what);
+}
+
+static void test_rdzv_file(void) {
+    char line[512], big[1200];
+    dt_rdzv_file f;
+    /* what rank 0 writes (tcp.c's file_publish), and white space as fscanf took it */
+    snprintf(line, sizeof line, DT_RDZV_FILE_LINE, "job-7", "10.1.2.3", 29500, 0xfedcba9876543210ull,
+             "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff");
+    is_int(dt_rdzv_file_parse(line, strlen(line), &f), DT_OK, "rendezvous file: rank 0's line parses");
+    is_str(f.job, "job-7", "rendezvous file: the job");
+    is_str(f.addr, "10.1.2.3", "rendezvous file: the address");
+    is_int(f.port, 29500, "rendezvous file: the port");
+    ok(f.nonce == 0xfedcba9876543210ull, "rendezvous file: the nonce, all 64 bits");
+    is_str(f.secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", "rendezvous file: the secret");
+    const char *lax = "  dtrain-store\t2 - 127.0.0.1 1 0 -\r\n\n";
+    is_int(dt_rdzv_file_parse(lax, strlen(lax), &f), DT_OK, "rendezvous file: other white space, no job, no secret");
+    ok(!strcmp(f.job, "-") && f.port == 1 && f.nonce == 0 && !strcmp(f.secret, "-"), "rendezvous file: its fields");
+    const char *bare = "dtrain-store 2 j h 65535 ABCdef s";
+    is_int(dt_rdzv_file_parse(bare, strlen(bare), &f), DT_OK, "rendezvous file: no newline, port 65535, hex in both cases");
+    ok(f.port == 65535 && f.nonce == 0xabcdefull, "rendezvous file: its port and nonce");
+    /* only the n bytes given are read: the text needs no terminating zero */
+    memcpy(big, bare, strlen(bare));
+    memset(big + strlen(bare), 'x', 16);
+    is_int(dt_rdzv_file_parse(big, strlen(bare), &f), DT_OK, "rendezvous file: nothing past n bytes is read");
+    is_str(f.secret, "s", "rendezvous file: the secret ends at n");
+    rdzv_bad("cut before the secret", bare, strlen(bare) - 2, "the secret is missing");
+
+    rdzv_bad("empty", "", 0, "it is empty");
+    rdzv_bad("NULL", NULL, 5, "it is empty");
+    rdzv_bad("of white space", " \n\t", 3, "it is empty");
+    rdzv_bad("of another kind", "hello world", 11, "\"dtrain-store\" do not start it");
+    rdzv_bad("of version 1", "dtrain-store 1 j h 1 1 -", 24, "version \"1\", this dtrain reads 2");
+    rdzv_bad("of version 02x", "dtrain-store 02x j h 1 1 -", 26, "version \"02x\"");
+    rdzv_bad("without a version", "dtrain-store", 12, "the version is missing");
+    rdzv_bad("with the words run together", "dtrain-store2 j h 1 1 -", 23, "do not start it");
+    rdzv_bad("without an address", "dtrain-store 2 j", 16, "the store's address is missing");
+    rdzv_bad("without a nonce", "dtrain-store 2 j h 1", 20, "the nonce is missing");
+    const char *ports[] = {"0", "65536", "70000", "-1", "+80", "80x", "123456", "0x50", NULL};
+    for (int i = 0; ports[i]; i++) {
+        char what[32];
+        snprintf(line, sizeof line, "dtrain-store 2 j h %s 1 -", ports[i]);
+        snprintf(what, sizeof what, "with port %s", ports[i]);
+        rdzv_bad(what, line, strlen(line), "the store's port is not a number in 1..65535");
+    }
+    const char *nonces[] = {"0x1f", "-1", "g", "12345678901234567", NULL};
+    for (int i = 0; nonces[i]; i++) {
+        char what[48];
+        snprintf(line, sizeof line, "dtrain-store 2 j h 80 %s -", nonces[i]);
+        snprintf(what, sizeof what, "with nonce %s", nonces[i]);
+        rdzv_bad(what, line, strlen(line), "the nonce is not 1 to 16 hex digits");
+    }
+    snprintf(line, sizeof line, "dtrain-store 2 %0128d h 80 1 -", 0);
+    rdzv_bad("with a job id of 128 bytes", line, strlen(line), "the job id is longer than 127 bytes");
+    snprintf(line, sizeof line, "dtrain-store 2 %0127d h 80 1 -", 0);
+    is_int(dt_rdzv_file_parse(line, strlen(line), &f), DT_OK, "rendezvous file: a job id of 127 bytes is fine");
+    snprintf(line, sizeof line, "dtrain-store 2 j %064d 80 1 -", 0);
+    rdzv_bad("with an address of 64 bytes", line, strlen(line), "the store's address is longer than 63 bytes");
+    snprintf(line, sizeof line, "dtrain-store 2 j h 80 1 %080d", 0);
+    rdzv_bad("with a secret of 80 bytes", line, strlen(line), "the secret is longer than 79 bytes");
+    rdzv_bad("with a zero byte in the job id", "dtrain-store 2 j\0b h 80 1 -", 27, "the job id is longer than 127 "
+             "bytes or holds a zero byte");
+    rdzv_bad("with a word after the secret", "dtrain-store 2 j h 80 1 - more", 30, "something follows the secret");
+    rdzv_bad("with a zero byte after the secret", "dtrain-store 2 j h 80 1 -\n\0", 27, "something follows the secret");
+}
+
 int main(void) {
+    test_rdzv_file();
     dt_store_server *srv = NULL;
     dt_auth job_b, wrong_secret, no_secret;
     is_int(dt_auth_init_secret(&job_a, "jobA", "s3cret", 6), DT_OK, "a job secret");

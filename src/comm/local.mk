@@ -5,7 +5,7 @@ libdtrain_core_la_SOURCES += src/comm/comm.c src/comm/comm_impl.h src/comm/coll.
 	src/comm/sock.c src/comm/sock.h src/comm/auth.c src/comm/auth.h src/comm/gate.c src/comm/gate.h \
 	src/comm/reduce.c src/comm/reduce.h src/comm/algo.c \
 	src/comm/tcp.c src/comm/tcp_xfer.c src/comm/tcp_ring.c src/comm/tcp_impl.h src/comm/shm.c src/comm/shm.h \
-	src/comm/shm_name.c src/comm/shm_name.h
+	src/comm/shm_name.c src/comm/shm_name.h src/comm/rdzv_file.c src/comm/rdzv_file.h
 dtraininclude_HEADERS += src/comm/comm.h
 
 check_PROGRAMS += tests/test_reduce tests/test_store tests/test_algo tests/coll_prog

@@ -4,9 +4,10 @@
  * Init, in order:
  *   1. who am I: rank/size from the options or the launch environment (launch_env.h);
  *      where is the store: env:// (MASTER_ADDR/MASTER_PORT), tcp://host:port, or
- *      file:///path (rank 0 binds a free port and publishes "job host port nonce" there,
- *      and a fresh job secret when none is set: the file is private, mode 0600; the
- *      other ranks refuse any file that is not, file_open_private);
+ *      file:///path (rank 0 binds a free port and publishes "job host port nonce" there
+ *      in the line of rdzv_file.h, and a fresh job secret when none is set: the file is
+ *      private, mode 0600; the other ranks refuse any file that is not,
+ *      file_open_private);
  *      under mpirun with neither MASTER_ADDR nor MASTER_PORT (and MPI built in), rank 0
  *      serves the store on a free port and MPI broadcasts where, and a fresh secret
  *      (mpi_boot.h); every connection, to the store and between ranks, first proves the
@@ -35,6 +36,7 @@
 #include "tcp_impl.h"
 #include "launch_env.h"
 #include "mpi_boot.h"
+#include "rdzv_file.h"
 #include "sock.h"
 #include "gate.h"
 
@@ -162,8 +164,7 @@ static dt_status file_publish(const char *path, const char *job, const char *add
         unlink(tmp);
         return dt_error(DT_ERR_IO, "file:// rendezvous: cannot write %s: %s", tmp, strerror(e));
     }
-    int bad = fprintf(f, "dtrain-store 2 %s %s %d %llx %s\n", *job ? job : "-", addr, port, nonce,
-                      secret && *secret ? secret : "-") < 0;
+    int bad = fprintf(f, DT_RDZV_FILE_LINE, *job ? job : "-", addr, port, nonce, secret && *secret ? secret : "-") < 0;
     bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
     bad |= fclose(f) != 0;
     if (bad || rename(tmp, path) != 0) {
@@ -209,7 +210,8 @@ static dt_status file_open_private(const char *path, FILE **out) {
 }
 
 /* file://: wait for a file naming this job, connect, and check the nonce with the store
- * (a stale file from an earlier job, or a reused port, is skipped until the deadline). */
+ * (a stale file from an earlier job, a reused port, or a file that does not parse
+ * (dt_rdzv_file_parse) is skipped until the deadline). */
 static dt_status file_connect(const char *path, dt_auth *auth, double deadline, char *host, size_t hn,
                               dt_store **out) {
     char seen[400] = "no file";
@@ -219,27 +221,32 @@ static dt_status file_connect(const char *path, dt_auth *auth, double deadline, 
         FILE *f;
         DT_TRY(file_open_private(path, &f));
         if (f) {
-            char fjob[160], faddr[64], fsecret[80];
-            int fport, ver;
-            unsigned long long nonce;
-            int n = fscanf(f, "dtrain-store %d %159s %63s %d %llx %79s", &ver, fjob, faddr, &fport, &nonce, fsecret);
+            char text[DT_RDZV_FILE_MAX];
+            size_t tn = fread(text, 1, sizeof text, f);
             fclose(f);
-            if (n == 6 && ver == 2 && strcmp(fjob, *job ? job : "-") == 0) {
+            dt_rdzv_file rf;
+            if (tn == sizeof text) {
+                snprintf(seen, sizeof seen, "the file is longer than a dtrain rendezvous file");
+            } else if (dt_rdzv_file_parse(text, tn, &rf) != DT_OK) {
+                snprintf(seen, sizeof seen, "%s", dt_last_error());
+            } else if (strcmp(rf.job, *job ? job : "-") != 0) {
+                snprintf(seen, sizeof seen, "the file is from job '%s'", rf.job);
+            } else {
                 dt_store *st = NULL;
                 double left = deadline - dt_now();
                 int usable = 1;
                 if (!own_secret) {
-                    int has = strcmp(fsecret, "-") != 0;
-                    usable = dt_auth_init_secret(auth, job, has ? fsecret : NULL, has ? strlen(fsecret) : 0) == DT_OK;
+                    int has = strcmp(rf.secret, "-") != 0;
+                    usable = dt_auth_init_secret(auth, job, has ? rf.secret : NULL, has ? strlen(rf.secret) : 0) == DT_OK;
                 }
-                if (usable && dt_store_connect(faddr, fport, auth, left < 2 ? (left > 0.1 ? left : 0.1) : 2, &st) == DT_OK) {
+                if (usable && dt_store_connect(rf.addr, rf.port, auth, left < 2 ? (left > 0.1 ? left : 0.1) : 2, &st) == DT_OK) {
                     void *v = NULL;
                     size_t vn;
                     char want[32];
-                    snprintf(want, sizeof want, "%llx", nonce);
+                    snprintf(want, sizeof want, "%llx", rf.nonce);
                     if (dt_store_get(st, "nonce", &v, &vn, 1.0) == DT_OK && strcmp(v, want) == 0) {
                         free(v);
-                        snprintf(host, hn, "%s", faddr);
+                        snprintf(host, hn, "%s", rf.addr);
                         *out = st;
                         return DT_OK;
                     }
@@ -247,11 +254,8 @@ static dt_status file_connect(const char *path, dt_auth *auth, double deadline, 
                     dt_store_close(st);
                 }
                 if (usable)
-                    snprintf(seen, sizeof seen, "the file names %s:%d, which does not answer for this job", faddr, fport);
-            } else if (n == 6 && ver == 2) {
-                snprintf(seen, sizeof seen, "the file is from job '%s'", fjob);
-            } else {
-                snprintf(seen, sizeof seen, "the file is not a dtrain rendezvous file of this version");
+                    snprintf(seen, sizeof seen, "the file names %s:%d, which does not answer for this job", rf.addr,
+                             rf.port);
             }
         }
         if (dt_now() > deadline)

@@ -26,21 +26,13 @@ static const char usage_export[] =
     "newest valid one) as one safetensors file with PyTorch's names and layouts.\n"
     "  -o, --output FILE     the file to write (replaced atomically)\n";
 
-/* "1,28,28" into shape; DT_ERR_FORMAT naming the checkpoint otherwise. */
+/* The recorded "1,28,28" into shape; DT_ERR_FORMAT naming the checkpoint otherwise. */
 static dt_status parse_shape(const char *ckpt, const char *text, dt_shape *shape) {
     memset(shape, 0, sizeof *shape);
-    const char *p = text;
-    while (p && *p) {
-        char *end;
-        long long v = strtoll(p, &end, 10);
-        if (end == p || v < 1 || v > (1LL << 31) || shape->ndim == 4 || (*end && *end != ','))
-            return dt_error(DT_ERR_FORMAT, "%s: input shape \"%s\" is not 1 to 4 positive sizes", ckpt, text);
-        shape->d[shape->ndim++] = v;
-        p = *end ? end + 1 : end;
-    }
-    if (!shape->ndim) return dt_error(DT_ERR_FORMAT, "%s: no input shape recorded (written by an older dtrain: its "
-                                      "model.safetensors is the whole model already)", ckpt);
-    return DT_OK;
+    if (!text || !*text) return dt_error(DT_ERR_FORMAT, "%s: no input shape recorded (written by an older dtrain: "
+                                         "its model.safetensors is the whole model already)", ckpt);
+    dt_status s = dt_shape_parse(text, shape);
+    return s == DT_OK ? s : dt_error_wrap(s, "%s: ", ckpt);
 }
 
 int dtrain_export_main(int argc, char **argv) {

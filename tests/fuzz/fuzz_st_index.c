@@ -3,8 +3,8 @@
  * the index JSON's parser and checks (dt_st_index_parse_), then the whole
  * dt_st_open_index over two shards. The input is a little-endian u32 L, L bytes of
  * index JSON, a u32 M, M bytes of a.safetensors and the rest as b.safetensors, the
- * three written into a private directory; an index naming other shards reaches the
- * missing-shard path.
+ * three written into a private directory (one per input, removed after it); an index
+ * naming other shards reaches the missing-shard path.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,7 +16,6 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char dir[64], index_path[128];
 
 static uint32_t take_len(const uint8_t **data, size_t *size) {
     if (*size < 4) return 0;
@@ -52,10 +51,6 @@ static void walk(const dt_st_file *f) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size > (4u << 20)) return 0;
-    if (!dir[0]) {
-        fuzz_dir(dir, sizeof dir, "st_index");
-        snprintf(index_path, sizeof index_path, "%s/model.safetensors.index.json", dir);
-    }
     uint32_t l = take_len(&data, &size);
     dt_st_index_ ix;
     if (dt_st_index_parse_((const char *)data, l, "fuzz.index.json", &ix) != DT_OK) return 0;
@@ -65,11 +60,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     data += l;
     size -= l;
     uint32_t m = take_len(&data, &size);
-    if (!fuzz_put(dir, "model.safetensors.index.json", json, l) || !fuzz_put(dir, "a.safetensors", data, m) ||
-        !fuzz_put(dir, "b.safetensors", data + m, size - m))
-        return 0;
+    char dir[64], index_path[128];
+    fuzz_dir(dir, sizeof dir, "st_index");
+    snprintf(index_path, sizeof index_path, "%s/model.safetensors.index.json", dir);
     dt_st_file *f = NULL;
-    if (dt_st_open_index(index_path, &f) == DT_OK) walk(f);
+    if (fuzz_put(dir, "model.safetensors.index.json", json, l) && fuzz_put(dir, "a.safetensors", data, m) &&
+        fuzz_put(dir, "b.safetensors", data + m, size - m) && dt_st_open_index(index_path, &f) == DT_OK)
+        walk(f);
     dt_st_close(f);
+    fuzz_dir_done(dir);
     return 0;
 }

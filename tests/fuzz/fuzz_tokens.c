@@ -1,9 +1,10 @@
 /*
  * fuzz_tokens.c: libFuzzer target for the token file readers (llm.c's format and
  * nanoGPT's raw uint16, src/data_tokens.c). The input becomes both train.bin and
- * val.bin of a private directory, opened as tokens:DIR with a window of 8 tokens; the
- * first byte picks the vocabulary (even: from the files, odd: 256). When the files
- * are accepted, a window is gathered and the split fingerprinted.
+ * val.bin of a private directory (one per input, removed after it), opened as
+ * tokens:DIR with a window of 8 tokens; the first byte picks the vocabulary (even:
+ * from the files, odd: 256). When the files are accepted, a window is gathered and
+ * the split fingerprinted.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -16,12 +17,14 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char dir[64];
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1 || size > (1u << 20)) return 0;
+    char dir[64];
     fuzz_dir(dir, sizeof dir, "tokens");
-    if (!fuzz_put(dir, "train.bin", data + 1, size - 1) || !fuzz_put(dir, "val.bin", data + 1, size - 1)) return 0;
+    if (!fuzz_put(dir, "train.bin", data + 1, size - 1) || !fuzz_put(dir, "val.bin", data + 1, size - 1)) {
+        fuzz_dir_done(dir);
+        return 0;
+    }
     char spec[96];
     snprintf(spec, sizeof spec, "tokens:%s", dir);
     dt_data_opts o;
@@ -39,5 +42,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     dt_dataset_free(train);
     dt_dataset_free(test);
+    fuzz_dir_done(dir);
     return 0;
 }
