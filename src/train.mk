@@ -5,13 +5,14 @@ dtraininclude_HEADERS += src/train.h src/options.h src/pipeline.h src/checkpoint
 
 bin_PROGRAMS += dtrain
 dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h \
-	src/tools/check.c src/tools/plot.c src/tools/sample.c src/tools/plan.c src/tools/export.c src/tools/tools.h \
+	src/tools/check.c src/tools/plot.c src/tools/report.c src/tools/report.h src/tools/report_html.c \
+	src/tools/jsonl.c src/tools/jsonl.h src/tools/sample.c src/tools/plan.c src/tools/export.c src/tools/tools.h \
 	src/tools/tool_util.c src/tools/tool_util.h
 
 TESTS += tests/train_cli.sh tests/ddp_invariance.sh tests/pipeline_train.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
-	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
+	tests/report.sh tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
 EXTRA_DIST += tests/st_torch.py tests/train_cli.sh tests/ddp_invariance.sh tests/pipeline_train.sh tests/ckpt_resume.sh tests/check_planted.sh tests/plot.sh \
-	tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
+	tests/report.sh tests/resnet_invariance.sh tests/torch_resnet.sh tests/torch_mse.sh tests/ranks_same_data.sh
 # the pipeline schedules' action lists against their definitions
 check_PROGRAMS += tests/test_pipeline
 TESTS += tests/test_pipeline

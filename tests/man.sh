@@ -25,7 +25,7 @@ page() {
         [ -z "$missing" ]; ok $? "every flag of $prog $cmd --help is in the page${missing:+ (missing:$missing)}"
     done
 }
-page dtrain train eval sample model check plan plot prepare-text export
+page dtrain train eval sample model check plan plot report prepare-text export
 page dtrun
 page dtbench
 # the train options: one each from the three kinds of row (a value, a switch, a pair)

@@ -1,6 +1,6 @@
 /*
  * dtrain.c: the dtrain program — train, eval, model and prepare-text (check, plot,
- * sample and plan live in files of their own, tools.h).
+ * report, sample and plan live in files of their own, tools.h).
  *
  *   dtrain train [flags]                         train (default: cnn on Fashion-MNIST)
  *   dtrain eval --model SPEC --weights FILE      test accuracy and loss of saved weights
@@ -51,6 +51,7 @@ static const char *usage_main =
     "  check         prove that N processes compute what 1 process computes (dtrain check --np 2)\n"
     "  plan          the memory per rank of a run, by sharding mode and precision, and its wall\n"
     "  plot          draw the loss curves of metrics files (PNG through gnuplot, or --text)\n"
+    "  report        one HTML page of charts about runs, from their metrics files\n"
     "  prepare-text  byte-level token files (train.bin, val.bin) from text, for --data tokens:DIR\n"
     "  export        the whole model of a checkpoint (sharded or not) as one safetensors file\n"
     "\n"
@@ -751,11 +752,12 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "model")) return cmd_model(argc - 1, argv + 1);
     if (!strcmp(argv[1], "check")) return dtrain_check_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plot")) return dtrain_plot_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "report")) return dtrain_report_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "sample")) return dtrain_sample_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plan")) return dtrain_plan_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "prepare-text")) return cmd_prepare_text(argc - 1, argv + 1);
     if (!strcmp(argv[1], "export")) return dtrain_export_main(argc - 1, argv + 1);
-    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval, model, check, plot, sample, plan, prepare-text "
-            "or export; see dtrain --help)\n", argv[1]);
+    fprintf(stderr, "dtrain: unknown command '%s' (expected train, eval, model, check, plot, report, sample, plan, "
+            "prepare-text or export; see dtrain --help)\n", argv[1]);
     return 2;
 }
