@@ -108,7 +108,7 @@ set -- $(val slowest0)
 [ "$1" = "$2" ] && [ "$1" != None ]; ok $? "the slowest rank marked is the one with the longest step ($*)"
 grep -q 'class="slowest"' "$T/report.html"; ok $? "... and drawn marked"
 [ "$(val memory0)" = 1 ]; ok $? "memory: rank 0's MiB now and at peak are the memory event's bytes"
-ok_grep "$T/report.html" 'no &quot;start&quot; event' "the missing settings are noted"
+ok_grep "$T/report.html" '<td>model</td><td class="text">mlp</td>' "the run's settings (the start line dtrain train writes)"
 ! grep -Eq '(src|href)=' "$T/report.html"; ok $? "nothing is fetched: no src or href in the page"
 ! grep -Eq '<script>|<script [^>]*>[^{]' "$T/report.html"; ok $? "no script runs: the one script element is the JSON data"
 
@@ -144,7 +144,8 @@ ok_grep "$T/steps.html" 'class="note">No memory chart: .*--rank-stats N' "... fo
 
 # text from outside is escaped: a file name and a start event's settings
 n="$T/a<b>&\"c.jsonl"
-{ echo '{"event":"start","model":"<i>mlp</i>","lr":0.05,"data":{"spec":"synthetic:\u003c"}}'; cat "$T/m2.jsonl"; } > "$n"
+{ echo '{"event":"start","model":"<i>mlp</i>","lr":0.05,"data":{"spec":"synthetic:\u003c"}}'
+  grep -v '"event":"start"' "$T/m2.jsonl"; } > "$n"
 timeout 60 "$D" report "$n" -o "$T/esc.html" > "$T/out" 2>&1
 ok $? "a file with <, &, \" in its name and a start event"
 ok_grep "$T/esc.html" 'a&lt;b&gt;&amp;&quot;c\.jsonl' "its name is escaped"
@@ -259,5 +260,20 @@ ok $? "a file of two runs reports"
 ok_grep "$T/err" "holds 2 runs .*reporting the last" "... saying so"
 py "$T/two.html" "$T/m2.jsonl"
 [ "$(val loss0)" = 1 ]; ok $? "... from its last run"
+# a run stopped at step 10 and resumed to 20, into one metrics file: one run of 20 steps
+MR="--model mlp --data synthetic:1024,1,28,28,10 --batch 64 --steps 20 --threads 1 --log-every 1 --quiet"
+timeout 60 "$D" train $MR --metrics "$T/res.jsonl" --checkpoint-dir "$T/ck" --stop-at 10 > "$T/o.r1" 2>&1 &&
+    timeout 60 "$D" train $MR --metrics "$T/res.jsonl" --checkpoint-dir "$T/ck" --resume auto > "$T/o.r2" 2>&1
+ok $? "a run stopped at step 10, resumed to 20, one metrics file"
+timeout 60 "$D" report "$T/res.jsonl" -o "$T/res.html" > "$T/out" 2> "$T/err"
+ok $? "... reports"
+! grep -q "runs" "$T/err"; ok $? "... as one run (not 'holds 2 runs')"
+ok_grep "$T/res.html" '<td>resumed after step</td><td class="text">10</td>' "... the resumption noted"
+python3 -c "
+import json, re, sys
+page = open(sys.argv[1]).read()
+data = json.loads(re.search(r'<script type=\"application/json\" id=\"dtrain-report-data\">(.*?)</script>', page, re.S).group(1))
+print(data['files'][0]['step'] == list(range(1, 21)))" "$T/res.html" > "$T/res.data" 2>&1
+[ "$(cat "$T/res.data")" = True ]; ok $? "... its loss line has steps 1 to 20, once each ($(cat "$T/res.data"))"
 timeout 10 "$D" report --help > "$T/out"; ok $? "report --help exits 0"
 done_testing

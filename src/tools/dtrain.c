@@ -181,7 +181,46 @@ typedef struct {
     int     world;
     int     peak_measured;   /* 1: measured here (sgemm), 0: given */
     int     threads;         /* compute threads of this process */
+    const dt_train_opts *o;  /* the run's settings, for the metrics file's start line */
 } reporter;
+
+/* s as a JSON string's contents (quotes, backslashes and control bytes escaped) */
+static void json_text(FILE *f, const char *s) {
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+}
+
+static void metrics_flush(reporter *r, int64_t step);
+
+/* The metrics file's first line of a run: its settings (a resumed run writes one too,
+ * with the step it starts after) */
+static void metrics_start(reporter *r, const dt_train_event *ev) {
+    const dt_train_opts *o = r->o;
+    FILE *f = r->metrics;
+    fputs("{\"event\":\"start\",\"model\":\"", f);
+    json_text(f, o ? o->model : "");
+    fprintf(f, "\",\"step\":%lld,\"total_steps\":%lld,\"world_size\":%d,\"threads\":%d,\"batch\":%lld,"
+            "\"micro_batches\":%d,\"nparams\":%lld,\"train_samples\":%lld,\"precision\":\"",
+            (long long)ev->step, (long long)ev->total_steps, ev->world_size, r->threads,
+            (long long)(o ? o->batch : 0), ev->micro_batches, (long long)ev->nparams, (long long)ev->train_samples);
+    json_text(f, ev->precision ? ev->precision : "fp32");
+    fputs("\",\"optim\":\"", f);
+    json_text(f, o ? o->optim : "");
+    fprintf(f, "\",\"lr\":%.9g,\"shard\":\"", o ? o->lr : 0.0);
+    json_text(f, o && o->shard ? o->shard : "none");
+    fputs("\"", f);
+    if (ev->pipeline) {
+        fputs(",\"pipeline\":\"", f);
+        json_text(f, ev->pipeline);
+        fputs("\"", f);
+    }
+    fputs("}\n", f);
+    metrics_flush(r, ev->step);
+}
 
 /* Model FLOPs utilisation (percent) at s samples per second of the whole job, against
  * the peaks of all its processes. */
@@ -348,6 +387,7 @@ static void on_event(void *ctx, const dt_train_event *ev) {
         r->tokens = ev->tokens_per_sample;
         r->flops_per_token = ev->flops_per_token;
         r->world = ev->world_size;
+        if (r->metrics) metrics_start(r, ev);
         if (ev->note) printf("dtrain: %s\n", ev->note);
         if (ev->pipeline) printf("dtrain: %s\n", ev->pipeline);
         if (!r->quiet && r->tokens > 1)
@@ -553,7 +593,7 @@ static int cmd_train(int argc, char **argv) {
     if (g_rank == 0 && cli.save && (s = check_writable("--save", cli.save)) != DT_OK) goto out;   /* before, not after, training */
     if (g_rank == 0 && o.trace && (s = check_writable("--trace", o.trace)) != DT_OK) goto out;
     reporter rep = {.quiet = cli.quiet, .tty = isatty(STDERR_FILENO), .rank0 = g_rank == 0, .threads = nthreads,
-                    .peak_gflops = cli.peak_gflops, .peak_measured = cli.peak_gflops <= 0};
+                    .peak_gflops = cli.peak_gflops, .peak_measured = cli.peak_gflops <= 0, .o = &o};
     if (g_rank == 0 && gpt && cli.peak_gflops <= 0) rep.peak_gflops = measure_peak(ops);
     if (g_rank == 0 && cli.metrics) {
         rep.metrics_path = cli.metrics;

@@ -105,7 +105,20 @@ static int mem_of(const jsonl_obj *o, const char *prefix, double *v) {
     return 1;
 }
 
+/* A start line begins a run, or, starting after step N > 0, continues the run before
+ * from its checkpoint at N: what that run logged after N was redone, and is dropped;
+ * the resumption is noted among the settings. */
 static int take_start(rpt_run *r, const jsonl_obj *o) {
+    int64_t from;
+    if (r->nstep && count_of(o, "step", &from) && from > 0) {
+        while (r->nstep && r->step[r->nstep - 1].step > from) r->nstep--;
+        while (r->nval && r->val[r->nval - 1].step > from) r->nval--;
+        rpt_setting *s;
+        PUSH(r->set, r->nset, r->capset, s);
+        s->key = strdup("resumed after step");
+        s->val = strdup(jsonl_get(o, "step")->val);
+        return s->key && s->val ? 1 : -1;
+    }
     if (r->nstep || r->nval || r->nrank || r->nmem || r->nset) new_run(r);
     for (size_t i = 0; i < o->n; i++) {
         if (!strcmp(o->m[i].key, "event")) continue;
