@@ -225,6 +225,9 @@ static void trace_step(const trainer *t, int64_t g, const double *at) {
     dt_mem_stats m;
     dt_mem_get(&m);
     dt_trace_counter("memory MiB", at[4], (double)m.cur[DT_MEM_TOTAL] / 1048576.0);
+    if (at[4] > at[0])   /* the job's rate over this rank's step */
+        dt_trace_counter(t->lw > 1 ? "tokens/s" : "samples/s", at[4],
+                         (double)t->o->batch * (double)t->lw / (at[4] - at[0]));
 }
 
 /* One optimizer step on global step g; *loss receives the global mean loss. */

@@ -45,6 +45,23 @@ for r in range(ranks):
                  spans[int(e["args"]["detail"].split()[1])]["dur"] + 1
                  for e in main if e["name"] in ("data wait", "gradient sums", "optimizer"))
     say("nested%d" % r, int(inside))
+    # on every thread any two spans nest or are apart (no span ends inside another it began after)
+    ok = True
+    for tid in set(e["tid"] for e in mine):
+        stack = []
+        for e in sorted((e for e in mine if e["tid"] == tid), key=lambda e: (e["ts"], -e["dur"])):
+            while stack and stack[-1] <= e["ts"] + 0.5:
+                stack.pop()
+            if stack and e["ts"] + e["dur"] > stack[-1] + 0.5:
+                ok = False
+            stack.append(e["ts"] + e["dur"])
+    say("threads_nest%d" % r, int(ok))
+    # every all-reduce of the communication thread (DDP's buckets) lies within a step
+    steps_r = [e for e in main if e["name"] == "step"]
+    within = all(any(s["ts"] - 1 <= c["ts"] and c["ts"] + c["dur"] <= s["ts"] + s["dur"] + 1 for s in steps_r)
+                 for c in comm)
+    say("buckets_in_steps%d" % r, int(within and len(comm) > 0))
+    say("rate%d" % r, sum(1 for e in ev if e["ph"] == "C" and e["pid"] == r and e["name"].endswith("/s")))
 if ranks > 1:
     err = d["otherData"]["clock_error_us"] + 1.0
     a = sorted((e for e in X if e["pid"] == 0 and e["name"] == "all_reduce"), key=lambda e: e["ts"])
@@ -66,6 +83,9 @@ for r in 0 1; do
     n=$(val comm_allreduce$r); [ "${n:-0}" -ge 2 ]; ok $? "rank $r: the gradient all-reduces on the comm thread ($n)"
     [ "$(val memory$r)" = 2 ]; ok $? "rank $r: a memory counter per step"
     [ "$(val nested$r)" = 1 ]; ok $? "rank $r: each phase lies within its step"
+    [ "$(val threads_nest$r)" = 1 ]; ok $? "rank $r: on every thread, spans nest or lie apart"
+    [ "$(val buckets_in_steps$r)" = 1 ]; ok $? "rank $r: every bucket all-reduce lies within its step"
+    [ "$(val rate$r)" = 2 ]; ok $? "rank $r: a samples/s counter per step"
 done
 diag "clock error bound: $(val clock_error_us) us"
 [ "$(val aligned)" = 1 ]; ok $? "the ranks share one time line: each all-reduce overlaps its partner on the other rank"
