@@ -732,7 +732,9 @@ size_t dt_spec_summary(const dt_spec *s, const dt_shape *input, char *buf, size_
         /* a block's opening row shows its kind, its closing row the skip addition */
         const char *what = (L->def->flags & DT_LDEF_CONTAINER) ? L->def->name
                          : (L->def->flags & DT_LDEF_INTERNAL) ? "+ x" : L->text;
-        snprintf(label, sizeof label, "%*s%s", 2 * L->depth, "", what);
+        /* indented by depth (at most MAX_DEPTH levels), cut where the column cuts it anyway */
+        int indent = L->depth < 0 ? 0 : L->depth > MAX_DEPTH ? MAX_DEPTH : L->depth;
+        snprintf(label, sizeof label, "%*s%.40s", 2 * indent, "", what);
         put(buf, n, &off, "%-*s %-32.32s %-20s %11s\n", w, L->name, label, sh, np ? cnt : "--");
     }
     put(buf, n, &off, "%s", rule);
