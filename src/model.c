@@ -72,6 +72,7 @@ struct dt_model {
     int             (*blocks)[2];
     int             *block_of;
     int             *mod_first;    /* per layer: the first layer of its top-level module */
+    int             *mod_index;    /* per layer: that module's place (0, 1, ...) */
     unsigned char   *arena;
     int              arena_owner;
     dt_lowp         *lp;           /* mixed precision (lowp.h), NULL in f32 */
@@ -169,6 +170,7 @@ void dt_model_free(dt_model *m) {
     free(m->blocks);
     free(m->block_of);
     free(m->mod_first);
+    free(m->mod_index);
     free(m->pview);
     free(m->gview);
     free(m);
@@ -334,13 +336,17 @@ static dt_status find_modules(dt_model *m) {
     int n = m->spec.n, nmod = dt_spec_modules(&m->spec, NULL);
     int *cuts = malloc((size_t)(nmod + 1) * sizeof *cuts);
     m->mod_first = malloc((size_t)(n > 0 ? n : 1) * sizeof *m->mod_first);
-    if (!cuts || !m->mod_first) {
+    m->mod_index = malloc((size_t)(n > 0 ? n : 1) * sizeof *m->mod_index);
+    if (!cuts || !m->mod_first || !m->mod_index) {
         free(cuts);
         return dt_error(DT_ERR_NOMEM, "model: out of memory");
     }
     dt_spec_modules(&m->spec, cuts);
     for (int k = 0; k < nmod; k++)
-        for (int i = cuts[k]; i < cuts[k + 1]; i++) m->mod_first[i] = cuts[k];
+        for (int i = cuts[k]; i < cuts[k + 1]; i++) {
+            m->mod_first[i] = cuts[k];
+            m->mod_index[i] = k;
+        }
     free(cuts);
     return DT_OK;
 }
@@ -350,10 +356,8 @@ static dt_status find_modules(dt_model *m) {
  * block's two residuals share their first layer's name) */
 static void trace_module(const dt_model *m, int first, const char *pass, double t0) {
     char name[80];
-    int k = 0;
-    for (int i = 1; i <= first; i++) k += m->mod_first[i] == i;
     snprintf(name, sizeof name, "%.48s (module %d)", m->spec.layers[first].name[0] ? m->spec.layers[first].name : "-",
-             k);
+             m->mod_index[first]);
     dt_trace_span(name, pass, t0, dt_now(), pass);
 }
 

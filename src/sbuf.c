@@ -63,3 +63,12 @@ void dt_sbuf_free_(dt_sbuf *b) {
     b->len = b->cap = 0;
     b->oom = 0;
 }
+
+void dt_sbuf_json_(dt_sbuf *b, const char *s) {
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') dt_sbuf_printf_(b, "\\%c", c);
+        else if (c < 0x20) dt_sbuf_printf_(b, "\\u%04x", c);
+        else dt_sbuf_put_(b, s, 1);
+    }
+}

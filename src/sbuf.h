@@ -24,6 +24,8 @@ void dt_sbuf_put_(dt_sbuf *b, const void *s, size_t n);
 void dt_sbuf_str_(dt_sbuf *b, const char *s);
 /* Append printf-formatted text. */
 void dt_sbuf_printf_(dt_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Append s as a JSON string's contents: quotes, backslashes and control bytes escaped. */
+void dt_sbuf_json_(dt_sbuf *b, const char *s);
 /* Release the memory; b becomes empty. */
 void dt_sbuf_free_(dt_sbuf *b);
 

@@ -90,20 +90,10 @@ void dt_trace_counter(const char *name, double t, double value) {
     add(&r);
 }
 
-/* s as a JSON string's contents: quotes, backslashes and control bytes escaped */
-static void json_str(dt_sbuf *b, const char *s) {
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') dt_sbuf_printf_(b, "\\%c", c);
-        else if (c < 0x20) dt_sbuf_printf_(b, "\\u%04x", c);
-        else dt_sbuf_put_(b, s, 1);
-    }
-}
-
 static void meta_event(dt_sbuf *b, int rank, int id, const char *what, const char *name, int n) {
     dt_sbuf_printf_(b, "%s{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"%s\",\"args\":{\"name\":\"", n ? ",\n" : "",
                     rank, id, what);
-    json_str(b, name);
+    dt_sbuf_json_(b, name);
     dt_sbuf_str_(b, "\"}}");
 }
 
@@ -122,19 +112,19 @@ dt_status dt_trace_json(int rank, double base, double offset, char **out, size_t
         const record *r = &g_rec[i];
         double ts = (r->t0 + offset - base) * 1e6;
         dt_sbuf_str_(&b, ",\n{\"name\":\"");
-        json_str(&b, r->name);
+        dt_sbuf_json_(&b, r->name);
         if (r->counter) {
             dt_sbuf_printf_(&b, "\",\"ph\":\"C\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"args\":{\"value\":%.6g}}", rank,
                             r->tid, ts, r->value);
             continue;
         }
         dt_sbuf_str_(&b, "\",\"cat\":\"");
-        json_str(&b, r->cat);
+        dt_sbuf_json_(&b, r->cat);
         dt_sbuf_printf_(&b, "\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", rank, r->tid, ts,
                         (r->t1 - r->t0) * 1e6);
         if (r->detail[0]) {
             dt_sbuf_str_(&b, ",\"args\":{\"detail\":\"");
-            json_str(&b, r->detail);
+            dt_sbuf_json_(&b, r->detail);
             dt_sbuf_str_(&b, "\"}");
         }
         dt_sbuf_str_(&b, "}");

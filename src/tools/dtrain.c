@@ -35,6 +35,7 @@
 #include "ops.h"
 #include "optim.h"
 #include "testing.h"
+#include "sbuf.h"
 #include "tool_util.h"
 #include "tools.h"
 #include "clock.h"
@@ -184,41 +185,34 @@ typedef struct {
     const dt_train_opts *o;  /* the run's settings, for the metrics file's start line */
 } reporter;
 
-/* s as a JSON string's contents (quotes, backslashes and control bytes escaped) */
-static void json_text(FILE *f, const char *s) {
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-}
-
 static void metrics_flush(reporter *r, int64_t step);
 
 /* The metrics file's first line of a run: its settings (a resumed run writes one too,
  * with the step it starts after) */
 static void metrics_start(reporter *r, const dt_train_event *ev) {
     const dt_train_opts *o = r->o;
-    FILE *f = r->metrics;
-    fputs("{\"event\":\"start\",\"model\":\"", f);
-    json_text(f, o ? o->model : "");
-    fprintf(f, "\",\"step\":%lld,\"total_steps\":%lld,\"world_size\":%d,\"threads\":%d,\"batch\":%lld,"
-            "\"micro_batches\":%d,\"nparams\":%lld,\"train_samples\":%lld,\"precision\":\"",
-            (long long)ev->step, (long long)ev->total_steps, ev->world_size, r->threads,
-            (long long)(o ? o->batch : 0), ev->micro_batches, (long long)ev->nparams, (long long)ev->train_samples);
-    json_text(f, ev->precision ? ev->precision : "fp32");
-    fputs("\",\"optim\":\"", f);
-    json_text(f, o ? o->optim : "");
-    fprintf(f, "\",\"lr\":%.9g,\"shard\":\"", o ? o->lr : 0.0);
-    json_text(f, o && o->shard ? o->shard : "none");
-    fputs("\"", f);
+    dt_sbuf b = {0};
+    dt_sbuf_str_(&b, "{\"event\":\"start\",\"model\":\"");
+    dt_sbuf_json_(&b, o ? o->model : "");
+    dt_sbuf_printf_(&b, "\",\"step\":%lld,\"total_steps\":%lld,\"world_size\":%d,\"threads\":%d,\"batch\":%lld,"
+                    "\"micro_batches\":%d,\"nparams\":%lld,\"train_samples\":%lld,\"precision\":\"",
+                    (long long)ev->step, (long long)ev->total_steps, ev->world_size, r->threads,
+                    (long long)(o ? o->batch : 0), ev->micro_batches, (long long)ev->nparams,
+                    (long long)ev->train_samples);
+    dt_sbuf_json_(&b, ev->precision ? ev->precision : "fp32");
+    dt_sbuf_str_(&b, "\",\"optim\":\"");
+    dt_sbuf_json_(&b, o ? o->optim : "");
+    dt_sbuf_printf_(&b, "\",\"lr\":%.9g,\"shard\":\"", o ? o->lr : 0.0);
+    dt_sbuf_json_(&b, o && o->shard ? o->shard : "none");
+    dt_sbuf_str_(&b, "\"");
     if (ev->pipeline) {
-        fputs(",\"pipeline\":\"", f);
-        json_text(f, ev->pipeline);
-        fputs("\"", f);
+        dt_sbuf_str_(&b, ",\"pipeline\":\"");
+        dt_sbuf_json_(&b, ev->pipeline);
+        dt_sbuf_str_(&b, "\"");
     }
-    fputs("}\n", f);
+    dt_sbuf_str_(&b, "}\n");
+    if (!b.oom) fputs(b.p, r->metrics);
+    dt_sbuf_free_(&b);
     metrics_flush(r, ev->step);
 }
 
