@@ -13,3 +13,6 @@ endif
 check_PROGRAMS += tests/test_amp tests/amp_prog
 TESTS += tests/test_amp tests/amp_train.sh tests/torch_amp.sh
 EXTRA_DIST += tests/amp_train.sh tests/torch_amp.sh
+
+# the GEMM kernels' rates on a model's products, f32 against bf16 (bench/precision.sh)
+noinst_PROGRAMS += bench/gemm_rate

@@ -57,9 +57,12 @@ dt_status dt_device_opts_env(dt_device_opts *o) {
     if (n != (unsigned long)-1) o->conv_cache_mb = n ? (long long)n : -1;
     const char *v = getenv("DT_CPU_GEMM");
     if (v && *v) {
-        if (strcmp(v, "own") && strcmp(v, "openblas"))
-            return dt_error(DT_ERR_INVALID, "DT_CPU_GEMM='%s': expected own or openblas", v);
-        o->openblas_gemm = !strcmp(v, "openblas");
+        static const char *const names[] = {"auto", "openblas", "avx512", "avx512bf16"};
+        int k = !strcmp(v, "own") ? DT_CPU_GEMM_AUTO : -1;
+        for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
+            if (!strcmp(v, names[i])) k = i;
+        if (k < 0) return dt_error(DT_ERR_INVALID, "DT_CPU_GEMM='%s': expected auto, openblas, avx512 or avx512bf16", v);
+        o->cpu_gemm = k;
     }
     return DT_OK;
 }
@@ -71,6 +74,12 @@ dt_status dt_ops_describe(const dt_ops *ops, char *buf, size_t n) {
     if (!strcmp(ops->name, "cuda")) return dt_cuda_describe(buf, n);
 #endif
     return DT_OK;
+}
+
+const char *dt_ops_gemm_name(const dt_ops *ops, int dtype) {
+    if (!ops) return "";
+    if (!strcmp(ops->name, "cpu")) return dt_cpu_gemm_name(dtype);
+    return "cublas";
 }
 
 void dt_ops_reset_peak(const dt_ops *ops) {
@@ -89,7 +98,11 @@ const dt_ops *dt_ops_get_ex(const char *device, const dt_device_opts *opts) {
         return NULL;
     }
     if (strcmp(device, "cpu") == 0) {
-        dt_cpu_gemm_own(!opts->openblas_gemm);
+        if (opts->cpu_gemm < DT_CPU_GEMM_AUTO || opts->cpu_gemm > DT_CPU_GEMM_AVX512BF16) {
+            dt_error(DT_ERR_INVALID, "device \"cpu\": unknown GEMM choice %d", opts->cpu_gemm);
+            return NULL;
+        }
+        if (dt_cpu_gemm_select(opts->cpu_gemm) != DT_OK) return NULL;
         return dt_ops_cpu();
     }
     if (strcmp(device, "cuda") == 0) {

@@ -458,9 +458,8 @@ typedef struct {
                            * names the kernel that faulted (slow; for first contact) */
     unsigned max_blocks;  /* > 0: cap on the grid of grid-stride kernels (results must not
                            * depend on it; a test varies it); 0: the backend's own */
-    int      openblas_gemm; /* cpu: 1: every GEMM through OpenBLAS; 0: dtrain's own AVX-512
-                           * GEMM where the CPU has AVX-512 F (OpenBLAS elsewhere). The
-                           * choice holds for the process until the cpu is opened again */
+    int      cpu_gemm;    /* cpu: the GEMM kernels, DT_CPU_GEMM_* below (0: auto). The choice
+                           * holds for the process until the cpu is opened again */
     int      no_vmm;      /* cuda: 1: alloc_sparse is a plain cudaMalloc (page_block 0:
                            * sharding gives nothing back); 0: the driver's virtual memory
                            * management where it has the calls. Allocations keep the kind
@@ -471,9 +470,21 @@ typedef struct {
                            * device) */
 } dt_device_opts;
 
+/* The CPU's GEMM kernels (dt_device_opts.cpu_gemm, DT_CPU_GEMM):
+ *   auto        dtrain's AVX-512 kernel for f32 products where the CPU has AVX-512 F
+ *               (OpenBLAS elsewhere), its AVX512-BF16 kernel for the bf16 products of
+ *               --precision bf16 where the CPU has vdpbf16ps (the f32 kernel elsewhere);
+ *   openblas    every product through OpenBLAS;
+ *   avx512      the AVX-512 f32 kernel for every product (bf16 ones on their rounded
+ *               values); the device does not open without AVX-512 F;
+ *   avx512bf16  auto, and the device does not open without AVX512-BF16.
+ * Each kernel sums in an order fixed by K, so the bits do not depend on the threads or
+ * the world size; they differ between kernels. */
+enum { DT_CPU_GEMM_AUTO, DT_CPU_GEMM_OPENBLAS, DT_CPU_GEMM_AVX512, DT_CPU_GEMM_AVX512BF16 };
+
 /* Fill the debugging and tuning fields of *o from the environment: DT_CUDA_SYNC=0|1
- * (sync), DT_CU_MAX_BLOCKS=N (max_blocks, N >= 1), DT_CPU_GEMM=own|openblas
- * (openblas_gemm), DT_CUDA_VMM=0|1 (no_vmm: 0 sets it) and DT_CUDA_CONV_CACHE_MB=N
+ * (sync), DT_CU_MAX_BLOCKS=N (max_blocks, N >= 1), DT_CPU_GEMM=auto|openblas|avx512|
+ * avx512bf16 (cpu_gemm; "own" is auto), DT_CUDA_VMM=0|1 (no_vmm: 0 sets it) and DT_CUDA_CONV_CACHE_MB=N
  * (conv_cache_mb, MiB; 0 keeps no columns); the others are left alone. An unset or
  * empty variable changes nothing; a malformed value is DT_ERR_INVALID naming the
  * variable. */
@@ -482,6 +493,10 @@ DT_API dt_status dt_device_opts_env(dt_device_opts *o);
 /* One line about the device behind `ops` ("device 0: NVIDIA H200 (sm_90, 132 SMs, ...),
  * driver 13.0, runtime 13.0, cuBLAS 13.0.2") into buf; "" for the cpu. */
 DT_API dt_status dt_ops_describe(const dt_ops *ops, char *buf, size_t n);
+/* The kernel that runs matrix products of dtype (DT_F32, or the DT_BF16 / DT_F16 of
+ * gemm_lp) on ops: "avx512-bf16", "avx512" or "openblas" on the cpu (as opened: see
+ * DT_CPU_GEMM_*), "cublas" on cuda. */
+DT_API const char *dt_ops_gemm_name(const dt_ops *ops, int dtype);
 /* The device's peak memory (ops memory) starts again from what it holds now; nothing
  * for a device that does not track its memory. */
 DT_API void      dt_ops_reset_peak(const dt_ops *ops);

@@ -4,10 +4,12 @@
  * rounded weights made again after the parameters change, loss scaling exact, and a
  * token model (attention's 3C-wide operands) through forward and backward. CPU backend. */
 #include "amp.h"
+#include "cpu/cpu.h"   /* the bf16 kernel's choice and its slice depth */
 #include "dtype.h"
 #include "model.h"
 #include "tap.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,9 +183,23 @@ static void check_rounded(const dt_ops *ops, const char *spec, const dt_shape *i
         if (ti.ndim >= 2) ops->round_to(ti.data, ti.data, (size_t)ti.numel, lp);
     }
     const float *ya = NULL, *yf = NULL;
+    size_t ny = (size_t)B * (size_t)dt_shape_numel(dt_model_output_shape(a));
+    if (lp == DT_BF16 && dt_cpu_gemm_bf16_on()) {   /* the 16-bit units: the f32 result to their order's rounding */
+        is_int(dt_model_forward(f, xr, B, 1, 0, 0, &yf), DT_OK, "%s: f32 forward on rounded operands", what);
+        float *keep = malloc(ny * sizeof *keep);
+        memcpy(keep, yf, ny * sizeof *keep);
+        is_int(dt_model_forward(a, x, B, 1, 0, 0, &ya), DT_OK, "%s: forward on AVX512-BF16", what);
+        double worst = 0, top = 0;
+        for (size_t i = 0; i < ny; i++) {
+            worst = fmax(worst, fabs((double)ya[i] - keep[i]));
+            top = fmax(top, fabs((double)keep[i]));
+        }
+        ok(worst <= 1e-5 * top, "%s: AVX512-BF16 within 1e-5 of the f32 kernel normwise (%.2g of %.3g)", what, worst, top);
+        free(keep);
+    }
+    is_int(dt_cpu_gemm_select(DT_CPU_GEMM_OPENBLAS), DT_OK, "%s: GEMMs on the f32 kernel", what);
     is_int(dt_model_forward(a, x, B, 1, 0, 0, &ya), DT_OK, "%s: low-precision forward", what);
     is_int(dt_model_forward(f, xr, B, 1, 0, 0, &yf), DT_OK, "%s: f32 forward on rounded operands", what);
-    size_t ny = (size_t)B * (size_t)dt_shape_numel(dt_model_output_shape(a));
     ok(memcmp(ya, yf, ny * sizeof(float)) == 0, "%s: outputs bitwise equal", what);
     is_int(dt_model_precision_bytes(a) - before, dt_model_nparams(a) * sizeof(float), "%s: the forward made the rounded weight copy", what);
     /* the parameters change: the next forward rounds them again */
@@ -198,6 +214,7 @@ static void check_rounded(const dt_ops *ops, const char *spec, const dt_shape *i
     is_int(dt_model_forward(a, x, B, 1, 0, 0, &ya), DT_OK, "%s: forward after an update", what);
     is_int(dt_model_forward(f, xr, B, 1, 0, 0, &yf), DT_OK, "%s: reference after the update", what);
     ok(memcmp(ya, yf, ny * sizeof(float)) == 0, "%s: the new weights were rounded again", what);
+    is_int(dt_cpu_gemm_select(DT_CPU_GEMM_AUTO), DT_OK, "%s: back to the default kernels", what);
     is_int(dt_model_set_precision(a, DT_F32), DT_OK, "%s: back to f32", what);
     is_int(dt_model_precision_bytes(a), 0, "%s: the copy is released", what);
     is_int(dt_model_set_precision(a, DT_I8), DT_ERR_INVALID, "%s: i8 is not a precision", what);
@@ -279,12 +296,94 @@ static void test_token_model(const dt_ops *ops) {
     dt_model_free(f);
 }
 
+/* ---- the bf16 GEMM on AVX512-BF16 (src/cpu/cpu_gemm_bf16.c) ---- */
+
+static float bf16_at(const float *X, int ld, int trans, int r, int k) {
+    return trans ? X[(size_t)k * ld + r] : X[(size_t)r * ld + k];
+}
+
+/* The kernel's order as its header states it, one output at a time in scalar code:
+ * per slice of DT_CPU_GEMM_BF16_KC, acc += a[2p+1] b[2p+1], then acc += a[2p] b[2p]
+ * (products exact, sums rounded, results below FLT_MIN flushed), then C += alpha acc. */
+static void model_bf16(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float *c = C + (size_t)i * ldc + j;
+            if (beta != 0.0f && beta != 1.0f) *c *= beta;
+            for (int k0 = 0; k0 < K; k0 += DT_CPU_GEMM_BF16_KC) {
+                int kc = K - k0 < DT_CPU_GEMM_BF16_KC ? K - k0 : DT_CPU_GEMM_BF16_KC;
+                volatile float acc = 0.0f;
+                for (int k = 0; k < kc; k += 2) {
+                    float hi = k + 1 < kc ? bf16_at(A, lda, ta, i, k0 + k + 1) * bf16_at(B, ldb, !tb, j, k0 + k + 1) : 0.0f;
+                    float lo = bf16_at(A, lda, ta, i, k0 + k) * bf16_at(B, ldb, !tb, j, k0 + k);
+                    acc = acc + hi;
+                    if (fabsf(acc) < FLT_MIN) acc = 0.0f * acc;
+                    acc = acc + lo;
+                    if (fabsf(acc) < FLT_MIN) acc = 0.0f * acc;
+                }
+                volatile float t = alpha * acc;
+                *c = k0 == 0 && beta == 0.0f ? t : *c + t;
+            }
+        }
+}
+
+static void test_gemm_bf16(const dt_ops *ops) {
+    if (!dt_cpu_has_avx512bf16()) {
+        skip(1, "this CPU has no AVX512-BF16: bf16 products run on the f32 kernel (tested by test_ops)");
+        is_int(dt_cpu_gemm_select(DT_CPU_GEMM_AVX512BF16), DT_ERR_UNSUPPORTED, "DT_CPU_GEMM=avx512bf16 is refused here");
+        like(dt_last_error(), "no AVX512-BF16", "the refusal names the missing instructions");
+        return;
+    }
+    is_int(dt_cpu_gemm_select(DT_CPU_GEMM_AVX512BF16), DT_OK, "AVX512-BF16 chosen");
+    is_str(dt_ops_gemm_name(ops, DT_BF16), "avx512-bf16", "bf16 products are named avx512-bf16");
+    is_str(dt_ops_gemm_name(ops, DT_F16), dt_cpu_has_avx512f() ? "avx512" : "openblas", "f16 products stay on the f32 kernel");
+    static const int shapes[][3] = {{1, 1, 1}, {37, 45, 2}, {8, 32, 512}, {263, 141, 129}, {130, 70, 1100}, {9, 1031, 33}};
+    static const float ab[][2] = {{1.0f, 0.0f}, {0.7f, 0.3f}, {-1.25f, 1.0f}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int v = 0; v < 4; v++) {
+            int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ta = v & 1, tb = v >> 1;
+            int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+            size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+            float *A = rand_vec(na, 11 + (unsigned)s, 4.0f), *Bm = rand_vec(nb, 17 + (unsigned)v, 2.0f);
+            float *C0 = rand_vec(nc, 23, 1.0f), *C = malloc(nc * sizeof *C), *R = malloc(nc * sizeof *R);
+            ops->round_to(A, A, na, DT_BF16);
+            ops->round_to(Bm, Bm, nb, DT_BF16);
+            const float *al = ab[(s + (size_t)v) % 3];
+            memcpy(C, C0, nc * sizeof *C);
+            memcpy(R, C0, nc * sizeof *R);
+            int st = ops->gemm_lp(DT_BF16, ta, tb, M, N, K, al[0], A, lda, Bm, ldb, al[1], C, ldc);
+            model_bf16(ta, tb, M, N, K, al[0], A, lda, Bm, ldb, al[1], R, ldc);
+            ok(st == DT_OK && memcmp(C, R, nc * sizeof *C) == 0,
+               "bf16 GEMM %dx%dx%d transA=%d transB=%d alpha %g beta %g: bitwise the stated order", M, N, K, ta, tb,
+               al[0], al[1]);
+            if (M >= 100) {   /* rows apart (micro-batches) are the rows of the whole */
+                int m1 = 50;
+                memcpy(R, C0, nc * sizeof *R);
+                ops->gemm_lp(DT_BF16, ta, tb, m1, N, K, al[0], A, lda, Bm, ldb, al[1], R, ldc);
+                ops->gemm_lp(DT_BF16, ta, tb, M - m1, N, K, al[0], ta ? A + m1 : A + (size_t)m1 * lda, lda, Bm, ldb,
+                             al[1], R + (size_t)m1 * ldc, ldc);
+                ok(memcmp(C, R, nc * sizeof *C) == 0, "bf16 GEMM %dx%dx%d transA=%d transB=%d: rows 0..%d and %d..%d "
+                   "apart are the whole product's", M, N, K, ta, tb, m1, m1, M);
+            }
+            free(A), free(Bm), free(C0), free(C), free(R);
+        }
+    /* inf and NaN pass through as they would in f32 */
+    float A[4] = {1.0f, INFINITY, 2.0f, 0.5f}, Bv[4] = {1.0f, 1.0f, NAN, 1.0f}, C[2] = {0};
+    ops->gemm_lp(DT_BF16, 0, 0, 1, 1, 2, 1.0f, A, 2, Bv, 1, 0.0f, C, 1);
+    ok(isinf(C[0]), "an inf operand gives inf (%g)", C[0]);
+    ops->gemm_lp(DT_BF16, 0, 0, 1, 1, 2, 1.0f, A + 2, 2, Bv + 2, 1, 0.0f, C, 1);
+    ok(isnan(C[0]), "a NaN operand gives NaN (%g)", C[0]);
+    is_int(dt_cpu_gemm_select(DT_CPU_GEMM_AUTO), DT_OK, "back to auto");
+}
+
 int main(void) {
     const dt_ops *ops = dt_ops_cpu();
     test_names();
     test_scaler();
     test_scaler_text(ops);
     test_round_to(ops);
+    test_gemm_bf16(ops);
     static const dt_shape flat = {1, {37, 0, 0}}, img = {3, {2, 7, 6}};
     check_rounded(ops, "linear(23)", &flat, DT_BF16, "linear bf16");
     check_rounded(ops, "linear(23)", &flat, DT_F16, "linear fp16");

@@ -74,12 +74,27 @@ bad "^dtrain: --schedule: expected cosine, constant or step, got 'linear'" "an u
 bad "unknown command" "an unknown command" frobnicate
 DT_CPU_GEMM=bogus run train --data "$DATA" --model "$MLP" --epochs 1 > "$T/bad" 2>&1; rc=$?
 [ $rc -eq 2 ]; ok $? "DT_CPU_GEMM=bogus exits 2 (got $rc)"
-ok_grep "$T/bad" "DT_CPU_GEMM='bogus': expected own or openblas" "DT_CPU_GEMM=bogus: message names the variable and its values"
+ok_grep "$T/bad" "DT_CPU_GEMM='bogus': expected auto, openblas, avx512 or avx512bf16" "DT_CPU_GEMM=bogus: message names the variable and its values"
 DT_CPU_GEMM=bogus run eval --data "$DATA" --model "$MLP" --weights "$T/a.st" > "$T/bad" 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q "DT_CPU_GEMM='bogus'" "$T/bad"; ok $? "dtrain eval reads DT_CPU_GEMM too: bogus exits 2 naming it (got $rc)"
 for g in own openblas; do
     DT_CPU_GEMM=$g run train --data "$DATA" --model "$MLP" --epochs 1 --batch 64 --log-every 0 > "$T/gemm_$g" 2>&1
     ok $? "DT_CPU_GEMM=$g trains"
+done
+ok_grep "$T/gemm_openblas" "1 micro-batch, GEMM openblas$" "the start line names the GEMM kernel (openblas)"
+# the kernels that need instructions: taken where the CPU has them, refused (exit 2, naming them) where not
+for g in avx512:avx512f avx512bf16:avx512_bf16; do
+    name=${g%%:*}; flag=${g#*:}
+    DT_CPU_GEMM=$name run train --data "$DATA" --model "$MLP" --epochs 1 --batch 64 --log-every 0 --precision bf16 \
+        > "$T/gemm_$name" 2>&1; rc=$?
+    if grep -qw "$flag" /proc/cpuinfo; then
+        want=$name; [ "$name" = avx512bf16 ] && want=avx512-bf16
+        [ $rc -eq 0 ] && grep -q "precision bf16, GEMM $want$" "$T/gemm_$name"
+        ok $? "DT_CPU_GEMM=$name on a CPU with $flag trains in bf16 on it, as the start line says (rc $rc)"
+    else
+        [ $rc -eq 2 ] && grep -q "DT_CPU_GEMM=$name: this CPU .*has no" "$T/gemm_$name"
+        ok $? "DT_CPU_GEMM=$name on a CPU without $flag is refused naming it (rc $rc)"
+    fi
 done
 bad "/nonexistent" "dtrain model with a missing data directory" model --model cnn --data /nonexistent/dir
 bad "/nonexistent/spec.txt" "dtrain model with a missing @FILE" model --model @/nonexistent/spec.txt

@@ -75,6 +75,32 @@ void dt_cpu_gemm1(int transA, int transB, int M, int N, int K, float alpha,
 int  dt_cpu_gemm_avx512(int transA, int transB, int M, int N, int K, float alpha,
                         const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 void dt_cpu_gemm_own(int on);
+int  dt_cpu_gemm_own_on(void);     /* 1: f32 blocks run dt_cpu_gemm_avx512 */
+int  dt_cpu_has_avx512f(void);     /* the CPU and the compiler can run it */
+
+/* The block of bf16 products on AVX512-BF16 (cpu_gemm_bf16.c), dt_cpu_gemm1's contract
+ * for A and B that hold bf16 values: 1 when it computed C, 0 when the CPU has no
+ * AVX512-BF16 or the packing buffers could not be had (C untouched). */
+#define DT_CPU_GEMM_BF16_KC 512   /* the depth of its slices (see its order there) */
+int  dt_cpu_gemm1_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc);
+int  dt_cpu_has_avx512bf16(void);
+
+/* One product cut into cpu_gemm.c's block grid (a function of the shape only), the
+ * blocks spread over the threads, each computed by blk (1: done; 0: out of memory). */
+typedef int (*dt_cpu_gemm_block)(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                                 const float *B, int ldb, float beta, float *C, int ldc);
+dt_status dt_cpu_gemm_blocks(const char *fn, dt_cpu_gemm_block blk, int transA, int transB, int M, int N, int K,
+                             float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                             int ldc);
+
+/* The kernels chosen for the process (ops.h DT_CPU_GEMM_*): DT_ERR_UNSUPPORTED where
+ * the CPU lacks what the choice names. Then dt_cpu_gemm_bf16_on() says whether bf16
+ * products run on dt_cpu_gemm1_bf16, and dt_cpu_gemm_name(dtype) names the kernel that
+ * runs products of dtype (DT_F32, DT_BF16, DT_F16): "avx512-bf16", "avx512", "openblas". */
+dt_status   dt_cpu_gemm_select(int choice);   /* before any: auto */
+int         dt_cpu_gemm_bf16_on(void);
+const char *dt_cpu_gemm_name(int dtype);
 
 /* The kernels of the table, dt_cpu_<op> for every op of ops.h's list, defined in the
  * files above (the activations by one generator in cpu_elem.c). */

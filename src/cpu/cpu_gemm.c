@@ -22,6 +22,7 @@
 #include "cpu.h"
 
 #include <cblas.h>
+#include "dtype.h"
 #include <string.h>
 
 #define GEMM_TILE 512                    /* target block edge */
@@ -94,23 +95,64 @@ static void gemm_grid(int M, int N, int K, int *mb, int *nb) {
     }
 }
 
-dt_status dt_cpu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
-                       const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    DT_TRY(gemm_check("sgemm", transA, transB, M, N, K, A, lda, B, ldb, C, ldc));
+/* The block grid of one product, each block a call of `block` (dt_cpu_gemm1 or
+ * dt_cpu_gemm1_bf16) on one thread. */
+dt_status dt_cpu_gemm_blocks(const char *fn, dt_cpu_gemm_block block, int transA, int transB, int M, int N, int K,
+                             float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                             int ldc) {
+    DT_TRY(gemm_check(fn, transA, transB, M, N, K, A, lda, B, ldb, C, ldc));
     if (M == 0 || N == 0) return DT_OK;
     int mb, nb;
     gemm_grid(M, N, K, &mb, &nb);
-    int rb = (M + mb - 1) / mb, cb = (N + nb - 1) / nb, nblocks = rb * cb;
+    int rb = (M + mb - 1) / mb, cb = (N + nb - 1) / nb, nblocks = rb * cb, failed = 0;
     int nt = dt_cpu_threads();
     if (nt > nblocks) nt = nblocks;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1) reduction(| : failed)
     for (int blk = 0; blk < nblocks; blk++) {
         int bi = blk / cb, bj = blk % cb;
         int i0 = bi * mb, j0 = bj * nb;
         int m = M - i0 < mb ? M - i0 : mb, n = N - j0 < nb ? N - j0 : nb;
         const float *a = transA ? A + i0 : A + (size_t)i0 * lda;
         const float *b = transB ? B + (size_t)j0 * ldb : B + j0;
-        dt_cpu_gemm1(transA, transB, m, n, K, alpha, a, lda, b, ldb, beta, C + (size_t)i0 * ldc + j0, ldc);
+        failed |= !block(transA, transB, m, n, K, alpha, a, lda, b, ldb, beta, C + (size_t)i0 * ldc + j0, ldc);
     }
+    if (failed) return dt_error(DT_ERR_NOMEM, "cpu %s: out of memory for the packed panels of a %d x %d x %d product",
+                                fn, M, N, K);
     return DT_OK;
+}
+
+static int gemm1_f32(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                     int ldb, float beta, float *C, int ldc) {
+    dt_cpu_gemm1(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return 1;
+}
+
+dt_status dt_cpu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    return dt_cpu_gemm_blocks("sgemm", gemm1_f32, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* ---- the kernel choice (DT_CPU_GEMM, ops.h dt_device_opts.cpu_gemm) ---- */
+
+static int choice = DT_CPU_GEMM_AUTO;   /* what the last opening chose */
+
+dt_status dt_cpu_gemm_select(int c) {
+    if (c == DT_CPU_GEMM_AVX512 && !dt_cpu_has_avx512f())
+        return dt_error(DT_ERR_UNSUPPORTED, "DT_CPU_GEMM=avx512: this CPU (or this build's compiler) has no AVX-512 F; "
+                        "auto or openblas run here");
+    if (c == DT_CPU_GEMM_AVX512BF16 && !dt_cpu_has_avx512bf16())
+        return dt_error(DT_ERR_UNSUPPORTED, "DT_CPU_GEMM=avx512bf16: this CPU (or this build's compiler) has no "
+                        "AVX512-BF16 (vdpbf16ps); auto, avx512 or openblas run here");
+    dt_cpu_gemm_own(c != DT_CPU_GEMM_OPENBLAS);
+    choice = c;
+    return DT_OK;
+}
+
+int dt_cpu_gemm_bf16_on(void) {
+    return (choice == DT_CPU_GEMM_AUTO || choice == DT_CPU_GEMM_AVX512BF16) && dt_cpu_has_avx512bf16();
+}
+
+const char *dt_cpu_gemm_name(int dtype) {
+    if (dtype == DT_BF16 && dt_cpu_gemm_bf16_on()) return "avx512-bf16";
+    return dt_cpu_gemm_own_on() ? "avx512" : "openblas";
 }

@@ -33,6 +33,8 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
+#include "cpu_avx512.h"
+
 #define MR 8            /* rows of a register tile */
 #define NR 32           /* columns: two vectors of 16 */
 #define KC 512          /* depth of a slice: the B strip (KC x NR, 64 KiB) in L1/L2 */
@@ -46,6 +48,13 @@ static void probe(void) { has = __builtin_cpu_supports("avx512f"); }
 
 void dt_cpu_gemm_own(int on) { want = on; }
 
+int dt_cpu_has_avx512f(void) {
+    pthread_once(&probed, probe);
+    return has;
+}
+
+int dt_cpu_gemm_own_on(void) { return want && dt_cpu_has_avx512f(); }
+
 /* op(A)[i0 .. i0 + m, k0 .. k0 + kc), m <= MR rows, into one strip dst[k*MR + i],
  * rows past m zero. */
 static void pack_a(int transA, const float *A, int lda, int i0, int m, int k0, int kc, float *dst) {
@@ -53,38 +62,6 @@ static void pack_a(int transA, const float *A, int lda, int i0, int m, int k0, i
         for (int i = 0; i < MR; i++)
             dst[(size_t)k * MR + i] = i >= m ? 0.0f
                                     : transA ? A[(size_t)(k0 + k) * lda + i0 + i] : A[(size_t)(i0 + i) * lda + k0 + k];
-}
-
-/* r[0..16) (16 floats each) transposed in place: lane j of r[c] becomes lane c of r[j]. */
-__attribute__((target("avx512f")))
-static inline void transpose16(__m512 r[16]) {
-    __m512 t[16], u[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i += 4) {
-        __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 2]);
-        __m512d c = _mm512_castps_pd(t[i + 1]), d = _mm512_castps_pd(t[i + 3]);
-        u[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-        u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
-        u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_f32x4(u[i], u[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_f32x4(u[i], u[i + 4], 0xdd);
-        t[i + 8] = _mm512_shuffle_f32x4(u[i + 8], u[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_f32x4(u[i + 8], u[i + 12], 0xdd);
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-    }
 }
 
 /* op(B)[k0 .. k0 + kc, j0 .. j0 + n) into strips of NR columns: strip s holds
@@ -104,7 +81,7 @@ static void pack_b(int transB, const float *B, int ldb, int k0, int kc, int j0, 
                     for (int j = 0; j < 16; j++)
                         r[j] = h + j < c ? _mm512_maskz_loadu_ps(m, B + (size_t)(j0 + s + h + j) * ldb + k0 + kb)
                                          : _mm512_setzero_ps();
-                    transpose16(r);
+                    dt_cpu_transpose16(r);
                     for (int k = 0; k < w; k++) _mm512_store_ps(dst + (size_t)(kb + k) * NR + h, r[k]);
                 }
             }
@@ -208,6 +185,8 @@ int dt_cpu_gemm_avx512(int transA, int transB, int M, int N, int K, float alpha,
 #else
 
 void dt_cpu_gemm_own(int on) { (void)on; }
+int  dt_cpu_has_avx512f(void) { return 0; }
+int  dt_cpu_gemm_own_on(void) { return 0; }
 
 int dt_cpu_gemm_avx512(int transA, int transB, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {

@@ -2,12 +2,13 @@
  * cpu_lowp.c: the mixed-precision kernels on the CPU — rounding to bf16/f16, the GEMM
  * on rounded inputs, the non-finite check of the loss scaler.
  *
- * This machine class has no 16-bit GEMM worth calling (OpenBLAS 0.3.21's sbgemm needs
- * AVX512-BF16, and Debian's oneDNN is optional), so a low-precision GEMM is the f32
- * GEMM on inputs already rounded to bf16 or f16: a product of two such values has at
- * most 22 significant bits and is exact in f32, so the result is that of a 16-bit GEMM
- * with f32 accumulation, up to the order of the sums (here sgemm's fixed blocks, so
- * the bits are independent of the thread count, docs/DESIGN.md rule 2).
+ * A bf16 product runs on the CPU's 16-bit dot-product units where it has them
+ * (AVX512-BF16: cpu_gemm_bf16.c, chosen once per process by DT_CPU_GEMM). Elsewhere, and
+ * for f16 (no f16 dot product on these CPUs), a low-precision GEMM is the f32 GEMM on
+ * inputs already rounded to bf16 or f16: a product of two such values has at most 22
+ * significant bits and is exact in f32, so the result is that of a 16-bit GEMM with f32
+ * accumulation, up to the order of the sums. Both sum in fixed blocks in an order set
+ * by K, so the bits are independent of the thread count (docs/DESIGN.md rule 2).
  */
 #include "cpu.h"
 #include "dtype.h"
@@ -65,6 +66,9 @@ dt_status dt_cpu_gemm_lp(int dtype, int transA, int transB, int M, int N, int K,
                          const float *B, int ldb, float beta, float *C, int ldc) {
     if (dtype != DT_BF16 && dtype != DT_F16)
         return dt_error(DT_ERR_INVALID, "cpu gemm_lp: dtype must be bf16 or f16, got %s", dt_dtype_name((dt_dtype)dtype));
+    if (dtype == DT_BF16 && dt_cpu_gemm_bf16_on())
+        return dt_cpu_gemm_blocks("gemm_lp", dt_cpu_gemm1_bf16, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta,
+                                  C, ldc);
     return dt_cpu_sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 

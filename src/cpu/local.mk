@@ -10,7 +10,7 @@
 # sqrtf one (correctly rounded) instruction, so loops with square roots vectorise.
 libdtrain_core_la_SOURCES += src/ops.c src/tensor.c src/rng.c
 noinst_LTLIBRARIES += libdtcpu.la
-libdtcpu_la_SOURCES = src/cpu/cpu_ops.c src/cpu/cpu_gemm.c src/cpu/cpu_gemm_avx512.c src/cpu/cpu_elem.c src/cpu/cpu_vec.c \
+libdtcpu_la_SOURCES = src/cpu/cpu_ops.c src/cpu/cpu_gemm.c src/cpu/cpu_gemm_avx512.c src/cpu/cpu_gemm_bf16.c src/cpu/cpu_avx512.h src/cpu/cpu_elem.c src/cpu/cpu_vec.c \
 	src/cpu/cpu_norm.c src/cpu/cpu_conv.c src/cpu/cpu_seq.c src/cpu/cpu.h
 libdtcpu_la_CFLAGS = $(AM_CFLAGS) $(DT_VECT_CFLAGS) -ffp-contract=off -fno-trapping-math -fno-math-errno
 libdtrain_core_la_LIBADD += libdtcpu.la

@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "amp.h"   /* dt_precision_parse */
 #include "args.h"
 #include "checkpoint.h"
 #include "comm.h"
@@ -180,8 +181,9 @@ typedef struct {
     double  flops_per_token; /* for model FLOPs utilisation */
     double  peak_gflops;     /* one process's peak (its device); MFU is against it x the world size */
     int     world;
-    int     peak_measured;   /* 1: measured here (sgemm), 0: given */
+    int     peak_measured;   /* 1: measured here (the GEMM of the run's precision), 0: given */
     int     threads;         /* compute threads of this process */
+    const char *gemm;        /* the kernel of the run's matrix products (ops.h dt_ops_gemm_name) */
     const dt_train_opts *o;  /* the run's settings, for the metrics file's start line */
 } reporter;
 
@@ -204,6 +206,8 @@ static void metrics_start(reporter *r, const dt_train_event *ev) {
     dt_sbuf_json_(&b, o ? o->optim : "");
     dt_sbuf_printf_(&b, "\",\"lr\":%.9g,\"shard\":\"", o ? o->lr : 0.0);
     dt_sbuf_json_(&b, o && o->shard ? o->shard : "none");
+    dt_sbuf_str_(&b, "\",\"gemm\":\"");
+    dt_sbuf_json_(&b, r->gemm ? r->gemm : "");
     dt_sbuf_str_(&b, "\"");
     if (ev->pipeline) {
         dt_sbuf_str_(&b, ",\"pipeline\":\"");
@@ -387,14 +391,14 @@ static void on_event(void *ctx, const dt_train_event *ev) {
         if (!r->quiet && r->tokens > 1)
             printf("dtrain: token model: %.2f MFLOP per token; MFU against %d x %.1f GFLOP/s (%s per process)\n",
                    r->flops_per_token / 1e6, r->world > 0 ? r->world : 1, r->peak_gflops,
-                   r->peak_measured ? "measured sgemm peak" : "--peak-gflops");
+                   r->peak_measured ? "the measured peak of its GEMM" : "--peak-gflops");
         if (!r->quiet)
             printf("dtrain: %lld parameters, %lld training samples, %lld steps per epoch, %d process%s x %d thread%s, "
-                   "%d micro-batch%s%s%s\n", (long long)ev->nparams, (long long)ev->train_samples,
+                   "%d micro-batch%s%s%s, GEMM %s\n", (long long)ev->nparams, (long long)ev->train_samples,
                    (long long)ev->steps_per_epoch, ev->world_size, ev->world_size == 1 ? "" : "es", r->threads,
                    r->threads == 1 ? "" : "s", ev->micro_batches, ev->micro_batches == 1 ? "" : "es",
                    ev->precision && strcmp(ev->precision, "fp32") ? ", precision " : "",
-                   ev->precision && strcmp(ev->precision, "fp32") ? ev->precision : "");
+                   ev->precision && strcmp(ev->precision, "fp32") ? ev->precision : "", r->gemm ? r->gemm : "?");
         fflush(stdout);
         return;
     }
@@ -515,7 +519,9 @@ static void catch_sigterm(void) {
 /* The sgemm rate of this device in GFLOP/s (the best of a few 1024^3 products after
  * one to warm up), the peak that model FLOPs utilisation is stated against unless
  * --peak-gflops says. */
-static double measure_peak(const dt_ops *ops) {
+/* One process's GEMM peak on this device, in the run's precision (lp: DT_BF16 or DT_F16
+ * of gemm_lp on values of that type, 0: sgemm): the best of 5 products of 1024^3. */
+static double measure_peak(const dt_ops *ops, int lp) {
     const int n = 1024;
     float *a = NULL, *c = NULL;
     double best = 0.0;
@@ -526,7 +532,9 @@ static double measure_peak(const dt_ops *ops) {
     }
     for (int r = 0; r < 6; r++) {
         double t0 = dt_now();
-        if (ops->sgemm(0, 0, n, n, n, 1.0f, a, n, a, n, 0.0f, c, n) != DT_OK || ops->synchronize() != DT_OK) break;
+        dt_status st = lp ? ops->gemm_lp(lp, 0, 0, n, n, n, 1.0f, a, n, a, n, 0.0f, c, n)
+                          : ops->sgemm(0, 0, n, n, n, 1.0f, a, n, a, n, 0.0f, c, n);
+        if (st != DT_OK || ops->synchronize() != DT_OK) break;
         double dt = dt_now() - t0, g = 2.0 * n * n * (double)n / dt / 1e9;
         if (r > 0 && dt > 0 && g > best) best = g;
     }
@@ -588,7 +596,10 @@ static int cmd_train(int argc, char **argv) {
     if (g_rank == 0 && o.trace && (s = check_writable("--trace", o.trace)) != DT_OK) goto out;
     reporter rep = {.quiet = cli.quiet, .tty = isatty(STDERR_FILENO), .rank0 = g_rank == 0, .threads = nthreads,
                     .peak_gflops = cli.peak_gflops, .peak_measured = cli.peak_gflops <= 0, .o = &o};
-    if (g_rank == 0 && gpt && cli.peak_gflops <= 0) rep.peak_gflops = measure_peak(ops);
+    dt_dtype lp = DT_F32;
+    if (o.precision && dt_precision_parse(o.precision, &lp) != DT_OK) lp = DT_F32;   /* the trainer names it */
+    rep.gemm = dt_ops_gemm_name(ops, lp);
+    if (g_rank == 0 && gpt && cli.peak_gflops <= 0) rep.peak_gflops = measure_peak(ops, lp == DT_F32 ? 0 : lp);
     if (g_rank == 0 && cli.metrics) {
         rep.metrics_path = cli.metrics;
         rep.metrics_best_effort = cli.metrics_best_effort;

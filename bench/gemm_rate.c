@@ -1,0 +1,116 @@
+/*
+ * bench/gemm_rate.c: the CPU's GEMM kernels on a model's matrix products, f32 against
+ * the bf16 products of --precision bf16, in one run (bench/precision.sh calls it).
+ *
+ *   bench/gemm_rate [gpt|gpt2 ...] [-t THREADS] [-r REPEATS]
+ *
+ * A model's products are those of its linear layers in one training step of one
+ * micro-batch: forward y = x W^T (rows x in -> out), backward dx = dy W and dW = dy^T x,
+ * for every distinct layer shape (qkv, attention projection, MLP up and down, head):
+ *   gpt   the default gpt: dim 128, MLP 512, vocab 256, 12 x 64 = 768 rows
+ *   gpt2  GPT-2 124M at block 256, batch 4: dim 768, MLP 3072, vocab 50304, 1024 rows
+ * Each kernel runs the whole set REPEATS times (default 5) after one warm-up; the best
+ * repeat counts (the machine is shared). Prints GFLOP/s (2 M N K per product) per
+ * kernel and the ratio bf16 / f32. The kernels: f32 is sgemm as DT_CPU_GEMM chose it
+ * (auto: dtrain's AVX-512 kernel where the CPU has AVX-512 F); bf16 is gemm_lp on bf16
+ * operands (auto: vdpbf16ps where the CPU has AVX512-BF16).
+ */
+#include "clock.h"
+#include "dtype.h"
+#include "ops.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { const char *name; int rows, shapes[5][2]; } model;
+
+static const model models[] = {
+    {"gpt", 768, {{128, 384}, {128, 128}, {128, 512}, {512, 128}, {128, 256}}},
+    {"gpt2", 1024, {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}, {768, 50304}}},
+};
+
+static double run_set(const dt_ops *ops, const model *m, int lp, float *x, float *w, float *y, double *flops) {
+    double t0 = dt_now();
+    *flops = 0;
+    for (int s = 0; s < 5; s++) {
+        int in = m->shapes[s][0], out = m->shapes[s][1], R = m->rows;
+        /* forward y = x W^T; backward dx = dy W (dy in y, dx in x); dW = dy^T x (into w) */
+        int prod[3][7] = {{0, 1, R, out, in, in, in}, {0, 0, R, in, out, out, in}, {1, 0, out, in, R, out, in}};
+        for (int p = 0; p < 3; p++) {
+            int ta = prod[p][0], tb = prod[p][1], M = prod[p][2], N = prod[p][3], K = prod[p][4];
+            const float *A = p == 0 ? x : y, *B = p == 0 ? w : p == 1 ? w : x;
+            float *C = p == 0 ? y : p == 1 ? x : w;
+            int lda = prod[p][5], ldb = prod[p][6], ldc = N;
+            dt_status st = lp ? ops->gemm_lp(DT_BF16, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc)
+                              : ops->sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+            if (st != DT_OK) {
+                fprintf(stderr, "gemm_rate: %s\n", dt_last_error());
+                exit(1);
+            }
+            *flops += 2.0 * M * N * (double)K;
+        }
+    }
+    return dt_now() - t0;
+}
+
+int main(int argc, char **argv) {
+    int threads = 0, reps = 5;
+    const char *want[8];
+    int nwant = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (nwant < 8 && (!strcmp(argv[i], "gpt") || !strcmp(argv[i], "gpt2"))) want[nwant++] = argv[i];
+        else {
+            fprintf(stderr, "usage: gemm_rate [gpt|gpt2 ...] [-t THREADS] [-r REPEATS]\n");
+            return 2;
+        }
+    }
+    if (reps < 1) reps = 1;
+    dt_device_opts dev = {0};
+    const dt_ops *ops = NULL;
+    if (dt_device_opts_env(&dev) != DT_OK || !(ops = dt_ops_get_ex("cpu", &dev))) {
+        fprintf(stderr, "gemm_rate: %s\n", dt_last_error());
+        return 1;
+    }
+    if (threads > 0 && ops->set_threads(threads) != DT_OK) {
+        fprintf(stderr, "gemm_rate: %s\n", dt_last_error());
+        return 1;
+    }
+    printf("%-5s %-12s %10s %-12s %10s %7s\n", "model", "f32 kernel", "GFLOP/s", "bf16 kernel", "GFLOP/s", "ratio");
+    for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
+        const model *m = &models[mi];
+        int chosen = !nwant;
+        for (int i = 0; i < nwant; i++) chosen |= !strcmp(want[i], m->name);
+        if (!chosen) continue;
+        size_t big = 0;   /* the largest of any operand */
+        for (int s = 0; s < 5; s++) {
+            size_t in = (size_t)m->shapes[s][0], out = (size_t)m->shapes[s][1], r = (size_t)m->rows;
+            size_t a = r * in > r * out ? r * in : r * out;
+            a = a > in * out ? a : in * out;
+            big = a > big ? a : big;
+        }
+        float *x = malloc(big * sizeof *x), *w = malloc(big * sizeof *w), *y = malloc(big * sizeof *y);
+        if (!x || !w || !y) return 1;
+        srand(1);
+        for (size_t i = 0; i < big; i++) x[i] = (float)rand() / RAND_MAX - 0.5f, w[i] = x[i] * 0.1f, y[i] = x[i];
+        ops->round_to(x, x, big, DT_BF16);
+        ops->round_to(w, w, big, DT_BF16);
+        ops->round_to(y, y, big, DT_BF16);
+        double best[2] = {1e30, 1e30}, flops = 0;
+        for (int lp = 0; lp < 2; lp++) {
+            run_set(ops, m, lp, x, w, y, &flops);   /* warm-up */
+            for (int r = 0; r < reps; r++) {
+                /* the outputs feed the next products: round them again so bf16 stays exact */
+                ops->round_to(x, x, big, DT_BF16), ops->round_to(w, w, big, DT_BF16), ops->round_to(y, y, big, DT_BF16);
+                double t = run_set(ops, m, lp, x, w, y, &flops);
+                if (t < best[lp]) best[lp] = t;
+            }
+        }
+        printf("%-5s %-12s %10.1f %-12s %10.1f %6.2fx\n", m->name, dt_ops_gemm_name(ops, DT_F32), flops / best[0] / 1e9,
+               dt_ops_gemm_name(ops, DT_BF16), flops / best[1] / 1e9, best[0] / best[1]);
+        free(x), free(w), free(y);
+    }
+    return 0;
+}
