@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # bench/precision.sh: mixed precision on the CPU — speed and final quality of
-# --precision bf16 and fp16 against fp32, for the mlp, cnn and gpt presets, in one run.
+# --precision bf16 and fp16 against fp32, for the mlp, cnn, gpt and gpt2 presets, in one run.
 #
-#   bench/precision.sh [MODEL...]     (mlp cnn gpt by default; run from the build directory
-#                                      or set DT_BUILDDIR; THREADS=N threads, default 2;
-#                                      ROUNDS=N, default 2)
+#   bench/precision.sh [MODEL...]     (mlp cnn gpt gpt2 by default; run from the build
+#                                      directory or set DT_BUILDDIR; THREADS=N threads,
+#                                      default 2; ROUNDS=N, default 2)
 #
+#   gemm      first, bench/gemm_rate: the GEMM kernels' GFLOP/s on the gpt's and gpt2's
+#             products, f32 against bf16 (the kernels DT_CPU_GEMM chose, named)
 #   mlp, cnn  one epoch of Fashion-MNIST (234 steps at global batch 256, SGD momentum 0.9,
 #             lr 0.05 cosine): samples/s and test accuracy
 #   gpt       the default gpt (nanoGPT's recipe, global batch 12 of block 64) for GPT_STEPS
 #             steps (default 600) on Debian's fortunes: tokens/s and validation loss (20
 #             batches)
+#   gpt2      GPT-2 124M at block 256, batch 4 (1,024 tokens a step), GPT2_STEPS steps
+#             (default 12, warm-up 1, no evaluation): tokens/s and the final loss
 # One process. A round runs fp32, bf16 and fp16 one after another, ROUNDS rounds: the
 # speed shown is each precision's best round (on a shared machine the others' load comes
 # and goes), the quality that of every round (the runs are deterministic: a round that
@@ -26,10 +30,11 @@ B=${DT_BUILDDIR:-$(pwd)}
 THREADS=${THREADS:-2}
 ROUNDS=${ROUNDS:-2}
 GPT_STEPS=${GPT_STEPS:-600}
+GPT2_STEPS=${GPT2_STEPS:-12}
 DATA=${DT_GPT_DATA:-/tmp/dtrain-gpt-fortunes}
 [ -x "$B/dtrain" ] || { echo "bench/precision.sh: no dtrain in $B (set DT_BUILDDIR)"; exit 2; }
-models=${*:-mlp cnn gpt}
-if [[ " $models " == *" gpt "* ]] && [ ! -s "$DATA/train.bin" ]; then
+models=${*:-mlp cnn gpt gpt2}
+if [[ " $models " == *" gpt"* ]] && [ ! -s "$DATA/train.bin" ]; then
     files=$(ls -d /usr/share/games/fortunes/* 2>/dev/null | grep -v '\.' | LC_ALL=C sort)
     [ -n "$files" ] || { echo "bench/precision.sh: install Debian's fortunes package (apt-get install fortunes)"; exit 2; }
     "$B/dtrain" prepare-text "$DATA" $files > /dev/null || exit 1
@@ -40,7 +45,12 @@ fi
 tf=$(mktemp); trap 'rm -f "$tf"' EXIT
 run() {
     local out cpu
-    if [ "$1" = gpt ]; then
+    if [ "$1" = gpt2 ]; then
+        out=$(/usr/bin/time -f '%U %S' -o "$tf" "$B/dtrain" train --data "tokens:$DATA" --steps "$GPT2_STEPS" --warmup 1 \
+              --model 'gpt(layers=12,heads=12,dim=768,block=256,vocab=50304)' --batch 4 --eval-every 0 \
+              --threads "$THREADS" --precision "$2" --quiet 2>&1 | grep 'done:')
+        out=$(echo "$out" | sed -n 's/.* \([0-9][0-9]*\) tokens\/s.*final loss \([0-9.]*\).*/\1 \2/p')
+    elif [ "$1" = gpt ]; then
         out=$(/usr/bin/time -f '%U %S' -o "$tf" "$B/dtrain" train --model gpt --data "tokens:$DATA" --steps "$GPT_STEPS" \
               --threads "$THREADS" --precision "$2" --quiet 2>&1 | grep 'done:')
         out=$(echo "$out" | sed -n 's/.* \([0-9][0-9]*\) tokens\/s.*val loss \([0-9.]*\).*/\1 \2/p')
@@ -54,10 +64,13 @@ run() {
 }
 
 echo "dtrain $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo ?), 1 process x $THREADS threads, $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
+echo "CPU: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)$(grep -qw avx512_bf16 /proc/cpuinfo && echo ', AVX512-BF16')"
+if [ -x "$B/bench/gemm_rate" ]; then "$B/bench/gemm_rate" -t "$THREADS"; echo; fi
 printf "%-5s %-9s %18s %8s %8s %15s\n" model precision speed "vs fp32" cpu quality
 for m in $models; do
     unit="samples/s"; qual="test acc"
     [ "$m" = gpt ] && unit="tokens/s" && qual="val loss"
+    [ "$m" = gpt2 ] && unit="tokens/s" && qual="loss"
     declare -A speed=() quality=() cpu=()
     for ((r = 0; r < ROUNDS; r++)); do
         for p in fp32 bf16 fp16; do
@@ -82,7 +95,7 @@ if [ "$have_torch" -eq 1 ]; then
     echo "PyTorch $("$PY" -c 'import torch; print(torch.__version__)'), same machine:"
     printf "%-5s %-9s %18s %8s\n" model precision speed "vs fp32"
     for m in $models; do
-        [ "$m" = gpt ] && continue
+        [[ "$m" == gpt* ]] && continue
         "$PY" - "$m" "$THREADS" <<'PY'
 import sys, time, torch, torch.nn as nn
 name, threads = sys.argv[1], int(sys.argv[2])

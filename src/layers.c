@@ -102,16 +102,17 @@ dt_status layer_linear_forward(const dt_nn_ctx *c, float *y, const float *x, con
                                int rows, int in, int out, int relu) {
     const dt_ops *o = c->ops;
     /* y (rows, out) = x (rows, in) @ W^T (in, out) + b; in low precision x and W rounded */
-    DT_TRY(layer_lp_operand(c, 0, &x, (size_t)rows * (size_t)in));
-    DT_TRY(layer_gemm(c, 0, 1, rows, out, in, x, in, layer_lp_weight(c, w), in, y, out));
+    DT_TRY(layer_lp_gemm_operand(c, 0, &x, (size_t)rows * (size_t)in));
+    DT_TRY(layer_gemm(c, 0, 1, rows, out, in, x, in, layer_lp_gemm_weight(c, w), in, y, out));
     if (b) return relu ? o->bias_relu(y, b, rows, out) : o->bias_add(y, b, rows, out);
     return relu ? o->relu_forward(y, y, (size_t)rows * (size_t)out) : DT_OK;
 }
 
 dt_status layer_linear_backward(const dt_nn_ctx *c, float *dx, float *dw, float *db, const float *dy, const float *x,
                                 const float *w, int rows, int in, int out) {
-    /* in low precision every GEMM operand rounded: dy, the saved x, W */
-    DT_TRY(layer_lp_operand(c, 0, &dy, (size_t)rows * (size_t)out));
+    /* in low precision every GEMM operand rounded: dy, the saved x, W (dy for the bias
+     * gradient too, which sums it rounded, as autocast's bf16 output gradient) */
+    if (db || !c->lp_gemm_rounds) DT_TRY(layer_lp_operand(c, 0, &dy, (size_t)rows * (size_t)out));
     return layer_linear_backward_rounded(c, dx, dw, db, dy, x, w, rows, in, out);
 }
 
@@ -119,12 +120,12 @@ dt_status layer_linear_backward_rounded(const dt_nn_ctx *c, float *dx, float *dw
                                         const float *x, const float *w, int rows, int in, int out) {
     /* dW (out, in) = dy^T (out, rows) @ x (rows, in); db (out) = column sums of dy */
     if (dw) {
-        DT_TRY(layer_lp_operand(c, 1, &x, (size_t)rows * (size_t)in));
+        DT_TRY(layer_lp_gemm_operand(c, 1, &x, (size_t)rows * (size_t)in));
         DT_TRY(layer_gemm(c, 1, 0, out, in, rows, dy, out, x, in, dw, in));
     }
     if (db) DT_TRY(c->ops->bias_grad(db, dy, rows, out));
     /* dx (rows, in) = dy (rows, out) @ W (out, in) */
-    if (dx) DT_TRY(layer_gemm(c, 0, 0, rows, in, out, dy, out, layer_lp_weight(c, w), in, dx, in));
+    if (dx) DT_TRY(layer_gemm(c, 0, 0, rows, in, out, dy, out, layer_lp_gemm_weight(c, w), in, dx, in));
     return DT_OK;
 }
 
@@ -206,7 +207,7 @@ static dt_status conv_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, 
 
 const dt_layer_def dt_layer_def_conv = {
     .name = "conv", .help = "conv(out, k[, stride=1][, pad=0][, bias=1])", .torch = "nn.Conv2d",
-    .flags = DT_LDEF_FUSE_RELU | DT_LDEF_GEMM, .self_size = sizeof(conv_self), .args = conv_args,
+    .flags = DT_LDEF_FUSE_RELU | DT_LDEF_GEMM | DT_LDEF_LP_OWN, .self_size = sizeof(conv_self), .args = conv_args,
     .infer = conv_infer, .init = conv_init, .forward = conv_forward, .backward = conv_backward,
 };
 

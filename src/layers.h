@@ -42,10 +42,14 @@ dt_status layer_linear_backward_rounded(const dt_nn_ctx *c, float *dx, float *dw
  *   layer_lp_operand  *x (n floats) becomes its rounding in scratch buffer slot (0, 1)
  *   layer_lp_round    buf (n) rounded in place (a row's own buffers)
  *   layer_lp_weight   the rounded copy of parameter pointer w (w itself in f32)
+ *   layer_lp_gemm_operand, layer_lp_gemm_weight: the same for an operand that only a
+ *                     matrix product reads: left as it is where gemm_lp rounds it
  *   layer_gemm        C = op(A) op(B): gemm_lp on rounded operands, else sgemm */
 dt_status    layer_lp_operand(const dt_nn_ctx *c, int slot, const float **x, size_t n);
+dt_status    layer_lp_gemm_operand(const dt_nn_ctx *c, int slot, const float **x, size_t n);
 dt_status    layer_lp_round(const dt_nn_ctx *c, float *buf, size_t n);
 const float *layer_lp_weight(const dt_nn_ctx *c, const float *w);
+const float *layer_lp_gemm_weight(const dt_nn_ctx *c, const float *w);
 dt_status    layer_gemm(const dt_nn_ctx *c, int transA, int transB, int M, int N, int K, const float *A, int lda,
                         const float *B, int ldb, float *C, int ldc);
 

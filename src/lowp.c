@@ -10,6 +10,12 @@
  * buffer (counted as activations) holds max_batch x the largest operand a GEMM row
  * rounds: its input, its output gradient, or rows x the widest dimension of its 2-d
  * weights (attention's fused QKV gradient is 3C wide while its input and output are C).
+ *
+ * Where gemm_lp rounds its operands itself (the CPU's AVX512-BF16 kernel), a matrix
+ * product takes the f32 activations and master weights as they are: the same bits, as
+ * rounding twice to nearest even is rounding once. Then there is no weight copy and one
+ * scratch buffer, for the output gradients whose bias gradients sum them rounded, unless
+ * a row rounds for another op (a convolution: DT_LDEF_LP_OWN), which keeps all of it.
  */
 #include "lowp.h"
 
@@ -23,15 +29,36 @@ struct dt_lowp {
     dt_dtype       dtype;
     const dt_spec *spec;
     size_t         nparams;
+    int            gemm_rounds;    /* gemm_lp rounds its operands (dt_ops_gemm_lp_rounds) */
+    int            copy;           /* a weight copy is needed: some row's weights are read rounded */
     float         *wcopy;          /* (nparams): GEMM weights rounded to dtype; NULL until needed */
     int            fresh;          /* wcopy holds the current parameters' rounding */
     size_t         scratch_n;      /* floats of each scratch buffer */
-    float         *scratch[2];
+    float         *scratch[2];     /* [1] NULL when only output gradients need one (gemm_rounds) */
 };
 
-/* Floats one sample needs in a scratch buffer for layer L. */
-static int64_t scratch_need(const dt_layer *L) {
+/* 1 when a row of spec rounds operands for an op other than gemm_lp (a convolution). */
+static int spec_lp_own(const dt_spec *spec) {
+    for (int i = 0; i < spec->n; i++)
+        if (spec->layers[i].def->flags & DT_LDEF_LP_OWN) return 1;
+    return 0;
+}
+
+/* 1 when layer L has a bias (a 1-d parameter) whose gradient sums a rounded dy. */
+static int has_bias(const dt_layer *L) {
+    for (int t = 0; t < L->ntensors; t++)
+        if (L->t[t].ndim == 1 && L->t[t].role == DT_TENSOR_PARAM) return 1;
+    return 0;
+}
+
+/* Floats one sample needs in a scratch buffer for layer L. When gemm_lp rounds its own
+ * operands, a GEMM row rounds only an output gradient whose bias gradient sums it
+ * (layer_linear_backward), its output's width; a row that rounds for another op
+ * (DT_LDEF_LP_OWN) everything, as below. */
+static int64_t scratch_need(const dt_layer *L, int gemm_rounds) {
     int64_t need = L->in_numel > L->out_numel ? L->in_numel : L->out_numel;
+    if (gemm_rounds && !(L->def->flags & DT_LDEF_LP_OWN))
+        return (L->def->flags & DT_LDEF_GEMM) && has_bias(L) ? L->out_numel : 0;
     if (!(L->def->flags & DT_LDEF_GEMM) || L->in.ndim < 1) return need;
     int64_t last = L->in.d[L->in.ndim - 1], rows = last > 0 ? L->in_numel / last : 0;
     for (int t = 0; t < L->ntensors; t++)
@@ -41,14 +68,18 @@ static int64_t scratch_need(const dt_layer *L) {
     return need;
 }
 
-size_t dt_lowp_scratch_floats(const dt_spec *spec, int max_batch) {
-    int64_t need = 1;
+size_t dt_lowp_scratch_floats(const dt_spec *spec, int max_batch, int gemm_rounds) {
+    int64_t need = gemm_rounds ? 0 : 1;
     for (int i = 0; i < spec->n; i++) {
-        int64_t s = scratch_need(&spec->layers[i]);
+        int64_t s = scratch_need(&spec->layers[i], gemm_rounds);
         if (s > need) need = s;
     }
     return (size_t)max_batch * (size_t)need;
 }
+
+int dt_lowp_scratch_count(const dt_spec *spec, int gemm_rounds) { return gemm_rounds && !spec_lp_own(spec) ? 1 : 2; }
+
+int dt_lowp_copies_weights(const dt_spec *spec, int gemm_rounds) { return !gemm_rounds || spec_lp_own(spec); }
 
 dt_status dt_lowp_init(const dt_ops *ops, const dt_spec *spec, int max_batch, dt_dtype dtype, dt_lowp **out) {
     *out = NULL;
@@ -59,9 +90,11 @@ dt_status dt_lowp_init(const dt_ops *ops, const dt_spec *spec, int max_batch, dt
     lp->dtype = dtype;
     lp->spec = spec;
     lp->nparams = (size_t)spec->nparams;
-    lp->scratch_n = dt_lowp_scratch_floats(spec, max_batch);
+    lp->gemm_rounds = dt_ops_gemm_lp_rounds(ops, dtype);
+    lp->copy = dt_lowp_copies_weights(spec, lp->gemm_rounds);
+    lp->scratch_n = dt_lowp_scratch_floats(spec, max_batch, lp->gemm_rounds);
     dt_status s = DT_OK;
-    for (int k = 0; k < 2 && s == DT_OK; k++)
+    for (int k = 0; k < dt_lowp_scratch_count(spec, lp->gemm_rounds) && s == DT_OK && lp->scratch_n; k++)
         s = dt_mem_alloc(ops, DT_MEM_ACTS, (void **)&lp->scratch[k], lp->scratch_n * sizeof(float));
     if (s != DT_OK) {
         dt_lowp_free(ops, lp);
@@ -84,7 +117,9 @@ const float *dt_lowp_weights(const dt_lowp *lp) { return lp ? lp->wcopy : NULL; 
 void         dt_lowp_stale(dt_lowp *lp) { if (lp) lp->fresh = 0; }
 
 size_t dt_lowp_bytes(const dt_lowp *lp) {
-    return lp ? ((lp->wcopy ? lp->nparams : 0) + 2 * lp->scratch_n) * sizeof(float) : 0;
+    if (!lp) return 0;
+    return ((lp->wcopy ? lp->nparams : 0) + (lp->scratch[0] ? lp->scratch_n : 0) + (lp->scratch[1] ? lp->scratch_n : 0)) *
+           sizeof(float);
 }
 
 /* The weight copy, made on first use. */
@@ -94,7 +129,7 @@ static dt_status wcopy_need(dt_lowp *lp, const dt_ops *ops) {
 
 dt_status dt_lowp_round_layer(dt_lowp *lp, const dt_ops *ops, const dt_layer *L, const float *src, float *dst,
                               size_t lo, size_t hi) {
-    if (!lp || !(L->def->flags & DT_LDEF_GEMM)) return DT_OK;
+    if (!lp || !lp->copy || !(L->def->flags & DT_LDEF_GEMM)) return DT_OK;   /* no copy: gemm_lp rounds */
     if (!dst) {
         DT_TRY(wcopy_need(lp, ops));
         dst = lp->wcopy;
@@ -119,6 +154,7 @@ dt_status dt_lowp_prepare(dt_lowp *lp, const dt_ops *ops, const float *params, s
 
 void dt_lowp_ctx(const dt_lowp *lp, dt_nn_ctx *c) {
     c->lp = lp ? (int)lp->dtype : 0;
+    c->lp_gemm_rounds = lp ? lp->gemm_rounds : 0;
     c->lp_params = lp ? lp->wcopy : NULL;
     c->lp_scratch[0] = lp ? lp->scratch[0] : NULL;
     c->lp_scratch[1] = lp ? lp->scratch[1] : NULL;
@@ -136,12 +172,20 @@ dt_status layer_lp_operand(const dt_nn_ctx *c, int slot, const float **x, size_t
     return DT_OK;
 }
 
+dt_status layer_lp_gemm_operand(const dt_nn_ctx *c, int slot, const float **x, size_t n) {
+    return c->lp_gemm_rounds ? DT_OK : layer_lp_operand(c, slot, x, n);
+}
+
 dt_status layer_lp_round(const dt_nn_ctx *c, float *buf, size_t n) {
     return c->lp ? c->ops->round_to(buf, buf, n, c->lp) : DT_OK;
 }
 
 const float *layer_lp_weight(const dt_nn_ctx *c, const float *w) {
     return c->lp && w ? c->lp_params + (w - c->params) : w;
+}
+
+const float *layer_lp_gemm_weight(const dt_nn_ctx *c, const float *w) {
+    return c->lp_gemm_rounds ? w : layer_lp_weight(c, w);
 }
 
 dt_status layer_gemm(const dt_nn_ctx *c, int transA, int transB, int M, int N, int K, const float *A, int lda,

@@ -54,7 +54,11 @@ dt_status dt_lowp_round_layer(dt_lowp *lp, const dt_ops *ops, const dt_layer *L,
 void      dt_lowp_ctx(const dt_lowp *lp, dt_nn_ctx *c);
 /* Device bytes held: the weight copy (once made) and the scratch. */
 size_t    dt_lowp_bytes(const dt_lowp *lp);
-/* Floats of each of the two scratch buffers for spec at max_batch (dtrain plan). */
-size_t    dt_lowp_scratch_floats(const dt_spec *spec, int max_batch);
+/* For dtrain plan, with gemm_rounds as dt_ops_gemm_lp_rounds says for the device: the
+ * floats of each scratch buffer for spec at max_batch, how many buffers (1 or 2), and
+ * whether the weight copy is made (1) or not (0). */
+size_t    dt_lowp_scratch_floats(const dt_spec *spec, int max_batch, int gemm_rounds);
+int       dt_lowp_scratch_count(const dt_spec *spec, int gemm_rounds);
+int       dt_lowp_copies_weights(const dt_spec *spec, int gemm_rounds);
 
 #endif /* DT_LOWP_H */

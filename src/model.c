@@ -107,7 +107,8 @@ static dt_status layer_ctx(const dt_model *m, dt_nn_ctx *c, int i) {
     c->params = layer_params(m, i);
     if (!c->lp) return DT_OK;
     c->lp_params = view ? c->params : dt_lowp_weights(m->lp);
-    if (!c->lp_params && (m->spec.layers[i].def->flags & DT_LDEF_GEMM))
+    unsigned f = m->spec.layers[i].def->flags;
+    if (!c->lp_params && (f & DT_LDEF_GEMM) && (!c->lp_gemm_rounds || (f & DT_LDEF_LP_OWN)))
         return dt_error(DT_ERR_INTERNAL, "model: layer %d has no rounded weights (no view, and the copy was not made)", i);
     return DT_OK;
 }
@@ -403,7 +404,10 @@ dt_status dt_model_plan_memory(const char *spec, const dt_shape *input, int max_
     out->nrecord = m->spec.nrecord;
     out->unit_params_max = unit_max;
     out->nblocks = m->nblocks;
-    out->lp_scratch = 2 * dt_lowp_scratch_floats(&m->spec, max_batch) * sizeof(float);
+    out->lp_scratch = 2 * dt_lowp_scratch_floats(&m->spec, max_batch, 0) * sizeof(float);
+    out->lp_scratch_rounding = (size_t)dt_lowp_scratch_count(&m->spec, 1) * dt_lowp_scratch_floats(&m->spec, max_batch, 1) *
+                               sizeof(float);
+    out->lp_copy_rounding = dt_lowp_copies_weights(&m->spec, 1);
     dt_model_free(m);
     return s;
 }

@@ -145,6 +145,10 @@ typedef struct {
                                   * state; with recompute the blocks' outputs and the arena) */
     size_t  arena;               /* recompute: bytes of the shared arena (else 0) */
     size_t  lp_scratch;          /* mixed precision: bytes of its two scratch buffers */
+    size_t  lp_scratch_rounding; /* ... the same where gemm_lp rounds its operands itself
+                                  * (ops.h dt_ops_gemm_lp_rounds): no copy of the weights then */
+    int     lp_copy_rounding;    /* ... unless a row rounds for another op: 1 (copy and
+                                  * both buffers, as lp_scratch) */
 } dt_model_mem;
 
 DT_API dt_status dt_model_plan_memory(const char *spec, const dt_shape *input, int max_batch,

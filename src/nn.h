@@ -174,8 +174,11 @@ enum {
     DT_LDEF_FUSE_RELU     = 1 << 2,  /* can apply a following relu itself (sets fuse_relu) */
     DT_LDEF_CONTAINER     = 1 << 3,  /* written kind(layers...): its arguments are a layer list */
     DT_LDEF_INTERNAL      = 1 << 4,  /* made by the builder, never written in a spec */
-    DT_LDEF_GEMM          = 1 << 5   /* its weights (tensors of 2+ dimensions, tied ones too) are
+    DT_LDEF_GEMM          = 1 << 5,  /* its weights (tensors of 2+ dimensions, tied ones too) are
                                       * GEMM or convolution operands: rounded in low precision */
+    DT_LDEF_LP_OWN        = 1 << 6   /* in low precision its weights and inputs reach an op other
+                                      * than gemm_lp (a convolution): they are rounded for it into
+                                      * the weight copy and the scratch, whatever gemm_lp does */
 };
 
 /* Everything a layer pass needs besides the layer itself. */
@@ -207,8 +210,13 @@ typedef struct {
      * DT_F16 (dtype.h) when GEMM and convolution inputs are rounded to it, 0 (DT_F32)
      * when not; then lp_params is the parameter array with the GEMM weights rounded
      * (same layout as params) and lp_scratch two buffers of lp_scratch_n floats for
-     * rounded activations and gradients */
+     * rounded activations and gradients. lp_gemm_rounds: gemm_lp rounds its operands
+     * itself (ops.h dt_ops_gemm_lp_rounds), so a matrix product takes the f32 values and
+     * weights as they are (layer_lp_gemm_operand, layer_lp_gemm_weight); lp_params and
+     * the scratch are then made only for the rows that round for another op
+     * (DT_LDEF_LP_OWN), and NULL without one */
     int              lp;
+    int              lp_gemm_rounds;
     const float     *lp_params;
     float           *lp_scratch[2];
     size_t           lp_scratch_n;

@@ -10,7 +10,8 @@
 #include "config.h"
 #endif
 #include "ops.h"
-#include "cpu/cpu.h"   /* dt_cpu_gemm_own */
+#include "cpu/cpu.h"   /* the cpu GEMM kernels' choice */
+#include "dtype.h"
 #ifdef DT_HAVE_CUDA
 #include "cuda/dt_cuda.h"
 #endif
@@ -80,6 +81,10 @@ const char *dt_ops_gemm_name(const dt_ops *ops, int dtype) {
     if (!ops) return "";
     if (!strcmp(ops->name, "cpu")) return dt_cpu_gemm_name(dtype);
     return "cublas";
+}
+
+int dt_ops_gemm_lp_rounds(const dt_ops *ops, int dtype) {
+    return ops && !strcmp(ops->name, "cpu") && dtype == DT_BF16 && dt_cpu_gemm_bf16_on();
 }
 
 void dt_ops_reset_peak(const dt_ops *ops) {

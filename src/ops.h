@@ -497,6 +497,10 @@ DT_API dt_status dt_ops_describe(const dt_ops *ops, char *buf, size_t n);
  * gemm_lp) on ops: "avx512-bf16", "avx512" or "openblas" on the cpu (as opened: see
  * DT_CPU_GEMM_*), "cublas" on cuda. */
 DT_API const char *dt_ops_gemm_name(const dt_ops *ops, int dtype);
+/* 1 when gemm_lp of dtype on ops rounds its operands to dtype itself (nearest even, as
+ * round_to, so passing f32 values gives the bits of passing them rounded): the cpu's
+ * AVX512-BF16 kernel, which narrows them as it packs them. 0: the caller rounds them. */
+DT_API int dt_ops_gemm_lp_rounds(const dt_ops *ops, int dtype);
 /* The device's peak memory (ops memory) starts again from what it holds now; nothing
  * for a device that does not track its memory. */
 DT_API void      dt_ops_reset_peak(const dt_ops *ops);

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "comm.h"    /* dt_comm_shm_plan */
+#include "dtype.h"
+#include "ops.h"     /* dt_ops_gemm_lp_rounds */
 #include "ddp.h"     /* dt_ddp_tree_arrays, dt_ddp_opts_default */
 #include "optim.h"
 #include "shard.h"   /* dt_shard_prefetch_parse, dt_shard_floats, dt_shard_pool_in_use */
@@ -34,9 +36,10 @@ static const dt_plan_precision precisions[] = {
     /* the matrix products read rounded values held in f32 (lowp.h): a copy of the whole
      * parameter array, or with --shard params the gathered units rounded in place */
     { .name = "bf16", .master_bytes = 4, .copy_bytes = 4, .grad_bytes = 4, .state_bytes = 4, .gather_bytes = 4,
-      .act_factor = 1.0, .help = "fp32 master weights and state, a rounded copy of the weights (none with params)" },
+      .act_factor = 1.0, .lp = DT_BF16,
+      .help = "fp32 master weights and state, a rounded copy of the weights (none with params, or on 16-bit units)" },
     { .name = "fp16", .master_bytes = 4, .copy_bytes = 4, .grad_bytes = 4, .state_bytes = 4, .gather_bytes = 4,
-      .act_factor = 1.0, .help = "as bf16, with loss scaling" },
+      .act_factor = 1.0, .lp = DT_F16, .help = "as bf16, with loss scaling" },
 };
 
 const dt_plan_shard *dt_plan_shards(int *n) {
@@ -164,8 +167,11 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
     }
 
     /* parameters: master weights (their shard), the rounded copy (not with the pool: its
-     * units are rounded where they were gathered), buffers, gathered units */
-    int copy = pr->copy_bytes && !(sh->params_sharded && pool && W > 1);
+     * units are rounded where they were gathered; not where the device's gemm_lp rounds
+     * operands itself and no row rounds for another op), buffers, gathered units */
+    int rounds = pr->lp && o->ops && dt_ops_gemm_lp_rounds(o->ops, pr->lp);
+    size_t lp_scratch = rounds ? mm->lp_scratch_rounding : mm->lp_scratch;
+    int copy = pr->copy_bytes && !(sh->params_sharded && pool && W > 1) && (!rounds || mm->lp_copy_rounding);
     int sharding = sh->optim_sharded || sh->grads_sharded || sh->params_sharded;
     B[DT_MEM_PARAMS] = (sh->params_sharded ? per_rank(P, pr->master_bytes, 1, W) : whole(P, pr->master_bytes, sharding, W)) +
                        (copy ? (size_t)P * (size_t)pr->copy_bytes : 0) +
@@ -176,7 +182,7 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
                       (size_t)grad_units * (size_t)mm->unit_params_max * (size_t)pr->grad_bytes + pool_grads +
                       (size_t)dt_ddp_tree_arrays(k) * (size_t)P * sizeof(float);
     B[DT_MEM_OPTIM] = (size_t)dt_optim_nstate_of(&cfg) * per_rank(P, pr->state_bytes, sh->optim_sharded, W);
-    B[DT_MEM_ACTS] = (size_t)((double)mm->bytes[DT_MEM_ACTS] * pr->act_factor) + (pr->copy_bytes ? mm->lp_scratch : 0);
+    B[DT_MEM_ACTS] = (size_t)((double)mm->bytes[DT_MEM_ACTS] * pr->act_factor) + (pr->copy_bytes ? lp_scratch : 0);
     if (sh->grad_bucket) {
         dt_ddp_opts d;
         dt_ddp_opts_default(&d);

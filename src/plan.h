@@ -59,6 +59,7 @@ typedef struct {
     int    state_bytes;          /* per optimizer state array */
     int    gather_bytes;         /* a gathered parameter (shard params) */
     double act_factor;           /* activations relative to fp32 */
+    int    lp;                   /* the dtype of gemm_lp (DT_BF16, DT_F16), 0 for fp32 */
     const char *help;
 } dt_plan_precision;
 
@@ -76,6 +77,9 @@ typedef struct {
     int                  world;
     dt_shape             input;
     int64_t              labels;
+    const dt_ops        *ops;    /* the device planned for: where its gemm_lp rounds operands
+                                  * itself (dt_ops_gemm_lp_rounds), mixed precision keeps no
+                                  * rounded weights; NULL: a device whose gemm_lp does not */
 } dt_plan_opts;
 
 /* One rank's estimate. */

@@ -163,7 +163,9 @@ static float *rand_vec(size_t n, unsigned seed, float scale) {
 }
 
 /* A model in low precision computes what the f32 model computes on rounded operands:
- * for one GEMM (or convolution) layer, bitwise. */
+ * for one GEMM (or convolution) layer, bitwise on the f32 kernel; on 16-bit units (whose
+ * gemm_lp rounds its operands itself: no weight copy then, unless a convolution needs
+ * one) to their order's rounding. */
 static void check_rounded(const dt_ops *ops, const char *spec, const dt_shape *in, dt_dtype lp, const char *what) {
     const int B = 5;
     dt_model *a = NULL, *f = NULL;
@@ -173,6 +175,7 @@ static void check_rounded(const dt_ops *ops, const char *spec, const dt_shape *i
     is_int(dt_model_set_precision(a, lp), DT_OK, "%s: precision %s", what, dt_precision_name(lp));
     is_int(dt_model_precision(a), lp, "%s: the model says so", what);
     size_t before = dt_model_precision_bytes(a);   /* the scratch: the weight copy comes with the first forward */
+    int copies = !dt_ops_gemm_lp_rounds(ops, lp) || strstr(spec, "conv");
     size_t nx = (size_t)B * (size_t)dt_shape_numel(in), np = dt_model_nparams(a);
     float *x = rand_vec(nx, 3, 8.0f), *xr = malloc(nx * sizeof *xr);
     ops->round_to(xr, x, nx, lp);
@@ -195,9 +198,15 @@ static void check_rounded(const dt_ops *ops, const char *spec, const dt_shape *i
             top = fmax(top, fabs((double)keep[i]));
         }
         ok(worst <= 1e-5 * top, "%s: AVX512-BF16 within 1e-5 of the f32 kernel normwise (%.2g of %.3g)", what, worst, top);
+        is_int(dt_model_precision_bytes(a) - before, copies ? np * sizeof(float) : 0,
+               copies ? "%s: a convolution's weights still rounded into a copy" : "%s: no rounded weight copy", what);
         free(keep);
     }
+    /* the kernels are chosen before a model is set to low precision */
     is_int(dt_cpu_gemm_select(DT_CPU_GEMM_OPENBLAS), DT_OK, "%s: GEMMs on the f32 kernel", what);
+    is_int(dt_model_set_precision(a, DT_F32), DT_OK, "%s: f32 to change kernels", what);
+    is_int(dt_model_set_precision(a, lp), DT_OK, "%s: and %s again", what, dt_precision_name(lp));
+    before = dt_model_precision_bytes(a);
     is_int(dt_model_forward(a, x, B, 1, 0, 0, &ya), DT_OK, "%s: low-precision forward", what);
     is_int(dt_model_forward(f, xr, B, 1, 0, 0, &yf), DT_OK, "%s: f32 forward on rounded operands", what);
     ok(memcmp(ya, yf, ny * sizeof(float)) == 0, "%s: outputs bitwise equal", what);
@@ -368,6 +377,34 @@ static void test_gemm_bf16(const dt_ops *ops) {
             }
             free(A), free(Bm), free(C0), free(C), free(R);
         }
+    /* it rounds its operands itself (dt_ops_gemm_lp_rounds): f32 values give the bits of
+     * their rounding, subnormals, values that round up to a power of two and to inf too */
+    ok(dt_ops_gemm_lp_rounds(ops, DT_BF16) && !dt_ops_gemm_lp_rounds(ops, DT_F16), "gemm_lp rounds bf16 operands itself, not f16");
+    {
+        const int M = 67, N = 75, K = 301;
+        size_t na = (size_t)M * K, nb = (size_t)K * N;
+        float *A = rand_vec(na, 5, 6.0f), *Bm = rand_vec(nb, 6, 3.0f), *Ar = malloc(na * sizeof *Ar), *Br = malloc(nb * sizeof *Br);
+        float *C = malloc((size_t)M * N * sizeof *C), *R = malloc((size_t)M * N * sizeof *R);
+        A[3] = 1e-39f, A[10] = -3e-41f, A[20] = 1.9999999f, Bm[7] = 1e-40f, Bm[9] = 0x1.fffffep+127f;
+        A[(size_t)5 * K + 9] = 3.3895e38f;   /* rounds to bf16's largest finite value */
+        ops->round_to(Ar, A, na, DT_BF16);
+        ops->round_to(Br, Bm, nb, DT_BF16);
+        for (int v = 0; v < 2; v++) {   /* row-major B, and B^T */
+            const float *b = Bm, *br = Br;
+            float *bt = NULL, *btr = NULL;
+            if (v) {
+                bt = malloc(nb * sizeof *bt), btr = malloc(nb * sizeof *btr);
+                for (int k = 0; k < K; k++)
+                    for (int j = 0; j < N; j++) bt[(size_t)j * K + k] = Bm[(size_t)k * N + j], btr[(size_t)j * K + k] = Br[(size_t)k * N + j];
+                b = bt, br = btr;
+            }
+            ops->gemm_lp(DT_BF16, 0, v, M, N, K, 1.0f, A, K, b, v ? K : N, 0.0f, C, N);
+            ops->gemm_lp(DT_BF16, 0, v, M, N, K, 1.0f, Ar, K, br, v ? K : N, 0.0f, R, N);
+            ok(memcmp(C, R, (size_t)M * N * sizeof *C) == 0, "f32 operands give the bits of their bf16 rounding (transB=%d)", v);
+            free(bt), free(btr);
+        }
+        free(A), free(Bm), free(Ar), free(Br), free(C), free(R);
+    }
     /* inf and NaN pass through as they would in f32 */
     float A[4] = {1.0f, INFINITY, 2.0f, 0.5f}, Bv[4] = {1.0f, 1.0f, NAN, 1.0f}, C[2] = {0};
     ops->gemm_lp(DT_BF16, 0, 0, 1, 1, 2, 1.0f, A, 2, Bv, 1, 0.0f, C, 1);

@@ -331,6 +331,8 @@ int dtrain_plan_main(int argc, char **argv) {
     if (s != DT_OK) return dt_tool_fail(s);
 
     dt_plan_opts o = {.train = &t, .world = (int)np};
+    /* the kernels of this machine's CPU decide whether bf16 keeps rounded copies */
+    if ((s = dt_tool_cpu(&o.ops)) != DT_OK) return dt_tool_fail(s);
     if ((s = dt_tool_input_shape(model, data, input, "--input", &o.input, &o.labels)) != DT_OK) return dt_tool_fail(s);
     char cap_note[128];
     size_t capacity;
