@@ -269,6 +269,11 @@ timeout 60 "$D" report "$T/res.jsonl" -o "$T/res.html" > "$T/out" 2> "$T/err"
 ok $? "... reports"
 ! grep -q "runs" "$T/err"; ok $? "... as one run (not 'holds 2 runs')"
 ok_grep "$T/res.html" '<td>resumed after step</td><td class="text">10</td>' "... the resumption noted"
+n=$(grep -c '<line class="resume" data-step="10"' "$T/res.html")
+[ "$n" -ge 2 ]; ok $? "... and marked at step 10 on the loss and throughput charts ($n marks)"
+ok_grep "$T/res.html" 'resumed from a checkpoint .dotted.' "... the legend says what the mark is"
+n=$(grep -c '<line class="resume"' "$T/two.html")
+[ "$n" -eq 0 ]; ok $? "a run never resumed has no such mark ($n)"
 python3 -c "
 import json, re, sys
 page = open(sys.argv[1]).read()

@@ -78,7 +78,7 @@ static void free_settings(rpt_run *r) {
 
 /* A new run appended to the file: what the last one left is dropped. */
 static void new_run(rpt_run *r) {
-    r->nstep = r->nval = r->nrank = r->nmem = 0;
+    r->nstep = r->nval = r->nrank = r->nmem = r->nresume = 0;
     r->tokens = r->world = 0;
     free_settings(r);
     r->runs++;
@@ -113,6 +113,10 @@ static int take_start(rpt_run *r, const jsonl_obj *o) {
     if (r->nstep && count_of(o, "step", &from) && from > 0) {
         while (r->nstep && r->step[r->nstep - 1].step > from) r->nstep--;
         while (r->nval && r->val[r->nval - 1].step > from) r->nval--;
+        while (r->nresume && r->resume[r->nresume - 1] >= from) r->nresume--;
+        int64_t *at;
+        PUSH(r->resume, r->nresume, r->capresume, at);
+        *at = from;
         rpt_setting *s;
         PUSH(r->set, r->nset, r->capset, s);
         s->key = strdup("resumed after step");
@@ -270,6 +274,7 @@ void rpt_free(rpt_run *r) {
     free(r->val);
     free(r->rank);
     free(r->mem);
+    free(r->resume);
 }
 
 /* ---- the command ------------------------------------------------------------------- */

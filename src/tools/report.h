@@ -66,6 +66,8 @@ typedef struct {
     size_t       nmem, capmem;
     rpt_setting *set;
     size_t       nset, capset;
+    int64_t     *resume;     /* the steps it was resumed after (a start line after step N > 0) */
+    size_t       nresume, capresume;
     int          tokens;    /* the steps give tokens/s (a token model); else samples/s */
     int          world;     /* world_size of the last step (0: not given) */
     int          runs;      /* runs in the file; only the last is kept */

@@ -246,6 +246,28 @@ static void val_line(const chart *c, const rpt_run *r, int k) {
     }
 }
 
+/* A run's resumptions: a dotted vertical line at each step it was resumed after. */
+static void resume_marks(const chart *c, const rpt_run *r) {
+    for (size_t i = 0; i < r->nresume; i++) {
+        double x = (double)r->resume[i];
+        if (x < c->x.lo || x > c->x.hi) continue;
+        dt_sbuf_printf_(c->b, "<line class=\"resume\" data-step=\"%lld\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" "
+                        "stroke=\"#555\" stroke-dasharray=\"2 3\"><title>", (long long)r->resume[i], px(c, x), px(c, x),
+                        c->y0, c->y1);
+        put_html(c->b, r->label);
+        dt_sbuf_printf_(c->b, ": resumed after step %lld</title></line>\n", (long long)r->resume[i]);
+    }
+}
+
+/* The legend's word for the marks, when a run has any. */
+static void resume_legend(dt_sbuf *b, const rpt_run *runs, int n) {
+    for (int k = 0; k < n; k++)
+        if (runs[k].nresume) {
+            legend_item(b, "#555", 1, "resumed from a checkpoint (dotted)");
+            return;
+        }
+}
+
 static void section_loss(dt_sbuf *b, const rpt_run *runs, int n) {
     double x0, x1, y0, y1;
     int nval = 0;
@@ -254,11 +276,13 @@ static void section_loss(dt_sbuf *b, const rpt_run *runs, int n) {
     for (int k = 0; k < n; k++) legend_item(b, file_colour[k], 0, runs[k].label), nval += runs[k].nval > 0;
     dt_sbuf_str_(b, nval ? "<span class=\"item\">solid: training loss of each step; dashed with dots: validation "
                            "loss</span>" : "");
+    resume_legend(b, runs, n);
     dt_sbuf_str_(b, "</div>\n");
     chart c = chart_new(b, 380, axis_fit(x0, x1, 10, 1, 0), axis_fit(y0, y1, 6, 0, 0), (axis){0}, 24);
     chart_open(&c, "chart-loss", "step", "loss (per sample, as logged)", NULL);
     for (int k = 0; k < n; k++) loss_line(&c, &runs[k], k);
     for (int k = 0; k < n; k++) val_line(&c, &runs[k], k);
+    for (int k = 0; k < n; k++) resume_marks(&c, &runs[k]);
     dt_sbuf_str_(b, "</svg>\n");
     if (!nval)
         note(b, "No validation loss: no file has \"eval\" events or epochs that evaluated (dtrain train "
@@ -339,15 +363,18 @@ static void thr_chart(dt_sbuf *b, const rpt_run *runs, int n, int tokens) {
     dt_sbuf_str_(b, "<div class=\"legend\">");
     for (int k = 0; k < n; k++)
         if (runs[k].tokens == tokens) legend_item(b, file_colour[k], 0, runs[k].label);
-    dt_sbuf_printf_(b, "<span class=\"item\">%s of the whole job%s</span></div>\n", unit,
+    dt_sbuf_printf_(b, "<span class=\"item\">%s of the whole job%s</span>", unit,
                     ratio > 0 ? "; the right axis reads the same line as MFU"
                     : mfu ? " (solid); dashed: MFU (right axis)" : "");
+    resume_legend(b, runs, n);
+    dt_sbuf_str_(b, "</div>\n");
     chart c = chart_new(b, 340, axis_fit(x0, x1, 10, 1, 0), y, y2, mfu ? 64 : 24);
     chart_open(&c, tokens ? "chart-tokens" : "chart-samples", "step", unit, mfu ? "MFU (% of peak)" : NULL);
     for (int k = 0; k < n; k++)
         if (runs[k].tokens == tokens) {
             thr_line(&c, &runs[k], k, 0);
             if (mfu && ratio == 0) thr_line(&c, &runs[k], k, 1);
+            resume_marks(&c, &runs[k]);
         }
     dt_sbuf_str_(b, "</svg>\n");
 }
@@ -477,7 +504,7 @@ static void mem_peak(const chart *c, const rpt_mem *const *m, size_t n) {
     dt_sbuf_str_(c->b, "\"><title>peak total, MiB</title></polyline>\n");
 }
 
-static void mem_chart(dt_sbuf *b, const rpt_mem *const *m, size_t n, int run) {
+static void mem_chart(dt_sbuf *b, const rpt_mem *const *m, size_t n, int run, const rpt_run *r) {
     double x0 = INFINITY, x1 = -INFINITY, ymax = 0;
     for (size_t i = 0; i < n; i++) {
         x0 = fmin(x0, (double)m[i]->step), x1 = fmax(x1, (double)m[i]->step);
@@ -487,6 +514,7 @@ static void mem_chart(dt_sbuf *b, const rpt_mem *const *m, size_t n, int run) {
     dt_sbuf_str_(b, "<div class=\"legend\">");
     for (int k = 0; k < DT_MEM_NCAT; k++) legend_item(b, mem_colour[k], 0, dt_mem_cat_name(k));
     legend_item(b, "#222", 1, "peak of the total");
+    resume_legend(b, r, 1);
     dt_sbuf_str_(b, "</div>\n");
     chart c = chart_new(b, 320, axis_fit(x0, x1, 10, 1, 0), axis_fit(0, ymax, 6, 0, 1), (axis){0}, 24);
     char id[32];
@@ -494,6 +522,7 @@ static void mem_chart(dt_sbuf *b, const rpt_mem *const *m, size_t n, int run) {
     chart_open(&c, id, "step", "MiB held by rank 0 (accounted)", NULL);
     for (int k = 0; k < DT_MEM_NCAT; k++) mem_layer(&c, m, n, k);
     mem_peak(&c, m, n);
+    resume_marks(&c, r);
     dt_sbuf_str_(b, "</svg>\n");
 }
 
@@ -544,7 +573,7 @@ static void section_memory(dt_sbuf *b, const rpt_run *r, int k) {
         free(m);
         return;
     }
-    mem_chart(b, m, n, k);
+    mem_chart(b, m, n, k, r);
     free(m);
     mem_table(b, r);
 }
