@@ -16,6 +16,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
@@ -313,6 +314,31 @@ int main(void) {
 
     s = dt_store_set(a, "big", "x", (size_t)DT_STORE_MAX_VALUE + 1);
     is_int(s, DT_ERR_INVALID, "client refuses to send an oversized value");
+
+    /* a full store: the next client is told so, not just hung up on */
+    struct rlimit rl;
+    int need = 2 * DT_STORE_MAX_CLIENTS + 512;   /* both ends of every connection are here */
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (rlim_t)need && rl.rlim_max >= (rlim_t)need) {
+        rl.rlim_cur = (rlim_t)need;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < (rlim_t)need) {
+        skip(3, "a full store needs 8704 open files (ulimit -n)");
+    } else {
+        static dt_store *many[DT_STORE_MAX_CLIENTS];
+        int held = 0;
+        s = DT_OK;
+        while (held < DT_STORE_MAX_CLIENTS && (s = dt_store_connect("127.0.0.1", port, &job_a, 5, &many[held])) == DT_OK)
+            held++;
+        is_int(held, DT_STORE_MAX_CLIENTS - 2, "the store serves %d clients at once (2 before, %d more)",
+               DT_STORE_MAX_CLIENTS, held);
+        is_int(s, DT_ERR_PEER, "the next client is refused");
+        like(dt_last_error(), "refused the connection: store full: 4096 clients connected",
+             "... saying the store is full (%s)", dt_last_error());
+        for (int i = 0; i < held; i++) dt_store_close(many[i]);
+    }
+    is_int(dt_store_connect("127.0.0.1", port, &job_a, 5, &c2), DT_OK, "with them gone, a client connects again");
+    dt_store_close(c2);
 
     dt_store_close(a);
     dt_store_close(b);

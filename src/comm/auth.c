@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define AUTH_VERSION 1u
@@ -216,15 +217,22 @@ dt_status dt_auth_client(const dt_auth *a, int fd, unsigned purpose, double dead
 }
 
 dt_status dt_auth_connect(const dt_auth *a, const char *host, int port, unsigned purpose, double deadline, int *fd) {
+    /* A server answers at once or drops the connection (a flood makes it shed the
+     * unproven ones), so an attempt that hears nothing for a while is stuck in a queue:
+     * a fresh one does better than waiting there. Patience doubles for slow links. */
+    double attempt = 0.5, pause = 0.002;
     for (;;) {
         DT_TRY(dt_sock_connect(host, port, deadline, fd));
-        /* each try gets a few seconds, so a dropped one is retried in time */
-        double t = dt_now() + 2 * DT_AUTH_DEADLINE;
+        double t = dt_now() + attempt;
         dt_status s = dt_auth_client(a, *fd, purpose, t < deadline ? t : deadline);
         if (s == DT_OK) return DT_OK;
         close(*fd);
         *fd = -1;
-        if (s == DT_ERR_MISMATCH || dt_now() >= deadline) return s;
+        if (s == DT_ERR_MISMATCH || dt_now() + pause >= deadline) return s;
+        if (attempt < 2 * DT_AUTH_DEADLINE) attempt *= 2;
+        struct timespec ts = { 0, (long)(pause * 1e9) };
+        nanosleep(&ts, NULL);
+        if (pause < 0.1) pause *= 2;
     }
 }
 
@@ -234,7 +242,8 @@ void dt_auth_conn_start(dt_auth_conn *c, int fd, double now) {
     memset(c, 0, sizeof *c);
     c->fd = fd;
     c->state = S_HELLO;
-    c->deadline = now + DT_AUTH_DEADLINE;
+    c->since = now;
+    c->deadline = now + DT_AUTH_STEP;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     snprintf(c->addr, sizeof c->addr, "?");
@@ -273,6 +282,16 @@ int dt_auth_conn_step(const dt_auth *a, dt_auth_conn *c, unsigned purpose) {
         dt_put32(ch, M_CHALLENGE);
         dt_put32(ch + 8, a->has_secret ? FLAG_SECRET : 0);
         if (dt_get32(c->in) != M_HELLO) { c->state = S_FAILED; return -1; }   /* not ours: no answer at all */
+        /* a client that hung up after its HELLO gave up waiting in the queue (a real
+         * client sends nothing more before the challenge): no answer, and no stranger */
+        unsigned char b;
+        ssize_t pk;
+        do pk = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT); while (pk < 0 && errno == EINTR);
+        if (pk == 0 || (pk < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+            c->gone = 1;
+            c->state = S_FAILED;
+            return -1;
+        }
         unsigned status = dt_get32(c->in + 4) != AUTH_VERSION ? CH_PROTOCOL
                         : dt_get32(c->in + 8) != purpose ? CH_PURPOSE : CH_OK;
         dt_put32(ch + 4, status);
@@ -284,6 +303,7 @@ int dt_auth_conn_step(const dt_auth *a, dt_auth_conn *c, unsigned purpose) {
         }
         if (!send_now(c->fd, ch, sizeof ch) || status != CH_OK) { c->state = S_FAILED; return -1; }
         c->state = S_RESPONSE;
+        c->deadline = dt_now() + DT_AUTH_STEP;   /* the proof takes one round trip */
         return 0;
     }
     unsigned char want[DT_AUTH_MAC], ver[VERDICT_BYTES];

@@ -38,8 +38,13 @@
 #define DT_AUTH_MAC        32
 #define DT_AUTH_MAX_SECRET 4096
 #define DT_AUTH_MAX_JOB    127
-/* seconds an unauthenticated connection may take to finish the exchange */
+/* seconds an authenticated client has to say what it wants (the mesh handshake,
+ * dtrun's HELLO line); a client's attempt at the exchange gets twice this at most
+ * (dt_auth_connect gives its first attempts less) */
 #define DT_AUTH_DEADLINE   2.0
+/* seconds a server waits for a client's HELLO after accepting it, and again for its
+ * proof after sending the challenge: each takes a client one network round trip */
+#define DT_AUTH_STEP       0.5
 
 /* what a connection is for: a proof for one is refused by the others */
 enum { DT_AUTH_STORE = 1, DT_AUTH_PEER = 2, DT_AUTH_LAUNCH = 3 };
@@ -72,30 +77,37 @@ int  dt_auth_is_loopback(const char *addr);
  * job, purpose or secret), without naming the server: callers add who it was. */
 dt_status dt_auth_client(const dt_auth *a, int fd, unsigned purpose, double deadline);
 /* Connect to host:port and run the exchange, retrying refused, reset and timed-out
- * attempts until the deadline (a server shedding a flood may drop one); a server of
- * another job, purpose or secret (DT_ERR_MISMATCH) is an error at once. */
+ * attempts until the deadline (a server shedding a flood may drop one): the first
+ * attempts are short (0.5 s, doubling up to 2 * DT_AUTH_DEADLINE) and a dropped one is
+ * retried within milliseconds, so a client never waits long on a connection the server
+ * will not answer; a server of another job, purpose or secret (DT_ERR_MISMATCH) is an
+ * error at once. */
 dt_status dt_auth_connect(const dt_auth *a, const char *host, int port, unsigned purpose, double deadline, int *fd);
 
 /* Server side, one connection, driven by poll: the socket must be non-blocking. */
 typedef struct {
     int fd;
     int state;                 /* 0: waiting for HELLO; the rest is internal */
-    double deadline;           /* dt_now() time the exchange must end by */
+    double since;              /* dt_now() time it was accepted */
+    double deadline;           /* dt_now() time the current step must end by (DT_AUTH_STEP) */
     unsigned char in[64];
     size_t got;
     unsigned char nc[DT_AUTH_NONCE], ns[DT_AUTH_NONCE];
     char addr[64];             /* the peer's address, for messages */
     int bad_mac;               /* it answered, with a wrong proof */
+    int gone;                  /* it had hung up before it was answered: a client that gave up
+                                * waiting (a rank retrying), not a stranger the server dropped */
 } dt_auth_conn;
 
 /* Take a freshly accepted non-blocking socket (the address is looked up here). */
 void dt_auth_conn_start(dt_auth_conn *c, int fd, double now);
 /* Read what is there and answer. Returns 1 when the client is authenticated (c->fd is
- * then the caller's), 0 while the exchange goes on (poll c->fd for POLLIN), -1 when it
- * failed (a protocol error, a wrong proof, end of file; the caller closes c->fd). A
- * connection past its deadline is the caller's to drop. */
+ * then the caller's), 0 while the exchange goes on (poll c->fd for POLLIN; the challenge
+ * sent, c->deadline moves to DT_AUTH_STEP from now), -1 when it failed (a protocol
+ * error, a wrong proof, end of file; the caller closes c->fd). A connection past its
+ * deadline is the caller's to drop. */
 int  dt_auth_conn_step(const dt_auth *a, dt_auth_conn *c, unsigned purpose);
-/* 1 while the client has not sent its HELLO (state 0): the first to drop in a flood. */
+/* 1 while the client has not sent its HELLO (state 0). */
 static inline int dt_auth_conn_silent(const dt_auth_conn *c) { return c->state == 0; }
 
 #endif /* DT_AUTH_H */

@@ -87,13 +87,17 @@ dt_status dt_sock_connect(const char *host, int port, double deadline, int *fd) 
     DT_TRY(resolve(host, port, &sa));
     int last = 0;
     double pause = 0.01;
+    /* A SYN that a full backlog dropped is sent again only after a second: a fresh
+     * attempt after 100 ms (doubling up to a second, for slow links) does better. */
+    int patience = 100;
     for (;;) {
         int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (s < 0) return dt_error(DT_ERR_IO, "socket: %s", strerror(errno));
         int rc = connect(s, (struct sockaddr *)&sa, sizeof sa);
         if (rc < 0 && errno == EINPROGRESS) {
             struct pollfd p = { .fd = s, .events = POLLOUT };
-            int pr = poll(&p, 1, ms_left(deadline) < 1000 ? ms_left(deadline) : 1000);
+            int pr = poll(&p, 1, ms_left(deadline) < patience ? ms_left(deadline) : patience);
+            if (patience < 1000) patience *= 2;
             if (pr > 0) {
                 int err = 0; socklen_t el = sizeof err;
                 if (getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el) < 0) err = errno;

@@ -32,11 +32,10 @@
 #define STORE_VERSION 1u
 #define REQ_BYTES     28
 #define RESP_BYTES    12
-#define MAX_CLIENTS   4096
 #define CLIENT_STACK  (256u << 10)
 
 enum { OP_PING = 1, OP_SET, OP_GET, OP_WAIT, OP_ADD, OP_DEL };
-enum { ST_OK = 0, ST_TIMEOUT, ST_JOB, ST_BAD, ST_NOTFOUND };
+enum { ST_OK = 0, ST_TIMEOUT, ST_JOB, ST_BAD, ST_NOTFOUND, ST_FULL };
 
 /* ---- server ----------------------------------------------------------------------- */
 
@@ -59,7 +58,7 @@ struct dt_store_server {
     pthread_cond_t cv;
     int stopping;
     kv *kvs; size_t nkv, capkv;
-    client clients[MAX_CLIENTS];
+    client clients[DT_STORE_MAX_CLIENTS];
 };
 
 static kv *kv_find(struct dt_store_server *s, const char *key) {
@@ -230,6 +229,27 @@ static void *client_main(void *arg) {
     return NULL;
 }
 
+/* No room for an authenticated client: it reads why in answer to its first request
+ * rather than a bare hang-up. Its request is read (briefly) before the close, since
+ * closing with unread bytes would send a reset that may overtake the reply. */
+static void refuse_full(int fd) {
+    char m[96];
+    int ml = snprintf(m, sizeof m, "store full: %d clients connected (the most it serves; a rank holds one)",
+                      DT_STORE_MAX_CLIENTS);
+    unsigned char h[RESP_BYTES];
+    dt_put32(h, STORE_MAGIC); dt_put32(h + 4, ST_FULL); dt_put32(h + 8, (unsigned)ml);
+    double dl = dt_now() + 0.5;
+    if (dt_sock_write_all(fd, h, sizeof h, dl) == DT_OK && dt_sock_write_all(fd, m, (size_t)ml, dl) == DT_OK) {
+        shutdown(fd, SHUT_WR);
+        char sink[256];
+        while (dt_sock_read_all(fd, sink, 1, dl) == DT_OK) {   /* until the client hangs up */
+            ssize_t r;
+            do r = recv(fd, sink, sizeof sink, MSG_DONTWAIT); while (r > 0);
+        }
+    }
+    close(fd);
+}
+
 static void *acceptor_main(void *arg) {
     struct dt_store_server *s = arg;
     pthread_attr_t attr;
@@ -242,7 +262,7 @@ static void *acceptor_main(void *arg) {
         if (st != DT_OK) continue;
         pthread_mutex_lock(&s->mu);
         client *slot = NULL;
-        for (int i = 0; i < MAX_CLIENTS; i++) {
+        for (int i = 0; i < DT_STORE_MAX_CLIENTS; i++) {
             client *c = &s->clients[i];
             if (c->used && c->done) {        /* reap a finished connection */
                 pthread_join(c->th, NULL);
@@ -256,7 +276,7 @@ static void *acceptor_main(void *arg) {
             if (pthread_create(&slot->th, &attr, client_main, slot) != 0) { slot->used = 0; slot = NULL; }
         }
         pthread_mutex_unlock(&s->mu);
-        if (!slot) close(fd);
+        if (!slot) refuse_full(fd);
     }
     pthread_attr_destroy(&attr);
     return NULL;
@@ -305,10 +325,10 @@ void dt_store_server_stop(dt_store_server *s) {
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     pthread_cond_broadcast(&s->cv);
-    for (int i = 0; i < MAX_CLIENTS; i++)
+    for (int i = 0; i < DT_STORE_MAX_CLIENTS; i++)
         if (s->clients[i].used) shutdown(s->clients[i].fd, SHUT_RDWR);
     pthread_mutex_unlock(&s->mu);
-    for (int i = 0; i < MAX_CLIENTS; i++) {
+    for (int i = 0; i < DT_STORE_MAX_CLIENTS; i++) {
         if (!s->clients[i].used) continue;
         pthread_join(s->clients[i].th, NULL);
         close(s->clients[i].fd);
@@ -371,6 +391,15 @@ static dt_status request(dt_store *st, unsigned op, const char *key, const void 
     body[len] = '\0';
     pthread_mutex_unlock(&st->mu);
     *status = dt_get32(r + 4);
+    if (*status == ST_FULL) {   /* it closes the connection after saying so */
+        pthread_mutex_lock(&st->mu);
+        if (st->fd >= 0) close(st->fd);
+        st->fd = -1;
+        pthread_mutex_unlock(&st->mu);
+        s = dt_error(DT_ERR_PEER, "store at %s:%d refused the connection: %s", st->host, st->port, body);
+        free(body);
+        return s;
+    }
     if (*status == ST_JOB || *status == ST_BAD) {
         s = dt_error(*status == ST_JOB ? DT_ERR_MISMATCH : DT_ERR_FORMAT, "store at %s:%d refused the request: %s",
                      st->host, st->port, body);

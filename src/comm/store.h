@@ -41,7 +41,8 @@ void      dt_store_server_stop (dt_store_server *s);
 
 /* Connect and authenticate (retrying refused, reset and timed-out attempts until
  * timeout_s: a server busy with a flood sheds connections). A server that proves
- * another secret or job is an error at once. */
+ * another secret or job is an error at once, and so is a full one (DT_ERR_PEER, "store
+ * full: N clients connected"). */
 dt_status dt_store_connect(const char *host, int port, const dt_auth *auth, double timeout_s, dt_store **out);
 void      dt_store_close  (dt_store *st);
 /* How long a round trip may take beyond its own wait (default 30 s): a store
@@ -59,5 +60,6 @@ dt_status dt_store_delete (dt_store *st, const char *key);
 #define DT_STORE_MAX_KEY   4096u
 #define DT_STORE_MAX_VALUE (64u << 20)
 #define DT_STORE_MAX_JOB   127u
+#define DT_STORE_MAX_CLIENTS 4096   /* connections one store serves at once (one per rank) */
 
 #endif /* DT_STORE_H */

@@ -42,6 +42,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -401,20 +402,75 @@ static void put_handshake(unsigned char *h, const tcp_world *w, int to, const ch
     dt_put64(h + 24, nonce);
 }
 
+/* An authenticated connection whose handshake is still arriving. */
+typedef struct {
+    int fd;                                  /* -1: free */
+    double deadline;
+    size_t got;
+    unsigned char in[HS_BYTES + DT_STORE_MAX_JOB];
+} hs_pending;
+
+#define HS_PENDING 64
+
+/* Read what slot p's handshake has sent. 1: complete (HS_BYTES and its job id), 0: more
+ * to come, -1: not one of us (closed). */
+static int hs_read(hs_pending *p) {
+    for (;;) {
+        size_t need = HS_BYTES;
+        if (p->got >= HS_BYTES) {
+            if (dt_get32(p->in) != HS_MAGIC || dt_get32(p->in + 4) != 1 || dt_get32(p->in + 20) > DT_STORE_MAX_JOB)
+                break;
+            need += dt_get32(p->in + 20);
+        }
+        if (p->got == need) return 1;
+        ssize_t r = recv(p->fd, p->in + p->got, need - p->got, MSG_DONTWAIT);
+        if (r > 0) { p->got += (size_t)r; continue; }
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        break;
+    }
+    close(p->fd);
+    p->fd = -1;
+    return -1;
+}
+
 /* Accept connections until every higher rank is connected. Only connections that proved
- * the job secret get past the gate; a handshake that names another job, world or rank is
- * closed and ignored. */
+ * the job secret get past the gate; their handshakes are read side by side, each within
+ * DT_AUTH_DEADLINE, so one that sends half a handshake and stalls holds up nobody; a
+ * handshake that names another job, world or rank is closed and ignored. */
 static dt_status accept_peers(tcp_world *w, int lfd, const char *job, unsigned long long my_nonce,
                               double deadline, double timeout) {
     int need = w->size - 1 - w->rank;
     if (need <= 0) return DT_OK;
     dt_gate *gate;
     DT_TRY(dt_gate_new(&w->auth, DT_AUTH_PEER, lfd, &gate));
+    hs_pending *hs = malloc(HS_PENDING * sizeof *hs);
+    if (!hs) { dt_gate_free(gate); return dt_error(DT_ERR_NOMEM, "out of memory"); }
+    for (int k = 0; k < HS_PENDING; k++) hs[k].fd = -1;
+    struct pollfd pf[HS_PENDING + 1 + DT_GATE_SLOTS];
+    int idx[HS_PENDING];
     dt_status s = DT_OK;
     while (need > 0) {
+        /* the authenticated connections the gate has, each a pending handshake (a full
+         * list gives up its oldest) */
         int fd;
-        s = dt_gate_accept(gate, deadline, -1, &fd);
-        if (s == DT_ERR_TIMEOUT) {
+        while (dt_gate_accept(gate, 0, -1, &fd) == DT_OK) {
+            int k = 0, old = 0;
+            for (; k < HS_PENDING && hs[k].fd >= 0; k++) if (hs[k].deadline < hs[old].deadline) old = k;
+            if (k == HS_PENDING) { close(hs[old].fd); k = old; }
+            double dl = dt_now() + DT_AUTH_DEADLINE;
+            hs[k] = (hs_pending){ .fd = fd, .deadline = dl < deadline ? dl : deadline, .got = 0 };
+        }
+        double now = dt_now(), next = deadline;
+        int np = 0;
+        for (int k = 0; k < HS_PENDING; k++) {
+            if (hs[k].fd < 0) continue;
+            if (hs[k].deadline <= now) { close(hs[k].fd); hs[k].fd = -1; continue; }
+            if (hs[k].deadline < next) next = hs[k].deadline;
+            idx[np] = k;
+            pf[np++] = (struct pollfd){ .fd = hs[k].fd, .events = POLLIN };
+        }
+        if (now >= deadline) {
             char missing[256] = "", flood[512];
             size_t ml = 0;
             for (int j = w->rank + 1; j < w->size && ml < sizeof missing - 16; j++)
@@ -422,29 +478,42 @@ static dt_status accept_peers(tcp_world *w, int lfd, const char *job, unsigned l
             dt_gate_report(gate, flood, sizeof flood);
             s = dt_error(DT_ERR_TIMEOUT, "timed out after %g s waiting for rank(s) %s to connect%s", timeout, missing,
                          flood);
+            break;
         }
-        if (s != DT_OK) break;
-        unsigned char h[HS_BYTES];
-        char pjob[DT_STORE_MAX_JOB + 1];
-        double dl = dt_now() + DT_AUTH_DEADLINE < deadline ? dt_now() + DT_AUTH_DEADLINE : deadline;
-        if (dt_sock_read_all(fd, h, HS_BYTES, dl) != DT_OK || dt_get32(h) != HS_MAGIC || dt_get32(h + 4) != 1) {
-            close(fd);                                   /* not one of us */
-            continue;
+        int nh = np;
+        np += dt_gate_pollfds(gate, pf + np, 1 + DT_GATE_SLOTS);
+        /* the gate's own deadlines are a fraction of a second: look at it that often */
+        double wait = next - now;
+        int ms = wait > DT_AUTH_STEP / 4 ? (int)(DT_AUTH_STEP / 4 * 1000) : (int)(wait * 1000) + 1;
+        if (poll(pf, (nfds_t)np, ms) < 0 && errno != EINTR) {
+            s = dt_error(DT_ERR_IO, "poll: %s", strerror(errno));
+            break;
         }
-        unsigned size = dt_get32(h + 8), from = dt_get32(h + 12), to = dt_get32(h + 16), jl = dt_get32(h + 20);
-        unsigned long long nonce = dt_get64(h + 24);
-        if (jl > DT_STORE_MAX_JOB || dt_sock_read_all(fd, pjob, jl, dl) != DT_OK) { close(fd); continue; }
-        pjob[jl] = '\0';
-        unsigned char rep[16];
-        dt_put32(rep, HS_REPLY);
-        dt_put64(rep + 8, my_nonce);
-        int good = size == (unsigned)w->size && to == (unsigned)w->rank && from > (unsigned)w->rank &&
-                   from < (unsigned)w->size && w->peers[from].fd < 0 && strcmp(pjob, job) == 0 && nonce == my_nonce;
-        dt_put32(rep + 4, good ? 0 : 1);
-        if (dt_sock_write_all(fd, rep, sizeof rep, dl) != DT_OK || !good) { close(fd); continue; }
-        w->peers[from].fd = fd;
-        need--;
+        for (int j = 0; j < nh && need > 0; j++) {
+            if (!pf[j].revents) continue;
+            hs_pending *p = &hs[idx[j]];
+            if (hs_read(p) <= 0) continue;
+            const unsigned char *h = p->in;
+            unsigned size = dt_get32(h + 8), from = dt_get32(h + 12), to = dt_get32(h + 16), jl = dt_get32(h + 20);
+            unsigned long long nonce = dt_get64(h + 24);
+            char pjob[DT_STORE_MAX_JOB + 1];
+            memcpy(pjob, h + HS_BYTES, jl);
+            pjob[jl] = '\0';
+            unsigned char rep[16];
+            dt_put32(rep, HS_REPLY);
+            dt_put64(rep + 8, my_nonce);
+            int good = size == (unsigned)w->size && to == (unsigned)w->rank && from > (unsigned)w->rank &&
+                       from < (unsigned)w->size && w->peers[from].fd < 0 && strcmp(pjob, job) == 0 && nonce == my_nonce;
+            dt_put32(rep + 4, good ? 0 : 1);
+            fd = p->fd;
+            p->fd = -1;
+            if (dt_sock_write_all(fd, rep, sizeof rep, p->deadline) != DT_OK || !good) { close(fd); continue; }
+            w->peers[from].fd = fd;
+            need--;
+        }
     }
+    for (int k = 0; k < HS_PENDING; k++) if (hs[k].fd >= 0) close(hs[k].fd);
+    free(hs);
     dt_gate_free(gate);
     return s;
 }
@@ -499,18 +568,22 @@ static dt_status setup_shm(tcp_world *w, const reg_t *regs) {
 
 /* A socket per peer, and on rank 0 one per rank for the store, plus a margin for the
  * program's own files: raise the soft limit on open files to the hard one if that is
- * short, or say what to change. */
+ * short, or say what to change. The gates' pending connections (the peer port's, and
+ * the store's on rank 0) want room too, but a gate short of descriptors sheds its
+ * oldest stranger, so only a limit short of the first count is an error. */
 static dt_status fd_limit(int size, int rank) {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return DT_OK;
     rlim_t need = (rlim_t)size * (rank == 0 ? 2 : 1) + 64;
-    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) return DT_OK;
+    rlim_t want = need + (rlim_t)(rank == 0 ? 2 : 1) * (DT_GATE_SLOTS + 1);
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return DT_OK;
     if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need)
         return dt_error(DT_ERR_INVALID, "a world of %d ranks needs about %llu open files on rank %d (a connection per "
                         "peer%s), but the hard limit is %llu: raise it (ulimit -Hn, /etc/security/limits.conf, "
                         "LimitNOFILE= of a systemd unit)", size, (unsigned long long)need, rank,
                         rank == 0 ? " and one per rank for the store" : "", (unsigned long long)rl.rlim_max);
-    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? need : rl.rlim_max;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max <= rl.rlim_cur) return DT_OK;   /* enough for need already */
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? want : rl.rlim_max;
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
         return dt_error(DT_ERR_IO, "cannot raise the limit on open files to %llu (a world of %d ranks needs "
                         "about %llu): %s", (unsigned long long)rl.rlim_cur, size, (unsigned long long)need,

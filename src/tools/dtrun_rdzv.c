@@ -17,8 +17,8 @@
  *
  * Every connection first proves the job secret (src/comm/auth.h: DT_JOB_SECRET or
  * DT_JOB_SECRET_FILE; without one, node 0 must be on loopback) through a gate that
- * handles unauthenticated connections concurrently, each within 2 s; an authenticated
- * connection then has 2 s to say HELLO. Node 0 listens on --master-addr when it is
+ * handles unauthenticated connections concurrently (gate.h: a flood of them cannot
+ * evict a node's); an authenticated connection then has 2 s to say HELLO. Node 0 listens on --master-addr when it is
  * one of its addresses (else the interface DT_SOCKET_IFNAME names, or that routes
  * there), never on every interface.
  *
@@ -541,10 +541,16 @@ static int client_start(dtrun_job *job) {
         dtrun_say(job, "node %d: %s", cfg->node_rank, dt_last_error());
         return 2;
     }
+    /* node 0 answers at once or drops the connection (shedding a flood of strangers):
+     * an attempt that hears nothing is retried on a fresh connection, soon, with more
+     * patience each time (as dt_auth_connect does) */
+    double attempt = 0.5;
+    int failed = 0;
     while (fd < 0) {
+        int pause_ms = 500;   /* node 0 is not up yet */
         fd = try_connect(cfg->master_addr, cfg->master_port, 2000, err, sizeof err);
         if (fd >= 0) {
-            dt_status as = dt_auth_client(&net->auth, fd, DT_AUTH_LAUNCH, dt_now() + 2 * DT_AUTH_DEADLINE);
+            dt_status as = dt_auth_client(&net->auth, fd, DT_AUTH_LAUNCH, dt_now() + attempt);
             if (as == DT_OK) break;
             close(fd);
             fd = -1;
@@ -554,6 +560,9 @@ static int client_start(dtrun_job *job) {
                           cfg->master_port, err);
                 return 1;
             }
+            if (attempt < 2 * DT_AUTH_DEADLINE) attempt *= 2;
+            pause_ms = failed < 6 ? 2 << failed : 100;   /* 2 ms, doubling */
+            failed++;
         }
         double t = dt_now();
         if (t >= deadline) {
@@ -567,7 +576,7 @@ static int client_start(dtrun_job *job) {
             snprintf(said, sizeof said, "%s", err);
             next_note = t + 30;
         }
-        int sig = sleep_or_signal(job, 500);
+        int sig = sleep_or_signal(job, pause_ms);
         if (sig) {
             dtrun_say(job, "stopped by %s while waiting for node 0", dtrun_signame(sig));
             return 128 + sig;
@@ -656,11 +665,12 @@ int dtrun_net_pollfds(dtrun_job *job, struct pollfd *pfd, int max) {
         if (net->master.fd >= 0 && n < max) pfd[n++] = (struct pollfd){ .fd = net->master.fd, .events = POLLIN };
         return n;
     }
-    n += dt_gate_pollfds(net->gate, pfd + n, max - n);
-    for (int k = 0; k < MAX_PENDING && n < max; k++)
-        if (net->pending[k].fd >= 0) pfd[n++] = (struct pollfd){ .fd = net->pending[k].fd, .events = POLLIN };
+    /* the nodes first: if max cuts the list short, it cuts strangers */
     for (int i = 1; i < job->cfg->nnodes && n < max; i++)
         if (net->nodes[i].fd >= 0) pfd[n++] = (struct pollfd){ .fd = net->nodes[i].fd, .events = POLLIN };
+    for (int k = 0; k < MAX_PENDING && n < max; k++)
+        if (net->pending[k].fd >= 0) pfd[n++] = (struct pollfd){ .fd = net->pending[k].fd, .events = POLLIN };
+    n += dt_gate_pollfds(net->gate, pfd + n, max - n);
     return n;
 }
 
@@ -765,9 +775,9 @@ int dtrun_net_after(dtrun_job *job) {
     const dtrun_cfg *cfg = job->cfg;
     if (!net->server) send_line(&net->master, "IDLE %d", job->attempt);
     while (!net->decided && !(net->server && server_decide(job))) {
-        struct pollfd pfd[1 + 1 + MAX_PENDING + DTRUN_MAX_NODES];
+        struct pollfd pfd[1 + MAX_PENDING + DTRUN_MAX_NODES + 1 + DT_GATE_SLOTS];
         pfd[0] = (struct pollfd){ .fd = job->sfd, .events = POLLIN };
-        int np = 1 + dtrun_net_pollfds(job, pfd + 1, MAX_PENDING + DTRUN_MAX_NODES);
+        int np = 1 + dtrun_net_pollfds(job, pfd + 1, MAX_PENDING + DTRUN_MAX_NODES + 1 + DT_GATE_SLOTS);
         double wait = net->next_hb - dt_now();
         int ms = wait > 0 ? (int)(wait * 1000) + 1 : 0;
         if (poll(pfd, (nfds_t)np, ms) < 0 && errno != EINTR) {
