@@ -39,4 +39,20 @@ static inline void dt_cpu_transpose16(__m512 r[16]) {
     }
 }
 
+/* A register tile of 16-lane accumulators c0_<i>, c1_<i> per row i (two vectors: 32
+ * columns): T_ZERO(i) declares them zero; T_STORE(i) writes row i of C (row stride ldc)
+ * when i < m, as alpha * acc (first) or C + alpha * acc, through the column masks k0, k1,
+ * with al = alpha broadcast. Both GEMM blocks sum and store in this one order. */
+#define T_ZERO(i) __m512 c0_##i = _mm512_setzero_ps(), c1_##i = _mm512_setzero_ps();
+#define T_STORE(i) if (i < m) { \
+        float *c = C + (size_t)i * ldc; \
+        __m512 v0 = _mm512_mul_ps(al, c0_##i), v1 = _mm512_mul_ps(al, c1_##i); \
+        if (!first) { \
+            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(k0, c), v0); \
+            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(k1, c + 16), v1); \
+        } \
+        _mm512_mask_storeu_ps(c, k0, v0); \
+        _mm512_mask_storeu_ps(c + 16, k1, v1); \
+    }
+
 #endif /* DT_CPU_AVX512_H */

@@ -100,18 +100,7 @@ static void pack_b(int transB, const float *B, int ldb, int k0, int kc, int j0, 
 /* The register tile, written out (arrays of vectors would live on the stack): AV(i) is
  * element (row i, this k) of the A strip, defined by each tile below. */
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
-#define T_ZERO(i) __m512 c0_##i = _mm512_setzero_ps(), c1_##i = _mm512_setzero_ps();
 #define T_FMA(i) { __m512 x = _mm512_set1_ps(AV(i)); c0_##i = _mm512_fmadd_ps(x, b0, c0_##i); c1_##i = _mm512_fmadd_ps(x, b1, c1_##i); }
-#define T_STORE(i) if (i < m) { \
-        float *c = C + (size_t)i * ldc; \
-        __m512 v0 = _mm512_mul_ps(al, c0_##i), v1 = _mm512_mul_ps(al, c1_##i); \
-        if (!first) { \
-            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(k0, c), v0); \
-            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(k1, c + 16), v1); \
-        } \
-        _mm512_mask_storeu_ps(c, k0, v0); \
-        _mm512_mask_storeu_ps(c + 16, k1, v1); \
-    }
 #define T_LOOP(step_a) \
     ROWS(T_ZERO) \
     for (int k = 0; k < kc; k++, b += NR, step_a) { \

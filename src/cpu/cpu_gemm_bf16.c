@@ -148,19 +148,8 @@ BF16_TARGET static void pack_a(int transA, const float *A, int lda, int i0, int 
 
 /* The register tile: MR rows of pairs a[i*kp + p], an NR strip of pairs b[p*NR + j]. */
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-#define T_ZERO(i) __m512 c0_##i = _mm512_setzero_ps(), c1_##i = _mm512_setzero_ps();
 #define T_DOT(i) { __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[(size_t)(i) * kp + p]); \
         c0_##i = _mm512_dpbf16_ps(c0_##i, x, b0); c1_##i = _mm512_dpbf16_ps(c1_##i, x, b1); }
-#define T_STORE(i) if (i < m) { \
-        float *c = C + (size_t)i * ldc; \
-        __m512 v0 = _mm512_mul_ps(al, c0_##i), v1 = _mm512_mul_ps(al, c1_##i); \
-        if (!first) { \
-            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(k0, c), v0); \
-            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(k1, c + 16), v1); \
-        } \
-        _mm512_mask_storeu_ps(c, k0, v0); \
-        _mm512_mask_storeu_ps(c + 16, k1, v1); \
-    }
 
 /* C[0..m, 0..n) (m <= MR, n <= NR) = alpha * a.b (first) or C + alpha * a.b */
 BF16_TARGET static void tile(int kp, const uint32_t *a, const uint32_t *b, float *C, int ldc, int m, int n, float alpha,
