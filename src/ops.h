@@ -393,7 +393,9 @@ static inline DT_HD void dt_rope_angle(double pos, int i, int D, float theta, fl
      * it is read or written again (their contents are undefined) */ \
     X(dt_status, populate,    (void *p, size_t bytes)) \
     X(dt_status, synchronize, (void))                     /* wait for all queued work */ \
-    X(dt_status, set_threads, (int n))                    /* compute threads (OpenMP on cpu); n >= 1 */
+    X(dt_status, set_threads, (int n))                    /* compute threads (OpenMP on cpu); n >= 1 */ \
+    X(int,       threads,     (void))                     /* the count set_threads set (cpu: at first, the \
+                                                           * OpenMP default) */
 
 /* The op indices DT_OP_sgemm, ..., and their count. */
 enum {

@@ -153,6 +153,12 @@ static const dt_opt_row rows[] = {
      .sec = DT_OPT_SEC_RUN, .shown = "every step", .example = "2:3",
      .help = "--trace: only steps A to B (1-based, both included; A: from\n"
              "step A to the end)"},
+    {.field = "adapt_threads", .flag = "--fixed-threads", .type = DT_OPT_OFF, .off = F(adapt_threads), .def = "1",
+     .sec = DT_OPT_SEC_RUN, .example = "0",
+     .help = "keep the compute threads at --threads; by default a CPU\n"
+             "run uses fewer while other work takes its cores (its\n"
+             "CPU time says so and fewer threads step faster) and\n"
+             "more again once cores are idle; the bits are the same"},
     {.field = "recompute", .flag = "--recompute", .type = DT_OPT_ON, .off = F(recompute),
      .where = DT_OPT_PLAN, .sec = DT_OPT_SEC_RUN, .example = "1",
      .help = "keep only the inputs of residual blocks from forward to\n"

@@ -15,6 +15,7 @@ static const char *const fault_names[] = {
     [DT_FAULT_SKIP_ALLREDUCE] = "skip-allreduce",
     [DT_FAULT_LR_RANK1] = "lr-rank1",
     [DT_FAULT_GRAD_INF] = "grad-inf",     /* takes ":N", the step */
+    [DT_FAULT_THREADS_FLIP] = "threads-flip",
 };
 
 dt_status dt_testing_set_fault(const char *name) {
@@ -36,8 +37,8 @@ dt_status dt_testing_set_fault(const char *name) {
         g_fault = (dt_fault)i;
         return DT_OK;
     }
-    return dt_error(DT_ERR_INVALID, "planted fault '%s': expected sampler-epoch, skip-allreduce, lr-rank1 or "
-                    "grad-inf:STEP", name);
+    return dt_error(DT_ERR_INVALID, "planted fault '%s': expected sampler-epoch, skip-allreduce, lr-rank1, "
+                    "grad-inf:STEP or threads-flip", name);
 }
 
 dt_fault  dt_testing_fault(void) { return g_fault; }

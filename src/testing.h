@@ -21,6 +21,8 @@ typedef enum {
     DT_FAULT_LR_RANK1,         /* "lr-rank1": rank 1 steps with twice the learning rate */
     DT_FAULT_GRAD_INF,         /* "grad-inf:N": at global step N (1-based) the last rank finds an
                                 * inf in its summed gradient (a planted fp16 overflow) */
+    DT_FAULT_THREADS_FLIP,     /* "threads-flip": the thread tuner (tuner.h) sets another count at
+                                * every step, 1 to N in turn; not a bug: the bits must not change */
 } dt_fault;
 
 /* Plant the fault with this name (NULL or "": none). DT_ERR_INVALID listing the

@@ -339,6 +339,11 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     t->t_comm += t3 - t2 + pipe_wait;
     t->t_step += dt_now() - t0;
     t->steps_since++;
+    if (t->tuner) {
+        t->threads_sum += dt_tuner_threads(t->tuner);
+        t->threads_steps++;
+        DT_TRY(dt_tuner_step(t->tuner, t4 - t0, NULL));
+    }
     return DT_OK;
 }
 
@@ -350,6 +355,7 @@ static void emit(trainer *t, dt_train_event *ev) {
 }
 
 static void trainer_free(trainer *t) {
+    dt_tuner_free(t->tuner);
     dt_ddp_free(t->ddp);
     dt_shard_free(t->shard);
     dt_train_pipe_free_(t);
@@ -573,6 +579,8 @@ static dt_status trainer_setup(trainer *t) {
     DT_TRY(setup_model(t));
     DT_TRY(setup_parallel(t));
     DT_TRY(setup_buffers(t));
+    /* a host device's threads follow the cores this process gets (tuner.h) */
+    if (t->o->adapt_threads && t->ops->host_memory) DT_TRY(dt_tuner_new(t->ops, &t->tuner));
     return setup_start(t);
 }
 
@@ -681,7 +689,10 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
                                 .total_steps = t->total, .steps_per_epoch = t->spe,
                                 .step_in_epoch = done - (int64_t)epoch * t->spe, .loss = loss, .lr = lr,
                                 .grad_norm = norm, .samples_per_s = sps, .elapsed_s = elapsed, .eta_s = eta,
-                                .loss_scale = dt_amp_step_scale(t->amp), .skipped = dt_amp_skipped(t->amp)};
+                                .loss_scale = dt_amp_step_scale(t->amp), .skipped = dt_amp_skipped(t->amp),
+                                .threads = t->threads_steps ? t->threads_sum / (double)t->threads_steps : 0.0};
+            t->threads_sum = 0.0;
+            t->threads_steps = 0;
             DT_TRY(batch_hash(t, g, &e.batch_hash));
             emit(t, &e);
         }

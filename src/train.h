@@ -74,6 +74,8 @@ typedef struct {
     double   flops_per_token;   /* START, token models: nanoGPT's estimate of the training FLOPs
                                  * per token, 6N + 12 L C T (N without the position table) */
     uint64_t batch_hash;       /* STEP: fingerprint of the step's global batch (sample order) */
+    double   threads;          /* STEP: rank 0's compute threads per step since the last STEP event,
+                                * as the tuner set them (adapt_threads; 0: the count is fixed) */
     /* RANKS: world_size rows of DT_RANK_STATS values: steps, step seconds, data wait,
      * compute, communication wait (seconds since the last report), peak memory (MiB:
      * the device's own count when it keeps one, else the resident set),
@@ -148,6 +150,8 @@ typedef struct {
     uint64_t    seed;           /* default 0 */
     double      bucket_mb;      /* gradient bucket size in MiB (default 25; the first bucket 1) */
     int         overlap;        /* launch buckets during backward (default 1) */
+    int         adapt_threads;  /* a host device's compute threads follow the cores the process
+                                 * gets, between 1 and the count set (default 1; tuner.h) */
     int         sync_bn;        /* batchnorm statistics over all ranks */
     int         recompute;      /* recompute the activations of residual blocks in backward
                                  * instead of keeping them (model.h: dt_model_opts) */

@@ -19,6 +19,7 @@
 #include "sampler.h"
 #include "shard.h"
 #include "train.h"
+#include "tuner.h"
 
 /* One run's state, from setup to the end. */
 typedef struct trainer {
@@ -66,6 +67,9 @@ typedef struct trainer {
     /* this rank's time split since the last per-rank report, seconds */
     double t_data, t_compute, t_comm, t_step;
     int64_t steps_since;
+    dt_tuner *tuner;                 /* the compute thread count (tuner.h); NULL: fixed */
+    double threads_sum;              /* threads per step, summed since the last STEP event */
+    int64_t threads_steps;
     double *rank_stats;              /* world x DT_RANK_STATS */
     int64_t g0;                      /* first step of this run (> 0 when resumed) */
     dt_ckpt *resume;                 /* the checkpoint to resume from, until restored */

@@ -34,16 +34,16 @@ static void cpu_blas_single(void) {
     pthread_once(&once, cpu_blas_one_thread);
 }
 
+/* Read by the kernels on any thread, set between steps by the trainer's tuner (tuner.h). */
 int dt_cpu_threads(void) {
-    if (cpu_nthreads <= 0) {
+    int n = __atomic_load_n(&cpu_nthreads, __ATOMIC_RELAXED);
+    if (n > 0) return n;
 #ifdef _OPENMP
-        cpu_nthreads = omp_get_max_threads();
-#else
-        cpu_nthreads = 1;
+    n = omp_get_max_threads();
 #endif
-        if (cpu_nthreads < 1) cpu_nthreads = 1;
-    }
-    return cpu_nthreads;
+    if (n < 1) n = 1;
+    __atomic_store_n(&cpu_nthreads, n, __ATOMIC_RELAXED);
+    return n;
 }
 
 static dt_status cpu_set_threads(int n) {
@@ -52,9 +52,11 @@ static dt_status cpu_set_threads(int n) {
     if (n > 1) return dt_error(DT_ERR_UNSUPPORTED, "cpu set_threads: built without OpenMP, cannot use %d threads", n);
 #endif
     cpu_blas_single();
-    cpu_nthreads = n;
+    __atomic_store_n(&cpu_nthreads, n, __ATOMIC_RELAXED);
     return DT_OK;
 }
+
+static int cpu_threads(void) { return dt_cpu_threads(); }
 
 /* Arrays of CPU_HUGE bytes or more (parameters, gradients, optimizer state, the
  * activation arena of any real model) start on a 2 MiB boundary, and their whole

@@ -699,6 +699,8 @@ static dt_status cu_set_threads(int n) {
     return DT_OK;
 }
 
+static int cu_threads(void) { return g.threads; }
+
 /* ---- GEMM ---- */
 
 /* C (M, N) with row stride ldc: C = beta * C (beta = 0 writes zeros, NaN or not). */
