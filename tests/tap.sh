@@ -12,6 +12,9 @@ tap_n=0
 tap_failed=0
 : "${DT_BUILDDIR:=$(cd "$(dirname "$0")/.." && pwd)}"
 : "${DT_SRCDIR:=$(cd "$(dirname "$0")/.." && pwd)}"
+# MFU's peak (src/tools/peak.h): one cache for the suite, not the user's
+: "${DT_PEAK_CACHE:=$DT_BUILDDIR/tests/peak.cache}"
+export DT_PEAK_CACHE
 diag() { echo "# $*"; }
 ok() {
     tap_n=$((tap_n + 1))

@@ -38,6 +38,7 @@
 #include "testing.h"
 #include "sbuf.h"
 #include "tool_util.h"
+#include "peak.h"
 #include "tools.h"
 #include "clock.h"
 #include "train.h"
@@ -179,9 +180,9 @@ typedef struct {
     int   bar_open;
     int64_t tokens;          /* tokens per sample (> 1: a token model; progress in tokens/s) */
     double  flops_per_token; /* for model FLOPs utilisation */
-    double  peak_gflops;     /* one process's peak (its device); MFU is against it x the world size */
+    dt_peak peak;            /* one process's peak (peak.h); MFU is against it x the world size */
+    int     peak_raised;     /* the run went above it once: said */
     int     world;
-    int     peak_measured;   /* 1: measured here (the GEMM of the run's precision), 0: given */
     int     threads;         /* compute threads of this process */
     const char *gemm;        /* the kernel of the run's matrix products (ops.h dt_ops_gemm_name) */
     const dt_train_opts *o;  /* the run's settings, for the metrics file's start line */
@@ -209,6 +210,11 @@ static void metrics_start(reporter *r, const dt_train_event *ev) {
     dt_sbuf_str_(&b, "\",\"gemm\":\"");
     dt_sbuf_json_(&b, r->gemm ? r->gemm : "");
     dt_sbuf_str_(&b, "\"");
+    if (r->tokens > 1 && r->peak.gflops > 0) {
+        dt_sbuf_printf_(&b, ",\"peak_gflops\":%.1f,\"peak\":\"", r->peak.gflops);
+        dt_sbuf_json_(&b, r->peak.source);
+        dt_sbuf_str_(&b, "\"");
+    }
     if (ev->pipeline) {
         dt_sbuf_str_(&b, ",\"pipeline\":\"");
         dt_sbuf_json_(&b, ev->pipeline);
@@ -221,10 +227,24 @@ static void metrics_start(reporter *r, const dt_train_event *ev) {
 }
 
 /* Model FLOPs utilisation (percent) at s samples per second of the whole job, against
- * the peaks of all its processes. */
-static double mfu(const reporter *r, double s) {
-    double peak = r->peak_gflops * 1e9 * (r->world > 0 ? r->world : 1);
-    return peak > 0 ? 100.0 * s * (double)r->tokens * r->flops_per_token / peak : 0.0;
+ * the peaks of all its processes. A rate above the peak proves the peak low: the rate
+ * becomes the peak (peak.h), said once, so MFU is never above 100%. */
+static double mfu(reporter *r, double s) {
+    int w = r->world > 0 ? r->world : 1;
+    double got = s * (double)r->tokens * r->flops_per_token / w / 1e9;   /* GFLOP/s per process */
+    if (r->peak.gflops > 0 && got > r->peak.gflops) {
+        double was = r->peak.gflops;
+        char src[sizeof r->peak.source];
+        snprintf(src, sizeof src, "%s", r->peak.source);
+        dt_peak_raise(&r->peak, got);
+        char where[1100] = "";
+        if (!r->peak.given && r->peak.path[0]) snprintf(where, sizeof where, " (kept in %s at the end)", r->peak.path);
+        if (!r->peak_raised && !r->quiet)
+            printf("dtrain: MFU: this run reached %.1f GFLOP/s per process, above the peak of %.1f (%s): it is the "
+                   "peak from now on%s\n", got, was, src, where);
+        r->peak_raised = 1;
+    }
+    return r->peak.gflops > 0 ? 100.0 * got / r->peak.gflops : 0.0;
 }
 
 /* After metrics lines are written: a write that failed (a full disk, a quota) is said at
@@ -363,23 +383,31 @@ static void show_ranks(reporter *r, const dt_train_event *ev) {
     fflush(stdout);
 }
 
-/* fp16's loss scaler in a progress line: "  loss scale S (N skipped)", else "". */
-static const char *scaler_text(const dt_train_event *ev, char *buf, size_t n) {
-    if (ev->loss_scale > 0) snprintf(buf, n, "  loss scale %.9g (%lld skipped)", ev->loss_scale, (long long)ev->skipped);
-    else buf[0] = '\0';
+/* The end of a step's progress line: fp16's loss scaler "  loss scale S (N skipped)" and,
+ * when the thread tuner ran fewer threads than set, "  threads T of N"; else "". */
+static const char *step_text(const reporter *r, const dt_train_event *ev, char *buf, size_t n) {
+    int k = 0;
+    buf[0] = '\0';
+    if (ev->loss_scale > 0)
+        k = snprintf(buf, n, "  loss scale %.9g (%lld skipped)", ev->loss_scale, (long long)ev->skipped);
+    if (ev->threads > 0 && ev->threads < r->threads - 0.05 && k >= 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, "  threads %.1f of %d", ev->threads, r->threads);
     return buf;
 }
 
-/* fp16's loss scaler in a step's JSON line: ',"loss_scale":S,"skipped":N', else "". */
-static const char *scaler_json(const dt_train_event *ev, char *buf, size_t n) {
-    if (ev->loss_scale > 0) snprintf(buf, n, ",\"loss_scale\":%.9g,\"skipped\":%lld", ev->loss_scale, (long long)ev->skipped);
-    else buf[0] = '\0';
+/* The same in a step's JSON line: ',"loss_scale":S,"skipped":N' and ',"threads":T' (the
+ * tuner's mean since the last line), else "". */
+static const char *step_json(const dt_train_event *ev, char *buf, size_t n) {
+    int k = 0;
+    buf[0] = '\0';
+    if (ev->loss_scale > 0) k = snprintf(buf, n, ",\"loss_scale\":%.9g,\"skipped\":%lld", ev->loss_scale, (long long)ev->skipped);
+    if (ev->threads > 0 && k >= 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",\"threads\":%.2f", ev->threads);
     return buf;
 }
 
 static void on_event(void *ctx, const dt_train_event *ev) {
     reporter *r = ctx;
-    char amp[96];
+    char amp[128];
     if (!r->rank0) return;
     if (ev->kind == DT_EV_START) {
         r->tokens = ev->tokens_per_sample;
@@ -389,9 +417,9 @@ static void on_event(void *ctx, const dt_train_event *ev) {
         if (ev->note) printf("dtrain: %s\n", ev->note);
         if (ev->pipeline) printf("dtrain: %s\n", ev->pipeline);
         if (!r->quiet && r->tokens > 1)
-            printf("dtrain: token model: %.2f MFLOP per token; MFU against %d x %.1f GFLOP/s (%s per process)\n",
-                   r->flops_per_token / 1e6, r->world > 0 ? r->world : 1, r->peak_gflops,
-                   r->peak_measured ? "the measured peak of its GEMM" : "--peak-gflops");
+            printf("dtrain: token model: %.2f MFLOP per token; MFU against %d x %.1f GFLOP/s (per process: the peak "
+                   "of its GEMM, %s)\n", r->flops_per_token / 1e6, r->world > 0 ? r->world : 1, r->peak.gflops,
+                   r->peak.source);
         if (!r->quiet)
             printf("dtrain: %lld parameters, %lld training samples, %lld steps per epoch, %d process%s x %d thread%s, "
                    "%d micro-batch%s%s%s, GEMM %s\n", (long long)ev->nparams, (long long)ev->train_samples,
@@ -417,14 +445,14 @@ static void on_event(void *ctx, const dt_train_event *ev) {
                     "\"elapsed_s\":%.3f,\"world_size\":%d%s}\n",
                     ev->epoch, (long long)ev->step, ev->loss, ev->lr, ev->grad_norm,
                     (unsigned long long)ev->batch_hash, ev->samples_per_s, ev->samples_per_s * (double)r->tokens,
-                    mfu(r, ev->samples_per_s), ev->elapsed_s, ev->world_size, scaler_json(ev, amp, sizeof amp));
+                    mfu(r, ev->samples_per_s), ev->elapsed_s, ev->world_size, step_json(ev, amp, sizeof amp));
         else if (ev->kind == DT_EV_STEP)
             fprintf(r->metrics,
                     "{\"event\":\"step\",\"epoch\":%d,\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
                     "\"batch_hash\":\"%016llx\",\"samples_per_s\":%.1f,\"elapsed_s\":%.3f,\"world_size\":%d%s}\n",
                     ev->epoch, (long long)ev->step, ev->loss, ev->lr, ev->grad_norm,
                     (unsigned long long)ev->batch_hash, ev->samples_per_s, ev->elapsed_s, ev->world_size,
-                    scaler_json(ev, amp, sizeof amp));
+                    step_json(ev, amp, sizeof amp));
         else if (ev->evaluated)
             fprintf(r->metrics,
                     "{\"event\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.9g,\"test_loss\":%.9g,"
@@ -446,7 +474,7 @@ static void on_event(void *ctx, const dt_train_event *ev) {
         if (ev->kind == DT_EV_STEP)
             printf("step %lld/%lld  loss %.4f  lr %.3g  %.0f tokens/s  MFU %.1f%%  ETA %s%s\n", (long long)ev->step,
                    (long long)ev->total_steps, ev->loss, ev->lr, ev->samples_per_s * (double)r->tokens,
-                   mfu(r, ev->samples_per_s), eta, scaler_text(ev, amp, sizeof amp));
+                   mfu(r, ev->samples_per_s), eta, step_text(r, ev, amp, sizeof amp));
         else if (ev->evaluated)
             printf("step %lld/%lld  val loss %.4f\n", (long long)ev->step, (long long)ev->total_steps, ev->test_loss);
         fflush(stdout);
@@ -467,7 +495,7 @@ static void on_event(void *ctx, const dt_train_event *ev) {
         } else {
             printf("epoch %d/%d  step %lld/%lld  loss %.4f  lr %.4g  %.0f samples/s  ETA %s%s\n", ev->epoch + 1,
                    ev->epochs, (long long)ev->step, (long long)ev->total_steps, ev->loss, ev->lr, ev->samples_per_s,
-                   eta, scaler_text(ev, amp, sizeof amp));
+                   eta, step_text(r, ev, amp, sizeof amp));
             fflush(stdout);
         }
         return;
@@ -515,33 +543,6 @@ static void catch_sigterm(void) {
  * 143 (128 + SIGTERM), which a shell reports for a process that SIGTERM killed, i.e.
  * one that saved nothing. */
 #define DTRAIN_EXIT_PREEMPTED 75
-
-/* The sgemm rate of this device in GFLOP/s (the best of a few 1024^3 products after
- * one to warm up), the peak that model FLOPs utilisation is stated against unless
- * --peak-gflops says. */
-/* One process's GEMM peak on this device, in the run's precision (lp: DT_BF16 or DT_F16
- * of gemm_lp on values of that type, 0: sgemm): the best of 5 products of 1024^3. */
-static double measure_peak(const dt_ops *ops, int lp) {
-    const int n = 1024;
-    float *a = NULL, *c = NULL;
-    double best = 0.0;
-    if (ops->alloc((void **)&a, (size_t)n * n * sizeof(float)) != DT_OK ||
-        ops->alloc((void **)&c, (size_t)n * n * sizeof(float)) != DT_OK || ops->fill(a, 0.5f, (size_t)n * n) != DT_OK) {
-        ops->free(a);
-        return 0.0;
-    }
-    for (int r = 0; r < 6; r++) {
-        double t0 = dt_now();
-        dt_status st = lp ? ops->gemm_lp(lp, 0, 0, n, n, n, 1.0f, a, n, a, n, 0.0f, c, n)
-                          : ops->sgemm(0, 0, n, n, n, 1.0f, a, n, a, n, 0.0f, c, n);
-        if (st != DT_OK || ops->synchronize() != DT_OK) break;
-        double dt = dt_now() - t0, g = 2.0 * n * n * (double)n / dt / 1e9;
-        if (r > 0 && dt > 0 && g > best) best = g;
-    }
-    ops->free(a);
-    ops->free(c);
-    return best;
-}
 
 static int cmd_train(int argc, char **argv) {
     dt_train_opts o;
@@ -595,11 +596,11 @@ static int cmd_train(int argc, char **argv) {
     if (g_rank == 0 && cli.save && (s = check_writable("--save", cli.save)) != DT_OK) goto out;   /* before, not after, training */
     if (g_rank == 0 && o.trace && (s = check_writable("--trace", o.trace)) != DT_OK) goto out;
     reporter rep = {.quiet = cli.quiet, .tty = isatty(STDERR_FILENO), .rank0 = g_rank == 0, .threads = nthreads,
-                    .peak_gflops = cli.peak_gflops, .peak_measured = cli.peak_gflops <= 0, .o = &o};
+                    .peak = {.gflops = cli.peak_gflops, .given = 1, .source = "--peak-gflops"}, .o = &o};
     dt_dtype lp = DT_F32;
     if (o.precision && dt_precision_parse(o.precision, &lp) != DT_OK) lp = DT_F32;   /* the trainer names it */
     rep.gemm = dt_ops_gemm_name(ops, lp);
-    if (g_rank == 0 && gpt && cli.peak_gflops <= 0) rep.peak_gflops = measure_peak(ops, lp == DT_F32 ? 0 : lp);
+    if (g_rank == 0 && gpt && cli.peak_gflops <= 0) dt_peak_get(ops, lp, nthreads, &rep.peak);
     if (g_rank == 0 && cli.metrics) {
         rep.metrics_path = cli.metrics;
         rep.metrics_best_effort = cli.metrics_best_effort;
@@ -652,6 +653,7 @@ static int cmd_train(int argc, char **argv) {
         else
             printf("dtrain: done: %lld steps in %.1f s, %.0f samples/s, final loss %.4f\n", (long long)res.steps,
                    res.seconds, res.samples_per_s, res.final_loss);
+        dt_peak_keep(&rep.peak);   /* a peak this run proved low */
         if (res.loss_scale > 0)
             printf("dtrain: fp16 loss scaling: %lld step%s skipped for inf/NaN gradients, final scale %.9g\n",
                    (long long)res.skipped_steps, res.skipped_steps == 1 ? "" : "s", res.loss_scale);

@@ -33,9 +33,11 @@ const dt_opt_row dt_tool_train_rows[] = {
              "else cores / local processes, at most the cores this\n"
              "process is bound to)"},
     {.field = "peak_gflops", .flag = "--peak-gflops", .arg = "X", .type = DT_OPT_F64, .off = CLI(peak_gflops),
-     .lo = 1e-6, .hi = 1e12, .sec = DT_OPT_SEC_RUN, .shown = "measured sgemm", .example = "100",
-     .help = "token models: one process's peak; MFU is stated against it\n"
-             "times the processes"},
+     .lo = 1e-6, .hi = 1e12, .sec = DT_OPT_SEC_RUN, .shown = "measured once, cached", .example = "100",
+     .help = "token models: one process's GEMM peak in GFLOP/s; MFU is\n"
+             "stated against it times the processes (default: the best\n"
+             "rate of 1024^3 products in the run's precision and threads,\n"
+             "kept in $DT_PEAK_CACHE or ~/.cache/dtrain/peak)"},
     {.field = "save", .flag = "--save", .arg = "FILE", .type = DT_OPT_STR, .off = CLI(save),
      .where = DT_OPT_CHECK, .sec = DT_OPT_SEC_RUN, .example = "w.safetensors",
      .help = "write the final weights (safetensors, PyTorch names)"},
