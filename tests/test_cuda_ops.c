@@ -248,6 +248,46 @@ static void real_xent(tc_run *r) {
     TC(r, r->ops->xent_forward(loss1, probs1, logits1, labels, B, V, 0.1f, 8.0f));
 }
 
+/* Accuracy over GPT-2's vocabulary, 64 rows: each row's label is its argmax under the
+ * CPU's rule on every other row, and the rows plant what a parallel argmax gets wrong:
+ * ties and NaNs whose later copy sits in a lane that finishes first, a row of -inf, a
+ * maximum in the last group of a row whose length is no multiple of 4 (the odd copy). */
+static void real_count_row(float *h, int32_t *labels, int B, int V) {
+    for (int i = 0; i < B; i++) {
+        float *x = h + (size_t)i * V;
+        switch (i % 8) {
+        case 1: x[4100] = x[9] = 9.0f; break;            /* a tie across lanes: 9 wins */
+        case 3: x[40000] = nanf(""); x[130] = nanf(""); break;   /* two NaNs: 130 wins */
+        case 5: for (int c = 0; c < V; c++) x[c] = -INFINITY; break;   /* all equal: 0 wins */
+        case 7: x[V - 1] = 9.0f; break;                   /* the last element */
+        default: break;
+        }
+        int best = 0;
+        for (int c = 1; c < V; c++)
+            if (x[c] > x[best] || (isnan(x[c]) && !isnan(x[best]))) best = c;
+        labels[i] = i % 2 ? best : (best + 1) % V;   /* odd rows right, even rows wrong */
+    }
+}
+
+static void real_count_correct(tc_run *r) {
+    const int B = 64, V = 50304, Vodd = 50303;
+    float *h = tc_hrand(r, (size_t)B * V, -5.0f, 5.0f);
+    int32_t *hl = malloc(sizeof(int32_t) * B), *hl1 = malloc(sizeof(int32_t) * B);
+    if (!h || !hl || !hl1) { free(hl); free(hl1); return; }
+    real_count_row(h, hl, B, V);
+    float *logits = tc_upload(r, h, (size_t)B * V * sizeof(float));
+    int32_t *labels = tc_upload(r, hl, sizeof(int32_t) * B);
+    int32_t *correct = tc_out(r, sizeof(int32_t), 0, TC_EXACT, "correct");
+    TIMED(r, "count_correct 64x50304", r->ops->count_correct(correct, logits, labels, B, V));
+    real_count_row(h, hl1, B, Vodd);   /* rows of an odd length: the scalar loads */
+    float *logits1 = upload_odd(r, h, (size_t)B * Vodd);
+    int32_t *labels1 = tc_upload(r, hl1, sizeof(int32_t) * B);
+    int32_t *correct1 = tc_out(r, sizeof(int32_t), 0, TC_EXACT, "correct (rows of 50303 at an odd address)");
+    TC(r, r->ops->count_correct(correct1, logits1, labels1, B, Vodd));
+    free(hl);
+    free(hl1);
+}
+
 /* Batch-norm sums at the cnn's first layer, batch 256: (256, 32, 28*28). */
 static void real_channel_sums(tc_run *r) {
     const int N = 256, Cc = 32, HW = 784;
@@ -328,6 +368,7 @@ static void test_real_shapes(void) {
     compare_case_eq("bias_grad, 1024 x 4096", real_bias_grad, 2001, odd_bias);
     compare_case_eq("layernorm, 1024 x 768", real_layernorm, 2002, odd_ln);
     compare_case_eq("xent_forward, 8 x 50304", real_xent, 2003, odd_xent);
+    compare_case("count_correct, 64 x 50304 with ties, NaNs and -inf rows", real_count_correct, 2007);
     compare_case("bn_stats and bn_backward_reduce, 256 x 32 x 784", real_channel_sums, 2004);
     compare_case("conv2d, the cnn's layers at batch 128", real_conv, 2005);
     compare_case_eq("conv2d backward with kept and rebuilt columns", real_conv_kept, 2006, kept);

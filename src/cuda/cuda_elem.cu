@@ -89,16 +89,39 @@ k_colsum_slabs(float *ps, float *px, const float *dy, const float *x, const floa
     }
 }
 
-/* Pass 2: column j of os / ox = its slab partials in slab order, in double, rounded once. */
-__global__ void k_colsum_final(float *os, float *ox, const float *ps, const float *px, int cols, int slabs) {
-    DT_CU_FOR32(j, cols) {
+/* Pass 2: a block per tile of 32 columns (a block-stride loop over the tiles), thread
+ * (column c, group q) adds the slab partials s = q, q + COLSUM_GROUPS, ... of its column
+ * in slab order, in double; the COLSUM_GROUPS group sums meet in a fixed tree (q and
+ * q + 4, then q + 2, then q + 1), rounded once: os (cols) / ox (cols). A warp reads 32
+ * adjacent columns of one slab. */
+#define COLSUM_GROUPS (DT_CU_THREADS / 32)
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_colsum_final(float *os, float *ox, const float *ps, const float *px, int cols, int slabs) {
+    __shared__ double sa[COLSUM_GROUPS][32], sb[COLSUM_GROUPS][32];
+    const int c = threadIdx.x % 32, q = threadIdx.x / 32, tiles = (cols + 31) / 32;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int j = 32 * t + c;
         double a = 0.0, b = 0.0;
-        for (int s = 0; s < slabs; s++) {
-            a += ps[(size_t)s * cols + j];
-            if (ox) b += px[(size_t)s * cols + j];
+        if (j < cols)
+            for (int s = q; s < slabs; s += COLSUM_GROUPS) {
+                a += ps[(size_t)s * cols + j];
+                if (ox) b += px[(size_t)s * cols + j];
+            }
+        sa[q][c] = a;
+        sb[q][c] = b;
+        __syncthreads();
+        for (int h = COLSUM_GROUPS / 2; h > 0; h >>= 1) {
+            if (q < h) {
+                sa[q][c] += sa[q + h][c];
+                sb[q][c] += sb[q + h][c];
+            }
+            __syncthreads();
         }
-        if (os) os[j] = (float)a;
-        if (ox) ox[j] = (float)b;
+        if (q == 0 && j < cols) {
+            if (os) os[j] = (float)sa[0][c];
+            if (ox) ox[j] = (float)sb[0][c];
+        }
+        __syncthreads();   /* the next tile writes sa, sb */
     }
 }
 
@@ -115,8 +138,8 @@ dt_status dt_cu_column_sums(float *osum, float *oxhat, const float *dy, const fl
             part, px, dy, x, mean, rstd, rows, cols, vec);
         DT_CU_LAUNCH("k_colsum_slabs");
     }
-    k_colsum_final<<<dt_cu_blocks((size_t)cols), DT_CU_THREADS, 0, dt_cu_stream()>>>(osum, oxhat, part, px, cols,
-                                                                                     slabs);
+    k_colsum_final<<<dt_cu_grid((size_t)cols, 32), DT_CU_THREADS, 0, dt_cu_stream()>>>(osum, oxhat, part, px, cols,
+                                                                                       slabs);
     DT_CU_LAUNCH("k_colsum_final");
     return DT_OK;
 }
@@ -449,11 +472,39 @@ dt_status dt_cu_sumsq(float *out, const float *x, size_t n) {
 
 /* ---- metrics: the CPU's rule, first maximum wins and a NaN beats any number ---- */
 
-static __device__ int row_argmax(const float *r, int cols) {
-    int best = 0;
-    for (int c = 1; c < cols; c++)
-        if (r[c] > r[best] || (isnan(r[c]) && !isnan(r[best]))) best = c;
-    return best;
+/* Whether candidate (v, i) wins over (bv, bi) under the CPU's rule over a whole row
+ * (the first NaN, else the first maximum): NaN beats a number, two NaNs or two equal
+ * numbers go to the smaller index, else the larger number. Symmetric, so the lanes of a
+ * butterfly pair agree, and associative, so any grouping gives the serial loop's answer. */
+static __device__ inline int argmax_wins(float v, int i, float bv, int bi) {
+    const int n = isnan(v), bn = isnan(bv);
+    if (n != bn) return n;
+    if (n || v == bv) return i < bi;
+    return v > bv;
+}
+
+/* Pass 1: one warp per row (cuda_impl.h's row order); lane l scans its groups of four
+ * in index order, the lanes meet in the butterfly; hit[i] = 1 when row i's argmax is
+ * its label (a negative label: ignored, 0). */
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_row_hits(int32_t *hit, const float *logits, const int32_t *labels, int B, int C, int vec) {
+    const int lane = threadIdx.x % 32;
+    for (int i = blockIdx.x * DT_CU_WARPS + threadIdx.x / 32; i < B; i += gridDim.x * DT_CU_WARPS) {
+        const float *x = logits + (size_t)i * C;
+        float bv = -INFINITY, v[4];
+        int bi = 0x7fffffff;
+        for (int g = lane; 4 * g < C; g += 32) {
+            const int n = dt_cu_load4(v, x, g, C, vec);
+            for (int k = 0; k < n; k++)
+                if (argmax_wins(v[k], 4 * g + k, bv, bi)) { bv = v[k]; bi = 4 * g + k; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (argmax_wins(v2, i2, bv, bi)) { bv = v2; bi = i2; }
+        }
+        if (lane == 0) hit[i] = labels[i] >= 0 && bi == labels[i];
+    }
 }
 
 /* Sum of one value per thread over a block of DT_CU_RED_THREADS threads: a fixed
@@ -468,14 +519,13 @@ static __device__ double block_sum(double v, double *sh) {
     return sh[0];
 }
 
-/* One block: thread t counts rows t, t+256, ...; the counts are added in a fixed tree
+/* Pass 2, one block: thread t adds hits t, t+256, ...; the counts meet in a fixed tree
  * (integers, so any order is exact; the tree keeps the no-atomics rule anyway). */
 __global__ void __launch_bounds__(DT_CU_RED_THREADS)
-k_count_correct(int32_t *correct, const float *logits, const int32_t *labels, int B, int C) {
+k_count_hits(int32_t *correct, const int32_t *hit, int B) {
     __shared__ double sh[DT_CU_RED_THREADS];
     double n = 0.0;
-    for (int i = threadIdx.x; i < B; i += DT_CU_RED_THREADS)
-        n += labels[i] >= 0 && row_argmax(logits + (size_t)i * C, C) == labels[i];
+    for (int i = threadIdx.x; i < B; i += DT_CU_RED_THREADS) n += hit[i];
     n = block_sum(n, sh);
     if (threadIdx.x == 0) *correct = (int32_t)n;
 }
@@ -484,8 +534,15 @@ dt_status dt_cu_count_correct(int32_t *correct, const float *logits, const int32
     DT_CU_ARG(B >= 0 && C >= 1);
     DT_CU_ARG(correct && (B == 0 || (logits && labels)));
     DT_TRY(dt_cu_enter());
-    k_count_correct<<<1, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(correct, logits, labels, B, C);
-    DT_CU_LAUNCH("k_count_correct");
+    int32_t *hit = NULL;
+    DT_TRY(dt_cu_scratch((void **)&hit, sizeof(int32_t) * (B > 0 ? B : 1)));
+    if (B > 0) {
+        k_row_hits<<<dt_cu_grid((size_t)B, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(
+            hit, logits, labels, B, C, dt_cu_vec4(logits, C));
+        DT_CU_LAUNCH("k_row_hits");
+    }
+    k_count_hits<<<1, DT_CU_RED_THREADS, 0, dt_cu_stream()>>>(correct, hit, B);
+    DT_CU_LAUNCH("k_count_hits");
     return DT_OK;
 }
 

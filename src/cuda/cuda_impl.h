@@ -28,7 +28,9 @@
  *         (lanes i and i^16 first, then i^8, ..., i^1);
  *       column sums (bias gradient, layer norm dgamma and dbeta): rows cut into slabs
  *         of DT_CU_SLAB; each column of each slab summed in row order in float, then the
- *         slab partials of a column in slab order in double, rounded once;
+ *         slab partials of a column dealt to 8 groups (slab s to group s mod 8), each
+ *         group's in slab order in double, the 8 group sums in a fixed tree (g + 4, then
+ *         g + 2, then g + 1), rounded once;
  *       channel sums (batch norm, conv bias gradient): the CPU's plane sums, then the
  *         planes of a channel in one warp: lane l takes samples l, l+32, ... in order
  *         (double), the lanes in dt_cu_warp_sum's butterfly;

@@ -270,15 +270,24 @@ __global__ void __launch_bounds__(TILE * SUB) k_attn_forward(attn_args a) {
     }
 }
 
-/* delta (B, H, T) = rowsum(dy * y) of each head's row (the CPU's dot). */
+/* delta (B, H, T) = rowsum(dy * y) of each head's row: one warp per row (rows in
+ * (b, h, t) order), in the row sums' order of cuda_impl.h (lane l takes the groups of
+ * four l, l + 32, ... in order, the lanes meet in the butterfly). A warp reads the
+ * head's D adjacent floats at once, where a thread per row read one float per row. */
 __global__ void __launch_bounds__(DT_CU_THREADS)
-k_attn_delta(float *delta, const float *dy, const float *y, size_t n, int T, int H, int D) {
+k_attn_delta(float *delta, const float *dy, const float *y, size_t n, int T, int H, int D, int vec) {
     const size_t C = (size_t)H * D;
-    DT_CU_FOR(e, n) {
-        size_t bh = e / T, t = e % T, off = (bh / H * T + t) * C + bh % H * D;
-        float s = 0.0f;
-        for (int d = 0; d < D; d++) s += dy[off + d] * y[off + d];
-        delta[e] = s;
+    const int lane = threadIdx.x % 32;
+    for (size_t e = blockIdx.x * (size_t)DT_CU_WARPS + threadIdx.x / 32; e < n; e += (size_t)gridDim.x * DT_CU_WARPS) {
+        const size_t bh = e / T, t = e % T, off = (bh / H * T + t) * C + bh % H * D;
+        float s = 0.0f, gv[4], yv[4];
+        for (int g = lane; 4 * g < D; g += 32) {
+            const int k = dt_cu_load4(gv, dy + off, g, D, vec);
+            dt_cu_load4(yv, y + off, g, D, vec);
+            for (int i = 0; i < k; i++) s += gv[i] * yv[i];
+        }
+        s = dt_cu_warp_sum(s);
+        if (lane == 0) delta[e] = s;
     }
 }
 
@@ -437,9 +446,10 @@ dt_status dt_cu_attn_backward(float *dqkv, const float *dy, const float *qkv, co
     DT_TRY(attn_check("attn_backward", B, T, H, K, D));
     DT_TRY(dt_cu_enter());
     float *delta = NULL;
-        const size_t rows = (size_t)B * H * T;
+    const size_t rows = (size_t)B * H * T;
     DT_TRY(dt_cu_scratch((void **)&delta, sizeof(float) * rows));
-    k_attn_delta<<<dt_cu_blocks(rows), DT_CU_THREADS, 0, dt_cu_stream()>>>(delta, dy, y, rows, T, H, D);
+    const int vec = dt_cu_vec4(dy, H * D) && dt_cu_vec4(y, H * D) && D % 4 == 0;   /* every row 16-byte aligned */
+    k_attn_delta<<<dt_cu_grid(rows, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(delta, dy, y, rows, T, H, D, vec);
     DT_CU_LAUNCH("k_attn_delta");
     attn_args a = {NULL, (float *)lse, dqkv, delta, qkv, dy, T, H, K, D, 1.0f / sqrtf((float)D)};
     return attn_dispatch(a, B, 1);
