@@ -36,6 +36,7 @@
 #include "mem.h"
 #include "model.h"
 #include "optim.h"
+#include "plan.h"
 #include "sampler.h"
 #include "shard.h"
 #include "testing.h"
@@ -649,6 +650,25 @@ static dt_status validate(trainer *t, double *loss, double *acc) {
     return s;
 }
 
+/* dtrain plan's estimate of a rank's peak accounted memory for this very run (its shard
+ * mode, precision, world and data), for the report's memory chart; 0 where it does not
+ * plan (pipelines) or cannot. */
+static double planned_bytes(const trainer *t, const dt_dataset_info *info) {
+    const dt_train_opts *o = t->o;
+    const dt_plan_shard *sh = dt_plan_shard_find(o->shard ? o->shard : "none");
+    const dt_plan_precision *pr = dt_plan_precision_find(o->precision ? o->precision : "fp32");
+    if (t->pp > 1 || !sh || !pr) return 0.0;
+    dt_plan_opts po = {.train = o, .world = t->world, .labels = info->label_width, .ops = t->ops};
+    po.input.ndim = info->ndim;
+    for (int i = 0; i < info->ndim; i++) po.input.d[i] = info->shape[i];
+    dt_plan_estimate e;
+    if (dt_plan_run(&po, sh, pr, &e) != DT_OK) {
+        dt_error_clear();
+        return 0.0;
+    }
+    return (double)e.total;
+}
+
 static dt_status run_loop(trainer *t, dt_train_result *res) {
     const dt_train_opts *o = t->o;
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
@@ -658,6 +678,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
                          .test_samples = t->test ? dt_dataset_get_info(t->test)->n : 0,
                          .tokens_per_sample = t->lw,
                          .flops_per_token = t->lw > 1 ? flops_per_token(t->model) : 0.0,
+                         .plan_bytes = t->rank == 0 ? planned_bytes(t, info) : 0.0,
                          .precision = dt_precision_name(dt_amp_precision(t->amp)),
                          .note = t->note[0] ? t->note : NULL, .pipeline = dt_train_pipe_text_(t)};
     emit(t, &ev);

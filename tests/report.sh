@@ -274,6 +274,17 @@ n=$(grep -c '<line class="resume" data-step="10"' "$T/res.html")
 ok_grep "$T/res.html" 'resumed from a checkpoint .dotted.' "... the legend says what the mark is"
 n=$(grep -c '<line class="resume"' "$T/two.html")
 [ "$n" -eq 0 ]; ok $? "a run never resumed has no such mark ($n)"
+# dtrain plan's estimate on the memory chart: the start line carries it, it is within 10%
+# of the peak the run accounted, and the chart draws it at that height with a legend
+planb=$(head -1 "$T/m2.jsonl" | sed -n 's/.*"plan_bytes":\([0-9]*\).*/\1/p')
+peakb=$(grep '"event":"memory"' "$T/m2.jsonl" | grep '"rank":0' | sed -n 's/.*"mem_peak_bytes":{[^}]*"total":\([0-9]*\).*/\1/p')
+[ -n "$planb" ] && [ -n "$peakb" ] && awk -v p="$planb" -v m="$peakb" 'BEGIN { d = p - m; if (d < 0) d = -d; exit !(p > 0 && d <= 0.1 * m) }'
+ok $? "the start line has plan_bytes, within 10% of rank 0's accounted peak (${planb:-none} planned, ${peakb:-none} held)"
+mib=$(awk -v p="${planb:-0}" 'BEGIN { printf "%.1f", p / 1048576 }')
+ok_grep "$T/report.html" "<line class=\"plan\" data-mib=\"$mib\"" "the memory chart draws the plan's line at $mib MiB"
+ok_grep "$T/report.html" "dtrain plan&#39;s peak, $mib MiB \\(dotted\\)" "... and names it in the legend"
+n=$(grep -c '<line class="plan"' "$T/two.html")
+[ "$n" -eq 1 ]; ok $? "one plan line for the run reported ($n)"
 python3 -c "
 import json, re, sys
 page = open(sys.argv[1]).read()

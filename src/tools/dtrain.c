@@ -215,6 +215,7 @@ static void metrics_start(reporter *r, const dt_train_event *ev) {
         dt_sbuf_json_(&b, r->peak.source);
         dt_sbuf_str_(&b, "\"");
     }
+    if (ev->plan_bytes > 0) dt_sbuf_printf_(&b, ",\"plan_bytes\":%.0f", ev->plan_bytes);
     if (ev->pipeline) {
         dt_sbuf_str_(&b, ",\"pipeline\":\"");
         dt_sbuf_json_(&b, ev->pipeline);

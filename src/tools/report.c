@@ -14,6 +14,7 @@
  * skipped and counted, so a run cut short (its last line half written) still reports.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,8 @@ static int take_start(rpt_run *r, const jsonl_obj *o) {
         return s->key && s->val ? 1 : -1;
     }
     if (r->nstep || r->nval || r->nrank || r->nmem || r->nset) new_run(r);
+    double plan;
+    if (jsonl_num(o, "plan_bytes", &plan) && plan > 0 && isfinite(plan)) r->plan = plan;
     for (size_t i = 0; i < o->n; i++) {
         if (!strcmp(o->m[i].key, "event")) continue;
         rpt_setting *s;

@@ -68,6 +68,7 @@ typedef struct {
     size_t       nset, capset;
     int64_t     *resume;     /* the steps it was resumed after (a start line after step N > 0) */
     size_t       nresume, capresume;
+    double       plan;      /* dtrain plan's estimate of a rank's peak, bytes (start's plan_bytes; 0: none) */
     int          tokens;    /* the steps give tokens/s (a token model); else samples/s */
     int          world;     /* world_size of the last step (0: not given) */
     int          runs;      /* runs in the file; only the last is kept */

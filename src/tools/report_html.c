@@ -511,9 +511,15 @@ static void mem_chart(dt_sbuf *b, const rpt_mem *const *m, size_t n, int run, co
         ymax = fmax(ymax, MIB(m[i]->cur[DT_MEM_TOTAL]));
         if (m[i]->has_peak) ymax = fmax(ymax, MIB(m[i]->peak[DT_MEM_TOTAL]));
     }
+    ymax = fmax(ymax, MIB(r->plan));
     dt_sbuf_str_(b, "<div class=\"legend\">");
     for (int k = 0; k < DT_MEM_NCAT; k++) legend_item(b, mem_colour[k], 0, dt_mem_cat_name(k));
     legend_item(b, "#222", 1, "peak of the total");
+    if (r->plan > 0) {
+        char t[96];
+        snprintf(t, sizeof t, "dtrain plan's peak, %.1f MiB (dotted)", MIB(r->plan));
+        legend_item(b, "#b07aa1", 1, t);
+    }
     resume_legend(b, r, 1);
     dt_sbuf_str_(b, "</div>\n");
     chart c = chart_new(b, 320, axis_fit(x0, x1, 10, 1, 0), axis_fit(0, ymax, 6, 0, 1), (axis){0}, 24);
@@ -522,6 +528,11 @@ static void mem_chart(dt_sbuf *b, const rpt_mem *const *m, size_t n, int run, co
     chart_open(&c, id, "step", "MiB held by rank 0 (accounted)", NULL);
     for (int k = 0; k < DT_MEM_NCAT; k++) mem_layer(&c, m, n, k);
     mem_peak(&c, m, n);
+    if (r->plan > 0)
+        dt_sbuf_printf_(b, "<line class=\"plan\" data-mib=\"%.1f\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" "
+                        "stroke=\"#b07aa1\" stroke-dasharray=\"1 3\" stroke-width=\"2\"><title>dtrain plan's estimate "
+                        "of the peak: %.1f MiB</title></line>\n", MIB(r->plan), c.x0, c.x1, py(&c, MIB(r->plan)),
+                        py(&c, MIB(r->plan)), MIB(r->plan));
     resume_marks(&c, r);
     dt_sbuf_str_(b, "</svg>\n");
 }
