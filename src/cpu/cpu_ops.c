@@ -193,11 +193,32 @@ const dt_ops *dt_ops_cpu(void) {
 /* ---- per-thread scratch ------------------------------------------------------------ */
 
 #define DT_CPU_SCRATCH_SLOTS 4
-static _Thread_local struct { float *p; size_t cap; } scratch_tl[DT_CPU_SCRATCH_SLOTS];
+typedef struct { float *p; size_t cap; } scratch_slot;
+static _Thread_local scratch_slot scratch_tl[DT_CPU_SCRATCH_SLOTS];
+
+/* A thread's scratch goes with the thread: OpenMP ends worker threads when a region asks
+ * for fewer than the last (the thread tuner changes the count as it runs), and each
+ * would otherwise leave its buffers behind. The key's value is the thread's own array. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_key_ok;
+
+static void scratch_release(void *v) {
+    scratch_slot *s = v;
+    for (int i = 0; i < DT_CPU_SCRATCH_SLOTS; i++) {
+        free(s[i].p);
+        s[i].p = NULL;
+        s[i].cap = 0;
+    }
+}
+
+static void scratch_key_make(void) { scratch_key_ok = pthread_key_create(&scratch_key, scratch_release) == 0; }
 
 float *dt_cpu_scratch(int slot, size_t floats) {
     if (slot < 0 || slot >= DT_CPU_SCRATCH_SLOTS) return NULL;
     if (scratch_tl[slot].cap < floats) {
+        pthread_once(&scratch_once, scratch_key_make);
+        if (scratch_key_ok && !pthread_getspecific(scratch_key)) pthread_setspecific(scratch_key, scratch_tl);
         free(scratch_tl[slot].p);
         size_t bytes = (floats * sizeof(float) + 63) & ~(size_t)63;
         scratch_tl[slot].p = aligned_alloc(64, bytes ? bytes : 64);
