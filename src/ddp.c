@@ -54,6 +54,10 @@ struct dt_ddp {
      * buffers (tcp, mpi with a GPU), collectives go through a host copy. */
     int           stage;
     float        *host;       /* n floats of pinned host memory (stage) */
+    void         *kept;       /* stage: pinned host memory of the per-step calls (synchronised
+                               * batch norm's sums, the batch-norm records), grown, never freed
+                               * until the end: freeing pinned memory synchronises the device */
+    size_t        kept_bytes;
     uint16_t     *g16;        /* --grad-dtype bf16, W > 1: the gradient in bf16 for the wire (n) */
 };
 
@@ -193,31 +197,43 @@ static dt_status on_grad_ready(void *ctx, int first, int count) {
     return s;
 }
 
+/* The kept staging buffer, at least `bytes` long (the training thread's calls only). */
+static dt_status kept_host(dt_ddp *d, size_t bytes, void **out) {
+    if (bytes > d->kept_bytes) {
+        void *p = NULL;
+        DT_TRY(dt_mem_host_alloc(d->ops, DT_MEM_COMM, &p, bytes));
+        dt_mem_free(d->ops, d->kept);
+        d->kept = p;
+        d->kept_bytes = bytes;
+    }
+    *out = d->kept;
+    return DT_OK;
+}
+
 /* Device-memory collectives: direct, or through a host copy when staging. */
 static dt_status allreduce_dev(dt_ddp *d, float *buf, size_t n) {
     if (!d->stage) return dt_allreduce(d->comm, buf, buf, n, DT_F32, DT_SUM);
-    float *h = NULL;
-    DT_TRY(dt_mem_host_alloc(d->ops, DT_MEM_COMM, (void **)&h, n * sizeof(float)));
+    void *h = NULL;
+    DT_TRY(kept_host(d, n ? n * sizeof(float) : 1, &h));
     dt_status s = d->ops->copy_d2h(h, buf, n * sizeof(float));
     if (s == DT_OK) s = dt_allreduce(d->comm, h, h, n, DT_F32, DT_SUM);
     if (s == DT_OK) s = d->ops->copy_h2d(buf, h, n * sizeof(float));
-    dt_mem_free(d->ops, h);
     return s;
 }
 
 dt_status dt_ddp_allgather_dev(dt_ddp *d, const void *send, void *recv, size_t bytes) {
     if (!d->stage) return dt_allgather(d->comm, send, recv, bytes, DT_U8);
     size_t all = bytes * (size_t)d->world;
-    unsigned char *h = NULL;
-    DT_TRY(dt_mem_host_alloc(d->ops, DT_MEM_COMM, (void **)&h, all ? all : 1));
-    unsigned char *mine = h + bytes * (size_t)d->rank;
+    void *h = NULL;
+    DT_TRY(kept_host(d, all ? all : 1, &h));
+    unsigned char *mine = (unsigned char *)h + bytes * (size_t)d->rank;
     dt_status s = d->ops->copy_d2h(mine, send, bytes);
     if (s == DT_OK) s = dt_allgather(d->comm, mine, h, bytes, DT_U8);
     if (s == DT_OK) s = d->ops->copy_h2d(recv, h, all);
-    dt_mem_free(d->ops, h);
     return s;
 }
 
+/* (At start and on resume only: its buffer is the size of the parameters, not kept.) */
 static dt_status broadcast_dev(dt_ddp *d, void *buf, size_t bytes, int root) {
     if (!d->stage) return dt_broadcast(d->comm, buf, bytes, DT_U8, root);
     unsigned char *h = NULL;
@@ -338,6 +354,7 @@ void dt_ddp_free(dt_ddp *d) {
         dt_model_set_bn_sync(d->model, NULL, NULL);
     }
     dt_mem_free(d->ops, d->host);
+    dt_mem_free(d->ops, d->kept);
     dt_mem_free(d->ops, d->g16);
     free(d->acc);
     free(d->b);

@@ -143,6 +143,24 @@ if [ $cuda_build = 1 ]; then
         ok $? "its losses within 1e-4 relative of the 1-rank cpu run's (worst $worst)"
     }
     train2 tcp   # gradients staged through pinned host memory
+    # a cnn with synchronised batch norm and 4 micro-batches over tcp: the batch-norm sums
+    # and records go through the kept staging buffer (ddp.c), at sizes that change from
+    # call to call; its losses against those of 2 cpu ranks (synchronised statistics span
+    # the ranks' micro-batches, so the world size is part of what is computed)
+    CNN="--model cnn --data synthetic:256,1,28,28,10 --steps 6 --batch 32 --micro-batches 4 --sync-bn --seed 3 \
+--log-every 1 --no-eval --threads 1"
+    TMPDIR="$TMP" timeout 240 "$B/dtrun" -n 2 "$TMP/dtrain_emu" train --device cpu $CNN \
+        --metrics "$TMP/cnn-cpu.jsonl" > "$TMP/cnn-cpu.out" 2>&1
+    TMPDIR="$TMP" DT_GPU_EMU_DEVICES=2 timeout 240 "$B/dtrun" -n 2 "$TMP/dtrain_emu" train --device cuda --backend tcp \
+        $CNN --metrics "$TMP/cnn-tcp.jsonl" > "$TMP/cnn-tcp.out" 2>&1
+    rc=$?
+    ok $rc "a cnn with --sync-bn and 4 micro-batches on 2 emulated ranks over tcp (6 steps)"
+    [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/cnn-tcp.out" | tail -5
+    losses "$TMP/cnn-cpu.jsonl" > "$TMP/cnn-cpu.loss"
+    losses "$TMP/cnn-tcp.jsonl" > "$TMP/cnn-tcp.loss"
+    worst=$(worst_rel "$TMP/cnn-cpu.loss" "$TMP/cnn-tcp.loss" 6)
+    awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-4) }'
+    ok $? "its losses within 1e-4 relative of 2 cpu ranks' (worst $worst)"
 
     # first-contact diagnostics: the device line, DT_CUDA_SYNC, the grid cap, a driver too old
     emu1() {  # tag [env...]: dtrain --device cuda, 1 rank, 10 steps, not quiet
