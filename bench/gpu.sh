@@ -1,57 +1,85 @@
 #!/usr/bin/env bash
 # bench/gpu.sh: the GPU path in one run, in sections ordered by value, so that a run cut
-# short (15 minutes of a lent GPU, all included) still leaves the most useful results.
+# short (one call of a lent GPU, at most 10 minutes, all included) still leaves the most
+# useful results.
 #
-#   bench/gpu.sh [--emulate] [--quick] [--build-only] [--budget SECONDS]
+#   bench/gpu.sh [--emulate] [--quick] [--build-only] [--budget SECONDS] [--sections LIST]
+#   bench/gpu.sh --kit [--nccl] [--mpi]     (bench/gpu_kit.sh: the kit for a GPU machine)
 #
-# Each section has its own timeout (and never more than what is left of the budget,
-# default 780 s), prints its wall time, and says "skip: WHY" when it cannot run here;
-# the last screen sums everything up.
-#   build        (before the budget) configure --with-cuda --with-cuda-arch=$DT_GPU_ARCH
+# On a lent GPU machine, from the unpacked kit (made here with `make gpu-kit`):
+#   tar -xzf dtrain-gpu-kit.tar.gz && dtrain-gpu-kit/bench/gpu.sh
+# Run from a kit (a folder with a KIT file, see bench/gpu_kit.sh) it uses the kit's
+# programs and builds nothing.
+# With $OUT set (the folder a lent machine sends back, at most 8 files), the budget is
+# 480 s including any build, and $OUT gets summary.txt and logs.tar.gz (every section's
+# log, the run's output and the small result files) after each section and when the
+# run is killed (TERM, INT, HUP); without $OUT the budget defaults to 780 s after the
+# build. Each section has its own timeout (and never more than what is left of the
+# budget), prints its wall time, and says "skip: WHY" when it cannot run here; the last
+# screen sums everything up. --sections env,ops,... runs those only (in this order).
+#   build        (not in a kit) configure --with-cuda --with-cuda-arch=$DT_GPU_ARCH
 #                (default 90) [--with-nccl] in a copy of the sources, $DT_GPU_BUILDDIR/src
-#                (default build-gpu/src); skipped when that build exists. On a machine
-#                without a GPU: `bench/gpu.sh --build-only`, then carry build-gpu over.
-#   1 env        GPU, SMs, clocks, memory, driver/runtime, cuBLAS and NCCL versions;
-#                stops the run when the device, the driver or the build's GPU code
-#                cannot work here (bench/gpu_info.c)
-#   2 ops        tests/test_cuda_ops: every op against the CPU backend (worst error per
+#                (default build-gpu/src); skipped when that build exists. Needs autotools
+#                and the libraries a GPU machine may lack: prefer the kit.
+#   env          the libraries of the programs (ldd: nothing missing), then GPU, SMs,
+#                clocks, memory, driver/runtime, cuBLAS and NCCL versions; stops the run
+#                when the device, the driver or the build's GPU code cannot work here
+#                (bench/gpu_info.c)
+#   ops          tests/test_cuda_ops: every op against the CPU backend (worst error per
 #                op) and the device time of the ops at real shapes
-#   3 sanitizer  compute-sanitizer memcheck and racecheck on the op test
-#   4 determinism  the op test's outputs (a hash each) twice and with
-#                CUDA_LAUNCH_BLOCKING=1; the cnn's weights after 30 steps likewise
-#   5 parity     mlp and cnn, 20 steps: GPU losses against CPU losses
-#   6 throughput dtrain against PyTorch on the same GPU, inside each process after
+#   parity       mlp and cnn, 20 steps: GPU losses against CPU losses
+#   throughput   dtrain against PyTorch on the same GPU, inside each process after
 #                warm-up: cnn (batch 256) and an 8 x 4096 MLP (batch 1024) with TF32 off
 #                and on and in bf16 (--precision bf16 against torch.autocast),
 #                the gpt2 size (batch 8 x 1024 tokens): ms/step, samples/s, peak
 #                memory, dtrain's data/compute/comm split (--rank-stats)
-#   7 nsys       the top kernels of a cnn run
-#   8 nccl       with 2+ GPUs: tests/gpu_nccl.sh and 2-rank training over NCCL
-#   9 summary    one screen
+#   determinism  the op test's outputs (a hash each) twice and with
+#                CUDA_LAUNCH_BLOCKING=1; the cnn's weights after 30 steps likewise
+#   sanitizer    compute-sanitizer memcheck on the op table (its own cap), then
+#                racecheck if the section has time left
+#   nsys         the top kernels of a cnn run
+#   nccl         with 2+ GPUs: tests/gpu_nccl.sh and 2-rank training over NCCL
+#   summary      one screen
 # --emulate runs the same sections with the kernels compiled for the CPU
 # (tests/gpu_emu_build.sh; needs a build of this tree, --with-cuda for the training
 # sections); what needs a GPU skips, and timings mean nothing there. --quick makes
-# every section small (the CI hook in .ci/run: --emulate --quick).
-# Results: $DT_GPU_BENCH_OUT (default $DT_GPU_BUILDDIR/bench-out, a temporary directory
-# with --emulate) gets each section's log and summary.txt.
+# every section small (the CI hook in .ci/run: --emulate --quick with $OUT set).
+# Results: $DT_GPU_BENCH_OUT (default $DT_GPU_BUILDDIR/bench-out, or a temporary
+# directory with --emulate or $OUT) gets each section's log and summary.txt.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/.." && pwd)
 bd=${DT_GPU_BUILDDIR:-$src/build-gpu}
-emulate=0 quick=0 build_only=0 budget=780 section=
+emulate=0 quick=0 build_only=0 budget= section= sections=
+ALL_SECTIONS="env ops parity throughput determinism sanitizer nsys nccl"
 while [ $# -gt 0 ]; do
     case $1 in
         --emulate) emulate=1 ;;
         --quick) quick=1 ;;
         --build-only) build_only=1 ;;
         --budget) budget=${2:?--budget needs seconds}; shift ;;
+        --sections) sections=${2:?--sections needs a list, e.g. env,ops}; shift ;;
+        --kit) shift; exec bash "$here/gpu_kit.sh" "$@" ;;
         --section) section=${2:?}; shift ;;   # internal: run one section (under timeout)
         -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench/gpu.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
-case $budget in ''|*[!0-9]*) echo "bench/gpu.sh: --budget expects whole seconds, got '$budget'" >&2; exit 2 ;; esac
+OUT=${OUT:-}
+[ -n "$budget" ] || { [ -n "$OUT" ] && budget=480 || budget=780; }
+case $budget in *[!0-9]*) echo "bench/gpu.sh: --budget expects whole seconds, got '$budget'" >&2; exit 2 ;; esac
+for s in $(echo "$sections" | tr ',' ' '); do
+    case " $ALL_SECTIONS " in *" $s "*) ;;
+        *) echo "bench/gpu.sh: --sections: unknown section '$s' (expected some of: ${ALL_SECTIONS// /,})" >&2; exit 2 ;;
+    esac
+done
+if [ -n "$OUT" ] && [ -z "$section" ]; then
+    mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || { echo "bench/gpu.sh: cannot write to OUT=$OUT" >&2; exit 2; }
+fi
+# A kit (bench/gpu_kit.sh) holds its programs at its top, beside a KIT file.
+kit=0
+[ -f "$src/KIT" ] && kit=1 bd=$src
 jobs=$(nproc 2>/dev/null || echo 4)
 [ "$jobs" -gt 16 ] && jobs=16
 
@@ -113,7 +141,18 @@ s_env() {
         note "$(printf '%-12s emulated on the CPU (%s)' env "$(g++ --version | head -1)")"
         return 0
     fi
-    local info rc archs cc
+    local info rc archs cc p progs=
+    # the libraries first: gpu_info links the same CUDA (and NCCL) libraries as dtrain
+    for p in "$BIN/dtrain" "$BIN/dtrun" "$BIN/tests/test_cuda_ops" "$bd/gpu_info"; do
+        [ -e "$p" ] && progs="$progs $p" || echo "missing program: $p"
+    done
+    missing=$(ldd $progs 2>&1 | grep 'not found' | sort -u)
+    if [ -n "$missing" ]; then
+        note "$(printf '%-12s FAILED: libraries missing: %s' env "$(echo $missing)")"
+        echo "STOP: the programs need libraries this machine lacks:"; echo "$missing"
+        echo "(make the kit with bench/gpu_kit.sh: it bundles all but CUDA's runtime libraries and driver)"; exit 3
+    fi
+    ldd $progs | awk '$1 ~ /^lib(cuda|cudart|cublas|cublasLt|nccl|openblas|sodium)\.so/ && !s[$1]++ { print "  " $1, $3 }'
     info=$("$bd/gpu_info" 2>&1); rc=$?
     echo "$info"
     command -v nvidia-smi > /dev/null 2>&1 &&
@@ -126,13 +165,8 @@ s_env() {
         echo "STOP: no usable device ($(get error)); driver CUDA $(get driver_cuda), runtime $(get runtime_cuda)"
         exit 3
     fi
-    missing=$(ldd "$BIN/dtrain" "$BIN/tests/test_cuda_ops" 2>&1 | grep 'not found' | sort -u)
-    if [ -n "$missing" ]; then
-        note "$(printf '%-12s FAILED: libraries missing: %s' env "$(echo $missing)")"
-        echo "STOP: the carried build needs libraries this machine lacks:"; echo "$missing"; exit 3
-    fi
     cc=$(get cc | tr -d .)
-    archs=$(sed -n 's/^NVCC_ARCH_FLAGS = //p' "$BIN/Makefile")
+    archs=$(cat "$BIN/Makefile" "$BIN/KIT" 2>/dev/null | sed -n 's/^NVCC_ARCH_FLAGS = //p' | head -1)
     if ! echo "$archs" | grep -q "code=sm_$cc\b" &&
        ! echo "$archs" | grep -oE 'code=compute_[0-9]+' | awk -F_ -v c="$cc" '$2 <= c { f = 1 } END { exit !f }'; then
         note "$(printf '%-12s FAILED: the build has no code for compute capability %s (%s)' env "$(get cc)" "$archs")"
@@ -168,18 +202,24 @@ s_sanitizer() {
     local cs
     cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
     [ -n "$cs" ] || skip "compute-sanitizer is not installed (PATH, /usr/local/cuda/bin)"
-    local tool parts res=
+    # memcheck on the op table within its own cap; racecheck only with the time that is left
+    local tool parts res= cap left t00=$SECONDS
     for tool in memcheck racecheck; do
-        parts=table,seq,errors
-        [ $tool = racecheck ] && parts=table,seq
-        [ $quick = 1 ] && parts=table
+        left=$((${DT_GPU_SECTION_S:-150} - (SECONDS - t00) - 5))
+        cap=$left
+        [ $tool = memcheck ] && [ $cap -gt 75 ] && cap=75
+        if [ $cap -lt 30 ]; then
+            echo "$tool: skipped, ${left} s left in the section"; res="$res $tool: skipped (no time left);"; continue
+        fi
+        parts=table
+        [ $tool = racecheck ] && [ $quick = 0 ] && parts=table,seq
         local t0=$SECONDS
-        DT_CUDA_TEST_PARTS=$parts timeout 150 "$cs" --tool $tool --error-exitcode 9 "$BIN/tests/test_cuda_ops" \
+        DT_CUDA_TEST_PARTS=$parts timeout "$cap" "$cs" --tool $tool --error-exitcode 9 "$BIN/tests/test_cuda_ops" \
             > "$R/$tool.log" 2>&1
         local rc=$?
         grep -E '^========= (ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|Error)' "$R/$tool.log" | sort | uniq -c | head -12
-        echo "$tool: exit $rc in $((SECONDS - t0)) s"
-        res="$res $tool: $(grep -E '^========= (ERROR|RACECHECK) SUMMARY' "$R/$tool.log" | tail -1 | sed 's/^========= //') (exit $rc);"
+        echo "$tool ($parts): exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo " (its cap of $cap s)")"
+        res="$res $tool ($parts): $(grep -E '^========= (ERROR|RACECHECK) SUMMARY' "$R/$tool.log" | tail -1 | sed 's/^========= //') (exit $rc);"
     done
     note "$(printf '%-12s%s' sanitizer "$res")"
 }
@@ -260,6 +300,7 @@ dtrain_rate() {
 
 s_throughput() {
     need_training
+    local t00=$SECONDS
     local mlp="flatten$(for i in 1 2 3 4 5 6 7 8; do printf ' linear(4096) relu'; done) linear(10)"
     local cb=256 mb=1024 cs=50 ms=10 w=4096
     if [ $emulate = 1 ] || [ $quick = 1 ]; then
@@ -291,19 +332,22 @@ s_throughput() {
     row mlp8x$w-tf32off "$mlp" $mb $ms 0 mlp8x4096
     row mlp8x$w-tf32on "$mlp" $mb $ms 1 mlp8x4096
     row mlp8x$w-bf16 "$mlp" $mb $ms bf16 mlp8x4096
+    local tleft=$((${DT_GPU_SECTION_S:-300} - SECONDS + t00 - 10))
     if [ $emulate = 1 ] || [ $quick = 1 ]; then
         echo "gpt2: skipped (124M parameters need a GPU; --quick and --emulate leave it out)"
+    elif [ $tleft -lt 60 ]; then
+        echo "gpt2: skipped (${tleft} s left in the section)"
     else
         local tok="$R/tokens" gpt2="gpt(layers=12,heads=12,dim=768,block=1024,vocab=50304)"
         head -c 4000000 /dev/urandom > "$R/text" && "$BIN/dtrain" prepare-text "$tok" "$R/text" > /dev/null 2>&1
         local d t
         rm -f "$R/tp-gpt2.jsonl"
-        timeout 200 "$BIN/dtrain" train --device cuda --model "$gpt2" --data "tokens:$tok" --batch 8 --steps 20 \
+        timeout $((tleft / 2)) "$BIN/dtrain" train --device cuda --model "$gpt2" --data "tokens:$tok" --batch 8 --steps 20 \
             --no-eval --quiet --rank-stats 10 --metrics "$R/tp-gpt2.jsonl" > "$R/tp-gpt2.out" 2>&1
         d=$(awk -F'[,:}]' '/"event":"rank"/ { for (i = 1; i < NF; i++) v[$i] = $(i + 1)
                 if (v["\"steps\""] + 0 == 10) printf "%.1f %.0f %.0f\n", v["\"step_s\""] * 100, 81920 / v["\"step_s\""],
                 v["\"peak_mem_mb\""] }' "$R/tp-gpt2.jsonl" | tail -1)
-        [ -n "$PY" ] && t=$(timeout 200 "$PY" "$here/gpu_torch.py" gpt2 8 3 10 0 "$tok" 2>&1 | tail -1) || t="n/a no PyTorch"
+        [ -n "$PY" ] && t=$(timeout $((tleft / 2 - 5)) "$PY" "$here/gpu_torch.py" gpt2 8 3 10 0 "$tok" 2>&1 | tail -1) || t="n/a no PyTorch"
         set -- ${d:-fail - -}; local dms=$1 dtk=$2 dpk=$3
         set -- $t; local tms=$1 ttk=${2:--} tpk=${3:--}
         case $tms in n/a*) tms=n/a ttk=- tpk=- ;; esac
@@ -389,10 +433,12 @@ build() {
     else
         (cd "$src" && tar --exclude=./build-gpu --exclude=./.git -cf - .) | tar -C "$BIN" -xf - || return 1
     fi
-    (cd "$BIN" && { [ -f Makefile ] || { ./autogen.sh > /dev/null 2>&1 &&
+    command -v autoreconf > /dev/null 2>&1 ||
+        { echo "no autotools here (autoreconf): make the kit on another machine (make gpu-kit) and carry it over"; return 1; }
+    (cd "$BIN" && { [ -f Makefile ] || { ./autogen.sh > autogen.log 2>&1 &&
         ./configure -q --with-cuda --with-cuda-arch="$arch" $nccl > configure.log 2>&1; }; } &&
         make -j"$jobs" > make.log 2>&1 && make -j"$jobs" tests/test_cuda_ops $([ -n "$nccl" ] && echo tests/gpu_nccl_prog) \
-        >> make.log 2>&1) || { tail -20 "$BIN/configure.log" "$BIN/make.log" 2>/dev/null | grep -v '^$' | tail -20; return 1; }
+        >> make.log 2>&1) || { tail -20 "$BIN/autogen.log" "$BIN/configure.log" "$BIN/make.log" 2>/dev/null | grep -v '^$' | tail -20; return 1; }
     local cuda_cflags cuda_libs nccl_libs
     cuda_cflags=$(sed -n 's/^CUDA_CFLAGS = //p' "$BIN/Makefile")
     cuda_libs=$(sed -n 's/^CUDA_LIBS = //p' "$BIN/Makefile")
@@ -402,25 +448,39 @@ build() {
     echo "-- build: $((SECONDS - t0)) s; carry $(du -sh "$bd" | cut -f1) in $bd"
 }
 
+T0=$SECONDS   # with $OUT the budget counts the build too
 if [ $emulate = 1 ]; then
     # the tree's own build (configured in place), or DT_BUILDDIR
     B=${DT_BUILDDIR:-$src}
     [ -f "$B/.libs/libdtrain.so" ] || { echo "bench/gpu.sh --emulate: no build in $B (build this tree, or set DT_BUILDDIR)" >&2; exit 2; }
     R=${DT_GPU_BENCH_OUT:-$(mktemp -d)}
     BIN=$B
+elif [ $kit = 1 ]; then
+    BIN=$src B=$src
+    R=${DT_GPU_BENCH_OUT:-$([ -n "$OUT" ] && mktemp -d || echo "$src/bench-out")}
+    echo "== kit: $src ($(sed -n 's/^built: //p' "$src/KIT"))"
+    [ $build_only = 0 ] || exit 0
 else
     BIN=$bd/src
-    R=${DT_GPU_BENCH_OUT:-$bd/bench-out}
+    R=${DT_GPU_BENCH_OUT:-$([ -n "$OUT" ] && mktemp -d || echo "$bd/bench-out")}
+    [ -n "$OUT" ] || T0=
     if [ -x "$BIN/dtrain" ] && [ -x "$BIN/tests/test_cuda_ops" ] && [ -x "$bd/gpu_info" ] && [ $build_only = 0 ]; then
         echo "== build: using the existing build in $BIN (remove $bd to rebuild)"
     else
-        build || { echo "build FAILED"; exit 1; }
+        if [ -n "$OUT" ]; then   # the build's output comes back too
+            build 2>&1 | tee "$OUT/build.log"
+            [ "${PIPESTATUS[0]}" = 0 ] || { echo "build FAILED"; echo "build FAILED: see build.log" > "$OUT/summary.txt"; exit 1; }
+        else
+            build || { echo "build FAILED"; exit 1; }
+        fi
     fi
     grep -q 'define DT_HAVE_CUDA 1' "$BIN/config.h" || { echo "$BIN is not a --with-cuda build" >&2; exit 1; }
     [ $build_only = 0 ] || exit 0
 fi
 mkdir -p "$R" && R=$(cd "$R" && pwd) && : > "$R/summary.txt" || exit 1
 export R BIN B bd emulate quick
+# the run's own output goes into the logs too
+[ -z "$OUT" ] || exec > >(tee -a "$R/run.log") 2>&1
 
 if [ $emulate = 1 ]; then
     echo "== emulated kernels (tests/gpu_emu_build.sh)"
@@ -429,43 +489,81 @@ if [ $emulate = 1 ]; then
     mkdir -p "$R/emu" || exit 1
     DT_SRCDIR=$src DT_BUILDDIR=$B "$src/tests/gpu_emu_build.sh" "$R/emu" 3 $want 2> "$R/emu/build.err" ||
         { [ -x "$R/emu/test_cuda_emu" ] || { cat "$R/emu/build.err"; exit 1; }; }
+    T0=   # the emulator's build is this machine's, not a GPU's
 fi
 
-T0=$SECONDS
-status=0
+T0=${T0:-$SECONDS}
+status=0 current=
+# publish [STATE]: summary.txt and logs.tar.gz into $OUT, each replaced whole
+publish() {
+    [ -n "$OUT" ] || return 0
+    { echo "bench/gpu.sh $(date -u '+%Y-%m-%d %H:%M:%S UTC'); $((SECONDS - T0)) s of the $budget s budget;" \
+           "${1:-running}$([ $emulate = 1 ] && echo '; EMULATED: no GPU, times mean nothing')"
+      cat "$R/summary.txt"; } > "$OUT/summary.txt.tmp" && mv -f "$OUT/summary.txt.tmp" "$OUT/summary.txt"
+    (cd "$R" && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.txt' -o -name '*.tap' -o -name '*.out' \
+        -o -name '*.jsonl' -o -name '*.csv' \) -size -20M -printf '%P\0' | tar --null -T - -czf "$OUT/logs.tar.gz.tmp") &&
+        mv -f "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"
+}
+on_signal() {
+    # the files first: the tee of our output may be gone already (the same signal)
+    trap - TERM INT HUP
+    trap '' PIPE
+    [ -n "$current" ] && printf '%-12s KILLED (%s) after %s s\n' "$current" "$1" "$((SECONDS - T0))" >> "$R/summary.txt"
+    [ -n "${child:-}" ] && kill "$child" 2> /dev/null
+    publish "killed ($1) during ${current:-the run}"
+    echo "== killed ($1) during ${current:-the run} after $((SECONDS - T0)) s" 2> /dev/null
+    exit 1
+}
+trap 'on_signal TERM' TERM
+trap 'on_signal INT' INT
+trap 'on_signal HUP' HUP
 run_section() {  # number name timeout
     local left=$((budget - (SECONDS - T0))) t=$3 t0=$SECONDS rc
+    if [ -n "$sections" ]; then
+        case ",$sections," in *",$2,"*) ;; *) return ;; esac
+    fi
+    [ $emulate = 1 ] && t=$((t * 3))   # the emulated kernels are slower than a GPU, not the budget
     [ "$t" -gt "$left" ] && t=$left
     echo
     echo "== [$1] $2 (timeout ${t} s; ${left} s of the budget left)"
     if [ "$t" -lt 15 ]; then
         echo "skip: the budget of $budget s is spent"
         printf '%-12s skip: the budget of %s s is spent\n' "$2" "$budget" >> "$R/summary.txt"
+        publish
         return
     fi
-    timeout -k 10 "$t" bash "$0" --section "$2" $([ $emulate = 1 ] && echo --emulate) $([ $quick = 1 ] && echo --quick) \
-        2>&1 | tee "$R/$2.log"
-    rc=${PIPESTATUS[0]}
+    current=$2
+    publish "running $2"
+    # in the background, so that a signal reaches on_signal at once (bash runs a trap only
+    # after the foreground command)
+    ( DT_GPU_SECTION_S=$t timeout -k 10 "$t" bash "$0" --section "$2" $([ $emulate = 1 ] && echo --emulate) \
+          $([ $quick = 1 ] && echo --quick) 2>&1 | tee "$R/$2.log"; exit "${PIPESTATUS[0]}" ) &
+    child=$!
+    wait "$child"; rc=$?
+    child= current=
     case $rc in
         0) echo "-- $2: $((SECONDS - t0)) s" ;;
         124|137) echo "-- $2: TIMEOUT after $((SECONDS - t0)) s"; printf '%-12s TIMEOUT after %s s\n' "$2" "$t" >> "$R/summary.txt"; status=1 ;;
-        3) echo "-- $2: STOP after $((SECONDS - t0)) s"; status=1; summary; exit 1 ;;
+        3) echo "-- $2: STOP after $((SECONDS - t0)) s"; status=1; summary; publish "stopped in $2"; exit 1 ;;
         *) echo "-- $2: FAILED (exit $rc) after $((SECONDS - t0)) s"; status=1 ;;
     esac
+    publish
 }
 summary() {
     echo
-    echo "== [9] summary ($(date -u '+%Y-%m-%d %H:%M UTC'); $((SECONDS - T0)) s of the $budget s budget$([ $emulate = 1 ] && echo '; EMULATED: no GPU, times mean nothing'))"
+    echo "== summary ($(date -u '+%Y-%m-%d %H:%M UTC'); $((SECONDS - T0)) s of the $budget s budget$([ $emulate = 1 ] && echo '; EMULATED: no GPU, times mean nothing'))"
     cat "$R/summary.txt"
-    echo "logs: $R"
+    echo "logs: $R$([ -n "$OUT" ] && echo "; $OUT: summary.txt, logs.tar.gz")"
 }
+# with $OUT, 480 s: 30 + 90 + 60 + 150 + 60 + 90 (and what a section leaves goes to the next)
 run_section 1 env 30
-run_section 2 ops 150
-run_section 3 sanitizer 150
-run_section 4 determinism 150
-run_section 5 parity 90
-run_section 6 throughput 300
-run_section 7 nsys 90
-run_section 8 nccl 90
+run_section 2 ops 90
+run_section 3 parity 60
+run_section 4 throughput 150
+run_section 5 determinism 60
+run_section 6 sanitizer 90
+run_section 7 nsys 60
+run_section 8 nccl 60
 summary
+publish "done$([ $status = 0 ] || echo ', with failures')"
 exit $status

@@ -58,7 +58,8 @@ static const char *usage_main =
     "  prepare-text  byte-level token files (train.bin, val.bin) from text, for --data tokens:DIR\n"
     "  export        the whole model of a checkpoint (sharded or not) as one safetensors file\n"
     "\n"
-    "Run `dtrain COMMAND --help` for the flags of a command. For several processes,\n"
+    "Run `dtrain COMMAND --help` for the flags of a command, `dtrain --version` for the\n"
+    "version. For several processes,\n"
     "start it under a launcher: `dtrun -n 2 dtrain train`, `mpirun -np 2 dtrain train`\n"
     "or `srun dtrain train`.\n";
 
@@ -795,6 +796,7 @@ int main(int argc, char **argv) {
         fputs(usage_main, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "--version")) { printf("dtrain %s\n", PACKAGE_VERSION); return 0; }
     if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(argv[1], "model")) return cmd_model(argc - 1, argv + 1);
