@@ -511,7 +511,12 @@ on_signal() {
     trap - TERM INT HUP
     trap '' PIPE
     [ -n "$current" ] && printf '%-12s KILLED (%s) after %s s\n' "$current" "$1" "$((SECONDS - T0))" >> "$R/summary.txt"
-    [ -n "${child:-}" ] && kill "$child" 2> /dev/null
+    # the section's timeout (a child of the subshell) passes the signal on to the section's
+    # whole process group; killing the subshell alone would leave the section running
+    if [ -n "${child:-}" ]; then
+        pkill -TERM -P "$child" 2> /dev/null || ps -o pid= --ppid "$child" 2> /dev/null | xargs -r kill 2> /dev/null
+        kill "$child" 2> /dev/null
+    fi
     publish "killed ($1) during ${current:-the run}"
     echo "== killed ($1) during ${current:-the run} after $((SECONDS - T0)) s" 2> /dev/null
     exit 1
