@@ -121,6 +121,31 @@ dt_status dt_train_split(int64_t batch, int64_t S, int world, int64_t *k, int64_
     return DT_OK;
 }
 
+dt_status dt_train_exact_worlds(const dt_train_opts *o, int *sizes, int max, int *n) {
+    *n = 0;
+    const int64_t S = o->micro_batches, P = o->pipeline > 1 ? o->pipeline : 1;
+    if (S < 1)
+        return dt_error(DT_ERR_INVALID, "elastic: give --micro-batches S: without it the batch is split by the world "
+                        "size, so a world that changes would change the weights");
+    if (o->lr_scale && strcmp(o->lr_scale, "none") != 0)
+        return dt_error(DT_ERR_INVALID, "elastic: --lr-scale %s scales the learning rate with the world size, so a "
+                        "world that changes would change the weights (use --lr-scale none)", o->lr_scale);
+    if (o->sync_bn)
+        return dt_error(DT_ERR_INVALID, "elastic: --sync-bn computes its statistics over the world's micro-batches, "
+                        "so a world that changes would change the weights");
+    int64_t k, b;
+    DT_TRY(dt_train_split(o->batch, S, 1, &k, &b));
+    for (int64_t d = 1; d <= S && *n < max; d *= 2) {
+        if (S % d != 0 || S / d < P) break;
+        if (P * d > INT32_MAX) break;
+        sizes[(*n)++] = (int)(P * d);
+    }
+    if (*n == 0)
+        return dt_error(DT_ERR_INVALID, "elastic: --micro-batches %lld cannot fill %lld pipeline stages on any world",
+                        (long long)S, (long long)P);
+    return DT_OK;
+}
+
 dt_status dt_train_optim_config(const dt_train_opts *o, dt_optim_config *out) {
     const dt_optim_def *def = dt_optim_find(o->optim);
     if (!def) {
@@ -705,6 +730,11 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         double sps = (double)(run_steps * o->batch) / (now - epoch_start);
         int64_t left = t->total - done;
         double eta = elapsed / (double)(done - t->g0) * (double)left;
+        if (g == t->g0) {   /* the first step of this run: how long a start (or a resume) took */
+            dt_train_event e = {.kind = DT_EV_FIRST, .epoch = epoch, .epochs = o->epochs, .step = done,
+                                .total_steps = t->total, .steps_per_epoch = t->spe, .elapsed_s = elapsed};
+            emit(t, &e);
+        }
         if (logged) {
             dt_train_event e = {.kind = DT_EV_STEP, .epoch = epoch, .epochs = o->epochs, .step = done,
                                 .total_steps = t->total, .steps_per_epoch = t->spe,

@@ -39,6 +39,7 @@ typedef enum {
     DT_EV_EPOCH,     /* after an epoch (or the final partial one) and its evaluation */
     DT_EV_RANKS,     /* per-rank figures (rank_stats), after each epoch and every rank_stats_every steps */
     DT_EV_EVAL,      /* a validation pass every eval_every steps: test_loss, test_acc */
+    DT_EV_FIRST,     /* after the first step this run took (a resumed run's too): step, elapsed_s */
 } dt_train_event_kind;
 
 typedef struct {
@@ -228,6 +229,13 @@ DT_API dt_status dt_train_data_opts(const dt_train_opts *o, dt_data_opts *out);
  * micro-batches of b samples each; DT_ERR_INVALID naming micro_batches or batch
  * when S is not a multiple of the world size or does not divide the batch. */
 DT_API dt_status dt_train_split(int64_t batch, int64_t S, int world, int64_t *k, int64_t *b);
+
+/* The world sizes on which these options give bitwise the same weights, ascending, at
+ * most max of them: P x d for every power of two d dividing --micro-batches S with
+ * S / d >= P (P the pipeline depth). An elastic job may move between them. Fails,
+ * saying why, where a change of world size cannot keep the result: no --micro-batches
+ * (the split then follows the world), --lr-scale linear|sqrt, --sync-bn. */
+DT_API dt_status dt_train_exact_worlds(const dt_train_opts *o, int *sizes, int max, int *n);
 
 /* The optimizer configuration the options make (their optimizer row's defaults with
  * the options' hyper-parameters); DT_ERR_INVALID for an unknown optimizer name. */

@@ -18,13 +18,6 @@ wait_up() {
     while [ "$(grep -c ':up$' "$1" 2>/dev/null)" -lt "$2" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
     [ "$(grep -c ':up$' "$1")" -ge "$2" ]
 }
-# Wait (at most 10 s) for process $1 to end (then kill it); return its exit status.
-wait_pid() {
-    i=0
-    while kill -0 "$1" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-    kill -0 "$1" 2>/dev/null && { echo "# pid $1 still running after 10 s: killed"; kill -KILL "$1"; }
-    wait "$1"
-}
 # Empty the output file in this shell before a run: wait_up must not see the lines of
 # the previous run (the redirection of a background command happens later, in its child).
 fresh() { : > "$tmp/out"; : > "$tmp/err"; }
@@ -38,7 +31,7 @@ for sig in INT TERM HUP; do
     wait_up "$tmp/out" 3
     ok $? "SIG$sig: all ranks started"
     kill -$sig $pid
-    wait_pid $pid
+    wait_pid $pid 10
     rc=$?
     case $sig in INT) want=130 ;; TERM) want=143 ;; HUP) want=129 ;; esac
     test "$rc" -eq "$want"
@@ -56,7 +49,7 @@ fresh
 pid=$!
 wait_up "$tmp/out" 2
 kill -INT $pid
-wait_pid $pid
+wait_pid $pid 10
 rc=$?
 test "$rc" -eq 130
 ok $? "ranks ignoring SIGINT: dtrun still ends, exit 130 (got $rc)"

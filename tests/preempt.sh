@@ -17,19 +17,6 @@ STEPS=4000   # about 1.3 ms a step here: the signal comes long before the end
 # every process of the job carries $tok in its command line (the metrics directory), so
 # whatever a failed check leaves behind is found and killed at the end
 mkdir -p "$T/$tok"
-# Wait (at most 30 s) until file $1 holds a line matching $2.
-wait_line() {
-    i=0
-    while ! grep -Eq -- "$2" "$1" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-    grep -Eq -- "$2" "$1"
-}
-# Wait (at most $2 s) for process $1 to end (then kill it); return its exit status.
-wait_pid() {
-    i=0
-    while kill -0 "$1" 2>/dev/null && [ $i -lt $(($2 * 10)) ]; do sleep 0.1; i=$((i + 1)); done
-    kill -0 "$1" 2>/dev/null && { echo "# pid $1 still running after $2 s: killed"; kill -KILL "$1"; }
-    wait "$1"
-}
 MODEL="flatten linear(512) relu linear(512) relu linear(4)"
 DATA=synthetic:2048,1,16,16,4
 run2() {   # run2 OUT ARGS...: dtrun -n 2 dtrain train (the shared run) ARGS..., in the foreground

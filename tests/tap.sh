@@ -50,3 +50,18 @@ metrics_peak() { sed -n "s/.*\"event\":\"memory\",\"step\":[0-9]*,\"rank\":0,.*\
 plan_bytes() { sed -n "s/.*\"bytes\":{[^}]*\"$2\":\([0-9]*\).*/\1/p" "$1" | head -1; }
 # A free TCP port on loopback (bound and released; good enough for tests on one machine).
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Wait (at most SECONDS, default 30) until FILE holds a line matching the extended
+# regular expression RE: wait_line FILE RE [SECONDS]; its status says whether it does.
+wait_line() {
+    wl_i=0
+    while ! grep -Eq -- "$2" "$1" 2>/dev/null && [ $wl_i -lt $((${3:-30} * 10)) ]; do sleep 0.1; wl_i=$((wl_i + 1)); done
+    grep -Eq -- "$2" "$1"
+}
+# Wait (at most SECONDS) for process PID, a child of this shell, to end (then kill it):
+# wait_pid PID SECONDS; its exit status.
+wait_pid() {
+    wp_i=0
+    while kill -0 "$1" 2>/dev/null && [ $wp_i -lt $(($2 * 10)) ]; do sleep 0.1; wp_i=$((wp_i + 1)); done
+    kill -0 "$1" 2>/dev/null && { echo "# pid $1 still running after $2 s: killed"; kill -KILL "$1"; }
+    wait "$1"
+}

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -187,6 +188,10 @@ typedef struct {
     int     threads;         /* compute threads of this process */
     const char *gemm;        /* the kernel of the run's matrix products (ops.h dt_ops_gemm_name) */
     const dt_train_opts *o;  /* the run's settings, for the metrics file's start line */
+    const char *change;      /* an elastic job's membership change before this run (dtrun's
+                                DT_ELASTIC_CHANGE), said at the first step; NULL when none */
+    double change_at;        /* when dtrun noticed it (DT_ELASTIC_SINCE, seconds since the epoch) */
+    int64_t resumed_at;      /* the step this run starts after */
 } reporter;
 
 static void metrics_flush(reporter *r, int64_t step);
@@ -220,6 +225,11 @@ static void metrics_start(reporter *r, const dt_train_event *ev) {
     if (ev->pipeline) {
         dt_sbuf_str_(&b, ",\"pipeline\":\"");
         dt_sbuf_json_(&b, ev->pipeline);
+        dt_sbuf_str_(&b, "\"");
+    }
+    if (r->change) {
+        dt_sbuf_str_(&b, ",\"membership\":\"");
+        dt_sbuf_json_(&b, r->change);
         dt_sbuf_str_(&b, "\"");
     }
     dt_sbuf_str_(&b, "}\n");
@@ -412,6 +422,10 @@ static void on_event(void *ctx, const dt_train_event *ev) {
     char amp[128];
     if (!r->rank0) return;
     if (ev->kind == DT_EV_START) {
+        const char *ch = getenv("DT_ELASTIC_CHANGE"), *at = getenv("DT_ELASTIC_SINCE");
+        r->change = ch && *ch ? ch : NULL;
+        r->change_at = at ? strtod(at, NULL) : 0;
+        r->resumed_at = ev->step;
         r->tokens = ev->tokens_per_sample;
         r->flops_per_token = ev->flops_per_token;
         r->world = ev->world_size;
@@ -436,6 +450,26 @@ static void on_event(void *ctx, const dt_train_event *ev) {
         show_ranks(r, ev);
         return;
     }
+    if (ev->kind == DT_EV_FIRST && r->change) {   /* the first step after a membership change */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double took = r->change_at > 0 ? (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - r->change_at : -1;
+        printf("dtrain: membership changed (%s): world %d, resumed after step %lld, its first step done %.1f s after "
+               "the change\n", r->change, r->world, (long long)r->resumed_at, took);
+        fflush(stdout);
+        if (r->metrics) {
+            dt_sbuf b = {0};
+            dt_sbuf_printf_(&b, "{\"event\":\"membership\",\"step\":%lld,\"resumed_after\":%lld,\"world_size\":%d,"
+                            "\"seconds\":%.3f,\"change\":\"", (long long)ev->step, (long long)r->resumed_at,
+                            r->world, took);
+            dt_sbuf_json_(&b, r->change);
+            dt_sbuf_str_(&b, "\"}\n");
+            if (!b.oom) fputs(b.p, r->metrics);
+            dt_sbuf_free_(&b);
+        }
+        r->change = NULL;
+    }
+    if (ev->kind == DT_EV_FIRST) return;
     if (r->metrics) {
         if (ev->kind == DT_EV_EVAL)
             fprintf(r->metrics, "{\"event\":\"eval\",\"step\":%lld,\"val_loss\":%.9g,\"val_acc\":%.6f,\"elapsed_s\":%.3f,"
@@ -546,6 +580,21 @@ static void catch_sigterm(void) {
  * one that saved nothing. */
 #define DTRAIN_EXIT_PREEMPTED 75
 
+/* dtrun --nnodes MIN:MAX asks (DT_ELASTIC_PROBE=1) which world sizes keep this run's
+ * weights, and where its checkpoints go: one line, then exit (dtrun_elastic.c reads it;
+ * the checkpoint directory last, as it may hold spaces). */
+static int elastic_probe(const dt_train_opts *o) {
+    int sizes[64], n = 0;
+    dt_status s = dt_train_exact_worlds(o, sizes, 64, &n);
+    if (s != DT_OK) return fail(s);
+    printf("dtrain-elastic: sizes=");
+    for (int i = 0; i < n; i++) printf("%s%d", i ? "," : "", sizes[i]);
+    printf(" resume=%s", !o->resume || !*o->resume ? "none" : strcmp(o->resume, "auto") == 0 ? "auto" : "path");
+    if (o->ckpt_dir && *o->ckpt_dir) printf(" checkpoint-dir=%s", o->ckpt_dir);
+    printf("\n");
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
 static int cmd_train(int argc, char **argv) {
     dt_train_opts o;
     dt_train_opts_default(&o);
@@ -567,6 +616,7 @@ static int cmd_train(int argc, char **argv) {
     }
     if (s == DT_OK && cli.fault && (s = dt_testing_set_fault(cli.fault)) != DT_OK) dt_error_wrap(s, "--testing-fault: ");
     if (s != DT_OK) return fail(s);
+    if (getenv("DT_ELASTIC_PROBE")) return elastic_probe(&o);
     const dt_optim_def *optim = dt_optim_find(o.optim);   /* unknown: the trainer lists the names */
     if (optim && !wd_given) o.weight_decay = optim->train_weight_decay;
     if (optim && !lr_given) o.lr = optim->train_lr;

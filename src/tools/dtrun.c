@@ -4,13 +4,16 @@
  *
  *   dtrun -n 2 ./dtbench -o all_reduce                               one node
  *   dtrun -n 4 --nnodes 2 --node-rank R --master-addr node0 --master-port 29500 ./dtrain train
+ *   dtrun -n 2 --nnodes 1:4 --node-rank R --master-addr node0 ./dtrain train --micro-batches 8 ...
  *
  * It does what torchrun does for PyTorch, for any program: every rank gets RANK,
  * LOCAL_RANK, WORLD_SIZE, ... (the variables launch_env.c reads), its output comes back
  * prefixed "[rankK]:", and the job ends as a unit: the first rank that fails on any node
  * takes every rank down and every dtrun names it — rank, node, how, when and its last
  * stderr lines — so a crash never leaves the others hanging in a collective (docs/DESIGN.md
- * rule 3). With --max-restarts K the job is started again, up to K times.
+ * rule 3). With --max-restarts K the job is started again, up to K times. With
+ * --nnodes MIN:MAX nodes may leave and join: the job goes on at the largest world size
+ * that keeps the program's result exact (dtrun_elastic.c), from its newest checkpoint.
  *
  * This file holds the command line, the attempt loop and the final report; the ranks
  * of one attempt are in dtrun_ranks.c, the meeting of the nodes in dtrun_rdzv.c, and
@@ -44,6 +47,7 @@ static const char usage[] =
 "options (each may also be given as the variable in brackets; a flag wins):\n"
 "  -n N, --nproc-per-node N  ranks on this node (1..4096; required)  [DTRUN_NPROC_PER_NODE]\n"
 "  --nnodes M                nodes in the job (default 1)             [DTRUN_NNODES]\n"
+"  --nnodes MIN:MAX          an elastic job: nodes may leave and join (see below)\n"
 "  --node-rank R             this node's index, 0..M-1 (default 0)    [DTRUN_NODE_RANK]\n"
 "  --master-addr A           node 0's address, given to the ranks as MASTER_ADDR\n"
 "                            (default 127.0.0.1)                      [DTRUN_MASTER_ADDR]\n"
@@ -54,6 +58,8 @@ static const char usage[] =
 "                                                                     [DTRUN_RDZV_ENDPOINT]\n"
 "  --rdzv-timeout S          how long the nodes wait for each other (default 300)\n"
 "                                                                     [DTRUN_RDZV_TIMEOUT]\n"
+"  --rdzv-last-call S        elastic: once MIN nodes have joined, start when no other\n"
+"                            node joined for S seconds (default 1)    [DTRUN_RDZV_LAST_CALL]\n"
 "  --max-restarts K          restart all ranks after a failure, up to K times\n"
 "                            (default 0)                              [DTRUN_MAX_RESTARTS]\n"
 "  --monitor-interval S      seconds between the heartbeats the dtruns of a job send\n"
@@ -123,7 +129,25 @@ static const char usage[] =
 "  E        stopped by a signal, one node: every rank exited by itself with status E\n"
 "           (dtrain train on SIGTERM: 75, checkpointed; resume with --resume auto)\n"
 "  1        dtrun could not start the job, or a node was lost\n"
-"  2        bad command line, or nodes that disagree\n";
+"  2        bad command line, or nodes that disagree\n"
+"\n"
+"elastic jobs (--nnodes MIN:MAX; every node gives the same MIN:MAX, -n and program):\n"
+"node 0 serves the rendezvous and must stay; the others give --node-rank 1..MAX-1 as\n"
+"their id. Node 0 first asks the program (DT_ELASTIC_PROBE=1) which world sizes keep its\n"
+"result exact (dtrain train: the powers of two dividing --micro-batches, times\n"
+"--pipeline) and refuses MIN:MAX where none fits. The job starts once MAX nodes joined,\n"
+"or MIN and then none for --rdzv-last-call. Each attempt runs the largest allowed world\n"
+"the live nodes hold (node 0 first, then by node rank); the other nodes wait as spares.\n"
+"A node whose dtrun ends or stays silent for --heartbeat-timeout is lost: the ranks\n"
+"still running are killed and the job starts again on the nodes left (spares first),\n"
+"from the newest checkpoint (give dtrain --checkpoint-dir and --resume auto). A node\n"
+"that joins a running job waits as a spare; when it lets the world grow, the ranks are\n"
+"sent SIGTERM (dtrain checkpoints the step and exits 75) and the job starts again at\n"
+"the new size. Each change is one line 'dtrun: membership: ...' on node 0, and the\n"
+"ranks get it as DT_ELASTIC_CHANGE (dtrain writes it to its metrics). Fewer than MIN\n"
+"nodes, or none of the allowed sizes, for --rdzv-timeout ends the job (exit 1), naming\n"
+"the lost nodes and the newest checkpoint. Losses and joins do not count against\n"
+"--max-restarts; a rank that fails while every node is alive does.\n";
 
 /* ---- ports ---------------------------------------------------------------------------- */
 
@@ -180,7 +204,7 @@ static void copy_value(const char *what, char *dst, size_t cap, const char *v, c
     snprintf(dst, cap, "%s", v);
 }
 
-enum { O_NPROC, O_NNODES, O_NODE_RANK, O_ADDR, O_PORT, O_RDZV, O_RDZV_TIMEOUT, O_RESTARTS,
+enum { O_NPROC, O_NNODES, O_NODE_RANK, O_ADDR, O_PORT, O_RDZV, O_RDZV_TIMEOUT, O_LAST_CALL, O_RESTARTS,
        O_MONITOR, O_HB_TIMEOUT, O_LOG_DIR, O_TEE, O_FILTER, O_RUN_ID, O_GRACE, O_COUNT };
 
 static const struct { const char *flag, *env; int takes_value; } options[O_COUNT] = {
@@ -191,6 +215,7 @@ static const struct { const char *flag, *env; int takes_value; } options[O_COUNT
     [O_PORT]         = { "--master-port",       "DTRUN_MASTER_PORT",       1 },
     [O_RDZV]         = { "--rdzv-endpoint",     "DTRUN_RDZV_ENDPOINT",     1 },
     [O_RDZV_TIMEOUT] = { "--rdzv-timeout",      "DTRUN_RDZV_TIMEOUT",      1 },
+    [O_LAST_CALL]    = { "--rdzv-last-call",    "DTRUN_RDZV_LAST_CALL",    1 },
     [O_RESTARTS]     = { "--max-restarts",      "DTRUN_MAX_RESTARTS",      1 },
     [O_MONITOR]      = { "--monitor-interval",  "DTRUN_MONITOR_INTERVAL",  1 },
     [O_HB_TIMEOUT]   = { "--heartbeat-timeout", "DTRUN_HEARTBEAT_TIMEOUT", 1 },
@@ -207,7 +232,28 @@ static const char *filter_text;   /* checked once the world size is known */
 static void apply(dtrun_cfg *cfg, int o, const char *what, const char *v) {
     switch (o) {
     case O_NPROC:   cfg->nproc = (int)parse_long(what, v, 1, DTRUN_MAX_RANKS); break;
-    case O_NNODES:  cfg->nnodes = (int)parse_long(what, v, 1, DTRUN_MAX_NODES); break;
+    case O_NNODES: {
+        const char *colon = strchr(v, ':');
+        if (!colon) {
+            cfg->nnodes = cfg->min_nodes = (int)parse_long(what, v, 1, DTRUN_MAX_NODES);
+            cfg->elastic = 0;
+            break;
+        }
+        char lo[32], w[160];
+        if ((size_t)(colon - v) >= sizeof lo) die_usage("%s: expected M or MIN:MAX, got '%s'", what, v);
+        snprintf(lo, sizeof lo, "%.*s", (int)(colon - v), v);
+        snprintf(w, sizeof w, "%s (MIN)", what);
+        cfg->min_nodes = (int)parse_long(w, lo, 1, DTRUN_MAX_NODES);
+        snprintf(w, sizeof w, "%s (MAX)", what);
+        cfg->nnodes = (int)parse_long(w, colon + 1, 1, DTRUN_MAX_NODES);
+        if (cfg->min_nodes > cfg->nnodes)
+            die_usage("%s: MIN %d is more than MAX %d in '%s'", what, cfg->min_nodes, cfg->nnodes, v);
+        if (cfg->nnodes < 2)
+            die_usage("%s: '%s' allows one node only: nodes that come and go need MAX >= 2 (or give --nnodes 1)",
+                      what, v);
+        cfg->elastic = 1;
+        break;
+    }
     case O_NODE_RANK: cfg->node_rank = (int)parse_long(what, v, 0, DTRUN_MAX_NODES - 1); break;
     case O_ADDR:
         copy_value(what, cfg->master_addr, sizeof cfg->master_addr, v, "a host name or address");
@@ -228,6 +274,7 @@ static void apply(dtrun_cfg *cfg, int o, const char *what, const char *v) {
         break;
     }
     case O_RDZV_TIMEOUT: cfg->rdzv_timeout_s = parse_seconds(what, v, 0.1, 86400); break;
+    case O_LAST_CALL: cfg->last_call_s = parse_seconds(what, v, 0, 3600); break;
     case O_RESTARTS: cfg->max_restarts = (int)parse_long(what, v, 0, 1000000); break;
     case O_MONITOR:  cfg->monitor_s = parse_seconds(what, v, 0.01, 3600); break;
     case O_HB_TIMEOUT: cfg->hb_timeout_s = parse_seconds(what, v, 0.1, 86400); break;
@@ -276,23 +323,10 @@ bad:
     die_usage("%s: expected ranks like 0,2-3, got '%s'", what, text);
 }
 
-/* The status every local rank exited with, when all exited by themselves (none killed)
- * with the same one; else -1. After a forwarded signal this is the program's answer to it
- * (dtrain train: 75, stopped at a step boundary and checkpointed), which dtrun passes on
- * instead of 128 + the signal. */
-static int common_exit(const dtrun_job *job) {
-    int code = -1;
-    for (int r = 0; r < job->cfg->nproc; r++) {
-        int st = job->rk[r].status;
-        if (!WIFEXITED(st) || (code >= 0 && WEXITSTATUS(st) != code)) return -1;
-        code = WEXITSTATUS(st);
-    }
-    return code;
-}
-
 static void parse_args(int argc, char **argv, dtrun_cfg *cfg) {
     memset(cfg, 0, sizeof *cfg);
-    cfg->nnodes = 1;
+    cfg->nnodes = cfg->min_nodes = 1;
+    cfg->last_call_s = 1.0;
     cfg->grace_s = 30.0;   /* Slurm's KillWait */
     cfg->monitor_s = 1.0;
     cfg->hb_timeout_s = 30.0;
@@ -348,6 +382,9 @@ static void parse_args(int argc, char **argv, dtrun_cfg *cfg) {
     if (cfg->nnodes > 1 && !cfg->port_given) cfg->master_port = 29500;
     if (filter_text) cfg->ranks_filter = parse_filter(filter_what, filter_text, cfg->nnodes * cfg->nproc);
     if (i >= argc) die_usage("no program to run");
+    if (cfg->elastic && getenv("OMPI_COMM_WORLD_RANK"))
+        die_usage("--nnodes %d:%d under mpirun: mpirun's job cannot change its processes; an elastic job needs "
+                  "one dtrun per node, started by itself or by srun", cfg->min_nodes, cfg->nnodes);
     cfg->argv = argv + i;
 }
 
@@ -435,6 +472,12 @@ int main(int argc, char **argv) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
 
+    /* the layout of a single node, and of a fixed multi-node job until node 0 says it */
+    job.world = cfg.nnodes * cfg.nproc;
+    job.rank0 = cfg.node_rank * cfg.nproc;
+    job.nlocal = cfg.nproc;
+    job.group = cfg.node_rank;
+    job.ngroups = cfg.nnodes;
     if (!(job.rk = calloc((size_t)cfg.nproc, sizeof *job.rk))) {
         dtrun_say(&job, "out of memory");
         goto out;
@@ -458,7 +501,9 @@ int main(int argc, char **argv) {
             goto out;
         }
         set_job_id(&job);
-        if (dtrun_spawn(&job) != 0) {
+        if (job.nlocal == 0) {
+            /* a spare of an elastic job: no ranks this attempt */
+        } else if (dtrun_spawn(&job) != 0) {
             if (!job.net) { rc = 1; goto out; }
             char d[512];
             snprintf(d, sizeof d, "node %d (%s) could not start its ranks", cfg.node_rank, job.host);
@@ -470,10 +515,11 @@ int main(int argc, char **argv) {
         dtrun_close_logs(&job);
         if (job.net) {
             rc = dtrun_net_after(&job);   /* the job's decision, from node 0 */
-        } else if (job.fail && !job.no_restart && job.attempt < cfg.max_restarts) {
+        } else if (job.fail && !job.no_restart && job.restarts < cfg.max_restarts) {
             dtrun_say_block(&job, job.fail);
-            dtrun_say(&job, "restarting all ranks (restart %d of %d)", job.attempt + 1, cfg.max_restarts);
+            dtrun_say(&job, "restarting all ranks (restart %d of %d)", job.restarts + 1, cfg.max_restarts);
             job.attempt++;
+            job.restarts++;
             rc = -1;
         } else {
             rc = job.fail ? job.fail_code : job.signal ? 128 + job.signal : 0;
@@ -481,7 +527,7 @@ int main(int argc, char **argv) {
         }
         int own = -1;   /* after a signal: the status every rank exited with by itself, if one */
         if (rc >= 0 && job.signal && !job.fail && !job.net) {
-            own = common_exit(&job);
+            own = dtrun_common_exit(&job);
             if (own >= 0) rc = own;
         }
         if (rc >= 0) {

@@ -8,7 +8,9 @@
  *   dtrun_rdzv.c   multi-node: node 0's dtrun serves a small line protocol on
  *                  --master-port; the other nodes join, learn the layout, report local
  *                  failures and hear the job's first failure, restarts and the end
- *   dtrun_util.c   what all three use: messages, clocks, signal names, a free port,
+ *   dtrun_elastic.c  --nnodes MIN:MAX: asking the program which world sizes keep its
+ *                  result exact, choosing a world from them and laying it out on the nodes
+ *   dtrun_util.c   what all of them use: messages, clocks, signal names, a free port,
  *                  stopping the local ranks
  *
  * Each file calls only those listed below it, so there is no cycle between them.
@@ -31,7 +33,10 @@
 
 typedef struct {
     int    nproc;          /* ranks on this node */
-    int    nnodes;
+    int    nnodes;         /* nodes; with --nnodes MIN:MAX the most (MAX) */
+    int    min_nodes;      /* --nnodes MIN:MAX: MIN; else nnodes */
+    int    elastic;        /* --nnodes MIN:MAX was given: nodes may leave and join */
+    double last_call_s;    /* elastic: after MIN nodes joined, start when none joined for this long */
     int    node_rank;
     char   master_addr[256];
     int    master_port;    /* 0: pick a free one (single node only) */
@@ -82,7 +87,15 @@ typedef struct {
     FILE        *log;         /* dtrun's own log in --log-dir, or NULL */
     dtrun_net   *net;         /* NULL on a single node */
     /* this attempt */
-    int          attempt;
+    int          attempt;     /* attempts so far: restarts and (elastic) membership rounds */
+    int          restarts;    /* restarts after a rank failed (bounded by --max-restarts) */
+    int          world;       /* ranks in the job this attempt */
+    int          rank0;       /* this node's first global rank */
+    int          nlocal;      /* ranks on this node this attempt; 0: a spare (elastic) */
+    int          group;       /* this node's index among the nodes that run ranks */
+    int          ngroups;     /* nodes that run ranks this attempt */
+    char         change[600]; /* elastic: the membership change this attempt follows, or "" */
+    double       change_at;   /* ... when it was noticed (seconds since the epoch) */
     int          rank_port;   /* MASTER_PORT given to the ranks */
     char         job_id[192]; /* DT_JOB_ID given to the ranks, "" to inherit */
     int          alive;
@@ -108,13 +121,35 @@ void   dtrun_signal_ranks(dtrun_job *job, int sig);
 void   dtrun_stop(dtrun_job *job, const char *desc, int code, int no_restart);
 /* Drain the signalfd while no rank runs: the first SIGINT/SIGTERM/SIGHUP, or 0. */
 int    dtrun_read_signal(dtrun_job *job);
+/* The status every local rank of this attempt exited with, when all exited by themselves
+ * with the same one; else -1. */
+int    dtrun_common_exit(const dtrun_job *job);
 
 /* dtrun_ranks.c (uses dtrun_rdzv.c for the connections it polls) */
 int  dtrun_spawn(dtrun_job *job);                 /* 0, or -1 after a message */
 void dtrun_supervise(dtrun_job *job);             /* until every local rank is reaped */
 void dtrun_close_logs(dtrun_job *job);
 
-/* dtrun_rdzv.c (uses dtrun_util.c only) */
+/* dtrun_elastic.c (uses dtrun_util.c only) */
+#define DTRUN_MAX_SIZES 64
+typedef struct {
+    int  sizes[DTRUN_MAX_SIZES];   /* the world sizes that keep the result exact, ascending */
+    int  nsizes;
+    char resume[32];               /* the program's --resume ("auto", a path, or "") */
+    char ckpt_dir[1024];           /* its --checkpoint-dir, or "" */
+} dtrun_exact;
+/* Ask the program (DT_ELASTIC_PROBE=1, ranks' variables unset) which world sizes keep its
+ * result exact; 0, or an exit status after a message. */
+int  dtrun_probe(dtrun_job *job, dtrun_exact *ex);
+/* The largest allowed world of at most `ranks` ranks; 0 if none. */
+int  dtrun_pick_world(const dtrun_exact *ex, int ranks);
+/* "1, 2, 4 and 8" */
+void dtrun_sizes_text(const dtrun_exact *ex, char *out, size_t n);
+/* The newest complete checkpoint under ex->ckpt_dir ("DIR/step-000000000040"), or a
+ * sentence saying there is none. */
+void dtrun_newest_checkpoint(const dtrun_exact *ex, char *out, size_t n);
+
+/* dtrun_rdzv.c (uses dtrun_elastic.c and dtrun_util.c) */
 int  dtrun_net_start(dtrun_job *job);             /* rendezvous; 0, or an exit status */
 int  dtrun_net_pollfds(dtrun_job *job, struct pollfd *pfd, int max);
 void dtrun_net_ready(dtrun_job *job, struct pollfd *pfd, int n);

@@ -71,7 +71,7 @@ static void write_all(int fd, const char *buf, size_t n) {
 }
 
 static int global_rank(const dtrun_job *job, int local) {
-    return job->cfg->node_rank * job->cfg->nproc + local;
+    return job->rank0 + local;
 }
 
 /* One whole line of rank r's stream k (0 stdout, 1 stderr): keep, log, show. */
@@ -273,16 +273,23 @@ static void child_exec(const dtrun_job *job, const dtrun_rank *rk, pid_t parent,
     char v[64];
     snprintf(v, sizeof v, "%d", global_rank(job, rk->rank)); setenv("RANK", v, 1);
     snprintf(v, sizeof v, "%d", rk->rank);                  setenv("LOCAL_RANK", v, 1);
-    snprintf(v, sizeof v, "%d", cfg->nnodes * cfg->nproc);  setenv("WORLD_SIZE", v, 1);
-    snprintf(v, sizeof v, "%d", cfg->nproc);                setenv("LOCAL_WORLD_SIZE", v, 1);
-    snprintf(v, sizeof v, "%d", cfg->node_rank);            setenv("NODE_RANK", v, 1);
+    snprintf(v, sizeof v, "%d", job->world);                setenv("WORLD_SIZE", v, 1);
+    snprintf(v, sizeof v, "%d", job->nlocal);               setenv("LOCAL_WORLD_SIZE", v, 1);
+    snprintf(v, sizeof v, "%d", job->group);                setenv("NODE_RANK", v, 1);
     setenv("GROUP_RANK", v, 1);
-    snprintf(v, sizeof v, "%d", cfg->nnodes);               setenv("DT_NNODES", v, 1);
+    snprintf(v, sizeof v, "%d", job->ngroups);              setenv("DT_NNODES", v, 1);
     setenv("MASTER_ADDR", cfg->master_addr, 1);
     snprintf(v, sizeof v, "%d", job->rank_port);            setenv("MASTER_PORT", v, 1);
     if (job->job_id[0]) setenv("DT_JOB_ID", job->job_id, 1);
     snprintf(v, sizeof v, "%d", job->attempt);              setenv("DT_RESTART_COUNT", v, 1);
     snprintf(v, sizeof v, "%d", cfg->max_restarts);         setenv("DT_MAX_RESTARTS", v, 1);
+    if (job->change[0]) {   /* elastic: what changed before this attempt, for the program's log */
+        setenv("DT_ELASTIC_CHANGE", job->change, 1);
+        snprintf(v, sizeof v, "%.3f", job->change_at);      setenv("DT_ELASTIC_SINCE", v, 1);
+    } else {
+        unsetenv("DT_ELASTIC_CHANGE");
+        unsetenv("DT_ELASTIC_SINCE");
+    }
     setenv("OMP_NUM_THREADS", threads, 0);
     setenv("OPENBLAS_NUM_THREADS", threads, 0);
     execvp(cfg->argv[0], cfg->argv);
@@ -331,7 +338,7 @@ int dtrun_spawn(dtrun_job *job) {
         dtrun_say(job, "cannot start the process that ends the ranks with dtrun: %s", strerror(errno));
         return -1;
     }
-    for (int r = 0; r < cfg->nproc; r++) {
+    for (int r = 0; r < job->nlocal; r++) {
         dtrun_rank *rk = &job->rk[r];
         int po[2], pe[2];
         rk->rank = r;
@@ -387,7 +394,7 @@ static char *describe_failure(dtrun_job *job, dtrun_rank *rk) {
     size_t n = (size_t)snprintf(d, cap, "rank %d (pid %d) failed first: %s\n"
                                 "  on node %d (%s), local rank %d, at %s, attempt %d of %d",
                                 global_rank(job, rk->rank), (int)rk->pid, how, job->cfg->node_rank,
-                                job->host, rk->rank, when, job->attempt + 1, job->cfg->max_restarts + 1);
+                                job->host, rk->rank, when, job->restarts + 1, job->cfg->max_restarts + 1);
     int have = rk->ntail < DTRUN_TAIL ? rk->ntail : DTRUN_TAIL;
     if (have == 0) {
         n += (size_t)snprintf(d + n, cap - n, "\n  it wrote nothing to stderr");
@@ -450,7 +457,7 @@ static void handle_signals(dtrun_job *job) {
     while (read(job->sfd, &si, sizeof si) == (ssize_t)sizeof si)
         if ((int)si.ssi_signo != SIGCHLD) got_signal(job, (int)si.ssi_signo);
     /* the ranks only: the watcher stays unreaped, holding the group's id, until the end */
-    for (int r = 0; r < job->cfg->nproc; r++) {
+    for (int r = 0; r < job->nlocal; r++) {
         dtrun_rank *rk = &job->rk[r];
         int status;
         if (rk->reaped || waitpid(rk->pid, &status, WNOHANG) != rk->pid) continue;
@@ -459,7 +466,7 @@ static void handle_signals(dtrun_job *job) {
         job->alive--;
     }
     for (int pass = 0; pass < 2; pass++)   /* the signalled first, then the rest */
-        for (int r = 0; r < job->cfg->nproc; r++) {
+        for (int r = 0; r < job->nlocal; r++) {
             dtrun_rank *rk = &job->rk[r];
             if (rk->reaped != 2 || (pass == 0 && !WIFSIGNALED(rk->status))) continue;
             rk->reaped = 1;
@@ -469,7 +476,7 @@ static void handle_signals(dtrun_job *job) {
 }
 
 void dtrun_supervise(dtrun_job *job) {
-    int n = job->cfg->nproc;
+    int n = job->nlocal;
     double drain_until = 0;
     size_t max = (size_t)(2 * n + 1 + DTRUN_NET_FDS);
     struct pollfd *pfd = calloc(max, sizeof *pfd);

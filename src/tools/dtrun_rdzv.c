@@ -5,13 +5,23 @@
  * --rdzv-timeout, saying why it cannot) and keeps that one connection for the whole job.
  * The protocol is text, one message per line:
  *
- *   node -> 0   HELLO 1 <node_rank> <nnodes> <nproc> <run_id|-> <host>
+ *   node -> 0   HELLO 1 <node_rank> <nnodes or MIN:MAX> <nproc> <run_id|-> <host>
  *   0 -> node   REFUSE <exit> <why>            (and the connection is closed)
  *   0 -> node   LAYOUT <run_id> <host of node 0> <host of node 1> ...
- *   0 -> node   START <attempt> <port>         (the ranks' MASTER_PORT for this attempt)
+ *   0 -> node   START <attempt> <kind> <restarts> <port> <world> <rank0> <nlocal> <group>
+ *                     <ngroups> <change time> <change|->
+ *               (kind 0 the first attempt, 1 a restart after a failure, 2 a membership
+ *               change; port the ranks' MASTER_PORT; this node runs ranks rank0 ..
+ *               rank0+nlocal-1 of world, nlocal 0 on a spare)
  *   node -> 0   FAIL <attempt> <exit> <no_restart> <report>
  *   0 -> node   STOP <exit> <no_restart> <report>   (the job's first failure)
- *   node -> 0   IDLE <attempt>                 (every local rank of the attempt ended)
+ *   0 -> node   LOST <report>                  (elastic: a node running ranks was lost;
+ *                                               kill the ranks now)
+ *   0 -> node   DRAIN                          (elastic: the world can grow; SIGTERM the
+ *                                               ranks, which checkpoint and exit)
+ *   node -> 0   IDLE <attempt> <status>        (every local rank of the attempt ended; the
+ *                                               status they all exited with, -1 if not one,
+ *                                               -2 on a spare)
  *   0 -> node   EXIT <exit>                    (the job is over)
  *   both ways   HB                             (every --monitor-interval)
  *
@@ -27,6 +37,12 @@
  * when every node is idle it restarts the job (START with a new port) or ends it.
  * A connection that closes, or stays silent for --heartbeat-timeout, is a lost node;
  * a node that loses node 0 stops its ranks and exits 1.
+ *
+ * Elastic jobs (--nnodes MIN:MAX): a lost node ends the attempt, not the job; a node may
+ * join while the job runs (it gets a START as a spare at once) and node ranks are ids
+ * whose slot a lost node frees. Each attempt node 0 lays the largest exact world out over
+ * the live nodes (server_round); every attempt has its own job id (DT_JOB_ID + "-rK"),
+ * which the ranks' authentication binds, so ranks of a dropped node cannot enter the next.
  */
 #include "config.h"
 #include "dtrun.h"
@@ -35,6 +51,7 @@
 #include "sock.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -45,6 +62,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_LINE     (1u << 20)
@@ -61,6 +79,8 @@ typedef struct {
     int    joined;      /* server: HELLO accepted */
     int    idle;        /* server: its ranks of this attempt ended */
     int    lost;
+    int    ranks;       /* server: ranks it runs this attempt (0: a spare) */
+    int    code;        /* server: the status its IDLE reported */
 } peer;
 
 struct dtrun_net {
@@ -76,7 +96,33 @@ struct dtrun_net {
     int    decided;                /* 0 none, 1 restart, 2 exit */
     int    decided_code, next_attempt, next_port;
     int    any_lost;
+    /* the next attempt's layout, from START */
+    int    next_kind, next_restarts, next_world, next_rank0, next_nlocal, next_group, next_ngroups;
+    double next_change_at;
+    char   next_change[600];
+    /* elastic, node 0 */
+    dtrun_exact ex;                /* the world sizes that keep the result exact */
+    int    running;                /* an attempt runs (from its START to the decision) */
+    int    changed;                /* the membership changed during this attempt */
+    char   change[600];            /* what changed, for the line and the ranks */
+    double change_at;              /* when it was first noticed */
+    double short_since;            /* > 0: since then too few nodes for an allowed world */
+    char   lost_list[600];         /* every node lost so far, for a final message */
+    double last_join;              /* when the last node joined (the rendezvous' last call) */
 };
+
+/* Seconds since the epoch: a change's time travels to other hosts and into the ranks. */
+static double dt_wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* --nnodes as the nodes compare it: "4", or "1:4" */
+static void nodes_spec(const dtrun_cfg *cfg, char *out, size_t n) {
+    if (cfg->elastic) snprintf(out, n, "%d:%d", cfg->min_nodes, cfg->nnodes);
+    else snprintf(out, n, "%d", cfg->nnodes);
+}
 
 /* ---- connections ---------------------------------------------------------------------- */
 
@@ -216,9 +262,56 @@ static void server_failure(dtrun_job *job, const char *desc, int code, int no_re
     if (no_restart) job->no_restart = 1;
 }
 
+/* Elastic, node 0: note a change of membership (the first one's time is the attempt's). */
+static void note_change(dtrun_net *net, const char *what) {
+    size_t l = strlen(net->change);
+    if (!l) net->change_at = dt_wall();
+    snprintf(net->change + l, sizeof net->change - l, "%s%s", l ? "; " : "", what);
+}
+
+/* Stop the local ranks at once: a peer is gone, so they can neither finish a step nor
+ * checkpoint it; the next attempt starts from the newest checkpoint. */
+static void kill_ranks_now(dtrun_job *job) {
+    job->stopping = 1;
+    if (job->alive > 0) dtrun_signal_ranks(job, SIGKILL);
+}
+
+/* Elastic, node 0: node i is gone. A spare goes quietly; a node that ran ranks ends the
+ * attempt (everyone's ranks are killed) and the next round goes on without it. */
+static void elastic_lost(dtrun_job *job, int i, const char *why) {
+    dtrun_net *net = job->net;
+    peer *p = &net->nodes[i];
+    char when[64], d[1024];
+    dtrun_clock(when, sizeof when);
+    int working = net->running && p->ranks > 0 && !p->idle;
+    snprintf(d, sizeof d, "node %d (%s) lost at %s: %s", i, p->host, when, why);
+    dtrun_say(job, "%s%s", d, working ? "; stopping the attempt" : p->ranks > 0 ? "" : " (a spare)");
+    size_t l = strlen(net->lost_list);
+    snprintf(net->lost_list + l, sizeof net->lost_list - l, "%s%d (%s)", l ? ", " : "", i, p->host);
+    peer_close(p);
+    p->joined = 0;
+    p->lost = 1;
+    if (p->ranks > 0) {
+        snprintf(d, sizeof d, "node %d (%s) lost: %s", i, p->host, why);
+        note_change(net, d);
+        net->changed = 1;
+    }
+    if (!working) return;
+    char *e = encode(d);
+    for (int k = 1; k < job->cfg->nnodes; k++)
+        if (net->nodes[k].fd >= 0 && net->nodes[k].joined && net->nodes[k].ranks > 0)
+            send_line(&net->nodes[k], "LOST %s", e ? e : "a node was lost");
+    free(e);
+    kill_ranks_now(job);
+}
+
 static void node_lost(dtrun_job *job, int i, const char *why) {
     dtrun_net *net = job->net;
     peer *p = &net->nodes[i];
+    if (job->cfg->elastic) {
+        elastic_lost(job, i, why);
+        return;
+    }
     char when[64], d[1024];
     dtrun_clock(when, sizeof when);
     snprintf(d, sizeof d, "node %d (%s) was lost at %s: %s", i, p->host, when, why);
@@ -236,28 +329,147 @@ static void server_line(dtrun_job *job, int i, char *line) {
         if (a != job->attempt) return;   /* a report from an attempt already over */
         decode(line + off);
         server_failure(job, line + off, code, nr);
-    } else if (sscanf(line, "IDLE %d", &a) == 1) {
-        if (a == job->attempt) job->net->nodes[i].idle = 1;
+    } else if (sscanf(line, "IDLE %d %d", &a, &code) == 2) {
+        if (a == job->attempt) {
+            job->net->nodes[i].idle = 1;
+            job->net->nodes[i].code = code;
+        }
     } else {
         dtrun_say(job, "node %d (%s) sent something unexpected: '%.80s'", i, job->net->nodes[i].host, line);
     }
 }
 
+/* Node 0: the nodes that are part of the job now (node 0 itself included). */
+static int live_nodes(const dtrun_job *job) {
+    int n = 1;
+    for (int i = 1; i < job->cfg->nnodes; i++) n += job->net->nodes[i].fd >= 0 && job->net->nodes[i].joined;
+    return n;
+}
+
+/* The world the live nodes hold now: the whole job when fixed, else the largest exact
+ * size (0: none, or fewer than MIN nodes). */
+static int world_now(const dtrun_job *job) {
+    const dtrun_cfg *cfg = job->cfg;
+    if (!cfg->elastic) return cfg->nnodes * cfg->nproc;
+    int live = live_nodes(job);
+    return live < cfg->min_nodes ? 0 : dtrun_pick_world(&job->net->ex, live * cfg->nproc);
+}
+
+/* This node's part of the attempt, said once per attempt. */
+static void say_layout(dtrun_job *job) {
+    const dtrun_cfg *cfg = job->cfg;
+    if (!cfg->elastic) {
+        char nodes[1024] = "";
+        for (int i = 0; i < cfg->nnodes && strlen(nodes) < 900; i++)
+            snprintf(nodes + strlen(nodes), sizeof nodes - strlen(nodes), "%s%d=%s", i ? " " : "", i,
+                     job->hosts && job->hosts[i] ? job->hosts[i] : "?");
+        dtrun_say(job, "node %d of %d (%s): ranks %d..%d of %d; nodes: %s", cfg->node_rank, cfg->nnodes, job->host,
+                  job->rank0, job->rank0 + job->nlocal - 1, job->world, nodes);
+    } else if (job->nlocal > 0) {
+        dtrun_say(job, "node %d (%s), attempt %d: ranks %d..%d of %d", cfg->node_rank, job->host, job->attempt,
+                  job->rank0, job->rank0 + job->nlocal - 1, job->world);
+    } else {
+        dtrun_say(job, "node %d (%s), attempt %d: a spare (the job runs %d rank%s)", cfg->node_rank, job->host,
+                  job->attempt, job->world, job->world == 1 ? "" : "s");
+    }
+}
+
+/* Node 0: lay attempt a out on the live nodes (node 0 first, then by node rank, each
+ * with up to -n ranks of the world; the rest spares) and send each node its START.
+ * -1 when the live nodes hold no allowed world. */
+static int server_round(dtrun_job *job, int a, int kind, int port) {
+    const dtrun_cfg *cfg = job->cfg;
+    dtrun_net *net = job->net;
+    int W = world_now(job);
+    if (W <= 0) return -1;
+    int groups = (W + cfg->nproc - 1) / cfg->nproc, next = 0, g = 0;
+    char *e = net->change[0] ? encode(net->change) : NULL;
+    job->attempt = a;
+    job->world = W;
+    job->rank0 = 0;
+    job->nlocal = W < cfg->nproc ? W : cfg->nproc;
+    job->group = 0;
+    job->ngroups = groups;
+    next = job->nlocal;
+    g = 1;
+    snprintf(job->change, sizeof job->change, "%s", net->change);
+    job->change_at = net->change_at;
+    for (int i = 1; i < cfg->nnodes; i++) {
+        peer *p = &net->nodes[i];
+        p->idle = 0;
+        p->ranks = 0;
+        if (p->fd < 0 || !p->joined) continue;
+        int r = W - next < cfg->nproc ? W - next : cfg->nproc;
+        p->ranks = r;
+        send_line(p, "START %d %d %d %d %d %d %d %d %d %.3f %s", a, kind, job->restarts, port, W, next, r,
+                  r > 0 ? g : -1, groups, net->change_at, e ? e : "-");
+        if (r > 0) g++;
+        next += r;
+    }
+    free(e);
+    job->rank_port = port;
+    net->running = 1;
+    net->changed = 0;
+    net->short_since = 0;
+    net->change[0] = '\0';
+    return 0;
+}
+
+/* LAYOUT <run id> <hosts...>: the job's id (every node's ranks prove it) and its nodes. */
+static void send_layout(dtrun_job *job, peer *p) {
+    const dtrun_cfg *cfg = job->cfg;
+    size_t cap = 256 + (size_t)cfg->nnodes * 258;
+    char *lay = malloc(cap);
+    if (!lay) return;   /* the node's ranks then fail to authenticate, saying so */
+    snprintf(lay, cap, "%s", dtrun_base_id);
+    for (int i = 0; i < cfg->nnodes; i++) {
+        peer *q = &job->net->nodes[i];
+        snprintf(lay + strlen(lay), cap - strlen(lay), " %s", i == 0 || (q->joined && q->fd >= 0) ? q->host : "-");
+    }
+    send_line(p, "LAYOUT %s", lay);
+    free(lay);
+}
+
+/* Elastic, node 0: node i joined a job that has started. It waits as a spare of the
+ * running attempt; if the world can grow with it, the ranks are asked to checkpoint and
+ * stop (SIGTERM: dtrain writes the step and exits 75), and the next round takes it in. */
+static void elastic_joined(dtrun_job *job, int i) {
+    dtrun_net *net = job->net;
+    peer *p = &net->nodes[i];
+    char d[512];
+    snprintf(d, sizeof d, "node %d (%s) joined", i, p->host);
+    dtrun_say(job, "%s", d);
+    send_layout(job, p);
+    send_line(p, "START %d 2 %d 0 %d 0 0 -1 %d 0 -", job->attempt, job->restarts, job->world, job->ngroups);
+    p->ranks = 0;
+    p->idle = 1;   /* until the next round it runs nothing */
+    int W = world_now(job);
+    if (W <= job->world) return;
+    note_change(net, d);
+    net->changed = 1;
+    if (!net->running || job->stopping) return;   /* the round that comes takes it in */
+    dtrun_say(job, "the world can grow from %d to %d ranks: asking the ranks to checkpoint and stop", job->world, W);
+    for (int k = 1; k < job->cfg->nnodes; k++)
+        if (net->nodes[k].fd >= 0 && net->nodes[k].joined && net->nodes[k].ranks > 0) send_line(&net->nodes[k], "DRAIN");
+    dtrun_stop(job, NULL, 0, 0);   /* SIGTERM, SIGKILL after --grace */
+}
+
 /* Check a HELLO against this node's configuration; "" if it may join, else why not. */
 static int check_hello(dtrun_job *job, const char *line, int *node, peer *p, char *why, size_t n) {
     const dtrun_cfg *cfg = job->cfg;
-    int ver, nr, nn, np;
-    char run[160], host[340];
-    if (sscanf(line, "HELLO %d %d %d %d %159s %255s", &ver, &nr, &nn, &np, run, host) != 6 || ver != 1) {
+    int ver, nr, np;
+    char run[160], host[340], nn[32], spec[32];
+    nodes_spec(cfg, spec, sizeof spec);
+    if (sscanf(line, "HELLO %d %d %31s %d %159s %255s", &ver, &nr, nn, &np, run, host) != 6 || ver != 1) {
         snprintf(why, n, "not a dtrun of this version (sent '%.60s')", line);
         return 2;
     }
     snprintf(p->host, sizeof p->host, "%.255s", host);
     *node = nr;
     snprintf(host + strlen(host), sizeof host - strlen(host), " at %s", p->addr);
-    if (nn != cfg->nnodes)
-        snprintf(why, n, "the nodes disagree about --nnodes: node %d (%s) says %d, node 0 (%s) says %d",
-                 nr, host, nn, job->host, cfg->nnodes);
+    if (strcmp(nn, spec) != 0)
+        snprintf(why, n, "the nodes disagree about --nnodes: node %d (%s) says %s, node 0 (%s) says %s",
+                 nr, host, nn, job->host, spec);
     else if (np != cfg->nproc)
         snprintf(why, n, "the nodes disagree about --nproc-per-node: node %d (%s) says %d, node 0 (%s) says %d",
                  nr, host, np, job->host, cfg->nproc);
@@ -276,7 +488,7 @@ static int check_hello(dtrun_job *job, const char *line, int *node, peer *p, cha
     else if (strcmp(run, "-") != 0 && !cfg->run_id[0])
         snprintf(why, n, "the nodes disagree about --run-id: node %d (%s) says '%s', node 0 (%s) gives none",
                  nr, host, run, job->host);
-    else if (job->net->started)
+    else if (job->net->started && !cfg->elastic)
         snprintf(why, n, "node %d (%s) came too late: the job has started without it", nr, host);
     else
         return 0;
@@ -306,9 +518,12 @@ static void pending_ready(dtrun_job *job, peer *p) {
     peer_close(slot);
     *slot = *p;
     slot->joined = 1;
+    slot->lost = slot->idle = slot->ranks = 0;
     slot->last_rx = dt_now();
     peer_init(p);
     slot->len = 0;   /* nothing may follow a HELLO before START */
+    job->net->last_join = dt_now();
+    if (job->net->started) elastic_joined(job, node);
 }
 
 /* Drop pending connections that did not say HELLO within 2 s of authenticating. */
@@ -348,6 +563,8 @@ static void accept_ready(dtrun_job *job) {
 static int server_start(dtrun_job *job) {
     const dtrun_cfg *cfg = job->cfg;
     dtrun_net *net = job->net;
+    char spec[32];
+    nodes_spec(cfg, spec, sizeof spec);
     net->server = 1;
     if (!(net->nodes = calloc((size_t)cfg->nnodes, sizeof *net->nodes))) {
         dtrun_say(job, "out of memory");
@@ -356,6 +573,24 @@ static int server_start(dtrun_job *job) {
     for (int i = 0; i < cfg->nnodes; i++) peer_init(&net->nodes[i]);
     for (int i = 0; i < MAX_PENDING; i++) peer_init(&net->pending[i]);
     snprintf(net->nodes[0].host, sizeof net->nodes[0].host, "%s", job->host);
+    if (cfg->elastic) {   /* which worlds keep the result exact: before anyone waits */
+        int rc = dtrun_probe(job, &net->ex);
+        if (rc) return rc;
+        char sz[400];
+        dtrun_sizes_text(&net->ex, sz, sizeof sz);
+        if (dtrun_pick_world(&net->ex, cfg->min_nodes * cfg->nproc) == 0) {
+            dtrun_say(job, "--nnodes %d:%d with -n %d: %d node%s hold%s %d rank%s, fewer than any world size that "
+                      "keeps the result exact (%s)", cfg->min_nodes, cfg->nnodes, cfg->nproc, cfg->min_nodes,
+                      cfg->min_nodes == 1 ? "" : "s", cfg->min_nodes == 1 ? "s" : "", cfg->min_nodes * cfg->nproc,
+                      cfg->min_nodes * cfg->nproc == 1 ? "" : "s", sz);
+            return 2;
+        }
+        dtrun_say(job, "elastic job of %d to %d nodes x %d ranks: world sizes that keep the result exact: %s",
+                  cfg->min_nodes, cfg->nnodes, cfg->nproc, sz);
+        if (strcmp(net->ex.resume, "auto") != 0 || !net->ex.ckpt_dir[0])
+            dtrun_say(job, "warning: the program has no --checkpoint-dir with --resume auto: after a membership "
+                      "change it starts again from step 0");
+    }
     char addr[64];
     int fd = -1;
     if (dt_auth_init(&net->auth, AUTH_JOB) != DT_OK || dt_auth_allow(&net->auth, cfg->master_addr) != DT_OK ||
@@ -374,14 +609,26 @@ static int server_start(dtrun_job *job) {
         dtrun_say(job, "node 0: %s", dt_last_error());
         return 1;
     }
-    dtrun_say(job, "node 0 of %d (%s): waiting up to %g s for the other nodes on port %d",
-              cfg->nnodes, job->host, cfg->rdzv_timeout_s, cfg->master_port);
+    dtrun_say(job, "node 0 of %s (%s): waiting up to %g s for the other nodes on port %d",
+              spec, job->host, cfg->rdzv_timeout_s, cfg->master_port);
     double deadline = dt_now() + cfg->rdzv_timeout_s;
+    net->last_join = dt_now();
     for (;;) {
         int missing = 0;
         for (int i = 1; i < cfg->nnodes; i++) if (!net->nodes[i].joined) missing++;
         if (!missing) break;
         double t = dt_now();
+        /* elastic: MIN nodes, then none for the last call */
+        if (cfg->elastic && cfg->nnodes - missing >= cfg->min_nodes && t - net->last_join >= cfg->last_call_s) break;
+        if (t >= deadline && cfg->elastic) {
+            if (cfg->nnodes - missing >= cfg->min_nodes) break;
+            char why[512];
+            snprintf(why, sizeof why, "the rendezvous timed out after %g s (--rdzv-timeout): %d of at least %d nodes "
+                     "joined", cfg->rdzv_timeout_s, cfg->nnodes - missing, cfg->min_nodes);
+            dtrun_say(job, "%s", why);
+            broadcast(net, cfg->nnodes, "REFUSE 1 %s", why);
+            return 1;
+        }
         if (t >= deadline) {
             char list[512] = "";
             for (int i = 1, n = 0; i < cfg->nnodes && n < 40; i++)
@@ -401,7 +648,9 @@ static int server_start(dtrun_job *job) {
         for (int i = 1; i < cfg->nnodes; i++) pfd[np++] = (struct pollfd){ .fd = net->nodes[i].fd, .events = POLLIN };
         np += dt_gate_pollfds(net->gate, pfd + np, DT_GATE_SLOTS + 1);
         int ms = (int)((deadline - t) * 1000) + 1;
-        if (poll(pfd, (nfds_t)np, ms > 1000 ? 1000 : ms) < 0 && errno != EINTR) {
+        if (ms > 1000) ms = 1000;
+        if (cfg->elastic && ms > 50) ms = 50;   /* the last call is counted here */
+        if (poll(pfd, (nfds_t)np, ms) < 0 && errno != EINTR) {
             dtrun_say(job, "poll: %s", strerror(errno));
             return 1;
         }
@@ -437,17 +686,8 @@ static int server_start(dtrun_job *job) {
         broadcast(net, cfg->nnodes, "REFUSE 1 %s", "node 0 found no free port for the ranks");
         return 1;
     }
-    /* LAYOUT <run id> <hosts...> */
-    size_t cap = 256 + (size_t)cfg->nnodes * 258;
-    char *lay = malloc(cap);
-    if (!lay) { dtrun_say(job, "out of memory"); return 1; }
-    snprintf(lay, cap, "%s", dtrun_base_id);
-    for (int i = 0; i < cfg->nnodes; i++) snprintf(lay + strlen(lay), cap - strlen(lay), " %s", net->nodes[i].host);
-    broadcast(net, cfg->nnodes, "LAYOUT %s", lay);
-    free(lay);
-    char port[32];
-    snprintf(port, sizeof port, "0 %d", job->rank_port);
-    broadcast(net, cfg->nnodes, "START %s", port);
+    for (int i = 1; i < cfg->nnodes; i++) if (net->nodes[i].joined) send_layout(job, &net->nodes[i]);
+    server_round(job, 0, 0, job->rank_port);
     for (int i = 1; i < cfg->nnodes; i++) net->nodes[i].last_rx = dt_now();
     return 0;
 }
@@ -501,19 +741,56 @@ static void master_lost(dtrun_job *job, const char *why) {
     if (!net->decided) { net->decided = 2; net->decided_code = 1; }
 }
 
+/* START's fields after the word; 0, or -1 when malformed. */
+static int parse_start(dtrun_net *net, const char *args) {
+    int off = 0;
+    if (sscanf(args, "%d %d %d %d %d %d %d %d %d %lf %n", &net->next_attempt, &net->next_kind, &net->next_restarts,
+               &net->next_port, &net->next_world, &net->next_rank0, &net->next_nlocal, &net->next_group,
+               &net->next_ngroups, &net->next_change_at, &off) != 10 || off == 0)
+        return -1;
+    if (net->next_world < 1 || net->next_nlocal < 0 || net->next_nlocal > DTRUN_MAX_RANKS || net->next_rank0 < 0 ||
+        net->next_rank0 + net->next_nlocal > net->next_world)
+        return -1;
+    snprintf(net->next_change, sizeof net->next_change, "%s", strcmp(args + off, "-") ? args + off : "");
+    decode(net->next_change);
+    return 0;
+}
+
+/* A node's part of the attempt that START announced. */
+static void apply_start(dtrun_job *job) {
+    dtrun_net *net = job->net;
+    job->attempt = net->next_attempt;
+    job->restarts = net->next_restarts;
+    job->rank_port = net->next_port;
+    job->world = net->next_world;
+    job->rank0 = net->next_rank0;
+    job->nlocal = net->next_nlocal < job->cfg->nproc ? net->next_nlocal : job->cfg->nproc;
+    job->group = net->next_group;
+    job->ngroups = net->next_ngroups;
+    job->change_at = net->next_change_at;
+    snprintf(job->change, sizeof job->change, "%s", net->next_change);
+}
+
 static void client_line(dtrun_job *job, char *line) {
     dtrun_net *net = job->net;
-    int code, nr, a, port, off = 0;
+    int code, nr, off = 0;
     if (strcmp(line, "HB") == 0) return;
     if (sscanf(line, "STOP %d %d %n", &code, &nr, &off) == 2 && off > 0) {
         decode(line + off);
         free(job->fail);   /* node 0's word on the first failure replaces what we saw */
         job->fail = NULL;
         dtrun_stop(job, line + off, code, nr);
-    } else if (sscanf(line, "START %d %d", &a, &port) == 2) {
-        net->decided = 1;
-        net->next_attempt = a;
-        net->next_port = port;
+    } else if (strncmp(line, "START ", 6) == 0) {
+        if (parse_start(net, line + 6) == 0) net->decided = 1;
+        else dtrun_say(job, "node 0 sent a START this dtrun cannot read: '%.80s'", line);
+    } else if (strncmp(line, "LOST ", 5) == 0) {   /* elastic: a node with ranks is gone */
+        decode(line + 5);
+        if (job->alive > 0 && !job->fail) dtrun_say(job, "%s: stopping the ranks", line + 5);
+        kill_ranks_now(job);
+    } else if (strcmp(line, "DRAIN") == 0) {        /* elastic: the world can grow */
+        if (job->alive > 0 && !job->stopping)
+            dtrun_say(job, "a node joined and the world can grow: asking the ranks to checkpoint and stop");
+        dtrun_stop(job, NULL, 0, 0);
     } else if (sscanf(line, "EXIT %d", &code) == 1) {
         net->decided = 2;
         net->decided_code = code;
@@ -526,7 +803,10 @@ static void client_line(dtrun_job *job, char *line) {
         if (tok) snprintf(dtrun_base_id, sizeof dtrun_base_id, "%s", tok);
         int nn = job->cfg->nnodes;
         if (!job->hosts && !(job->hosts = calloc((size_t)nn, sizeof *job->hosts))) return;
-        for (int i = 0; i < nn && (tok = strtok_r(NULL, " ", &save)); i++) job->hosts[i] = strdup(tok);
+        for (int i = 0; i < nn && (tok = strtok_r(NULL, " ", &save)); i++) {
+            free(job->hosts[i]);
+            job->hosts[i] = strdup(tok);
+        }
     }
 }
 
@@ -584,7 +864,9 @@ static int client_start(dtrun_job *job) {
     }
     set_socket_opts(fd);
     net->master.fd = fd;
-    send_line(&net->master, "HELLO 1 %d %d %d %s %s", cfg->node_rank, cfg->nnodes, cfg->nproc,
+    char spec[32];
+    nodes_spec(cfg, spec, sizeof spec);
+    send_line(&net->master, "HELLO 1 %d %s %d %s %s", cfg->node_rank, spec, cfg->nproc,
               cfg->run_id[0] ? cfg->run_id : "-", job->host);
     while (!net->decided) {
         double t = dt_now();
@@ -624,9 +906,9 @@ static int client_start(dtrun_job *job) {
             return 1;
         }
     }
-    /* decided == 1: START 0 <port> */
+    /* decided == 1: the first START (an elastic job's late node: the running attempt's) */
     net->decided = 0;
-    job->rank_port = net->next_port;
+    apply_start(job);
     net->master.last_rx = dt_now();
     return 0;
 }
@@ -648,13 +930,7 @@ int dtrun_net_start(dtrun_job *job) {
     }
     job->net->started = 1;
     job->net->next_hb = dt_now() + cfg->monitor_s;
-    /* the layout, once, on every node */
-    char nodes[1024] = "";
-    for (int i = 0; i < cfg->nnodes && strlen(nodes) < 900; i++)
-        snprintf(nodes + strlen(nodes), sizeof nodes - strlen(nodes), "%s%d=%s", i ? " " : "", i,
-                 job->hosts && job->hosts[i] ? job->hosts[i] : "?");
-    dtrun_say(job, "node %d of %d (%s): ranks %d..%d of %d; nodes: %s", cfg->node_rank, cfg->nnodes, job->host,
-              cfg->node_rank * cfg->nproc, (cfg->node_rank + 1) * cfg->nproc - 1, cfg->nnodes * cfg->nproc, nodes);
+    say_layout(job);
     return 0;
 }
 
@@ -744,36 +1020,120 @@ void dtrun_net_failure(dtrun_job *job, const char *desc, int code, int no_restar
     free(e);
 }
 
-/* Node 0: is every node done with this attempt? Then restart or end, and say so. */
-static int server_decide(dtrun_job *job) {
+/* Node 0: end the job with this status, on every node. */
+static int server_exit(dtrun_job *job, int code) {
+    dtrun_net *net = job->net;
+    net->decided = 2;
+    net->decided_code = code;
+    char m[32];
+    snprintf(m, sizeof m, "%d", code);
+    broadcast(net, job->cfg->nnodes, "EXIT %s", m);
+    return 1;
+}
+
+/* Node 0, fixed membership: is every node done with this attempt? Then restart or end. */
+static int server_decide_fixed(dtrun_job *job) {
     dtrun_net *net = job->net;
     const dtrun_cfg *cfg = job->cfg;
     for (int i = 1; i < cfg->nnodes; i++) if (!net->nodes[i].idle && !net->nodes[i].lost) return 0;
-    if (job->fail && !job->no_restart && !net->any_lost && job->attempt < cfg->max_restarts) {
+    if (job->fail && !job->no_restart && !net->any_lost && job->restarts < cfg->max_restarts) {
         int port = dtrun_free_port();
         if (port) {
+            job->restarts++;
+            server_round(job, job->attempt + 1, 1, port);
             net->decided = 1;
-            net->next_attempt = job->attempt + 1;
-            net->next_port = port;
-            char m[64];
-            snprintf(m, sizeof m, "%d %d", net->next_attempt, port);
-            broadcast(net, cfg->nnodes, "START %s", m);
             return 1;
         }
         dtrun_say(job, "no free TCP port for a restart: %s", strerror(errno));
     }
-    net->decided = 2;
-    net->decided_code = job->fail ? job->fail_code : job->signal ? 128 + job->signal : 0;
-    char m[32];
-    snprintf(m, sizeof m, "%d", net->decided_code);
-    broadcast(net, cfg->nnodes, "EXIT %s", m);
+    return server_exit(job, job->fail ? job->fail_code : job->signal ? 128 + job->signal : 0);
+}
+
+/* Node 0, elastic: once every node that ran ranks is done with the attempt, end the job
+ * (the ranks finished, a dtrun was stopped, or the failures ran out of restarts) or lay
+ * out the next round: a restart after a rank failed while every node was alive, or a
+ * membership change. With too few nodes for an allowed world it waits for joins, up to
+ * --rdzv-timeout. */
+static int server_decide_elastic(dtrun_job *job) {
+    dtrun_net *net = job->net;
+    const dtrun_cfg *cfg = job->cfg;
+    if (net->running) {
+        int done = dtrun_common_exit(job) == 0;
+        for (int i = 1; i < cfg->nnodes; i++) {
+            peer *p = &net->nodes[i];
+            if (p->fd < 0 || !p->joined || p->ranks == 0) continue;
+            if (!p->idle) return 0;
+            done &= p->code == 0;
+        }
+        net->running = 0;
+        if (done) return server_exit(job, 0);
+        if (job->no_restart || job->signal)
+            return server_exit(job, job->fail ? job->fail_code : job->signal ? 128 + job->signal : 1);
+        if (!net->changed) {   /* a rank failed and every node is alive */
+            if (!job->fail || job->restarts >= cfg->max_restarts) return server_exit(job, job->fail ? job->fail_code : 1);
+            job->restarts++;
+            net->next_kind = 1;
+            dtrun_say_block(job, job->fail);
+            dtrun_say(job, "restarting all ranks (restart %d of %d)", job->restarts, cfg->max_restarts);
+        } else {
+            net->next_kind = 2;
+        }
+    }
+    int was = job->world, port = dtrun_free_port();
+    if (!port) {
+        dtrun_say(job, "no free TCP port for the next attempt: %s", strerror(errno));
+        return server_exit(job, 1);
+    }
+    char what[600];
+    snprintf(what, sizeof what, "%s", net->change);
+    double since = net->change_at;
+    if (server_round(job, job->attempt + 1, net->next_kind, port) != 0) {
+        double t = dt_now();
+        char sz[400];
+        dtrun_sizes_text(&net->ex, sz, sizeof sz);
+        int live = live_nodes(job);
+        if (!net->short_since) {
+            net->short_since = t;
+            dtrun_say(job, "waiting up to %g s (--rdzv-timeout) for nodes: %d live node%s of at least %d, %d rank%s; "
+                      "exact world sizes %s", cfg->rdzv_timeout_s, live, live == 1 ? "" : "s", cfg->min_nodes,
+                      live * cfg->nproc, live * cfg->nproc == 1 ? "" : "s", sz);
+        }
+        if (t - net->short_since < cfg->rdzv_timeout_s) return 0;
+        char ck[1200];
+        dtrun_newest_checkpoint(&net->ex, ck, sizeof ck);
+        dtrun_say(job, "the job stops: %d live node%s (at least %d needed, for a world of %s ranks) for %g s "
+                  "(--rdzv-timeout); nodes lost: %s; newest checkpoint: %s", live, live == 1 ? "" : "s",
+                  cfg->min_nodes, sz, cfg->rdzv_timeout_s, net->lost_list[0] ? net->lost_list : "none", ck);
+        return server_exit(job, 1);
+    }
+    if (net->next_kind == 2) {
+        int used = 0;
+        for (int i = 1; i < cfg->nnodes; i++) used += net->nodes[i].ranks > 0;
+        int spares = live_nodes(job) - 1 - used;
+        dtrun_say(job, "membership: %s; world %d -> %d rank%s on %d node%s%s%s; %.1f s after the change",
+                  what[0] ? what : "the nodes changed", was, job->world, job->world == 1 ? "" : "s", job->ngroups,
+                  job->ngroups == 1 ? "" : "s", spares > 0 ? ", spares: " : "", spares > 0 ? "" : "",
+                  dt_wall() - since);
+        if (spares > 0) {
+            char list[400] = "";
+            for (int i = 1; i < cfg->nnodes; i++)
+                if (net->nodes[i].fd >= 0 && net->nodes[i].joined && net->nodes[i].ranks == 0)
+                    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", list[0] ? "," : "", i);
+            dtrun_say(job, "spare node%s: %s", spares == 1 ? "" : "s", list);
+        }
+    }
+    net->decided = 1;
     return 1;
+}
+
+static int server_decide(dtrun_job *job) {
+    return job->cfg->elastic ? server_decide_elastic(job) : server_decide_fixed(job);
 }
 
 int dtrun_net_after(dtrun_job *job) {
     dtrun_net *net = job->net;
     const dtrun_cfg *cfg = job->cfg;
-    if (!net->server) send_line(&net->master, "IDLE %d", job->attempt);
+    if (!net->server) send_line(&net->master, "IDLE %d %d", job->attempt, job->nlocal > 0 ? dtrun_common_exit(job) : -2);
     while (!net->decided && !(net->server && server_decide(job))) {
         struct pollfd pfd[1 + MAX_PENDING + DTRUN_MAX_NODES + 1 + DT_GATE_SLOTS];
         pfd[0] = (struct pollfd){ .fd = job->sfd, .events = POLLIN };
@@ -798,6 +1158,8 @@ int dtrun_net_after(dtrun_job *job) {
                 if (!net->server) {   /* do not wait for node 0 once told to stop */
                     net->decided = 2;
                     net->decided_code = 128 + sig;
+                } else if (cfg->elastic && !net->running) {   /* waiting for nodes: end now */
+                    server_exit(job, 128 + sig);
                 }
             }
         }
@@ -806,14 +1168,22 @@ int dtrun_net_after(dtrun_job *job) {
     }
     if (net->decided == 1) {
         net->decided = 0;
-        if (job->fail) dtrun_say_block(job, job->fail);
-        dtrun_say(job, "restarting all ranks (restart %d of %d)", net->next_attempt, cfg->max_restarts);
-        job->attempt = net->next_attempt;
-        job->rank_port = net->next_port;
-        if (net->server) for (int i = 1; i < cfg->nnodes; i++) net->nodes[i].idle = 0;
+        if (!net->server) {
+            apply_start(job);
+            if (net->next_kind == 1) {
+                if (job->fail) dtrun_say_block(job, job->fail);
+                dtrun_say(job, "restarting all ranks (restart %d of %d)", job->restarts, cfg->max_restarts);
+            } else if (net->next_kind == 2 && job->change[0]) {
+                dtrun_say(job, "membership: %s", job->change);
+            }
+        } else if (!cfg->elastic) {
+            if (job->fail) dtrun_say_block(job, job->fail);
+            dtrun_say(job, "restarting all ranks (restart %d of %d)", job->restarts, cfg->max_restarts);
+        }
+        if (cfg->elastic) say_layout(job);
         return -1;
     }
-    if (job->fail) dtrun_say_block(job, job->fail);
+    if (job->fail && !(cfg->elastic && net->decided_code == 0)) dtrun_say_block(job, job->fail);
     return net->decided_code;
 }
 

@@ -108,7 +108,7 @@ void dtrun_signal_ranks(dtrun_job *job, int sig) {
     if (job->pgid > 0) kill(-job->pgid, sig);   /* the whole group: grandchildren too */
     /* a rank outside the group gets it by its pid; one inside must not get it twice (a
      * second SIGTERM means "now" to a program that stops gracefully on the first) */
-    for (int r = 0; r < job->cfg->nproc; r++)
+    for (int r = 0; r < job->nlocal; r++)
         if (job->rk[r].pid > 0 && !job->rk[r].reaped && (job->pgid <= 0 || getpgid(job->rk[r].pid) != job->pgid))
             kill(job->rk[r].pid, sig);
 }
@@ -134,4 +134,18 @@ int dtrun_read_signal(dtrun_job *job) {
         if ((int)si.ssi_signo != SIGCHLD && !sig) sig = (int)si.ssi_signo;
     while (waitpid(-1, NULL, WNOHANG) > 0) {}
     return sig;
+}
+
+/* The status every local rank exited with, when all exited by themselves (none killed)
+ * with the same one; else -1. After a forwarded signal this is the program's answer to it
+ * (dtrain train: 75, stopped at a step boundary and checkpointed), which dtrun passes on
+ * instead of 128 + the signal. */
+int dtrun_common_exit(const dtrun_job *job) {
+    int code = -1;
+    for (int r = 0; r < job->nlocal; r++) {
+        int st = job->rk[r].status;
+        if (!WIFEXITED(st) || (code >= 0 && WEXITSTATUS(st) != code)) return -1;
+        code = WEXITSTATUS(st);
+    }
+    return code;
 }

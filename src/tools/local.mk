@@ -4,7 +4,7 @@
 # segments its ranks may leave (src/comm/shm_name.c, also compiled on its own).
 bin_PROGRAMS += dtrun dtbench
 dtrun_SOURCES = src/tools/dtrun.c src/tools/dtrun.h src/tools/dtrun_ranks.c src/tools/dtrun_rdzv.c \
-	src/tools/dtrun_util.c src/clock.c src/clock.h src/status.c src/comm/sock.c src/comm/auth.c \
+	src/tools/dtrun_elastic.c src/tools/dtrun_util.c src/clock.c src/clock.h src/status.c src/comm/sock.c src/comm/auth.c \
 	src/comm/gate.c src/comm/shm_name.c src/comm/shm_name.h
 dtrun_LDADD = $(SODIUM_LIBS)
 # per-target flags (the same ones) give dtrun its own objects of src/clock.c,
@@ -15,10 +15,11 @@ dtbench_SOURCES = src/tools/dtbench.c src/tools/args.c src/tools/args.h
 
 
 TESTS += tests/dtrun_env.sh tests/dtrun_output.sh tests/dtrun_fail.sh tests/dtrun_signal.sh \
-	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh tests/preempt.sh
+	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh tests/preempt.sh \
+	tests/elastic.sh
 EXTRA_DIST += tests/dtrun_env.sh tests/dtrun_output.sh tests/dtrun_fail.sh tests/dtrun_signal.sh \
 	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh tests/dtrun_lib.sh \
-	tests/preempt.sh
+	tests/preempt.sh tests/elastic.sh
 # launching on real components: two nodes in network namespaces (root), a single-host
 # Slurm (slurm-wlm, munge), mpirun with the tcp and mpi backends, and bare mpirun (no
 # MASTER_*: the rendezvous through MPI); each skips saying why

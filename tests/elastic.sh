@@ -1,0 +1,172 @@
+#!/bin/sh
+# elastic.sh: dtrun --nnodes MIN:MAX, several dtruns on one host (127.0.0.1) as the nodes
+# of one job. A node joins a running job and the world grows; a node is lost (its dtrun
+# and ranks SIGKILLed, at a step drawn by the test) and the job goes on with fewer ranks;
+# a spare takes a lost node's place; too few nodes end the job naming the lost node and
+# the newest checkpoint. Every run that finishes ends with the weights of one process,
+# byte for byte. Then the refusals: MIN > MAX, one node only, a size that can never be
+# exact, a program that does not say its sizes, dtrain without --micro-batches, MIN not
+# reached, a node with another secret, mpirun. Loopback only; every wait is bounded and
+# waits for the event it checks (a line, a checkpoint), never for a fixed time.
+. "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
+DTRUN="$DT_BUILDDIR/dtrun"
+D="$DT_BUILDDIR/dtrain"
+[ -x "$DTRUN" ] && [ -x "$D" ] || skip_all "dtrun and dtrain are not built"
+T=$(mktemp -d) || exit 1
+tok="dtelastic$$"
+cleanup() { pids=$(pgrep -f "$tok"); [ -z "$pids" ] || kill -KILL $pids 2>/dev/null; }
+trap 'cleanup; rm -rf "$T"' EXIT
+# every process of a job carries $tok in its command line (the checkpoint directory)
+mkdir -p "$T/$tok"
+export DT_JOB_SECRET=elastic-test-secret-0123456789abcdef
+STEPS=12000
+echo "flatten linear(128) relu linear(128) relu linear(4)" > "$T/model"
+DATA=synthetic:2048,1,16,16,4
+TRAIN="train --data $DATA --model @$T/model --batch 32 --micro-batches 4 --epochs 200 --steps $STEPS --no-eval --log-every 100 --threads 1 --quiet"
+
+# The newest complete checkpoint's step in directory $1 (0 if none).
+newest() { n=$(ls "$1" 2>/dev/null | sed -n 's/^step-0*\([0-9][0-9]*\)$/\1/p' | sort -n | tail -1); echo "${n:-0}"; }
+# Wait (at most 60 s) until directory $1 holds a checkpoint of a step >= $2.
+wait_ckpt() {
+    i=0
+    while [ "$(newest "$1")" -lt "$2" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+    [ "$(newest "$1")" -ge "$2" ]
+}
+# node NAME R SPEC ARGS...: node R's dtrun (-n 1, --nnodes SPEC) of the job whose
+# checkpoints go to $T/$tok/NAME, in the background ($! is dtrun's pid); output in
+# $T/NAME.outR and $T/NAME.errR; ARGS go to dtrun before the program
+node() {
+    nm=$1; r=$2; spec=$3; shift 3
+    (exec "$DTRUN" -n 1 --nnodes "$spec" --node-rank "$r" --master-port "$port" --heartbeat-timeout 5 --grace 20 \
+        --rdzv-last-call 0.3 "$@" "$D" $TRAIN --checkpoint-dir "$T/$tok/$nm" --checkpoint-every 200 --resume auto \
+        --metrics "$T/$nm.m.jsonl" --save "$T/$nm.st" > "$T/$nm.out$r" 2> "$T/$nm.err$r") &
+}
+show() { for f in "$@"; do diag "$f:"; sed 's/^/#   /' "$f" | tail -12; done; }
+
+# the run nobody interrupts: one process, the same global batch and micro-batches
+"$D" $TRAIN --save "$T/ref.st" > "$T/ref.out" 2>&1
+ok $? "one process, $STEPS steps (the reference)"
+
+# ---- a node joins, then a node is lost -------------------------------------------------
+port=$(free_port)
+node grow 0 1:2; p0=$!
+wait_ckpt "$T/$tok/grow" 200
+ok $? "node 0 runs alone (world 1) and checkpoints"
+node grow 1 1:2; p1=$!
+wait_line "$T/grow.err0" "^dtrun: membership: node 1 \(.*\) joined; world 1 -> 2 ranks on 2 nodes; " 60
+ok $? "node 1 joins: node 0 says the world grows from 1 to 2 ranks"
+ok_grep "$T/grow.err0" "^dtrun: the world can grow from 1 to 2 ranks: asking the ranks to checkpoint and stop$" \
+    "the ranks are asked to checkpoint first"
+ok_grep "$T/grow.out0" "^\[rank0\]:dtrain: stopped at step [0-9]+ on SIGTERM, checkpointed in " \
+    "rank 0 checkpoints the step it stopped at: nothing is lost by a join"
+wait_line "$T/grow.err1" "^dtrun: node 1 \(.*\), attempt 1: ranks 1\.\.1 of 2$" 60
+ok $? "node 1 runs rank 1 of 2"
+wait_line "$T/grow.m.jsonl" '"event":"membership".*"world_size":2' 60
+ok $? "the metrics file records the change at the first step on 2 ranks"
+# the loss: node 1's dtrun (and with it its rank) SIGKILLed once a checkpoint at a step
+# drawn here exists
+j=$(sed -n 's/.*"event":"membership","step":\([0-9]*\),.*"world_size":2.*/\1/p' "$T/grow.m.jsonl" | tail -1)
+k=$(( ${j:-0} + 200 + $(od -An -N2 -tu2 /dev/urandom | tr -d ' ') % 2000 ))
+wait_ckpt "$T/$tok/grow" "$k"
+ok $? "2 ranks reach a checkpoint at or after step $k (drawn)"
+kill -KILL $p1
+lost_at=$(newest "$T/$tok/grow")
+wait_pid $p0 240; rc0=$?
+wait $p1 2>/dev/null
+[ "$rc0" -eq 0 ]; ok $? "node 1 killed near step $k: node 0 finishes the job alone, exit 0 (got $rc0)"
+[ "$rc0" -eq 0 ] || show "$T/grow.err0" "$T/grow.out0"
+ok_grep "$T/grow.err0" "^dtrun: node 1 \(.*\) lost at .* UTC: its connection closed; stopping the attempt$" \
+    "node 0 names the lost node"
+ok_grep "$T/grow.err0" "^dtrun: membership: node 1 \(.*\) lost: its connection closed; world 2 -> 1 rank on 1 node; " \
+    "node 0 says the world shrinks from 2 ranks to 1"
+r=$(sed -n 's/.*"event":"membership","step":[0-9]*,"resumed_after":\([0-9]*\),"world_size":1.*/\1/p' "$T/grow.m.jsonl")
+[ -n "$r" ] && [ "$r" -ge "$lost_at" ] && [ "$r" -lt $((lost_at + 200)) ]
+ok $? "the job resumed from the checkpoint it had when node 1 died (step ${r:-none}, newest then $lost_at): at most 200 steps (--checkpoint-every) lost"
+ok_grep "$T/grow.out0" "^\[rank0\]:dtrain: membership changed \(node 1 \(.*\) lost: its connection closed\): world 1, resumed after step [0-9]+, its first step done [0-9.]+ s after the change$" \
+    "rank 0 says the change, the step it resumed after and how long it took"
+cmp -s "$T/ref.st" "$T/grow.st"; ok $? "grown to 2 ranks and shrunk to 1: the same weight bytes as one process"
+grep -q '"event":"start".*"membership":"node 1' "$T/grow.m.jsonl"; ok $? "the metrics' start lines carry the change"
+
+# ---- a spare takes a lost node's place -------------------------------------------------
+# 3 nodes of 1 rank, --micro-batches 2: worlds 1 and 2 keep the bits, so 2 work, 1 waits
+TRAIN2=$(echo "$TRAIN" | sed 's/--micro-batches 4/--micro-batches 2/')
+"$D" $TRAIN2 --save "$T/ref2.st" > "$T/ref2.out" 2>&1
+ok $? "one process, --micro-batches 2 (the reference)"
+TRAIN_SAVE=$TRAIN; TRAIN=$TRAIN2
+port=$(free_port)
+node spare 0 2:3; q0=$!
+node spare 1 2:3; q1=$!
+wait_line "$T/spare.err1" "^dtrun: node 1 \(.*\), attempt 0: ranks 1\.\.1 of 2$" 60
+ok $? "nodes 0 and 1 run the world of 2"
+ok_grep "$T/spare.err0" "world sizes that keep the result exact: 1 and 2$" "node 0 names the exact sizes (1 and 2)"
+node spare 2 2:3; q2=$!
+wait_line "$T/spare.err2" "^dtrun: node 2 \(.*\), attempt 0: a spare \(the job runs 2 ranks\)$" 60
+ok $? "node 2 joins and waits as a spare"
+wait_ckpt "$T/$tok/spare" 400
+kill -KILL $q1
+wait_line "$T/spare.err2" "^dtrun: node 2 \(.*\), attempt 1: ranks 1\.\.1 of 2$" 60
+ok $? "node 1 killed: the spare takes rank 1"
+ok_grep "$T/spare.err0" "^dtrun: membership: node 1 \(.*\) lost: its connection closed; world 2 -> 2 ranks on 2 nodes; " \
+    "node 0: the world stays at 2 ranks"
+wait_pid $q0 240; rc0=$?
+wait_pid $q2 60; rc2=$?
+wait $q1 2>/dev/null
+[ "$rc0" -eq 0 ] && [ "$rc2" -eq 0 ]; ok $? "nodes 0 and 2 finish (exit $rc0, $rc2)"
+[ "$rc0" -eq 0 ] || show "$T/spare.err0"
+cmp -s "$T/ref2.st" "$T/spare.st"; ok $? "a spare replaced the lost node: the same weight bytes as one process"
+
+# ---- too few nodes: the job stops, naming the lost node and the newest checkpoint -------
+port=$(free_port)
+node few 0 2:2 --rdzv-timeout 3; f0=$!
+node few 1 2:2; f1=$!
+wait_ckpt "$T/$tok/few" 200
+ok $? "a job of 2:2 nodes runs"
+kill -KILL $f1
+wait_pid $f0 60; rc0=$?
+wait $f1 2>/dev/null
+[ "$rc0" -eq 1 ]; ok $? "node 1 lost, MIN 2: node 0 exits 1 after --rdzv-timeout (got $rc0)"
+ok_grep "$T/few.err0" "^dtrun: the job stops: 1 live node \(at least 2 needed, for a world of 1 and 2 ranks\) for 3 s \(--rdzv-timeout\); nodes lost: 1 \(.*\); newest checkpoint: .*/$tok/few/step-[0-9]{12}$" \
+    "node 0 names the lost node and the newest checkpoint"
+TRAIN=$TRAIN_SAVE
+
+# ---- refusals ---------------------------------------------------------------------------
+port=$(free_port)
+"$DTRUN" -n 1 --nnodes 3:2 true > "$T/r.out" 2> "$T/r.err"; rc=$?
+[ $rc -eq 2 ] && grep -q "^dtrun: --nnodes: MIN 3 is more than MAX 2 in '3:2'" "$T/r.err"; ok $? "MIN > MAX: exit 2 (got $rc)"
+"$DTRUN" -n 1 --nnodes 1:1 true > "$T/r.out" 2> "$T/r.err"; rc=$?
+[ $rc -eq 2 ] && grep -q "allows one node only" "$T/r.err"; ok $? "--nnodes 1:1: exit 2 (got $rc)"
+"$DTRUN" -n 1 --nnodes 1:x true > "$T/r.out" 2> "$T/r.err"; rc=$?
+[ $rc -eq 2 ] && grep -q "expected an integer" "$T/r.err"; ok $? "--nnodes 1:x: exit 2 (got $rc)"
+"$DTRUN" -n 1 --nnodes 1:2 --master-port "$port" "$D" $TRAIN --pipeline 4 > "$T/r.out" 2> "$T/r.err"; rc=$?
+[ $rc -eq 2 ] && grep -q "^dtrun: --nnodes 1:2 with -n 1: 1 node holds 1 rank, fewer than any world size that keeps the result exact (4)$" "$T/r.err"
+ok $? "MIN nodes hold no exact world (--pipeline 4: only 4): exit 2 naming the sizes (got $rc)"
+"$DTRUN" -n 1 --nnodes 1:2 --master-port "$port" sh -c 'echo hello' > "$T/r.out" 2> "$T/r.err"; rc=$?
+[ $rc -eq 2 ] && grep -q "does not say which world sizes keep its result exact" "$T/r.err"
+ok $? "a program that does not answer the probe: exit 2 (got $rc)"
+TRAIN0=$(echo "$TRAIN" | sed 's/--micro-batches 4//')
+"$DTRUN" -n 1 --nnodes 1:2 --master-port "$port" "$D" $TRAIN0 > "$T/r.out" 2> "$T/r.err"; rc=$?
+[ $rc -eq 2 ] && grep -q "^dtrain: elastic: give --micro-batches S" "$T/r.err" && grep -q "refused to run elastically" "$T/r.err"
+ok $? "dtrain without --micro-batches: refused, both say why (got $rc)"
+"$DTRUN" -n 1 --nnodes 1:2 --master-port "$port" "$D" $TRAIN --lr-scale linear > "$T/r.out" 2> "$T/r.err"; rc=$?
+[ $rc -eq 2 ] && grep -q "^dtrain: elastic: --lr-scale linear scales the learning rate with the world size" "$T/r.err"
+ok $? "--lr-scale linear: refused (got $rc)"
+OMPI_COMM_WORLD_RANK=0 "$DTRUN" -n 1 --nnodes 1:2 true > "$T/r.out" 2> "$T/r.err"; rc=$?
+[ $rc -eq 2 ] && grep -q "under mpirun" "$T/r.err"; ok $? "under mpirun: refused with the reason (got $rc)"
+# MIN not reached
+"$DTRUN" -n 1 --nnodes 2:3 --master-port "$port" --rdzv-timeout 1 "$D" $TRAIN --checkpoint-dir "$T/$tok/min" \
+    > "$T/r.out" 2> "$T/r.err"; rc=$?
+[ $rc -eq 1 ] && grep -q "^dtrun: the rendezvous timed out after 1 s (--rdzv-timeout): 1 of at least 2 nodes joined$" "$T/r.err"
+ok $? "MIN not reached: exit 1, saying how many joined (got $rc)"
+# a node with another secret cannot join; the job goes on without it
+port=$(free_port)
+node sec 0 1:2; s0=$!
+wait_ckpt "$T/$tok/sec" 200
+DT_JOB_SECRET=another-secret-entirely-0123456789 \
+    "$DTRUN" -n 1 --nnodes 1:2 --node-rank 1 --master-port "$port" --rdzv-timeout 5 "$D" $TRAIN > "$T/s1.out" 2> "$T/s1.err"
+rc=$?
+[ $rc -ne 0 ]; ok $? "a node with another secret is refused (exit $rc)"
+wait_pid $s0 240; rc0=$?
+[ "$rc0" -eq 0 ] && ! grep -q "joined" "$T/sec.err0"; ok $? "the job finishes on its own node, nobody joined (exit $rc0)"
+cmp -s "$T/ref.st" "$T/sec.st"; ok $? "and its weights are one process's"
+cleanup
+done_testing
