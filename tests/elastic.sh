@@ -87,6 +87,28 @@ ok_grep "$T/grow.out0" "^\[rank0\]:dtrain: membership changed \(node 1 \(.*\) lo
 cmp -s "$T/ref.st" "$T/grow.st"; ok $? "grown to 2 ranks and shrunk to 1: the same weight bytes as one process"
 grep -q '"event":"start".*"membership":"node 1' "$T/grow.m.jsonl"; ok $? "the metrics' start lines carry the change"
 
+# ---- a node that flaps: joins and is lost three times ------------------------------------
+port=$(free_port)
+node flap 0 1:2; f0=$!
+wait_ckpt "$T/$tok/flap" 200
+flaps=0
+for n in 1 2 3; do
+    node flap 1 1:2; f1=$!
+    wait_line "$T/flap.err1" "^dtrun: node 1 \(.*\), attempt [0-9]+: ranks 1\.\.1 of 2$" 60 || break
+    at=$(newest "$T/$tok/flap")
+    wait_ckpt "$T/$tok/flap" $((at + 200)) || break
+    kill -KILL $f1
+    wait $f1 2>/dev/null
+    wait_line "$T/flap.err0" "^dtrun: membership: node 1 \(.*\) lost: .*; world 2 -> 1 rank on 1 node; " 60 || break
+    [ "$(grep -c 'world 2 -> 1 rank' "$T/flap.err0")" -eq $n ] || break
+    flaps=$n
+done
+[ $flaps -eq 3 ]; ok $? "node 1 joined and was lost 3 times, each seen by node 0 ($flaps)"
+wait_pid $f0 240; rc0=$?
+[ "$rc0" -eq 0 ]; ok $? "node 0 finishes (exit $rc0)"
+[ "$rc0" -eq 0 ] || show "$T/flap.err0"
+cmp -s "$T/ref.st" "$T/flap.st"; ok $? "after 3 flaps: the same weight bytes as one process"
+
 # ---- a spare takes a lost node's place -------------------------------------------------
 # 3 nodes of 1 rank, --micro-batches 2: worlds 1 and 2 keep the bits, so 2 work, 1 waits
 TRAIN2=$(echo "$TRAIN" | sed 's/--micro-batches 4/--micro-batches 2/')

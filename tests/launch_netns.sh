@@ -115,4 +115,37 @@ ok_grep "$tmp/err1" "lost node 0 \(.*, the master at $ipa:$port\) at .* UTC: no 
 sleep 0.5
 test -z "$(ip netns pids "$nsa")" && test -z "$(ip netns pids "$nsb")"
 ok $? "no process left in either namespace"
+
+# 5. an elastic job (--nnodes 1:2) loses node 1 to a link cut (down on node 1's side) during a 4-rank attempt: node
+# 0 notices by the heartbeats, kills its ranks, and finishes on its own 2 ranks from the
+# newest checkpoint, with the weights of one process
+if [ -x "$DT_BUILDDIR/dtrain" ]; then
+    setup_link > "$tmp/setup" 2>&1
+    ok $? "the link is made again"
+    echo "flatten linear(64) relu linear(4)" > "$tmp/model"
+    el="train --data synthetic:1024,1,8,8,4 --model @$tmp/model --batch 32 --micro-batches 4 --epochs 1000 --steps 6000 --no-eval --threads 1 --quiet"
+    "$DT_BUILDDIR/dtrain" $el --save "$tmp/ref.st" > "$tmp/ref.out" 2>&1
+    ok $? "one process: the reference run"
+    ck="$tmp/ck"
+    node 0 --nnodes 1:2 --heartbeat-timeout 3 --monitor-interval 0.5 --grace 5 --rdzv-last-call 5 "$DT_BUILDDIR/dtrain" $el \
+        --checkpoint-dir "$ck" --checkpoint-every 200 --resume auto --save "$tmp/el.st"; p0=$!
+    node 1 --nnodes 1:2 --heartbeat-timeout 3 --monitor-interval 0.5 --grace 5 "$DT_BUILDDIR/dtrain" $el \
+        --checkpoint-dir "$ck" --checkpoint-every 200 --resume auto; p1=$!
+    wait_line "$tmp/err1" "^dtrun: node 1 \(.*\), attempt 0: ranks 2\.\.3 of 4$" 60
+    ok $? "2 nodes x 2 ranks: node 1 runs ranks 2..3 of 4"
+    i=0; while ! ls "$ck" 2>/dev/null | grep -q '^step-' && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+    ip -n "$nsb" link set "$vb" down   # node 1's side only: node 0 keeps its interface
+    wait_pid $p0 240; rc0=$?
+    wait_pid $p1 60; rc1=$?
+    test "$rc0" -eq 0 && test "$rc1" -ne 0
+    ok $? "link cut: node 0 finishes alone (exit $rc0), node 1 ends, having lost node 0 (exit $rc1)"
+    [ "$rc0" -eq 0 ] || sed 's/^/#   /' "$tmp/err0" | tail -12
+    ok_grep "$tmp/err0" "^dtrun: node 1 \(.*\) lost at .* UTC: no heartbeat for 3 s \(--heartbeat-timeout\); stopping the attempt$" \
+        "node 0 names node 1 as lost by its heartbeats"
+    ok_grep "$tmp/err0" "^dtrun: membership: node 1 \(.*\) lost: no heartbeat for 3 s \(--heartbeat-timeout\); world 4 -> 2 ranks on 1 node; " \
+        "node 0 goes on with 2 ranks"
+    cmp -s "$tmp/ref.st" "$tmp/el.st"; ok $? "4 ranks on 2 nodes, then 2 on one: the weights of one process, byte for byte"
+else
+    for i in 1 2 3 4 5 6; do skip "dtrain is not built"; done
+fi
 done_testing
