@@ -86,6 +86,14 @@ ok_grep "$T/grow.out0" "^\[rank0\]:dtrain: membership changed \(node 1 \(.*\) lo
     "rank 0 says the change, the step it resumed after and how long it took"
 cmp -s "$T/ref.st" "$T/grow.st"; ok $? "grown to 2 ranks and shrunk to 1: the same weight bytes as one process"
 grep -q '"event":"start".*"membership":"node 1' "$T/grow.m.jsonl"; ok $? "the metrics' start lines carry the change"
+"$D" report "$T/grow.m.jsonl" -o "$T/grow.html" > "$T/rep.out" 2>&1
+ok $? "dtrain report reads the elastic job's metrics"
+n=$(grep -c '<line class="membership" data-step=' "$T/grow.html")
+[ "$n" -ge 2 ]; ok $? "its charts mark both membership changes ($n marks)"
+ok_grep "$T/grow.html" '<title>[^<]*: resumed after step [0-9]+ on a membership change: node 1 \(.*\) lost: its connection closed</title>' \
+    "a mark says the change"
+ok_grep "$T/grow.html" 'membership change: nodes left or joined .dotted.' "the legend says what the marks are"
+! grep -q 'skipped' "$T/rep.out"; ok $? "no metrics line skipped"
 
 # ---- a node that flaps: joins and is lost three times ------------------------------------
 port=$(free_port)

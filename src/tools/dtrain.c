@@ -453,15 +453,16 @@ static void on_event(void *ctx, const dt_train_event *ev) {
     if (ev->kind == DT_EV_FIRST && r->change) {   /* the first step after a membership change */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        double took = r->change_at > 0 ? (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - r->change_at : -1;
+        double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+        double took = r->change_at > 0 ? now - r->change_at : -1;
         printf("dtrain: membership changed (%s): world %d, resumed after step %lld, its first step done %.1f s after "
                "the change\n", r->change, r->world, (long long)r->resumed_at, took);
         fflush(stdout);
         if (r->metrics) {
             dt_sbuf b = {0};
             dt_sbuf_printf_(&b, "{\"event\":\"membership\",\"step\":%lld,\"resumed_after\":%lld,\"world_size\":%d,"
-                            "\"seconds\":%.3f,\"change\":\"", (long long)ev->step, (long long)r->resumed_at,
-                            r->world, took);
+                            "\"seconds\":%.3f,\"at\":%.3f,\"change\":\"", (long long)ev->step, (long long)r->resumed_at,
+                            r->world, took, now);
             dt_sbuf_json_(&b, r->change);
             dt_sbuf_str_(&b, "\"}\n");
             if (!b.oom) fputs(b.p, r->metrics);

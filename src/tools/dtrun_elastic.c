@@ -184,7 +184,7 @@ void dtrun_newest_checkpoint(const dtrun_exact *ex, char *out, size_t n) {
     while ((e = readdir(d))) {   /* complete checkpoints only: step-<12 digits> (ckpt_dir.c) */
         const char *nm = e->d_name;
         if (strncmp(nm, "step-", 5) != 0 || strlen(nm) != 17 || strspn(nm + 5, "0123456789") != 12) continue;
-        if (strcmp(nm, best) > 0) snprintf(best, sizeof best, "%s", nm);
+        if (strcmp(nm, best) > 0) memcpy(best, nm, 18);   /* 17 characters and the NUL */
     }
     closedir(d);
     if (best[0]) snprintf(out, n, "%s/%s", ex->ckpt_dir, best);

@@ -111,13 +111,32 @@ static int mem_of(const jsonl_obj *o, const char *prefix, double *v) {
  * the resumption is noted among the settings. */
 static int take_start(rpt_run *r, const jsonl_obj *o) {
     int64_t from;
-    if (r->nstep && count_of(o, "step", &from) && from > 0) {
+    const char *change = jsonl_str(o, "membership");   /* an elastic job's change (dtrun) */
+    if (r->nstep && count_of(o, "step", &from) && (from > 0 || change)) {
         while (r->nstep && r->step[r->nstep - 1].step > from) r->nstep--;
         while (r->nval && r->val[r->nval - 1].step > from) r->nval--;
-        while (r->nresume && r->resume[r->nresume - 1] >= from) r->nresume--;
+        while (r->nresume && r->resume[r->nresume - 1] >= from) {
+            r->nresume--;
+            free(r->change[r->nresume]);
+        }
         int64_t *at;
         PUSH(r->resume, r->nresume, r->capresume, at);
         *at = from;
+        if (r->capchange < r->capresume) {
+            char **c = realloc(r->change, r->capresume * sizeof *c);
+            if (!c) return -1;
+            r->change = c;
+            r->capchange = r->capresume;
+        }
+        r->change[r->nresume - 1] = change ? strdup(change) : NULL;
+        if (change && !r->change[r->nresume - 1]) return -1;
+        if (change) {
+            rpt_setting *m;
+            PUSH(r->set, r->nset, r->capset, m);
+            m->key = strdup("membership change");
+            m->val = strdup(jsonl_get(o, "membership")->val);
+            if (!m->key || !m->val) return -1;
+        }
         rpt_setting *s;
         PUSH(r->set, r->nset, r->capset, s);
         s->key = strdup("resumed after step");
@@ -225,6 +244,14 @@ static int take_memory(rpt_run *r, const jsonl_obj *o) {
     return take_mem(r, o, step, (int)rank, 1);
 }
 
+/* A membership event (an elastic job's first step after a change): the start line before
+ * it has said the change already. */
+static int take_membership(rpt_run *r, const jsonl_obj *o) {
+    (void)r;
+    (void)o;
+    return 1;
+}
+
 /* The events of a metrics file (dtrain.c, on_event): 1 taken, 0 not usable (the line
  * is counted as skipped), -1 out of memory. */
 static const struct {
@@ -233,6 +260,7 @@ static const struct {
 } events[] = {
     {"start", take_start}, {"step", take_step},   {"eval", take_eval},
     {"epoch", take_epoch}, {"rank", take_rank},   {"memory", take_memory},
+    {"membership", take_membership},
 };
 
 /* One line: 1 taken, 0 skipped, -1 out of memory. */
@@ -277,6 +305,8 @@ void rpt_free(rpt_run *r) {
     free(r->val);
     free(r->rank);
     free(r->mem);
+    for (size_t i = 0; i < r->nresume; i++) free(r->change[i]);
+    free(r->change);
     free(r->resume);
 }
 

@@ -66,8 +66,10 @@ typedef struct {
     size_t       nmem, capmem;
     rpt_setting *set;
     size_t       nset, capset;
-    int64_t     *resume;     /* the steps it was resumed after (a start line after step N > 0) */
-    size_t       nresume, capresume;
+    int64_t     *resume;     /* the steps it was resumed after (a start line after step N > 0, or
+                                one that says a membership change) */
+    char       **change;     /* per resumption: the elastic job's membership change, or NULL */
+    size_t       nresume, capresume, capchange;
     double       plan;      /* dtrain plan's estimate of a rank's peak, bytes (start's plan_bytes; 0: none) */
     int          tokens;    /* the steps give tokens/s (a token model); else samples/s */
     int          world;     /* world_size of the last step (0: not given) */

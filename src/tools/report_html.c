@@ -250,22 +250,31 @@ static void val_line(const chart *c, const rpt_run *r, int k) {
 static void resume_marks(const chart *c, const rpt_run *r) {
     for (size_t i = 0; i < r->nresume; i++) {
         double x = (double)r->resume[i];
+        const char *change = r->change ? r->change[i] : NULL;
         if (x < c->x.lo || x > c->x.hi) continue;
-        dt_sbuf_printf_(c->b, "<line class=\"resume\" data-step=\"%lld\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" "
-                        "stroke=\"#555\" stroke-dasharray=\"2 3\"><title>", (long long)r->resume[i], px(c, x), px(c, x),
-                        c->y0, c->y1);
+        dt_sbuf_printf_(c->b, "<line class=\"%s\" data-step=\"%lld\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" "
+                        "y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"2 3\"><title>", change ? "membership" : "resume",
+                        (long long)r->resume[i], px(c, x), px(c, x), c->y0, c->y1, change ? "#d95f02" : "#555");
         put_html(c->b, r->label);
-        dt_sbuf_printf_(c->b, ": resumed after step %lld</title></line>\n", (long long)r->resume[i]);
+        dt_sbuf_printf_(c->b, ": resumed after step %lld", (long long)r->resume[i]);
+        if (change) {
+            dt_sbuf_str_(c->b, " on a membership change: ");
+            put_html(c->b, change);
+        }
+        dt_sbuf_str_(c->b, "</title></line>\n");
     }
 }
 
 /* The legend's word for the marks, when a run has any. */
 static void resume_legend(dt_sbuf *b, const rpt_run *runs, int n) {
+    int plain = 0, change = 0;
     for (int k = 0; k < n; k++)
-        if (runs[k].nresume) {
-            legend_item(b, "#555", 1, "resumed from a checkpoint (dotted)");
-            return;
+        for (size_t i = 0; i < runs[k].nresume; i++) {
+            if (runs[k].change && runs[k].change[i]) change = 1;
+            else plain = 1;
         }
+    if (plain) legend_item(b, "#555", 1, "resumed from a checkpoint (dotted)");
+    if (change) legend_item(b, "#d95f02", 1, "membership change: nodes left or joined (dotted)");
 }
 
 static void section_loss(dt_sbuf *b, const rpt_run *runs, int n) {
