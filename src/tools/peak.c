@@ -68,8 +68,7 @@ static char *cache_read(const char *path) {
     return text;
 }
 
-/* One line "<gflops> <date> <key>": 1 and its parts when it parses. */
-static int parse_line(const char *line, size_t len, double *g, char date[11], const char **key, size_t *klen) {
+int dt_peak_parse_line(const char *line, size_t len, double *g, char date[11], const char **key, size_t *klen) {
     char buf[512];
     if (len >= sizeof buf) return 0;
     memcpy(buf, line, len);
@@ -98,7 +97,7 @@ static int cache_find(const char *text, const char *key, double *g, char date[11
         size_t len = nl ? (size_t)(nl - l) : strlen(l);
         const char *k;
         size_t klen;
-        if (parse_line(l, len, g, date, &k, &klen) && klen == kl && !memcmp(k, key, kl)) return 1;
+        if (dt_peak_parse_line(l, len, g, date, &k, &klen) && klen == kl && !memcmp(k, key, kl)) return 1;
         l = nl ? nl + 1 : NULL;
     }
     return 0;
@@ -128,7 +127,7 @@ static void cache_store(const dt_peak *p) {
         char date[11];
         const char *k;
         size_t klen;
-        if (parse_line(l, len, &g, date, &k, &klen) && !(klen == strlen(p->key) && !memcmp(k, p->key, klen)))
+        if (dt_peak_parse_line(l, len, &g, date, &k, &klen) && !(klen == strlen(p->key) && !memcmp(k, p->key, klen)))
             dt_sbuf_printf_(&b, "%.*s\n", (int)len, l);
         l = nl ? nl + 1 : NULL;
     }

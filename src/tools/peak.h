@@ -36,5 +36,8 @@ void dt_peak_get(const dt_ops *ops, int dtype, int threads, dt_peak *p);
 void dt_peak_raise(dt_peak *p, double gflops);
 /* At the end of a run: a raised peak goes into the cache (not a given one). */
 void dt_peak_keep(dt_peak *p);
+/* One cache line (len bytes, no newline) "<gflops> <YYYY-MM-DD> <key>": 1 with its rate,
+ * date and key (a pointer into line, klen bytes) when it parses, else 0. */
+int  dt_peak_parse_line(const char *line, size_t len, double *g, char date[11], const char **key, size_t *klen);
 
 #endif /* DT_TOOLS_PEAK_H */
