@@ -6,7 +6,9 @@
 # the newest checkpoint. Every run that finishes ends with the weights of one process,
 # byte for byte. Then the refusals: MIN > MAX, one node only, a size that can never be
 # exact, a program that does not say its sizes, dtrain without --micro-batches, MIN not
-# reached, a node with another secret, mpirun. Loopback only; every wait is bounded and
+# reached, a node with another secret, mpirun. All of it beside two busy loops (the
+# machine under load; DT_ELASTIC_BUSY=0 leaves them out); DT_ELASTIC_TRIALS=N repeats the
+# join-and-loss at N drawn steps (default 1). Loopback only; every wait is bounded and
 # waits for the event it checks (a line, a checkpoint), never for a fixed time.
 . "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
 DTRUN="$DT_BUILDDIR/dtrun"
@@ -18,6 +20,9 @@ cleanup() { pids=$(pgrep -f "$tok"); [ -z "$pids" ] || kill -KILL $pids 2>/dev/n
 trap 'cleanup; rm -rf "$T"' EXIT
 # every process of a job carries $tok in its command line (the checkpoint directory)
 mkdir -p "$T/$tok"
+if [ "${DT_ELASTIC_BUSY:-1}" != 0 ]; then
+    for i in 1 2; do timeout 900 sh -c 'while :; do :; done' "$tok" & done
+fi
 export DT_JOB_SECRET=elastic-test-secret-0123456789abcdef
 STEPS=12000
 echo "flatten linear(128) relu linear(128) relu linear(4)" > "$T/model"
@@ -37,7 +42,7 @@ wait_ckpt() {
 # $T/NAME.outR and $T/NAME.errR; ARGS go to dtrun before the program
 node() {
     nm=$1; r=$2; spec=$3; shift 3
-    (exec "$DTRUN" -n 1 --nnodes "$spec" --node-rank "$r" --master-port "$port" --heartbeat-timeout 5 --grace 20 \
+    (exec "$DTRUN" -n "${NPROC:-1}" --nnodes "$spec" --node-rank "$r" --master-port "$port" --heartbeat-timeout 5 --grace 20 \
         --rdzv-last-call 0.3 "$@" "$D" $TRAIN --checkpoint-dir "$T/$tok/$nm" --checkpoint-every 200 --resume auto \
         --metrics "$T/$nm.m.jsonl" --save "$T/$nm.st" > "$T/$nm.out$r" 2> "$T/$nm.err$r") &
 }
@@ -47,45 +52,49 @@ show() { for f in "$@"; do diag "$f:"; sed 's/^/#   /' "$f" | tail -12; done; }
 "$D" $TRAIN --save "$T/ref.st" > "$T/ref.out" 2>&1
 ok $? "one process, $STEPS steps (the reference)"
 
-# ---- a node joins, then a node is lost -------------------------------------------------
-port=$(free_port)
-node grow 0 1:2; p0=$!
-wait_ckpt "$T/$tok/grow" 200
-ok $? "node 0 runs alone (world 1) and checkpoints"
-node grow 1 1:2; p1=$!
-wait_line "$T/grow.err0" "^dtrun: membership: node 1 \(.*\) joined; world 1 -> 2 ranks on 2 nodes; " 60
-ok $? "node 1 joins: node 0 says the world grows from 1 to 2 ranks"
-ok_grep "$T/grow.err0" "^dtrun: the world can grow from 1 to 2 ranks: asking the ranks to checkpoint and stop$" \
-    "the ranks are asked to checkpoint first"
-ok_grep "$T/grow.out0" "^\[rank0\]:dtrain: stopped at step [0-9]+ on SIGTERM, checkpointed in " \
-    "rank 0 checkpoints the step it stopped at: nothing is lost by a join"
-wait_line "$T/grow.err1" "^dtrun: node 1 \(.*\), attempt 1: ranks 1\.\.1 of 2$" 60
-ok $? "node 1 runs rank 1 of 2"
-wait_line "$T/grow.m.jsonl" '"event":"membership".*"world_size":2' 60
-ok $? "the metrics file records the change at the first step on 2 ranks"
-# the loss: node 1's dtrun (and with it its rank) SIGKILLed once a checkpoint at a step
-# drawn here exists
-j=$(sed -n 's/.*"event":"membership","step":\([0-9]*\),.*"world_size":2.*/\1/p' "$T/grow.m.jsonl" | tail -1)
-k=$(( ${j:-0} + 200 + $(od -An -N2 -tu2 /dev/urandom | tr -d ' ') % 2000 ))
-wait_ckpt "$T/$tok/grow" "$k"
-ok $? "2 ranks reach a checkpoint at or after step $k (drawn)"
-kill -KILL $p1
-lost_at=$(newest "$T/$tok/grow")
-wait_pid $p0 240; rc0=$?
-wait $p1 2>/dev/null
-[ "$rc0" -eq 0 ]; ok $? "node 1 killed near step $k: node 0 finishes the job alone, exit 0 (got $rc0)"
-[ "$rc0" -eq 0 ] || show "$T/grow.err0" "$T/grow.out0"
-ok_grep "$T/grow.err0" "^dtrun: node 1 \(.*\) lost at .* UTC: its connection closed; stopping the attempt$" \
-    "node 0 names the lost node"
-ok_grep "$T/grow.err0" "^dtrun: membership: node 1 \(.*\) lost: its connection closed; world 2 -> 1 rank on 1 node; " \
-    "node 0 says the world shrinks from 2 ranks to 1"
-r=$(sed -n 's/.*"event":"membership","step":[0-9]*,"resumed_after":\([0-9]*\),"world_size":1.*/\1/p' "$T/grow.m.jsonl")
-[ -n "$r" ] && [ "$r" -ge "$lost_at" ] && [ "$r" -lt $((lost_at + 200)) ]
-ok $? "the job resumed from the checkpoint it had when node 1 died (step ${r:-none}, newest then $lost_at): at most 200 steps (--checkpoint-every) lost"
-ok_grep "$T/grow.out0" "^\[rank0\]:dtrain: membership changed \(node 1 \(.*\) lost: its connection closed\): world 1, resumed after step [0-9]+, its first step done [0-9.]+ s after the change$" \
-    "rank 0 says the change, the step it resumed after and how long it took"
-cmp -s "$T/ref.st" "$T/grow.st"; ok $? "grown to 2 ranks and shrunk to 1: the same weight bytes as one process"
-grep -q '"event":"start".*"membership":"node 1' "$T/grow.m.jsonl"; ok $? "the metrics' start lines carry the change"
+# ---- a node joins, then a node is lost (at a step drawn here, DT_ELASTIC_TRIALS times) ---
+trials=${DT_ELASTIC_TRIALS:-1}
+for trial in $(seq "$trials"); do
+    rm -rf "$T/$tok/grow" "$T/grow.m.jsonl"
+    port=$(free_port)
+    node grow 0 1:2; p0=$!
+    wait_ckpt "$T/$tok/grow" 200
+    ok $? "node 0 runs alone (world 1) and checkpoints"
+    node grow 1 1:2; p1=$!
+    wait_line "$T/grow.err0" "^dtrun: membership: node 1 \(.*\) joined; world 1 -> 2 ranks on 2 nodes; " 60
+    ok $? "node 1 joins: node 0 says the world grows from 1 to 2 ranks"
+    ok_grep "$T/grow.err0" "^dtrun: the world can grow from 1 to 2 ranks: asking the ranks to checkpoint and stop$" \
+        "the ranks are asked to checkpoint first"
+    ok_grep "$T/grow.out0" "^\[rank0\]:dtrain: stopped at step [0-9]+ on SIGTERM, checkpointed in " \
+        "rank 0 checkpoints the step it stopped at: nothing is lost by a join"
+    wait_line "$T/grow.err1" "^dtrun: node 1 \(.*\), attempt 1: ranks 1\.\.1 of 2$" 60
+    ok $? "node 1 runs rank 1 of 2"
+    wait_line "$T/grow.m.jsonl" '"event":"membership".*"world_size":2' 60
+    ok $? "the metrics file records the change at the first step on 2 ranks"
+    # the loss: node 1's dtrun (and with it its rank) SIGKILLed once a checkpoint at a step
+    # drawn here exists
+    j=$(sed -n 's/.*"event":"membership","step":\([0-9]*\),.*"world_size":2.*/\1/p' "$T/grow.m.jsonl" | tail -1)
+    k=$(( ${j:-0} + 200 + $(od -An -N2 -tu2 /dev/urandom | tr -d ' ') % 2000 ))
+    wait_ckpt "$T/$tok/grow" "$k"
+    ok $? "2 ranks reach a checkpoint at or after step $k (drawn)"
+    kill -KILL $p1
+    lost_at=$(newest "$T/$tok/grow")
+    wait_pid $p0 240; rc0=$?
+    wait $p1 2>/dev/null
+    [ "$rc0" -eq 0 ]; ok $? "node 1 killed near step $k: node 0 finishes the job alone, exit 0 (got $rc0)"
+    [ "$rc0" -eq 0 ] || show "$T/grow.err0" "$T/grow.out0"
+    ok_grep "$T/grow.err0" "^dtrun: node 1 \(.*\) lost at .* UTC: its connection closed; stopping the attempt$" \
+        "node 0 names the lost node"
+    ok_grep "$T/grow.err0" "^dtrun: membership: node 1 \(.*\) lost: its connection closed; world 2 -> 1 rank on 1 node; " \
+        "node 0 says the world shrinks from 2 ranks to 1"
+    r=$(sed -n 's/.*"event":"membership","step":[0-9]*,"resumed_after":\([0-9]*\),"world_size":1.*/\1/p' "$T/grow.m.jsonl")
+    [ -n "$r" ] && [ "$r" -ge "$lost_at" ] && [ "$r" -lt $((lost_at + 200)) ]
+    ok $? "the job resumed from the checkpoint it had when node 1 died (step ${r:-none}, newest then $lost_at): at most 200 steps (--checkpoint-every) lost"
+    ok_grep "$T/grow.out0" "^\[rank0\]:dtrain: membership changed \(node 1 \(.*\) lost: its connection closed\): world 1, resumed after step [0-9]+, its first step done [0-9.]+ s after the change$" \
+        "rank 0 says the change, the step it resumed after and how long it took"
+    cmp -s "$T/ref.st" "$T/grow.st"; ok $? "grown to 2 ranks and shrunk to 1: the same weight bytes as one process"
+    grep -q '"event":"start".*"membership":"node 1' "$T/grow.m.jsonl"; ok $? "the metrics' start lines carry the change"
+done
 "$D" report "$T/grow.m.jsonl" -o "$T/grow.html" > "$T/rep.out" 2>&1
 ok $? "dtrain report reads the elastic job's metrics"
 n=$(grep -c '<line class="membership" data-step=' "$T/grow.html")
@@ -95,7 +104,9 @@ ok_grep "$T/grow.html" '<title>[^<]*: resumed after step [0-9]+ on a membership 
 ok_grep "$T/grow.html" 'membership change: nodes left or joined .dotted.' "the legend says what the marks are"
 ! grep -q 'skipped' "$T/rep.out"; ok $? "no metrics line skipped"
 
-# ---- a node that flaps: joins and is lost three times ------------------------------------
+# ---- a node that flaps: joins and is lost three times, its state sharded ---------------
+# (--shard grads: each change resumes a sharded checkpoint on another world size)
+TRAIN_SAVE=$TRAIN; TRAIN="$TRAIN --shard grads"
 port=$(free_port)
 node flap 0 1:2; f0=$!
 wait_ckpt "$T/$tok/flap" 200
@@ -103,8 +114,12 @@ flaps=0
 for n in 1 2 3; do
     node flap 1 1:2; f1=$!
     wait_line "$T/flap.err1" "^dtrun: node 1 \(.*\), attempt [0-9]+: ranks 1\.\.1 of 2$" 60 || break
-    at=$(newest "$T/$tok/flap")
-    wait_ckpt "$T/$tok/flap" $((at + 200)) || break
+    # its first step on 2 ranks done (the metrics' membership event), it is killed
+    i=0
+    while [ "$(grep -c '"event":"membership".*"world_size":2' "$T/flap.m.jsonl")" -lt $n ] && [ $i -lt 600 ]; do
+        sleep 0.1; i=$((i + 1))
+    done
+    [ "$(grep -c '"event":"membership".*"world_size":2' "$T/flap.m.jsonl")" -ge $n ] || break
     kill -KILL $f1
     wait $f1 2>/dev/null
     wait_line "$T/flap.err0" "^dtrun: membership: node 1 \(.*\) lost: .*; world 2 -> 1 rank on 1 node; " 60 || break
@@ -112,10 +127,34 @@ for n in 1 2 3; do
     flaps=$n
 done
 [ $flaps -eq 3 ]; ok $? "node 1 joined and was lost 3 times, each seen by node 0 ($flaps)"
+[ $flaps -eq 3 ] || show "$T/flap.err0" "$T/flap.err1" "$T/flap.out0"
 wait_pid $f0 240; rc0=$?
 [ "$rc0" -eq 0 ]; ok $? "node 0 finishes (exit $rc0)"
 [ "$rc0" -eq 0 ] || show "$T/flap.err0"
-cmp -s "$T/ref.st" "$T/flap.st"; ok $? "after 3 flaps: the same weight bytes as one process"
+cmp -s "$T/ref.st" "$T/flap.st"; ok $? "after 3 flaps, sharded: the same weight bytes as one process"
+TRAIN=$TRAIN_SAVE
+
+# ---- pipelines: 2 stages a replica, nodes of 2 ranks (worlds 2 and 4) -------------------
+TRAIN_SAVE=$TRAIN; TRAIN="$TRAIN --pipeline 2"
+port=$(free_port)
+NPROC=2 node pipe 0 1:2; g0=$!
+wait_ckpt "$T/$tok/pipe" 200
+ok $? "node 0 runs one 2-stage pipeline"
+ok_grep "$T/pipe.err0" "world sizes that keep the result exact: 2 and 4$" "the exact sizes are whole pipelines (2 and 4)"
+NPROC=2 node pipe 1 1:2; g1=$!
+wait_line "$T/pipe.err1" "^dtrun: node 1 \(.*\), attempt 1: ranks 2\.\.3 of 4$" 60
+ok $? "node 1 joins: 2 replicas of the pipeline on 4 ranks"
+at=$(newest "$T/$tok/pipe")
+wait_ckpt "$T/$tok/pipe" $((at + 200))
+kill -KILL $g1
+wait $g1 2>/dev/null
+wait_pid $g0 240; rc0=$?
+[ "$rc0" -eq 0 ]; ok $? "node 1 lost: node 0 finishes on one pipeline again (exit $rc0)"
+[ "$rc0" -eq 0 ] || show "$T/pipe.err0"
+ok_grep "$T/pipe.err0" "^dtrun: membership: node 1 \(.*\) lost: its connection closed; world 4 -> 2 ranks on 1 node; " \
+    "node 0: the world shrinks from 4 ranks to 2"
+cmp -s "$T/ref.st" "$T/pipe.st"; ok $? "a pipeline grown to 2 replicas and back: the same weight bytes as one process"
+TRAIN=$TRAIN_SAVE
 
 # ---- a spare takes a lost node's place -------------------------------------------------
 # 3 nodes of 1 rank, --micro-batches 2: worlds 1 and 2 keep the bits, so 2 work, 1 waits
