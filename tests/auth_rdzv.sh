@@ -206,6 +206,38 @@ test $rc0 -eq 0 && test $rc1 -eq 0; ok $? "the real node 1 still joins and the j
 grep -q ':up$' "$tmp/n1.out"; ok $? "node 1's rank ran"
 below "$took" 5; ok $? "... and node 1 was done within 5 s ($took s)"
 
+# 1b. an elastic job (--nnodes 1:2) grows while its rendezvous is flooded with HELLOs: a
+# rank answers the elastic probe (worlds 1 and 2), waits on 1 rank until asked to stop
+# (SIGTERM: exit 75, as dtrain does after its checkpoint), and on 2 ranks says so and ends
+cat > "$tmp/el.sh" <<'EOF2'
+if [ -n "$DT_ELASTIC_PROBE" ]; then echo "dtrain-elastic: sizes=1,2 resume=auto checkpoint-dir=/nonexistent"; exit 0; fi
+if [ "$WORLD_SIZE" = 2 ]; then echo "up2 $RANK"; exit 0; fi
+echo up1; trap 'exit 75' TERM
+i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done; exit 3
+EOF2
+port=$(free_port)
+(DT_JOB_SECRET=s3cret exec "$DTRUN" -n 1 --nnodes 1:2 --master-port "$port" --rdzv-last-call 0 --grace 20 \
+    sh "$tmp/el.sh" "$tok" > "$tmp/e0.out" 2> "$tmp/e0.err") & e0=$!
+i=0; while ! grep -q ':up1$' "$tmp/e0.out" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+grep -q ':up1$' "$tmp/e0.out"; ok $? "an elastic job runs on node 0 alone"
+fe=
+if [ -n "$lo8" ]; then
+    rm -f "$tmp/flood5"
+    python3 "$tmp/flood.py" "$port" 5000 hello=3 "$tmp/flood5" 30 8 > "$tmp/flood5.log" & fe=$!
+    wait_file "$tmp/flood5"; ok $? "HELLOs at 5,000 a second from 127.0.0.2-9 at its rendezvous ($(cat "$tmp/flood5") in 0.5 s)"
+else
+    skip "cannot bind 127.0.0.9 for a flood from several addresses"
+fi
+t=$(date +%s.%N)
+(DT_JOB_SECRET=s3cret exec "$DTRUN" -n 1 --nnodes 1:2 --node-rank 1 --master-port "$port" \
+    sh "$tmp/el.sh" "$tok" > "$tmp/e1.out" 2> "$tmp/e1.err") & e1=$!
+wait_for $e0 60; rc0=$?; took=$(since "$t"); wait_for $e1 60; rc1=$?
+[ -z "$fe" ] || { kill $fe 2>/dev/null; wait $fe 2>/dev/null; diag "flood of the elastic node 0: $(cat "$tmp/flood5.log")"; }
+test $rc0 -eq 0 && test $rc1 -eq 0; ok $? "under the flood node 1 joins, the world grows to 2 and the job ends (exit $rc0, $rc1)"
+grep -q ':up2 1$' "$tmp/e1.out" && grep -q ':up2 0$' "$tmp/e0.out"; ok $? "both ranks ran on the world of 2"
+ok_grep "$tmp/e0.err" "^dtrun: membership: node 1 \(.*\) joined; world 1 -> 2 ranks on 2 nodes; " "node 0 says the change"
+below "$took" 10; ok $? "... within 10 s of node 1's start ($took s)"
+
 # 2. a live training job under floods of its store and peer ports
 port=$(free_port)
 train() {   # train RANK: one rank of a 2-rank job on $port, in the background
