@@ -139,15 +139,15 @@ static const char usage[] =
 "or MIN and then none for --rdzv-last-call. Each attempt runs the largest allowed world\n"
 "the live nodes hold (node 0 first, then by node rank); the other nodes wait as spares.\n"
 "A node whose dtrun ends or stays silent for --heartbeat-timeout is lost: the ranks\n"
-"still running are killed and the job starts again on the nodes left (spares first),\n"
-"from the newest checkpoint (give dtrain --checkpoint-dir and --resume auto). A node\n"
-"that joins a running job waits as a spare; when it lets the world grow, the ranks are\n"
-"sent SIGTERM (dtrain checkpoints the step and exits 75) and the job starts again at\n"
-"the new size. Each change is one line 'dtrun: membership: ...' on node 0, and the\n"
-"ranks get it as DT_ELASTIC_CHANGE (dtrain writes it to its metrics). Fewer than MIN\n"
-"nodes, or none of the allowed sizes, for --rdzv-timeout ends the job (exit 1), naming\n"
-"the lost nodes and the newest checkpoint. Losses and joins do not count against\n"
-"--max-restarts; a rank that fails while every node is alive does.\n";
+"still running are killed and the job starts again on the nodes left (a spare takes\n"
+"the lost ranks) from the newest checkpoint (give dtrain --checkpoint-dir and --resume\n"
+"auto). A node that joins a running job waits as a spare; when it lets the world grow,\n"
+"the ranks are sent SIGTERM (dtrain checkpoints the step and exits 75) and the job\n"
+"starts again at the new size. Each change is one line 'dtrun: membership: ...' on\n"
+"node 0, and the ranks get it as DT_ELASTIC_CHANGE (dtrain writes it to its metrics).\n"
+"Fewer than MIN nodes, or none of the allowed sizes, for --rdzv-timeout ends the job\n"
+"(exit 1), naming the lost nodes and the newest checkpoint. Losses and joins do not\n"
+"count against --max-restarts; a rank that fails while every node is alive does.\n";
 
 /* ---- ports ---------------------------------------------------------------------------- */
 
