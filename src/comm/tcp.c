@@ -566,6 +566,38 @@ static dt_status setup_shm(tcp_world *w, const reg_t *regs) {
     return tcp_ring_setup(w, local + 1, first == w->rank);
 }
 
+/* The job's first collective would run over TCP with every partner: a pair's ring is
+ * offered at its first message and used from a later one (tcp_ring.c), and the
+ * collectives meet each partner once per call (4-16 MiB all_reduce on 4 ranks: 0.3-0.8
+ * GB/s for the first call, 5.4-7.4 after, 2026-12-04). So the same-host partners of the
+ * collectives (algo.c: rank ^ 2^k; the ring's neighbours where the world is not a power of
+ * two) exchange one byte twice at the start, outside the collective numbering: the first
+ * carries the offers, the second the switch. Both sides of a pair walk the same list.
+ * DT_SHM_WARM=0 leaves it out (the rings are then made at first use). */
+static dt_status warm_rings(dt_comm *c, tcp_comm *tc) {
+    tcp_world *w = tc->w;
+    const int r = c->rank, n = c->size;
+    const char *e = getenv("DT_SHM_WARM");   /* 0: rings made at first use only */
+    if (!w->shm || n < 2 || (e && strcmp(e, "0") == 0)) return DT_OK;
+    dt_call call = { .kind = DT_CALL_P2P, .dtype = DT_U8, .count = 1, .root = -1, .tag = -1, .ctx = c->ctx };
+    snprintf(call.desc, sizeof call.desc, "the shared-memory rings' set-up with the same-host ranks");
+    unsigned char out = 1, in = 0;
+    for (int round = 0; round < 2; round++) {
+        for (int k = 0; (1 << k) < n; k++) {
+            int q = r ^ (1 << k);
+            if (q >= n || !w->peers[tc->map[q]].local) continue;
+            dt_xfer x = { .dst = q, .sbuf = &out, .sbytes = 1, .src = q, .rbuf = &in, .rbytes = 1 };
+            DT_TRY(tcp_xfer(tc, &x, &call));
+        }
+        if ((n & (n - 1)) == 0) continue;
+        int next = (r + 1) % n, prev = (r + n - 1) % n;
+        dt_xfer x = { .dst = w->peers[tc->map[next]].local ? next : -1, .sbuf = &out, .sbytes = 1,
+                      .src = w->peers[tc->map[prev]].local ? prev : -1, .rbuf = &in, .rbytes = 1 };
+        if (x.dst >= 0 || x.src >= 0) DT_TRY(tcp_xfer(tc, &x, &call));
+    }
+    return DT_OK;
+}
+
 /* A socket per peer, and on rank 0 one per rank for the store, plus a margin for the
  * program's own files: raise the soft limit on open files to the hard one if that is
  * short, or say what to change. The gates' pending connections (the peer port's, and
@@ -799,7 +831,11 @@ done:
     if ((s = fill_comm(c, w, regs)) != DT_OK) goto fail;
     free(regs);
     c->p2p = (dt_p2p){ .ctx = tc, .rank = rank, .size = size, .xfer = tcp_xfer };
+    if ((s = warm_rings(c, tc)) != DT_OK) goto fail_late;
     return DT_OK;
+fail_late:
+    tcp_destroy(c);
+    return s;
 fail:
     if (lfd >= 0) close(lfd);
     free(regs);

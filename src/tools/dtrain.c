@@ -617,7 +617,8 @@ static int cmd_train(int argc, char **argv) {
     }
     if (s == DT_OK && cli.fault && (s = dt_testing_set_fault(cli.fault)) != DT_OK) dt_error_wrap(s, "--testing-fault: ");
     if (s != DT_OK) return fail(s);
-    if (getenv("DT_ELASTIC_PROBE")) return elastic_probe(&o);
+    const char *probe = getenv("DT_ELASTIC_PROBE");
+    if (probe && strcmp(probe, "1") == 0) return elastic_probe(&o);
     const dt_optim_def *optim = dt_optim_find(o.optim);   /* unknown: the trainer lists the names */
     if (optim && !wd_given) o.weight_decay = optim->train_weight_decay;
     if (optim && !lr_given) o.lr = optim->train_lr;
