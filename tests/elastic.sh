@@ -85,11 +85,13 @@ for trial in $(seq "$trials"); do
     [ "$rc0" -eq 0 ] || show "$T/grow.err0" "$T/grow.out0"
     ok_grep "$T/grow.err0" "^dtrun: node 1 \(.*\) lost at .* UTC: its connection closed; stopping the attempt$" \
         "node 0 names the lost node"
-    ok_grep "$T/grow.err0" "^dtrun: membership: node 1 \(.*\) lost: its connection closed; world 2 -> 1 rank on 1 node; " \
-        "node 0 says the world shrinks from 2 ranks to 1"
+    ok_grep "$T/grow.err0" "^dtrun: membership: node 1 \(.*\) lost: its connection closed; world 2 -> 1 rank on 1 node; resumes after step [0-9]+; " \
+        "node 0 says the world shrinks from 2 ranks to 1, and from which step"
+    said=$(sed -n 's/^dtrun: membership: node 1 .* lost: .*; resumes after step \([0-9]*\); .*/\1/p' "$T/grow.err0" | tail -1)
     r=$(sed -n 's/.*"event":"membership","step":[0-9]*,"resumed_after":\([0-9]*\),"world_size":1.*/\1/p' "$T/grow.m.jsonl")
     [ -n "$r" ] && [ "$r" -ge "$lost_at" ] && [ "$r" -lt $((lost_at + 200)) ]
     ok $? "the job resumed from the checkpoint it had when node 1 died (step ${r:-none}, newest then $lost_at): at most 200 steps (--checkpoint-every) lost"
+    [ -n "$r" ] && [ "$said" = "$r" ]; ok $? "dtrun named the step dtrain resumed after (${said:-none} and ${r:-none})"
     ok_grep "$T/grow.out0" "^\[rank0\]:dtrain: membership changed \(node 1 \(.*\) lost: its connection closed\): world 1, resumed after step [0-9]+, its first step done [0-9.]+ s after the change$" \
         "rank 0 says the change, the step it resumed after and how long it took"
     cmp -s "$T/ref.st" "$T/grow.st"; ok $? "grown to 2 ranks and shrunk to 1: the same weight bytes as one process"

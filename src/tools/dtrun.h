@@ -148,6 +148,9 @@ void dtrun_sizes_text(const dtrun_exact *ex, char *out, size_t n);
 /* The newest complete checkpoint under ex->ckpt_dir ("DIR/step-000000000040"), or a
  * sentence saying there is none. */
 void dtrun_newest_checkpoint(const dtrun_exact *ex, char *out, size_t n);
+/* The step of that checkpoint (0: none yet), where the next attempt resumes; -1 when
+ * there is no --checkpoint-dir or it cannot be read. */
+long long dtrun_newest_step(const dtrun_exact *ex);
 
 /* dtrun_rdzv.c (uses dtrun_elastic.c and dtrun_util.c) */
 int  dtrun_net_start(dtrun_job *job);             /* rendezvous; 0, or an exit status */

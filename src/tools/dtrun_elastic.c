@@ -169,24 +169,33 @@ void dtrun_sizes_text(const dtrun_exact *ex, char *out, size_t n) {
     }
 }
 
-void dtrun_newest_checkpoint(const dtrun_exact *ex, char *out, size_t n) {
-    if (!ex->ckpt_dir[0]) {
-        snprintf(out, n, "none was kept (no --checkpoint-dir)");
-        return;
-    }
+/* The name of the newest complete checkpoint in ex->ckpt_dir (step-<12 digits>, as
+ * ckpt_dir.c installs them) into best[18]; 0, or errno when the directory cannot be read. */
+static int newest_name(const dtrun_exact *ex, char best[18]) {
+    best[0] = '\0';
     DIR *d = opendir(ex->ckpt_dir);
-    if (!d) {
-        snprintf(out, n, "none in %s (%s)", ex->ckpt_dir, strerror(errno));
-        return;
-    }
-    char best[64] = "";
+    if (!d) return errno;
     struct dirent *e;
-    while ((e = readdir(d))) {   /* complete checkpoints only: step-<12 digits> (ckpt_dir.c) */
+    while ((e = readdir(d))) {
         const char *nm = e->d_name;
         if (strncmp(nm, "step-", 5) != 0 || strlen(nm) != 17 || strspn(nm + 5, "0123456789") != 12) continue;
         if (strcmp(nm, best) > 0) memcpy(best, nm, 18);   /* 17 characters and the NUL */
     }
     closedir(d);
-    if (best[0]) snprintf(out, n, "%s/%s", ex->ckpt_dir, best);
+    return 0;
+}
+
+long long dtrun_newest_step(const dtrun_exact *ex) {
+    char best[18];
+    if (!ex->ckpt_dir[0] || newest_name(ex, best) != 0) return -1;
+    return best[0] ? strtoll(best + 5, NULL, 10) : 0;
+}
+
+void dtrun_newest_checkpoint(const dtrun_exact *ex, char *out, size_t n) {
+    char best[18];
+    int err;
+    if (!ex->ckpt_dir[0]) snprintf(out, n, "none was kept (no --checkpoint-dir)");
+    else if ((err = newest_name(ex, best)) != 0) snprintf(out, n, "none in %s (%s)", ex->ckpt_dir, strerror(err));
+    else if (best[0]) snprintf(out, n, "%s/%s", ex->ckpt_dir, best);
     else snprintf(out, n, "none in %s yet", ex->ckpt_dir);
 }

@@ -1110,10 +1110,12 @@ static int server_decide_elastic(dtrun_job *job) {
         int used = 0;
         for (int i = 1; i < cfg->nnodes; i++) used += net->nodes[i].ranks > 0;
         int spares = live_nodes(job) - 1 - used;
-        dtrun_say(job, "membership: %s; world %d -> %d rank%s on %d node%s%s%s; %.1f s after the change",
+        long long at = dtrun_newest_step(&net->ex);
+        char from[64] = "";
+        if (at >= 0) snprintf(from, sizeof from, "; resumes after step %lld", at);
+        dtrun_say(job, "membership: %s; world %d -> %d rank%s on %d node%s%s; %.1f s after the change",
                   what[0] ? what : "the nodes changed", was, job->world, job->world == 1 ? "" : "s", job->ngroups,
-                  job->ngroups == 1 ? "" : "s", spares > 0 ? ", spares: " : "", spares > 0 ? "" : "",
-                  dt_wall() - since);
+                  job->ngroups == 1 ? "" : "s", from, dt_wall() - since);
         if (spares > 0) {
             char list[400] = "";
             for (int i = 1; i < cfg->nnodes; i++)
