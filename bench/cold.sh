@@ -1,8 +1,8 @@
 #!/bin/sh
 # bench/cold.sh: the first collective of a job. Each run is a fresh dtrun -n N of dtbench
 # that times one all_reduce with no warm-up (-w 0 -W 0 -n 1), so it is the job's first
-# collective; with the shared-memory rings made at the start (the default) and with
-# DT_SHM_WARM=0 (made when a pair first talks, as before 2026-12-04), the two alternating,
+# collective; with the shared-memory rings made at the start (DT_SHM_WARM=1) and made
+# when a pair first talks (the default), the two alternating,
 # R times each (default 5), medians of busbw in GB/s. For comparison, the same size warm
 # (dtbench's defaults: 5 warm-up iterations, then 20 timed), once per repeat.
 #
@@ -35,8 +35,8 @@ for n in $RANKS; do
     for sz in $SIZES; do
         eager=""; lazy=""; warm=""
         for i in $(seq "$R"); do
-            eager="$eager $(one "$n" "$sz" -w 0 -W 0 -n 1)"
-            lazy="$lazy $(DT_SHM_WARM=0 one "$n" "$sz" -w 0 -W 0 -n 1)"
+            eager="$eager $(DT_SHM_WARM=1 one "$n" "$sz" -w 0 -W 0 -n 1)"
+            lazy="$lazy $(one "$n" "$sz" -w 0 -W 0 -n 1)"
             warm="$warm $(one "$n" "$sz")"
         done
         me=$(median $eager); ml=$(median $lazy); mw=$(median $warm)

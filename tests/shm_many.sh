@@ -2,8 +2,8 @@
 # shm_many.sh: many ranks on one host over the tcp backend's shared memory, and what
 # killed jobs leave in /dev/shm.
 #   - 64 ranks of dtbench under dtrun pass, and none of their segments is left;
-#   - rings are made for the collectives' partners at the start (or, DT_SHM_WARM=0, when
-#     a pair first talks): after one all_reduce over 64 ranks each
+#   - rings are made when a pair first talks (DT_SHM_WARM=1: for the collectives' partners
+#     at the start, checked here too): after one all_reduce over 64 ranks each
 #     rank has mapped log2(64) = 6 rings it made and 6 its partners made; with a small
 #     DT_SHM_BUDGET only 2 of each (the other partners stay on TCP), and every collective
 #     still passes with such mixed pairs; a malformed DT_SHM_BUDGET is refused;
@@ -54,6 +54,10 @@ left=$(left_of "$PIDS")
 ok $? "64 ranks: one all_reduce, checked"
 [ "$(grep -c 'rings out 6 in 6 ' "$TMP/rings")" -eq 64 ]
 ok $? "every rank mapped 6 rings of its own and 6 of its partners (log2 64), not 63"
+DT_SHM_WARM=1 "$DTRUN" -n 64 "$PROG" --mode rings > "$TMP/rings" 2>&1
+ok $? "64 ranks with the rings made at the start (DT_SHM_WARM=1): one all_reduce, checked"
+[ "$(grep -c 'rings out 6 in 6 ' "$TMP/rings")" -eq 64 ]
+ok $? "... the same 6 rings each way, no more"
 DT_SHM_BUDGET=150K "$DTRUN" -n 64 "$PROG" --mode rings > "$TMP/rings" 2>&1
 st=$?
 [ $st -eq 0 ] && [ "$(grep -c 'rings out 2 in 2 ' "$TMP/rings")" -eq 64 ]
@@ -73,8 +77,6 @@ ok $? "a malformed DT_SHM_BUDGET is refused"
 
 # ---- a killed maker's ring -----------------------------------------------------------------
 # --mode timeout: rank 1 never reads; rank 0's all_reduce offers it a ring and waits.
-# (DT_SHM_WARM=0: no ring is made at the start, so the all_reduce's offer is the first.)
-export DT_SHM_WARM=0
 # wait_seg FILE: until a segment of the pid in FILE exists (30 s bound); its name
 wait_seg() {
     for _ in $(seq 300); do
@@ -113,7 +115,6 @@ LAUNCH_ENV= launch 2 --mode init
 st=$?
 [ $st -eq 0 ] && [ -n "$seg" ] && [ ! -e "/dev/shm/$seg" ]
 ok $? "both ranks SIGKILLed (as by the OOM killer): the next job on the host removes the segment"
-unset DT_SHM_WARM
 
 # ---- the sweep's rule -----------------------------------------------------------------------
 # pid_max itself is never a process id; a live process gives a pid and a start time

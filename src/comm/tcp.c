@@ -566,19 +566,22 @@ static dt_status setup_shm(tcp_world *w, const reg_t *regs) {
     return tcp_ring_setup(w, local + 1, first == w->rank);
 }
 
-/* The job's first collective would run over TCP with every partner: a pair's ring is
+/* The job's first collective runs over TCP with every partner: a pair's ring is
  * offered at its first message and used from a later one (tcp_ring.c), and the
  * collectives meet each partner once per call (4-16 MiB all_reduce on 4 ranks: 0.3-0.8
  * GB/s for the first call, 5.4-7.4 after, 2026-12-04). So the same-host partners of the
  * collectives (algo.c: rank ^ 2^k; the ring's neighbours where the world is not a power of
  * two) exchange one byte twice at the start, outside the collective numbering: the first
  * carries the offers, the second the switch. Both sides of a pair walk the same list.
- * DT_SHM_WARM=0 leaves it out (the rings are then made at first use). */
+ * Off unless DT_SHM_WARM=1: measured with bench/cold.sh (2026-12-04, 2 cores), a job's
+ * first all_reduce ran 1.0-2.2x faster with it on 4 ranks, but on 2 ranks at 16 MiB
+ * three runs in five took 30 ms (0.5 GB/s) on the fresh rings against 2-8 ms over TCP:
+ * not a gain to turn on for everyone until that is understood. */
 static dt_status warm_rings(dt_comm *c, tcp_comm *tc) {
     tcp_world *w = tc->w;
     const int r = c->rank, n = c->size;
-    const char *e = getenv("DT_SHM_WARM");   /* 0: rings made at first use only */
-    if (!w->shm || n < 2 || (e && strcmp(e, "0") == 0)) return DT_OK;
+    const char *e = getenv("DT_SHM_WARM");   /* 1: make them now; else at first use */
+    if (!w->shm || n < 2 || !e || strcmp(e, "1") != 0) return DT_OK;
     dt_call call = { .kind = DT_CALL_P2P, .dtype = DT_U8, .count = 1, .root = -1, .tag = -1, .ctx = c->ctx };
     snprintf(call.desc, sizeof call.desc, "the shared-memory rings' set-up with the same-host ranks");
     unsigned char out = 1, in = 0;

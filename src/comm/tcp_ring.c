@@ -1,6 +1,6 @@
 /*
  * tcp_ring.c: shared-memory rings between ranks on one host, made when a pair first talks
- * (tcp.c's warm_rings has the collectives' partners talk once at the start).
+ * (DT_SHM_WARM=1: tcp.c's warm_rings has the collectives' partners talk once at the start).
  *
  * Why lazy. A ring for every pair of local ranks, made at init, costs a host
  * local * (local - 1) segments: 261,632 at 512 ranks, more memory than the machine has,
