@@ -42,9 +42,16 @@ wait_ckpt() {
 # $T/NAME.outR and $T/NAME.errR; ARGS go to dtrun before the program
 node() {
     nm=$1; r=$2; spec=$3; shift 3
+    : > "$T/$nm.out$r"; : > "$T/$nm.err$r"   # now: a wait must not read the last run's lines
     (exec "$DTRUN" -n "${NPROC:-1}" --nnodes "$spec" --node-rank "$r" --master-port "$port" --heartbeat-timeout 5 --grace 20 \
         --rdzv-last-call 0.3 "$@" "$D" $TRAIN --checkpoint-dir "$T/$tok/$nm" --checkpoint-every 200 --resume auto \
         --metrics "$T/$nm.m.jsonl" --save "$T/$nm.st" > "$T/$nm.out$r" 2> "$T/$nm.err$r") &
+}
+# Wait (at most 60 s) until file $1 holds at least $3 lines matching $2.
+wait_count() {
+    i=0
+    while [ "$(grep -Ec -- "$2" "$1" 2>/dev/null)" -lt "$3" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+    [ "$(grep -Ec -- "$2" "$1")" -ge "$3" ]
 }
 show() { for f in "$@"; do diag "$f:"; sed 's/^/#   /' "$f" | tail -12; done; }
 
@@ -116,15 +123,11 @@ flaps=0
 for n in 1 2 3; do
     node flap 1 1:2; f1=$!
     wait_line "$T/flap.err1" "^dtrun: node 1 \(.*\), attempt [0-9]+: ranks 1\.\.1 of 2$" 60 || break
-    # its first step on 2 ranks done (the metrics' membership event), it is killed
-    i=0
-    while [ "$(grep -c '"event":"membership".*"world_size":2' "$T/flap.m.jsonl")" -lt $n ] && [ $i -lt 600 ]; do
-        sleep 0.1; i=$((i + 1))
-    done
-    [ "$(grep -c '"event":"membership".*"world_size":2' "$T/flap.m.jsonl")" -ge $n ] || break
+    # its first step on 2 ranks done (the n-th membership event of the metrics), it is killed
+    wait_count "$T/flap.m.jsonl" '"event":"membership".*"world_size":2' $n || break
     kill -KILL $f1
     wait $f1 2>/dev/null
-    wait_line "$T/flap.err0" "^dtrun: membership: node 1 \(.*\) lost: .*; world 2 -> 1 rank on 1 node; " 60 || break
+    wait_count "$T/flap.err0" "^dtrun: membership: node 1 \(.*\) lost: .*; world 2 -> 1 rank on 1 node; " $n || break
     [ "$(grep -c 'world 2 -> 1 rank' "$T/flap.err0")" -eq $n ] || break
     flaps=$n
 done
