@@ -106,7 +106,12 @@ worst_rel() {
 }
 
 # dtrain on the device under test: the real build, or the emulated kernels.
-dtrain_dev() { if [ $emulate = 1 ]; then "$R/emu/dtrain_emu" "$@"; else "$BIN/dtrain" "$@"; fi; }
+# DT_RUN_TIMEOUT=S: stop it after S seconds.
+dtrain_dev() {
+    local p=$BIN/dtrain
+    [ $emulate = 1 ] && p=$R/emu/dtrain_emu
+    ${DT_RUN_TIMEOUT:+timeout "$DT_RUN_TIMEOUT"} "$p" "$@"
+}
 # The op test on the device under test, with DT_CUDA_TEST_PARTS=$1.
 optest() {
     local parts=$1; shift
@@ -126,7 +131,7 @@ need_training() {
 train() {
     local model=$1 batch=$2 steps=$3 tag=$4; shift 4
     rm -f "$R/$tag.jsonl"
-    dtrain_dev train --device cuda --model "$model" --data "synthetic:$((batch * (steps + 1))),1,28,28,10" \
+    dtrain_dev train --device cuda --model "$model" --data "${TRAIN_DATA:-synthetic:$((batch * (steps + 1))),1,28,28,10}" \
         --batch "$batch" --steps "$steps" --seed 3 --schedule constant --no-eval --quiet \
         --metrics "$R/$tag.jsonl" "$@" > "$R/$tag.out" 2>&1
 }
@@ -289,11 +294,12 @@ s_parity() {
 
 # One dtrain throughput measurement: MODEL BATCH STEPS TAG [flags]: 2 x STEPS steps with
 # --rank-stats STEPS, the second interval measured (the first warms up):
-# "ms/step samples/s peak_MiB data_ms compute_ms comm_ms".
+# "ms/step samples/s peak_MiB data_ms compute_ms comm_ms" (tokens/s with TRAIN_PER_SAMPLE set
+# to the tokens of a sample).
 dtrain_rate() {
     local model=$1 batch=$2 steps=$3 tag=$4; shift 4
     train "$model" "$batch" $((2 * steps)) "$tag" --rank-stats "$steps" "$@" || { echo "fail"; return; }
-    awk -v k="$steps" -v b="$batch" -F'[,:}]' '/"event":"rank"/ {
+    awk -v k="$steps" -v b="$((batch * ${TRAIN_PER_SAMPLE:-1}))" -F'[,:}]' '/"event":"rank"/ {
             for (i = 1; i < NF; i++) v[$i] = $(i + 1)
             if (v["\"steps\""] + 0 == k) { s = v["\"step_s\""] / k; printf "%.3f %.0f %.0f %.2f %.2f %.2f\n", s * 1e3, b / s,
                 v["\"peak_mem_mb\""], v["\"data_s\""] / k * 1e3, v["\"compute_s\""] / k * 1e3, v["\"comm_s\""] / k * 1e3 } }' \
@@ -302,63 +308,50 @@ dtrain_rate() {
 
 s_throughput() {
     need_training
-    local t00=$SECONDS
     local mlp="flatten$(for i in 1 2 3 4 5 6 7 8; do printf ' linear(4096) relu'; done) linear(10)"
-    local cb=256 mb=1024 cs=50 ms=10 w=4096
+    local cb=256 mb=1024 gb=64 g2b=8 cs=50 ms=10 gs=50 g2s=5 w=4096 big=1 gp="fp32 tf32 bf16" rt=45
+    local gpt="gpt" gpt2="gpt(layers=12,heads=12,dim=768,block=1024,vocab=50304)"
     if [ $emulate = 1 ] || [ $quick = 1 ]; then
-        w=64 cb=16 mb=32 cs=2 ms=2
+        w=64 cb=16 mb=32 gb=4 cs=2 ms=2 gs=2 big=0 gp=fp32 rt=200   # an emulated gpt step takes seconds
         mlp="flatten$(for i in 1 2 3 4 5 6 7 8; do printf ' linear(64) relu'; done) linear(10)"
     fi
-    printf '%-18s %10s %10s %10s %9s %9s %9s | %10s %10s %9s | %6s\n' row "ms/step" "samples/s" "peak MiB" "data ms" \
+    local tok="$R/tokens"
+    head -c 4000000 /dev/urandom > "$R/text" && dtrain_dev prepare-text "$tok" "$R/text" > /dev/null 2>&1 ||
+        { echo "prepare-text failed"; tok=; }
+    printf '%-18s %10s %12s %9s %8s %8s %8s | %10s %12s %9s | %6s\n' row "ms/step" "samples/s" "peak MiB" "data ms" \
         "comp ms" "comm ms" "torch ms" "samples/s" "peak MiB" ratio | tee "$R/throughput.txt"
-    row() {  # name model batch steps tf32(0, 1 or bf16) torchname
-        local d t tf=
-        [ "$5" = 1 ] && tf=--allow-tf32
-        [ "$5" = bf16 ] && tf="--precision bf16"
-        d=$(dtrain_rate "$2" "$3" "$4" "tp-$1" $tf)
+    # row NAME MODEL BATCH STEPS PRECISION(fp32, tf32 or bf16) TORCHMODEL [DATA TOKENS_PER_SAMPLE]:
+    # dtrain runs 2 x STEPS steps and measures the second half; PyTorch runs STEPS to warm
+    # up, then STEPS; each of the two within $rt seconds
+    row() {
+        local d t tf= tt=0 data=${7:-}
+        case $5 in tf32) tf=--allow-tf32 tt=1 ;; bf16) tf="--precision bf16" tt=bf16 ;; esac
+        if [ -n "$data" ] && [ -z "$tok" ]; then d=fail
+        else d=$(TRAIN_DATA=$data TRAIN_PER_SAMPLE=${8:-1} DT_RUN_TIMEOUT=$rt dtrain_rate "$2" "$3" "$4" "tp-$1" $tf); fi
         if [ $emulate = 1 ]; then t="n/a emulated"
-        elif [ -n "$PY" ]; then t=$(timeout 240 "$PY" "$here/gpu_torch.py" "$6" "$3" "$4" "$4" "$5" 2>&1 | tail -1)
+        elif [ -n "$PY" ]; then t=$(timeout "$rt" "$PY" "$here/gpu_torch.py" "$6" "$3" "$4" "$4" "$tt" "$tok" 2>&1 | tail -1)
         else t="n/a no PyTorch"; fi
         set -- "$1" $d
         local name=$1 dms=${2:-fail} dsp=${3:--} dpk=${4:--} dda=${5:--} dco=${6:--} dcm=${7:--}
         set -- $t
         local tms=$1 tsp=${2:--} tpk=${3:--} ratio=-
-        case $tms in n/a*|'') tms="n/a"; tsp=-; tpk=- ;; esac
+        case $tms in n/a*|''|*[!0-9.]*) tms="n/a"; tsp=-; tpk=- ;; esac
         [ "$tms" != n/a ] && [ "$dms" != fail ] && ratio=$(awk -v a="$tms" -v b="$dms" 'BEGIN { printf "%.2f", a / b }')
-        printf '%-18s %10s %10s %10s %9s %9s %9s | %10s %10s %9s | %6s\n' "$name" "$dms" "$dsp" "$dpk" "$dda" "$dco" "$dcm" \
+        printf '%-18s %10s %12s %9s %8s %8s %8s | %10s %12s %9s | %6s\n' "$name" "$dms" "$dsp" "$dpk" "$dda" "$dco" "$dcm" \
             "$tms" "$tsp" "$tpk" "$ratio" | tee -a "$R/throughput.txt"
-        [ "$dms" != fail ] || sed 's/^/    /' "$R/tp-$name.out" | tail -3
+        [ "$dms" != fail ] || sed 's/^/    /' "$R/tp-$name.out" 2> /dev/null | tail -3
+        [ "$tms" != n/a ] || [ $emulate = 1 ] || echo "    torch: $t"
     }
-    row cnn-tf32off cnn $cb $cs 0 cnn
-    row cnn-tf32on cnn $cb $cs 1 cnn
-    row mlp8x$w-tf32off "$mlp" $mb $ms 0 mlp8x4096
-    row mlp8x$w-tf32on "$mlp" $mb $ms 1 mlp8x4096
-    row mlp8x$w-bf16 "$mlp" $mb $ms bf16 mlp8x4096
-    local tleft=$((${DT_GPU_SECTION_S:-300} - SECONDS + t00 - 10))
-    if [ $emulate = 1 ] || [ $quick = 1 ]; then
-        echo "gpt2: skipped (124M parameters need a GPU; --quick and --emulate leave it out)"
-    elif [ $tleft -lt 60 ]; then
-        echo "gpt2: skipped (${tleft} s left in the section)"
+    local p
+    for p in fp32 tf32 bf16; do row cnn-$p cnn $cb $cs $p cnn; done
+    for p in fp32 tf32 bf16; do row mlp8x$w-$p "$mlp" $mb $ms $p mlp8x4096; done
+    if [ $big = 1 ]; then
+        for p in fp32 tf32 bf16; do row gpt2-$p "$gpt2" $g2b $g2s $p gpt2 "tokens:$tok" 1024; done
     else
-        local tok="$R/tokens" gpt2="gpt(layers=12,heads=12,dim=768,block=1024,vocab=50304)"
-        head -c 4000000 /dev/urandom > "$R/text" && "$BIN/dtrain" prepare-text "$tok" "$R/text" > /dev/null 2>&1
-        local d t
-        rm -f "$R/tp-gpt2.jsonl"
-        timeout $((tleft / 2)) "$BIN/dtrain" train --device cuda --model "$gpt2" --data "tokens:$tok" --batch 8 --steps 20 \
-            --no-eval --quiet --rank-stats 10 --metrics "$R/tp-gpt2.jsonl" > "$R/tp-gpt2.out" 2>&1
-        d=$(awk -F'[,:}]' '/"event":"rank"/ { for (i = 1; i < NF; i++) v[$i] = $(i + 1)
-                if (v["\"steps\""] + 0 == 10) printf "%.1f %.0f %.0f\n", v["\"step_s\""] * 100, 81920 / v["\"step_s\""],
-                v["\"peak_mem_mb\""] }' "$R/tp-gpt2.jsonl" | tail -1)
-        [ -n "$PY" ] && t=$(timeout $((tleft / 2 - 5)) "$PY" "$here/gpu_torch.py" gpt2 8 3 10 0 "$tok" 2>&1 | tail -1) || t="n/a no PyTorch"
-        set -- ${d:-fail - -}; local dms=$1 dtk=$2 dpk=$3
-        set -- $t; local tms=$1 ttk=${2:--} tpk=${3:--}
-        case $tms in n/a*) tms=n/a ttk=- tpk=- ;; esac
-        printf '%-18s %10s %10s %10s %9s %9s %9s | %10s %10s %9s | %6s  (tokens/s)\n' gpt2-tf32off "$dms" "$dtk" "$dpk" - - - \
-            "$tms" "$ttk" "$tpk" "$(awk -v a="$tms" -v b="$dms" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "-" }')" |
-            tee -a "$R/throughput.txt"
-        [ "$dms" != fail ] || sed 's/^/    /' "$R/tp-gpt2.out" | tail -3
+        echo "gpt2: skipped (124M parameters need a GPU; --quick and --emulate leave it out)"
     fi
-    note "throughput   (ratio = PyTorch ms/step / dtrain ms/step: above 1, dtrain is faster)"
+    for p in $gp; do row gpt-$p "$gpt" $gb $gs $p gpt:4,4,128,64,256 "tokens:$tok" 64; done
+    note "throughput   (gpt rows: samples/s are tokens/s; ratio = PyTorch ms/step / dtrain ms/step: above 1, dtrain is faster)"
     while IFS= read -r l; do note "  $l"; done < "$R/throughput.txt"
 }
 
@@ -484,6 +477,30 @@ export R BIN B bd emulate quick
 # the run's own output goes into the logs too
 [ -z "$OUT" ] || exec > >(tee -a "$R/run.log") 2>&1
 
+# CUDA's runtime libraries where the programs' RUNPATH (the kit: /usr/local/cuda/lib64) does
+# not reach them: a CUDA image's other folders, or the pip wheels beside PyTorch
+cuda_lib_path() {
+    local miss l d cands
+    miss=$(ldd "$BIN/dtrain" 2> /dev/null | awk '/not found/ && $1 ~ /^lib(cudart|cublas|cublasLt|cuda)\.so/ { print $1 }' | sort -u)
+    [ -n "$miss" ] || return 0
+    cands="/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(ls -d /usr/local/cuda-*/lib64 2> /dev/null)
+           /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu"
+    [ -n "$PY" ] && cands="$cands $("$PY" -c 'import os, nvidia
+for p in nvidia.__path__:
+    for d in sorted(os.listdir(p)): print(os.path.join(p, d, "lib"))' 2> /dev/null)"
+    for l in $miss; do
+        for d in $cands; do
+            [ -e "$d/$l" ] || continue
+            echo "== $l: not where the programs look; found in $d (LD_LIBRARY_PATH)"
+            note "$(printf '%-12s %s from %s (LD_LIBRARY_PATH)' libraries "$l" "$d")"
+            LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+            break
+        done
+    done
+    export LD_LIBRARY_PATH
+}
+[ $emulate = 1 ] || cuda_lib_path
+
 if [ $emulate = 1 ]; then
     echo "== emulated kernels (tests/gpu_emu_build.sh)"
     want=
@@ -562,11 +579,11 @@ summary() {
     cat "$R/summary.txt"
     echo "logs: $R$([ -n "$OUT" ] && echo "; $OUT: summary.txt, logs.tar.gz")"
 }
-# with $OUT, 480 s: 30 + 90 + 60 + 150 + 60 + 90 (and what a section leaves goes to the next)
+# with $OUT, 480 s: 30 + 90 + 60 + 210 + 60 + 30 (and what a section leaves goes to the next)
 run_section 1 env 30
 run_section 2 ops 90
 run_section 3 parity 60
-run_section 4 throughput 150
+run_section 4 throughput 210
 run_section 5 determinism 60
 run_section 6 sanitizer 90
 run_section 7 nsys 60

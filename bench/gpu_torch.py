@@ -2,10 +2,12 @@
 
     python3 bench/gpu_torch.py MODEL BATCH WARMUP STEPS TF32 [TOKENS_DIR]
 
-MODEL is cnn, mlp8x4096 (flatten, 8 x (linear(4096) relu), linear(10)) or gpt2 (nanoGPT's
-GPT at 12 layers, 12 heads, width 768, block 1024, vocabulary 50304, AdamW; TOKENS_DIR
-is dtrain prepare-text's output). cnn and mlp train with SGD (momentum 0.9, lr 0.05,
-weight decay 5e-4) on random 1x28x28 images held on the GPU, as dtrain's synthetic data.
+MODEL is cnn, mlp8x4096 (flatten, 8 x (linear(4096) relu), linear(10)), gpt2 (nanoGPT's
+GPT at 12 layers, 12 heads, width 768, block 1024, vocabulary 50304) or gpt:L,H,C,T,V
+(the same GPT at L layers, H heads, width C, block T, vocabulary V; dtrain's default gpt
+is gpt:4,4,128,64,256); the GPTs train with AdamW and gradient clipping at 1 (dtrain's
+gpt defaults) on TOKENS_DIR, dtrain prepare-text's output. cnn and mlp train with SGD
+(momentum 0.9, lr 0.05, weight decay 5e-4) on random 1x28x28 images held on the GPU, as dtrain's synthetic data.
 TF32 is 0 or 1 (matmul and cuDNN), or bf16: TF32 off and the forward and loss under
 torch.autocast("cuda", dtype=torch.bfloat16), as dtrain's --precision bf16. WARMUP steps run first; then STEPS steps are timed
 between torch.cuda.synchronize() calls, inside the process. Prints one line:
@@ -32,10 +34,14 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = tf32 == "1"
     torch.backends.cudnn.allow_tf32 = tf32 == "1"
     dev = torch.device("cuda", 0)
+    bf16 = tf32 == "bf16"
     if name == "gpt2":
-        step, per_step = gpt2_step(torch, nn, F, dev, batch, sys.argv[6]), batch * 1024
+        name = "gpt:12,12,768,1024,50304"
+    if name.startswith("gpt:"):
+        shape = [int(v) for v in name[4:].split(",")]
+        step, per_step = gpt_step(torch, nn, F, dev, batch, sys.argv[6], shape, bf16), batch * shape[3]
     else:
-        step, per_step = image_step(torch, nn, dev, name, batch, tf32 == "bf16"), batch
+        step, per_step = image_step(torch, nn, dev, name, batch, bf16), batch
     for i in range(warmup):
         step(i)
     torch.cuda.synchronize()
@@ -74,9 +80,9 @@ def image_step(torch, nn, dev, name, batch, bf16):
     return step
 
 
-def gpt2_step(torch, nn, F, dev, B, tokens):
+def gpt_step(torch, nn, F, dev, B, tokens, shape, bf16):
     import numpy as np
-    V, T, L, H, C = 50304, 1024, 12, 12, 768
+    L, H, C, T, V = shape
 
     class Block(nn.Module):
         def __init__(s):
@@ -122,7 +128,10 @@ def gpt2_step(torch, nn, F, dev, B, tokens):
         x = torch.stack([tok[j:j + T] for j in ix])
         y = torch.stack([tok[j + 1:j + 1 + T] for j in ix])
         opt.zero_grad(set_to_none=True)
-        m(x, y).backward()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = m(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
     return step
 
