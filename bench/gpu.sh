@@ -37,7 +37,7 @@
 #                CUDA_LAUNCH_BLOCKING=1; the cnn's weights after 30 steps likewise
 #   sanitizer    compute-sanitizer memcheck on the op table (its own cap), then
 #                racecheck if the section has time left
-#   nsys         the top kernels of a cnn run
+#   kernels      the kernels of one gpt2 training step by device time (nsys, else ncu)
 #   nccl         with 2+ GPUs: tests/gpu_nccl.sh and 2-rank training over NCCL
 #   summary      one screen
 # --emulate runs the same sections with the kernels compiled for the CPU
@@ -51,7 +51,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/.." && pwd)
 bd=${DT_GPU_BUILDDIR:-$src/build-gpu}
 emulate=0 quick=0 build_only=0 budget= section= sections=
-ALL_SECTIONS="env ops parity throughput determinism sanitizer nsys nccl"
+ALL_SECTIONS="env ops parity throughput determinism sanitizer kernels nccl"
 while [ $# -gt 0 ]; do
     case $1 in
         --emulate) emulate=1 ;;
@@ -355,35 +355,63 @@ s_throughput() {
     while IFS= read -r l; do note "  $l"; done < "$R/throughput.txt"
 }
 
-s_nsys() {
-    [ $emulate = 0 ] || skip "nsys needs a GPU"
-    local ns
+# The kernels of one gpt2 training step (batch 8 x 1024, TF32), by total device time:
+# from nsys when it is installed, else from ncu (one metric, gpu__time_duration, each
+# kernel once: Nsight Compute serialises the launches, so the times are each kernel's
+# own, without overlap).
+s_kernels() {
+    [ $emulate = 0 ] || skip "profiling needs a GPU"
+    local ns nc tok="$R/ktokens" rc
     ns=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-    [ -n "$ns" ] || skip "nsys (Nsight Systems) is not installed"
-    timeout 90 "$ns" profile -t cuda -o "$R/cnn" --force-overwrite true "$BIN/dtrain" train --device cuda --model cnn \
-        --data synthetic:6400,1,28,28,10 --batch 256 --steps 24 --no-eval --quiet > "$R/nsys.log" 2>&1 ||
-        { tail -5 "$R/nsys.log"; note "$(printf '%-12s FAILED: %s' nsys "$(tail -1 "$R/nsys.log")")"; return 1; }
-    local rep
-    for rep in cuda_gpu_kern_sum gpukernsum; do
-        "$ns" stats --report $rep --format csv --output - "$R/cnn.nsys-rep" > "$R/kernels.csv" 2> /dev/null &&
-            grep -q '%' "$R/kernels.csv" && break
-    done
-    echo "top kernels of 24 cnn steps (batch 256): time %, total ms, calls, name"
+    nc=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    [ -n "$ns" ] || [ -n "$nc" ] || skip "neither nsys (Nsight Systems) nor ncu (Nsight Compute) is installed"
+    head -c 1000000 /dev/urandom > "$R/ktext" && "$BIN/dtrain" prepare-text "$tok" "$R/ktext" > /dev/null 2>&1 ||
+        { echo "prepare-text failed"; return 1; }
+    set -- "$BIN/dtrain" train --device cuda --model "gpt(layers=12,heads=12,dim=768,block=1024,vocab=50304)" \
+        --data "tokens:$tok" --batch 8 --steps 1 --allow-tf32 --peak-gflops 1 --no-eval --quiet
+    if [ -n "$ns" ]; then
+        timeout $((${DT_GPU_SECTION_S:-60} - 10)) "$ns" profile -t cuda -o "$R/step" --force-overwrite true "$@" \
+            > "$R/kernels.log" 2>&1; rc=$?
+        local rep
+        for rep in cuda_gpu_kern_sum gpukernsum; do
+            "$ns" stats --report $rep --format csv --output - "$R/step.nsys-rep" > "$R/kernels.csv" 2> /dev/null &&
+                grep -q '%' "$R/kernels.csv" && break
+        done
+    else
+        timeout $((${DT_GPU_SECTION_S:-60} - 10)) "$nc" --clock-control none --metrics gpu__time_duration.sum --csv \
+            --print-units base --launch-count 4000 "$@" > "$R/kernels.csv" 2> "$R/kernels.log"; rc=$?
+    fi
+    [ $rc = 0 ] || { tail -5 "$R/kernels.log"; note "$(printf '%-12s FAILED (exit %s): %s' kernels $rc "$(tail -1 "$R/kernels.log")")"; return 1; }
+    echo "kernels of one gpt2 step (batch 8 x 1024, TF32; $([ -n "$ns" ] && echo nsys || echo ncu)): time %, total ms, calls, name"
     python3 - "$R/kernels.csv" <<'PY' | tee "$R/kernels.txt"
 import csv, sys
-rows = list(csv.reader(open(sys.argv[1], errors="replace")))
-head = next((i for i, r in enumerate(rows) if r and r[0].replace(" ", "").startswith("Time(%)")), None)
-if head is None:
-    print("  (no kernel table in the nsys report)")
+rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if r]
+tot = {}
+head = next((i for i, r in enumerate(rows) if r[0].replace(" ", "").startswith("Time(%)")), None)
+if head is not None:   # nsys: a row per kernel name
+    col = {n.replace(" ", ""): i for i, n in enumerate(rows[head])}
+    for r in rows[head + 1:]:
+        if len(r) == len(rows[head]):
+            tot[r[col["Name"]]] = [float(r[col["TotalTime(ns)"]]), int(r[col["Instances"]])]
+else:                  # ncu: a row per launch and metric
+    head = next((i for i, r in enumerate(rows) if "Kernel Name" in r and "Metric Value" in r), None)
+    if head is not None:
+        k, v = rows[head].index("Kernel Name"), rows[head].index("Metric Value")
+        for r in rows[head + 1:]:
+            if len(r) > max(k, v) and r[v].replace(",", "").replace(".", "", 1).isdigit():
+                t = tot.setdefault(r[k], [0.0, 0])
+                t[0] += float(r[v].replace(",", ""))
+                t[1] += 1
+if not tot:
+    print("  (no kernel table in the profile)")
     sys.exit(0)
-col = {name.replace(" ", ""): i for i, name in enumerate(rows[head])}
-for r in rows[head + 1:head + 13]:
-    if len(r) == len(rows[head]):
-        print("  %5.1f %9.2f %7s  %s" % (float(r[col["Time(%)"]]), float(r[col["TotalTime(ns)"]]) / 1e6,
-                                         r[col["Instances"]], r[col["Name"]][:70]))
+s = sum(t for t, _ in tot.values())
+print("  %5.1f %9.2f %7d  %s" % (100.0, s / 1e6, sum(n for _, n in tot.values()), "(all kernels)"))
+for name, (t, n) in sorted(tot.items(), key=lambda x: -x[1][0])[:14]:
+    print("  %5.1f %9.2f %7d  %s" % (100.0 * t / s, t / 1e6, n, name[:90]))
 PY
-    note "nsys         top kernels of 24 cnn steps: time %, total ms, calls, name"
-    head -6 "$R/kernels.txt" | while IFS= read -r l; do note "  $l"; done
+    note "kernels      one gpt2 step (batch 8 x 1024, TF32): time %, total ms, calls, name"
+    head -12 "$R/kernels.txt" | while IFS= read -r l; do note "  $l"; done
 }
 
 s_nccl() {
@@ -586,7 +614,7 @@ run_section 3 parity 60
 run_section 4 throughput 210
 run_section 5 determinism 60
 run_section 6 sanitizer 90
-run_section 7 nsys 60
+run_section 7 kernels 90
 run_section 8 nccl 60
 summary
 publish "done$([ $status = 0 ] || echo ', with failures')"

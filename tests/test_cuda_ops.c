@@ -142,12 +142,12 @@ static void test_table(void) {
 
 /* ---- sequence kernels on shapes the table leaves out: every head-width build of the
  * attention kernels (cuda_seq.cu: up to 32, 64, 128, 256; decode unbounded), several
- * tiles, and embeddings over several column blocks, vocabulary ranges and id batches ---- */
+ * tiles, the cuBLAS path of long sequences, and embeddings over several column blocks, vocabulary ranges and id batches ---- */
 
-static int seq_D;   /* head width of the next attention case */
+static int seq_D, seq_T = 70;   /* head width and length of the next attention case */
 
 static void seq_attn(tc_run *r) {
-    const int B = 2, T = 70, H = 2, D = seq_D, Cw = H * D;
+    const int B = 2, T = seq_T, H = 2, D = seq_D, Cw = H * D;
     size_t bt = (size_t)B * T;
     for (int K = H; K >= 1; K--) {   /* multi-head, then one key/value head for both */
         const int W = (H + 2 * K) * D;
@@ -188,6 +188,11 @@ static void test_seq(void) {
         snprintf(name, sizeof name, "attention, head width %d", seq_D);
         compare_case(name, seq_attn, 1000 + (uint64_t)i);
     }
+    /* from 256 positions on, the products run on cuBLAS (cuda_seq.cu) */
+    seq_D = 64;
+    seq_T = 300;
+    compare_case("attention through cuBLAS's batched GEMMs, 300 positions, head width 64", seq_attn, 1005);
+    seq_T = 70;
     compare_case("attn_decode, head width 300", seq_decode_wide, 1003);
     compare_case("embedding, 2 column blocks, 1100 ids", seq_embedding, 1004);
 }

@@ -106,6 +106,11 @@ int *dt_cu_err_flags(void);   /* device array of DT_CU_ERR_COUNT ints; 0 = fine,
 /* Row-major GEMM on the compute stream (used by the convolutions too). */
 dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K, float alpha,
                      const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+/* The same for batch products at once, X_i = X + i * sX (cuBLAS's strided batched GEMM
+ * with the operands swapped, as dt_cu_gemm); a stride may be 0 (one operand for all). */
+dt_status dt_cu_gemm_batched(const char *fn, int transA, int transB, int M, int N, int K, float alpha,
+                             const float *A, int lda, long long sa, const float *B, int ldb, long long sb, float beta,
+                             float *C, int ldc, long long sc, int batch);
 
 /* ---- launch geometry ---- */
 

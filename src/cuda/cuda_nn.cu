@@ -215,18 +215,6 @@ __global__ void k_col2im(float *dx, const float *col, dt_conv2d_desc d, int g) {
     }
 }
 
-/* Row-major C_i (M, N) = A_i (M, K) B_i (K, N) + beta C_i, X_i = X + i * strideX, for
- * i < batch: cuBLAS's strided batched GEMM with the operands swapped (dt_cu_gemm). */
-static dt_status gemm_batched(const char *fn, int M, int N, int K, const float *A, int lda, long long sa,
-                              const float *B, int ldb, long long sb, float beta, float *C, int ldc, long long sc,
-                              int batch) {
-    const float one = 1.0f;
-    cublasStatus_t e = cublasSgemmStridedBatched(dt_cu_blas(), CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, ldb, sb,
-                                                 A, lda, sa, &beta, C, ldc, sc, batch);
-    if (e != CUBLAS_STATUS_SUCCESS) return dt_cublas_fail(e, fn, "cublasSgemmStridedBatched");
-    return DT_OK;
-}
-
 dt_status dt_cu_conv2d_forward(const dt_conv2d_desc *d, float *y, const float *x, const float *w,
                                const float *bias, int relu) {
     DT_TRY(conv_check("conv2d_forward", d));
@@ -242,7 +230,8 @@ dt_status dt_cu_conv2d_forward(const dt_conv2d_desc *d, float *y, const float *x
         k_im2col<<<dt_cu_blocks((size_t)g * d->C * PQ), DT_CU_THREADS, 0, dt_cu_stream()>>>(cg, x + n0 * chw, *d, g);
         DT_CU_LAUNCH("k_im2col");
         /* y_s (K, PQ) = w (K, CRS) x col_s (CRS, PQ with row stride g*PQ), straight into NCHW */
-        DT_TRY(gemm_batched("conv2d_forward", K, PQ, CRS, w, CRS, 0, cg, g * PQ, PQ, 0.0f, yg, PQ, (long long)K * PQ, g));
+        DT_TRY(dt_cu_gemm_batched("conv2d_forward", 0, 0, K, PQ, CRS, 1.0f, w, CRS, 0, cg, g * PQ, PQ, 0.0f, yg, PQ,
+                                  (long long)K * PQ, g));
         if (bias || relu) {
             const unsigned n = (unsigned)g * K * PQ;
             k_conv_bias_act<<<dt_cu_blocks(n), DT_CU_THREADS, 0, dt_cu_stream()>>>(yg, bias, K, PQ, n, relu);

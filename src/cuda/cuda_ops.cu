@@ -739,6 +739,17 @@ dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K
     return dt_cu_sync_launches ? dt_cu_sync_after(fn, "cublasSgemm") : DT_OK;
 }
 
+dt_status dt_cu_gemm_batched(const char *fn, int transA, int transB, int M, int N, int K, float alpha,
+                             const float *A, int lda, long long sa, const float *B, int ldb, long long sb, float beta,
+                             float *C, int ldc, long long sc, int batch) {
+    if (M == 0 || N == 0 || batch == 0) return DT_OK;
+    cublasStatus_t e = cublasSgemmStridedBatched(g.blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                                 transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, ldb, sb, A,
+                                                 lda, sa, &beta, C, ldc, sc, batch);
+    if (e != CUBLAS_STATUS_SUCCESS) return dt_cublas_fail(e, fn, "cublasSgemmStridedBatched");
+    return dt_cu_sync_launches ? dt_cu_sync_after(fn, "cublasSgemmStridedBatched") : DT_OK;
+}
+
 dt_status dt_cu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
                       const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     DT_TRY(gemm_check("sgemm", transA, transB, M, N, K, A, lda, B, ldb, C, ldc));

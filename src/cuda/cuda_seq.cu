@@ -428,12 +428,133 @@ static dt_status attn_check(const char *fn, int B, int T, int H, int K, int D) {
     return DT_OK;
 }
 
+/* ---- attention through cuBLAS: the scores as T x T matrices ----
+ * From ATTN_GEMM_T positions on, the products are cuBLAS's strided batched GEMMs over the
+ * heads of one sequence at a time (one call per query head of each key/value head's
+ * group: every call takes one head of each group, with a stride). Forward: S = scale
+ * Q K^T (the whole T x T, the masked half too), a warp per row of S saves lse and turns
+ * the row into P = exp(S - lse), zero past the diagonal, then Y = P V. Backward: S again
+ * (the same call, so the same bits and the same P), dP = dY V^T, a warp per row makes P
+ * and dS = scale P (dP - delta) in place, then dV = P^T dY, dQ = dS K and dK = dS^T Q; a
+ * key/value head's dK and dV sum its query heads in order (beta 1 after the first).
+ * TF32 tensor cores when the math mode allows them (--allow-tf32), SGEMM otherwise.
+ * Scratch: 2 H T^2 floats (one sequence); above ATTN_GEMM_BYTES the tiled kernels above
+ * run instead. Which path runs depends on the shape alone, never on anything else, so a
+ * configuration's bits stay the same run to run; the two paths agree to rounding. */
+#define ATTN_GEMM_T 256
+#define ATTN_GEMM_BYTES ((size_t)1 << 30)
+
+static int attn_gemm_path(int T, int H) {
+    return T >= ATTN_GEMM_T && 2 * (size_t)H * T * T * sizeof(float) <= ATTN_GEMM_BYTES;
+}
+
+/* The rows of S (rows (h, i) of one sequence, T floats each; key j <= i visible):
+ * forward (lse written): lse = log sum exp of the row's visible scores; both directions:
+ * the row becomes P = exp(S - lse), 0 past the diagonal. With dS (holding dP): dS =
+ * scale P (dP - delta), 0 past the diagonal. A warp per row: the lanes' sums in their
+ * order, then the butterfly, so the bits never depend on the grid. */
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_attn_rows(float *S, float *dS, float *lse, const float *delta, int rows, int T, float scale, int fwd) {
+    const int lane = threadIdx.x % 32;
+    for (int e = blockIdx.x * DT_CU_WARPS + threadIdx.x / 32; e < rows; e += gridDim.x * DT_CU_WARPS) {
+        const int n = e % T + 1;
+        float *s = S + (size_t)e * T, l;
+        if (fwd) {
+            float m = -INFINITY, z = 0.0f;
+            for (int j = lane; j < n; j += 32) m = fmaxf(m, s[j]);
+            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            for (int j = lane; j < n; j += 32) z += expf(s[j] - m);
+            l = m + logf(dt_cu_warp_sum(z));
+            if (lane == 0) lse[e] = l;
+        } else {
+            l = lse[e];
+        }
+        float *ds = dS ? dS + (size_t)e * T : NULL;
+        const float dl = ds ? delta[e] : 0.0f;
+        for (int j = lane; j < T; j += 32) {
+            const float p = j < n ? expf(s[j] - l) : 0.0f;
+            s[j] = p;
+            if (ds) ds[j] = j < n ? scale * p * (ds[j] - dl) : 0.0f;
+        }
+    }
+}
+
+static dt_status attn_rows(float *S, float *dS, float *lse, const float *delta, int H, int T, float scale, int fwd) {
+    const size_t rows = (size_t)H * T;
+    k_attn_rows<<<dt_cu_grid(rows, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(S, dS, lse, delta, (int)rows, T,
+                                                                                      scale, fwd);
+    DT_CU_LAUNCH("k_attn_rows");
+    return DT_OK;
+}
+
+/* S (H, T, T) = scale Q K^T of sequence q (its qkv rows), or with g (its dy rows, row
+ * stride H D) dP = dY V^T: one batched call per query head of each group. */
+static dt_status attn_scores(const char *fn, float *S, const float *q, const float *g, int T, int H, int K, int D) {
+    const int rep = H / K, ld = (H + 2 * K) * D;
+    const long long TT = (long long)T * T;
+    const float *a = g ? g : q, *kv = q + (size_t)H * D + (g ? (size_t)K * D : 0);
+    const int lda = g ? H * D : ld;
+    for (int r = 0; r < rep; r++)
+        DT_TRY(dt_cu_gemm_batched(fn, 0, 1, T, T, D, g ? 1.0f : 1.0f / sqrtf((float)D), a + (size_t)r * D, lda,
+                                  (long long)rep * D, kv, ld, D, 0.0f, S + r * TT, T, rep * TT, K));
+    return DT_OK;
+}
+
+/* out_h (T, D) = M_h (T, T) X (T, D) for every query head h, M = S (H, T, T) (transposed
+ * when trans) and X the head's key/value columns (by_kv: x + kh D, row stride ldx) or
+ * its own (x + h D); out the head's columns (out + h D, or out + kh D summing the group's
+ * heads in order when to_kv), row stride ldo. */
+static dt_status attn_apply(const char *fn, int trans, const float *S, const float *x, int ldx, int by_kv, float *out,
+                            int ldo, int to_kv, int T, int H, int K, int D) {
+    const int rep = H / K;
+    const long long TT = (long long)T * T;
+    for (int r = 0; r < rep; r++)
+        DT_TRY(dt_cu_gemm_batched(fn, trans, 0, T, D, T, 1.0f, S + r * TT, T, rep * TT,
+                                  by_kv ? x : x + (size_t)r * D, ldx, by_kv ? D : (long long)rep * D,
+                                  to_kv && r ? 1.0f : 0.0f, to_kv ? out : out + (size_t)r * D, ldo,
+                                  to_kv ? D : (long long)rep * D, K));
+    return DT_OK;
+}
+
+static dt_status attn_gemm_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D) {
+    const int C = H * D, ld = (H + 2 * K) * D;
+    float *S;
+    DT_TRY(dt_cu_scratch((void **)&S, sizeof(float) * (size_t)H * T * T));
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + (size_t)b * T * ld;
+        DT_TRY(attn_scores("attn_forward", S, q, NULL, T, H, K, D));
+        DT_TRY(attn_rows(S, NULL, lse + (size_t)b * H * T, NULL, H, T, 0.0f, 1));
+        DT_TRY(attn_apply("attn_forward", 0, S, q + (size_t)(H + K) * D, ld, 1, y + (size_t)b * T * C, C, 0, T, H, K, D));
+    }
+    return DT_OK;
+}
+
+/* S and dS: 2 H T^2 floats of scratch after delta's */
+static dt_status attn_gemm_backward(float *dqkv, const float *dy, const float *qkv, const float *lse,
+                                    const float *delta, float *S, int B, int T, int H, int K, int D) {
+    const int C = H * D, ld = (H + 2 * K) * D;
+    float *dS = S + (size_t)H * T * T;
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + (size_t)b * T * ld, *g = dy + (size_t)b * T * C;
+        float *dq = dqkv + (size_t)b * T * ld;
+        const size_t bh = (size_t)b * H * T;
+        DT_TRY(attn_scores("attn_backward", S, q, NULL, T, H, K, D));
+        DT_TRY(attn_scores("attn_backward", dS, q, g, T, H, K, D));
+        DT_TRY(attn_rows(S, dS, (float *)lse + bh, delta + bh, H, T, 1.0f / sqrtf((float)D), 0));
+        DT_TRY(attn_apply("attn_backward", 1, S, g, C, 0, dq + (size_t)(H + K) * D, ld, 1, T, H, K, D));   /* dV */
+        DT_TRY(attn_apply("attn_backward", 0, dS, q + C, ld, 1, dq, ld, 0, T, H, K, D));                   /* dQ */
+        DT_TRY(attn_apply("attn_backward", 1, dS, q, ld, 0, dq + C, ld, 1, T, H, K, D));                   /* dK */
+    }
+    return DT_OK;
+}
+
 dt_status dt_cu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D) {
     DT_CU_ARG(B >= 0 && T >= 1 && H >= 1 && K >= 1 && H % K == 0 && D >= 1);
     if (B == 0) return DT_OK;
     DT_CU_ARG(y && lse && qkv);
     DT_TRY(attn_check("attn_forward", B, T, H, K, D));
     DT_TRY(dt_cu_enter());
+    if (attn_gemm_path(T, H)) return attn_gemm_forward(y, lse, qkv, B, T, H, K, D);
     attn_args a = {y, lse, NULL, NULL, qkv, NULL, T, H, K, D, 1.0f / sqrtf((float)D)};
     return attn_dispatch(a, B, 0);
 }
@@ -446,11 +567,13 @@ dt_status dt_cu_attn_backward(float *dqkv, const float *dy, const float *qkv, co
     DT_TRY(attn_check("attn_backward", B, T, H, K, D));
     DT_TRY(dt_cu_enter());
     float *delta = NULL;
-    const size_t rows = (size_t)B * H * T;
-    DT_TRY(dt_cu_scratch((void **)&delta, sizeof(float) * rows));
+    const size_t rows = (size_t)B * H * T, rows64 = (rows + 63) / 64 * 64;   /* S after it, 256-byte aligned */
+    const int gemm = attn_gemm_path(T, H);
+    DT_TRY(dt_cu_scratch((void **)&delta, sizeof(float) * (rows64 + (gemm ? 2 * (size_t)H * T * T : 0))));
     const int vec = dt_cu_vec4(dy, H * D) && dt_cu_vec4(y, H * D) && D % 4 == 0;   /* every row 16-byte aligned */
     k_attn_delta<<<dt_cu_grid(rows, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(delta, dy, y, rows, T, H, D, vec);
     DT_CU_LAUNCH("k_attn_delta");
+    if (gemm) return attn_gemm_backward(dqkv, dy, qkv, lse, delta, delta + rows64, B, T, H, K, D);
     attn_args a = {NULL, (float *)lse, dqkv, delta, qkv, dy, T, H, K, D, 1.0f / sqrtf((float)D)};
     return attn_dispatch(a, B, 1);
 }

@@ -148,10 +148,13 @@ static void cache_store(const dt_peak *p) {
     dt_sbuf_free_(&b);
 }
 
-/* The best rate of 1024^3 products on `ops` for at least a second and 3 products (at most
- * 1000), after one to warm up. */
+/* The best rate of n^3 products on `ops` for at least a second and 3 products (at most
+ * 1000), after one to warm up: n = 1024 on a CPU, 8192 on a GPU, whose 1024^3 product
+ * (2 GFLOP, microseconds) times the launch and the synchronisation more than the
+ * arithmetic: on an H200 it gave a bf16 peak of about 88 TFLOP/s, a ninth of what an
+ * 8192^3 product reaches there, and gpt2's MFU read 66 %. */
 static double measure(const dt_ops *ops, int lp) {
-    const int n = 1024;
+    const int n = ops->host_memory ? 1024 : 8192;
     float *a = NULL, *c = NULL;
     double best = 0.0;
     if (ops->alloc((void **)&a, (size_t)n * n * sizeof(float)) != DT_OK ||
