@@ -8,7 +8,8 @@
  *   buffers        (nbuffers)         batchnorm running_mean / running_var
  *   per layer      (max_batch, outs)  output activations, saved state
  *   dbuf[2]        (max_batch, max activation)  ping-pong gradient buffers for backward
- *   head, probs    (max_batch, outputs)         dloss, softmax probabilities
+ *   head           (max_batch, outputs)         dloss (cross-entropy: the softmax first,
+ *                                               turned into dloss in place)
  *   arena          recompute: the largest block's layers, shared by every block
  * One function (model_layout) takes all of it, either allocating or only counting
  * (dt_model_plan_memory), so a plan and a built model cannot disagree.
@@ -40,8 +41,7 @@ struct dt_model {
     size_t        cap;         /* floats allocated for params and grads (>= nparams) */
     float        *params, *grads, *buffers;
     float        *dbuf[2];     /* (max_batch, max activation) */
-    float        *head;        /* (max_batch, outputs): dloss / doutputs */
-    float        *probs;       /* (max_batch, outputs): softmax of the outputs */
+    float        *head;        /* (max_batch, outputs): dloss / doutputs (the softmax before) */
     float        *scalar;      /* (2): loss, correct (device) */
     const float  *x;           /* input of the last forward (of layer x_at: a range's first) */
     int           x_at;
@@ -158,7 +158,7 @@ void dt_model_free(dt_model *m) {
     const dt_ops *o = m->ops;
     if (o) {
         for (int i = 0; i < m->spec.n; i++) dt_layer_free(o, &m->spec.layers[i]);
-        void *bufs[] = {m->params, m->grads, m->buffers, m->dbuf[0], m->dbuf[1], m->head, m->probs, m->scalar,
+        void *bufs[] = {m->params, m->grads, m->buffers, m->dbuf[0], m->dbuf[1], m->head, m->scalar,
                         m->arena, m->sets};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dt_mem_free(o, bufs[i]);
         dt_lowp_free(o, m->lp);
@@ -268,7 +268,6 @@ static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
     DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->dbuf[0], actb));
     DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->dbuf[1], actb));
     DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->head, outb));
-    DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->probs, outb));
     DT_TRY(take(m, mi, DT_MEM_OTHER, (void **)&m->scalar, 2 * sizeof(float)));
 
     /* the arena: as large as the largest block's layers (each block's inner layers, and
@@ -799,10 +798,12 @@ static dt_status ce_head(dt_model *m, const dt_loss *loss, const void *target, i
     int C = (int)last->outs.d[last->outs.ndim - 1];
     if (!(loss->label_smoothing >= 0.0f && loss->label_smoothing <= 1.0f))
         return dt_error(DT_ERR_INVALID, "label smoothing must be in [0, 1], got %g", (double)loss->label_smoothing);
-    DT_TRY(m->ops->xent_forward(m->scalar, m->probs, last->out_ptr, target, B * per, C, loss->label_smoothing,
+    /* the softmax into the head's buffer, then the gradient over it in place: no array of
+     * probabilities beside the gradient's (B x T x vocabulary floats: gpt2's largest) */
+    DT_TRY(m->ops->xent_forward(m->scalar, m->head, last->out_ptr, target, B * per, C, loss->label_smoothing,
                                 normaliser * per));
     if (grad)
-        DT_TRY(m->ops->xent_backward(m->head, m->probs, target, B * per, C, loss->label_smoothing, normaliser * per));
+        DT_TRY(m->ops->xent_backward(m->head, m->head, target, B * per, C, loss->label_smoothing, normaliser * per));
     return DT_OK;
 }
 

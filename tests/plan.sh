@@ -128,7 +128,7 @@ ok_grep "$T/w8" "global batch 16 \(chosen: the default 12 is not divisible by 8 
 "$D" plan --model gpt2 --np 8 --batch 12 > "$T/w9" 2>&1
 rc=$?; [ $rc -eq 2 ]; ok $? "... a --batch given that does not divide stays an error (exit $rc)"
 
-# what fits, in the order to try: gpt2 on 8 ranks of 4.2 GiB (5.49 asked)
+# what fits, in the order to try: gpt2 on 8 ranks of 4.2 GiB (5.10 asked)
 "$D" plan --model gpt2 --np 8 --batch 16 --device-mem 4.2 --shard none --precision fp32 > "$T/f1" 2>&1
 ok $? "plan: gpt2 on 8 ranks of 4.2 GiB"
 sed -n '/what fits/,$p' "$T/f1" | sed 's/^/#   /'
@@ -142,9 +142,9 @@ a=$(fits_gib "--recompute" "$T/f1"); b=$(row_gib "none  *fp32" "$T/f2")
 diag "--recompute: ${a:-none} GiB in the list, ${b:-none} GiB planned with the flag"
 [ -n "$a" ] && [ "$a" = "$b" ]; ok $? "... its memory is the plan of the run with --recompute (${a:-none} = ${b:-none})"
 awk -v a="${a:-99}" 'BEGIN { exit !(a <= 4.2) }'; ok $? "... and within the 4.2 GiB"
-"$D" plan --model gpt2 --np 8 --batch 16 --device-mem 2.9 --shard none --precision fp32 > "$T/f4" 2>&1
-ok_grep "$T/f4" "^  --shard optim --np 16 .*<- the first to try" \
-    "at 2.9 GiB neither --recompute nor a shard mode fits on 8 ranks (the logits): --shard optim on 16 first"
+"$D" plan --model gpt2 --np 8 --batch 16 --device-mem 2.5 --shard none --precision fp32 > "$T/f4" 2>&1
+ok_grep "$T/f4" "^  --recompute --shard optim --np 16 .*<- the first to try" \
+    "at 2.5 GiB neither --recompute nor a shard mode fits on 8 ranks (the logits): --recompute --shard optim on 16 first"
 "$D" plan --model "$BIG" --np 2 --batch 16 --micro-batches 16 --device-mem 16 --precision bf16 --shard none > "$T/f3" 2>&1
 ok_grep "$T/f3" "^  .*--np [0-9]+ +[0-9.]+ GiB" "a model too large for 2 ranks: more ranks are listed"
 

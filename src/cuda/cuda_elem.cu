@@ -346,20 +346,24 @@ dt_status dt_cu_xent_forward(float *loss, float *probs, const float *logits, con
     return dt_cu_pairwise(rows, rows + (B > 0 ? B : 1), (size_t)B, (double)norm, loss);
 }
 
+/* A warp per row, 32-bit column indices: d = (p - off) * inv, and (p - off - on) * inv at
+ * the label (the CPU's formulas); 0 for an ignored row. In place over probs is fine: each
+ * element is read before it is written, by the same thread. */
 __global__ void __launch_bounds__(DT_CU_THREADS)
-k_xent_backward(float *d, const float *probs, const int32_t *labels, int C, size_t n,
-                float inv, float off, float on, int *err) {
-    DT_CU_FOR(t, n) {
-        size_t i = t / C;
-        int c = (int)(t % C);
-        int32_t l = labels[i];
-        if (l >= C) {
-            err[DT_CU_ERR_XENT_BWD] = (int)i + 1;
-            d[t] = 0.0f;
-        } else if (l < 0) {
-            d[t] = 0.0f;
-        } else {
-            d[t] = c == l ? (probs[t] - off - on) * inv : (probs[t] - off) * inv;
+k_xent_backward(float *d, const float *probs, const int32_t *labels, int B, int C, float inv, float off, float on,
+                int vec, int *err) {
+    const int lane = threadIdx.x % 32;
+    for (int i = blockIdx.x * DT_CU_WARPS + threadIdx.x / 32; i < B; i += gridDim.x * DT_CU_WARPS) {
+        const int32_t l = labels[i];
+        if (l >= C && lane == 0) err[DT_CU_ERR_XENT_BWD] = i + 1;
+        const int skip = l < 0 || l >= C;
+        const float *p = probs + (size_t)i * C;
+        float *o = d + (size_t)i * C, v[4];
+        for (int g = lane; 4 * g < C; g += 32) {
+            const int n = dt_cu_load4(v, p, g, C, vec);
+            for (int k = 0; k < n; k++)
+                v[k] = skip ? 0.0f : 4 * g + k == l ? (v[k] - off - on) * inv : (v[k] - off) * inv;
+            dt_cu_store4(o, g, v, n, vec);
         }
     }
 }
@@ -373,8 +377,10 @@ dt_status dt_cu_xent_backward(float *dlogits, const float *probs, const int32_t 
     if (B == 0) return DT_OK;
     DT_TRY(dt_cu_enter());
     const float inv = 1.0f / norm, off = label_smoothing / C, on = 1.0f - label_smoothing;
-    size_t n = (size_t)B * C;
-    LAUNCH(k_xent_backward, n, dlogits, probs, labels, C, n, inv, off, on, dt_cu_err_flags());
+    const int vec = dt_cu_vec4(dlogits, C) && dt_cu_vec4(probs, C);
+    k_xent_backward<<<dt_cu_grid((size_t)B, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(
+        dlogits, probs, labels, B, C, inv, off, on, vec, dt_cu_err_flags());
+    DT_CU_LAUNCH("k_xent_backward");
     return DT_OK;
 }
 
