@@ -59,7 +59,7 @@ cu() {
 }
 mkdir "$TMP/be"
 for f in "$S"/src/cuda/*.cu; do cu "$f" "be/$(basename "$f" .cu)"; done
-timeout 120 $cxx -c "$S/tests/gpu_emu/emu.cpp" -o "$TMP/be/emu.o" > "$TMP/log" 2>&1 || fail "compile the CUDA stand-in"
+timeout 120 $cxx -I"$S/src" -c "$S/tests/gpu_emu/emu.cpp" -o "$TMP/be/emu.o" > "$TMP/log" 2>&1 || fail "compile the CUDA stand-in"
 timeout 120 $cxx -I"$S/src" -I"$S/src/comm" -I"$B" -c "$S/tests/gpu_emu/nccl_emu.cpp" -o "$TMP/nccl_emu.o" \
     > "$TMP/log" 2>&1 || fail "compile the NCCL stand-in"
 timeout 120 gcc -std=c11 -O1 -I"$S/src" -I"$S/tests" -I"$B" -c "$S/tests/test_cuda_ops.c" -o "$TMP/test.o" \

@@ -24,7 +24,7 @@ cu() {
         -c "$O/$2.cpp" -o "$O/$2.o" > "$O/build.log" 2>&1 || die "compile $1 for the CPU (grid cap $cap)"
 }
 for f in "$S"/src/cuda/*.cu; do cu "$f" "cuda_$(basename "$f" .cu)"; done
-timeout 120 $cxx -c "$S/tests/gpu_emu/emu.cpp" -o "$O/emu.o" > "$O/build.log" 2>&1 || die "compile the CUDA stand-in"
+timeout 120 $cxx -I"$S/src" -c "$S/tests/gpu_emu/emu.cpp" -o "$O/emu.o" > "$O/build.log" 2>&1 || die "compile the CUDA stand-in"
 timeout 120 gcc -std=c11 -O1 -I"$S/src" -I"$S/tests" -I"$B" -c "$S/tests/test_cuda_ops.c" -o "$O/test.o" \
     > "$O/build.log" 2>&1 || die "compile tests/test_cuda_ops.c"
 timeout 120 g++ -o "$O/test_cuda_emu" "$O"/cuda_*.o "$O/emu.o" "$O/test.o" -L"$B/.libs" -ldtrain $blas_libs -lm \

@@ -3,10 +3,13 @@
  * 16-bit GEMM, the non-finite check of the loss scaler (see src/cpu/cpu_lowp.c).
  *
  * round_to is dtype.h's conversion there and back, the CPU's very code, so it matches
- * the CPU bit for bit. gemm_lp narrows its operands, which already hold bf16 (f16)
- * values, to 16-bit arrays in the backend's scratch (exact) and calls cublasGemmEx with
- * f32 compute: tensor cores, f32 accumulation in cuBLAS's order (to rounding of the
- * CPU's sgemm on the same values). nonfinite sets its flag without atomics: every
+ * the CPU bit for bit. gemm_lp's operands already hold bf16 (f16) values in f32 arrays:
+ * cublasGemmEx takes them as they are with the compute type CUBLAS_COMPUTE_32F_FAST_16BF
+ * (_16F), whose kernels narrow their f32 inputs to 16 bits (exact for such values) and
+ * multiply on tensor cores with f32 accumulation in cuBLAS's order (to rounding of the
+ * CPU's sgemm on the same values). Before, each call narrowed both operands into
+ * scratch with two kernels of its own: an H200 ran the 8 x 4096 MLP's bf16 step slower
+ * than its TF32 one (4.4 against 3.8 ms). nonfinite sets its flag without atomics: every
  * thread that sees an inf or NaN writes the same 1 (a benign race, as GradScaler's
  * found_inf kernel does), after the flag was zeroed on the same stream.
  */
@@ -35,14 +38,6 @@ dt_status dt_cu_round_to(float *y, const float *x, size_t n, int dtype) {
     return DT_OK;
 }
 
-/* d (n) = x narrowed to 16 bits (exact for values that round_to produced) */
-__global__ void k_narrow(uint16_t *d, const float *x, size_t n, int bf16) {
-    DT_CU_FOR(i, n) d[i] = bf16 ? dt_f32_to_bf16(x[i]) : dt_f32_to_f16(x[i]);
-}
-
-/* Elements a row-major operand of rows x cols with row stride ld spans. */
-static size_t span(int rows, int cols, int ld) { return rows > 0 && cols > 0 ? (size_t)(rows - 1) * ld + cols : 0; }
-
 dt_status dt_cu_gemm_lp(int dtype, int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                         const float *B, int ldb, float beta, float *C, int ldc) {
     DT_TRY(lp_dtype("gemm_lp", dtype));
@@ -53,19 +48,10 @@ dt_status dt_cu_gemm_lp(int dtype, int transA, int transB, int M, int N, int K, 
     DT_TRY(dt_cu_enter());
     if (M == 0 || N == 0) return DT_OK;
     if (K == 0) return dt_cu_gemm("gemm_lp", transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    size_t na = transA ? span(K, M, lda) : span(M, K, lda), nb = transB ? span(N, K, ldb) : span(K, N, ldb);
-    size_t boff = (na + 7) & ~(size_t)7;   /* B's 16-bit copy on a 16-byte boundary, as tensor cores like */
-    uint16_t *h = NULL;
-    DT_TRY(dt_cu_scratch((void **)&h, (boff + nb) * sizeof(uint16_t)));
-    int bf16 = dtype == DT_BF16;
-    k_narrow<<<dt_cu_blocks(na), DT_CU_THREADS, 0, dt_cu_stream()>>>(h, A, na, bf16);
-    DT_CU_LAUNCH("k_narrow");
-    k_narrow<<<dt_cu_blocks(nb), DT_CU_THREADS, 0, dt_cu_stream()>>>(h + boff, B, nb, bf16);
-    DT_CU_LAUNCH("k_narrow");
     /* row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, as dt_cu_gemm */
-    cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
     DT_CUBLAS(cublasGemmEx(dt_cu_blas(), transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M,
-                           K, &alpha, h + boff, t, ldb, h, t, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                           K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
+                           dtype == DT_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_16F,
                            CUBLAS_GEMM_DEFAULT));
     return DT_OK;
 }

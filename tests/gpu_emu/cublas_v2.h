@@ -39,7 +39,9 @@ const char *cublasGetStatusString(cublasStatus_t s);
  * the operands widened to f32 (exact), then cblas_sgemm; the same checks and queueing as
  * cublasSgemm. */
 typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType_t;
-typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum {
+    CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_16F = 74, CUBLAS_COMPUTE_32F_FAST_16BF = 75
+} cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                             const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B,

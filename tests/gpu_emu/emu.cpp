@@ -7,6 +7,9 @@
  * two at once. */
 #include "cublas_v2.h"
 #include "cuda.h"
+extern "C" {
+#include "dtype.h"   /* the bf16 and f16 conversions of FAST_16BF and FAST_16F */
+}
 
 #include <cblas.h>
 #include <deque>
@@ -1000,30 +1003,41 @@ static float emu_widen(uint16_t h, bool bf16) {   /* bf16/f16 -> f32, exact */
     return f;
 }
 
+/* x rounded to bf16 or f16 (to nearest, ties to even) and back: what a FAST_16BF or
+ * FAST_16F product multiplies (dtype.h's conversions, as the CPU backend's) */
+static float emu_narrow(float x, bool bf16) {
+    return bf16 ? dt_bf16_to_f32(dt_f32_to_bf16(x)) : dt_f16_to_f32(dt_f32_to_f16(x));
+}
+
 extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                                        int k, const void *alpha, const void *A, cudaDataType_t at, int lda,
                                        const void *B, cudaDataType_t bt, int ldb, const void *beta, void *C,
                                        cudaDataType_t ct, int ldc, cublasComputeType_t comp, cublasGemmAlgo_t) {
     LOCK;
     if (sticky) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (at != bt || (at != CUDA_R_16BF && at != CUDA_R_16F) || ct != CUDA_R_32F || comp != CUBLAS_COMPUTE_32F)
+    /* 16-bit operands with f32 compute, or f32 operands that the compute type narrows
+     * to 16 bits (FAST_16BF, FAST_16F: tensor cores on values the kernel rounds) */
+    bool wide = at == CUDA_R_32F, bf16 = at == CUDA_R_16BF || comp == CUBLAS_COMPUTE_32F_FAST_16BF;
+    if (at != bt || ct != CUDA_R_32F ||
+        !(wide ? comp == CUBLAS_COMPUTE_32F_FAST_16BF || comp == CUBLAS_COMPUTE_32F_FAST_16F
+               : (at == CUDA_R_16BF || at == CUDA_R_16F) && comp == CUBLAS_COMPUTE_32F))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-    /* spans in elements; the 16-bit operands take half the bytes of extent()'s floats */
+    /* spans in elements; 16-bit operands take half the bytes of extent()'s floats */
     size_t na = (ta == CUBLAS_OP_N ? extent(m, k, lda) : extent(k, m, lda)) / sizeof(float);
     size_t nb = (tb == CUBLAS_OP_N ? extent(k, n, ldb) : extent(n, k, ldb)) / sizeof(float);
-    if (!blas_ptrs_ok("cublasGemmEx", (const float *)A, na * 2, (const float *)B, nb * 2, (const float *)C,
-                      extent(m, n, ldc)))
+    if (!blas_ptrs_ok("cublasGemmEx", (const float *)A, na * (wide ? 4 : 2), (const float *)B, nb * (wide ? 4 : 2),
+                      (const float *)C, extent(m, n, ldc)))
         return CUBLAS_STATUS_EXECUTION_FAILED;
     float al = *(const float *)alpha, be = *(const float *)beta;
     const uint16_t *ha = (const uint16_t *)A, *hb = (const uint16_t *)B;
+    const float *fa = (const float *)A, *fb = (const float *)B;
     float *hc = (float *)C;
-    bool bf16 = at == CUDA_R_16BF;
     emu_enqueue(h->s, "cublasGemmEx", NULL, [=] {
         std::vector<float> a(na), b(nb);
-        for (size_t i = 0; i < na; i++) a[i] = emu_widen(ha[i], bf16);
-        for (size_t i = 0; i < nb; i++) b[i] = emu_widen(hb[i], bf16);
+        for (size_t i = 0; i < na; i++) a[i] = wide ? emu_narrow(fa[i], bf16) : emu_widen(ha[i], bf16);
+        for (size_t i = 0; i < nb; i++) b[i] = wide ? emu_narrow(fb[i], bf16) : emu_widen(hb[i], bf16);
         cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
                     tb == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, m, n, k, al, a.data(), lda, b.data(), ldb, be, hc,
                     ldc);
