@@ -1,5 +1,5 @@
 /*
- * dtrun.h: what the four files of dtrun share.
+ * dtrun.h: what the files of dtrun share.
  *
  *   dtrun.c        command line (flags and DTRUN_* variables), the attempt loop, the
  *                  final report and exit status
@@ -12,6 +12,8 @@
  *                  result exact, choosing a world from them and laying it out on the nodes
  *   dtrun_util.c   what all of them use: messages, clocks, signal names, a free port,
  *                  stopping the local ranks
+ *   dtrun_parse.c  the probe's answer and START read into fields (dtrun_parse.h: it needs
+ *                  nothing else, for the fuzz targets and the unit test)
  *
  * Each file calls only those listed below it, so there is no cycle between them.
  *
@@ -26,9 +28,8 @@
 #include <stdio.h>
 #include <sys/types.h>
 #include "clock.h"   /* dt_now() */
+#include "dtrun_parse.h"   /* DTRUN_MAX_RANKS, DTRUN_MAX_NODES, dtrun_exact, dtrun_start */
 
-#define DTRUN_MAX_RANKS  4096
-#define DTRUN_MAX_NODES  4096
 #define DTRUN_TAIL       10           /* stderr lines of a rank kept for the failure report */
 
 typedef struct {
@@ -94,7 +95,7 @@ typedef struct {
     int          nlocal;      /* ranks on this node this attempt; 0: a spare (elastic) */
     int          group;       /* this node's index among the nodes that run ranks */
     int          ngroups;     /* nodes that run ranks this attempt */
-    char         change[600]; /* elastic: the membership change this attempt follows, or "" */
+    char         change[DTRUN_CHANGE_MAX]; /* elastic: the membership change this attempt follows, or "" */
     double       change_at;   /* ... when it was noticed (seconds since the epoch) */
     int          rank_port;   /* MASTER_PORT given to the ranks */
     char         job_id[192]; /* DT_JOB_ID given to the ranks, "" to inherit */
@@ -130,14 +131,7 @@ int  dtrun_spawn(dtrun_job *job);                 /* 0, or -1 after a message */
 void dtrun_supervise(dtrun_job *job);             /* until every local rank is reaped */
 void dtrun_close_logs(dtrun_job *job);
 
-/* dtrun_elastic.c (uses dtrun_util.c only) */
-#define DTRUN_MAX_SIZES 64
-typedef struct {
-    int  sizes[DTRUN_MAX_SIZES];   /* the world sizes that keep the result exact, ascending */
-    int  nsizes;
-    char resume[32];               /* the program's --resume ("auto", a path, or "") */
-    char ckpt_dir[1024];           /* its --checkpoint-dir, or "" */
-} dtrun_exact;
+/* dtrun_elastic.c (uses dtrun_util.c and dtrun_parse.c) */
 /* Ask the program (DT_ELASTIC_PROBE=1, ranks' variables unset) which world sizes keep its
  * result exact; 0, or an exit status after a message. */
 int  dtrun_probe(dtrun_job *job, dtrun_exact *ex);
@@ -152,7 +146,7 @@ void dtrun_newest_checkpoint(const dtrun_exact *ex, char *out, size_t n);
  * there is no --checkpoint-dir or it cannot be read. */
 long long dtrun_newest_step(const dtrun_exact *ex);
 
-/* dtrun_rdzv.c (uses dtrun_elastic.c and dtrun_util.c) */
+/* dtrun_rdzv.c (uses dtrun_elastic.c, dtrun_util.c and dtrun_parse.c) */
 int  dtrun_net_start(dtrun_job *job);             /* rendezvous; 0, or an exit status */
 int  dtrun_net_pollfds(dtrun_job *job, struct pollfd *pfd, int max);
 void dtrun_net_ready(dtrun_job *job, struct pollfd *pfd, int n);

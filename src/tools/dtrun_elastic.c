@@ -31,41 +31,6 @@
 #define PROBE_MAX    (64 * 1024)    /* bytes of its stdout kept */
 #define PROBE_TAG    "dtrain-elastic: "
 
-/* Parse "sizes=1,2,4 resume=auto checkpoint-dir=DIR" into ex; -1 if malformed. */
-static int parse_answer(const char *line, dtrun_exact *ex) {
-    memset(ex, 0, sizeof *ex);
-    if (strncmp(line, "sizes=", 6) != 0) return -1;
-    const char *p = line + 6;
-    int last = 0;
-    while (*p && *p != ' ') {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v <= last || v > DTRUN_MAX_RANKS * (long)DTRUN_MAX_NODES || ex->nsizes == DTRUN_MAX_SIZES)
-            return -1;
-        ex->sizes[ex->nsizes++] = (int)v;
-        last = (int)v;
-        p = end;
-        if (*p == ',') p++;
-        else if (*p && *p != ' ') return -1;
-    }
-    if (ex->nsizes == 0) return -1;
-    while (*p == ' ') {
-        p++;
-        if (strncmp(p, "resume=", 7) == 0) {
-            p += 7;
-            size_t n = strcspn(p, " ");
-            snprintf(ex->resume, sizeof ex->resume, "%.*s", (int)(n < sizeof ex->resume ? n : sizeof ex->resume - 1), p);
-            p += n;
-        } else if (strncmp(p, "checkpoint-dir=", 15) == 0) {
-            snprintf(ex->ckpt_dir, sizeof ex->ckpt_dir, "%s", p + 15);
-            break;
-        } else {
-            return -1;
-        }
-    }
-    return 0;
-}
-
 int dtrun_probe(dtrun_job *job, dtrun_exact *ex) {
     const dtrun_cfg *cfg = job->cfg;
     int out[2];
@@ -145,7 +110,7 @@ int dtrun_probe(dtrun_job *job, dtrun_exact *ex) {
                   "DT_ELASTIC_PROBE=1, it printed no line '" PROBE_TAG "sizes=...'); nodes that come and go need "
                   "a program that does (dtrain train)", cfg->min_nodes, cfg->nnodes, cfg->argv[0]);
         rc = 2;
-    } else if (parse_answer(line, ex) != 0) {
+    } else if (dtrun_parse_answer(line, ex) != 0) {
         dtrun_say(job, "--nnodes %d:%d: '%s' answered the elastic probe with '%.200s', which is not "
                   "'sizes=N,N,... resume=... checkpoint-dir=...'", cfg->min_nodes, cfg->nnodes, cfg->argv[0], line);
         rc = 2;

@@ -94,17 +94,14 @@ struct dtrun_net {
     double next_hb;
     int    started;                /* past the rendezvous: heartbeats count */
     int    decided;                /* 0 none, 1 restart, 2 exit */
-    int    decided_code, next_attempt, next_port;
+    int    decided_code;
     int    any_lost;
-    /* the next attempt's layout, from START */
-    int    next_kind, next_restarts, next_world, next_rank0, next_nlocal, next_group, next_ngroups;
-    double next_change_at;
-    char   next_change[600];
+    dtrun_start next;              /* the next attempt's layout, from START (node 0: its kind) */
     /* elastic, node 0 */
     dtrun_exact ex;                /* the world sizes that keep the result exact */
     int    running;                /* an attempt runs (from its START to the decision) */
     int    changed;                /* the membership changed during this attempt */
-    char   change[600];            /* what changed, for the line and the ranks */
+    char   change[DTRUN_CHANGE_MAX];   /* what changed, for the line and the ranks (START carries it whole) */
     double change_at;              /* when it was first noticed */
     double short_since;            /* > 0: since then too few nodes for an allowed world */
     char   lost_list[600];         /* every node lost so far, for a final message */
@@ -215,7 +212,7 @@ static void set_socket_opts(int fd) {
     (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
 }
 
-/* Report text <-> one line: newlines travel as tabs. */
+/* Report text <-> one line: newlines travel as tabs (dtrun_decode turns them back). */
 static char *encode(const char *desc) {
     char *e = strdup(desc);
     if (!e) return NULL;
@@ -224,9 +221,6 @@ static char *encode(const char *desc) {
         else if (*p == '\t') *p = ' ';
     }
     return e;
-}
-static void decode(char *s) {
-    for (; *s; s++) if (*s == '\t') *s = '\n';
 }
 
 /* Wait up to ms for the signalfd (and fds); returns a signal that arrived, or 0. */
@@ -327,7 +321,7 @@ static void server_line(dtrun_job *job, int i, char *line) {
     if (strcmp(line, "HB") == 0) return;
     if (sscanf(line, "FAIL %d %d %d %n", &a, &code, &nr, &off) == 3 && off > 0) {
         if (a != job->attempt) return;   /* a report from an attempt already over */
-        decode(line + off);
+        dtrun_decode(line + off);
         server_failure(job, line + off, code, nr);
     } else if (sscanf(line, "IDLE %d %d", &a, &code) == 2) {
         if (a == job->attempt) {
@@ -741,34 +735,20 @@ static void master_lost(dtrun_job *job, const char *why) {
     if (!net->decided) { net->decided = 2; net->decided_code = 1; }
 }
 
-/* START's fields after the word; 0, or -1 when malformed. */
-static int parse_start(dtrun_net *net, const char *args) {
-    int off = 0;
-    if (sscanf(args, "%d %d %d %d %d %d %d %d %d %lf %n", &net->next_attempt, &net->next_kind, &net->next_restarts,
-               &net->next_port, &net->next_world, &net->next_rank0, &net->next_nlocal, &net->next_group,
-               &net->next_ngroups, &net->next_change_at, &off) != 10 || off == 0)
-        return -1;
-    if (net->next_world < 1 || net->next_nlocal < 0 || net->next_nlocal > DTRUN_MAX_RANKS || net->next_rank0 < 0 ||
-        net->next_rank0 + net->next_nlocal > net->next_world)
-        return -1;
-    snprintf(net->next_change, sizeof net->next_change, "%s", strcmp(args + off, "-") ? args + off : "");
-    decode(net->next_change);
-    return 0;
-}
-
 /* A node's part of the attempt that START announced. */
 static void apply_start(dtrun_job *job) {
     dtrun_net *net = job->net;
-    job->attempt = net->next_attempt;
-    job->restarts = net->next_restarts;
-    job->rank_port = net->next_port;
-    job->world = net->next_world;
-    job->rank0 = net->next_rank0;
-    job->nlocal = net->next_nlocal < job->cfg->nproc ? net->next_nlocal : job->cfg->nproc;
-    job->group = net->next_group;
-    job->ngroups = net->next_ngroups;
-    job->change_at = net->next_change_at;
-    snprintf(job->change, sizeof job->change, "%s", net->next_change);
+    const dtrun_start *st = &net->next;
+    job->attempt = st->attempt;
+    job->restarts = st->restarts;
+    job->rank_port = st->port;
+    job->world = st->world;
+    job->rank0 = st->rank0;
+    job->nlocal = st->nlocal < job->cfg->nproc ? st->nlocal : job->cfg->nproc;
+    job->group = st->group;
+    job->ngroups = st->ngroups;
+    job->change_at = st->change_at;
+    snprintf(job->change, sizeof job->change, "%s", st->change);
 }
 
 static void client_line(dtrun_job *job, char *line) {
@@ -776,15 +756,18 @@ static void client_line(dtrun_job *job, char *line) {
     int code, nr, off = 0;
     if (strcmp(line, "HB") == 0) return;
     if (sscanf(line, "STOP %d %d %n", &code, &nr, &off) == 2 && off > 0) {
-        decode(line + off);
+        dtrun_decode(line + off);
         free(job->fail);   /* node 0's word on the first failure replaces what we saw */
         job->fail = NULL;
         dtrun_stop(job, line + off, code, nr);
     } else if (strncmp(line, "START ", 6) == 0) {
-        if (parse_start(net, line + 6) == 0) net->decided = 1;
-        else dtrun_say(job, "node 0 sent a START this dtrun cannot read: '%.80s'", line);
+        dtrun_start st;   /* a START that does not parse leaves the last one as it was */
+        if (dtrun_parse_start(line + 6, &st) == 0) {
+            net->next = st;
+            net->decided = 1;
+        } else dtrun_say(job, "node 0 sent a START this dtrun cannot read: '%.80s'", line);
     } else if (strncmp(line, "LOST ", 5) == 0) {   /* elastic: a node with ranks is gone */
-        decode(line + 5);
+        dtrun_decode(line + 5);
         if (job->alive > 0 && !job->fail) dtrun_say(job, "%s: stopping the ranks", line + 5);
         kill_ranks_now(job);
     } else if (strcmp(line, "DRAIN") == 0) {        /* elastic: the world can grow */
@@ -1072,11 +1055,11 @@ static int server_decide_elastic(dtrun_job *job) {
         if (!net->changed) {   /* a rank failed and every node is alive */
             if (!job->fail || job->restarts >= cfg->max_restarts) return server_exit(job, job->fail ? job->fail_code : 1);
             job->restarts++;
-            net->next_kind = 1;
+            net->next.kind = 1;
             dtrun_say_block(job, job->fail);
             dtrun_say(job, "restarting all ranks (restart %d of %d)", job->restarts, cfg->max_restarts);
         } else {
-            net->next_kind = 2;
+            net->next.kind = 2;
         }
     }
     int was = job->world, port = dtrun_free_port();
@@ -1087,7 +1070,7 @@ static int server_decide_elastic(dtrun_job *job) {
     char what[600];
     snprintf(what, sizeof what, "%s", net->change);
     double since = net->change_at;
-    if (server_round(job, job->attempt + 1, net->next_kind, port) != 0) {
+    if (server_round(job, job->attempt + 1, net->next.kind, port) != 0) {
         double t = dt_now();
         char sz[400];
         dtrun_sizes_text(&net->ex, sz, sizeof sz);
@@ -1106,7 +1089,7 @@ static int server_decide_elastic(dtrun_job *job) {
                   cfg->min_nodes, sz, cfg->rdzv_timeout_s, net->lost_list[0] ? net->lost_list : "none", ck);
         return server_exit(job, 1);
     }
-    if (net->next_kind == 2) {
+    if (net->next.kind == 2) {
         int used = 0;
         for (int i = 1; i < cfg->nnodes; i++) used += net->nodes[i].ranks > 0;
         int spares = live_nodes(job) - 1 - used;
@@ -1172,10 +1155,10 @@ int dtrun_net_after(dtrun_job *job) {
         net->decided = 0;
         if (!net->server) {
             apply_start(job);
-            if (net->next_kind == 1) {
+            if (net->next.kind == 1) {
                 if (job->fail) dtrun_say_block(job, job->fail);
                 dtrun_say(job, "restarting all ranks (restart %d of %d)", job->restarts, cfg->max_restarts);
-            } else if (net->next_kind == 2 && job->change[0]) {
+            } else if (net->next.kind == 2 && job->change[0]) {
                 dtrun_say(job, "membership: %s", job->change);
             }
         } else if (!cfg->elastic) {

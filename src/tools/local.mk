@@ -4,14 +4,19 @@
 # segments its ranks may leave (src/comm/shm_name.c, also compiled on its own).
 bin_PROGRAMS += dtrun dtbench
 dtrun_SOURCES = src/tools/dtrun.c src/tools/dtrun.h src/tools/dtrun_ranks.c src/tools/dtrun_rdzv.c \
-	src/tools/dtrun_elastic.c src/tools/dtrun_util.c src/clock.c src/clock.h src/status.c src/comm/sock.c src/comm/auth.c \
-	src/comm/gate.c src/comm/shm_name.c src/comm/shm_name.h
+	src/tools/dtrun_elastic.c src/tools/dtrun_util.c src/tools/dtrun_parse.c src/tools/dtrun_parse.h \
+	src/clock.c src/clock.h src/status.c src/comm/sock.c src/comm/auth.c src/comm/gate.c src/comm/shm_name.c \
+	src/comm/shm_name.h
 dtrun_LDADD = $(SODIUM_LIBS)
 # per-target flags (the same ones) give dtrun its own objects of src/clock.c,
 # src/comm/shm_name.c and the authentication files, which libdtrain_core also
 # compiles, with libtool
 dtrun_CFLAGS = $(AM_CFLAGS)
 dtbench_SOURCES = src/tools/dtbench.c src/tools/args.c src/tools/args.h
+# the parsers of the probe's answer and of START, alone (as the fuzz targets link them)
+check_PROGRAMS += tests/test_dtrun_parse
+tests_test_dtrun_parse_SOURCES = tests/test_dtrun_parse.c src/tools/dtrun_parse.c src/tools/dtrun_parse.h
+TESTS += tests/test_dtrun_parse
 
 
 TESTS += tests/dtrun_env.sh tests/dtrun_output.sh tests/dtrun_fail.sh tests/dtrun_signal.sh \
