@@ -52,6 +52,15 @@ node() {
         --master-addr "$ipa" --master-port "$port" "$@" > "$tmp/out$r" 2> "$tmp/err$r") &
 }
 
+# no_pids SECONDS: wait (at most that long) until neither namespace has a process left
+no_pids() {
+    np_i=0
+    while { [ -n "$(ip netns pids "$nsa")" ] || [ -n "$(ip netns pids "$nsb")" ]; } && [ $np_i -lt $(($1 * 10)) ]; do
+        sleep 0.1; np_i=$((np_i + 1))
+    done
+    test -z "$(ip netns pids "$nsa")" && test -z "$(ip netns pids "$nsb")"
+}
+
 # 0. across hosts, a job without a secret is refused, saying how to set one; nodes with
 # different secrets do not join
 secret=
@@ -91,18 +100,17 @@ fi
 # 3. node 1's dtrun is killed: node 0 ends within 10 s, naming node 1
 node 1 "$DT_BUILDDIR/dtbench" -b 4K -e 4K -n 1000000 -w 1; p1=$!
 node 0 --heartbeat-timeout 5 "$DT_BUILDDIR/dtbench" -b 4K -e 4K -n 1000000 -w 1; p0=$!
-i=0; while ! grep -q 'ranks 0\.\.1' "$tmp/err0" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-sleep 1   # the ranks are in their collectives
+# the ranks are in their collectives once rank 0 has printed its header (after the
+# connections, before the loop)
+wait_line "$tmp/out0" '^\[rank0\]:# dtbench:' 30 || echo "# rank 0 never printed its header"
 kill_node1 $p0 $p1
-sleep 0.5
-test -z "$(ip netns pids "$nsa")" && test -z "$(ip netns pids "$nsb")"
+no_pids 10
 ok $? "no process left in either namespace"
 
 # 4. the link is cut: both nodes notice within the heartbeat timeout and end, naming the other
 node 1 --heartbeat-timeout 3 --monitor-interval 0.5 "$DT_BUILDDIR/dtbench" -b 4K -e 4K -n 1000000 -w 1; p1=$!
 node 0 --heartbeat-timeout 3 --monitor-interval 0.5 "$DT_BUILDDIR/dtbench" -b 4K -e 4K -n 1000000 -w 1; p0=$!
-i=0; while ! grep -q 'ranks 0\.\.1' "$tmp/err0" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-sleep 1
+wait_line "$tmp/out0" '^\[rank0\]:# dtbench:' 30 || echo "# rank 0 never printed its header"
 ip -n "$nsa" link del "$va"      # deletes the pair: the nodes can no longer reach each other
 start=$(date +%s)
 wait_for $p0 30; rc0=$?
@@ -112,8 +120,7 @@ test $rc0 -ne 0 && test $rc1 -ne 0 && test $el -le 15
 ok $? "link cut: both nodes end with an error within 15 s (exit $rc0, $rc1 after ${el}s)"
 ok_grep "$tmp/err0" "node 1 \(.*\) was lost at .* UTC: no heartbeat for 3 s" "node 0 names node 1 as lost"
 ok_grep "$tmp/err1" "lost node 0 \(.*, the master at $ipa:$port\) at .* UTC: no heartbeat for 3 s" "node 1 names node 0 as lost"
-sleep 0.5
-test -z "$(ip netns pids "$nsa")" && test -z "$(ip netns pids "$nsb")"
+no_pids 10
 ok $? "no process left in either namespace"
 
 # 5. an elastic job (--nnodes 1:2) loses node 1 to a link cut (down on node 1's side) during a 4-rank attempt: node

@@ -257,16 +257,20 @@ extern "C" dt_status dt_cuda_describe(char *buf, size_t n) {
     return DT_OK;
 }
 
+/* Growth is stream-ordered: the old scratch is freed behind the kernels queued before
+ * (cudaFreeAsync), the new one taken on the same stream, with no device-wide
+ * synchronisation: cudaFree would wait for every stream, NCCL's collectives of the
+ * communication thread too (a gradient bucket's all-reduce in flight during backward). */
 dt_status dt_cu_scratch(void **p, size_t bytes) {
     if (bytes > g.scratch_bytes) {
         size_t want = bytes + bytes / 4;   /* a little headroom: shapes vary by a few percent */
         if (g.scratch) {
-            cudaFree(g.scratch);           /* synchronises: earlier kernels are done with it */
+            cudaFreeAsync(g.scratch, g.stream);
             mem_untrack(g.scratch);
             g.scratch = NULL;
             g.scratch_bytes = 0;
         }
-        DT_CU(cudaMalloc(&g.scratch, want));
+        DT_CU(cudaMallocAsync(&g.scratch, want, g.stream));
         mem_track(g.scratch, want);
         g.scratch_bytes = want;
     }

@@ -599,6 +599,32 @@ static cudaError_t release(void *p, int kind, const char *call) {
 }
 
 extern "C" cudaError_t cudaFree(void *p) { return release(p, MEM_DEVICE, "cudaFree"); }
+
+/* Stream-ordered allocation: memory at once (valid for work queued after the call), and a
+ * free queued behind the stream's work, with no synchronisation: the kernels queued
+ * before it still read the old memory, and a read after it runs sees garbage. */
+extern "C" cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+
+extern "C" cudaError_t cudaFreeAsync(void *p, cudaStream_t st) {
+    LOCK;
+    STICKY;
+    if (!p) return cudaSuccess;
+    auto it = regions.find((uintptr_t)p);
+    if (it == regions.end() || it->second.kind != MEM_DEVICE) {
+        fprintf(stderr, "gpu_emu: cudaFreeAsync: %p is not the start of a cudaMalloc allocation\n", p);
+        return fail(cudaErrorInvalidValue, "cudaFreeAsync: %p is not the start of a cudaMalloc allocation", p);
+    }
+    emu_enqueue(st, "cudaFreeAsync", NULL, [p] {
+        auto r = regions.find((uintptr_t)p);
+        if (r == regions.end()) return false;   /* freed twice */
+        device_bytes -= r->second.size;
+        memset(p, 0xfe, r->second.size);
+        regions.erase(r);
+        free(p);
+        return true;
+    });
+    return cudaSuccess;
+}
 extern "C" cudaError_t cudaFreeHost(void *p) { return release(p, MEM_PINNED, "cudaFreeHost"); }
 
 extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
