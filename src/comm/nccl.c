@@ -407,12 +407,12 @@ static dt_status tree_allreduce(dt_comm *c, nccl_state *st, const dt_call *call,
     char *work = recv;
     DT_TRY(d2d(st, recv, send, n * es, call));
     size_t tmp = (n / 2 + (size_t)W) * es;   /* the largest half a rank receives */
-    if (tmp > st->dtmp_cap) {
-        if (st->dtmp) cudaFree(st->dtmp);
+    if (tmp > st->dtmp_cap) {   /* grown in stream order: cudaFree would wait for the whole device */
+        if (st->dtmp) cudaFreeAsync(st->dtmp, st->stream);
         st->dtmp = NULL;
         st->dtmp_cap = 0;
-        cudaError_t e = cudaMalloc(&st->dtmp, tmp);
-        if (e != cudaSuccess) return cuda_fail(st, e, "cudaMalloc of the all_reduce scratch", call);
+        cudaError_t e = cudaMallocAsync(&st->dtmp, tmp, st->stream);
+        if (e != cudaSuccess) return cuda_fail(st, e, "cudaMallocAsync of the all_reduce scratch", call);
         st->dtmp_cap = tmp;
     }
     int op = call->op == DT_PROD ? DT_CUDA_PROD : call->op == DT_MIN ? DT_CUDA_MIN
