@@ -293,6 +293,20 @@ if [ $nccl_build = 1 ]; then
         > "$TMP/text.txt"
     timeout 60 "$B/dtrain" prepare-text "$TMP/tok" "$TMP/text.txt" > "$TMP/prep.out" 2>&1
     ok $? "prepare-text writes the token files"
+    # sequences of 256 positions: attention's products on the emulated cuBLAS (cuda_seq.cu)
+    # in a whole training run, forward and backward, against the cpu's losses. Within 1e-6:
+    # the two ran to the same printed digits here, and dS without its delta term (a planted
+    # error) moved the second loss by 3e-6; lr 0.01 so that a wrong gradient shows
+    LONG="--model gpt(layers=1,heads=2,dim=32,block=256) --data tokens:$TMP/tok --batch 1 --steps 3 --lr 0.01
+--warmup 0 --schedule constant --seed 7 --log-every 1 --no-eval --quiet --threads 1"
+    for d in cpu cuda; do
+        timeout 240 "$TMP/dtrain_emu" train --device $d $LONG --metrics "$TMP/long-$d.jsonl" > "$TMP/long-$d.out" 2>&1
+        ok $? "a gpt of block 256 on the $d (3 steps)"
+        losses "$TMP/long-$d.jsonl" > "$TMP/long-$d.loss"
+    done
+    worst=$(worst_rel "$TMP/long-cpu.loss" "$TMP/long-cuda.loss" 3)
+    awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-6) }'
+    ok $? "... emulated cuda losses within 1e-6 relative of the cpu's (worst $worst)"
     shard2() {  # tag args...: the gpt on 2 emulated ranks, its weights to $TMP/tag.st
         t=$1; shift
         TMPDIR="$TMP" DT_GPU_EMU_DEVICES=2 DT_GPU_EMU_GRANULE=65536 timeout 300 "$B/dtrun" -n 2 "$TMP/dtrain_emu" \
