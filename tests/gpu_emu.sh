@@ -100,6 +100,12 @@ worst_rel() {  # A B: the largest relative difference of two loss lists ("missin
     paste "$1" "$2" | awk -v n="$3" '{ d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > w) w = r }
                                      END { if (NR != n) print "missing"; else printf "%.3g", w + 0 }'
 }
+# ok_close A B N TOL WHAT: one test, the N losses of A and B within TOL relative
+ok_close() {
+    worst=$(worst_rel "$1" "$2" "$3")
+    awk -v w="$worst" -v t="$4" 'BEGIN { exit !(w != "missing" && w <= t + 0) }'
+    ok $? "$5 within $4 relative (worst $worst)"
+}
 if [ $cuda_build = 1 ]; then
     if [ $nccl_build = 1 ]; then
         timeout 120 gcc -std=c11 -O1 -fPIC -Wall -Wextra -Werror -I"$S/tests/gpu_emu" -I"$S/src" -I"$S/src/comm" \
@@ -126,9 +132,7 @@ if [ $cuda_build = 1 ]; then
         ok $? "the $d run $([ $d = cuda ] && echo used || echo did not touch) the emulated device"
         losses "$TMP/$d.jsonl" > "$TMP/$d.loss"
     done
-    worst=$(worst_rel "$TMP/cpu.loss" "$TMP/cuda.loss" 10)
-    awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-4) }'
-    ok $? "emulated cuda losses within 1e-4 relative of the cpu's (worst $worst)"
+    ok_close "$TMP/cpu.loss" "$TMP/cuda.loss" 10 1e-4 "emulated cuda losses against the cpu's"
     # train2 BACKEND: the same on 2 emulated ranks, one emulated GPU each, against the cpu run
     train2() {
         TMPDIR="$TMP" DT_GPU_EMU_DEVICES=2 timeout 240 "$B/dtrun" -n 2 "$TMP/dtrain_emu" train --device cuda \
@@ -138,9 +142,7 @@ if [ $cuda_build = 1 ]; then
         ok $rc "dtrain train --device cuda --backend $1 on 2 emulated ranks (mlp, 10 steps)"
         [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/$1.out" | tail -5
         losses "$TMP/$1.jsonl" > "$TMP/$1.loss"
-        worst=$(worst_rel "$TMP/cpu.loss" "$TMP/$1.loss" 10)
-        awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-4) }'
-        ok $? "its losses within 1e-4 relative of the 1-rank cpu run's (worst $worst)"
+        ok_close "$TMP/cpu.loss" "$TMP/$1.loss" 10 1e-4 "its losses against the 1-rank cpu run's"
     }
     train2 tcp   # gradients staged through pinned host memory
     # a cnn with synchronised batch norm and 4 micro-batches over tcp: the batch-norm sums
@@ -158,9 +160,7 @@ if [ $cuda_build = 1 ]; then
     [ $rc -eq 0 ] || sed 's/^/#   /' "$TMP/cnn-tcp.out" | tail -5
     losses "$TMP/cnn-cpu.jsonl" > "$TMP/cnn-cpu.loss"
     losses "$TMP/cnn-tcp.jsonl" > "$TMP/cnn-tcp.loss"
-    worst=$(worst_rel "$TMP/cnn-cpu.loss" "$TMP/cnn-tcp.loss" 6)
-    awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-4) }'
-    ok $? "its losses within 1e-4 relative of 2 cpu ranks' (worst $worst)"
+    ok_close "$TMP/cnn-cpu.loss" "$TMP/cnn-tcp.loss" 6 1e-4 "its losses against 2 cpu ranks'"
 
     # first-contact diagnostics: the device line, DT_CUDA_SYNC, the grid cap, a driver too old
     emu1() {  # tag [env...]: dtrain --device cuda, 1 rank, 10 steps, not quiet
@@ -304,9 +304,7 @@ if [ $nccl_build = 1 ]; then
         ok $? "a gpt of block 256 on the $d (3 steps)"
         losses "$TMP/long-$d.jsonl" > "$TMP/long-$d.loss"
     done
-    worst=$(worst_rel "$TMP/long-cpu.loss" "$TMP/long-cuda.loss" 3)
-    awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-6) }'
-    ok $? "... emulated cuda losses within 1e-6 relative of the cpu's (worst $worst)"
+    ok_close "$TMP/long-cpu.loss" "$TMP/long-cuda.loss" 3 1e-6 "... emulated cuda losses against the cpu's"
     shard2() {  # tag args...: the gpt on 2 emulated ranks, its weights to $TMP/tag.st
         t=$1; shift
         TMPDIR="$TMP" DT_GPU_EMU_DEVICES=2 DT_GPU_EMU_GRANULE=65536 timeout 300 "$B/dtrun" -n 2 "$TMP/dtrain_emu" \
