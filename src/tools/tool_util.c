@@ -36,7 +36,7 @@ const dt_opt_row dt_tool_train_rows[] = {
      .lo = 1e-6, .hi = 1e12, .sec = DT_OPT_SEC_RUN, .shown = "measured once, cached", .example = "100",
      .help = "token models: one process's GEMM peak in GFLOP/s; MFU is\n"
              "stated against it times the processes (default: the best\n"
-             "rate of 1024^3 products, 8192^3 on a GPU, in the run's\n"
+             "rate of 1024^3 products, up to 8192^3 on a GPU, in the run's\n"
              "precision and threads, kept in $DT_PEAK_CACHE or\n"
              "~/.cache/dtrain/peak on a CPU)"},
     {.field = "save", .flag = "--save", .arg = "FILE", .type = DT_OPT_STR, .off = CLI(save),
