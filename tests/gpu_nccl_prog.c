@@ -332,6 +332,15 @@ static void test_kinds(void) {
                                          "this rank passed device buffers"),
           "rank 0 on host buffers, the others on device buffers: a mismatch on every rank (%s)", dt_last_error());
     buf_free(d);
+    /* a sparse array (sharding's) where nothing is mapped yet: the runtime reports such an
+     * address as unregistered, host, memory; the backend's own memory is device memory, so
+     * with a host receive buffer it is refused as a mix, never read as host memory */
+    void *sp = NULL;
+    MUST(G->alloc_sparse(&sp, (size_t)4 << 20));
+    s = dt_allreduce(comm, sp, h, 64, DT_F32, DT_SUM);
+    check(s == DT_ERR_INVALID && strstr(dt_last_error(), "send buffer is device memory"),
+          "an unmapped part of a sparse device array is device memory, not host memory (%s)", dt_last_error());
+    G->free(sp);
 }
 
 int main(int argc, char **argv) {

@@ -251,15 +251,29 @@ static ncclRedOp_t nccl_op(dt_redop op) {
 
 /* ---- one operation: checks, ordering, launch, wait ------------------------------------ */
 
-/* 1 for a buffer in host memory (pageable or pinned), 0 for device memory; -1 for NULL. */
-static int is_host(const void *p) {
+/* 1 for a buffer in host memory (pageable or pinned), 0 for device memory; -1 for NULL.
+ * *dev: a device buffer's GPU (-1 when not known). The CUDA backend is asked first: its
+ * own buffers are device memory even where a sparse array's granule is not mapped, which
+ * cudaPointerGetAttributes reports as unregistered, host, memory. */
+static int buf_where(const void *p, int *dev) {
+    *dev = -1;
     if (!p) return -1;
+    if (dt_cuda_owns(p)) {
+        *dev = dt_cuda_device();
+        return 0;
+    }
     struct cudaPointerAttributes a;
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
         cudaGetLastError();   /* an old runtime's "not a CUDA pointer": host memory */
         return 1;
     }
+    if (a.type == cudaMemoryTypeDevice) *dev = a.device;
     return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+}
+
+static int is_host(const void *p) {
+    int dev;
+    return buf_where(p, &dev);
 }
 
 /* Start of every operation: fail fast when broken, bind the device, say where the
@@ -271,11 +285,15 @@ static dt_status begin(dt_comm *c, const dt_call *call, const void *send, const 
     *out = st;
     if (st->broken || !st->nc) return dt_error(DT_ERR_PEER, "%s", st->broken_msg[0] ? st->broken_msg : "the NCCL communicator is gone");
     DT_TRY(dt_cuda_bind_thread());
-    int a = is_host(send), b = is_host(recv);
+    int da, db, a = buf_where(send, &da), b = buf_where(recv, &db), mine = dt_cuda_device();
     if (a >= 0 && b >= 0 && a != b)
         return dt_error(DT_ERR_INVALID, "%s: the send buffer is %s memory and the receive buffer %s memory; the nccl "
                         "backend takes both on the device or both on the host", call->desc, kind_name((uint64_t)a),
                         kind_name((uint64_t)b));
+    if ((da >= 0 && da != mine) || (db >= 0 && db != mine))
+        return dt_error(DT_ERR_INVALID, "%s: the %s buffer is memory of GPU %d; this rank's GPU is %d, and NCCL "
+                        "takes its buffers there", call->desc, da >= 0 && da != mine ? "send" : "receive",
+                        da >= 0 && da != mine ? da : db, mine);
     *host = a > 0 || b > 0;
     if (call->kind == DT_CALL_P2P && *host) return DT_OK;
     DT_TRY(preflight(st, call, *host));

@@ -551,6 +551,16 @@ static dt_status alloc_dev(void **p, size_t bytes, int sparse) {
     return DT_OK;
 }
 
+extern "C" int dt_cuda_owns(const void *p) {
+    if (!p) return 0;
+    std::lock_guard<std::mutex> l(g.mu);
+    if (vm.all && vm_find((uintptr_t)p, 0)) return 1;
+    if (g.sizes)
+        for (const auto &kv : *g.sizes)
+            if ((uintptr_t)p >= (uintptr_t)kv.first && (uintptr_t)p - (uintptr_t)kv.first < kv.second) return 1;
+    return 0;
+}
+
 void dt_cu_free(void *p) {
     if (!p || dt_cu_enter() != DT_OK) return;
     {

@@ -81,6 +81,11 @@ DT_API dt_status dt_cuda_compute_wait_stream(void *stream);
 DT_API size_t    dt_cuda_memory_allocated(void);
 DT_API size_t    dt_cuda_max_memory_allocated(void);
 DT_API void      dt_cuda_reset_peak_memory(void);
+/* 1 when p lies in device memory this backend allocated (a cudaMalloc'd buffer, or a
+ * sparse array's reservation, mapped there or not), else 0. The NCCL backend asks this
+ * before cudaPointerGetAttributes, which reports an unmapped granule as unregistered
+ * (host) memory. */
+DT_API int       dt_cuda_owns(const void *p);
 
 /* Debugging (dt_device_opts: DT_CUDA_SYNC, DT_CU_MAX_BLOCKS): sync = 1 synchronises after
  * every kernel launch and cuBLAS call, so an error names the kernel or call that

@@ -627,12 +627,16 @@ extern "C" cudaError_t cudaFreeAsync(void *p, cudaStream_t st) {
 }
 extern "C" cudaError_t cudaFreeHost(void *p) { return release(p, MEM_PINNED, "cudaFreeHost"); }
 
+static bool unmapped_reserved(uintptr_t a);   /* below, with the virtual memory calls */
+
 extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
     LOCK;
     memset(a, 0, sizeof *a);
     a->device = -2;
     auto r = find(p, 0);
-    if (!r) return cudaSuccess;   /* cudaMemoryTypeUnregistered */
+    /* an address of a reservation where nothing is mapped is no allocation to the runtime
+     * (a GPU reports it so): unregistered, as a host pointer */
+    if (!r || unmapped_reserved((uintptr_t)p)) return cudaSuccess;   /* cudaMemoryTypeUnregistered */
     a->type = r->second.kind == MEM_DEVICE ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
     a->device = r->second.device;
     a->devicePointer = (void *)p;
@@ -733,6 +737,14 @@ static std::map<uintptr_t, size_t>::iterator reservation_of(uintptr_t a, size_t 
     if (it == reserved.begin()) return reserved.end();
     --it;
     return a + n <= it->first + it->second ? it : reserved.end();
+}
+
+static bool unmapped_reserved(uintptr_t a) {
+    if (reservation_of(a, 1) == reserved.end()) return false;
+    auto m = mapped.upper_bound(a);
+    if (m == mapped.begin()) return true;
+    --m;
+    return a >= m->first + m->second;
 }
 
 static CUresult emu_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
