@@ -49,7 +49,8 @@ dt_status dt_error_wrap(dt_status s, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
-    snprintf(errmsg, sizeof errmsg, "%s%s", pre, old);
+    if (snprintf(errmsg, sizeof errmsg, "%s%s", pre, old) >= (int)sizeof errmsg)
+        memcpy(errmsg + sizeof errmsg - 4, "...", 4);   /* cut: the reader sees that it was */
     return s;
 }
 

@@ -179,8 +179,9 @@ dt_status dt_train_resume_open_(trainer *t) {
         return dt_error(DT_ERR_INVALID, "resume: %s was written with %lld micro-batches; resume with as many "
                         "(or leave the count to the checkpoint) to continue the same computation",
                         path, (long long)ci->micro_batches);
-    snprintf(t->note, sizeof t->note, "resumed from %s (step %lld)%s%s", path, (long long)ci->step,
-             skipped[0] ? "; skipped: " : "", skipped);
+    if (snprintf(t->note, sizeof t->note, "resumed from %s (step %lld)%s%s", path, (long long)ci->step,
+                 skipped[0] ? "; skipped: " : "", skipped) >= (int)sizeof t->note)
+        memcpy(t->note + sizeof t->note - 4, "...", 4);   /* a long path and list: cut, and said to be */
     return DT_OK;
 }
 
