@@ -531,8 +531,8 @@ static dt_status residual_end_infer(dt_layer *L, dt_shape *out) {
 }
 
 static dt_status residual_end_alloc(dt_layer_mem *a, dt_layer *L, int max_batch) {
-    return dt_layer_mem_take(a, L, (void **)&LAYER_SELF(residual_end_self, L)->dskip,
-                             (size_t)max_batch * (size_t)L->out_numel * sizeof(float));
+    return dt_layer_scratch_take(a, L, DT_SCRATCH_BLOCK, (void **)&LAYER_SELF(residual_end_self, L)->dskip,
+                                 (size_t)max_batch * (size_t)L->out_numel * sizeof(float));
 }
 
 static dt_status residual_end_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {

@@ -246,8 +246,8 @@ static dt_status attn_alloc(dt_layer_mem *a, dt_layer *L, int max_batch) {
     DT_TRY(dt_layer_mem_take(a, L, (void **)&s->qkv, bt * W * sizeof(float)));
     DT_TRY(dt_layer_mem_take(a, L, (void **)&s->att, bt * C * sizeof(float)));
     DT_TRY(dt_layer_mem_take(a, L, (void **)&s->lse, bt * (size_t)s->heads * sizeof(float)));
-    DT_TRY(dt_layer_mem_take(a, L, (void **)&s->datt, bt * C * sizeof(float)));
-    return dt_layer_mem_take(a, L, (void **)&s->dqkv, bt * W * sizeof(float));
+    DT_TRY(dt_layer_scratch_take(a, L, DT_SCRATCH_PASS, (void **)&s->datt, bt * C * sizeof(float)));
+    return dt_layer_scratch_take(a, L, DT_SCRATCH_PASS, (void **)&s->dqkv, bt * W * sizeof(float));
 }
 
 /* the decoding cache (the buffers of attn_alloc are the driver's to free) */

@@ -7,7 +7,11 @@
  *   params, grads  (nparams)          PyTorch parameter order, one flat array each
  *   buffers        (nbuffers)         batchnorm running_mean / running_var
  *   per layer      (max_batch, outs)  output activations, saved state
- *   dbuf[2]        (max_batch, max activation)  ping-pong gradient buffers for backward
+ *   dbuf[2]        (max_batch, max input)  ping-pong gradient buffers for backward (a
+ *                                          layer's input gradient: the last layer's
+ *                                          output gradient is head)
+ *   scratch        the layers' scratch (nn.h dt_layer_scratch: attention's backward,
+ *                  the residual blocks' skip gradient), one buffer for all
  *   head           (max_batch, outputs)         dloss (cross-entropy: the softmax first,
  *                                               turned into dloss in place)
  *   arena          recompute: the largest block's layers, shared by every block
@@ -40,7 +44,9 @@ struct dt_model {
     size_t        nparams, nbuffers;
     size_t        cap;         /* floats allocated for params and grads (>= nparams) */
     float        *params, *grads, *buffers;
-    float        *dbuf[2];     /* (max_batch, max activation) */
+    float        *dbuf[2];     /* (max_batch, max input) */
+    unsigned char *scratch;    /* the layers' scratch, laid out by scr */
+    dt_layer_scratch scr;
     float        *head;        /* (max_batch, outputs): dloss / doutputs (the softmax before) */
     float        *scalar;      /* (2): loss, correct (device) */
     const float  *x;           /* input of the last forward (of layer x_at: a range's first) */
@@ -158,7 +164,7 @@ void dt_model_free(dt_model *m) {
     const dt_ops *o = m->ops;
     if (o) {
         for (int i = 0; i < m->spec.n; i++) dt_layer_free(o, &m->spec.layers[i]);
-        void *bufs[] = {m->params, m->grads, m->buffers, m->dbuf[0], m->dbuf[1], m->head, m->scalar,
+        void *bufs[] = {m->params, m->grads, m->buffers, m->dbuf[0], m->dbuf[1], m->head, m->scalar, m->scratch,
                         m->arena, m->sets};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dt_mem_free(o, bufs[i]);
         dt_lowp_free(o, m->lp);
@@ -249,14 +255,18 @@ static dt_status take(dt_model *m, dt_model_mem *mi, dt_mem_cat cat, void **p, s
 /* Every buffer of the model, allocated (mi NULL) or counted into mi. */
 static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
     int max_batch = m->max_batch, measure = mi != NULL;
-    int64_t maxact = dt_shape_numel(&m->input);
-    for (int i = 0; i < m->spec.n; i++)
+    /* the largest activation, and the largest input of a layer: backward's ping-pong
+     * buffers hold input gradients (the last layer's output gradient is head's) */
+    int64_t maxact = dt_shape_numel(&m->input), maxin = maxact;
+    for (int i = 0; i < m->spec.n; i++) {
         if (m->spec.layers[i].out_numel > maxact) maxact = m->spec.layers[i].out_numel;
+        if (m->spec.layers[i].in_numel > maxin) maxin = m->spec.layers[i].in_numel;
+    }
     const dt_layer *last = &m->spec.layers[m->spec.n - 1];
     if ((uint64_t)max_batch * (uint64_t)maxact > (UINT64_C(1) << 58))
         return dt_error(DT_ERR_INVALID, "model: %d samples of %lld activations each are more than a device can hold",
                         max_batch, (long long)maxact);
-    size_t actb = (size_t)max_batch * (size_t)maxact * sizeof(float);
+    size_t actb = (size_t)max_batch * (size_t)maxin * sizeof(float);
     size_t outb = (size_t)max_batch * (size_t)last->out_numel * sizeof(float);
     /* sharded (a kept range): only that range is resident, and counted; sharding counts
      * what it gathers */
@@ -270,19 +280,26 @@ static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
     DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->head, outb));
     DT_TRY(take(m, mi, DT_MEM_OTHER, (void **)&m->scalar, 2 * sizeof(float)));
 
+    /* the layers' scratch: each lane as large as the layer that takes the most of it */
+    memset(&m->scr, 0, sizeof m->scr);
+    dt_layer_mem probe = {.ops = m->ops, .measure = 1, .scratch = &m->scr};
+    for (int i = 0; i < m->spec.n; i++) DT_TRY(dt_layer_alloc_in(&probe, &probe, &m->spec.layers[i], max_batch));
+    DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->scratch, dt_layer_scratch_layout(&m->scr)));
+    m->scr.base = m->scratch;
+
     /* the arena: as large as the largest block's layers (each block's inner layers, and
      * the closing row's state; the closing row's output is the block's, kept) */
     size_t arena = 0;
     for (int b = 0; m->mo.recompute && b < m->nblocks; b++) {
-        dt_layer_mem a = {.ops = m->ops, .in_arena = 1, .measure = 1};
+        dt_layer_mem a = {.ops = m->ops, .in_arena = 1, .measure = 1, .scratch = &m->scr};
         int start = m->blocks[b][0], end = m->blocks[b][1];
-        dt_layer_mem none = {.ops = m->ops, .measure = 1};
+        dt_layer_mem none = {.ops = m->ops, .measure = 1, .scratch = &m->scr};
         for (int i = start; i <= end; i++) DT_TRY(dt_layer_alloc_in(i < end ? &a : &none, &a, &m->spec.layers[i], max_batch));
         if (a.used > arena) arena = a.used;
     }
     DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->arena, arena));
-    dt_layer_mem own = {.ops = m->ops, .measure = measure};
-    dt_layer_mem share = {.ops = m->ops, .in_arena = 1, .measure = measure};
+    dt_layer_mem own = {.ops = m->ops, .measure = measure, .scratch = &m->scr};
+    dt_layer_mem share = {.ops = m->ops, .in_arena = 1, .measure = measure, .scratch = &m->scr};
     size_t block_acts = 0;
     for (int i = 0, kb = 0; i < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i];
@@ -291,7 +308,7 @@ static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
         if (b < 0) DT_TRY(dt_layer_alloc_in(&own, &own, L, max_batch));
         else {
             if (i == m->blocks[b][0]) share = (dt_layer_mem){.ops = m->ops, .arena = m->arena, .in_arena = 1,
-                                                             .measure = measure};
+                                                             .measure = measure, .scratch = &m->scr};
             DT_TRY(dt_layer_alloc_in(i < m->blocks[b][1] ? &share : &own, &share, L, max_batch));
         }
         /* what the blocks hold: all of a block's layers, or with recompute their outputs */
@@ -683,7 +700,7 @@ dt_status dt_model_act_sets(dt_model *m, int lo, int hi, int n) {
     if (n < 1) return dt_error(DT_ERR_INVALID, "model activation sets: expected at least 1, got %d", n);
     if (m->mo.recompute || m->nsets)
         return dt_error(DT_ERR_UNSUPPORTED, "model activation sets: not with recomputation, and only once");
-    dt_layer_mem a = {.ops = m->ops, .in_arena = 1, .measure = 1};
+    dt_layer_mem a = {.ops = m->ops, .in_arena = 1, .measure = 1, .scratch = &m->scr};
     for (int i = lo; i < hi; i++) DT_TRY(dt_layer_alloc_in(&a, &a, &m->spec.layers[i], m->max_batch));
     m->set_pass = calloc((size_t)n, sizeof *m->set_pass);
     m->set_out = calloc((size_t)n * (size_t)(hi - lo), sizeof *m->set_out);
@@ -727,7 +744,7 @@ dt_status dt_model_acts_all(dt_model *m) {
     for (int i = 0; i < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i];
         if (!owns_acts(m, i) || L->nown) continue;
-        dt_layer_mem own = {.ops = m->ops};
+        dt_layer_mem own = {.ops = m->ops, .scratch = &m->scr};
         DT_TRY(dt_layer_alloc_in(&own, &own, L, m->max_batch));
     }
     m->acts_out = 0;
@@ -738,7 +755,8 @@ dt_status dt_model_act_use(dt_model *m, int set) {
     if (set < 0 || set >= m->nsets)
         return dt_error(DT_ERR_INVALID, "model activation sets: set %d outside [0, %d)", set, m->nsets);
     if (set == m->set_cur) return DT_OK;
-    dt_layer_mem a = {.ops = m->ops, .arena = m->sets + (size_t)set * m->set_bytes, .in_arena = 1};
+    dt_layer_mem a = {.ops = m->ops, .arena = m->sets + (size_t)set * m->set_bytes, .in_arena = 1,
+                      .scratch = &m->scr};
     for (int i = m->set_lo; i < m->set_hi; i++) DT_TRY(dt_layer_alloc_in(&a, &a, &m->spec.layers[i], m->max_batch));
     m->set_cur = set;
     const struct set_pass *p = &m->set_pass[set];
@@ -921,8 +939,8 @@ dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, 
         }
         if ((s = layer_hook(m, i, DT_HOOK_BWD_POST)) != DT_OK)
             return dt_error_wrap(s, "backward, layer %s '%s': ", L->name, L->text);
-        /* a block's closing row is done (its state, dskip, lies outside its layers' part
-         * of the arena): bring the block's activations back before its layers' backward.
+        /* a block's closing row is done (its state, dskip, is scratch, outside the
+         * arena): bring the block's activations back before its layers' backward.
          * After the row's POST hook, so sharding has dropped the unit that row shares
          * with the next block before this block's units are gathered again */
         int b = m->block_of[i];

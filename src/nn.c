@@ -193,7 +193,40 @@ dt_status dt_layer_mem_take(dt_layer_mem *a, dt_layer *L, void **p, size_t bytes
     return DT_OK;
 }
 
+static int scratch_lane(const dt_layer *L, dt_scratch_kind kind) {
+    if (kind == DT_SCRATCH_PASS) return 0;
+    int d = L->depth < 0 ? 0 : L->depth;
+    return 1 + (d < DT_LAYER_MAX_DEPTH ? d : DT_LAYER_MAX_DEPTH - 1);
+}
+
+dt_status dt_layer_scratch_take(dt_layer_mem *a, dt_layer *L, dt_scratch_kind kind, void **p, size_t bytes) {
+    dt_layer_scratch *sc = a->scratch;
+    if (!sc) return dt_layer_mem_take(a, L, p, bytes);
+    int lane = scratch_lane(L, kind);
+    size_t share = (bytes + DT_LAYER_MEM_ALIGN - 1) / DT_LAYER_MEM_ALIGN * DT_LAYER_MEM_ALIGN, at = sc->used[lane];
+    sc->used[lane] += share;
+    *p = NULL;
+    if (sc->used[lane] > sc->most[lane]) {
+        if (sc->base && !a->measure)
+            return dt_error(DT_ERR_INTERNAL, "layer %s '%s': %zu bytes of scratch beyond the %zu measured", L->name,
+                            L->text, sc->used[lane], sc->most[lane]);
+        sc->most[lane] = sc->used[lane];
+    }
+    if (sc->base && !a->measure) *p = sc->base + sc->off[lane] + at;
+    return DT_OK;
+}
+
+size_t dt_layer_scratch_layout(dt_layer_scratch *sc) {
+    size_t at = 0;
+    for (int l = 0; l < DT_SCRATCH_LANES; l++) {
+        sc->off[l] = at;
+        at += sc->most[l];
+    }
+    return at;
+}
+
 dt_status dt_layer_alloc_in(dt_layer_mem *y_mem, dt_layer_mem *state_mem, dt_layer *L, int max_batch) {
+    if (state_mem->scratch) memset(state_mem->scratch->used, 0, sizeof state_mem->scratch->used);
     if (!(L->def->flags & DT_LDEF_NO_OUTPUT))
         DT_TRY(dt_layer_mem_take(y_mem, L, (void **)&L->y, (size_t)max_batch * (size_t)L->out_numel * sizeof(float)));
     return L->def->alloc ? L->def->alloc(state_mem, L, max_batch) : DT_OK;

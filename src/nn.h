@@ -115,12 +115,31 @@ typedef struct dt_layer_def dt_layer_def;
  * takes shares of one buffer that other layers share too (the layers of recomputed
  * blocks, model.h); measuring only counts the bytes (dt_model_plan_memory), with the
  * same calls, so a plan and a built model agree. */
+#define DT_LAYER_MAX_DEPTH 16  /* containers nest at most this deep */
+
+/* Scratch: memory a row needs only while it runs, shared by every layer of a model.
+ * DT_SCRATCH_PASS lives inside one forward or backward call (attention's gradient of
+ * its projections' inputs); DT_SCRATCH_BLOCK from a block's closing row's backward to
+ * its opening row's (the skip gradient), one lane per nesting depth, because blocks at
+ * one depth never run their backward at once. A model sizes each lane by the layer
+ * that takes the most and keeps one buffer for all (dt_layer_scratch); a layer alone
+ * (no scratch given) owns its pieces. */
+typedef enum { DT_SCRATCH_PASS, DT_SCRATCH_BLOCK } dt_scratch_kind;
+#define DT_SCRATCH_LANES (1 + DT_LAYER_MAX_DEPTH)
+typedef struct {
+    unsigned char *base;                     /* the shared buffer; NULL while measuring */
+    size_t         off[DT_SCRATCH_LANES];    /* each lane's offset in it */
+    size_t         most[DT_SCRATCH_LANES];   /* the most one layer takes of each lane */
+    size_t         used[DT_SCRATCH_LANES];   /* the layer being allocated's so far */
+} dt_layer_scratch;
+
 typedef struct {
     const dt_ops  *ops;
     unsigned char *arena;      /* in_arena and not measuring: the arena's memory */
     int            in_arena;   /* 1: shares of an arena, each rounded to DT_LAYER_MEM_ALIGN */
     int            measure;    /* 1: count only; pointers are set to NULL */
     size_t         used;       /* bytes taken so far */
+    dt_layer_scratch *scratch; /* the model's scratch, or NULL: scratch is taken as own memory */
 } dt_layer_mem;
 
 #define DT_LAYER_MEM_ALIGN 256
@@ -320,6 +339,13 @@ DT_API void      dt_layer_free(const dt_ops *ops, dt_layer *L);
 DT_API dt_status dt_layer_alloc_in(dt_layer_mem *y_mem, dt_layer_mem *state_mem, dt_layer *L, int max_batch);
 /* Take bytes from a for *p (rows call it from their alloc). */
 DT_API dt_status dt_layer_mem_take(dt_layer_mem *a, dt_layer *L, void **p, size_t bytes);
+/* Take bytes of scratch of the given kind for *p (rows call it from their alloc): from
+ * a->scratch's lane (with the layers that take the same lane, the contents undefined at
+ * every pass), or as own memory without one. */
+DT_API dt_status dt_layer_scratch_take(dt_layer_mem *a, dt_layer *L, dt_scratch_kind kind, void **p, size_t bytes);
+/* After measuring every layer into sc (most[] filled): lay the lanes out one after the
+ * other in a buffer of the returned bytes; sc->base is set by the caller. */
+DT_API size_t    dt_layer_scratch_layout(dt_layer_scratch *sc);
 /* Initialise the layer's parameters and buffers as PyTorch's defaults, drawn
  * from (seed, parameter index) with the counter-based generator. */
 DT_API dt_status dt_layer_init(const dt_nn_ctx *c, dt_layer *L);

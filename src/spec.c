@@ -236,7 +236,7 @@ const char *dt_spec_preset(const char *name) {
 
 /* ---- parsing ------------------------------------------------------------- */
 
-#define MAX_DEPTH 16   /* containers nest at most this deep */
+#define MAX_DEPTH DT_LAYER_MAX_DEPTH
 
 /* Parse an integer argument; returns 0 on success. */
 static int parse_int(const char *s, int *v) {

@@ -193,8 +193,8 @@ static void test_known_sizes(void) {
     is_int(pm.bytes[DT_MEM_GRADS], 4 * P, "mlp: gradients take 4P bytes");
     is_int(pm.unit_params_max, 1024 * 1024 + 1024, "mlp: the largest unit is the 1024 x 1024 linear");
     /* activations: outputs (16 x (1024 + 1024 + 1024 + 1024 + 10)), two gradient buffers
-     * of the largest activation (784), the head's gradient, which holds the softmax first
-     * (16 x 10) */
+     * of the largest input of a layer (1024), the head's gradient, which holds the softmax
+     * first (16 x 10) */
     int64_t acts = 16 * (4 * 1024 + 10) + 2 * 16 * 1024 + 16 * 10;
     is_int(pm.bytes[DT_MEM_ACTS], 4 * acts, "mlp: activations as counted by hand");
 
@@ -254,6 +254,19 @@ static void test_plans(void) {
        b.arena);
     check_plan_equals_build("mlp", &MNIST, 4, 1, &b);
     is_int(b.arena, 0, "mlp: no blocks, no arena");
+
+    /* what one transformer layer keeps, counted by hand (4 samples, T = 8, C = 16, 2
+     * heads): the attention block's ln output and statistics (TC + 2T), the attention's
+     * output, qkv, pre-projection output and lse (TC + 3TC + TC + 2T), the block's output
+     * (TC); the MLP block's ln (TC + 2T), c_fc, gelu, c_proj (4TC + 4TC + TC) and output
+     * (TC). Attention's backward scratch and the skip gradients are the model's, shared
+     * by every layer: a third layer adds none of them */
+    dt_model_mem l2, l3;
+    check_plan_equals_build("gpt(layers=2,heads=2,dim=16,block=8,vocab=32)", &seq, 4, 0, &l2);
+    check_plan_equals_build("gpt(layers=3,heads=2,dim=16,block=8,vocab=32)", &seq, 4, 0, &l3);
+    const int64_t T = 8, C = 16, layer = 18 * T * C + 2 * T + 2 * T + 2 * T;
+    is_int(l3.bytes[DT_MEM_ACTS] - l2.bytes[DT_MEM_ACTS], 4 * 4 * layer, "gpt: a layer keeps %lld floats a sample",
+           (long long)layer);
 }
 
 /* Forward and backward of one batch; the gradients (and buffers) into host memory. */
