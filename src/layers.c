@@ -144,7 +144,7 @@ static dt_status linear_backward(const dt_nn_ctx *c, dt_layer *L, const float *x
 
 const dt_layer_def dt_layer_def_linear = {
     .name = "linear", .help = "linear(out[, bias=1][, std=0])", .torch = "nn.Linear",
-    .flags = DT_LDEF_FUSE_RELU | DT_LDEF_GEMM, .self_size = sizeof(linear_self), .args = linear_args,
+    .flags = DT_LDEF_FUSE_RELU | DT_LDEF_GEMM | DT_LDEF_OUT_UNREAD, .self_size = sizeof(linear_self), .args = linear_args,
     .infer = linear_infer, .init = linear_init, .forward = linear_forward, .backward = linear_backward,
 };
 
@@ -207,7 +207,8 @@ static dt_status conv_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, 
 
 const dt_layer_def dt_layer_def_conv = {
     .name = "conv", .help = "conv(out, k[, stride=1][, pad=0][, bias=1])", .torch = "nn.Conv2d",
-    .flags = DT_LDEF_FUSE_RELU | DT_LDEF_GEMM | DT_LDEF_LP_OWN, .self_size = sizeof(conv_self), .args = conv_args,
+    .flags = DT_LDEF_FUSE_RELU | DT_LDEF_GEMM | DT_LDEF_LP_OWN | DT_LDEF_OUT_UNREAD, .self_size = sizeof(conv_self),
+    .args = conv_args,
     .infer = conv_infer, .init = conv_init, .forward = conv_forward, .backward = conv_backward,
 };
 
@@ -434,7 +435,7 @@ static dt_status swiglu_backward(const dt_nn_ctx *c, dt_layer *L, const float *x
 
 const dt_layer_def dt_layer_def_swiglu = {
     .name = "swiglu", .help = "swiglu(hidden[, std=0])", .torch = "LlamaMLP (gate_proj, up_proj, down_proj)",
-    .flags = DT_LDEF_GEMM, .self_size = sizeof(swiglu_self), .args = swiglu_args,
+    .flags = DT_LDEF_GEMM | DT_LDEF_OUT_UNREAD, .self_size = sizeof(swiglu_self), .args = swiglu_args,
     .infer = swiglu_infer, .alloc = swiglu_alloc, .init = swiglu_init,
     .forward = swiglu_forward, .backward = swiglu_backward,
 };
@@ -536,7 +537,7 @@ static dt_status residual_end_alloc(dt_layer_mem *a, dt_layer *L, int max_batch)
 }
 
 static dt_status residual_end_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
-    return c->ops->add(L->y, x, L->partner->out_ptr, (size_t)B * (size_t)L->out_numel);
+    return c->ops->add(L->out_ptr, x, L->partner->out_ptr, (size_t)B * (size_t)L->out_numel);
 }
 
 static dt_status residual_end_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy,

@@ -237,6 +237,18 @@ static dt_status find_blocks(dt_model *m, int64_t *unit_max) {
     return DT_OK;
 }
 
+/* What layers do for their neighbours, before memory is laid out: a layer followed by a
+ * relu applies it itself; a residual block whose last layer's output nothing reads again
+ * adds the skip over it (not in a recomputed block: its layers live in the arena). */
+static void fuse_layers(dt_model *m) {
+    for (int i = 0; i + 1 < m->spec.n; i++) {
+        dt_layer *L = &m->spec.layers[i], *N = &m->spec.layers[i + 1];
+        if ((L->def->flags & DT_LDEF_FUSE_RELU) && N->kind == DT_LAYER_RELU) L->fuse_relu = N->relu_fused = 1;
+        N->out_in_place = N->kind == DT_LAYER_RESIDUAL_END && L != N->partner && m->block_of[i + 1] < 0 &&
+                          (L->def->flags & DT_LDEF_OUT_UNREAD) && !L->fuse_relu;
+    }
+}
+
 /* Take bytes of category cat for *p, of which `counted` are resident: allocate, or only
  * count into mi (measuring). */
 static dt_status take_part(dt_model *m, dt_model_mem *mi, dt_mem_cat cat, void **p, size_t bytes, size_t counted) {
@@ -397,6 +409,7 @@ static dt_status model_prepare(const char *spec, const dt_shape *input, const dt
     if ((s = dt_spec_infer(&m->spec, input)) == DT_OK && (s = build_registry(m)) == DT_OK)
         s = find_blocks(m, unit_max);
     if (s == DT_OK) s = find_modules(m);
+    if (s == DT_OK) fuse_layers(m);
     if (s != DT_OK) {
         dt_model_free(m);
         return s;
@@ -451,10 +464,6 @@ dt_status dt_model_build_ex(const char *spec, const dt_shape *input, const dt_op
         goto fail;
     if (zhi > zlo && (s = ops->zero(m->grads + zlo, (zhi - zlo) * sizeof(float))) != DT_OK) goto fail;
     if (zhi > plo && (s = ops->zero(m->params + plo, (zhi - plo) * sizeof(float))) != DT_OK) goto fail;
-    for (int i = 0; i + 1 < m->spec.n; i++) {
-        dt_layer *L = &m->spec.layers[i], *N = &m->spec.layers[i + 1];
-        if ((L->def->flags & DT_LDEF_FUSE_RELU) && N->kind == DT_LAYER_RELU) L->fuse_relu = N->relu_fused = 1;
-    }
     dt_nn_ctx c = nn_ctx(m, 0);
     for (int i = 0; i < m->spec.n; i++) {
         if (keep && (s = populate_layer(m, &m->spec.layers[i])) != DT_OK) goto fail;

@@ -227,7 +227,7 @@ size_t dt_layer_scratch_layout(dt_layer_scratch *sc) {
 
 dt_status dt_layer_alloc_in(dt_layer_mem *y_mem, dt_layer_mem *state_mem, dt_layer *L, int max_batch) {
     if (state_mem->scratch) memset(state_mem->scratch->used, 0, sizeof state_mem->scratch->used);
-    if (!(L->def->flags & DT_LDEF_NO_OUTPUT))
+    if (!(L->def->flags & DT_LDEF_NO_OUTPUT) && !L->out_in_place)
         DT_TRY(dt_layer_mem_take(y_mem, L, (void **)&L->y, (size_t)max_batch * (size_t)L->out_numel * sizeof(float)));
     return L->def->alloc ? L->def->alloc(state_mem, L, max_batch) : DT_OK;
 }
@@ -253,7 +253,7 @@ dt_status dt_layer_bn_replay(const dt_nn_ctx *c, dt_layer *L, const float *rec) 
 }
 
 dt_status dt_layer_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {
-    L->out_ptr = (L->def->flags & DT_LDEF_NO_OUTPUT) ? (float *)x : L->y;
+    L->out_ptr = ((L->def->flags & DT_LDEF_NO_OUTPUT) || L->out_in_place) ? (float *)x : L->y;
     L->last_train = c->train;
     return L->def->forward(c, L, x, B);
 }

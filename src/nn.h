@@ -195,9 +195,12 @@ enum {
     DT_LDEF_INTERNAL      = 1 << 4,  /* made by the builder, never written in a spec */
     DT_LDEF_GEMM          = 1 << 5,  /* its weights (tensors of 2+ dimensions, tied ones too) are
                                       * GEMM or convolution operands: rounded in low precision */
-    DT_LDEF_LP_OWN        = 1 << 6   /* in low precision its weights and inputs reach an op other
+    DT_LDEF_LP_OWN        = 1 << 6,  /* in low precision its weights and inputs reach an op other
                                       * than gemm_lp (a convolution): they are rounded for it into
                                       * the weight copy and the scratch, whatever gemm_lp does */
+    DT_LDEF_OUT_UNREAD    = 1 << 7   /* writes its own output buffer and no backward reads it
+                                      * (unless a fused relu's does): a residual block ending in
+                                      * it adds the skip in place there (dt_layer.out_in_place) */
 };
 
 /* Everything a layer pass needs besides the layer itself. */
@@ -314,6 +317,10 @@ struct dt_layer {
      * applies the relu itself (fuse_relu) and the relu passes its input on
      * (relu_fused), saving one pass over the activations; the bits are the same. */
     int      fuse_relu, relu_fused;
+    /* set by the model builder on a residual block's closing row when the block's last
+     * layer is OUT_UNREAD, not fused with a relu, and not recomputed: y = f(x) + x is
+     * written over f(x), so the row keeps no output of its own */
+    int      out_in_place;
     dt_layer *partner;       /* residual / residual_end: the other end of the block */
     void    *own[DT_LAYER_MAX_OWN];   /* buffers allocated for it (freed by dt_layer_free) */
     int      nown;
