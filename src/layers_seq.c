@@ -380,6 +380,6 @@ static dt_status unembed_backward(const dt_nn_ctx *c, dt_layer *L, const float *
 
 const dt_layer_def dt_layer_def_unembed = {
     .name = "unembed", .help = "unembed", .torch = "nn.Linear(bias=False), weight tied to the embedding",
-    .flags = DT_LDEF_GEMM, .self_size = sizeof(unembed_self),
+    .flags = DT_LDEF_GEMM | DT_LDEF_OUT_UNREAD, .self_size = sizeof(unembed_self),
     .infer = unembed_infer, .forward = unembed_forward, .backward = unembed_backward,
 };

@@ -13,7 +13,9 @@
  *   scratch        the layers' scratch (nn.h dt_layer_scratch: attention's backward,
  *                  the residual blocks' skip gradient), one buffer for all
  *   head           (max_batch, outputs)         dloss (cross-entropy: the softmax first,
- *                                               turned into dloss in place)
+ *                                               turned into dloss in place); none when
+ *                                               the last layer's backward does not read
+ *                                               its output: dloss takes the outputs' place
  *   arena          recompute: the largest block's layers, shared by every block
  * One function (model_layout) takes all of it, either allocating or only counting
  * (dt_model_plan_memory), so a plan and a built model cannot disagree.
@@ -48,6 +50,7 @@ struct dt_model {
     unsigned char *scratch;    /* the layers' scratch, laid out by scr */
     dt_layer_scratch scr;
     float        *head;        /* (max_batch, outputs): dloss / doutputs (the softmax before) */
+    int           head_in_place;   /* no head: dloss is written over the last layer's output */
     float        *scalar;      /* (2): loss, correct (device) */
     const float  *x;           /* input of the last forward (of layer x_at: a range's first) */
     int           x_at;
@@ -237,16 +240,30 @@ static dt_status find_blocks(dt_model *m, int64_t *unit_max) {
     return DT_OK;
 }
 
+/* Whether layer i's output is its own memory that no backward reads (not in a recomputed
+ * block: its layers live in the arena). */
+static int out_unread(const dt_model *m, int i) {
+    const dt_layer *L = &m->spec.layers[i];
+    return (L->def->flags & DT_LDEF_OUT_UNREAD) && !L->fuse_relu && m->block_of[i] < 0;
+}
+
 /* What layers do for their neighbours, before memory is laid out: a layer followed by a
  * relu applies it itself; a residual block whose last layer's output nothing reads again
- * adds the skip over it (not in a recomputed block: its layers live in the arena). */
+ * adds the skip over it; the loss's gradient takes the place of such a last layer's
+ * output. */
 static void fuse_layers(dt_model *m) {
     for (int i = 0; i + 1 < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i], *N = &m->spec.layers[i + 1];
         if ((L->def->flags & DT_LDEF_FUSE_RELU) && N->kind == DT_LAYER_RELU) L->fuse_relu = N->relu_fused = 1;
         N->out_in_place = N->kind == DT_LAYER_RESIDUAL_END && L != N->partner && m->block_of[i + 1] < 0 &&
-                          (L->def->flags & DT_LDEF_OUT_UNREAD) && !L->fuse_relu;
+                          out_unread(m, i);
     }
+    m->head_in_place = out_unread(m, m->spec.n - 1);
+}
+
+/* Where the loss's gradient goes: the head, or the last layer's output it replaces. */
+static float *out_grad(const dt_model *m) {
+    return m->head_in_place ? m->spec.layers[m->spec.n - 1].out_ptr : m->head;
 }
 
 /* Take bytes of category cat for *p, of which `counted` are resident: allocate, or only
@@ -289,7 +306,7 @@ static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
     DT_TRY(take(m, mi, DT_MEM_PARAMS, (void **)&m->buffers, m->nbuffers * sizeof(float)));
     DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->dbuf[0], actb));
     DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->dbuf[1], actb));
-    DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->head, outb));
+    if (!m->head_in_place) DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->head, outb));
     DT_TRY(take(m, mi, DT_MEM_OTHER, (void **)&m->scalar, 2 * sizeof(float)));
 
     /* the layers' scratch: each lane as large as the layer that takes the most of it */
@@ -825,12 +842,14 @@ static dt_status ce_head(dt_model *m, const dt_loss *loss, const void *target, i
     int C = (int)last->outs.d[last->outs.ndim - 1];
     if (!(loss->label_smoothing >= 0.0f && loss->label_smoothing <= 1.0f))
         return dt_error(DT_ERR_INVALID, "label smoothing must be in [0, 1], got %g", (double)loss->label_smoothing);
-    /* the softmax into the head's buffer, then the gradient over it in place: no array of
-     * probabilities beside the gradient's (B x T x vocabulary floats: gpt2's largest) */
-    DT_TRY(m->ops->xent_forward(m->scalar, m->head, last->out_ptr, target, B * per, C, loss->label_smoothing,
+    /* with a gradient, the softmax into its buffer (the head, or over the scores
+     * themselves), then the gradient over it in place: no array of probabilities beside
+     * the gradient's (B x T x vocabulary floats: gpt2's largest); the loss alone keeps
+     * no probabilities (the scores stay for the accuracy) */
+    float *d = grad ? out_grad(m) : NULL;
+    DT_TRY(m->ops->xent_forward(m->scalar, d, last->out_ptr, target, B * per, C, loss->label_smoothing,
                                 normaliser * per));
-    if (grad)
-        DT_TRY(m->ops->xent_backward(m->head, m->head, target, B * per, C, loss->label_smoothing, normaliser * per));
+    if (grad) DT_TRY(m->ops->xent_backward(d, d, target, B * per, C, loss->label_smoothing, normaliser * per));
     return DT_OK;
 }
 
@@ -842,7 +861,7 @@ static dt_status mse_head(dt_model *m, const dt_loss *loss, const void *target, 
     int C = (int)last->out_numel;
     size_t n = (size_t)B * (size_t)C;
     DT_TRY(m->ops->mse_forward(m->scalar, last->out_ptr, target, n, normaliser * (float)C));
-    if (grad) DT_TRY(m->ops->mse_backward(m->head, last->out_ptr, target, n, normaliser * (float)C));
+    if (grad) DT_TRY(m->ops->mse_backward(out_grad(m), last->out_ptr, target, n, normaliser * (float)C));
     return DT_OK;
 }
 
@@ -873,7 +892,7 @@ dt_status dt_loss_parse(const char *name, dt_loss_kind *kind) {
     return dt_error(DT_ERR_INVALID, "loss: expected %s, got '%s'", list, name ? name : "(null)");
 }
 
-/* Loss of the last forward into m->scalar[0] and, when grad, dloss into m->head. */
+/* Loss of the last forward into m->scalar[0] and, when grad, dloss into out_grad(m). */
 static dt_status loss_head(dt_model *m, const dt_loss *loss, const void *target, int B,
                            float normaliser, int grad) {
     if (!m->x || B != m->last_B)
@@ -886,7 +905,7 @@ static dt_status loss_head(dt_model *m, const dt_loss *loss, const void *target,
     /* fp16 loss scaling: backward starts from the gradient of loss x scale (exact for
      * the powers of two a scaler uses) */
     const dt_layer *last = &m->spec.layers[m->spec.n - 1];
-    if (grad && m->loss_scale != 1.0f) DT_TRY(m->ops->scale(m->head, m->loss_scale, (size_t)B * (size_t)last->out_numel));
+    if (grad && m->loss_scale != 1.0f) DT_TRY(m->ops->scale(out_grad(m), m->loss_scale, (size_t)B * (size_t)last->out_numel));
     return DT_OK;
 }
 
@@ -973,7 +992,7 @@ dt_status dt_model_loss_backward_to(dt_model *m, const dt_loss *loss, const void
                                     float *loss_out, float *dx) {
     DT_TRY(loss_head(m, loss, target, B, normaliser, 1));
     if (loss_out) DT_TRY(m->ops->copy_d2h(loss_out, m->scalar, sizeof(float)));
-    return dt_model_backward_range(m, m->x_at, m->spec.n, m->head, dx);
+    return dt_model_backward_range(m, m->x_at, m->spec.n, out_grad(m), dx);
 }
 
 dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *target,

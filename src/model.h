@@ -313,7 +313,9 @@ DT_API dt_status dt_model_acts_all(dt_model *m);
  * The loss is sum over the batch of per-sample losses / normaliser (MSE per
  * sample is the mean over features, as PyTorch's mean MSELoss when
  * normaliser = B); the gradient of that value OVERWRITES the grad array.
- * *loss_out (optional) receives it. */
+ * *loss_out (optional) receives it. The last forward's outputs may be gone after it
+ * (the loss's gradient takes their place when no backward reads them): read them, or
+ * the accuracy (dt_model_correct), before. */
 DT_API dt_status dt_model_loss_backward(dt_model *m, const dt_loss *loss, const void *target,
                                         int B, float normaliser, float *loss_out);
 /* The same for a pipeline's last stage, whose forward was a range from layer lo: the

@@ -185,7 +185,8 @@ static inline DT_HD void dt_rope_angle(double pos, int i, int D, float theta, fl
      * reduction='sum' divided by `norm` (pass the GLOBAL batch size so micro-batch \
      * losses and gradients add up to the mean over the global batch). \
      *   logits (B, C), labels (B) in [0, C) or < 0 to ignore the row (as ignore_index), \
-     *   probs (B, C) receives the softmax (kept for backward), loss (1) receives \
+     *   probs (B, C) receives the softmax (kept for backward; it may be logits itself, \
+     *   or NULL for the loss alone: the same bits), loss (1) receives \
      *   sum_rows(-sum_c target_c * log p_c) / norm with target = (1-ls)*onehot + ls/C. \
      * A label >= C gives DT_ERR_INVALID. With every label < 0 it only computes probs. */ \
     X(xent_forward,  (float *loss, float *probs, const float *logits, const int32_t *labels, \

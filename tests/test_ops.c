@@ -343,6 +343,23 @@ static void test_losses(void) {
     memcpy(inplace, probs, n * 4);
     ok(ops->xent_backward(inplace, inplace, labels, B, C, 0.1f, 64.0f) == DT_OK && memcmp(inplace, d, n * 4) == 0,
        "xent_backward in place over probs gives the same bytes");
+    /* the softmax over the logits themselves, and the loss alone: the same bytes, a row
+     * wider than the loss-alone chunk (1000 classes) among them */
+    for (int w = 0; w < 2; w++) {
+        int Bw = w ? 5 : B, Cw = w ? 1000 : C;
+        size_t nw = (size_t)Bw * Cw;
+        float *lg = tu_rand(nw), *pw = tu_alloc(nw), *ip = tu_alloc(nw), l1, l2, l3;
+        for (size_t k = 0; k < nw; k++) lg[k] *= 4.0f;
+        memcpy(ip, lg, nw * 4);
+        dt_status s1 = ops->xent_forward(&l1, pw, lg, labels, Bw, Cw, 0.1f, 64.0f);
+        dt_status s2 = ops->xent_forward(&l2, ip, ip, labels, Bw, Cw, 0.1f, 64.0f);
+        dt_status s3 = ops->xent_forward(&l3, NULL, lg, labels, Bw, Cw, 0.1f, 64.0f);
+        ok(s1 == DT_OK && s2 == DT_OK && memcmp(&l1, &l2, 4) == 0 && memcmp(pw, ip, nw * 4) == 0,
+           "xent_forward in place over the logits (%d x %d): the same loss and probabilities", Bw, Cw);
+        ok(s3 == DT_OK && memcmp(&l1, &l3, 4) == 0, "xent_forward without probabilities (%d x %d): the same loss "
+           "(%.9g, %.9g)", Bw, Cw, (double)l1, (double)l3);
+        free(lg); free(pw); free(ip);
+    }
     free(inplace);
     int zero = 1;
     for (int c = 0; c < C; c++) zero &= d[5 * C + c] == 0.0f;

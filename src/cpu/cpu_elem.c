@@ -200,23 +200,30 @@ static dt_status check_labels(const char *fn, const int32_t *labels, int B, int 
     return DT_OK;
 }
 
+/* Add v[0..n) into eight double lanes, lane k taking the elements c = k mod 8 in order. */
+static void lanes8_add(double *a, const float *v, int n) {
+    int c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int k = 0; k < 8; k++) a[k] += v[c + k];
+    for (int k = 0; c < n; c++, k++) a[k] += v[c];
+}
+
 /* One row of C logits x: p[c] = exp(x[c] - mx) with the polynomial exp of ops_elem.h
  * (vectorised, unlike expf; mx the row's largest, so every argument is <= 0); the sums
- * of p and of x in eight double lanes (lane k takes c = k mod 8) combined in a fixed
- * tree: the order depends on C only. */
-DT_CPU_CLONES static void xent_row(float *restrict p, const float *restrict x, int C, float mx, double *s,
-                                   double *sx) {
-    for (int c = 0; c < C; c++) p[c] = dt_exp_nonpos(x[c] - mx);
+ * of x and of p in eight double lanes (lane c mod 8) combined in a fixed tree: the order
+ * depends on C only. The sum of x comes first, so p may be x itself (each x[c] is read
+ * before p[c] is written); p NULL keeps no probabilities, the same sums from a chunk of
+ * the row at a time (XENT_CHUNK, a multiple of 8, keeps every lane's elements). */
+enum { XENT_CHUNK = 512 };
+DT_CPU_CLONES static void xent_row(float *p, const float *x, int C, float mx, double *s, double *sx) {
     double a[8] = { 0 }, b[8] = { 0 };
-    int c = 0;
-    for (; c + 8 <= C; c += 8)
-        for (int k = 0; k < 8; k++) {
-            a[k] += p[c + k];
-            b[k] += x[c + k];
-        }
-    for (int k = 0; c < C; c++, k++) {
-        a[k] += p[c];
-        b[k] += x[c];
+    float tmp[XENT_CHUNK];
+    lanes8_add(b, x, C);
+    for (int c0 = 0; c0 < C; c0 += XENT_CHUNK) {
+        int n = C - c0 < XENT_CHUNK ? C - c0 : XENT_CHUNK;
+        float *q = p ? p + c0 : tmp;
+        for (int c = 0; c < n; c++) q[c] = dt_exp_nonpos(x[c0 + c] - mx);
+        lanes8_add(a, q, n);
     }
     *s = DT_CPU_TREE8(a);
     *sx = DT_CPU_TREE8(b);
@@ -225,7 +232,7 @@ DT_CPU_CLONES static void xent_row(float *restrict p, const float *restrict x, i
 dt_status dt_cpu_xent_forward(float *loss, float *probs, const float *logits, const int32_t *labels,
                               int B, int C, float label_smoothing, float norm) {
     DT_CPU_ARG(B >= 0 && C >= 1);
-    DT_CPU_ARG(loss && (B == 0 || (probs && logits && labels)));
+    DT_CPU_ARG(loss && (B == 0 || (logits && labels)));
     DT_CPU_ARG(label_smoothing >= 0.0f && label_smoothing <= 1.0f);
     DT_CPU_ARG(norm > 0.0f);
     DT_TRY(check_labels("xent_forward", labels, B, C));
@@ -236,16 +243,18 @@ dt_status dt_cpu_xent_forward(float *loss, float *probs, const float *logits, co
     #pragma omp parallel for schedule(static) num_threads(nt) if ((size_t)B * C >= PAR_MIN)
     for (int i = 0; i < B; i++) {
         const float *x = logits + (size_t)i * C;
-        float *p = probs + (size_t)i * C;
+        float *p = probs ? probs + (size_t)i * C : NULL;
+        const float xl = labels[i] >= 0 ? x[labels[i]] : 0.0f;   /* before p overwrites it */
         float mx = dt_cpu_row_max(x, C, x[0]);
         double s, sx;
         xent_row(p, x, C, mx, &s, &sx);
         float inv = (float)(1.0 / s);
-        for (int c = 0; c < C; c++) p[c] *= inv;
+        if (p)
+            for (int c = 0; c < C; c++) p[c] *= inv;
         if (labels[i] < 0) { row[i] = 0.0; continue; }
         double lse = mx + log(s);
         /* -sum_c target_c * log p_c with log p_c = x_c - lse and target summing to 1. */
-        row[i] = lse - ((1.0 - ls) * x[labels[i]] + ls / C * sx);
+        row[i] = lse - ((1.0 - ls) * xl + ls / C * sx);
     }
     double total = dt_cpu_pairwise(row, (size_t)B);
     free(row);

@@ -292,8 +292,10 @@ k_xent_forward(double *rowloss, float *probs, const float *logits, const int32_t
     const int lane = threadIdx.x % 32;
     for (int i = blockIdx.x * DT_CU_WARPS + threadIdx.x / 32; i < B; i += gridDim.x * DT_CU_WARPS) {
         const float *x = logits + (size_t)i * C;
-        float *p = probs + (size_t)i * C;
+        float *p = probs ? probs + (size_t)i * C : NULL;   /* may be x: each lane reads its groups first */
         float m = -INFINITY, s = 0.0f, sx = 0.0f, v[4];
+        const int32_t l = labels[i];
+        const float xl = lane == 0 && l >= 0 && l < C ? x[l] : 0.0f;   /* before probs may overwrite it */
         for (int g = lane; 4 * g < C; g += 32) {
             const int n = dt_cu_load4(v, x, g, C, vec);
             for (int k = 0; k < n; k++) {
@@ -308,13 +310,12 @@ k_xent_forward(double *rowloss, float *probs, const float *logits, const int32_t
         }
         sx = dt_cu_warp_sum(sx);
         const float inv = (float)(1.0 / s);
-        for (int g = lane; 4 * g < C; g += 32) {
+        for (int g = lane; p && 4 * g < C; g += 32) {
             const int n = dt_cu_load4(v, x, g, C, vec);
             for (int k = 0; k < n; k++) v[k] = expf(v[k] - m) * inv;
             dt_cu_store4(p, g, v, n, vec);
         }
         if (lane == 0) {
-            const int32_t l = labels[i];
             if (l >= C) {
                 err[DT_CU_ERR_XENT_FWD] = i + 1;
                 rowloss[i] = 0.0;
@@ -322,7 +323,7 @@ k_xent_forward(double *rowloss, float *probs, const float *logits, const int32_t
                 rowloss[i] = 0.0;
             } else {
                 const double lse = m + log((double)s);
-                rowloss[i] = lse - ((1.0 - ls) * x[l] + ls / C * sx);
+                rowloss[i] = lse - ((1.0 - ls) * xl + ls / C * sx);
             }
         }
     }
@@ -331,14 +332,14 @@ k_xent_forward(double *rowloss, float *probs, const float *logits, const int32_t
 dt_status dt_cu_xent_forward(float *loss, float *probs, const float *logits, const int32_t *labels,
                              int B, int C, float label_smoothing, float norm) {
     DT_CU_ARG(B >= 0 && C >= 1);
-    DT_CU_ARG(loss && (B == 0 || (probs && logits && labels)));
+    DT_CU_ARG(loss && (B == 0 || (logits && labels)));
     DT_CU_ARG(label_smoothing >= 0.0f && label_smoothing <= 1.0f);
     DT_CU_ARG(norm > 0.0f);
     DT_TRY(dt_cu_enter());
     double *rows = NULL;
     DT_TRY(dt_cu_scratch((void **)&rows, sizeof(double) * 2 * (B > 0 ? B : 1)));
     if (B > 0) {
-        const int vec = dt_cu_vec4(logits, C) && dt_cu_vec4(probs, C);
+        const int vec = dt_cu_vec4(logits, C) && (!probs || dt_cu_vec4(probs, C));
         k_xent_forward<<<dt_cu_grid((size_t)B, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(
             rows, probs, logits, labels, B, C, (double)label_smoothing, vec, dt_cu_err_flags());
         DT_CU_LAUNCH("k_xent_forward");
