@@ -144,7 +144,8 @@ static dt_status linear_backward(const dt_nn_ctx *c, dt_layer *L, const float *x
 
 const dt_layer_def dt_layer_def_linear = {
     .name = "linear", .help = "linear(out[, bias=1][, std=0])", .torch = "nn.Linear",
-    .flags = DT_LDEF_FUSE_RELU | DT_LDEF_GEMM | DT_LDEF_OUT_UNREAD, .self_size = sizeof(linear_self), .args = linear_args,
+    .flags = DT_LDEF_FUSE_RELU | DT_LDEF_GEMM | DT_LDEF_OUT_UNREAD | DT_LDEF_IN_GEMM, .self_size = sizeof(linear_self),
+    .args = linear_args,
     .infer = linear_infer, .init = linear_init, .forward = linear_forward, .backward = linear_backward,
 };
 
@@ -342,7 +343,7 @@ const dt_layer_def dt_layer_def_relu = {
 /* An element-wise activation whose backward reads the forward's input (SAVED = x)
  * or output (SAVED = L->y), as its row in src/ops_elem.h says: one line per kind
  * over its two ops. */
-#define ELEMENTWISE_ROW(NAME, TORCH, SAVED)                                                       \
+#define ELEMENTWISE_ROW(NAME, TORCH, SAVED, FLAGS)                                                \
     static dt_status NAME##_fwd(const dt_nn_ctx *c, dt_layer *L, const float *x, int B) {         \
         return c->ops->NAME##_forward(L->y, x, (size_t)B * (size_t)L->out_numel);                 \
     }                                                                                             \
@@ -352,14 +353,14 @@ const dt_layer_def dt_layer_def_relu = {
         return dx ? c->ops->NAME##_backward(dx, dy, SAVED, (size_t)B * (size_t)L->in_numel) : DT_OK; \
     }                                                                                             \
     const dt_layer_def dt_layer_def_##NAME = {                                                    \
-        .name = #NAME, .help = #NAME, .torch = TORCH,                                             \
+        .name = #NAME, .help = #NAME, .torch = TORCH, .flags = FLAGS,                             \
         .infer = layer_same_shape, .forward = NAME##_fwd, .backward = NAME##_bwd,                 \
     };
 
-ELEMENTWISE_ROW(gelu, "nn.GELU", x)
-ELEMENTWISE_ROW(tanh, "nn.Tanh", L->y)
-ELEMENTWISE_ROW(silu, "nn.SiLU", x)
-ELEMENTWISE_ROW(sigmoid, "nn.Sigmoid", L->y)
+ELEMENTWISE_ROW(gelu, "nn.GELU", x, DT_LDEF_OUT_UNREAD)
+ELEMENTWISE_ROW(tanh, "nn.Tanh", L->y, 0)
+ELEMENTWISE_ROW(silu, "nn.SiLU", x, DT_LDEF_OUT_UNREAD)
+ELEMENTWISE_ROW(sigmoid, "nn.Sigmoid", L->y, 0)
 
 /* ---- swiglu(hidden): Llama's gated MLP on the last dimension ------------------
  * y = down_proj(silu(gate_proj(x)) * up_proj(x)), three bias-free nn.Linear.
@@ -435,7 +436,7 @@ static dt_status swiglu_backward(const dt_nn_ctx *c, dt_layer *L, const float *x
 
 const dt_layer_def dt_layer_def_swiglu = {
     .name = "swiglu", .help = "swiglu(hidden[, std=0])", .torch = "LlamaMLP (gate_proj, up_proj, down_proj)",
-    .flags = DT_LDEF_GEMM | DT_LDEF_OUT_UNREAD, .self_size = sizeof(swiglu_self), .args = swiglu_args,
+    .flags = DT_LDEF_GEMM | DT_LDEF_OUT_UNREAD | DT_LDEF_IN_GEMM, .self_size = sizeof(swiglu_self), .args = swiglu_args,
     .infer = swiglu_infer, .alloc = swiglu_alloc, .init = swiglu_init,
     .forward = swiglu_forward, .backward = swiglu_backward,
 };

@@ -340,7 +340,8 @@ static dt_status attn_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, 
 const dt_layer_def dt_layer_def_attn = {
     .name = "attn", .help = "attn(heads[, std=0][, proj_std=0][, kv_heads][, rope=0][, bias=1][, block=0])",
     .torch = "causal self-attention (nanoGPT; with kv_heads, LlamaAttention)",
-    .flags = DT_LDEF_GEMM | DT_LDEF_OUT_UNREAD, .self_size = sizeof(attn_self), .args = attn_args, .check = attn_check,
+    .flags = DT_LDEF_GEMM | DT_LDEF_OUT_UNREAD | DT_LDEF_IN_GEMM, .self_size = sizeof(attn_self), .args = attn_args,
+    .check = attn_check,
     .infer = attn_infer, .alloc = attn_alloc, .free = attn_free, .init = attn_init,
     .forward = attn_forward, .backward = attn_backward,
 };
@@ -380,6 +381,6 @@ static dt_status unembed_backward(const dt_nn_ctx *c, dt_layer *L, const float *
 
 const dt_layer_def dt_layer_def_unembed = {
     .name = "unembed", .help = "unembed", .torch = "nn.Linear(bias=False), weight tied to the embedding",
-    .flags = DT_LDEF_GEMM | DT_LDEF_OUT_UNREAD, .self_size = sizeof(unembed_self),
+    .flags = DT_LDEF_GEMM | DT_LDEF_OUT_UNREAD | DT_LDEF_IN_GEMM, .self_size = sizeof(unembed_self),
     .infer = unembed_infer, .forward = unembed_forward, .backward = unembed_backward,
 };

@@ -250,15 +250,37 @@ static int out_unread(const dt_model *m, int i) {
 /* What layers do for their neighbours, before memory is laid out: a layer followed by a
  * relu applies it itself; a residual block whose last layer's output nothing reads again
  * adds the skip over it; the loss's gradient takes the place of such a last layer's
- * output. */
+ * output; in low precision such an output that the next layer of its module only
+ * multiplies is kept in 16 bits (out16: 1 and 2 alternate along a chain, each the f32
+ * scratch the next one reads while it writes its own). */
 static void fuse_layers(dt_model *m) {
+    int lp = m->mo.act_dtype == DT_BF16 || m->mo.act_dtype == DT_F16;
     for (int i = 0; i + 1 < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i], *N = &m->spec.layers[i + 1];
         if ((L->def->flags & DT_LDEF_FUSE_RELU) && N->kind == DT_LAYER_RELU) L->fuse_relu = N->relu_fused = 1;
+    }
+    for (int i = 0; i + 1 < m->spec.n; i++) {
+        dt_layer *L = &m->spec.layers[i], *N = &m->spec.layers[i + 1];
         N->out_in_place = N->kind == DT_LAYER_RESIDUAL_END && L != N->partner && m->block_of[i + 1] < 0 &&
                           out_unread(m, i);
+        L->out16 = lp && out_unread(m, i) && (N->def->flags & DT_LDEF_IN_GEMM) && m->block_of[i + 1] < 0 &&
+                   m->mod_first[i] == m->mod_first[i + 1];
+        if (L->out16) L->out16 = i > 0 && m->spec.layers[i - 1].out16 == 1 ? 2 : 1;
     }
     m->head_in_place = out_unread(m, m->spec.n - 1);
+}
+
+/* Forward left layer i's output in f32 scratch: keep it in 16 bits for backward. */
+static dt_status keep16(const dt_model *m, const dt_layer *L, int B) {
+    size_t n = (size_t)B * (size_t)L->out_numel;
+    return m->mo.act_dtype == DT_F16 ? m->ops->f32_to_f16(L->y16, L->y, n) : m->ops->f32_to_bf16(L->y16, L->y, n);
+}
+
+/* Backward needs layer i's output (the next layer's input) kept in 16 bits: widen it into
+ * its f32 scratch. */
+static dt_status widen16(const dt_model *m, const dt_layer *L, int B) {
+    size_t n = (size_t)B * (size_t)L->out_numel;
+    return m->mo.act_dtype == DT_F16 ? m->ops->f16_to_f32(L->y, L->y16, n) : m->ops->bf16_to_f32(L->y, L->y16, n);
 }
 
 /* Where the loss's gradient goes: the head, or the last layer's output it replaces. */
@@ -421,6 +443,11 @@ static dt_status model_prepare(const char *spec, const dt_shape *input, const dt
     m->input = *input;
     if (mo) m->mo = *mo;
     else dt_model_opts_default(&m->mo);
+    dt_dtype act = m->mo.act_dtype;
+    if (act != DT_F32 && act != DT_BF16 && act != DT_F16) {
+        free(m);
+        return dt_error(DT_ERR_INVALID, "model: activations kept in %s: expected f32, bf16 or f16", dt_dtype_name(act));
+    }
     dt_status s = dt_spec_parse(spec, &m->spec);
     if (s != DT_OK) { free(m); return s; }
     if ((s = dt_spec_infer(&m->spec, input)) == DT_OK && (s = build_registry(m)) == DT_OK)
@@ -538,6 +565,9 @@ void dt_model_set_decode(dt_model *m, int pos) { m->decode_pos = pos < 0 ? -1 : 
 
 dt_status dt_model_set_precision(dt_model *m, dt_dtype precision) {
     if (precision == dt_lowp_dtype(m->lp)) return DT_OK;
+    if (m->mo.act_dtype != DT_F32 && precision != m->mo.act_dtype)
+        return dt_error(DT_ERR_INVALID, "model: built to keep activations in %s, it cannot run in %s",
+                        dt_dtype_name(m->mo.act_dtype), dt_dtype_name(precision));
     dt_lowp *lp = NULL;
     if (precision != DT_F32) DT_TRY(dt_lowp_init(m->ops, &m->spec, m->max_batch, precision, &lp));
     dt_lowp_free(m->ops, m->lp);
@@ -700,6 +730,7 @@ dt_status dt_model_forward_range(dt_model *m, int lo, int hi, const float *x, in
         dt_status s = layer_hook(m, i, DT_HOOK_FWD_PRE);
         if (s == DT_OK) s = layer_ctx(m, &c, i);
         if (s == DT_OK) s = dt_layer_forward(&c, L, cur, B);
+        if (s == DT_OK && L->out16 && !c.decode) s = keep16(m, L, B);
         if (s == DT_OK) s = layer_hook(m, i, DT_HOOK_FWD_POST);
         if (s != DT_OK) return dt_error_wrap(s, "forward, layer %s '%s': ", L->name, L->text);
         if (tm > 0.0 && (i + 1 == hi || m->mod_first[i + 1] == i + 1)) {
@@ -760,6 +791,7 @@ dt_status dt_model_acts_only(dt_model *m, int lo, int hi) {
         for (int k = 0; k < L->nown; k++) dt_mem_free(m->ops, L->own[k]);
         L->nown = 0;
         L->y = L->out_ptr = NULL;
+        L->y16 = NULL;
         m->acts_out = 1;
     }
     return DT_OK;
@@ -952,6 +984,10 @@ dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, 
     for (int i = hi - 1; i >= lo; i--) {
         dt_layer *L = &m->spec.layers[i];
         const float *x = input_of(m, i);
+        if (i > m->x_at && m->spec.layers[i - 1].out16) {   /* kept in 16 bits: widened for this layer */
+            DT_TRY(widen16(m, &m->spec.layers[i - 1], B));
+            x = m->spec.layers[i - 1].y;
+        }
         if (dt_trace_on() && (i == hi - 1 || m->mod_first[i + 1] == i + 1)) tm = dt_now();
         if (L->def->flags & DT_LDEF_GRAD_IN_PLACE) dx = (float *)dy;   /* same memory */
         else if (i == lo) dx = dx_out;                                  /* the range's input: the caller's, or none */

@@ -112,6 +112,11 @@ typedef struct {
  * are bitwise those of a run without recomputation. */
 typedef struct {
     int recompute;
+    /* DT_BF16 or DT_F16: the precision the model will run in (dt_model_set_precision,
+     * which then refuses another), so that outputs that only matrix products read (a
+     * norm's before a linear or attention, GELU's before c_proj) are kept in 16 bits for
+     * backward, as autocast keeps them: the same bits, half the bytes. DT_F32: f32. */
+    dt_dtype act_dtype;
     dt_model_layout layout;   /* where parameters and gradients live (sharding); zero: as usual */
     size_t unit_floats;       /* sharding's units (dt_model_units), for the plan's gathered
                                * units; 0: DT_MODEL_UNIT_FLOATS */

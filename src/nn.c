@@ -194,9 +194,9 @@ dt_status dt_layer_mem_take(dt_layer_mem *a, dt_layer *L, void **p, size_t bytes
 }
 
 static int scratch_lane(const dt_layer *L, dt_scratch_kind kind) {
-    if (kind == DT_SCRATCH_PASS) return 0;
+    if (kind != DT_SCRATCH_BLOCK) return (int)kind;
     int d = L->depth < 0 ? 0 : L->depth;
-    return 1 + (d < DT_LAYER_MAX_DEPTH ? d : DT_LAYER_MAX_DEPTH - 1);
+    return DT_SCRATCH_BLOCK + (d < DT_LAYER_MAX_DEPTH ? d : DT_LAYER_MAX_DEPTH - 1);
 }
 
 dt_status dt_layer_scratch_take(dt_layer_mem *a, dt_layer *L, dt_scratch_kind kind, void **p, size_t bytes) {
@@ -227,7 +227,12 @@ size_t dt_layer_scratch_layout(dt_layer_scratch *sc) {
 
 dt_status dt_layer_alloc_in(dt_layer_mem *y_mem, dt_layer_mem *state_mem, dt_layer *L, int max_batch) {
     if (state_mem->scratch) memset(state_mem->scratch->used, 0, sizeof state_mem->scratch->used);
-    if (!(L->def->flags & DT_LDEF_NO_OUTPUT) && !L->out_in_place)
+    if (L->out16) {   /* kept in 16 bits; the f32 output is scratch */
+        size_t n = (size_t)max_batch * (size_t)L->out_numel;
+        DT_TRY(dt_layer_mem_take(y_mem, L, (void **)&L->y16, n * sizeof(uint16_t)));
+        DT_TRY(dt_layer_scratch_take(y_mem, L, L->out16 == 1 ? DT_SCRATCH_STAGE0 : DT_SCRATCH_STAGE1, (void **)&L->y,
+                                     n * sizeof(float)));
+    } else if (!(L->def->flags & DT_LDEF_NO_OUTPUT) && !L->out_in_place)
         DT_TRY(dt_layer_mem_take(y_mem, L, (void **)&L->y, (size_t)max_batch * (size_t)L->out_numel * sizeof(float)));
     return L->def->alloc ? L->def->alloc(state_mem, L, max_batch) : DT_OK;
 }
@@ -242,6 +247,7 @@ void dt_layer_free(const dt_ops *ops, dt_layer *L) {
     for (int i = 0; i < L->nown; i++) dt_mem_free(ops, L->own[i]);
     L->nown = 0;
     L->y = L->out_ptr = NULL;
+    L->y16 = NULL;
 }
 
 dt_status dt_layer_init(const dt_nn_ctx *c, dt_layer *L) {

@@ -121,11 +121,14 @@ typedef struct dt_layer_def dt_layer_def;
  * DT_SCRATCH_PASS lives inside one forward or backward call (attention's gradient of
  * its projections' inputs); DT_SCRATCH_BLOCK from a block's closing row's backward to
  * its opening row's (the skip gradient), one lane per nesting depth, because blocks at
- * one depth never run their backward at once. A model sizes each lane by the layer
+ * one depth never run their backward at once. DT_SCRATCH_STAGE0/1 are the f32 outputs
+ * of layers that keep theirs in 16 bits (dt_layer.out16), alternating along a chain of
+ * them: valid from the layer's forward to the next layer's, and in backward from the
+ * driver's widening to the next layer's backward. A model sizes each lane by the layer
  * that takes the most and keeps one buffer for all (dt_layer_scratch); a layer alone
  * (no scratch given) owns its pieces. */
-typedef enum { DT_SCRATCH_PASS, DT_SCRATCH_BLOCK } dt_scratch_kind;
-#define DT_SCRATCH_LANES (1 + DT_LAYER_MAX_DEPTH)
+typedef enum { DT_SCRATCH_PASS, DT_SCRATCH_STAGE0, DT_SCRATCH_STAGE1, DT_SCRATCH_BLOCK } dt_scratch_kind;
+#define DT_SCRATCH_LANES (3 + DT_LAYER_MAX_DEPTH)
 typedef struct {
     unsigned char *base;                     /* the shared buffer; NULL while measuring */
     size_t         off[DT_SCRATCH_LANES];    /* each lane's offset in it */
@@ -198,9 +201,12 @@ enum {
     DT_LDEF_LP_OWN        = 1 << 6,  /* in low precision its weights and inputs reach an op other
                                       * than gemm_lp (a convolution): they are rounded for it into
                                       * the weight copy and the scratch, whatever gemm_lp does */
-    DT_LDEF_OUT_UNREAD    = 1 << 7   /* writes its own output buffer and no backward reads it
+    DT_LDEF_OUT_UNREAD    = 1 << 7,  /* writes its own output buffer and no backward reads it
                                       * (unless a fused relu's does): a residual block ending in
                                       * it adds the skip in place there (dt_layer.out_in_place) */
+    DT_LDEF_IN_GEMM       = 1 << 8   /* reads its input only as a matrix product's operand,
+                                      * rounded in low precision, in forward and backward: the
+                                      * layer before may keep its output in 16 bits (out16) */
 };
 
 /* Everything a layer pass needs besides the layer itself. */
@@ -321,6 +327,12 @@ struct dt_layer {
      * layer is OUT_UNREAD, not fused with a relu, and not recomputed: y = f(x) + x is
      * written over f(x), so the row keeps no output of its own */
     int      out_in_place;
+    /* set by the model builder in low precision when the layer's output is OUT_UNREAD and
+     * the next layer (in its top-level module) is IN_GEMM: y16 keeps the output rounded to
+     * the 16-bit type for backward, y is f32 scratch (lane DT_SCRATCH_STAGE0 + out16 - 1)
+     * that the next layer's forward reads, and its backward reads y16 widened there */
+    int      out16;
+    uint16_t *y16;
     dt_layer *partner;       /* residual / residual_end: the other end of the block */
     void    *own[DT_LAYER_MAX_OWN];   /* buffers allocated for it (freed by dt_layer_free) */
     int      nown;

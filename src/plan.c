@@ -147,6 +147,7 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
     dt_model_opts mo;
     dt_model_opts_default(&mo);
     mo.recompute = t->recompute;
+    mo.act_dtype = pr->lp;   /* 0 (f32) for fp32 */
     mo.unit_floats = t->shard_unit_mb > 0 ? (size_t)(t->shard_unit_mb * 1048576.0) / sizeof(float) : 0;
     dt_model_mem *mm = &out->model;
     DT_TRY(dt_model_plan_memory(t->model, &o->input, (int)b, &mo, mm));

@@ -500,6 +500,7 @@ static dt_status setup_model(trainer *t) {
     dt_model_opts mo;
     dt_model_opts_default(&mo);
     mo.recompute = o->recompute;
+    DT_TRY(dt_precision_parse(o->precision, &mo.act_dtype));   /* what dt_amp_init sets the model to */
     DT_TRY(dt_shard_layout(nparams, t->dp_comm, t->mode, &mo.layout));
     if (t->pipe) {   /* a stage keeps its own parameters and gradients only */
         dt_train_pipe_keep_(t, &mo.layout.keep_lo, &mo.layout.keep_hi);

@@ -305,6 +305,71 @@ static void test_token_model(const dt_ops *ops) {
     dt_model_free(f);
 }
 
+/* Outputs that only matrix products read, kept in 16 bits (dt_model_opts.act_dtype): the
+ * same loss and gradients, bit for bit, as the model that keeps them in f32, in fewer
+ * activation bytes (the two f32 scratch lanes are paid once: four blocks outweigh them);
+ * a chain of such layers (ln, two linears) included. */
+static void test_keep16(const dt_ops *ops) {
+    static const struct { const char *spec; dt_shape in; int tokens; } cases[] = {
+        {"gpt(layers=2,heads=2,dim=16,block=8,vocab=32)", {1, {8, 0, 0}}, 1},
+        {"llama(layers=2,heads=2,dim=16,block=8,vocab=32)", {1, {8, 0, 0}}, 1},
+        {"residual(ln linear(48) linear(48) gelu linear(16)) residual(ln linear(48) linear(48) gelu linear(16)) "
+         "residual(ln linear(48) linear(48) gelu linear(16)) residual(ln linear(48) linear(48) gelu linear(16)) "
+         "ln linear(5)", {1, {16, 0, 0}}, 0},
+    };
+    const dt_dtype types[] = {DT_BF16, DT_F16};
+    enum { B = 3 };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int t = 0; t < 2; t++) {
+            const char *spec = cases[k].spec;
+            const char *tn = dt_dtype_name(types[t]);
+            dt_model_opts mo;
+            dt_model_opts_default(&mo);
+            mo.act_dtype = types[t];
+            dt_model *h = NULL, *f = NULL;
+            int built = dt_model_build_ex(spec, &cases[k].in, ops, 6, B, &mo, &h) == DT_OK &&
+                        dt_model_build(spec, &cases[k].in, ops, 6, B, &f) == DT_OK &&
+                        dt_model_set_precision(h, types[t]) == DT_OK && dt_model_set_precision(f, types[t]) == DT_OK;
+            if (!ok(built, "%s (%s): built twice, 16-bit activations and f32 ones (%s)", spec, tn,
+                    built ? "ok" : dt_last_error())) {
+                dt_model_free(h);
+                dt_model_free(f);
+                continue;
+            }
+            size_t n = (size_t)B * (size_t)dt_shape_numel(&cases[k].in), nl = cases[k].tokens ? n : B;
+            float *x = malloc(n * sizeof *x);
+            int32_t *y = malloc(nl * sizeof *y);
+            for (size_t i = 0; i < n; i++) x[i] = cases[k].tokens ? (float)((i * 7) % 32) : (float)((int)(i * 37 % 19) - 9) / 4.0f;
+            for (size_t i = 0; i < nl; i++) y[i] = (int32_t)((i * 5 + 3) % 5);
+            dt_loss lf = {.kind = DT_LOSS_CE};
+            float lh = -1, l32 = -2;
+            int run = dt_model_forward(h, x, B, 1, 0, 0, NULL) == DT_OK &&
+                      dt_model_loss_backward(h, &lf, y, B, (float)B, &lh) == DT_OK &&
+                      dt_model_forward(f, x, B, 1, 0, 0, NULL) == DT_OK &&
+                      dt_model_loss_backward(f, &lf, y, B, (float)B, &l32) == DT_OK;
+            ok(run && !memcmp(&lh, &l32, sizeof lh) && !memcmp(dt_model_grads(h), dt_model_grads(f),
+                                                               dt_model_nparams(h) * sizeof(float)),
+               "%s (%s): the same loss (%.7g) and gradients, bit for bit", spec, tn, (double)lh);
+            dt_model_mem mh, mf;
+            dt_model_plan_memory(spec, &cases[k].in, B, &mo, &mh);
+            dt_model_plan_memory(spec, &cases[k].in, B, NULL, &mf);
+            ok(mh.bytes[DT_MEM_ACTS] < mf.bytes[DT_MEM_ACTS], "%s (%s): in fewer activation bytes (%zu < %zu)", spec,
+               tn, mh.bytes[DT_MEM_ACTS], mf.bytes[DT_MEM_ACTS]);
+            is_int(dt_model_set_precision(h, DT_F32), DT_ERR_INVALID, "%s (%s): and it refuses to run in f32", spec, tn);
+            free(x);
+            free(y);
+            dt_model_free(h);
+            dt_model_free(f);
+        }
+    dt_model_opts mo;
+    dt_model_opts_default(&mo);
+    mo.act_dtype = DT_I32;
+    dt_model *m = NULL;
+    static const dt_shape flat = {1, {4, 0, 0}};
+    is_int(dt_model_build_ex("linear(2)", &flat, ops, 1, 2, &mo, &m), DT_ERR_INVALID, "activations in i32 are refused");
+    like(dt_last_error(), "expected f32, bf16 or f16", "... naming the choices");
+}
+
 /* ---- the bf16 GEMM on AVX512-BF16 (src/cpu/cpu_gemm_bf16.c) ---- */
 
 static float bf16_at(const float *X, int ld, int trans, int r, int k) {
@@ -428,5 +493,6 @@ int main(void) {
     check_rounded(ops, "conv(4,3,stride=2) flatten", &img, DT_F16, "conv fp16");
     test_loss_scale(ops);
     test_token_model(ops);
+    test_keep16(ops);
     return done_testing();
 }
