@@ -20,7 +20,8 @@ typedef struct {
     char   name[48], cat[16], detail[96];
     double t0, t1;        /* a counter: t0 = t1 = its time */
     double value;
-    int    tid, counter;
+    double wait;          /* a collective's wait for its peers (s), longest for wait_peer */
+    int    tid, counter, wait_peer;
 } record;
 
 static atomic_int       g_on;
@@ -75,8 +76,13 @@ static void copy(char *dst, size_t n, const char *src) {
 }
 
 void dt_trace_span(const char *name, const char *cat, double t0, double t1, const char *detail) {
+    dt_trace_span_wait(name, cat, t0, t1, detail, 0.0, -1);
+}
+
+void dt_trace_span_wait(const char *name, const char *cat, double t0, double t1, const char *detail,
+                        double wait_s, int peer) {
     if (!dt_trace_on()) return;
-    record r = {.t0 = t0, .t1 = t1 >= t0 ? t1 : t0, .tid = tid()};
+    record r = {.t0 = t0, .t1 = t1 >= t0 ? t1 : t0, .tid = tid(), .wait = wait_s, .wait_peer = peer};
     copy(r.name, sizeof r.name, name);
     copy(r.cat, sizeof r.cat, cat);
     copy(r.detail, sizeof r.detail, detail);
@@ -85,7 +91,7 @@ void dt_trace_span(const char *name, const char *cat, double t0, double t1, cons
 
 void dt_trace_counter(const char *name, double t, double value) {
     if (!dt_trace_on()) return;
-    record r = {.t0 = t, .t1 = t, .value = value, .tid = tid(), .counter = 1};
+    record r = {.t0 = t, .t1 = t, .value = value, .tid = tid(), .counter = 1, .wait_peer = -1};
     copy(r.name, sizeof r.name, name);
     add(&r);
 }
@@ -122,10 +128,13 @@ dt_status dt_trace_json(int rank, double base, double offset, char **out, size_t
         dt_sbuf_json_(&b, r->cat);
         dt_sbuf_printf_(&b, "\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", rank, r->tid, ts,
                         (r->t1 - r->t0) * 1e6);
-        if (r->detail[0]) {
+        if (r->detail[0] || r->wait_peer >= 0) {
             dt_sbuf_str_(&b, ",\"args\":{\"detail\":\"");
             dt_sbuf_json_(&b, r->detail);
-            dt_sbuf_str_(&b, "\"}");
+            dt_sbuf_str_(&b, "\"");
+            if (r->wait_peer >= 0)
+                dt_sbuf_printf_(&b, ",\"waited_ms\":%.3f,\"waited_for\":%d", r->wait * 1e3, r->wait_peer);
+            dt_sbuf_str_(&b, "}");
         }
         dt_sbuf_str_(&b, "}");
     }

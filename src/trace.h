@@ -26,6 +26,10 @@ void      dt_trace_thread(const char *name);
 /* A span [t0, t1] (dt_now() seconds) of the calling thread; detail may be NULL. Names
  * and details longer than the record's fields are cut. */
 void      dt_trace_span(const char *name, const char *cat, double t0, double t1, const char *detail);
+/* The same for a collective that waited wait_s seconds for its peers, longest for rank
+ * `peer` (its args carry waited_ms and waited_for; peer < 0: none). */
+void      dt_trace_span_wait(const char *name, const char *cat, double t0, double t1, const char *detail,
+                             double wait_s, int peer);
 /* A counter sample: series `name`, value at t. */
 void      dt_trace_counter(const char *name, double t, double value);
 /* This process's records as trace-event JSON objects separated by ",\n" (no enclosing

@@ -62,6 +62,12 @@ for r in range(ranks):
                  for c in comm)
     say("buckets_in_steps%d" % r, int(within and len(comm) > 0))
     say("rate%d" % r, sum(1 for e in ev if e["ph"] == "C" and e["pid"] == r and e["name"].endswith("/s")))
+    # a collective that waited names the peer it waited for longest, and waited no longer than it ran
+    waits = [e for e in mine if names.get((r, e["tid"])) == "comm" and "waited_for" in e.get("args", {})]
+    say("waits_valid%d" % r, int(len(waits) > 0 and all(
+        0 <= e["args"]["waited_for"] < ranks and e["args"]["waited_for"] != r and
+        0 <= e["args"]["waited_ms"] * 1000 <= e["dur"] + 1 for e in waits)))
+    say("waited_ms%d" % r, "%.3f" % sum(e["args"]["waited_ms"] for e in waits))
 if ranks > 1:
     err = d["otherData"]["clock_error_us"] + 1.0
     a = sorted((e for e in X if e["pid"] == 0 and e["name"] == "all_reduce"), key=lambda e: e["ts"])
@@ -86,9 +92,28 @@ for r in 0 1; do
     [ "$(val threads_nest$r)" = 1 ]; ok $? "rank $r: on every thread, spans nest or lie apart"
     [ "$(val buckets_in_steps$r)" = 1 ]; ok $? "rank $r: every bucket all-reduce lies within its step"
     [ "$(val rate$r)" = 2 ]; ok $? "rank $r: a samples/s counter per step"
+    [ "$(val waits_valid$r)" = 1 ]; ok $? "rank $r: collectives that waited name another rank and wait within their span"
 done
 diag "clock error bound: $(val clock_error_us) us"
 [ "$(val aligned)" = 1 ]; ok $? "the ranks share one time line: each all-reduce overlaps its partner on the other rank"
+
+# a straggler: rank 1 is stopped for 80 ms of every 100 (SIGSTOP, SIGCONT), so rank 0
+# waits for it in the collectives, and it finds rank 0's data there when it resumes
+printf '#!/bin/sh\necho $$ > "%s/pid.$RANK"\nexec "$@"\n' "$T" > "$T/pid.sh"
+timeout 120 "$R" -n 2 sh "$T/pid.sh" "$D" train $A --steps 12 --trace "$T/ts.json" --trace-steps 2:12 > "$T/os" 2>&1 &
+run=$!
+i=0; while [ ! -s "$T/pid.1" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done   # rank 1 started
+p1=$(cat "$T/pid.1" 2>/dev/null)
+i=0
+while [ -n "$p1" ] && [ $i -lt 1200 ] && kill -STOP "$p1" 2>/dev/null; do
+    sleep 0.08; kill -CONT "$p1" 2>/dev/null; sleep 0.02; i=$((i + 1))
+done
+wait $run
+ok $? "2 processes with --trace, rank 1 stopped most of the time ($i times)"
+py "$T/ts.json" 2 2,3,4,5,6,7,8,9,10,11,12
+diag "waited in collectives: rank 0 $(val waited_ms0) ms, rank 1 $(val waited_ms1) ms"
+awk -v a="$(val waited_ms0)" -v b="$(val waited_ms1)" 'BEGIN { exit !(a + 0 > b + 0) }'
+ok $? "rank 0 waited for the stopped rank 1 longer than rank 1 waited for it"
 
 # one process, and a pipeline
 timeout 60 "$D" train $A --trace "$T/t1.json" --checkpoint-dir "$T/ck" --checkpoint-every 2 > "$T/o1" 2>&1

@@ -308,15 +308,40 @@ static dt_status exec(dt_comm *c, const op_t *o) {
     return dt_error(DT_ERR_UNSUPPORTED, "backend %s cannot do %s", b->name, k->desc);
 }
 
+/* --trace: the current operation's waits for its peers on this thread (a few peers
+ * each: a ring's neighbours, halving's partners; waits for more are in the total). */
+#define WAIT_PEERS 16
+static _Thread_local struct {
+    int    n, peer[WAIT_PEERS];
+    double s[WAIT_PEERS], total;
+} t_wait;
+
+void dt_comm_wait_note(int peer, double since) {
+    if (!dt_trace_on()) return;
+    double s = dt_now() - since;
+    t_wait.total += s;
+    int i = 0;
+    while (i < t_wait.n && t_wait.peer[i] != peer) i++;
+    if (i == WAIT_PEERS) return;
+    if (i == t_wait.n) {
+        t_wait.peer[t_wait.n++] = peer;
+        t_wait.s[i] = 0.0;
+    }
+    t_wait.s[i] += s;
+}
+
 /* The span of an operation that ran from t0 until now, named by its kind (the first
- * word of its description: "all_reduce", "send", ...). */
+ * word of its description: "all_reduce", "send", ...), with its waits. */
 static void trace_op(const op_t *o, double t0) {
     char kind[32];
     size_t n = strcspn(o->call.desc, " ");
     if (n >= sizeof kind) n = sizeof kind - 1;
     memcpy(kind, o->call.desc, n);
     kind[n] = '\0';
-    dt_trace_span(kind, "comm", t0, dt_now(), o->call.desc);
+    int most = -1;
+    for (int i = 0; i < t_wait.n; i++)
+        if (most < 0 || t_wait.s[i] > t_wait.s[most]) most = i;
+    dt_trace_span_wait(kind, "comm", t0, dt_now(), o->call.desc, t_wait.total, most < 0 ? -1 : t_wait.peer[most]);
 }
 
 /* Run one operation now (the caller has ordered it after earlier async work). */
@@ -328,6 +353,7 @@ static dt_status run(dt_comm *c, const op_t *o) {
     } else {
         c->op_token = o->token;
         double t0 = dt_trace_on() ? dt_now() : 0.0;
+        if (t0 > 0.0) memset(&t_wait, 0, sizeof t_wait);
         s = exec(c, o);
         if (t0 > 0.0) trace_op(o, t0);
         c->op_token = NULL;

@@ -183,6 +183,11 @@ extern const dt_backend dt_backend_nccl;
  * async work, so a transport should not busy-wait long there. */
 extern _Thread_local int dt_comm_on_worker;
 
+/* --trace: a transport's wait for world rank `peer` that began at `since` (clock.h
+ * seconds) ended now. The operation's span names the peer it waited for longest and the
+ * time it waited in all (comm.c); nothing is done when tracing is off. */
+void dt_comm_wait_note(int peer, double since);
+
 /* comm.c helpers for backends */
 /* "host:pid 4711" (or "host" when the pid is unknown) for rank r, into buf. */
 const char *dt_comm_peer_name(const dt_comm *c, int r, char *buf, size_t n);

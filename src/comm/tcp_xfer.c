@@ -522,7 +522,7 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
     if (r.on && r.tp->in_st == RING_ON) dt_shm_set_cpu(r.tp->in, sched_getcpu());
     double deadline = dt_now() + c->timeout_s, idle_since = 0;
     double spin = dt_comm_on_worker ? w->spin_worker_s : w->spin_s;
-    int s_gone = 0, r_gone = 0;
+    int s_gone = 0, r_gone = 0, waited = -1;   /* the peer an idle spell waits for */
     while (s.on || r.on) {
         int prog = 0;
         if (s.on) {
@@ -534,11 +534,18 @@ dt_status tcp_xfer(void *ctx, const dt_xfer *x, const dt_call *call) {
             if (r.tp->in_st == RING_ON) DT_TRY(rcv_shm(tc, &r, call, &prog));
             else DT_TRY(rcv_tcp(tc, &r, call, &prog));
         }
-        if (prog || (!s.on && !r.on)) { idle_since = 0; continue; }
+        if (prog || (!s.on && !r.on)) {
+            if (idle_since > 0) dt_comm_wait_note(waited, idle_since);
+            idle_since = 0;
+            continue;
+        }
         if (r.on && r_gone) return lost(tc, r.peer, call);
         if (s.on && s_gone) return lost(tc, s.peer, call);
         double now = dt_now();
-        if (idle_since == 0) idle_since = now;
+        if (idle_since == 0) {
+            idle_since = now;
+            waited = tc->map[r.on ? r.peer : s.peer];
+        }
         if (now > deadline) return broken(w, timed_out(tc, call, r.on ? r.peer : s.peer));
         int s_shm = s.on && s.pre_done == s.pre_len && s.tp->out_st == RING_ON;
         int r_shm = r.on && r.tp->in_st == RING_ON;
