@@ -4,7 +4,8 @@
 # step, the ranks agree to stop after the same one, the checkpoint is written there, and
 # the job exits 75 (dtrain's documented status for "stopped on SIGTERM, checkpointed");
 # `--resume auto` then ends with the weights of a run that was never interrupted. A
-# second SIGTERM to dtrun kills at once. Loopback only; every wait is bounded.
+# second SIGTERM to dtrun kills at once. SIGUSR1 does the same, through dtrun and through
+# Open MPI's mpirun. Loopback only; every wait is bounded.
 . "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
 DTRUN="$DT_BUILDDIR/dtrun"
 D="$DT_BUILDDIR/dtrain"
@@ -69,6 +70,54 @@ rc=$?
 n1=$(sed -n "s/^dtrain: stopped at step \([0-9]*\) on SIGTERM.*/\1/p" "$T/c.out")
 [ -n "$n1" ] && [ -d "$T/ck1/$(printf 'step-%012d' "$n1")" ]
 ok $? "one process: checkpointed at the step it stopped (${n1:-none})"
+
+# SIGUSR1 to dtrun (Slurm's --signal=USR1@SECONDS before a time limit): forwarded, the same stop
+"$DTRUN" -n 2 "$D" train --data $DATA --model "$MODEL" --batch 64 --epochs 200 --steps $STEPS \
+    --no-eval --log-every 50 --threads 1 --metrics "$T/$tok/mu.jsonl" --checkpoint-dir "$T/cku" \
+    --checkpoint-every 100000 > "$T/u.out" 2> "$T/u.err" &
+pid=$!
+wait_line "$T/u.out" "^\[rank0\]:epoch [0-9/]+  step 50/$STEPS"
+kill -USR1 $pid
+wait_pid $pid 60
+rc=$?
+[ "$rc" -eq 75 ]; ok $? "SIGUSR1 to dtrun: the ranks stop by themselves, exit 75 (got $rc)"
+nu=$(sed -n "s/^\[rank0\]:dtrain: stopped at step \([0-9]*\) on SIGUSR1, checkpointed in .*/\1/p" "$T/u.out")
+[ -n "$nu" ] && [ -d "$T/cku/$(printf 'step-%012d' "$nu")" ]
+ok $? "SIGUSR1 to dtrun: rank 0 names the signal, checkpointed at the step it stopped (${nu:-none})"
+
+# under Open MPI's mpirun: SIGUSR1 to mpirun, which forwards it to the ranks at once (a
+# SIGTERM it delivers only as it kills the job, one second before SIGKILL); the ranks
+# stop and checkpoint as under dtrun, and the resumed run under mpirun ends with the
+# uninterrupted run's weights
+if [ -n "$MPIRUN" ] && [ -x "$MPIRUN" ] && "$MPIRUN" --version 2>/dev/null | grep -q 'Open MPI'; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader,tcp
+    mpirun_train() {   # mpirun_train ARGS...: the shared run under mpirun (exec: the caller's pid is mpirun's)
+        exec "$MPIRUN" --oversubscribe -np 2 "$D" train --data $DATA \
+            --model "$MODEL" --batch 64 --epochs 200 --steps $STEPS --no-eval --log-every 50 --threads 1 \
+            --metrics "$T/$tok/mm.jsonl" --checkpoint-dir "$T/ckm" --checkpoint-every 100000 "$@"
+    }
+    (mpirun_train --save "$T/mstopped.st" > "$T/m.out" 2> "$T/m.err") &
+    pid=$!
+    wait_line "$T/m.out" "^epoch [0-9/]+  step 50/$STEPS"
+    ok $? "mpirun: the run logged its step 50"
+    kill -USR1 $pid
+    wait_pid $pid 60
+    rc=$?
+    [ "$rc" -ne 0 ]; ok $? "mpirun: SIGUSR1 ends the job, not as a success (mpirun's status: $rc)"
+    nm=$(sed -n "s/^dtrain: stopped at step \([0-9]*\) on SIGUSR1, checkpointed in .*/\1/p" "$T/m.out")
+    ck=$(ls "$T/ckm" 2>/dev/null | tr '\n' ' ')
+    [ -n "$nm" ] && [ "$ck" = "$(printf 'step-%012d ' "$nm")" ]
+    ok $? "mpirun: the ranks stopped at one step and checkpointed there (step ${nm:-none}; ${ck:-no checkpoint})"
+    [ -n "$nm" ] || sed 's/^/#   /' "$T/m.err" | tail -10
+    [ ! -e "$T/mstopped.st" ]; ok $? "mpirun: no --save weights from the stopped run"
+    (mpirun_train --resume auto --save "$T/mresumed.st" > "$T/mr.out" 2> "$T/mr.err") &
+    wait_pid $! 300
+    ok $? "mpirun: --resume auto continues it to the end"
+    ok_grep "$T/mr.out" "resumed from .*step-0*${nm:-x}" "mpirun: it resumed from the step it stopped at"
+    cmp -s "$T/ref.st" "$T/mresumed.st"; ok $? "mpirun: stopped and resumed, the uninterrupted run's weight bytes"
+else
+    skip "no Open MPI mpirun (MPIRUN=${MPIRUN:-empty})"
+fi
 
 # a second SIGTERM to dtrun kills at once, long before the default grace of 30 s: ranks
 # that take their time over the first (each says it got it, then goes on)

@@ -13,7 +13,7 @@
  * rank trains its share of each global batch (train.h). Only rank 0 prints,
  * writes metrics and saves weights; errors name the rank that speaks.
  * Exit codes: 0 success, 2 bad input (flags, files, specs), 1 runtime failure,
- * 75 (EX_TEMPFAIL) `train` stopped on SIGTERM after a checkpoint: resume later.
+ * 75 (EX_TEMPFAIL) `train` stopped on SIGTERM or SIGUSR1 after a checkpoint: resume later.
  */
 #include "config.h"   /* _GNU_SOURCE: sched_getaffinity */
 
@@ -553,16 +553,18 @@ static void on_event(void *ctx, const dt_train_event *ev) {
 /* ---- train ----------------------------------------------------------------------------- */
 
 /* Preemption. Slurm, Kubernetes and dtrun send SIGTERM some time (a grace period) before
- * SIGKILL. The handler only sets this flag (async-signal-safe); the trainer reads it at
- * each step's end, where the ranks agree on it, so every rank stops after the same step
- * and writes the checkpoint there (dt_train_opts.stop_request). SA_RESETHAND: a second
- * SIGTERM takes its default action and ends the process at once. SA_RESTART, and every
- * wait of the library retries on EINTR, so the signal interrupts no read or write. */
+ * SIGKILL; SIGUSR1 asks the same ahead of time (Slurm's --signal=USR1@SECONDS before a
+ * time limit; Open MPI's mpirun forwards it at once, where it delivers SIGTERM only at
+ * its kill, a second before SIGKILL). The handler only records the signal
+ * (async-signal-safe); the trainer reads it at each step's end, where the ranks agree on
+ * it, so every rank stops after the same step and writes the checkpoint there
+ * (dt_train_opts.stop_request). SA_RESETHAND: a second one takes its default action and
+ * ends the process at once. SA_RESTART, and every wait of the library retries on EINTR,
+ * so the signal interrupts no read or write. */
 static volatile sig_atomic_t g_sigterm = 0;
 
 static void on_sigterm(int sig) {
-    (void)sig;
-    g_sigterm = 1;
+    g_sigterm = sig;
 }
 
 static void catch_sigterm(void) {
@@ -572,6 +574,7 @@ static void catch_sigterm(void) {
     sa.sa_flags = SA_RESTART | SA_RESETHAND;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
 }
 
 /* The exit status of a run stopped on SIGTERM after its checkpoint: EX_TEMPFAIL of
@@ -680,12 +683,14 @@ static int cmd_train(int argc, char **argv) {
         mems[0] = res.mem;
     if (s == DT_OK && g_rank == 0) {
         show_memory(&rep, mems, g_world, res.steps);
+        /* the signal this rank got (another rank's, which the ranks agreed on: SIGTERM) */
+        const char *sig = g_sigterm == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
         if (res.stopped == 2 && o.ckpt_dir)
-            printf("dtrain: stopped at step %lld on SIGTERM, checkpointed in %s; resume with --resume auto\n",
-                   (long long)res.steps, o.ckpt_dir);
+            printf("dtrain: stopped at step %lld on %s, checkpointed in %s; resume with --resume auto\n",
+                   (long long)res.steps, sig, o.ckpt_dir);
         else if (res.stopped == 2)
-            printf("dtrain: stopped at step %lld on SIGTERM; without --checkpoint-dir there is nothing to "
-                   "resume from\n", (long long)res.steps);
+            printf("dtrain: stopped at step %lld on %s; without --checkpoint-dir there is nothing to "
+                   "resume from\n", (long long)res.steps, sig);
         else if (res.stopped)
             printf("dtrain: stopped at step %lld as asked (--stop-at); resume with --resume auto\n",
                    (long long)res.steps);

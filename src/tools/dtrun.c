@@ -113,11 +113,12 @@ static const char usage[] =
 "  dtrun: rank K (pid P) failed first: exit code C   (or: killed by signal SIGNAME)\n"
 "  dtrun:   on node R (host), local rank L, at TIME, attempt A of K+1\n"
 "  dtrun:   last lines of its stderr: ...\n"
-"With --max-restarts K every rank is then started again, up to K times. SIGINT, SIGTERM\n"
-"and SIGHUP sent to a dtrun are forwarded to its ranks, once to each (a second one, or\n"
-"the end of --grace, sends SIGKILL), and end the job on every node, without restart;\n"
-"dtrun waits for its ranks before it exits. dtrain train takes SIGTERM as preemption:\n"
-"every rank finishes its step, the checkpoint is written, and the ranks exit 75.\n"
+"With --max-restarts K every rank is then started again, up to K times. SIGINT, SIGTERM,\n"
+"SIGHUP and SIGUSR1 sent to a dtrun are forwarded to its ranks, once to each (a second\n"
+"one, or the end of --grace, sends SIGKILL), and end the job on every node, without\n"
+"restart; dtrun waits for its ranks before it exits. dtrain train takes SIGTERM and\n"
+"SIGUSR1 as preemption: every rank finishes its step, the checkpoint is written, and the\n"
+"ranks exit 75.\n"
 "Ranks run in their own process group, with what they start, and are killed if dtrun\n"
 "dies, also by SIGKILL: a process named dtrun-watch leads the group and ends it then.\n"
 "\n"
@@ -127,7 +128,7 @@ static const char usage[] =
 "  128+S    the first rank to fail was killed by signal S, or a dtrun of the job was\n"
 "           stopped by signal S (130 for SIGINT)\n"
 "  E        stopped by a signal, one node: every rank exited by itself with status E\n"
-"           (dtrain train on SIGTERM: 75, checkpointed; resume with --resume auto)\n"
+"           (dtrain train on SIGTERM or SIGUSR1: 75, checkpointed; --resume auto)\n"
 "  1        dtrun could not start the job, or a node was lost\n"
 "  2        bad command line, or nodes that disagree\n"
 "\n"
@@ -456,6 +457,7 @@ int main(int argc, char **argv) {
     sigaddset(&mask, SIGINT);
     sigaddset(&mask, SIGTERM);
     sigaddset(&mask, SIGHUP);
+    sigaddset(&mask, SIGUSR1);
     if (sigprocmask(SIG_BLOCK, &mask, NULL) != 0) {
         dtrun_say(&job, "sigprocmask: %s", strerror(errno));
         goto out;
@@ -471,6 +473,7 @@ int main(int argc, char **argv) {
      * it, so restore the default (it stays blocked). SIGHUP ignored by nohup stays so. */
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    signal(SIGUSR1, SIG_DFL);
 
     /* the layout of a single node, and of a fixed multi-node job until node 0 says it */
     job.world = cfg.nnodes * cfg.nproc;

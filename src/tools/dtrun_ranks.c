@@ -19,7 +19,7 @@
  * nothing in /dev/shm.
  *
  * Everything runs in one thread with poll(): rank output pipes, a signalfd for SIGCHLD,
- * SIGINT, SIGTERM and SIGHUP (no signal-handler reentrancy), and on several nodes the
+ * SIGINT, SIGTERM, SIGHUP and SIGUSR1 (no signal-handler reentrancy), and on several nodes the
  * connections of the rendezvous (dtrun_rdzv.c).
  */
 #include "config.h"
@@ -202,6 +202,7 @@ static void watcher_run(int rfd, int wfd) {
     signal(SIGINT, SIG_IGN);
     signal(SIGTERM, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
+    signal(SIGUSR1, SIG_IGN);
     signal(SIGPIPE, SIG_IGN);
     sigset_t none;
     sigemptyset(&none);
