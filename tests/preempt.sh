@@ -58,32 +58,32 @@ ok $? "--resume auto continues the stopped run to the end"
 ok_grep "$T/b.out" "resumed from .*step-0*${n:-x}" "it resumed from the step it stopped at"
 cmp -s "$T/ref.st" "$T/resumed.st"; ok $? "stopped and resumed: the same weight bytes as the uninterrupted run"
 
+# stopped SIG OUT PREFIX CK CMD...: CMD (a launcher and dtrain, or dtrain) runs the shared
+# run with --checkpoint-dir CK in the background, gets SIG once it logged step 50 (lines
+# prefixed PREFIX); sets rc to its status and n to the step it says it stopped at
+stopped() {
+    sig=$1 out=$2 pre=$3 ck=$4; shift 4
+    "$@" train --data $DATA --model "$MODEL" --batch 64 --epochs 200 --steps $STEPS --no-eval --log-every 50 \
+        --threads 1 --metrics "$T/$tok/$sig.jsonl" --checkpoint-dir "$ck" --checkpoint-every 100000 > "$out" 2>&1 &
+    pid=$!
+    wait_line "$out" "^${pre}epoch [0-9/]+  step 50/$STEPS"
+    kill -$sig $pid
+    wait_pid $pid 60
+    rc=$?
+    n=$(sed -n "s/^${pre}dtrain: stopped at step \([0-9]*\) on SIG$sig, checkpointed in .*/\1/p" "$out")
+}
+
 # one process, no launcher: SIGTERM to dtrain itself
-"$D" train --data $DATA --model "$MODEL" --batch 64 --epochs 200 --steps $STEPS --no-eval --log-every 50 --threads 1 \
-    --metrics "$T/$tok/m1.jsonl" --checkpoint-dir "$T/ck1" --checkpoint-every 100000 > "$T/c.out" 2>&1 &
-pid=$!
-wait_line "$T/c.out" "^epoch [0-9/]+  step 50/$STEPS"
-kill -TERM $pid
-wait_pid $pid 60
-rc=$?
+stopped TERM "$T/c.out" "" "$T/ck1" "$D"
 [ "$rc" -eq 75 ]; ok $? "one process: SIGTERM ends it with 75 (got $rc)"
-n1=$(sed -n "s/^dtrain: stopped at step \([0-9]*\) on SIGTERM.*/\1/p" "$T/c.out")
-[ -n "$n1" ] && [ -d "$T/ck1/$(printf 'step-%012d' "$n1")" ]
-ok $? "one process: checkpointed at the step it stopped (${n1:-none})"
+[ -n "$n" ] && [ -d "$T/ck1/$(printf 'step-%012d' "$n")" ]
+ok $? "one process: checkpointed at the step it stopped (${n:-none})"
 
 # SIGUSR1 to dtrun (Slurm's --signal=USR1@SECONDS before a time limit): forwarded, the same stop
-"$DTRUN" -n 2 "$D" train --data $DATA --model "$MODEL" --batch 64 --epochs 200 --steps $STEPS \
-    --no-eval --log-every 50 --threads 1 --metrics "$T/$tok/mu.jsonl" --checkpoint-dir "$T/cku" \
-    --checkpoint-every 100000 > "$T/u.out" 2> "$T/u.err" &
-pid=$!
-wait_line "$T/u.out" "^\[rank0\]:epoch [0-9/]+  step 50/$STEPS"
-kill -USR1 $pid
-wait_pid $pid 60
-rc=$?
+stopped USR1 "$T/u.out" "\[rank0\]:" "$T/cku" "$DTRUN" -n 2 "$D"
 [ "$rc" -eq 75 ]; ok $? "SIGUSR1 to dtrun: the ranks stop by themselves, exit 75 (got $rc)"
-nu=$(sed -n "s/^\[rank0\]:dtrain: stopped at step \([0-9]*\) on SIGUSR1, checkpointed in .*/\1/p" "$T/u.out")
-[ -n "$nu" ] && [ -d "$T/cku/$(printf 'step-%012d' "$nu")" ]
-ok $? "SIGUSR1 to dtrun: rank 0 names the signal, checkpointed at the step it stopped (${nu:-none})"
+[ -n "$n" ] && [ -d "$T/cku/$(printf 'step-%012d' "$n")" ]
+ok $? "SIGUSR1 to dtrun: rank 0 names the signal, checkpointed at the step it stopped (${n:-none})"
 
 # under Open MPI's mpirun: SIGUSR1 to mpirun, which forwards it to the ranks at once (a
 # SIGTERM it delivers only as it kills the job, one second before SIGKILL); the ranks
