@@ -7,7 +7,8 @@
 # cpu.sbatch (srun, one task per rank) and dtrun.sbatch (one dtrun per node) with
 # sbatch, runs `srun -n 2 dtrain train` directly (no MASTER_ADDR/MASTER_PORT anywhere:
 # Slurm's variables give the rendezvous), waits for the jobs with a bounded loop and
-# checks what they wrote. Every daemon it started is stopped on exit. Skips, saying
+# checks what they wrote; scancel preempts an srun job, which stops with its checkpoint
+# and resumes to the uninterrupted weights. Every daemon it started is stopped on exit. Skips, saying
 # why, without root, the packages, or 2 CPUs.
 . "$DT_SRCDIR/tests/tap.sh"
 [ "$(id -u)" -eq 0 ] || skip_all "needs root to run slurmctld, slurmd and munged"
@@ -165,6 +166,34 @@ ok_grep "$tmp/out/dtrun.out" '^\[rank0\]:dtrain: done: 16 steps' "dtrun.sbatch: 
 
 test -z "$(ls -A "$tmp" | grep '^\.dtrain-secret-')"
 ok $? "the scripts removed their job secret files"
+
+# preemption under srun: scancel has Slurm send every task SIGTERM (SIGKILL KillWait
+# later); the ranks stop after one step with the checkpoint, and srun --resume auto ends
+# the run with the weights of one never interrupted (run under dtrun: no launcher
+# changes a bit)
+pre() {   # pre CKDIR EXTRA CMD...: the run (about 1.3 ms a step: the signal comes long before its end)
+    ck=$1 extra=$2; shift 2
+    "$@" train --data synthetic:2048,1,16,16,4 --model "flatten linear(512) relu linear(512) relu linear(4)" \
+        --batch 64 --epochs 200 --steps 4000 --no-eval --log-every 50 --threads 1 --checkpoint-dir "$ck" \
+        --checkpoint-every 100000 $extra
+}
+pre "$tmp/ckr" "--save $tmp/pref.st" timeout 120 "$DT_BUILDDIR/dtrun" -n 2 "$DTRAIN" > "$tmp/pref.out" 2>&1
+ok $? "the uninterrupted run (dtrun -n 2)"
+pre "$tmp/ckp" "--save $tmp/pstop.st" timeout 120 srun -n 2 -J dtpreempt "$DTRAIN" > "$tmp/pre.out" 2>&1 &
+spid=$!
+wait_line "$tmp/pre.out" "^epoch [0-9/]+  step 50/4000"
+jid=$(squeue -h -n dtpreempt -o %i 2>/dev/null | head -1)
+[ -n "$jid" ] && jobs="$jobs $jid"
+timeout 20 scancel "${jid:-none}"
+ok $? "scancel the srun job (${jid:-not found}) once it logged step 50"
+wait_pid $spid 60
+n=$(sed -n "s/^dtrain: stopped at step \([0-9]*\) on SIGTERM, checkpointed in .*/\1/p" "$tmp/pre.out")
+[ -n "$n" ] && [ "$(ls "$tmp/ckp" 2>/dev/null)" = "$(printf 'step-%012d' "$n")" ] && [ ! -e "$tmp/pstop.st" ]
+ok $? "srun: every task stopped after step ${n:-none} with the checkpoint there, no --save"
+[ -n "$n" ] || sed 's/^/#   /' "$tmp/pre.out" | tail -8
+pre "$tmp/ckp" "--resume auto --save $tmp/pres.st" timeout 120 srun -n 2 "$DTRAIN" > "$tmp/pres.out" 2>&1
+ok $? "srun -n 2 --resume auto continues it to the end"
+cmp -s "$tmp/pref.st" "$tmp/pres.st"; ok $? "srun: stopped and resumed, the uninterrupted run's weight bytes"
 
 # a failing job: srun ends every task and the job fails
 id=$(submit cpu.sbatch bad --export=ALL,DTRAIN=/bin/false)
