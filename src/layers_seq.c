@@ -149,6 +149,7 @@ typedef struct {
     int block;       /* the longest sequence (0: any): the window of token data */
     int K, tw, tb, tow, tob;   /* key/value heads; tensor indices (-1: none) */
     float *qkv, *att, *lse, *datt, *dqkv;
+    uint16_t *qkv16, *att16;   /* in low precision: qkv and att kept (they are rounded), the f32 ones scratch */
     float *cache;    /* decoding: (rows, 2KD), the k then v heads of positions 0..rows-1 */
     int cache_rows;
 } attn_self;
@@ -243,8 +244,16 @@ static dt_status attn_infer(dt_layer *L, dt_shape *out) {
 static dt_status attn_alloc(dt_layer_mem *a, dt_layer *L, int max_batch) {
     attn_self *s = LAYER_SELF(attn_self, L);
     size_t bt = (size_t)max_batch * (size_t)attn_T(L), C = (size_t)attn_C(L), W = (size_t)attn_W(L);
-    DT_TRY(dt_layer_mem_take(a, L, (void **)&s->qkv, bt * W * sizeof(float)));
-    DT_TRY(dt_layer_mem_take(a, L, (void **)&s->att, bt * C * sizeof(float)));
+    s->qkv16 = s->att16 = NULL;
+    if (L->lp16) {   /* qkv and att are rounded: kept in 16 bits, f32 while the layer runs */
+        DT_TRY(dt_layer_mem_take(a, L, (void **)&s->qkv16, bt * W * sizeof(uint16_t)));
+        DT_TRY(dt_layer_mem_take(a, L, (void **)&s->att16, bt * C * sizeof(uint16_t)));
+        DT_TRY(dt_layer_scratch_take(a, L, DT_SCRATCH_PASS, (void **)&s->qkv, bt * W * sizeof(float)));
+        DT_TRY(dt_layer_scratch_take(a, L, DT_SCRATCH_PASS, (void **)&s->att, bt * C * sizeof(float)));
+    } else {
+        DT_TRY(dt_layer_mem_take(a, L, (void **)&s->qkv, bt * W * sizeof(float)));
+        DT_TRY(dt_layer_mem_take(a, L, (void **)&s->att, bt * C * sizeof(float)));
+    }
     DT_TRY(dt_layer_mem_take(a, L, (void **)&s->lse, bt * (size_t)s->heads * sizeof(float)));
     DT_TRY(dt_layer_scratch_take(a, L, DT_SCRATCH_PASS, (void **)&s->datt, bt * C * sizeof(float)));
     return dt_layer_scratch_take(a, L, DT_SCRATCH_PASS, (void **)&s->dqkv, bt * W * sizeof(float));
@@ -319,6 +328,10 @@ static dt_status attn_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, i
     if (c->decode) DT_TRY(attn_decode_step(c, L, B));
     else DT_TRY(o->attn_forward(s->att, s->lse, s->qkv, B, T, s->heads, s->K, D));
     DT_TRY(layer_lp_round(c, s->att, (size_t)rows * (size_t)C));
+    if (s->qkv16 && !c->decode) {   /* what backward reads, kept in 16 bits */
+        DT_TRY(dt_keep16(o, L->lp16, s->qkv16, s->qkv, (size_t)rows * (size_t)W));
+        DT_TRY(dt_keep16(o, L->lp16, s->att16, s->att, (size_t)rows * (size_t)C));
+    }
     return layer_linear_forward(c, L->y, s->att, attn_ptr(c, L, s->tow), attn_ptr(c, L, s->tob), rows, C, C, 0);
 }
 
@@ -327,6 +340,10 @@ static dt_status attn_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, 
     const dt_ops *o = c->ops;
     int C = attn_C(L), T = attn_T(L), W = attn_W(L), D = attn_D(L), rows = B * T;
     float *g = c->grads;
+    if (s->qkv16) {
+        DT_TRY(dt_widen16(o, L->lp16, s->qkv, s->qkv16, (size_t)rows * (size_t)W));
+        DT_TRY(dt_widen16(o, L->lp16, s->att, s->att16, (size_t)rows * (size_t)C));
+    }
     DT_TRY(layer_linear_backward(c, s->datt, g + L->t[s->tow].offset, s->tob < 0 ? NULL : g + L->t[s->tob].offset,
                                  dy, s->att, attn_ptr(c, L, s->tow), rows, C, C));
     DT_TRY(layer_lp_round(c, s->datt, (size_t)rows * (size_t)C));

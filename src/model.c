@@ -268,19 +268,18 @@ static void fuse_layers(dt_model *m) {
         if (L->out16) L->out16 = i > 0 && m->spec.layers[i - 1].out16 == 1 ? 2 : 1;
     }
     m->head_in_place = out_unread(m, m->spec.n - 1);
+    for (int i = 0; i < m->spec.n; i++) m->spec.layers[i].lp16 = lp ? (int)m->mo.act_dtype : 0;
 }
 
 /* Forward left layer i's output in f32 scratch: keep it in 16 bits for backward. */
 static dt_status keep16(const dt_model *m, const dt_layer *L, int B) {
-    size_t n = (size_t)B * (size_t)L->out_numel;
-    return m->mo.act_dtype == DT_F16 ? m->ops->f32_to_f16(L->y16, L->y, n) : m->ops->f32_to_bf16(L->y16, L->y, n);
+    return dt_keep16(m->ops, (int)m->mo.act_dtype, L->y16, L->y, (size_t)B * (size_t)L->out_numel);
 }
 
 /* Backward needs layer i's output (the next layer's input) kept in 16 bits: widen it into
  * its f32 scratch. */
 static dt_status widen16(const dt_model *m, const dt_layer *L, int B) {
-    size_t n = (size_t)B * (size_t)L->out_numel;
-    return m->mo.act_dtype == DT_F16 ? m->ops->f16_to_f32(L->y, L->y16, n) : m->ops->bf16_to_f32(L->y, L->y16, n);
+    return dt_widen16(m->ops, (int)m->mo.act_dtype, L->y, L->y16, (size_t)B * (size_t)L->out_numel);
 }
 
 /* Where the loss's gradient goes: the head, or the last layer's output it replaces. */
@@ -714,6 +713,9 @@ dt_status dt_model_forward_range(dt_model *m, int lo, int hi, const float *x, in
     if (B <= 0 || B > m->max_batch)
         return dt_error(DT_ERR_INVALID, "model forward: batch %d outside [1, %d]", B, m->max_batch);
     if (!x) return dt_error(DT_ERR_INVALID, "model forward: NULL input");
+    if (m->mo.act_dtype != DT_F32 && dt_lowp_dtype(m->lp) != m->mo.act_dtype)
+        return dt_error(DT_ERR_INVALID, "model forward: built to keep activations in %s, it runs in %s only "
+                        "(dt_model_set_precision)", dt_dtype_name(m->mo.act_dtype), dt_dtype_name(m->mo.act_dtype));
     m->epoch = (uint32_t)epoch;
     m->sample0 = (uint64_t)sample_base;
     m->x = x;

@@ -7,6 +7,7 @@
  * Nothing here touches tensor data: every numeric step is a dt_ops call made
  * by a row, so the CUDA backend reuses this code as it is (docs/DESIGN.md rule 1).
  */
+#include "dtype.h"
 #include "layers.h"
 #include "mem.h"
 
@@ -248,6 +249,14 @@ void dt_layer_free(const dt_ops *ops, dt_layer *L) {
     L->nown = 0;
     L->y = L->out_ptr = NULL;
     L->y16 = NULL;
+}
+
+dt_status dt_keep16(const dt_ops *o, int t, uint16_t *dst, const float *src, size_t n) {
+    return t == DT_F16 ? o->f32_to_f16(dst, src, n) : o->f32_to_bf16(dst, src, n);
+}
+
+dt_status dt_widen16(const dt_ops *o, int t, float *dst, const uint16_t *src, size_t n) {
+    return t == DT_F16 ? o->f16_to_f32(dst, src, n) : o->bf16_to_f32(dst, src, n);
 }
 
 dt_status dt_layer_init(const dt_nn_ctx *c, dt_layer *L) {

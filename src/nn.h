@@ -333,6 +333,10 @@ struct dt_layer {
      * that the next layer's forward reads, and its backward reads y16 widened there */
     int      out16;
     uint16_t *y16;
+    /* set by the model builder to DT_BF16 or DT_F16 when the model runs in that precision
+     * (0 otherwise): a row may keep saved tensors it rounds to it in 16 bits (dt_keep16)
+     * and widen them for its backward (dt_widen16) */
+    int      lp16;
     dt_layer *partner;       /* residual / residual_end: the other end of the block */
     void    *own[DT_LAYER_MAX_OWN];   /* buffers allocated for it (freed by dt_layer_free) */
     int      nown;
@@ -365,6 +369,9 @@ DT_API dt_status dt_layer_scratch_take(dt_layer_mem *a, dt_layer *L, dt_scratch_
 /* After measuring every layer into sc (most[] filled): lay the lanes out one after the
  * other in a buffer of the returned bytes; sc->base is set by the caller. */
 DT_API size_t    dt_layer_scratch_layout(dt_layer_scratch *sc);
+/* f32 values already rounded to t (DT_BF16 or DT_F16) kept in 16 bits, and back: exact. */
+DT_API dt_status dt_keep16(const dt_ops *o, int t, uint16_t *dst, const float *src, size_t n);
+DT_API dt_status dt_widen16(const dt_ops *o, int t, float *dst, const uint16_t *src, size_t n);
 /* Initialise the layer's parameters and buffers as PyTorch's defaults, drawn
  * from (seed, parameter index) with the counter-based generator. */
 DT_API dt_status dt_layer_init(const dt_nn_ctx *c, dt_layer *L);

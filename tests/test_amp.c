@@ -363,9 +363,18 @@ static void test_keep16(const dt_ops *ops) {
         }
     dt_model_opts mo;
     dt_model_opts_default(&mo);
-    mo.act_dtype = DT_I32;
+    mo.act_dtype = DT_BF16;
     dt_model *m = NULL;
     static const dt_shape flat = {1, {4, 0, 0}};
+    float x4[8] = {0};
+    if (dt_model_build_ex("ln linear(2)", &flat, ops, 1, 2, &mo, &m) == DT_OK) {
+        is_int(dt_model_forward(m, x4, 2, 1, 0, 0, NULL), DT_ERR_INVALID,
+               "a model built for bf16 activations does not run before its precision is set");
+        like(dt_last_error(), "runs in bf16 only", "... saying so");
+    }
+    dt_model_free(m);
+    m = NULL;
+    mo.act_dtype = DT_I32;
     is_int(dt_model_build_ex("linear(2)", &flat, ops, 1, 2, &mo, &m), DT_ERR_INVALID, "activations in i32 are refused");
     like(dt_last_error(), "expected f32, bf16 or f16", "... naming the choices");
 }
