@@ -268,7 +268,9 @@ static void fuse_layers(dt_model *m) {
         if (L->out16) L->out16 = i > 0 && m->spec.layers[i - 1].out16 == 1 ? 2 : 1;
     }
     m->head_in_place = out_unread(m, m->spec.n - 1);
-    for (int i = 0; i < m->spec.n; i++) m->spec.layers[i].lp16 = lp ? (int)m->mo.act_dtype : 0;
+    /* (not in a recomputed block: its arena holds one block, and the f32 working copies
+     * would be scratch on top) */
+    for (int i = 0; i < m->spec.n; i++) m->spec.layers[i].lp16 = lp && m->block_of[i] < 0 ? (int)m->mo.act_dtype : 0;
 }
 
 /* Forward left layer i's output in f32 scratch: keep it in 16 bits for backward. */

@@ -334,8 +334,8 @@ struct dt_layer {
     int      out16;
     uint16_t *y16;
     /* set by the model builder to DT_BF16 or DT_F16 when the model runs in that precision
-     * (0 otherwise): a row may keep saved tensors it rounds to it in 16 bits (dt_keep16)
-     * and widen them for its backward (dt_widen16) */
+     * and the layer is not recomputed (0 otherwise): a row may keep saved tensors it
+     * rounds to it in 16 bits (dt_keep16) and widen them for its backward (dt_widen16) */
     int      lp16;
     dt_layer *partner;       /* residual / residual_end: the other end of the block */
     void    *own[DT_LAYER_MAX_OWN];   /* buffers allocated for it (freed by dt_layer_free) */
