@@ -152,7 +152,7 @@ const dt_layer_def dt_layer_def_bn = {
 /* ---- layer norm over the last dimension ------------------------------------
  * tensors: 0 weight (cols), 1 bias (cols); save = [mean | rstd], (rows) each. */
 
-typedef struct { float *save, *dx_scratch; } ln_self;
+typedef struct { float *save; } ln_self;
 
 static int64_t ln_cols(const dt_layer *L) { return L->in.d[L->in.ndim - 1]; }
 static int64_t ln_rows(const dt_layer *L) { return L->in_numel / ln_cols(L); }
@@ -165,10 +165,8 @@ static dt_status ln_infer(dt_layer *L, dt_shape *out) {
 }
 
 static dt_status ln_alloc(dt_layer_mem *a, dt_layer *L, int max_batch) {
-    ln_self *s = LAYER_SELF(ln_self, L);
-    DT_TRY(dt_layer_scratch_take(a, L, DT_SCRATCH_PASS, (void **)&s->dx_scratch,
-                                 (size_t)max_batch * (size_t)L->in_numel * sizeof(float)));
-    return dt_layer_mem_take(a, L, (void **)&s->save, 2 * (size_t)max_batch * (size_t)ln_rows(L) * sizeof(float));
+    return dt_layer_mem_take(a, L, (void **)&LAYER_SELF(ln_self, L)->save,
+                             2 * (size_t)max_batch * (size_t)ln_rows(L) * sizeof(float));
 }
 
 static dt_status ln_init(const dt_nn_ctx *c, dt_layer *L) {
@@ -185,12 +183,12 @@ static dt_status ln_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, int
 
 static dt_status ln_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, const float *dy,
                              float *dx, int B) {
-    ln_self *s = LAYER_SELF(ln_self, L);
-    float *save = s->save;
+    float *save = LAYER_SELF(ln_self, L)->save;
     int cols = (int)ln_cols(L), rows = (int)((int64_t)B * ln_rows(L));
-    /* the kernel always writes dx: scratch when the caller does not want it (the output
-     * may hold the loss's gradient or a residual block's sum) */
-    return c->ops->layernorm_backward(dx ? dx : s->dx_scratch, c->grads + L->t[0].offset, c->grads + L->t[1].offset,
+    /* the kernel always writes dx; use the output buffer as scratch when the caller does
+     * not want it (the first layer of a range: its output is dead in backward, and it is
+     * not the loss's gradient, which a model of one layer keeps in the head) */
+    return c->ops->layernorm_backward(dx ? dx : L->y, c->grads + L->t[0].offset, c->grads + L->t[1].offset,
                                       dy, x, save, save + rows, dt_layer_tensor_ptr(c, L, 0), rows, cols);
 }
 

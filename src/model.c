@@ -267,7 +267,8 @@ static void fuse_layers(dt_model *m) {
                    m->mod_first[i] == m->mod_first[i + 1];
         if (L->out16) L->out16 = i > 0 && m->spec.layers[i - 1].out16 == 1 ? 2 : 1;
     }
-    m->head_in_place = out_unread(m, m->spec.n - 1);
+    /* (not for one layer: a layer norm that is also the first writes over its output) */
+    m->head_in_place = m->spec.n > 1 && out_unread(m, m->spec.n - 1);
     /* (not in a recomputed block: its arena holds one block, and the f32 working copies
      * would be scratch on top) */
     for (int i = 0; i < m->spec.n; i++) m->spec.layers[i].lp16 = lp && m->block_of[i] < 0 ? (int)m->mo.act_dtype : 0;
@@ -332,10 +333,14 @@ static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
     if (!m->head_in_place) DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->head, outb));
     DT_TRY(take(m, mi, DT_MEM_OTHER, (void **)&m->scalar, 2 * sizeof(float)));
 
-    /* the layers' scratch: each lane as large as the layer that takes the most of it */
+    /* the layers' scratch: each lane as large as the layer that takes the most of it. Not
+     * for the layers of recomputed blocks: their arena holds one block's layers at a time,
+     * and their scratch with them (a shared lane would add the largest block's scratch to
+     * the largest block's activations, often two different blocks) */
     memset(&m->scr, 0, sizeof m->scr);
     dt_layer_mem probe = {.ops = m->ops, .measure = 1, .scratch = &m->scr};
-    for (int i = 0; i < m->spec.n; i++) DT_TRY(dt_layer_alloc_in(&probe, &probe, &m->spec.layers[i], max_batch));
+    for (int i = 0; i < m->spec.n; i++)
+        if (m->block_of[i] < 0) DT_TRY(dt_layer_alloc_in(&probe, &probe, &m->spec.layers[i], max_batch));
     DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->scratch, dt_layer_scratch_layout(&m->scr)));
     m->scr.base = m->scratch;
 
@@ -343,15 +348,15 @@ static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
      * the closing row's state; the closing row's output is the block's, kept) */
     size_t arena = 0;
     for (int b = 0; m->mo.recompute && b < m->nblocks; b++) {
-        dt_layer_mem a = {.ops = m->ops, .in_arena = 1, .measure = 1, .scratch = &m->scr};
+        dt_layer_mem a = {.ops = m->ops, .in_arena = 1, .measure = 1};
         int start = m->blocks[b][0], end = m->blocks[b][1];
-        dt_layer_mem none = {.ops = m->ops, .measure = 1, .scratch = &m->scr};
+        dt_layer_mem none = {.ops = m->ops, .measure = 1};
         for (int i = start; i <= end; i++) DT_TRY(dt_layer_alloc_in(i < end ? &a : &none, &a, &m->spec.layers[i], max_batch));
         if (a.used > arena) arena = a.used;
     }
     DT_TRY(take(m, mi, DT_MEM_ACTS, (void **)&m->arena, arena));
     dt_layer_mem own = {.ops = m->ops, .measure = measure, .scratch = &m->scr};
-    dt_layer_mem share = {.ops = m->ops, .in_arena = 1, .measure = measure, .scratch = &m->scr};
+    dt_layer_mem share = {.ops = m->ops, .in_arena = 1, .measure = measure};
     size_t block_acts = 0;
     for (int i = 0, kb = 0; i < m->spec.n; i++) {
         dt_layer *L = &m->spec.layers[i];
@@ -360,7 +365,7 @@ static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
         if (b < 0) DT_TRY(dt_layer_alloc_in(&own, &own, L, max_batch));
         else {
             if (i == m->blocks[b][0]) share = (dt_layer_mem){.ops = m->ops, .arena = m->arena, .in_arena = 1,
-                                                             .measure = measure, .scratch = &m->scr};
+                                                             .measure = measure};
             DT_TRY(dt_layer_alloc_in(i < m->blocks[b][1] ? &share : &own, &share, L, max_batch));
         }
         /* what the blocks hold: all of a block's layers, or with recompute their outputs */
@@ -372,6 +377,7 @@ static dt_status model_layout(dt_model *m, dt_model_mem *mi) {
         mi->bytes[DT_MEM_ACTS] += own.used;
         mi->block_acts = block_acts + arena;
         mi->arena = arena;
+        mi->scratch = dt_layer_scratch_layout(&m->scr);
     }
     return DT_OK;
 }
@@ -1007,8 +1013,8 @@ dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, 
         }
         if ((s = layer_hook(m, i, DT_HOOK_BWD_POST)) != DT_OK)
             return dt_error_wrap(s, "backward, layer %s '%s': ", L->name, L->text);
-        /* a block's closing row is done (its state, dskip, is scratch, outside the
-         * arena): bring the block's activations back before its layers' backward.
+        /* a block's closing row is done (its state, dskip, lies outside its layers' part
+         * of the arena): bring the block's activations back before its layers' backward.
          * After the row's POST hook, so sharding has dropped the unit that row shares
          * with the next block before this block's units are gathered again */
         int b = m->block_of[i];

@@ -149,6 +149,8 @@ typedef struct {
     size_t  block_acts;          /* activation bytes of all blocks (their layers' outputs and
                                   * state; with recompute the blocks' outputs and the arena) */
     size_t  arena;               /* recompute: bytes of the shared arena (else 0) */
+    size_t  scratch;             /* the layers' shared scratch (nn.h dt_layer_scratch; under
+                                  * recompute the blocks' scratch is in the arena instead) */
     size_t  lp_scratch;          /* mixed precision: bytes of its two scratch buffers */
     size_t  lp_scratch_rounding; /* ... the same where gemm_lp rounds its operands itself
                                   * (ops.h dt_ops_gemm_lp_rounds): no copy of the weights then */
