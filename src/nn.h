@@ -126,7 +126,8 @@ typedef struct dt_layer_def dt_layer_def;
  * them: valid from the layer's forward to the next layer's, and in backward from the
  * driver's widening to the next layer's backward. A model sizes each lane by the layer
  * that takes the most and keeps one buffer for all (dt_layer_scratch); a layer alone
- * (no scratch given) owns its pieces. */
+ * (no scratch given) owns its pieces, and so do the layers of recomputed blocks, in the
+ * arena that holds one block at a time. */
 typedef enum { DT_SCRATCH_PASS, DT_SCRATCH_STAGE0, DT_SCRATCH_STAGE1, DT_SCRATCH_BLOCK } dt_scratch_kind;
 #define DT_SCRATCH_LANES (3 + DT_LAYER_MAX_DEPTH)
 typedef struct {
