@@ -16,6 +16,7 @@ static const char *const fault_names[] = {
     [DT_FAULT_LR_RANK1] = "lr-rank1",
     [DT_FAULT_GRAD_INF] = "grad-inf",     /* takes ":N", the step */
     [DT_FAULT_THREADS_FLIP] = "threads-flip",
+    [DT_FAULT_SEAL_FLIP] = "seal-flip",   /* takes ":N", the record */
 };
 
 dt_status dt_testing_set_fault(const char *name) {
@@ -25,7 +26,7 @@ dt_status dt_testing_set_fault(const char *name) {
     size_t len = strcspn(name, ":");
     for (size_t i = 1; i < sizeof fault_names / sizeof fault_names[0]; i++) {
         if (strlen(fault_names[i]) != len || strncmp(name, fault_names[i], len) != 0) continue;
-        int wants_step = i == DT_FAULT_GRAD_INF;
+        int wants_step = i == DT_FAULT_GRAD_INF || i == DT_FAULT_SEAL_FLIP;
         if (wants_step) {
             char *end = NULL;
             long long n = name[len] == ':' ? strtoll(name + len + 1, &end, 10) : 0;
@@ -38,7 +39,7 @@ dt_status dt_testing_set_fault(const char *name) {
         return DT_OK;
     }
     return dt_error(DT_ERR_INVALID, "planted fault '%s': expected sampler-epoch, skip-allreduce, lr-rank1, "
-                    "grad-inf:STEP or threads-flip", name);
+                    "grad-inf:STEP, threads-flip or seal-flip:RECORD", name);
 }
 
 dt_fault  dt_testing_fault(void) { return g_fault; }

@@ -23,6 +23,9 @@ typedef enum {
                                 * inf in its summed gradient (a planted fp16 overflow) */
     DT_FAULT_THREADS_FLIP,     /* "threads-flip": the thread tuner (tuner.h) sets another count at
                                 * every step, 1 to N in turn; not a bug: the bits must not change */
+    DT_FAULT_SEAL_FLIP,        /* "seal-flip:N": with --secure-transport, the last rank flips a bit of
+                                * the Nth record it seals on each connection, after sealing it (an
+                                * attacker on the wire): its peers must refuse it, naming the rank */
 } dt_fault;
 
 /* Plant the fault with this name (NULL or "": none). DT_ERR_INVALID listing the
@@ -30,7 +33,8 @@ typedef enum {
 dt_status dt_testing_set_fault(const char *name);
 /* The planted fault, DT_FAULT_NONE unless a test set one. */
 dt_fault  dt_testing_fault(void);
-/* The step a fault with a step names ("grad-inf:N": N), 0 for the others. */
+/* The step a fault with a step names ("grad-inf:N": N; "seal-flip:N": the record), 0 for
+ * the others. */
 long long dt_testing_fault_step(void);
 
 /* The checkpoint fuzz target (tests/fuzz/fuzz_ckpt.c) feeds files whose checksums it

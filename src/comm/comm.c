@@ -18,6 +18,7 @@
 #include "comm_impl.h"
 #include "launch_env.h"
 #include "reduce.h"
+#include "seal.h"
 #include "clock.h"
 #include "trace.h"
 
@@ -113,9 +114,12 @@ void dt_comm_opts_default(dt_comm_opts *o) {
     o->timeout_s = 0;
     o->job_id = NULL;
     o->deterministic = -1;
+    o->secure = NULL;
 }
 
 double dt_comm_timeout(const dt_comm *c) { return c->timeout_s; }
+
+const char *dt_comm_secure(const dt_comm *c) { return c->secure_desc[0] ? c->secure_desc : "off"; }
 
 static dt_status env_timeout(double *out) {
     const char *v = getenv("DT_TIMEOUT");
@@ -202,6 +206,14 @@ dt_status dt_comm_init(const dt_comm_opts *opts, dt_comm **out) {
     if (s == DT_OK) {
         const char *d = getenv("DT_DETERMINISTIC");
         c->deterministic = opts->deterministic >= 0 ? opts->deterministic : (d && *d && strcmp(d, "0") != 0);
+        const char *sec = opts->secure && *opts->secure ? opts->secure : getenv("DT_SECURE");
+        s = dt_seal_parse(sec, &c->secure);
+        if (s == DT_OK && c->secure != DT_SEAL_OFF && strcmp(b->name, "tcp") != 0)
+            s = dt_error(DT_ERR_UNSUPPORTED, "secure transport (%s) seals the tcp backend's traffic only; the %s "
+                         "backend's cannot be: use --backend tcp, or secure transport off", dt_seal_name(c->secure),
+                         b->name);
+    }
+    if (s == DT_OK) {
         s = b->init(c, opts);
     }
     if (s != DT_OK) {

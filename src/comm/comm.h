@@ -78,6 +78,9 @@ typedef struct {
     double      timeout_s;     /* <= 0: $DT_TIMEOUT (seconds) or 600 */
     const char *job_id;        /* NULL: the launch environment's job id ("" if none) */
     int         deterministic; /* -1: $DT_DETERMINISTIC (mpi/nccl: use dtrain's own tree) */
+    const char *secure;        /* tcp: seal the frames between ranks after the handshake, "off",
+                                * "auth" (integrity) or "encrypt" (and secrecy); NULL: $DT_SECURE
+                                * or off (docs/security.md; every rank the same) */
 } dt_comm_opts;
 
 /* Defaults: every field "from the environment". */
@@ -102,6 +105,9 @@ DT_API const char *dt_comm_library   (const dt_comm *c, char *buf, size_t n);
  * "mpirun HOST:PORT" (mpirun set no MASTER_ADDR/MASTER_PORT: rank 0's store address went
  * through MPI, see README), "MPI_COMM_WORLD" (mpi backend); "" for a world of one. */
 DT_API const char *dt_comm_rendezvous(const dt_comm *c);
+/* How the traffic between ranks is sealed (dt_comm_opts.secure): "off", or the mode and
+ * the cipher, "encrypt (AES-256-GCM)" (both ciphers named where the pairs differ). */
+DT_API const char *dt_comm_secure(const dt_comm *c);
 DT_API int         dt_comm_device_buffers(const dt_comm *c);     /* 1: takes device (GPU) buffers (nccl; host ones too) */
 DT_API const char *dt_comm_host      (const dt_comm *c, int rank);   /* that rank's host name; NULL if out of range */
 DT_API dt_status   dt_comm_set_timeout(dt_comm *c, double seconds);  /* for later calls; > 0 */

@@ -123,6 +123,8 @@ struct dt_comm {
     double            timeout_s;
     char              job_id[128];
     int               deterministic;
+    int               secure;       /* DT_SEAL_* (seal.h): the tcp backend seals its sockets' traffic */
+    char              secure_desc[64]; /* dt_comm_secure; "" is "off" */
     char              rendezvous[320]; /* how the ranks met (dt_comm_rendezvous), set by init */
     uint64_t          seq;          /* collectives issued so far (comm.c increments) */
     uint32_t          ctx;          /* context id: 0 for the world, unique per split */

@@ -39,9 +39,11 @@
 #include "rdzv_file.h"
 #include "sock.h"
 #include "gate.h"
+#include "testing.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sodium.h>
 #include <poll.h>
 #include <pwd.h>
 #include <stdio.h>
@@ -545,6 +547,87 @@ static dt_status build_mesh(tcp_world *w, const reg_t *regs, int lfd, const char
     return DT_OK;
 }
 
+/* ---- sealing (seal.h) --------------------------------------------------------------------- */
+
+#define SK_MAGIC 0x4b534454u   /* "DTSK": how a rank seals, and its nonce for the keys */
+#define SK_BYTES (16 + DT_SEAL_NONCE)
+#define SC_MAGIC 0x43534454u   /* "DTSC": the first sealed record each way */
+
+/* After the mesh, every pair says how it seals its traffic (every rank must say the
+ * same; also with sealing off, so that a rank that seals and one that does not are named
+ * rather than left waiting) and, sealing, sends a fresh nonce for the connection's keys.
+ * The first sealed record each way then proves that both ends hold the same keys: a
+ * wrong secret or an altered exchange fails here, naming the peer. */
+static dt_status seal_mesh(tcp_world *w, dt_comm *c, const reg_t *regs, double deadline) {
+    int mode = c->secure;
+    int aes = mode != DT_SEAL_OFF && dt_seal_have_aes();
+    unsigned char *mine = calloc((size_t)w->size, DT_SEAL_NONCE);
+    if (!mine) return dt_error(DT_ERR_NOMEM, "out of memory");
+    dt_status s = DT_OK;
+    for (int j = 0; s == DT_OK && j < w->size; j++) {
+        if (j == w->rank) continue;
+        unsigned char m[SK_BYTES];
+        dt_put32(m, SK_MAGIC);
+        dt_put32(m + 4, 1);
+        dt_put32(m + 8, (unsigned)mode);
+        dt_put32(m + 12, (unsigned)aes);
+        if (mode != DT_SEAL_OFF) s = random_bytes(mine + (size_t)j * DT_SEAL_NONCE, DT_SEAL_NONCE);
+        memcpy(m + 16, mine + (size_t)j * DT_SEAL_NONCE, DT_SEAL_NONCE);
+        if (s == DT_OK) s = dt_sock_write_all(w->peers[j].fd, m, sizeof m, deadline);
+        if (s != DT_OK) dt_error_wrap(s, "secure transport with rank %d (%s:%d): ", j, regs[j].host, regs[j].pid);
+    }
+    for (int j = 0; s == DT_OK && j < w->size; j++) {
+        if (j == w->rank) continue;
+        unsigned char m[SK_BYTES];
+        s = dt_sock_read_all(w->peers[j].fd, m, sizeof m, deadline);
+        if (s != DT_OK) {
+            dt_error_wrap(s, "secure transport with rank %d (%s:%d): ", j, regs[j].host, regs[j].pid);
+            break;
+        }
+        unsigned theirs = dt_get32(m + 8);
+        if (dt_get32(m) != SK_MAGIC || dt_get32(m + 4) != 1)
+            s = dt_error(DT_ERR_PEER, "rank %d (%s:%d) sent no secure transport message after the handshake", j,
+                         regs[j].host, regs[j].pid);
+        else if (theirs != (unsigned)mode)
+            s = dt_error(DT_ERR_MISMATCH, "rank %d (%s:%d) runs with secure transport %s, this rank with %s: every "
+                         "rank needs the same --secure-transport (DT_SECURE)", j, regs[j].host, regs[j].pid,
+                         dt_seal_name((int)theirs), dt_seal_name(mode));
+        else if (mode != DT_SEAL_OFF)
+            s = dt_seal_new(&w->auth, mode, aes && dt_get32(m + 12) == 1, (unsigned)w->rank, (unsigned)j,
+                            mine + (size_t)j * DT_SEAL_NONCE, m + 16, &w->peers[j].seal);
+        if (s == DT_OK && mode != DT_SEAL_OFF && w->rank == w->size - 1 && dt_testing_fault() == DT_FAULT_SEAL_FLIP)
+            dt_seal_testing_flip(w->peers[j].seal, (unsigned long long)dt_testing_fault_step());
+    }
+    sodium_memzero(mine, (size_t)w->size * DT_SEAL_NONCE);
+    free(mine);
+    int naes = 0, nother = 0;
+    for (int j = 0; s == DT_OK && mode != DT_SEAL_OFF && j < w->size; j++)
+        if (w->peers[j].seal) *(strcmp(dt_seal_cipher(w->peers[j].seal), "AES-256-GCM") ? &nother : &naes) += 1;
+    if (mode != DT_SEAL_OFF)
+        snprintf(c->secure_desc, sizeof c->secure_desc, "%s (%s)", dt_seal_name(mode),
+                 naes && nother ? "AES-256-GCM and ChaCha20-Poly1305" : naes ? "AES-256-GCM" : "ChaCha20-Poly1305");
+    for (int j = 0; s == DT_OK && mode != DT_SEAL_OFF && j < w->size; j++) {
+        if (j == w->rank) continue;
+        unsigned char m[12];
+        dt_put32(m, SC_MAGIC);
+        dt_put32(m + 4, (unsigned)w->rank);
+        dt_put32(m + 8, (unsigned)j);
+        if ((s = dt_seal_write_all(w->peers[j].seal, w->peers[j].fd, m, sizeof m, deadline)) != DT_OK)
+            dt_error_wrap(s, "secure transport with rank %d (%s:%d): ", j, regs[j].host, regs[j].pid);
+    }
+    for (int j = 0; s == DT_OK && mode != DT_SEAL_OFF && j < w->size; j++) {
+        if (j == w->rank) continue;
+        unsigned char m[12];
+        s = dt_seal_read_all(w->peers[j].seal, w->peers[j].fd, m, sizeof m, deadline);
+        if (s == DT_OK && (dt_get32(m) != SC_MAGIC || dt_get32(m + 4) != (unsigned)j || dt_get32(m + 8) != (unsigned)w->rank))
+            s = dt_error(DT_ERR_PEER, "its first sealed record is not the expected one");
+        if (s != DT_OK)
+            dt_error_wrap(s, "secure transport with rank %d (%s:%d), checking the keys (the job secrets differ, or "
+                          "the connection was altered): ", j, regs[j].host, regs[j].pid);
+    }
+    return s;
+}
+
 /* ---- shared memory, open files --------------------------------------------------------- */
 
 static int same_host(const reg_t *a, const reg_t *b) {
@@ -632,6 +715,7 @@ static void world_release(tcp_world *w) {
     if (!w || --w->refs > 0) return;
     for (int i = 0; w->peers && i < w->size; i++) {
         if (w->peers[i].fd >= 0) close(w->peers[i].fd);
+        dt_seal_free(w->peers[i].seal);
         dt_shm_close(w->peers[i].in);
         dt_shm_close(w->peers[i].out);
     }
@@ -807,7 +891,13 @@ static dt_status tcp_init(dt_comm *c, const dt_comm_opts *opts) {
     }
 
     /* 3-4: mesh and shared memory */
+    if (c->secure != DT_SEAL_OFF && !w->auth.has_secret) {
+        s = dt_error(DT_ERR_INVALID, "secure transport (%s) needs a job secret (DT_JOB_SECRET or DT_JOB_SECRET_FILE; "
+                     "dtrun makes one): without one anybody could compute the keys", dt_seal_name(c->secure));
+        goto fail;
+    }
     if ((s = build_mesh(w, regs, lfd, job, me->nonce, deadline, timeout)) != DT_OK) goto fail;
+    if ((s = seal_mesh(w, c, regs, deadline)) != DT_OK) goto fail;
     close(lfd);
     lfd = -1;
     if ((s = setup_shm(w, regs)) != DT_OK) goto fail;

@@ -14,6 +14,7 @@
 #include "shm.h"
 #include "store.h"
 #include "auth.h"
+#include "seal.h"
 
 /* Message header, on sockets and rings alike (little-endian):
  *   magic u32, ctx u32, seq u64, fp.a u64, fp.b u64, payload bytes u64 */
@@ -46,6 +47,7 @@ typedef struct {
                                        that way (DT_CMA=1) */
     int          pid;               /* the peer's process id */
     uint64_t     cma_sent;          /* cross-memory messages sent to it (acks expected) */
+    dt_seal     *seal;              /* --secure-transport: the socket's records are sealed, or NULL */
 } tcp_peer;
 
 typedef struct {

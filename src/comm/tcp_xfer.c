@@ -178,10 +178,32 @@ static dt_status check_header(tcp_comm *tc, rcv_t *r, const dt_call *call) {
 
 /* ---- sockets ----------------------------------------------------------------------- */
 
+/* The socket's bytes, sealed into records where --secure-transport is on (seal.h; its
+ * sender retries with the same bytes, which every caller here does). */
+static ssize_t io_sendv(tcp_peer *p, struct iovec *iov, int n) {
+    if (p->seal) return dt_seal_sendv(p->seal, p->fd, iov, n);
+    struct msghdr m = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+    return sendmsg(p->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+static ssize_t io_recv(tcp_peer *p, void *buf, size_t n) {
+    return p->seal ? dt_seal_recv(p->seal, p->fd, buf, n) : recv(p->fd, buf, n, MSG_DONTWAIT);
+}
+
+/* A sealed record that failed its check: the stream cannot be trusted from here on. */
+static dt_status forged(tcp_comm *tc, int peer, const dt_call *call) {
+    char who[300], wh[200];
+    dt_comm_peer_name(tc->c, peer, who, sizeof who);
+    return broken(tc->w, dt_error(DT_ERR_PEER, "a record from rank %d (%s) failed its check during %s: altered on "
+                                  "the way, or not sealed by that rank (secure transport)", peer, who,
+                                  where(call, wh, sizeof wh)));
+}
+
 /* The control record ahead of the message (an offer, a switch), without blocking. */
 static dt_status snd_pre(tcp_comm *tc, snd_t *s, const dt_call *call, int *prog) {
     while (s->pre_done < s->pre_len) {
-        ssize_t w = send(s->tp->fd, s->pre + s->pre_done, s->pre_len - s->pre_done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        struct iovec iov = { s->pre + s->pre_done, s->pre_len - s->pre_done };
+        ssize_t w = io_sendv(s->tp, &iov, 1);
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return DT_OK;
         if (w <= 0) return lost(tc, s->peer, call);
@@ -192,14 +214,12 @@ static dt_status snd_pre(tcp_comm *tc, snd_t *s, const dt_call *call, int *prog)
 }
 
 static dt_status snd_tcp(tcp_comm *tc, snd_t *s, const dt_call *call, int *prog) {
-    int fd = s->tp->fd;
     while (s->hdone < TCP_HDR_BYTES || s->done < s->len) {
         struct iovec iov[2];
         int n = 0;
         if (s->hdone < TCP_HDR_BYTES) iov[n++] = (struct iovec){ s->hdr + s->hdone, TCP_HDR_BYTES - s->hdone };
         if (s->done < s->len) iov[n++] = (struct iovec){ (void *)(s->buf + s->done), s->len - s->done };
-        struct msghdr m = { .msg_iov = iov, .msg_iovlen = (size_t)n };
-        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = io_sendv(s->tp, iov, n);
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return DT_OK;
         if (w <= 0) return lost(tc, s->peer, call);
@@ -217,12 +237,12 @@ static dt_status snd_tcp(tcp_comm *tc, snd_t *s, const dt_call *call, int *prog)
 }
 
 static dt_status rcv_tcp(tcp_comm *tc, rcv_t *r, const dt_call *call, int *prog) {
-    int fd = r->tp->fd;
     while (!r->have_hdr) {
         size_t need = r->hneed ? r->hneed : TCP_HDR_BYTES;
-        ssize_t n = recv(fd, r->hdr + r->hdone, need - r->hdone, MSG_DONTWAIT);
+        ssize_t n = io_recv(r->tp, r->hdr + r->hdone, need - r->hdone);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return DT_OK;
+        if (n < 0 && errno == EBADMSG) return forged(tc, r->peer, call);
         if (n <= 0) return lost(tc, r->peer, call);
         *prog = 1;
         r->hdone += (size_t)n;
@@ -246,14 +266,15 @@ static dt_status rcv_tcp(tcp_comm *tc, rcv_t *r, const dt_call *call, int *prog)
     while (r->done < r->len) {
         ssize_t n;
         if (!r->acc) {
-            n = recv(fd, r->buf + r->done, r->len - r->done, MSG_DONTWAIT);
+            n = io_recv(r->tp, r->buf + r->done, r->len - r->done);
         } else {
             size_t cap = w->stage_cap < CHUNK ? w->stage_cap : CHUNK;
             size_t want = r->len - r->done - r->fill, room = cap - r->fill;
-            n = recv(fd, w->stage + r->fill, want < room ? want : room, MSG_DONTWAIT);
+            n = io_recv(r->tp, w->stage + r->fill, want < room ? want : room);
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return DT_OK;
+        if (n < 0 && errno == EBADMSG) return forged(tc, r->peer, call);
         if (n <= 0) return lost(tc, r->peer, call);
         *prog = 1;
         if (!r->acc) { r->done += (size_t)n; continue; }

@@ -326,8 +326,10 @@ static dt_status bench(dt_comm *c, const bench_cfg *cfg, int64_t *wrong_total) {
     fill(cfg, b.recv, 0, cfg->maxb / es, r);
     int is_red = (coll_flags(cfg->op) & DT_COLL_REDOP) != 0;
     if (r == 0) {
-        printf("# dtbench: %s, backend %s, %d ranks, %s%s%s, warmup %d, iters %d, check %d\n",
-               dt_coll_get(cfg->op)->name, dt_comm_backend(c), n, dt_dtype_name(cfg->dtype),
+        char sealed[96] = "";   /* --secure-transport's records */
+        if (strcmp(dt_comm_secure(c), "off") != 0) snprintf(sealed, sizeof sealed, " (sealed: %s)", dt_comm_secure(c));
+        printf("# dtbench: %s, backend %s%s, %d ranks, %s%s%s, warmup %d, iters %d, check %d\n",
+               dt_coll_get(cfg->op)->name, dt_comm_backend(c), sealed, n, dt_dtype_name(cfg->dtype),
                is_red ? " " : "", is_red ? dt_redop_name(cfg->redop) : "", cfg->warmup, cfg->iters, cfg->check);
         printf("# %12s %12s %6s %6s %12s %12s %12s %8s\n",
                "size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");

@@ -146,7 +146,8 @@ static dt_status setup_threads(const dt_ops *ops, int64_t threads, int local_siz
 
 /* A communicator when a launcher started several processes (or a backend was
  * asked for); NULL for a plain single-process run. */
-static dt_status setup_comm(const char *backend, const char *init, int quiet, dt_comm **out, int *local_size) {
+static dt_status setup_comm(const char *backend, const char *init, const char *secure, int quiet, dt_comm **out,
+                            int *local_size) {
     dt_launch_env env;
     *out = NULL;
     *local_size = 1;
@@ -156,10 +157,15 @@ static dt_status setup_comm(const char *backend, const char *init, int quiet, dt
     dt_comm_opts_default(&o);
     o.backend = backend;
     o.init_method = init;
+    o.secure = secure;
     DT_TRY(dt_comm_init(&o, out));
     g_rank = dt_comm_rank(*out);
     g_world = dt_comm_size(*out);
     *local_size = dt_comm_local_size(*out);
+    if (g_rank == 0 && !quiet && strcmp(dt_comm_secure(*out), "off") != 0) {
+        printf("dtrain: secure transport: %s between ranks' sockets\n", dt_comm_secure(*out));
+        fflush(stdout);
+    }
     /* the laptop path, `mpirun -np 2 dtrain train`: say what was chosen for the user */
     const char *rdzv = dt_comm_rendezvous(*out);
     if (g_rank == 0 && !quiet && strncmp(rdzv, "mpirun ", 7) == 0) {
@@ -630,7 +636,7 @@ static int cmd_train(int argc, char **argv) {
 
     dt_comm *comm = NULL;
     int local_size = 1;
-    if ((s = setup_comm(cli.backend, cli.init_method, cli.quiet, &comm, &local_size)) != DT_OK) return fail(s);
+    if ((s = setup_comm(cli.backend, cli.init_method, cli.secure_transport, cli.quiet, &comm, &local_size)) != DT_OK) return fail(s);
     /* the device after the communicator: each rank of a node takes the GPU of its local
      * rank (modulo the visible ones; the nccl backend has opened it already) */
     dt_device_opts dev = {.index = comm ? dt_comm_local_rank(comm) : 0, .allow_tf32 = cli.allow_tf32};

@@ -77,6 +77,9 @@ static const char usage[] =
 "  --grace S                 seconds between SIGTERM and SIGKILL when the job is\n"
 "                            being stopped (default 30, Slurm's KillWait): time for\n"
 "                            dtrain to checkpoint on SIGTERM          [DTRUN_GRACE]\n"
+"  --secure-transport MODE   seal the ranks' traffic between hosts after the handshake:\n"
+"                            off (default), auth (integrity) or encrypt (and secrecy);\n"
+"                            every node the same        [DTRUN_SECURE_TRANSPORT, DT_SECURE]\n"
 "  -h, --help                this text\n"
 "  --                        end of options (PROGRAM may also simply follow them)\n"
 "\n"
@@ -206,7 +209,8 @@ static void copy_value(const char *what, char *dst, size_t cap, const char *v, c
 }
 
 enum { O_NPROC, O_NNODES, O_NODE_RANK, O_ADDR, O_PORT, O_RDZV, O_RDZV_TIMEOUT, O_LAST_CALL, O_RESTARTS,
-       O_MONITOR, O_HB_TIMEOUT, O_LOG_DIR, O_TEE, O_FILTER, O_RUN_ID, O_GRACE, O_COUNT };
+       O_MONITOR, O_HB_TIMEOUT, O_LOG_DIR, O_TEE, O_FILTER, O_RUN_ID, O_GRACE, O_SECURE,
+       O_COUNT };
 
 static const struct { const char *flag, *env; int takes_value; } options[O_COUNT] = {
     [O_NPROC]        = { "--nproc-per-node",    "DTRUN_NPROC_PER_NODE",    1 },
@@ -225,6 +229,7 @@ static const struct { const char *flag, *env; int takes_value; } options[O_COUNT
     [O_FILTER]       = { "--ranks-filter",      "DTRUN_RANKS_FILTER",      1 },
     [O_RUN_ID]       = { "--run-id",            "DTRUN_RUN_ID",            1 },
     [O_GRACE]        = { "--grace",             "DTRUN_GRACE",             1 },
+    [O_SECURE]       = { "--secure-transport",  "DTRUN_SECURE_TRANSPORT",  1 },
 };
 
 static const char *filter_text;   /* checked once the world size is known */
@@ -294,6 +299,11 @@ static void apply(dtrun_cfg *cfg, int o, const char *what, const char *v) {
             if (*p <= ' ' || *p == 127) die_usage("%s: expected an id without spaces, got '%s'", what, v);
         break;
     case O_GRACE: cfg->grace_s = parse_seconds(what, v, 0, 3600); break;
+    case O_SECURE:   /* the ranks' comm layer reads it (seal.h); every node must give the same */
+        if (strcmp(v, "off") && strcmp(v, "auth") && strcmp(v, "encrypt"))
+            die_usage("%s: expected off, auth or encrypt, got '%s'", what, v);
+        setenv("DT_SECURE", v, 1);
+        break;
     }
 }
 

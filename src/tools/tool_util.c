@@ -69,6 +69,12 @@ const dt_opt_row dt_tool_train_rows[] = {
      .help = "env:// (default), tcp://HOST:PORT or file:///PATH; under\n"
              "mpirun without MASTER_ADDR/MASTER_PORT, rank 0's address\n"
              "travels through MPI (tcp backend; README \"Launching\")"},
+    {.field = "secure_transport", .flag = "--secure-transport", .arg = "off|auth|encrypt", .type = DT_OPT_STR,
+     .off = CLI(secure_transport), .sec = DT_OPT_SEC_DIST, .shown = "$DT_SECURE or off", .example = "encrypt",
+     .help = "tcp backend: seal the traffic between ranks after the\n"
+             "handshake with an AEAD, for integrity (auth) or integrity\n"
+             "and secrecy (encrypt); every rank the same (needs a job\n"
+             "secret; README \"Security\")"},
     /* for tests/check_planted.sh: plant a known bug (testing.h) */
     {.field = "fault", .flag = "--testing-fault", .arg = "NAME", .type = DT_OPT_STR, .off = CLI(fault),
      .where = DT_OPT_HIDDEN, .sec = DT_OPT_SEC_RUN, .example = "lr-rank1", .help = "plant a known bug"},

@@ -27,7 +27,7 @@ typedef struct {
     int64_t     threads;         /* compute threads per process (0: the default) */
     int64_t     batch_per_rank;  /* global batch = this x the world size (0: --batch) */
     double      peak_gflops;     /* MFU's peak (0: measured) */
-    const char *save, *metrics, *device, *backend, *init_method, *fault;
+    const char *save, *metrics, *device, *backend, *init_method, *secure_transport, *fault;
     int         quiet, allow_tf32;
     int         metrics_best_effort; /* a metrics file that cannot be written: warn, exit 0 */
 } dt_tool_train_cli;
