@@ -30,6 +30,7 @@ bad "^dtrun: --nproc-per-node: expected an integer in 1\.\.4096, got '2x'" --npr
 bad "^dtrun: --master-port: expected an integer in 1\.\.65535, got '99999'" -n 2 --master-port 99999 true
 bad "^dtrun: --master-addr: missing value" -n 2 --master-addr
 bad "^dtrun: --grace: expected seconds" -n 2 --grace soon true
+bad "^dtrun: --secure-transport: expected off, auth or encrypt, got 'yes'" -n 2 --secure-transport yes true
 bad "^dtrun: unknown option '--bogus'" -n 2 --bogus true
 bad "^dtrun: no program to run" -n 2
 bad "^dtrun: no program to run" -n 2 --

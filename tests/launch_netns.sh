@@ -3,7 +3,7 @@
 # (10.231.0.1/24 and 10.231.0.2/24, addresses that exist only inside these namespaces),
 # one dtrun in each with --nnodes 2, a shared DT_JOB_SECRET and DT_SOCKET_IFNAME naming its
 # veth (without a secret, or with two, the job is refused): collectives
-# (dtbench) and a short training run across them; then one node's dtrun is killed, and
+# (dtbench, also sealed with --secure-transport) and a short training run across them; then one node's dtrun is killed, and
 # then the link is cut, and the other node must end naming the lost node in time.
 # Needs root and iproute2's `ip netns`; skips saying why otherwise.
 . "$DT_SRCDIR/tests/tap.sh"
@@ -84,6 +84,12 @@ ok_grep "$tmp/err1" "^dtrun: node 1 of 2 \(.*\): ranks 2\.\.3 of 4" "node 1 lear
 
 both_nodes 60 "$DT_BUILDDIR/dtbench" -o all_gather -b 4K -e 16K -n 3 -w 1
 both_ok "dtbench all_gather across the namespaces"
+
+# the same sealed (--secure-transport, given to each node's dtrun): the records cross the veth
+both_nodes 60 --secure-transport encrypt "$DT_BUILDDIR/dtbench" -b 4K -e 1M -f 16 -n 3 -w 1
+both_ok "dtbench all_reduce sealed (encrypt) across the namespaces"
+ok_grep "$tmp/out0" '^\[rank0\]:# dtbench: all_reduce, backend tcp \(sealed: encrypt \(' "rank 0 says the traffic is sealed"
+ok_grep "$tmp/out0" '^\[rank0\]: +1048576 .* 0$' "1 MiB all_reduce sealed across the veth, no wrong element"
 
 # 2. a short training run across the namespaces
 if [ -x "$DT_BUILDDIR/dtrain" ]; then

@@ -10,8 +10,8 @@ dtraininclude_HEADERS += src/comm/comm.h
 
 check_PROGRAMS += tests/test_reduce tests/test_store tests/test_algo tests/test_seal tests/coll_prog
 TESTS += tests/test_reduce tests/test_store tests/test_algo tests/test_seal
-TESTS += tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh tests/auth_rdzv.sh tests/shm_many.sh
+TESTS += tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh tests/auth_rdzv.sh tests/shm_many.sh tests/secure.sh
 # every collective of the list (coll.h) on every backend built in, from one table of cases
 TESTS += tests/comm_every.sh
 EXTRA_DIST += tests/rank_tap.h tests/comm_lib.sh tests/comm_coll.sh tests/comm_tree.sh tests/comm_errors.sh \
-	tests/auth_rdzv.sh tests/shm_many.sh tests/comm_every.sh tests/coll_cases.h
+	tests/auth_rdzv.sh tests/shm_many.sh tests/secure.sh tests/comm_every.sh tests/coll_cases.h
