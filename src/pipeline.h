@@ -15,12 +15,23 @@
  *   RECV_GRAD m  the gradient of our output of m from the next stage  (not on the last)
  *
  * The schedules are rows (name, builder):
- *   gpipe  every forward, then every backward: M micro-batches of activations held;
- *   1f1b   after P - 1 - s warm-up forwards, stage s alternates one forward and one
- *          backward: at most P - s micro-batches of activations held.
- * Both run the backwards of a stage in micro-batch order 0, 1, ..., M - 1, so a stage
- * sums its gradients in the order one process does (rule 2 of docs/DESIGN.md): the
- * layout changes where work runs, never the order of a sum.
+ *   gpipe        every forward, then every backward: M micro-batches of activations held;
+ *   1f1b         after P - 1 - s warm-up forwards, stage s alternates one forward and one
+ *                backward: at most P - s micro-batches of activations held;
+ *   interleaved  (Megatron's interleaved 1F1B) the model is cut into V x P chunks and
+ *                stage s holds V of them, chunks s, s + P, ..., s + (V - 1) P, so a
+ *                micro-batch passes every stage V times (from the last stage back to the
+ *                first between rounds). Forwards go in groups of P micro-batches through
+ *                chunk 0, then chunk 1, ...; backwards through the last chunk first; after
+ *                2 (P - 1 - s) + (V - 1) P warm-up forwards one forward and one backward
+ *                alternate. The bubble shrinks to (P - 1) / (V M + P - 1); M must be a
+ *                multiple of P (V > 1). Its sends and receives are placed by simulating
+ *                every stage on one clock (a forward 1, a backward 2), each transfer where
+ *                its receiver starts: the lists are projections of one order of atomic
+ *                events, which cannot hang when every send waits for its receive.
+ * All run the backwards of each chunk of a stage in micro-batch order 0, 1, ..., M - 1,
+ * so a stage sums its gradients in the order one process does (rule 2 of
+ * docs/DESIGN.md): the layout changes where work runs, never the order of a sum.
  *
  * Sends are blocking and meet their receive (the comm layer's dt_send / dt_recv may
  * wait for the peer), so a list is usable only if no two neighbours wait on each other:
@@ -44,36 +55,45 @@ typedef enum { DT_PP_FWD, DT_PP_BWD, DT_PP_SEND_ACT, DT_PP_RECV_ACT, DT_PP_SEND_
 typedef struct {
     dt_pp_op op;
     int      micro;    /* the micro-batch, 0 .. M - 1 */
+    int      chunk;    /* the stage's chunk, 0 .. V - 1 (model chunk chunk x P + stage); 0 but
+                        * for interleaved. A boundary tensor's chunk is the sender's for a
+                        * send and the receiver's for a receive */
 } dt_pp_action;
 
 typedef struct {
     dt_pp_action *a;
     int           n;
+    int           chunks;   /* V */
 } dt_pp_list;
 
-/* The schedules by name ("gpipe", "1f1b"); NULL for another. Their names, for a
- * message: "gpipe or 1f1b". */
+/* The schedules by name ("gpipe", "1f1b", "interleaved"); NULL for another. Their
+ * names, for a message: "gpipe, 1f1b or interleaved". dt_pp_chunked: takes V > 1. */
 typedef struct dt_pp_schedule dt_pp_schedule;
 DT_API const dt_pp_schedule *dt_pp_find(const char *name);
 DT_API const char           *dt_pp_name(const dt_pp_schedule *s);
 DT_API const char           *dt_pp_names(char *buf, size_t n);
+DT_API int                   dt_pp_chunked(const dt_pp_schedule *s);
 
-/* Stage `stage`'s actions (0 .. stages - 1) with `micro` micro-batches; free with
- * dt_pp_list_free. DT_ERR_INVALID for fewer micro-batches than stages (the pipeline
- * could not fill: the message names both numbers), or a stage out of range. */
-DT_API dt_status dt_pp_build(const dt_pp_schedule *s, int stages, int stage, int micro, dt_pp_list *out);
+/* Stage `stage`'s actions (0 .. stages - 1) with `chunks` chunks per stage (1 but for
+ * interleaved) and `micro` micro-batches; free with dt_pp_list_free. DT_ERR_INVALID for
+ * fewer micro-batches than stages (the pipeline could not fill: the message names both
+ * numbers), interleaved chunks over micro-batches that are no multiple of the stages,
+ * chunks for a schedule without, or a stage out of range. */
+DT_API dt_status dt_pp_build(const dt_pp_schedule *s, int stages, int chunks, int stage, int micro, dt_pp_list *out);
 DT_API void      dt_pp_list_free(dt_pp_list *l);
 
-/* Every stage's list (lists[0 .. stages)) holds to the definitions: each micro-batch's
- * forward and backward once on every stage, its forward first; the boundary tensors
- * received before they are used and sent after they are made, the first stage
- * receiving and the last sending nothing; backwards in micro-batch order; and the lists
- * run to their end when each send waits for its receive (no hang). *in_flight receives
- * the most micro-batches whose activations a stage held at once (optional). The
- * message says which stage and action break which rule. */
+/* Every stage's list (lists[0 .. stages), each of lists[0].chunks chunks) holds to the
+ * definitions: each micro-batch's forward and backward once on every chunk, its forward
+ * first; the boundary tensors received before they are used and sent after they are
+ * made, the first chunk of the model receiving and the last sending nothing; each
+ * chunk's backwards in micro-batch order; and the lists run to their end when each send
+ * waits for its receive (no hang). *in_flight receives the most micro-batch chunks whose
+ * activations a stage held at once (optional). The message says which stage and action
+ * break which rule. */
 DT_API dt_status dt_pp_check(const dt_pp_list *lists, int stages, int micro, int *in_flight);
 
-/* A list as text, one action a line ("FWD 3", "SEND_ACT 3"), for --schedule-dump. */
+/* A list as text, one action a line ("FWD 3", "SEND_ACT 3"; with chunks, "FWD 3.1" for
+ * micro-batch 3 on chunk 1), for --schedule-dump. */
 DT_API size_t    dt_pp_dump(const dt_pp_list *l, char *buf, size_t n);
 
 #endif /* DT_PIPELINE_H */

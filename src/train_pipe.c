@@ -116,6 +116,10 @@ dt_status dt_train_pipe_world_(trainer *t) {
         return dt_error(DT_ERR_INVALID, "pipeline_schedule: expected %s, got '%s'", dt_pp_names(names, sizeof names),
                         o->pipeline_schedule ? o->pipeline_schedule : "(null)");
     }
+    if (dt_pp_chunked(sch))
+        return dt_error(DT_ERR_UNSUPPORTED, "pipeline: the %s schedule is not run by the trainer yet (a stage would "
+                        "hold several runs of the model's modules, and its parameters one run each); gpipe and 1f1b "
+                        "are", dt_pp_name(sch));
     if (t->k < t->pp)
         return dt_error(DT_ERR_INVALID, "pipeline: %lld micro-batches per replica cannot fill %d stages (--micro-batches "
                         "%lld over %d replica%s); give at least %lld", (long long)t->k, t->pp, (long long)t->S, t->dp,
@@ -466,7 +470,7 @@ dt_status dt_train_pipe_setup_(trainer *t) {
     const dt_pp_schedule *sch = dt_pp_find(o->pipeline_schedule);
     dt_pp_list *lists = calloc((size_t)P, sizeof *lists);
     if (!lists) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
-    for (int st = 0; s == DT_OK && st < P; st++) s = dt_pp_build(sch, P, st, (int)t->k, &lists[st]);
+    for (int st = 0; s == DT_OK && st < P; st++) s = dt_pp_build(sch, P, 1, st, (int)t->k, &lists[st]);
     int in_flight = 0;
     if (s == DT_OK) s = dt_pp_check(lists, P, (int)t->k, &in_flight);
     /* the layout, and with --schedule-dump every list */

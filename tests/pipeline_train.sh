@@ -172,10 +172,13 @@ refuse "a cut that does not follow on" 2 "stage 1 is modules 4-8; expected a run
 refuse "a malformed cut" 2 "expected auto or 2 runs of module indices" --model "$MLP" $A1 --pipeline 2 --stages 0-3
 refuse "more stages than modules with parameters" 4 "fewer than the 4 stages" \
     --model "flatten linear(8) relu linear(4)" $A1 --pipeline 4
-refuse "an unknown schedule" 2 "expected gpipe or 1f1b, got 'zb'" --model "$MLP" $A1 --pipeline 2 --pipeline-schedule zb
+refuse "an unknown schedule" 2 "expected gpipe, 1f1b or interleaved, got 'zb'" --model "$MLP" $A1 --pipeline 2 --pipeline-schedule zb
 timeout 120 "$R" -n 2 "$D" train --model "$MLP" $A1 --pipeline 2 --shard params > "$T/refuse.out" 2>&1
 [ $? -ne 0 ]; ok $? "--shard params with a pipeline is refused"
 ok_grep "$T/refuse.out" "shard params with --pipeline is not supported yet" "saying so"
+timeout 120 "$R" -n 2 "$D" train --model "$MLP" $A1 --pipeline 2 --pipeline-schedule interleaved > "$T/refuse.out" 2>&1
+[ $? -ne 0 ]; ok $? "the interleaved schedule (its lists built, not run yet) is refused"
+ok_grep "$T/refuse.out" "the interleaved schedule is not run by the trainer yet" "saying so"
 
 # (f) a rank that built another model is named at the start (not a hang on a message of
 # another size)
