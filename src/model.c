@@ -429,11 +429,12 @@ static dt_status find_modules(dt_model *m) {
 /* --trace: the span of the pass (forward or backward) over the module whose first
  * layer is `first`, from t0 until now; named by that layer and the module's place (a
  * block's two residuals share their first layer's name) */
-static void trace_module(const dt_model *m, int first, const char *pass, double t0) {
+static void trace_module(const dt_model *m, int first, const char *pass, double t0, int mark) {
     char name[80];
     snprintf(name, sizeof name, "%.48s (module %d)", m->spec.layers[first].name[0] ? m->spec.layers[first].name : "-",
              m->mod_index[first]);
     dt_trace_span(name, pass, t0, dt_now(), pass);
+    dt_trace_dev_span(mark, name, pass, pass);   /* and its work on a device (trace.h) */
 }
 
 /* The spec of a model parsed and inferred, its registry and blocks: everything but memory. */
@@ -733,10 +734,11 @@ dt_status dt_model_forward_range(dt_model *m, int lo, int hi, const float *x, in
     if (!m->views_only) DT_TRY(dt_lowp_prepare(m->lp, m->ops, m->params, m->res_lo, m->res_hi));
     dt_nn_ctx c = nn_ctx(m, train);
     const float *cur = x;
-    double tm = 0.0;   /* --trace: the start of the module running */
+    double tm = 0.0;   /* --trace: the start of the module running, and its device mark */
+    int dm = -1;
     for (int i = lo; i < hi; i++) {
         dt_layer *L = &m->spec.layers[i];
-        if (dt_trace_on() && (i == lo || m->mod_first[i] == i)) tm = dt_now();
+        if (dt_trace_on() && (i == lo || m->mod_first[i] == i)) tm = dt_now(), dm = dt_trace_dev_mark();
         dt_status s = layer_hook(m, i, DT_HOOK_FWD_PRE);
         if (s == DT_OK) s = layer_ctx(m, &c, i);
         if (s == DT_OK) s = dt_layer_forward(&c, L, cur, B);
@@ -744,7 +746,7 @@ dt_status dt_model_forward_range(dt_model *m, int lo, int hi, const float *x, in
         if (s == DT_OK) s = layer_hook(m, i, DT_HOOK_FWD_POST);
         if (s != DT_OK) return dt_error_wrap(s, "forward, layer %s '%s': ", L->name, L->text);
         if (tm > 0.0 && (i + 1 == hi || m->mod_first[i + 1] == i + 1)) {
-            trace_module(m, m->mod_first[i], "forward", tm);
+            trace_module(m, m->mod_first[i], "forward", tm, dm);
             tm = 0.0;
         }
         if (m->block_of[i] >= 0) m->arena_owner = m->block_of[i];
@@ -990,7 +992,8 @@ dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, 
     dt_nn_ctx c = nn_ctx(m, m->last_train);
     int which = 0;
     float *dx = NULL;
-    double tm = 0.0;   /* --trace: the start of the module running */
+    double tm = 0.0;   /* --trace: the start of the module running, and its device mark */
+    int dm = -1;
     for (int i = hi - 1; i >= lo; i--) {
         dt_layer *L = &m->spec.layers[i];
         const float *x = input_of(m, i);
@@ -998,7 +1001,7 @@ dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, 
             DT_TRY(widen16(m, &m->spec.layers[i - 1], B));
             x = m->spec.layers[i - 1].y;
         }
-        if (dt_trace_on() && (i == hi - 1 || m->mod_first[i + 1] == i + 1)) tm = dt_now();
+        if (dt_trace_on() && (i == hi - 1 || m->mod_first[i + 1] == i + 1)) tm = dt_now(), dm = dt_trace_dev_mark();
         if (L->def->flags & DT_LDEF_GRAD_IN_PLACE) dx = (float *)dy;   /* same memory */
         else if (i == lo) dx = dx_out;                                  /* the range's input: the caller's, or none */
         else { dx = m->dbuf[which]; which ^= 1; }
@@ -1020,7 +1023,7 @@ dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, 
         int b = m->block_of[i];
         if (b >= 0 && i == m->blocks[b][1]) DT_TRY(recompute_block(m, b));
         if (tm > 0.0 && (i == lo || m->mod_first[i] == i)) {
-            trace_module(m, m->mod_first[i], "backward", tm);
+            trace_module(m, m->mod_first[i], "backward", tm, dm);
             tm = 0.0;
         }
         dy = dx;

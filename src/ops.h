@@ -427,19 +427,30 @@ struct dt_ops {
      * NULL when the device does not track it (cpu: the process's resident memory tells
      * instead) */
     void      (*memory)(size_t *current, size_t *peak, int reset_peak);
+    /* device time for --trace (trace.h, dt_trace_device), optional too: NULL on a host
+     * backend, whose compute the host's clock times. mark queues a timestamp behind the
+     * work queued so far and gives its index (0, 1, ...; -1 once DT_OPS_MARKS are
+     * queued); marks_read waits for them, gives the seconds from mark 0 to each of the
+     * first n (sec may be NULL for n = 0) and forgets them all */
+    dt_status (*mark)(int *id);
+    dt_status (*marks_read)(double *sec, int n);
 #define DT_OPS_MEMBER_(name, params) dt_status (*name) params;
     DT_OPS(DT_OPS_MEMBER_)
 #undef DT_OPS_MEMBER_
 };
 
-/* A backend's table is `{ .name = ..., .host_memory = ..., DT_OPS_TABLE_INIT(memory) }`:
- * the function members as labelled initialisers, in member order (as C++ wants them),
- * named by two macros the backend defines first, DT_OPS_DEVFN(name) for the memory and
- * execution functions and DT_OPS_KERNEL(name) for the ops; `memory` is NULL or the
- * optional function. A function the backend lacks is a compile error. */
-#define DT_OPS_TABLE_INIT(memory_fn) \
+/* A backend's table is `{ .name = ..., .host_memory = ..., DT_OPS_TABLE_INIT(memory, mark,
+ * marks_read) }`: the function members as labelled initialisers, in member order (as C++
+ * wants them), named by two macros the backend defines first, DT_OPS_DEVFN(name) for the
+ * memory and execution functions and DT_OPS_KERNEL(name) for the ops; `memory`, `mark`
+ * and `marks_read` are NULL or the optional functions. A function the backend lacks is a
+ * compile error. */
+#define DT_OPS_MARKS 4096
+#define DT_OPS_TABLE_INIT(memory_fn, mark_fn, marks_read_fn) \
     DT_OPS_DEVICE(DT_OPS_INIT_DEVFN_) \
     .memory = memory_fn, \
+    .mark = mark_fn, \
+    .marks_read = marks_read_fn, \
     DT_OPS(DT_OPS_INIT_KERNEL_)
 #define DT_OPS_INIT_DEVFN_(ret, name, params) .name = DT_OPS_DEVFN(name),
 #define DT_OPS_INIT_KERNEL_(name, params) .name = DT_OPS_KERNEL(name),

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "sbuf.h"
 
 #define MAX_THREADS 16
@@ -96,6 +97,81 @@ void dt_trace_counter(const char *name, double t, double value) {
     add(&r);
 }
 
+/* ---- device time ---- */
+
+static dt_status (*g_mark)(int *id);
+static dt_status (*g_read)(double *sec, int n);
+static record    *g_dev;          /* spans waiting for their marks' times: t0, t1 hold the marks */
+static size_t     g_ndev, g_capdev;
+static int        g_dev_tid = -1;
+static int        g_marks;        /* marks taken since the last flush */
+
+void dt_trace_device(dt_status (*mark)(int *id), dt_status (*read)(double *sec, int n)) {
+    g_mark = mark && read ? mark : NULL;
+    g_read = mark && read ? read : NULL;
+}
+
+int dt_trace_dev_mark(void) {
+    int id = -1;
+    if (dt_trace_on() && g_mark && g_mark(&id) != DT_OK) id = -1;
+    if (id >= 0) g_marks++;
+    return id;
+}
+
+int dt_trace_dev_span(int begin, const char *name, const char *cat, const char *detail) {
+    if (begin < 0) return -1;
+    int end = dt_trace_dev_mark();
+    if (end < 0) return -1;
+    if (g_ndev == g_capdev) {
+        size_t cap = g_capdev ? 2 * g_capdev : 256;
+        record *p = realloc(g_dev, cap * sizeof *p);
+        if (!p) return end;   /* out of memory: the span is lost, the run goes on */
+        g_dev = p;
+        g_capdev = cap;
+    }
+    record *r = &g_dev[g_ndev++];
+    memset(r, 0, sizeof *r);
+    r->t0 = begin;
+    r->t1 = end;
+    r->wait_peer = -1;
+    copy(r->name, sizeof r->name, name);
+    copy(r->cat, sizeof r->cat, cat);
+    copy(r->detail, sizeof r->detail, detail);
+    return end;
+}
+
+dt_status dt_trace_dev_flush(void) {
+    if (!g_read || !g_marks) return DT_OK;
+    g_marks = 0;
+    int last = -1;
+    if (g_mark && g_mark(&last) != DT_OK) last = -1;   /* taken whether tracing is on or not */
+    double *sec = last >= 0 ? malloc(((size_t)last + 1) * sizeof *sec) : NULL;
+    dt_status s = g_read(sec, sec ? last + 1 : 0);     /* also forgets the marks */
+    double host = dt_now();
+    if (s == DT_OK && sec && g_ndev) {
+        if (g_dev_tid < 0) {
+            int id = atomic_fetch_add(&g_threads, 1);
+            g_dev_tid = id < MAX_THREADS ? id : MAX_THREADS - 1;
+            pthread_mutex_lock(&g_mu);
+            if (!g_thread_name[g_dev_tid]) g_thread_name[g_dev_tid] = "device";
+            pthread_mutex_unlock(&g_mu);
+        }
+        for (size_t i = 0; i < g_ndev; i++) {
+            record r = g_dev[i];
+            int a = (int)r.t0, b = (int)r.t1;
+            if (a > last || b > last) continue;
+            r.t0 = host - (sec[last] - sec[a]);
+            r.t1 = host - (sec[last] - sec[b]);
+            if (r.t1 < r.t0) r.t1 = r.t0;
+            r.tid = g_dev_tid;
+            add(&r);
+        }
+    }
+    g_ndev = 0;
+    free(sec);
+    return s;
+}
+
 static void meta_event(dt_sbuf *b, int rank, int id, const char *what, const char *name, int n) {
     dt_sbuf_printf_(b, "%s{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"%s\",\"args\":{\"name\":\"", n ? ",\n" : "",
                     rank, id, what);
@@ -160,5 +236,6 @@ void dt_trace_reset(void) {
     free(g_rec);
     g_rec = NULL;
     g_n = g_cap = 0;
+    g_ndev = 0;
     pthread_mutex_unlock(&g_mu);
 }

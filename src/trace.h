@@ -32,6 +32,22 @@ void      dt_trace_span_wait(const char *name, const char *cat, double t0, doubl
                              double wait_s, int peer);
 /* A counter sample: series `name`, value at t. */
 void      dt_trace_counter(const char *name, double t, double value);
+/* Device time, where the compute is queued on a device (a GPU) rather than run by the
+ * host threads whose clock the spans above read. The backend gives two functions
+ * (ops.h: mark, marks_read): `mark` queues a timestamp behind the work queued so far,
+ * `read` waits for them and gives each one's seconds from the first. With them set
+ * (dt_trace_device; NULL, NULL: none), the thread that queues the work takes a mark where
+ * a span of it begins (dt_trace_dev_mark: -1 when off or none) and closes the span with
+ * dt_trace_dev_span, which takes the end mark and returns it (the next span may begin
+ * there). dt_trace_dev_flush, after a step, reads the marks and records the spans on a
+ * thread named "device", placed on the host clock through the last mark, which it takes
+ * itself and which completes before the host sees it (at most the synchronisation's
+ * latency earlier than placed). Marks a backend cannot queue any more (its list full)
+ * are -1 and their spans dropped. */
+void      dt_trace_device(dt_status (*mark)(int *id), dt_status (*read)(double *sec, int n));
+int       dt_trace_dev_mark(void);
+int       dt_trace_dev_span(int begin, const char *name, const char *cat, const char *detail);
+dt_status dt_trace_dev_flush(void);
 /* This process's records as trace-event JSON objects separated by ",\n" (no enclosing
  * brackets; empty when there are none), with metadata events naming the process
  * "rank R" and its threads; *out is malloc'ed. */

@@ -238,6 +238,14 @@ static void trace_micro(int64_t micro, double f0, double f1, double f2) {
     dt_trace_span("backward", "compute", f1, f2, d);
 }
 
+/* --trace on a device (trace.h): micro-batch `micro`'s work of one pass, queued from the
+ * device mark `begin` until now; the mark that ends it */
+static int trace_dev_micro(const char *pass, int64_t micro, int begin) {
+    char d[48];
+    snprintf(d, sizeof d, "micro-batch %lld", (long long)micro);
+    return dt_trace_dev_span(begin, pass, "compute", d);
+}
+
 /* --trace: step g's phases (at[0..4]: start, batch in, backward done, gradients summed,
  * parameters updated) and the memory held at its end */
 static void trace_step(const trainer *t, int64_t g, const double *at) {
@@ -288,9 +296,11 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         int64_t sample_base = step * t->o->batch + micro * t->b;
         if (t->bnrec_n) dt_model_set_bn_record(t->model, t->bnrec + (size_t)micro * t->bnrec_n);
         double f0 = dt_trace_on() ? dt_now() : 0.0;
+        int d0 = dt_trace_dev_mark();
         DT_TRY(dt_model_forward(t->model, t->dx + (size_t)(i * t->b) * ss, (int)t->b, 1,
                                 (uint64_t)epoch, sample_base, NULL));
         double f1 = f0 > 0.0 ? dt_now() : 0.0;
+        int d1 = trace_dev_micro("forward", micro, d0);
         DT_TRY(dt_ddp_begin_micro(t->ddp, i));
         /* micro-batch i's targets: b x lw labels, or b one-hot rows of C (the loss's row says) */
         const void *ti = !dt_loss_def_of(t->lf.kind)->one_hot
@@ -299,6 +309,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         DT_TRY(dt_model_loss_backward(t->model, &t->lf, ti, (int)t->b, (float)t->o->batch, NULL));
         DT_TRY(ops->copy_d2d(t->dlosses + i, dt_model_loss_dev(t->model), sizeof(float)));
         if (f0 > 0.0) trace_micro(micro, f0, f1, dt_now());
+        trace_dev_micro("backward", micro, d1);
     }
     DT_TRY(ops->copy_d2h(t->losses, t->dlosses, (size_t)t->k * sizeof(float)));   /* the step's one read back */
     dt_loader_release(t->loader);   /* the uploads are done */
@@ -324,6 +335,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     for (int64_t j = 0; t->bnrec_n && j < t->S; j++)
         DT_TRY(dt_model_bn_replay(t->model, t->bnrec + (size_t)j * t->bnrec_n));
     double t3 = dt_now();
+    int d3 = dt_trace_dev_mark();   /* the optimizer's work on a device (trace.h) */
     /* A non-finite loss stops the job before the update, so no NaN weights are ever
      * applied or saved. Every rank holds every micro-batch's loss: all decide alike. */
     for (int64_t j = 0; j < t->S; j++)
@@ -351,9 +363,17 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
                         (long long)g + 1, isnan(norm) ? "NaN" : "infinite");
     if (!skip) DT_TRY(dt_shard_step(t->shard, t->optim, lr, unscale));
     if (!skip && t->pipe) DT_TRY(dt_train_pipe_after_step_(t));
+    if (d3 >= 0) {
+        char sd[48];
+        snprintf(sd, sizeof sd, "step %lld", (long long)g + 1);
+        dt_trace_dev_span(d3, "optimizer", "compute", sd);
+    }
     DT_TRY(ops->synchronize());
     double t4 = dt_now();
-    if (dt_trace_on()) trace_step(t, g, (double[]){ t0, t1, t2, t3, t4 });
+    if (dt_trace_on()) {
+        trace_step(t, g, (double[]){ t0, t1, t2, t3, t4 });
+        DT_TRY(dt_trace_dev_flush());   /* the step's device spans, on the host clock */
+    }
 
     double sum = 0.0;
     for (int64_t i = 0; i < t->S; i++) sum += (double)t->all_losses[i];
@@ -673,7 +693,8 @@ static dt_status validate(trainer *t, double *loss, double *acc) {
     double t0 = dt_now();
     dt_status s = dt_train_validate_(t, loss, acc);
     dt_trace_span("evaluation", "eval", t0, dt_now(), NULL);
-    return s;
+    dt_status fs = dt_trace_dev_flush();   /* its modules' device spans */
+    return s != DT_OK ? s : fs;
 }
 
 /* dtrain plan's estimate of a rank's peak accounted memory for this very run (its shard

@@ -73,6 +73,7 @@ dt_status dt_train_trace_setup_(trainer *t) {
     DT_TRY(parse_steps(o->trace_steps, &t->trace_lo, &t->trace_hi));
     dt_trace_reset();
     dt_trace_thread("main");
+    dt_trace_device(t->ops->mark, t->ops->marks_read);   /* a GPU's own time too (trace.h) */
     t->trace_offset = t->trace_err = 0.0;
     t->trace_base = dt_now();
     return t->comm && t->world > 1 ? sync_clocks(t) : DT_OK;
@@ -108,6 +109,9 @@ static dt_status write_file(trainer *t, const char *all, const double *len, size
 dt_status dt_train_trace_write_(trainer *t) {
     if (!t->o->trace) return DT_OK;
     dt_trace_enable(0);
+    dt_status fs = dt_trace_dev_flush();   /* spans still waiting for their device times */
+    dt_trace_device(NULL, NULL);
+    DT_TRY(fs);
     char *mine = NULL;
     size_t n = 0;
     DT_TRY(dt_trace_json(t->rank, t->trace_base, t->trace_offset, &mine, &n));

@@ -133,6 +133,34 @@ if [ $cuda_build = 1 ]; then
         losses "$TMP/$d.jsonl" > "$TMP/$d.loss"
     done
     ok_close "$TMP/cpu.loss" "$TMP/cuda.loss" 10 1e-4 "emulated cuda losses against the cpu's"
+    # --trace on the device: the GPU's own time of each pass, module and optimizer step
+    # (events on its queue), on a thread "device", placed within the host's steps
+    timeout 120 "$TMP/dtrain_emu" train --device cuda --model mlp --data synthetic:512,1,28,28,10 --steps 3 \
+        --batch 32 --micro-batches 2 --no-eval --quiet --threads 1 --trace "$TMP/dev.json" > "$TMP/dev.out" 2>&1
+    ok $? "dtrain train --device cuda --trace (mlp, 3 steps of 2 micro-batches)"
+    python3 - "$TMP/dev.json" > "$TMP/dev.chk" 2>&1 <<'PYEOF'
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+names = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+dev = [e for e in ev if e["ph"] == "X" and names.get((e["pid"], e["tid"])) == "device"]
+steps = [e for e in ev if e["ph"] == "X" and e["name"] == "step"]
+micro = [e for e in dev if e["name"] in ("forward", "backward") and e["args"]["detail"].startswith("micro-batch")]
+mods = [e for e in dev if "(module " in e["name"]]
+opt = [e for e in dev if e["name"] == "optimizer"]
+inside = all(any(s["ts"] - 1000 <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + 50000 for s in steps) for e in dev)
+stack, nest = [], True
+for e in sorted(dev, key=lambda e: (e["ts"], -e["dur"])):
+    while stack and stack[-1] <= e["ts"] + 0.5: stack.pop()
+    if stack and e["ts"] + e["dur"] > stack[-1] + 0.5: nest = False
+    stack.append(e["ts"] + e["dur"])
+print(len(micro), len(mods), len(opt), int(inside), int(nest), len(steps))
+PYEOF
+    read nmicro nmods nopt inside nest nsteps < "$TMP/dev.chk"
+    [ "$nmicro" = 12 ] && [ "${nmods:-0}" -ge 12 ] && [ "$nopt" = 3 ]
+    ok $? "device spans: forward and backward of each micro-batch ($nmicro of 12), modules ($nmods), optimizer ($nopt of 3)"
+    [ "$inside" = 1 ] && [ "$nest" = 1 ] && [ "$nsteps" = 3 ]
+    ok $? "device spans lie within the host's steps and nest or lie apart (within $inside, nested $nest)"
+    [ "$nmicro" = 12 ] || sed 's/^/#   /' "$TMP/dev.chk" "$TMP/dev.out" | tail -5
     # train2 BACKEND: the same on 2 emulated ranks, one emulated GPU each, against the cpu run
     train2() {
         TMPDIR="$TMP" DT_GPU_EMU_DEVICES=2 timeout 240 "$B/dtrun" -n 2 "$TMP/dtrain_emu" train --device cuda \

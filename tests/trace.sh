@@ -23,6 +23,7 @@ ev = d["traceEvents"]
 say = lambda k, v: print("%s %s" % (k, v))
 names = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
 procs = sorted(e["pid"] for e in ev if e["ph"] == "M" and e["name"] == "process_name")
+say("device_threads", sum(1 for v in names.values() if v == "device"))
 say("procs", ",".join(map(str, procs)))
 X = [e for e in ev if e["ph"] == "X"]
 say("durations_ok", int(all(e["dur"] >= 0 for e in X)))
@@ -64,10 +65,13 @@ for r in range(ranks):
     say("rate%d" % r, sum(1 for e in ev if e["ph"] == "C" and e["pid"] == r and e["name"].endswith("/s")))
     # a collective that waited names the peer it waited for longest, and waited no longer than it ran
     waits = [e for e in mine if names.get((r, e["tid"])) == "comm" and "waited_for" in e.get("args", {})]
-    say("waits_valid%d" % r, int(len(waits) > 0 and all(
+    say("waits_count%d" % r, len(waits))
+    say("waits_valid%d" % r, int(all(
         0 <= e["args"]["waited_for"] < ranks and e["args"]["waited_for"] != r and
         0 <= e["args"]["waited_ms"] * 1000 <= e["dur"] + 1 for e in waits)))
     say("waited_ms%d" % r, "%.3f" % sum(e["args"]["waited_ms"] for e in waits))
+    say("waits_n%d" % r, "%d of %d, worst excess %.3f us" % (len(waits), len(comm), max(
+        [e["args"]["waited_ms"] * 1000 - e["dur"] for e in waits] or [0.0])))
 if ranks > 1:
     err = d["otherData"]["clock_error_us"] + 1.0
     a = sorted((e for e in X if e["pid"] == 0 and e["name"] == "all_reduce"), key=lambda e: e["ts"])
@@ -92,8 +96,12 @@ for r in 0 1; do
     [ "$(val threads_nest$r)" = 1 ]; ok $? "rank $r: on every thread, spans nest or lie apart"
     [ "$(val buckets_in_steps$r)" = 1 ]; ok $? "rank $r: every bucket all-reduce lies within its step"
     [ "$(val rate$r)" = 2 ]; ok $? "rank $r: a samples/s counter per step"
-    [ "$(val waits_valid$r)" = 1 ]; ok $? "rank $r: collectives that waited name another rank and wait within their span"
+    [ "$(val waits_valid$r)" = 1 ]; ok $? "rank $r: collectives that waited name another rank and wait within their span ($(val waits_n$r))"
 done
+[ "$(val device_threads)" = 0 ]; ok $? "on the cpu no device thread: the host's clock times the compute"
+# the rank that comes first to a collective waits for the other: some collective of one
+# rank or the other waited (one rank alone may have come last every time, on a busy machine)
+[ $(( $(val waits_count0) + $(val waits_count1) )) -gt 0 ]; ok $? "collectives that waited are marked (rank 0: $(val waits_count0), rank 1: $(val waits_count1))"
 diag "clock error bound: $(val clock_error_us) us"
 [ "$(val aligned)" = 1 ]; ok $? "the ranks share one time line: each all-reduce overlaps its partner on the other rank"
 

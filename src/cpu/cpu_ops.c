@@ -182,7 +182,7 @@ static const dt_ops cpu_table = {
     .name        = "cpu",
     .host_memory = 1,
     .page_block  = CPU_HUGE,
-    DT_OPS_TABLE_INIT(NULL)
+    DT_OPS_TABLE_INIT(NULL, NULL, NULL)
 };
 
 const dt_ops *dt_ops_cpu(void) {

@@ -794,6 +794,38 @@ dt_status dt_cu_pairwise(double *v, double *tmp, size_t n, double divisor, float
     return DT_OK;
 }
 
+/* ---- device time for --trace (ops.h mark, marks_read) ---- */
+
+static cudaEvent_t marks[DT_OPS_MARKS];
+static int nmarks, marks_made;
+
+static dt_status cu_mark(int *id) {
+    *id = -1;
+    if (nmarks == DT_OPS_MARKS) return DT_OK;
+    DT_TRY(dt_cu_enter());
+    if (nmarks == marks_made) {
+        DT_CU(cudaEventCreate(&marks[marks_made]));
+        marks_made++;
+    }
+    DT_CU(cudaEventRecord(marks[nmarks], g.stream));
+    *id = nmarks++;
+    return DT_OK;
+}
+
+static dt_status cu_marks_read(double *sec, int n) {
+    int have = nmarks;
+    nmarks = 0;
+    if (!have) return DT_OK;
+    DT_TRY(dt_cu_enter());
+    DT_CU(cudaEventSynchronize(marks[have - 1]));
+    for (int i = 0; i < n && i < have; i++) {
+        float ms = 0.0f;
+        DT_CU(cudaEventElapsedTime(&ms, marks[0], marks[i]));
+        sec[i] = ms * 1e-3;
+    }
+    return DT_OK;
+}
+
 /* ---- the table ---- */
 
 /* Generated from ops.h's lists: the memory functions above are cu_<name>, the kernels
@@ -804,7 +836,7 @@ static dt_ops cuda_table = {
     .name        = "cuda",
     .host_memory = 0,
     .page_block  = 0,      /* the granule of sparse allocations, once probed (dt_ops_cuda) */
-    DT_OPS_TABLE_INIT(cu_memory)
+    DT_OPS_TABLE_INIT(cu_memory, cu_mark, cu_marks_read)
 };
 
 extern "C" const dt_ops *dt_ops_cuda(int index, int allow_tf32) {
