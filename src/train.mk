@@ -5,7 +5,7 @@ dtraininclude_HEADERS += src/train.h src/options.h src/pipeline.h src/checkpoint
 
 bin_PROGRAMS += dtrain
 dtrain_SOURCES = src/tools/dtrain.c src/tools/args.c src/tools/args.h src/tools/peak.c src/tools/peak.h \
-	src/tools/check.c src/tools/plot.c src/tools/report.c src/tools/report.h src/tools/report_html.c \
+	src/tools/check.c src/tools/plot.c src/tools/report.c src/tools/report.h src/tools/report_html.c src/tools/report_trace.c \
 	src/tools/jsonl.c src/tools/jsonl.h src/tools/sample.c src/tools/plan.c src/tools/export.c src/tools/tools.h \
 	src/tools/tool_util.c src/tools/tool_util.h
 

@@ -292,4 +292,39 @@ data = json.loads(re.search(r'<script type=\"application/json\" id=\"dtrain-repo
 print(data['files'][0]['step'] == list(range(1, 21)))" "$T/res.html" > "$T/res.data" 2>&1
 [ "$(cat "$T/res.data")" = True ]; ok $? "... its loss line has steps 1 to 20, once each ($(cat "$T/res.data"))"
 timeout 10 "$D" report --help > "$T/out"; ok $? "report --help exits 0"
+
+# --trace: the timeline of a trace file, a box per span, a lane per thread of each rank
+echo "flatten linear(32) relu linear(4)" > "$T/tl.model"
+timeout 60 "$R" -n 2 "$D" train --model @"$T/tl.model" --data synthetic:512,1,8,8,4 --steps 3 --batch 32 \
+    --micro-batches 2 --threads 1 --quiet --no-eval --trace "$T/tl.json" > "$T/o.tl" 2>&1
+ok $? "a 2-rank run with --trace"
+timeout 60 "$D" report --trace "$T/tl.json" -o "$T/tl.html" > "$T/out" 2> "$T/err"
+ok $? "report --trace writes the timeline"
+spans=$(python3 -c "
+import json, sys
+print(sum(1 for e in json.load(open(sys.argv[1]))['traceEvents'] if e['ph'] == 'X'))" "$T/tl.json")
+n=$(grep -c '<rect class="span"' "$T/tl.html")
+[ "$n" = "$spans" ] && [ "$n" -gt 50 ]; ok $? "one box per span of the file ($n boxes, $spans spans)"
+for lane in 'rank 0' 'rank 1' '>main<' '>comm<' '>loader<'; do
+    grep -q "$lane" "$T/tl.html"; ok $? "the timeline has $lane"
+done
+ok_grep "$T/tl.html" '<title>all_reduce [^<]*f32[^<]* [0-9.]+ ms</title>' \
+    "a collective's box says what it was and how long it took"
+timeout 60 "$D" report --trace "$T/m2.jsonl" -o "$T/bad.html" > "$T/out" 2> "$T/err"
+[ $? -eq 2 ] && [ ! -e "$T/bad.html" ]; ok $? "a metrics file given as a trace: exit 2, no page"
+ok_grep "$T/err" "no spans in it" "... saying there is nothing to draw"
+timeout 60 "$D" report --trace "$T/none.json" -o "$T/bad.html" > "$T/out" 2> "$T/err"
+[ $? -eq 2 ]; ok $? "a trace file that does not exist: exit 2"
+timeout 60 "$D" report --trace "$T/tl.json" "$T/m2.jsonl" -o "$T/bad.html" > "$T/out" 2> "$T/err"
+[ $? -eq 2 ]; ok $? "a trace and metrics files at once: exit 2"
+head -c 3000 "$T/tl.json" > "$T/cut.json"
+timeout 60 "$D" report --trace "$T/cut.json" -o "$T/cut.html" > "$T/out" 2> "$T/err"
+ok $? "a trace cut short (a crash) still draws what it holds"
+if [ -n "$CHROME" ]; then
+    chrome --screenshot="$T/tl.png" --window-size=1300,500 "file://$T/tl.html" > "$T/o.shot" 2>&1
+    python3 "$T/png.py" "$T/tl.png" > "$T/c.out" 2> "$T/c.err" || sed 's/^/#   /' "$T/c.err" | tail -3
+    n=$(val compute_params); [ "${n:-0}" -gt 2000 ]; ok $? "chromium draws the timeline's compute boxes ($n pixels)"
+else
+    skip "chromium not installed (Debian: apt-get install chromium)"
+fi
 done_testing

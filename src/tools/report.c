@@ -29,6 +29,7 @@
 
 static const char *usage_report =
     "usage: dtrain report [flags] [LABEL=]METRICS.jsonl... -o report.html\n"
+    "       dtrain report --trace TRACE.json -o timeline.html\n"
     "\n"
     "Writes one self-contained HTML page (inline SVG, no network) about one or more\n"
     "runs, from the files `dtrain train --metrics FILE` writes: the loss of every step\n"
@@ -44,6 +45,10 @@ static const char *usage_report =
     "\n"
     "  -o, --output FILE   the HTML page to write (atomically)\n"
     "  --title TEXT        the page's title  [dtrain report]\n"
+    "  --trace FILE        instead of metrics files: the timeline of a file of\n"
+    "                      dtrain train --trace, a lane per thread of each rank (main,\n"
+    "                      comm, loader, device), each span a box at its time and\n"
+    "                      depth, its name, detail and duration in its tooltip\n"
     "\n"
     "Exit status: 0 done, 2 bad flags or files (one that cannot be read or has no\n"
     "step events), 1 out of memory or the page could not be written.\n";
@@ -405,7 +410,7 @@ static int write_page(const char *out, const rpt_run *runs, int n, const char *t
 }
 
 int dtrain_report_main(int argc, char **argv) {
-    const char *out = NULL, *title = "dtrain report";
+    const char *out = NULL, *title = "dtrain report", *trace = NULL;
     rpt_run runs[RPT_MAX_FILES];
     int n = 0;
     dt_status s = DT_OK;
@@ -415,11 +420,15 @@ int dtrain_report_main(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage_report, stdout); return 0; }
         if (dt_arg_match("-o", argc, argv, &i, &v, &s) || dt_arg_match("--output", argc, argv, &i, &v, &s)) out = v;
         else if (dt_arg_match("--title", argc, argv, &i, &v, &s)) title = v;
+        else if (dt_arg_match("--trace", argc, argv, &i, &v, &s)) trace = v;
         else if (a[0] == '-' && a[1]) s = dt_error(DT_ERR_INVALID, "unknown flag '%s' (see dtrain report --help)", a);
         else if (n == RPT_MAX_FILES) s = dt_error(DT_ERR_INVALID, "at most %d metrics files in one report", RPT_MAX_FILES);
         else run_name(&runs[n++], argv[i++]);
     }
     if (s != DT_OK) return bad(dt_last_error());
+    if (trace && n) return bad("--trace: the timeline of one trace file, without metrics files (one page or the other)");
+    if (trace && !out) return bad("-o: required (the HTML page to write)");
+    if (trace) return rpt_trace_page(trace, out, title);
     if (n == 0) return bad("expected one or more metrics files (see dtrain report --help)");
     if (!out) return bad("-o: required (the HTML page to write)");
     if ((s = check_output(out, runs, n)) != DT_OK) return bad(dt_last_error());

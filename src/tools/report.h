@@ -84,5 +84,12 @@ void      rpt_free(rpt_run *r);
 
 /* The whole page about the runs into b (b->oom on failure); title is its heading. */
 void rpt_html(dt_sbuf *b, const rpt_run *runs, int nruns, const char *title);
+/* s as HTML text or attribute value (escaped; bad UTF-8 replaced). */
+void rpt_put_html(dt_sbuf *b, const char *s);
+
+/* `dtrain report --trace FILE`: the timeline of a --trace file (report_trace.c) as one
+ * page written to out; the exit status (0; 2 for a file that cannot be read or holds no
+ * span; 1 when memory runs out or the page cannot be written). */
+int rpt_trace_page(const char *trace, const char *out, const char *title);
 
 #endif /* DT_REPORT_H */

@@ -37,7 +37,7 @@ static size_t utf8_seq(const unsigned char *s) {
 }
 
 /* s as HTML text or attribute value. */
-static void put_html(dt_sbuf *b, const char *s) {
+void rpt_put_html(dt_sbuf *b, const char *s) {
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
         size_t n = utf8_seq(p);
         const char *e = *p == '&' ? "&amp;" : *p == '<' ? "&lt;" : *p == '>' ? "&gt;" : *p == '"' ? "&quot;"
@@ -156,15 +156,15 @@ static void chart_open(chart *c, const char *id, const char *xlabel, const char 
     dt_sbuf_printf_(b, "<rect class=\"frame\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/>\n", c->x0, c->y0,
                     c->x1 - c->x0, c->y1 - c->y0);
     dt_sbuf_printf_(b, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">", (c->x0 + c->x1) / 2, c->h - 8);
-    put_html(b, xlabel);
+    rpt_put_html(b, xlabel);
     dt_sbuf_printf_(b, "</text>\n<text class=\"label\" transform=\"translate(16 %.1f) rotate(-90)\" "
                        "text-anchor=\"middle\">", (c->y0 + c->y1) / 2);
-    put_html(b, ylabel);
+    rpt_put_html(b, ylabel);
     dt_sbuf_str_(b, "</text>\n");
     if (!y2label) return;
     dt_sbuf_printf_(b, "<text class=\"label\" transform=\"translate(%.1f %.1f) rotate(90)\" text-anchor=\"middle\">",
                     CHART_W - 14, (c->y0 + c->y1) / 2);
-    put_html(b, y2label);
+    rpt_put_html(b, y2label);
     dt_sbuf_str_(b, "</text>\n");
 }
 
@@ -177,13 +177,13 @@ static chart chart_new(dt_sbuf *b, double h, axis x, axis y, axis y2, double rig
 static void legend_item(dt_sbuf *b, const char *colour, int dash, const char *text) {
     dt_sbuf_printf_(b, "<span class=\"item\"><span class=\"sw%s\" style=\"border-color:%s;background:%s\"></span>",
                     dash ? " dash" : "", colour, dash ? "transparent" : colour);
-    put_html(b, text);
+    rpt_put_html(b, text);
     dt_sbuf_str_(b, "</span>");
 }
 
 static void note(dt_sbuf *b, const char *text) {
     dt_sbuf_str_(b, "<p class=\"note\">");
-    put_html(b, text);
+    rpt_put_html(b, text);
     dt_sbuf_str_(b, "</p>\n");
 }
 
@@ -218,7 +218,7 @@ static void loss_line(const chart *c, const rpt_run *r, int k) {
             first = 0;
         }
     dt_sbuf_str_(c->b, "\"><title>");
-    put_html(c->b, r->label);
+    rpt_put_html(c->b, r->label);
     dt_sbuf_str_(c->b, ": training loss</title></polyline>\n");
     for (size_t i = 0; pts == 1 && i < r->nstep; i++)   /* one point makes no line: a dot */
         if (isfinite(r->step[i].loss))
@@ -240,7 +240,7 @@ static void val_line(const chart *c, const rpt_run *r, int k) {
         if (!isfinite(r->val[i].loss)) continue;
         dt_sbuf_printf_(c->b, "<circle class=\"dot\" r=\"3.5\" fill=\"%s\" cx=\"%.1f\" cy=\"%.1f\"><title>", file_colour[k],
                         px(c, (double)r->val[i].step), py(c, r->val[i].loss));
-        put_html(c->b, r->label);
+        rpt_put_html(c->b, r->label);
         dt_sbuf_printf_(c->b, ": validation loss %s at step %lld</title></circle>\n", r->val[i].loss_text,
                         (long long)r->val[i].step);
     }
@@ -255,11 +255,11 @@ static void resume_marks(const chart *c, const rpt_run *r) {
         dt_sbuf_printf_(c->b, "<line class=\"%s\" data-step=\"%lld\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" "
                         "y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"2 3\"><title>", change ? "membership" : "resume",
                         (long long)r->resume[i], px(c, x), px(c, x), c->y0, c->y1, change ? "#d95f02" : "#555");
-        put_html(c->b, r->label);
+        rpt_put_html(c->b, r->label);
         dt_sbuf_printf_(c->b, ": resumed after step %lld", (long long)r->resume[i]);
         if (change) {
             dt_sbuf_str_(c->b, " on a membership change: ");
-            put_html(c->b, change);
+            rpt_put_html(c->b, change);
         }
         dt_sbuf_str_(c->b, "</title></line>\n");
     }
@@ -299,7 +299,7 @@ static void section_loss(dt_sbuf *b, const rpt_run *runs, int n) {
     for (int k = 0; nval && k < n; k++)
         if (!runs[k].nval) {
             dt_sbuf_str_(b, "<p class=\"note\">No validation loss in ");
-            put_html(b, runs[k].label);
+            rpt_put_html(b, runs[k].label);
             dt_sbuf_str_(b, ": it has no \"eval\" events or epochs that evaluated.</p>\n");
         }
 }
@@ -336,7 +336,7 @@ static void thr_line(const chart *c, const rpt_run *r, int k, int mfu) {
         first = 0;
     }
     dt_sbuf_str_(c->b, "\"><title>");
-    put_html(c->b, r->label);
+    rpt_put_html(c->b, r->label);
     dt_sbuf_str_(c->b, mfu ? ": MFU</title></polyline>\n" : ": throughput</title></polyline>\n");
 }
 
@@ -609,9 +609,9 @@ static void section_settings(dt_sbuf *b, const rpt_run *r) {
     dt_sbuf_str_(b, "<table class=\"settings\"><tr><th>setting</th><th>value</th></tr>\n");
     for (size_t i = 0; i < r->nset; i++) {
         dt_sbuf_str_(b, "<tr><td>");
-        put_html(b, r->set[i].key);
+        rpt_put_html(b, r->set[i].key);
         dt_sbuf_str_(b, "</td><td class=\"text\">");
-        put_html(b, r->set[i].val);
+        rpt_put_html(b, r->set[i].val);
         dt_sbuf_str_(b, "</td></tr>\n");
     }
     dt_sbuf_str_(b, "</table>\n");
@@ -631,7 +631,7 @@ static void summary_row(dt_sbuf *b, const rpt_run *r, int k) {
     char thr[32] = "-", mfu[32] = "-", t[32] = "-";
     dt_sbuf_printf_(b, "<tr><td class=\"text\"><span class=\"sw\" style=\"border-color:%s;background:%s\"></span>",
                     file_colour[k], file_colour[k]);
-    put_html(b, r->label);
+    rpt_put_html(b, r->label);
     dt_sbuf_printf_(b, "</td><td>%d</td><td>%lld</td><td>%zu</td><td class=\"final-loss\">%s</td>", r->world,
                     (long long)last->step, r->nstep, last->loss_text);
     if (bv) dt_sbuf_printf_(b, "<td class=\"best-val\">%s (step %lld)</td>", bv->loss_text, (long long)bv->step);
@@ -654,10 +654,10 @@ static void section_summary(dt_sbuf *b, const rpt_run *runs, int n) {
         dt_sbuf_printf_(b, "<p class=\"file\"><span class=\"sw\" style=\"border-color:%s;background:%s\"></span>",
                         file_colour[k], file_colour[k]);
         if (strcmp(runs[k].label, runs[k].path)) {
-            put_html(b, runs[k].label);
+            rpt_put_html(b, runs[k].label);
             dt_sbuf_str_(b, ": ");
         }
-        put_html(b, runs[k].path);
+        rpt_put_html(b, runs[k].path);
         if (runs[k].runs > 1) dt_sbuf_printf_(b, " (the last of its %d runs)", runs[k].runs);
         if (runs[k].skipped) dt_sbuf_printf_(b, " (%ld lines skipped: not metrics events)", runs[k].skipped);
         dt_sbuf_str_(b, "</p>\n");
@@ -779,9 +779,9 @@ static const char page_style[] =
 static void page_head(dt_sbuf *b, const char *title) {
     dt_sbuf_str_(b, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                     "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>");
-    put_html(b, title);
+    rpt_put_html(b, title);
     dt_sbuf_printf_(b, "</title>\n<style>\n%s</style>\n</head>\n<body>\n<h1>", page_style);
-    put_html(b, title);
+    rpt_put_html(b, title);
     dt_sbuf_str_(b, "</h1>\n");
 }
 
@@ -793,7 +793,7 @@ void rpt_html(dt_sbuf *b, const rpt_run *runs, int n, const char *title) {
     for (int k = 0; k < n; k++) {
         dt_sbuf_printf_(b, "<h2 class=\"run\"><span class=\"sw\" style=\"border-color:%s;background:%s\"></span>",
                         file_colour[k], file_colour[k]);
-        put_html(b, runs[k].label);
+        rpt_put_html(b, runs[k].label);
         dt_sbuf_str_(b, "</h2>\n");
         section_ranks(b, &runs[k], k);
         section_memory(b, &runs[k], k);
