@@ -323,7 +323,9 @@ ok $? "a trace cut short (a crash) still draws what it holds"
 if [ -n "$CHROME" ]; then
     chrome --screenshot="$T/tl.png" --window-size=1300,500 "file://$T/tl.html" > "$T/o.shot" 2>&1
     python3 "$T/png.py" "$T/tl.png" > "$T/c.out" 2> "$T/c.err" || sed 's/^/#   /' "$T/c.err" | tail -3
-    n=$(val compute_params); [ "${n:-0}" -gt 2000 ]; ok $? "chromium draws the timeline's compute boxes ($n pixels)"
+    # the boxes' share of the width depends on the machine's speed: a few hundred pixels of
+    # the compute colour say they are drawn
+    n=$(val compute_params); [ "${n:-0}" -gt 300 ]; ok $? "chromium draws the timeline's compute boxes ($n pixels)"
 else
     skip "chromium not installed (Debian: apt-get install chromium)"
 fi
