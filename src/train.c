@@ -259,6 +259,11 @@ static void trace_step(const trainer *t, int64_t g, const double *at) {
     dt_mem_stats m;
     dt_mem_get(&m);
     dt_trace_counter("memory MiB", at[4], (double)m.cur[DT_MEM_TOTAL] / 1048576.0);
+    for (int c = 0; c < DT_MEM_NCAT; c++) {   /* and by category, a track each */
+        char name[48];
+        snprintf(name, sizeof name, "memory MiB: %s", dt_mem_cat_name(c));
+        dt_trace_counter(name, at[4], (double)m.cur[c] / 1048576.0);
+    }
     if (at[4] > at[0])   /* the job's rate over this rank's step */
         dt_trace_counter(t->lw > 1 ? "tokens/s" : "samples/s", at[4],
                          (double)t->o->batch * (double)t->lw / (at[4] - at[0]));

@@ -39,6 +39,15 @@ for r in range(ranks):
     comm = [e for e in mine if names.get((r, e["tid"])) == "comm" and e["name"] == "all_reduce"]
     say("comm_allreduce%d" % r, len(comm))
     say("memory%d" % r, sum(1 for e in ev if e["ph"] == "C" and e["pid"] == r and e["name"] == "memory MiB"))
+    # by category too, the categories summing to the total at each step's end
+    tot = {e["ts"]: e["args"]["value"] for e in ev if e["ph"] == "C" and e["pid"] == r and e["name"] == "memory MiB"}
+    cats = {}
+    for e in ev:
+        if e["ph"] == "C" and e["pid"] == r and e["name"].startswith("memory MiB: "):
+            cats.setdefault(e["ts"], {})[e["name"][12:]] = e["args"]["value"]
+    say("memcats%d" % r, int(len(cats) == len(tot) > 0 and all(
+        set(c) >= {"params", "grads", "optim", "acts"} and abs(sum(c.values()) - tot[ts]) <= 1e-3 * max(1.0, tot[ts])
+        for ts, c in cats.items() if ts in tot)))
     # every phase inside its step's span, on this rank's time line
     spans = {int(e["args"]["detail"].split()[1]): e for e in main if e["name"] == "step"}
     inside = all(spans[int(e["args"]["detail"].split()[1])]["ts"] - 1 <= e["ts"] and
@@ -92,6 +101,7 @@ for r in 0 1; do
     [ "$(val forwards$r)" = 4 ]; ok $? "rank $r: a forward per local micro-batch (2 steps x 2; got $(val forwards$r))"
     n=$(val comm_allreduce$r); [ "${n:-0}" -ge 2 ]; ok $? "rank $r: the gradient all-reduces on the comm thread ($n)"
     [ "$(val memory$r)" = 2 ]; ok $? "rank $r: a memory counter per step"
+    [ "$(val memcats$r)" = 1 ]; ok $? "rank $r: memory counters by category, summing to the total"
     [ "$(val nested$r)" = 1 ]; ok $? "rank $r: each phase lies within its step"
     [ "$(val threads_nest$r)" = 1 ]; ok $? "rank $r: on every thread, spans nest or lie apart"
     [ "$(val buckets_in_steps$r)" = 1 ]; ok $? "rank $r: every bucket all-reduce lies within its step"
