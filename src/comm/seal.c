@@ -53,6 +53,7 @@ int dt_seal_have_aes(void) { return sodium_init() >= 0 && crypto_aead_aes256gcm_
 void dt_seal_testing_flip(dt_seal *s, unsigned long long record) { s->flip_at = record; }
 
 const char *dt_seal_cipher(const dt_seal *s) { return s->use_aes ? "AES-256-GCM" : "ChaCha20-Poly1305"; }
+int         dt_seal_uses_aes(const dt_seal *s) { return s->use_aes; }
 
 static void derive(const dt_auth *a, unsigned from, unsigned to, const unsigned char *n_from,
                    const unsigned char *n_to, unsigned char key[32]) {

@@ -63,8 +63,9 @@ void      dt_seal_free(dt_seal *s);
 /* testing.h's seal-flip: flip a bit of the body of the record-th record sealed (1-based),
  * after sealing it. */
 void      dt_seal_testing_flip(dt_seal *s, unsigned long long record);
-/* "AES-256-GCM" or "ChaCha20-Poly1305" */
+/* "AES-256-GCM" or "ChaCha20-Poly1305"; 1 for the first */
 const char *dt_seal_cipher(const dt_seal *s);
+int         dt_seal_uses_aes(const dt_seal *s);
 
 /* Non-blocking, as sendmsg(fd, iov, MSG_DONTWAIT | MSG_NOSIGNAL): bytes taken (> 0),
  * 0 for no bytes offered, -1 with errno (EAGAIN: call again with the same bytes first). */

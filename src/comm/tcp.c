@@ -600,12 +600,13 @@ static dt_status seal_mesh(tcp_world *w, dt_comm *c, const reg_t *regs, double d
     }
     sodium_memzero(mine, (size_t)w->size * DT_SEAL_NONCE);
     free(mine);
-    int naes = 0, nother = 0;
-    for (int j = 0; s == DT_OK && mode != DT_SEAL_OFF && j < w->size; j++)
-        if (w->peers[j].seal) *(strcmp(dt_seal_cipher(w->peers[j].seal), "AES-256-GCM") ? &nother : &naes) += 1;
-    if (mode != DT_SEAL_OFF)
-        snprintf(c->secure_desc, sizeof c->secure_desc, "%s (%s)", dt_seal_name(mode),
-                 naes && nother ? "AES-256-GCM and ChaCha20-Poly1305" : naes ? "AES-256-GCM" : "ChaCha20-Poly1305");
+    const dt_seal *with_aes = NULL, *without = NULL;   /* a connection of each cipher, if any */
+    for (int j = 0; s == DT_OK && j < w->size; j++)
+        if (w->peers[j].seal) *(dt_seal_uses_aes(w->peers[j].seal) ? &with_aes : &without) = w->peers[j].seal;
+    if (with_aes || without)
+        snprintf(c->secure_desc, sizeof c->secure_desc, "%s (%s%s%s)", dt_seal_name(mode),
+                 with_aes ? dt_seal_cipher(with_aes) : "", with_aes && without ? " and " : "",
+                 without ? dt_seal_cipher(without) : "");
     for (int j = 0; s == DT_OK && mode != DT_SEAL_OFF && j < w->size; j++) {
         if (j == w->rank) continue;
         unsigned char m[12];
