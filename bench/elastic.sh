@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# bench/elastic.sh: what losing a node costs an elastic job (dtrun --nnodes MIN:MAX) here.
+# bench/elastic.sh: what losing a node costs an elastic job (dtrun --nnodes MIN:MAX) here,
+# with the state from disk and from the nodes' memory, and what the snapshots cost.
 #
 #   bench/elastic.sh            (run from the build directory or set DT_BUILDDIR)
 #
 # Two dtruns on this host (127.0.0.1) are the nodes of one job of --nnodes 1:2, one rank
-# each, --micro-batches 2, a checkpoint every DT_ELASTIC_EVERY steps (default 10) to a
-# local directory. Once the job has run 2 x that many steps on 2 ranks, node 1's dtrun
-# (and with it its rank) is SIGKILLed; node 0 notices (its connection closes), kills its
-# own rank and starts again on 1 rank from the newest checkpoint. For the default gpt
-# (fortunes tokens) and the cnn (Fashion-MNIST, or synthetic data of its shape where the
-# dataset is missing), DT_BENCH_ROUNDS rounds (default 3), medians:
+# each, --micro-batches 2. Once the job has run 2 x DT_ELASTIC_EVERY steps (default 10) on
+# 2 ranks, node 1's dtrun (and with it its rank) is SIGKILLed; node 0 notices (its
+# connection closes), kills its own rank and starts again on 1 rank. The state comes back
+#   disk     from a checkpoint every DT_ELASTIC_EVERY steps to a local directory
+#            (--snapshot-every 0), or
+#   memory   from the in-memory snapshot every DT_ELASTIC_EVERY steps (--snapshot-every;
+#            a disk checkpoint only at the end).
+# For the default gpt (fortunes tokens) and the cnn (Fashion-MNIST, or synthetic data of
+# its shape where the dataset is missing), DT_BENCH_ROUNDS rounds (default 3), medians:
 #   recovery   seconds from the kill to the end of the first step on the new world
 #              (the metrics' membership event: its wall-clock time less the kill's)
-#   lost       steps done on 2 ranks after the newest checkpoint, done again on 1 rank
+#   lost       steps done on 2 ranks after the newest saved state, done again on 1 rank
 #   step       the median step time on 2 ranks before the kill, for scale
-# A lost node found by missing heartbeats adds --heartbeat-timeout to the recovery. The
-# state comes back from the disk checkpoint; no in-memory copy exists yet.
+# A lost node found by missing heartbeats adds --heartbeat-timeout to the recovery.
+# Then the snapshots' cost: the default gpt on the two nodes for DT_ELASTIC_STEPS steps
+# (default 600) with --snapshot-every 10 and 0, alternating, DT_BENCH_ROUNDS rounds each:
+# the median tokens/s of each and their ratio.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 B=${DT_BUILDDIR:-$(pwd)}
@@ -28,7 +34,7 @@ tok="dtbenchelastic$$"
 trap 'pkill -KILL -f "$tok" 2>/dev/null; rm -rf "$tmpd"' EXIT
 export DT_JOB_SECRET="bench-elastic-$$-secret"
 grep -m1 "model name" /proc/cpuinfo | sed 's/.*: /cpu: /'
-echo "cores: $(nproc); $(blas_kernels); checkpoint every $EVERY steps; $ROUNDS rounds"
+echo "cores: $(nproc); $(blas_kernels); state saved every $EVERY steps; $ROUNDS rounds"
 
 FMNIST=/usr/share/datasets/fashion-mnist
 cnn_data=$FMNIST
@@ -42,16 +48,19 @@ wait_for_line() {
     grep -Eq -- "$2" "$1"
 }
 
-# one_round NAME ARGS...: one kill; prints "recovery lost step"
+# one_round FROM NAME ARGS...: one kill, the state from FROM (disk or memory); prints
+# "recovery lost step"
 one_round() {
-    local name=$1; shift
+    local from=$1 name=$2; shift 2
+    local save=(--checkpoint-every "$EVERY" --snapshot-every 0)
+    [ "$from" = memory ] && save=(--checkpoint-every 1000000 --snapshot-every "$EVERY")
     local d="$tmpd/$tok-$name" port m
     rm -rf "$d"; mkdir -p "$d"
     m="$d/m.jsonl"
     port=$(free_port)
     local common=(-n 1 --nnodes 1:2 --master-port "$port" --rdzv-last-call 1 --heartbeat-timeout 10 --grace 5)
     local prog=("$B/dtrain" train "$@" --threads 1 --micro-batches 2 --log-every 1 --checkpoint-dir "$d/ck"
-                --checkpoint-every "$EVERY" --resume auto --steps 100000 --no-eval --quiet)
+                "${save[@]}" --resume auto --steps 100000 --no-eval --quiet)
     OMP_NUM_THREADS=1 "$B/dtrun" "${common[@]}" "${prog[@]}" --metrics "$m" > "$d/out0" 2> "$d/err0" &
     local p0=$!
     OMP_NUM_THREADS=1 "$B/dtrun" "${common[@]}" --node-rank 1 "${prog[@]}" > "$d/out1" 2> "$d/err1" &
@@ -75,17 +84,45 @@ one_round() {
               printf "%.2f %d %.3f\n", at - tk, last - ra, k ? d[int((k + 1) / 2)] : 0 }' "$m"
 }
 
-printf '%-6s %-12s %-8s %-10s %s\n' model recovery_s lost step_s "rounds (recovery/lost)"
+printf '%-6s %-7s %-12s %-8s %-10s %s\n' model from recovery_s lost step_s "rounds (recovery/lost)"
 for model in gpt cnn; do
-    recs=(); losts=(); steps=(); all=""
-    for r in $(seq "$ROUNDS"); do
-        if [ "$model" = gpt ]; then
-            set -- $(one_round gpt --model gpt --data "tokens:$DATA")
-        else
-            set -- $(one_round cnn --model cnn --data "$cnn_data")
-        fi
-        recs+=("$1"); losts+=("$2"); steps+=("$3"); all="$all $1/$2"
+    for from in disk memory; do
+        recs=(); losts=(); steps=(); all=""
+        for r in $(seq "$ROUNDS"); do
+            if [ "$model" = gpt ]; then
+                set -- $(one_round "$from" gpt --model gpt --data "tokens:$DATA")
+            else
+                set -- $(one_round "$from" cnn --model cnn --data "$cnn_data")
+            fi
+            recs+=("$1"); losts+=("$2"); steps+=("$3"); all="$all $1/$2"
+        done
+        printf '%-6s %-7s %-12s %-8s %-10s%s\n' "$model" "$from" "$(median "${recs[@]}")" "$(median "${losts[@]}")" \
+            "$(median "${steps[@]}")" "$all"
     done
-    printf '%-6s %-12s %-8s %-10s%s\n' "$model" "$(median "${recs[@]}")" "$(median "${losts[@]}")" \
-        "$(median "${steps[@]}")" "$all"
 done
+
+# the snapshots' cost: tokens/s of the default gpt on the two nodes, with and without
+STEPS=${DT_ELASTIC_STEPS:-600}
+# throughput K: prints the tokens/s of one job with --snapshot-every K
+throughput() {
+    local d="$tmpd/$tok-tp" port
+    rm -rf "$d"; mkdir -p "$d"
+    port=$(free_port)
+    local common=(-n 1 --nnodes 1:2 --master-port "$port" --rdzv-last-call 60 --heartbeat-timeout 10 --grace 5)
+    local prog=("$B/dtrain" train --model gpt --data "tokens:$DATA" --threads 1 --micro-batches 2 --steps "$STEPS"
+                --warmup 10 --snapshot-every "$1" --no-eval --quiet)
+    OMP_NUM_THREADS=1 "$B/dtrun" "${common[@]}" "${prog[@]}" > "$d/out0" 2> "$d/err0" &
+    local p0=$!
+    OMP_NUM_THREADS=1 "$B/dtrun" "${common[@]}" --node-rank 1 "${prog[@]}" > "$d/out1" 2> "$d/err1"
+    wait $p0
+    sed -n 's/.*dtrain: done: .* steps in .* s, \([0-9.]*\) tokens\/s.*/\1/p' "$d/out0" | tail -1
+}
+on=(); off=()
+for r in $(seq "$ROUNDS"); do
+    off+=("$(throughput 0)")
+    on+=("$(throughput 10)")
+done
+mon=$(median "${on[@]}"); moff=$(median "${off[@]}")
+echo "snapshots: default gpt, 2 nodes x 1 rank, $STEPS steps: tokens/s with --snapshot-every 10 $mon," \
+     "without $moff: $(awk -v a="$mon" -v b="$moff" 'BEGIN { printf "%.3f", b > 0 ? a / b : 0 }') of it" \
+     "(rounds: ${on[*]} / ${off[*]})"

@@ -269,7 +269,7 @@ static dt_status check_save_args(const char *dir, int keep, dt_model *m, dt_opti
 
 /* ---- writing a sharded checkpoint ----------------------------------------------------- */
 
-static void shard_name(char *out, size_t n, int rank, int world) {
+void dt_ckpt_shard_name_(char *out, size_t n, int rank, int world) {
     snprintf(out, n, "shard-%05d-of-%05d.safetensors", rank, world);
 }
 
@@ -327,7 +327,7 @@ dt_status dt_ckpt_write_shard(const char *tmp, int rank, int world, dt_model *m,
         return dt_error(DT_ERR_INVALID, "checkpoint shard %d of %d: bad arguments (range %zu + %zu of %zu)", rank,
                         world, lo, len, dt_model_nparams(m));
     char name[64], path[DT_CKPT_PATH_MAX_];
-    shard_name(name, sizeof name, rank, world);
+    dt_ckpt_shard_name_(name, sizeof name, rank, world);
     DT_TRY(dt_ckpt_join_(path, sizeof path, tmp, name));
     const dt_ops *ops = dt_model_ops(m);
     int ns = o ? dt_optim_nstate(o) : 0;
@@ -638,7 +638,7 @@ static dt_status check_optim(dt_ckpt *c, dt_optim *o, size_t total) {
  * range and its "params" tensor [len]. */
 static dt_status open_shard(dt_ckpt *c, int r, dt_st_file **out) {
     char name[64], path[DT_CKPT_PATH_MAX_];
-    shard_name(name, sizeof name, r, c->info.shards);
+    dt_ckpt_shard_name_(name, sizeof name, r, c->info.shards);
     DT_TRY(dt_ckpt_join_(path, sizeof path, c->path, name));
     dt_st_file *f;
     DT_TRY(open_verified(path, &f));

@@ -21,6 +21,8 @@
 /* a "/" b into out (n bytes), trailing slashes of a dropped; b NULL: a alone.
  * DT_ERR_INVALID when it does not fit. */
 dt_status dt_ckpt_join_(char *out, size_t n, const char *a, const char *b);
+/* "shard-<r>-of-<W>.safetensors" (5 digits each) into out (n bytes). */
+void dt_ckpt_shard_name_(char *out, size_t n, int rank, int world);
 /* mkdir -p, fsyncing the parent of each directory it creates. */
 dt_status dt_ckpt_mkdirs_(const char *dir);
 /* A step-* directory of a checkpoint directory: its step and name. */

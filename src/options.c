@@ -179,6 +179,17 @@ static const dt_opt_row rows[] = {
     {.field = "ckpt_keep", .flag = "--keep", .arg = "K", .type = DT_OPT_INT, .off = F(ckpt_keep), .def = "3",
      .lo = 0, .hi = 1 << 30, .where = DT_OPT_CHECK, .sec = DT_OPT_SEC_CKPT, .example = "1",
      .help = "keep the newest K checkpoints (0: all)"},
+    {.field = "snapshot_every", .flag = "--snapshot-every", .arg = "K", .type = DT_OPT_I64, .off = F(snapshot_every),
+     .def = "-1", .lo = -1, .hi = BIG, .sec = DT_OPT_SEC_CKPT, .shown = "-1: --checkpoint-every, else 50", .example = "10",
+     .help = "in an elastic job (dtrun --nnodes MIN:MAX) keep the state\n"
+             "in each node's memory every K steps, each shard also on\n"
+             "another node, and resume a membership change from it when\n"
+             "it is at least as new as the newest checkpoint (0: never)"},
+    {.field = "snapshot_dir", .flag = "--snapshot-dir", .arg = "DIR", .type = DT_OPT_STR, .off = F(snapshot_dir),
+     .sec = DT_OPT_SEC_CKPT, .shown = "DT_SNAPSHOT_DIR", .example = "/dev/shm/snap",
+     .help = "keep the snapshots in DIR, a directory in memory that this\n"
+             "node's ranks share (dtrun --nnodes MIN:MAX makes one and\n"
+             "sets DT_SNAPSHOT_DIR)"},
     {.field = "resume", .flag = "--resume", .arg = "auto|PATH", .type = DT_OPT_STR, .off = F(resume),
      .where = DT_OPT_CHECK, .sec = DT_OPT_SEC_CKPT, .example = "auto",
      .help = "auto: continue from the newest valid checkpoint in\n"

@@ -412,6 +412,7 @@ static void trainer_free(trainer *t) {
     dt_train_pipe_free_(t);
     dt_amp_free(t->amp);
     dt_ckpt_close(t->resume);
+    dt_train_snap_free_(t);
     dt_loader_free(t->loader);
     dt_sampler_free(t->sampler);
     dt_optim_free(t->optim);
@@ -470,6 +471,7 @@ static dt_status setup_world(trainer *t) {
     t->world = t->comm ? dt_comm_size(t->comm) : 1;
     t->rank = t->comm ? dt_comm_rank(t->comm) : 0;
     DT_TRY(dt_train_pipe_layout_(t));
+    DT_TRY(dt_train_snap_setup_(t));
     if (o->resume) DT_TRY(dt_train_resume_open_(t));
     DT_TRY(dt_train_check_ckpt_dir_(t));
     t->S = o->micro_batches > 0 ? o->micro_batches
@@ -807,6 +809,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         int stop = o->stop_at > 0 && done >= o->stop_at && done < t->total;
         if (!stop && done < t->total && o->stop_request) DT_TRY(stop_requested(t, &stop));
         DT_TRY(dt_train_checkpoint_(t, done, stop != 0));
+        DT_TRY(dt_train_snapshot_(t, done, stop && !o->ckpt_dir));   /* a stop without a checkpoint keeps one */
         if (stop) {
             /* an interruption on purpose: checkpointed above, end without finishing */
             DT_TRY(dt_shard_gather_root(t->shard));

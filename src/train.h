@@ -163,6 +163,13 @@ typedef struct {
     const char *ckpt_dir;       /* write checkpoints here (NULL: none) */
     int64_t     ckpt_every;     /* ... every this many steps (0: only at the end) */
     int         ckpt_keep;      /* keep the newest K checkpoints (0: all); default 3 */
+    const char *snapshot_dir;   /* this node's memory (tmpfs) directory for snapshots, shared by
+                                 * its ranks (dtrun --nnodes MIN:MAX gives DT_SNAPSHOT_DIR);
+                                 * NULL: no snapshots */
+    int64_t     snapshot_every; /* with snapshot_dir: keep the state there every this many steps,
+                                 * each shard also on another node (0: never; -1, the default:
+                                 * ckpt_every, else 50), and resume from the newest state the
+                                 * nodes hold together when it is newer than the disk's */
     int64_t     stop_at;        /* end this process's run after global step N (0: never), as an
                                  * interruption would, leaving the schedule of the full run */
     const char *resume;         /* NULL, "auto" (newest in ckpt_dir, if any), a checkpoint

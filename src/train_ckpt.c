@@ -15,26 +15,30 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "ckpt_impl.h"
 #include "clock.h"
 #include "options.h"
 #include "trace.h"
 #include "train_impl.h"
 
-/* A sharded run's checkpoint (ckpt.h): every rank writes its shard of parameters and
- * optimizer state at once, rank 0 the buffers and the manifest; every rank learns the
+/* A sharded state (ckpt.h), saved to pl's directory: every rank writes its shard of
+ * parameters and optimizer state at once, the first rank of each group sharing the
+ * directory begins it and commits the buffers and the manifest; every rank learns the
  * outcome. No rank gathers anything. */
 /* Rank r's piece of a sharded checkpoint: r, or in a pipeline stage-major (stage r % pp,
  * replica r / pp). */
-static int piece_of(const trainer *t, int r) { return t->pipe ? (r % t->pp) * t->dp + r / t->pp : r; }
+int dt_train_piece_(const trainer *t, int r) { return t->pipe ? (r % t->pp) * t->dp + r / t->pp : r; }
 
-static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *const *extra, int nextra) {
-    const dt_train_opts *o = t->o;
+static dt_status save_sharded(trainer *t, const dt_train_meta *me, const dt_train_place_ *pl) {
     char tmp[4096] = "";
     int64_t st = DT_OK;
-    if (t->rank == 0) st = dt_ckpt_begin(o->ckpt_dir, info->step, tmp, sizeof tmp);
-    DT_TRY(dt_broadcast(t->comm, &st, 1, DT_I64, 0));
-    if (st != DT_OK) return t->rank == 0 ? (dt_status)st : dt_error((dt_status)st, "rank 0 could not start the checkpoint");
-    DT_TRY(dt_broadcast(t->comm, tmp, sizeof tmp, DT_U8, 0));
+    int leader = dt_comm_rank(pl->group) == 0;
+    if (leader) st = dt_ckpt_begin(pl->dir, me->info.step, tmp, sizeof tmp);
+    DT_TRY(dt_broadcast(pl->group, &st, 1, DT_I64, 0));
+    if (st != DT_OK)
+        return leader ? (dt_status)st : dt_error((dt_status)st, "the first rank writing to %s could not start "
+                                                 "the checkpoint", pl->dir);
+    DT_TRY(dt_broadcast(pl->group, tmp, sizeof tmp, DT_U8, 0));
     typedef struct { int64_t st, lo, len; char sum[DT_CKPT_SUM_LEN]; } piece;
     piece mine = {0};
     size_t lo, len;
@@ -46,10 +50,17 @@ static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *
     if (empty) lo += len, len = 0;
     mine.lo = (int64_t)lo;
     mine.len = (int64_t)len;
-    mine.st = dt_ckpt_write_shard(tmp, piece_of(t, t->rank), t->world, t->model, empty ? NULL : t->optim, lo, len,
-                                  mine.sum);
+    mine.st = dt_ckpt_write_shard(tmp, dt_train_piece_(t, t->rank), t->world, t->model, empty ? NULL : t->optim,
+                                  lo, len, mine.sum);
     char why[1024];
     snprintf(why, sizeof why, "%s", mine.st != DT_OK ? dt_last_error() : "");
+    if (pl->copy) {   /* every rank takes part, so that a failed write fails no exchange */
+        dt_status c = pl->copy(t, tmp, (dt_status)mine.st);
+        if (c != DT_OK && mine.st == DT_OK) {
+            mine.st = c;
+            snprintf(why, sizeof why, "%s", dt_last_error());
+        }
+    }
     piece *all = calloc((size_t)t->world, sizeof *all);
     size_t *los = calloc((size_t)t->world, sizeof *los), *lens = calloc((size_t)t->world, sizeof *lens);
     char (*sums)[DT_CKPT_SUM_LEN] = calloc((size_t)t->world, sizeof *sums);
@@ -58,7 +69,7 @@ static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *
     int bad = -1;
     for (int r = 0; s == DT_OK && r < t->world; r++) {
         if (all[r].st != DT_OK && bad < 0) bad = r;
-        int k = piece_of(t, r);
+        int k = dt_train_piece_(t, r);
         los[k] = (size_t)all[r].lo;
         lens[k] = (size_t)all[r].len;
         memcpy(sums[k], all[r].sum, sizeof sums[k]);
@@ -67,21 +78,97 @@ static dt_status save_sharded(trainer *t, const dt_ckpt_info *info, const char *
     if (s == DT_OK && bad >= 0)
         s = bad == t->rank ? dt_error((dt_status)mine.st, "%s", why)
                            : dt_error((dt_status)all[bad].st, "rank %d could not write its shard", bad);
-    if (t->rank == 0) {
-        if (s == DT_OK) s = dt_ckpt_commit(o->ckpt_dir, o->ckpt_keep, tmp, t->model, t->optim, info, extra, nextra,
-                                           t->world, los, lens, (const char (*)[DT_CKPT_SUM_LEN])sums);
+    if (leader) {
+        if (s == DT_OK) s = dt_ckpt_commit(pl->dir, pl->keep, tmp, t->model, t->optim, &me->info, me->extra,
+                                           me->nextra, t->world, los, lens, (const char (*)[DT_CKPT_SUM_LEN])sums);
         else dt_ckpt_abort(tmp);
     }
     free(all);
     free(los);
     free(lens);
     free(sums);
-    /* rank 0's outcome for all */
+    /* the committing ranks' outcomes for all */
     if (bad < 0) {
         st = s;
-        DT_TRY(dt_broadcast(t->comm, &st, 1, DT_I64, 0));
-        if (st != DT_OK && t->rank != 0) s = dt_error((dt_status)st, "rank 0 could not complete the checkpoint");
+        int who;
+        DT_TRY(dt_train_agree_(t, &st, &who));
+        if (st != DT_OK && who != t->rank) s = dt_error((dt_status)st, "rank %d could not complete the checkpoint", who);
     }
+    return s;
+}
+
+/* Every rank's status: the first rank's that failed into *st (and that rank into *who),
+ * DT_OK when none did. */
+dt_status dt_train_agree_(trainer *t, int64_t *st, int *who) {
+    *who = -1;
+    if (t->world < 2) {
+        if (*st != DT_OK) *who = t->rank;
+        return DT_OK;
+    }
+    int64_t *all = calloc((size_t)t->world, sizeof *all);
+    if (!all) return dt_error(DT_ERR_NOMEM, "out of memory for %d statuses", t->world);
+    dt_status s = dt_allgather(t->comm, st, all, 1, DT_I64);
+    *st = DT_OK;
+    for (int r = 0; s == DT_OK && r < t->world && *who < 0; r++)
+        if (all[r] != DT_OK) *st = all[r], *who = r;
+    free(all);
+    return s;
+}
+
+/* What a checkpoint after step done records beside the state: the loop's own values, then
+ * every recorded row (options.h), which resume_compare holds a resumed run to. */
+dt_status dt_train_meta_(trainer *t, int64_t done, dt_train_meta *me) {
+    const dt_train_opts *o = t->o;
+    memset(me, 0, sizeof *me);
+    snprintf(me->loss, sizeof me->loss, "%.17g", t->epoch_loss);
+    snprintf(me->total, sizeof me->total, "%lld", (long long)t->total);
+    dt_amp_scaler_text(t->amp, me->scaler, sizeof me->scaler);
+    /* the per-sample input shape, so `dtrain export` can build the model */
+    const dt_dataset_info *di = dt_dataset_get_info(t->train);
+    for (int i = 0; i < di->ndim; i++) {
+        size_t k = strlen(me->shape);
+        snprintf(me->shape + k, sizeof me->shape - k, "%s%lld", i ? "," : "", (long long)di->shape[i]);
+    }
+    const char *first[] = {"epoch_loss", me->loss, "total_steps", me->total, "loss_scaler", me->scaler,
+                           "input_shape", me->shape};
+    memcpy(me->extra, first, sizeof first);
+    me->nextra = 4;
+    int n;
+    const dt_opt_row *rows = dt_train_options(&n);
+    for (int i = 0; i < n; i++) {
+        if (!(rows[i].where & DT_OPT_RECORD)) continue;
+        if (me->nextra == DT_TRAIN_META_MAX_)
+            return dt_error(DT_ERR_INTERNAL, "checkpoint: more than %d recorded settings", DT_TRAIN_META_MAX_);
+        me->extra[2 * me->nextra] = rows[i].field;
+        me->extra[2 * me->nextra + 1] = dt_opt_text(&rows[i], o, me->text[me->nextra], sizeof me->text[me->nextra]);
+        me->nextra++;
+    }
+    me->info = (dt_ckpt_info){.step = done, .epoch = done / t->spe, .step_in_epoch = done % t->spe,
+                              .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
+                              .model_spec = o->model, .schedule = o->schedule};
+    return DT_OK;
+}
+
+/* The state after step done into pl's directory: a sharded checkpoint where the state is
+ * sharded (or pipelined), else one written by each group's first rank. */
+dt_status dt_train_save_(trainer *t, int64_t done, const dt_train_place_ *pl) {
+    dt_train_meta *me = malloc(sizeof *me);
+    if (!me) return dt_error(DT_ERR_NOMEM, "checkpoint: out of memory");
+    dt_status s = dt_train_meta_(t, done, me);
+    if (s == DT_OK && (dt_shard_state_sharded(t->shard) || t->pipe)) s = save_sharded(t, me, pl);
+    else if (s == DT_OK) {
+        int64_t st = !pl->group || dt_comm_rank(pl->group) == 0
+                   ? dt_ckpt_save(pl->dir, pl->keep, t->model, t->optim, &me->info, me->extra, me->nextra) : DT_OK;
+        s = (dt_status)st;
+        if (pl->group != t->comm) {   /* a writer per group: every rank learns each outcome */
+            int who;
+            s = dt_train_agree_(t, &st, &who);
+            if (s == DT_OK && st != DT_OK && who != t->rank)
+                s = dt_error((dt_status)st, "rank %d could not complete the checkpoint", who);
+            else if (s == DT_OK) s = (dt_status)st;
+        }
+    }
+    free(me);
     return s;
 }
 
@@ -93,38 +180,9 @@ dt_status dt_train_checkpoint_(trainer *t, int64_t done, int force) {
     const dt_train_opts *o = t->o;
     if (!o->ckpt_dir) return DT_OK;
     if (!force && !((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == t->total)) return DT_OK;
-    char loss[64], total[32], shape[128] = "", scaler[96];
-    snprintf(loss, sizeof loss, "%.17g", t->epoch_loss);
-    snprintf(total, sizeof total, "%lld", (long long)t->total);
-    dt_amp_scaler_text(t->amp, scaler, sizeof scaler);
-    /* the per-sample input shape, so `dtrain export` can build the model */
-    const dt_dataset_info *di = dt_dataset_get_info(t->train);
-    for (int i = 0; i < di->ndim; i++) {
-        size_t k = strlen(shape);
-        snprintf(shape + k, sizeof shape - k, "%s%lld", i ? "," : "", (long long)di->shape[i]);
-    }
-    /* the loop's own values, then every recorded row (options.h): resume_compare holds a
-     * resumed run to them */
-    enum { MAX_EXTRA = 64 };
-    const char *extra[2 * MAX_EXTRA] = {"epoch_loss", loss, "total_steps", total, "loss_scaler", scaler,
-                                        "input_shape", shape};
-    char text[MAX_EXTRA][48];
-    int nextra = 4, n;
-    const dt_opt_row *rows = dt_train_options(&n);
-    for (int i = 0; i < n; i++) {
-        if (!(rows[i].where & DT_OPT_RECORD)) continue;
-        if (nextra == MAX_EXTRA) return dt_error(DT_ERR_INTERNAL, "checkpoint: more than %d recorded settings", MAX_EXTRA);
-        extra[2 * nextra] = rows[i].field;
-        extra[2 * nextra + 1] = dt_opt_text(&rows[i], o, text[nextra], sizeof text[nextra]);
-        nextra++;
-    }
-    dt_ckpt_info info = {.step = done, .epoch = done / t->spe, .step_in_epoch = done % t->spe,
-                         .seed = o->seed, .batch = o->batch, .micro_batches = t->S, .world_size = t->world,
-                         .model_spec = o->model, .schedule = o->schedule};
-    dt_status s = DT_OK;
     double t0 = dt_now();
-    if (dt_shard_state_sharded(t->shard) || t->pipe) s = save_sharded(t, &info, extra, nextra);
-    else if (t->rank == 0) s = dt_ckpt_save(o->ckpt_dir, o->ckpt_keep, t->model, t->optim, &info, extra, nextra);
+    dt_train_place_ disk = {.dir = o->ckpt_dir, .keep = o->ckpt_keep, .group = t->comm};
+    dt_status s = dt_train_save_(t, done, &disk);
     if (s != DT_OK) dt_error_wrap(s, "checkpoint at step %lld: ", (long long)done);
     char d[48];
     snprintf(d, sizeof d, "step %lld", (long long)done);
@@ -132,42 +190,19 @@ dt_status dt_train_checkpoint_(trainer *t, int64_t done, int force) {
     return s;
 }
 
-/* Which checkpoint to resume from: rank 0 decides and tells the others, so all
- * ranks load the same one (the directory must be visible to every rank). */
-dt_status dt_train_resume_open_(trainer *t) {
+/* The newest step-* name in dir (not opened: only to compare with the snapshots); -1: none. */
+static int64_t newest_on_disk(const char *dir) {
+    dt_ckpt_entry_ *v = NULL;
+    size_t n = 0;
+    int missing = 0;
+    int64_t step = dt_ckpt_list_(dir, &v, &n, &missing) == DT_OK && n > 0 ? v[0].step : -1;
+    free(v);
+    return step;
+}
+
+/* The opened checkpoint t->resume (at path) against this run: seed, batch, micro-batches. */
+static dt_status resume_check(trainer *t, const char *path) {
     const dt_train_opts *o = t->o;
-    char path[4096] = "", skipped[1024] = "";
-    int found = 0;
-    if (t->rank == 0) {
-        const char *where = o->resume;
-        if (!strcmp(where, "auto")) {
-            if (!o->ckpt_dir) return dt_error(DT_ERR_INVALID, "ckpt_dir: required to resume 'auto' (from the newest checkpoint in it)");
-            where = o->ckpt_dir;
-        }
-        char probe[4096];
-        snprintf(probe, sizeof probe, "%s/train_state.safetensors", where);
-        if (access(probe, F_OK) == 0) {            /* one step-* directory */
-            snprintf(path, sizeof path, "%s", where);
-            found = 1;
-        } else {
-            dt_status s = dt_ckpt_latest(where, path, sizeof path, skipped, sizeof skipped);
-            if (s == DT_OK) found = 1;
-            else if (s == DT_ERR_IO && strcmp(o->resume, "auto") != 0)
-                return DT_ERR_INVALID;                   /* a named checkpoint that is not there: bad input */
-            else if (s != DT_ERR_IO) return s;           /* auto: nothing yet is fine */
-        }
-    }
-    if (t->world > 1) {
-        int64_t f = found;
-        DT_TRY(dt_broadcast(t->comm, &f, 1, DT_I64, 0));
-        DT_TRY(dt_broadcast(t->comm, path, sizeof path, DT_U8, 0));
-        found = (int)f;
-    }
-    if (!found) {
-        snprintf(t->note, sizeof t->note, "no checkpoint in %s yet: starting from step 0", o->ckpt_dir);
-        return DT_OK;
-    }
-    DT_TRY(dt_ckpt_open(path, &t->resume));
     const dt_ckpt_info *ci = dt_ckpt_info_of(t->resume);
     if (ci->seed != o->seed)
         return dt_error(DT_ERR_INVALID, "resume: %s was written with seed %llu, this run has seed %llu",
@@ -179,8 +214,64 @@ dt_status dt_train_resume_open_(trainer *t) {
         return dt_error(DT_ERR_INVALID, "resume: %s was written with %lld micro-batches; resume with as many "
                         "(or leave the count to the checkpoint) to continue the same computation",
                         path, (long long)ci->micro_batches);
-    if (snprintf(t->note, sizeof t->note, "resumed from %s (step %lld)%s%s", path, (long long)ci->step,
-                 skipped[0] ? "; skipped: " : "", skipped) >= (int)sizeof t->note)
+    return DT_OK;
+}
+
+/* Which checkpoint to resume from: rank 0 decides and tells the others, so all
+ * ranks load the same one (the directory must be visible to every rank). With
+ * snapshots (train_snap.c) and "auto", the nodes' in-memory state when it is at least
+ * as new as the disk's newest. */
+dt_status dt_train_resume_open_(trainer *t) {
+    const dt_train_opts *o = t->o;
+    char path[4096] = "", skipped[1024] = "";
+    int found = 0, is_auto = !strcmp(o->resume, "auto");
+    if (t->snap && is_auto) {
+        int64_t disk = t->rank == 0 && o->ckpt_dir ? newest_on_disk(o->ckpt_dir) : -1;
+        if (t->world > 1) DT_TRY(dt_broadcast(t->comm, &disk, 1, DT_I64, 0));
+        int used;
+        DT_TRY(dt_train_snap_resume_(t, disk, path, sizeof path, &used));
+        if (used) return resume_check(t, path);
+    }
+    if (t->rank == 0) {
+        const char *where = o->resume;
+        if (is_auto) {
+            if (!o->ckpt_dir && !t->snap)
+                return dt_error(DT_ERR_INVALID, "ckpt_dir: required to resume 'auto' (from the newest checkpoint in it)");
+            where = o->ckpt_dir;
+        }
+        char probe[4096];
+        snprintf(probe, sizeof probe, "%s/train_state.safetensors", where ? where : "");
+        if (!where) {
+            /* snapshots only, and none to resume from: a fresh start */
+        } else if (access(probe, F_OK) == 0) {            /* one step-* directory */
+            snprintf(path, sizeof path, "%s", where);
+            found = 1;
+        } else {
+            dt_status s = dt_ckpt_latest(where, path, sizeof path, skipped, sizeof skipped);
+            if (s == DT_OK) found = 1;
+            else if (s == DT_ERR_IO && !is_auto)
+                return DT_ERR_INVALID;                   /* a named checkpoint that is not there: bad input */
+            else if (s != DT_ERR_IO) return s;           /* auto: nothing yet is fine */
+        }
+    }
+    if (t->world > 1) {
+        int64_t f = found;
+        DT_TRY(dt_broadcast(t->comm, &f, 1, DT_I64, 0));
+        DT_TRY(dt_broadcast(t->comm, path, sizeof path, DT_U8, 0));
+        found = (int)f;
+    }
+    size_t nl = strlen(t->note);   /* after a snapshot passed over, what it says */
+    if (!found) {
+        if (o->ckpt_dir) snprintf(t->note + nl, sizeof t->note - nl, "no checkpoint in %s yet: starting from step 0",
+                                  o->ckpt_dir);
+        else snprintf(t->note + nl, sizeof t->note - nl, "no snapshot yet: starting from step 0");
+        return DT_OK;
+    }
+    DT_TRY(dt_ckpt_open(path, &t->resume));
+    DT_TRY(resume_check(t, path));
+    if (snprintf(t->note + nl, sizeof t->note - nl, "resumed from %s (step %lld)%s%s", path,
+                 (long long)dt_ckpt_info_of(t->resume)->step, skipped[0] ? "; skipped: " : "",
+                 skipped) >= (int)(sizeof t->note - nl))
         memcpy(t->note + sizeof t->note - 4, "...", 4);   /* a long path and list: cut, and said to be */
     return DT_OK;
 }

@@ -6,6 +6,7 @@
  *   train_eval.c   loss targets, the device batch, evaluation
  *   train_pipe.c   --pipeline: stages, the schedule's actions, the norm across stages
  *   train_trace.c  --trace: the steps traced, the ranks' clocks, the file
+ *   train_snap.c   --snapshot-every: the state kept in node-local memory, a partner's copy
  */
 #ifndef DT_TRAIN_IMPL_H
 #define DT_TRAIN_IMPL_H
@@ -73,6 +74,7 @@ typedef struct trainer {
     double *rank_stats;              /* world x DT_RANK_STATS */
     int64_t g0;                      /* first step of this run (> 0 when resumed) */
     dt_ckpt *resume;                 /* the checkpoint to resume from, until restored */
+    struct train_snap *snap;         /* train_snap.c; NULL without snapshots */
     char note[1536];                 /* what resume did, for the START event */
     double epoch_loss;               /* sum of step losses of the current epoch */
     int64_t epoch_steps;             /* steps of the current epoch (resumed ones included) */
@@ -147,6 +149,44 @@ dt_status dt_train_resume_open_(trainer *t);
 dt_status dt_train_resume_restore_(trainer *t);
 /* A checkpoint after step `done` when one is due (or force). */
 dt_status dt_train_checkpoint_(trainer *t, int64_t done, int force);
+/* What a checkpoint records beside the state (the loop's values, every recorded row);
+ * extra points into the struct itself. */
+#define DT_TRAIN_META_MAX_ 64
+typedef struct {
+    dt_ckpt_info info;
+    const char  *extra[2 * DT_TRAIN_META_MAX_];
+    int          nextra;
+    char         text[DT_TRAIN_META_MAX_][48];
+    char         loss[64], total[32], shape[128], scaler[96];
+} dt_train_meta;
+dt_status dt_train_meta_(trainer *t, int64_t done, dt_train_meta *me);
+/* Where a state is saved: dir (keeping `keep`), begun and committed by the first rank of
+ * group (the ranks sharing dir; NULL: this process alone); copy (NULL: none) runs on every
+ * rank once its shard is written into tmp (st: how that went), to put copies elsewhere. */
+typedef struct {
+    const char *dir;
+    int         keep;
+    dt_comm    *group;
+    dt_status (*copy)(trainer *t, const char *tmp, dt_status st);
+} dt_train_place_;
+/* The state after step done into pl (sharded where the state is, or pipelined). */
+dt_status dt_train_save_(trainer *t, int64_t done, const dt_train_place_ *pl);
+/* Rank r's piece (shard file) in a sharded checkpoint. */
+int       dt_train_piece_(const trainer *t, int r);
+/* Every rank's status gathered: the first failing rank's into *st and *who (-1: none). */
+dt_status dt_train_agree_(trainer *t, int64_t *st, int *who);
+
+/* ---- train_snap.c: --snapshot-every (in-memory snapshots for elastic jobs) ---- */
+
+/* The node groups and the partner of each rank, when snapshots are on (o->snapshot_dir). */
+dt_status dt_train_snap_setup_(trainer *t);
+/* A snapshot after step done when one is due (or force). */
+dt_status dt_train_snapshot_(trainer *t, int64_t done, int force);
+/* The newest state the nodes' snapshots hold together, if at least as new as the disk's
+ * newest step disk_step (-1: none): assembled on every node and opened as t->resume, its
+ * path into path (n bytes), *used 1. */
+dt_status dt_train_snap_resume_(trainer *t, int64_t disk_step, char *path, size_t n, int *used);
+void      dt_train_snap_free_(trainer *t);
 
 /* ---- train_trace.c ---- */
 

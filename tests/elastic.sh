@@ -54,6 +54,20 @@ wait_count() {
     [ "$(grep -Ec -- "$2" "$1")" -ge "$3" ]
 }
 show() { for f in "$@"; do diag "$f:"; sed 's/^/#   /' "$f" | tail -12; done; }
+# A step drawn after the last change to a world of $2 ranks in metrics file $1: its first
+# step + $3 + a random part below $4.
+draw_step() {
+    j=$(sed -n "s/.*\"event\":\"membership\",\"step\":\([0-9]*\),.*\"world_size\":$2.*/\1/p" "$1" | tail -1)
+    echo $(( ${j:-0} + $3 + $(od -An -N2 -tu2 /dev/urandom | tr -d ' ') % $4 ))
+}
+# lose KILLED WAITED DIR: SIGKILL dtrun KILLED, note the newest state in DIR ($kept), wait
+# (at most 240 s) for dtrun WAITED ($rc0)
+lose() {
+    kill -KILL "$1"
+    kept=$(newest "$3")
+    wait_pid "$2" 240; rc0=$?
+    wait "$1" 2>/dev/null
+}
 
 # the run nobody interrupts: one process, the same global batch and micro-batches
 "$D" $TRAIN --save "$T/ref.st" > "$T/ref.out" 2>&1
@@ -80,14 +94,11 @@ for trial in $(seq "$trials"); do
     ok $? "the metrics file records the change at the first step on 2 ranks"
     # the loss: node 1's dtrun (and with it its rank) SIGKILLed once a checkpoint at a step
     # drawn here exists
-    j=$(sed -n 's/.*"event":"membership","step":\([0-9]*\),.*"world_size":2.*/\1/p' "$T/grow.m.jsonl" | tail -1)
-    k=$(( ${j:-0} + 200 + $(od -An -N2 -tu2 /dev/urandom | tr -d ' ') % 2000 ))
+    k=$(draw_step "$T/grow.m.jsonl" 2 200 2000)
     wait_ckpt "$T/$tok/grow" "$k"
     ok $? "2 ranks reach a checkpoint at or after step $k (drawn)"
-    kill -KILL $p1
-    lost_at=$(newest "$T/$tok/grow")
-    wait_pid $p0 240; rc0=$?
-    wait $p1 2>/dev/null
+    lose $p1 $p0 "$T/$tok/grow"
+    lost_at=$kept
     [ "$rc0" -eq 0 ]; ok $? "node 1 killed near step $k: node 0 finishes the job alone, exit 0 (got $rc0)"
     [ "$rc0" -eq 0 ] || show "$T/grow.err0" "$T/grow.out0"
     ok_grep "$T/grow.err0" "^dtrun: node 1 \(.*\) lost at .* UTC: its connection closed; stopping the attempt$" \
@@ -180,8 +191,10 @@ wait_ckpt "$T/$tok/spare" 400
 kill -KILL $q1
 wait_line "$T/spare.err2" "^dtrun: node 2 \(.*\), attempt 1: ranks 1\.\.1 of 2$" 60
 ok $? "node 1 killed: the spare takes rank 1"
-ok_grep "$T/spare.err0" "^dtrun: membership: node 1 \(.*\) lost: its connection closed; world 2 -> 2 ranks on 2 nodes; " \
-    "node 0: the world stays at 2 ranks"
+# node 0 says the change after it has sent the new layout: the spare may print first
+wait_line "$T/spare.err0" "^dtrun: membership: node 1 \(.*\) lost: its connection closed; world 2 -> 2 ranks on 2 nodes; " 60
+r=$?; ok $r "node 0: the world stays at 2 ranks"
+[ $r -eq 0 ] || show "$T/spare.err0"
 wait_pid $q0 240; rc0=$?
 wait_pid $q2 60; rc2=$?
 wait $q1 2>/dev/null
@@ -202,6 +215,69 @@ wait $f1 2>/dev/null
 ok_grep "$T/few.err0" "^dtrun: the job stops: 1 live node \(at least 2 needed, for a world of 1 and 2 ranks\) for 3 s \(--rdzv-timeout\); nodes lost: 1 \(.*\); newest checkpoint: .*/$tok/few/step-[0-9]{12}$" \
     "node 0 names the lost node and the newest checkpoint"
 TRAIN=$TRAIN_SAVE
+
+# ---- in-memory snapshots: no checkpoint directory at all, nodes of 2 ranks, sharded -----
+# (--snapshot-every 10, --shard grads: each rank's shard also on the other node). Node 1
+# joins (it holds nothing: the files come from node 0), then is SIGKILLed at a drawn step;
+# node 0 goes on from the snapshot in memory, its own shards and node 1's copies.
+TRAIN_SAVE=$TRAIN; TRAIN="$TRAIN --shard grads --snapshot-every 10"
+port=$(free_port)
+(exec "$DTRUN" -n 2 --nnodes 1:2 --node-rank 0 --master-port "$port" --heartbeat-timeout 5 --grace 20 \
+    --rdzv-last-call 0.3 "$D" $TRAIN --resume auto --metrics "$T/$tok/mem.m.jsonl" --save "$T/mem.st" \
+    > "$T/mem.out0" 2> "$T/mem.err0") & m0=$!
+wait_line "$T/mem.err0" "^dtrun: warning: the program has no --checkpoint-dir: its state lives only in the nodes' memory" 60
+ok $? "no --checkpoint-dir: dtrun says the state lives in the nodes' memory only"
+snapdir() { ls -d /dev/shm/dtrain-"$1"-*-snap 2>/dev/null | head -1; }
+wait_line "$T/mem.out0" "no snapshot yet: starting from step 0" 60
+s0=$(snapdir $m0)
+[ -n "$s0" ] && [ -d "$s0" ]; ok $? "node 0's dtrun made its memory directory (${s0:-none})"
+(exec "$DTRUN" -n 2 --nnodes 1:2 --node-rank 1 --master-port "$port" --heartbeat-timeout 5 --grace 20 \
+    --rdzv-last-call 0.3 "$D" $TRAIN --resume auto --metrics "$T/$tok/mem1.m.jsonl" > "$T/mem.out1" 2> "$T/mem.err1") & m1=$!
+wait_line "$T/$tok/mem.m.jsonl" '"event":"membership".*"world_size":4' 60
+r=$?; ok $r "node 1 joins: 4 ranks"
+[ $r -eq 0 ] || show "$T/mem.err0" "$T/mem.err1" "$T/mem.out1"
+ok_grep "$T/mem.out0" "^\[rank0\]:dtrain: resumed from the nodes' in-memory snapshot of step [0-9]+ \([0-9]+ files copied between nodes, " \
+    "the grown world starts from the snapshot node 0 kept, the files node 1 lacked copied to it"
+s1=$(snapdir $m1)
+k=$(draw_step "$T/$tok/mem.m.jsonl" 4 50 1500)
+wait_ckpt "$s0" "$k"
+ok $? "4 ranks keep snapshots in memory past step $k (drawn)"
+lose $m1 $m0 "$s0"
+[ "$rc0" -eq 0 ]; ok $? "node 1 killed near step $k: node 0 finishes on 2 ranks (exit $rc0)"
+[ "$rc0" -eq 0 ] || show "$T/mem.err0" "$T/mem.out0"
+r=$(sed -n 's/.*"event":"membership","step":[0-9]*,"resumed_after":\([0-9]*\),"world_size":2.*/\1/p' "$T/$tok/mem.m.jsonl" | tail -1)
+[ -n "$r" ] && [ "$r" -ge "$kept" ] && [ $((r % 10)) -eq 0 ]
+ok $? "resumed after step ${r:-none}, the newest snapshot when node 1 died ($kept or later): at most 10 steps lost"
+ok_grep "$T/mem.out0" "^\[rank0\]:dtrain: resumed from the nodes' in-memory snapshot of step $r(;|$)" \
+    "node 0 held the whole state: its shards and node 1's copies, nothing copied"
+said=$(sed -n 's/^dtrun: membership: node 1 .* lost: .*; resumes after step \([0-9]*\); .*/\1/p' "$T/mem.err0" | tail -1)
+[ "$said" = "$r" ]; ok $? "dtrun named that step (${said:-none})"
+cmp -s "$T/ref.st" "$T/mem.st"; ok $? "grown, shrunk, sharded, from memory: the same weight bytes as one process"
+[ ! -e "$s0" ]; ok $? "node 0's dtrun removed its memory directory at the end"
+i=0; while [ -n "$s1" ] && [ -e "$s1" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+[ -n "$s1" ] && [ ! -e "$s1" ]; ok $? "the killed node's directory was swept (its dtrun is dead)"
+TRAIN=$TRAIN_SAVE
+
+# a snapshot that does not verify is passed over for the disk's checkpoint; bad directories
+# (one process: disk 20 and 35, memory 20 and 30; disk's 35 removed, memory's 30 damaged)
+mkdir -p "$T/snapd"
+DT_SNAPSHOT_DIR="$T/snapd" "$D" $TRAIN --stop-at 35 --checkpoint-dir "$T/$tok/pass" --checkpoint-every 20 \
+    --snapshot-every 10 --resume auto > "$T/pass.out" 2>&1
+[ -d "$T/snapd/step-000000000030" ] && [ -d "$T/$tok/pass/step-000000000035" ]
+ok $? "one process keeps snapshots in DT_SNAPSHOT_DIR beside its checkpoints"
+rm -rf "$T/$tok/pass/step-000000000035"
+f="$T/snapd/step-000000000030/model.safetensors"
+[ -f "$f" ] && printf 'X' | dd of="$f" bs=1 seek=200 conv=notrunc 2> /dev/null
+DT_SNAPSHOT_DIR="$T/snapd" "$D" $TRAIN --checkpoint-dir "$T/$tok/pass" --checkpoint-every 20 --snapshot-every 10 \
+    --resume auto --save "$T/pass.st" > "$T/pass.out" 2>&1
+ok_grep "$T/pass.out" "in-memory snapshot of step 30 was passed over \(rank 0: .*model.safetensors.*\); resumed from .*/step-000000000020 " \
+    "a damaged snapshot is passed over, naming the file; the disk's checkpoint is used"
+cmp -s "$T/ref.st" "$T/pass.st"; ok $? "and the weights are one process's"
+DT_SNAPSHOT_DIR="$T/model" "$D" $TRAIN --snapshot-every 10 --resume auto > "$T/r.out" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "snapshot directory $T/model (DT_SNAPSHOT_DIR): not a writable directory" "$T/r.out"
+ok $? "DT_SNAPSHOT_DIR not a directory: exit 2, naming it (got $rc)"
+"$D" $TRAIN --snapshot-every -3 > "$T/r.out" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "snapshot-every" "$T/r.out"; ok $? "--snapshot-every -3: refused (got $rc)"
 
 # ---- refusals ---------------------------------------------------------------------------
 port=$(free_port)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -78,6 +79,43 @@ static int creator_alive(int pid, unsigned long long start) {
     return now == 0 || start == 0 || now == start;
 }
 
+/* Remove directory name under dfd and what it holds, at most 3 levels below it (a node's
+ * snapshots: step-* directories of files, and their temporary ones). 0, or -1. */
+static int rm_dir_at(int dfd, const char *name, int depth) {
+    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return -1;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return -1;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (unlinkat(fd, e->d_name, 0) != 0 && errno == EISDIR && depth < 3) rm_dir_at(fd, e->d_name, depth + 1);
+    }
+    closedir(d);
+    return unlinkat(dfd, name, AT_REMOVEDIR);
+}
+
+int dt_shm_dir_make(char *path, size_t n, const char *tag) {
+    char name[DT_SHM_NAME_MAX];
+    if (dt_shm_name_make(name, sizeof name, tag) != 0) return ENAMETOOLONG;
+    int k = snprintf(path, n, "%s%s", SHM_DIR, name);
+    if (k < 0 || (size_t)k >= n) return ENAMETOOLONG;
+    return mkdir(path, 0700) == 0 ? 0 : errno;
+}
+
+int dt_shm_dir_remove(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash || strncmp(path, SHM_DIR "/", strlen(SHM_DIR) + 1) != 0 || !dt_shm_name_ours(slash + 1)) return -1;
+    int dfd = open(SHM_DIR, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return -1;
+    int rc = rm_dir_at(dfd, slash + 1, 0);
+    close(dfd);
+    return rc;
+}
+
 int dt_shm_sweep(void) {
     unsigned long long my_ns = pid_ns();
     if (!my_ns) return 0;                       /* cannot tell namespaces apart: touch nothing */
@@ -90,7 +128,8 @@ int dt_shm_sweep(void) {
         unsigned long long start, ns;
         if (strncmp(e->d_name, "dtrain-", 7) != 0 || parse(e->d_name, &pid, &start, &ns) != 0) continue;
         if (ns != my_ns || creator_alive(pid, start)) continue;
-        if (unlinkat(dirfd(d), e->d_name, 0) == 0) removed++;
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0 || (errno == EISDIR && rm_dir_at(dirfd(d), e->d_name, 0) == 0))
+            removed++;
     }
     closedir(d);
     return removed;

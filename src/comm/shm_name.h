@@ -32,7 +32,13 @@
 int dt_shm_name_make(char *buf, size_t n, const char *tag);
 /* 1 when name (with or without the leading '/') has the form dt_shm_name_make writes. */
 int dt_shm_name_ours(const char *name);
-/* Remove the segments in /dev/shm whose creator is dead (see the rule above); returns how many. */
+/* A directory /dev/shm/dtrain-PID-START-PIDNS-TAG of this process (mode 0700; a node's
+ * snapshots, made by dtrun) into path (n bytes); 0, or an errno value. */
+int dt_shm_dir_make(char *path, size_t n, const char *tag);
+/* Remove such a directory and what it holds; 0, or -1 (a path of another form is never touched). */
+int dt_shm_dir_remove(const char *path);
+/* Remove the segments in /dev/shm whose creator is dead (see the rule above), and the
+ * directories dt_shm_dir_make made; returns how many. */
 int dt_shm_sweep(void);
 
 #endif /* DT_SHM_NAME_H */

@@ -626,6 +626,8 @@ static int cmd_train(int argc, char **argv) {
     }
     if (s == DT_OK && cli.fault && (s = dt_testing_set_fault(cli.fault)) != DT_OK) dt_error_wrap(s, "--testing-fault: ");
     if (s != DT_OK) return fail(s);
+    if (!o.snapshot_dir && getenv("DT_SNAPSHOT_DIR") && *getenv("DT_SNAPSHOT_DIR"))
+        o.snapshot_dir = getenv("DT_SNAPSHOT_DIR");   /* dtrun --nnodes MIN:MAX: this node's memory */
     const char *probe = getenv("DT_ELASTIC_PROBE");
     if (probe && strcmp(probe, "1") == 0) return elastic_probe(&o);
     const dt_optim_def *optim = dt_optim_find(o.optim);   /* unknown: the trainer lists the names */
@@ -694,6 +696,9 @@ static int cmd_train(int argc, char **argv) {
         if (res.stopped == 2 && o.ckpt_dir)
             printf("dtrain: stopped at step %lld on %s, checkpointed in %s; resume with --resume auto\n",
                    (long long)res.steps, sig, o.ckpt_dir);
+        else if (res.stopped == 2 && o.snapshot_dir && o.snapshot_every != 0)
+            printf("dtrain: stopped at step %lld on %s, snapshot kept in the nodes' memory; resume with "
+                   "--resume auto under the same dtrun\n", (long long)res.steps, sig);
         else if (res.stopped == 2)
             printf("dtrain: stopped at step %lld on %s; without --checkpoint-dir there is nothing to "
                    "resume from\n", (long long)res.steps, sig);

@@ -21,6 +21,7 @@
  */
 #include "config.h"
 #include "dtrun.h"
+#include "shm_name.h"
 #include "auth.h"
 
 #include <errno.h>
@@ -144,8 +145,10 @@ static const char usage[] =
 "the live nodes hold (node 0 first, then by node rank); the other nodes wait as spares.\n"
 "A node whose dtrun ends or stays silent for --heartbeat-timeout is lost: the ranks\n"
 "still running are killed and the job starts again on the nodes left (a spare takes\n"
-"the lost ranks) from the newest checkpoint (give dtrain --checkpoint-dir and --resume\n"
-"auto). A node that joins a running job waits as a spare; when it lets the world grow,\n"
+"the lost ranks) from the newest state (give dtrain --resume auto): the snapshot the\n"
+"nodes keep in memory (each dtrun gives its ranks a directory in /dev/shm as\n"
+"DT_SNAPSHOT_DIR; dtrain --snapshot-every), or the newest checkpoint when newer\n"
+"(--checkpoint-dir). A node that joins a running job waits as a spare; when it lets the world grow,\n"
 "the ranks are sent SIGTERM (dtrain checkpoints the step and exits 75) and the job\n"
 "starts again at the new size. Each change is one line 'dtrun: membership: ...' on\n"
 "node 0, and the ranks get it as DT_ELASTIC_CHANGE (dtrain writes it to its metrics).\n"
@@ -507,6 +510,17 @@ int main(int argc, char **argv) {
         job.rank_port = cfg.master_port;
     }
 
+    if (cfg.elastic) {   /* the ranks keep their snapshots in this node's memory (train_snap.c) */
+        int err = dt_shm_dir_make(job.snap_dir, sizeof job.snap_dir, "snap");
+        if (err) {
+            dtrun_say(&job, "warning: no in-memory snapshots on this node: cannot create a directory in /dev/shm: %s",
+                      strerror(err));
+            job.snap_dir[0] = '\0';
+            unsetenv("DT_SNAPSHOT_DIR");
+        } else {
+            setenv("DT_SNAPSHOT_DIR", job.snap_dir, 1);
+        }
+    }
     for (;;) {
         if (cfg.nnodes == 1 && !cfg.port_given && !(job.rank_port = dtrun_free_port())) {
             dtrun_say(&job, "cannot find a free TCP port: %s (give --master-port)", strerror(errno));
@@ -556,6 +570,7 @@ int main(int argc, char **argv) {
     }
 out:   /* everything dtrun holds, released on every way out (LeakSanitizer stays quiet) */
     dtrun_net_close(&job);
+    if (job.snap_dir[0]) dt_shm_dir_remove(job.snap_dir);
     free(job.rk);
     free(job.fail);
     free(cfg.ranks_filter);

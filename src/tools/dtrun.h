@@ -107,6 +107,8 @@ typedef struct {
     char        *fail;        /* lines without "dtrun: " */
     int          fail_code;   /* the exit status it implies */
     int          no_restart;  /* restarting would not help (a signal, a lost node) */
+    char         snap_dir[4096]; /* elastic: this node's memory directory for the ranks'
+                                  * snapshots (DT_SNAPSHOT_DIR), "" when none */
 } dtrun_job;
 
 /* dtrun_util.c (calls none of the others) */
@@ -142,9 +144,10 @@ void dtrun_sizes_text(const dtrun_exact *ex, char *out, size_t n);
 /* The newest complete checkpoint under ex->ckpt_dir ("DIR/step-000000000040"), or a
  * sentence saying there is none. */
 void dtrun_newest_checkpoint(const dtrun_exact *ex, char *out, size_t n);
-/* The step of that checkpoint (0: none yet), where the next attempt resumes; -1 when
- * there is no --checkpoint-dir or it cannot be read. */
-long long dtrun_newest_step(const dtrun_exact *ex);
+/* The step of that checkpoint (0: none yet), or of this node's newest snapshot in
+ * snap_dir (NULL or "": none) when newer: where the next attempt resumes; -1 when there is
+ * neither. */
+long long dtrun_newest_step(const dtrun_exact *ex, const char *snap_dir);
 
 /* dtrun_rdzv.c (uses dtrun_elastic.c, dtrun_util.c and dtrun_parse.c) */
 int  dtrun_net_start(dtrun_job *job);             /* rendezvous; 0, or an exit status */

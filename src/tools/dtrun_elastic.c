@@ -134,11 +134,11 @@ void dtrun_sizes_text(const dtrun_exact *ex, char *out, size_t n) {
     }
 }
 
-/* The name of the newest complete checkpoint in ex->ckpt_dir (step-<12 digits>, as
- * ckpt_dir.c installs them) into best[18]; 0, or errno when the directory cannot be read. */
-static int newest_name(const dtrun_exact *ex, char best[18]) {
+/* The name of the newest complete checkpoint in dir (step-<12 digits>, as ckpt_dir.c
+ * installs them) into best[18]; 0, or errno when the directory cannot be read. */
+static int newest_name(const char *dir, char best[18]) {
     best[0] = '\0';
-    DIR *d = opendir(ex->ckpt_dir);
+    DIR *d = opendir(dir);
     if (!d) return errno;
     struct dirent *e;
     while ((e = readdir(d))) {
@@ -150,17 +150,21 @@ static int newest_name(const dtrun_exact *ex, char best[18]) {
     return 0;
 }
 
-long long dtrun_newest_step(const dtrun_exact *ex) {
+long long dtrun_newest_step(const dtrun_exact *ex, const char *snap_dir) {
     char best[18];
-    if (!ex->ckpt_dir[0] || newest_name(ex, best) != 0) return -1;
-    return best[0] ? strtoll(best + 5, NULL, 10) : 0;
+    long long disk = -1, mem = -1;
+    if (ex->ckpt_dir[0] && newest_name(ex->ckpt_dir, best) == 0) disk = best[0] ? strtoll(best + 5, NULL, 10) : 0;
+    /* this node's newest snapshot (the ranks resume from the newest the nodes hold
+     * together: with two nodes, this one; with more, it may be older) */
+    if (snap_dir && snap_dir[0] && newest_name(snap_dir, best) == 0 && best[0]) mem = strtoll(best + 5, NULL, 10);
+    return mem > disk ? mem : disk;
 }
 
 void dtrun_newest_checkpoint(const dtrun_exact *ex, char *out, size_t n) {
     char best[18];
     int err;
     if (!ex->ckpt_dir[0]) snprintf(out, n, "none was kept (no --checkpoint-dir)");
-    else if ((err = newest_name(ex, best)) != 0) snprintf(out, n, "none in %s (%s)", ex->ckpt_dir, strerror(err));
+    else if ((err = newest_name(ex->ckpt_dir, best)) != 0) snprintf(out, n, "none in %s (%s)", ex->ckpt_dir, strerror(err));
     else if (best[0]) snprintf(out, n, "%s/%s", ex->ckpt_dir, best);
     else snprintf(out, n, "none in %s yet", ex->ckpt_dir);
 }

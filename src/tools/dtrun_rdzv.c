@@ -581,9 +581,13 @@ static int server_start(dtrun_job *job) {
         }
         dtrun_say(job, "elastic job of %d to %d nodes x %d ranks: world sizes that keep the result exact: %s",
                   cfg->min_nodes, cfg->nnodes, cfg->nproc, sz);
-        if (strcmp(net->ex.resume, "auto") != 0 || !net->ex.ckpt_dir[0])
-            dtrun_say(job, "warning: the program has no --checkpoint-dir with --resume auto: after a membership "
-                      "change it starts again from step 0");
+        if (strcmp(net->ex.resume, "auto") != 0)
+            dtrun_say(job, "warning: the program has no --resume auto: after a membership change it starts again "
+                      "from step 0");
+        else if (!net->ex.ckpt_dir[0])
+            dtrun_say(job, "warning: the program has no --checkpoint-dir: its state lives only in the nodes' memory "
+                      "(dtrain --snapshot-every); should a node and the next one be lost together, the job starts "
+                      "again from step 0");
     }
     char addr[64];
     int fd = -1;
@@ -1093,7 +1097,7 @@ static int server_decide_elastic(dtrun_job *job) {
         int used = 0;
         for (int i = 1; i < cfg->nnodes; i++) used += net->nodes[i].ranks > 0;
         int spares = live_nodes(job) - 1 - used;
-        long long at = dtrun_newest_step(&net->ex);
+        long long at = dtrun_newest_step(&net->ex, job->snap_dir);
         char from[64] = "";
         if (at >= 0) snprintf(from, sizeof from, "; resumes after step %lld", at);
         dtrun_say(job, "membership: %s; world %d -> %d rank%s on %d node%s%s; %.1f s after the change",
