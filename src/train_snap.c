@@ -39,6 +39,7 @@
 #include "train_impl.h"
 
 #define SNAP_KEEP  2          /* snapshots a node keeps */
+#define SNAP_SCAN  4          /* the newest of a node's snapshots a resume looks at */
 #define SNAP_FILES 1024       /* files of one snapshot a rank can say it holds */
 #define SNAP_TAG   0x534e     /* the partner copies' point-to-point tag */
 #define SNAP_DEFAULT_EVERY 50 /* without --checkpoint-every */
@@ -60,7 +61,7 @@ typedef struct {
     int64_t step, shards;
     uint8_t have[SNAP_FILES / 8];
 } snap_entry;
-typedef struct { snap_entry e[SNAP_KEEP]; } snap_desc;
+typedef struct { snap_entry e[SNAP_SCAN]; } snap_desc;
 
 static int  has(const snap_entry *e, int f) { return (e->have[f / 8] >> (f % 8)) & 1; }
 static void put(snap_entry *e, int f) { e->have[f / 8] |= (uint8_t)(1u << (f % 8)); }
@@ -204,15 +205,15 @@ dt_status dt_train_snapshot_(trainer *t, int64_t done, int force) {
 
 /* ---- resuming from the nodes' snapshots ------------------------------------------------- */
 
-/* The files of dir's newest SNAP_KEEP snapshots. */
+/* The files of dir's newest SNAP_SCAN snapshots. */
 static void scan(const char *dir, snap_desc *d) {
     memset(d, 0, sizeof *d);
-    for (int i = 0; i < SNAP_KEEP; i++) d->e[i].step = -1;
+    for (int i = 0; i < SNAP_SCAN; i++) d->e[i].step = -1;
     dt_ckpt_entry_ *v = NULL;
     size_t cnt = 0;
     int missing = 0;
     if (dt_ckpt_list_(dir, &v, &cnt, &missing) != DT_OK) return;
-    for (size_t i = 0; i < cnt && i < SNAP_KEEP; i++) {
+    for (size_t i = 0; i < cnt && i < SNAP_SCAN; i++) {
         snap_entry *e = &d->e[i];
         char p[4096];
         if (dt_ckpt_join_(p, sizeof p, dir, v[i].name) != DT_OK) continue;
@@ -246,7 +247,7 @@ static void scan(const char *dir, snap_desc *d) {
  * that holds it into *who. */
 static int holder(const snap_desc *all, int world, int64_t step, int64_t shards, int f, int *who) {
     for (int r = 0; r < world; r++)
-        for (int i = 0; i < SNAP_KEEP; i++) {
+        for (int i = 0; i < SNAP_SCAN; i++) {
             const snap_entry *e = &all[r].e[i];
             if (e->step == step && e->shards == shards && has(e, f)) {
                 *who = r;
@@ -261,7 +262,7 @@ static int node_has(const struct train_snap *sn, const snap_desc *all, int world
                     int64_t shards, int f) {
     for (int r = 0; r < world; r++) {
         if (sn->node_of[r] != n) continue;
-        for (int i = 0; i < SNAP_KEEP; i++) {
+        for (int i = 0; i < SNAP_SCAN; i++) {
             const snap_entry *e = &all[r].e[i];
             if (e->step == step && e->shards == shards && has(e, f)) return 1;
         }
@@ -322,6 +323,23 @@ static dt_status assemble(trainer *t, const snap_desc *all, int64_t step, int64_
     return mine;
 }
 
+/* The node's snapshots of steps after `step` (pieces of a timeline the run does not
+ * continue: the steps will be saved again), removed by the node's first rank, so that a
+ * later resume does not look at them instead of the new ones. */
+static void drop_newer(trainer *t, int64_t step) {
+    struct train_snap *sn = t->snap;
+    if (sn->node && dt_comm_rank(sn->node) != 0) return;
+    dt_ckpt_entry_ *v = NULL;
+    size_t cnt = 0;
+    int missing = 0;
+    if (dt_ckpt_list_(sn->dir, &v, &cnt, &missing) != DT_OK) return;
+    for (size_t i = 0; i < cnt && v[i].step > step; i++) {
+        char p[4096];
+        if (dt_ckpt_join_(p, sizeof p, sn->dir, v[i].name) == DT_OK && dt_ckpt_only_(p, 1, 0)) dt_ckpt_rm_tree_(p);
+    }
+    free(v);
+}
+
 dt_status dt_train_snap_resume_(trainer *t, int64_t disk_step, char *path, size_t pathn, int *used) {
     struct train_snap *sn = t->snap;
     *used = 0;
@@ -333,7 +351,7 @@ dt_status dt_train_snap_resume_(trainer *t, int64_t disk_step, char *path, size_
     /* the newest (step, shards) whose files the nodes hold together */
     int64_t best = -1, bshards = 0;
     for (int r = 0; s == DT_OK && r < t->world; r++)
-        for (int i = 0; i < SNAP_KEEP; i++) {
+        for (int i = 0; i < SNAP_SCAN; i++) {
             const snap_entry *e = &all[r].e[i];
             if (e->step <= best) continue;
             int complete = 1, who;
@@ -343,6 +361,7 @@ dt_status dt_train_snap_resume_(trainer *t, int64_t disk_step, char *path, size_
         }
     if (s != DT_OK || best < 0 || best < disk_step) {
         free(all);
+        if (s == DT_OK) drop_newer(t, disk_step);
         return s;
     }
     double t0 = dt_now();
@@ -366,11 +385,13 @@ dt_status dt_train_snap_resume_(trainer *t, int64_t disk_step, char *path, size_
     if (st != DT_OK) {   /* passed over: the disk's newest, if any */
         dt_ckpt_close(t->resume);
         t->resume = NULL;
+        drop_newer(t, disk_step);
         snprintf(t->note, sizeof t->note, "the nodes' in-memory snapshot of step %lld was passed over (rank %d: %s); ",
                  (long long)best, who, who == t->rank ? why : "see its log");
         return DT_OK;
     }
     *used = 1;
+    drop_newer(t, best);
     snprintf(path, pathn, "%s", step_dir);
     size_t l = strlen(t->note);
     if (copied)
