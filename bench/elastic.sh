@@ -124,5 +124,5 @@ for r in $(seq "$ROUNDS"); do
 done
 mon=$(median "${on[@]}"); moff=$(median "${off[@]}")
 echo "snapshots: default gpt, 2 nodes x 1 rank, $STEPS steps: tokens/s with --snapshot-every 10 $mon," \
-     "without $moff: $(awk -v a="$mon" -v b="$moff" 'BEGIN { printf "%.3f", b > 0 ? a / b : 0 }') of it" \
+     "without $moff: $(awk -v a="$mon" -v b="$moff" 'BEGIN { printf "%.3f", (b > 0) ? a / b : 0 }') of it" \
      "(rounds: ${on[*]} / ${off[*]})"

@@ -5,6 +5,9 @@
 
 #include "hash.h"
 
+#include <endian.h>
+#include <string.h>
+
 /* ---- XXH64 ---------------------------------------------------------------------- */
 
 #define P1 0x9E3779B185EBCA87ULL
@@ -14,14 +17,17 @@
 #define P5 0x27D4EB2F165667C5ULL
 
 static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-/* Little-endian loads byte by byte: any alignment, any host byte order. */
+/* Little-endian loads: any alignment (memcpy), any host byte order (le64toh); one load
+ * each, where a byte-by-byte loop ran the whole hash at 2 GB/s */
 static uint64_t rd64(const unsigned char *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return le64toh(v);
 }
 static uint32_t rd32(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return le32toh(v);
 }
 static uint64_t xround(uint64_t acc, uint64_t in) { return rotl64(acc + in * P2, 31) * P1; }
 static uint64_t xmerge(uint64_t h, uint64_t v) { return (h ^ xround(0, v)) * P1 + P4; }
