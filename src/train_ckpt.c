@@ -92,7 +92,8 @@ static dt_status save_sharded(trainer *t, const dt_train_meta *me, const dt_trai
         st = s;
         int who;
         DT_TRY(dt_train_agree_(t, &st, &who));
-        if (st != DT_OK && who != t->rank) s = dt_error((dt_status)st, "rank %d could not complete the checkpoint", who);
+        if (st != DT_OK && who != t->rank)
+            s = dt_error((dt_status)st, "rank %d could not complete the checkpoint", who);
     }
     return s;
 }

@@ -17,9 +17,9 @@
  *
  * On a resume ("auto") the ranks say which files of their node's snapshots they hold; the
  * newest step whose files the nodes hold together wins when it is at least as new as the
- * newest checkpoint on disk. Each file a node lacks comes from the lowest rank holding it
- * (a broadcast); then every node holds the whole snapshot and its ranks open it as a
- * checkpoint, with all of a checkpoint's checks. A snapshot that cannot be assembled or
+ * newest checkpoint on disk. Each file a node lacks goes from the lowest rank holding it
+ * to the node's first rank; then every node holds the whole snapshot and its ranks open
+ * it as a checkpoint, with all of a checkpoint's checks. A snapshot that cannot be assembled or
  * opened anywhere is passed over for the disk's newest, and the start note says why.
  *
  * Nodes are told apart by host name and directory (several dtruns may share a host).
@@ -50,6 +50,7 @@ struct train_snap {
     dt_comm *node;            /* the ranks sharing dir; its rank 0 writes the node's files */
     int      nnodes, node_ix; /* nodes in the order of their first rank; this rank's */
     int     *node_of;         /* world: each rank's node */
+    int     *first;           /* each node's first rank (it writes the node's files) */
     int      partner;         /* the rank keeping a copy of this rank's shard; -1: one node */
     int     *from;            /* the ranks whose shards this rank keeps */
     int      nfrom;
@@ -71,6 +72,7 @@ void dt_train_snap_free_(trainer *t) {
     if (!sn) return;
     if (sn->node && sn->node != t->comm) dt_comm_destroy(sn->node);
     free(sn->node_of);
+    free(sn->first);
     free(sn->from);
     free(sn);
     t->snap = NULL;
@@ -103,7 +105,7 @@ dt_status dt_train_snap_setup_(trainer *t) {
     keys[t->rank] = mine;
     /* nodes in the order of their first rank; each rank's index within its node */
     int *index = calloc((size_t)t->world, sizeof *index), *size = calloc((size_t)t->world, sizeof *size);
-    int *first = calloc((size_t)t->world, sizeof *first);
+    int *first = sn->first = calloc((size_t)t->world, sizeof *first);
     if (s == DT_OK && (!index || !size || !first)) s = dt_error(DT_ERR_NOMEM, "snapshots: out of memory");
     for (int r = 0; s == DT_OK && r < t->world; r++) {
         int n = 0;
@@ -120,7 +122,6 @@ dt_status dt_train_snap_setup_(trainer *t) {
         if (r == t->rank) sn->partner = p;
         if (p == t->rank) sn->from[sn->nfrom++] = r;
     }
-    free(first);
     free(index);
     free(size);
     free(keys);
@@ -135,7 +136,8 @@ static dt_status read_all(const char *path, uint8_t **buf, int64_t *n) {
     *buf = NULL;
     DT_TRY(dt_file_open_read(path, &fd, n));
     *buf = malloc(*n > 0 ? (size_t)*n : 1);
-    dt_status s = *buf ? dt_file_pread(fd, path, *buf, (size_t)*n, 0) : dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    dt_status s = *buf ? dt_file_pread(fd, path, *buf, (size_t)*n, 0)
+                       : dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     close(fd);
     if (s != DT_OK) {
         free(*buf);
@@ -277,48 +279,64 @@ static void file_name(char *out, size_t n, int f, int64_t shards) {
     else dt_ckpt_shard_name_(out, n, f - 2, (int)shards);
 }
 
-/* Every file of (step, shards) that this node lacks, from the lowest rank holding it;
- * *copied: the files some node lacked. */
+/* Every file of (step, shards) that a node lacks, sent by the lowest rank holding it to
+ * that node's first rank, which writes it (a length, an answer that there is room, the
+ * bytes). Every rank walks the files in the same order, so no pair waits on another;
+ * *copied: the files some node lacked. This rank's first failure is returned, once the
+ * walk is done. */
 static dt_status assemble(trainer *t, const snap_desc *all, int64_t step, int64_t shards, const char *path,
                           int *copied) {
     struct train_snap *sn = t->snap;
-    int leader = !sn->node || dt_comm_rank(sn->node) == 0, nf = 2 + (int)shards;
     dt_status mine = DT_OK;
     *copied = 0;
-    for (int f = 0; f < nf; f++) {
+    for (int f = 0; f < 2 + (int)shards; f++) {
         int lack = 0, who = -1;
-        for (int n = 0; n < sn->nnodes; n++) lack += !node_has(sn, all, t->world, n, step, shards, f);
+        for (int k = 0; k < sn->nnodes; k++) lack += !node_has(sn, all, t->world, k, step, shards, f);
         if (!lack) continue;
         (*copied)++;
         holder(all, t->world, step, shards, f, &who);
         char name[64], p[4096];
         file_name(name, sizeof name, f, shards);
         uint8_t *buf = NULL;
-        int64_t n = -1;
+        int64_t n = -1, room = 0;
         if (who == t->rank) {
-            if (dt_ckpt_join_(p, sizeof p, path, name) != DT_OK || read_all(p, &buf, &n) != DT_OK) n = -1;
-        }
-        DT_TRY(dt_broadcast(t->comm, &n, 1, DT_I64, who));
-        if (n < 0) {
-            free(buf);
-            return dt_error(DT_ERR_IO, "rank %d could not read %s of its node's snapshot of step %lld", who, name,
-                            (long long)step);
-        }
-        if (who != t->rank) buf = malloc(n > 0 ? (size_t)n : 1);
-        int64_t okay = buf != NULL, all_ok;
-        DT_TRY(dt_allreduce(t->comm, &okay, &all_ok, 1, DT_I64, DT_MIN));
-        if (!all_ok) {
-            free(buf);
-            return dt_error(DT_ERR_NOMEM, "out of memory for %lld bytes of the snapshot of step %lld", (long long)n,
-                            (long long)step);
-        }
-        dt_status s = n > 0 ? dt_broadcast(t->comm, buf, (size_t)n, DT_U8, who) : DT_OK;
-        if (s == DT_OK && leader && mine == DT_OK && !node_has(sn, all, t->world, sn->node_ix, step, shards, f)) {
-            mkdir(path, 0755);   /* a node that held nothing of this step */
-            if ((mine = dt_ckpt_join_(p, sizeof p, path, name)) == DT_OK) mine = dt_write_atomic(p, buf, (size_t)n);
+            if (dt_ckpt_join_(p, sizeof p, path, name) != DT_OK || read_all(p, &buf, &n) != DT_OK) {
+                n = -1;
+                if (mine == DT_OK) mine = dt_error(DT_ERR_IO, "%s/%s: %s", path, name, dt_last_error());
+            }
+            for (int k = 0; k < sn->nnodes; k++) {
+                if (node_has(sn, all, t->world, k, step, shards, f)) continue;
+                dt_status s = dt_send(t->comm, &n, 1, DT_I64, sn->first[k], SNAP_TAG);
+                if (s == DT_OK && n >= 0) s = dt_recv(t->comm, &room, 1, DT_I64, sn->first[k], SNAP_TAG);
+                if (s == DT_OK && n > 0 && room) s = dt_send(t->comm, buf, (size_t)n, DT_U8, sn->first[k], SNAP_TAG);
+                if (s != DT_OK) {
+                    free(buf);
+                    return s;
+                }
+            }
+        } else if (t->rank == sn->first[sn->node_ix] && !node_has(sn, all, t->world, sn->node_ix, step, shards, f)) {
+            DT_TRY(dt_recv(t->comm, &n, 1, DT_I64, who, SNAP_TAG));
+            if (n < 0) {
+                if (mine == DT_OK)
+                    mine = dt_error(DT_ERR_IO, "rank %d could not read %s of its node's snapshot", who, name);
+                continue;
+            }
+            buf = malloc(n > 0 ? (size_t)n : 1);
+            room = buf != NULL;
+            dt_status s = dt_send(t->comm, &room, 1, DT_I64, who, SNAP_TAG);
+            if (s == DT_OK && n > 0 && room) s = dt_recv(t->comm, buf, (size_t)n, DT_U8, who, SNAP_TAG);
+            if (s != DT_OK) {
+                free(buf);
+                return s;
+            }
+            if (!room && mine == DT_OK)
+                mine = dt_error(DT_ERR_NOMEM, "out of memory for %lld bytes of %s", (long long)n, name);
+            if (room && mine == DT_OK) {
+                mkdir(path, 0755);   /* a node that held nothing of this step */
+                if ((mine = dt_ckpt_join_(p, sizeof p, path, name)) == DT_OK) mine = dt_write_atomic(p, buf, (size_t)n);
+            }
         }
         free(buf);
-        if (s != DT_OK) return s;
     }
     return mine;
 }
