@@ -258,6 +258,27 @@ i=0; while [ -n "$s1" ] && [ -e "$s1" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i 
 [ -n "$s1" ] && [ ! -e "$s1" ]; ok $? "the killed node's directory was swept (its dtrun is dead)"
 TRAIN=$TRAIN_SAVE
 
+# four nodes of one rank, the optimizer state sharded: node 1's shard is also on node 2
+# (its partner) and node 3's on node 0. Node 1 is SIGKILLed: nodes 0 and 2 go on (node 3
+# waits as a spare), each sent the shards it lacks of the 4-rank snapshot.
+TRAIN_SAVE=$TRAIN; TRAIN="$TRAIN --shard optim --snapshot-every 10"
+port=$(free_port)
+for n in 0 1 2 3; do node ring $n 2:4; eval "g$n=\$!"; done
+wait_line "$T/ring.m.jsonl" '"event":"(start|membership)".*"world_size":4' 120
+ok $? "4 nodes of 1 rank run a world of 4"
+sr=$(snapdir $g0)
+k=$(draw_step "$T/ring.m.jsonl" 4 30 300)
+wait_ckpt "$sr" "$k"
+ok $? "they keep snapshots past step $k (drawn)"
+lose $g1 $g0 "$sr"
+[ "$rc0" -eq 0 ]; ok $? "node 1 killed: nodes 0 and 2 finish on 2 ranks (exit $rc0)"
+[ "$rc0" -eq 0 ] || show "$T/ring.err0" "$T/ring.out0"
+for n in 2 3; do eval "wait_pid \$g$n 60"; done
+ok_grep "$T/ring.out0" "^\[rank0\]:dtrain: resumed from the nodes' in-memory snapshot of step [0-9]+ \(4 files copied between nodes, " \
+    "the 4 shards came from the nodes that hold them (node 1's from node 2)"
+cmp -s "$T/ref.st" "$T/ring.st"; ok $? "four nodes, then two, sharded, from memory: the same weight bytes as one process"
+TRAIN=$TRAIN_SAVE
+
 # a snapshot that does not verify is passed over for the disk's checkpoint; bad directories
 # (one process: disk 20 and 35, memory 20 and 30; disk's 35 removed, memory's 30 damaged)
 mkdir -p "$T/snapd"
