@@ -60,13 +60,19 @@ draw_step() {
     j=$(sed -n "s/.*\"event\":\"membership\",\"step\":\([0-9]*\),.*\"world_size\":$2.*/\1/p" "$1" | tail -1)
     echo $(( ${j:-0} + $3 + $(od -An -N2 -tu2 /dev/urandom | tr -d ' ') % $4 ))
 }
-# lose KILLED WAITED DIR: SIGKILL dtrun KILLED, note the newest state in DIR ($kept), wait
-# (at most 240 s) for dtrun WAITED ($rc0)
-lose() {
-    kill -KILL "$1"
-    kept=$(newest "$3")
-    wait_pid "$2" 240; rc0=$?
-    wait "$1" 2>/dev/null
+# lose_at METRICS W MIN SPAN DIR KILLED WAITED WHAT: once DIR holds a saved state of a step
+# drawn after the last change to W ranks in METRICS (draw_step MIN SPAN: $k), SIGKILL dtrun
+# KILLED, note the newest state in DIR ($kept) and wait (at most 240 s) for dtrun WAITED
+# ($rc0); two points, WHAT naming the case
+lose_at() {
+    k=$(draw_step "$1" "$2" "$3" "$4")
+    wait_ckpt "$5" "$k"
+    ok $? "$8: a state saved at or after step $k (drawn)"
+    kill -KILL "$6"
+    kept=$(newest "$5")
+    wait_pid "$7" 240; rc0=$?
+    wait "$6" 2>/dev/null
+    [ "$rc0" -eq 0 ]; ok $? "$8: killed near step $k, the job finishes on the nodes left (exit $rc0)"
 }
 
 # the run nobody interrupts: one process, the same global batch and micro-batches
@@ -94,12 +100,8 @@ for trial in $(seq "$trials"); do
     ok $? "the metrics file records the change at the first step on 2 ranks"
     # the loss: node 1's dtrun (and with it its rank) SIGKILLed once a checkpoint at a step
     # drawn here exists
-    k=$(draw_step "$T/grow.m.jsonl" 2 200 2000)
-    wait_ckpt "$T/$tok/grow" "$k"
-    ok $? "2 ranks reach a checkpoint at or after step $k (drawn)"
-    lose $p1 $p0 "$T/$tok/grow"
+    lose_at "$T/grow.m.jsonl" 2 200 2000 "$T/$tok/grow" $p1 $p0 "node 1 of 2 ranks"
     lost_at=$kept
-    [ "$rc0" -eq 0 ]; ok $? "node 1 killed near step $k: node 0 finishes the job alone, exit 0 (got $rc0)"
     [ "$rc0" -eq 0 ] || show "$T/grow.err0" "$T/grow.out0"
     ok_grep "$T/grow.err0" "^dtrun: node 1 \(.*\) lost at .* UTC: its connection closed; stopping the attempt$" \
         "node 0 names the lost node"
@@ -239,11 +241,7 @@ r=$?; ok $r "node 1 joins: 4 ranks"
 ok_grep "$T/mem.out0" "^\[rank0\]:dtrain: resumed from the nodes' in-memory snapshot of step [0-9]+ \([0-9]+ files copied between nodes, " \
     "the grown world starts from the snapshot node 0 kept, the files node 1 lacked copied to it"
 s1=$(snapdir $m1)
-k=$(draw_step "$T/$tok/mem.m.jsonl" 4 50 1500)
-wait_ckpt "$s0" "$k"
-ok $? "4 ranks keep snapshots in memory past step $k (drawn)"
-lose $m1 $m0 "$s0"
-[ "$rc0" -eq 0 ]; ok $? "node 1 killed near step $k: node 0 finishes on 2 ranks (exit $rc0)"
+lose_at "$T/$tok/mem.m.jsonl" 4 50 1500 "$s0" $m1 $m0 "node 1 of 2 nodes x 2 ranks, memory"
 [ "$rc0" -eq 0 ] || show "$T/mem.err0" "$T/mem.out0"
 r=$(sed -n 's/.*"event":"membership","step":[0-9]*,"resumed_after":\([0-9]*\),"world_size":2.*/\1/p' "$T/$tok/mem.m.jsonl" | tail -1)
 [ -n "$r" ] && [ "$r" -ge "$kept" ] && [ $((r % 10)) -eq 0 ]
@@ -267,11 +265,7 @@ for n in 0 1 2 3; do node ring $n 2:4; eval "g$n=\$!"; done
 wait_line "$T/ring.m.jsonl" '"event":"(start|membership)".*"world_size":4' 120
 ok $? "4 nodes of 1 rank run a world of 4"
 sr=$(snapdir $g0)
-k=$(draw_step "$T/ring.m.jsonl" 4 30 300)
-wait_ckpt "$sr" "$k"
-ok $? "they keep snapshots past step $k (drawn)"
-lose $g1 $g0 "$sr"
-[ "$rc0" -eq 0 ]; ok $? "node 1 killed: nodes 0 and 2 finish on 2 ranks (exit $rc0)"
+lose_at "$T/ring.m.jsonl" 4 30 300 "$sr" $g1 $g0 "node 1 of 4 nodes x 1 rank, memory"
 [ "$rc0" -eq 0 ] || show "$T/ring.err0" "$T/ring.out0"
 for n in 2 3; do eval "wait_pid \$g$n 60"; done
 ok_grep "$T/ring.out0" "^\[rank0\]:dtrain: resumed from the nodes' in-memory snapshot of step [0-9]+ \(4 files copied between nodes, " \
