@@ -183,7 +183,9 @@ static int peer_fill(peer *p, const char **err) {
         if (r > 0) { p->len += (size_t)r; p->last_rx = dt_now(); continue; }
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-        *err = r == 0 ? "its connection closed" : strerror(errno);
+        /* a peer process that dies with bytes unread resets the connection instead of
+         * closing it (the kernel's abortive close): the same event for the job */
+        *err = r == 0 || errno == ECONNRESET ? "its connection closed" : strerror(errno);
         return -1;
     }
 }
