@@ -39,12 +39,13 @@ wait_ckpt() {
 }
 # node NAME R SPEC ARGS...: node R's dtrun (-n 1, --nnodes SPEC) of the job whose
 # checkpoints go to $T/$tok/NAME, in the background ($! is dtrun's pid); output in
-# $T/NAME.outR and $T/NAME.errR; ARGS go to dtrun before the program
+# $T/NAME.outR and $T/NAME.errR; ARGS go to dtrun before the program; a checkpoint every
+# $EVERY steps (default 200)
 node() {
     nm=$1; r=$2; spec=$3; shift 3
     : > "$T/$nm.out$r"; : > "$T/$nm.err$r"   # now: a wait must not read the last run's lines
     (exec "$DTRUN" -n "${NPROC:-1}" --nnodes "$spec" --node-rank "$r" --master-port "$port" --heartbeat-timeout 5 --grace 20 \
-        --rdzv-last-call 0.3 "$@" "$D" $TRAIN --checkpoint-dir "$T/$tok/$nm" --checkpoint-every 200 --resume auto \
+        --rdzv-last-call 0.3 "$@" "$D" $TRAIN --checkpoint-dir "$T/$tok/$nm" --checkpoint-every "${EVERY:-200}" --resume auto \
         --metrics "$T/$nm.m.jsonl" --save "$T/$nm.st" > "$T/$nm.out$r" 2> "$T/$nm.err$r") &
 }
 # Wait (at most 60 s) until file $1 holds at least $3 lines matching $2.
@@ -261,7 +262,10 @@ TRAIN=$TRAIN_SAVE
 # waits as a spare), each sent the shards it lacks of the 4-rank snapshot.
 TRAIN_SAVE=$TRAIN; TRAIN="$TRAIN --shard optim --snapshot-every 10"
 port=$(free_port)
+# (disk checkpoints only where the world grows: a loss always resumes from memory)
+EVERY=1000000
 for n in 0 1 2 3; do node ring $n 2:4; eval "g$n=\$!"; done
+unset EVERY
 wait_line "$T/ring.m.jsonl" '"event":"(start|membership)".*"world_size":4' 120
 ok $? "4 nodes of 1 rank run a world of 4"
 sr=$(snapdir $g0)
