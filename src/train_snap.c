@@ -245,32 +245,28 @@ static void scan(const char *dir, snap_desc *d) {
     free(v);
 }
 
+/* Whether one rank's descriptor holds file f of (step, shards). */
+static int rank_has(const snap_desc *d, int64_t step, int64_t shards, int f) {
+    for (int i = 0; i < SNAP_SCAN; i++)
+        if (d->e[i].step == step && d->e[i].shards == shards && has(&d->e[i], f)) return 1;
+    return 0;
+}
+
 /* Whether the ranks' descriptors hold file f of (step, shards) together; the lowest rank
  * that holds it into *who. */
 static int holder(const snap_desc *all, int world, int64_t step, int64_t shards, int f, int *who) {
     for (int r = 0; r < world; r++)
-        for (int i = 0; i < SNAP_SCAN; i++) {
-            const snap_entry *e = &all[r].e[i];
-            if (e->step == step && e->shards == shards && has(e, f)) {
-                *who = r;
-                return 1;
-            }
+        if (rank_has(&all[r], step, shards, f)) {
+            *who = r;
+            return 1;
         }
     return 0;
 }
 
-/* Whether node n (every rank of it scans the same directory) holds file f of (step, shards). */
-static int node_has(const struct train_snap *sn, const snap_desc *all, int world, int n, int64_t step,
-                    int64_t shards, int f) {
-    for (int r = 0; r < world; r++) {
-        if (sn->node_of[r] != n) continue;
-        for (int i = 0; i < SNAP_SCAN; i++) {
-            const snap_entry *e = &all[r].e[i];
-            if (e->step == step && e->shards == shards && has(e, f)) return 1;
-        }
-        return 0;
-    }
-    return 0;
+/* Whether node n holds file f of (step, shards): its first rank's descriptor says (every
+ * rank of a node scans the same directory). */
+static int node_has(const struct train_snap *sn, const snap_desc *all, int n, int64_t step, int64_t shards, int f) {
+    return rank_has(&all[sn->first[n]], step, shards, f);
 }
 
 static void file_name(char *out, size_t n, int f, int64_t shards) {
@@ -291,7 +287,7 @@ static dt_status assemble(trainer *t, const snap_desc *all, int64_t step, int64_
     *copied = 0;
     for (int f = 0; f < 2 + (int)shards; f++) {
         int lack = 0, who = -1;
-        for (int k = 0; k < sn->nnodes; k++) lack += !node_has(sn, all, t->world, k, step, shards, f);
+        for (int k = 0; k < sn->nnodes; k++) lack += !node_has(sn, all, k, step, shards, f);
         if (!lack) continue;
         (*copied)++;
         holder(all, t->world, step, shards, f, &who);
@@ -305,7 +301,7 @@ static dt_status assemble(trainer *t, const snap_desc *all, int64_t step, int64_
                 if (mine == DT_OK) mine = dt_error(DT_ERR_IO, "%s/%s: %s", path, name, dt_last_error());
             }
             for (int k = 0; k < sn->nnodes; k++) {
-                if (node_has(sn, all, t->world, k, step, shards, f)) continue;
+                if (node_has(sn, all, k, step, shards, f)) continue;
                 dt_status s = dt_send(t->comm, &n, 1, DT_I64, sn->first[k], SNAP_TAG);
                 if (s == DT_OK && n >= 0) s = dt_recv(t->comm, &room, 1, DT_I64, sn->first[k], SNAP_TAG);
                 if (s == DT_OK && n > 0 && room) s = dt_send(t->comm, buf, (size_t)n, DT_U8, sn->first[k], SNAP_TAG);
@@ -314,7 +310,7 @@ static dt_status assemble(trainer *t, const snap_desc *all, int64_t step, int64_
                     return s;
                 }
             }
-        } else if (t->rank == sn->first[sn->node_ix] && !node_has(sn, all, t->world, sn->node_ix, step, shards, f)) {
+        } else if (t->rank == sn->first[sn->node_ix] && !node_has(sn, all, sn->node_ix, step, shards, f)) {
             DT_TRY(dt_recv(t->comm, &n, 1, DT_I64, who, SNAP_TAG));
             if (n < 0) {
                 if (mine == DT_OK)
