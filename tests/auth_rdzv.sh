@@ -181,9 +181,9 @@ port=$(free_port)
 (DT_JOB_SECRET=s3cret exec "$DTRUN" -n 1 --nnodes 2 --master-port "$port" --run-id secret-123 --rdzv-timeout 30 \
     sh -c 'echo up' "$tok" > "$tmp/n0.out" 2> "$tmp/n0.err") & n0=$!
 wait_port "$port"; ok $? "node 0 listens"
-python3 "$tmp/client.py" "$port" "" "HELLO 1 1 2 1 - evilhost" > "$tmp/stranger"
+python3 "$tmp/client.py" "$port" "" "HELLO 2 1 2 1 - evilhost 0" > "$tmp/stranger"
 ! grep -q "LAYOUT\|START" "$tmp/stranger"; ok $? "a client without the secret learns nothing (no LAYOUT, no port)"
-python3 "$tmp/client.py" "$port" "s3cret" "HELLO 1 1 2 1 - evilhost" > "$tmp/dash"
+python3 "$tmp/client.py" "$port" "s3cret" "HELLO 2 1 2 1 - evilhost 0" > "$tmp/dash"
 grep -q "^REFUSE 2 the nodes disagree about --run-id: node 1 (evilhost.*) gives none, node 0 (.*) says 'secret-123'" "$tmp/dash"
 ok $? "a client with the secret but run id '-' is refused, the run id named"
 ! grep -q "LAYOUT\|START" "$tmp/dash"; ok $? "... and learns no job id or port"

@@ -277,6 +277,71 @@ ok_grep "$T/ring.out0" "^\[rank0\]:dtrain: resumed from the nodes' in-memory sna
 cmp -s "$T/ref.st" "$T/ring.st"; ok $? "four nodes, then two, sharded, from memory: the same weight bytes as one process"
 TRAIN=$TRAIN_SAVE
 
+# ---- node 0 lost: the majority goes on without it --------------------------------------
+# 3 nodes of 1 rank (worlds 1, 2 and 4: nodes 0 and 1 work, node 2 waits), the optimizer
+# state sharded and kept in memory only. Node 0 (its dtrun, and with it its rank) is
+# SIGKILLed at a drawn step: node 1, the first node left in node 0's list, serves the
+# rendezvous, node 2 reaches it, and the two go on from the snapshot in memory (node 0's
+# shard from its copy on node 1; node 2, a spare until then, sent what it lacks).
+TRAIN_SAVE=$TRAIN; TRAIN="$TRAIN --shard optim --snapshot-every 10"
+port=$(free_port)
+EVERY=1000000
+for n in 0 1; do node tk $n 2:3; eval "h$n=\$!"; done
+wait_line "$T/tk.err1" "^dtrun: node 1 \(.*\), attempt 0: ranks 1\.\.1 of 2$" 60
+ok $? "nodes 0 and 1 run a world of 2"
+node tk 2 2:3; h2=$!
+unset EVERY
+wait_line "$T/tk.err2" "^dtrun: node 2 \(.*\), attempt 0: a spare \(the job runs 2 ranks\)$" 60
+ok $? "node 2 joins and waits as a spare"
+sk=$(snapdir $h1)
+lose_at "$T/tk.m.jsonl" 2 30 300 "$sk" $h0 $h1 "node 0 of 3 nodes x 1 rank"
+[ "$rc0" -eq 0 ] || show "$T/tk.err1" "$T/tk.out1" "$T/tk.err2"
+wait_pid $h2 60; rc2=$?
+[ "$rc2" -eq 0 ]; ok $? "node 2 finishes too (exit $rc2)"
+ok_grep "$T/tk.err1" "^dtrun: lost node 0 \(.*, the master at 127\.0\.0\.1:$port\) at .* UTC: its connection closed; the nodes that remain choose who serves the rendezvous$" \
+    "node 1 names node 0 as lost, and does not end"
+ok_grep "$T/tk.err1" "^dtrun: node 1 \(.*\) serves the rendezvous now on 127\.0\.0\.1:[0-9]+; waiting up to [0-9.]+ s for the 1 other node of the last membership of 3$" \
+    "node 1, the first node left, serves the rendezvous"
+ok_grep "$T/tk.err2" "^dtrun: node 2: node 1 at 127\.0\.0\.1:[0-9]+ serves the rendezvous now$" "node 2 goes to node 1"
+ok_grep "$T/tk.err1" "^dtrun: membership: node 0 \(.*\) lost: its connection closed; world 2 -> 2 ranks on 2 nodes; resumes after step [0-9]+; " \
+    "node 1 says the change and the step the job resumes after"
+ok_grep "$T/tk.err2" "^dtrun: node 2 \(.*\), attempt 1: ranks 1\.\.1 of 2$" "node 2 runs rank 1, node 1 rank 0"
+ok_grep "$T/tk.out1" "^\[rank0\]:dtrain: resumed from the nodes' in-memory snapshot of step [0-9]+ \([0-9]+ files? copied between nodes, " \
+    "rank 0, now on node 1, resumes from memory: node 0's shard from node 1, files sent to node 2"
+r=$(sed -n 's/.*"event":"membership","step":[0-9]*,"resumed_after":\([0-9]*\),"world_size":2.*/\1/p' "$T/tk.m.jsonl" | tail -1)
+[ -n "$r" ] && [ "$r" -ge "$kept" ] && [ $((r % 10)) -eq 0 ]
+ok $? "resumed after step ${r:-none}, the newest snapshot when node 0 died ($kept or later): at most 10 steps lost"
+cmp -s "$T/ref.st" "$T/tk.st"; ok $? "node 0 lost, nodes 1 and 2 on, from memory: the same weight bytes as one process"
+TRAIN=$TRAIN_SAVE
+
+# two nodes: node 1 alone is no majority of two (it cannot tell node 0's death from a cut
+# link, behind which node 0 goes on), so it ends
+port=$(free_port)
+node tk2 0 1:2; h0=$!
+node tk2 1 1:2; h1=$!
+wait_line "$T/tk2.err1" "^dtrun: node 1 \(.*\), attempt [0-9]+: ranks 1\.\.1 of 2$" 60
+ok $? "2 nodes of 1 rank run"
+kill -KILL $h0
+wait_pid $h1 60; rc1=$?
+wait $h0 2>/dev/null
+[ "$rc1" -eq 1 ]; ok $? "node 0 lost in a job of 2 nodes: node 1 exits 1 (got $rc1)"
+ok_grep "$T/tk2.err1" "^dtrun: node 1 \(.*\): 1 of the 2 nodes of the last membership met again, not more than half: the job stops here" \
+    "node 1 says it is no majority"
+
+# 4 nodes, 3 of them stopped (SIGSTOP: their connections stay open, silent): node 0 keeps
+# 1 of 4 and stops, rather than go on beside a majority that may go on without it
+port=$(free_port)
+for n in 0 1 2 3; do node tk4 $n 1:4; eval "h$n=\$!"; done
+wait_line "$T/tk4.m.jsonl" '"event":"(start|membership)".*"world_size":4' 120
+ok $? "4 nodes of 1 rank run a world of 4"
+kill -STOP $h1 $h2 $h3
+wait_pid $h0 60; rc0=$?
+kill -KILL $h1 $h2 $h3; kill -CONT $h1 $h2 $h3 2>/dev/null
+wait $h1 $h2 $h3 2>/dev/null
+[ "$rc0" -eq 1 ]; ok $? "node 0 kept 1 of 4 nodes: it exits 1 (got $rc0)"
+ok_grep "$T/tk4.err0" "^dtrun: node 0 \(.*\), serving the rendezvous, kept 1 of the 4 nodes of the last membership, fewer than half: it stops" \
+    "node 0 says why it stops"
+
 # a snapshot that does not verify is passed over for the disk's checkpoint; bad directories
 # (one process: disk 20 and 35, memory 20 and 30; disk's 35 removed, memory's 30 damaged)
 mkdir -p "$T/snapd"

@@ -4,7 +4,8 @@
 # one dtrun in each with --nnodes 2, a shared DT_JOB_SECRET and DT_SOCKET_IFNAME naming its
 # veth (without a secret, or with two, the job is refused): collectives
 # (dtbench, also sealed with --secure-transport) and a short training run across them; then one node's dtrun is killed, and
-# then the link is cut, and the other node must end naming the lost node in time.
+# then the link is cut, and the other node must end naming the lost node in time; last,
+# three nodes on a bridge, node 0 cut off: the majority goes on without it.
 # Needs root and iproute2's `ip netns`; skips saying why otherwise.
 . "$DT_SRCDIR/tests/tap.sh"
 . "$DT_SRCDIR/tests/dtrun_lib.sh"
@@ -165,5 +166,77 @@ if [ -x "$DT_BUILDDIR/dtrain" ]; then
     cmp -s "$tmp/ref.st" "$tmp/el.st"; ok $? "4 ranks on 2 nodes, then 2 on one: the weights of one process, byte for byte"
 else
     for i in 1 2 3 4 5 6 7; do skip "dtrain is not built"; done
+fi
+
+# 6. three nodes on a bridge (10.231.1.1-3, each its own namespace; the bridge in a fourth),
+# an elastic job of 2 ranks a node (--micro-batches 4: nodes 0 and 1 run 4 ranks, node 2
+# waits). Node 0's link is cut: it is alone, 1 of 3, and stops; nodes 1 and 2 are 2 of 3:
+# node 1, the first of node 0's list left, serves the rendezvous on its own address, node 2
+# reaches it there, and the two go on from the snapshot in memory to the weights of one
+# process. Both sides of the cut see the other lost; only the majority's side goes on.
+if [ -x "$DT_BUILDDIR/dtrain" ]; then
+    nsr="dtnr$$"; ns3="dtn0$$ dtn1$$ dtn2$$"
+    cleanup3() {
+        for ns in $ns3 $nsr; do
+            pids=$(ip netns pids "$ns" 2>/dev/null)
+            [ -z "$pids" ] || kill -KILL $pids 2>/dev/null
+            ip netns del "$ns" 2>/dev/null
+        done
+    }
+    trap 'cleanup3; cleanup' EXIT
+    { ip netns add "$nsr" && ip -n "$nsr" link add dtbr type bridge && ip -n "$nsr" link set dtbr up &&
+      for i in 0 1 2; do
+          ns="dtn$i$$"
+          ip netns add "$ns" && ip -n "$ns" link set lo up &&
+          ip link add "dtc$i$$" type veth peer name "dtd$i$$" &&
+          ip link set "dtc$i$$" netns "$ns" && ip link set "dtd$i$$" netns "$nsr" &&
+          ip -n "$nsr" link set "dtd$i$$" master dtbr && ip -n "$nsr" link set "dtd$i$$" up &&
+          ip -n "$ns" addr add "10.231.1.$((i + 1))/24" dev "dtc$i$$" && ip -n "$ns" link set "dtc$i$$" up || exit 1
+      done; } > "$tmp/setup3" 2>&1
+    ok $? "three namespaces on a bridge$( [ -s "$tmp/setup3" ] && echo ": $(head -1 "$tmp/setup3")")"
+    ck3="$tmp/ck3"
+    # node3 R: node R of the three, in the background ($! its dtrun)
+    node3() {
+        r=$1
+        : > "$tmp/t$r.out"; : > "$tmp/t$r.err"
+        (DT_JOB_SECRET=three-node-secret DT_SOCKET_IFNAME="dtc$r$$" DT_TIMEOUT=30 exec ip netns exec "dtn$r$$" $uts \
+            sh -c 'h=$1; shift; hostname "$h"; exec "$@"' sh "dtnode$r" "$DTRUN" -n 2 --nnodes 2:3 --node-rank "$r" \
+            --master-addr 10.231.1.1 --master-port "$port" --heartbeat-timeout 3 --monitor-interval 0.5 --grace 5 \
+            --rdzv-last-call 0.3 "$DT_BUILDDIR/dtrain" $el --checkpoint-dir "$ck3" --checkpoint-every 1000000 \
+            --shard optim --snapshot-every 20 --resume auto --save "$tmp/t.st" > "$tmp/t$r.out" 2> "$tmp/t$r.err") &
+    }
+    node3 0; t0=$!
+    node3 1; t1=$!
+    wait_line "$tmp/t1.err" "^dtrun: node 1 \(.*\), attempt 0: ranks 2\.\.3 of 4$" 60
+    ok $? "nodes 0 and 1 run 4 ranks"
+    node3 2; t2=$!
+    wait_line "$tmp/t2.err" "^dtrun: node 2 \(.*\), attempt 0: a spare \(the job runs 4 ranks\)$" 60
+    ok $? "node 2 joins as a spare"
+    # a snapshot of step 100 or later on node 1 (its dtrun's directory in /dev/shm)
+    i=0; while [ $i -lt 600 ]; do
+        s1=$(ls -d /dev/shm/dtrain-"$t1"-*-snap 2>/dev/null | head -1)
+        [ -n "$s1" ] && ls "$s1" | grep -q '^step-0*[1-9][0-9][0-9]$' && break
+        sleep 0.1; i=$((i + 1))
+    done
+    [ $i -lt 600 ]; ok $? "node 1 holds a snapshot of step 100 or later in memory"
+    ip -n "dtn0$$" link set "dtc0$$" down   # node 0 alone on its side of the cut
+    wait_pid $t0 60; rc0=$?
+    wait_pid $t1 240; rc1=$?
+    wait_pid $t2 60; rc2=$?
+    test "$rc0" -eq 1 && test "$rc1" -eq 0 && test "$rc2" -eq 0
+    ok $? "node 0 cut off: it stops (exit $rc0), nodes 1 and 2 finish (exit $rc1, $rc2)"
+    [ "$rc1" -eq 0 ] || for r in 0 1 2; do diag "node $r:"; sed 's/^/#   /' "$tmp/t$r.err" | tail -8; done
+    ok_grep "$tmp/t0.err" "^dtrun: node 0 \(dtnode0\), serving the rendezvous, kept 1 of the 3 nodes of the last membership, fewer than half: it stops" \
+        "node 0 says it kept 1 of 3 nodes"
+    ok_grep "$tmp/t1.err" "^dtrun: node 1 \(dtnode1\) serves the rendezvous now on 10\.231\.1\.2:[0-9]+; " \
+        "node 1 serves the rendezvous on its own address"
+    ok_grep "$tmp/t2.err" "^dtrun: node 2: node 1 at 10\.231\.1\.2:[0-9]+ serves the rendezvous now$" "node 2 reaches it there"
+    ok_grep "$tmp/t1.err" "^dtrun: membership: node 0 \(dtnode0\) lost: no heartbeat for 3 s \(--heartbeat-timeout\); world 4 -> 4 ranks on 2 nodes; " \
+        "the world stays at 4 ranks, on nodes 1 and 2"
+    ok_grep "$tmp/t1.out" "^\[rank0\]:dtrain: resumed from the nodes' in-memory snapshot of step [0-9]+ \([0-9]+ files? copied between nodes, " \
+        "rank 0, now on node 1, resumes from memory, node 2 sent what it lacked"
+    cmp -s "$tmp/ref.st" "$tmp/t.st"; ok $? "node 0 cut off, the majority on: the weights of one process, byte for byte"
+else
+    for i in 1 2 3 4 5 6 7 8 9 10 11; do skip "dtrain is not built"; done
 fi
 done_testing

@@ -1,5 +1,5 @@
 /* test_dtrun_parse.c: dtrun's parsers of the elastic probe's answer and of a rendezvous
- * START (src/tools/dtrun_parse.c): what dtrun's own peers send, read field by field, and
+ * START and PEERS (src/tools/dtrun_parse.c): what dtrun's own peers send, read field by field, and
  * each kind of message that must be refused. */
 #include "tools/dtrun_parse.h"
 #include "tap.h"
@@ -12,6 +12,13 @@ static void answer_rejected(const char *line, const char *what) {
 static void start_rejected(const char *args, const char *what) {
     dtrun_start st;
     is_int(dtrun_parse_start(args, &st), -1, "START refused: %s", what);
+}
+
+static dtrun_peers pe;   /* 300 KiB */
+
+static void peers_rejected(const char *args, const char *what) {
+    is_int(dtrun_parse_peers(args, &pe), -1, "PEERS refused: %s", what);
+    is_int(pe.n, 0, "  and nothing left behind");
 }
 
 int main(void) {
@@ -122,5 +129,43 @@ int main(void) {
     start_rejected("0 0 0 29500 8 4x 4 1 2 0.000 -", "junk in a number");
     start_rejected("0 0 0 29500 8 +4 4 1 2 0.000 -", "a sign");
     start_rejected("0 0 0 29500 8 4 4 1 2 0.000x -", "junk after the time");
+
+    /* PEERS: node 0 lists the live nodes and where each would serve */
+    is_int(dtrun_parse_peers("3 0 10.0.0.1 0 1 10.0.0.2 40123 3 fe80::1 65535", &pe), 0, "three nodes");
+    ok(pe.n == 3 && pe.node[0] == 0 && pe.node[1] == 1 && pe.node[2] == 3, "their node ranks");
+    is_str(pe.addr[1], "10.0.0.2", "an IPv4 address");
+    is_str(pe.addr[2], "fe80::1", "an IPv6 address");
+    ok(pe.port[0] == 0 && pe.port[1] == 40123 && pe.port[2] == 65535, "their ports");
+    is_int(dtrun_parse_peers("1 0 127.0.0.1 0", &pe), 0, "node 0 alone");
+    static char big[80000] = "4096";
+    for (int i = 0; i < 4096; i++) snprintf(big + strlen(big), sizeof big - strlen(big), " %d ::1 %d", i, i);
+    is_int(dtrun_parse_peers(big, &pe), 0, "4096 nodes");
+    ok(pe.n == 4096 && pe.node[4095] == 4095 && pe.port[4095] == 4095, "the last of them");
+    char addr[200] = "1 0 ";   /* 64 characters would be cut: refused; 63 fit */
+    memset(addr + 4, '1', 64);
+    strcpy(addr + 68, " 5");
+    peers_rejected(addr, "a 64-character address");
+    strcpy(addr + 67, " 5");
+    is_int(dtrun_parse_peers(addr, &pe), 0, "a 63-character address");
+    is_int(strlen(pe.addr[0]), 63, "kept whole");
+    peers_rejected("", "empty");
+    peers_rejected("0", "no nodes");
+    peers_rejected("0 ", "n 0");
+    peers_rejected("4097 0 ::1 1", "more nodes than DTRUN_MAX_NODES");
+    peers_rejected("2 0 10.0.0.1 0", "fewer triples than n");
+    peers_rejected("1 0 10.0.0.1 0 1 10.0.0.2 5", "more triples than n");
+    peers_rejected("1 0 10.0.0.1 0 ", "a space at the end");
+    peers_rejected("2 1 10.0.0.1 0 1 10.0.0.2 5", "a node twice");
+    peers_rejected("2 2 10.0.0.1 0 1 10.0.0.2 5", "nodes out of order");
+    peers_rejected("1 4096 10.0.0.1 0", "node 4096");
+    peers_rejected("1 -1 10.0.0.1 0", "a negative node");
+    peers_rejected("1 0 10.0.0.1 65536", "port 65536");
+    peers_rejected("1 0 10.0.0.1 -1", "a negative port");
+    peers_rejected("1 0 10.0.0.1 +1", "a sign");
+    peers_rejected("1 0 host.example 1", "a name, not an address");
+    peers_rejected("1 0  1", "an empty address");
+    peers_rejected("1 0 10.0.0.1  1", "two spaces");
+    peers_rejected("1 0 10.0.0.1 1x", "junk after a port");
+    peers_rejected("1 0 10.0.0.1\t1", "a tab");
     return done_testing();
 }

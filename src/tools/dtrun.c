@@ -450,6 +450,7 @@ int main(int argc, char **argv) {
     dtrun_job job;
     memset(&job, 0, sizeof job);
     job.cfg = &cfg;
+    snprintf(job.rank_addr, sizeof job.rank_addr, "%s", cfg.master_addr);
     if (gethostname(job.host, sizeof job.host - 1) != 0) snprintf(job.host, sizeof job.host, "unknown-host");
     base_run_id(&cfg, dtrun_base_id, sizeof dtrun_base_id);
     /* The ranks of a one-node job prove a fresh secret to each other; the nodes of a

@@ -7,7 +7,8 @@
  *                  (prefix, filter, log files, the last stderr lines), supervise them
  *   dtrun_rdzv.c   multi-node: node 0's dtrun serves a small line protocol on
  *                  --master-port; the other nodes join, learn the layout, report local
- *                  failures and hear the job's first failure, restarts and the end
+ *                  failures and hear the job's first failure, restarts and the end;
+ *                  in an elastic job a majority of the nodes goes on without node 0
  *   dtrun_elastic.c  --nnodes MIN:MAX: asking the program which world sizes keep its
  *                  result exact, choosing a world from them and laying it out on the nodes
  *   dtrun_util.c   what all of them use: messages, clocks, signal names, a free port,
@@ -98,6 +99,8 @@ typedef struct {
     char         change[DTRUN_CHANGE_MAX]; /* elastic: the membership change this attempt follows, or "" */
     double       change_at;   /* ... when it was noticed (seconds since the epoch) */
     int          rank_port;   /* MASTER_PORT given to the ranks */
+    char         rank_addr[256]; /* MASTER_ADDR given to the ranks: --master-addr, or the
+                                  * address of the node that took over from a lost node 0 */
     char         job_id[192]; /* DT_JOB_ID given to the ranks, "" to inherit */
     int          alive;
     int          stopping;

@@ -1,5 +1,5 @@
 /*
- * dtrun_parse.c: the elastic probe's answer and a rendezvous START, read into fields
+ * dtrun_parse.c: the elastic probe's answer, a rendezvous START and PEERS, read into fields
  * (dtrun_parse.h). Both come from another process, so neither trusts a byte: every number
  * is checked against its range before it is stored, and a text that does not fit its
  * buffer is refused, never cut (a cut checkpoint directory is another directory).
@@ -115,5 +115,36 @@ int dtrun_parse_start(const char *args, dtrun_start *st) {
     memset(st, 0, sizeof *st);
     if (start(args, st) == 0) return 0;
     memset(st, 0, sizeof *st);
+    return -1;
+}
+
+static int peers(const char *p, dtrun_peers *pe) {
+    int n, last = -1;
+    if (field(&p, 1, DTRUN_MAX_NODES, &n)) return -1;
+    for (int i = 0; i < n; i++) {
+        if (field(&p, last + 1, DTRUN_MAX_NODES - 1, &pe->node[i])) return -1;
+        last = pe->node[i];
+        size_t a = strspn(p, "0123456789abcdefABCDEF.:");
+        if (a == 0 || a >= DTRUN_ADDR_MAX || p[a] != ' ') return -1;
+        memcpy(pe->addr[i], p, a);
+        pe->addr[i][a] = '\0';
+        p += a + 1;
+        /* the last port ends the line, the others a space */
+        if (!isdigit((unsigned char)*p)) return -1;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno != 0 || v > 65535 || *end != (i + 1 < n ? ' ' : '\0')) return -1;
+        pe->port[i] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    pe->n = n;
+    return 0;
+}
+
+int dtrun_parse_peers(const char *args, dtrun_peers *pe) {
+    pe->n = 0;
+    if (peers(args, pe) == 0) return 0;
+    pe->n = 0;
     return -1;
 }

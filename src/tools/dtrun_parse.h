@@ -8,6 +8,9 @@
  *   the fields of a rendezvous START, node 0 -> node (dtrun_rdzv.c)
  *       <attempt> <kind> <restarts> <port> <world> <rank0> <nlocal> <group> <ngroups>
  *       <change time> <change|->
+ *   the fields of PEERS, node 0 -> node (dtrun_rdzv.c): the job's live nodes, where each
+ *   would serve the rendezvous should node 0 be lost
+ *       <n> <node> <address> <port> ... (n triples)
  *
  * Each refuses what it cannot vouch for rather than passing on a value that is wrong
  * later: a number out of its range, a text that would have to be cut, anything extra.
@@ -52,6 +55,19 @@ typedef struct {
 /* Parse START's fields (the line after "START "), separated by single spaces, into st;
  * 0, or -1 when malformed or out of the ranges above. */
 int dtrun_parse_start(const char *args, dtrun_start *st);
+
+/* The live nodes of an elastic job as node 0 lists them in PEERS. */
+#define DTRUN_ADDR_MAX 64               /* a numeric IPv4 or IPv6 address, with the NUL */
+typedef struct {
+    int  n;                                   /* 1 .. DTRUN_MAX_NODES entries */
+    int  node[DTRUN_MAX_NODES];               /* node ranks, strictly increasing, 0 .. DTRUN_MAX_NODES - 1 */
+    char addr[DTRUN_MAX_NODES][DTRUN_ADDR_MAX];   /* hex digits, '.', ':' only; not empty */
+    int  port[DTRUN_MAX_NODES];               /* where it would serve; 0 .. 65535 (0: it cannot) */
+} dtrun_peers;
+
+/* Parse PEERS' fields (the line after "PEERS "), separated by single spaces, into pe;
+ * 0, or -1 when malformed, out of the ranges above or followed by anything. */
+int dtrun_parse_peers(const char *args, dtrun_peers *pe);
 
 /* A report's newlines travel as tabs: turn them back in place. */
 void dtrun_decode(char *s);

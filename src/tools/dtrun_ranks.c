@@ -279,7 +279,7 @@ static void child_exec(const dtrun_job *job, const dtrun_rank *rk, pid_t parent,
     snprintf(v, sizeof v, "%d", job->group);                setenv("NODE_RANK", v, 1);
     setenv("GROUP_RANK", v, 1);
     snprintf(v, sizeof v, "%d", job->ngroups);              setenv("DT_NNODES", v, 1);
-    setenv("MASTER_ADDR", cfg->master_addr, 1);
+    setenv("MASTER_ADDR", job->rank_addr[0] ? job->rank_addr : cfg->master_addr, 1);
     snprintf(v, sizeof v, "%d", job->rank_port);            setenv("MASTER_PORT", v, 1);
     if (job->job_id[0]) setenv("DT_JOB_ID", job->job_id, 1);
     snprintf(v, sizeof v, "%d", job->attempt);              setenv("DT_RESTART_COUNT", v, 1);

@@ -5,9 +5,13 @@
  * --rdzv-timeout, saying why it cannot) and keeps that one connection for the whole job.
  * The protocol is text, one message per line:
  *
- *   node -> 0   HELLO 1 <node_rank> <nnodes or MIN:MAX> <nproc> <run_id|-> <host>
+ *   node -> 0   HELLO 2 <node_rank> <nnodes or MIN:MAX> <nproc> <run_id|-> <host> <port>
+ *               (port: elastic, where this node would serve should node 0 be lost; 0: none)
  *   0 -> node   REFUSE <exit> <why>            (and the connection is closed)
  *   0 -> node   LAYOUT <run_id> <host of node 0> <host of node 1> ...
+ *   0 -> node   EXACT <the program's answer>   (elastic: the sizes that keep the result exact)
+ *   0 -> node   PEERS <n> <node> <address> <port> ...   (elastic, each round and join: the
+ *                                               live nodes and where each would serve)
  *   0 -> node   START <attempt> <kind> <restarts> <port> <world> <rank0> <nlocal> <group>
  *                     <ngroups> <change time> <change|->
  *               (kind 0 the first attempt, 1 a restart after a failure, 2 a membership
@@ -43,6 +47,17 @@
  * whose slot a lost node frees. Each attempt node 0 lays the largest exact world out over
  * the live nodes (server_round); every attempt has its own job id (DT_JOB_ID + "-rK"),
  * which the ranks' authentication binds, so ranks of a dropped node cannot enter the next.
+ *
+ * Node 0 may be lost too. Every other node listens from the start on a port of the
+ * address it reaches node 0 from (connections wait in the kernel's queue until it serves)
+ * and node 0 lists every live node's address and port (PEERS). A node that loses node 0
+ * goes to the first node of that list still there, by node rank; that node serves the
+ * rendezvous from then on, with the same job id, attempts and exact sizes (EXACT), and its
+ * ranks come first (MASTER_ADDR is its address). Who goes on is decided by the majority of
+ * the last list, so that a network cut cannot make two jobs: the nodes without the server
+ * go on only when more than half of the list reached the new one, and the server stops
+ * when it has kept fewer than half (with two nodes, node 0 goes on alone and node 1 does
+ * not). A node that joins later still asks --master-addr, which no longer answers.
  */
 #include "config.h"
 #include "dtrun.h"
@@ -76,6 +91,7 @@ typedef struct {
     double last_rx;
     char   host[256];
     char   addr[64];    /* server: the peer's address, to tell apart nodes with one name */
+    int    tport;       /* server, elastic: where it would serve should the server be lost (0: it cannot) */
     int    joined;      /* server: HELLO accepted */
     int    idle;        /* server: its ranks of this attempt ended */
     int    lost;
@@ -106,6 +122,24 @@ struct dtrun_net {
     double short_since;            /* > 0: since then too few nodes for an allowed world */
     char   lost_list[600];         /* every node lost so far, for a final message */
     double last_join;              /* when the last node joined (the rendezvous' last call) */
+    /* elastic: going on without node 0 */
+    int    self;                   /* this node's rank (the server's own slot among nodes) */
+    int    mnode;                  /* the node that serves the rendezvous: 0, or one that took over */
+    char   maddr[256];             /* ... where */
+    int    mport;
+    int    tfd;                    /* not the server: where this node would serve (-1: nowhere) */
+    int    tport;
+    char   taddr[DTRUN_ADDR_MAX];  /* ... its address (the server's own, in PEERS) */
+    dtrun_peers *peers;            /* the live nodes in the last PEERS (a lost one's port: -1) */
+    int    members;                /* nodes in the last PEERS: the majority is of these */
+    int    recent;                 /* server: the most nodes a PEERS listed that was the last one */
+    int    minority;               /* server: it kept fewer than half of the nodes, and stops */
+    double recent_until;           /* ... until this time (meet_window after it was replaced):
+                                    * a node cut off then may not have heard the next one */
+    int    have_ex;                /* not node 0: net->ex came in EXACT */
+    int    orphan;                 /* lost the server: the nodes that remain choose another */
+    char   orphan_why[1024];       /* how it was lost */
+    double orphan_at;              /* when (seconds since the epoch) */
 };
 
 /* Seconds since the epoch: a change's time travels to other hosts and into the ranks. */
@@ -114,6 +148,11 @@ static double dt_wall(void) {
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+/* How long the nodes have to meet again after losing the server: each notices within
+ * --heartbeat-timeout (a heartbeat late by up to --monitor-interval, its check too), and
+ * proves the secret in DT_AUTH_DEADLINE. */
+static double meet_window(const dtrun_cfg *cfg) { return cfg->hb_timeout_s + 2 * cfg->monitor_s + DT_AUTH_DEADLINE; }
 
 /* --nnodes as the nodes compare it: "4", or "1:4" */
 static void nodes_spec(const dtrun_cfg *cfg, char *out, size_t n) {
@@ -265,6 +304,9 @@ static void note_change(dtrun_net *net, const char *what) {
     snprintf(net->change + l, sizeof net->change - l, "%s%s", l ? "; " : "", what);
 }
 
+static int live_nodes(const dtrun_job *job);
+static void send_peers(dtrun_job *job);
+
 /* Stop the local ranks at once: a peer is gone, so they can neither finish a step nor
  * checkpoint it; the next attempt starts from the newest checkpoint. */
 static void kill_ranks_now(dtrun_job *job) {
@@ -291,6 +333,21 @@ static void elastic_lost(dtrun_job *job, int i, const char *why) {
         snprintf(d, sizeof d, "node %d (%s) lost: %s", i, p->host, why);
         note_change(net, d);
         net->changed = 1;
+    }
+    /* measured against the membership the lost node may have known last: a node cut off
+     * does not hear a list sent after it */
+    int live = live_nodes(job), of = net->members;
+    if (dt_now() < net->recent_until && net->recent > of) of = net->recent;
+    if (net->started && 2 * live < of && !net->minority) {   /* the others may be the majority, going on */
+        snprintf(d, sizeof d, "node %d (%s), serving the rendezvous, kept %d of the %d nodes of the last membership, "
+                 "fewer than half: it stops, and the others go on without it if more than half of them remain "
+                 "together (nodes lost: %s)", net->self, job->host, live, of, net->lost_list);
+        net->minority = 1;
+        free(job->fail);   /* a rank that failed after the cut is not why the job stops here */
+        job->fail = NULL;
+        server_failure(job, d, 1, 1);
+        kill_ranks_now(job);
+        return;
     }
     if (!working) return;
     char *e = encode(d);
@@ -378,6 +435,7 @@ static int server_round(dtrun_job *job, int a, int kind, int port) {
     dtrun_net *net = job->net;
     int W = world_now(job);
     if (W <= 0) return -1;
+    if (cfg->elastic) send_peers(job);
     int groups = (W + cfg->nproc - 1) / cfg->nproc, next = 0, g = 0;
     char *e = net->change[0] ? encode(net->change) : NULL;
     job->attempt = a;
@@ -420,10 +478,55 @@ static void send_layout(dtrun_job *job, peer *p) {
     snprintf(lay, cap, "%s", dtrun_base_id);
     for (int i = 0; i < cfg->nnodes; i++) {
         peer *q = &job->net->nodes[i];
-        snprintf(lay + strlen(lay), cap - strlen(lay), " %s", i == 0 || (q->joined && q->fd >= 0) ? q->host : "-");
+        snprintf(lay + strlen(lay), cap - strlen(lay), " %s",
+                 i == job->net->self || (q->joined && q->fd >= 0) ? q->host : "-");
     }
     send_line(p, "LAYOUT %s", lay);
     free(lay);
+    if (cfg->elastic) {   /* what a node that takes over from this one needs */
+        char ex[2200], sz[800] = "";
+        for (int i = 0; i < job->net->ex.nsizes; i++)
+            snprintf(sz + strlen(sz), sizeof sz - strlen(sz), "%s%d", i ? "," : "", job->net->ex.sizes[i]);
+        snprintf(ex, sizeof ex, "sizes=%s resume=%s checkpoint-dir=%s", sz, job->net->ex.resume, job->net->ex.ckpt_dir);
+        send_line(p, "EXACT %s", ex);
+    }
+}
+
+/* An address PEERS can carry (numeric), else "0" with port 0. */
+static int plain_addr(const char *a) {
+    size_t n = strspn(a, "0123456789abcdefABCDEF.:");
+    return n > 0 && n < DTRUN_ADDR_MAX && a[n] == '\0';
+}
+
+/* Elastic, the server: every live node, where each would serve should the server be
+ * lost, to every node; the count is the membership whose majority goes on. */
+static void send_peers(dtrun_job *job) {
+    dtrun_net *net = job->net;
+    const dtrun_cfg *cfg = job->cfg;
+    size_t cap = 32 + (size_t)cfg->nnodes * (DTRUN_ADDR_MAX + 24), len;
+    char *list = malloc(cap);
+    if (!list) return;   /* the nodes keep the last list */
+    int n = 0;
+    for (int i = 0; i < cfg->nnodes; i++) n += i == net->self || (net->nodes[i].fd >= 0 && net->nodes[i].joined);
+    len = (size_t)snprintf(list, cap, "%d", n);
+    for (int i = 0; i < cfg->nnodes; i++) {
+        const peer *q = &net->nodes[i];
+        if (i == net->self)
+            len += (size_t)snprintf(list + len, cap - len, " %d %s 0", i, plain_addr(net->taddr) ? net->taddr : "0");
+        else if (q->fd >= 0 && q->joined)
+            len += (size_t)snprintf(list + len, cap - len, " %d %s %d", i, plain_addr(q->addr) ? q->addr : "0",
+                                    plain_addr(q->addr) ? q->tport : 0);
+    }
+    double now = dt_now();
+    if (net->members > 0) {   /* the list replaced stays the measure for a while */
+        if (now >= net->recent_until) net->recent = 0;
+        if (net->members > net->recent) net->recent = net->members;
+        net->recent_until = now + meet_window(cfg);
+    }
+    net->members = n;
+    for (int i = 0; i < cfg->nnodes; i++)
+        if (net->nodes[i].fd >= 0 && net->nodes[i].joined) send_line(&net->nodes[i], "PEERS %s", list);
+    free(list);
 }
 
 /* Elastic, node 0: node i joined a job that has started. It waits as a spare of the
@@ -436,6 +539,7 @@ static void elastic_joined(dtrun_job *job, int i) {
     snprintf(d, sizeof d, "node %d (%s) joined", i, p->host);
     dtrun_say(job, "%s", d);
     send_layout(job, p);
+    send_peers(job);   /* before START: the new node reads no further until its START */
     send_line(p, "START %d 2 %d 0 %d 0 0 -1 %d 0 -", job->attempt, job->restarts, job->world, job->ngroups);
     p->ranks = 0;
     p->idle = 1;   /* until the next round it runs nothing */
@@ -453,14 +557,16 @@ static void elastic_joined(dtrun_job *job, int i) {
 /* Check a HELLO against this node's configuration; "" if it may join, else why not. */
 static int check_hello(dtrun_job *job, const char *line, int *node, peer *p, char *why, size_t n) {
     const dtrun_cfg *cfg = job->cfg;
-    int ver, nr, np;
+    int ver, nr, np, tport;
     char run[160], host[340], nn[32], spec[32];
     nodes_spec(cfg, spec, sizeof spec);
-    if (sscanf(line, "HELLO %d %d %31s %d %159s %255s", &ver, &nr, nn, &np, run, host) != 6 || ver != 1) {
+    if (sscanf(line, "HELLO %d %d %31s %d %159s %255s %d", &ver, &nr, nn, &np, run, host, &tport) != 7 || ver != 2 ||
+        tport < 0 || tport > 65535) {
         snprintf(why, n, "not a dtrun of this version (sent '%.60s')", line);
         return 2;
     }
     snprintf(p->host, sizeof p->host, "%.255s", host);
+    p->tport = tport;
     *node = nr;
     snprintf(host + strlen(host), sizeof host - strlen(host), " at %s", p->addr);
     if (strcmp(nn, spec) != 0)
@@ -469,8 +575,8 @@ static int check_hello(dtrun_job *job, const char *line, int *node, peer *p, cha
     else if (np != cfg->nproc)
         snprintf(why, n, "the nodes disagree about --nproc-per-node: node %d (%s) says %d, node 0 (%s) says %d",
                  nr, host, np, job->host, cfg->nproc);
-    else if (nr == 0)
-        snprintf(why, n, "node rank 0 given twice: %s (serving the rendezvous) and %s", job->host, host);
+    else if (nr == job->net->self)
+        snprintf(why, n, "node rank %d given twice: %s (serving the rendezvous) and %s", nr, job->host, host);
     else if (nr < 0 || nr >= cfg->nnodes)
         snprintf(why, n, "node %s says --node-rank %d, outside 0..%d for --nnodes %d", host, nr, cfg->nnodes - 1,
                  cfg->nnodes);
@@ -605,6 +711,7 @@ static int server_start(dtrun_job *job) {
     }
     set_socket_opts(fd);
     net->lfd = fd;
+    snprintf(net->taddr, sizeof net->taddr, "%s", addr);
     if (dt_gate_new(&net->auth, DT_AUTH_LAUNCH, fd, &net->gate) != DT_OK) {
         dtrun_say(job, "node 0: %s", dt_last_error());
         return 1;
@@ -732,8 +839,21 @@ static void master_lost(dtrun_job *job, const char *why) {
     dtrun_net *net = job->net;
     char when[64], d[1024];
     dtrun_clock(when, sizeof when);
-    snprintf(d, sizeof d, "lost node 0 (%s, the master at %s:%d) at %s: %s", job->hosts ? job->hosts[0] : "?",
-             job->cfg->master_addr, job->cfg->master_port, when, why);
+    const char *mh = job->hosts && job->hosts[net->mnode] ? job->hosts[net->mnode] : "?";
+    snprintf(d, sizeof d, "lost node %d (%s, the master at %s:%d) at %s: %s", net->mnode, mh, net->maddr, net->mport,
+             when, why);
+    if (job->cfg->elastic && net->started && net->peers && !job->no_restart && !job->signal) {
+        /* the nodes that remain choose who serves (takeover, after the ranks ended) */
+        dtrun_say(job, "%s; the nodes that remain choose who serves the rendezvous", d);
+        snprintf(net->orphan_why, sizeof net->orphan_why, "node %d (%s) lost: %s", net->mnode, mh, why);
+        net->orphan_at = dt_wall();
+        net->orphan = 1;
+        for (int i = 0; i < net->peers->n; i++)
+            if (net->peers->node[i] == net->mnode) net->peers->port[i] = -1;
+        peer_close(&net->master);
+        kill_ranks_now(job);
+        return;
+    }
     if (job->fail) dtrun_say(job, "%s", d);   /* else it is the first failure, reported at the end */
     peer_close(&net->master);
     net->any_lost = 1;
@@ -771,7 +891,7 @@ static void client_line(dtrun_job *job, char *line) {
         if (dtrun_parse_start(line + 6, &st) == 0) {
             net->next = st;
             net->decided = 1;
-        } else dtrun_say(job, "node 0 sent a START this dtrun cannot read: '%.80s'", line);
+        } else dtrun_say(job, "node %d sent a START this dtrun cannot read: '%.80s'", net->mnode, line);
     } else if (strncmp(line, "LOST ", 5) == 0) {   /* elastic: a node with ranks is gone */
         dtrun_decode(line + 5);
         if (job->alive > 0 && !job->fail) dtrun_say(job, "%s: stopping the ranks", line + 5);
@@ -784,9 +904,15 @@ static void client_line(dtrun_job *job, char *line) {
         net->decided = 2;
         net->decided_code = code;
     } else if (sscanf(line, "REFUSE %d %n", &code, &off) == 1 && off > 0) {
-        dtrun_say(job, "refused by node 0 at %s:%d: %s", job->cfg->master_addr, job->cfg->master_port, line + off);
+        dtrun_say(job, "refused by node %d at %s:%d: %s", net->mnode, net->maddr, net->mport, line + off);
         net->decided = 2;   /* the caller closes the connection */
         net->decided_code = code;
+    } else if (strncmp(line, "EXACT ", 6) == 0) {   /* elastic: kept should this node take over */
+        net->have_ex = dtrun_parse_answer(line + 6, &net->ex) == 0;
+    } else if (strncmp(line, "PEERS ", 6) == 0) {   /* elastic: where to go should the server be lost */
+        if (!net->peers && !(net->peers = malloc(sizeof *net->peers))) return;
+        if (dtrun_parse_peers(line + 6, net->peers) == 0) net->members = net->peers->n;
+        else dtrun_say(job, "node %d sent a PEERS this dtrun cannot read: '%.80s'", net->mnode, line);
     } else if (strncmp(line, "LAYOUT ", 7) == 0) {
         char *save = NULL, *tok = strtok_r(line + 7, " ", &save);
         if (tok) snprintf(dtrun_base_id, sizeof dtrun_base_id, "%s", tok);
@@ -799,35 +925,33 @@ static void client_line(dtrun_job *job, char *line) {
     }
 }
 
-static int client_start(dtrun_job *job) {
+/* Connect to the node serving the rendezvous (node `node` at host:port) and prove the job
+ * secret, retrying for `span` seconds: 0 with *out, 1 when it could not be reached in time
+ * (said), 2 when it refused, 128 + a signal that stopped this dtrun. */
+static int reach(dtrun_job *job, int node, const char *host, int port, double span, int *out) {
     const dtrun_cfg *cfg = job->cfg;
     dtrun_net *net = job->net;
-    peer_init(&net->master);
-    double t0 = dt_now(), deadline = t0 + cfg->rdzv_timeout_s, next_note = 0;
     char err[256] = "", said[256] = "";
-    int fd = -1;
-    if (dt_auth_init(&net->auth, AUTH_JOB) != DT_OK || dt_auth_allow(&net->auth, cfg->master_addr) != DT_OK) {
-        dtrun_say(job, "node %d: %s", cfg->node_rank, dt_last_error());
-        return 2;
-    }
-    /* node 0 answers at once or drops the connection (shedding a flood of strangers):
+    double next_note = 0, deadline = dt_now() + span;
+    /* the server answers at once or drops the connection (shedding a flood of strangers):
      * an attempt that hears nothing is retried on a fresh connection, soon, with more
      * patience each time (as dt_auth_connect does) */
     double attempt = 0.5;
     int failed = 0;
-    while (fd < 0) {
-        int pause_ms = 500;   /* node 0 is not up yet */
-        fd = try_connect(cfg->master_addr, cfg->master_port, 2000, err, sizeof err);
+    for (;;) {
+        int pause_ms = 500;   /* the server is not up yet */
+        int fd = try_connect(host, port, 2000, err, sizeof err);
         if (fd >= 0) {
             dt_status as = dt_auth_client(&net->auth, fd, DT_AUTH_LAUNCH, dt_now() + attempt);
-            if (as == DT_OK) break;
+            if (as == DT_OK) {
+                *out = fd;
+                return 0;
+            }
             close(fd);
-            fd = -1;
             snprintf(err, sizeof err, "%s", dt_last_error());
             if (as == DT_ERR_MISMATCH) {
-                dtrun_say(job, "node %d: node 0 at %s:%d refused: %s", cfg->node_rank, cfg->master_addr,
-                          cfg->master_port, err);
-                return 1;
+                dtrun_say(job, "node %d: node %d at %s:%d refused: %s", cfg->node_rank, node, host, port, err);
+                return 2;
             }
             if (attempt < 2 * DT_AUTH_DEADLINE) attempt *= 2;
             pause_ms = failed < 6 ? 2 << failed : 100;   /* 2 ms, doubling */
@@ -835,28 +959,72 @@ static int client_start(dtrun_job *job) {
         }
         double t = dt_now();
         if (t >= deadline) {
-            dtrun_say(job, "node %d could not reach node 0 at %s:%d within %g s (--rdzv-timeout): %s",
-                      cfg->node_rank, cfg->master_addr, cfg->master_port, cfg->rdzv_timeout_s, err);
+            dtrun_say(job, "node %d could not reach node %d at %s:%d within %g s%s: %s", cfg->node_rank, node, host,
+                      port, span, node == 0 ? " (--rdzv-timeout)" : "", err);
             return 1;
         }
         if (strcmp(err, said) != 0 || t >= next_note) {
-            dtrun_say(job, "node %d cannot reach node 0 at %s:%d: %s; retrying for up to %.0f s more",
-                      cfg->node_rank, cfg->master_addr, cfg->master_port, err, deadline - t);
+            dtrun_say(job, "node %d cannot reach node %d at %s:%d: %s; retrying for up to %.0f s more", cfg->node_rank,
+                      node, host, port, err, deadline - t);
             snprintf(said, sizeof said, "%s", err);
             next_note = t + 30;
         }
         int sig = sleep_or_signal(job, pause_ms);
         if (sig) {
-            dtrun_say(job, "stopped by %s while waiting for node 0", dtrun_signame(sig));
+            dtrun_say(job, "stopped by %s while waiting for node %d", dtrun_signame(sig), node);
             return 128 + sig;
         }
     }
-    set_socket_opts(fd);
-    net->master.fd = fd;
+}
+
+/* Elastic, not the server: listen on the address this node reaches the server from (fd:
+ * that connection), where it would serve should the server be lost. Connections wait in
+ * the kernel's queue until then. */
+static void open_takeover(dtrun_job *job, int fd) {
+    dtrun_net *net = job->net;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char a[64];
+    int lfd, port;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0 || ss.ss_family != AF_INET ||
+        !inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, a, sizeof a))
+        return;   /* IPv6: this node cannot take over (dt_sock listens on IPv4) */
+    if (dt_sock_listen(a, 0, &lfd, &port) != DT_OK) {
+        dtrun_say(job, "warning: node %d cannot take over the rendezvous should node 0 be lost: %s",
+                  job->cfg->node_rank, dt_last_error());
+        return;
+    }
+    set_socket_opts(lfd);
+    net->tfd = lfd;
+    net->tport = port;
+    snprintf(net->taddr, sizeof net->taddr, "%s", a);
+}
+
+/* Say HELLO on the connection just made to the server. */
+static void hello(dtrun_job *job) {
+    const dtrun_cfg *cfg = job->cfg;
     char spec[32];
     nodes_spec(cfg, spec, sizeof spec);
-    send_line(&net->master, "HELLO 1 %d %s %d %s %s", cfg->node_rank, spec, cfg->nproc,
-              cfg->run_id[0] ? cfg->run_id : "-", job->host);
+    send_line(&job->net->master, "HELLO 2 %d %s %d %s %s %d", cfg->node_rank, spec, cfg->nproc,
+              cfg->run_id[0] ? cfg->run_id : "-", job->host, job->net->tport);
+}
+
+static int client_start(dtrun_job *job) {
+    const dtrun_cfg *cfg = job->cfg;
+    dtrun_net *net = job->net;
+    peer_init(&net->master);
+    double deadline = dt_now() + cfg->rdzv_timeout_s;
+    int fd = -1;
+    if (dt_auth_init(&net->auth, AUTH_JOB) != DT_OK || dt_auth_allow(&net->auth, cfg->master_addr) != DT_OK) {
+        dtrun_say(job, "node %d: %s", cfg->node_rank, dt_last_error());
+        return 2;
+    }
+    int rc = reach(job, 0, cfg->master_addr, cfg->master_port, cfg->rdzv_timeout_s, &fd);
+    if (rc) return rc == 2 ? 1 : rc;
+    set_socket_opts(fd);
+    net->master.fd = fd;
+    if (cfg->elastic) open_takeover(job, fd);
+    hello(job);
     while (!net->decided) {
         double t = dt_now();
         if (t >= deadline) {
@@ -910,7 +1078,11 @@ int dtrun_net_start(dtrun_job *job) {
         dtrun_say(job, "out of memory");
         return 1;
     }
-    job->net->lfd = -1;
+    dtrun_net *net = job->net;
+    net->lfd = net->tfd = -1;
+    net->self = cfg->node_rank;
+    snprintf(net->maddr, sizeof net->maddr, "%s", cfg->master_addr);
+    net->mport = cfg->master_port;
     int rc = cfg->node_rank == 0 ? server_start(job) : client_start(job);
     if (rc) return rc;
     if (cfg->node_rank == 0) {
@@ -1068,6 +1240,7 @@ static int server_decide_elastic(dtrun_job *job) {
             net->next.kind = 2;
         }
     }
+    if (job->fail && job->no_restart) return server_exit(job, job->fail_code);   /* kept too few nodes */
     int was = job->world, port = dtrun_free_port();
     if (!port) {
         dtrun_say(job, "no free TCP port for the next attempt: %s", strerror(errno));
@@ -1121,11 +1294,139 @@ static int server_decide(dtrun_job *job) {
     return job->cfg->elastic ? server_decide_elastic(job) : server_decide_fixed(job);
 }
 
-int dtrun_net_after(dtrun_job *job) {
+/* ---- going on without node 0 (elastic) ------------------------------------------------ */
+
+/* This node serves the rendezvous from now on: the nodes of the last PEERS have until
+ * the window's end to reach it (each notices the loss within --heartbeat-timeout); it goes
+ * on when more than half of them did. 0, or the exit status. */
+static int serve(dtrun_job *job) {
+    const dtrun_cfg *cfg = job->cfg;
+    dtrun_net *net = job->net;
+    const dtrun_peers *pe = net->peers;
+    if (!net->have_ex) {
+        dtrun_say(job, "node %d cannot serve the rendezvous: node %d never said which world sizes keep the result "
+                  "exact", net->self, net->mnode);
+        return 1;
+    }
+    if (!(net->nodes = calloc((size_t)cfg->nnodes, sizeof *net->nodes))) {
+        dtrun_say(job, "out of memory");
+        return 1;
+    }
+    for (int i = 0; i < cfg->nnodes; i++) peer_init(&net->nodes[i]);
+    for (int i = 0; i < MAX_PENDING; i++) peer_init(&net->pending[i]);
+    snprintf(net->nodes[net->self].host, sizeof net->nodes[net->self].host, "%s", job->host);
+    for (int i = 0; i < cfg->nnodes; i++)   /* the hosts as the last LAYOUT named them, for messages */
+        if (i != net->self && job->hosts && job->hosts[i] && strcmp(job->hosts[i], "-") != 0)
+            snprintf(net->nodes[i].host, sizeof net->nodes[i].host, "%s", job->hosts[i]);
+    net->lfd = net->tfd;
+    net->tfd = -1;
+    if (dt_gate_new(&net->auth, DT_AUTH_LAUNCH, net->lfd, &net->gate) != DT_OK) {
+        dtrun_say(job, "node %d: %s", net->self, dt_last_error());
+        return 1;
+    }
+    net->server = 1;
+    net->started = 0;   /* a HELLO now joins this round, not the running one */
+    int lost = net->mnode, expect = 0;
+    net->mnode = net->self;
+    snprintf(net->lost_list, sizeof net->lost_list, "%d (%s)", lost, net->nodes[lost].host[0] ? net->nodes[lost].host : "?");
+    for (int i = 0; i < pe->n; i++) expect += pe->node[i] != net->self && pe->port[i] != -1;
+    dtrun_say(job, "node %d (%s) serves the rendezvous now on %s:%d; waiting up to %g s for the %d other node%s of "
+              "the last membership of %d", net->self, job->host, net->taddr, net->tport,
+              meet_window(cfg), expect, expect == 1 ? "" : "s", net->members);
+    double deadline = dt_now() + meet_window(cfg);
+    while (live_nodes(job) - 1 < expect && dt_now() < deadline) {
+        struct pollfd pfd[1 + MAX_PENDING + DTRUN_MAX_NODES + DT_GATE_SLOTS + 1];
+        pfd[0] = (struct pollfd){ .fd = job->sfd, .events = POLLIN };
+        int np = 1 + dtrun_net_pollfds(job, pfd + 1, MAX_PENDING + DTRUN_MAX_NODES + DT_GATE_SLOTS + 1);
+        if (poll(pfd, (nfds_t)np, 100) < 0 && errno != EINTR) {
+            dtrun_say(job, "poll: %s", strerror(errno));
+            return 1;
+        }
+        int sig = pfd[0].revents ? dtrun_read_signal(job) : 0;
+        if (sig) {
+            dtrun_say(job, "stopped by %s while the nodes met again", dtrun_signame(sig));
+            return server_exit(job, 128 + sig), 128 + sig;
+        }
+        dtrun_net_ready(job, pfd + 1, np - 1);
+        accept_ready(job);
+    }
+    int live = live_nodes(job);
+    if (2 * live <= net->members) {
+        dtrun_say(job, "node %d (%s): %d of the %d nodes of the last membership met again, not more than half: the job "
+                  "stops here (should the others be together, node %d's side goes on)", net->self, job->host, live,
+                  net->members, lost);
+        return server_exit(job, 1), 1;
+    }
+    if ((job->hosts || (job->hosts = calloc((size_t)cfg->nnodes, sizeof *job->hosts))))
+        for (int i = 0; i < cfg->nnodes; i++) {
+            free(job->hosts[i]);
+            job->hosts[i] = strdup(net->nodes[i].host[0] ? net->nodes[i].host : "-");
+        }
+    snprintf(job->rank_addr, sizeof job->rank_addr, "%s", net->taddr);
+    snprintf(net->maddr, sizeof net->maddr, "%s", net->taddr);
+    net->mport = net->tport;
+    net->change[0] = '\0';
+    note_change(net, net->orphan_why);
+    net->change_at = net->orphan_at;
+    net->changed = 1;
+    net->running = 0;
+    net->next.kind = 2;
+    double now = dt_now();
+    for (int i = 0; i < cfg->nnodes; i++)
+        if (net->nodes[i].fd >= 0 && net->nodes[i].joined) {
+            send_layout(job, &net->nodes[i]);
+            net->nodes[i].last_rx = now;
+        }
+    net->started = 1;
+    return 0;
+}
+
+/* The server was lost: go to the first node of the last PEERS still there (by node rank),
+ * or serve if that is this one; a node that cannot be reached within the window is passed
+ * over. 0 (the loop goes on: a START comes, or this node decides), or the exit status. */
+static int takeover(dtrun_job *job) {
+    const dtrun_cfg *cfg = job->cfg;
+    dtrun_net *net = job->net;
+    dtrun_peers *pe = net->peers;
+    net->orphan = 0;
+    for (;;) {
+        int c = -1;
+        for (int i = 0; i < pe->n && c < 0; i++)
+            if (pe->node[i] == net->self ? net->tfd >= 0 : pe->port[i] > 0) c = i;
+        if (c < 0) {
+            dtrun_say(job, "node %d: no node of the last membership is left to serve the rendezvous", net->self);
+            return 1;
+        }
+        if (pe->node[c] == net->self) return serve(job);
+        int fd = -1;
+        int rc = reach(job, pe->node[c], pe->addr[c], pe->port[c], cfg->hb_timeout_s + 2 * cfg->monitor_s +
+                       DT_AUTH_DEADLINE, &fd);
+        if (rc == 2) return 1;
+        if (rc > 2) return rc;
+        if (rc == 1) {   /* lost too, or cut off from this node */
+            pe->port[c] = -1;
+            continue;
+        }
+        set_socket_opts(fd);
+        peer_init(&net->master);
+        net->master.fd = fd;
+        net->master.last_rx = dt_now();
+        net->mnode = pe->node[c];
+        snprintf(net->maddr, sizeof net->maddr, "%s", pe->addr[c]);
+        net->mport = pe->port[c];
+        snprintf(job->rank_addr, sizeof job->rank_addr, "%s", pe->addr[c]);
+        dtrun_say(job, "node %d: node %d at %s:%d serves the rendezvous now", net->self, net->mnode, net->maddr,
+                  net->mport);
+        hello(job);
+        return 0;
+    }
+}
+
+/* Until the job's decision (or, elastic, the server's loss): 0, or 1 after a failed poll. */
+static int wait_decision(dtrun_job *job) {
     dtrun_net *net = job->net;
     const dtrun_cfg *cfg = job->cfg;
-    if (!net->server) send_line(&net->master, "IDLE %d %d", job->attempt, job->nlocal > 0 ? dtrun_common_exit(job) : -2);
-    while (!net->decided && !(net->server && server_decide(job))) {
+    while (!net->decided && !net->orphan && !(net->server && server_decide(job))) {
         struct pollfd pfd[1 + MAX_PENDING + DTRUN_MAX_NODES + 1 + DT_GATE_SLOTS];
         pfd[0] = (struct pollfd){ .fd = job->sfd, .events = POLLIN };
         int np = 1 + dtrun_net_pollfds(job, pfd + 1, MAX_PENDING + DTRUN_MAX_NODES + 1 + DT_GATE_SLOTS);
@@ -1156,6 +1457,18 @@ int dtrun_net_after(dtrun_job *job) {
         }
         dtrun_net_ready(job, pfd + 1, np - 1);
         dtrun_net_tick(job);
+    }
+    return 0;
+}
+
+int dtrun_net_after(dtrun_job *job) {
+    dtrun_net *net = job->net;
+    const dtrun_cfg *cfg = job->cfg;
+    if (!net->server) send_line(&net->master, "IDLE %d %d", job->attempt, job->nlocal > 0 ? dtrun_common_exit(job) : -2);
+    for (;;) {   /* elastic: a server lost while waiting is replaced, and the wait goes on */
+        int rc = net->orphan ? takeover(job) : 0;
+        if (rc || (rc = wait_decision(job))) return rc;
+        if (!net->orphan) break;
     }
     if (net->decided == 1) {
         net->decided = 0;
@@ -1191,6 +1504,8 @@ void dtrun_net_close(dtrun_job *job) {
     if (net->server) for (int k = 0; k < MAX_PENDING; k++) peer_close(&net->pending[k]);
     dt_gate_free(net->gate);
     if (net->lfd >= 0) close(net->lfd);
+    if (net->tfd >= 0) close(net->tfd);
+    free(net->peers);
     free(net->nodes);
     free(net);
     job->net = NULL;
