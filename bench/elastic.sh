@@ -12,6 +12,9 @@
 #            (--snapshot-every 0), or
 #   memory   from the in-memory snapshot every DT_ELASTIC_EVERY steps (--snapshot-every;
 #            a disk checkpoint only at the end).
+#   node0    the same from memory, but three dtruns (node 2 a spare) and node 0's dtrun is
+#            the one SIGKILLed: node 1 takes over the rendezvous, node 2 reaches it there,
+#            and the two go on with 2 ranks.
 # For the default gpt (fortunes tokens) and the cnn (Fashion-MNIST, or synthetic data of
 # its shape where the dataset is missing), DT_BENCH_ROUNDS rounds (default 3), medians:
 #   recovery   seconds from the kill to the end of the first step on the new world
@@ -48,31 +51,39 @@ wait_for_line() {
     grep -Eq -- "$2" "$1"
 }
 
-# one_round FROM NAME ARGS...: one kill, the state from FROM (disk or memory); prints
-# "recovery lost step"
+# one_round FROM NAME ARGS...: one kill, the state from FROM (disk, memory or node0);
+# prints "recovery lost step"
 one_round() {
     local from=$1 name=$2; shift 2
     local save=(--checkpoint-every "$EVERY" --snapshot-every 0)
-    [ "$from" = memory ] && save=(--checkpoint-every 1000000 --snapshot-every "$EVERY")
-    local d="$tmpd/$tok-$name" port m
+    [ "$from" != disk ] && save=(--checkpoint-every 1000000 --snapshot-every "$EVERY")
+    local d="$tmpd/$tok-$name" port m nodes=2
+    [ "$from" = node0 ] && nodes=3
     rm -rf "$d"; mkdir -p "$d"
     m="$d/m.jsonl"
     port=$(free_port)
-    local common=(-n 1 --nnodes 1:2 --master-port "$port" --rdzv-last-call 1 --heartbeat-timeout 10 --grace 5)
+    local common=(-n 1 --nnodes "1:$nodes" --master-port "$port" --rdzv-last-call 1 --heartbeat-timeout 10 --grace 5)
     local prog=("$B/dtrain" train "$@" --threads 1 --micro-batches 2 --log-every 1 --checkpoint-dir "$d/ck"
-                "${save[@]}" --resume auto --steps 100000 --no-eval --quiet)
-    OMP_NUM_THREADS=1 "$B/dtrun" "${common[@]}" "${prog[@]}" --metrics "$m" > "$d/out0" 2> "$d/err0" &
-    local p0=$!
+                "${save[@]}" --resume auto --steps 100000 --no-eval --quiet --metrics "$m")
+    OMP_NUM_THREADS=1 "$B/dtrun" "${common[@]}" "${prog[@]}" > "$d/out0" 2> "$d/err0" &
+    local p0=$! p2=
     OMP_NUM_THREADS=1 "$B/dtrun" "${common[@]}" --node-rank 1 "${prog[@]}" > "$d/out1" 2> "$d/err1" &
     local p1=$!
-    if ! wait_for_line "$m" "\"step\":$((2 * EVERY)),.*\"world_size\":2" 600; then
-        echo "fail fail fail"; kill -KILL $p0 $p1 2>/dev/null; wait 2>/dev/null; return
+    if [ "$nodes" = 3 ]; then   # node 2 once nodes 0 and 1 run: the spare
+        wait_for_line "$d/err1" "attempt 0: ranks 1\.\.1 of 2" 600
+        OMP_NUM_THREADS=1 "$B/dtrun" "${common[@]}" --node-rank 2 "${prog[@]}" > "$d/out2" 2> "$d/err2" &
+        p2=$!
+        wait_for_line "$d/err2" "a spare" 600
     fi
-    local t_kill
+    if ! wait_for_line "$m" "\"step\":$((2 * EVERY)),.*\"world_size\":2" 600; then
+        echo "fail fail fail"; kill -KILL $p0 $p1 $p2 2>/dev/null; wait 2>/dev/null; return
+    fi
+    local t_kill victim=$p1 rest=$p0
+    [ "$nodes" = 3 ] && victim=$p0 rest="$p1 $p2"
     t_kill=$(now)
-    kill -KILL $p1
-    wait_for_line "$m" '"event":"membership"' 600 || { echo "fail fail fail"; kill -KILL $p0; wait 2>/dev/null; return; }
-    kill -TERM $p0; wait $p0 2>/dev/null; wait $p1 2>/dev/null
+    kill -KILL $victim
+    wait_for_line "$m" '"event":"membership"' 600 || { echo "fail fail fail"; kill -KILL $p0 $p1 $p2; wait 2>/dev/null; return; }
+    kill -TERM $rest; wait $p0 $p1 $p2 2>/dev/null
     awk -v tk="$t_kill" '
         /"event":"step"/ && /"world_size":2/ && !seen { n++; s[n] = $0; if (match($0, /"step":[0-9]+/)) last = substr($0, RSTART + 7, RLENGTH - 7) + 0
                                                         if (match($0, /"elapsed_s":[0-9.]+/)) el[n] = substr($0, RSTART + 12, RLENGTH - 12) + 0 }
@@ -86,7 +97,7 @@ one_round() {
 
 printf '%-6s %-7s %-12s %-8s %-10s %s\n' model from recovery_s lost step_s "rounds (recovery/lost)"
 for model in gpt cnn; do
-    for from in disk memory; do
+    for from in disk memory node0; do
         recs=(); losts=(); steps=(); all=""
         for r in $(seq "$ROUNDS"); do
             if [ "$model" = gpt ]; then

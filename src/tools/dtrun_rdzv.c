@@ -56,8 +56,8 @@
  * ranks come first (MASTER_ADDR is its address). Who goes on is decided by the majority of
  * the last list, so that a network cut cannot make two jobs: the nodes without the server
  * go on only when more than half of the list reached the new one, and the server stops
- * when it has kept fewer than half (with two nodes, node 0 goes on alone and node 1 does
- * not). A node that joins later still asks --master-addr, which no longer answers.
+ * when it has kept fewer than half of the largest list current within the time the others
+ * have to meet (with two nodes, node 0 goes on alone and node 1 does not). A node that joins later still asks --master-addr, which no longer answers.
  */
 #include "config.h"
 #include "dtrun.h"
@@ -133,9 +133,9 @@ struct dtrun_net {
     dtrun_peers *peers;            /* the live nodes in the last PEERS (a lost one's port: -1) */
     int    members;                /* nodes in the last PEERS: the majority is of these */
     int    recent;                 /* server: the most nodes a PEERS listed that was the last one */
-    int    minority;               /* server: it kept fewer than half of the nodes, and stops */
     double recent_until;           /* ... until this time (meet_window after it was replaced):
                                     * a node cut off then may not have heard the next one */
+    int    minority;               /* server: it kept fewer than half of the nodes, and stops */
     int    have_ex;                /* not node 0: net->ex came in EXACT */
     int    orphan;                 /* lost the server: the nodes that remain choose another */
     char   orphan_why[1024];       /* how it was lost */
@@ -1345,7 +1345,8 @@ static int serve(dtrun_job *job) {
         int sig = pfd[0].revents ? dtrun_read_signal(job) : 0;
         if (sig) {
             dtrun_say(job, "stopped by %s while the nodes met again", dtrun_signame(sig));
-            return server_exit(job, 128 + sig), 128 + sig;
+            server_exit(job, 128 + sig);
+            return 128 + sig;
         }
         dtrun_net_ready(job, pfd + 1, np - 1);
         accept_ready(job);
@@ -1355,7 +1356,8 @@ static int serve(dtrun_job *job) {
         dtrun_say(job, "node %d (%s): %d of the %d nodes of the last membership met again, not more than half: the job "
                   "stops here (should the others be together, node %d's side goes on)", net->self, job->host, live,
                   net->members, lost);
-        return server_exit(job, 1), 1;
+        server_exit(job, 1);
+        return 1;
     }
     if ((job->hosts || (job->hosts = calloc((size_t)cfg->nnodes, sizeof *job->hosts))))
         for (int i = 0; i < cfg->nnodes; i++) {
