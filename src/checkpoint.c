@@ -16,6 +16,9 @@ static size_t state_bytes(const dt_tensor_info *ti) { return (size_t)ti->numel *
 
 static int in_part(const dt_tensor_info *ti, dt_state_part part) { return part == DT_STATE_ALL || !ti->in_params; }
 
+/* A tensor the writer can read where it is (no host copy first). */
+static int on_host(const dt_ops *ops, const dt_tensor_info *ti) { return ti->on_host || ops->host_memory; }
+
 dt_status dt_model_state_add(dt_model *m, dt_st_writer *w, void **host, size_t *nbytes) {
     return dt_model_state_add_part(m, DT_STATE_ALL, w, host, nbytes);
 }
@@ -23,18 +26,19 @@ dt_status dt_model_state_add(dt_model *m, dt_st_writer *w, void **host, size_t *
 dt_status dt_model_state_add_part(dt_model *m, dt_state_part part, dt_st_writer *w, void **host, size_t *nbytes) {
     const dt_ops *ops = dt_model_ops(m);
     int n = dt_model_nstate(m);
-    size_t total = 0;
+    size_t total = 0, copied = 0;
     *host = NULL;
     *nbytes = 0;
     for (int i = 0; i < n; i++) {
         dt_tensor_info ti;
         DT_TRY(dt_model_state(m, i, &ti));
-        if (in_part(&ti, part)) total += state_bytes(&ti);
+        if (!in_part(&ti, part)) continue;
+        total += state_bytes(&ti);
+        if (!on_host(ops, &ti)) copied += state_bytes(&ti);
     }
-    /* One buffer, tensors back to back in state_dict order: exactly the data
-     * region of the file, so a checksum over it is the checksum of the file's data. */
-    unsigned char *h = malloc(total ? total : 1);
-    if (!h) return dt_error(DT_ERR_NOMEM, "out of memory copying %zu bytes of model state to the host", total);
+    /* device memory: one host buffer for all of it */
+    unsigned char *h = copied ? malloc(copied) : NULL;
+    if (copied && !h) return dt_error(DT_ERR_NOMEM, "out of memory copying %zu bytes of model state to the host", copied);
     dt_status s = DT_OK;
     size_t off = 0;
     for (int i = 0; s == DT_OK && i < n; i++) {
@@ -43,10 +47,13 @@ dt_status dt_model_state_add_part(dt_model *m, dt_state_part part, dt_st_writer 
         if (s != DT_OK) break;
         if (!in_part(&ti, part)) continue;
         size_t b = state_bytes(&ti);
-        if (ti.on_host) memcpy(h + off, ti.data, b);
-        else if (b) s = ops->copy_d2h(h + off, ti.data, b);
-        if (s == DT_OK) s = dt_st_writer_add(w, ti.name, ti.dtype, ti.ndim, ti.shape, h + off);
-        off += b;
+        const void *data = ti.data;
+        if (!on_host(ops, &ti) && b) {
+            s = ops->copy_d2h(h + off, ti.data, b);
+            data = h + off;
+            off += b;
+        }
+        if (s == DT_OK) s = dt_st_writer_add(w, ti.name, ti.dtype, ti.ndim, ti.shape, data);
     }
     if (s != DT_OK) {
         free(h);

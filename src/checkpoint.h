@@ -32,9 +32,10 @@ DT_API dt_status dt_model_load(dt_model *m, const char *path);
 
 /* ---- building blocks (shared with the training checkpoints of ckpt.h) ---- */
 
-/* Copy the model's state to one malloc'd host buffer *host (*nbytes), laid out
- * as the file's data region (tensors back to back in state_dict order), and add
- * each tensor to w. Free *host after the write. */
+/* Add each tensor of the model's state to w, in state_dict order (*nbytes: the file's
+ * data region, their bytes end to end). Tensors in host memory are written from where
+ * they are; those in device memory are copied first to one malloc'd host buffer *host
+ * (NULL when none is): free it after the write. */
 DT_API dt_status dt_model_state_add(dt_model *m, dt_st_writer *w, void **host, size_t *nbytes);
 /* Check that f holds exactly the model's state (names, dtypes, shapes); the
  * error names label and the first mismatched tensor. Changes nothing. */

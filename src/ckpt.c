@@ -48,11 +48,11 @@ static void desc_meta(dt_sbuf *d, const char *k, const char *v) {
     dt_sbuf_put_(d, v, strlen(v) + 1);
 }
 
-/* "xxh64:<16 hex>" of data then description into out (DT_CKPT_SUM_LEN bytes). */
-static dt_status desc_sum(dt_sbuf *d, const void *data, size_t n, char out[DT_CKPT_SUM_LEN]) {
+/* "xxh64:<16 hex>" of the data (data_h: XXH64 of the data region, seed 0) then the
+ * description (seeded with it) into out (DT_CKPT_SUM_LEN bytes). */
+static dt_status desc_sum(dt_sbuf *d, uint64_t data_h, char out[DT_CKPT_SUM_LEN]) {
     if (d->oom) return dt_error(DT_ERR_NOMEM, "out of memory computing a checkpoint checksum");
-    uint64_t h = dt_xxh64(data, n, 0);
-    h = dt_xxh64(d->p ? d->p : "", d->len, h);
+    uint64_t h = dt_xxh64(d->p ? d->p : "", d->len, data_h);
     snprintf(out, DT_CKPT_SUM_LEN, "xxh64:%016" PRIx64, h);
     return DT_OK;
 }
@@ -77,7 +77,7 @@ static dt_status file_sum(const dt_st_file *f, char out[DT_CKPT_SUM_LEN]) {
     const void *data;
     size_t n;
     dt_st_data_region(f, &data, &n);
-    dt_status s = desc_sum(&d, data, n, out);
+    dt_status s = desc_sum(&d, dt_xxh64(data, n, 0), out);
     dt_sbuf_free_(&d);
     return s;
 }
@@ -134,9 +134,17 @@ static dt_status sw_metaf(swriter *sw, const char *k, float v) {
     return sw_meta(sw, k, b);
 }
 
-/* Set the checksum over data (n bytes, the file's whole data region) and write. */
-static dt_status sw_finish(swriter *sw, const void *data, size_t n, const char *path, char sum[DT_CKPT_SUM_LEN]) {
-    DT_TRY(desc_sum(&sw->d, data, n, sum));
+/* Set the checksum over the tensors' data (the file's data region: the writer's tensors
+ * end to end, read where they are) and write. */
+static dt_status sw_finish(swriter *sw, const char *path, char sum[DT_CKPT_SUM_LEN]) {
+    dt_xxh64_state h;
+    dt_xxh64_init(&h, 0);
+    for (size_t i = 0; i < dt_st_writer_count(sw->w); i++) {
+        size_t n;
+        const void *p = dt_st_writer_data(sw->w, i, &n);
+        dt_xxh64_update(&h, p, n);
+    }
+    DT_TRY(desc_sum(&sw->d, dt_xxh64_digest(&h), sum));
     DT_TRY(dt_st_writer_set_meta(sw->w, DT_CKPT_SUM_KEY_, sum));
     return dt_st_writer_write(sw->w, path);
 }
@@ -154,7 +162,7 @@ static dt_status write_model(const char *path, dt_model *m, dt_state_part part, 
     }
     if (s == DT_OK) s = sw_meta(&sw, "format", "pt");
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.step", step);
-    if (s == DT_OK) s = sw_finish(&sw, host, n, path, sum);
+    if (s == DT_OK) s = sw_finish(&sw, path, sum);
     dt_st_writer_free(sw.w);
     dt_sbuf_free_(&sw.d);
     free(host);
@@ -168,6 +176,13 @@ typedef struct {
     const char  (*sum)[DT_CKPT_SUM_LEN];
 } shard_list;
 
+/* n floats at src as the writer reads them: src itself where the backend's memory is the
+ * host's, else copied to the host buffer at dst. */
+static dt_status host_view(const dt_ops *ops, float *dst, const float *src, size_t n, const float **out) {
+    *out = ops->host_memory ? src : dst;
+    return ops->host_memory || !n ? DT_OK : ops->copy_d2h(dst, src, n * sizeof(float));
+}
+
 /* train_state.safetensors; with shards (a sharded save) it holds no tensors, and the
  * optimizer's size is the whole array's (total). */
 static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, const dt_ckpt_info *in,
@@ -176,16 +191,18 @@ static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, c
     swriter sw = {0};
     int ns = o && !sh ? dt_optim_nstate(o) : 0;
     size_t n = o ? (sh ? total : dt_optim_size(o)) : 0, bytes = (size_t)ns * n * sizeof(float);
-    float *host = malloc(bytes ? bytes : 1);
-    if (!host) return dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu bytes of optimizer state", path, bytes);
+    float *host = ops->host_memory || !bytes ? NULL : malloc(bytes);   /* device memory: a host copy */
+    if (!ops->host_memory && bytes && !host)
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu bytes of optimizer state", path, bytes);
     dt_status s = dt_st_writer_init(&sw.w);
-    /* optim.<name>: (n) floats each, back to back in host = the data region */
+    /* optim.<name>: (n) floats each, one after another in the data region */
     for (int i = 0; s == DT_OK && i < ns; i++) {
         char name[96];
         int64_t shape[1] = {(int64_t)n};
+        const float *at;
         snprintf(name, sizeof name, "optim.%s", dt_optim_state_name(o, i));
-        if (n) s = ops->copy_d2h(host + (size_t)i * n, dt_optim_state(o, i), n * sizeof(float));
-        if (s == DT_OK) s = dt_st_writer_add(sw.w, name, DT_F32, 1, shape, host + (size_t)i * n);
+        s = host_view(ops, host ? host + (size_t)i * n : NULL, dt_optim_state(o, i), n, &at);
+        if (s == DT_OK) s = dt_st_writer_add(sw.w, name, DT_F32, 1, shape, at);
         desc_tensor(&sw.d, name, DT_F32, 1, shape);
     }
     const dt_optim_config *c = o ? dt_optim_config_of(o) : NULL;
@@ -232,7 +249,7 @@ static dt_status write_state(const char *path, const dt_ops *ops, dt_optim *o, c
         s = sw_meta(&sw, key, extra[2 * i + 1]);
     }
     char sum[DT_CKPT_SUM_LEN];
-    if (s == DT_OK) s = sw_finish(&sw, host, bytes, path, sum);
+    if (s == DT_OK) s = sw_finish(&sw, path, sum);
     dt_st_writer_free(sw.w);
     dt_sbuf_free_(&sw.d);
     free(host);
@@ -332,26 +349,26 @@ dt_status dt_ckpt_write_shard(const char *tmp, int rank, int world, dt_model *m,
     const dt_ops *ops = dt_model_ops(m);
     int ns = o ? dt_optim_nstate(o) : 0;
     size_t bytes = (size_t)(ns + 1) * len * sizeof(float);
-    float *host = malloc(bytes ? bytes : 1);
-    if (!host) return dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu bytes", path, bytes);
+    float *host = ops->host_memory || !bytes ? NULL : malloc(bytes);   /* device memory: a host copy */
+    if (!ops->host_memory && bytes && !host) return dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu bytes", path, bytes);
     swriter sw = {0};
     int64_t shape[1] = {(int64_t)len};
+    const float *at = NULL;
     dt_status s = dt_st_writer_init(&sw.w);
-    /* params, then optim.<name> of the same range: the data region, back to back */
-    if (s == DT_OK && len) s = ops->copy_d2h(host, dt_model_params(m) + lo, len * sizeof(float));
-    if (s == DT_OK) s = dt_st_writer_add(sw.w, "params", DT_F32, 1, shape, host);
+    /* params, then optim.<name> of the same range, one after another in the data region */
+    if (s == DT_OK) s = host_view(ops, host, dt_model_params(m) + lo, len, &at);
+    if (s == DT_OK) s = dt_st_writer_add(sw.w, "params", DT_F32, 1, shape, at);
     desc_tensor(&sw.d, "params", DT_F32, 1, shape);
     for (int i = 0; s == DT_OK && i < ns; i++) {
         char tn[96];
-        float *h = host + (size_t)(i + 1) * len;
         snprintf(tn, sizeof tn, "optim.%s", dt_optim_state_name(o, i));
-        if (len) s = ops->copy_d2h(h, dt_optim_state(o, i), len * sizeof(float));
-        if (s == DT_OK) s = dt_st_writer_add(sw.w, tn, DT_F32, 1, shape, h);
+        s = host_view(ops, host ? host + (size_t)(i + 1) * len : NULL, dt_optim_state(o, i), len, &at);
+        if (s == DT_OK) s = dt_st_writer_add(sw.w, tn, DT_F32, 1, shape, at);
         desc_tensor(&sw.d, tn, DT_F32, 1, shape);
     }
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.shard.lo", (int64_t)lo);
     if (s == DT_OK) s = sw_metai(&sw, "dtrain.shard.len", (int64_t)len);
-    if (s == DT_OK) s = sw_finish(&sw, host, bytes, path, sum);
+    if (s == DT_OK) s = sw_finish(&sw, path, sum);
     dt_st_writer_free(sw.w);
     dt_sbuf_free_(&sw.d);
     free(host);

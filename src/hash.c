@@ -32,24 +32,58 @@ static uint32_t rd32(const unsigned char *p) {
 static uint64_t xround(uint64_t acc, uint64_t in) { return rotl64(acc + in * P2, 31) * P1; }
 static uint64_t xmerge(uint64_t h, uint64_t v) { return (h ^ xround(0, v)) * P1 + P4; }
 
-uint64_t dt_xxh64(const void *data, size_t n, uint64_t seed) {
-    const unsigned char *p = data, *end = p + n;
-    uint64_t h;
-    if (n >= 32) {
-        /* four lanes over 32-byte stripes */
-        uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
-        for (; end - p >= 32; p += 32) {
-            v1 = xround(v1, rd64(p));
-            v2 = xround(v2, rd64(p + 8));
-            v3 = xround(v3, rd64(p + 16));
-            v4 = xround(v4, rd64(p + 24));
-        }
-        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
-        h = xmerge(xmerge(xmerge(xmerge(h, v1), v2), v3), v4);
-    } else {
-        h = seed + P5;
+/* Whole 32-byte stripes of [p, end) into the four lanes; where they stopped. */
+static const unsigned char *stripes(uint64_t v[4], const unsigned char *p, const unsigned char *end) {
+    uint64_t v1 = v[0], v2 = v[1], v3 = v[2], v4 = v[3];
+    for (; end - p >= 32; p += 32) {
+        v1 = xround(v1, rd64(p));
+        v2 = xround(v2, rd64(p + 8));
+        v3 = xround(v3, rd64(p + 16));
+        v4 = xround(v4, rd64(p + 24));
     }
-    h += (uint64_t)n;
+    v[0] = v1, v[1] = v2, v[2] = v3, v[3] = v4;
+    return p;
+}
+
+void dt_xxh64_init(dt_xxh64_state *s, uint64_t seed) {
+    s->v[0] = seed + P1 + P2;
+    s->v[1] = seed + P2;
+    s->v[2] = seed;
+    s->v[3] = seed - P1;
+    s->seed = seed;
+    s->total = 0;
+    s->nbuf = 0;
+}
+
+void dt_xxh64_update(dt_xxh64_state *s, const void *data, size_t n) {
+    const unsigned char *p = data, *end = p + n;
+    if (!n) return;
+    s->total += n;
+    if (s->nbuf) {   /* a stripe begun by the last piece */
+        size_t take = 32 - s->nbuf < n ? 32 - s->nbuf : n;
+        memcpy(s->buf + s->nbuf, p, take);
+        s->nbuf += take;
+        p += take;
+        if (s->nbuf < 32) return;
+        stripes(s->v, s->buf, s->buf + 32);
+        s->nbuf = 0;
+    }
+    p = stripes(s->v, p, end);
+    s->nbuf = (size_t)(end - p);
+    if (s->nbuf) memcpy(s->buf, p, s->nbuf);
+}
+
+uint64_t dt_xxh64_digest(const dt_xxh64_state *s) {
+    const unsigned char *p = s->buf, *end = p + s->nbuf;
+    const uint64_t *v = s->v;
+    uint64_t h;
+    if (s->total >= 32) {
+        h = rotl64(v[0], 1) + rotl64(v[1], 7) + rotl64(v[2], 12) + rotl64(v[3], 18);
+        h = xmerge(xmerge(xmerge(xmerge(h, v[0]), v[1]), v[2]), v[3]);
+    } else {
+        h = s->seed + P5;
+    }
+    h += s->total;
     for (; end - p >= 8; p += 8) h = rotl64(h ^ xround(0, rd64(p)), 27) * P1 + P4;
     if (end - p >= 4) {
         h = rotl64(h ^ (uint64_t)rd32(p) * P1, 23) * P2 + P3;
@@ -62,6 +96,13 @@ uint64_t dt_xxh64(const void *data, size_t n, uint64_t seed) {
     h *= P3;
     h ^= h >> 32;
     return h;
+}
+
+uint64_t dt_xxh64(const void *data, size_t n, uint64_t seed) {
+    dt_xxh64_state s;
+    dt_xxh64_init(&s, seed);
+    dt_xxh64_update(&s, data, n);
+    return dt_xxh64_digest(&s);
 }
 
 /* ---- counter-based hash ------------------------------------------------------------- */

@@ -105,6 +105,13 @@ void dt_st_writer_free(dt_st_writer *w) {
     free(w);
 }
 
+size_t dt_st_writer_count(const dt_st_writer *w) { return w->nt; }
+
+const void *dt_st_writer_data(const dt_st_writer *w, size_t i, size_t *bytes) {
+    *bytes = (size_t)w->t[i].nbytes;
+    return w->t[i].data;
+}
+
 dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_dtype dtype, int ndim, const int64_t *shape,
                            const void *data) {
     if (!name || !*name) return dt_error(DT_ERR_INVALID, "safetensors: empty tensor name");

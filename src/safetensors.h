@@ -52,6 +52,10 @@ DT_API dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_dtype dt
 DT_API dt_status dt_st_writer_set_meta(dt_st_writer *w, const char *key, const char *value);
 /* Write the file atomically. */
 DT_API dt_status dt_st_writer_write(dt_st_writer *w, const char *path);
+/* The tensors added so far, in order: the file's data region is their bytes end to end
+ * (a checksum over it needs no copy of them). */
+DT_API size_t      dt_st_writer_count(const dt_st_writer *w);
+DT_API const void *dt_st_writer_data (const dt_st_writer *w, size_t i, size_t *bytes);
 /* The header (8-byte length + padded JSON) the writer would emit, for tests. */
 DT_API dt_status dt_st_writer_header(dt_st_writer *w, char **buf, size_t *len);
 DT_API void      dt_st_writer_free(dt_st_writer *w);

@@ -206,6 +206,31 @@ static void test_hash(void) {
     const char *s = "Nobody inspects the spammish repetition";
     ok(dt_xxh64(s, strlen(s), 0) == 0xFBCEA83C8A378BF1ULL, "xxh64 over 32-byte stripes (39 bytes)");
     ok(dt_xxh64("abc", 3, 1) != dt_xxh64("abc", 3, 0), "the seed changes the hash");
+    /* in pieces: the same value however the bytes are cut (stripes begun in one piece and
+     * ended in another, empty pieces, a digest taken midway changes nothing) */
+    unsigned char buf[300];
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)(i * 131u + 7u);
+    int same = 1;
+    for (size_t n = 0; n <= sizeof buf; n += 1 + n / 8)
+        for (size_t cut = 1; cut <= 70; cut += 3) {
+            dt_xxh64_state st;
+            dt_xxh64_init(&st, 17);
+            for (size_t at = 0, k = 0; at < n; k++) {
+                size_t piece = (cut * (k + 1)) % 41;   /* 0 .. 40 bytes, zero now and then */
+                if (piece > n - at) piece = n - at;
+                dt_xxh64_update(&st, buf + at, piece);
+                if (k == 2) (void)dt_xxh64_digest(&st);
+                at += piece;
+                if (!piece && k > 1000) break;
+            }
+            same &= dt_xxh64_digest(&st) == dt_xxh64(buf, n, 17);
+        }
+    ok(same, "xxh64 in pieces (0-40 bytes each, lengths 0-300) equals it in one");
+    dt_xxh64_state st;
+    dt_xxh64_init(&st, 0);
+    dt_xxh64_update(&st, s, 20);
+    dt_xxh64_update(&st, s + 20, strlen(s) - 20);
+    ok(dt_xxh64_digest(&st) == 0xFBCEA83C8A378BF1ULL, "xxh64 of the reference text in two pieces");
 }
 
 static void test_round_trip(int adamw) {
@@ -611,6 +636,62 @@ static void test_shard_coverage(void) {
     dt_model_free(a);
 }
 
+/* Every file written twice, once by a CPU model (the writer reads the state where it is)
+ * and once by the same model on a backend whose memory is not the host's (as a GPU's:
+ * the state copied to a host buffer first): the same bytes, whole and sharded. */
+static void test_device_copy(void) {
+    dt_ops dev = *dt_ops_cpu();
+    dev.host_memory = 0;
+    const dt_ops *ops[2] = {dt_ops_cpu(), &dev};
+    dt_model *m[2] = {build(SPEC, 3), NULL};
+    if (dt_model_build(SPEC, &IN, &dev, 3, B, &m[1]) != DT_OK) {
+        printf("Bail out! building %s: %s\n", SPEC, dt_last_error());
+        exit(1);
+    }
+    size_t n = dt_model_nparams(m[0]), half = n / 2, lo[2] = {0, half}, len[2] = {half, n - half};
+    dt_optim_config c = dt_optim_defaults(DT_OPTIM_ADAMW, 1e-2f);
+    dt_optim *o[2] = {NULL, NULL}, *os[2][2] = {{NULL, NULL}, {NULL, NULL}};
+    dt_status s = DT_OK;
+    char dir[2][512], sdir[2][512], tmp[1024], sums[2][2][24];
+    dt_ckpt_info in = info_at(6);
+    for (int k = 0; k < 2 && s == DT_OK; k++) {
+        s = dt_optim_init(&c, ops[k], n, &o[k]);
+        for (int r = 0; r < 2 && s == DT_OK; r++) s = dt_optim_init(&c, ops[k], len[r], &os[k][r]);
+        for (int i = 0; s == DT_OK && i < dt_optim_nstate(o[k]); i++) {   /* a state that is not all zeros */
+            float *st = dt_optim_state(o[k], i);
+            for (size_t j = 0; j < n; j++) st[j] = (float)((j * 7 + (size_t)i) % 13) * 0.25f;
+            for (int r = 0; r < 2; r++) memcpy(dt_optim_state(os[k][r], i), st + lo[r], len[r] * sizeof(float));
+        }
+        snprintf(dir[k], sizeof dir[k], "%s/device-%d", tmpdir, k);
+        snprintf(sdir[k], sizeof sdir[k], "%s/device-sharded-%d", tmpdir, k);
+        if (s == DT_OK) s = dt_ckpt_save(dir[k], 1, m[k], o[k], &in, NULL, 0);
+        if (s == DT_OK) s = dt_ckpt_begin(sdir[k], 6, tmp, sizeof tmp);
+        for (int r = 0; r < 2 && s == DT_OK; r++)
+            s = dt_ckpt_write_shard(tmp, r, 2, m[k], os[k][r], lo[r], len[r], sums[k][r]);
+        if (s == DT_OK)
+            s = dt_ckpt_commit(sdir[k], 1, tmp, m[k], o[k], &in, NULL, 0, 2, lo, len, (const char (*)[24])sums[k]);
+    }
+    is_int(s, DT_OK, "a checkpoint written from host memory and from a backend's copy, whole and sharded");
+    const char *files[] = {"model.safetensors", "train_state.safetensors", "shard-00000-of-00002.safetensors",
+                           "shard-00001-of-00002.safetensors"};
+    for (int f = 0; f < 4; f++) {
+        char p0[1024], p1[1024];
+        const char *d0 = f < 2 ? dir[0] : sdir[0], *d1 = f < 2 ? dir[1] : sdir[1];
+        snprintf(p0, sizeof p0, "%s/step-000000000006/%s", d0, files[f]);
+        snprintf(p1, sizeof p1, "%s/step-000000000006/%s", d1, files[f]);
+        size_t n0 = 0, n1 = 0;
+        unsigned char *b0 = slurp(p0, &n0), *b1 = slurp(p1, &n1);
+        ok(b0 && b1 && n0 == n1 && memcmp(b0, b1, n0) == 0, "%s: the same %zu bytes either way", files[f], n0);
+        free(b0);
+        free(b1);
+    }
+    for (int k = 0; k < 2; k++) {
+        for (int r = 0; r < 2; r++) dt_optim_free(os[k][r]);
+        dt_optim_free(o[k]);
+        dt_model_free(m[k]);
+    }
+}
+
 /* Numbers read from a checkpoint are checked, even when its checksums are valid. */
 static void test_bad_numbers(void) {
     char dir[512], ck[1024], moved[1024];
@@ -866,6 +947,7 @@ int main(void) {
     test_hash();
     test_round_trip(0);
     test_round_trip(1);
+    test_device_copy();
     test_keep_and_latest();
     test_damage();
     test_crash();
