@@ -24,7 +24,7 @@
 # A lost node found by missing heartbeats adds --heartbeat-timeout to the recovery.
 # Then the snapshots' cost: the default gpt on the two nodes for DT_ELASTIC_STEPS steps
 # (default 600) with --snapshot-every 10 and 0, alternating, DT_BENCH_ROUNDS rounds each:
-# the median tokens/s of each and their ratio.
+# the median tokens/s of each and their ratio. DT_ELASTIC_RECOVERY=0 runs that part alone.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 B=${DT_BUILDDIR:-$(pwd)}
@@ -95,8 +95,10 @@ one_round() {
               printf "%.2f %d %.3f\n", at - tk, last - ra, k ? d[int((k + 1) / 2)] : 0 }' "$m"
 }
 
+[ "${DT_ELASTIC_RECOVERY:-1}" = 0 ] ||
 printf '%-6s %-7s %-12s %-8s %-10s %s\n' model from recovery_s lost step_s "rounds (recovery/lost)"
 for model in gpt cnn; do
+    [ "${DT_ELASTIC_RECOVERY:-1}" = 0 ] && break
     for from in disk memory node0; do
         recs=(); losts=(); steps=(); all=""
         for r in $(seq "$ROUNDS"); do
