@@ -987,8 +987,11 @@ static void open_takeover(dtrun_job *job, int fd) {
     char a[64];
     int lfd, port;
     if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0 || ss.ss_family != AF_INET ||
-        !inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, a, sizeof a))
-        return;   /* IPv6: this node cannot take over (dt_sock listens on IPv4) */
+        !inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, a, sizeof a)) {
+        dtrun_say(job, "warning: node %d reaches node 0 other than over IPv4: it cannot take over the rendezvous "
+                  "should node 0 be lost", job->cfg->node_rank);
+        return;
+    }
     if (dt_sock_listen(a, 0, &lfd, &port) != DT_OK) {
         dtrun_say(job, "warning: node %d cannot take over the rendezvous should node 0 be lost: %s",
                   job->cfg->node_rank, dt_last_error());
