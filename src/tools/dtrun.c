@@ -137,7 +137,7 @@ static const char usage[] =
 "  2        bad command line, or nodes that disagree\n"
 "\n"
 "elastic jobs (--nnodes MIN:MAX; every node gives the same MIN:MAX, -n and program):\n"
-"node 0 serves the rendezvous and must stay; the others give --node-rank 1..MAX-1 as\n"
+"node 0 serves the rendezvous; the others give --node-rank 1..MAX-1 as\n"
 "their id. Node 0 first asks the program (DT_ELASTIC_PROBE=1) which world sizes keep its\n"
 "result exact (dtrain train: the powers of two dividing --micro-batches, times\n"
 "--pipeline) and refuses MIN:MAX where none fits. The job starts once MAX nodes joined,\n"
@@ -154,7 +154,11 @@ static const char usage[] =
 "node 0, and the ranks get it as DT_ELASTIC_CHANGE (dtrain writes it to its metrics).\n"
 "Fewer than MIN nodes, or none of the allowed sizes, for --rdzv-timeout ends the job\n"
 "(exit 1), naming the lost nodes and the newest checkpoint. Losses and joins do not\n"
-"count against --max-restarts; a rank that fails while every node is alive does.\n";
+"count against --max-restarts; a rank that fails while every node is alive does.\n"
+"Node 0 may be lost too: the first node left of the live nodes it listed serves the\n"
+"rendezvous from then on, if more than half of the nodes meet there again; a server\n"
+"that keeps fewer than half stops (exit 1), so a cut link cannot make two jobs (with\n"
+"two nodes, node 0 goes on and node 1 ends). Nodes started later cannot join then.\n";
 
 /* ---- ports ---------------------------------------------------------------------------- */
 
