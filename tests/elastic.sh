@@ -314,6 +314,24 @@ ok $? "resumed after step ${r:-none}, the newest snapshot when node 0 died ($kep
 cmp -s "$T/ref.st" "$T/tk.st"; ok $? "node 0 lost, nodes 1 and 2 on, from memory: the same weight bytes as one process"
 TRAIN=$TRAIN_SAVE
 
+# 5 nodes of 1 rank (4 work, node 4 waits); node 0 and the spare SIGKILLed together:
+# nodes 1-3 are 3 of 5, a majority. Node 1 waits the whole meeting window for node 4,
+# exchanging heartbeats with nodes 2 and 3 (which came at once) so that neither loses it
+port=$(free_port)
+for n in 0 1 2 3 4; do node tk5 $n 2:5; eval "h$n=\$!"; done
+wait_line "$T/tk5.m.jsonl" '"event":"(start|membership)".*"world_size":4' 120
+ok $? "5 nodes of 1 rank run a world of 4"
+wait_ckpt "$T/$tok/tk5" 400
+kill -KILL $h0 $h4
+for n in 1 2 3; do eval "wait_pid \$h$n 240; rc$n=\$?"; done
+wait $h0 $h4 2>/dev/null
+[ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ]
+r=$?; ok $r "node 0 and the spare lost: nodes 1-3 finish (exit $rc1, $rc2, $rc3)"
+[ $r -eq 0 ] || show "$T/tk5.err1" "$T/tk5.err2" "$T/tk5.err3"
+ok_grep "$T/tk5.err1" "^dtrun: membership: node 0 \(.*\) lost: its connection closed; node 4 \(.*\) did not meet again; world 4 -> 2 ranks on 2 nodes; " \
+    "node 1 names both, and goes on with the 2 ranks 3 nodes hold"
+cmp -s "$T/ref.st" "$T/tk5.st"; ok $? "the same weight bytes as one process"
+
 # two nodes: node 1 alone is no majority of two (it cannot tell node 0's death from a cut
 # link, behind which node 0 goes on), so it ends
 port=$(free_port)

@@ -1353,6 +1353,7 @@ static int serve(dtrun_job *job) {
         }
         dtrun_net_ready(job, pfd + 1, np - 1);
         accept_ready(job);
+        dtrun_net_tick(job);   /* heartbeats both ways: a node that came early must not lose us */
     }
     int live = live_nodes(job);
     if (2 * live <= net->members) {
@@ -1372,6 +1373,15 @@ static int serve(dtrun_job *job) {
     net->mport = net->tport;
     net->change[0] = '\0';
     note_change(net, net->orphan_why);
+    for (int i = 0; i < pe->n; i++) {   /* the nodes of the list that did not come */
+        peer *q = &net->nodes[pe->node[i]];
+        if (pe->node[i] == net->self || pe->node[i] == lost || (q->fd >= 0 && q->joined)) continue;
+        char d[400];
+        snprintf(d, sizeof d, "node %d (%s) did not meet again", pe->node[i], q->host[0] ? q->host : "?");
+        note_change(net, d);
+        size_t l = strlen(net->lost_list);
+        snprintf(net->lost_list + l, sizeof net->lost_list - l, ", %d (%s)", pe->node[i], q->host[0] ? q->host : "?");
+    }
     net->change_at = net->orphan_at;
     net->changed = 1;
     net->running = 0;
