@@ -910,9 +910,16 @@ static void client_line(dtrun_job *job, char *line) {
     } else if (strncmp(line, "EXACT ", 6) == 0) {   /* elastic: kept should this node take over */
         net->have_ex = dtrun_parse_answer(line + 6, &net->ex) == 0;
     } else if (strncmp(line, "PEERS ", 6) == 0) {   /* elastic: where to go should the server be lost */
-        if (!net->peers && !(net->peers = malloc(sizeof *net->peers))) return;
-        if (dtrun_parse_peers(line + 6, net->peers) == 0) net->members = net->peers->n;
-        else dtrun_say(job, "node %d sent a PEERS this dtrun cannot read: '%.80s'", net->mnode, line);
+        dtrun_peers *pe = malloc(sizeof *pe);   /* a list that does not parse leaves the last one */
+        int ok = pe && dtrun_parse_peers(line + 6, pe) == 0 && pe->node[pe->n - 1] < job->cfg->nnodes;
+        if (ok) {
+            free(net->peers);
+            net->peers = pe;
+            net->members = pe->n;
+        } else {
+            free(pe);
+            dtrun_say(job, "node %d sent a PEERS this dtrun cannot read: '%.80s'", net->mnode, line);
+        }
     } else if (strncmp(line, "LAYOUT ", 7) == 0) {
         char *save = NULL, *tok = strtok_r(line + 7, " ", &save);
         if (tok) snprintf(dtrun_base_id, sizeof dtrun_base_id, "%s", tok);
@@ -1414,8 +1421,7 @@ static int takeover(dtrun_job *job) {
         }
         if (pe->node[c] == net->self) return serve(job);
         int fd = -1;
-        int rc = reach(job, pe->node[c], pe->addr[c], pe->port[c], cfg->hb_timeout_s + 2 * cfg->monitor_s +
-                       DT_AUTH_DEADLINE, &fd);
+        int rc = reach(job, pe->node[c], pe->addr[c], pe->port[c], meet_window(cfg), &fd);
         if (rc == 2) return 1;
         if (rc > 2) return rc;
         if (rc == 1) {   /* lost too, or cut off from this node */
