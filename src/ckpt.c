@@ -146,7 +146,9 @@ static dt_status sw_finish(swriter *sw, const char *path, char sum[DT_CKPT_SUM_L
     }
     DT_TRY(desc_sum(&sw->d, dt_xxh64_digest(&h), sum));
     DT_TRY(dt_st_writer_set_meta(sw->w, DT_CKPT_SUM_KEY_, sum));
-    return dt_st_writer_write(sw->w, path);
+    char from[DT_CKPT_PATH_MAX_];
+    DT_TRY(dt_ckpt_reuse_from_(path, from, sizeof from));
+    return dt_st_writer_write_over(sw->w, path, from);
 }
 
 static dt_status write_model(const char *path, dt_model *m, dt_state_part part, int64_t step, char sum[DT_CKPT_SUM_LEN]) {
@@ -290,7 +292,36 @@ void dt_ckpt_shard_name_(char *out, size_t n, int rank, int world) {
     snprintf(out, n, "shard-%05d-of-%05d.safetensors", rank, world);
 }
 
-dt_status dt_ckpt_begin(const char *dir, int64_t step, char *tmp, size_t n) {
+dt_status dt_ckpt_reuse_from_(const char *path, char *from, size_t n) {
+    const char *base = strrchr(path, '/');
+    if (!base) return dt_error(DT_ERR_INVALID, "checkpoint: %s is not in a checkpoint's directory", path);
+    int k = snprintf(from, n, "%.*s/%s/%s", (int)(base - path), path, DT_CKPT_REUSE_, base + 1);
+    if (k < 0 || (size_t)k >= n)
+        return dt_error(DT_ERR_INVALID, "checkpoint path %s: with %s, longer than %zu bytes", path, DT_CKPT_REUSE_, n - 1);
+    return DT_OK;
+}
+
+/* The checkpoint whose files the one of step reuses (dt_ckpt_begin_), moved into tmp.
+ * Nothing to reuse, or a failure: nothing moved (the save goes on with fresh files). */
+static void reuse_pruned(const char *dir, int64_t step, int keep, const char *tmp) {
+    dt_ckpt_entry_ *v = NULL;
+    size_t cnt = 0;
+    int missing = 0, older = 0;
+    if (keep < 2 || dt_ckpt_list_(dir, &v, &cnt, &missing) != DT_OK) return;
+    for (size_t i = 0; i < cnt; i++) {   /* newest first; newer than step: not ours to count */
+        char p[DT_CKPT_PATH_MAX_], to[DT_CKPT_PATH_MAX_];
+        if (v[i].step >= step || dt_ckpt_join_(p, sizeof p, dir, v[i].name) != DT_OK || !dt_ckpt_only_(p, 0, 1))
+            continue;
+        if (++older < keep) continue;   /* one of the keep - 1 that stay */
+        if (dt_ckpt_join_(to, sizeof to, tmp, DT_CKPT_REUSE_) == DT_OK) rename(p, to);
+        break;
+    }
+    free(v);
+}
+
+dt_status dt_ckpt_begin(const char *dir, int64_t step, char *tmp, size_t n) { return dt_ckpt_begin_(dir, step, 0, tmp, n); }
+
+dt_status dt_ckpt_begin_(const char *dir, int64_t step, int reuse_keep, char *tmp, size_t n) {
     if (!dir || !*dir) return dt_error(DT_ERR_INVALID, "checkpoint: empty directory name");
     if (step < 0 || step > 999999999999LL)
         return dt_error(DT_ERR_INVALID, "checkpoint: step %" PRId64 " is out of range [0, 999999999999]", step);
@@ -304,6 +335,7 @@ dt_status dt_ckpt_begin(const char *dir, int64_t step, char *tmp, size_t n) {
         return dt_error(DT_ERR_IO, "%s exists and holds files that are not a checkpoint's; not removing it", tmp);
     DT_TRY(dt_ckpt_rm_tree_(tmp));
     if (mkdir(tmp, 0755) != 0) return dt_error(DT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    if (reuse_keep >= 2) reuse_pruned(dir, step, reuse_keep, tmp);
     return DT_OK;
 }
 
@@ -318,6 +350,8 @@ static dt_status finish_save(const char *dir, int keep, const char *tmp, dt_mode
     if (s == DT_OK) s = write_model(file, m, sh ? DT_STATE_BUFFERS : DT_STATE_ALL, info->step, msum);
     if (s == DT_OK) s = dt_ckpt_join_(file, sizeof file, tmp, "train_state.safetensors");
     if (s == DT_OK) s = write_state(file, dt_model_ops(m), o, info, extra, nextra, msum, sh, total);
+    if (s == DT_OK) s = dt_ckpt_join_(file, sizeof file, tmp, DT_CKPT_REUSE_);
+    if (s == DT_OK) s = dt_ckpt_rm_tree_(file);   /* what this checkpoint did not write over */
     if (s == DT_OK) s = dt_ckpt_fsync_dir_(tmp);
     if (s == DT_OK) s = dt_ckpt_install_(dir, tmp, final);
     if (s != DT_OK) {
@@ -332,9 +366,14 @@ static dt_status finish_save(const char *dir, int keep, const char *tmp, dt_mode
 
 dt_status dt_ckpt_save(const char *dir, int keep, dt_model *m, dt_optim *o, const dt_ckpt_info *info,
                        const char *const *extra, int nextra) {
+    return dt_ckpt_save_(dir, keep, 0, m, o, info, extra, nextra);
+}
+
+dt_status dt_ckpt_save_(const char *dir, int keep, int reuse, dt_model *m, dt_optim *o, const dt_ckpt_info *info,
+                        const char *const *extra, int nextra) {
     DT_TRY(check_save_args(dir, keep, m, o, info, extra, nextra));
     char tmp[DT_CKPT_PATH_MAX_];
-    DT_TRY(dt_ckpt_begin(dir, info->step, tmp, sizeof tmp));
+    DT_TRY(dt_ckpt_begin_(dir, info->step, reuse ? keep : 0, tmp, sizeof tmp));
     return finish_save(dir, keep, tmp, m, o, info, extra, nextra, NULL, 0);
 }
 

@@ -191,8 +191,11 @@ int dt_ckpt_only_(const char *path, int partial, int need_state) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
         char sub[DT_CKPT_PATH_MAX_];
         struct stat st;
-        ours = ckpt_file(e->d_name, partial) && dt_ckpt_join_(sub, sizeof sub, path, e->d_name) == DT_OK &&
-               lstat(sub, &st) == 0 && S_ISREG(st.st_mode);
+        int ok = dt_ckpt_join_(sub, sizeof sub, path, e->d_name) == DT_OK && lstat(sub, &st) == 0;
+        if (partial && strcmp(e->d_name, DT_CKPT_REUSE_) == 0)   /* a writer's reused files (one level) */
+            ours = ok && S_ISDIR(st.st_mode) && !strstr(path, "/" DT_CKPT_REUSE_) && dt_ckpt_only_(sub, 1, 0);
+        else
+            ours = ok && ckpt_file(e->d_name, partial) && S_ISREG(st.st_mode);
         state |= strcmp(e->d_name, "train_state.safetensors") == 0;
     }
     if (errno != 0) ours = 0;

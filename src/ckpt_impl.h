@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckpt.h"
 #include "status.h"
 
 #define DT_CKPT_PATH_MAX_  4096
@@ -17,6 +18,7 @@
 #define DT_CKPT_TMP_       ".tmp-"             /* every temporary directory: .tmp-<what>-<step>-<pid> */
 #define DT_CKPT_TMP_STEP_  ".tmp-step-"        /* a checkpoint being written */
 #define DT_CKPT_TMP_DEL_   ".tmp-del-"         /* a checkpoint being deleted */
+#define DT_CKPT_REUSE_     ".reuse"            /* in a .tmp-step-*: the files of a pruned one, reused */
 
 /* a "/" b into out (n bytes), trailing slashes of a dropped; b NULL: a alone.
  * DT_ERR_INVALID when it does not fit. */
@@ -38,9 +40,24 @@ dt_status dt_ckpt_rm_tree_(const char *path);
 /* Whether the directory path holds only what dtrain writes into a checkpoint:
  * regular files named model.safetensors, train_state.safetensors or
  * shard-<r>-of-<W>.safetensors (with partial, also such a file's temporary
- * <name>.tmp.XXXXXX), and train_state.safetensors among them when need_state.
- * A directory that cannot be read counts as not a checkpoint's. */
+ * <name>.tmp.XXXXXX, and a .reuse directory of such files), and
+ * train_state.safetensors among them when need_state. A directory that cannot be
+ * read counts as not a checkpoint's. */
 int dt_ckpt_only_(const char *path, int partial, int need_state);
+
+/* Reusing memory (for a directory in memory, tmpfs, where fresh pages cost more than
+ * the copy into them). dt_ckpt_begin_ with reuse_keep >= 2: when dir holds at least
+ * reuse_keep complete checkpoints older than step, the newest of those that installing
+ * step with keep = reuse_keep would prune is moved into tmp as DT_CKPT_REUSE_, so dir
+ * holds reuse_keep - 1 complete ones while the new one is written (never fewer than
+ * one). reuse_keep 0: dt_ckpt_begin. Every file written into tmp then goes over the file
+ * of its name there (dt_ckpt_reuse_from_: the path of that file, for dt_afile_open_over),
+ * and what was not rewritten is removed before the install. */
+dt_status dt_ckpt_begin_(const char *dir, int64_t step, int reuse_keep, char *tmp, size_t n);
+dt_status dt_ckpt_reuse_from_(const char *path, char *from, size_t n);
+/* dt_ckpt_save over dt_ckpt_begin_(reuse_keep = keep when reuse). */
+dt_status dt_ckpt_save_(const char *dir, int keep, int reuse, dt_model *m, dt_optim *o, const dt_ckpt_info *info,
+                        const char *const *extra, int nextra);
 /* fsync a directory so the entries created or renamed in it are durable. */
 dt_status dt_ckpt_fsync_dir_(const char *path);
 /* Rename the complete temporary directory tmp to final inside dir, replacing

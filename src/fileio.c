@@ -79,8 +79,9 @@ dt_status dt_file_pread(int fd, const char *path, void *buf, size_t n, int64_t o
 /* ---- atomic writing -------------------------------------------------------- */
 
 struct dt_afile {
-    char *path, *tmp;
+    char *path, *tmp;   /* tmp NULL: written in place (dt_afile_open_over) */
     int   fd;
+    off_t at;           /* bytes written */
 };
 
 /* The process's umask without changing it (umask(2) can only set it, which would
@@ -148,6 +149,7 @@ dt_status dt_afile_write(dt_afile *f, const void *buf, size_t n) {
         }
         p += w;
         n -= (size_t)w;
+        f->at += (off_t)w;
     }
     return DT_OK;
 }
@@ -155,13 +157,19 @@ dt_status dt_afile_write(dt_afile *f, const void *buf, size_t n) {
 void dt_afile_abort(dt_afile *f) {
     if (!f) return;
     if (f->fd >= 0) close(f->fd);
-    unlink(f->tmp);
+    unlink(f->tmp ? f->tmp : f->path);
     free(f->path);
     free(f->tmp);
     free(f);
 }
 
 dt_status dt_afile_commit(dt_afile *f) {
+    if (!f->tmp && ftruncate(f->fd, f->at) != 0) {
+        dt_status s = dt_error(DT_ERR_IO, "%s: cannot cut it to %lld bytes: %s", f->path, (long long)f->at,
+                               strerror(errno));
+        dt_afile_abort(f);
+        return s;
+    }
     if (fsync(f->fd) != 0) {
         dt_status s = dt_error(DT_ERR_IO, "%s: fsync failed: %s", f->path, strerror(errno));
         dt_afile_abort(f);
@@ -173,6 +181,11 @@ dt_status dt_afile_commit(dt_afile *f) {
         dt_status s = dt_error(DT_ERR_IO, "%s: close failed: %s", f->path, strerror(errno));
         dt_afile_abort(f);
         return s;
+    }
+    if (!f->tmp) {   /* in place: the directory's rename is the atomic step, not ours */
+        free(f->path);
+        free(f);
+        return DT_OK;
     }
     if (rename(f->tmp, f->path) != 0) {
         dt_status s = dt_error(DT_ERR_IO, "%s: cannot rename %s over it: %s", f->path, f->tmp, strerror(errno));
@@ -197,6 +210,41 @@ dt_status dt_afile_commit(dt_afile *f) {
     free(f->tmp);
     free(f);
     return s;
+}
+
+dt_status dt_afile_open_over(const char *path, const char *from, dt_afile **out) {
+    *out = NULL;
+    if (!from || !path || !*path || rename(from, path) != 0) return dt_afile_open(path, out);
+    dt_afile *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(path))) {
+        free(f);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    }
+    /* a regular file only (a link moved here is replaced by a new file) */
+    struct stat st;
+    f->fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (f->fd >= 0 && (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        close(f->fd);
+        f->fd = -1;
+    }
+    if (f->fd < 0) {
+        free(f->path);
+        free(f);
+        return dt_afile_open(path, out);
+    }
+    *out = f;
+    return DT_OK;
+}
+
+dt_status dt_write_over(const char *path, const char *from, const void *buf, size_t n) {
+    dt_afile *f;
+    DT_TRY(dt_afile_open_over(path, from, &f));
+    dt_status s = dt_afile_write(f, buf, n);
+    if (s != DT_OK) {
+        dt_afile_abort(f);
+        return s;
+    }
+    return dt_afile_commit(f);
 }
 
 dt_status dt_write_atomic(const char *path, const void *buf, size_t n) {

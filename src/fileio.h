@@ -38,4 +38,13 @@ DT_API void      dt_afile_abort(dt_afile *f);
 /* The whole of it in one call. */
 DT_API dt_status dt_write_atomic(const char *path, const void *buf, size_t n);
 
+/* Writing over a file whose memory is reused: for a path in a directory nobody reads
+ * until the whole directory is renamed into place (a checkpoint's temporary directory,
+ * where the rename is the atomic step). When `from` exists it is moved to path and
+ * overwritten in place (its pages, on tmpfs its memory, are reused: no fresh pages to
+ * clear, none to free); the commit cuts it to the bytes written and fsyncs it, with no
+ * rename. When `from` is NULL or missing, the same as dt_afile_open. */
+DT_API dt_status dt_afile_open_over(const char *path, const char *from, dt_afile **out);
+DT_API dt_status dt_write_over(const char *path, const char *from, const void *buf, size_t n);
+
 #endif /* DT_FILEIO_H */

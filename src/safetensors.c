@@ -233,12 +233,14 @@ dt_status dt_st_writer_header(dt_st_writer *w, char **buf, size_t *len) {
     return DT_OK;
 }
 
-dt_status dt_st_writer_write(dt_st_writer *w, const char *path) {
+dt_status dt_st_writer_write(dt_st_writer *w, const char *path) { return dt_st_writer_write_over(w, path, NULL); }
+
+dt_status dt_st_writer_write_over(dt_st_writer *w, const char *path, const char *from) {
     char *hdr;
     size_t hlen;
     DT_TRY(dt_st_writer_header(w, &hdr, &hlen));
     dt_afile *f;
-    dt_status s = dt_afile_open(path, &f);
+    dt_status s = dt_afile_open_over(path, from, &f);
     if (s != DT_OK) {
         free(hdr);
         return s;

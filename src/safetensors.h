@@ -52,6 +52,9 @@ DT_API dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_dtype dt
 DT_API dt_status dt_st_writer_set_meta(dt_st_writer *w, const char *key, const char *value);
 /* Write the file atomically. */
 DT_API dt_status dt_st_writer_write(dt_st_writer *w, const char *path);
+/* Write it over `from`'s memory where that file exists (fileio.h, dt_afile_open_over:
+ * only for a path in a directory that is renamed into place whole). */
+DT_API dt_status dt_st_writer_write_over(dt_st_writer *w, const char *path, const char *from);
 /* The tensors added so far, in order: the file's data region is their bytes end to end
  * (a checksum over it needs no copy of them). */
 DT_API size_t      dt_st_writer_count(const dt_st_writer *w);

@@ -33,7 +33,7 @@ static dt_status save_sharded(trainer *t, const dt_train_meta *me, const dt_trai
     char tmp[4096] = "";
     int64_t st = DT_OK;
     int leader = dt_comm_rank(pl->group) == 0;
-    if (leader) st = dt_ckpt_begin(pl->dir, me->info.step, tmp, sizeof tmp);
+    if (leader) st = dt_ckpt_begin_(pl->dir, me->info.step, pl->reuse ? pl->keep : 0, tmp, sizeof tmp);
     DT_TRY(dt_broadcast(pl->group, &st, 1, DT_I64, 0));
     if (st != DT_OK)
         return leader ? (dt_status)st : dt_error((dt_status)st, "the first rank writing to %s could not start "
@@ -159,7 +159,8 @@ dt_status dt_train_save_(trainer *t, int64_t done, const dt_train_place_ *pl) {
     if (s == DT_OK && (dt_shard_state_sharded(t->shard) || t->pipe)) s = save_sharded(t, me, pl);
     else if (s == DT_OK) {
         int64_t st = !pl->group || dt_comm_rank(pl->group) == 0
-                   ? dt_ckpt_save(pl->dir, pl->keep, t->model, t->optim, &me->info, me->extra, me->nextra) : DT_OK;
+                   ? dt_ckpt_save_(pl->dir, pl->keep, pl->reuse, t->model, t->optim, &me->info, me->extra, me->nextra)
+                   : DT_OK;
         s = (dt_status)st;
         if (pl->group != t->comm) {   /* a writer per group: every rank learns each outcome */
             int who;

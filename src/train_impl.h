@@ -162,10 +162,11 @@ typedef struct {
 dt_status dt_train_meta_(trainer *t, int64_t done, dt_train_meta *me);
 /* Where a state is saved: dir (keeping `keep`), begun and committed by the first rank of
  * group (the ranks sharing dir; NULL: this process alone); copy (NULL: none) runs on every
- * rank once its shard is written into tmp (st: how that went), to put copies elsewhere. */
+ * rank once its shard is written into tmp (st: how that went), to put copies elsewhere.
+ * reuse: the files of the checkpoint the save prunes are written over (ckpt_impl.h). */
 typedef struct {
     const char *dir;
-    int         keep;
+    int         keep, reuse;
     dt_comm    *group;
     dt_status (*copy)(trainer *t, const char *tmp, dt_status st);
 } dt_train_place_;

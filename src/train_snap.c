@@ -6,6 +6,9 @@
  * its dtrun gives the node's ranks a directory in memory (tmpfs, DT_SNAPSHOT_DIR), and
  * every K steps the ranks save the state there in the checkpoint format (ckpt.h) that
  * resumes on any world size and in any sharding mode, each node keeping the newest two.
+ * A new snapshot is written over the files of the older one (ckpt_impl.h's reuse: tmpfs
+ * pages written in place cost a third of fresh ones, which the kernel allocates, zeroes
+ * and later frees), so while it is written the node holds the newest one alone.
  *
  * Where the state is replicated (no sharding), each node's first rank writes all of it.
  * Where it is sharded (or pipelined), each rank writes its shard and sends a copy to its
@@ -175,10 +178,11 @@ static dt_status copy_to_partner(trainer *t, const char *tmp, dt_status st) {
                     break;
                 }
                 if (h[0] > 0) got = dt_recv(t->comm, b, (size_t)h[0], DT_U8, sn->from[i], SNAP_TAG);
-                char nm[64], p[4096];
+                char nm[64], p[4096], from[4096];
                 dt_ckpt_shard_name_(nm, sizeof nm, (int)h[1], t->world);
-                if (got == DT_OK && kept == DT_OK && (kept = dt_ckpt_join_(p, sizeof p, tmp, nm)) == DT_OK)
-                    kept = dt_write_atomic(p, b, (size_t)h[0]);
+                if (got == DT_OK && kept == DT_OK && (kept = dt_ckpt_join_(p, sizeof p, tmp, nm)) == DT_OK &&
+                    (kept = dt_ckpt_reuse_from_(p, from, sizeof from)) == DT_OK)
+                    kept = dt_write_over(p, from, b, (size_t)h[0]);
                 free(b);
             }
         }
@@ -193,7 +197,7 @@ dt_status dt_train_snapshot_(trainer *t, int64_t done, int force) {
     struct train_snap *sn = t->snap;
     if (!sn || (!force && (done % sn->every != 0 || done >= t->total))) return DT_OK;
     double t0 = dt_now();
-    dt_train_place_ pl = {.dir = sn->dir, .keep = SNAP_KEEP, .group = sn->node,
+    dt_train_place_ pl = {.dir = sn->dir, .keep = SNAP_KEEP, .reuse = 1, .group = sn->node,
                           .copy = sn->nnodes > 1 ? copy_to_partner : NULL};
     dt_status s = dt_train_save_(t, done, &pl);
     if (s != DT_OK)

@@ -10,6 +10,7 @@
 #include "config.h" /* _GNU_SOURCE: memmem */
 
 #include "ckpt.h"
+#include "ckpt_impl.h" /* dt_ckpt_save_: reusing a pruned checkpoint's files */
 #include "checkpoint.h"
 #include "hash.h"
 #include "tap.h"
@@ -189,12 +190,19 @@ static dt_ckpt_info info_at(int64_t step) {
     return in;
 }
 
+static int reuse;   /* save() writes over the files of the checkpoint it prunes */
+
 static dt_status save(const char *dir, int keep, dt_model *m, dt_optim *o, int64_t step) {
     dt_ckpt_info in = info_at(step);
     char v[32];
     snprintf(v, sizeof v, "%.17g", 0.1 * (double)step);
     const char *extra[] = {"loss_sum", v, "note", "a \"quoted\"\nline"};
-    return dt_ckpt_save(dir, keep, m, o, &in, extra, 2);
+    return reuse ? dt_ckpt_save_(dir, keep, 1, m, o, &in, extra, 2) : dt_ckpt_save(dir, keep, m, o, &in, extra, 2);
+}
+
+static ino_t inode(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? st.st_ino : 0;
 }
 
 /* ---- tests ------------------------------------------------------------------- */
@@ -543,7 +551,8 @@ static void test_foreign(void) {
  * pruning: every step-* left behind verifies, and the next save cleans up. */
 static void test_crash(void) {
     char dir[512], path[1024];
-    snprintf(dir, sizeof dir, "%s/crash", tmpdir);
+    snprintf(dir, sizeof dir, "%s/crash%s", tmpdir, reuse ? "-reuse" : "");
+    diag("writers killed while saving%s", reuse ? ", each over the files of the checkpoint it prunes" : "");
     dt_model *m = build(SPEC, 1);
     dt_optim *o = optim(0, m, 0.9f);
     train_step(m, o, 0);
@@ -588,6 +597,95 @@ static void test_crash(void) {
     is_int(count_prefix(dir, ".tmp-"), 0, "it removed every leftover of the killed writers");
     is_int(count_prefix(dir, "step-"), 2, "and kept two checkpoints");
     dt_optim_free(o);
+    dt_model_free(m);
+}
+
+/* Reusing the memory of the checkpoint a save prunes (ckpt_impl.h; the in-memory
+ * snapshots do): its files are written over in place (the same inodes, so no fresh pages),
+ * what the new checkpoint does not write is removed, the new one loads bitwise, and at
+ * least one complete checkpoint stays while it is written (keep 1 reuses nothing). */
+static void test_reuse(void) {
+    char dir[512], p[1024], q[1024];
+    snprintf(dir, sizeof dir, "%s/reuse", tmpdir);
+    dt_model *m = build(SPEC, 5), *back = build(SPEC, 9);
+    dt_optim *o = optim(1, m, 0.0f), *ob = optim(1, back, 0.0f);
+    reuse = 1;
+    for (int step = 1; step <= 2; step++) {
+        train_step(m, o, step);
+        is_int(save(dir, 2, m, o, step), DT_OK, "reusing: checkpoint %d of 2 kept (nothing to reuse yet)", step);
+    }
+    dt_ckpt_path(dir, 1, p, sizeof p);
+    ino_t im = inode(pth(p, "model.safetensors")), is = inode(pth(p, "train_state.safetensors"));
+    /* a file the next checkpoint does not write (as a run of another layout leaves) */
+    spit(pth(p, "shard-00001-of-00002.safetensors"), "stale", 5);
+    train_step(m, o, 3);
+    snap want = take(m, o);
+    is_int(save(dir, 2, m, o, 3), DT_OK, "a third checkpoint, over the files of the first");
+    ok(!exists(p), "the first is gone (pruned: its files are the third's now)");
+    dt_ckpt_path(dir, 3, q, sizeof q);
+    ok(im && inode(pth(q, "model.safetensors")) == im && inode(pth(q, "train_state.safetensors")) == is,
+       "the third's files are the first's, written over in place");
+    ok(!exists(pth(q, "shard-00001-of-00002.safetensors")) && !exists(pth(q, DT_CKPT_REUSE_)),
+       "what the third did not write over is removed");
+    dt_ckpt_path(dir, 2, p, sizeof p);
+    ok(exists(p), "the second stays");
+    dt_ckpt *c = NULL;
+    is_int(dt_ckpt_load(q, back, ob, &c), DT_OK, "the third loads: every checksum is valid");
+    ok(holds(want, back, ob), "... and gives the state back bitwise");
+    dt_ckpt_close(c);
+    free(want.p);
+    /* bigger files over smaller ones, then smaller over bigger: the same bytes as fresh files */
+    dt_model *big = build("flatten linear(16) bn relu linear(8)", 2);
+    dt_optim *obig = optim(1, big, 0.0f);
+    is_int(save(dir, 2, big, obig, 4), DT_OK, "a bigger model's fourth, over the second");
+    is_int(save(dir, 2, big, obig, 5), DT_OK, "and fifth, over the third");
+    train_step(m, o, 6);
+    is_int(save(dir, 2, m, o, 6), DT_OK, "the smaller model's sixth, over the bigger fourth");
+    char fresh[512];
+    snprintf(fresh, sizeof fresh, "%s/reuse-fresh", tmpdir);
+    reuse = 0;
+    is_int(save(fresh, 2, m, o, 6), DT_OK, "the same in fresh files");
+    reuse = 1;
+    dt_ckpt_path(dir, 6, q, sizeof q);
+    dt_ckpt_path(fresh, 6, p, sizeof p);
+    const char *files[] = {"model.safetensors", "train_state.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        size_t na, nb;
+        unsigned char *a = slurp(pth(q, files[i]), &na), *b = slurp(pth(p, files[i]), &nb);
+        ok(a && b && na == nb && memcmp(a, b, na) == 0, "%s written over a bigger one: cut to the bytes of a fresh one "
+           "(%zu and %zu bytes)", files[i], na, nb);
+        free(a);
+        free(b);
+    }
+    dt_optim_free(obig);
+    dt_model_free(big);
+    is_int(count_prefix(dir, ".tmp-"), 0, "no temporary directory is left");
+    is_int(count_prefix(dir, "step-"), 2, "two checkpoints are kept");
+    /* keep 1: the only checkpoint is not reused while the next is written */
+    dt_ckpt_path(dir, 6, p, sizeof p);
+    im = inode(pth(p, "model.safetensors"));
+    train_step(m, o, 7);
+    is_int(save(dir, 1, m, o, 7), DT_OK, "with keep 1 a seventh is saved");
+    dt_ckpt_path(dir, 7, q, sizeof q);
+    ok(inode(pth(q, "model.safetensors")) != im && !exists(p), "in fresh files: the sixth stayed until it was installed");
+    /* a dead writer's temporary directory holding reused files is a leftover like any other */
+    char t[1024];
+    snprintf(t, sizeof t, "%s/.tmp-step-000000000019-999999999", dir);
+    mkdir(t, 0755);
+    mkdir(pth(t, DT_CKPT_REUSE_), 0755);
+    spit(pth(pth(t, DT_CKPT_REUSE_), "model.safetensors"), "x", 1);
+    is_int(save(dir, 2, m, o, 8), DT_OK, "a save beside a dead writer's temporary directory with reused files");
+    ok(!exists(t), "which it removed");
+    /* a user's file in a .reuse directory makes it not ours: left alone */
+    mkdir(t, 0755);
+    mkdir(pth(t, DT_CKPT_REUSE_), 0755);
+    spit(pth(pth(t, DT_CKPT_REUSE_), "notes.txt"), "mine", 4);
+    is_int(save(dir, 2, m, o, 9), DT_OK, "a save beside one holding a user's file");
+    ok(exists(pth(pth(t, DT_CKPT_REUSE_), "notes.txt")), "which it left alone");
+    reuse = 0;
+    dt_optim_free(ob);
+    dt_optim_free(o);
+    dt_model_free(back);
     dt_model_free(m);
 }
 
@@ -951,6 +1049,10 @@ int main(void) {
     test_keep_and_latest();
     test_damage();
     test_crash();
+    test_reuse();
+    reuse = 1;
+    test_crash();
+    reuse = 0;
     test_foreign();
     test_refusals();
     test_bad_numbers();

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* A file image from a JSON header (unpadded) and data bytes. */
@@ -367,6 +368,31 @@ static void test_atomic(void) {
     ok(b && n == 7 && memcmp(b, "second!", 7) == 0, "abort leaves the old file untouched");
     free(b);
     is_int(count_files(".tmp."), 0, "  and no temporary file");
+    /* writing over another file's memory (dt_write_over) */
+    const char *from = tmp_path("over-from.bin"), *to = tmp_path("over-to.bin");
+    is_int(dt_write_atomic(from, "a longer old content", 20), DT_OK, "a file to write over");
+    struct stat sf, st;
+    stat(from, &sf);
+    is_int(dt_write_over(to, from, "new", 3), DT_OK, "written over it");
+    b = tmp_slurp(to, &n);
+    ok(b && n == 3 && memcmp(b, "new", 3) == 0, "  the new content alone, cut to its length");
+    free(b);
+    ok(stat(to, &st) == 0 && st.st_ino == sf.st_ino && stat(from, &sf) != 0, "  in the old file (its inode), moved");
+    is_int(dt_write_over(to, from, "again", 5), DT_OK, "  with nothing to write over: a fresh file");
+    b = tmp_slurp(to, &n);
+    ok(b && n == 5 && memcmp(b, "again", 5) == 0, "  holding the content");
+    free(b);
+    is_int(dt_write_atomic(from, "target", 6), DT_OK, "a link's target");
+    const char *link = tmp_path("over-link.bin");
+    ok(symlink(from, link) == 0, "a link to it");
+    is_int(dt_write_over(to, link, "via", 3), DT_OK, "written over the link");
+    b = tmp_slurp(from, &n);
+    ok(b && n == 6 && memcmp(b, "target", 6) == 0, "  leaves the link's target alone");
+    free(b);
+    ok(lstat(to, &st) == 0 && S_ISREG(st.st_mode) && (b = tmp_slurp(to, &n)) && n == 3 && !memcmp(b, "via", 3),
+       "  and writes a regular file");
+    free(b);
+    unlink(from), unlink(to), unlink(link);
     is_int(dt_write_atomic("/nonexistent-dir/x.safetensors", "x", 1), DT_ERR_IO, "a missing directory is an I/O error");
     like(dt_last_error(), "/nonexistent-dir/x.safetensors", "  naming the path");
     dt_st_writer *w;
