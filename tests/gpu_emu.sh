@@ -7,9 +7,11 @@
 # bad launch configurations are errors; NCCL runs over dtrain's tcp backend between real
 # processes), launches <<<...>>> rewritten into calls. Then:
 #   1. tests/test_cuda_ops against them: every op against the CPU backend, determinism,
-#      bad inputs (its own TAP lines, numbered on);
+#      bad inputs (its own TAP lines, numbered on); again with the blocks and threads run
+#      in reverse and shuffled order (DT_GPU_EMU_ORDER), which a kernel must not notice;
 #   2. the stand-in's own test (gpu_emu/selftest.cu): each strictness above fails as it
-#      should, naming the call;
+#      should, naming the call; a missing barrier unseen in index order is caught in the
+#      other two;
 #   3. with a --with-cuda build: dtrain train --device cuda (mlp, 10 steps) on the
 #      emulated kernels (dtrain's objects linked with them in place of the real backend)
 #      against the cpu run's losses;
@@ -70,9 +72,20 @@ cu "$S/tests/gpu_emu/selftest.cu" selftest
 timeout 120 g++ -o "$TMP/selftest" "$TMP/selftest.o" "$TMP/be/emu.o" "$TMP/nccl_emu.o" -L"$B/.libs" -ldtrain \
     $blas_libs -lm -Wl,-rpath,"$B/.libs" > "$TMP/log" 2>&1 || fail "link the stand-in's own test"
 
-# 1. every op against the cpu backend
+# 1. every op against the cpu backend; then again with the blocks of every launch, and the
+#    threads of a block between barriers, in reverse and in shuffled order (a GPU promises
+#    no order: no kernel's output may depend on it)
 DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" > "$TMP/ops.out" 2>&1
 tap_include "$TMP/ops.out" $? "test_cuda_ops under emulation"
+for o in reverse shuffle; do
+    DT_GPU_EMU_ORDER=$o DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" \
+        > "$TMP/ops-$o.out" 2>&1
+    rc=$?
+    n=$(grep -c '^ok ' "$TMP/ops-$o.out"); f=$(grep -c '^not ok' "$TMP/ops-$o.out")
+    [ $rc -eq 0 ] && [ "$f" -eq 0 ] && [ "$n" -eq "$(grep -c '^ok ' "$TMP/ops.out")" ]
+    ok $? "test_cuda_ops with threads and blocks in $o order: $n passed, $f failed (exit $rc)"
+    [ "$f" -eq 0 ] || grep '^not ok' "$TMP/ops-$o.out" | head -5 | sed 's/^/#   /'
+done
 
 # 2. the stand-in catches what a GPU would (one process per sticky error)
 for m in "" kernel cublas; do
@@ -83,6 +96,18 @@ done
 rc=$( (cd "$TMP" && timeout 120 ./selftest divergent > st-div.out 2> st-div.err; echo $?) 2> /dev/null)
 [ "$rc" != 0 ] && grep -q "kernel k_divergent: .* reached __syncthreads, which thread 0 of block 0 never did" "$TMP/st-div.err"
 ok $? "a barrier in divergent code stops the emulation, naming the kernel"
+# the order modes' planted bug: a read of another thread's shared memory without the barrier
+(cd "$TMP" && timeout 120 ./selftest order > st-order.out 2>&1)
+grep -q '^ok 1 - k_racy' "$TMP/st-order.out" && grep -q '^ok 2 - k_shift' "$TMP/st-order.out"
+ok $? "a missing barrier goes unseen with threads in index order (the emulator's default)"
+for o in reverse shuffle; do
+    (cd "$TMP" && DT_GPU_EMU_ORDER=$o timeout 120 ./selftest order > "st-$o.out" 2>&1)
+    grep -q '^not ok 1 - k_racy' "$TMP/st-$o.out" && grep -q '^ok 2 - k_shift' "$TMP/st-$o.out"
+    ok $? "DT_GPU_EMU_ORDER=$o catches it (and passes the kernel with the barrier)"
+done
+(cd "$TMP" && DT_GPU_EMU_ORDER=sideways timeout 120 ./selftest order > st-bad.out 2>&1)
+[ $? -eq 2 ] && grep -q "DT_GPU_EMU_ORDER='sideways': expected natural, reverse or shuffle" "$TMP/st-bad.out"
+ok $? "DT_GPU_EMU_ORDER=sideways is refused (exit 2), naming it"
 
 # 3. dtrain train --device cuda on the emulated kernels follows the cpu run's losses.
 #    dtrain links libdtrain_core statically, so nothing can be preloaded over its backend:
@@ -204,6 +229,12 @@ PYEOF
     losses "$TMP/cap.jsonl" > "$TMP/cap.loss"
     cmp -s "$TMP/cuda.loss" "$TMP/cap.loss"
     ok $? "the same losses bit for bit with the grid capped at one block (DT_CU_MAX_BLOCKS=1)"
+    for o in reverse shuffle; do
+        emu1 "order-$o" DT_GPU_EMU_ORDER=$o
+        losses "$TMP/order-$o.jsonl" > "$TMP/order-$o.loss"
+        [ -s "$TMP/order-$o.loss" ] && cmp -s "$TMP/cuda.loss" "$TMP/order-$o.loss"
+        ok $? "the same losses bit for bit with threads and blocks in $o order (DT_GPU_EMU_ORDER=$o)"
+    done
     emu1 badcap DT_CU_MAX_BLOCKS=0
     [ $? -eq 2 ] && grep -q "DT_CU_MAX_BLOCKS='0'" "$TMP/badcap.out"
     ok $? "DT_CU_MAX_BLOCKS=0 is bad input (exit 2), naming the variable"

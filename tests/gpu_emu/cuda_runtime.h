@@ -6,7 +6,11 @@
  * Kernels become host functions; a launch runs every block in turn and every thread of
  * a block as a cooperative fiber (ucontext), switching at __syncthreads(), so block-level
  * trees and shared memory (__shared__ is static: blocks run one at a time) behave as on
- * a GPU. The stand-in is strict where a GPU would fail and a CPU would not:
+ * a GPU. DT_GPU_EMU_ORDER=reverse|shuffle runs the blocks, and a block's threads between
+ * two barriers, in falling or shuffled index order (natural: rising), as a GPU may: a
+ * kernel whose output changes with it reads what another thread writes without a barrier
+ * between (or depends on the order of blocks). The stand-in is strict where a GPU would
+ * fail and a CPU would not:
  *
  *   - memory: cudaMalloc'd ranges are device memory, cudaHostAlloc'd ranges host-pinned
  *     memory (the GPU can reach both); every other address is host memory. Each pointer

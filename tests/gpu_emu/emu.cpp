@@ -54,6 +54,7 @@ static std::vector<int> waiting;
 static std::vector<unsigned> wait_mask;
 static std::vector<uint64_t> shfl_slots;
 static ucontext_t scheduler;
+static std::vector<int> thread_order, block_order;   /* the run order (run_order below) */
 static int current, synced, direct;
 static const char *kernel_name;
 static const std::function<void()> *body;
@@ -66,8 +67,8 @@ static void trampoline(void) {
 
 static void divergent(const char *what) {
     fprintf(stderr, "gpu_emu: kernel %s: thread (%u, %u, %u) of block (%u, %u, %u) reached %s, which thread 0 of "
-            "block 0 never did: a barrier in divergent code\n", kernel_name, emu_threadIdx.x, emu_threadIdx.y,
-            emu_threadIdx.z, emu_blockIdx.x, emu_blockIdx.y, emu_blockIdx.z, what);
+            "block %d never did: a barrier in divergent code\n", kernel_name, emu_threadIdx.x, emu_threadIdx.y,
+            emu_threadIdx.z, emu_blockIdx.x, emu_blockIdx.y, emu_blockIdx.z, what, block_order[0]);
     abort();
 }
 
@@ -143,9 +144,49 @@ static void fiber_step(int i, dim3 b) {
     swapcontext(&scheduler, &fibers[i]);
 }
 
-static void run_direct(int from, int nt, dim3 b) {
+/* DT_GPU_EMU_ORDER: the order the blocks of a launch, and the threads of a block between
+ * two barriers, run in. A GPU promises none, so a kernel's output must not depend on it:
+ *   natural  (the default) blocks and threads by rising index;
+ *   reverse  both by falling index;
+ *   shuffle  a permutation of each, drawn anew for every launch (a fixed sequence of
+ *            seeds: a run repeats itself).
+ * Thread 0 of the first block run still runs first (it tells whether the kernel
+ * synchronises at all). */
+enum { ORDER_NATURAL, ORDER_REVERSE, ORDER_SHUFFLE };
+static int run_order(void) {
+    static int order = -1;
+    if (order < 0) {
+        const char *v = getenv("DT_GPU_EMU_ORDER");
+        if (!v || !*v || !strcmp(v, "natural")) order = ORDER_NATURAL;
+        else if (!strcmp(v, "reverse")) order = ORDER_REVERSE;
+        else if (!strcmp(v, "shuffle")) order = ORDER_SHUFFLE;
+        else {
+            fprintf(stderr, "gpu_emu: DT_GPU_EMU_ORDER='%s': expected natural, reverse or shuffle\n", v);
+            exit(2);
+        }
+    }
+    return order;
+}
+
+/* 0 .. n - 1 in the run order into v (a shuffle from *seed, which moves on) */
+static void permutation(std::vector<int> &v, int n, int order, uint64_t *seed) {
+    v.resize((size_t)n);
+    for (int i = 0; i < n; i++) v[(size_t)i] = order == ORDER_REVERSE ? n - 1 - i : i;
+    if (order != ORDER_SHUFFLE) return;
+    for (int i = n - 1; i > 0; i--) {   /* Fisher-Yates over xorshift64 */
+        *seed ^= *seed << 13, *seed ^= *seed >> 7, *seed ^= *seed << 17;
+        int j = (int)(*seed % (uint64_t)(i + 1));
+        int t = v[(size_t)i];
+        v[(size_t)i] = v[(size_t)j];
+        v[(size_t)j] = t;
+    }
+}
+
+static void run_direct(int nt, dim3 b) {
     direct = 1;
-    for (int i = from; i < nt; i++) {
+    for (int k = 0; k < nt; k++) {
+        int i = thread_order[(size_t)k];
+        if (i == 0) continue;   /* thread 0 has run */
         emu_threadIdx = thread_of(i, b);
         (*body)();
     }
@@ -173,34 +214,41 @@ void emu_exec(const char *name, dim3 g, dim3 b, const std::function<void()> &f) 
     kernel_name = name;
     emu_blockDim = b;
     emu_gridDim = g;
+    static uint64_t seed = 0x9e3779b97f4a7c15ull;
+    const int order = run_order(), nb = (int)(g.x * g.y * g.z);
+    permutation(thread_order, nt, order, &seed);
+    permutation(block_order, nb, order, &seed);
     int plain = 0;
-    for (unsigned bz = 0; bz < g.z; bz++)
-        for (unsigned by = 0; by < g.y; by++)
-            for (unsigned bx = 0; bx < g.x; bx++) {
-                emu_blockIdx = dim3(bx, by, bz);
-                if (plain) {
-                    run_direct(0, nt, b);
-                    continue;
-                }
-                /* thread 0 alone first: does this kernel synchronise at all? */
-                synced = 0;
-                fiber_make(0);
-                fiber_step(0, b);
-                if (finished[0] && !synced && bx + by + bz == 0) {
-                    plain = 1;
-                    run_direct(1, nt, b);
-                    continue;
-                }
-                for (int i = 1; i < nt; i++) fiber_make(i);
-                /* rounds: every running thread runs to its next barrier or its end (thread 0
-                 * has run its first stretch already, and waits or has finished) */
-                do {
-                    for (int i = 0; i < nt; i++) {
-                        if (finished[i] || waiting[i] != RUN) continue;
-                        fiber_step(i, b);
-                    }
-                } while (release(nt));
+    for (int k = 0; k < nb; k++) {
+        const int q = block_order[(size_t)k];
+        emu_blockIdx = dim3((unsigned)q % g.x, (unsigned)q / g.x % g.y, (unsigned)q / (g.x * g.y));
+        /* thread 0 alone first: does this kernel synchronise at all? (first block only) */
+        if (!plain) {
+            synced = 0;
+            fiber_make(0);
+            fiber_step(0, b);
+            if (finished[0] && !synced && k == 0) plain = 1;
+        } else {
+            emu_threadIdx = thread_of(0, b);
+            direct = 1;
+            (*body)();
+            direct = 0;
+        }
+        if (plain) {
+            run_direct(nt, b);
+            continue;
+        }
+        for (int i = 1; i < nt; i++) fiber_make(i);
+        /* rounds: every running thread runs to its next barrier or its end (thread 0 has
+         * run its first stretch already, and waits or has finished) */
+        do {
+            for (int j = 0; j < nt; j++) {
+                const int i = thread_order[(size_t)j];
+                if (finished[i] || waiting[i] != RUN) continue;
+                fiber_step(i, b);
             }
+        } while (release(nt));
+    }
 }
 
 static cudaError_t fail(cudaError_t e, const char *fmt, ...) {

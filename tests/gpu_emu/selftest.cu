@@ -12,6 +12,10 @@
  *   selftest cublas     cublasSgemm given a host matrix: the same, naming the matrix
  *   selftest divergent  a __syncthreads that thread 0 never reaches: the emulation stops
  *                       (abort), naming the kernel
+ *   selftest order      a kernel that reads another thread's shared memory without the
+ *                       barrier between (right only when threads run in index order) and
+ *                       the same with it: under DT_GPU_EMU_ORDER=reverse or shuffle the first
+ *                       fails, the second never
  * (a sticky error ends the process's use of the device, hence one run each)
  */
 #include <cuda_runtime.h>
@@ -36,6 +40,21 @@ __global__ void k_divergent(float *dst) {
     }
 }
 
+/* each thread's left neighbour's value: the barrier between the write and the read is
+ * missing in k_racy (a GPU runs the threads in no promised order) */
+__global__ void k_racy(float *dst) {
+    __shared__ float s[64];
+    s[threadIdx.x] = (float)(blockIdx.x * 64 + threadIdx.x);
+    dst[blockIdx.x * 64 + threadIdx.x] = threadIdx.x ? s[threadIdx.x - 1] + 1.0f : s[0];
+}
+
+__global__ void k_shift(float *dst) {
+    __shared__ float s[64];
+    s[threadIdx.x] = (float)(blockIdx.x * 64 + threadIdx.x);
+    __syncthreads();
+    dst[blockIdx.x * 64 + threadIdx.x] = threadIdx.x ? s[threadIdx.x - 1] + 1.0f : s[0];
+}
+
 static const int N = 1000;
 
 static float *dev(void) {
@@ -50,6 +69,15 @@ static int holds_iota(const float *src, cudaStream_t s) {
     cudaMemcpyAsync(h, src, sizeof h, cudaMemcpyDeviceToHost, s);
     cudaStreamSynchronize(s);
     for (int i = 0; i < N; i++)
+        if (h[i] != (float)i) return 0;
+    return 1;
+}
+
+/* The first 512 floats of device src are 0, 1, 2, ... */
+static int iota512(const float *src) {
+    static float h[512];
+    cudaMemcpy(h, src, sizeof h, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 512; i++)
         if (h[i] != (float)i) return 0;
     return 1;
 }
@@ -213,6 +241,15 @@ int main(int argc, char **argv) {
         k_divergent<<<1, 32, 0, 0>>>(a);
         cudaDeviceSynchronize();
         ok(0, "a barrier in divergent code was not noticed");
+    } else if (!strcmp(mode, "order")) {
+        float *a = dev();
+        const char *o = getenv("DT_GPU_EMU_ORDER");
+        k_racy<<<8, 64, 0, 0>>>(a);
+        ok(iota512(a), "k_racy (no barrier between a write and another thread's read) gives 0, 1, 2, ... "
+           "(threads in %s order)", o && *o ? o : "natural");
+        k_shift<<<8, 64, 0, 0>>>(a);
+        ok(iota512(a), "k_shift (the same with the barrier) gives 0, 1, 2, ... (threads in %s order)",
+           o && *o ? o : "natural");
     } else if (!strcmp(mode, "kernel")) test_kernel_fault();
     else if (!strcmp(mode, "cublas")) test_cublas_fault();
     else {
