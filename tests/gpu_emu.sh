@@ -8,7 +8,8 @@
 # processes), launches <<<...>>> rewritten into calls. Then:
 #   1. tests/test_cuda_ops against them: every op against the CPU backend, determinism,
 #      bad inputs (its own TAP lines, numbered on); again with the blocks and threads run
-#      in reverse and shuffled order (DT_GPU_EMU_ORDER), which a kernel must not notice;
+#      in reverse and shuffled order (DT_GPU_EMU_ORDER), which a kernel must not notice,
+#      and with every poll told "not ready" 3 times first (DT_GPU_EMU_NOTREADY);
 #   2. the stand-in's own test (gpu_emu/selftest.cu): each strictness above fails as it
 #      should, naming the call; a missing barrier unseen in index order is caught in the
 #      other two;
@@ -77,13 +78,15 @@ timeout 120 g++ -o "$TMP/selftest" "$TMP/selftest.o" "$TMP/be/emu.o" "$TMP/nccl_
 #    no order: no kernel's output may depend on it)
 DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" > "$TMP/ops.out" 2>&1
 tap_include "$TMP/ops.out" $? "test_cuda_ops under emulation"
-for o in reverse shuffle; do
-    DT_GPU_EMU_ORDER=$o DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" \
+#    And with every poll of a stream, an event or NCCL answering "not ready" 3 times in 4
+#    (DT_GPU_EMU_NOTREADY: each polling loop must go round and still finish).
+for o in DT_GPU_EMU_ORDER=reverse DT_GPU_EMU_ORDER=shuffle DT_GPU_EMU_NOTREADY=3; do
+    env "$o" DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" \
         > "$TMP/ops-$o.out" 2>&1
     rc=$?
     n=$(grep -c '^ok ' "$TMP/ops-$o.out"); f=$(grep -c '^not ok' "$TMP/ops-$o.out")
     [ $rc -eq 0 ] && [ "$f" -eq 0 ] && [ "$n" -eq "$(grep -c '^ok ' "$TMP/ops.out")" ]
-    ok $? "test_cuda_ops with threads and blocks in $o order: $n passed, $f failed (exit $rc)"
+    ok $? "test_cuda_ops with $o: $n passed, $f failed (exit $rc)"
     [ "$f" -eq 0 ] || grep '^not ok' "$TMP/ops-$o.out" | head -5 | sed 's/^/#   /'
 done
 
@@ -108,6 +111,9 @@ done
 (cd "$TMP" && DT_GPU_EMU_ORDER=sideways timeout 120 ./selftest order > st-bad.out 2>&1)
 [ $? -eq 2 ] && grep -q "DT_GPU_EMU_ORDER='sideways': expected natural, reverse or shuffle" "$TMP/st-bad.out"
 ok $? "DT_GPU_EMU_ORDER=sideways is refused (exit 2), naming it"
+(cd "$TMP" && DT_GPU_EMU_NOTREADY=often timeout 120 ./selftest > st-badnr.out 2>&1)
+[ $? -eq 2 ] && grep -q "DT_GPU_EMU_NOTREADY='often': expected a count of polls" "$TMP/st-badnr.out"
+ok $? "DT_GPU_EMU_NOTREADY=often is refused (exit 2), naming it"
 
 # 3. dtrain train --device cuda on the emulated kernels follows the cpu run's losses.
 #    dtrain links libdtrain_core statically, so nothing can be preloaded over its backend:
@@ -229,11 +235,11 @@ PYEOF
     losses "$TMP/cap.jsonl" > "$TMP/cap.loss"
     cmp -s "$TMP/cuda.loss" "$TMP/cap.loss"
     ok $? "the same losses bit for bit with the grid capped at one block (DT_CU_MAX_BLOCKS=1)"
-    for o in reverse shuffle; do
-        emu1 "order-$o" DT_GPU_EMU_ORDER=$o
-        losses "$TMP/order-$o.jsonl" > "$TMP/order-$o.loss"
-        [ -s "$TMP/order-$o.loss" ] && cmp -s "$TMP/cuda.loss" "$TMP/order-$o.loss"
-        ok $? "the same losses bit for bit with threads and blocks in $o order (DT_GPU_EMU_ORDER=$o)"
+    for o in DT_GPU_EMU_ORDER=reverse DT_GPU_EMU_ORDER=shuffle DT_GPU_EMU_NOTREADY=3; do
+        emu1 "mode-$o" "$o"
+        losses "$TMP/mode-$o.jsonl" > "$TMP/mode-$o.loss"
+        [ -s "$TMP/mode-$o.loss" ] && cmp -s "$TMP/cuda.loss" "$TMP/mode-$o.loss"
+        ok $? "the same losses bit for bit with $o"
     done
     emu1 badcap DT_CU_MAX_BLOCKS=0
     [ $? -eq 2 ] && grep -q "DT_CU_MAX_BLOCKS='0'" "$TMP/badcap.out"
@@ -407,6 +413,14 @@ if [ $nccl_build = 1 ]; then
             ok $same "$prec: $what gives bitwise the weights of --shard none on the emulated GPUs"
         done
     done
+    # the polling loops of NCCL's settling, the stream waits and the discards' events, made
+    # to go round: the same weights
+    DT_GPU_EMU_NOTREADY=3 shard2 notready-params --precision fp32 --shard params --shard-unit-mb 0.001 &&
+        cmp -s "$TMP/ref-fp32.st" "$TMP/notready-params.st"
+    ok $? "--shard params with every poll answering not ready 3 times in 4 (DT_GPU_EMU_NOTREADY=3): the same weights"
+    DT_GPU_EMU_NOTREADY=3 shard2 notready-pipe --precision fp32 --pipeline 2 &&
+        cmp -s "$TMP/ref-fp32.st" "$TMP/notready-pipe.st"
+    ok $? "--pipeline 2 over NCCL with DT_GPU_EMU_NOTREADY=3: the same weights"
     # 431,616 parameters: with AdamW 6.6 MiB of parameters, gradients and moments, 3.3
     # per rank when sharded; the pool's slots, the activations and the granules' rounding
     # come on top (deterministic: the emulator counts the granules mapped)

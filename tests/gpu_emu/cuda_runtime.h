@@ -30,6 +30,10 @@
  *     cudaErrorInvalidConfiguration from cudaGetLastError, and the kernel does not run;
  *     more threads than the kernel's __launch_bounds__ is cudaErrorLaunchOutOfResources
  *     (gpu_emu.sh registers the bounds written as a constant, EMU_BOUNDS below).
+ *   - DT_GPU_EMU_NOTREADY=K: a query of a stream or an event with work left, and NCCL's
+ *     asynchronous error, answer "not ready" (cudaErrorNotReady, ncclInProgress) K times
+ *     for each object before the true answer, as a busy GPU would, so each polling loop
+ *     must go round and still finish.
  *   - DT_GPU_EMU_FAULT=KERNEL: that kernel faults when it runs (asynchronously, as on a
  *     GPU: a sticky "an illegal memory access was encountered" that names nothing), to
  *     test what a program reports then.
@@ -179,6 +183,12 @@ static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4
 void emu_enqueue(cudaStream_t s, const char *name, const void *owner, std::function<bool()> work);
 /* Drop the queued work of `owner` (an aborted NCCL communicator); its streams run again. */
 void emu_drop_owner(const void *owner);
+/* DT_GPU_EMU_NOTREADY=K (0: off): K; emu_not_ready_of(what): 1 for K polls of `what` (a
+ * stream, an event, a communicator) before each true answer (cudaStreamQuery and
+ * cudaEventQuery then say cudaErrorNotReady while work is left, ncclCommGetAsyncError
+ * ncclInProgress), so every loop that polls is made to go round; else 0. */
+long emu_not_ready_count(void);
+int  emu_not_ready_of(const void *what);
 /* Run the blocks and threads of one launch of kernel `name`. */
 void emu_exec(const char *name, dim3 grid, dim3 block, const std::function<void()> &body);
 /* Launch checks: the configuration (sets the last error, 0 when bad), and one pointer

@@ -531,9 +531,40 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     return sticky ? last_err = sticky : cudaSuccess;
 }
 
+int emu_not_ready_of(const void *what) {
+    static std::mutex m;
+    static std::map<const void *, long> told;   /* "not ready"s told about each object */
+    const long k = emu_not_ready_count();
+    if (k <= 0) return 0;
+    std::lock_guard<std::mutex> g(m);
+    long &n = told[what];
+    if (n < k) {
+        n++;
+        return 1;
+    }
+    n = 0;   /* the true answer; the next poll of it is told "not ready" again */
+    return 0;
+}
+
+long emu_not_ready_count(void) {
+    static const long k = [] {   /* read once, by whichever thread polls first */
+        const char *v = getenv("DT_GPU_EMU_NOTREADY");
+        char *end = NULL;
+        long n = v && *v ? strtol(v, &end, 10) : 0;
+        if (v && *v && (*end || n < 0 || n > 1000000)) {
+            fprintf(stderr, "gpu_emu: DT_GPU_EMU_NOTREADY='%s': expected a count of polls from 0 to 1000000\n", v);
+            exit(2);
+        }
+        return n;
+    }();
+    return k;
+}
+static struct not_ready_check { not_ready_check() { emu_not_ready_count(); } } not_ready_at_start;   /* bad: exit 2 at once */
+
 extern "C" cudaError_t cudaStreamQuery(cudaStream_t s) {
     LOCK;
     STICKY;
+    if (!S(s)->q.empty() && emu_not_ready_of(S(s))) return cudaErrorNotReady;   /* work left: maybe busy */
     if (!run_all(S(s))) return cudaErrorNotReady;
     return sticky ? last_err = sticky : cudaSuccess;
 }
@@ -594,6 +625,8 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t e) {
     LOCK;
     STICKY;
+    if (e->s && !e->s->q.empty() && e->s->q.front().seq <= e->seq && emu_not_ready_of(e))   /* its work is left */
+        return cudaErrorNotReady;
     if (e->s && !run_to(e->s, e->seq)) return cudaErrorNotReady;
     return cudaSuccess;
 }

@@ -222,7 +222,7 @@ extern "C" ncclResult_t ncclCommAbort(ncclComm_t comm) {
 
 extern "C" ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async) {
     if (!comm) return ncclInvalidArgument;
-    *async = comm->async;
+    *async = comm->async == ncclSuccess && emu_not_ready_of(comm) ? ncclInProgress : comm->async;
     return ncclSuccess;
 }
 
