@@ -214,19 +214,16 @@ dt_status dt_afile_commit(dt_afile *f) {
 
 dt_status dt_afile_open_over(const char *path, const char *from, dt_afile **out) {
     *out = NULL;
-    if (!from || !path || !*path || rename(from, path) != 0) return dt_afile_open(path, out);
+    /* a regular file only (a link or anything else stays where it is: a fresh file then) */
+    struct stat st;
+    if (!from || !path || !*path || lstat(from, &st) != 0 || !S_ISREG(st.st_mode) || rename(from, path) != 0)
+        return dt_afile_open(path, out);
     dt_afile *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
         free(f);
         return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     }
-    /* a regular file only (a link moved here is replaced by a new file) */
-    struct stat st;
-    f->fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (f->fd >= 0 && (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode))) {
-        close(f->fd);
-        f->fd = -1;
-    }
+    f->fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
     if (f->fd < 0) {
         free(f->path);
         free(f);
@@ -247,14 +244,5 @@ dt_status dt_write_over(const char *path, const char *from, const void *buf, siz
     return dt_afile_commit(f);
 }
 
-dt_status dt_write_atomic(const char *path, const void *buf, size_t n) {
-    dt_afile *f;
-    DT_TRY(dt_afile_open(path, &f));
-    dt_status s = dt_afile_write(f, buf, n);
-    if (s != DT_OK) {
-        dt_afile_abort(f);
-        return s;
-    }
-    return dt_afile_commit(f);
-}
+dt_status dt_write_atomic(const char *path, const void *buf, size_t n) { return dt_write_over(path, NULL, buf, n); }
 

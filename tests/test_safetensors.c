@@ -392,6 +392,12 @@ static void test_atomic(void) {
     ok(lstat(to, &st) == 0 && S_ISREG(st.st_mode) && (b = tmp_slurp(to, &n)) && n == 3 && !memcmp(b, "via", 3),
        "  and writes a regular file");
     free(b);
+    const char *dirfrom = tmp_path("over-dir");
+    ok(mkdir(dirfrom, 0755) == 0, "a directory where the file to write over would be");
+    is_int(dt_write_over(to, dirfrom, "dir", 3), DT_OK, "written over it");
+    ok(stat(dirfrom, &st) == 0 && S_ISDIR(st.st_mode) && lstat(to, &st) == 0 && S_ISREG(st.st_mode),
+       "  leaves the directory where it was and writes a regular file");
+    rmdir(dirfrom);
     unlink(from), unlink(to), unlink(link);
     is_int(dt_write_atomic("/nonexistent-dir/x.safetensors", "x", 1), DT_ERR_IO, "a missing directory is an I/O error");
     like(dt_last_error(), "/nonexistent-dir/x.safetensors", "  naming the path");
