@@ -264,6 +264,17 @@ void dt_pp_list_free(dt_pp_list *l) {
 
 static const char *const op_names[] = {"FWD", "BWD", "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD"};
 
+void dt_pp_held(const dt_pp_list *l, int *inputs, int *sets) {
+    int in = 0, most_in = 0, fw = 0, most_fw = 0;
+    for (int i = 0; i < l->n; i++) {
+        if (l->a[i].op == DT_PP_RECV_ACT && ++in > most_in) most_in = in;
+        if (l->a[i].op == DT_PP_FWD && ++fw > most_fw) most_fw = fw;
+        if (l->a[i].op == DT_PP_BWD) in--, fw--;
+    }
+    if (inputs) *inputs = most_in;
+    if (sets) *sets = most_fw;
+}
+
 size_t dt_pp_dump(const dt_pp_list *l, char *buf, size_t n) {
     size_t len = 0;
     if (n) buf[0] = '\0';

@@ -48,6 +48,7 @@
 
 #include <stddef.h>
 #include "dt_api.h"
+#include "model.h"
 #include "status.h"
 
 typedef enum { DT_PP_FWD, DT_PP_BWD, DT_PP_SEND_ACT, DT_PP_RECV_ACT, DT_PP_SEND_GRAD, DT_PP_RECV_GRAD } dt_pp_op;
@@ -92,8 +93,60 @@ DT_API void      dt_pp_list_free(dt_pp_list *l);
  * break which rule. */
 DT_API dt_status dt_pp_check(const dt_pp_list *lists, int stages, int micro, int *in_flight);
 
+/* The most micro-batches a stage's list holds at once: *inputs received (RECV_ACT) and
+ * not yet backwarded (the stage's input slots), *sets forwarded and not yet backwarded
+ * (the activation sets its model keeps). Either may be NULL. */
+DT_API void      dt_pp_held(const dt_pp_list *l, int *inputs, int *sets);
+
 /* A list as text, one action a line ("FWD 3", "SEND_ACT 3"; with chunks, "FWD 3.1" for
  * micro-batch 3 on chunk 1), for --schedule-dump. */
 DT_API size_t    dt_pp_dump(const dt_pp_list *l, char *buf, size_t n);
+
+/* ---- the cut (pipeline_cut.c) --------------------------------------------------------------
+ * Where the stages lie in a model: the top-level modules cut into `stages` runs, each
+ * with parameters; the trainer runs them and dtrain plan estimates them. */
+typedef struct {
+    int     stages;
+    int    *mod_lo;     /* stage s: top-level modules [mod_lo[s], mod_lo[s + 1]) */
+    int    *layer_lo;   /* stage s: layers [layer_lo[s], layer_lo[s + 1]) */
+    size_t *plo;        /* stage s: parameters [plo[s], plo[s + 1]) (a tied tensor is its owner's) */
+} dt_pp_cut;
+
+/* The cut of an inferred spec: text "auto" (or NULL) balances the modules' planned work
+ * (twice their GEMM weights per position plus their outputs), "0-3,4-7" names the runs.
+ * DT_ERR_INVALID (the trainer's messages) for fewer modules, or modules with parameters,
+ * than stages, a bad or incomplete list, a stage without parameters. Free with
+ * dt_pp_cut_free. */
+DT_API dt_status dt_pp_cut_spec(const dt_spec *sp, int stages, const char *text, dt_pp_cut *out);
+DT_API void      dt_pp_cut_free(dt_pp_cut *c);
+
+/* The parameters stage `stage`'s rank keeps resident, [*lo, *hi): its range, padded to
+ * whole shards over its replicas when the optimizer state or gradients are sharded
+ * (sharding != 0; shard.h pads the arrays so). */
+DT_API void      dt_pp_keep(const dt_pp_cut *c, int stage, int replicas, int sharding, size_t *lo, size_t *hi);
+
+/* A tied tensor that stage `user` reads and stage `owner` holds (gpt's embedding, read
+ * by the head): the user holds its parameters, every stage in (owner, user] its
+ * gradient, relayed back towards the owner. */
+typedef struct {
+    size_t off, len;    /* its floats in the parameter array */
+    int    owner, user;
+    int    layer;       /* the user's layer that reads it */
+} dt_pp_rider;
+
+/* The riders of a cut over the model's layers (nlayers of them, in order; free *out). */
+DT_API dt_status dt_pp_riders(const dt_pp_cut *c, const dt_layer *layers, int nlayers, dt_pp_rider **out, int *n);
+/* The floats of riders that stage `stage` holds beyond its range: parameters, gradients. */
+DT_API void      dt_pp_rider_floats(const dt_pp_rider *r, int n, int stage, size_t *params, size_t *grads);
+
+/* The global gradient norm's parts: the part of the summed gradient that rank (stage,
+ * replica) answers for, [*a, *b): its stage's range on replica 0 (every replica holds the
+ * same sum), or with sharded gradients (--shard grads) the replica's shard of it. The
+ * parts tile the parameter array. */
+DT_API void      dt_pp_norm_part(const dt_pp_cut *c, int stage, int replica, int replicas, int sharded,
+                                 size_t *a, size_t *b);
+/* The chunks of `chunk` floats that the parts' edges cut, ascending and each once, into
+ * bch (stages x replicas entries at most); returns their number. */
+DT_API int       dt_pp_norm_edges(const dt_pp_cut *c, int replicas, int sharded, size_t chunk, size_t *bch);
 
 #endif /* DT_PIPELINE_H */

@@ -237,6 +237,13 @@ DT_API dt_status dt_train_data_opts(const dt_train_opts *o, dt_data_opts *out);
  * when S is not a multiple of the world size or does not divide the batch. */
 DT_API dt_status dt_train_split(int64_t batch, int64_t S, int world, int64_t *k, int64_t *b);
 
+/* A pipeline (o->pipeline > 1) on `world` ranks with S micro-batches, checked as the
+ * trainer checks it at the start: the world a multiple of the stages, no --shard params
+ * or --sync-bn, a schedule the trainer runs (not interleaved), at least one micro-batch
+ * per stage on each replica. DT_ERR_INVALID or DT_ERR_UNSUPPORTED with the trainer's
+ * message; DT_OK without a pipeline. */
+DT_API dt_status dt_train_pipe_check(const dt_train_opts *o, int world, int64_t S);
+
 /* The world sizes on which these options give bitwise the same weights, ascending, at
  * most max of them: P x d for every power of two d dividing --micro-batches S with
  * S / d >= P (P the pipeline depth). An elastic job may move between them. Fails,

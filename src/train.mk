@@ -1,5 +1,5 @@
 # src/train.mk: the training loop, weight files, and the dtrain program.
-libdtrain_core_la_SOURCES += src/train.c src/train_ckpt.c src/train_eval.c src/train_pipe.c src/train_trace.c src/train_snap.c src/train_impl.h src/tuner.c src/tuner.h src/options.c src/checkpoint.c src/ddp.c src/shard.c src/shard_params.c src/shard_impl.h src/testing.c src/testing.h src/pipeline.c src/plan.c \
+libdtrain_core_la_SOURCES += src/train.c src/train_ckpt.c src/train_eval.c src/train_pipe.c src/train_trace.c src/train_snap.c src/train_impl.h src/tuner.c src/tuner.h src/options.c src/checkpoint.c src/ddp.c src/shard.c src/shard_params.c src/shard_impl.h src/testing.c src/testing.h src/pipeline.c src/pipeline_cut.c src/plan.c \
 	src/plan.h
 dtraininclude_HEADERS += src/train.h src/options.h src/pipeline.h src/checkpoint.h src/ddp.h src/shard.h
 

@@ -45,14 +45,9 @@
 
 enum { TAG_ACT = 0x5050, TAG_GRAD, TAG_TIED, TAG_PARAM };
 
-typedef struct {
-    size_t off, len;   /* the tied parameter's floats */
-    int    owner, user;   /* the stage that owns it (and applies its gradient), the stage that reads it too */
-    int    layer;      /* the user's layer that reads it */
-} rider;
-
 struct train_pipe {
     dt_comm *pp_comm;          /* this replica's stages, pp_comm rank = stage */
+    dt_pp_cut cut;             /* the stages (pipeline.h); the three below are its arrays */
     int *mod_lo;               /* stage s: top-level modules [mod_lo[s], mod_lo[s + 1]) */
     int *layer_lo;             /* stage s: layers [layer_lo[s], layer_lo[s + 1]) */
     size_t *plo;               /* stage s: parameters [plo[s], plo[s + 1]) */
@@ -65,7 +60,7 @@ struct train_pipe {
     size_t in_n, out_n;        /* floats per sample of the stage's input and output */
     const float *out;          /* the output of the last forward */
     int cur;                   /* the micro-batch whose activations the model holds, -1: none */
-    rider *ride;
+    dt_pp_rider *ride;         /* the tied tensors a stage reads but another owns */
     int nride;
     float *host;               /* staging for device memory the transport cannot take; host_n floats */
     size_t host_n;
@@ -89,21 +84,27 @@ typedef struct train_pipe train_pipe;
 
 /* ---- the world ------------------------------------------------------------------------ */
 
+/* The world holds whole pipelines. */
+static dt_status check_world(int world, int P) {
+    if (world % P != 0)
+        return dt_error(DT_ERR_INVALID, "pipeline: %d process%s cannot hold whole pipelines of %d stages (the world "
+                        "size must be a multiple of --pipeline)", world, world == 1 ? "" : "es", P);
+    return DT_OK;
+}
+
 dt_status dt_train_pipe_layout_(trainer *t) {
     t->pp = t->o->pipeline > 1 ? t->o->pipeline : 1;
     t->dp = t->world / t->pp;
     t->dpr = t->rank / t->pp;
     t->stage = t->rank % t->pp;
     t->dp_comm = t->comm;
-    if (t->world % t->pp != 0)
-        return dt_error(DT_ERR_INVALID, "pipeline: %d process%s cannot hold whole pipelines of %d stages (the world "
-                        "size must be a multiple of --pipeline)", t->world, t->world == 1 ? "" : "es", t->pp);
-    return DT_OK;
+    return check_world(t->world, t->pp);
 }
 
-dt_status dt_train_pipe_world_(trainer *t) {
-    const dt_train_opts *o = t->o;
-    if (t->pp == 1) return DT_OK;
+dt_status dt_train_pipe_check(const dt_train_opts *o, int world, int64_t S) {
+    const int P = o->pipeline > 1 ? o->pipeline : 1;
+    if (P == 1) return DT_OK;
+    DT_TRY(check_world(world, P));
     dt_shard_mode mode;
     DT_TRY(dt_shard_parse(o->shard, &mode));
     if (mode == DT_SHARD_PARAMS)
@@ -120,10 +121,19 @@ dt_status dt_train_pipe_world_(trainer *t) {
         return dt_error(DT_ERR_UNSUPPORTED, "pipeline: the %s schedule is not run by the trainer yet (a stage would "
                         "hold several runs of the model's modules, and its parameters one run each); gpipe and 1f1b "
                         "are", dt_pp_name(sch));
-    if (t->k < t->pp)
+    int dp = world / P;
+    int64_t k, b;
+    DT_TRY(dt_train_split(o->batch, S, dp, &k, &b));
+    if (k < P)
         return dt_error(DT_ERR_INVALID, "pipeline: %lld micro-batches per replica cannot fill %d stages (--micro-batches "
-                        "%lld over %d replica%s); give at least %lld", (long long)t->k, t->pp, (long long)t->S, t->dp,
-                        t->dp == 1 ? "" : "s", (long long)t->pp * t->dp);
+                        "%lld over %d replica%s); give at least %lld", (long long)k, P, (long long)S, dp,
+                        dp == 1 ? "" : "s", (long long)P * dp);
+    return DT_OK;
+}
+
+dt_status dt_train_pipe_world_(trainer *t) {
+    if (t->pp == 1) return DT_OK;
+    DT_TRY(dt_train_pipe_check(t->o, t->world, t->S));
     t->pipe = calloc(1, sizeof *t->pipe);
     if (!t->pipe) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
     t->pipe->cur = -1;
@@ -133,130 +143,6 @@ dt_status dt_train_pipe_world_(trainer *t) {
 
 /* ---- the cut -------------------------------------------------------------------------- */
 
-/* The parameters layers [lo, hi) own: [*plo, *phi) (a tied tensor is its owner's). */
-static void layer_params(const dt_spec *sp, int lo, int hi, size_t at, size_t *plo, size_t *phi) {
-    *plo = *phi = at;
-    int any = 0;
-    for (int i = lo; i < hi; i++) {
-        const dt_layer *L = &sp->layers[i];
-        for (int k = 0; k < L->ntensors; k++) {
-            if (L->t[k].role != DT_TENSOR_PARAM) continue;
-            if (!any) *plo = L->t[k].offset;
-            any = 1;
-            *phi = L->t[k].offset + (size_t)L->t[k].numel;
-        }
-    }
-}
-
-/* A module's planned work: twice its GEMM weights per position plus its outputs (the
- * element-wise work), per sample. */
-static double module_cost(const dt_spec *sp, int lo, int hi) {
-    double c = 0.0;
-    for (int i = lo; i < hi; i++) {
-        const dt_layer *L = &sp->layers[i];
-        double pos = L->outs.ndim == 2 ? (double)L->outs.d[0] : L->outs.ndim == 3 ? (double)L->outs.d[1] * L->outs.d[2] : 1.0;
-        if (L->def->flags & DT_LDEF_GEMM)
-            for (int k = 0; k < L->ntensors; k++)
-                if ((L->t[k].role == DT_TENSOR_PARAM || L->t[k].role == DT_TENSOR_TIED) && L->t[k].ndim >= 2)
-                    c += 2.0 * (double)L->t[k].numel * pos;
-        c += (double)L->out_numel;
-    }
-    return c;
-}
-
-/* The contiguous cut of n module costs into P runs, each with parameters (has[i]: module
- * i has some), whose largest sum is smallest. */
-static dt_status balance(const double *cost, const int *has, int n, int P, int *mod_lo) {
-    const double NONE = 1e300;
-    double *pre = calloc((size_t)n + 1, sizeof *pre), *best = malloc((size_t)(n + 1) * (size_t)P * sizeof *best);
-    int *from = malloc((size_t)(n + 1) * (size_t)P * sizeof *from), *cnt = calloc((size_t)n + 1, sizeof *cnt);
-    if (!pre || !best || !from || !cnt) {
-        free(pre), free(best), free(from), free(cnt);
-        return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
-    }
-    for (int i = 0; i < n; i++) pre[i + 1] = pre[i] + cost[i], cnt[i + 1] = cnt[i] + (has[i] != 0);
-    /* best[s * (n + 1) + i]: stages 0 .. s over modules [0, i) */
-    for (int i = 0; i <= n; i++) best[i] = cnt[i] ? pre[i] : NONE, from[i] = 0;
-    for (int s = 1; s < P; s++)
-        for (int i = 0; i <= n; i++) {
-            double b = NONE;
-            int f = -1;
-            for (int j = s; j < i; j++) {
-                double a = best[(s - 1) * (n + 1) + j], run = pre[i] - pre[j], v = a > run ? a : run;
-                if (a < NONE && cnt[i] > cnt[j] && v < b) b = v, f = j;
-            }
-            best[s * (n + 1) + i] = b;
-            from[s * (n + 1) + i] = f;
-        }
-    dt_status st = best[(P - 1) * (n + 1) + n] < NONE ? DT_OK
-                 : dt_error(DT_ERR_INVALID, "pipeline: the model has %d modules with parameters, fewer than the %d "
-                            "stages (each stage needs some)", cnt[n], P);
-    mod_lo[P] = n;
-    for (int s = P - 1; st == DT_OK && s > 0; s--) mod_lo[s] = from[s * (n + 1) + mod_lo[s + 1]];
-    mod_lo[0] = 0;
-    free(pre), free(best), free(from), free(cnt);
-    return st;
-}
-
-/* --stages A-B,C-D,...: P runs of module indices, in order, covering 0 .. n - 1. */
-static dt_status parse_stages(const char *text, int n, int P, int *mod_lo) {
-    const char *p = text;
-    int next = 0;
-    for (int s = 0; s < P; s++) {
-        char *end;
-        long a = strtol(p, &end, 10), b;
-        if (end == p) goto bad;
-        if (*end == '-') {
-            p = end + 1;
-            b = strtol(p, &end, 10);
-            if (end == p) goto bad;
-        } else {
-            b = a;
-        }
-        if (a != next || b < a || b >= n)
-            return dt_error(DT_ERR_INVALID, "stages: stage %d is modules %ld-%ld; expected a run starting at module %d "
-                            "and ending before %d (the model has %d top-level modules, 0-%d)", s, a, b, next, n, n, n - 1);
-        mod_lo[s] = (int)a;
-        next = (int)b + 1;
-        p = end;
-        if (s + 1 < P) {
-            if (*p != ',') goto bad;
-            p++;
-        }
-    }
-    if (*p) goto bad;
-    if (next != n)
-        return dt_error(DT_ERR_INVALID, "stages: '%s' leaves modules %d-%d out (the stages must cover 0-%d)", text, next,
-                        n - 1, n - 1);
-    mod_lo[P] = n;
-    return DT_OK;
-bad:
-    return dt_error(DT_ERR_INVALID, "stages: expected auto or %d runs of module indices such as 0-3,4-7, got '%s'", P,
-                    text);
-}
-
-/* The tied tensors a stage reads but another owns. */
-static dt_status find_riders(trainer *t) {
-    train_pipe *p = t->pipe;
-    int n = dt_model_nlayers(t->model);
-    for (int s = 0; s < t->pp; s++)
-        for (int i = p->layer_lo[s]; i < p->layer_lo[s + 1] && i < n; i++) {
-            const dt_layer *L = dt_model_layer(t->model, i);
-            for (int k = 0; k < L->ntensors; k++) {
-                if (L->t[k].role != DT_TENSOR_TIED) continue;
-                int owner = 0;
-                while (owner + 1 < t->pp && p->plo[owner + 1] <= L->t[k].offset) owner++;
-                if (owner == s) continue;
-                rider *r = realloc(p->ride, (size_t)(p->nride + 1) * sizeof *r);
-                if (!r) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
-                p->ride = r;
-                r[p->nride++] = (rider){.off = L->t[k].offset, .len = (size_t)L->t[k].numel, .owner = owner, .user = s,
-                                        .layer = i};
-            }
-        }
-    return DT_OK;
-}
-
 /* The tied tensors beyond the kept range: the user holds their parameters and
  * gradient, a stage between it and the owner their gradient (it relays it). The
  * parameters come from the owner after the start (dt_train_pipe_after_step_). */
@@ -264,7 +150,7 @@ static dt_status hold_riders(trainer *t) {
     train_pipe *p = t->pipe;
     dt_train_pipe_keep_(t, &p->keep_lo, &p->keep_hi);
     for (int r = 0; r < p->nride; r++) {
-        const rider *R = &p->ride[r];
+        const dt_pp_rider *R = &p->ride[r];
         size_t bytes = R->len * sizeof(float);
         if (t->stage == R->user) {
             DT_TRY(t->ops->populate(dt_model_params(t->model) + R->off, bytes));
@@ -293,7 +179,7 @@ static dt_status discard_but_riders(trainer *t, float *params, size_t a, size_t 
     while (a < b) {
         size_t next = b, skip = b;   /* the first rider this stage reads that ends after a */
         for (int r = 0; r < p->nride; r++) {
-            const rider *R = &p->ride[r];
+            const dt_pp_rider *R = &p->ride[r];
             if (R->user != t->stage || R->off + R->len <= a || R->off >= b) continue;
             if (R->off < next || (R->off == next && R->off + R->len > skip)) next = R->off, skip = R->off + R->len;
         }
@@ -315,25 +201,9 @@ dt_status dt_train_pipe_drop_(trainer *t) {
     return dt_model_acts_only(t->model, p->layer_lo[t->stage], p->layer_lo[t->stage + 1]);
 }
 
-/* The part of the summed gradient rank (stage, replica) answers for in the norm: its
- * stage's range on replica 0 (every replica holds the same sum), or with --shard grads
- * the replica's shard of it (the only part it holds). The parts tile the array. */
+/* The part of the summed gradient rank (stage, replica) answers for in the norm. */
 static void norm_part(const trainer *t, int stage, int replica, size_t *a, size_t *b) {
-    const train_pipe *p = t->pipe;
-    size_t lo = p->plo[stage], hi = p->plo[stage + 1];
-    if (dt_shard_ddp_reduces(t->shard)) {
-        *a = *b = replica == 0 ? lo : hi;
-        if (replica == 0) *b = hi;
-        return;
-    }
-    size_t per = dt_shard_floats(hi - lo, t->dp);
-    *a = lo + per * (size_t)replica < hi ? lo + per * (size_t)replica : hi;
-    *b = *a + per < hi ? *a + per : hi;
-}
-
-static int cmp_size(const void *a, const void *b) {
-    size_t x = *(const size_t *)a, y = *(const size_t *)b;
-    return (x > y) - (x < y);
+    dt_pp_norm_part(&t->pipe->cut, stage, replica, t->dp, !dt_shard_ddp_reduces(t->shard), a, b);
 }
 
 /* The chunks of the norm that the parts' edges cut (after dt_shard_init_range). */
@@ -344,17 +214,7 @@ dt_status dt_train_pipe_norm_setup_(trainer *t) {
     p->bch = calloc((size_t)t->world, sizeof *p->bch);
     p->parts = calloc(p->nch ? p->nch : 1, sizeof *p->parts);
     if (!p->bch || !p->parts) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
-    for (int st = 0; st < t->pp; st++)
-        for (int r = 0; r < t->dp; r++) {
-            size_t a, b;
-            norm_part(t, st, r, &a, &b);
-            if (a < b && a % C) p->bch[p->nbc++] = a / C;
-        }
-    qsort(p->bch, (size_t)p->nbc, sizeof *p->bch, cmp_size);
-    int k = 0;   /* a chunk several edges cut, once */
-    for (int j = 0; j < p->nbc; j++)
-        if (!k || p->bch[k - 1] != p->bch[j]) p->bch[k++] = p->bch[j];
-    p->nbc = k;
+    p->nbc = dt_pp_norm_edges(&p->cut, t->dp, !dt_shard_ddp_reduces(t->shard), C, p->bch);
     DT_TRY(t->ops->alloc((void **)&p->dparts, (p->nch ? p->nch : 1) * sizeof(double)));
     if (p->nbc) {
         p->bbuf = malloc((size_t)p->nbc * C * sizeof(float));
@@ -408,57 +268,17 @@ static void put_text(train_pipe *p, size_t *len, size_t *cap, const char *s) {
 
 dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *sp) {
     train_pipe *p = t->pipe;
-    const dt_train_opts *o = t->o;
-    const int P = t->pp;
-    int nm = dt_spec_modules(sp, NULL);
-    if (nm < P)
-        return dt_error(DT_ERR_INVALID, "pipeline: %d stages, but the model has %d top-level modules (a stage holds at "
-                        "least one)", P, nm);
-    int *cuts = calloc((size_t)nm + 1, sizeof *cuts);
-    double *cost = calloc((size_t)nm, sizeof *cost);
-    int *has = calloc((size_t)nm, sizeof *has);
-    p->mod_lo = calloc((size_t)P + 1, sizeof *p->mod_lo);
-    p->layer_lo = calloc((size_t)P + 1, sizeof *p->layer_lo);
-    p->plo = calloc((size_t)P + 1, sizeof *p->plo);
-    dt_status s = cuts && cost && has && p->mod_lo && p->layer_lo && p->plo ? DT_OK : dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
-    if (s == DT_OK) {
-        dt_spec_modules(sp, cuts);
-        for (int i = 0; i < nm; i++) {
-            size_t a, b;
-            cost[i] = module_cost(sp, cuts[i], cuts[i + 1]);
-            layer_params(sp, cuts[i], cuts[i + 1], 0, &a, &b);
-            has[i] = b > a;
-        }
-        s = !o->stages || !strcmp(o->stages, "auto") ? balance(cost, has, nm, P, p->mod_lo)
-                                                      : parse_stages(o->stages, nm, P, p->mod_lo);
-    }
-    for (int st = 0; s == DT_OK && st <= P; st++) p->layer_lo[st] = cuts[p->mod_lo[st]];
-    size_t at = 0;
-    for (int st = 0; s == DT_OK && st < P; st++) {
-        size_t lo, hi;
-        layer_params(sp, p->layer_lo[st], p->layer_lo[st + 1], at, &lo, &hi);
-        if (hi == lo)
-            s = dt_error(DT_ERR_INVALID, "pipeline: stage %d (modules %d-%d) holds no parameters; name a cut with "
-                         "--stages", st, p->mod_lo[st], p->mod_lo[st + 1] - 1);
-        p->plo[st] = at;   /* parameterless layers before a stage's first parameter are its */
-        at = hi;
-    }
-    p->plo[P] = (size_t)sp->nparams;
-    free(cuts);
-    free(cost);
-    free(has);
-    return s;
+    DT_TRY(dt_pp_cut_spec(sp, t->pp, t->o->stages, &p->cut));
+    p->mod_lo = p->cut.mod_lo;
+    p->layer_lo = p->cut.layer_lo;
+    p->plo = p->cut.plo;
+    return DT_OK;
 }
 
 void dt_train_pipe_keep_(const trainer *t, size_t *lo, size_t *hi) {
-    const train_pipe *p = t->pipe;
-    size_t a = p->plo[t->stage], b = p->plo[t->stage + 1];
     dt_shard_mode mode = DT_SHARD_NONE;
     dt_shard_parse(t->o->shard, &mode);
-    /* optim and grads pad the stage's range to whole shards (shard.h): those floats too */
-    if (mode != DT_SHARD_NONE) b = a + dt_shard_floats(b - a, t->dp) * (size_t)t->dp;
-    *lo = a;
-    *hi = b;
+    dt_pp_keep(&t->pipe->cut, t->stage, t->dp, mode != DT_SHARD_NONE, lo, hi);
 }
 
 dt_status dt_train_pipe_setup_(trainer *t) {
@@ -508,16 +328,7 @@ dt_status dt_train_pipe_setup_(trainer *t) {
     const dt_layer *last = dt_model_layer(t->model, p->layer_lo[t->stage + 1] - 1);
     p->in_n = (size_t)first->in_numel;
     p->out_n = (size_t)last->out_numel;
-    int held = 0;
-    for (int i = 0; i < p->list.n; i++) {   /* received or forwarded, not yet backwarded */
-        if (p->list.a[i].op == DT_PP_RECV_ACT && ++held > p->nslots) p->nslots = held;
-        if (p->list.a[i].op == DT_PP_BWD) held--;
-    }
-    held = 0;
-    for (int i = 0; i < p->list.n; i++) {   /* forwarded, not yet backwarded */
-        if (p->list.a[i].op == DT_PP_FWD && ++held > p->nsets) p->nsets = held;
-        if (p->list.a[i].op == DT_PP_BWD) held--;
-    }
+    dt_pp_held(&p->list, &p->nslots, &p->nsets);   /* inputs received, and micro-batches forwarded, not yet backwarded */
     if (o->recompute) p->nsets = 1;   /* recomputation's stages run their forward again: the least memory */
     if (p->nsets > 1)
         DT_TRY(dt_model_act_sets(t->model, p->layer_lo[t->stage], p->layer_lo[t->stage + 1], p->nsets));
@@ -531,7 +342,7 @@ dt_status dt_train_pipe_setup_(trainer *t) {
     }
     if (t->stage < P - 1) DT_TRY(dt_mem_alloc(t->ops, DT_MEM_ACTS, (void **)&p->gin, B * p->out_n * sizeof(float)));
     DT_TRY(agree(t));
-    DT_TRY(find_riders(t));
+    DT_TRY(dt_pp_riders(&p->cut, dt_model_layer(t->model, 0), dt_model_nlayers(t->model), &p->ride, &p->nride));
     DT_TRY(hold_riders(t));
     if (o->init_weights && !t->resume) DT_TRY(dt_train_pipe_drop_(t));   /* the load wrote every stage's */
     p->losses = calloc((size_t)t->world * (size_t)t->k, sizeof *p->losses);
@@ -570,7 +381,8 @@ void dt_train_pipe_free_(trainer *t) {
     if (p->dparts) t->ops->free(p->dparts);
     dt_pp_list_free(&p->list);
     dt_comm_destroy(p->pp_comm);
-    free(p->mod_lo), free(p->layer_lo), free(p->plo), free(p->ride), free(p->bch), free(p->parts), free(p->bbuf);
+    dt_pp_cut_free(&p->cut);
+    free(p->ride), free(p->bch), free(p->parts), free(p->bbuf);
     free(p->losses), free(p->text), free(p->bnall);
     dt_mem_sub(DT_MEM_PARAMS, p->held_params + p->whole);   /* the model counts its own (it may outlive the run) */
     dt_mem_sub(DT_MEM_GRADS, p->held_grads);
