@@ -493,6 +493,32 @@ dt_status dt_model_plan_memory(const char *spec, const dt_shape *input, int max_
     return s;
 }
 
+static dt_status check_range(const dt_model *m, int lo, int hi, const char *what);
+
+dt_status dt_model_plan_ranges(const char *spec, const dt_shape *input, int max_batch, const dt_model_opts *mo,
+                               int n, const int *bounds, size_t *own, size_t *set) {
+    dt_model *m;
+    int64_t unit_max;
+    dt_model_mem mi;
+    memset(&mi, 0, sizeof mi);
+    for (int r = 0; r < n; r++) own[r] = set[r] = 0;
+    DT_TRY(model_prepare(spec, input, NULL, max_batch, mo, &m, &unit_max));
+    dt_status s = model_layout(m, &mi);   /* the layers' scratch lanes, as a build takes them */
+    for (int r = 0; s == DT_OK && r < n; r++) {
+        s = check_range(m, bounds[r], bounds[r + 1], "plan");
+        /* as dt_model_acts_all takes a layer's buffers again, and dt_model_act_sets a set */
+        dt_layer_mem o = {.measure = 1, .scratch = &m->scr}, a = {.in_arena = 1, .measure = 1, .scratch = &m->scr};
+        for (int i = bounds[r]; s == DT_OK && !m->mo.recompute && i < bounds[r + 1]; i++) {
+            s = dt_layer_alloc_in(&o, &o, &m->spec.layers[i], max_batch);
+            if (s == DT_OK) s = dt_layer_alloc_in(&a, &a, &m->spec.layers[i], max_batch);
+        }
+        own[r] = o.used;
+        set[r] = a.used;
+    }
+    dt_model_free(m);
+    return s;
+}
+
 dt_status dt_model_build_ex(const char *spec, const dt_shape *input, const dt_ops *ops, uint64_t seed,
                             int max_batch, const dt_model_opts *mo, dt_model **out) {
     *out = NULL;

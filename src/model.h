@@ -160,6 +160,13 @@ typedef struct {
 
 DT_API dt_status dt_model_plan_memory(const char *spec, const dt_shape *input, int max_batch,
                                       const dt_model_opts *mo, dt_model_mem *out);
+/* The activations of n runs of whole modules, run r layers [bounds[r], bounds[r + 1]),
+ * in a model built with these arguments (a pipeline's stages): own[r] the bytes of the
+ * run's own buffers (what dt_model_acts_only keeps, dt_model_acts_all takes again),
+ * set[r] one of its activation sets (dt_model_act_sets). Both 0 with recomputation
+ * (the layers share the arena, and nothing is given back). */
+DT_API dt_status dt_model_plan_ranges(const char *spec, const dt_shape *input, int max_batch, const dt_model_opts *mo,
+                                      int n, const int *bounds, size_t *own, size_t *set);
 /* Incremental decoding (sampling): a token model built for one position (input (1))
  * runs position pos of a sequence per forward, attention reading its cache of the
  * positions before; pos 0 starts a new sequence. pos < 0 turns it off. */

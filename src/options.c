@@ -226,18 +226,18 @@ static const dt_opt_row rows[] = {
      .help = "--shard params gathers consecutive layers in units of at\n"
              "least X MiB of parameters (FSDP's wrapping)"},
     {.field = "pipeline", .flag = "--pipeline", .arg = "P", .type = DT_OPT_INT, .off = F(pipeline), .def = "1",
-     .lo = 1, .hi = 1024, .where = DT_OPT_LAYOUT, .sec = DT_OPT_SEC_DIST, .example = "2",
+     .lo = 1, .hi = 1024, .where = DT_OPT_LAYOUT | DT_OPT_PLAN, .sec = DT_OPT_SEC_DIST, .example = "2",
      .help = "cut the model's top-level modules into P stages on P\n"
              "ranks (pipeline parallelism); the world is P x replicas,\n"
              "rank r runs stage r % P. Same weights as one process"},
     {.field = "pipeline_schedule", .flag = "--pipeline-schedule", .arg = "1f1b|gpipe", .type = DT_OPT_STR,
-     .off = F(pipeline_schedule), .def = "1f1b", .where = DT_OPT_LAYOUT, .sec = DT_OPT_SEC_DIST,
+     .off = F(pipeline_schedule), .def = "1f1b", .where = DT_OPT_LAYOUT | DT_OPT_PLAN, .sec = DT_OPT_SEC_DIST,
      .example = "gpipe",
      .help = "--pipeline: the order of each stage's forwards and\n"
              "backwards (1f1b holds at most P micro-batches' inputs,\n"
              "gpipe all of them)"},
     {.field = "stages", .flag = "--stages", .arg = "auto|A-B,C-D,...", .type = DT_OPT_STR, .off = F(stages),
-     .def = "auto", .where = DT_OPT_LAYOUT, .sec = DT_OPT_SEC_DIST, .example = "0-1,2-3",
+     .def = "auto", .where = DT_OPT_LAYOUT | DT_OPT_PLAN, .sec = DT_OPT_SEC_DIST, .example = "0-1,2-3",
      .help = "--pipeline: the top-level modules of each stage, by\n"
              "index (auto: balanced by parameters and activations)"},
     {.field = "schedule_dump", .flag = "--schedule-dump", .type = DT_OPT_ON, .off = F(schedule_dump),

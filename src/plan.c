@@ -12,6 +12,7 @@
 #include "ops.h"     /* dt_ops_gemm_lp_rounds */
 #include "ddp.h"     /* dt_ddp_tree_arrays, dt_ddp_opts_default */
 #include "optim.h"
+#include "pipeline.h" /* dt_pp_cut_spec, dt_pp_held, dt_pp_riders, dt_pp_keep, dt_pp_norm_edges */
 #include "shard.h"   /* dt_shard_prefetch_parse, dt_shard_floats, dt_shard_pool_in_use */
 
 /* ---- the rows ------------------------------------------------------------------------ */
@@ -133,8 +134,9 @@ static dt_status pool_slots(const dt_plan_opts *o, size_t unit_floats, int lowp,
     return s;
 }
 
-dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
-                      dt_plan_estimate *out) {
+/* The whole model on every rank (no pipeline). */
+static dt_status plan_whole(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
+                            dt_plan_estimate *out) {
     const dt_train_opts *t = o->train;
     memset(out, 0, sizeof *out);
     int W = o->world;
@@ -211,6 +213,182 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
     out->micro_batches = S;
     out->local_micro = k;
     out->micro_size = b;
+    return DT_OK;
+}
+
+/* ---- a pipeline's stage ------------------------------------------------------------------ */
+
+/* What stage `stage` holds, at each moment of the run (train_pipe.c):
+ *   start  the model built with every layer's buffers and the stage's range kept, while
+ *          dt_model_act_sets takes the stage's sets (the others' buffers go after)
+ *   step   its range, the tied tensors it reads or relays, the tree, the optimizer
+ *          state, its layers' activations in flight, the boundary tensors, the batch
+ *   eval   every stage's parameters gathered and every layer's buffers taken again
+ *   end    the same, the optimizer state given back first */
+static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr, int stage,
+                            dt_plan_estimate *out) {
+    const dt_train_opts *t = o->train;
+    memset(out, 0, sizeof *out);
+    const int W = o->world, P = t->pipeline;
+    if (W < 1) return dt_error(DT_ERR_INVALID, "world: expected at least 1 rank, got %d", W);
+    int64_t S = t->micro_batches > 0 ? t->micro_batches : W, k, b;
+    DT_TRY(dt_train_pipe_check(t, W, S));
+    const int dp = W / P;
+    DT_TRY(dt_train_split(t->batch, S, dp, &k, &b));
+    if (b > (1 << 30)) return dt_error(DT_ERR_INVALID, "batch: micro-batches of %lld samples are too large", (long long)b);
+    if (stage < 0 || stage >= P) return dt_error(DT_ERR_INVALID, "plan: stage %d outside 0-%d", stage, P - 1);
+    if (sh->params_sharded)   /* dt_train_pipe_check refuses --shard params: the row, named */
+        return dt_error(DT_ERR_UNSUPPORTED, "pipeline: --shard %s with --pipeline is not supported yet", sh->name);
+    dt_optim_config cfg;
+    DT_TRY(dt_train_optim_config(t, &cfg));
+    dt_shard_mode mode;
+    DT_TRY(dt_shard_parse(sh->name, &mode));
+    dt_model_opts mo;
+    dt_model_opts_default(&mo);
+    mo.recompute = t->recompute;
+    mo.act_dtype = pr->lp;
+    dt_model_mem *mm = &out->model;
+    DT_TRY(dt_model_plan_memory(t->model, &o->input, (int)b, &mo, mm));
+
+    dt_spec sp;
+    DT_TRY(dt_spec_parse(t->model, &sp));
+    dt_pp_cut cut = {0};
+    dt_pp_rider *ride = NULL;
+    dt_pp_list list = {0};
+    int nride = 0;
+    size_t *own = calloc((size_t)P, sizeof *own), *set = calloc((size_t)P, sizeof *set);
+    size_t *bch = calloc((size_t)W, sizeof *bch);
+    dt_status s = own && set && bch ? dt_spec_infer(&sp, &o->input) : dt_error(DT_ERR_NOMEM, "plan: out of memory");
+    if (s == DT_OK) s = dt_pp_cut_spec(&sp, P, t->stages, &cut);
+    if (s == DT_OK) s = dt_pp_riders(&cut, sp.layers, sp.n, &ride, &nride);
+    if (s == DT_OK) s = dt_model_plan_ranges(t->model, &o->input, (int)b, &mo, P, cut.layer_lo, own, set);
+    if (s == DT_OK) s = dt_pp_build(dt_pp_find(t->pipeline_schedule), P, 1, stage, (int)k, &list);
+    if (s != DT_OK) goto done;
+
+    /* the stage's arrays: its kept range, the riders' floats, its own parameters */
+    const int sharding = sh->optim_sharded || sh->grads_sharded;
+    size_t keep_lo, keep_hi, hp, hg, n = (size_t)mm->nparams;
+    dt_pp_keep(&cut, stage, dp, sharding, &keep_lo, &keep_hi);
+    dt_pp_rider_floats(ride, nride, stage, &hp, &hg);
+    const size_t keep = keep_hi - keep_lo, mine = cut.plo[stage + 1] - cut.plo[stage];
+    const size_t all = keep_hi > n ? keep_hi : n;   /* gathered: every stage's, and this one's padding */
+    int inputs, sets;
+    dt_pp_held(&list, &inputs, &sets);
+    if (t->recompute) sets = 1;   /* a backward runs its forward again */
+
+    /* activations: the model's fixed buffers (backward's, the head, the scratch, the
+     * arena), its layers' own, the stage's sets and the boundary tensors */
+    size_t own_all = 0;
+    for (int st = 0; st < P; st++) own_all += own[st];
+    const dt_layer *first = &sp.layers[cut.layer_lo[stage]], *last = &sp.layers[cut.layer_lo[stage + 1] - 1];
+    size_t bound = (stage > 0 ? (size_t)(inputs + 1) * (size_t)b * (size_t)first->in_numel * sizeof(float) : 0) +
+                   (stage < P - 1 ? (size_t)b * (size_t)last->out_numel * sizeof(float) : 0);
+    size_t lp = pr->copy_bytes ? (o->ops && dt_ops_gemm_lp_rounds(o->ops, pr->lp) ? mm->lp_scratch_rounding : mm->lp_scratch)
+                               : 0;
+    size_t acts = mm->bytes[DT_MEM_ACTS] + lp, a_start = acts, a_step = acts + bound, a_gather = acts + bound;
+    if (!t->recompute) {   /* (recomputation keeps every layer's buffers: its blocks share one arena) */
+        size_t fixed = acts - own_all, stage_acts = sets > 1 ? (size_t)sets * set[stage] : own[stage];
+        a_start = fixed + own_all + (sets > 1 ? stage_acts : 0);
+        a_step = fixed + stage_acts + bound;
+        a_gather = fixed + own_all - own[stage] + stage_acts + bound;
+    }
+    size_t *B = out->bytes;
+    size_t bufs = mm->nbuffers * sizeof(float);
+    size_t copy = pr->copy_bytes ? (keep + hp) * (size_t)pr->copy_bytes : 0;
+    size_t p_start = keep * (size_t)pr->master_bytes + bufs, p_step = p_start + hp * sizeof(float) + copy;
+    size_t p_gather = all * (size_t)pr->master_bytes + bufs + copy;
+    B[DT_MEM_PARAMS] = p_step > p_gather ? p_step : p_gather;
+    B[DT_MEM_GRADS] = (keep + hg) * (size_t)pr->grad_bytes + (size_t)dt_ddp_tree_arrays(k) * mine * sizeof(float);
+    B[DT_MEM_OPTIM] = (size_t)dt_optim_nstate_of(&cfg) * per_rank((int64_t)mine, pr->state_bytes, sh->optim_sharded, dp);
+    B[DT_MEM_ACTS] = a_start > a_step ? a_start : a_step;
+    if (a_gather > B[DT_MEM_ACTS]) B[DT_MEM_ACTS] = a_gather;
+    if (sh->grad_bucket) {
+        dt_ddp_opts d;
+        dt_ddp_opts_default(&d);
+        size_t bucket = t->bucket_mb > 0 ? (size_t)(t->bucket_mb * 1048576.0) : d.bucket_bytes;
+        B[DT_MEM_COMM] = bucket < mine * (size_t)pr->grad_bytes ? bucket : mine * (size_t)pr->grad_bytes;
+    }
+    size_t rings, one;
+    if ((s = dt_comm_shm_plan(W, &rings)) != DT_OK || (s = dt_comm_shm_ring(W, &one)) != DT_OK) goto done;
+    /* beyond the collectives' partners (halving/doubling on a power-of-two host: ranks
+     * whose XOR is a power of two), a ring for each direction of traffic with another
+     * rank: both to a neighbouring stage, one from a tied tensor's owner to its user.
+     * Stage s of replica 0 is rank s. */
+    for (int nb = stage - 1; (W & (W - 1)) == 0 && nb <= stage + 1; nb++) {
+        int x = nb ^ stage, apart = nb >= 0 && nb < P && (x & (x - 1)) != 0;
+        if (nb != stage && apart) rings += 2 * one;
+    }
+    for (int i = 0; (W & (W - 1)) == 0 && i < nride; i++) {
+        int peer = ride[i].owner == stage ? ride[i].user : ride[i].user == stage ? ride[i].owner : -1;
+        int x = peer ^ stage, d = peer - stage;
+        if (peer >= 0 && d != 1 && d != -1 && (x & (x - 1)) != 0) rings += one;
+    }
+    B[DT_MEM_COMM] += rings;
+    /* other: as the whole model's (every stage loads its replica's batch), and the norm's
+     * chunks that the stages' (or their shards') edges cut */
+    int64_t ss = dt_shape_numel(&o->input);
+    dt_train_batch_bytes step = dt_train_batch_size(k * b, ss, o->labels, 0, 0);
+    dt_train_batch_bytes eval = dt_train_batch_size(b, ss, o->labels, 0, 0);
+    int nbc = dt_pp_norm_edges(&cut, dp, dt_shard_mode_grads(mode), DT_SUM_CHUNK, bch);
+    size_t o_step = mm->bytes[DT_MEM_OTHER] + step.x + step.y + (size_t)S * mm->nrecord * sizeof(float) +
+                    (size_t)(k + 1) * sizeof(float) + (size_t)nbc * DT_SUM_CHUNK * sizeof(float);
+    size_t o_eval = t->eval ? eval.x + eval.y : 0;
+    B[DT_MEM_OTHER] = o_step + o_eval;
+    /* the moments */
+    const size_t comm = B[DT_MEM_COMM], g = B[DT_MEM_GRADS], opt = B[DT_MEM_OPTIM];
+    size_t m_start = p_start + keep * (size_t)pr->grad_bytes + a_start + rings + mm->bytes[DT_MEM_OTHER];
+    size_t m_step = p_step + g + opt + a_step + comm + o_step;
+    size_t m_eval = t->eval ? p_gather + g + opt + a_gather + comm + o_step + o_eval : 0;
+    size_t m_end = p_gather + g + a_gather + comm + o_step;
+    out->total = m_step;
+    if (m_start > out->total) out->total = m_start;
+    if (m_eval > out->total) out->total = m_eval;
+    if (m_end > out->total) out->total = m_end;
+    size_t sum = 0;
+    for (int c = 0; c < DT_MEM_NCAT; c++) sum += B[c];
+    out->shared = sum - out->total;   /* the categories' peaks come at different moments */
+    out->step_total = m_step;
+    out->nparams = mm->nparams;
+    out->micro_batches = S;
+    out->local_micro = k;
+    out->micro_size = b;
+    out->stages = P;
+    out->stage = stage;
+    out->replicas = dp;
+    out->mod_lo = cut.mod_lo[stage];
+    out->mod_hi = cut.mod_lo[stage + 1];
+    out->stage_params = (int64_t)mine;
+    out->in_flight = sets;
+    out->inputs = stage > 0 ? inputs : 0;
+done:
+    dt_pp_list_free(&list);
+    dt_pp_cut_free(&cut);
+    free(ride);
+    free(own);
+    free(set);
+    free(bch);
+    dt_spec_free(&sp);
+    return s;
+}
+
+dt_status dt_plan_run_stage(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr, int stage,
+                            dt_plan_estimate *out) {
+    if (o->train->pipeline <= 1) {
+        if (stage != 0) return dt_error(DT_ERR_INVALID, "plan: stage %d without a pipeline", stage);
+        return plan_whole(o, sh, pr, out);
+    }
+    return plan_stage(o, sh, pr, stage, out);
+}
+
+dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
+                      dt_plan_estimate *out) {
+    if (o->train->pipeline <= 1) return plan_whole(o, sh, pr, out);
+    /* the verdict is per rank: the stage that needs the most decides */
+    for (int st = 0; st < o->train->pipeline; st++) {
+        dt_plan_estimate e;
+        DT_TRY(plan_stage(o, sh, pr, st, &e));
+        if (st == 0 || e.total > out->total) *out = e;
+    }
     return DT_OK;
 }
 

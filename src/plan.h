@@ -26,6 +26,18 @@
  *                 the weights (gathered in 2 bytes when sharded); gradients and
  *                 activations as fp32
  * The accumulation tree (k > 1 micro-batches per rank) is assumed whole in every mode.
+ *
+ * A pipeline (--pipeline P: W / P replicas x P stages, train_pipe.c) is planned stage by
+ * stage, from the trainer's own cut (pipeline.h dt_pp_cut_spec) and its schedule's lists:
+ * a stage's rank holds its range's parameters and gradients (padded to whole shards when
+ * sharded over its replicas), the tied tensors it reads or relays, its range's
+ * accumulation tree, its optimizer state (sharded over the replicas), the activations of
+ * the micro-batches its list keeps in flight (dt_pp_held; with --recompute the model's
+ * buffers as they are, its arena shared), its boundary tensors, the step's batch and the
+ * chunks of the norm that the stages' edges cut. Evaluation and the end of the run gather
+ * every stage's parameters onto every rank and take every layer's buffers again, and the
+ * start holds every layer's buffers beside the stage's activation sets for a moment: the
+ * total is the most of those moments, each category its own peak.
  */
 #ifndef DT_PLAN_H
 #define DT_PLAN_H
@@ -92,12 +104,23 @@ typedef struct {
     int64_t nparams;
     int64_t micro_batches, local_micro, micro_size;   /* S, k = S/W, b = B/S */
     dt_model_mem model;          /* the model's part (its activations at micro-batch b) */
+    /* a pipeline (stages > 1): this estimate is stage `stage`'s rank */
+    int     stages, stage, replicas;
+    int     mod_lo, mod_hi;      /* its top-level modules [mod_lo, mod_hi) */
+    int64_t stage_params;        /* its parameters */
+    int     in_flight, inputs;   /* micro-batches whose activations it keeps, whose inputs it holds */
+    size_t  step_total;          /* the training step's total (total: the most of every moment) */
 } dt_plan_estimate;
 
 /* The estimate for one shard mode and precision; DT_ERR_INVALID names the option
- * (micro_batches, batch, optim, model) that cannot be run on world ranks. */
+ * (micro_batches, batch, optim, model) that cannot be run on world ranks. With a
+ * pipeline, the rank that needs the most (the largest stage), or with the trainer's
+ * refusal (dt_train_pipe_check, the cut: DT_ERR_INVALID or DT_ERR_UNSUPPORTED). */
 dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
                       dt_plan_estimate *out);
+/* A pipeline's stage `stage` (0 .. --pipeline - 1): the estimate of its ranks. */
+dt_status dt_plan_run_stage(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr, int stage,
+                            dt_plan_estimate *out);
 
 /* The memory wall: the fewest ranks (world, 2 world, 4 world, ... up to max_world)
  * and then the least sharding (in row order) at precision pr with which a rank

@@ -150,7 +150,8 @@ void dt_shard_free(dt_shard *s) {
 }
 
 dt_shard_mode dt_shard_mode_of(const dt_shard *s) { return s->mode; }
-int           dt_shard_ddp_reduces(const dt_shard *s) { return !dt_shard_modes_[s->mode].grads; }
+int           dt_shard_mode_grads(dt_shard_mode m) { return (int)m >= 0 && m < DT_SHARD_COUNT && dt_shard_modes_[m].grads; }
+int           dt_shard_ddp_reduces(const dt_shard *s) { return !dt_shard_mode_grads(s->mode); }
 int           dt_shard_state_sharded(const dt_shard *s) { return distributed(s); }
 int           dt_shard_params_sharded(const dt_shard *s) { return params_sharded(s); }
 

@@ -72,6 +72,8 @@ DT_API const char *dt_shard_name (dt_shard_mode m);         /* "none", "optim", 
 /* DT_ERR_INVALID "shard: expected none, optim, grads or params, got 'X'" (the names
  * from the modes' rows, shard.c). */
 DT_API dt_status   dt_shard_parse(const char *s, dt_shard_mode *out);
+/* Whether a mode reduce-scatters the gradients (grads, params) instead of DDP's sum. */
+DT_API int         dt_shard_mode_grads(dt_shard_mode m);
 
 /* params: when backward gathers the unit before the one it runs (FSDP's backward_prefetch).
  *   pre   with the current unit, before its backward: the gather overlaps that backward;

@@ -704,19 +704,20 @@ static dt_status validate(trainer *t, double *loss, double *acc) {
     return s != DT_OK ? s : fs;
 }
 
-/* dtrain plan's estimate of a rank's peak accounted memory for this very run (its shard
- * mode, precision, world and data), for the report's memory chart; 0 where it does not
- * plan (pipelines) or cannot. */
+/* dtrain plan's estimate of this rank's peak accounted memory for this very run (its
+ * shard mode, precision, world and data; in a pipeline its own stage's: rank 0, which
+ * emits it, is stage 0, and the report's memory chart holds it to rank 0's peak); 0
+ * where it cannot plan. */
 static double planned_bytes(const trainer *t, const dt_dataset_info *info) {
     const dt_train_opts *o = t->o;
     const dt_plan_shard *sh = dt_plan_shard_find(o->shard ? o->shard : "none");
     const dt_plan_precision *pr = dt_plan_precision_find(o->precision ? o->precision : "fp32");
-    if (t->pp > 1 || !sh || !pr) return 0.0;
+    if (!sh || !pr) return 0.0;
     dt_plan_opts po = {.train = o, .world = t->world, .labels = info->label_width, .ops = t->ops};
     po.input.ndim = info->ndim;
     for (int i = 0; i < info->ndim; i++) po.input.d[i] = info->shape[i];
     dt_plan_estimate e;
-    if (dt_plan_run(&po, sh, pr, &e) != DT_OK) {
+    if (dt_plan_run_stage(&po, sh, pr, t->pp > 1 ? t->stage : 0, &e) != DT_OK) {
         dt_error_clear();
         return 0.0;
     }

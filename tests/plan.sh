@@ -7,7 +7,10 @@
 # the estimate is within 10% of the measured peak, in total and per category; the
 # per-rank memory shows in --rank-stats and the metrics file; the walls are named
 # (fits, the memory wall with the sharding and ranks that get past it, the compute
-# wall); bad flags exit 2 with one line naming the flag.
+# wall); pipelines (mlp and the gpt's tied embedding, 1f1b and gpipe, 2 stages on 2
+# processes and 2 x 2 on 4, with and without --recompute, --shard optim|grads): every
+# rank's peak against its stage's plan; bad flags exit 2 with one line naming the flag,
+# a pipeline the trainer refuses with the trainer's message.
 . "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
 D="$DT_BUILDDIR/dtrain"; R="$DT_BUILDDIR/dtrun"
 [ -x "$D" ] && [ -x "$R" ] || skip_all "dtrain or dtrun not built"
@@ -82,6 +85,93 @@ compare mlp-4-params 4 mlp $S "$E" --batch 64 --shard params
 compare gpt-4-params 4 "$G4" "tokens:$T/tok" "$GT" --batch 8 --shard params --no-eval
 ONLY=
 
+# pipelines: every rank's measured peak against its stage's plan (the stage_bytes of
+# --json), per category (replica 0, which holds the largest shard of its stage) and in
+# total (every rank); the plan's row is the largest stage's, against the
+# largest rank. The start (every layer's buffers beside the stage's activation sets),
+# the step, evaluation and the end (every stage's parameters gathered) are its moments.
+# rank_peak FILE RANK CAT, stage_plan FILE STAGE CAT
+rank_peak() { sed -n "s/.*\"event\":\"memory\",\"step\":[0-9]*,\"rank\":$2,.*\"mem_peak_bytes\":{[^}]*\"$3\":\([0-9]*\).*/\1/p" "$1" | tail -1; }
+stage_plan() { sed -n "s/.*{\"stage\":$2,[^}]*\"$3\":\([0-9]*\).*/\1/p" "$1" | head -1; }
+# compare_pipe NAME NP P MODEL DATA "TRAIN-ONLY FLAGS" SHARED FLAGS...
+compare_pipe() {
+    name=$1 np=$2 pp=$3 model=$4 data=$5 only=$6
+    shift 6
+    timeout 300 "$R" -n "$np" "$D" train --model "$model" --data "$data" --pipeline "$pp" $only "$@" --threads 1 \
+        --quiet --metrics "$T/$name.jsonl" > "$T/$name.out" 2>&1
+    ok $? "$name: trains on $np processes, $pp stages"
+    input="--data $data"; case $data in tokens:*) input="" ;; esac
+    "$D" plan --model "$model" --np "$np" $input --pipeline "$pp" --shard none --precision fp32 "$@" --json \
+        > "$T/$name.plan" 2>&1
+    ok $? "$name: dtrain plan"
+    bad="" most=0 seen=""
+    r=0
+    while [ $r -lt "$np" ]; do
+        st=$((r % pp))
+        total=$(rank_peak "$T/$name.jsonl" $r total)
+        # every category on replica 0, whose shard of the stage is the largest (the plan's);
+        # the total on every rank
+        cats=total; [ $r -lt "$pp" ] && cats=$CATS
+        for c in $cats; do
+            within "$c" "$(rank_peak "$T/$name.jsonl" $r "$c")" "$(stage_plan "$T/$name.plan" $st "$c")" "$total" ||
+                bad="$bad rank$r:$c"
+        done
+        [ -n "$total" ] && [ "$total" -gt "$most" ] && most=$total
+        seen="$seen $r:$(stage_plan "$T/$name.plan" $st total)/${total:-?}"
+        r=$((r + 1))
+    done
+    [ -z "$bad" ] && [ "$most" -gt 0 ]
+    ok $? "$name: each rank's peak is within 10% of its stage's plan (planned/measured:$seen)${bad:+; off:$bad}"
+    within total "$most" "$(plan_bytes "$T/$name.plan" total)" "$most"
+    ok $? "$name: the plan's row is the largest rank's ($(plan_bytes "$T/$name.plan" total) planned, $most measured)"
+}
+compare_pipe mlp-p2-1f1b 2 2 mlp $S "$E" --batch 64 --micro-batches 4
+compare_pipe mlp-p2-gpipe 2 2 mlp $S "$E" --batch 64 --micro-batches 4 --pipeline-schedule gpipe
+compare_pipe mlp-2x2-gpipe 4 2 mlp $S "$E" --batch 64 --micro-batches 8 --pipeline-schedule gpipe --no-eval
+compare_pipe gpt-p2-1f1b 2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4
+compare_pipe gpt-p2-gpipe 2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4 --pipeline-schedule gpipe
+compare_pipe gpt-p2-re 2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4 --recompute
+compare_pipe gpt-p2-gpipe-re 2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4 --pipeline-schedule gpipe \
+    --recompute --no-eval
+compare_pipe gpt-2x2-optim 4 2 "$G4" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4 --shard optim
+compare_pipe gpt-2x2-grads-gpipe 4 2 "$G4" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 8 --shard grads \
+    --pipeline-schedule gpipe --no-eval
+compare_pipe gpt-p4-1f1b 4 4 "$G4" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 8 --stages 0-2,3-5,6-8,9-11
+# the table: a row per stage, the largest named; the start event's plan is rank 0's stage's
+"$D" plan --model "$G" --np 2 --batch 8 --micro-batches 4 --pipeline 2 --shard none --precision fp32 > "$T/p1" 2>&1
+ok $? "plan --pipeline 2: the table"
+ok_grep "$T/p1" "^  pipeline: 2 stages x 1 replica, schedule 1f1b, 4 micro-batches per replica" "... names the layout"
+ok_grep "$T/p1" "^  0 +0-[0-9]+ +[0-9,]+ +2 .*<- the largest" "... stage 0 keeps 2 micro-batches in flight, the largest"
+ok_grep "$T/p1" "^  1 +[0-9]+-[0-9]+ +[0-9,]+ +1 " "... stage 1 keeps 1"
+p0=$(stage_plan "$T/gpt-p2-1f1b.plan" 0 total)
+grep -q "\"event\":\"start\".*\"plan_bytes\":${p0:-x}[,}]" "$T/gpt-p2-1f1b.jsonl"
+ok $? "the start event's plan_bytes is stage 0's estimate (${p0:-?})"
+# bad flags exit 2 with one line naming the flag; what the trainer refuses, with its message
+bad() {   # bad WHAT PATTERN flags...
+    what=$1 pat=$2; shift 2
+    "$D" plan "$@" > "$T/bad" 2>&1
+    rc=$?
+    [ $rc -eq 2 ]; ok $? "$what exits 2 (got $rc)"
+    ok_grep "$T/bad" "$pat" "... saying: $pat"
+}
+bad "plan --pipeline: a world that is no multiple of the stages" \
+    "pipeline: 3 processes cannot hold whole pipelines of 2 stages" --model mlp --np 3 --pipeline 2 --micro-batches 6
+bad "plan --pipeline: more stages than modules with parameters" \
+    "pipeline: the model has 3 modules with parameters, fewer than the 4 stages" --model mlp --np 4 --pipeline 4 \
+    --micro-batches 4
+bad "plan --pipeline: fewer micro-batches than stages" "pipeline: 1 micro-batches per replica cannot fill 2 stages" \
+    --model mlp --np 4 --pipeline 2 --micro-batches 2
+bad "plan --pipeline: --shard params" "pipeline: --shard params with --pipeline is not supported yet" \
+    --model mlp --np 2 --pipeline 2 --shard params
+bad "plan --pipeline: the interleaved schedule" "pipeline: the interleaved schedule is not run by the trainer yet" \
+    --model mlp --np 2 --pipeline 2 --pipeline-schedule interleaved
+bad "plan --pipeline: an unknown schedule" "pipeline.schedule: expected .*, got 'zigzag'" \
+    --model mlp --np 2 --pipeline 2 --pipeline-schedule zigzag
+bad "plan --pipeline: a bad --stages" "stages: " --model mlp --np 2 --pipeline 2 --stages 0-1,3-5
+timeout 60 "$R" -n 2 "$D" train --model mlp --data $S --epochs 1 --batch 64 --pipeline 2 --pipeline-schedule interleaved \
+    --threads 1 --quiet > "$T/tr" 2>&1
+ok_grep "$T/tr" "pipeline: the interleaved schedule is not run by the trainer yet" "... the trainer's message, the same"
+
 # per-rank memory in --rank-stats and the metrics file; the end-of-run lines
 timeout 120 "$R" -n 2 "$D" train --model mlp --data $S --epochs 1 --batch 64 --threads 1 --rank-stats 4 \
     --metrics "$T/rs.jsonl" > "$T/rs.out" 2>&1
@@ -148,14 +238,7 @@ ok_grep "$T/f4" "^  --recompute --shard optim --np 16 .*<- the first to try" \
 "$D" plan --model "$BIG" --np 2 --batch 16 --micro-batches 16 --device-mem 16 --precision bf16 --shard none > "$T/f3" 2>&1
 ok_grep "$T/f3" "^  .*--np [0-9]+ +[0-9.]+ GiB" "a model too large for 2 ranks: more ranks are listed"
 
-# bad flags: exit 2, one line naming the flag
-bad() {   # bad WHAT PATTERN flags...
-    what=$1 pat=$2; shift 2
-    "$D" plan "$@" > "$T/bad" 2>&1
-    rc=$?
-    [ $rc -eq 2 ]; ok $? "$what exits 2 (got $rc)"
-    ok_grep "$T/bad" "$pat" "... saying: $pat"
-}
+# bad flags: exit 2, one line naming the flag (bad: above)
 bad "no --model" "--model: required" --np 2
 bad "--np 0" "--np: " --model mlp --np 0
 bad "--np x" "--np: " --model mlp --np x

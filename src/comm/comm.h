@@ -118,6 +118,10 @@ DT_API double      dt_comm_timeout   (const dt_comm *c);
  * log2(local) of them on a power-of-two host (halving/doubling pairs), at most the
  * budget's worth otherwise. For planning; 0 for one rank or DT_SHM=0. */
 DT_API dt_status   dt_comm_shm_plan  (int local, size_t *bytes);
+/* The bytes of one such ring with its control block: what a rank maps beyond the plan's
+ * for each direction of traffic with a rank that is not a partner of the collectives
+ * (a pipeline's neighbour). 0 for one rank or DT_SHM=0. */
+DT_API dt_status   dt_comm_shm_ring  (int local, size_t *bytes);
 
 /* Ranks with the same color form a new communicator, ordered by (key, old rank).
  * color < 0: this rank joins none and *out = NULL. Collective over c. */

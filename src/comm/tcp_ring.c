@@ -133,6 +133,15 @@ dt_status dt_comm_shm_plan(int local, size_t *bytes) {
     return DT_OK;
 }
 
+dt_status dt_comm_shm_ring(int local, size_t *bytes) {
+    *bytes = 0;
+    if (!shm_wanted(local)) return DT_OK;
+    size_t ring, budget, partners;
+    DT_TRY(ring_sizing(local, &ring, &budget, &partners));
+    *bytes = ring + DT_SHM_CTRL_BYTES;
+    return DT_OK;
+}
+
 dt_status tcp_ring_setup(tcp_world *w, int local, int first_local) {
     if (first_local) dt_shm_sweep();
     w->shm = shm_wanted(local);

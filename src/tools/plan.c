@@ -24,6 +24,7 @@ static const char usage_plan[] =
     "usage: dtrain plan --model SPEC --np N [--precision fp32|bf16|fp16] [--shard none|optim|grads|params]\n"
     "                   [--batch B] [--micro-batches S] [--recompute] [--device-mem GB] [--optim NAME]\n"
     "                   [--backward-prefetch pre|post] [--input C,H,W | --data SPEC] [--no-eval] [--json]\n"
+    "                   [--pipeline P [--pipeline-schedule 1f1b|gpipe] [--stages auto|A-B,C-D,...]]\n"
     "\n"
     "Prints the memory one rank holds when N processes train SPEC (`dtrain train`'s\n"
     "flags mean the same here), split into parameters, gradients, optimizer state,\n"
@@ -48,16 +49,23 @@ static const char usage_plan[] =
     "                        (dtrain train --help)  [pre]\n"
     "  --input C,H,W | F     the per-sample input  [a token model's window, else 1,28,28]\n"
     "  --data SPEC           take the input shape from a data set instead\n"
-    "  --no-eval             no evaluation buffers (as dtrain train --no-eval)\n"
+    "  --no-eval             no evaluation buffers (as dtrain train --no-eval)\n"    "  --pipeline P          P pipeline stages: N/P replicas x P stages, each stage's rank\n"
+    "                        planned (its modules, the micro-batches its schedule keeps in\n"
+    "                        flight); the verdict is the largest stage's  [1]\n"
+    "  --pipeline-schedule S 1f1b or gpipe, as dtrain train  [1f1b]\n"
+    "  --stages auto|A-B,... the stages' top-level modules, as dtrain train  [auto]\n"
     "  --json                one JSON line per row, in bytes\n"
     "Estimates follow the code that allocates (model, optimizer, DDP, trainer), so for\n"
-    "--shard none in fp32 they are what `dtrain train --metrics` reports as the peak.\n"
+    "--shard none in fp32 they are what `dtrain train --metrics` reports as the peak\n"
+    "(with --pipeline, each stage's rank's; the total is the most held at one moment:\n"
+    "the step, or evaluation and the end, which gather every stage's parameters).\n"
     "The other modes and precisions follow their specification (see README).\n";
 
 typedef struct {
     const dt_plan_shard     *sh;
     const dt_plan_precision *pr;
-    dt_plan_estimate         e;
+    dt_plan_estimate         e;    /* with --pipeline, the largest stage's */
+    dt_plan_estimate        *st;   /* with --pipeline, every stage's (e.stages) */
     int                      fits;
     char                     wall[160];
 } plan_row;
@@ -88,9 +96,45 @@ static void print_json(const dt_plan_opts *o, const plan_row *r, size_t capacity
            r->sh->name, r->pr->name, o->world, (long long)r->e.micro_batches, (long long)r->e.micro_size,
            (long long)r->e.nparams, capacity);
     for (int c = 0; c < DT_MEM_NCAT; c++) printf("%s\"%s\":%zu", c ? "," : "", dt_mem_cat_name(c), r->e.bytes[c]);
-    printf(",\"total\":%zu},\"shared\":%zu,\"blocks\":%d,\"block_acts\":%zu,\"arena\":%zu,\"fits\":%s,\"wall\":\"%s\"}\n",
+    printf(",\"total\":%zu},\"shared\":%zu,\"blocks\":%d,\"block_acts\":%zu,\"arena\":%zu,\"fits\":%s,\"wall\":\"%s\"",
            r->e.total, r->e.shared, r->e.model.nblocks, r->e.model.block_acts, r->e.model.arena, r->fits ? "true" : "false",
            r->wall);
+    if (r->e.stages > 1) {   /* every stage's rank; the row's bytes are the largest's */
+        printf(",\"pipeline\":{\"stages\":%d,\"replicas\":%d,\"schedule\":\"%s\",\"largest\":%d,\"stage_bytes\":[",
+               r->e.stages, r->e.replicas, o->train->pipeline_schedule, r->e.stage);
+        for (int st = 0; st < r->e.stages; st++) {
+            const dt_plan_estimate *e = &r->st[st];
+            printf("%s{\"stage\":%d,\"modules\":\"%d-%d\",\"nparams\":%lld,\"in_flight\":%d,", st ? "," : "", st,
+                   e->mod_lo, e->mod_hi - 1, (long long)e->stage_params, e->in_flight);
+            for (int c = 0; c < DT_MEM_NCAT; c++) printf("\"%s\":%zu,", dt_mem_cat_name(c), e->bytes[c]);
+            printf("\"total\":%zu,\"step_total\":%zu}", e->total, e->step_total);
+        }
+        printf("]}");
+    }
+    printf("}\n");
+}
+
+static void commas(int64_t v, char *out, size_t n);
+
+/* A pipeline: each stage's rank, for the configuration asked for (the first row). */
+static void print_stages(const plan_row *r, double unit, const char *uname) {
+    printf("  (a pipeline: each row is its largest stage's rank; the total is the most held at one moment, the\n"
+           "  categories' peaks come at different ones: evaluation and the end gather every stage's parameters)\n");
+    printf("\nper stage (--shard %s --precision %s), %s:\n  %-5s %-8s %11s %9s", r->sh->name, r->pr->name, uname, "stage",
+           "modules", "parameters", "in flight");
+    for (int c = 0; c <= DT_MEM_TOTAL; c++) printf(" %9s", dt_mem_cat_name(c));
+    printf(" %9s\n", "step");
+    for (int st = 0; st < r->e.stages; st++) {
+        const dt_plan_estimate *e = &r->st[st];
+        char mods[24], np[32];
+        snprintf(mods, sizeof mods, "%d-%d", e->mod_lo, e->mod_hi - 1);
+        commas(e->stage_params, np, sizeof np);
+        printf("  %-5d %-8s %11s %9d", st, mods, np, e->in_flight);
+        for (int c = 0; c < DT_MEM_NCAT; c++) printf(" %9.2f", (double)e->bytes[c] / unit);
+        printf(" %9.2f %9.2f%s\n", (double)e->total / unit, (double)e->step_total / unit,
+               st == r->e.stage ? "  <- the largest" : "");
+    }
+    printf("  (in flight: the micro-batches whose activations the stage keeps; step: the training step's total)\n");
 }
 
 /* "1,234,567" */
@@ -118,9 +162,13 @@ static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size
     dt_optim_config cfg;
     int nstate = dt_train_optim_config(t, &cfg) == DT_OK ? dt_optim_nstate_of(&cfg) : 0;
     printf("dtrain plan: %s, %s parameters, %d rank%s\n", t->model, np, o->world, o->world == 1 ? "" : "s");
-    printf("  global batch %lld%s in %lld micro-batch%s of %lld (%lld per rank), %s (%d state array%s), "
+    if (e->stages > 1)
+        printf("  pipeline: %d stages x %d replica%s, schedule %s, %lld micro-batches per replica\n", e->stages,
+               e->replicas, e->replicas == 1 ? "" : "s", t->pipeline_schedule, (long long)e->local_micro);
+    printf("  global batch %lld%s in %lld micro-batch%s of %lld (%lld per %s), %s (%d state array%s), "
            "recompute %s\n", (long long)t->batch, batch_note, (long long)e->micro_batches,
-           e->micro_batches == 1 ? "" : "es", (long long)e->micro_size, (long long)e->local_micro, t->optim, nstate,
+           e->micro_batches == 1 ? "" : "es", (long long)e->micro_size, (long long)e->local_micro,
+           e->stages > 1 ? "replica" : "rank", t->optim, nstate,
            nstate == 1 ? "" : "s", t->recompute ? "on" : "off");
     const dt_model_mem *mm = &e->model;
     if (mm->nblocks > 0 && !t->recompute)
@@ -140,12 +188,13 @@ static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size
         for (int c = 0; c < DT_MEM_NCAT; c++) printf(" %9.2f", (double)r->e.bytes[c] / unit);
         printf(" %9.2f  %s\n", (double)r->e.total / unit, r->wall);
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n && e->stages <= 1; i++)
         if (rows[i].e.shared) {
             printf("  (params: the pool's slots count under params, and under grads while they hold gradients;\n"
                    "  the total counts them once)\n");
             break;
         }
+    if (e->stages > 1) print_stages(&rows[0], unit, uname);
 }
 
 /* ---- what fits: the changes a user would try, in order ------------------------------
@@ -280,6 +329,13 @@ static dt_status plan_flag(int argc, char **argv, int *i, dt_train_opts *t, unsi
     return s;
 }
 
+/* A failure of the plan: what the trainer would refuse (DT_ERR_UNSUPPORTED: a pipeline it
+ * does not run yet) and a data set that cannot be read are bad input, exit 2. */
+static int plan_fail(plan_row *rows, int n, dt_status s) {
+    for (int i = 0; i < n; i++) free(rows[i].st);
+    return dt_tool_fail(s == DT_ERR_IO || s == DT_ERR_UNSUPPORTED ? DT_ERR_INVALID : s);
+}
+
 int dtrain_plan_main(int argc, char **argv) {
     int nrows;
     const dt_opt_row *opt_rows = dt_train_options(&nrows);
@@ -358,20 +414,29 @@ int dtrain_plan_main(int argc, char **argv) {
             if ((p < 0) != (q < 0)) continue;                    /* the first row, once */
             if (p >= 0 && pr == first_pr && sh == first_sh) continue;
             if ((pr1 && pr != pr1) || (sh1 && sh != sh1)) continue;
+            if (t.pipeline > 1 && sh->params_sharded && !sh1) continue;   /* refused with a pipeline */
             plan_row *r = &rows[n];
             memset(r, 0, sizeof *r);
             r->sh = sh;
             r->pr = pr;
-            if ((s = dt_plan_run(&o, sh, pr, &r->e)) != DT_OK) return dt_tool_fail(s == DT_ERR_IO ? DT_ERR_INVALID : s);
+            /* input the trainer refuses (a pipeline it cannot run included) is bad input here */
+            if ((s = dt_plan_run(&o, sh, pr, &r->e)) != DT_OK) return plan_fail(rows, n, s);
+            if (t.pipeline > 1) {   /* every stage's rank, for the table and --json */
+                if (!(r->st = calloc((size_t)t.pipeline, sizeof *r->st)))
+                    return plan_fail(rows, n, dt_error(DT_ERR_NOMEM, "out of memory"));
+                for (int st = 0; st < t.pipeline; st++)
+                    if ((s = dt_plan_run_stage(&o, sh, pr, st, &r->st[st])) != DT_OK) return plan_fail(rows, n + 1, s);
+            }
             row_wall(&o, r, capacity);
             n++;
         }
     }
     if (json) {
         for (int i = 0; i < n; i++) print_json(&o, &rows[i], capacity);
-        return 0;
+    } else {
+        print_table(&o, rows, n, capacity, cap_note, batch_note);
+        print_verdict(&o, &rows[0], capacity);
     }
-    print_table(&o, rows, n, capacity, cap_note, batch_note);
-    print_verdict(&o, &rows[0], capacity);
+    for (int i = 0; i < n; i++) free(rows[i].st);
     return 0;
 }
