@@ -108,6 +108,18 @@ for o in reverse shuffle; do
     grep -q '^not ok 1 - k_racy' "$TMP/st-$o.out" && grep -q '^ok 2 - k_shift' "$TMP/st-$o.out"
     ok $? "DT_GPU_EMU_ORDER=$o catches it (and passes the kernel with the barrier)"
 done
+# a device-synchronising call while another thread has NCCL work in flight (the planted
+# bug of each call), and the same once that work ran
+for c in cudaFree cudaFreeHost cudaMalloc cuMemUnmap; do
+    rc=$( (cd "$TMP" && TMPDIR="$TMP" timeout 120 ./selftest hazard $c > "st-hz$c.out" 2> "st-hz$c.err"; echo $?) 2> /dev/null)
+    [ "$rc" != 0 ] && grep -q "gpu_emu: $c on host thread [0-9]* while host thread [0-9]* has NCCL work in flight (ncclAllReduce" "$TMP/st-hz$c.err" &&
+        grep -q '^ok 1 - cudaFree with this thread' "$TMP/st-hz$c.out"
+    ok $? "$c while another thread has an NCCL all-reduce queued stops the emulation, naming both"
+    [ "$rc" != 0 ] || tail -3 "$TMP/st-hz$c.out" | sed 's/^/#   /'
+done
+(cd "$TMP" && TMPDIR="$TMP" timeout 120 ./selftest hazard none > st-hznone.out 2>&1)
+[ $? -eq 0 ] && grep -q '^ok 2 - cudaFree once the other' "$TMP/st-hznone.out"
+ok $? "... and passes once that work ran"
 (cd "$TMP" && DT_GPU_EMU_ORDER=sideways timeout 120 ./selftest order > st-bad.out 2>&1)
 [ $? -eq 2 ] && grep -q "DT_GPU_EMU_ORDER='sideways': expected natural, reverse or shuffle" "$TMP/st-bad.out"
 ok $? "DT_GPU_EMU_ORDER=sideways is refused (exit 2), naming it"

@@ -78,6 +78,7 @@ typedef struct {
     size_t        stage_cap;
     void         *dtmp;         /* device scratch of the deterministic all_reduce */
     size_t        dtmp_cap;
+    int           gated;        /* this call is between dt_cuda_collective_begin and _end */
 } nccl_state;
 
 /* ---- errors ------------------------------------------------------------------------ */
@@ -298,6 +299,10 @@ static dt_status begin(dt_comm *c, const dt_call *call, const void *send, const 
     if (call->kind == DT_CALL_P2P && *host) return DT_OK;
     DT_TRY(preflight(st, call, *host));
     if (*host) return DT_OK;
+    /* NCCL work from here until the call returns (ungate): the CUDA backend makes no
+     * device-synchronising call on another thread meanwhile (dt_cuda.h) */
+    dt_cuda_collective_begin();
+    st->gated = 1;
     if (c->op_token) {   /* an async call: the compute stream as it stood when the call was queued */
         cudaError_t e = cudaStreamWaitEvent(st->stream, (cudaEvent_t)c->op_token, 0);
         return e == cudaSuccess ? DT_OK : cuda_fail(st, e, "cudaStreamWaitEvent", call);
@@ -466,7 +471,7 @@ static dt_status tree_allreduce(dt_comm *c, nccl_state *st, const dt_call *call,
 
 /* ---- collectives ------------------------------------------------------------------------ */
 
-static dt_status nccl_allreduce(dt_comm *c, const dt_call *call, const void *send, void *recv) {
+static dt_status nccl_allreduce_(dt_comm *c, const dt_call *call, const void *send, void *recv) {
     nccl_state *st;
     int host;
     DT_TRY(begin(c, call, send, recv, &st, &host));
@@ -478,7 +483,7 @@ static dt_status nccl_allreduce(dt_comm *c, const dt_call *call, const void *sen
                   "ncclAllReduce", call);
 }
 
-static dt_status nccl_broadcast(dt_comm *c, const dt_call *call, const void *send, void *buf) {
+static dt_status nccl_broadcast_(dt_comm *c, const dt_call *call, const void *send, void *buf) {
     (void)send;   /* the root's data is in buf */
     nccl_state *st;
     int host;
@@ -490,7 +495,7 @@ static dt_status nccl_broadcast(dt_comm *c, const dt_call *call, const void *sen
 
 /* NCCL's in-place all_gather wants send == recv + rank*count; comm.h also allows
  * send == recv (this rank's block at the start) and any disjoint send. */
-static dt_status nccl_allgather(dt_comm *c, const dt_call *call, const void *send, void *recv) {
+static dt_status nccl_allgather_(dt_comm *c, const dt_call *call, const void *send, void *recv) {
     nccl_state *st;
     if (call->kind == DT_CALL_SPLIT) {   /* comm.c's agreement on the groups: host memory */
         st = c->priv;
@@ -514,7 +519,7 @@ static dt_status nccl_allgather(dt_comm *c, const dt_call *call, const void *sen
 
 /* NCCL's in-place reduce_scatter wants recv == send + rank*count; for send == recv the
  * result is computed there, then moved to the start. */
-static dt_status nccl_reduce_scatter(dt_comm *c, const dt_call *call, const void *send, void *recv) {
+static dt_status nccl_reduce_scatter_(dt_comm *c, const dt_call *call, const void *send, void *recv) {
     nccl_state *st;
     int host;
     DT_TRY(begin(c, call, send, recv, &st, &host));
@@ -533,7 +538,7 @@ static dt_status nccl_reduce_scatter(dt_comm *c, const dt_call *call, const void
     return DT_OK;
 }
 
-static dt_status nccl_reduce(dt_comm *c, const dt_call *call, const void *send, void *recv) {
+static dt_status nccl_reduce_(dt_comm *c, const dt_call *call, const void *send, void *recv) {
     nccl_state *st;
     int host;
     DT_TRY(begin(c, call, send, recv, &st, &host));
@@ -562,8 +567,6 @@ static dt_status p2p(dt_comm *c, const dt_call *call, void *buf) {
     return wait_stream(st, call, deadline);
 }
 
-static dt_status nccl_send(dt_comm *c, const dt_call *call, const void *buf) { return p2p(c, call, (void *)buf); }
-static dt_status nccl_recv(dt_comm *c, const dt_call *call, void *buf) { return p2p(c, call, buf); }
 
 /* ---- set-up and tear-down ---------------------------------------------------------------- */
 
@@ -723,7 +726,7 @@ static dt_status nccl_init(dt_comm *c, const dt_comm_opts *opts) {
     return s;
 }
 
-static dt_status nccl_split(dt_comm *parent, const dt_call *call, int color, int key, dt_comm *child) {
+static dt_status nccl_split_(dt_comm *parent, const dt_call *call, int color, int key, dt_comm *child) {
     nccl_state *pst;
     int host;
     DT_TRY(begin(parent, call, NULL, NULL, &pst, &host));
@@ -739,8 +742,9 @@ static dt_status nccl_split(dt_comm *parent, const dt_call *call, int color, int
         if (child) dt_backend_tcp.split_destroy(child);
         return nccl_fail(pst, r, "ncclCommSplit", call);
     }
-    /* a non-blocking split reports its progress on the new communicator */
-    if (!child) return settle(pst, ncclSuccess, "ncclCommSplit", call, deadline);
+    /* a non-blocking split may leave the parent in progress as well as the new
+     * communicator: both are polled to the end before either is used again */
+    if (!child) return settle(pst, r, "ncclCommSplit", call, deadline);
     void *tcp = child->priv;
     nccl_state *st = NULL;
     if ((s = state_new(child, &st)) != DT_OK) {
@@ -751,7 +755,8 @@ static dt_status nccl_split(dt_comm *parent, const dt_call *call, int color, int
     st->tcp = tcp;
     st->nc = nc;
     child->priv = st;
-    return settle(st, ncclInProgress, "ncclCommSplit", call, deadline);
+    DT_TRY(settle(st, ncclInProgress, "ncclCommSplit", call, deadline));
+    return settle(pst, r, "ncclCommSplit", call, deadline);
 }
 
 static void nccl_split_destroy(dt_comm *child) {
@@ -762,6 +767,38 @@ static void nccl_split_destroy(dt_comm *child) {
     state_free(st);
     child->priv = tcp;
     dt_backend_tcp.split_destroy(child);
+}
+
+/* ---- the table's entries: each call that queued NCCL work (begin) ends its window ---- */
+
+static dt_status ungate(dt_comm *c, dt_status s) {
+    nccl_state *st = c->priv;
+    if (st && st->gated) {
+        st->gated = 0;
+        dt_cuda_collective_end();
+    }
+    return s;
+}
+
+static dt_status nccl_allreduce(dt_comm *c, const dt_call *call, const void *send, void *recv) {
+    return ungate(c, nccl_allreduce_(c, call, send, recv));
+}
+static dt_status nccl_broadcast(dt_comm *c, const dt_call *call, const void *send, void *buf) {
+    return ungate(c, nccl_broadcast_(c, call, send, buf));
+}
+static dt_status nccl_allgather(dt_comm *c, const dt_call *call, const void *send, void *recv) {
+    return ungate(c, nccl_allgather_(c, call, send, recv));
+}
+static dt_status nccl_reduce_scatter(dt_comm *c, const dt_call *call, const void *send, void *recv) {
+    return ungate(c, nccl_reduce_scatter_(c, call, send, recv));
+}
+static dt_status nccl_reduce(dt_comm *c, const dt_call *call, const void *send, void *recv) {
+    return ungate(c, nccl_reduce_(c, call, send, recv));
+}
+static dt_status nccl_send(dt_comm *c, const dt_call *call, const void *buf) { return ungate(c, p2p(c, call, (void *)buf)); }
+static dt_status nccl_recv(dt_comm *c, const dt_call *call, void *buf) { return ungate(c, p2p(c, call, buf)); }
+static dt_status nccl_split(dt_comm *parent, const dt_call *call, int color, int key, dt_comm *child) {
+    return ungate(parent, nccl_split_(parent, call, color, key, child));
 }
 
 /* "NCCL 2.27.3", and the header's version when the library loaded is another. */

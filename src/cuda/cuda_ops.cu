@@ -25,6 +25,7 @@
 
 #include <cuda.h>   /* the driver API's types: virtual memory management */
 #include <map>
+#include <condition_variable>
 #include <mutex>
 #include <vector>
 #include <stdio.h>
@@ -74,21 +75,49 @@ static thread_local int t_device = -1;
 int dt_cu_sync_launches;
 unsigned dt_cu_max_blocks = DT_CU_MAX_BLOCKS;
 
-static void mem_track(void *p, size_t bytes) {
-    std::lock_guard<std::mutex> l(g.mu);
+/* The map of cudaMalloc'd buffers (g.mu held: the _locked forms). */
+static void mem_track_locked(void *p, size_t bytes) {
     if (!g.sizes) g.sizes = new std::unordered_map<void *, size_t>();
     (*g.sizes)[p] = bytes;
     g.cur += bytes;
     if (g.cur > g.peak) g.peak = g.cur;
 }
 
-static void mem_untrack(void *p) {
-    std::lock_guard<std::mutex> l(g.mu);
+static void mem_untrack_locked(void *p) {
     if (!g.sizes) return;
     auto it = g.sizes->find(p);
     if (it == g.sizes->end()) return;
     g.cur -= it->second;
     g.sizes->erase(it);
+}
+
+static void mem_track(void *p, size_t bytes) {
+    std::lock_guard<std::mutex> l(g.mu);
+    mem_track_locked(p, bytes);
+}
+
+static void mem_untrack(void *p) {
+    std::lock_guard<std::mutex> l(g.mu);
+    mem_untrack_locked(p);
+}
+
+/* ---- collectives in flight (dt_cuda_collective_begin / _end, dt_cuda.h) ----
+ * cudaMalloc, cudaFree, cudaHostAlloc, cudaFreeHost and cuMemUnmap may synchronise the
+ * device, or hold its context so that no other thread launches: made while another
+ * thread's NCCL collective waits for its peers, whose progress may wait for this
+ * process, they can deadlock. So this backend makes them only while no other thread has
+ * a collective in flight: allocations and frees wait for that (no_collectives_elsewhere),
+ * and a discarded granule is unmapped then, at the latest when the last collective ends
+ * (vm_settle). gate_n and the condition are guarded by g.mu. */
+static std::condition_variable gate_cv;
+static int gate_n;                   /* collectives in flight, every thread */
+static thread_local int gate_mine;   /* ... of this thread */
+
+static int collectives_elsewhere(void) { return gate_n - gate_mine; }
+
+/* Wait, g.mu held through l, until no other thread has a collective in flight. */
+static void no_collectives_elsewhere(std::unique_lock<std::mutex> &l) {
+    gate_cv.wait(l, [] { return collectives_elsewhere() == 0; });
 }
 
 extern "C" size_t dt_cuda_memory_allocated(void) { std::lock_guard<std::mutex> l(g.mu); return g.cur; }
@@ -453,6 +482,7 @@ static dt_status vm_unmap_one(uintptr_t base, sparse &sp, size_t i) {
 /* Release the granules of the discards whose event has completed (all of them, waiting,
  * when wait is set). */
 static dt_status vm_settle(int wait) {
+    if (!wait && collectives_elsewhere() > 0) return DT_OK;   /* no unmap now: the last collective's end settles */
     size_t k = 0;
     dt_status st = DT_OK;
     for (size_t i = 0; i < vm.pend->size(); i++) {
@@ -472,6 +502,23 @@ static dt_status vm_settle(int wait) {
     }
     vm.pend->resize(k);
     return st;
+}
+
+extern "C" void dt_cuda_collective_begin(void) {
+    std::lock_guard<std::mutex> l(g.mu);
+    gate_n++;
+    gate_mine++;
+}
+
+extern "C" void dt_cuda_collective_end(void) {
+    std::lock_guard<std::mutex> l(g.mu);
+    gate_n--;
+    gate_mine--;
+    if (gate_n > 0) return;
+    gate_cv.notify_all();
+    /* the discards deferred while collectives were in flight; a failure here leaves its
+     * granule mapped, and the device's sticky error ends the run at its next call */
+    if (vm.on == 1 && !vm.pend->empty() && vm_settle(0) != DT_OK) dt_error_clear();
 }
 
 /* The sparse allocation holding [a, a + n), or NULL. */
@@ -537,6 +584,8 @@ static dt_status alloc_dev(void **p, size_t bytes, int sparse) {
         }
     }
     void *q = NULL;
+    std::unique_lock<std::mutex> l(g.mu);
+    no_collectives_elsewhere(l);
     cudaError_t e = cudaMalloc(&q, bytes);   /* 256-byte aligned */
     if (e != cudaSuccess) {
         cudaGetLastError();   /* clear the non-sticky error */
@@ -544,9 +593,9 @@ static dt_status alloc_dev(void **p, size_t bytes, int sparse) {
         cudaMemGetInfo(&fr, &tot);
         return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_NOMEM : DT_ERR_IO,
                         "cuda alloc: cudaMalloc of %zu bytes failed: %s (device %d: %zu of %zu bytes free, %zu allocated by dtrain)",
-                        bytes, cudaGetErrorString(e), g.device, fr, tot, dt_cuda_memory_allocated());
+                        bytes, cudaGetErrorString(e), g.device, fr, tot, g.cur);
     }
-    mem_track(q, bytes);
+    mem_track_locked(q, bytes);
     *p = q;
     return DT_OK;
 }
@@ -563,18 +612,17 @@ extern "C" int dt_cuda_owns(const void *p) {
 
 void dt_cu_free(void *p) {
     if (!p || dt_cu_enter() != DT_OK) return;
-    {
-        std::lock_guard<std::mutex> l(g.mu);
-        auto *it = vm_find((uintptr_t)p, 0);
-        if (it && it->first == (uintptr_t)p) {
-            cudaDeviceSynchronize();   /* as cudaFree: nothing queued uses it after this */
-            vm_settle(1);
-            vm_free_all(it->first, it->second);
-            vm.all->erase(it->first);
-            return;
-        }
+    std::unique_lock<std::mutex> l(g.mu);
+    no_collectives_elsewhere(l);
+    auto *it = vm_find((uintptr_t)p, 0);
+    if (it && it->first == (uintptr_t)p) {
+        cudaDeviceSynchronize();   /* as cudaFree: nothing queued uses it after this */
+        vm_settle(1);
+        vm_free_all(it->first, it->second);
+        vm.all->erase(it->first);
+        return;
     }
-    mem_untrack(p);
+    mem_untrack_locked(p);
     cudaFree(p);
 }
 
@@ -686,6 +734,8 @@ static dt_status cu_host_alloc(void **p, size_t bytes) {
     *p = NULL;
     if (bytes == 0) return DT_OK;
     DT_TRY(dt_cu_enter());
+    std::unique_lock<std::mutex> l(g.mu);
+    no_collectives_elsewhere(l);
     DT_CU(cudaHostAlloc(p, bytes, cudaHostAllocPortable));
     return DT_OK;
 }
@@ -697,7 +747,10 @@ static void cu_memory(size_t *current, size_t *peak, int reset_peak) {
 }
 
 static void cu_host_free(void *p) {
-    if (p) cudaFreeHost(p);
+    if (!p) return;
+    std::unique_lock<std::mutex> l(g.mu);
+    no_collectives_elsewhere(l);
+    cudaFreeHost(p);
 }
 
 static dt_status cu_synchronize(void) {

@@ -113,6 +113,16 @@ enum { DT_CUDA_SUM, DT_CUDA_PROD, DT_CUDA_MIN, DT_CUDA_MAX };
 DT_API dt_status dt_cuda_combine(void *acc, const void *in, size_t n, dt_dtype t, int op, void *stream);
 DT_API dt_status dt_cuda_divide(void *buf, size_t n, dt_dtype t, int divisor, void *stream);
 
+/* A communication library's collective in flight on the calling thread, from the moment
+ * it queues device work until the call returns (src/comm/nccl.c). While another thread
+ * has one, this backend makes none of the calls that may synchronise the device or hold
+ * its context (cudaMalloc, cudaFree, cudaHostAlloc, cudaFreeHost, cuMemUnmap), which
+ * could deadlock against a collective waiting for its peers: an allocation or a free
+ * waits for the collectives to end, and a discarded granule is unmapped once none is in
+ * flight (at the latest when the last one ends). */
+DT_API void      dt_cuda_collective_begin(void);
+DT_API void      dt_cuda_collective_end(void);
+
 /* Let cuBLAS use TF32 tensor cores for FP32 GEMMs (1) or not (0, the default). */
 DT_API dt_status dt_cuda_set_allow_tf32(int allow);
 DT_API int       dt_cuda_allow_tf32(void);

@@ -11,6 +11,7 @@ extern "C" {
 #include "dtype.h"   /* the bf16 and f16 conversions of FAST_16BF and FAST_16F */
 }
 
+#include <atomic>
 #include <cblas.h>
 #include <deque>
 #include <map>
@@ -439,8 +440,9 @@ static struct sync_report {
 struct item {
     uint64_t              seq;
     const char           *name;
-    const void           *owner;
+    const void           *owner;     /* an NCCL communicator's work: its communicator */
     std::function<bool()> fn;
+    int                   thread;    /* the host thread that queued it (thread_no) */
 };
 struct emu_stream {
     std::deque<item> q;
@@ -457,6 +459,13 @@ static emu_stream legacy;                 /* stream 0: runs at once, after the b
 static std::set<emu_stream *> streams;    /* every stream created (never freed: waits may name them) */
 
 static emu_stream *S(cudaStream_t s) { return s ? (emu_stream *)s : &legacy; }
+
+/* The host threads, numbered as they first queue work or call in (1, 2, ...). */
+static int thread_no(void) {
+    static std::atomic<int> next{1};
+    static thread_local int mine = next++;
+    return mine;
+}
 
 /* Run s's work up to and including seq; 0 when an item cannot finish (stalled). */
 static int run_to(emu_stream *s, uint64_t seq) {
@@ -487,7 +496,28 @@ void emu_enqueue(cudaStream_t st, const char *name, const void *owner, std::func
         work();
         return;
     }
-    s->q.push_back(item{s->next++, name, owner, std::move(work)});
+    s->q.push_back(item{s->next++, name, owner, std::move(work), thread_no()});
+}
+
+/* A call that synchronises the device (cudaFree, cudaFreeHost, cudaMalloc, cuMemUnmap:
+ * on a GPU each may wait for every kernel, or hold the context so that no other thread
+ * can launch) while another host thread has NCCL work in flight can deadlock: the
+ * collective's kernel waits for its peers, whose progress may wait for this process's
+ * next launch. Queued NCCL work of another thread on a stream that is not stalled (a
+ * failed collective is torn down, not waited for) stops the program, naming both. */
+static void nccl_hazard(const char *call) {
+    const int me = thread_no();
+    for (emu_stream *s : streams) {
+        if (s->stalled) continue;
+        for (const item &it : s->q)
+            if (it.owner && it.thread != me) {
+                fprintf(stderr, "gpu_emu: %s on host thread %d while host thread %d has NCCL work in flight (%s, "
+                        "stream %p): a call that synchronises the device can deadlock against a collective that "
+                        "waits for its peers; make it where no collective is in flight\n", call, me, it.thread,
+                        it.name, (void *)s);
+                abort();
+            }
+    }
 }
 
 /* Drop the queued work of `owner` (an aborted NCCL communicator), un-stalling its streams. */
@@ -640,7 +670,7 @@ extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_
 
 /* ---- memory calls ---- */
 
-extern "C" cudaError_t cudaMalloc(void **p, size_t bytes) {
+static cudaError_t device_alloc(void **p, size_t bytes) {
     LOCK;
     *p = NULL;
     STICKY;
@@ -649,6 +679,12 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t bytes) {
     if (!*p) return fail(cudaErrorMemoryAllocation, "out of memory");
     memset(*p, 0xff, bytes);   /* fresh device memory is not zero: NaN floats, -1 integers */
     return track(*p, bytes, MEM_DEVICE);
+}
+
+extern "C" cudaError_t cudaMalloc(void **p, size_t bytes) {
+    LOCK;
+    nccl_hazard("cudaMalloc");
+    return device_alloc(p, bytes);
 }
 
 extern "C" cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned) {
@@ -663,6 +699,7 @@ extern "C" cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned) {
 static cudaError_t release(void *p, int kind, const char *call) {
     LOCK;
     if (!p) return cudaSuccess;
+    nccl_hazard(call);
     host_syncs++;
     run_device(0);   /* an implicit device synchronisation, as on a GPU */
     auto it = regions.find((uintptr_t)p);
@@ -684,7 +721,7 @@ extern "C" cudaError_t cudaFree(void *p) { return release(p, MEM_DEVICE, "cudaFr
 /* Stream-ordered allocation: memory at once (valid for work queued after the call), and a
  * free queued behind the stream's work, with no synchronisation: the kernels queued
  * before it still read the old memory, and a read after it runs sees garbage. */
-extern "C" cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+extern "C" cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t) { return device_alloc(p, bytes); }
 
 extern "C" cudaError_t cudaFreeAsync(void *p, cudaStream_t st) {
     LOCK;
@@ -923,6 +960,7 @@ static CUresult emu_cuMemUnmap(CUdeviceptr ptr, size_t size) {
     auto m = mapped.find((uintptr_t)ptr);
     if (m == mapped.end() || m->second != size)
         return vfail("cuMemUnmap", "%#llx + %zu bytes is not one mapping", ptr, size);
+    nccl_hazard("cuMemUnmap");
     mapped.erase(m);
     /* queued work is not run first: as on a GPU, what still reads or writes it faults */
     madvise((void *)ptr, size, MADV_DONTNEED);
@@ -1047,6 +1085,7 @@ int emu_kernel_ptr_ok(const char *k, int index, const void *p) {
 
 struct emu_blas {
     cudaStream_t s;
+    cublasMath_t math;   /* CUBLAS_TF32_TENSOR_OP_MATH: single-precision products on TF32 */
 };
 
 extern "C" cublasStatus_t cublasCreate(cublasHandle_t *h) {
@@ -1058,7 +1097,17 @@ extern "C" cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return CUB
 extern "C" cublasStatus_t cublasGetVersion(cublasHandle_t, int *v) { *v = CUBLAS_VERSION; return CUBLAS_STATUS_SUCCESS; }
 extern "C" cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { h->s = s; return CUBLAS_STATUS_SUCCESS; }
 extern "C" cublasStatus_t cublasSetPointerMode(cublasHandle_t, cublasPointerMode_t) { return CUBLAS_STATUS_SUCCESS; }
-extern "C" cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+extern "C" cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m) { h->math = m; return CUBLAS_STATUS_SUCCESS; }
+
+/* x as a tensor core reads it in TF32 mode: 10 mantissa bits, rounded to nearest with
+ * ties away from zero (cvt.rna.tf32.f32); infinities and NaNs pass */
+static float emu_tf32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
 
 /* Bytes spanned by a column-major rows x cols matrix with leading dimension ld. */
 static size_t extent(int rows, int cols, int ld) {
@@ -1098,11 +1147,22 @@ extern "C" cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOper
                       ec + more * (size_t)sc))
         return CUBLAS_STATUS_EXECUTION_FAILED;
     float al = *alpha, be = *beta;
+    const bool tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
     emu_enqueue(h->s, call, NULL, [=] {
-        for (int i = 0; i < batch; i++)
+        std::vector<float> a, b;   /* TF32: the operands as the tensor cores read them */
+        for (int i = 0; i < batch; i++) {
+            const float *x = A + i * sa, *y = B + i * sb;
+            if (tf32) {
+                a.assign(x, x + ea / sizeof(float));
+                b.assign(y, y + eb / sizeof(float));
+                for (float &v : a) v = emu_tf32(v);
+                for (float &v : b) v = emu_tf32(v);
+                x = a.data();
+                y = b.data();
+            }
             cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
-                        tb == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, m, n, k, al, A + i * sa, lda, B + i * sb, ldb,
-                        be, C + i * sc, ldc);
+                        tb == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, m, n, k, al, x, lda, y, ldb, be, C + i * sc, ldc);
+        }
         return true;
     });
     return CUBLAS_STATUS_SUCCESS;

@@ -20,7 +20,10 @@
  *     one peer each (the lower rank sends first), enough for pairwise exchanges.
  *
  * Non-blocking communicators (config.blocking = 0) finish every call before returning
- * (ncclSuccess), which NCCL allows.
+ * (ncclSuccess), which NCCL allows, but a split: it reports ncclInProgress, and the parent
+ * answers ncclInProgress to ncclCommGetAsyncError at least once more (1 + K times with
+ * DT_GPU_EMU_NOTREADY=K); any other call on the parent before then is refused
+ * (ncclInvalidUsage), as a caller that did not wait for the split's end would misuse NCCL.
  */
 #ifndef DT_GPU_EMU_NCCL_H
 #define DT_GPU_EMU_NCCL_H

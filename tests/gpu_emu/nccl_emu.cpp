@@ -19,6 +19,8 @@ struct emu_nccl {
     dt_comm              *c = NULL;
     int                   rank = 0, size = 1, device = 0;
     ncclResult_t          async = ncclSuccess;
+    int                   blocking = 1;   /* config.blocking */
+    long                  pending = 0;    /* a non-blocking split still "in progress": polls left */
     std::string           last;
     std::string           dir;     /* the rendezvous directory rank 0 of a world removes */
 };
@@ -59,8 +61,19 @@ static dt_redop op_of(ncclRedOp_t op) {
 /* ---- checks and queueing ---- */
 
 /* The communicator is usable and the type known; *es = its element size. */
+#define TRY(x) do { ncclResult_t r_ = (x); if (r_ != ncclSuccess) return r_; } while (0)
+
+/* A non-blocking communicator that is "in progress" (a split not yet polled to its end)
+ * takes no other call: NCCL requires ncclCommGetAsyncError to leave ncclInProgress first. */
+static ncclResult_t not_pending(emu_nccl *nc, const char *call) {
+    if (nc->pending <= 0) return ncclSuccess;
+    return nfail(nc, ncclInvalidUsage, std::string(call) + ": the communicator's ncclCommSplit is still in progress "
+                 "(ncclCommGetAsyncError has not yet reported its end)");
+}
+
 static ncclResult_t start(emu_nccl *nc, const char *call, ncclDataType_t t, dt_dtype *dt) {
     if (!nc) return nfail(NULL, ncclInvalidArgument, std::string(call) + ": comm is NULL");
+    TRY(not_pending(nc, call));
     if (nc->async != ncclSuccess) return nfail(nc, ncclInvalidUsage, std::string(call) + ": the communicator has "
                                                "an error (ncclCommGetAsyncError): " + nc->last);
     if (!dtype_of(t, dt)) return nfail(nc, ncclInvalidArgument, std::string(call) + ": a type the emulation lacks");
@@ -85,8 +98,6 @@ static ncclResult_t enqueue(emu_nccl *nc, const char *call, cudaStream_t s, std:
     });
     return ncclSuccess;
 }
-
-#define TRY(x) do { ncclResult_t r_ = (x); if (r_ != ncclSuccess) return r_; } while (0)
 
 /* ---- set-up ---- */
 
@@ -139,7 +150,7 @@ static ncclResult_t no_duplicate_gpu(emu_nccl *nc) {
 }
 
 extern "C" ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id, int rank,
-                                               ncclConfig_t *) {
+                                               ncclConfig_t *cfg) {
     *out = NULL;
     if (nranks < 1 || rank < 0 || rank >= nranks)
         return nfail(NULL, ncclInvalidArgument, "ncclCommInitRank: rank " + std::to_string(rank) + " of " +
@@ -150,6 +161,7 @@ extern "C" ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, nccl
     nc->rank = rank;
     nc->size = nranks;
     nc->device = emu_device();
+    nc->blocking = !cfg || cfg->blocking != 0;
     dt_comm_opts o;
     dt_comm_opts_default(&o);
     o.backend = "tcp";
@@ -181,20 +193,27 @@ extern "C" ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUnique
     return ncclCommInitRankConfig(out, nranks, id, rank, NULL);
 }
 
-extern "C" ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *out, ncclConfig_t *) {
+/* On a non-blocking parent the split is done at once but reported "in progress" on the
+ * parent (at least one poll, K more with DT_GPU_EMU_NOTREADY=K), as NCCL may: a caller
+ * that does not poll the parent to the end fails its next call on it. */
+extern "C" ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *out, ncclConfig_t *cfg) {
     *out = NULL;
     if (!comm) return nfail(NULL, ncclInvalidArgument, "ncclCommSplit: comm is NULL");
+    TRY(not_pending(comm, "ncclCommSplit"));
     dt_comm *child = NULL;
     if (dt_comm_split(comm->c, color == NCCL_SPLIT_NOCOLOR ? -1 : color, key, &child) != DT_OK)
         return nfail(comm, ncclSystemError, std::string("ncclCommSplit: ") + dt_last_error());
-    if (!child) return ncclSuccess;
-    emu_nccl *nc = new emu_nccl;
-    nc->c = child;
-    nc->rank = dt_comm_rank(child);
-    nc->size = dt_comm_size(child);
-    nc->device = comm->device;
-    *out = nc;
-    return ncclSuccess;
+    if (!comm->blocking) comm->pending = 1 + emu_not_ready_count();
+    if (child) {
+        emu_nccl *nc = new emu_nccl;
+        nc->c = child;
+        nc->rank = dt_comm_rank(child);
+        nc->size = dt_comm_size(child);
+        nc->device = comm->device;
+        nc->blocking = cfg ? cfg->blocking != 0 : comm->blocking;
+        *out = nc;
+    }
+    return comm->blocking ? ncclSuccess : ncclInProgress;
 }
 
 static void comm_free(emu_nccl *nc) {
@@ -222,6 +241,11 @@ extern "C" ncclResult_t ncclCommAbort(ncclComm_t comm) {
 
 extern "C" ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async) {
     if (!comm) return ncclInvalidArgument;
+    if (comm->async == ncclSuccess && comm->pending > 0) {   /* a split's end, after its polls */
+        comm->pending--;
+        *async = ncclInProgress;
+        return ncclSuccess;
+    }
     *async = comm->async == ncclSuccess && emu_not_ready_of(comm) ? ncclInProgress : comm->async;
     return ncclSuccess;
 }

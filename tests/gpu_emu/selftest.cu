@@ -16,11 +16,18 @@
  *                       barrier between (right only when threads run in index order) and
  *                       the same with it: under DT_GPU_EMU_ORDER=reverse or shuffle the first
  *                       fails, the second never
+ *   selftest hazard CALL
+ *                       CALL (cudaFree, cudaFreeHost, cudaMalloc, cuMemUnmap) made while
+ *                       another thread has an NCCL all-reduce queued: the emulation stops
+ *                       (abort), naming both; the same call made by the thread that queued
+ *                       it, or after the other's work ran, passes (`selftest hazard none`)
  * (a sticky error ends the process's use of the device, hence one run each)
  */
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include <nccl.h>
+#include <pthread.h>
 
 #include "tap.h"
 
@@ -207,9 +214,114 @@ static void test_nccl(void) {
     is_int(ncclBroadcast(a, a + 1, N, ncclFloat32, 0, comm, s), ncclInvalidArgument,
            "a buffer that runs past its allocation too");
     ncclCommDestroy(comm);
+
+    /* a non-blocking communicator's split: the parent is in progress until polled */
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t nb = NULL, child = NULL;
+    if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRankConfig(&nb, 1, id, 0, &cfg) != ncclSuccess) {
+        ok(0, "a one-rank non-blocking NCCL communicator: %s", ncclGetLastError(NULL));
+        return;
+    }
+    is_int(ncclCommSplit(nb, 0, 0, &child, &cfg), ncclInProgress, "ncclCommSplit of a non-blocking communicator: "
+           "ncclInProgress");
+    is_int(ncclAllReduce(a, b, N, ncclFloat32, ncclSum, nb, s), ncclInvalidUsage,
+           "the parent used before the split was polled to its end: ncclInvalidUsage");
+    like(ncclGetLastError(nb), "ncclAllReduce: the communicator's ncclCommSplit is still in progress",
+         "the message names the call and the split");
+    ncclResult_t st = ncclInProgress;
+    int polls = 0;
+    while (st == ncclInProgress && polls < 1000) {
+        ncclCommGetAsyncError(nb, &st);
+        polls++;
+    }
+    ok(st == ncclSuccess && polls >= 2, "the parent reports ncclInProgress before ncclSuccess (%d polls)", polls);
+    is_int(ncclAllReduce(a, b, N, ncclFloat32, ncclSum, nb, s), ncclSuccess, "then takes calls again");
+    cudaStreamSynchronize(s);
+    ncclCommDestroy(child);
+    ncclCommDestroy(nb);
     cudaStreamDestroy(s);
     cudaFree(a);
     cudaFree(b);
+}
+
+/* ---- hazard: a device-synchronising call while another thread has NCCL work queued ---- */
+
+static struct {
+    ncclComm_t      comm;
+    cudaStream_t    s;
+    float          *a, *b;
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    int             queued;
+} hz = {NULL, NULL, NULL, NULL, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+
+static void *queue_allreduce(void *arg) {
+    (void)arg;
+    ncclAllReduce(hz.a, hz.b, N, ncclFloat32, ncclSum, hz.comm, hz.s);   /* queued: its stream runs lazily */
+    pthread_mutex_lock(&hz.mu);
+    hz.queued = 1;
+    pthread_cond_signal(&hz.cv);
+    pthread_mutex_unlock(&hz.mu);
+    return NULL;
+}
+
+/* The driver's calls of a mapping: one granule mapped into a reservation. */
+typedef CUresult (*granularity_fn)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+typedef CUresult (*reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
+static void *entry(const char *name) {
+    void *f = NULL;
+    cudaGetDriverEntryPointByVersion(name, &f, 12000, 0, NULL);
+    return f;
+}
+
+static void test_hazard(const char *call) {
+    ncclUniqueId id;
+    if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&hz.comm, 1, id, 0) != ncclSuccess) {
+        ok(0, "a one-rank NCCL communicator: %s", ncclGetLastError(NULL));
+        return;
+    }
+    cudaStreamCreateWithFlags(&hz.s, cudaStreamNonBlocking);
+    hz.a = dev();
+    hz.b = dev();
+    float *victim = dev(), *pinned = NULL, *fresh = NULL;
+    cudaHostAlloc((void **)&pinned, 64, cudaHostAllocPortable);
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    size_t g = 0;
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    ((granularity_fn)entry("cuMemGetAllocationGranularity"))(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    ((reserve_fn)entry("cuMemAddressReserve"))(&va, g, g, 0, 0);
+    ((create_fn)entry("cuMemCreate"))(&h, g, &prop, 0);
+    ((map_fn)entry("cuMemMap"))(va, g, 0, h, 0);
+
+    /* the same thread's queued work is no hazard to itself */
+    ncclAllReduce(hz.a, hz.b, N, ncclFloat32, ncclSum, hz.comm, hz.s);
+    float *mine = dev();
+    ok(cudaFree(mine) == cudaSuccess, "cudaFree with this thread's own NCCL work queued");
+    cudaStreamSynchronize(hz.s);
+
+    pthread_t t;
+    pthread_create(&t, NULL, queue_allreduce, NULL);
+    pthread_mutex_lock(&hz.mu);
+    while (!hz.queued) pthread_cond_wait(&hz.cv, &hz.mu);
+    pthread_mutex_unlock(&hz.mu);
+    pthread_join(t, NULL);
+    if (!strcmp(call, "none")) cudaStreamSynchronize(hz.s);   /* the other thread's work runs first */
+    fflush(stdout);
+    if (!strcmp(call, "cudaFree") || !strcmp(call, "none")) cudaFree(victim);
+    else if (!strcmp(call, "cudaFreeHost")) cudaFreeHost(pinned);
+    else if (!strcmp(call, "cudaMalloc")) cudaMalloc((void **)&fresh, 64);
+    else if (!strcmp(call, "cuMemUnmap")) ((unmap_fn)entry("cuMemUnmap"))(va, g);
+    if (!strcmp(call, "none")) ok(1, "cudaFree once the other thread's NCCL work ran: no stop");
+    else ok(0, "%s with another thread's NCCL work queued went unnoticed", call);
+    cudaStreamSynchronize(hz.s);
+    ncclCommDestroy(hz.comm);
 }
 
 static void test_kernel_fault(void) {
@@ -234,6 +346,24 @@ static void test_cublas_fault(void) {
            CUBLAS_STATUS_EXECUTION_FAILED, "later calls fail too (sticky)");
 }
 
+/* TF32 math: the operands keep 10 mantissa bits (1 + 2^-12 reads as 1, 1 + 3 * 2^-12
+ * as 1 + 2^-10: to nearest, ties away); the default math keeps all 23 */
+static void test_tf32(void) {
+    cublasHandle_t h;
+    cublasCreate(&h);
+    float *d = dev(), in[3] = {1.0f + 0x1p-12f, 1.0f + 3 * 0x1p-12f, 1.0f}, out[2], one = 1, zero = 0;
+    cudaMemcpy(d, in, sizeof in, cudaMemcpyHostToDevice);
+    for (int tf = 0; tf < 2; tf++) {   /* 2 x 1 (the two values) times 1 x 1 (one) */
+        cublasSetMathMode(h, tf ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+        cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 1, 1, &one, d, 2, d + 2, 1, &zero, d + 4, 2);
+        cudaMemcpy(out, d + 4, sizeof out, cudaMemcpyDeviceToHost);
+        if (tf) ok(out[0] == 1.0f && out[1] == 1.0f + 0x1p-10f, "TF32 math rounds the operands to 10 mantissa bits");
+        else ok(out[0] == in[0] && out[1] == in[1], "the default math keeps them whole");
+    }
+    cublasDestroy(h);
+    cudaFree(d);
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "divergent")) {
@@ -250,12 +380,14 @@ int main(int argc, char **argv) {
         k_shift<<<8, 64, 0, 0>>>(a);
         ok(iota512(a), "k_shift (the same with the barrier) gives 0, 1, 2, ... (threads in %s order)",
            o && *o ? o : "natural");
-    } else if (!strcmp(mode, "kernel")) test_kernel_fault();
+    } else if (!strcmp(mode, "hazard")) test_hazard(argc > 2 ? argv[2] : "none");
+    else if (!strcmp(mode, "kernel")) test_kernel_fault();
     else if (!strcmp(mode, "cublas")) test_cublas_fault();
     else {
         test_config();
         test_streams();
         test_copies();
+        test_tf32();
         test_nccl();
     }
     printf("1..%d\n", tap_count_);
