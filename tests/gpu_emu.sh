@@ -9,10 +9,13 @@
 #   1. tests/test_cuda_ops against them: every op against the CPU backend, determinism,
 #      bad inputs (its own TAP lines, numbered on); again with the blocks and threads run
 #      in reverse and shuffled order (DT_GPU_EMU_ORDER), which a kernel must not notice,
-#      and with every poll told "not ready" 3 times first (DT_GPU_EMU_NOTREADY);
+#      and with every poll told "not ready" 3 times first (DT_GPU_EMU_NOTREADY); in a
+#      --with-cuda build once more with AddressSanitizer (and a planted overrun caught);
 #   2. the stand-in's own test (gpu_emu/selftest.cu): each strictness above fails as it
 #      should, naming the call; a missing barrier unseen in index order is caught in the
-#      other two;
+#      other two; a misaligned float4 load (everything is built with
+#      -fsanitize=alignment) and a device-synchronising call beside another thread's
+#      queued NCCL work stop the program;
 #   3. with a --with-cuda build: dtrain train --device cuda (mlp, 10 steps) on the
 #      emulated kernels (dtrain's objects linked with them in place of the real backend)
 #      against the cpu run's losses;
@@ -51,8 +54,11 @@ tap_include() {
     tap_failed=$((tap_failed + f))
     [ "$2" -eq 0 ] || [ "$f" -gt 0 ] || ok 1 "$3 exited with $2"
 }
+# every misaligned access of a type that needs alignment (a float4 load from an address
+# that is not a multiple of 16, as a GPU would fault on) stops the program, naming it
+align="-fsanitize=alignment -fno-sanitize-recover=alignment"
+cxx="g++ -std=c++17 -O1 -fPIC $align -I$S/tests/gpu_emu $blas_cflags"
 # cu SRC OUT: a CUDA source compiled for the CPU (launches rewritten)
-cxx="g++ -std=c++17 -O1 -fPIC -I$S/tests/gpu_emu $blas_cflags"
 cu() {
     # launches become calls (tests/gpu_emu/cu2cpp.sh)
     sh "$S/tests/gpu_emu/cu2cpp.sh" "$1" > "$TMP/$2.cpp"
@@ -67,10 +73,10 @@ timeout 120 $cxx -I"$S/src" -I"$S/src/comm" -I"$B" -c "$S/tests/gpu_emu/nccl_emu
     > "$TMP/log" 2>&1 || fail "compile the NCCL stand-in"
 timeout 120 gcc -std=c11 -O1 -I"$S/src" -I"$S/tests" -I"$B" -c "$S/tests/test_cuda_ops.c" -o "$TMP/test.o" \
     > "$TMP/log" 2>&1 || fail "compile tests/test_cuda_ops.c"
-timeout 120 g++ -o "$TMP/test_cuda_emu" "$TMP/test.o" "$TMP"/be/*.o -L"$B/.libs" -ldtrain $blas_libs -lm \
+timeout 120 g++ -o "$TMP/test_cuda_emu" "$TMP/test.o" "$TMP"/be/*.o -L"$B/.libs" -ldtrain $blas_libs -lm -lubsan \
     -Wl,-rpath,"$B/.libs" > "$TMP/log" 2>&1 || fail "link the emulated test"
 cu "$S/tests/gpu_emu/selftest.cu" selftest
-timeout 120 g++ -o "$TMP/selftest" "$TMP/selftest.o" "$TMP/be/emu.o" "$TMP/nccl_emu.o" -L"$B/.libs" -ldtrain \
+timeout 120 g++ -o "$TMP/selftest" "$TMP/selftest.o" "$TMP/be/emu.o" "$TMP/nccl_emu.o" -L"$B/.libs" -ldtrain -lubsan \
     $blas_libs -lm -Wl,-rpath,"$B/.libs" > "$TMP/log" 2>&1 || fail "link the stand-in's own test"
 
 # 1. every op against the cpu backend; then again with the blocks of every launch, and the
@@ -90,6 +96,42 @@ for o in DT_GPU_EMU_ORDER=reverse DT_GPU_EMU_ORDER=shuffle DT_GPU_EMU_NOTREADY=3
     [ "$f" -eq 0 ] || grep '^not ok' "$TMP/ops-$o.out" | head -5 | sed 's/^/#   /'
 done
 
+#    And built with AddressSanitizer (the kernels, the stand-in and the test; in a
+#    --with-cuda build only, where it is worth its minutes): every op check again, with
+#    every allocation exactly its size, and a planted overrun caught, naming the kernel.
+if [ $cuda_build = 1 ]; then
+    asan="-fsanitize=address -fno-omit-frame-pointer"
+    mkdir "$TMP/asan"
+    for f in "$TMP"/be/*.cpp "$TMP/selftest.cpp"; do
+        timeout 300 $cxx $asan -I"$S/src/cuda" -I"$S/src" -I"$S/src/comm" -I"$S/tests" -I"$B" -c "$f" \
+            -o "$TMP/asan/$(basename "$f" .cpp).o" > "$TMP/log" 2>&1 || fail "compile $f with AddressSanitizer"
+    done
+    timeout 120 $cxx $asan -I"$S/src" -c "$S/tests/gpu_emu/emu.cpp" -o "$TMP/asan/emu.o" > "$TMP/log" 2>&1 &&
+    timeout 120 $cxx $asan -I"$S/src" -I"$S/src/comm" -I"$B" -c "$S/tests/gpu_emu/nccl_emu.cpp" \
+        -o "$TMP/asan/nccl_emu.o" > "$TMP/log" 2>&1 &&
+    timeout 120 gcc -std=c11 -O1 $asan -I"$S/src" -I"$S/tests" -I"$B" -c "$S/tests/test_cuda_ops.c" \
+        -o "$TMP/asan/test.o" > "$TMP/log" 2>&1 &&
+    (cd "$TMP/asan" && timeout 120 g++ $asan -o test_cuda_asan test.o $(ls *.o | grep -v -e '^test.o$' -e '^selftest.o$' \
+        -e '^nccl_emu.o$') -L"$B/.libs" -ldtrain -lubsan $blas_libs -lm -Wl,-rpath,"$B/.libs" &&
+     timeout 120 g++ $asan -o selftest_asan selftest.o emu.o nccl_emu.o -L"$B/.libs" -ldtrain -lubsan $blas_libs \
+        -lm -Wl,-rpath,"$B/.libs") > "$TMP/log" 2>&1 || fail "link the emulated tests with AddressSanitizer"
+    ASAN_OPTIONS=detect_leaks=0 DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 600 \
+        "$TMP/asan/test_cuda_asan" > "$TMP/ops-asan.out" 2> "$TMP/ops-asan.err"
+    rc=$?
+    n=$(grep -c '^ok ' "$TMP/ops-asan.out"); f=$(grep -c '^not ok' "$TMP/ops-asan.out")
+    [ $rc -eq 0 ] && [ "$f" -eq 0 ] && [ "$n" -eq "$(grep -c '^ok ' "$TMP/ops.out")" ] &&
+        ! grep -q 'ERROR: AddressSanitizer' "$TMP/ops-asan.err"
+    ok $? "test_cuda_ops with AddressSanitizer: $n passed, $f failed (exit $rc)"
+    [ $rc -eq 0 ] || grep -A12 'ERROR: AddressSanitizer' "$TMP/ops-asan.err" | head -14 | sed 's/^/#   /'
+    rc=$( (cd "$TMP" && ASAN_OPTIONS=detect_leaks=0 timeout 120 ./asan/selftest_asan overrun > st-over.out \
+        2> st-over.err; echo $?) 2> /dev/null)
+    [ "$rc" != 0 ] && grep -q '^ok 1 - 31 threads write' "$TMP/st-over.out" &&
+        grep -q 'ERROR: AddressSanitizer: heap-buffer-overflow' "$TMP/st-over.err" && grep -q 'k_overrun' "$TMP/st-over.err"
+    ok $? "a kernel writing past its allocation is a heap-buffer-overflow under AddressSanitizer, naming the kernel"
+else
+    skip "not a --with-cuda build: the emulated kernels under AddressSanitizer"
+fi
+
 # 2. the stand-in catches what a GPU would (one process per sticky error)
 for m in "" kernel cublas; do
     (cd "$TMP" && TMPDIR="$TMP" timeout 120 ./selftest $m > "st$m.out" 2> "st$m.err")
@@ -108,6 +150,13 @@ for o in reverse shuffle; do
     grep -q '^not ok 1 - k_racy' "$TMP/st-$o.out" && grep -q '^ok 2 - k_shift' "$TMP/st-$o.out"
     ok $? "DT_GPU_EMU_ORDER=$o catches it (and passes the kernel with the barrier)"
 done
+# a float4 load from an address that is not a multiple of 16 (the planted bug of the
+# alignment check)
+rc=$( (cd "$TMP" && timeout 120 ./selftest unaligned > st-unal.out 2> st-unal.err; echo $?) 2> /dev/null)
+[ "$rc" != 0 ] && grep -q '^ok 1 - float4 loads from a 16-byte aligned' "$TMP/st-unal.out" &&
+    grep -Eq "misaligned address .* for type 'const (struct )?float4', which requires 16 byte alignment" "$TMP/st-unal.err"
+ok $? "a misaligned float4 load stops the emulation, naming the address and the type"
+[ "$rc" != 0 ] || tail -3 "$TMP/st-unal.out" | sed 's/^/#   /'
 # a device-synchronising call while another thread has NCCL work in flight (the planted
 # bug of each call), and the same once that work ran
 for c in cudaFree cudaFreeHost cudaMalloc cuMemUnmap; do
@@ -135,7 +184,7 @@ link_emu() {  # OUT OBJECTS...: a program of this build linked against the stand
     out=$1; shift
     extra=
     [ $nccl_build = 1 ] && extra="$TMP/nccl.o $TMP/nccl_emu.o"
-    (cd "$B" && ./libtool --mode=link --tag=CXX g++ -o "$out" "$@" "$TMP"/be/*.o $extra libdtrain_core.la) \
+    (cd "$B" && ./libtool --mode=link --tag=CXX g++ -o "$out" "$@" "$TMP"/be/*.o $extra libdtrain_core.la -lubsan) \
         > "$TMP/log" 2>&1
 }
 losses() { sed -n 's/.*"event":"step".*"loss":\([^,}]*\).*/\1/p' "$1"; }

@@ -675,7 +675,9 @@ static cudaError_t device_alloc(void **p, size_t bytes) {
     *p = NULL;
     STICKY;
     if (bytes == 0) return cudaSuccess;
-    *p = aligned_alloc(256, (bytes + 255) & ~(size_t)255);
+    /* 256-byte aligned as cudaMalloc's, and exactly `bytes` long, so that under
+     * AddressSanitizer a kernel that runs past the end is caught at its first byte */
+    if (posix_memalign(p, 256, bytes)) *p = NULL;
     if (!*p) return fail(cudaErrorMemoryAllocation, "out of memory");
     memset(*p, 0xff, bytes);   /* fresh device memory is not zero: NaN floats, -1 integers */
     return track(*p, bytes, MEM_DEVICE);

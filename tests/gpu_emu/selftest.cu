@@ -16,6 +16,12 @@
  *                       barrier between (right only when threads run in index order) and
  *                       the same with it: under DT_GPU_EMU_ORDER=reverse or shuffle the first
  *                       fails, the second never
+ *   selftest unaligned  a float4 load from an address 16 bytes apart passes, one from 4
+ *                       bytes further stops the program (tests/gpu_emu.sh builds with
+ *                       -fsanitize=alignment), naming the address and the type
+ *   selftest overrun    a kernel that writes one float past the end of its allocation:
+ *                       under AddressSanitizer (tests/gpu_emu.sh's build of the kernels
+ *                       and the stand-in with it) a heap-buffer-overflow naming the kernel
  *   selftest hazard CALL
  *                       CALL (cudaFree, cudaFreeHost, cudaMalloc, cuMemUnmap) made while
  *                       another thread has an NCCL all-reduce queued: the emulation stops
@@ -37,6 +43,17 @@ __global__ void k_copy(float *dst, const float *src, int n) {
 
 __global__ void __launch_bounds__(64) k_small(float *dst, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = 1.0f;
+}
+
+/* one float4 per thread: src must be 16-byte aligned, as on a GPU */
+__global__ void k_load4(float *dst, const float *src) {
+    const float4 q = reinterpret_cast<const float4 *>(src)[threadIdx.x];
+    dst[threadIdx.x] = q.x + q.y + q.z + q.w;
+}
+
+/* one thread too many: thread n writes past the end of dst's n floats */
+__global__ void k_overrun(float *dst, int n) {
+    if (threadIdx.x <= n) dst[threadIdx.x] = 1.0f;
 }
 
 /* thread 0 skips the barrier the others reach: undefined on a GPU */
@@ -380,6 +397,23 @@ int main(int argc, char **argv) {
         k_shift<<<8, 64, 0, 0>>>(a);
         ok(iota512(a), "k_shift (the same with the barrier) gives 0, 1, 2, ... (threads in %s order)",
            o && *o ? o : "natural");
+    } else if (!strcmp(mode, "unaligned")) {
+        float *a = dev(), *b = dev();
+        k_load4<<<1, 4, 0, 0>>>(b, a);
+        ok(cudaDeviceSynchronize() == cudaSuccess, "float4 loads from a 16-byte aligned address");
+        fflush(stdout);
+        k_load4<<<1, 4, 0, 0>>>(b, a + 1);
+        cudaDeviceSynchronize();
+        ok(0, "a float4 load from an address 4 bytes past a 16-byte boundary went unnoticed");
+    } else if (!strcmp(mode, "overrun")) {
+        float *a = NULL;
+        cudaMalloc((void **)&a, 31 * sizeof(float));
+        k_overrun<<<1, 32, 0, 0>>>(a, 30);
+        ok(cudaDeviceSynchronize() == cudaSuccess, "31 threads write the 31 floats of an allocation");
+        fflush(stdout);
+        k_overrun<<<1, 32, 0, 0>>>(a, 31);
+        cudaDeviceSynchronize();
+        ok(0, "a write one float past the end went unnoticed");
     } else if (!strcmp(mode, "hazard")) test_hazard(argc > 2 ? argv[2] : "none");
     else if (!strcmp(mode, "kernel")) test_kernel_fault();
     else if (!strcmp(mode, "cublas")) test_cublas_fault();
