@@ -86,7 +86,8 @@ DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/tes
 tap_include "$TMP/ops.out" $? "test_cuda_ops under emulation"
 #    And with every poll of a stream, an event or NCCL answering "not ready" 3 times in 4
 #    (DT_GPU_EMU_NOTREADY: each polling loop must go round and still finish).
-for o in DT_GPU_EMU_ORDER=reverse DT_GPU_EMU_ORDER=shuffle DT_GPU_EMU_NOTREADY=3; do
+#    And with work run as it is queued (DT_GPU_EMU_EAGER=1: a GPU never behind the host).
+for o in DT_GPU_EMU_ORDER=reverse DT_GPU_EMU_ORDER=shuffle DT_GPU_EMU_NOTREADY=3 DT_GPU_EMU_EAGER=1; do
     env "$o" DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" \
         > "$TMP/ops-$o.out" 2>&1
     rc=$?
@@ -172,6 +173,15 @@ ok $? "... and passes once that work ran"
 (cd "$TMP" && DT_GPU_EMU_ORDER=sideways timeout 120 ./selftest order > st-bad.out 2>&1)
 [ $? -eq 2 ] && grep -q "DT_GPU_EMU_ORDER='sideways': expected natural, reverse or shuffle" "$TMP/st-bad.out"
 ok $? "DT_GPU_EMU_ORDER=sideways is refused (exit 2), naming it"
+# the eager mode's planted bug: the host rewrites a buffer a queued copy reads
+(cd "$TMP" && timeout 120 ./selftest eager > st-lazy.out 2>&1) && grep -q '^ok 1 - a copy queued' "$TMP/st-lazy.out"
+ok $? "a host write racing a queued copy goes unseen when work runs late (the emulator's default)"
+(cd "$TMP" && DT_GPU_EMU_EAGER=1 timeout 120 ./selftest eager > st-eager.out 2>&1)
+grep -q '^not ok 1 - a copy queued' "$TMP/st-eager.out"
+ok $? "DT_GPU_EMU_EAGER=1 catches it"
+(cd "$TMP" && DT_GPU_EMU_EAGER=yes timeout 120 ./selftest > st-bade.out 2>&1)
+[ $? -eq 2 ] && grep -q "DT_GPU_EMU_EAGER='yes': expected 0 or 1" "$TMP/st-bade.out"
+ok $? "DT_GPU_EMU_EAGER=yes is refused (exit 2), naming it"
 (cd "$TMP" && DT_GPU_EMU_NOTREADY=often timeout 120 ./selftest > st-badnr.out 2>&1)
 [ $? -eq 2 ] && grep -q "DT_GPU_EMU_NOTREADY='often': expected a count of polls" "$TMP/st-badnr.out"
 ok $? "DT_GPU_EMU_NOTREADY=often is refused (exit 2), naming it"
@@ -296,7 +306,7 @@ PYEOF
     losses "$TMP/cap.jsonl" > "$TMP/cap.loss"
     cmp -s "$TMP/cuda.loss" "$TMP/cap.loss"
     ok $? "the same losses bit for bit with the grid capped at one block (DT_CU_MAX_BLOCKS=1)"
-    for o in DT_GPU_EMU_ORDER=reverse DT_GPU_EMU_ORDER=shuffle DT_GPU_EMU_NOTREADY=3; do
+    for o in DT_GPU_EMU_ORDER=reverse DT_GPU_EMU_ORDER=shuffle DT_GPU_EMU_NOTREADY=3 DT_GPU_EMU_EAGER=1; do
         emu1 "mode-$o" "$o"
         losses "$TMP/mode-$o.jsonl" > "$TMP/mode-$o.loss"
         [ -s "$TMP/mode-$o.loss" ] && cmp -s "$TMP/cuda.loss" "$TMP/mode-$o.loss"
@@ -482,6 +492,15 @@ if [ $nccl_build = 1 ]; then
     DT_GPU_EMU_NOTREADY=3 shard2 notready-pipe --precision fp32 --pipeline 2 &&
         cmp -s "$TMP/ref-fp32.st" "$TMP/notready-pipe.st"
     ok $? "--pipeline 2 over NCCL with DT_GPU_EMU_NOTREADY=3: the same weights"
+    # work run as it is queued (the device never behind the host): the same weights
+    for m in params pipe; do
+        case $m in
+        params) DT_GPU_EMU_EAGER=1 shard2 eager-$m --precision fp32 --shard params --shard-unit-mb 0.001 ;;
+        pipe) DT_GPU_EMU_EAGER=1 shard2 eager-$m --precision fp32 --pipeline 2 ;;
+        esac
+        [ $? -eq 0 ] && cmp -s "$TMP/ref-fp32.st" "$TMP/eager-$m.st"
+        ok $? "$([ $m = params ] && echo "--shard params" || echo "--pipeline 2") over NCCL with DT_GPU_EMU_EAGER=1: the same weights"
+    done
     # 431,616 parameters: with AdamW 6.6 MiB of parameters, gradients and moments, 3.3
     # per rank when sharded; the pool's slots, the activations and the granules' rounding
     # come on top (deterministic: the emulator counts the granules mapped)

@@ -488,6 +488,42 @@ static int run_device(int only_blocking) {
     return good;
 }
 
+/* DT_GPU_EMU_EAGER=1: work runs as it is queued, where its stream has nothing before it
+ * (a GPU that is never behind the host), instead of when something waits for it (one
+ * that is always behind): a host write after the launch that was meant to be seen, or a
+ * read before the wait that happened to see the result, shows in one of the two. NCCL's
+ * work stays lazy: run at once, a collective would hold the queuing thread until its
+ * peers' hosts queue theirs. */
+static int eager(void) {
+    static const int on = [] {
+        const char *v = getenv("DT_GPU_EMU_EAGER");
+        if (v && *v && strcmp(v, "0") && strcmp(v, "1")) {
+            fprintf(stderr, "gpu_emu: DT_GPU_EMU_EAGER='%s': expected 0 or 1\n", v);
+            exit(2);
+        }
+        return v && !strcmp(v, "1");
+    }();
+    return on;
+}
+static struct eager_check { eager_check() { eager(); } } eager_at_start;   /* bad: exit 2 at once */
+
+/* Put it on s, or run it now (eager, s idle); an item that cannot finish stays first,
+ * stalling s, as when run later. */
+static void push(emu_stream *s, item it) {
+    if (eager() && !it.owner && s->q.empty() && !s->running) {
+        s->running = 1;
+        int done = it.fn();
+        s->running = 0;
+        if (done) {
+            s->next++;
+            return;
+        }
+        s->stalled = 1;
+    }
+    s->next++;
+    s->q.push_back(std::move(it));
+}
+
 void emu_enqueue(cudaStream_t st, const char *name, const void *owner, std::function<bool()> work) {
     LOCK;
     emu_stream *s = S(st);
@@ -496,7 +532,7 @@ void emu_enqueue(cudaStream_t st, const char *name, const void *owner, std::func
         work();
         return;
     }
-    s->q.push_back(item{s->next++, name, owner, std::move(work), thread_no()});
+    push(s, item{s->next, name, owner, std::move(work), thread_no()});
 }
 
 /* A call that synchronises the device (cudaFree, cudaFreeHost, cudaMalloc, cuMemUnmap:
@@ -630,7 +666,7 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
     e->s = s;
     e->seq = s->next;
     std::shared_ptr<double> t = e->t;
-    s->q.push_back(item{s->next++, "event", NULL, [t] { *t = now(); return true; }});
+    push(s, item{s->next, "event", NULL, [t] { *t = now(); return true; }, thread_no()});
     return cudaSuccess;
 }
 

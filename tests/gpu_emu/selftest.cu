@@ -22,6 +22,10 @@
  *   selftest overrun    a kernel that writes one float past the end of its allocation:
  *                       under AddressSanitizer (tests/gpu_emu.sh's build of the kernels
  *                       and the stand-in with it) a heap-buffer-overflow naming the kernel
+ *   selftest eager      the host writes a pinned buffer again after queuing a copy from
+ *                       it, before the copy is known done (a race): the copy carries the
+ *                       second value when work runs late (the default: the bug unseen), the
+ *                       first under DT_GPU_EMU_EAGER=1 (caught)
  *   selftest hazard CALL
  *                       CALL (cudaFree, cudaFreeHost, cudaMalloc, cuMemUnmap) made while
  *                       another thread has an NCCL all-reduce queued: the emulation stops
@@ -414,6 +418,19 @@ int main(int argc, char **argv) {
         k_overrun<<<1, 32, 0, 0>>>(a, 31);
         cudaDeviceSynchronize();
         ok(0, "a write one float past the end went unnoticed");
+    } else if (!strcmp(mode, "eager")) {
+        float *d = dev(), *pinned = NULL, back = 0;
+        cudaStream_t s;
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        cudaHostAlloc((void **)&pinned, sizeof(float), cudaHostAllocPortable);
+        pinned[0] = 1.0f;
+        cudaMemcpyAsync(d, pinned, sizeof(float), cudaMemcpyHostToDevice, s);
+        pinned[0] = 2.0f;   /* the race: the copy may have run already */
+        cudaStreamSynchronize(s);
+        cudaMemcpy(&back, d, sizeof back, cudaMemcpyDeviceToHost);
+        const char *e = getenv("DT_GPU_EMU_EAGER");
+        ok(back == 2.0f, "a copy queued before the host's second write carries the second value (%s)",
+           e && !strcmp(e, "1") ? "eager" : "lazy");
     } else if (!strcmp(mode, "hazard")) test_hazard(argc > 2 ? argv[2] : "none");
     else if (!strcmp(mode, "kernel")) test_kernel_fault();
     else if (!strcmp(mode, "cublas")) test_cublas_fault();
