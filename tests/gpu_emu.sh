@@ -13,7 +13,8 @@
 #      --with-cuda build once more with AddressSanitizer (and a planted overrun caught);
 #   2. the stand-in's own test (gpu_emu/selftest.cu): each strictness above fails as it
 #      should, naming the call; a missing barrier unseen in index order is caught in the
-#      other two; a misaligned float4 load (everything is built with
+#      other two; with nvcc, each launch against nvcc's registers and static shared memory
+#      per kernel (a block too large for a GPU refused); a misaligned float4 load (everything is built with
 #      -fsanitize=alignment) and a device-synchronising call beside another thread's
 #      queued NCCL work stop the program;
 #   3. with a --with-cuda build: dtrain train --device cuda (mlp, 10 steps) on the
@@ -78,6 +79,17 @@ timeout 120 g++ -o "$TMP/test_cuda_emu" "$TMP/test.o" "$TMP"/be/*.o -L"$B/.libs"
 cu "$S/tests/gpu_emu/selftest.cu" selftest
 timeout 120 g++ -o "$TMP/selftest" "$TMP/selftest.o" "$TMP/be/emu.o" "$TMP/nccl_emu.o" -L"$B/.libs" -ldtrain -lubsan \
     $blas_libs -lm -Wl,-rpath,"$B/.libs" > "$TMP/log" 2>&1 || fail "link the stand-in's own test"
+
+# nvcc's resource usage of every kernel (tests/gpu_emu/resources.sh: registers a thread,
+# static shared memory), held against each launch of every emulated program below
+# (DT_GPU_EMU_RESOURCES): a block a GPU could not hold fails as it would there
+DT_SRCDIR="$S" DT_BUILDDIR="$B" timeout 600 sh "$S/tests/gpu_emu/resources.sh" "$TMP/resources" "$S"/src/cuda/*.cu \
+    "$S/tests/gpu_emu/selftest.cu" > "$TMP/log" 2>&1
+case $? in
+0) export DT_GPU_EMU_RESOURCES="$TMP/resources" ;;
+77) unset DT_GPU_EMU_RESOURCES ;;
+*) fail "nvcc's resource usage of the kernels" ;;
+esac
 
 # 1. every op against the cpu backend; then again with the blocks of every launch, and the
 #    threads of a block between barriers, in reverse and in shuffled order (a GPU promises
@@ -151,6 +163,32 @@ for o in reverse shuffle; do
     grep -q '^not ok 1 - k_racy' "$TMP/st-$o.out" && grep -q '^ok 2 - k_shift' "$TMP/st-$o.out"
     ok $? "DT_GPU_EMU_ORDER=$o catches it (and passes the kernel with the barrier)"
 done
+# nvcc's resource usage at launch: the planted bugs (a kernel of many registers in blocks
+# of 1024 threads, 40 KiB static shared memory given 12 KiB dynamic) unseen without the
+# table and refused with it; a malformed table stops a program before it runs anything
+(cd "$TMP" && env -u DT_GPU_EMU_RESOURCES timeout 120 ./selftest resources > st-nores.out 2>&1) &&
+    grep -q '^ok 2 - k_heavy with 1024 threads a block launches (no table' "$TMP/st-nores.out"
+ok $? "without nvcc's resource table a block of too many registers or shared memory goes unseen"
+if [ -n "${DT_GPU_EMU_RESOURCES:-}" ]; then
+    (cd "$TMP" && timeout 120 ./selftest resources > st-res.out 2>&1)
+    rc=$?
+    [ $rc -eq 0 ] && grep -q '^ok 2 - k_heavy with 1024 threads a block: too many registers' "$TMP/st-res.out" &&
+        grep -q '^ok 5 - 40 KiB static and 12 KiB dynamic: over 48 KiB' "$TMP/st-res.out" &&
+        grep -q '^ok 7 - a template.s instance launches under its own name (found in the table)' "$TMP/st-res.out"
+    good=$?
+    ok $good "with it ($(wc -l < "$DT_GPU_EMU_RESOURCES") kernels) both are refused as a GPU would, naming the kernel"
+    [ $good -eq 0 ] || sed 's/^/#   /' "$TMP/st-res.out" | tail -8
+    printf 'k_copy\t300\t0\n' > "$TMP/res-bad"
+    rc=$( (cd "$TMP" && DT_GPU_EMU_RESOURCES="$TMP/res-bad" timeout 120 ./selftest > st-resbad.out 2>&1; echo $?) 2> /dev/null)
+    [ "$rc" = 2 ] && grep -q "res-bad line 1: expected NAME<tab>REGISTERS<tab>SMEM" "$TMP/st-resbad.out"
+    ok $? "a resource table line of 300 registers is refused (exit 2), naming the line"
+    grep -v '^k_copy' "$DT_GPU_EMU_RESOURCES" > "$TMP/res-less"
+    rc=$( (cd "$TMP" && DT_GPU_EMU_RESOURCES="$TMP/res-less" timeout 120 ./selftest > st-resless.out 2>&1; echo $?) 2> /dev/null)
+    [ "$rc" != 0 ] && grep -q "kernel k_copy is not in DT_GPU_EMU_RESOURCES" "$TMP/st-resless.out"
+    ok $? "a kernel the table lacks stops the program (the check cannot pass by checking nothing)"
+else
+    skip "no nvcc: the kernels' resource usage at launch (3 checks)"
+fi
 # a float4 load from an address that is not a multiple of 16 (the planted bug of the
 # alignment check)
 rc=$( (cd "$TMP" && timeout 120 ./selftest unaligned > st-unal.out 2> st-unal.err; echo $?) 2> /dev/null)

@@ -396,16 +396,13 @@ static dt_status attn_launch(const attn_args &a, int B, int backward) {
     dim3 grid((unsigned)(B * a.H), (unsigned)((a.T + TILE - 1) / TILE));
     dim3 kv_grid((unsigned)(B * a.K), grid.y);
     if (!backward) {
-        void (*fwd)(attn_args) = k_attn_forward<DMAX, TILE>;
-        fwd<<<grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
+        k_attn_forward<DMAX, TILE><<<grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
         DT_CU_LAUNCH("k_attn_forward");
         return DT_OK;
     }
-    void (*dkv)(attn_args) = k_attn_dkv<DMAX, TILE>;
-    dkv<<<kv_grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
+    k_attn_dkv<DMAX, TILE><<<kv_grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
     DT_CU_LAUNCH("k_attn_dkv");
-    void (*dq)(attn_args) = k_attn_dq<DMAX, TILE>;
-    dq<<<grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
+    k_attn_dq<DMAX, TILE><<<grid, TILE * SUB, 0, dt_cu_stream()>>>(a);
     DT_CU_LAUNCH("k_attn_dq");
     return DT_OK;
 }

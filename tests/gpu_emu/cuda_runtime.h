@@ -30,6 +30,10 @@
  *     cudaErrorInvalidConfiguration from cudaGetLastError, and the kernel does not run;
  *     more threads than the kernel's __launch_bounds__ is cudaErrorLaunchOutOfResources
  *     (gpu_emu.sh registers the bounds written as a constant, EMU_BOUNDS below).
+ *   - DT_GPU_EMU_RESOURCES=FILE (nvcc's resource usage, tests/gpu_emu/resources.sh):
+ *     a launch whose block needs more registers than a GPU grants one (65536, 256 to a
+ *     warp) is cudaErrorLaunchOutOfResources, one whose static and dynamic shared memory
+ *     pass 48 KiB cudaErrorInvalidConfiguration; a kernel not in the table stops the program.
  *   - DT_GPU_EMU_NOTREADY=K: a query of a stream or an event with work left, and NCCL's
  *     asynchronous error, answer "not ready" (cudaErrorNotReady, ncclInProgress) K times
  *     for each object before the true answer, as a busy GPU would, so each polling loop
@@ -43,7 +47,7 @@
  *     0000:(0x10 + p):00.0 where p is the i-th entry of CUDA_VISIBLE_DEVICES (else i).
  *
  * It says nothing about speed, about races between threads of a block that do not
- * synchronise, or about static shared memory size.
+ * synchronise, or (without DT_GPU_EMU_RESOURCES) about registers and static shared memory.
  */
 #ifndef DT_GPU_EMU_CUDA_RUNTIME_H
 #define DT_GPU_EMU_CUDA_RUNTIME_H
@@ -157,6 +161,7 @@ int         emu_device(void);
 #include <cstring>
 #include <functional>
 #include <type_traits>
+#include <string>
 
 #define __global__
 #define __device__
@@ -212,6 +217,18 @@ struct emu_bounds {
 /* kernel<<<grid, block, shmem, stream>>>(args) is rewritten by gpu_emu.sh into
  * emu_cfg(grid, block, shmem, stream).run(EMU_NAMED(kernel))(args). */
 #define EMU_NAMED(k) k, #k
+/* kernel<A, B><<<...>>>(args) (integer template arguments) becomes
+ * emu_cfg(...).run(kernel<A, B>, emu_tname<A, B>("kernel"))(args): the instance's name as
+ * nvcc's resource table spells it, "kernel<64, 32>". */
+template <int... V> const char *emu_tname(const char *base) {
+    static const std::string name = [&] {
+        std::string s = std::string(base) + "<";
+        int i = 0;
+        ((s += (i++ ? ", " : "") + std::to_string(V)), ...);
+        return s + ">";
+    }();
+    return name.c_str();
+}
 struct emu_cfg {
     dim3 g, b;
     size_t shmem;

@@ -1079,6 +1079,79 @@ static std::map<std::string, unsigned> &bounds(void) {
 
 void emu_register_bounds(const char *k, unsigned threads) { bounds()[k] = threads; }
 
+/* DT_GPU_EMU_RESOURCES=FILE: what nvcc says each kernel uses (tests/gpu_emu/resources.sh
+ * writes it from `nvcc --resource-usage`), a line per kernel: its name as launched
+ * ("k_ln_forward", "k_attn_forward<64, 32>"), its registers a thread and its bytes of
+ * static shared memory, the most over the architectures built. With it every launch is
+ * held to what a GPU grants a block: 65536 registers, allocated 256 to a warp (a thread's
+ * count rounded up to 8), and 48 KiB of shared memory, static and dynamic together,
+ * without an opt-in; a kernel the table lacks stops the program (the table would
+ * otherwise check nothing). A line that does not read so stops it too. */
+struct emu_res {
+    unsigned regs;
+    size_t smem;
+};
+static std::map<std::string, emu_res> *resources(void) {
+    static std::map<std::string, emu_res> m;
+    static int loaded = 0;
+    if (!loaded) {
+        loaded = 1;
+        const char *path = getenv("DT_GPU_EMU_RESOURCES");
+        if (!path || !*path) return NULL;
+        FILE *f = fopen(path, "r");
+        if (!f) {
+            fprintf(stderr, "gpu_emu: DT_GPU_EMU_RESOURCES=%s: cannot open it\n", path);
+            exit(2);
+        }
+        char line[512];
+        for (int no = 1; fgets(line, sizeof line, f); no++) {
+            char *tab1 = strchr(line, '\t'), *tab2 = tab1 ? strchr(tab1 + 1, '\t') : NULL, *end;
+            unsigned long r = tab2 ? strtoul(tab1 + 1, &end, 10) : 0;
+            int good = tab2 && end == tab2 && r > 0 && r <= 255;
+            unsigned long long sm = good ? strtoull(tab2 + 1, &end, 10) : 0;
+            if (!good || (*end != '\n' && *end != '\0') || sm > (228u << 10)) {
+                fprintf(stderr, "gpu_emu: DT_GPU_EMU_RESOURCES=%s line %d: expected NAME<tab>REGISTERS<tab>SMEM\n", path,
+                        no);
+                exit(2);
+            }
+            m[std::string(line, (size_t)(tab1 - line))] = emu_res{(unsigned)r, (size_t)sm};
+        }
+        fclose(f);
+        if (m.empty()) {
+            fprintf(stderr, "gpu_emu: DT_GPU_EMU_RESOURCES=%s: no kernel in it\n", path);
+            exit(2);
+        }
+    }
+    return m.empty() ? NULL : &m;
+}
+
+/* The launch against nvcc's resource usage: 0 (the last error set) when a GPU would refuse it. */
+static int resources_ok(const char *k, unsigned long long threads, size_t shmem) {
+    std::map<std::string, emu_res> *m = resources();
+    if (!m) return 1;
+    auto it = m->find(k);
+    if (it == m->end()) {
+        fprintf(stderr, "gpu_emu: kernel %s is not in DT_GPU_EMU_RESOURCES=%s (its resource usage cannot be checked)\n", k,
+                getenv("DT_GPU_EMU_RESOURCES"));
+        abort();
+    }
+    const emu_res &u = it->second;
+    unsigned long long warps = (threads + 31) / 32, need = warps * 32 * ((u.regs + 7) / 8 * 8);
+    if (need > 65536) {
+        fail(cudaErrorLaunchOutOfResources, "too many resources requested for launch: kernel %s uses %u registers a "
+             "thread (nvcc), so %llu threads a block need %llu of the 65536 registers a block may have", k, u.regs,
+             threads, need);
+        return 0;
+    }
+    if (u.smem + shmem > (48u << 10)) {
+        fail(cudaErrorInvalidConfiguration, "invalid configuration argument: kernel %s: %zu bytes of static shared "
+             "memory (nvcc) and %zu dynamic, %zu in all (at most 49152 without an opt-in)", k, u.smem, shmem,
+             u.smem + shmem);
+        return 0;
+    }
+    return 1;
+}
+
 int emu_launch_ok(const char *k, dim3 g, dim3 b, size_t shmem) {
     LOCK;
     if (sticky) { last_err = sticky; return 0; }
@@ -1104,7 +1177,7 @@ int emu_launch_ok(const char *k, dim3 g, dim3 b, size_t shmem) {
              "shared memory (at most 49152 without an opt-in)", k, shmem);
         return 0;
     }
-    return 1;
+    return resources_ok(k, threads, shmem);
 }
 
 int emu_kernel_ptr_ok(const char *k, int index, const void *p) {

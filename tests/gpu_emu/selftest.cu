@@ -26,6 +26,11 @@
  *                       it, before the copy is known done (a race): the copy carries the
  *                       second value when work runs late (the default: the bug unseen), the
  *                       first under DT_GPU_EMU_EAGER=1 (caught)
+ *   selftest resources  with DT_GPU_EMU_RESOURCES (nvcc's table): a kernel of many
+ *                       registers launched with 1024 threads, and one of 40 KiB static
+ *                       shared memory given 12 KiB dynamic, refused as a GPU would; the
+ *                       smaller launches and a template's instance (its name from the
+ *                       launch) run; without the table all run
  *   selftest hazard CALL
  *                       CALL (cudaFree, cudaFreeHost, cudaMalloc, cuMemUnmap) made while
  *                       another thread has an NCCL all-reduce queued: the emulation stops
@@ -82,6 +87,32 @@ __global__ void k_shift(float *dst) {
     __syncthreads();
     dst[blockIdx.x * 64 + threadIdx.x] = threadIdx.x ? s[threadIdx.x - 1] + 1.0f : s[0];
 }
+
+/* many registers a thread (nvcc gives it over 96: every value stays live until their sum
+ * is known) and no __launch_bounds__: 1024 threads a block need more than a GPU has */
+enum { HEAVY = 96 };
+__global__ void k_heavy(float *dst, const float *src) {
+    float v[HEAVY], s = 0.0f;
+    const unsigned n = blockDim.x, t = threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < HEAVY; j++) v[j] = src[j * n + t];
+#pragma unroll
+    for (int j = 0; j < HEAVY; j++) s += v[j] * v[j];
+#pragma unroll
+    for (int j = 0; j < HEAVY; j++) dst[j * n + t] = v[j] / s;
+}
+
+/* 40 KiB of static shared memory: with more than 8 KiB dynamic asked beside it (the
+ * launch's third argument; the stand-in has no dynamic shared memory to use), over 48 KiB */
+__global__ void k_bigshared(float *dst) {
+    __shared__ float s[10240];
+    s[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    dst[threadIdx.x] = s[31 - threadIdx.x];
+}
+
+/* a kernel template, launched by instance: the table names it "k_tmpl<2, 3>" */
+template <int A, int B> __global__ void k_tmpl(float *dst) { dst[threadIdx.x] = (float)(A * B); }
 
 static const int N = 1000;
 
@@ -385,6 +416,40 @@ static void test_tf32(void) {
     cudaFree(d);
 }
 
+/* With DT_GPU_EMU_RESOURCES (nvcc's table) the launches a GPU refuses fail as it would;
+ * without it they run (the mistakes unseen). */
+static void test_resources(void) {
+    const char *table = getenv("DT_GPU_EMU_RESOURCES");
+    const int checked = table && *table;
+    float *src = NULL, *dst = NULL;
+    cudaMalloc((void **)&src, HEAVY * 1024 * sizeof(float));
+    cudaMalloc((void **)&dst, HEAVY * 1024 * sizeof(float));
+    cudaMemset(src, 0, HEAVY * 1024 * sizeof(float));
+    k_heavy<<<1, 128, 0, 0>>>(dst, src);
+    is_int(cudaGetLastError(), cudaSuccess, "k_heavy with 128 threads a block launches");
+    k_heavy<<<1, 1024, 0, 0>>>(dst, src);
+    cudaError_t e = cudaGetLastError();
+    if (checked) {
+        is_int(e, cudaErrorLaunchOutOfResources, "k_heavy with 1024 threads a block: too many registers");
+        like(cudaGetErrorString(e), "k_heavy uses", "the message names the kernel and its registers");
+    } else is_int(e, cudaSuccess, "k_heavy with 1024 threads a block launches (no table: unseen)");
+    k_bigshared<<<1, 32, 8192, 0>>>(dst);
+    is_int(cudaGetLastError(), cudaSuccess, "40 KiB static and 8 KiB dynamic shared memory launch");
+    k_bigshared<<<1, 32, 12288, 0>>>(dst);
+    e = cudaGetLastError();
+    if (checked) {
+        is_int(e, cudaErrorInvalidConfiguration, "40 KiB static and 12 KiB dynamic: over 48 KiB");
+        like(cudaGetErrorString(e), "static shared", "the message says the static part");
+    } else is_int(e, cudaSuccess, "40 KiB static and 12 KiB dynamic launch (no table: unseen)");
+    k_tmpl<2, 3><<<1, 4, 0, 0>>>(dst);
+    float h[4] = {0};
+    cudaMemcpy(h, dst, sizeof h, cudaMemcpyDeviceToHost);
+    ok(cudaGetLastError() == cudaSuccess && h[0] == 6.0f && h[3] == 6.0f,
+       "a template's instance launches under its own name (%s)", checked ? "found in the table" : "no table");
+    cudaFree(src);
+    cudaFree(dst);
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "divergent")) {
@@ -431,7 +496,8 @@ int main(int argc, char **argv) {
         const char *e = getenv("DT_GPU_EMU_EAGER");
         ok(back == 2.0f, "a copy queued before the host's second write carries the second value (%s)",
            e && !strcmp(e, "1") ? "eager" : "lazy");
-    } else if (!strcmp(mode, "hazard")) test_hazard(argc > 2 ? argv[2] : "none");
+    } else if (!strcmp(mode, "resources")) test_resources();
+    else if (!strcmp(mode, "hazard")) test_hazard(argc > 2 ? argv[2] : "none");
     else if (!strcmp(mode, "kernel")) test_kernel_fault();
     else if (!strcmp(mode, "cublas")) test_cublas_fault();
     else {
