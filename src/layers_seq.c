@@ -326,7 +326,7 @@ static dt_status attn_forward(const dt_nn_ctx *c, dt_layer *L, const float *x, i
     if (s->rope > 0.0f) DT_TRY(o->rope(s->qkv, B, T, s->heads, s->K, D, s->rope, c->decode ? c->decode_pos : 0, 0));
     DT_TRY(layer_lp_round(c, s->qkv, (size_t)rows * (size_t)W));
     if (c->decode) DT_TRY(attn_decode_step(c, L, B));
-    else DT_TRY(o->attn_forward(s->att, s->lse, s->qkv, B, T, s->heads, s->K, D));
+    else DT_TRY(o->attn_forward(s->att, s->lse, s->qkv, B, T, s->heads, s->K, D, c->lp));
     DT_TRY(layer_lp_round(c, s->att, (size_t)rows * (size_t)C));
     if (s->qkv16 && !c->decode) {   /* what backward reads, kept in 16 bits */
         DT_TRY(dt_keep16(o, L->lp16, s->qkv16, s->qkv, (size_t)rows * (size_t)W));
@@ -347,7 +347,7 @@ static dt_status attn_backward(const dt_nn_ctx *c, dt_layer *L, const float *x, 
     DT_TRY(layer_linear_backward(c, s->datt, g + L->t[s->tow].offset, s->tob < 0 ? NULL : g + L->t[s->tob].offset,
                                  dy, s->att, attn_ptr(c, L, s->tow), rows, C, C));
     DT_TRY(layer_lp_round(c, s->datt, (size_t)rows * (size_t)C));
-    DT_TRY(o->attn_backward(s->dqkv, s->datt, s->qkv, s->att, s->lse, B, T, s->heads, s->K, D));
+    DT_TRY(o->attn_backward(s->dqkv, s->datt, s->qkv, s->att, s->lse, B, T, s->heads, s->K, D, c->lp));
     if (s->rope > 0.0f) DT_TRY(o->rope(s->dqkv, B, T, s->heads, s->K, D, s->rope, 0, 1));
     DT_TRY(layer_lp_round(c, s->dqkv, (size_t)rows * (size_t)W));
     return layer_linear_backward_rounded(c, dx, g + L->t[s->tw].offset, s->tb < 0 ? NULL : g + L->t[s->tb].offset,

@@ -93,6 +93,8 @@ typedef struct {
     double grad_scale;            /* multiplies the gradient first (1 = none) */
     int   nesterov;               /* 0 or 1 */
     int   first_step;             /* 1 on the first step: buf = g (buf may hold garbage) */
+    const float *gate;            /* NULL, or a device float: 0 there and the step does nothing
+                                   * (step_checks' out[2]: decided on the device) */
 } dt_sgd_args;
 
 /* torch.optim.AdamW for one step (PyTorch semantics, amsgrad=False):
@@ -103,6 +105,7 @@ typedef struct {
     double  lr, beta1, beta2, eps, weight_decay;    /* doubles, as PyTorch's Python floats */
     double  grad_scale;           /* multiplies the gradient first (1 = none) */
     int64_t step;                 /* 1 on the first step */
+    const float *gate;            /* as dt_sgd_args' */
 } dt_adamw_args;
 
 /* AdamW in float, shared by the backends: the scalars rounded once from the doubles
@@ -297,13 +300,16 @@ static inline DT_HD void dt_rope_angle(double pos, int i, int D, float theta, fl
      * qkv (B, T, (H + 2K) D) as a fused projection writes it: q in columns 0..HD-1, k in \
      * the next KD, v in the last KD, head h at columns h*D of its block. y (B, T, HD), \
      * head h at columns h*D; lse (B, H, T) the log-sum-exp of each row of scores, kept \
-     * for backward. Never forms the T x T matrix: memory grows with T. */ \
-    X(attn_forward,  (float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D)) \
+     * for backward. Never forms the T x T matrix: memory grows with T. dtype: DT_F32, or \
+     * DT_BF16 / DT_F16 when qkv (and dy in backward) hold values rounded to that type: a \
+     * backend may then multiply two such operands on 16-bit units (exact products, f32 \
+     * sums: the CPU's arithmetic to the order of the sums; the CPU ignores it). */ \
+    X(attn_forward,  (float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D, int dtype)) \
     /* dqkv (B, T, (H + 2K) D) from dy (B, T, HD), recomputing the scores from qkv and lse \
      * (y is the forward's output); a key/value head's gradient sums its query heads in \
      * order. */ \
     X(attn_backward, (float *dqkv, const float *dy, const float *qkv, const float *y, const float *lse, \
-                      int B, int T, int H, int K, int D)) \
+                      int B, int T, int H, int K, int D, int dtype)) \
     /* One decoding position t for sampling: y (HD) = attention of the query q (HD) over \
      * the keys and values of positions 0..t in kv (t+1, 2KD), a cache whose row j holds \
      * position j's K key heads, then its K value heads (the k and v of a qkv row): a \
@@ -348,6 +354,17 @@ static inline DT_HD void dt_rope_angle(double pos, int i, int D, float theta, fl
                 const float *B, int ldb, float beta, float *C, int ldc)) \
     /* flag (1) = 1 when some x[i] (n) is inf or NaN, else 0: GradScaler's found_inf. */ \
     X(nonfinite, (int32_t *flag, const float *x, size_t n)) \
+    /* A step's checks decided on the device, so that the host reads the step's results \
+     * once, at its end (src/train.c). out (3 floats): out[0] = the gradient's global \
+     * norm, sqrtf((float)dt_pairwise_sum(parts, nch)) x unscale (parts: the chunk sums of \
+     * sumsq_chunks, consumed; scratch: nch more doubles; nch = 0: 0); out[1] = the \
+     * clipping coefficient max_norm / (out[0] + 1e-6f) (1 when max_norm <= 0); out[2] = \
+     * 1 when out[0] and every loss (k) are finite, else 0: the gate of the optimizer's \
+     * step (dt_adamw_args). The host's arithmetic (shard.c), so the same bits. */ \
+    X(step_checks, (float *out, double *parts, double *scratch, size_t nch, const float *losses, size_t k, \
+                    float max_norm, float unscale)) \
+    /* x (n) *= checks[1] when checks[1] < 1 (clipping by step_checks' coefficient). */ \
+    X(clip_scale, (float *x, const float *checks, size_t n)) \
     \
     /* -- fused optimizer steps over a flat parameter array (n) -- \
      * sgd: buf (n) is the momentum buffer (unused when momentum == 0, may be NULL). */ \

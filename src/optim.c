@@ -31,7 +31,7 @@ static dt_status sgd_step(const dt_ops *ops, const dt_optim_config *c, const dt_
     dt_sgd_args s = {
         .lr = a->lr, .momentum = c->momentum, .dampening = c->dampening,
         .weight_decay = c->weight_decay, .grad_scale = a->grad_scale,
-        .nesterov = c->nesterov, .first_step = a->steps_done == 0,
+        .nesterov = c->nesterov, .first_step = a->steps_done == 0, .gate = a->gate,
     };
     return ops->sgd_update(a->params, a->grads, a->state[0], a->n, &s);
 }
@@ -50,7 +50,7 @@ static dt_status adamw_check(const dt_optim_config *c) {
 static dt_status adamw_step(const dt_ops *ops, const dt_optim_config *c, const dt_optim_step_args *a) {
     dt_adamw_args s = {
         .lr = a->lr, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps,
-        .weight_decay = c->weight_decay, .grad_scale = a->grad_scale, .step = a->steps_done + 1,
+        .weight_decay = c->weight_decay, .grad_scale = a->grad_scale, .step = a->steps_done + 1, .gate = a->gate,
     };
     return ops->adamw_update(a->params, a->grads, a->state[0], a->state[1], a->n, &s);
 }
@@ -149,6 +149,7 @@ struct dt_optim {
     size_t             *bounds;      /* decay runs: [bounds[i], bounds[i+1]), NULL: one run */
     unsigned char      *decay;       /* per run: 1 weight decay, 0 none */
     size_t              nruns;
+    const float        *gate;        /* dt_optim_set_gate */
 };
 
 static dt_status check_config(const dt_optim_config *c) {
@@ -211,7 +212,7 @@ dt_status dt_optim_step(dt_optim *o, float *params, const float *grads, float lr
     if (o->n == 0) { o->steps++; return DT_OK; }
     dt_optim_step_args a = {
         .params = params, .grads = grads, .state = o->state, .n = o->n,
-        .lr = lr, .grad_scale = grad_scale, .steps_done = o->steps,
+        .lr = lr, .grad_scale = grad_scale, .steps_done = o->steps, .gate = o->gate,
     };
     if (!o->nruns) {
         DT_TRY(o->def->step(o->ops, &o->cfg, &a));
@@ -241,6 +242,7 @@ float  *dt_optim_state(dt_optim *o, int i) { return (i >= 0 && i < o->nstate) ? 
 size_t  dt_optim_size(const dt_optim *o) { return o->n; }
 int64_t dt_optim_steps(const dt_optim *o) { return o->steps; }
 void    dt_optim_set_steps(dt_optim *o, int64_t steps) { o->steps = steps; }
+void    dt_optim_set_gate(dt_optim *o, const float *gate) { o->gate = gate; }
 const dt_optim_config *dt_optim_config_of(const dt_optim *o) { return &o->cfg; }
 
 const char *dt_optim_state_name(const dt_optim *o, int i) {

@@ -58,6 +58,7 @@ typedef struct {
     float         lr;             /* this step's learning rate (from the schedule) */
     float         grad_scale;     /* multiplies the gradient first (1 = none) */
     int64_t       steps_done;     /* steps taken before this one: 0 on the first */
+    const float  *gate;           /* NULL, or a device float: 0 there and the kernel does nothing */
 } dt_optim_step_args;
 
 /* One optimizer kind. */
@@ -126,6 +127,10 @@ DT_API const char *dt_optim_state_name(const dt_optim *o, int i);
 DT_API size_t      dt_optim_size(const dt_optim *o);
 DT_API int64_t     dt_optim_steps(const dt_optim *o);
 DT_API void        dt_optim_set_steps(dt_optim *o, int64_t steps);   /* after loading the state arrays */
+/* A device float every later step reads first (ops.h step_checks' out[2]): where it is 0
+ * the update kernels leave everything as it was (the caller, which learns so at the end
+ * of the step, stops; the step count still moves). NULL: none (the default). */
+DT_API void        dt_optim_set_gate(dt_optim *o, const float *gate);
 DT_API const dt_optim_config *dt_optim_config_of(const dt_optim *o);
 
 /* ---- learning-rate schedules ------------------------------------------------ */

@@ -199,13 +199,13 @@ static dt_status plan_whole(const dt_plan_opts *o, const dt_plan_shard *sh, cons
     B[DT_MEM_COMM] += rings;
     /* other: the model's scalars, the step's batch (k micro-batches), the batchnorm
      * records of S micro-batches (replayed unless synchronised), evaluation's batch while
-     * it runs, and the step's k losses and clipping's scalar (train.c's dlosses) */
+     * it runs, and the step's k losses and its 3 checks (train.c's dlosses) */
     int64_t ss = dt_shape_numel(&o->input);
     dt_train_batch_bytes step = dt_train_batch_size(k * b, ss, o->labels, 0, 0);
     dt_train_batch_bytes eval = dt_train_batch_size(b, ss, o->labels, 0, 0);
     size_t bnrec = (t->sync_bn && W > 1) ? 0 : (size_t)S * mm->nrecord * sizeof(float);
     B[DT_MEM_OTHER] = mm->bytes[DT_MEM_OTHER] + step.x + step.y + bnrec + (t->eval ? eval.x + eval.y : 0) +
-                      (size_t)(k + 1) * sizeof(float);
+                      (size_t)(k + 3) * sizeof(float);
     for (int c = 0; c < DT_MEM_NCAT; c++) out->total += B[c];
     out->shared = pool_grads;   /* the slots holding gradients: counted under params too */
     out->total -= out->shared;

@@ -123,7 +123,8 @@ dt_status dt_shard_init_range(dt_model *m, dt_comm *comm, dt_shard_mode mode, si
     size_t npart = (padded + C - 1) / C;
     size_t reserve = s->base + padded;
     dt_status st = dt_model_reserve(m, reserve > dt_model_nparams(m) ? reserve : dt_model_nparams(m));
-    if (st == DT_OK) st = s->ops->alloc((void **)&s->dparts, (npart ? npart : 1) * sizeof(double));
+    /* twice: the second half is step_checks' scratch (dt_shard_clip_device) */
+    if (st == DT_OK) st = s->ops->alloc((void **)&s->dparts, 2 * (npart ? npart : 1) * sizeof(double));
     if (st == DT_OK && !(s->parts = malloc((npart ? npart : 1) * sizeof(double))))
         st = dt_error(DT_ERR_NOMEM, "out of memory for the gradient norm's chunk sums");
     s->stage = distributed(s) && !s->ops->host_memory && !dt_comm_device_buffers(comm);
@@ -216,6 +217,18 @@ dt_status dt_shard_clip(dt_shard *s, float max_norm, float unscale, float *norm)
         if (coef < 1.0f) DT_TRY(s->ops->scale(g + s->lo, coef, s->len));
     }
     return DT_OK;
+}
+
+dt_status dt_shard_clip_device(dt_shard *s, float max_norm, float unscale, int norm, const float *losses, size_t k,
+                               float *checks) {
+    const size_t C = DT_SUM_CHUNK;
+    if (distributed(s) || s->base > 0 || s->n < dt_model_nparams(s->model))
+        return dt_error(DT_ERR_INTERNAL, "shard: the norm on the device is one whole rank's");
+    size_t nch = norm || max_norm > 0.0f ? (s->n + C - 1) / C : 0;
+    float *g = dt_model_grads(s->model);
+    if (nch) DT_TRY(s->ops->sumsq_chunks(s->dparts, g, s->n));
+    DT_TRY(s->ops->step_checks(checks, s->dparts, s->dparts + nch, nch, losses, k, max_norm, unscale));
+    return max_norm > 0.0f ? s->ops->clip_scale(g + s->lo, checks, s->len) : DT_OK;
 }
 
 dt_status dt_shard_step(dt_shard *s, dt_optim *o, float lr, float grad_scale) {

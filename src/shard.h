@@ -160,6 +160,13 @@ DT_API dt_status dt_shard_reduce(dt_shard *s);
  * summed gradient: the gradient's norm times unscale, 1 without loss scaling), and with
  * max_norm > 0 the clipping of the part this rank applies. */
 DT_API dt_status dt_shard_clip(dt_shard *s, float max_norm, float unscale, float *norm);
+/* The same for one rank's whole array decided on the device, read nothing back: checks
+ * (3 device floats, ops.h step_checks) = the norm (when `norm` or max_norm > 0, else 0),
+ * the clipping coefficient, and the gate (0 when the norm or one of the k losses, device,
+ * is not finite), and with max_norm > 0 the gradient clipped by the coefficient. A
+ * sharded state (several ranks), or a range: DT_ERR_INTERNAL. */
+DT_API dt_status dt_shard_clip_device(dt_shard *s, float max_norm, float unscale, int norm, const float *losses,
+                                      size_t k, float *checks);
 /* The optimizer step over this rank's range (o was made for dt_shard_range's len),
  * then the all-gather that gives every rank the updated parameters. */
 DT_API dt_status dt_shard_step(dt_shard *s, dt_optim *o, float lr, float grad_scale);

@@ -269,7 +269,33 @@ static void trace_step(const trainer *t, int64_t g, const double *at) {
                          (double)t->o->batch * (double)t->lw / (at[4] - at[0]));
 }
 
-/* One optimizer step on global step g; *loss receives the global mean loss. */
+/* A non-finite loss stops the job before the update, so no NaN weights are ever applied
+ * or saved. Every rank holds every micro-batch's loss: all decide alike. */
+static dt_status check_losses(const trainer *t, int64_t g) {
+    for (int64_t j = 0; j < t->S; j++)
+        if (!isfinite(t->all_losses[j]))
+            return dt_error(DT_ERR_NONFINITE, "step %lld: the loss of micro-batch %lld (computed by rank %lld) is %s; "
+                            "stopped before the update (a learning rate too high, or non-finite input data?)",
+                            (long long)g + 1, (long long)j, (long long)(j / t->k * t->pp + t->pp - 1),
+                            isnan(t->all_losses[j]) ? "NaN" : "infinite");
+    return DT_OK;
+}
+
+static dt_status check_norm(int64_t g, float norm) {
+    if (isfinite(norm)) return DT_OK;
+    return dt_error(DT_ERR_NONFINITE, "step %lld: the gradient norm is %s; stopped before the update", (long long)g + 1,
+                    isnan(norm) ? "NaN" : "infinite");
+}
+
+/* One optimizer step on global step g; *loss receives the global mean loss.
+ *
+ * One process (no pipeline, no loss scaler) reads the device once a step, at its end:
+ * the norm, the clipping coefficient and whether the step may be applied are decided on
+ * the device (dt_shard_clip_device), the optimizer's kernels read that gate, and the
+ * losses and the norm come back together after the update was queued; a non-finite loss
+ * or norm then stops the job as before, the gate having kept the weights as they were.
+ * Several processes read the losses before the update: every rank must see every loss
+ * (gathered) to decide alike. */
 static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, double *lr_out, double *norm_out) {
     const dt_ops *ops = t->ops;
     const dt_dataset_info *info = dt_dataset_get_info(t->train);
@@ -316,8 +342,12 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         if (f0 > 0.0) trace_micro(micro, f0, f1, dt_now());
         trace_dev_micro("backward", micro, d1);
     }
-    DT_TRY(ops->copy_d2h(t->losses, t->dlosses, (size_t)t->k * sizeof(float)));   /* the step's one read back */
-    dt_loader_release(t->loader);   /* the uploads are done */
+    const int one = t->world == 1 && !t->pipe && dt_amp_scale(t->amp) == 0.0;
+    float *checks = t->dlosses + t->k;   /* one: the norm, the clipping coefficient, the gate (device) */
+    if (!one) {
+        DT_TRY(ops->copy_d2h(t->losses, t->dlosses, (size_t)t->k * sizeof(float)));
+        dt_loader_release(t->loader);   /* the uploads are done */
+    }
     double t2 = dt_now();
     double wait = 0.0;
     DT_TRY(dt_ddp_finish(t->ddp, &wait));
@@ -332,8 +362,6 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         if (t->bnrec_n)
             DT_TRY(dt_ddp_allgather_dev(t->ddp, t->bnrec + (size_t)t->first_micro * t->bnrec_n, t->bnrec,
                                         (size_t)t->k * t->bnrec_n * sizeof(float)));
-    } else {
-        memcpy(t->all_losses, t->losses, (size_t)t->k * sizeof(float));
     }
     /* Running statistics advance once per micro-batch in global micro-batch order on
      * every rank, so the buffers equal those of a single process bit for bit. */
@@ -341,14 +369,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         DT_TRY(dt_model_bn_replay(t->model, t->bnrec + (size_t)j * t->bnrec_n));
     double t3 = dt_now();
     int d3 = dt_trace_dev_mark();   /* the optimizer's work on a device (trace.h) */
-    /* A non-finite loss stops the job before the update, so no NaN weights are ever
-     * applied or saved. Every rank holds every micro-batch's loss: all decide alike. */
-    for (int64_t j = 0; j < t->S; j++)
-        if (!isfinite(t->all_losses[j]))
-            return dt_error(DT_ERR_NONFINITE, "step %lld: the loss of micro-batch %lld (computed by rank %lld) is %s; "
-                            "stopped before the update (a learning rate too high, or non-finite input data?)",
-                            (long long)g + 1, (long long)j, (long long)(j / t->k * t->pp + t->pp - 1),
-                            isnan(t->all_losses[j]) ? "NaN" : "infinite");
+    if (!one) DT_TRY(check_losses(t, g));
 
     /* fp16: inf/NaN in the gradient on any rank skips the step on every rank (the loss
      * scaler's business, not an error); unscale folds 1/scale into clipping and the step.
@@ -358,14 +379,15 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     size_t glo, glen;
     dt_shard_range(t->shard, &glo, &glen);
     DT_TRY(dt_amp_check(t->amp, g, grads + glo, glen, &skip, &unscale));
-    if (!skip && (t->o->clip > 0.0 || logged))
+    dt_optim_set_gate(t->optim, one ? checks + 2 : NULL);
+    if (one)
+        DT_TRY(dt_shard_clip_device(t->shard, (float)t->o->clip, unscale, logged, t->dlosses, (size_t)t->k, checks));
+    else if (!skip && (t->o->clip > 0.0 || logged))
         DT_TRY(t->pipe ? dt_train_pipe_clip_(t, (float)t->o->clip, unscale, &norm)
                        : dt_shard_clip(t->shard, (float)t->o->clip, unscale, &norm));
     float lr = dt_schedule_lr(&t->sched, g);
     if (dt_testing_fault() == DT_FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug (testing.h) */
-    if (!isfinite(norm))
-        return dt_error(DT_ERR_NONFINITE, "step %lld: the gradient norm is %s; stopped before the update",
-                        (long long)g + 1, isnan(norm) ? "NaN" : "infinite");
+    if (!one) DT_TRY(check_norm(g, norm));
     if (!skip) DT_TRY(dt_shard_step(t->shard, t->optim, lr, unscale));
     if (!skip && t->pipe) DT_TRY(dt_train_pipe_after_step_(t));
     if (d3 >= 0) {
@@ -373,7 +395,16 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         snprintf(sd, sizeof sd, "step %lld", (long long)g + 1);
         dt_trace_dev_span(d3, "optimizer", "compute", sd);
     }
-    DT_TRY(ops->synchronize());
+    if (one) {   /* the step's one read: its losses and checks, once the update ran */
+        DT_TRY(ops->copy_d2h(t->losses, t->dlosses, (size_t)(t->k + 3) * sizeof(float)));
+        dt_loader_release(t->loader);
+        memcpy(t->all_losses, t->losses, (size_t)t->k * sizeof(float));
+        norm = t->losses[t->k];
+        DT_TRY(check_losses(t, g));   /* the gate (losses[k + 2] = 0) kept the weights */
+        DT_TRY(check_norm(g, norm));
+    } else {
+        DT_TRY(ops->synchronize());
+    }
     double t4 = dt_now();
     if (dt_trace_on()) {
         trace_step(t, g, (double[]){ t0, t1, t2, t3, t4 });
@@ -592,14 +623,14 @@ static dt_status setup_buffers(trainer *t) {
     t->hash_all = calloc((size_t)t->world, sizeof *t->hash_all);
     t->rank_stats = calloc((size_t)t->world * DT_RANK_STATS, sizeof *t->rank_stats);
     if (!t->hash_all || !t->rank_stats) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
-    t->losses = calloc((size_t)t->k, sizeof *t->losses);
+    t->losses = calloc((size_t)t->k + 3, sizeof *t->losses);   /* + the step's checks (train_step) */
     t->all_losses = calloc((size_t)t->S, sizeof *t->all_losses);
     if (!t->idx || !t->losses || !t->all_losses) return dt_error(DT_ERR_NOMEM, "out of memory for the step buffers");
     DT_TRY(dt_loss_parse(o->loss, &t->lf.kind));
     DT_TRY(dt_train_loss_check_(&t->lf, t->lw));
     t->lf.label_smoothing = (float)o->label_smoothing;
     DT_TRY(dt_train_batch_alloc_(t->ops, &t->lf, local, info->sample_size, t->lw, t->C, &t->dx, &t->dy, &t->hot, &t->dhot));
-    DT_TRY(dt_mem_alloc(t->ops, DT_MEM_OTHER, (void **)&t->dlosses, (size_t)(t->k + 1) * sizeof(float)));
+    DT_TRY(dt_mem_alloc(t->ops, DT_MEM_OTHER, (void **)&t->dlosses, (size_t)(t->k + 3) * sizeof(float)));
     /* With synchronised batchnorm every rank already sees the global statistics
      * and updates its buffers in place; otherwise records are replayed in order. */
     t->bnrec_n = o->sync_bn && t->world > 1 ? 0 : dt_model_bn_record_size(t->model);

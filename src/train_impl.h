@@ -57,7 +57,7 @@ typedef struct trainer {
     int C;                           /* model outputs per sample */
     float *hot, *dhot;               /* MSE: one-hot targets (k*b, C), host and device */
     float *losses, *all_losses;      /* k local / S global micro-batch losses */
-    float *dlosses;                  /* device: the k local losses, then the clipping scalar */
+    float *dlosses;                  /* device: the k local losses, then the step's 3 checks (train_step) */
     float *bnrec;                    /* S batchnorm records of bnrec_n floats, micro-batch order */
     size_t bnrec_n;
     int64_t spe, total;              /* steps per epoch, total steps */

@@ -655,13 +655,44 @@ static void tc_nonfinite(tc_run *r) {
     TC(r, r->ops->nonfinite(f0, xn, 0));
 }
 
-/* Three steps of each optimizer, with momentum, nesterov, weight decay and a grad scale. */
+/* The step's checks over chunk sums of a gradient: the norm, the clipping coefficient,
+ * the gate; with every loss finite, and with a NaN loss (gate 0); no chunks (norm 0). */
+static void tc_step_checks(tc_run *r) {
+    const size_t n = 37 * DT_SUM_CHUNK + 101, nch = 38;
+    float *x = tc_rand(r, n, -1.0f, 1.0f);
+    float hl[5] = {2.5f, 2.25f, 3.0f, 1.0f, NAN};
+    float *losses = tc_upload(r, hl, sizeof hl);
+    const char *what[3] = {"clipped", "a NaN loss", "no norm"};
+    for (int c = 0; c < 3; c++) {
+        double *parts = tc_dev(r, 2 * nch * sizeof(double));
+        TC(r, r->ops->sumsq_chunks(parts, x, n));
+        float *out = tc_out(r, 3 * sizeof(float), 1, TC_EXACT, "checks (%s)", what[c]);
+        TC(r, r->ops->step_checks(out, parts, parts + nch, c == 2 ? 0 : nch, losses, c == 1 ? 5 : 4, 1.0f, 0.5f));
+    }
+}
+
+static void tc_clip_scale(tc_run *r) {
+    const float coef[2][3] = {{0.0f, 0.37f, 1.0f}, {0.0f, 1.0f, 1.0f}};
+    for (int c = 0; c < 2; c++) {
+        float *checks = tc_upload(r, coef[c], sizeof coef[c]);
+        float *x = tc_inout(r, TC_N, -1.0f, 1.0f, TC_EXACT, "x (coefficient %g)", (double)coef[c][1]);
+        TC(r, r->ops->clip_scale(x, checks, TC_N));
+    }
+}
+
+/* Three steps of each optimizer, with momentum, nesterov, weight decay and a grad scale;
+ * a fourth with a closed gate (nothing moves) and a fifth with an open one. */
 static void tc_sgd_update(tc_run *r) {
     float *grad = tc_rand(r, TC_N, -1.0f, 1.0f);
     float *p = tc_inout(r, TC_N, -1.0f, 1.0f, TC_EXACT, "p"), *buf = tc_out(r, TC_N * sizeof(float), 1, TC_EXACT, "buf");
     for (int step = 1; step <= 3; step++) {
         dt_sgd_args a = {.lr = 0.05, .momentum = 0.9, .dampening = 0.0, .weight_decay = 1e-4, .grad_scale = 0.5,
                          .nesterov = 1, .first_step = step == 1};
+        TC(r, r->ops->sgd_update(p, grad, buf, TC_N, &a));
+    }
+    for (int open = 0; open <= 1; open++) {
+        float g1 = (float)open, *gate = tc_upload(r, &g1, sizeof g1);
+        dt_sgd_args a = {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4, .grad_scale = 0.5, .gate = gate};
         TC(r, r->ops->sgd_update(p, grad, buf, TC_N, &a));
     }
 }
@@ -675,6 +706,12 @@ static void tc_adamw_update(tc_run *r) {
     for (int step = 1; step <= 3; step++) {
         dt_adamw_args a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
                            .grad_scale = 1.0, .step = step};
+        TC(r, r->ops->adamw_update(p, grad, m, v, TC_N, &a));
+    }
+    for (int open = 0; open <= 1; open++) {
+        float g1 = (float)open, *gate = tc_upload(r, &g1, sizeof g1);
+        dt_adamw_args a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
+                           .grad_scale = 1.0, .step = 4, .gate = gate};
         TC(r, r->ops->adamw_update(p, grad, m, v, TC_N, &a));
     }
 }
@@ -747,7 +784,7 @@ static void tc_attn_forward(tc_run *r) {
         float *qkv = tc_rand(r, bt * W, -2.0f, 2.0f);
         float *y = tc_out(r, bt * TC_GH * TC_GD * sizeof(float), 1, TC_GEMM, "y (K=%d)", K);
         float *lse = tc_out(r, bt * TC_GH * sizeof(float), 1, TC_GEMM, "lse (K=%d)", K);
-        TC(r, r->ops->attn_forward(y, lse, qkv, TC_SB, TC_ST, TC_GH, K, TC_GD));
+        TC(r, r->ops->attn_forward(y, lse, qkv, TC_SB, TC_ST, TC_GH, K, TC_GD, DT_F32));
     }
 }
 
@@ -757,9 +794,9 @@ static void tc_attn_backward(tc_run *r) {
         const int K = tc_gk[v], W = (TC_GH + 2 * K) * TC_GD, C = TC_GH * TC_GD;
         float *qkv = tc_rand(r, bt * W, -2.0f, 2.0f), *dy = tc_rand(r, bt * C, -1.0f, 1.0f);
         float *y = tc_dev(r, bt * C * sizeof(float)), *lse = tc_dev(r, bt * TC_GH * sizeof(float));
-        TC(r, r->ops->attn_forward(y, lse, qkv, TC_SB, TC_ST, TC_GH, K, TC_GD));
+        TC(r, r->ops->attn_forward(y, lse, qkv, TC_SB, TC_ST, TC_GH, K, TC_GD, DT_F32));
         float *dqkv = tc_out(r, bt * W * sizeof(float), 1, TC_GEMM, "dqkv (K=%d)", K);
-        TC(r, r->ops->attn_backward(dqkv, dy, qkv, y, lse, TC_SB, TC_ST, TC_GH, K, TC_GD));
+        TC(r, r->ops->attn_backward(dqkv, dy, qkv, y, lse, TC_SB, TC_ST, TC_GH, K, TC_GD, DT_F32));
     }
 }
 

@@ -145,6 +145,7 @@ static void test_table(void) {
  * tiles, the cuBLAS path of long sequences, and embeddings over several column blocks, vocabulary ranges and id batches ---- */
 
 static int seq_D, seq_T = 70;   /* head width and length of the next attention case */
+static int seq_dtype = DT_F32;  /* DT_BF16: q, k, v and dy rounded to it, and said so */
 
 static void seq_attn(tc_run *r) {
     const int B = 2, T = seq_T, H = 2, D = seq_D, Cw = H * D;
@@ -152,11 +153,15 @@ static void seq_attn(tc_run *r) {
     for (int K = H; K >= 1; K--) {   /* multi-head, then one key/value head for both */
         const int W = (H + 2 * K) * D;
         float *qkv = tc_rand(r, bt * W, -2.0f, 2.0f), *dy = tc_rand(r, bt * Cw, -1.0f, 1.0f);
+        if (seq_dtype != DT_F32) {
+            TC(r, r->ops->round_to(qkv, qkv, bt * W, seq_dtype));
+            TC(r, r->ops->round_to(dy, dy, bt * Cw, seq_dtype));
+        }
         float *y = tc_out(r, bt * Cw * sizeof(float), 1, TC_GEMM, "y (D=%d, K=%d)", D, K);
         float *lse = tc_out(r, bt * H * sizeof(float), 1, TC_GEMM, "lse (D=%d, K=%d)", D, K);
-        TC(r, r->ops->attn_forward(y, lse, qkv, B, T, H, K, D));
+        TC(r, r->ops->attn_forward(y, lse, qkv, B, T, H, K, D, seq_dtype));
         float *dqkv = tc_out(r, bt * W * sizeof(float), 1, TC_GEMM, "dqkv (D=%d, K=%d)", D, K);
-        TC(r, r->ops->attn_backward(dqkv, dy, qkv, y, lse, B, T, H, K, D));
+        TC(r, r->ops->attn_backward(dqkv, dy, qkv, y, lse, B, T, H, K, D, seq_dtype));
         float *y1 = tc_out(r, Cw * sizeof(float), 1, TC_GEMM, "decode y (D=%d, K=%d, t=%d)", D, K, T - 1);
         float *kv = tc_rand(r, (size_t)T * 2 * K * D, -2.0f, 2.0f);
         TC(r, r->ops->attn_decode(y1, qkv, kv, T - 1, H, K, D));
@@ -192,6 +197,36 @@ static void test_seq(void) {
     seq_D = 64;
     seq_T = 300;
     compare_case("attention through cuBLAS's batched GEMMs, 300 positions, head width 64", seq_attn, 1005);
+    /* in bf16 the products of two 16-bit operands run on tensor cores (exact products) */
+    seq_dtype = DT_BF16;
+    compare_case("attention through cuBLAS, bf16 operands on 16-bit tensor cores", seq_attn, 1006);
+    seq_dtype = DT_F32;
+    /* ... which they do: given values that are not bf16, the 16-bit units round them, so
+     * the output moves (that path ran), and f32 does not (the same bytes twice) */
+    if (!self_test) {
+        const int T = 300, H = 2, D = 64, W = 3 * H * D;
+        float *h = malloc((size_t)T * W * sizeof(float)), *out[3];
+        for (int i = 0; i < T * W; i++) h[i] = (float)((i * 7919) % 2001 - 1000) * 1.0009765625e-3f;
+        float *qkv = dev_bytes(h, (size_t)T * W * sizeof(float)), *lse = dev_zero((size_t)H * T);
+        const int dt[3] = {DT_F32, DT_F32, DT_BF16};
+        for (int v = 0; v < 3; v++) {
+            float *y = dev_zero((size_t)T * H * D);
+            MUST(G->attn_forward(y, lse, qkv, 1, T, H, H, D, dt[v]));
+            out[v] = malloc((size_t)T * H * D * sizeof(float));
+            MUST(G->copy_d2h(out[v], y, (size_t)T * H * D * sizeof(float)));
+            G->free(y);
+        }
+        size_t bytes = (size_t)T * H * D * sizeof(float);
+        ok(!memcmp(out[0], out[1], bytes) && memcmp(out[0], out[2], bytes),
+           "attn_forward with dtype bf16 on values that are not bf16 differs from f32 (16-bit units ran), f32 twice "
+           "does not");
+        for (int v = 0; v < 3; v++) free(out[v]);
+        free(h);
+        G->free(qkv);
+        G->free(lse);
+    } else {
+        skip(1, "the cpu backend under test (its attention ignores the dtype)");
+    }
     seq_T = 70;
     compare_case("attn_decode, head width 300", seq_decode_wide, 1003);
     compare_case("embedding, 2 column blocks, 1100 ids", seq_embedding, 1004);
@@ -445,7 +480,7 @@ static void test_errors(void) {
         like(dt_last_error(), "conv2d_forward", "the message names the kernel");
         G->free(p);
         float *qkv = dev_zero(3 * 257), *y = dev_zero(257), *lse = dev_zero(1);
-        is_int(G->attn_forward(y, lse, qkv, 1, 1, 1, 1, 257), DT_ERR_UNSUPPORTED, "attn_forward with D = 257 is unsupported");
+        is_int(G->attn_forward(y, lse, qkv, 1, 1, 1, 1, 257, DT_F32), DT_ERR_UNSUPPORTED, "attn_forward with D = 257 is unsupported");
         like(dt_last_error(), "attn_forward", "the message names the kernel");
         G->free(qkv); G->free(y); G->free(lse);
     } else {

@@ -246,7 +246,7 @@ static void check_attention_reference(void) {
                         rot[o + half] = orig[o + half] * cos(a) + orig[o] * sin(a);
                     }
         int good = cfg[k].theta <= 0 || ops->rope(qkv, B, T, H, K, D, cfg[k].theta, 0, 0) == DT_OK;
-        good = good && ops->attn_forward(y, lse, qkv, B, T, H, K, D) == DT_OK;
+        good = good && ops->attn_forward(y, lse, qkv, B, T, H, K, D, DT_F32) == DT_OK;
         double maxerr = 0, roterr = 0;
         for (size_t i = 0; good && i < nq; i++)
             if (fabs(qkv[i] - rot[i]) > roterr) roterr = fabs(qkv[i] - rot[i]);

@@ -64,6 +64,24 @@ static void test_optimizers(void) {
     dt_optim_step(o, p, g, 0.1f, 2.0f);
     ok(p[0] == 0.95f && fabsf(p[1] + 2.025f) < 1e-6f, "grad_scale applied");
     dt_optim_free(o);
+    /* the gate (dt_optim_set_gate): 0 leaves parameters and state as they were, 1 steps */
+    for (int k = 0; k < DT_OPTIM_COUNT; k++) {
+        dt_optim_config gc = dt_optim_defaults((dt_optim_kind)k, 0.1f);
+        gc.momentum = k == DT_OPTIM_SGD ? 0.9f : gc.momentum;
+        float gp[2] = { 1.0f, -2.0f }, gg[2] = { 0.5f, 0.25f }, gate = 0.0f;
+        if (dt_optim_init(&gc, ops, 2, &o) != DT_OK) continue;
+        dt_optim_step(o, gp, gg, 0.1f, 1.0f);
+        float after1[2] = { gp[0], gp[1] }, st1 = dt_optim_state(o, 0)[0];
+        dt_optim_set_gate(o, &gate);
+        dt_optim_step(o, gp, gg, 0.1f, 1.0f);
+        ok(gp[0] == after1[0] && gp[1] == after1[1] && dt_optim_state(o, 0)[0] == st1,
+           "%s: a closed gate leaves the parameters and the state", dt_optim_def_of((dt_optim_kind)k)->name);
+        gate = 1.0f;
+        dt_optim_step(o, gp, gg, 0.1f, 1.0f);
+        ok(gp[0] != after1[0] && gp[1] != after1[1], "%s: an open gate steps",
+           dt_optim_def_of((dt_optim_kind)k)->name);
+        dt_optim_free(o);
+    }
 }
 
 /* Every row of the optimizer table is complete, so a half-added optimizer fails here

@@ -11,6 +11,7 @@
  * scheme).
  */
 #include "cpu.h"
+#include "dtype.h"   /* the attention's operand types */
 #include "ops_elem.h"   /* dt_exp_nonpos */
 
 #include <math.h>
@@ -297,8 +298,11 @@ static dt_status attn_each_head(const char *fn, const attn_job *j) {
     return failed ? dt_error(DT_ERR_NOMEM, "cpu %s: out of memory", fn) : DT_OK;
 }
 
-dt_status dt_cpu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D) {
+/* dtype (16-bit operands) changes nothing here: the products of two such values are
+ * exact in f32, as on 16-bit units */
+dt_status dt_cpu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D, int dtype) {
     DT_CPU_ARG(B >= 0 && T >= 1 && H >= 1 && K >= 1 && H % K == 0 && D >= 1);
+    DT_CPU_ARG(dtype == DT_F32 || dtype == DT_BF16 || dtype == DT_F16);
     if (B == 0) return DT_OK;
     DT_CPU_ARG(y && lse && qkv);
     attn_job j = { .backward = 0, .B = B, .T = T, .H = H, .K = K, .D = D, .y = y, .lse = lse, .qkv = qkv };
@@ -306,8 +310,9 @@ dt_status dt_cpu_attn_forward(float *y, float *lse, const float *qkv, int B, int
 }
 
 dt_status dt_cpu_attn_backward(float *dqkv, const float *dy, const float *qkv, const float *y, const float *lse,
-                               int B, int T, int H, int K, int D) {
+                               int B, int T, int H, int K, int D, int dtype) {
     DT_CPU_ARG(B >= 0 && T >= 1 && H >= 1 && K >= 1 && H % K == 0 && D >= 1);
+    DT_CPU_ARG(dtype == DT_F32 || dtype == DT_BF16 || dtype == DT_F16);
     if (B == 0) return DT_OK;
     DT_CPU_ARG(dqkv && dy && qkv && y && lse);
     attn_job j = { .backward = 1, .B = B, .T = T, .H = H, .K = K, .D = D, .y = (float *)y, .lse = (float *)lse,

@@ -71,6 +71,25 @@ dt_status dt_cpu_sumsq(float *out, const float *x, size_t n) {
     return s;
 }
 
+dt_status dt_cpu_step_checks(float *out, double *parts, double *scratch, size_t nch, const float *losses, size_t k,
+                            float max_norm, float unscale) {
+    DT_CPU_ARG(out && (nch == 0 || parts) && (k == 0 || losses));
+    (void)scratch;   /* the host sums in place */
+    float norm = sqrtf((float)dt_cpu_pairwise(parts, nch)) * unscale;
+    int finite = isfinite(norm);
+    for (size_t i = 0; i < k; i++) finite &= isfinite(losses[i]) != 0;
+    out[0] = norm;
+    out[1] = max_norm > 0.0f ? max_norm / (norm + 1e-6f) : 1.0f;
+    out[2] = finite ? 1.0f : 0.0f;
+    return DT_OK;
+}
+
+dt_status dt_cpu_clip_scale(float *x, const float *checks, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CPU_ARG(x && checks);
+    return checks[1] < 1.0f ? dt_cpu_scale(x, checks[1], n) : DT_OK;
+}
+
 /* ---- elementwise ---- */
 
 dt_status dt_cpu_fill(float *x, float value, size_t n) {
@@ -192,6 +211,7 @@ dt_status dt_cpu_sgd_update(float *p, const float *grad, float *buf, size_t n, c
     DT_CPU_ARG(p && grad && (a->momentum == 0.0f || buf));
     DT_CPU_ARG(a->lr >= 0.0 && a->momentum >= 0.0 && a->weight_decay >= 0.0);
     DT_CPU_ARG(!a->nesterov || (a->momentum > 0.0 && a->dampening == 0.0));
+    if (a->gate && *a->gate == 0.0f) return DT_OK;   /* the step's checks said no */
     /* scalars rounded to float once, (1 - dampening) formed in double, as PyTorch does */
     const sgd_k k = { .lr = (float)a->lr, .mom = (float)a->momentum, .damp1 = (float)(1.0 - a->dampening),
                       .wd = (float)a->weight_decay, .gs = (float)a->grad_scale, .first = a->first_step,
@@ -212,6 +232,7 @@ dt_status dt_cpu_adamw_update(float *p, const float *grad, float *m, float *v, s
     DT_CPU_ARG(a->step >= 1);
     DT_CPU_ARG(a->lr >= 0.0 && a->eps >= 0.0 && a->weight_decay >= 0.0);
     DT_CPU_ARG(a->beta1 >= 0.0 && a->beta1 < 1.0 && a->beta2 >= 0.0 && a->beta2 < 1.0);
+    if (a->gate && *a->gate == 0.0f) return DT_OK;
     const dt_adamw_f k = dt_adamw_floats(a);
     OPT_CHUNKS(n, adamw_loop(p + lo, grad + lo, m + lo, v + lo, len, k));
     return DT_OK;

@@ -471,6 +471,43 @@ dt_status dt_cu_sumsq_chunks(double *part, const float *x, size_t n) {
     return DT_OK;
 }
 
+/* One block: the host's pairwise sum (dt_cu_block_pairwise), then thread 0 finishes as
+ * the host does (shard.c): the same bits. */
+__global__ void __launch_bounds__(DT_CU_THREADS)
+k_step_checks(float *out, double *a, double *b, size_t n, const float *losses, size_t k, float max_norm, float unscale) {
+    const double sq = dt_cu_block_pairwise(a, b, n);
+    if (threadIdx.x != 0) return;
+    const float norm = sqrtf((float)sq) * unscale;
+    int finite = isfinite(norm);
+    for (size_t i = 0; i < k; i++) finite &= isfinite(losses[i]) != 0;
+    out[0] = norm;
+    out[1] = max_norm > 0.0f ? max_norm / (norm + 1e-6f) : 1.0f;
+    out[2] = finite ? 1.0f : 0.0f;
+}
+
+dt_status dt_cu_step_checks(float *out, double *parts, double *scratch, size_t nch, const float *losses, size_t k,
+                           float max_norm, float unscale) {
+    DT_CU_ARG(out && (nch == 0 || (parts && scratch)) && (k == 0 || losses));
+    DT_TRY(dt_cu_enter());
+    k_step_checks<<<1, DT_CU_THREADS, 0, dt_cu_stream()>>>(out, parts, scratch, nch, losses, k, max_norm, unscale);
+    DT_CU_LAUNCH("k_step_checks");
+    return DT_OK;
+}
+
+__global__ void __launch_bounds__(DT_CU_THREADS) k_clip_scale(float *x, const float *checks, size_t n) {
+    const float c = checks[1];
+    if (!(c < 1.0f)) return;
+    DT_CU_FOR(i, n) x[i] *= c;
+}
+
+dt_status dt_cu_clip_scale(float *x, const float *checks, size_t n) {
+    if (n == 0) return DT_OK;
+    DT_CU_ARG(x && checks);
+    DT_TRY(dt_cu_enter());
+    LAUNCH(k_clip_scale, n, x, checks, n);
+    return DT_OK;
+}
+
 dt_status dt_cu_sumsq(float *out, const float *x, size_t n) {
     DT_CU_ARG(out && (n == 0 || x));
     DT_TRY(dt_cu_enter());
@@ -612,7 +649,8 @@ dt_status dt_cu_f16_to_f32(float *d, const uint16_t *s, size_t n) { return cast(
 
 __global__ void __launch_bounds__(DT_CU_THREADS)
 k_sgd(float *p, const float *grad, float *buf, size_t n, float lr, float mom, float damp1,
-      float wd, float gs, int first, int nest) {
+      float wd, float gs, int first, int nest, const float *gate) {
+    if (gate && *gate == 0.0f) return;   /* the step's checks said no (step_checks) */
     DT_CU_FOR(i, n) {
         float g = gs * grad[i];
         if (wd != 0.0f) g += wd * p[i];
@@ -633,12 +671,13 @@ dt_status dt_cu_sgd_update(float *p, const float *grad, float *buf, size_t n, co
     DT_CU_ARG(!a->nesterov || (a->momentum > 0.0 && a->dampening == 0.0));
     DT_TRY(dt_cu_enter());
     LAUNCH(k_sgd, n, p, grad, buf, n, (float)a->lr, (float)a->momentum, (float)(1.0 - a->dampening),
-           (float)a->weight_decay, (float)a->grad_scale, a->first_step, a->nesterov);
+           (float)a->weight_decay, (float)a->grad_scale, a->first_step, a->nesterov, a->gate);
     return DT_OK;
 }
 
 __global__ void __launch_bounds__(DT_CU_THREADS)
-k_adamw(float *p, const float *grad, float *m, float *v, size_t n, dt_adamw_f k) {
+k_adamw(float *p, const float *grad, float *m, float *v, size_t n, dt_adamw_f k, const float *gate) {
+    if (gate && *gate == 0.0f) return;
     DT_CU_FOR(i, n) dt_adamw_elem(p + i, m + i, v + i, grad[i], k);
 }
 
@@ -650,7 +689,7 @@ dt_status dt_cu_adamw_update(float *p, const float *grad, float *m, float *v, si
     DT_CU_ARG(a->lr >= 0.0 && a->eps >= 0.0 && a->weight_decay >= 0.0);
     DT_CU_ARG(a->beta1 >= 0.0 && a->beta1 < 1.0 && a->beta2 >= 0.0 && a->beta2 < 1.0);
     DT_TRY(dt_cu_enter());
-    LAUNCH(k_adamw, n, p, grad, m, v, n, dt_adamw_floats(a));
+    LAUNCH(k_adamw, n, p, grad, m, v, n, dt_adamw_floats(a), a->gate);
     return DT_OK;
 }
 

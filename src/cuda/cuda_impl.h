@@ -48,6 +48,7 @@
 #include <stdint.h>
 
 extern "C" {
+#include "dtype.h"
 #include "ops.h"
 #include "status.h"
 }
@@ -107,8 +108,11 @@ int *dt_cu_err_flags(void);   /* device array of DT_CU_ERR_COUNT ints; 0 = fine,
 dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K, float alpha,
                      const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* The same for batch products at once, X_i = X + i * sX (cuBLAS's strided batched GEMM
- * with the operands swapped, as dt_cu_gemm); a stride may be 0 (one operand for all). */
-dt_status dt_cu_gemm_batched(const char *fn, int transA, int transB, int M, int N, int K, float alpha,
+ * with the operands swapped, as dt_cu_gemm); a stride may be 0 (one operand for all).
+ * dtype DT_BF16 or DT_F16: A and B hold values of that type (rounded), multiplied on
+ * 16-bit tensor cores with f32 sums (CUBLAS_COMPUTE_32F_FAST_16BF / _16F, gemm_lp's
+ * contract); DT_F32: SGEMM (TF32 where the math mode allows it). */
+dt_status dt_cu_gemm_batched(const char *fn, int dtype, int transA, int transB, int M, int N, int K, float alpha,
                              const float *A, int lda, long long sa, const float *B, int ldb, long long sb, float beta,
                              float *C, int ldc, long long sc, int batch);
 
@@ -179,6 +183,23 @@ static inline unsigned dt_cu_grid(size_t items, unsigned per_block) {
 /* Sum of v over the 32 lanes of the warp in a fixed butterfly: lanes i and i^16 add
  * first, then i^8, i^4, i^2, i^1. Addition is commutative, so every lane ends with the
  * same bits. All 32 lanes must call it. */
+/* The pairwise sum of v (n) by the whole block, level by level: dst[i] = src[2i] +
+ * src[2i+1] (odd last carried), v and tmp (n / 2 + 1) swapped between levels; the tree
+ * of dt_cpu_pairwise, so the same bits. Every thread of the block calls it and gets the
+ * sum (0 for n = 0). */
+static __device__ inline double dt_cu_block_pairwise(double *v, double *tmp, size_t n) {
+    double *src = v, *dst = tmp;
+    while (n > 1) {
+        size_t h = n / 2;
+        for (size_t i = threadIdx.x; i < h; i += blockDim.x) dst[i] = src[2 * i] + src[2 * i + 1];
+        if ((n & 1) && threadIdx.x == 0) dst[h] = src[n - 1];
+        __syncthreads();
+        n = h + (n & 1);
+        double *t = src; src = dst; dst = t;
+    }
+    return n ? src[0] : 0.0;
+}
+
 template <class T> static __device__ inline T dt_cu_warp_sum(T v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -15,10 +15,6 @@
  */
 #include "cuda_impl.h"
 
-extern "C" {
-#include "dtype.h"
-}
-
 __global__ void k_round_to(float *y, const float *x, size_t n, int bf16) {
     DT_CU_FOR(i, n) y[i] = bf16 ? dt_bf16_to_f32(dt_f32_to_bf16(x[i])) : dt_f16_to_f32(dt_f32_to_f16(x[i]));
 }

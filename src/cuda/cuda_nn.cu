@@ -230,7 +230,7 @@ dt_status dt_cu_conv2d_forward(const dt_conv2d_desc *d, float *y, const float *x
         k_im2col<<<dt_cu_blocks((size_t)g * d->C * PQ), DT_CU_THREADS, 0, dt_cu_stream()>>>(cg, x + n0 * chw, *d, g);
         DT_CU_LAUNCH("k_im2col");
         /* y_s (K, PQ) = w (K, CRS) x col_s (CRS, PQ with row stride g*PQ), straight into NCHW */
-        DT_TRY(dt_cu_gemm_batched("conv2d_forward", 0, 0, K, PQ, CRS, 1.0f, w, CRS, 0, cg, g * PQ, PQ, 0.0f, yg, PQ,
+        DT_TRY(dt_cu_gemm_batched("conv2d_forward", DT_F32, 0, 0, K, PQ, CRS, 1.0f, w, CRS, 0, cg, g * PQ, PQ, 0.0f, yg, PQ,
                                   (long long)K * PQ, g));
         if (bias || relu) {
             const unsigned n = (unsigned)g * K * PQ;

@@ -806,10 +806,18 @@ dt_status dt_cu_gemm(const char *fn, int transA, int transB, int M, int N, int K
     return dt_cu_sync_launches ? dt_cu_sync_after(fn, "cublasSgemm") : DT_OK;
 }
 
-dt_status dt_cu_gemm_batched(const char *fn, int transA, int transB, int M, int N, int K, float alpha,
+dt_status dt_cu_gemm_batched(const char *fn, int dtype, int transA, int transB, int M, int N, int K, float alpha,
                              const float *A, int lda, long long sa, const float *B, int ldb, long long sb, float beta,
                              float *C, int ldc, long long sc, int batch) {
     if (M == 0 || N == 0 || batch == 0) return DT_OK;
+    if (dtype == DT_BF16 || dtype == DT_F16) {
+        cublasStatus_t e = cublasGemmStridedBatchedEx(
+            g.blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
+            CUDA_R_32F, ldb, sb, A, CUDA_R_32F, lda, sa, &beta, C, CUDA_R_32F, ldc, sc, batch,
+            dtype == DT_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_16F, CUBLAS_GEMM_DEFAULT);
+        if (e != CUBLAS_STATUS_SUCCESS) return dt_cublas_fail(e, fn, "cublasGemmStridedBatchedEx");
+        return dt_cu_sync_launches ? dt_cu_sync_after(fn, "cublasGemmStridedBatchedEx") : DT_OK;
+    }
     cublasStatus_t e = cublasSgemmStridedBatched(g.blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
                                                  transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, ldb, sb, A,
                                                  lda, sa, &beta, C, ldc, sc, batch);
@@ -826,19 +834,10 @@ dt_status dt_cu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
 
 /* ---- pairwise combination (shared by the sums and losses) ---- */
 
-/* One block: level by level, dst[i] = src[2i] + src[2i+1] (odd last carried), buffers
- * swapped between levels; the same tree as dt_cpu_pairwise. */
+/* One block: the same tree as dt_cpu_pairwise (dt_cu_block_pairwise). */
 __global__ void __launch_bounds__(1024) k_pairwise(double *v, double *tmp, size_t n, double divisor, float *out) {
-    double *src = v, *dst = tmp;
-    while (n > 1) {
-        size_t h = n / 2;
-        for (size_t i = threadIdx.x; i < h; i += blockDim.x) dst[i] = src[2 * i] + src[2 * i + 1];
-        if ((n & 1) && threadIdx.x == 0) dst[h] = src[n - 1];
-        __syncthreads();
-        n = h + (n & 1);
-        double *t = src; src = dst; dst = t;
-    }
-    if (threadIdx.x == 0) *out = (float)((n ? src[0] : 0.0) / divisor);
+    const double sum = dt_cu_block_pairwise(v, tmp, n);
+    if (threadIdx.x == 0) *out = (float)(sum / divisor);
 }
 
 dt_status dt_cu_pairwise(double *v, double *tmp, size_t n, double divisor, float *out) {

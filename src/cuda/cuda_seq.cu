@@ -434,7 +434,11 @@ static dt_status attn_check(const char *fn, int B, int T, int H, int K, int D) {
  * (the same call, so the same bits and the same P), dP = dY V^T, a warp per row makes P
  * and dS = scale P (dP - delta) in place, then dV = P^T dY, dQ = dS K and dK = dS^T Q; a
  * key/value head's dK and dV sum its query heads in order (beta 1 after the first).
- * TF32 tensor cores when the math mode allows them (--allow-tf32), SGEMM otherwise.
+ * TF32 tensor cores when the math mode allows them (--allow-tf32), SGEMM otherwise; in
+ * low precision (--precision bf16|fp16) the products of two 16-bit operands (S = Q K^T,
+ * dP = dY V^T: q, k, v and dy hold rounded values) on 16-bit tensor cores with f32 sums,
+ * exact products as the CPU's (gemm_lp's contract), while P and dS stay f32 as the
+ * softmax does (their products TF32 or SGEMM, as above).
  * Scratch: 2 H T^2 floats (one sequence); above ATTN_GEMM_BYTES the tiled kernels above
  * run instead. Which path runs depends on the shape alone, never on anything else, so a
  * configuration's bits stay the same run to run; the two paths agree to rounding. */
@@ -485,14 +489,16 @@ static dt_status attn_rows(float *S, float *dS, float *lse, const float *delta, 
 }
 
 /* S (H, T, T) = scale Q K^T of sequence q (its qkv rows), or with g (its dy rows, row
- * stride H D) dP = dY V^T: one batched call per query head of each group. */
-static dt_status attn_scores(const char *fn, float *S, const float *q, const float *g, int T, int H, int K, int D) {
+ * stride H D) dP = dY V^T: one batched call per query head of each group. In low
+ * precision (dtype DT_BF16, DT_F16) both operands hold 16-bit values: tensor cores. */
+static dt_status attn_scores(const char *fn, int dtype, float *S, const float *q, const float *g, int T, int H, int K,
+                             int D) {
     const int rep = H / K, ld = (H + 2 * K) * D;
     const long long TT = (long long)T * T;
     const float *a = g ? g : q, *kv = q + (size_t)H * D + (g ? (size_t)K * D : 0);
     const int lda = g ? H * D : ld;
     for (int r = 0; r < rep; r++)
-        DT_TRY(dt_cu_gemm_batched(fn, 0, 1, T, T, D, g ? 1.0f : 1.0f / sqrtf((float)D), a + (size_t)r * D, lda,
+        DT_TRY(dt_cu_gemm_batched(fn, dtype, 0, 1, T, T, D, g ? 1.0f : 1.0f / sqrtf((float)D), a + (size_t)r * D, lda,
                                   (long long)rep * D, kv, ld, D, 0.0f, S + r * TT, T, rep * TT, K));
     return DT_OK;
 }
@@ -506,20 +512,21 @@ static dt_status attn_apply(const char *fn, int trans, const float *S, const flo
     const int rep = H / K;
     const long long TT = (long long)T * T;
     for (int r = 0; r < rep; r++)
-        DT_TRY(dt_cu_gemm_batched(fn, trans, 0, T, D, T, 1.0f, S + r * TT, T, rep * TT,
+        DT_TRY(dt_cu_gemm_batched(fn, DT_F32, trans, 0, T, D, T, 1.0f, S + r * TT, T, rep * TT,
                                   by_kv ? x : x + (size_t)r * D, ldx, by_kv ? D : (long long)rep * D,
                                   to_kv && r ? 1.0f : 0.0f, to_kv ? out : out + (size_t)r * D, ldo,
                                   to_kv ? D : (long long)rep * D, K));
     return DT_OK;
 }
 
-static dt_status attn_gemm_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D) {
+static dt_status attn_gemm_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D,
+                                   int dtype) {
     const int C = H * D, ld = (H + 2 * K) * D;
     float *S;
     DT_TRY(dt_cu_scratch((void **)&S, sizeof(float) * (size_t)H * T * T));
     for (int b = 0; b < B; b++) {
         const float *q = qkv + (size_t)b * T * ld;
-        DT_TRY(attn_scores("attn_forward", S, q, NULL, T, H, K, D));
+        DT_TRY(attn_scores("attn_forward", dtype, S, q, NULL, T, H, K, D));
         DT_TRY(attn_rows(S, NULL, lse + (size_t)b * H * T, NULL, H, T, 0.0f, 1));
         DT_TRY(attn_apply("attn_forward", 0, S, q + (size_t)(H + K) * D, ld, 1, y + (size_t)b * T * C, C, 0, T, H, K, D));
     }
@@ -528,15 +535,15 @@ static dt_status attn_gemm_forward(float *y, float *lse, const float *qkv, int B
 
 /* S and dS: 2 H T^2 floats of scratch after delta's */
 static dt_status attn_gemm_backward(float *dqkv, const float *dy, const float *qkv, const float *lse,
-                                    const float *delta, float *S, int B, int T, int H, int K, int D) {
+                                    const float *delta, float *S, int B, int T, int H, int K, int D, int dtype) {
     const int C = H * D, ld = (H + 2 * K) * D;
     float *dS = S + (size_t)H * T * T;
     for (int b = 0; b < B; b++) {
         const float *q = qkv + (size_t)b * T * ld, *g = dy + (size_t)b * T * C;
         float *dq = dqkv + (size_t)b * T * ld;
         const size_t bh = (size_t)b * H * T;
-        DT_TRY(attn_scores("attn_backward", S, q, NULL, T, H, K, D));
-        DT_TRY(attn_scores("attn_backward", dS, q, g, T, H, K, D));
+        DT_TRY(attn_scores("attn_backward", dtype, S, q, NULL, T, H, K, D));
+        DT_TRY(attn_scores("attn_backward", dtype, dS, q, g, T, H, K, D));
         DT_TRY(attn_rows(S, dS, (float *)lse + bh, delta + bh, H, T, 1.0f / sqrtf((float)D), 0));
         DT_TRY(attn_apply("attn_backward", 1, S, g, C, 0, dq + (size_t)(H + K) * D, ld, 1, T, H, K, D));   /* dV */
         DT_TRY(attn_apply("attn_backward", 0, dS, q + C, ld, 1, dq, ld, 0, T, H, K, D));                   /* dQ */
@@ -545,20 +552,22 @@ static dt_status attn_gemm_backward(float *dqkv, const float *dy, const float *q
     return DT_OK;
 }
 
-dt_status dt_cu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D) {
+dt_status dt_cu_attn_forward(float *y, float *lse, const float *qkv, int B, int T, int H, int K, int D, int dtype) {
     DT_CU_ARG(B >= 0 && T >= 1 && H >= 1 && K >= 1 && H % K == 0 && D >= 1);
+    DT_CU_ARG(dtype == DT_F32 || dtype == DT_BF16 || dtype == DT_F16);
     if (B == 0) return DT_OK;
     DT_CU_ARG(y && lse && qkv);
     DT_TRY(attn_check("attn_forward", B, T, H, K, D));
     DT_TRY(dt_cu_enter());
-    if (attn_gemm_path(T, H)) return attn_gemm_forward(y, lse, qkv, B, T, H, K, D);
+    if (attn_gemm_path(T, H)) return attn_gemm_forward(y, lse, qkv, B, T, H, K, D, dtype);
     attn_args a = {y, lse, NULL, NULL, qkv, NULL, T, H, K, D, 1.0f / sqrtf((float)D)};
     return attn_dispatch(a, B, 0);
 }
 
 dt_status dt_cu_attn_backward(float *dqkv, const float *dy, const float *qkv, const float *y, const float *lse,
-                              int B, int T, int H, int K, int D) {
+                              int B, int T, int H, int K, int D, int dtype) {
     DT_CU_ARG(B >= 0 && T >= 1 && H >= 1 && K >= 1 && H % K == 0 && D >= 1);
+    DT_CU_ARG(dtype == DT_F32 || dtype == DT_BF16 || dtype == DT_F16);
     if (B == 0) return DT_OK;
     DT_CU_ARG(dqkv && dy && qkv && y && lse);
     DT_TRY(attn_check("attn_backward", B, T, H, K, D));
@@ -570,7 +579,7 @@ dt_status dt_cu_attn_backward(float *dqkv, const float *dy, const float *qkv, co
     const int vec = dt_cu_vec4(dy, H * D) && dt_cu_vec4(y, H * D) && D % 4 == 0;   /* every row 16-byte aligned */
     k_attn_delta<<<dt_cu_grid(rows, DT_CU_WARPS), DT_CU_THREADS, 0, dt_cu_stream()>>>(delta, dy, y, rows, T, H, D, vec);
     DT_CU_LAUNCH("k_attn_delta");
-    if (gemm) return attn_gemm_backward(dqkv, dy, qkv, lse, delta, delta + rows64, B, T, H, K, D);
+    if (gemm) return attn_gemm_backward(dqkv, dy, qkv, lse, delta, delta + rows64, B, T, H, K, D, dtype);
     attn_args a = {NULL, (float *)lse, dqkv, delta, qkv, dy, T, H, K, D, 1.0f / sqrtf((float)D)};
     return attn_dispatch(a, B, 1);
 }

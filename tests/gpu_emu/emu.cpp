@@ -1299,10 +1299,11 @@ static float emu_narrow(float x, bool bf16) {
     return bf16 ? dt_bf16_to_f32(dt_f32_to_bf16(x)) : dt_f16_to_f32(dt_f32_to_f16(x));
 }
 
-extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                                       int k, const void *alpha, const void *A, cudaDataType_t at, int lda,
-                                       const void *B, cudaDataType_t bt, int ldb, const void *beta, void *C,
-                                       cudaDataType_t ct, int ldc, cublasComputeType_t comp, cublasGemmAlgo_t) {
+/* cublasGemmEx and its strided batched form (strides in elements of each operand) */
+static cublasStatus_t gemm_ex(const char *call, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                              int n, int k, const void *alpha, const void *A, cudaDataType_t at, int lda, long long sa,
+                              const void *B, cudaDataType_t bt, int ldb, long long sb, const void *beta, void *C,
+                              cudaDataType_t ct, int ldc, long long sc, int batch, cublasComputeType_t comp) {
     LOCK;
     if (sticky) return CUBLAS_STATUS_EXECUTION_FAILED;
     /* 16-bit operands with f32 compute, or f32 operands that the compute type narrows
@@ -1312,28 +1313,51 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, c
         !(wide ? comp == CUBLAS_COMPUTE_32F_FAST_16BF || comp == CUBLAS_COMPUTE_32F_FAST_16F
                : (at == CUDA_R_16BF || at == CUDA_R_16F) && comp == CUBLAS_COMPUTE_32F))
         return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
-    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    if (m < 0 || n < 0 || k < 0 || batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
     /* spans in elements; 16-bit operands take half the bytes of extent()'s floats */
+    const size_t es = wide ? 4 : 2, more = (size_t)(batch - 1);
     size_t na = (ta == CUBLAS_OP_N ? extent(m, k, lda) : extent(k, m, lda)) / sizeof(float);
     size_t nb = (tb == CUBLAS_OP_N ? extent(k, n, ldb) : extent(n, k, ldb)) / sizeof(float);
-    if (!blas_ptrs_ok("cublasGemmEx", (const float *)A, na * (wide ? 4 : 2), (const float *)B, nb * (wide ? 4 : 2),
-                      (const float *)C, extent(m, n, ldc)))
+    size_t ec = extent(m, n, ldc);
+    if (!blas_ptrs_ok(call, (const float *)A, na ? (na + more * (size_t)sa) * es : 0, (const float *)B,
+                      nb ? (nb + more * (size_t)sb) * es : 0, (const float *)C, ec + more * (size_t)sc * sizeof(float)))
         return CUBLAS_STATUS_EXECUTION_FAILED;
     float al = *(const float *)alpha, be = *(const float *)beta;
     const uint16_t *ha = (const uint16_t *)A, *hb = (const uint16_t *)B;
     const float *fa = (const float *)A, *fb = (const float *)B;
     float *hc = (float *)C;
-    emu_enqueue(h->s, "cublasGemmEx", NULL, [=] {
+    emu_enqueue(h->s, call, NULL, [=] {
         std::vector<float> a(na), b(nb);
-        for (size_t i = 0; i < na; i++) a[i] = wide ? emu_narrow(fa[i], bf16) : emu_widen(ha[i], bf16);
-        for (size_t i = 0; i < nb; i++) b[i] = wide ? emu_narrow(fb[i], bf16) : emu_widen(hb[i], bf16);
-        cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
-                    tb == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, m, n, k, al, a.data(), lda, b.data(), ldb, be, hc,
-                    ldc);
+        for (int j = 0; j < batch; j++) {
+            const size_t oa = (size_t)j * (size_t)sa, ob = (size_t)j * (size_t)sb;
+            for (size_t i = 0; i < na; i++) a[i] = wide ? emu_narrow(fa[oa + i], bf16) : emu_widen(ha[oa + i], bf16);
+            for (size_t i = 0; i < nb; i++) b[i] = wide ? emu_narrow(fb[ob + i], bf16) : emu_widen(hb[ob + i], bf16);
+            cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
+                        tb == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, m, n, k, al, a.data(), lda, b.data(), ldb, be,
+                        hc + (size_t)j * (size_t)sc, ldc);
+        }
         return true;
     });
     return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                       int k, const void *alpha, const void *A, cudaDataType_t at, int lda,
+                                       const void *B, cudaDataType_t bt, int ldb, const void *beta, void *C,
+                                       cudaDataType_t ct, int ldc, cublasComputeType_t comp, cublasGemmAlgo_t) {
+    return gemm_ex("cublasGemmEx", h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta, C, ct, ldc, 0, 1,
+                   comp);
+}
+
+extern "C" cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                                     int m, int n, int k, const void *alpha, const void *A,
+                                                     cudaDataType_t at, int lda, long long sa, const void *B,
+                                                     cudaDataType_t bt, int ldb, long long sb, const void *beta,
+                                                     void *C, cudaDataType_t ct, int ldc, long long sc, int batch,
+                                                     cublasComputeType_t comp, cublasGemmAlgo_t) {
+    return gemm_ex("cublasGemmStridedBatchedEx", h, ta, tb, m, n, k, alpha, A, at, lda, sa, B, bt, ldb, sb, beta, C, ct,
+                   ldc, sc, batch, comp);
 }
 
 extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
