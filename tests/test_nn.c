@@ -284,6 +284,12 @@ static void check_attention_reference(void) {
         }
         free(qkv); free(orig); free(y); free(lse); free(s); free(rot);
     }
+    /* the operands' dtype is f32, bf16 or f16: another is refused, in both directions */
+    float q1[3] = {0.5f, 0.25f, 1.0f}, y1[1], l1[1], d1[3];
+    is_int(ops->attn_forward(y1, l1, q1, 1, 1, 1, 1, 1, DT_I32), DT_ERR_INVALID, "attn_forward refuses operands of int32");
+    is_int(ops->attn_backward(d1, y1, q1, y1, l1, 1, 1, 1, 1, 1, DT_F64), DT_ERR_INVALID,
+           "attn_backward refuses operands of f64");
+    is_int(ops->attn_forward(y1, l1, q1, 1, 1, 1, 1, 1, DT_BF16), DT_OK, "attn_forward takes bf16 operands");
 }
 
 /* The erf behind GELU (ops_elem.h) against double-precision erf, and GELU itself. */
