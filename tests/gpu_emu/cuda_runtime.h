@@ -161,6 +161,8 @@ int         emu_device(void);
 #include <cstring>
 #include <functional>
 #include <type_traits>
+#include <map>
+#include <mutex>
 #include <string>
 
 #define __global__
@@ -219,15 +221,20 @@ struct emu_bounds {
 #define EMU_NAMED(k) k, #k
 /* kernel<A, B><<<...>>>(args) (integer template arguments) becomes
  * emu_cfg(...).run(kernel<A, B>, emu_tname<A, B>("kernel"))(args): the instance's name as
- * nvcc's resource table spells it, "kernel<64, 32>". */
+ * nvcc's resource table spells it, "kernel<64, 32>" (one per kernel: two kernels may take
+ * the same arguments; a map's strings stay where they are). */
 template <int... V> const char *emu_tname(const char *base) {
-    static const std::string name = [&] {
-        std::string s = std::string(base) + "<";
+    static std::mutex mu;
+    static std::map<std::string, std::string> names;
+    std::lock_guard<std::mutex> hold(mu);
+    std::string &s = names[base];
+    if (s.empty()) {
+        s = std::string(base) + "<";
         int i = 0;
         ((s += (i++ ? ", " : "") + std::to_string(V)), ...);
-        return s + ">";
-    }();
-    return name.c_str();
+        s += ">";
+    }
+    return s.c_str();
 }
 struct emu_cfg {
     dim3 g, b;

@@ -113,6 +113,7 @@ __global__ void k_bigshared(float *dst) {
 
 /* a kernel template, launched by instance: the table names it "k_tmpl<2, 3>" */
 template <int A, int B> __global__ void k_tmpl(float *dst) { dst[threadIdx.x] = (float)(A * B); }
+template <int A, int B> __global__ void k_tmpl2(float *dst) { dst[threadIdx.x] = (float)(A + B); }
 
 static const int N = 1000;
 
@@ -446,6 +447,9 @@ static void test_resources(void) {
     cudaMemcpy(h, dst, sizeof h, cudaMemcpyDeviceToHost);
     ok(cudaGetLastError() == cudaSuccess && h[0] == 6.0f && h[3] == 6.0f,
        "a template's instance launches under its own name (%s)", checked ? "found in the table" : "no table");
+    k_tmpl2<2, 3><<<1, 2048, 0, 0>>>(dst);   /* another kernel with the same arguments, refused by name */
+    like(cudaGetErrorString(cudaGetLastError()), "kernel k_tmpl2<2, 3>:", "and another template's instance with the "
+         "same arguments under its own");
     cudaFree(src);
     cudaFree(dst);
 }
