@@ -9,11 +9,23 @@
 # nvcc: $NVCC, else on PATH, else /usr/local/cuda/bin/nvcc. Exit 77 when there is none,
 # 1 (saying which source) when a compile fails or a kernel's line cannot be read.
 # Needs DT_SRCDIR, DT_BUILDDIR (config.h) and c++filt.
+# DT_GPU_EMU_CACHE (a directory, optional): the table is kept there, named by a digest of
+# nvcc's version, this script, the sources and every header of src/ and tests/, and taken
+# from there when the digest matches (CI checks the same kernels from two builds). config.h
+# is left out of the digest: no kernel reads it (the builds differ in it, the kernels not).
 S=${DT_SRCDIR:?} B=${DT_BUILDDIR:?} out=${1:?usage: resources.sh OUT SRC...}
 shift
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 [ -x "$nvcc" ] || { echo "no nvcc (set NVCC)" >&2; exit 77; }
 command -v c++filt > /dev/null 2>&1 || { echo "no c++filt" >&2; exit 77; }
+cache=${DT_GPU_EMU_CACHE:-}
+if [ -n "$cache" ]; then
+    key=$( { "$nvcc" --version; cat "$0" "$@" "$S"/src/*.h "$S"/src/cuda/*.h "$S"/src/comm/*.h "$S"/tests/*.h \
+             "$S"/tests/gpu_emu/*.h; } 2>/dev/null | sha256sum | cut -c1-32)
+    if [ -s "$cache/resources-$key" ]; then
+        cp "$cache/resources-$key" "$out" && exit 0
+    fi
+fi
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 for src in "$@"; do
@@ -43,3 +55,5 @@ c++filt < "$tmp/raw" | awk '
           for (n in R) printf "%s\t%d\t%d\n", n, R[n], M[n] }' | sort > "$out" ||
     { echo "resources.sh: a kernel's resource line could not be read (nvcc's output changed?)" >&2; exit 1; }
 [ -s "$out" ] || { echo "resources.sh: nvcc named no kernel" >&2; exit 1; }
+[ -z "$cache" ] || { mkdir -p "$cache" && cp "$out" "$cache/resources-$key.tmp" && mv "$cache/resources-$key.tmp" "$cache/resources-$key"; } ||
+    echo "resources.sh: could not keep the table in $cache (it is made again next time)" >&2
