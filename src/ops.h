@@ -130,6 +130,16 @@ static inline DT_HD void dt_adamw_elem(float *p, float *m, float *v, float grad,
     *p = pi - k.step_size * (mi / (sqrtf(vi) / k.bc2_sqrt + k.eps));
 }
 
+/* Clipping by the global gradient norm, as every path computes it (the host's clipping in
+ * optim.c, shard.c and train_pipe.c, both backends' step_checks), for the same bits: the
+ * norm from its square (the pairwise sum of the chunk sums) and the loss scale's inverse,
+ * and the coefficient the gradient is scaled by where it is below 1 (1 when max_norm <= 0;
+ * a NaN norm gives a NaN coefficient, which scales nothing). */
+static inline DT_HD float dt_clip_norm(double sq, float unscale) { return sqrtf((float)sq) * unscale; }
+static inline DT_HD float dt_clip_coef(float max_norm, float norm) {
+    return max_norm > 0.0f ? max_norm / (norm + 1e-6f) : 1.0f;
+}
+
 /* The rotation of rotary position embedding's pair (i, i + D/2) at position pos: the
  * angle pos * theta^(-2i/D) and its cosine and sine in double, rounded to float, so both
  * backends get the same tables (Hugging Face computes them in float32, within an ulp or

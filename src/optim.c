@@ -305,11 +305,9 @@ dt_status dt_clip_grad_norm_scaled(const dt_ops *ops, float *grads, size_t n, fl
         dt_mem_free(ops, dev);
         DT_TRY(s);
     }
-    float total = sqrtf(sq) * unscale;
+    float total = dt_clip_norm(sq, unscale);
     if (norm) *norm = total;
-    if (max_norm > 0.0f && n) {
-        float coef = max_norm / (total + 1e-6f);
-        if (coef < 1.0f) DT_TRY(ops->scale(grads, coef, n));
-    }
+    float coef = dt_clip_coef(max_norm, total);
+    if (coef < 1.0f && n) DT_TRY(ops->scale(grads, coef, n));
     return DT_OK;
 }

@@ -210,12 +210,10 @@ dt_status dt_shard_clip(dt_shard *s, float max_norm, float unscale, float *norm)
         DT_TRY(s->ops->copy_d2h(s->parts, s->dparts, nch * sizeof(double)));
     }
     sq = dt_pairwise_sum(s->parts, nch);
-    float total = sqrtf((float)sq) * unscale;
+    float total = dt_clip_norm(sq, unscale);
     if (norm) *norm = total;
-    if (max_norm > 0.0f && s->len) {
-        float coef = max_norm / (total + 1e-6f);
-        if (coef < 1.0f) DT_TRY(s->ops->scale(g + s->lo, coef, s->len));
-    }
+    float coef = dt_clip_coef(max_norm, total);
+    if (coef < 1.0f && s->len) DT_TRY(s->ops->scale(g + s->lo, coef, s->len));
     return DT_OK;
 }
 

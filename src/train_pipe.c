@@ -572,14 +572,12 @@ dt_status dt_train_pipe_clip_(trainer *t, float max_norm, float unscale, float *
         }
     }
     double sq = dt_pairwise_sum(p->parts, p->nch);
-    float total = sqrtf((float)sq) * unscale;
+    float total = dt_clip_norm(sq, unscale);
     if (norm) *norm = total;
     size_t alo, alen;   /* what this rank applies */
     dt_shard_range(t->shard, &alo, &alen);
-    if (max_norm > 0.0f && alen) {
-        float coef = max_norm / (total + 1e-6f);
-        if (coef < 1.0f) DT_TRY(ops->scale(g + alo, coef, alen));
-    }
+    float coef = dt_clip_coef(max_norm, total);
+    if (coef < 1.0f && alen) DT_TRY(ops->scale(g + alo, coef, alen));
     return DT_OK;
 }
 

@@ -75,11 +75,11 @@ dt_status dt_cpu_step_checks(float *out, double *parts, double *scratch, size_t 
                             float max_norm, float unscale) {
     DT_CPU_ARG(out && (nch == 0 || parts) && (k == 0 || losses));
     (void)scratch;   /* the host sums in place */
-    float norm = sqrtf((float)dt_cpu_pairwise(parts, nch)) * unscale;
+    float norm = dt_clip_norm(dt_cpu_pairwise(parts, nch), unscale);
     int finite = isfinite(norm);
     for (size_t i = 0; i < k; i++) finite &= isfinite(losses[i]) != 0;
     out[0] = norm;
-    out[1] = max_norm > 0.0f ? max_norm / (norm + 1e-6f) : 1.0f;
+    out[1] = dt_clip_coef(max_norm, norm);
     out[2] = finite ? 1.0f : 0.0f;
     return DT_OK;
 }

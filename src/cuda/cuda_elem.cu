@@ -477,11 +477,11 @@ __global__ void __launch_bounds__(DT_CU_THREADS)
 k_step_checks(float *out, double *a, double *b, size_t n, const float *losses, size_t k, float max_norm, float unscale) {
     const double sq = dt_cu_block_pairwise(a, b, n);
     if (threadIdx.x != 0) return;
-    const float norm = sqrtf((float)sq) * unscale;
+    const float norm = dt_clip_norm(sq, unscale);
     int finite = isfinite(norm);
     for (size_t i = 0; i < k; i++) finite &= isfinite(losses[i]) != 0;
     out[0] = norm;
-    out[1] = max_norm > 0.0f ? max_norm / (norm + 1e-6f) : 1.0f;
+    out[1] = dt_clip_coef(max_norm, norm);
     out[2] = finite ? 1.0f : 0.0f;
 }
 
