@@ -536,6 +536,15 @@ if [ $emulate = 1 ]; then
     mkdir -p "$R/emu" || exit 1
     DT_SRCDIR=$src DT_BUILDDIR=$B "$src/tests/gpu_emu_build.sh" "$R/emu" 3 $want 2> "$R/emu/build.err" ||
         { [ -x "$R/emu/test_cuda_emu" ] || { cat "$R/emu/build.err"; exit 1; }; }
+    # every launch held to nvcc's registers and shared memory of its kernel, as in
+    # tests/gpu_emu.sh (the same sources, so the same table under DT_GPU_EMU_CACHE)
+    DT_SRCDIR=$src DT_BUILDDIR=$B timeout 600 sh "$src/tests/gpu_emu/resources.sh" "$R/emu/resources" \
+        "$src"/src/cuda/*.cu "$src/tests/gpu_emu/selftest.cu" > "$R/emu/resources.err" 2>&1
+    case $? in
+    0) export DT_GPU_EMU_RESOURCES="$R/emu/resources" ;;
+    77) echo "(no nvcc: launches are not checked against nvcc's resource counts)" ;;
+    *) cat "$R/emu/resources.err"; exit 1 ;;
+    esac
     T0=   # the emulator's build is this machine's, not a GPU's
 fi
 
