@@ -200,8 +200,10 @@ static dt_status check_labels(const char *fn, const int32_t *labels, int B, int 
     return DT_OK;
 }
 
-/* Add v[0..n) into eight double lanes, lane k taking the elements c = k mod 8 in order. */
-static void lanes8_add(double *a, const float *v, int n) {
+/* Add v[0..n) into eight double lanes, lane k taking the elements c = k mod 8 in order.
+ * Inlined into each clone of its caller, so the eight lanes are one vector of the
+ * clone's width (each lane's sum in the same order: the same bits). */
+static inline __attribute__((always_inline)) void lanes8_add(double *a, const float *v, int n) {
     int c = 0;
     for (; c + 8 <= n; c += 8)
         for (int k = 0; k < 8; k++) a[k] += v[c + k];
