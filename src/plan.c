@@ -82,6 +82,16 @@ static size_t whole(int64_t n, int bytes, int sharding, int w) {
     return (size_t)(k > n ? k : n) * (size_t)bytes;
 }
 
+/* Mixed precision's memory beside the master weights, for the whole model and a pipeline's
+ * stage alike: *lp_scratch the bytes of its scratch (none in fp32), and whether it keeps a
+ * rounded copy of the weights (1), which it does not where the device's gemm_lp rounds
+ * its operands itself (dt_ops_gemm_lp_rounds) and no row rounds for another op. */
+static int lp_rounding(const dt_plan_opts *o, const dt_plan_precision *pr, const dt_model_mem *mm, size_t *lp_scratch) {
+    int rounds = pr->lp && o->ops && dt_ops_gemm_lp_rounds(o->ops, pr->lp);
+    *lp_scratch = !pr->copy_bytes ? 0 : rounds ? mm->lp_scratch_rounding : mm->lp_scratch;
+    return pr->copy_bytes && (!rounds || mm->lp_copy_rounding);
+}
+
 /* The CPU's pool of --shard params (shard.c) on the rank it costs most: *pool_bytes its
  * slots, *grad_bytes the most of them holding gradients at once. A rank's slots are the
  * size of its largest unit that is not wholly in its own shard (in mixed precision none
@@ -170,11 +180,10 @@ static dt_status plan_whole(const dt_plan_opts *o, const dt_plan_shard *sh, cons
     }
 
     /* parameters: master weights (their shard), the rounded copy (not with the pool: its
-     * units are rounded where they were gathered; not where the device's gemm_lp rounds
-     * operands itself and no row rounds for another op), buffers, gathered units */
-    int rounds = pr->lp && o->ops && dt_ops_gemm_lp_rounds(o->ops, pr->lp);
-    size_t lp_scratch = rounds ? mm->lp_scratch_rounding : mm->lp_scratch;
-    int copy = pr->copy_bytes && !(sh->params_sharded && pool && W > 1) && (!rounds || mm->lp_copy_rounding);
+     * units are rounded where they were gathered; lp_rounding says where else not),
+     * buffers, gathered units */
+    size_t lp_scratch;
+    int copy = lp_rounding(o, pr, mm, &lp_scratch) && !(sh->params_sharded && pool && W > 1);
     int sharding = sh->optim_sharded || sh->grads_sharded || sh->params_sharded;
     B[DT_MEM_PARAMS] = (sh->params_sharded ? per_rank(P, pr->master_bytes, 1, W) : whole(P, pr->master_bytes, sharding, W)) +
                        (copy ? (size_t)P * (size_t)pr->copy_bytes : 0) +
@@ -185,7 +194,7 @@ static dt_status plan_whole(const dt_plan_opts *o, const dt_plan_shard *sh, cons
                       (size_t)grad_units * (size_t)mm->unit_params_max * (size_t)pr->grad_bytes + pool_grads +
                       (size_t)dt_ddp_tree_arrays(k) * (size_t)P * sizeof(float);
     B[DT_MEM_OPTIM] = (size_t)dt_optim_nstate_of(&cfg) * per_rank(P, pr->state_bytes, sh->optim_sharded, W);
-    B[DT_MEM_ACTS] = (size_t)((double)mm->bytes[DT_MEM_ACTS] * pr->act_factor) + (pr->copy_bytes ? lp_scratch : 0);
+    B[DT_MEM_ACTS] = (size_t)((double)mm->bytes[DT_MEM_ACTS] * pr->act_factor) + lp_scratch;
     if (sh->grad_bucket) {
         dt_ddp_opts d;
         dt_ddp_opts_default(&d);
@@ -283,18 +292,22 @@ static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, cons
     const dt_layer *first = &sp.layers[cut.layer_lo[stage]], *last = &sp.layers[cut.layer_lo[stage + 1] - 1];
     size_t bound = (stage > 0 ? (size_t)(inputs + 1) * (size_t)b * (size_t)first->in_numel * sizeof(float) : 0) +
                    (stage < P - 1 ? (size_t)b * (size_t)last->out_numel * sizeof(float) : 0);
-    size_t lp = pr->copy_bytes ? (o->ops && dt_ops_gemm_lp_rounds(o->ops, pr->lp) ? mm->lp_scratch_rounding : mm->lp_scratch)
-                               : 0;
-    size_t acts = mm->bytes[DT_MEM_ACTS] + lp, a_start = acts, a_step = acts + bound, a_gather = acts + bound;
+    size_t lp;
+    const int keeps_copy = lp_rounding(o, pr, mm, &lp);
+    /* the start comes before mixed precision's scratch (dt_amp_init follows the stage's
+     * set-up) */
+    size_t acts = mm->bytes[DT_MEM_ACTS] + lp, a_start = acts - lp, a_step = acts + bound, a_gather = acts + bound;
     if (!t->recompute) {   /* (recomputation keeps every layer's buffers: its blocks share one arena) */
         size_t fixed = acts - own_all, stage_acts = sets > 1 ? (size_t)sets * set[stage] : own[stage];
-        a_start = fixed + own_all + (sets > 1 ? stage_acts : 0);
+        a_start = fixed - lp + own_all + (sets > 1 ? stage_acts : 0);
         a_step = fixed + stage_acts + bound;
         a_gather = fixed + own_all - own[stage] + stage_acts + bound;
     }
     size_t *B = out->bytes;
     size_t bufs = mm->nbuffers * sizeof(float);
-    size_t copy = pr->copy_bytes ? (keep + hp) * (size_t)pr->copy_bytes : 0;
+    /* the rounded copy (lowp.c) is the whole model's on every stage, made at the first
+     * forward: a stage rounds its own range (and the riders it reads) into it */
+    size_t copy = keeps_copy ? n * (size_t)pr->copy_bytes : 0;
     size_t p_start = keep * (size_t)pr->master_bytes + bufs, p_step = p_start + hp * sizeof(float) + copy;
     size_t p_gather = all * (size_t)pr->master_bytes + bufs + copy;
     B[DT_MEM_PARAMS] = p_step > p_gather ? p_step : p_gather;
