@@ -11,6 +11,11 @@
  * rounds: its input, its output gradient, or rows x the widest dimension of its 2-d
  * weights (attention's fused QKV gradient is 3C wide while its input and output are C).
  *
+ * A pipeline's stage (dt_lowp_partial) runs its own layers only: its copy is sparse, the
+ * ranges rounded into it resident and counted (its range's GEMM weights, and a tied
+ * weight it reads from another stage), and dt_lowp_keep gives back what lies outside a
+ * range once the stage goes back to its own after holding the whole model.
+ *
  * Where gemm_lp rounds its operands itself (the CPU's AVX512-BF16 kernel), a matrix
  * product takes the f32 activations and master weights as they are: the same bits, as
  * rounding twice to nearest even is rounding once. Then there is no weight copy and one
@@ -21,6 +26,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "layers.h"
 #include "mem.h"
@@ -35,6 +41,10 @@ struct dt_lowp {
     int            fresh;          /* wcopy holds the current parameters' rounding */
     size_t         scratch_n;      /* floats of each scratch buffer */
     float         *scratch[2];     /* [1] NULL when only output gradients need one (gemm_rounds) */
+    int            partial;        /* dt_lowp_partial: only what was rounded into the copy is held */
+    size_t       (*held)[2];       /* partial: the copy's resident ranges, ascending and disjoint */
+    int            nheld, capheld;
+    size_t         held_floats;    /* their floats, counted as parameters */
 };
 
 /* 1 when a row of spec rounds operands for an op other than gemm_lp (a convolution). */
@@ -106,6 +116,8 @@ dt_status dt_lowp_init(const dt_ops *ops, const dt_spec *spec, int max_batch, dt
 
 void dt_lowp_free(const dt_ops *ops, dt_lowp *lp) {
     if (!lp) return;
+    dt_mem_sub(DT_MEM_PARAMS, lp->held_floats * sizeof(float));   /* what dt_mem_free does not know of */
+    free(lp->held);
     dt_mem_free(ops, lp->wcopy);
     dt_mem_free(ops, lp->scratch[0]);
     dt_mem_free(ops, lp->scratch[1]);
@@ -118,13 +130,74 @@ void         dt_lowp_stale(dt_lowp *lp) { if (lp) lp->fresh = 0; }
 
 size_t dt_lowp_bytes(const dt_lowp *lp) {
     if (!lp) return 0;
-    return ((lp->wcopy ? lp->nparams : 0) + (lp->scratch[0] ? lp->scratch_n : 0) + (lp->scratch[1] ? lp->scratch_n : 0)) *
+    return ((lp->wcopy ? lp->partial ? lp->held_floats : lp->nparams : 0) + (lp->scratch[0] ? lp->scratch_n : 0) + (lp->scratch[1] ? lp->scratch_n : 0)) *
            sizeof(float);
 }
 
-/* The weight copy, made on first use. */
+/* The weight copy, made on first use (partial: none of it resident yet). */
 static dt_status wcopy_need(dt_lowp *lp, const dt_ops *ops) {
-    return lp->wcopy ? DT_OK : dt_mem_alloc(ops, DT_MEM_PARAMS, (void **)&lp->wcopy, lp->nparams * sizeof(float));
+    if (lp->wcopy) return DT_OK;
+    return dt_mem_alloc_part(ops, DT_MEM_PARAMS, (void **)&lp->wcopy, lp->nparams * sizeof(float),
+                             lp->partial ? 0 : lp->nparams * sizeof(float));
+}
+
+void dt_lowp_partial(dt_lowp *lp) {
+    if (lp && !lp->wcopy) lp->partial = 1;
+}
+
+/* Partial: the copy's [a, b) resident and counted before it is written. */
+static dt_status hold(dt_lowp *lp, const dt_ops *ops, size_t a, size_t b) {
+    if (!lp->partial) return DT_OK;
+    while (a < b) {
+        int i = 0;   /* the first held range that ends after a */
+        while (i < lp->nheld && lp->held[i][1] <= a) i++;
+        if (i < lp->nheld && lp->held[i][0] <= a) {   /* a is held: on past that range */
+            a = lp->held[i][1];
+            continue;
+        }
+        size_t e = i < lp->nheld && lp->held[i][0] < b ? lp->held[i][0] : b;   /* the gap [a, e) */
+        if (lp->nheld == lp->capheld) {
+            int cap = lp->capheld ? 2 * lp->capheld : 8;
+            size_t(*h)[2] = realloc(lp->held, (size_t)cap * sizeof *h);
+            if (!h) return dt_error(DT_ERR_NOMEM, "precision: out of memory");
+            lp->held = h;
+            lp->capheld = cap;
+        }
+        DT_TRY(ops->populate(lp->wcopy + a, (e - a) * sizeof(float)));
+        memmove(lp->held + i + 1, lp->held + i, (size_t)(lp->nheld - i) * sizeof *lp->held);
+        lp->held[i][0] = a;
+        lp->held[i][1] = e;
+        lp->nheld++;
+        lp->held_floats += e - a;
+        dt_mem_add(DT_MEM_PARAMS, (e - a) * sizeof(float));
+        a = e;
+    }
+    /* neighbours that now touch become one */
+    int k = 0;
+    for (int i = 0; i < lp->nheld; i++) {
+        if (k > 0 && lp->held[k - 1][1] == lp->held[i][0]) lp->held[k - 1][1] = lp->held[i][1];
+        else lp->held[k][0] = lp->held[i][0], lp->held[k][1] = lp->held[i][1], k++;
+    }
+    lp->nheld = k;
+    return DT_OK;
+}
+
+dt_status dt_lowp_keep(dt_lowp *lp, const dt_ops *ops, size_t lo, size_t hi) {
+    if (!lp || !lp->partial) return DT_OK;
+    int k = 0;
+    for (int i = 0; i < lp->nheld; i++) {
+        size_t a = lp->held[i][0], b = lp->held[i][1];
+        size_t x = a > lo ? a : lo, y = b < hi ? b : hi;   /* what stays: [x, y) */
+        if (x >= y) x = y = b;
+        if (x > a) DT_TRY(ops->discard(lp->wcopy + a, (x - a) * sizeof(float)));
+        if (b > y) DT_TRY(ops->discard(lp->wcopy + y, (b - y) * sizeof(float)));
+        size_t gone = (x - a) + (b - y);
+        lp->held_floats -= gone;
+        dt_mem_sub(DT_MEM_PARAMS, gone * sizeof(float));
+        if (y > x) lp->held[k][0] = x, lp->held[k][1] = y, k++;
+    }
+    lp->nheld = k;
+    return DT_OK;
 }
 
 dt_status dt_lowp_round_layer(dt_lowp *lp, const dt_ops *ops, const dt_layer *L, const float *src, float *dst,
@@ -139,9 +212,46 @@ dt_status dt_lowp_round_layer(dt_lowp *lp, const dt_ops *ops, const dt_layer *L,
         if ((T->role != DT_TENSOR_PARAM && T->role != DT_TENSOR_TIED) || T->ndim < 2) continue;
         size_t a = T->offset > lo ? T->offset : lo, b = T->offset + (size_t)T->numel;
         if (b > hi) b = hi;
+        if (a < b && dst == lp->wcopy) DT_TRY(hold(lp, ops, a, b));
         if (a < b) DT_TRY(ops->round_to(dst + a, src + a, b - a, (int)lp->dtype));
     }
     return DT_OK;
+}
+
+static int range_cmp(const void *x, const void *y) {
+    const size_t *a = x, *b = y;
+    return a[0] < b[0] ? -1 : a[0] > b[0];
+}
+
+size_t dt_lowp_copy_floats(const dt_spec *spec, size_t lo, size_t hi) {
+    size_t(*r)[2] = NULL, n = 0, cap = 0, floats = 0;
+    for (int i = 0; i < spec->n; i++) {   /* the ranges dt_lowp_round_layer writes */
+        const dt_layer *L = &spec->layers[i];
+        for (int t = 0; (L->def->flags & DT_LDEF_GEMM) && t < L->ntensors; t++) {
+            const dt_layer_tensor *T = &L->t[t];
+            if ((T->role != DT_TENSOR_PARAM && T->role != DT_TENSOR_TIED) || T->ndim < 2) continue;
+            size_t a = T->offset > lo ? T->offset : lo, b = T->offset + (size_t)T->numel;
+            if (b > hi) b = hi;
+            if (a >= b) continue;
+            if (n == cap) {
+                size_t(*x)[2] = realloc(r, (cap = cap ? 2 * cap : 16) * sizeof *x);
+                if (!x) {
+                    free(r);
+                    return hi > lo ? hi - lo : 0;   /* out of memory: at most the whole range */
+                }
+                r = x;
+            }
+            r[n][0] = a, r[n][1] = b, n++;
+        }
+    }
+    qsort(r, n, sizeof *r, range_cmp);
+    for (size_t i = 0, end = 0; i < n; i++) {   /* the union: a range another layer reads too, once */
+        size_t a = r[i][0] > end ? r[i][0] : end;
+        if (r[i][1] > a) floats += r[i][1] - a;
+        if (r[i][1] > end) end = r[i][1];
+    }
+    free(r);
+    return floats;
 }
 
 dt_status dt_lowp_prepare(dt_lowp *lp, const dt_ops *ops, const float *params, size_t lo, size_t hi) {

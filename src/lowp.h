@@ -40,6 +40,11 @@ const float *dt_lowp_weights(const dt_lowp *lp);
 /* The parameters may have changed: the rounded weights are made again before the next
  * forward (NULL is fine). */
 void      dt_lowp_stale(dt_lowp *lp);
+/* A pipeline's stage: the copy, once made, holds (and counts) only what is rounded into
+ * it, and dt_lowp_keep gives back what lies outside [lo, hi) (parameter offsets). Before
+ * the copy is made (no effect after); dt_lowp_keep does nothing without it. */
+void      dt_lowp_partial(dt_lowp *lp);
+dt_status dt_lowp_keep(dt_lowp *lp, const dt_ops *ops, size_t lo, size_t hi);
 /* Before a forward that reads the parameter array: round the GEMM weights of params in
  * [lo, hi) (what is resident: the rest is rounded as it arrives) into the copy if it is
  * stale (the copy is made at its first use). */
@@ -60,5 +65,8 @@ size_t    dt_lowp_bytes(const dt_lowp *lp);
 size_t    dt_lowp_scratch_floats(const dt_spec *spec, int max_batch, int gemm_rounds);
 int       dt_lowp_scratch_count(const dt_spec *spec, int gemm_rounds);
 int       dt_lowp_copies_weights(const dt_spec *spec, int gemm_rounds);
+/* ... and the floats of [lo, hi) that a partial copy holds once it rounded that range:
+ * the GEMM rows' 2-d weights there, a tied one once. */
+size_t    dt_lowp_copy_floats(const dt_spec *spec, size_t lo, size_t hi);
 
 #endif /* DT_LOWP_H */

@@ -70,6 +70,7 @@ struct dt_model {
     float          **pview;        /* per layer: where its parameters are read (NULL: params) */
     int              views_only;   /* every layer with parameters reads them through pview */
     size_t           res_lo, res_hi;   /* the parameters resident in the flat array (sharded) */
+    int              lp_partial;       /* dt_model_precision_partial */
     float          **gview;        /* per layer: where its gradient is written (NULL: grads) */
     float           *gcur;         /* where the layer whose backward ran last wrote it */
     int              decode_pos;   /* < 0: ordinary passes */
@@ -604,6 +605,7 @@ dt_status dt_model_set_precision(dt_model *m, dt_dtype precision) {
                         dt_dtype_name(m->mo.act_dtype), dt_dtype_name(precision));
     dt_lowp *lp = NULL;
     if (precision != DT_F32) DT_TRY(dt_lowp_init(m->ops, &m->spec, m->max_batch, precision, &lp));
+    if (m->lp_partial) dt_lowp_partial(lp);
     dt_lowp_free(m->ops, m->lp);
     m->lp = lp;
     return DT_OK;
@@ -619,6 +621,11 @@ dt_status dt_model_params_arrived(dt_model *m, int layer, size_t lo, size_t hi) 
     return dt_lowp_round_layer(m->lp, m->ops, &m->spec.layers[layer], p, p == m->params ? NULL : p, lo, hi);
 }
 void dt_model_set_views_only(dt_model *m, int on) { m->views_only = on; }
+void dt_model_precision_partial(dt_model *m) {
+    m->lp_partial = 1;
+    dt_lowp_partial(m->lp);
+}
+dt_status dt_model_precision_keep(dt_model *m, size_t lo, size_t hi) { return dt_lowp_keep(m->lp, m->ops, lo, hi); }
 void dt_model_set_resident(dt_model *m, size_t lo, size_t hi) {
     m->res_lo = lo;
     m->res_hi = hi;

@@ -211,6 +211,13 @@ DT_API void      dt_model_set_views_only(dt_model *m, int on);
  * sharding; a model built with a kept range starts with that, otherwise the whole): a
  * forward rounds those for mixed precision, and the others as they arrive. */
 DT_API void      dt_model_set_resident(dt_model *m, size_t lo, size_t hi);
+/* Mixed precision's rounded weight copy (lowp.h) for a pipeline's stage: it holds only
+ * the ranges rounded into it (the resident range's GEMM weights, a tied weight the stage
+ * reads: dt_model_params_arrived); dt_model_precision_keep gives back what lies outside
+ * [lo, hi) after the stage held the whole model (before a call of
+ * dt_model_set_precision, or before its first forward). */
+DT_API void      dt_model_precision_partial(dt_model *m);
+DT_API dt_status dt_model_precision_keep(dt_model *m, size_t lo, size_t hi);
 /* Layer `layer`'s backward writes its parameter gradients at base + offset instead of
  * the flat gradient array (NULL: the flat array again). */
 DT_API dt_status dt_model_set_grad_view(dt_model *m, int layer, float *base);

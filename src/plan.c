@@ -9,6 +9,7 @@
 
 #include "comm.h"    /* dt_comm_shm_plan */
 #include "dtype.h"
+#include "lowp.h"    /* dt_lowp_copy_floats */
 #include "ops.h"     /* dt_ops_gemm_lp_rounds */
 #include "ddp.h"     /* dt_ddp_tree_arrays, dt_ddp_opts_default */
 #include "optim.h"
@@ -305,11 +306,19 @@ static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, cons
     }
     size_t *B = out->bytes;
     size_t bufs = mm->nbuffers * sizeof(float);
-    /* the rounded copy (lowp.c) is the whole model's on every stage, made at the first
-     * forward: a stage rounds its own range (and the riders it reads) into it */
-    size_t copy = keeps_copy ? n * (size_t)pr->copy_bytes : 0;
+    /* the rounded copy (lowp.c), partial: the GEMM weights of the stage's range and of the
+     * tied tensors it reads; all of them once an evaluation ran the gathered model (the
+     * end gathers without a forward: what the steps held) */
+    size_t copy = 0, copy_all = 0;
+    if (keeps_copy) {
+        copy = dt_lowp_copy_floats(&sp, keep_lo, keep_hi);
+        for (int i = 0; i < nride; i++)
+            if (ride[i].user == stage) copy += dt_lowp_copy_floats(&sp, ride[i].off, ride[i].off + ride[i].len);
+        copy *= (size_t)pr->copy_bytes;
+        copy_all = dt_lowp_copy_floats(&sp, 0, n) * (size_t)pr->copy_bytes;
+    }
     size_t p_start = keep * (size_t)pr->master_bytes + bufs, p_step = p_start + hp * sizeof(float) + copy;
-    size_t p_gather = all * (size_t)pr->master_bytes + bufs + copy;
+    size_t p_gather = all * (size_t)pr->master_bytes + bufs + (t->eval ? copy_all : copy);
     B[DT_MEM_PARAMS] = p_step > p_gather ? p_step : p_gather;
     B[DT_MEM_GRADS] = (keep + hg) * (size_t)pr->grad_bytes + (size_t)dt_ddp_tree_arrays(k) * mine * sizeof(float);
     B[DT_MEM_OPTIM] = (size_t)dt_optim_nstate_of(&cfg) * per_rank((int64_t)mine, pr->state_bytes, sh->optim_sharded, dp);

@@ -198,6 +198,7 @@ dt_status dt_train_pipe_drop_(trainer *t) {
     dt_mem_sub(DT_MEM_PARAMS, p->whole);
     p->whole = 0;
     dt_model_set_resident(t->model, p->keep_lo, p->keep_hi);
+    DT_TRY(dt_model_precision_keep(t->model, p->keep_lo, p->keep_hi));   /* a tied weight's is rounded again */
     return dt_model_acts_only(t->model, p->layer_lo[t->stage], p->layer_lo[t->stage + 1]);
 }
 
@@ -342,6 +343,7 @@ dt_status dt_train_pipe_setup_(trainer *t) {
     }
     if (t->stage < P - 1) DT_TRY(dt_mem_alloc(t->ops, DT_MEM_ACTS, (void **)&p->gin, B * p->out_n * sizeof(float)));
     DT_TRY(agree(t));
+    dt_model_precision_partial(t->model);   /* the rounded copy: this stage's weights only */
     DT_TRY(dt_pp_riders(&p->cut, dt_model_layer(t->model, 0), dt_model_nlayers(t->model), &p->ride, &p->nride));
     DT_TRY(hold_riders(t));
     if (o->init_weights && !t->resume) DT_TRY(dt_train_pipe_drop_(t));   /* the load wrote every stage's */

@@ -137,9 +137,12 @@ compare_pipe gpt-2x2-optim 4 2 "$G4" "tokens:$T/tok" "$GT" --batch 8 --micro-bat
 compare_pipe gpt-2x2-grads-gpipe 4 2 "$G4" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 8 --shard grads \
     --pipeline-schedule gpipe --no-eval
 compare_pipe gpt-p4-1f1b 4 4 "$G4" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 8 --stages 0-2,3-5,6-8,9-11
-# mixed precision: each stage's rounded copies and 16-bit activations (the tied head's
-# weight rounded on the last stage, from what the first sends)
+# mixed precision: each stage's rounded copy (its own weights and the tied head's, which
+# the last stage rounds from what the first sends; every weight once an evaluation ran)
+# and 16-bit activations; fp16 makes the copy on every CPU, bf16 where the GEMM kernel
+# does not round its operands itself
 compare_pipe gpt-p2-bf16 2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4 --precision bf16
+compare_pipe gpt-p2-fp16-noeval 2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4 --precision fp16 --no-eval
 compare_pipe mlp-p2-fp16-gpipe 2 2 mlp $S "$E" --batch 64 --micro-batches 4 --precision fp16 --pipeline-schedule gpipe
 # the table: a row per stage, the largest named; the start event's plan is rank 0's stage's
 "$D" plan --model "$G" --np 2 --batch 8 --micro-batches 4 --pipeline 2 --shard none --precision fp32 > "$T/p1" 2>&1

@@ -6,6 +6,8 @@
 #include "amp.h"
 #include "cpu/cpu.h"   /* the bf16 kernel's choice and its slice depth */
 #include "dtype.h"
+#include "lowp.h"    /* dt_lowp_copy_floats */
+#include "mem.h"
 #include "model.h"
 #include "tap.h"
 
@@ -231,6 +233,70 @@ static void check_rounded(const dt_ops *ops, const char *spec, const dt_shape *i
     free(xr);
     dt_model_free(a);
     dt_model_free(f);
+}
+
+/* A pipeline's stage (dt_model_precision_partial) holds the rounded copy of what it runs:
+ * a range's forward rounds and counts that range's weights only, the whole model's its
+ * own, dt_model_precision_keep gives the rest back (counted), and every output is the
+ * bits of a model that keeps the whole copy. fp16: the copy is made on every CPU. */
+static void test_partial(const dt_ops *ops) {
+    const int B = 3;
+    static const dt_shape in = {1, {37, 0, 0}};
+    const char *spec = "linear(16) relu linear(8) linear(4)";
+    dt_model *a = NULL, *f = NULL;
+    int built = dt_model_build(spec, &in, ops, 5, B, &a) == DT_OK && dt_model_build(spec, &in, ops, 5, B, &f) == DT_OK;
+    ok(built, "partial copy: built");
+    if (!built) return;
+    dt_model_precision_partial(a);
+    is_int(dt_model_set_precision(a, DT_F16), DT_OK, "partial copy: fp16");
+    is_int(dt_model_set_precision(f, DT_F16), DT_OK, "partial copy: its whole twin");
+    dt_spec sp;
+    int parsed = dt_spec_parse(spec, &sp) == DT_OK && dt_spec_infer(&sp, &in) == DT_OK;
+    ok(parsed, "partial copy: the spec");
+    size_t n = dt_model_nparams(a), lo = 0, hi = 37 * 16 + 16;   /* layer 0: its weight and bias */
+    size_t mine = parsed ? dt_lowp_copy_floats(&sp, lo, hi) : 0, all = parsed ? dt_lowp_copy_floats(&sp, 0, n) : 0;
+    is_int(mine, 37 * 16, "partial copy: layer 0 holds its weight (not its bias)");
+    is_int(all, 37 * 16 + 16 * 8 + 8 * 4, "partial copy: the model holds every weight");
+    float *x = rand_vec((size_t)B * 37, 11, 4.0f);
+    const float *ya = NULL, *yf = NULL;
+    size_t base = dt_model_precision_bytes(a);   /* the scratch */
+    is_int(dt_model_forward(f, x, B, 0, 0, 0, &yf), DT_OK, "partial copy: the twin makes its whole copy first");
+    dt_mem_stats m0, m1, m2, m3;
+    dt_mem_get(&m0);
+    dt_model_set_resident(a, lo, hi);
+    is_int(dt_model_forward_range(a, 0, 1, x, B, 1, 0, 0, &ya), DT_OK, "partial copy: layer 0's forward");
+    dt_mem_get(&m1);
+    is_int(dt_model_precision_bytes(a) - base, mine * sizeof(float), "partial copy: holds layer 0's rounded weight");
+    is_int(m1.cur[DT_MEM_PARAMS] - m0.cur[DT_MEM_PARAMS], mine * sizeof(float), "partial copy: and counts it");
+    is_int(dt_model_forward_range(f, 0, 1, x, B, 1, 0, 0, &yf), DT_OK, "partial copy: the twin's");
+    ok(ya && yf && memcmp(ya, yf, (size_t)B * 16 * sizeof(float)) == 0, "partial copy: the same bits");
+    dt_model_set_resident(a, 0, n);   /* a stage holding the whole model (an evaluation) */
+    is_int(dt_model_forward(a, x, B, 0, 0, 0, &ya), DT_OK, "partial copy: the whole model's forward");
+    dt_mem_get(&m2);
+    is_int(m2.cur[DT_MEM_PARAMS] - m0.cur[DT_MEM_PARAMS], all * sizeof(float), "partial copy: every weight rounded, counted once");
+    is_int(dt_model_forward(f, x, B, 0, 0, 0, &yf), DT_OK, "partial copy: the twin's whole forward");
+    ok(ya && yf && memcmp(ya, yf, (size_t)B * 4 * sizeof(float)) == 0, "partial copy: the same bits, whole");
+    dt_model_set_resident(a, lo, hi);
+    is_int(dt_model_precision_keep(a, lo, hi), DT_OK, "partial copy: back to layer 0");
+    dt_mem_get(&m3);
+    is_int(m3.cur[DT_MEM_PARAMS], m1.cur[DT_MEM_PARAMS], "partial copy: the rest given back and no longer counted");
+    float *p = dt_model_params(a);   /* an update: layer 0 rounded again, in what it kept */
+    for (size_t i = 0; i < n; i++) p[i] *= 0.75f;
+    memcpy(dt_model_params(f), p, n * sizeof(float));
+    dt_model_params_changed(a);
+    dt_model_params_changed(f);
+    is_int(dt_model_forward_range(a, 0, 1, x, B, 1, 0, 0, &ya), DT_OK, "partial copy: layer 0 after an update");
+    is_int(dt_model_forward_range(f, 0, 1, x, B, 1, 0, 0, &yf), DT_OK, "partial copy: the twin's");
+    ok(ya && yf && memcmp(ya, yf, (size_t)B * 16 * sizeof(float)) == 0, "partial copy: the same bits after the update");
+    dt_mem_get(&m3);
+    dt_model_free(a);
+    dt_mem_stats m4;
+    dt_mem_get(&m4);
+    is_int(m3.cur[DT_MEM_PARAMS] - m4.cur[DT_MEM_PARAMS], (n + mine) * sizeof(float),
+           "partial copy: freed, its parameters and what its copy held no longer counted");
+    dt_model_free(f);
+    if (parsed) dt_spec_free(&sp);
+    free(x);
 }
 
 /* Loss scaling multiplies every gradient by the scale, exactly (a power of two). */
@@ -503,5 +569,6 @@ int main(void) {
     test_loss_scale(ops);
     test_token_model(ops);
     test_keep16(ops);
+    test_partial(ops);
     return done_testing();
 }
