@@ -244,7 +244,7 @@ size_t dt_lowp_copy_floats(const dt_spec *spec, size_t lo, size_t hi) {
             r[n][0] = a, r[n][1] = b, n++;
         }
     }
-    qsort(r, n, sizeof *r, range_cmp);
+    if (n > 1) qsort(r, n, sizeof *r, range_cmp);
     for (size_t i = 0, end = 0; i < n; i++) {   /* the union: a range another layer reads too, once */
         size_t a = r[i][0] > end ? r[i][0] : end;
         if (r[i][1] > a) floats += r[i][1] - a;
