@@ -402,16 +402,22 @@ dt_status dt_plan_run_stage(const dt_plan_opts *o, const dt_plan_shard *sh, cons
     return plan_stage(o, sh, pr, stage, out);
 }
 
-dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
-                      dt_plan_estimate *out) {
+dt_status dt_plan_run_all(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
+                          dt_plan_estimate *out, dt_plan_estimate *stages) {
     if (o->train->pipeline <= 1) return plan_whole(o, sh, pr, out);
     /* the verdict is per rank: the stage that needs the most decides */
     for (int st = 0; st < o->train->pipeline; st++) {
         dt_plan_estimate e;
         DT_TRY(plan_stage(o, sh, pr, st, &e));
+        if (stages) stages[st] = e;
         if (st == 0 || e.total > out->total) *out = e;
     }
     return DT_OK;
+}
+
+dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
+                      dt_plan_estimate *out) {
+    return dt_plan_run_all(o, sh, pr, out, NULL);
 }
 
 int dt_plan_fit(const dt_plan_opts *o, const dt_plan_precision *pr, size_t capacity, int max_world,

@@ -118,6 +118,10 @@ typedef struct {
  * refusal (dt_train_pipe_check, the cut: DT_ERR_INVALID or DT_ERR_UNSUPPORTED). */
 dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
                       dt_plan_estimate *out);
+/* The same, and with a pipeline every stage's estimate into stages[0 .. --pipeline) too
+ * (stages may be NULL; without a pipeline it is left alone). */
+dt_status dt_plan_run_all(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
+                          dt_plan_estimate *out, dt_plan_estimate *stages);
 /* A pipeline's stage `stage` (0 .. --pipeline - 1): the estimate of its ranks. */
 dt_status dt_plan_run_stage(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr, int stage,
                             dt_plan_estimate *out);

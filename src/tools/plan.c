@@ -421,13 +421,10 @@ int dtrain_plan_main(int argc, char **argv) {
             r->sh = sh;
             r->pr = pr;
             /* input the trainer refuses (a pipeline it cannot run included) is bad input here */
-            if ((s = dt_plan_run(&o, sh, pr, &r->e)) != DT_OK) return plan_fail(rows, n, s);
-            if (t.pipeline > 1) {   /* every stage's rank, for the table and --json */
-                if (!(r->st = calloc((size_t)t.pipeline, sizeof *r->st)))
-                    return plan_fail(rows, n, dt_error(DT_ERR_NOMEM, "out of memory"));
-                for (int st = 0; st < t.pipeline; st++)
-                    if ((s = dt_plan_run_stage(&o, sh, pr, st, &r->st[st])) != DT_OK) return plan_fail(rows, n + 1, s);
-            }
+            /* with a pipeline, every stage's rank too, for the table and --json */
+            if (t.pipeline > 1 && !(r->st = calloc((size_t)t.pipeline, sizeof *r->st)))
+                return plan_fail(rows, n, dt_error(DT_ERR_NOMEM, "out of memory"));
+            if ((s = dt_plan_run_all(&o, sh, pr, &r->e, r->st)) != DT_OK) return plan_fail(rows, n + 1, s);
             row_wall(&o, r, capacity);
             n++;
         }
