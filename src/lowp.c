@@ -130,8 +130,8 @@ void         dt_lowp_stale(dt_lowp *lp) { if (lp) lp->fresh = 0; }
 
 size_t dt_lowp_bytes(const dt_lowp *lp) {
     if (!lp) return 0;
-    return ((lp->wcopy ? lp->partial ? lp->held_floats : lp->nparams : 0) + (lp->scratch[0] ? lp->scratch_n : 0) + (lp->scratch[1] ? lp->scratch_n : 0)) *
-           sizeof(float);
+    size_t copy = !lp->wcopy ? 0 : lp->partial ? lp->held_floats : lp->nparams;
+    return (copy + (lp->scratch[0] ? lp->scratch_n : 0) + (lp->scratch[1] ? lp->scratch_n : 0)) * sizeof(float);
 }
 
 /* The weight copy, made on first use (partial: none of it resident yet). */
