@@ -93,22 +93,10 @@ esac
 
 # 1. every op against the cpu backend; then again with the blocks of every launch, and the
 #    threads of a block between barriers, in reverse and in shuffled order (a GPU promises
-#    no order: no kernel's output may depend on it)
-DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" > "$TMP/ops.out" 2>&1
-tap_include "$TMP/ops.out" $? "test_cuda_ops under emulation"
+#    no order: no kernel's output may depend on it).
 #    And with every poll of a stream, an event or NCCL answering "not ready" 3 times in 4
 #    (DT_GPU_EMU_NOTREADY: each polling loop must go round and still finish).
 #    And with work run as it is queued (DT_GPU_EMU_EAGER=1: a GPU never behind the host).
-for o in DT_GPU_EMU_ORDER=reverse DT_GPU_EMU_ORDER=shuffle DT_GPU_EMU_NOTREADY=3 DT_GPU_EMU_EAGER=1; do
-    env "$o" DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 300 "$TMP/test_cuda_emu" \
-        > "$TMP/ops-$o.out" 2>&1
-    rc=$?
-    n=$(grep -c '^ok ' "$TMP/ops-$o.out"); f=$(grep -c '^not ok' "$TMP/ops-$o.out")
-    [ $rc -eq 0 ] && [ "$f" -eq 0 ] && [ "$n" -eq "$(grep -c '^ok ' "$TMP/ops.out")" ]
-    ok $? "test_cuda_ops with $o: $n passed, $f failed (exit $rc)"
-    [ "$f" -eq 0 ] || grep '^not ok' "$TMP/ops-$o.out" | head -5 | sed 's/^/#   /'
-done
-
 #    And built with AddressSanitizer (the kernels, the stand-in and the test; in a
 #    --with-cuda build only, where it is worth its minutes): every op check again, with
 #    every allocation exactly its size, and a planted overrun caught, naming the kernel.
@@ -128,14 +116,55 @@ if [ $cuda_build = 1 ]; then
         -e '^nccl_emu.o$') -L"$B/.libs" -ldtrain -lubsan $blas_libs -lm -Wl,-rpath,"$B/.libs" &&
      timeout 120 g++ $asan -o selftest_asan selftest.o emu.o nccl_emu.o -L"$B/.libs" -ldtrain -lubsan $blas_libs \
         -lm -Wl,-rpath,"$B/.libs") > "$TMP/log" 2>&1 || fail "link the emulated tests with AddressSanitizer"
-    ASAN_OPTIONS=detect_leaks=0 DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 600 \
-        "$TMP/asan/test_cuda_asan" > "$TMP/ops-asan.out" 2> "$TMP/ops-asan.err"
-    rc=$?
-    n=$(grep -c '^ok ' "$TMP/ops-asan.out"); f=$(grep -c '^not ok' "$TMP/ops-asan.out")
-    [ $rc -eq 0 ] && [ "$f" -eq 0 ] && [ "$n" -eq "$(grep -c '^ok ' "$TMP/ops.out")" ] &&
-        ! grep -q 'ERROR: AddressSanitizer' "$TMP/ops-asan.err"
+fi
+#    Each run is one thread: two at a time (DT_GPU_EMU_JOBS), in pairs of like lengths.
+modes="DT_GPU_EMU_ORDER=reverse DT_GPU_EMU_ORDER=shuffle DT_GPU_EMU_NOTREADY=3 DT_GPU_EMU_EAGER=1"
+# ops_run NAME PROGRAM [VAR=VALUE]: PROGRAM in the background, its output in $TMP/ops-NAME.out,
+# its errors in .err, its exit status in .rc
+ops_run() {
+    (o=$TMP/ops-$1; p=$2; shift 2
+     env "$@" ASAN_OPTIONS=detect_leaks=0 DT_CU_MAX_BLOCKS=3 DT_GPU_EMU_DEVICES=2 DT_CUDA_TEST_EMU=1 timeout 600 "$p" \
+         > "$o.out" 2> "$o.err"
+     echo $? > "$o.rc") &
+}
+jobs_max=${DT_GPU_EMU_JOBS:-2}
+case $jobs_max in ""|*[!0-9]*|0) diag "DT_GPU_EMU_JOBS=$jobs_max is no count of runs: 2 at a time"; jobs_max=2 ;; esac
+runs="plain"
+[ $cuda_build = 1 ] && runs="asan plain"   # the longest beside the shortest
+runs="$runs $modes"
+set -- $runs
+while [ $# -gt 0 ]; do   # jobs_max runs, then wait for them
+    pids=
+    for i in $(seq "$jobs_max"); do
+        [ $# -gt 0 ] || break
+        case $1 in
+        plain) ops_run plain "$TMP/test_cuda_emu" ;;
+        asan) ops_run asan "$TMP/asan/test_cuda_asan" ;;
+        *) ops_run "$1" "$TMP/test_cuda_emu" "$1" ;;
+        esac
+        pids="$pids $!"; shift
+    done
+    wait $pids
+done
+# ops_result NAME: the run's exit status ($rc), its passes ($n) and failures ($f); 0 when
+# it exited 0, failed nothing and passed as many as the plain run
+ops_result() {
+    rc=$(cat "$TMP/ops-$1.rc" 2>/dev/null || echo 1)
+    n=$(grep -c '^ok ' "$TMP/ops-$1.out"); f=$(grep -c '^not ok' "$TMP/ops-$1.out")
+    [ "$rc" -eq 0 ] && [ "$f" -eq 0 ] && [ "$n" -eq "$(grep -c '^ok ' "$TMP/ops-plain.out")" ]
+}
+cat "$TMP/ops-plain.err" >> "$TMP/ops-plain.out"
+tap_include "$TMP/ops-plain.out" "$(cat "$TMP/ops-plain.rc" 2>/dev/null || echo 1)" "test_cuda_ops under emulation"
+for o in $modes; do
+    ops_result "$o"
+    ok $? "test_cuda_ops with $o: $n passed, $f failed (exit $rc)"
+    [ "$f" -eq 0 ] || grep '^not ok' "$TMP/ops-$o.out" | head -5 | sed 's/^/#   /'
+    [ "$rc" -eq 0 ] || tail -5 "$TMP/ops-$o.err" | sed 's/^/#   /'
+done
+if [ $cuda_build = 1 ]; then
+    ops_result asan && ! grep -q 'ERROR: AddressSanitizer' "$TMP/ops-asan.err"
     ok $? "test_cuda_ops with AddressSanitizer: $n passed, $f failed (exit $rc)"
-    [ $rc -eq 0 ] || grep -A12 'ERROR: AddressSanitizer' "$TMP/ops-asan.err" | head -14 | sed 's/^/#   /'
+    [ "$rc" -eq 0 ] || grep -A12 'ERROR: AddressSanitizer' "$TMP/ops-asan.err" | head -14 | sed 's/^/#   /'
     rc=$( (cd "$TMP" && ASAN_OPTIONS=detect_leaks=0 timeout 120 ./asan/selftest_asan overrun > st-over.out \
         2> st-over.err; echo $?) 2> /dev/null)
     [ "$rc" != 0 ] && grep -q '^ok 1 - 31 threads write' "$TMP/st-over.out" &&

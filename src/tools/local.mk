@@ -20,8 +20,8 @@ TESTS += tests/test_dtrun_parse
 
 
 TESTS += tests/dtrun_env.sh tests/dtrun_output.sh tests/dtrun_fail.sh tests/dtrun_signal.sh \
-	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh tests/preempt.sh \
-	tests/elastic.sh
+	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh tests/preempt.sh
+# (tests/elastic.sh: listed first in Makefile.am, being one of the longest)
 EXTRA_DIST += tests/dtrun_env.sh tests/dtrun_output.sh tests/dtrun_fail.sh tests/dtrun_signal.sh \
 	tests/dtrun_flags.sh tests/dtbench.sh tests/dtrun_nodes.sh tests/dtrun_restart.sh tests/dtrun_lib.sh \
 	tests/preempt.sh tests/elastic.sh
