@@ -117,7 +117,7 @@ if [ $cuda_build = 1 ]; then
      timeout 120 g++ $asan -o selftest_asan selftest.o emu.o nccl_emu.o -L"$B/.libs" -ldtrain -lubsan $blas_libs \
         -lm -Wl,-rpath,"$B/.libs") > "$TMP/log" 2>&1 || fail "link the emulated tests with AddressSanitizer"
 fi
-#    Each run is one thread: two at a time (DT_GPU_EMU_JOBS), in pairs of like lengths.
+#    Each run is one thread: two at a time (DT_GPU_EMU_JOBS).
 modes="DT_GPU_EMU_ORDER=reverse DT_GPU_EMU_ORDER=shuffle DT_GPU_EMU_NOTREADY=3 DT_GPU_EMU_EAGER=1"
 # ops_run NAME PROGRAM [VAR=VALUE]: PROGRAM in the background, its output in $TMP/ops-NAME.out,
 # its errors in .err, its exit status in .rc
@@ -130,7 +130,7 @@ ops_run() {
 jobs_max=${DT_GPU_EMU_JOBS:-2}
 case $jobs_max in ""|*[!0-9]*|0) diag "DT_GPU_EMU_JOBS=$jobs_max is no count of runs: 2 at a time"; jobs_max=2 ;; esac
 runs="plain"
-[ $cuda_build = 1 ] && runs="asan plain"   # the longest beside the shortest
+[ $cuda_build = 1 ] && runs="asan plain"   # the longest (~1.5 times the others) first
 runs="$runs $modes"
 set -- $runs
 while [ $# -gt 0 ]; do   # jobs_max runs, then wait for them
