@@ -420,8 +420,8 @@ int dtrain_plan_main(int argc, char **argv) {
             memset(r, 0, sizeof *r);
             r->sh = sh;
             r->pr = pr;
-            /* input the trainer refuses (a pipeline it cannot run included) is bad input here */
-            /* with a pipeline, every stage's rank too, for the table and --json */
+            /* with a pipeline, every stage's rank too, for the table and --json; input the
+             * trainer refuses (a pipeline it cannot run included) is bad input here */
             if (t.pipeline > 1 && !(r->st = calloc((size_t)t.pipeline, sizeof *r->st)))
                 return plan_fail(rows, n, dt_error(DT_ERR_NOMEM, "out of memory"));
             if ((s = dt_plan_run_all(&o, sh, pr, &r->e, r->st)) != DT_OK) return plan_fail(rows, n + 1, s);
