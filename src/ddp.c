@@ -6,6 +6,15 @@
  * [ready_lo, n). Buckets are contiguous ranges of whole parameter tensors cut
  * from the end; a bucket is launched (async all-reduce on the communicator's
  * worker thread) once ready_lo has passed its start.
+ *
+ * Local micro-batches are summed in a binary-counter tree (tree_push). Its level-0 slot,
+ * the pending leaf of an even micro-batch, is the gradient array itself where it can be
+ * (in place, the default): an even micro-batch's backward writes its leaf there and an
+ * odd one's backward writes into a scratch the size of the largest layer (the model's
+ * gradient views), which the hook adds in. The additions are those of the copied tree,
+ * in the same order; the tree keeps one gradient-sized array less (none for k = 2).
+ * Layers whose gradient another layer writes too (a tied weight: the embedding and the
+ * head that reads it) keep the copied slot, in a compact array of their own.
  */
 #include "ddp.h"
 #include "clock.h"
@@ -40,9 +49,17 @@ struct dt_ddp {
     size_t       *t_off, *t_len;   /* per parameter tensor: offset and length in floats */
     /* binary-counter tree of partial sums (k > 1): acc[l] holds a finished
      * subtree of 2^l micro-batches for every slice pushed so far, acc[l][0] the
-     * gradient at rlo */
+     * gradient at rlo. In place (see above) acc[0] is not allocated: level 0 is the
+     * gradient array, or for a copied layer acc0c + c0off[its first tensor] */
     int           levels;
     float       **acc;
+    int           inplace;
+    size_t       *c0off;      /* per tensor: its place in acc0c, SIZE_MAX: in place */
+    float        *acc0c;      /* the copied layers' level 0 */
+    float        *leaf;       /* an odd micro-batch's leaf of one layer (views) */
+    int          *vlayer;     /* the layers that write odd leaves into it, and */
+    size_t       *vfirst;     /* the offset of each one's first parameter */
+    int           nv;
     /* buckets, bucket 0 at the end of the array */
     int           nb;
     bucket       *b;
@@ -70,6 +87,7 @@ void dt_ddp_opts_default(dt_ddp_opts *o) {
     o->sharded_params = 0;
     o->grad_dtype = DT_F32;
     o->range_lo = o->range_hi = 0;
+    o->in_place = 1;
 }
 
 /* --grad-dtype bf16: every node of the summation tree is rounded to bf16, the leaves
@@ -85,50 +103,141 @@ static dt_status grad_round(dt_ddp *d, float *p, size_t lo, size_t len) {
 /* 1 when k is a power of two above 1: the last leaf closes the whole tree. */
 static int whole_tree(int64_t k) { return k > 1 && (k & (k - 1)) == 0; }
 
-/* Add leaf i (the current micro-batch) of slice [lo, lo+len) of g into the tree.
+/* Where level l of the tree keeps the slice at lo whose first tensor is `first`. */
+static float *acc_at(const dt_ddp *d, int l, int first, size_t lo) {
+    if (l == 0 && d->inplace)
+        return d->c0off[first] == SIZE_MAX ? dt_model_grads(d->model) + lo : d->acc0c + d->c0off[first];
+    return d->acc[l] + (lo - d->rlo);
+}
+
+/* Add leaf i (the current micro-batch; its values at `leaf`) of slice [lo, lo+len), first
+ * tensor `first`, into the tree; fin is where the slice's sum ends.
  * Leaf i closes T subtrees, T = the trailing ones of i: the new subtree is
- * acc[T-1] + (... + (acc[0] + g)), built in the free slot acc[T]; when it is the whole
- * tree (the last leaf of a power-of-two k) it is built in g itself, the same additions in
+ * acc[T-1] + (... + (acc[0] + leaf)), built in the free slot acc[T]; when it is the whole
+ * tree (the last leaf of a power-of-two k) it is built in fin, the same additions in
  * the same order, and the tree needs no slot for it. */
-static dt_status tree_push(dt_ddp *d, int64_t i, float *g, size_t lo, size_t len) {
+static dt_status tree_push(dt_ddp *d, int64_t i, int first, const float *leaf, float *fin, size_t lo, size_t len) {
     const dt_ops *ops = d->ops;
-    size_t a = lo - d->rlo;   /* the slice's place in the tree's arrays */
-    if ((i & 1) == 0) return ops->copy_d2d(d->acc[0] + a, g + lo, len * sizeof(float));
+    float *a0 = acc_at(d, 0, first, lo);
+    if ((i & 1) == 0) return a0 == leaf ? DT_OK : ops->copy_d2d(a0, leaf, len * sizeof(float));
     int T = 0;
     while ((i >> T) & 1) T++;
-    float *out = whole_tree(d->k) && i == d->k - 1 ? g : d->acc[T];
-    size_t o = out == g ? lo : a;
-    DT_TRY(ops->add(out + o, d->acc[0] + a, g + lo, len));
-    DT_TRY(grad_round(d, out, o, len));
+    float *out = whole_tree(d->k) && i == d->k - 1 ? fin : acc_at(d, T, first, lo);
+    DT_TRY(ops->add(out, a0, leaf, len));
+    DT_TRY(grad_round(d, out, 0, len));
     for (int l = 1; l < T; l++) {
-        DT_TRY(ops->add(out + o, d->acc[l] + a, out + o, len));
-        DT_TRY(grad_round(d, out, o, len));
+        DT_TRY(ops->add(out, acc_at(d, l, first, lo), out, len));
+        DT_TRY(grad_round(d, out, 0, len));
     }
     return DT_OK;
 }
 
-/* After all k leaves: the sum of the finished subtrees (largest first) into out. */
-static dt_status tree_finish(dt_ddp *d, float *out, size_t lo, size_t len) {
+/* After all k leaves: the sum of the finished subtrees (largest first) into fin. When
+ * level 0 is fin itself (in place, k odd) the sum runs in the leaf scratch, free then
+ * (the last leaf is even), and its last addition lands in fin. */
+static dt_status tree_finish(dt_ddp *d, int first, float *fin, size_t lo, size_t len) {
+    float *a0 = acc_at(d, 0, first, lo), *run = (d->k & 1) && a0 == fin ? d->leaf : fin;
     int started = 0;
     for (int l = d->levels - 1; l >= 0; l--) {
         if (!((d->k >> l) & 1)) continue;
-        if (!started) DT_TRY(d->ops->copy_d2d(out + lo, d->acc[l] + (lo - d->rlo), len * sizeof(float)));
-        else DT_TRY(d->ops->add(out + lo, out + lo, d->acc[l] + (lo - d->rlo), len));
-        if (started) DT_TRY(grad_round(d, out, lo, len));
+        float *acc = acc_at(d, l, first, lo), *out = l == 0 ? fin : run;
+        if (!started) DT_TRY(d->ops->copy_d2d(out, acc, len * sizeof(float)));
+        else DT_TRY(d->ops->add(out, run, acc, len));
+        if (started) DT_TRY(grad_round(d, out, 0, len));
         started = 1;
     }
     return DT_OK;
 }
 
-/* The tree's levels for k leaves (0 for k = 1): a finished subtree of 2^l leaves per level. */
+/* The tree's levels for k leaves (0 for k = 1): a finished subtree of 2^l leaves per
+ * level, l below k's bit length. */
 static int tree_levels(int64_t k) {
     if (k <= 1) return 0;
-    int levels = 1;
-    while ((INT64_C(1) << (levels - 1)) < k) levels++;
+    int levels = 0;
+    while ((k >> levels) != 0) levels++;
     return levels;
 }
 
 int dt_ddp_tree_arrays(int64_t k) { return tree_levels(k) - whole_tree(k); }
+
+/* The parameters of a layer, [*a, *b) of the flat array; 0 when it has none. */
+static int layer_extent(const dt_layer *L, size_t *a, size_t *b) {
+    *a = SIZE_MAX, *b = 0;
+    for (int t = 0; t < L->ntensors; t++) {
+        const dt_layer_tensor *T = &L->t[t];
+        if (T->role != DT_TENSOR_PARAM || T->numel == 0) continue;
+        if (T->offset < *a) *a = T->offset;
+        if (T->offset + (size_t)T->numel > *b) *b = T->offset + (size_t)T->numel;
+    }
+    return *b > *a;
+}
+
+/* Layer i's backward writes the gradients of its own parameters only (no tied name of
+ * another's, none of its parameters named by another layer): its odd leaves may go to
+ * the scratch. */
+static int layer_own_grads(const dt_layer *layers, int n, int i) {
+    const dt_layer *L = &layers[i];
+    for (int t = 0; t < L->ntensors; t++)
+        if (L->t[t].role == DT_TENSOR_TIED) return 0;
+    for (int j = 0; j < n; j++)
+        for (int t = 0; t < layers[j].ntensors; t++) {
+            if (layers[j].t[t].role != DT_TENSOR_TIED) continue;
+            for (int u = 0; u < L->ntensors; u++)
+                if (L->t[u].role == DT_TENSOR_PARAM && L->t[u].offset == layers[j].t[t].offset) return 0;
+        }
+    return 1;
+}
+
+size_t dt_ddp_tree_floats(const dt_layer *layers, int n, int64_t k, size_t lo, size_t hi, int in_place) {
+    size_t arrays = (size_t)dt_ddp_tree_arrays(k);
+    if (!arrays || !in_place) return arrays * (hi - lo);
+    size_t copied = 0, most = 0, a, b;
+    for (int i = 0; i < n; i++) {
+        if (!layer_extent(&layers[i], &a, &b) || a < lo || a >= hi) continue;
+        if (!layer_own_grads(layers, n, i)) copied += b - a;
+        else if (b - a > most) most = b - a;
+    }
+    return (arrays - 1) * (hi - lo) + copied + most;
+}
+
+/* In place: the copied layers' level 0 and the odd leaves' scratch, as
+ * dt_ddp_tree_floats counts them. */
+static dt_status inplace_init(dt_ddp *d) {
+    const dt_layer *layers = dt_model_layer(d->model, 0);
+    int n = dt_model_nlayers(d->model);
+    d->c0off = malloc(((size_t)d->ntensors + 1) * sizeof *d->c0off);
+    d->vlayer = calloc((size_t)n + 1, sizeof *d->vlayer);
+    d->vfirst = calloc((size_t)n + 1, sizeof *d->vfirst);
+    if (!d->c0off || !d->vlayer || !d->vfirst) return dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
+    for (int t = 0; t <= d->ntensors; t++) d->c0off[t] = SIZE_MAX;
+    size_t copied = 0, most = 0, a, b;
+    for (int i = 0; i < n; i++) {
+        const dt_layer *L = &layers[i];
+        if (!layer_extent(L, &a, &b) || a < d->rlo || a >= d->rhi) continue;
+        if (layer_own_grads(layers, n, i)) {
+            d->vlayer[d->nv] = i;
+            d->vfirst[d->nv++] = a;
+            if (b - a > most) most = b - a;
+            continue;
+        }
+        for (int j = 0; j < L->nparams; j++) d->c0off[L->first_param + j] = copied + (d->t_off[L->first_param + j] - a);
+        copied += b - a;
+    }
+    if (copied) DT_TRY(dt_mem_alloc(d->ops, DT_MEM_GRADS, (void **)&d->acc0c, copied * sizeof(float)));
+    if (most) DT_TRY(dt_mem_alloc(d->ops, DT_MEM_GRADS, (void **)&d->leaf, most * sizeof(float)));
+    return DT_OK;
+}
+
+/* In place: the layers that write their own gradients write an odd micro-batch's leaf
+ * into the scratch (each layer's parameters at its start), an even one's into the
+ * gradient array. */
+static dt_status leaf_views(dt_ddp *d, int odd) {
+    for (int v = 0; v < d->nv; v++) {
+        float *base = odd ? (float *)((uintptr_t)d->leaf - d->vfirst[v] * sizeof(float)) : NULL;
+        DT_TRY(dt_model_set_grad_view(d->model, d->vlayer[v], base));
+    }
+    return DT_OK;
+}
 
 /* ---- buckets ----------------------------------------------------------------------- */
 
@@ -182,11 +291,13 @@ static dt_status on_grad_ready(void *ctx, int first, int count) {
     if (count <= 0) return DT_OK;
     size_t lo = d->t_off[first];
     size_t hi = d->t_off[first + count - 1] + d->t_len[first + count - 1];
-    float *g = dt_model_grads_written(d->model);   /* the layer's view (sharding's slot) or the flat array */
+    /* the layer's view (sharding's slot, the odd leaves' scratch) or the flat array */
+    float *g = dt_model_grads_written(d->model);
+    float *fin = (d->inplace ? dt_model_grads(d->model) : g) + lo;   /* where the sum ends */
     dt_status s = grad_round(d, g, lo, hi - lo);   /* a leaf */
     if (s == DT_OK && d->k > 1) {
-        s = tree_push(d, d->micro, g, lo, hi - lo);
-        if (s == DT_OK && d->micro == d->k - 1 && !whole_tree(d->k)) s = tree_finish(d, g, lo, hi - lo);
+        s = tree_push(d, d->micro, first, g + lo, fin, lo, hi - lo);
+        if (s == DT_OK && d->micro == d->k - 1 && !whole_tree(d->k)) s = tree_finish(d, first, fin, lo, hi - lo);
     }
     if (s == DT_OK && d->micro == d->k - 1 && d->final) s = d->final(d->final_ctx, lo, hi);
     if (s == DT_OK && d->micro == d->k - 1) {
@@ -317,12 +428,14 @@ dt_status dt_ddp_init(dt_model *m, dt_comm *comm, int64_t k, const dt_ddp_opts *
     }
     if (s == DT_OK) s = make_buckets(d);
     d->levels = tree_levels(k);
+    d->inplace = d->levels > 0 && d->o.in_place && !d->o.sharded_params;
     if (s == DT_OK && d->levels > 0) {
         d->acc = calloc((size_t)d->levels, sizeof *d->acc);
         if (!d->acc) s = dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
-        for (int l = 0; s == DT_OK && l < dt_ddp_tree_arrays(k); l++)
+        for (int l = d->inplace; s == DT_OK && l < dt_ddp_tree_arrays(k); l++)
             s = dt_mem_alloc(d->ops, DT_MEM_GRADS, (void **)&d->acc[l], (d->rhi - d->rlo) * sizeof(float));
     }
+    if (s == DT_OK && d->inplace) s = inplace_init(d);
     if (s != DT_OK) {
         dt_ddp_free(d);
         return s;
@@ -349,6 +462,10 @@ void dt_ddp_free(dt_ddp *d) {
         if (d->b[i].work) dt_work_wait(d->b[i].work);
     if (d->acc)
         for (int l = 0; l < d->levels; l++) dt_mem_free(d->ops, d->acc[l]);
+    if (d->model && d->inplace) leaf_views(d, 0);
+    dt_mem_free(d->ops, d->acc0c);
+    dt_mem_free(d->ops, d->leaf);
+    free(d->c0off), free(d->vlayer), free(d->vfirst);
     if (d->model) {
         dt_model_set_grad_ready(d->model, NULL, NULL);
         dt_model_set_bn_sync(d->model, NULL, NULL);
@@ -373,6 +490,7 @@ dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i) {
         return dt_error(DT_ERR_INVALID, "ddp: micro-batch %lld out of range [0, %lld)", (long long)i, (long long)d->k);
     d->micro = i;
     d->hook_status = DT_OK;
+    if (d->inplace) DT_TRY(leaf_views(d, (int)(i & 1)));
     if (i == 0) {
         d->ready_lo = d->rhi;
         for (int b = 0; b < d->nb; b++) d->b[b].launched = 0;
@@ -383,6 +501,7 @@ dt_status dt_ddp_begin_micro(dt_ddp *d, int64_t i) {
 dt_status dt_ddp_finish(dt_ddp *d, double *wait_s) {
     double t0 = dt_now();
     dt_status s = d->hook_status;
+    if (d->inplace && s == DT_OK) s = leaf_views(d, 0);   /* a backward without DDP writes the array */
     if (d->ready_lo != d->rlo && s == DT_OK)
         s = dt_error(DT_ERR_INTERNAL, "ddp: backward left gradients [%zu, %zu) unreported", d->rlo, d->ready_lo);
     if (s == DT_OK && d->world > 1 && !d->o.local_only) s = launch_ready(d);

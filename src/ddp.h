@@ -45,14 +45,23 @@ typedef struct {
                                  * lying in [range_lo, range_hi) of the flat array (a pipeline
                                  * stage's, pipeline.h), the only ones the start broadcasts and
                                  * the checks compare; 0, 0: all of them */
+    int      in_place;          /* 1 (default): the accumulation tree's level 0 is the gradient
+                                 * array (an odd micro-batch's backward writes into a scratch of
+                                 * the largest layer): one gradient-sized array less, the same
+                                 * bits; 0: copied, as with sharded parameters always */
 } dt_ddp_opts;
 
 DT_API void      dt_ddp_opts_default(dt_ddp_opts *o);
 /* Gradient-sized arrays of the accumulation tree for k local micro-batches (0 for
- * k = 1; the levels less one when k is a power of two, whose last leaf closes the tree in
- * the gradient itself): what DDP allocates beside the model's gradient (counted as
- * gradients). */
+ * k = 1; the bits of k, less one when k is a power of two, whose last leaf closes the tree
+ * in the gradient itself): what DDP allocates beside the model's gradient (counted as
+ * gradients) without in_place. */
 DT_API int       dt_ddp_tree_arrays(int64_t k);
+/* The floats DDP keeps beside the gradient for k local micro-batches over the parameters in
+ * [lo, hi) of a model of these layers: dt_ddp_tree_arrays(k) arrays of the range, or in
+ * place one less, plus level 0 of the layers that share a tied weight and the scratch of
+ * the largest other layer. */
+DT_API size_t    dt_ddp_tree_floats(const dt_layer *layers, int n, int64_t k, size_t lo, size_t hi, int in_place);
 /* DDP for model m over comm (NULL or size 1: only the local accumulation) with
  * k local micro-batches per step. Installs the model's grad_ready (and, with
  * sync_bn, bn_sync) hooks. */

@@ -145,6 +145,17 @@ static dt_status pool_slots(const dt_plan_opts *o, size_t unit_floats, int lowp,
     return s;
 }
 
+/* DDP's accumulation beside the gradient of the whole model, floats (ddp.h; in place
+ * but with sharded parameters). */
+static dt_status tree_floats(const dt_plan_opts *o, int64_t k, int in_place, size_t *out) {
+    dt_spec sp;
+    DT_TRY(dt_spec_parse(o->train->model, &sp));
+    dt_status s = dt_spec_infer(&sp, &o->input);
+    if (s == DT_OK) *out = dt_ddp_tree_floats(sp.layers, sp.n, k, 0, (size_t)sp.nparams, in_place);
+    dt_spec_free(&sp);
+    return s;
+}
+
 /* The whole model on every rank (no pipeline). */
 static dt_status plan_whole(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
                             dt_plan_estimate *out) {
@@ -191,9 +202,11 @@ static dt_status plan_whole(const dt_plan_opts *o, const dt_plan_shard *sh, cons
                        mm->nbuffers * sizeof(float) + pool_bytes +
                        (size_t)gather_units * (size_t)mm->unit_params_max * (size_t)pr->gather_bytes;
     /* gradients: the model's array (or its shard) and DDP's accumulation tree */
+    size_t tree = 0;
+    if (k > 1) DT_TRY(tree_floats(o, k, !(sh->params_sharded && W > 1), &tree));
     B[DT_MEM_GRADS] = (sh->grads_sharded ? per_rank(P, pr->grad_bytes, 1, W) : whole(P, pr->grad_bytes, sharding, W)) +
                       (size_t)grad_units * (size_t)mm->unit_params_max * (size_t)pr->grad_bytes + pool_grads +
-                      (size_t)dt_ddp_tree_arrays(k) * (size_t)P * sizeof(float);
+                      tree * sizeof(float);
     B[DT_MEM_OPTIM] = (size_t)dt_optim_nstate_of(&cfg) * per_rank(P, pr->state_bytes, sh->optim_sharded, W);
     B[DT_MEM_ACTS] = (size_t)((double)mm->bytes[DT_MEM_ACTS] * pr->act_factor) + lp_scratch;
     if (sh->grad_bucket) {
@@ -320,7 +333,8 @@ static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, cons
     size_t p_start = keep * (size_t)pr->master_bytes + bufs, p_step = p_start + hp * sizeof(float) + copy;
     size_t p_gather = all * (size_t)pr->master_bytes + bufs + (t->eval ? copy_all : copy);
     B[DT_MEM_PARAMS] = p_step > p_gather ? p_step : p_gather;
-    B[DT_MEM_GRADS] = (keep + hg) * (size_t)pr->grad_bytes + (size_t)dt_ddp_tree_arrays(k) * mine * sizeof(float);
+    B[DT_MEM_GRADS] = (keep + hg) * (size_t)pr->grad_bytes +
+                      dt_ddp_tree_floats(sp.layers, sp.n, k, cut.plo[stage], cut.plo[stage + 1], 1) * sizeof(float);
     B[DT_MEM_OPTIM] = (size_t)dt_optim_nstate_of(&cfg) * per_rank((int64_t)mine, pr->state_bytes, sh->optim_sharded, dp);
     B[DT_MEM_ACTS] = a_start > a_step ? a_start : a_step;
     if (a_gather > B[DT_MEM_ACTS]) B[DT_MEM_ACTS] = a_gather;

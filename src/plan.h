@@ -5,7 +5,7 @@
  * The model's part comes from the model's own layout code (dt_model_plan_memory:
  * the buffers dt_model_build_ex would allocate, activations included, with or
  * without recomputation), the optimizer's from its row (dt_optim_nstate_of), the
- * gradient accumulation tree from DDP (dt_ddp_tree_arrays) and the trainer's
+ * gradient accumulation tree from DDP (dt_ddp_tree_floats) and the trainer's
  * batch buffers from dt_train_batch_size: the same code the run allocates with,
  * so for what runs today (--shard none, fp32) the estimate is the accounted peak
  * (mem.h) up to small transients.
@@ -25,7 +25,8 @@
  *   bf16, fp16    fp32 master weights and optimizer state plus a 2-byte rounded copy of
  *                 the weights (gathered in 2 bytes when sharded); gradients and
  *                 activations as fp32
- * The accumulation tree (k > 1 micro-batches per rank) is assumed whole in every mode.
+ * The accumulation tree (k > 1 micro-batches per rank) as DDP keeps it: in place, but
+ * copied under sharded parameters (ddp.h dt_ddp_tree_floats).
  *
  * A pipeline (--pipeline P: W / P replicas x P stages, train_pipe.c) is planned stage by
  * stage, from the trainer's own cut (pipeline.h dt_pp_cut_spec) and its schedule's lists:

@@ -216,20 +216,87 @@ static void test_known_sizes(void) {
         is_int(cur_of(DT_MEM_OPTIM), before, "... and gives it back");
     }
 
-    /* a power of two closes its tree in the gradient itself: one array fewer */
-    int64_t ks[] = { 1, 2, 3, 4, 8 }, arrays[] = { 0, 1, 3, 2, 3 };
+    /* a tree of k's bits; a power of two closes it in the gradient itself: one array
+     * fewer. In place (the default) level 0 is the gradient array and an odd leaf lands
+     * in a scratch of the largest layer (the mlp's second linear, 1024 x 1024 + 1024) */
+    int64_t ks[] = { 1, 2, 3, 4, 5, 8 }, arrays[] = { 0, 1, 2, 2, 3, 3 };
+    const int64_t largest = 1024 * 1024 + 1024;
     dt_model *m = NULL;
     dt_model_build("mlp", &MNIST, ops, 1, 4, &m);
     for (size_t i = 0; m && i < sizeof ks / sizeof ks[0]; i++) {
-        size_t before = cur_of(DT_MEM_GRADS);
-        dt_ddp *d = NULL;
-        is_int(dt_ddp_init(m, NULL, ks[i], NULL, &d), DT_OK, "DDP with %lld micro-batches", (long long)ks[i]);
+        const dt_layer *layers = dt_model_layer(m, 0);
+        int nl = dt_model_nlayers(m);
+        for (int in_place = 0; in_place <= 1; in_place++) {
+            size_t before = cur_of(DT_MEM_GRADS);
+            dt_ddp_opts o;
+            dt_ddp_opts_default(&o);
+            o.in_place = in_place;
+            dt_ddp *d = NULL;
+            is_int(dt_ddp_init(m, NULL, ks[i], &o, &d), DT_OK, "DDP with %lld micro-batches%s", (long long)ks[i],
+                   in_place ? ", in place" : "");
+            int64_t want = in_place && arrays[i] ? (arrays[i] - 1) * 4 * P + 4 * largest : arrays[i] * 4 * P;
+            is_int(cur_of(DT_MEM_GRADS) - before, want, "k = %lld%s: the tree takes %lld bytes of gradients",
+                   (long long)ks[i], in_place ? ", in place" : "", (long long)want);
+            is_int(dt_ddp_tree_floats(layers, nl, ks[i], 0, (size_t)P, in_place) * 4, want,
+                   "... as dt_ddp_tree_floats says");
+            dt_ddp_free(d);
+        }
         is_int(dt_ddp_tree_arrays(ks[i]), arrays[i], "k = %lld: %lld tree arrays", (long long)ks[i], (long long)arrays[i]);
-        is_int(cur_of(DT_MEM_GRADS) - before, arrays[i] * 4 * P, "k = %lld: the tree takes %lld x 4P bytes of gradients",
-               (long long)ks[i], (long long)arrays[i]);
-        dt_ddp_free(d);
     }
     dt_model_free(m);
+}
+
+/* The accumulation in place sums the same leaves in the same order as the copied tree:
+ * the gradients after k micro-batches are bitwise the same, for every k, on a model with
+ * a tied embedding and head (whose layers keep the copied slot) and on one without. */
+static void test_tree_in_place(void) {
+    const dt_ops *ops = dt_ops_cpu();
+    enum { B = 2, T = 8 };
+    static const struct { const char *spec; dt_shape in; int tokens; } cases[] = {
+        {"gpt(layers=2,heads=2,dim=16,block=8,vocab=32)", {1, {T}}, 1},
+        {"flatten linear(16) relu linear(8) gelu linear(4)", {1, {12}}, 0},
+    };
+    const dt_loss ce = {.kind = DT_LOSS_CE};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const size_t in_n = (size_t)dt_shape_numel(&cases[c].in), lw = cases[c].tokens ? T : 1;
+        float x[B * 12 > B * T ? B * 12 : B * T];
+        int32_t labels[B * T];
+        for (int64_t k = 2; k <= 7; k++) {
+            float *g[2] = {NULL, NULL};
+            size_t n = 0;
+            int run = 1;
+            for (int in_place = 0; in_place <= 1 && run; in_place++) {
+                dt_model *m = NULL;
+                dt_ddp *d = NULL;
+                dt_ddp_opts o;
+                dt_ddp_opts_default(&o);
+                o.in_place = in_place;
+                run = dt_model_build(cases[c].spec, &cases[c].in, ops, 7, B, &m) == DT_OK &&
+                      dt_ddp_init(m, NULL, k, &o, &d) == DT_OK;
+                for (int64_t i = 0; run && i < k; i++) {
+                    for (size_t j = 0; j < B * in_n; j++)
+                        x[j] = cases[c].tokens ? (float)((j * 7 + (size_t)i * 5 + 3) % 32)
+                                               : (float)(((j + 1) * 7919 + (size_t)i * 31) % 103) / 51.0f - 1.0f;
+                    for (size_t j = 0; j < B * lw; j++) labels[j] = (int32_t)((j * 5 + (size_t)i * 3 + 1) % (cases[c].tokens ? 32 : 4));
+                    run = dt_model_forward(m, x, B, 1, 0, i * B, NULL) == DT_OK && dt_ddp_begin_micro(d, i) == DT_OK &&
+                          dt_model_loss_backward(m, &ce, labels, B, (float)(k * B), NULL) == DT_OK;
+                }
+                run = run && dt_ddp_finish(d, NULL) == DT_OK;
+                if (run) {
+                    n = dt_model_nparams(m);
+                    g[in_place] = malloc(n * sizeof(float));
+                    if (g[in_place]) memcpy(g[in_place], dt_model_grads(m), n * sizeof(float));
+                }
+                dt_ddp_free(d);
+                dt_model_free(m);
+            }
+            if (ok(run && g[0] && g[1], "%s, k = %lld: both trees run (%s)", cases[c].spec, (long long)k,
+                   run ? "ok" : dt_last_error()))
+                ok(!memcmp(g[0], g[1], n * sizeof(float)), "%s, k = %lld: in place gives the copied tree's gradients, "
+                   "bit for bit", cases[c].spec, (long long)k);
+            free(g[0]), free(g[1]);
+        }
+    }
 }
 
 static void test_plans(void) {
@@ -404,7 +471,8 @@ static void test_plan_rows(void) {
     unsetenv("DT_SHARD_POOL");
     t.micro_batches = 8;
     dt_plan_run(&o, dt_plan_shard_find("none"), fp32, &e);
-    is_int(e.bytes[DT_MEM_GRADS], 4 * P + 1 * 4 * P, "2 micro-batches per rank: the tree's one array of gradients");
+    is_int(e.bytes[DT_MEM_GRADS], 4 * P + 4 * (1024 * 1024 + 1024),
+           "2 micro-batches per rank: the tree in place, its scratch of the largest layer");
     t.micro_batches = 6;
     is_int(dt_plan_run(&o, dt_plan_shard_find("none"), fp32, &e), DT_ERR_INVALID, "6 micro-batches on 4 ranks: refused");
     like(dt_last_error(), "micro_batches", "... naming micro-batches");
@@ -558,6 +626,7 @@ int main(void) {
     test_limit();
     test_known_sizes();
     test_plans();
+    test_tree_in_place();
     test_recompute_bits();
     test_plan_rows();
     test_plan_rings();
