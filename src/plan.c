@@ -396,6 +396,7 @@ static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, cons
     out->stage_params = (int64_t)mine;
     out->in_flight = sets;
     out->inputs = stage > 0 ? inputs : 0;
+    out->pipe_sends = k * b * ((stage < P - 1 ? last->out_numel : 0) + (stage > 0 ? first->in_numel : 0));
 done:
     dt_pp_list_free(&list);
     dt_pp_cut_free(&cut);

@@ -110,6 +110,8 @@ typedef struct {
     int     mod_lo, mod_hi;      /* its top-level modules [mod_lo, mod_hi) */
     int64_t stage_params;        /* its parameters */
     int     in_flight, inputs;   /* micro-batches whose activations it keeps, whose inputs it holds */
+    int64_t pipe_sends;          /* floats it sends its neighbouring stages per step: its outputs
+                                  * forward, its inputs' gradients back */
     size_t  step_total;          /* the training step's total (total: the most of every moment) */
 } dt_plan_estimate;
 

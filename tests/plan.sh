@@ -202,7 +202,11 @@ ok_grep "$T/w2" "verdict .*: fits \(the batch cannot be split" "a batch of 2 on 
 BIG="gpt(layers=48,dim=1600,heads=25,block=64)"
 "$D" plan --model "$BIG" --np 2 --batch 16 --micro-batches 16 --device-mem 16 --precision bf16 > "$T/w3" 2>&1
 ok $? "plan: a 1.5B-parameter gpt on 2 ranks of 16 GiB"
-ok_grep "$T/w3" "verdict .*memory wall: needs --shard params on >= 8 ranks" "... the memory wall: --shard params on >= 8 ranks"
+ok_grep "$T/w3" "verdict .*memory wall: needs --shard optim on >= 8 ranks" "... the memory wall: --shard optim on >= 8 ranks"
+# (on 8 ranks 2 micro-batches each: DDP's tree in place keeps no second gradient array,
+# so sharding the optimizer state suffices there; 12 GiB needs the parameters sharded)
+"$D" plan --model "$BIG" --np 2 --batch 16 --micro-batches 16 --device-mem 12 --precision bf16 > "$T/w3b" 2>&1
+ok_grep "$T/w3b" "verdict .*memory wall: needs --shard params on >= 8 ranks" "... of 12 GiB: --shard params on >= 8 ranks"
 ok_grep "$T/w3" "^  params +bf16 " "... a row per shard mode (params)"
 ok_grep "$T/w3" "^  optim +bf16 " "... (optim)"
 grep -q "fp32" "$T/w3"; [ $? -ne 0 ]; ok $? "--precision bf16 shows bf16 rows only"
@@ -239,6 +243,18 @@ a=$(fits_gib "--recompute" "$T/f1"); b=$(row_gib "none  *fp32" "$T/f2")
 diag "--recompute: ${a:-none} GiB in the list, ${b:-none} GiB planned with the flag"
 [ -n "$a" ] && [ "$a" = "$b" ]; ok $? "... its memory is the plan of the run with --recompute (${a:-none} = ${b:-none})"
 awk -v a="${a:-99}" 'BEGIN { exit !(a <= 3.0) }'; ok $? "... and within the 3.0 GiB"
+# pipeline stages on the same ranks, last; their memory the plan of that run (its largest stage)
+p=$(sed -n 's/^  \(\(--recompute \)\{0,1\}--pipeline 2\) .*/\1/p' "$T/f1" | head -1)
+[ -n "$p" ]; ok $? "pipeline stages are listed (${p:-none})"
+a=$(sed -n '/what fits/,$p' "$T/f1" | grep -n -- "--pipeline" | head -1 | cut -d: -f1)
+b=$(sed -n '/what fits/,$p' "$T/f1" | grep -n -- "--np 16" | head -1 | cut -d: -f1)
+[ -n "$a" ] && [ -n "$b" ] && [ "$a" -gt "$b" ]; ok $? "... after more ranks (line ${a:-none} after ${b:-none})"
+"$D" plan --model gpt2 --np 8 --batch 16 --device-mem 3.0 --shard none --precision fp32 $p > "$T/f5" 2>&1
+a=$(fits_gib "$p" "$T/f1"); b=$(row_gib "none  *fp32" "$T/f5")
+[ -n "$a" ] && [ "$a" = "$b" ]; ok $? "... its memory is the plan of the run with $p (${a:-none} = ${b:-none} GiB)"
+ok_grep "$T/f1" "^  $p +[0-9.]+ GiB +compute  1.33x " "... a stage's rank computing half of twice the samples, a third more"
+"$D" plan --model gpt2 --np 8 --batch 16 --device-mem 3.0 --shard none --precision fp32 --pipeline 2 > "$T/f6" 2>&1
+! grep -q -- "--pipeline 4" "$T/f6"; ok $? "... and none beside a pipeline asked for"
 "$D" plan --model gpt2 --np 8 --batch 16 --device-mem 1.4 --shard none --precision fp32 > "$T/f4" 2>&1
 ok_grep "$T/f4" "^  --recompute --shard optim --np 16 .*<- the first to try" \
     "at 1.4 GiB nothing fits on 8 ranks: --recompute --shard optim on 16 first"

@@ -32,9 +32,11 @@ static const char usage_plan[] =
     "precision (or the ones given), and the wall the run meets: \"fits\", \"memory wall:\n"
     "needs --shard X on >= R ranks\", or \"compute wall: fits, add ranks for speed\". When\n"
     "the run asked for does not fit, what does, in the order to try: --recompute,\n"
-    "--precision bf16, each sharding mode, more ranks; with each its memory, its compute\n"
-    "per rank against the asked run's (recompute counted as a third more) and the bytes a\n"
-    "rank sends per step (a ring all-reduce of the gradient; --shard params half again).\n"
+    "--precision bf16, each sharding mode, more ranks, pipeline stages on the same ranks;\n"
+    "with each its memory, its compute per rank against the asked run's (recompute counted\n"
+    "as a third more, a stage's rank as 1/P of the work) and the bytes a rank sends per\n"
+    "step (a ring all-reduce of the gradient; --shard params half again; a stage: its\n"
+    "gradient over its replicas and its boundary tensors).\n"
     "  --model SPEC          a preset, a layer list or @FILE (required)\n"
     "  --np N                processes  [1]\n"
     "  --precision P         only this precision  [all: fp32, bf16, fp16]\n"
@@ -200,13 +202,15 @@ static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size
 
 /* ---- what fits: the changes a user would try, in order ------------------------------
  * A candidate is the asked run with some of: --recompute, --precision bf16, a sharding
- * mode, more ranks. Its cost against the asked run: compute per rank (the samples a
- * rank computes, and recompute's second forward of the residual blocks: at most a
- * third more, counted as a third) and the bytes a rank sends per step (a ring
- * all-reduce of the gradient, 2 (W-1)/W of it; optim and grads the same volume as a
- * reduce-scatter and an all-gather; params half again, ZeRO-3's gathers in backward). */
+ * mode, more ranks, pipeline stages. Its cost against the asked run: compute per rank
+ * (the samples a rank computes, and recompute's second forward of the residual blocks:
+ * at most a third more, counted as a third; a stage's rank 1/P of that work, which the
+ * cut balances) and the bytes a rank sends per step (a ring all-reduce of the gradient,
+ * 2 (W-1)/W of it; optim and grads the same volume as a reduce-scatter and an
+ * all-gather; params half again, ZeRO-3's gathers in backward; a stage's rank its
+ * range's gradient over its replicas and its boundary tensors, in f32). */
 typedef struct {
-    int recompute, world;
+    int recompute, world, pipeline;   /* pipeline: stages (0: the asked run's) */
     const dt_plan_precision *pr;
     const dt_plan_shard     *sh;
     dt_plan_estimate         e;
@@ -215,6 +219,7 @@ typedef struct {
 static dt_status candidate_run(const dt_plan_opts *o, candidate *c) {
     dt_train_opts t = *o->train;
     t.recompute = c->recompute;
+    if (c->pipeline) t.pipeline = c->pipeline;
     dt_plan_opts q = *o;
     q.train = &t;
     q.world = c->world;
@@ -223,25 +228,34 @@ static dt_status candidate_run(const dt_plan_opts *o, candidate *c) {
     return s;
 }
 
+/* A stage's rank: its part of the work (the cut balances the planned work: 1/P) and of
+ * the parameters (the estimate's stage, the largest); 1 and 1 without a pipeline. */
+static double work_of(const candidate *c) { return c->e.stages > 1 ? 1.0 / c->e.stages : 1.0; }
+static double params_of(const candidate *c) {
+    return c->e.stages > 1 && c->e.nparams > 0 ? (double)c->e.stage_params / (double)c->e.nparams : 1.0;
+}
+
 static double compute_of(const candidate *c) {
-    return (double)c->e.local_micro * (double)c->e.micro_size * (c->recompute ? 4.0 / 3.0 : 1.0);
+    return (double)c->e.local_micro * (double)c->e.micro_size * (c->recompute ? 4.0 / 3.0 : 1.0) * work_of(c);
 }
 
 static double comm_bytes_of(const candidate *c) {
-    if (c->world < 2) return 0.0;
-    double ring = 2.0 * (c->world - 1) / c->world * (double)c->e.nparams * c->pr->grad_bytes;
-    return c->sh->params_sharded ? 1.5 * ring : ring;
+    int R = c->e.stages > 1 ? c->e.replicas : c->world;   /* the ranks that sum one gradient */
+    double ring = R < 2 ? 0.0 : 2.0 * (R - 1) / R * (double)c->e.nparams * params_of(c) * c->pr->grad_bytes;
+    double bound = c->e.stages > 1 ? (double)c->e.pipe_sends * sizeof(float) : 0.0;
+    return (c->sh->params_sharded ? 1.5 * ring : ring) + bound;
 }
 
 /* The first candidate of a family that fits: sharding rows from `from` on (or the asked
- * one only), the asked recompute setting then recompute on, at `world`. */
+ * one only), the asked recompute setting then recompute on, at `world` (and `pipeline`
+ * stages, 0: as asked). */
 static int first_fit(const dt_plan_opts *o, const candidate *asked, const dt_plan_precision *pr, int shard_from,
-                     int shard_to, int world, size_t capacity, candidate *out) {
+                     int shard_to, int world, int pipeline, size_t capacity, candidate *out) {
     int nsh;
     const dt_plan_shard *rows = dt_plan_shards(&nsh);
     for (int i = shard_from; i <= shard_to && i < nsh; i++)
         for (int rc = asked->recompute; rc <= 1; rc++) {
-            candidate c = {.recompute = rc, .world = world, .pr = pr, .sh = &rows[i]};
+            candidate c = {.recompute = rc, .world = world, .pipeline = pipeline, .pr = pr, .sh = &rows[i]};
             if (candidate_run(o, &c) != DT_OK) return 0;   /* the batch does not split over world ranks */
             if (c.e.total <= capacity) { *out = c; return 1; }
         }
@@ -254,7 +268,8 @@ static void candidate_flags(const candidate *asked, const candidate *c, char *bu
     if (c->recompute && !asked->recompute) len += snprintf(buf + len, n - (size_t)len, "--recompute ");
     if (c->pr != asked->pr && (size_t)len < n) len += snprintf(buf + len, n - (size_t)len, "--precision %s ", c->pr->name);
     if (c->sh != asked->sh && (size_t)len < n) len += snprintf(buf + len, n - (size_t)len, "--shard %s ", c->sh->name);
-    if (c->world != asked->world && (size_t)len < n) snprintf(buf + len, n - (size_t)len, "--np %d", c->world);
+    if (c->world != asked->world && (size_t)len < n) len += snprintf(buf + len, n - (size_t)len, "--np %d ", c->world);
+    if (c->pipeline && (size_t)len < n) snprintf(buf + len, n - (size_t)len, "--pipeline %d", c->pipeline);
 }
 
 static void print_candidate(const candidate *asked, const candidate *c, int first) {
@@ -267,7 +282,9 @@ static void print_candidate(const candidate *asked, const candidate *c, int firs
 
 /* The asked run does not fit: the first fit of each change a user would try, in order:
  * --recompute, --precision bf16, each sharding mode beyond the asked one, more ranks
- * (the least sharding that fits there), each with recompute where it alone is short. */
+ * (the least sharding that fits there), the fewest pipeline stages on the asked ranks
+ * (the least sharding a pipeline takes: none, optim, grads), each with recompute where
+ * it alone is short. */
 static void print_fits(const dt_plan_opts *o, const plan_row *r, size_t capacity) {
     int nsh, npr;
     const dt_plan_shard *rows = dt_plan_shards(&nsh);
@@ -279,14 +296,22 @@ static void print_fits(const dt_plan_opts *o, const plan_row *r, size_t capacity
     printf("  what fits, in the order to try (per-rank memory; compute per rank and bytes sent per step against\n"
            "  the asked run's %.2f GiB, compute 1x, %.2f MiB sent):\n", (double)r->e.total / 1073741824.0,
            comm_bytes_of(&asked) / 1048576.0);
-    if (!asked.recompute && first_fit(o, &asked, r->pr, at, at, o->world, capacity, &c))
+    if (!asked.recompute && first_fit(o, &asked, r->pr, at, at, o->world, 0, capacity, &c))
         print_candidate(&asked, &c, !shown++);
-    if (bf16 && r->pr != bf16 && first_fit(o, &asked, bf16, at, at, o->world, capacity, &c))
+    if (bf16 && r->pr != bf16 && first_fit(o, &asked, bf16, at, at, o->world, 0, capacity, &c))
         print_candidate(&asked, &c, !shown++);
     for (int i = at + 1; i < nsh; i++)
-        if (first_fit(o, &asked, r->pr, i, i, o->world, capacity, &c)) print_candidate(&asked, &c, !shown++);
+        if (first_fit(o, &asked, r->pr, i, i, o->world, 0, capacity, &c)) print_candidate(&asked, &c, !shown++);
     for (int64_t w = (int64_t)o->world * 2; w <= (1 << 20); w *= 2)
-        if (first_fit(o, &asked, r->pr, at, nsh - 1, (int)w, capacity, &c)) {
+        if (first_fit(o, &asked, r->pr, at, nsh - 1, (int)w, 0, capacity, &c)) {
+            print_candidate(&asked, &c, !shown++);
+            break;
+        }
+    /* a pipeline takes none, optim and grads (dt_train_pipe_check): those from the asked one */
+    const dt_plan_shard *grads = dt_plan_shard_find("grads");
+    int g = grads ? (int)(grads - rows) : -1, from = at < g ? at : g;
+    for (int P = 2; g >= 0 && o->train->pipeline <= 1 && P <= o->world && o->world % P == 0; P *= 2)
+        if (first_fit(o, &asked, r->pr, from, g, o->world, P, capacity, &c)) {
             print_candidate(&asked, &c, !shown++);
             break;
         }
