@@ -172,31 +172,52 @@ static int layer_extent(const dt_layer *L, size_t *a, size_t *b) {
     return *b > *a;
 }
 
-/* Layer i's backward writes the gradients of its own parameters only (no tied name of
- * another's, none of its parameters named by another layer): its odd leaves may go to
- * the scratch. */
-static int layer_own_grads(const dt_layer *layers, int n, int i) {
-    const dt_layer *L = &layers[i];
-    for (int t = 0; t < L->ntensors; t++)
-        if (L->t[t].role == DT_TENSOR_TIED) return 0;
-    for (int j = 0; j < n; j++)
-        for (int t = 0; t < layers[j].ntensors; t++) {
-            if (layers[j].t[t].role != DT_TENSOR_TIED) continue;
-            for (int u = 0; u < L->ntensors; u++)
-                if (L->t[u].role == DT_TENSOR_PARAM && L->t[u].offset == layers[j].t[t].offset) return 0;
+/* The offsets that a tied name of the layers points at (*count of them; free the array;
+ * *count -1: out of memory). */
+static size_t *tied_offsets(const dt_layer *layers, int n, int *count) {
+    size_t *at = NULL;
+    int c = 0;
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < layers[i].ntensors; t++) {
+            if (layers[i].t[t].role != DT_TENSOR_TIED) continue;
+            size_t *x = realloc(at, (size_t)(c + 1) * sizeof *at);
+            if (!x) {
+                free(at);
+                *count = -1;
+                return NULL;
+            }
+            at = x;
+            at[c++] = layers[i].t[t].offset;
         }
+    *count = c;
+    return at;
+}
+
+/* Layer L's backward writes the gradients of its own parameters only (no tied name of
+ * another's, none of its parameters at one of the tied offsets): its odd leaves may go
+ * to the scratch. */
+static int layer_own_grads(const dt_layer *L, const size_t *tied, int ntied) {
+    for (int t = 0; t < L->ntensors; t++) {
+        if (L->t[t].role == DT_TENSOR_TIED) return 0;
+        for (int j = 0; L->t[t].role == DT_TENSOR_PARAM && j < ntied; j++)
+            if (L->t[t].offset == tied[j]) return 0;
+    }
     return 1;
 }
 
 size_t dt_ddp_tree_floats(const dt_layer *layers, int n, int64_t k, size_t lo, size_t hi, int in_place) {
     size_t arrays = (size_t)dt_ddp_tree_arrays(k);
     if (!arrays || !in_place) return arrays * (hi - lo);
+    int ntied = 0;
+    size_t *tied = tied_offsets(layers, n, &ntied);
+    if (ntied < 0) return arrays * (hi - lo);   /* (DDP's init fails the same way) */
     size_t copied = 0, most = 0, a, b;
     for (int i = 0; i < n; i++) {
         if (!layer_extent(&layers[i], &a, &b) || a < lo || a >= hi) continue;
-        if (!layer_own_grads(layers, n, i)) copied += b - a;
+        if (!layer_own_grads(&layers[i], tied, ntied)) copied += b - a;
         else if (b - a > most) most = b - a;
     }
+    free(tied);
     return (arrays - 1) * (hi - lo) + copied + most;
 }
 
@@ -210,11 +231,14 @@ static dt_status inplace_init(dt_ddp *d) {
     d->vfirst = calloc((size_t)n + 1, sizeof *d->vfirst);
     if (!d->c0off || !d->vlayer || !d->vfirst) return dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
     for (int t = 0; t <= d->ntensors; t++) d->c0off[t] = SIZE_MAX;
+    int ntied = 0;
+    size_t *tied = tied_offsets(layers, n, &ntied);
+    if (ntied < 0) return dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
     size_t copied = 0, most = 0, a, b;
     for (int i = 0; i < n; i++) {
         const dt_layer *L = &layers[i];
         if (!layer_extent(L, &a, &b) || a < d->rlo || a >= d->rhi) continue;
-        if (layer_own_grads(layers, n, i)) {
+        if (layer_own_grads(L, tied, ntied)) {
             d->vlayer[d->nv] = i;
             d->vfirst[d->nv++] = a;
             if (b - a > most) most = b - a;
@@ -223,6 +247,7 @@ static dt_status inplace_init(dt_ddp *d) {
         for (int j = 0; j < L->nparams; j++) d->c0off[L->first_param + j] = copied + (d->t_off[L->first_param + j] - a);
         copied += b - a;
     }
+    free(tied);
     if (copied) DT_TRY(dt_mem_alloc(d->ops, DT_MEM_GRADS, (void **)&d->acc0c, copied * sizeof(float)));
     if (most) DT_TRY(dt_mem_alloc(d->ops, DT_MEM_GRADS, (void **)&d->leaf, most * sizeof(float)));
     return DT_OK;

@@ -248,7 +248,8 @@ static void test_known_sizes(void) {
 
 /* The accumulation in place sums the same leaves in the same order as the copied tree:
  * the gradients after k micro-batches are bitwise the same, for every k, on a model with
- * a tied embedding and head (whose layers keep the copied slot) and on one without. */
+ * a tied embedding and head (whose layers keep the copied slot) and on one without, with
+ * every node rounded to bf16 (--grad-dtype bf16) too. */
 static void test_tree_in_place(void) {
     const dt_ops *ops = dt_ops_cpu();
     enum { B = 2, T = 8 };
@@ -261,7 +262,9 @@ static void test_tree_in_place(void) {
         const size_t in_n = (size_t)dt_shape_numel(&cases[c].in), lw = cases[c].tokens ? T : 1;
         float x[B * 12 > B * T ? B * 12 : B * T];
         int32_t labels[B * T];
-        for (int64_t k = 2; k <= 7; k++) {
+        for (int64_t k = 2; k <= 7 + 6; k++) {
+            const int bf16 = k > 7;   /* k = 2 .. 7 again, rounded */
+            const int64_t kk = bf16 ? k - 6 : k;
             float *g[2] = {NULL, NULL};
             size_t n = 0;
             int run = 1;
@@ -271,15 +274,16 @@ static void test_tree_in_place(void) {
                 dt_ddp_opts o;
                 dt_ddp_opts_default(&o);
                 o.in_place = in_place;
+                if (bf16) o.grad_dtype = DT_BF16;
                 run = dt_model_build(cases[c].spec, &cases[c].in, ops, 7, B, &m) == DT_OK &&
-                      dt_ddp_init(m, NULL, k, &o, &d) == DT_OK;
-                for (int64_t i = 0; run && i < k; i++) {
+                      dt_ddp_init(m, NULL, kk, &o, &d) == DT_OK;
+                for (int64_t i = 0; run && i < kk; i++) {
                     for (size_t j = 0; j < B * in_n; j++)
                         x[j] = cases[c].tokens ? (float)((j * 7 + (size_t)i * 5 + 3) % 32)
                                                : (float)(((j + 1) * 7919 + (size_t)i * 31) % 103) / 51.0f - 1.0f;
                     for (size_t j = 0; j < B * lw; j++) labels[j] = (int32_t)((j * 5 + (size_t)i * 3 + 1) % (cases[c].tokens ? 32 : 4));
                     run = dt_model_forward(m, x, B, 1, 0, i * B, NULL) == DT_OK && dt_ddp_begin_micro(d, i) == DT_OK &&
-                          dt_model_loss_backward(m, &ce, labels, B, (float)(k * B), NULL) == DT_OK;
+                          dt_model_loss_backward(m, &ce, labels, B, (float)(kk * B), NULL) == DT_OK;
                 }
                 run = run && dt_ddp_finish(d, NULL) == DT_OK;
                 if (run) {
@@ -290,10 +294,11 @@ static void test_tree_in_place(void) {
                 dt_ddp_free(d);
                 dt_model_free(m);
             }
-            if (ok(run && g[0] && g[1], "%s, k = %lld: both trees run (%s)", cases[c].spec, (long long)k,
+            const char *r = bf16 ? ", bf16" : "";
+            if (ok(run && g[0] && g[1], "%s, k = %lld%s: both trees run (%s)", cases[c].spec, (long long)kk, r,
                    run ? "ok" : dt_last_error()))
-                ok(!memcmp(g[0], g[1], n * sizeof(float)), "%s, k = %lld: in place gives the copied tree's gradients, "
-                   "bit for bit", cases[c].spec, (long long)k);
+                ok(!memcmp(g[0], g[1], n * sizeof(float)), "%s, k = %lld%s: in place gives the copied tree's "
+                   "gradients, bit for bit", cases[c].spec, (long long)kk, r);
             free(g[0]), free(g[1]);
         }
     }
