@@ -205,49 +205,49 @@ static int layer_own_grads(const dt_layer *L, const size_t *tied, int ntied) {
     return 1;
 }
 
-size_t dt_ddp_tree_floats(const dt_layer *layers, int n, int64_t k, size_t lo, size_t hi, int in_place) {
-    size_t arrays = (size_t)dt_ddp_tree_arrays(k);
-    if (!arrays || !in_place) return arrays * (hi - lo);
+/* The layers with parameters starting in [lo, hi), in place: *copied floats of those that
+ * keep the copied first level, *most of the largest other one (its odd leaves' scratch).
+ * With d (its rlo, rhi), each layer's place is recorded: the views' layers and offsets,
+ * the copied ones' places in acc0c. -1: out of memory. */
+static int tree_layers(const dt_layer *layers, int n, size_t lo, size_t hi, dt_ddp *d, size_t *copied, size_t *most) {
     int ntied = 0;
-    size_t *tied = tied_offsets(layers, n, &ntied);
-    if (ntied < 0) return arrays * (hi - lo);   /* (DDP's init fails the same way) */
-    size_t copied = 0, most = 0, a, b;
+    size_t *tied = tied_offsets(layers, n, &ntied), a, b;
+    if (ntied < 0) return -1;
+    *copied = *most = 0;
     for (int i = 0; i < n; i++) {
-        if (!layer_extent(&layers[i], &a, &b) || a < lo || a >= hi) continue;
-        if (!layer_own_grads(&layers[i], tied, ntied)) copied += b - a;
-        else if (b - a > most) most = b - a;
+        const dt_layer *L = &layers[i];
+        if (!layer_extent(L, &a, &b) || a < lo || a >= hi) continue;
+        if (layer_own_grads(L, tied, ntied)) {
+            if (b - a > *most) *most = b - a;
+            if (d) d->vlayer[d->nv] = i, d->vfirst[d->nv++] = a;
+            continue;
+        }
+        for (int j = 0; d && j < L->nparams; j++) d->c0off[L->first_param + j] = *copied + (d->t_off[L->first_param + j] - a);
+        *copied += b - a;
     }
     free(tied);
+    return 0;
+}
+
+size_t dt_ddp_tree_floats(const dt_layer *layers, int n, int64_t k, size_t lo, size_t hi, int in_place) {
+    size_t arrays = (size_t)dt_ddp_tree_arrays(k), copied, most;
+    if (!arrays || !in_place || tree_layers(layers, n, lo, hi, NULL, &copied, &most) < 0)
+        return arrays * (hi - lo);   /* (out of memory: DDP's init fails the same way) */
     return (arrays - 1) * (hi - lo) + copied + most;
 }
 
 /* In place: the copied layers' level 0 and the odd leaves' scratch, as
  * dt_ddp_tree_floats counts them. */
 static dt_status inplace_init(dt_ddp *d) {
-    const dt_layer *layers = dt_model_layer(d->model, 0);
     int n = dt_model_nlayers(d->model);
     d->c0off = malloc(((size_t)d->ntensors + 1) * sizeof *d->c0off);
     d->vlayer = calloc((size_t)n + 1, sizeof *d->vlayer);
     d->vfirst = calloc((size_t)n + 1, sizeof *d->vfirst);
     if (!d->c0off || !d->vlayer || !d->vfirst) return dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
     for (int t = 0; t <= d->ntensors; t++) d->c0off[t] = SIZE_MAX;
-    int ntied = 0;
-    size_t *tied = tied_offsets(layers, n, &ntied);
-    if (ntied < 0) return dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
-    size_t copied = 0, most = 0, a, b;
-    for (int i = 0; i < n; i++) {
-        const dt_layer *L = &layers[i];
-        if (!layer_extent(L, &a, &b) || a < d->rlo || a >= d->rhi) continue;
-        if (layer_own_grads(L, tied, ntied)) {
-            d->vlayer[d->nv] = i;
-            d->vfirst[d->nv++] = a;
-            if (b - a > most) most = b - a;
-            continue;
-        }
-        for (int j = 0; j < L->nparams; j++) d->c0off[L->first_param + j] = copied + (d->t_off[L->first_param + j] - a);
-        copied += b - a;
-    }
-    free(tied);
+    size_t copied, most;
+    if (tree_layers(dt_model_layer(d->model, 0), n, d->rlo, d->rhi, d, &copied, &most) < 0)
+        return dt_error(DT_ERR_NOMEM, "out of memory for gradient accumulation");
     if (copied) DT_TRY(dt_mem_alloc(d->ops, DT_MEM_GRADS, (void **)&d->acc0c, copied * sizeof(float)));
     if (most) DT_TRY(dt_mem_alloc(d->ops, DT_MEM_GRADS, (void **)&d->leaf, most * sizeof(float)));
     return DT_OK;
