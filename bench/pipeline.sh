@@ -94,7 +94,7 @@ if [ "$MODE" = memory ] || [ "$MODE" = all ]; then
         grep -q "dtrain: done" "$tmpd/fit"
     }
     # The global batch is 8 in every row; each layout runs it as M = 2, 4 or 8 micro-batches
-    # (a data-parallel rank then sums M/2 of them in DDP's accumulation array; a stage holds
+    # (a data-parallel rank then sums M/2 of them in DDP's accumulation tree; a stage holds
     # fewer samples' activations per micro-batch) and is compared at its best M, as a user
     # would choose it.
     echo "the largest gpt(layers=8,heads=8,dim=C,block=64) under --max-memory ${CAP}M per rank, 2 processes, batch 8, AdamW"
