@@ -230,12 +230,17 @@ static const dt_opt_row rows[] = {
      .help = "cut the model's top-level modules into P stages on P\n"
              "ranks (pipeline parallelism); the world is P x replicas,\n"
              "rank r runs stage r % P. Same weights as one process"},
-    {.field = "pipeline_schedule", .flag = "--pipeline-schedule", .arg = "1f1b|gpipe", .type = DT_OPT_STR,
+    {.field = "pipeline_schedule", .flag = "--pipeline-schedule", .arg = "1f1b|gpipe|interleaved", .type = DT_OPT_STR,
      .off = F(pipeline_schedule), .def = "1f1b", .where = DT_OPT_LAYOUT | DT_OPT_PLAN, .sec = DT_OPT_SEC_DIST,
      .example = "gpipe",
      .help = "--pipeline: the order of each stage's forwards and\n"
              "backwards (1f1b holds at most P micro-batches' inputs,\n"
-             "gpipe all of them)"},
+             "gpipe all of them; interleaved runs V chunks a stage)"},
+    {.field = "virtual_stages", .flag = "--virtual-stages", .arg = "V", .type = DT_OPT_INT, .off = F(virtual_stages),
+     .def = "1", .lo = 1, .hi = 64, .where = DT_OPT_LAYOUT | DT_OPT_PLAN, .sec = DT_OPT_SEC_DIST, .example = "2",
+     .help = "--pipeline-schedule interleaved: cut the model into\n"
+             "P x V chunks, stage s running chunks s, s + P, ...\n"
+             "(the bubble shrinks V times)"},
     {.field = "stages", .flag = "--stages", .arg = "auto|A-B,C-D,...", .type = DT_OPT_STR, .off = F(stages),
      .def = "auto", .where = DT_OPT_LAYOUT | DT_OPT_PLAN, .sec = DT_OPT_SEC_DIST, .example = "0-1,2-3",
      .help = "--pipeline: the top-level modules of each stage, by\n"

@@ -256,6 +256,9 @@ static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, cons
     if (W < 1) return dt_error(DT_ERR_INVALID, "world: expected at least 1 rank, got %d", W);
     int64_t S = t->micro_batches > 0 ? t->micro_batches : W, k, b;
     DT_TRY(dt_train_pipe_check(t, W, S));
+    if (t->virtual_stages > 1)
+        return dt_error(DT_ERR_UNSUPPORTED, "plan: --virtual-stages %d (a stage running several chunks, each with a "
+                        "model of its own) is not planned yet; the trainer runs it", t->virtual_stages);
     const int dp = W / P;
     DT_TRY(dt_train_split(t->batch, S, dp, &k, &b));
     if (b > (1 << 30)) return dt_error(DT_ERR_INVALID, "batch: micro-batches of %lld samples are too large", (long long)b);

@@ -350,8 +350,13 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     }
     double t2 = dt_now();
     double wait = 0.0;
-    DT_TRY(dt_ddp_finish(t->ddp, &wait));
-    DT_TRY(dt_shard_reduce(t->shard));
+    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
+        double w = 0.0;
+        dt_train_pipe_use_(t, j);
+        DT_TRY(dt_ddp_finish(t->ddp, &w));
+        DT_TRY(dt_shard_reduce(t->shard));
+        wait += w;
+    }
 
     if (t->pipe) {
         DT_TRY(dt_train_pipe_losses_(t));
@@ -388,7 +393,10 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     float lr = dt_schedule_lr(&t->sched, g);
     if (dt_testing_fault() == DT_FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug (testing.h) */
     if (!one) DT_TRY(check_norm(g, norm));
-    if (!skip) DT_TRY(dt_shard_step(t->shard, t->optim, lr, unscale));
+    for (int j = dt_train_pipe_chunks_(t) - 1; !skip && j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
+        dt_train_pipe_use_(t, j);
+        DT_TRY(dt_shard_step(t->shard, t->optim, lr, unscale));
+    }
     if (!skip && t->pipe) DT_TRY(dt_train_pipe_after_step_(t));
     if (d3 >= 0) {
         char sd[48];
@@ -560,14 +568,19 @@ static dt_status setup_model(trainer *t) {
     mo.recompute = o->recompute;
     DT_TRY(dt_precision_parse(o->precision, &mo.act_dtype));   /* what dt_amp_init sets the model to */
     DT_TRY(dt_shard_layout(nparams, t->dp_comm, t->mode, &mo.layout));
-    if (t->pipe) {   /* a stage keeps its own parameters and gradients only */
-        dt_train_pipe_keep_(t, &mo.layout.keep_lo, &mo.layout.keep_hi);
-        mo.layout.capacity = mo.layout.keep_hi > nparams ? mo.layout.keep_hi : nparams;
-    }
-    DT_TRY(dt_model_build_ex(o->model, &shape, t->ops, o->seed, (int)t->b, &mo, &t->model));
-    if (o->init_weights && !t->resume) {   /* a file that cannot be used is bad input */
-        dt_status ls = dt_model_load(t->model, o->init_weights);
-        if (ls != DT_OK) return dt_error_wrap(ls == DT_ERR_IO ? DT_ERR_INVALID : ls, "init_weights: ");
+    const dt_model_layout whole = mo.layout;
+    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage: a model a chunk, 0's last */
+        dt_train_pipe_use_(t, j);
+        mo.layout = whole;
+        if (t->pipe) {   /* a chunk keeps its own parameters and gradients only */
+            dt_train_pipe_keep_(t, &mo.layout.keep_lo, &mo.layout.keep_hi);
+            mo.layout.capacity = mo.layout.keep_hi > nparams ? mo.layout.keep_hi : nparams;
+        }
+        DT_TRY(dt_model_build_ex(o->model, &shape, t->ops, o->seed, (int)t->b, &mo, &t->model));
+        if (o->init_weights && !t->resume) {   /* a file that cannot be used is bad input */
+            dt_status ls = dt_model_load(t->model, o->init_weights);
+            if (ls != DT_OK) return dt_error_wrap(ls == DT_ERR_IO ? DT_ERR_INVALID : ls, "init_weights: ");
+        }
     }
     const dt_shape *os = dt_model_output_shape(t->model);
     if (t->lw > 1 ? (os->ndim != 2 || os->d[0] != t->lw || os->d[1] < info->classes)
@@ -584,15 +597,25 @@ static dt_status setup_model(trainer *t) {
     return t->pipe ? dt_train_pipe_setup_(t) : DT_OK;
 }
 
+static dt_status setup_chunk(trainer *t);
+
 /* Where each part of the state lives and how gradients meet: sharding, mixed
  * precision, the optimizer over this rank's range, DDP's buckets. */
 static dt_status setup_parallel(trainer *t) {
+    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
+        dt_train_pipe_use_(t, j);
+        DT_TRY(setup_chunk(t));
+    }
+    return t->pipe ? dt_train_pipe_norm_setup_(t) : DT_OK;
+}
+
+/* The same for one model: the whole, or a pipeline chunk's. */
+static dt_status setup_chunk(trainer *t) {
     const dt_train_opts *o = t->o;
-    size_t plo = 0, phi = 0;   /* a pipeline stage's parameters (0, 0: all) */
+    size_t plo = 0, phi = 0;   /* a pipeline chunk's parameters (0, 0: all) */
     if (t->pipe) dt_train_pipe_range_(t, &plo, &phi);
     DT_TRY(dt_shard_init_range(t->model, t->dp_comm, t->mode, plo, t->pipe ? phi : dt_model_nparams(t->model),
                                &t->shard));
-    if (t->pipe) DT_TRY(dt_train_pipe_norm_setup_(t));
     DT_TRY(dt_amp_init(o->precision, o->grad_dtype, t->model, t->comm, &t->amp));
     if (dt_amp_grad_dtype(t->amp) != DT_F32 && !dt_shard_ddp_reduces(t->shard))
         return dt_error(DT_ERR_INVALID, "grad_dtype: bf16 gradients go with --shard none or optim (the sharded "
@@ -602,7 +625,11 @@ static dt_status setup_parallel(trainer *t) {
     dt_ddp_opts_default(&dopt);
     dopt.bucket_bytes = (size_t)(o->bucket_mb * 1048576.0);
     if (dopt.first_bucket_bytes > dopt.bucket_bytes) dopt.first_bucket_bytes = dopt.bucket_bytes;
-    dopt.overlap = o->overlap;
+    /* a stage of several chunks launches its gradient sums after its last action: its
+     * chunks' sums over the replicas and its sends to the next stage would otherwise wait
+     * on each other across the replicas (a sum started during a backward blocks that
+     * stage's sends until the other replica's stage joins it) */
+    dopt.overlap = o->overlap && dt_train_pipe_chunks_(t) == 1;
     dopt.sync_bn = o->sync_bn;
     dopt.local_only = !dt_shard_ddp_reduces(t->shard);
     dopt.sharded_params = dt_shard_params_sharded(t->shard);
@@ -647,7 +674,10 @@ static dt_status setup_buffers(trainer *t) {
  * parameters each rank then keeps its shard only. */
 static dt_status setup_start(trainer *t) {
     if (t->resume) DT_TRY(dt_train_resume_restore_(t));
-    DT_TRY(dt_ddp_sync_start(t->ddp));
+    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
+        dt_train_pipe_use_(t, j);
+        DT_TRY(dt_ddp_sync_start(t->ddp));
+    }
     if (t->pipe) DT_TRY(dt_train_pipe_after_step_(t));   /* a tied head's weight, from its owner */
     DT_TRY(dt_shard_drop_params(t->shard));
     char what[256];
@@ -743,7 +773,7 @@ static double planned_bytes(const trainer *t, const dt_dataset_info *info) {
     const dt_train_opts *o = t->o;
     const dt_plan_shard *sh = dt_plan_shard_find(o->shard ? o->shard : "none");
     const dt_plan_precision *pr = dt_plan_precision_find(o->precision ? o->precision : "fp32");
-    if (!sh || !pr) return 0.0;
+    if (!sh || !pr || dt_train_pipe_chunks_(t) > 1) return 0.0;   /* the plan has no interleaved stages yet */
     dt_plan_opts po = {.train = o, .world = t->world, .labels = info->label_width, .ops = t->ops};
     po.input.ndim = info->ndim;
     for (int i = 0; i < info->ndim; i++) po.input.d[i] = info->shape[i];
@@ -865,12 +895,14 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         DT_TRY(dt_shard_release_grads(t->shard));
         DT_TRY(dt_shard_gather_root(t->shard));
     } else {
-        if (t->pipe) {   /* every rank: the whole model, its optimizer state given back first */
-            dt_optim_free(t->optim);
+        for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
+            dt_train_pipe_use_(t, j);
+            DT_TRY(dt_ddp_check_equal(t->ddp));   /* each chunk's range over its replicas */
+            if (!t->pipe) continue;
+            dt_optim_free(t->optim);   /* the whole model comes next: the optimizer state goes first */
             t->optim = NULL;
-            DT_TRY(dt_train_pipe_gather_(t));
         }
-        DT_TRY(dt_ddp_check_equal(t->ddp));
+        if (t->pipe) DT_TRY(dt_train_pipe_gather_(t));   /* every rank: the whole model */
     }
     DT_TRY(dt_mem_check_limit());
     dt_mem_get(&res->mem);

@@ -127,7 +127,9 @@ typedef struct {
     const char *backward_prefetch; /* shard params: "pre" (default) or "post", shard.h */
     int         pipeline;       /* pipeline stages P (default 1: none); the world is P x data-parallel
                                  * replicas, stage = rank % P (pipeline.h) */
-    const char *pipeline_schedule; /* "1f1b" (default) or "gpipe" */
+    const char *pipeline_schedule; /* "1f1b" (default), "gpipe" or "interleaved" */
+    int         virtual_stages; /* interleaved: chunks per stage V (default 1); the model is cut into
+                                 * P x V chunks, stage s running chunks s, s + P, ... */
     const char *stages;         /* "auto" (default: balanced by parameters and activations) or
                                  * "A-B,C-D,...": the top-level modules of each stage */
     int         schedule_dump;  /* print each stage's action list at the start */

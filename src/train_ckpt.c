@@ -25,9 +25,13 @@
  * parameters and optimizer state at once, the first rank of each group sharing the
  * directory begins it and commits the buffers and the manifest; every rank learns the
  * outcome. No rank gathers anything. */
-/* Rank r's piece of a sharded checkpoint: r, or in a pipeline stage-major (stage r % pp,
- * replica r / pp). */
-int dt_train_piece_(const trainer *t, int r) { return t->pipe ? (r % t->pp) * t->dp + r / t->pp : r; }
+/* Rank r's piece of a sharded checkpoint for its chunk j: r, or in a pipeline chunk-major
+ * (chunk j pp + r % pp of the cut, replica r / pp). */
+int dt_train_piece_(const trainer *t, int r, int j) {
+    return t->pipe ? (j * t->pp + r % t->pp) * t->dp + r / t->pp : r;
+}
+
+int dt_train_pieces_(const trainer *t) { return t->world * dt_train_pipe_chunks_(t); }
 
 static dt_status save_sharded(trainer *t, const dt_train_meta *me, const dt_train_place_ *pl) {
     char tmp[4096] = "";
@@ -40,49 +44,65 @@ static dt_status save_sharded(trainer *t, const dt_train_meta *me, const dt_trai
                                                  "the checkpoint", pl->dir);
     DT_TRY(dt_broadcast(pl->group, tmp, sizeof tmp, DT_U8, 0));
     typedef struct { int64_t st, lo, len; char sum[DT_CKPT_SUM_LEN]; } piece;
-    piece mine = {0};
-    size_t lo, len;
-    dt_shard_range(t->shard, &lo, &len);
-    /* A pipeline's pieces in the manifest go stage by stage, each stage's replicas in
-     * order (so they tile the array); a stage's state not sharded over its replicas is
-     * written by replica 0, the others' pieces empty. */
-    int empty = t->pipe && t->dpr > 0 && !dt_shard_state_sharded(t->shard);
-    if (empty) lo += len, len = 0;
-    mine.lo = (int64_t)lo;
-    mine.len = (int64_t)len;
-    mine.st = dt_ckpt_write_shard(tmp, dt_train_piece_(t, t->rank), t->world, t->model, empty ? NULL : t->optim,
-                                  lo, len, mine.sum);
-    char why[1024];
-    snprintf(why, sizeof why, "%s", mine.st != DT_OK ? dt_last_error() : "");
-    if (pl->copy) {   /* every rank takes part, so that a failed write fails no exchange */
-        dt_status c = pl->copy(t, tmp, (dt_status)mine.st);
-        if (c != DT_OK && mine.st == DT_OK) {
-            mine.st = c;
+    const int V = dt_train_pipe_chunks_(t), W = dt_train_pieces_(t);   /* a piece a chunk */
+    piece *mine = calloc((size_t)V, sizeof *mine);
+    if (!mine) return dt_error(DT_ERR_NOMEM, "out of memory for the checkpoint's list");
+    char why[1024] = "";
+    dt_status wrote = DT_OK;
+    for (int j = V - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
+        dt_train_pipe_use_(t, j);
+        size_t lo, len;
+        dt_shard_range(t->shard, &lo, &len);
+        /* A pipeline's pieces in the manifest go chunk by chunk, each chunk's replicas in
+         * order (so they tile the array); a chunk's state not sharded over its replicas is
+         * written by replica 0, the others' pieces empty. */
+        int empty = t->pipe && t->dpr > 0 && !dt_shard_state_sharded(t->shard);
+        if (empty) lo += len, len = 0;
+        mine[j].lo = (int64_t)lo;
+        mine[j].len = (int64_t)len;
+        mine[j].st = wrote == DT_OK ? dt_ckpt_write_shard(tmp, dt_train_piece_(t, t->rank, j), W, t->model,
+                                                          empty ? NULL : t->optim, lo, len, mine[j].sum)
+                                    : wrote;
+        if (mine[j].st != DT_OK && wrote == DT_OK) {
+            wrote = (dt_status)mine[j].st;
             snprintf(why, sizeof why, "%s", dt_last_error());
         }
     }
-    piece *all = calloc((size_t)t->world, sizeof *all);
-    size_t *los = calloc((size_t)t->world, sizeof *los), *lens = calloc((size_t)t->world, sizeof *lens);
-    char (*sums)[DT_CKPT_SUM_LEN] = calloc((size_t)t->world, sizeof *sums);
-    dt_status s = all && los && lens && sums ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory for the checkpoint's list");
-    if (s == DT_OK) s = dt_allgather(t->comm, &mine, all, sizeof mine, DT_U8);
-    int bad = -1;
-    for (int r = 0; s == DT_OK && r < t->world; r++) {
-        if (all[r].st != DT_OK && bad < 0) bad = r;
-        int k = dt_train_piece_(t, r);
-        los[k] = (size_t)all[r].lo;
-        lens[k] = (size_t)all[r].len;
-        memcpy(sums[k], all[r].sum, sizeof sums[k]);
-        sums[k][DT_CKPT_SUM_LEN - 1] = '\0';
+    if (pl->copy) {   /* every rank takes part, so that a failed write fails no exchange */
+        dt_status c = pl->copy(t, tmp, wrote);
+        if (c != DT_OK && wrote == DT_OK) {
+            wrote = c;
+            for (int j = 0; j < V; j++) mine[j].st = c;
+            snprintf(why, sizeof why, "%s", dt_last_error());
+        }
     }
+    piece *all = calloc((size_t)W, sizeof *all);
+    size_t *los = calloc((size_t)W, sizeof *los), *lens = calloc((size_t)W, sizeof *lens);
+    char (*sums)[DT_CKPT_SUM_LEN] = calloc((size_t)W, sizeof *sums);
+    dt_status s = all && los && lens && sums ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory for the checkpoint's list");
+    if (s == DT_OK) s = dt_allgather(t->comm, mine, all, (size_t)V * sizeof *mine, DT_U8);
+    int bad = -1;
+    for (int r = 0; s == DT_OK && r < t->world; r++)
+        for (int j = 0; j < V; j++) {
+            const piece *pc = &all[(size_t)r * V + j];
+            if (pc->st != DT_OK && bad < 0) bad = r;
+            int k = dt_train_piece_(t, r, j);
+            los[k] = (size_t)pc->lo;
+            lens[k] = (size_t)pc->len;
+            memcpy(sums[k], pc->sum, sizeof sums[k]);
+            sums[k][DT_CKPT_SUM_LEN - 1] = '\0';
+        }
+    int64_t bad_st = bad >= 0 ? all[(size_t)bad * V].st : DT_OK;
+    for (int j = 0; bad >= 0 && j < V && bad_st == DT_OK; j++) bad_st = all[(size_t)bad * V + j].st;
     if (s == DT_OK && bad >= 0)
-        s = bad == t->rank ? dt_error((dt_status)mine.st, "%s", why)
-                           : dt_error((dt_status)all[bad].st, "rank %d could not write its shard", bad);
+        s = bad == t->rank ? dt_error(wrote, "%s", why)
+                           : dt_error((dt_status)bad_st, "rank %d could not write its shard", bad);
     if (leader) {
         if (s == DT_OK) s = dt_ckpt_commit(pl->dir, pl->keep, tmp, t->model, t->optim, &me->info, me->extra,
-                                           me->nextra, t->world, los, lens, (const char (*)[DT_CKPT_SUM_LEN])sums);
+                                           me->nextra, W, los, lens, (const char (*)[DT_CKPT_SUM_LEN])sums);
         else dt_ckpt_abort(tmp);
     }
+    free(mine);
     free(all);
     free(los);
     free(lens);
@@ -346,11 +366,14 @@ dt_status dt_train_resume_restore_(trainer *t) {
     /* the tensors first: another model gets the message naming the first tensor that
      * differs. A rank reads the parameters it holds (its shard with --shard params) and
      * its range of the optimizer state, from a sharded checkpoint or not. */
-    size_t lo, len, n = dt_model_nparams(t->model), plo = 0, phi = n;
-    dt_shard_range(t->shard, &lo, &len);
-    if (dt_shard_params_sharded(t->shard)) plo = lo, phi = lo + len;
-    if (t->pipe) dt_train_pipe_range_(t, &plo, &phi);   /* a stage's own (the tied head's comes from its owner) */
-    DT_TRY(dt_ckpt_restore_range(t->resume, t->model, plo, phi, t->optim, lo));
+    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
+        dt_train_pipe_use_(t, j);
+        size_t lo, len, n = dt_model_nparams(t->model), plo = 0, phi = n;
+        dt_shard_range(t->shard, &lo, &len);
+        if (dt_shard_params_sharded(t->shard)) plo = lo, phi = lo + len;
+        if (t->pipe) dt_train_pipe_range_(t, &plo, &phi);   /* a chunk's own (the tied head's comes from its owner) */
+        DT_TRY(dt_ckpt_restore_range(t->resume, t->model, plo, phi, t->optim, lo));
+    }
     DT_TRY(resume_compare(t));
     DT_TRY(dt_amp_restore(t->amp, dt_ckpt_extra(t->resume, "loss_scaler")));
     const char *el = dt_ckpt_extra(t->resume, "epoch_loss");

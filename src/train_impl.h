@@ -103,16 +103,23 @@ dt_status dt_train_validate_(trainer *t, double *loss, double *acc);
 dt_status dt_train_pipe_layout_(trainer *t);
 /* The pipeline's checks and groups (dp_comm), after setup_world's split of the batch. */
 dt_status dt_train_pipe_world_(trainer *t);
+/* A stage of the interleaved schedule runs V chunks of the model, each with a model, DDP,
+ * sharding, optimizer and mixed precision of its own: dt_train_pipe_use_ makes chunk j's
+ * the trainer's (t->model, t->ddp, t->shard, t->optim, t->amp), keeping those it held;
+ * chunk 0's are the trainer's between the phases of setup and step that go chunk by
+ * chunk. dt_train_pipe_chunks_: V (1 without a pipeline, where use_ does nothing). */
+void      dt_train_pipe_use_(trainer *t, int j);
+int       dt_train_pipe_chunks_(const trainer *t);
 /* The stages' cut of the model's spec (before the model is built): each stage's modules,
  * layers and parameters. */
 dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *spec);
-/* The parameters this rank's model keeps resident: its stage's, padded to whole shards
+/* The parameters the current chunk's model keeps resident: its range, padded to whole shards
  * with --shard optim|grads (the model is built so: dt_model_layout's kept range). */
 void      dt_train_pipe_keep_(const trainer *t, size_t *lo, size_t *hi);
 /* This rank's stage of the built model: the schedule's list (checked for every stage),
  * the boundary buffers, the tied tensors it reads or relays. */
 dt_status dt_train_pipe_setup_(trainer *t);
-/* The parameters [*lo, *hi) this rank's stage owns. */
+/* The parameters [*lo, *hi) the current chunk owns. */
 void      dt_train_pipe_range_(const trainer *t, size_t *lo, size_t *hi);
 /* One step's forwards and backwards as this stage's list says (t->dx holds the local
  * batch, target its targets); the last stage's losses into t->dlosses; *wait: the
@@ -172,8 +179,10 @@ typedef struct {
 } dt_train_place_;
 /* The state after step done into pl (sharded where the state is, or pipelined). */
 dt_status dt_train_save_(trainer *t, int64_t done, const dt_train_place_ *pl);
-/* Rank r's piece (shard file) in a sharded checkpoint. */
-int       dt_train_piece_(const trainer *t, int r);
+/* Rank r's piece (shard file) of its chunk j (0 but for a pipeline's interleaved chunks)
+ * in a sharded checkpoint, and the pieces in all (the world's, V a rank with V chunks). */
+int       dt_train_piece_(const trainer *t, int r, int j);
+int       dt_train_pieces_(const trainer *t);
 /* Every rank's status gathered: the first failing rank's into *st and *who (-1: none). */
 dt_status dt_train_agree_(trainer *t, int64_t *st, int *who);
 

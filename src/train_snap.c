@@ -149,37 +149,43 @@ static dt_status read_all(const char *path, uint8_t **buf, int64_t *n) {
     return s;
 }
 
-/* After a rank's shard is written into tmp: a copy to its partner, and the shards whose
- * copies it keeps into tmp. Nodes of even index send first, the others receive first,
- * so the ring of copies cannot wait on itself. A rank whose shard could not be written
- * sends a length of -1 (its partner keeps nothing). */
+/* After a rank's shards (one a chunk) are written into tmp: a copy to its partner, and
+ * the shards whose copies it keeps into tmp. Nodes of even index send first, the others
+ * receive first, so the ring of copies cannot wait on itself. A shard that could not be
+ * written goes as a length of -1 (the partner keeps nothing of it). */
 static dt_status copy_to_partner(trainer *t, const char *tmp, dt_status st) {
     struct train_snap *sn = t->snap;
-    char name[64], path[4096];
-    uint8_t *buf = NULL;
-    int64_t hdr[2] = {-1, dt_train_piece_(t, t->rank)};
-    dt_ckpt_shard_name_(name, sizeof name, (int)hdr[1], t->world);
-    dt_status s = dt_ckpt_join_(path, sizeof path, tmp, name);
-    if (s == DT_OK && st == DT_OK) s = read_all(path, &buf, &hdr[0]);
-    if (s != DT_OK) hdr[0] = -1;
-    dt_status sent = DT_OK, got = DT_OK, kept = DT_OK;
+    const int V = dt_train_pipe_chunks_(t), W = dt_train_pieces_(t);
+    dt_status s = DT_OK, sent = DT_OK, got = DT_OK, kept = DT_OK;
     for (int turn = 0; turn < 2; turn++) {
-        if ((turn == 0) == (sn->node_ix % 2 == 0)) {   /* send */
-            sent = dt_send(t->comm, hdr, 2, DT_I64, sn->partner, SNAP_TAG);
-            if (sent == DT_OK && hdr[0] > 0) sent = dt_send(t->comm, buf, (size_t)hdr[0], DT_U8, sn->partner, SNAP_TAG);
+        if ((turn == 0) == (sn->node_ix % 2 == 0)) {   /* send each of ours */
+            for (int j = 0; j < V && sent == DT_OK; j++) {
+                char name[64], path[4096];
+                uint8_t *buf = NULL;
+                int64_t hdr[2] = {-1, dt_train_piece_(t, t->rank, j)};
+                dt_ckpt_shard_name_(name, sizeof name, (int)hdr[1], W);
+                dt_status r = dt_ckpt_join_(path, sizeof path, tmp, name);
+                if (r == DT_OK && st == DT_OK) r = read_all(path, &buf, &hdr[0]);
+                if (r != DT_OK) hdr[0] = -1;
+                if (s == DT_OK) s = r;
+                sent = dt_send(t->comm, hdr, 2, DT_I64, sn->partner, SNAP_TAG);
+                if (sent == DT_OK && hdr[0] > 0) sent = dt_send(t->comm, buf, (size_t)hdr[0], DT_U8, sn->partner, SNAP_TAG);
+                free(buf);
+            }
         } else {                                          /* receive each kept shard */
-            for (int i = 0; i < sn->nfrom && got == DT_OK; i++) {
+            for (int i = 0; i < sn->nfrom * V && got == DT_OK; i++) {
+                int from_rank = sn->from[i / V];
                 int64_t h[2];
-                got = dt_recv(t->comm, h, 2, DT_I64, sn->from[i], SNAP_TAG);
+                got = dt_recv(t->comm, h, 2, DT_I64, from_rank, SNAP_TAG);
                 if (got != DT_OK || h[0] < 0) continue;
                 uint8_t *b = malloc(h[0] > 0 ? (size_t)h[0] : 1);
                 if (!b) {
-                    got = dt_error(DT_ERR_NOMEM, "snapshot: out of memory for rank %d's shard", sn->from[i]);
+                    got = dt_error(DT_ERR_NOMEM, "snapshot: out of memory for rank %d's shard", from_rank);
                     break;
                 }
-                if (h[0] > 0) got = dt_recv(t->comm, b, (size_t)h[0], DT_U8, sn->from[i], SNAP_TAG);
+                if (h[0] > 0) got = dt_recv(t->comm, b, (size_t)h[0], DT_U8, from_rank, SNAP_TAG);
                 char nm[64], p[4096], from[4096];
-                dt_ckpt_shard_name_(nm, sizeof nm, (int)h[1], t->world);
+                dt_ckpt_shard_name_(nm, sizeof nm, (int)h[1], W);
                 if (got == DT_OK && kept == DT_OK && (kept = dt_ckpt_join_(p, sizeof p, tmp, nm)) == DT_OK &&
                     (kept = dt_ckpt_reuse_from_(p, from, sizeof from)) == DT_OK)
                     kept = dt_write_over(p, from, b, (size_t)h[0]);
@@ -187,7 +193,6 @@ static dt_status copy_to_partner(trainer *t, const char *tmp, dt_status st) {
             }
         }
     }
-    free(buf);
     if (sent != DT_OK) return sent;
     if (got != DT_OK) return got;
     return s != DT_OK && st == DT_OK ? s : kept;

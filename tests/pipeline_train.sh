@@ -1,6 +1,7 @@
 #!/bin/sh
 # pipeline_train.sh: dtrain train --pipeline end to end (src/train_pipe.c) — every layout
-# of stages and replicas, both schedules, fp32, bf16 and fp16, recomputation, dropout,
+# of stages and replicas, every schedule (interleaved with 2 and 3 chunks a stage), fp32,
+# bf16 and fp16, recomputation, dropout,
 # batchnorm, --shard optim|grads and the gpt presets' tied embedding give bitwise the
 # weights of one process with the same micro-batches; dtrain check takes --pipeline; checkpoints resume across layouts; evaluation and the printed loss are
 # one process's; refused configurations exit 2 naming the reason; a rank that built
@@ -100,6 +101,43 @@ LL="llama(layers=2,heads=4,kv_heads=2,dim=32,hidden=64,block=16)"
 L="--model $LL --data tokens:$T/tok --batch 16 --micro-batches 4 --threads 1 --quiet --no-eval --steps 4 --warmup 1"
 run l1 1 $L; run l4 4 $L --pipeline 4; same l1 l4 "llama on 4 stages gives the weights of 1 process"
 
+# (c2) the interleaved schedule: V chunks a stage (chunks s, s + P, ...), each with a model,
+# DDP, sharding and optimizer of its own; the tied embedding's gradient relayed through
+# every chunk between the head's and the embedding's, several micro-batches' at once
+I="--pipeline-schedule interleaved --virtual-stages 2"
+for cfg in "2 2" "4 2"; do
+    set -- $cfg
+    run "mi$1$2" "$1" --model "$MLP" $A1 --pipeline "$2" $I
+    ok $? "mlp, $1 processes, --pipeline $2, interleaved, 2 chunks a stage"
+    same m1 "mi$1$2" "mlp: $(($1 / $2)) x $2 stages of 2 chunks give the weights of 1 process"
+    run "gi$1$2" "$1" $G --pipeline "$2" $I
+    ok $? "gpt, $1 processes, --pipeline $2, interleaved, 2 chunks a stage"
+    same g1 "gi$1$2" "gpt: $(($1 / $2)) x $2 stages of 2 chunks give the weights of 1 process"
+done
+ok_grep "$T/gi42.out" "pipeline: 2 stages x 2 replicas, schedule interleaved with 2 chunks a stage, 4 micro-batches" \
+    "the start names the chunks"
+ok_grep "$T/gi22.out" "chunk:modules:parameters 0:0-[0-9]*:[0-9]* 1:[0-9-]*:[0-9]* 2:[0-9-]*:[0-9]* 3:[0-9-]*:[0-9]*$" \
+    "and the modules of each of the 4 chunks"
+li=$(final gi22); [ -n "$l1" ] && [ "$l1" = "$li" ]; ok $? "the loss printed is one process's ($l1 / $li)"
+vi=$(sed -n 's/.*val loss \([0-9.]*\).*/\1/p' "$T/gi22.out")
+[ -n "$v1" ] && [ "$v1" = "$vi" ]; ok $? "and validation's ($v1 / $vi)"
+for sh in optim grads; do
+    run "gi42$sh" 4 $G --pipeline 2 $I --shard $sh
+    same g1 "gi42$sh" "interleaved, 2 x 2 stages with --shard $sh give the weights of 1 process"
+done
+run gi2r 2 $G --pipeline 2 $I --recompute; same g1 gi2r "interleaved with --recompute gives the same bits"
+run gi2b 2 $G --pipeline 2 $I --precision bf16; same g1bf16 gi2b "interleaved in bf16 gives 1 process's bf16 weights"
+run mid 2 --model "$MLP" $A1 --pipeline 2 $I --schedule-dump
+ok_grep "$T/mid.out" "stage 1: RECV_ACT 0.0, FWD 0.0, " "--schedule-dump names each action's chunk"
+# 4 stages of 2 chunks (a stage receives a micro-batch's boundary gradient before the
+# previous one's backward ran) and 2 stages of 3
+G6="--model gpt(layers=6,heads=2,dim=32,block=16,dropout=0.1) --data tokens:$T/tok --batch 16 --micro-batches 8
+    --threads 1 --quiet --steps 3 --warmup 1 --lr 3e-3 --clip 1.0 --optim adamw --no-eval"
+run h1 1 $G6; run hi42 4 $G6 --pipeline 4 $I
+same h1 hi42 "gpt: 4 stages of 2 chunks give the weights of 1 process"
+run hi23 2 $G6 --pipeline 2 --pipeline-schedule interleaved --virtual-stages 3
+same h1 hi23 "gpt: 2 stages of 3 chunks give the weights of 1 process"
+
 # memory: a stage holds its own parameters (and the tied head's), not the whole array:
 # each rank's accounted parameter bytes at step 3 (--rank-stats), against the model's
 run mem 2 $G --pipeline 2 --no-eval --rank-stats 3 --metrics "$T/mem.jsonl"
@@ -115,6 +153,10 @@ timeout 300 "$D" check --np 4 --pipeline 2 --model "$GPT" --data "tokens:$T/tok"
     > "$T/check.out" 2>&1
 ok $? "dtrain check --np 4 --pipeline 2 passes"
 ok_grep "$T/check.out" "bitwise +PASS" "its final weights are 1 process's"
+timeout 300 "$D" check --np 2 --pipeline 2 $I --model "$GPT" --data "tokens:$T/tok" --batch 16 --threads 1 \
+    > "$T/checki.out" 2>&1
+ok $? "dtrain check --np 2 --pipeline 2 with 2 chunks a stage passes"
+ok_grep "$T/checki.out" "bitwise +PASS" "its final weights are 1 process's"
 
 # under mpirun: the mpi backend (deterministic: dtrain's tree) and the tcp backend's
 # rendezvous through MPI
@@ -153,6 +195,13 @@ ck 4 k22g "--pipeline 2 --shard grads"; ok $? "2 x 2 stages with --shard grads w
 [ "$(ls "$T"/k22g/step-*/ | grep -c '^shard-.*-of-00004')" = 4 ]; ok $? "one piece per rank"
 run r2o 2 $G --checkpoint-dir "$T/k22g" --resume auto --shard optim
 same g1 r2o "it resumes on 2 data-parallel ranks (--shard optim) to the same weights"
+# interleaved: a piece per chunk; 1 x 2 of 2 chunks -> 1 process, 1 process -> 2 x 2 of 2 chunks
+ck 2 ki "--pipeline 2 $I"; ok $? "an interleaved pipeline stops at step 3 with a checkpoint"
+[ "$(ls "$T"/ki/step-*/ | grep -c '^shard-.*-of-00004')" = 4 ]; ok $? "one piece per chunk"
+run rki 1 $G --checkpoint-dir "$T/ki" --resume auto
+same g1 rki "it resumes on 1 process to the uninterrupted weights"
+run rk1i 4 $G --checkpoint-dir "$T/k1" --resume auto --pipeline 2 $I
+same g1 rk1i "one process's checkpoint resumes on 2 x 2 stages of 2 chunks to the same weights"
 
 # (e) refused: exit 2 with the reason
 refuse() {
@@ -176,9 +225,17 @@ refuse "an unknown schedule" 2 "expected gpipe, 1f1b or interleaved, got 'zb'" -
 timeout 120 "$R" -n 2 "$D" train --model "$MLP" $A1 --pipeline 2 --shard params > "$T/refuse.out" 2>&1
 [ $? -ne 0 ]; ok $? "--shard params with a pipeline is refused"
 ok_grep "$T/refuse.out" "shard params with --pipeline is not supported yet" "saying so"
-timeout 120 "$R" -n 2 "$D" train --model "$MLP" $A1 --pipeline 2 --pipeline-schedule interleaved > "$T/refuse.out" 2>&1
-[ $? -ne 0 ]; ok $? "the interleaved schedule (its lists built, not run yet) is refused"
-ok_grep "$T/refuse.out" "the interleaved schedule is not run by the trainer yet" "saying so"
+refuse "chunks without the interleaved schedule" 2 "virtual-stages needs the interleaved schedule" \
+    --model "$MLP" $A1 --pipeline 2 --virtual-stages 2
+refuse "chunks without a pipeline" 1 "virtual-stages 2 cuts the stages of a pipeline into chunks" \
+    --model "$MLP" $A1 --pipeline-schedule interleaved --virtual-stages 2
+refuse "interleaved micro-batches that are no multiple of the stages" 4 "6 micro-batches are not a multiple of the 4 stages" \
+    --model "$MLP" $A1 --batch 48 --micro-batches 6 --pipeline 4 $I
+refuse "more chunks than modules" 4 "4 stages x 2 chunks .--virtual-stages. are 8 chunks of the model: .*8 stages, but the model has 7 top-level modules" \
+    $L --pipeline 4 $I
+timeout 120 "$R" -n 2 "$D" train --model "$MLP" $A1 --pipeline 2 $I --precision fp16 > "$T/refuse.out" 2>&1
+[ $? -ne 0 ]; ok $? "fp16 with several chunks a stage is refused"
+ok_grep "$T/refuse.out" "fp16 with --virtual-stages above 1 is not supported yet" "saying so"
 
 # (f) a rank that built another model is named at the start (not a hang on a message of
 # another size)

@@ -170,14 +170,16 @@ bad "plan --pipeline: fewer micro-batches than stages" "pipeline: 1 micro-batche
     --model mlp --np 4 --pipeline 2 --micro-batches 2
 bad "plan --pipeline: --shard params" "pipeline: --shard params with --pipeline is not supported yet" \
     --model mlp --np 2 --pipeline 2 --shard params
-bad "plan --pipeline: the interleaved schedule" "pipeline: the interleaved schedule is not run by the trainer yet" \
-    --model mlp --np 2 --pipeline 2 --pipeline-schedule interleaved
+bad "plan --pipeline: interleaved chunks" "plan: --virtual-stages 2 .* is not planned yet; the trainer runs it" \
+    --model mlp --np 2 --pipeline 2 --pipeline-schedule interleaved --virtual-stages 2
+bad "plan --pipeline: chunks without the interleaved schedule" "virtual-stages needs the interleaved schedule" \
+    --model mlp --np 2 --pipeline 2 --virtual-stages 2
 bad "plan --pipeline: an unknown schedule" "pipeline.schedule: expected .*, got 'zigzag'" \
     --model mlp --np 2 --pipeline 2 --pipeline-schedule zigzag
 bad "plan --pipeline: a bad --stages" "stages: " --model mlp --np 2 --pipeline 2 --stages 0-1,3-5
-timeout 60 "$R" -n 2 "$D" train --model mlp --data $S --epochs 1 --batch 64 --pipeline 2 --pipeline-schedule interleaved \
+timeout 60 "$R" -n 2 "$D" train --model mlp --data $S --epochs 1 --batch 64 --pipeline 2 --virtual-stages 2 \
     --threads 1 --quiet > "$T/tr" 2>&1
-ok_grep "$T/tr" "pipeline: the interleaved schedule is not run by the trainer yet" "... the trainer's message, the same"
+ok_grep "$T/tr" "virtual-stages needs the interleaved schedule" "... the trainer's message, the same"
 
 # per-rank memory in --rank-stats and the metrics file; the end-of-run lines
 timeout 120 "$R" -n 2 "$D" train --model mlp --data $S --epochs 1 --batch 64 --threads 1 --rank-stats 4 \
