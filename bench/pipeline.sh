@@ -5,12 +5,13 @@
 #
 #   speed   a deep gpt (16 layers, 256 wide, block 64, batch 32, 16 micro-batches,
 #           20 steps on fortunes, AdamW) on 2 processes x 1 thread: --pipeline 2 with each
-#           schedule against 2 data-parallel ranks (--shard none) of the same model, in the
+#           schedule (interleaved with --virtual-stages 2) against 2 data-parallel ranks (--shard none) of the same model, in the
 #           same round; tokens/s and the ratio, medians of DT_BENCH_ROUNDS rounds (default 3;
 #           bench/lib.sh).
 #   bubble  each stage's idle fraction (its step less its compute and data wait, from
 #           --rank-stats: the bubble, the boundary transfers and the gradient sums) for
-#           P = 2 and M = 4, 8, 16 per schedule, beside the theory (P-1)/(M+P-1), on the
+#           P = 2 and M = 4, 8, 16 per schedule, beside the theory (P-1)/(M+P-1), or
+#           (P-1)/(VM+P-1) for interleaved with V = 2 chunks a stage, on the
 #           same deep gpt (a stage's own transfers count as idle: the measured figure is
 #           the theory plus them and plus the stages' imbalance). P = 4 needs 4 cores
 #           (this machine's 2 would be shared): DT_PIPE_P4=1 adds it.
@@ -35,6 +36,8 @@ run_np() {
     OMP_NUM_THREADS=1 "$B/dtrun" -n "$np" "$B/dtrain" train --threads 1 --model "$MODEL" --data "tokens:$DATA" \
         --optim adamw --warmup 2 --no-eval --log-every 1000000 "$@" 2>&1 | sed 's/^\[rank0\]://'
 }
+# a schedule's flags: interleaved runs 2 chunks a stage
+sched() { if [ "$1" = interleaved ]; then echo "--pipeline-schedule interleaved --virtual-stages 2"; else echo "--pipeline-schedule $1"; fi; }
 tps() { sed -n 's/.*dtrain: done.* \([0-9][0-9]*\) tokens\/s.*/\1/p' | tail -1; }
 grep -m1 "model name" /proc/cpuinfo | sed 's/.*: /cpu: /'
 echo "cores: $(nproc); $(blas_kernels)"
@@ -44,15 +47,15 @@ if [ "$MODE" = speed ] || [ "$MODE" = all ]; then
     for r in $(seq "$ROUNDS"); do
         base=$(run_np 2 --batch 32 --micro-batches 16 --steps 20 | tps)
         rate[dp]+=" ${base:-fail}"
-        for s in 1f1b gpipe; do
-            t=$(run_np 2 --batch 32 --micro-batches 16 --steps 20 --pipeline 2 --pipeline-schedule $s | tps)
+        for s in 1f1b gpipe interleaved; do
+            t=$(run_np 2 --batch 32 --micro-batches 16 --steps 20 --pipeline 2 $(sched $s) | tps)
             rate[$s]+=" ${t:-fail}" vs[$s]+=" $(ratio "${t:-0}" "${base:-0}")"
         done
     done
     echo "$MODEL, batch 32, 16 micro-batches, 2 processes x 1 thread: tokens/s (medians of $ROUNDS rounds)"
     printf "%-28s %10s %10s   %s\n" layout tokens/s "vs DP" "vs DP per round"
     printf "%-28s %10s\n" "2 data-parallel ranks" "$(median ${rate[dp]})"
-    for s in 1f1b gpipe; do
+    for s in 1f1b gpipe interleaved; do
         printf "%-28s %10s %10s   %s\n" "--pipeline 2, $s" "$(median ${rate[$s]})" "$(median ${vs[$s]})" "${vs[$s]}"
     done
     echo
@@ -64,12 +67,13 @@ if [ "$MODE" = bubble ] || [ "$MODE" = all ]; then
     echo "idle fraction per stage, % of the step (medians of $ROUNDS rounds; 24 steps, the last 20 measured)"
     printf "%-3s %-6s %-4s %8s   %s\n" P sched M theory "measured, stage 0 .. P-1"
     for P in $PS; do
-        for s in gpipe 1f1b; do
+        for s in gpipe 1f1b interleaved; do
+            V=1; [ $s = interleaved ] && V=2
             for M in 4 8 16; do
                 declare -A idle=()
                 for r in $(seq "$ROUNDS"); do
                     run_np "$P" --batch $((2 * M)) --micro-batches "$M" --steps 24 --pipeline "$P" \
-                        --pipeline-schedule $s --rank-stats 4 --metrics "$tmpd/m.jsonl" > /dev/null
+                        $(sched $s) --rank-stats 4 --metrics "$tmpd/m.jsonl" > /dev/null
                     # the rank events after the first 4 steps: idle = step - data - compute, summed
                     for q in $(seq 0 $((P - 1))); do
                         v=$(sed -n "s/.*\"event\":\"rank\",\"step\":\([0-9]*\),\"rank\":$q,\"steps\":[0-9]*,\"step_s\":\([0-9.]*\),\"data_s\":\([0-9.]*\),\"compute_s\":\([0-9.]*\),.*/\1 \2 \3 \4/p" \
@@ -79,7 +83,7 @@ if [ "$MODE" = bubble ] || [ "$MODE" = all ]; then
                 done
                 line=""
                 for q in $(seq 0 $((P - 1))); do line+=" $(median ${idle[$q]})"; done
-                printf "%-3s %-6s %-4s %7.1f%%  %s\n" "$P" $s "$M" "$(awk -v p=$P -v m=$M 'BEGIN { print 100 * (p - 1) / (m + p - 1) }')" "$line"
+                printf "%-3s %-6s %-4s %7.1f%%  %s\n" "$P" $s "$M" "$(awk -v p=$P -v m=$M -v v=$V 'BEGIN { print 100 * (p - 1) / (v * m + p - 1) }')" "$line"
             done
         done
     done

@@ -147,6 +147,13 @@ for r in 0 1; do
     awk -v p="$p" -v n="$full" 'BEGIN { exit !(p > 0 && n > 0 && p < 0.8 * 4 * n) }'
     ok $? "stage $r holds ${p:-?} bytes of parameters, less than 0.8 of the whole model's $((4 * ${full:-0}))"
 done
+# and a stage of 2 chunks holds its two chunks' (a model each), not the whole array twice
+run memi 2 $G --pipeline 2 $I --no-eval --rank-stats 3 --metrics "$T/memi.jsonl"
+for r in 0 1; do
+    p=$(sed -n "s/.*\"event\":\"rank\",\"step\":3,\"rank\":$r,.*\"mem_peak_bytes\":{\"params\":\([0-9]*\).*/\1/p" "$T/memi.jsonl")
+    awk -v p="$p" -v n="$full" 'BEGIN { exit !(p > 0 && n > 0 && p < 0.8 * 4 * n) }'
+    ok $? "stage $r of 2 chunks holds ${p:-?} bytes of parameters, less than 0.8 of the whole model's $((4 * ${full:-0}))"
+done
 
 # dtrain check gives --pipeline to the N-process run only
 timeout 300 "$D" check --np 4 --pipeline 2 --model "$GPT" --data "tokens:$T/tok" --batch 16 --threads 1 \
