@@ -156,18 +156,33 @@ static dt_status plant_inf(dt_amp *a, int64_t g, float *grads, size_t n) {
 }
 
 dt_status dt_amp_check(dt_amp *a, int64_t g, float *grads, size_t n, int *skip, float *unscale) {
+    return dt_amp_check_parts(a, g, &grads, &n, 1, skip, unscale);
+}
+
+dt_status dt_amp_check_parts(dt_amp *a, int64_t g, float *const *parts, const size_t *n, int nparts, int *skip,
+                             float *unscale) {
     *skip = 0;
     *unscale = 1.0f;
-    DT_TRY(plant_inf(a, g, grads, n));
+    if (nparts > 0) DT_TRY(plant_inf(a, g, parts[0], n[0]));
     if (!a->scaling) return DT_OK;
     int found = 0;
-    DT_TRY(dt_found_inf(dt_model_ops(a->model), a->comm, a->flag, grads, n, &found));
+    for (int i = 0; i < nparts; i++) {
+        int one = 0;
+        DT_TRY(dt_found_inf(dt_model_ops(a->model), a->comm, a->flag, parts[i], n[i], &one));
+        found |= one;
+    }
     a->step_scale = a->scaler.scale;
     *unscale = (float)(1.0 / (double)a->scaler.scale);   /* GradScaler: scale.double().reciprocal().float() */
     *skip = found;
     a->skipped += found;
     dt_scaler_update(&a->scaler, found);
     return DT_OK;
+}
+
+void dt_amp_follow(dt_amp *a, const dt_amp *from) {
+    a->scaler = from->scaler;
+    a->step_scale = from->step_scale;
+    a->skipped = from->skipped;
 }
 
 void dt_amp_scaler_text(const dt_amp *a, char *buf, size_t n) {

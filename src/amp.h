@@ -86,6 +86,12 @@ DT_API void      dt_amp_begin_step(dt_amp *a);
  * gradient into the true one (1/scale; 1 without a scaler); the scaler is updated.
  * Without a scaler: no collective, *skip = 0, *unscale = 1. */
 DT_API dt_status dt_amp_check(dt_amp *a, int64_t g, float *grads, size_t n, int *skip, float *unscale);
+/* The same over several parts of the gradient (a pipeline stage's chunks, each a model of
+ * its own): parts[i] of n[i] floats, one all-reduce each, one decision and one update. */
+DT_API dt_status dt_amp_check_parts(dt_amp *a, int64_t g, float *const *parts, const size_t *n, int nparts, int *skip,
+                                    float *unscale);
+/* a's scaler becomes from's (the other chunks of a stage follow the first one's decision). */
+DT_API void      dt_amp_follow(dt_amp *a, const dt_amp *from);
 /* The scale the last checked step used, the scale now (0 without a scaler), and the
  * steps skipped so far. */
 DT_API double    dt_amp_step_scale(const dt_amp *a);

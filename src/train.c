@@ -318,8 +318,10 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     /* keep the loader one step ahead */
     if (t->queued < t->total) DT_TRY(queue_step(t, t->queued++));
 
-    float *grads = dt_model_grads(t->model);
-    dt_amp_begin_step(t->amp);   /* fp16: backward of the loss x the scale */
+    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
+        dt_train_pipe_use_(t, j);
+        dt_amp_begin_step(t->amp);   /* fp16: backward of the loss x the scale */
+    }
     double pipe_wait = 0.0;   /* a pipeline stage's waits for its neighbours */
     if (t->pipe) DT_TRY(dt_train_pipe_run_(t, (uint64_t)epoch, step, target, &pipe_wait));
     for (int64_t i = 0; !t->pipe && i < t->k; i++) {
@@ -381,9 +383,17 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
      * Each rank looks at the part it applies (its shard when sharded). */
     int skip = 0;
     float norm = 0.0f, unscale = 1.0f;
-    size_t glo, glen;
-    dt_shard_range(t->shard, &glo, &glen);
-    DT_TRY(dt_amp_check(t->amp, g, grads + glo, glen, &skip, &unscale));
+    float *part[DT_TRAIN_MAX_CHUNKS];   /* a pipeline stage's chunks: one decision over their parts */
+    size_t plen[DT_TRAIN_MAX_CHUNKS];
+    const int V = dt_train_pipe_chunks_(t);
+    for (int j = V - 1; j >= 0; j--) {
+        size_t glo, glen;
+        dt_train_pipe_use_(t, j);
+        dt_shard_range(t->shard, &glo, &glen);
+        part[j] = dt_model_grads(t->model) + glo, plen[j] = glen;
+    }
+    DT_TRY(dt_amp_check_parts(t->amp, g, part, plen, V, &skip, &unscale));
+    dt_train_pipe_amp_follow_(t);
     dt_optim_set_gate(t->optim, one ? checks + 2 : NULL);
     if (one)
         DT_TRY(dt_shard_clip_device(t->shard, (float)t->o->clip, unscale, logged, t->dlosses, (size_t)t->k, checks));

@@ -376,6 +376,7 @@ dt_status dt_train_resume_restore_(trainer *t) {
     }
     DT_TRY(resume_compare(t));
     DT_TRY(dt_amp_restore(t->amp, dt_ckpt_extra(t->resume, "loss_scaler")));
+    dt_train_pipe_amp_follow_(t);   /* a pipeline stage's other chunks */
     const char *el = dt_ckpt_extra(t->resume, "epoch_loss");
     t->g0 = ci->step;
     t->epoch_loss = el ? strtod(el, NULL) : 0.0;

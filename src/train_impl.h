@@ -110,6 +110,10 @@ dt_status dt_train_pipe_world_(trainer *t);
  * chunk. dt_train_pipe_chunks_: V (1 without a pipeline, where use_ does nothing). */
 void      dt_train_pipe_use_(trainer *t, int j);
 int       dt_train_pipe_chunks_(const trainer *t);
+#define DT_TRAIN_MAX_CHUNKS 64   /* --virtual-stages at most */
+/* fp16: the other chunks' loss scalers take chunk 0's state (after its decision over all
+ * of the stage's chunks, or a resume); chunk 0's objects are the trainer's after it. */
+void      dt_train_pipe_amp_follow_(trainer *t);
 /* The stages' cut of the model's spec (before the model is built): each stage's modules,
  * layers and parameters. */
 dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *spec);

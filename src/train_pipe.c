@@ -152,11 +152,6 @@ dt_status dt_train_pipe_check(const dt_train_opts *o, int world, int64_t S) {
         return dt_error(DT_ERR_INVALID, "pipeline_schedule: expected %s, got '%s'", dt_pp_names(names, sizeof names),
                         o->pipeline_schedule ? o->pipeline_schedule : "(null)");
     }
-    dt_dtype prec;
-    DT_TRY(dt_precision_parse(o->precision, &prec));
-    if (V > 1 && prec == DT_F16)
-        return dt_error(DT_ERR_UNSUPPORTED, "pipeline: --precision fp16 with --virtual-stages above 1 is not supported "
-                        "yet (fp32 and bf16 are; fp16 runs with one chunk a stage)");
     int dp = world / P;
     int64_t k, b;
     DT_TRY(dt_train_split(o->batch, S, dp, &k, &b));
@@ -202,6 +197,14 @@ void dt_train_pipe_use_(trainer *t, int j) {
 }
 
 int dt_train_pipe_chunks_(const trainer *t) { return t->pipe ? t->pipe->V : 1; }
+
+void dt_train_pipe_amp_follow_(trainer *t) {
+    train_pipe *p = t->pipe;
+    if (!p) return;
+    dt_train_pipe_use_(t, 0);
+    sync(t);
+    for (int j = 1; j < p->V; j++) dt_amp_follow(p->ch[j].amp, p->ch[0].amp);
+}
 
 /* " (chunk c)" where a stage runs several, else "": for messages. */
 static const char *chunk_name(const train_pipe *p, int c, char *buf, size_t n) {
