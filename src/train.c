@@ -591,6 +591,7 @@ static dt_status setup_model(trainer *t) {
             dt_status ls = dt_model_load(t->model, o->init_weights);
             if (ls != DT_OK) return dt_error_wrap(ls == DT_ERR_IO ? DT_ERR_INVALID : ls, "init_weights: ");
         }
+        DT_TRY(dt_train_pipe_built_(t));
     }
     const dt_shape *os = dt_model_output_shape(t->model);
     if (t->lw > 1 ? (os->ndim != 2 || os->d[0] != t->lw || os->d[1] < info->classes)

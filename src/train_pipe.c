@@ -391,6 +391,13 @@ dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *sp) {
     return DT_OK;
 }
 
+dt_status dt_train_pipe_built_(trainer *t) {
+    const train_pipe *p = t->pipe;
+    if (!p || p->V == 1) return DT_OK;   /* (one chunk: its set-up gives the others back) */
+    int c = p->ch[p->j].c;   /* the next chunk's model is built without this one's other layers */
+    return dt_model_acts_only(t->model, p->layer_lo[c], p->layer_lo[c + 1]);
+}
+
 void dt_train_pipe_keep_(const trainer *t, size_t *lo, size_t *hi) {
     keep_of(t, t->pipe->ch[t->pipe->j].c, lo, hi);
 }
