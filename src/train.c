@@ -135,9 +135,11 @@ dt_status dt_train_exact_worlds(const dt_train_opts *o, int *sizes, int max, int
                         "so a world that changes would change the weights");
     int64_t k, b;
     DT_TRY(dt_train_split(o->batch, S, 1, &k, &b));
+    const int chunked = o->virtual_stages > 1;   /* interleaved: each replica's micro-batches in groups of P */
     for (int64_t d = 1; d <= S && *n < max; d *= 2) {
         if (S % d != 0 || S / d < P) break;
         if (P * d > INT32_MAX) break;
+        if (chunked && (S / d) % P != 0) continue;
         sizes[(*n)++] = (int)(P * d);
     }
     if (*n == 0)

@@ -248,7 +248,8 @@ DT_API dt_status dt_train_pipe_check(const dt_train_opts *o, int world, int64_t 
 
 /* The world sizes on which these options give bitwise the same weights, ascending, at
  * most max of them: P x d for every power of two d dividing --micro-batches S with
- * S / d >= P (P the pipeline depth). An elastic job may move between them. Fails,
+ * S / d >= P (P the pipeline depth; with --virtual-stages above 1 S / d a multiple of P,
+ * as the interleaved schedule needs). An elastic job may move between them. Fails,
  * saying why, where a change of world size cannot keep the result: no --micro-batches
  * (the split then follows the world), --lr-scale linear|sqrt, --sync-bn. */
 DT_API dt_status dt_train_exact_worlds(const dt_train_opts *o, int *sizes, int max, int *n);

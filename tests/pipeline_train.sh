@@ -136,6 +136,9 @@ same g1of gi4of "an overflow on the last rank skips the step on 2 x 2 stages of 
 ! cmp -s "$T/g1fp16.st" "$T/g1of.st"; ok $? "(the skipped step changed the weights)"
 run mid 2 --model "$MLP" $A1 --pipeline 2 $I --schedule-dump
 ok_grep "$T/mid.out" "stage 1: RECV_ACT 0.0, FWD 0.0, " "--schedule-dump names each action's chunk"
+# an elastic job's worlds: those whose replicas get a multiple of P micro-batches
+DT_ELASTIC_PROBE=1 "$D" train --model "$MLP" $A1 --batch 96 --micro-batches 24 --pipeline 4 $I > "$T/probe.out" 2>&1
+ok_grep "$T/probe.out" "^dtrain-elastic: sizes=4,8 " "elastic worlds of 4 stages of 2 chunks and 24 micro-batches: 4 and 8 (not 16: 6 each)"
 # 4 stages of 2 chunks (a stage receives a micro-batch's boundary gradient before the
 # previous one's backward ran) and 2 stages of 3
 G6="--model gpt(layers=6,heads=2,dim=32,block=16,dropout=0.1) --data tokens:$T/tok --batch 16 --micro-batches 8
