@@ -17,7 +17,8 @@
 #           (this machine's 2 would be shared): DT_PIPE_P4=1 adds it.
 #   memory  the largest gpt (8 layers, 8 heads, width a multiple of 8, block 64, batch 8,
 #           AdamW) that trains 2 steps under --max-memory DT_PIPE_CAP_MIB (default 256)
-#           MiB per rank on 2 processes: 2 data-parallel ranks, --pipeline 2, and
+#           MiB per rank on 2 processes: 2 data-parallel ranks, --pipeline 2 (1f1b, and
+#           interleaved with 2 chunks a stage), and
 #           --shard params, and the first two with --recompute, found by bisection; with
 #           its parameter count and tokens/s. Each layout runs the batch as 2, 4 and 8
 #           micro-batches and is compared at its best.
@@ -104,7 +105,9 @@ if [ "$MODE" = memory ] || [ "$MODE" = all ]; then
     echo "the largest gpt(layers=8,heads=8,dim=C,block=64) under --max-memory ${CAP}M per rank, 2 processes, batch 8, AdamW"
     printf "%-26s %3s %6s %12s %10s %7s\n" layout M width params tokens/s "vs DP"
     dp_best=0
-    for cfg in "2 data-parallel ranks|" "--pipeline 2|--pipeline 2" "--shard params|--shard params" \
+    for cfg in "2 data-parallel ranks|" "--pipeline 2|--pipeline 2" \
+               "--pipeline 2, interleaved|--pipeline 2 --pipeline-schedule interleaved --virtual-stages 2" \
+               "--shard params|--shard params" \
                "DP, --recompute|--recompute" "--pipeline 2 --recompute|--pipeline 2 --recompute"; do
         name=${cfg%%|*} flags=${cfg#*|}
         best=0 bestm=
