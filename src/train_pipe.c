@@ -72,7 +72,7 @@ typedef struct {
     size_t in_n, out_n;        /* floats per sample of the chunk's input and output */
     const float *out;          /* the output of the last forward */
     int cur;                   /* the micro-batch whose activations the model holds, -1: none */
-    int nrelay;                /* slots of relay */
+    int nrelay;                /* slots of relay (0: none) */
     float **relay;             /* the tied gradients that arrive with the boundary gradient of
                                 * micro-batch m wait in slot m % nrelay until they are sent on (a
                                 * chunk between the owner and the user) or laid in the owner's
@@ -432,7 +432,9 @@ static dt_status chunk_setup(trainer *t, pipe_chunk *ch, int j) {
     const dt_layer *end = dt_model_layer(ch->model, p->layer_lo[ch->c + 1] - 1);
     ch->in_n = (size_t)first->in_numel;
     ch->out_n = (size_t)end->out_numel;
-    DT_TRY(held_of(&p->list, j, &ch->nslots, &ch->nsets, &ch->ngin, &ch->nrelay));   /* inputs received, and micro-batches forwarded, not yet backwarded */
+    /* from its list: the inputs, activation sets and boundary gradients it holds at once,
+     * and the gradients it has not yet sent on (hold_riders sizes its relay slots by them) */
+    DT_TRY(held_of(&p->list, j, &ch->nslots, &ch->nsets, &ch->ngin, &ch->nrelay));
     if (t->o->recompute) ch->nsets = 1;   /* recomputation's stages run their forward again: the least memory */
     if (ch->nsets > 1)
         DT_TRY(dt_model_act_sets(ch->model, p->layer_lo[ch->c], p->layer_lo[ch->c + 1], ch->nsets));
