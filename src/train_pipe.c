@@ -138,6 +138,9 @@ dt_status dt_train_pipe_check(const dt_train_opts *o, int world, int64_t S) {
     if (P == 1 && V > 1)
         return dt_error(DT_ERR_INVALID, "pipeline: --virtual-stages %d cuts the stages of a pipeline into chunks; it "
                         "needs --pipeline P above 1 (and --pipeline-schedule interleaved)", V);
+    if (V > DT_TRAIN_MAX_CHUNKS)   /* (the option's bound; a library caller sets the field itself) */
+        return dt_error(DT_ERR_INVALID, "pipeline: --virtual-stages %d: at most %d chunks a stage", V,
+                        DT_TRAIN_MAX_CHUNKS);
     if (P == 1) return DT_OK;
     DT_TRY(check_world(world, P));
     dt_shard_mode mode;

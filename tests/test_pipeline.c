@@ -18,6 +18,7 @@
 
 #include "pipeline.h"
 #include "tap.h"
+#include "train.h"
 
 /* Every stage's list of schedule `name` for P stages of V chunks and M micro-batches. */
 static dt_status build_v(const char *name, int P, int V, int M, dt_pp_list *lists) {
@@ -248,6 +249,18 @@ int main(void) {
        "interleaved chunks over micro-batches no multiple of the stages: refused (%s)", dt_last_error());
     ok(dt_pp_build(dt_pp_find("interleaved"), 1, 2, 0, 4, &l) == DT_ERR_INVALID && strstr(dt_last_error(), "at least 2"),
        "chunks on one stage: refused (%s)", dt_last_error());
+    /* a library caller's chunk count beyond the option's bound is refused, not run */
+    dt_train_opts o;
+    dt_train_opts_default(&o);
+    o.pipeline = 2;
+    o.pipeline_schedule = "interleaved";
+    o.micro_batches = 8;
+    o.batch = 16;
+    o.virtual_stages = 65;
+    ok(dt_train_pipe_check(&o, 2, 8) == DT_ERR_INVALID && strstr(dt_last_error(), "at most 64 chunks"),
+       "65 chunks a stage: refused (%s)", dt_last_error());
+    o.virtual_stages = 2;
+    ok(dt_train_pipe_check(&o, 2, 8) == DT_OK, "2 chunks a stage on 2 stages of 8 micro-batches: accepted");
     /* stage 1 of 3 with 4 micro-batches, 1F1B: one warm-up forward, then alternating */
     char dump[1024];
     dt_pp_build(dt_pp_find("1f1b"), 3, 1, 1, 4, &l);
