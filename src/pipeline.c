@@ -275,6 +275,25 @@ void dt_pp_held(const dt_pp_list *l, int *inputs, int *sets) {
     if (sets) *sets = most_fw;
 }
 
+dt_status dt_pp_chunk_held(const dt_pp_list *l, int j, int *inputs, int *sets, int *grads, int *unsent) {
+    dt_pp_list one = {.a = malloc((size_t)(l->n ? l->n : 1) * sizeof *l->a), .chunks = 1};
+    if (!one.a) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+    int now = 0, held = 0;
+    *grads = *unsent = 0;
+    for (int i = 0; i < l->n; i++) {
+        if (l->a[i].chunk != j) continue;
+        one.a[one.n++] = l->a[i];
+        dt_pp_op op = l->a[i].op;
+        now += op == DT_PP_RECV_GRAD ? 1 : op == DT_PP_SEND_GRAD ? -1 : 0;
+        held += op == DT_PP_RECV_GRAD ? 1 : op == DT_PP_BWD && held > 0 ? -1 : 0;
+        if (now > *unsent) *unsent = now;
+        if (held > *grads) *grads = held;
+    }
+    dt_pp_held(&one, inputs, sets);
+    free(one.a);
+    return DT_OK;
+}
+
 size_t dt_pp_dump(const dt_pp_list *l, char *buf, size_t n) {
     size_t len = 0;
     if (n) buf[0] = '\0';

@@ -97,6 +97,10 @@ DT_API dt_status dt_pp_check(const dt_pp_list *lists, int stages, int micro, int
  * not yet backwarded (the stage's input slots), *sets forwarded and not yet backwarded
  * (the activation sets its model keeps). Either may be NULL. */
 DT_API void      dt_pp_held(const dt_pp_list *l, int *inputs, int *sets);
+/* The same for chunk j of a stage's list, and *grads the boundary gradients it received
+ * and has not yet backwarded, *unsent those it has not yet sent on (its slots for the
+ * riders' parts, dt_pp_relay_slots). DT_ERR_NOMEM only. */
+DT_API dt_status dt_pp_chunk_held(const dt_pp_list *l, int j, int *inputs, int *sets, int *grads, int *unsent);
 
 /* A list as text, one action a line ("FWD 3", "SEND_ACT 3"; with chunks, "FWD 3.1" for
  * micro-batch 3 on chunk 1), for --schedule-dump. */
@@ -118,6 +122,9 @@ typedef struct {
  * than stages, a bad or incomplete list, a stage without parameters. Free with
  * dt_pp_cut_free. */
 DT_API dt_status dt_pp_cut_spec(const dt_spec *sp, int stages, const char *text, dt_pp_cut *out);
+/* The cut into P x V chunks for P stages of V chunks each (V = 1: the stages), its
+ * message naming both where they are more than the model allows. */
+DT_API dt_status dt_pp_cut_chunks(const dt_spec *sp, int P, int V, const char *text, dt_pp_cut *out);
 DT_API void      dt_pp_cut_free(dt_pp_cut *c);
 
 /* The parameters stage `stage`'s rank keeps resident, [*lo, *hi): its range, padded to
@@ -136,8 +143,16 @@ typedef struct {
 
 /* The riders of a cut over the model's layers (nlayers of them, in order; free *out). */
 DT_API dt_status dt_pp_riders(const dt_pp_cut *c, const dt_layer *layers, int nlayers, dt_pp_rider **out, int *n);
-/* The floats of riders that stage `stage` holds beyond its range: parameters, gradients. */
-DT_API void      dt_pp_rider_floats(const dt_pp_rider *r, int n, int stage, size_t *params, size_t *grads);
+/* The floats of riders that chunk `chunk` (a stage, V = 1) reads beyond its range: their
+ * parameters and their gradient (the head writes its part there). */
+DT_API void      dt_pp_rider_floats(const dt_pp_rider *r, int n, int chunk, size_t *floats);
+/* The slots, each of every rider's floats, in which chunk `chunk` keeps the riders'
+ * gradient parts that arrived with a boundary gradient: a chunk between owner and user as
+ * many as it holds unsent at once (`unsent`, dt_pp_chunk_held), the owner as many as the
+ * boundary gradients it holds at once where that is more than one (`grads`: a later
+ * micro-batch's may arrive before its backward); 0: none, the owner lays them in its
+ * gradient array at once. */
+DT_API int       dt_pp_relay_slots(const dt_pp_rider *r, int n, int chunk, int unsent, int grads);
 
 /* The global gradient norm's parts: the part of the summed gradient that rank (stage,
  * replica) answers for, [*a, *b): its stage's range on replica 0 (every replica holds the

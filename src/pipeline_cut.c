@@ -159,6 +159,14 @@ dt_status dt_pp_cut_spec(const dt_spec *sp, int P, const char *text, dt_pp_cut *
     return s;
 }
 
+dt_status dt_pp_cut_chunks(const dt_spec *sp, int P, int V, const char *text, dt_pp_cut *out) {
+    dt_status s = dt_pp_cut_spec(sp, P * V, text, out);
+    if (s != DT_OK && V > 1)   /* the cut's stages are the chunks */
+        return dt_error_wrap(s, "pipeline: %d stages x %d chunks (--virtual-stages) are %d chunks of the model: ", P, V,
+                             P * V);
+    return s;
+}
+
 void dt_pp_cut_free(dt_pp_cut *c) {
     free(c->mod_lo);
     free(c->layer_lo);
@@ -201,12 +209,19 @@ dt_status dt_pp_riders(const dt_pp_cut *c, const dt_layer *layers, int nlayers, 
     return DT_OK;
 }
 
-void dt_pp_rider_floats(const dt_pp_rider *r, int n, int stage, size_t *params, size_t *grads) {
-    *params = *grads = 0;
+void dt_pp_rider_floats(const dt_pp_rider *r, int n, int chunk, size_t *floats) {
+    *floats = 0;
+    for (int i = 0; i < n; i++)
+        if (chunk == r[i].user) *floats += r[i].len;
+}
+
+int dt_pp_relay_slots(const dt_pp_rider *r, int n, int chunk, int unsent, int grads) {
+    int need = 0;
     for (int i = 0; i < n; i++) {
-        if (stage == r[i].user) *params += r[i].len;
-        if (r[i].owner < stage && stage <= r[i].user) *grads += r[i].len;
+        if (r[i].owner < chunk && chunk < r[i].user && unsent > need) need = unsent;
+        if (r[i].owner == chunk && chunk < r[i].user && grads > 1 && grads > need) need = grads;
     }
+    return need;
 }
 
 /* ---- the global norm's parts -------------------------------------------------------------- */

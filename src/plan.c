@@ -4,6 +4,7 @@
  */
 #include "plan.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,7 +14,7 @@
 #include "ops.h"     /* dt_ops_gemm_lp_rounds */
 #include "ddp.h"     /* dt_ddp_tree_arrays, dt_ddp_opts_default */
 #include "optim.h"
-#include "pipeline.h" /* dt_pp_cut_spec, dt_pp_held, dt_pp_riders, dt_pp_keep, dt_pp_norm_edges */
+#include "pipeline.h" /* dt_pp_cut_chunks, dt_pp_chunk_held, dt_pp_riders, dt_pp_keep, dt_pp_norm_edges */
 #include "shard.h"   /* dt_shard_prefetch_parse, dt_shard_floats, dt_shard_pool_in_use */
 
 /* ---- the rows ------------------------------------------------------------------------ */
@@ -241,24 +242,35 @@ static dt_status plan_whole(const dt_plan_opts *o, const dt_plan_shard *sh, cons
 
 /* ---- a pipeline's stage ------------------------------------------------------------------ */
 
-/* What stage `stage` holds, at each moment of the run (train_pipe.c):
- *   start  the model built with every layer's buffers and the stage's range kept, while
- *          dt_model_act_sets takes the stage's sets (the others' buffers go after)
- *   step   its range, the tied tensors it reads or relays, the tree, the optimizer
- *          state, its layers' activations in flight, the boundary tensors, the batch
- *   eval   every stage's parameters gathered and every layer's buffers taken again
+/* One chunk of a stage (the stage itself but for the interleaved schedule): what it
+ * holds of the arrays and the boundary tensors, in floats and bytes (train_pipe.c's
+ * pipe_chunk). */
+typedef struct {
+    int c;                     /* its index in the cut of P x V chunks */
+    size_t keep, rider, mine;  /* floats: its kept range, the tied tensors it reads, its own parameters */
+    size_t copy, tree, relay;  /* floats: its rounded copy, its accumulation tree, its relay slots */
+    size_t own, acts, bound;   /* bytes: its layers' own buffers, their activations in a step, the boundary slots */
+    int inputs, sets;
+} plan_chunk;
+
+/* What stage `stage` holds, at each moment of the run (train_pipe.c). Each of its V chunks
+ * has a model of its own, built with every layer's buffers and its range kept; the
+ * others' buffers go at once, and the chunks are built V - 1 down to 0:
+ *   start  the chunks built before, each with its own layers' buffers, beside chunk 0's
+ *          model whole; then chunk by chunk (0 first) its activation sets taken beside its
+ *          layers' own buffers, which they replace, and its boundary slots
+ *   step   each chunk's range, the tied tensors it reads or relays, its tree, the optimizer
+ *          state, its layers' activations in flight, its boundary tensors; the batch
+ *   eval   chunk 0 gathers every chunk's parameters and takes every layer's buffers again
  *   end    the same, the optimizer state given back first */
 static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr, int stage,
                             dt_plan_estimate *out) {
     const dt_train_opts *t = o->train;
     memset(out, 0, sizeof *out);
-    const int W = o->world, P = t->pipeline;
+    const int W = o->world, P = t->pipeline, V = t->virtual_stages > 1 ? t->virtual_stages : 1, C = P * V;
     if (W < 1) return dt_error(DT_ERR_INVALID, "world: expected at least 1 rank, got %d", W);
     int64_t S = t->micro_batches > 0 ? t->micro_batches : W, k, b;
     DT_TRY(dt_train_pipe_check(t, W, S));
-    if (t->virtual_stages > 1)
-        return dt_error(DT_ERR_UNSUPPORTED, "plan: --virtual-stages %d (a stage running several chunks, each with a "
-                        "model of its own) is not planned yet; the trainer runs it", t->virtual_stages);
     const int dp = W / P;
     DT_TRY(dt_train_split(t->batch, S, dp, &k, &b));
     if (b > (1 << 30)) return dt_error(DT_ERR_INVALID, "batch: micro-batches of %lld samples are too large", (long long)b);
@@ -282,100 +294,146 @@ static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, cons
     dt_pp_rider *ride = NULL;
     dt_pp_list list = {0};
     int nride = 0;
-    size_t *own = calloc((size_t)P, sizeof *own), *set = calloc((size_t)P, sizeof *set);
-    size_t *bch = calloc((size_t)W, sizeof *bch);
-    dt_status s = own && set && bch ? dt_spec_infer(&sp, &o->input) : dt_error(DT_ERR_NOMEM, "plan: out of memory");
-    if (s == DT_OK) s = dt_pp_cut_spec(&sp, P, t->stages, &cut);
+    size_t *own = calloc((size_t)C, sizeof *own), *set = calloc((size_t)C, sizeof *set);
+    size_t *bch = calloc((size_t)W * (size_t)V, sizeof *bch);
+    plan_chunk *ch = calloc((size_t)V, sizeof *ch);
+    dt_status s = own && set && bch && ch ? dt_spec_infer(&sp, &o->input) : dt_error(DT_ERR_NOMEM, "plan: out of memory");
+    if (s == DT_OK) s = dt_pp_cut_chunks(&sp, P, V, t->stages, &cut);
     if (s == DT_OK) s = dt_pp_riders(&cut, sp.layers, sp.n, &ride, &nride);
-    if (s == DT_OK) s = dt_model_plan_ranges(t->model, &o->input, (int)b, &mo, P, cut.layer_lo, own, set);
-    if (s == DT_OK) s = dt_pp_build(dt_pp_find(t->pipeline_schedule), P, 1, stage, (int)k, &list);
+    if (s == DT_OK) s = dt_model_plan_ranges(t->model, &o->input, (int)b, &mo, C, cut.layer_lo, own, set);
+    if (s == DT_OK) s = dt_pp_build(dt_pp_find(t->pipeline_schedule), P, V, stage, (int)k, &list);
     if (s != DT_OK) goto done;
 
-    /* the stage's arrays: its kept range, the riders' floats, its own parameters */
     const int sharding = sh->optim_sharded || sh->grads_sharded;
-    size_t keep_lo, keep_hi, hp, hg, n = (size_t)mm->nparams;
-    dt_pp_keep(&cut, stage, dp, sharding, &keep_lo, &keep_hi);
-    dt_pp_rider_floats(ride, nride, stage, &hp, &hg);
-    const size_t keep = keep_hi - keep_lo, mine = cut.plo[stage + 1] - cut.plo[stage];
-    const size_t all = keep_hi > n ? keep_hi : n;   /* gathered: every stage's, and this one's padding */
-    int inputs, sets;
-    dt_pp_held(&list, &inputs, &sets);
-    if (t->recompute) sets = 1;   /* a backward runs its forward again */
-
-    /* activations: the model's fixed buffers (backward's, the head, the scratch, the
-     * arena), its layers' own, the stage's sets and the boundary tensors */
-    size_t own_all = 0;
-    for (int st = 0; st < P; st++) own_all += own[st];
-    const dt_layer *first = &sp.layers[cut.layer_lo[stage]], *last = &sp.layers[cut.layer_lo[stage + 1] - 1];
-    size_t bound = (stage > 0 ? (size_t)(inputs + 1) * (size_t)b * (size_t)first->in_numel * sizeof(float) : 0) +
-                   (stage < P - 1 ? (size_t)b * (size_t)last->out_numel * sizeof(float) : 0);
+    const size_t n = (size_t)mm->nparams;
+    size_t rlen = 0, own_all = 0;   /* a relay slot's floats; every layer's own buffers */
+    for (int r = 0; r < nride; r++) rlen += ride[r].len;
+    for (int c = 0; c < C; c++) own_all += own[c];
     size_t lp;
     const int keeps_copy = lp_rounding(o, pr, mm, &lp);
-    /* the start comes before mixed precision's scratch (dt_amp_init follows the stage's
-     * set-up) */
-    size_t acts = mm->bytes[DT_MEM_ACTS] + lp, a_start = acts - lp, a_step = acts + bound, a_gather = acts + bound;
-    if (!t->recompute) {   /* (recomputation keeps every layer's buffers: its blocks share one arena) */
-        size_t fixed = acts - own_all, stage_acts = sets > 1 ? (size_t)sets * set[stage] : own[stage];
-        a_start = fixed - lp + own_all + (sets > 1 ? stage_acts : 0);
-        a_step = fixed + stage_acts + bound;
-        a_gather = fixed + own_all - own[stage] + stage_acts + bound;
+    /* a model's activations: its fixed buffers (backward's, the head, the scratch, the
+     * arena, mixed precision's scratch) and every layer's own, or (recomputation, whose
+     * blocks share one arena) all of them in every chunk's model */
+    const size_t acts = mm->bytes[DT_MEM_ACTS] + lp, fixed = acts - own_all, bufs = mm->nbuffers * sizeof(float);
+    size_t keep_all = 0, rider_all = 0, mine_all = 0, copy_all = 0, tree_all = 0, relay_all = 0, bound_all = 0;
+    size_t acts_all = 0, all0 = n;
+    int64_t sends = 0;
+    char *mods = out->modules;
+    for (int j = 0; j < V; j++) {
+        plan_chunk *q = &ch[j];
+        q->c = j * P + stage;
+        size_t lo, hi;
+        dt_pp_keep(&cut, q->c, dp, sharding, &lo, &hi);
+        q->keep = hi - lo;
+        q->mine = cut.plo[q->c + 1] - cut.plo[q->c];
+        dt_pp_rider_floats(ride, nride, q->c, &q->rider);
+        int grads, unsent;
+        if ((s = dt_pp_chunk_held(&list, j, &q->inputs, &q->sets, &grads, &unsent)) != DT_OK) goto done;
+        if (t->recompute) q->sets = 1;   /* a backward runs its forward again */
+        if (q->c < C - 1 && grads < 1) grads = 1;
+        q->relay = (size_t)dt_pp_relay_slots(ride, nride, q->c, unsent, grads) * rlen;
+        const dt_layer *first = &sp.layers[cut.layer_lo[q->c]], *last = &sp.layers[cut.layer_lo[q->c + 1] - 1];
+        q->bound = ((q->c > 0 ? (size_t)(q->inputs + 1) * (size_t)first->in_numel : 0) +
+                    (q->c < C - 1 ? (size_t)grads * (size_t)last->out_numel : 0)) * (size_t)b * sizeof(float);
+        sends += k * b * ((q->c < C - 1 ? last->out_numel : 0) + (q->c > 0 ? first->in_numel : 0));
+        q->own = own[q->c];
+        q->acts = t->recompute ? acts : fixed + (q->sets > 1 ? (size_t)q->sets * set[q->c] : own[q->c]);
+        /* the rounded copy (lowp.c), partial: the GEMM weights of the chunk's range and of
+         * the tied tensors it reads */
+        if (keeps_copy) {
+            q->copy = dt_lowp_copy_floats(&sp, lo, hi);
+            for (int r = 0; r < nride; r++)
+                if (ride[r].user == q->c) q->copy += dt_lowp_copy_floats(&sp, ride[r].off, ride[r].off + ride[r].len);
+        }
+        q->tree = dt_ddp_tree_floats(sp.layers, sp.n, k, cut.plo[q->c], cut.plo[q->c + 1], 1);
+        if (j == 0) all0 = hi > n ? hi : n;   /* gathered: every chunk's, and its padding */
+        keep_all += q->keep, rider_all += q->rider, mine_all += q->mine, copy_all += q->copy;
+        tree_all += q->tree, relay_all += q->relay, bound_all += q->bound, acts_all += q->acts;
+        size_t at = (size_t)(mods - out->modules);   /* "A-B" a chunk, "A" for one module */
+        int ma = cut.mod_lo[q->c], mb = cut.mod_lo[q->c + 1] - 1, w = 0;
+        if (at < sizeof out->modules)
+            w = mb > ma ? snprintf(mods, sizeof out->modules - at, "%s%d-%d", j ? "," : "", ma, mb)
+                        : snprintf(mods, sizeof out->modules - at, "%s%d", j ? "," : "", ma);
+        if (w > 0) mods += w;
+        out->in_flight += q->sets;
+        out->inputs += q->c > 0 ? q->inputs : 0;
+    }
+    const plan_chunk *c0 = &ch[0];
+
+    /* activations at the start (before mixed precision's scratch: dt_amp_init follows the
+     * chunks' set-up), in a step (and the boundary tensors), and gathered */
+    size_t a_start = (size_t)V * (acts - lp), a_step = acts_all + bound_all, a_gather = a_step;
+    if (!t->recompute) {
+        const size_t F = fixed - lp;
+        size_t rest = 0;   /* the chunks built before chunk 0's model, or not yet set up */
+        for (int j = 1; j < V; j++) rest += F + ch[j].own;
+        a_start = rest + F + own_all;
+        size_t done = 0;
+        for (int j = 0; j < V; j++) {   /* chunk j's sets beside its layers' own buffers */
+            if (j > 0) rest -= F + ch[j].own;
+            size_t now = done + rest + F + ch[j].own + (ch[j].sets > 1 ? (size_t)ch[j].sets * set[ch[j].c] : 0);
+            if (now > a_start) a_start = now;
+            done += ch[j].acts - lp + ch[j].bound;
+        }
+        a_gather = a_step + own_all - c0->own;
     }
     size_t *B = out->bytes;
-    size_t bufs = mm->nbuffers * sizeof(float);
-    /* the rounded copy (lowp.c), partial: the GEMM weights of the stage's range and of the
-     * tied tensors it reads; all of them once an evaluation ran the gathered model (the
-     * end gathers without a forward: what the steps held) */
-    size_t copy = 0, copy_all = 0;
-    if (keeps_copy) {
-        copy = dt_lowp_copy_floats(&sp, keep_lo, keep_hi);
-        for (int i = 0; i < nride; i++)
-            if (ride[i].user == stage) copy += dt_lowp_copy_floats(&sp, ride[i].off, ride[i].off + ride[i].len);
-        copy *= (size_t)pr->copy_bytes;
-        copy_all = dt_lowp_copy_floats(&sp, 0, n) * (size_t)pr->copy_bytes;
-    }
-    size_t p_start = keep * (size_t)pr->master_bytes + bufs, p_step = p_start + hp * sizeof(float) + copy;
-    size_t p_gather = all * (size_t)pr->master_bytes + bufs + (t->eval ? copy_all : copy);
+    /* parameters: each chunk's kept range, buffers, the tied tensors it reads and its
+     * rounded copy; gathered, chunk 0 holds every one (and rounds all of them once an
+     * evaluation ran the gathered model; the end gathers without a forward) */
+    size_t copy_whole = keeps_copy ? dt_lowp_copy_floats(&sp, 0, n) : 0;
+    size_t p_start = keep_all * (size_t)pr->master_bytes + (size_t)V * bufs;
+    size_t p_step = p_start + (rider_all * sizeof(float) + copy_all * (size_t)pr->copy_bytes);
+    size_t p_gather = p_step - (c0->keep * (size_t)pr->master_bytes + c0->rider * sizeof(float)) +
+                      all0 * (size_t)pr->master_bytes;
+    if (t->eval) p_gather += (copy_whole - c0->copy) * (size_t)pr->copy_bytes;
     B[DT_MEM_PARAMS] = p_step > p_gather ? p_step : p_gather;
-    B[DT_MEM_GRADS] = (keep + hg) * (size_t)pr->grad_bytes +
-                      dt_ddp_tree_floats(sp.layers, sp.n, k, cut.plo[stage], cut.plo[stage + 1], 1) * sizeof(float);
-    B[DT_MEM_OPTIM] = (size_t)dt_optim_nstate_of(&cfg) * per_rank((int64_t)mine, pr->state_bytes, sh->optim_sharded, dp);
+    B[DT_MEM_GRADS] = (keep_all + rider_all) * (size_t)pr->grad_bytes + (tree_all + relay_all) * sizeof(float);
+    B[DT_MEM_OPTIM] = 0;
+    for (int j = 0; j < V; j++)
+        B[DT_MEM_OPTIM] += (size_t)dt_optim_nstate_of(&cfg) * per_rank((int64_t)ch[j].mine, pr->state_bytes,
+                                                                       sh->optim_sharded, dp);
     B[DT_MEM_ACTS] = a_start > a_step ? a_start : a_step;
     if (a_gather > B[DT_MEM_ACTS]) B[DT_MEM_ACTS] = a_gather;
-    if (sh->grad_bucket) {
+    if (sh->grad_bucket) {   /* each chunk's DDP */
         dt_ddp_opts d;
         dt_ddp_opts_default(&d);
         size_t bucket = t->bucket_mb > 0 ? (size_t)(t->bucket_mb * 1048576.0) : d.bucket_bytes;
-        B[DT_MEM_COMM] = bucket < mine * (size_t)pr->grad_bytes ? bucket : mine * (size_t)pr->grad_bytes;
+        for (int j = 0; j < V; j++)
+            B[DT_MEM_COMM] += bucket < ch[j].mine * (size_t)pr->grad_bytes ? bucket : ch[j].mine * (size_t)pr->grad_bytes;
     }
     size_t rings, one;
     if ((s = dt_comm_shm_plan(W, &rings)) != DT_OK || (s = dt_comm_shm_ring(W, &one)) != DT_OK) goto done;
     /* beyond the collectives' partners (halving/doubling on a power-of-two host: ranks
      * whose XOR is a power of two), a ring for each direction of traffic with another
-     * rank: both to a neighbouring stage, one from a tied tensor's owner to its user.
-     * Stage s of replica 0 is rank s. */
-    for (int nb = stage - 1; (W & (W - 1)) == 0 && nb <= stage + 1; nb++) {
-        int x = nb ^ stage, apart = nb >= 0 && nb < P && (x & (x - 1)) != 0;
-        if (nb != stage && apart) rings += 2 * one;
+     * rank: both to a neighbouring stage (with chunks, the last stage's neighbour is the
+     * first), one from a tied tensor's owner to its user. Stage s of replica 0 is rank s. */
+    int nb[4] = {stage - 1, stage + 1, V > 1 ? (stage + P - 1) % P : -1, V > 1 ? (stage + 1) % P : -1};
+    for (int i = 0; (W & (W - 1)) == 0 && i < 4; i++) {
+        int x = nb[i] ^ stage, seen = 0;
+        for (int e = 0; e < i; e++) seen |= nb[e] == nb[i];
+        if (!seen && nb[i] >= 0 && nb[i] < P && nb[i] != stage && (x & (x - 1)) != 0) rings += 2 * one;
     }
     for (int i = 0; (W & (W - 1)) == 0 && i < nride; i++) {
-        int peer = ride[i].owner == stage ? ride[i].user : ride[i].user == stage ? ride[i].owner : -1;
-        int x = peer ^ stage, d = peer - stage;
-        if (peer >= 0 && d != 1 && d != -1 && (x & (x - 1)) != 0) rings += one;
+        int so = ride[i].owner % P, su = ride[i].user % P;
+        int peer = so == stage ? su : su == stage ? so : -1, x = peer ^ stage, near = 0;
+        for (int e = 0; e < 4; e++) near |= nb[e] == peer;
+        if (peer >= 0 && peer != stage && !near && (x & (x - 1)) != 0) rings += one;
     }
     B[DT_MEM_COMM] += rings;
-    /* other: as the whole model's (every stage loads its replica's batch), and the norm's
-     * chunks that the stages' (or their shards') edges cut */
+    /* other: as the whole model's, a model's each chunk (every stage loads its replica's
+     * batch), and the norm's chunks that the chunks' (or their shards') edges cut */
     int64_t ss = dt_shape_numel(&o->input);
     dt_train_batch_bytes step = dt_train_batch_size(k * b, ss, o->labels, 0, 0);
     dt_train_batch_bytes eval = dt_train_batch_size(b, ss, o->labels, 0, 0);
     int nbc = dt_pp_norm_edges(&cut, dp, dt_shard_mode_grads(mode), DT_SUM_CHUNK, bch);
-    size_t o_step = mm->bytes[DT_MEM_OTHER] + step.x + step.y + (size_t)S * mm->nrecord * sizeof(float) +
-                    (size_t)(k + 1) * sizeof(float) + (size_t)nbc * DT_SUM_CHUNK * sizeof(float);
+    size_t o_step = (size_t)V * mm->bytes[DT_MEM_OTHER] + step.x + step.y + (size_t)S * mm->nrecord * sizeof(float) +
+                    (size_t)(k + 3) * sizeof(float) + (size_t)nbc * DT_SUM_CHUNK * sizeof(float);
     size_t o_eval = t->eval ? eval.x + eval.y : 0;
     B[DT_MEM_OTHER] = o_step + o_eval;
     /* the moments */
     const size_t comm = B[DT_MEM_COMM], g = B[DT_MEM_GRADS], opt = B[DT_MEM_OPTIM];
-    size_t m_start = p_start + keep * (size_t)pr->grad_bytes + a_start + rings + mm->bytes[DT_MEM_OTHER];
+    size_t m_start = p_start + keep_all * (size_t)pr->grad_bytes + a_start + rings + (size_t)V * mm->bytes[DT_MEM_OTHER];
     size_t m_step = p_step + g + opt + a_step + comm + o_step;
     size_t m_eval = t->eval ? p_gather + g + opt + a_gather + comm + o_step + o_eval : 0;
     size_t m_end = p_gather + g + a_gather + comm + o_step;
@@ -392,14 +450,11 @@ static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, cons
     out->local_micro = k;
     out->micro_size = b;
     out->stages = P;
+    out->chunks = V;
     out->stage = stage;
     out->replicas = dp;
-    out->mod_lo = cut.mod_lo[stage];
-    out->mod_hi = cut.mod_lo[stage + 1];
-    out->stage_params = (int64_t)mine;
-    out->in_flight = sets;
-    out->inputs = stage > 0 ? inputs : 0;
-    out->pipe_sends = k * b * ((stage < P - 1 ? last->out_numel : 0) + (stage > 0 ? first->in_numel : 0));
+    out->stage_params = (int64_t)mine_all;
+    out->pipe_sends = sends;
 done:
     dt_pp_list_free(&list);
     dt_pp_cut_free(&cut);
@@ -407,6 +462,7 @@ done:
     free(own);
     free(set);
     free(bch);
+    free(ch);
     dt_spec_free(&sp);
     return s;
 }

@@ -106,8 +106,8 @@ typedef struct {
     int64_t micro_batches, local_micro, micro_size;   /* S, k = S/W, b = B/S */
     dt_model_mem model;          /* the model's part (its activations at micro-batch b) */
     /* a pipeline (stages > 1): this estimate is stage `stage`'s rank */
-    int     stages, stage, replicas;
-    int     mod_lo, mod_hi;      /* its top-level modules [mod_lo, mod_hi) */
+    int     stages, stage, replicas, chunks;   /* chunks: a stage's (--virtual-stages) */
+    char    modules[48];         /* its top-level modules, "A-B", a run a chunk: "0-2,6-8" */
     int64_t stage_params;        /* its parameters */
     int     in_flight, inputs;   /* micro-batches whose activations it keeps, whose inputs it holds */
     int64_t pipe_sends;          /* floats it sends its neighbouring stages per step: its outputs

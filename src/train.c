@@ -786,7 +786,7 @@ static double planned_bytes(const trainer *t, const dt_dataset_info *info) {
     const dt_train_opts *o = t->o;
     const dt_plan_shard *sh = dt_plan_shard_find(o->shard ? o->shard : "none");
     const dt_plan_precision *pr = dt_plan_precision_find(o->precision ? o->precision : "fp32");
-    if (!sh || !pr || dt_train_pipe_chunks_(t) > 1) return 0.0;   /* the plan has no interleaved stages yet */
+    if (!sh || !pr) return 0.0;
     dt_plan_opts po = {.train = o, .world = t->world, .labels = info->label_width, .ops = t->ops};
     po.input.ndim = info->ndim;
     for (int i = 0; i < info->ndim; i++) po.input.d[i] = info->shape[i];

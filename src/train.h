@@ -75,7 +75,7 @@ typedef struct {
     double   flops_per_token;   /* START, token models: nanoGPT's estimate of the training FLOPs
                                  * per token, 6N + 12 L C T (N without the position table) */
     double   plan_bytes;        /* START: dtrain plan's estimate of a rank's peak accounted memory
-                                 * for this run (plan.h; 0: not planned, as with --pipeline) */
+                                 * for this run (plan.h; in a pipeline its stage's; 0: not planned) */
     uint64_t batch_hash;       /* STEP: fingerprint of the step's global batch (sample order) */
     double   threads;          /* STEP: rank 0's compute threads per step since the last STEP event,
                                 * as the tuner set them (adapt_threads; 0: the count is fixed) */

@@ -120,8 +120,8 @@ dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *spec);
 /* The parameters the current chunk's model keeps resident: its range, padded to whole shards
  * with --shard optim|grads (the model is built so: dt_model_layout's kept range). */
 void      dt_train_pipe_keep_(const trainer *t, size_t *lo, size_t *hi);
-/* After the current chunk's model is built, with several chunks a stage: its other
- * layers' activation buffers go back at once (not after every chunk's model is built). */
+/* After the current chunk's model is built: its other layers' activation buffers go back
+ * at once (before the next chunk's model is built or this one's activation sets taken). */
 dt_status dt_train_pipe_built_(trainer *t);
 /* This rank's stage of the built model: the schedule's list (checked for every stage),
  * the boundary buffers, the tied tensors it reads or relays. */

@@ -244,14 +244,8 @@ static dt_status hold_riders(trainer *t, pipe_chunk *ch) {
             ch->held_grads += bytes;
         }
     }
-    int need = 0;   /* slots: boundary gradients held before they are sent on, or backwarded */
-    for (int r = 0; r < p->nride; r++) {
-        const dt_pp_rider *R = &p->ride[r];
-        if (R->owner < ch->c && ch->c < R->user && ch->nrelay > need) need = ch->nrelay;
-        if (R->owner == ch->c && ch->c < R->user && ch->ngin > 1 && ch->ngin > need) need = ch->ngin;
-    }
-    ch->nrelay = need;
-    if (!need) return DT_OK;
+    ch->nrelay = dt_pp_relay_slots(p->ride, p->nride, ch->c, ch->nrelay, ch->ngin);
+    if (!ch->nrelay) return DT_OK;
     ch->relay = calloc((size_t)ch->nrelay, sizeof *ch->relay);
     if (!ch->relay) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
     for (int i = 0; i < ch->nrelay; i++)
@@ -383,11 +377,7 @@ static void put_text(train_pipe *p, size_t *len, size_t *cap, const char *s) {
 
 dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *sp) {
     train_pipe *p = t->pipe;
-    dt_status s = dt_pp_cut_spec(sp, t->pp * p->V, t->o->stages, &p->cut);
-    if (s != DT_OK && p->V > 1)   /* the cut's stages are the chunks */
-        return dt_error_wrap(s, "pipeline: %d stages x %d chunks (--virtual-stages) are %d chunks of the model: ", t->pp,
-                             p->V, t->pp * p->V);
-    DT_TRY(s);
+    DT_TRY(dt_pp_cut_chunks(sp, t->pp, p->V, t->o->stages, &p->cut));
     p->mod_lo = p->cut.mod_lo;
     p->layer_lo = p->cut.layer_lo;
     p->plo = p->cut.plo;
@@ -396,35 +386,13 @@ dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *sp) {
 
 dt_status dt_train_pipe_built_(trainer *t) {
     const train_pipe *p = t->pipe;
-    if (!p || p->V == 1) return DT_OK;   /* (one chunk: its set-up gives the others back) */
-    int c = p->ch[p->j].c;   /* the next chunk's model is built without this one's other layers */
+    if (!p) return DT_OK;
+    int c = p->ch[p->j].c;   /* the other layers' buffers go before the next chunk's model or this one's sets come */
     return dt_model_acts_only(t->model, p->layer_lo[c], p->layer_lo[c + 1]);
 }
 
 void dt_train_pipe_keep_(const trainer *t, size_t *lo, size_t *hi) {
     keep_of(t, t->pipe->ch[t->pipe->j].c, lo, hi);
-}
-
-/* Of chunk j in a list, the most at once of: the inputs held, the micro-batches kept
- * forwarded, the boundary gradients received and not yet backwarded (*grads), and those
- * not yet sent on (*unsent). */
-static dt_status held_of(const dt_pp_list *l, int j, int *inputs, int *sets, int *grads, int *unsent) {
-    dt_pp_list one = {.a = malloc((size_t)(l->n ? l->n : 1) * sizeof *l->a), .chunks = 1};
-    if (!one.a) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
-    int now = 0, held = 0;
-    *grads = *unsent = 0;
-    for (int i = 0; i < l->n; i++) {
-        if (l->a[i].chunk != j) continue;
-        one.a[one.n++] = l->a[i];
-        dt_pp_op op = l->a[i].op;
-        now += op == DT_PP_RECV_GRAD ? 1 : op == DT_PP_SEND_GRAD ? -1 : 0;
-        held += op == DT_PP_RECV_GRAD ? 1 : op == DT_PP_BWD && held > 0 ? -1 : 0;
-        if (now > *unsent) *unsent = now;
-        if (held > *grads) *grads = held;
-    }
-    dt_pp_held(&one, inputs, sets);
-    free(one.a);
-    return DT_OK;
 }
 
 /* Chunk j's boundary buffers and activation sets. */
@@ -437,7 +405,7 @@ static dt_status chunk_setup(trainer *t, pipe_chunk *ch, int j) {
     ch->out_n = (size_t)end->out_numel;
     /* from its list: the inputs, activation sets and boundary gradients it holds at once,
      * and the gradients it has not yet sent on (hold_riders sizes its relay slots by them) */
-    DT_TRY(held_of(&p->list, j, &ch->nslots, &ch->nsets, &ch->ngin, &ch->nrelay));
+    DT_TRY(dt_pp_chunk_held(&p->list, j, &ch->nslots, &ch->nsets, &ch->ngin, &ch->nrelay));
     if (t->o->recompute) ch->nsets = 1;   /* recomputation's stages run their forward again: the least memory */
     if (ch->nsets > 1)
         DT_TRY(dt_model_act_sets(ch->model, p->layer_lo[ch->c], p->layer_lo[ch->c + 1], ch->nsets));

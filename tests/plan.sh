@@ -8,8 +8,8 @@
 # per-rank memory shows in --rank-stats and the metrics file; the walls are named
 # (fits, the memory wall with the sharding and ranks that get past it, the compute
 # wall); pipelines (mlp and the gpt's tied embedding, 1f1b and gpipe, 2 stages on 2
-# processes and 2 x 2 on 4, with and without --recompute, --shard optim|grads): every
-# rank's peak against its stage's plan; bad flags exit 2 with one line naming the flag,
+# processes and 2 x 2 on 4, with and without --recompute, --shard optim|grads; the
+# interleaved schedule's chunks on 2 and 4 stages): every rank's peak against its stage's plan; bad flags exit 2 with one line naming the flag,
 # a pipeline the trainer refuses with the trainer's message.
 . "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
 D="$DT_BUILDDIR/dtrain"; R="$DT_BUILDDIR/dtrun"
@@ -144,15 +144,33 @@ compare_pipe gpt-p4-1f1b 4 4 "$G4" "tokens:$T/tok" "$GT" --batch 8 --micro-batch
 compare_pipe gpt-p2-bf16 2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4 --precision bf16
 compare_pipe gpt-p2-fp16-noeval 2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4 --precision fp16 --no-eval
 compare_pipe mlp-p2-fp16-gpipe 2 2 mlp $S "$E" --batch 64 --micro-batches 4 --precision fp16 --pipeline-schedule gpipe
+# the interleaved schedule: each stage's V chunks, each a model of its own (its kept
+# range, fixed buffers, activation sets and boundary slots; the tied head's relay slots
+# where a later micro-batch's part arrives first), built and set up chunk by chunk
+I="--pipeline-schedule interleaved --virtual-stages 2"
+compare_pipe gpt-p2-il 2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4 $I
+compare_pipe gpt-p2-il3 2 2 "$G4" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4 --pipeline-schedule interleaved \
+    --virtual-stages 3 --no-eval
+compare_pipe gpt-p4-il 4 4 "$G4" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 8 $I
+compare_pipe gpt-2x2-il-optim 4 2 "$G4" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 8 $I --shard optim
+compare_pipe gpt-p2-il-re 2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4 $I --recompute
+compare_pipe gpt-p2-il-bf16 2 2 "$G" "tokens:$T/tok" "$GT" --batch 8 --micro-batches 4 $I --precision bf16
 # the table: a row per stage, the largest named; the start event's plan is rank 0's stage's
 "$D" plan --model "$G" --np 2 --batch 8 --micro-batches 4 --pipeline 2 --shard none --precision fp32 > "$T/p1" 2>&1
 ok $? "plan --pipeline 2: the table"
 ok_grep "$T/p1" "^  pipeline: 2 stages x 1 replica, schedule 1f1b, 4 micro-batches per replica" "... names the layout"
 ok_grep "$T/p1" "^  0 +0-[0-9]+ +[0-9,]+ +2 .*<- the largest" "... stage 0 keeps 2 micro-batches in flight, the largest"
 ok_grep "$T/p1" "^  1 +[0-9]+-[0-9]+ +[0-9,]+ +1 " "... stage 1 keeps 1"
-p0=$(stage_plan "$T/gpt-p2-1f1b.plan" 0 total)
-grep -q "\"event\":\"start\".*\"plan_bytes\":${p0:-x}[,}]" "$T/gpt-p2-1f1b.jsonl"
-ok $? "the start event's plan_bytes is stage 0's estimate (${p0:-?})"
+for name in gpt-p2-1f1b gpt-p2-il; do
+    p0=$(stage_plan "$T/$name.plan" 0 total)
+    grep -q "\"event\":\"start\".*\"plan_bytes\":${p0:-x}[,}]" "$T/$name.jsonl"
+    ok $? "$name: the start event's plan_bytes is stage 0's estimate (${p0:-?})"
+done
+"$D" plan --model "$G" --np 2 --batch 8 --micro-batches 4 --pipeline 2 $I --shard none --precision fp32 > "$T/p2" 2>&1
+ok $? "plan --pipeline 2 --virtual-stages 2: the table"
+ok_grep "$T/p2" "^  pipeline: 2 stages x 1 replica, schedule interleaved with 2 chunks a stage, 4 micro-batches per replica" \
+    "... names the layout"
+ok_grep "$T/p2" "^  0 +0-[0-9]+,[0-9]+(-[0-9]+)? +[0-9,]+ +[0-9]+ " "... stage 0's row names its two chunks' modules"
 # bad flags exit 2 with one line naming the flag; what the trainer refuses, with its message
 bad() {   # bad WHAT PATTERN flags...
     what=$1 pat=$2; shift 2
@@ -170,7 +188,7 @@ bad "plan --pipeline: fewer micro-batches than stages" "pipeline: 1 micro-batche
     --model mlp --np 4 --pipeline 2 --micro-batches 2
 bad "plan --pipeline: --shard params" "pipeline: --shard params with --pipeline is not supported yet" \
     --model mlp --np 2 --pipeline 2 --shard params
-bad "plan --pipeline: interleaved chunks" "plan: --virtual-stages 2 .* is not planned yet; the trainer runs it" \
+bad "plan --pipeline: more chunks than modules" "pipeline: 2 stages x 2 chunks .--virtual-stages. are 4 chunks of the model: " \
     --model mlp --np 2 --pipeline 2 --pipeline-schedule interleaved --virtual-stages 2
 bad "plan --pipeline: chunks without the interleaved schedule" "virtual-stages needs the interleaved schedule" \
     --model mlp --np 2 --pipeline 2 --virtual-stages 2

@@ -270,6 +270,10 @@ int main(void) {
                  "RECV_ACT 2\nFWD 2\nRECV_GRAD 1\nSEND_ACT 2\nBWD 1\nSEND_GRAD 1\n"
                  "RECV_ACT 3\nFWD 3\nRECV_GRAD 2\nSEND_ACT 3\nBWD 2\nSEND_GRAD 2\n"
                  "RECV_GRAD 3\nBWD 3\nSEND_GRAD 3\n", "1f1b, stage 1 of 3, 4 micro-batches, as dumped");
+    int in = -1, sets = -1, grads = -1, unsent = -1;
+    dt_status hs = dt_pp_chunk_held(&l, 0, &in, &sets, &grads, &unsent);
+    ok(hs == DT_OK && in == 2 && sets == 2 && grads == 1 && unsent == 1, "... holds 2 inputs, 2 forwarded micro-batches, 1 boundary gradient, 1 unsent (%d %d %d %d)", in,
+       sets, grads, unsent);
     dt_pp_list_free(&l);
     /* interleaved, stage 1 of 2 with 2 chunks and 2 micro-batches, as dumped (micro.chunk):
      * 2 warm-up forwards, then one forward and one backward; its chunk 1 is the model's
@@ -281,6 +285,22 @@ int main(void) {
                  "FWD 0.1\nRECV_ACT 1.1\nBWD 0.1\nSEND_GRAD 0.1\nFWD 1.1\nBWD 1.1\nRECV_GRAD 0.0\nSEND_GRAD 1.1\n"
                  "BWD 0.0\nRECV_GRAD 1.0\nSEND_GRAD 0.0\nBWD 1.0\nSEND_GRAD 1.0\n",
            "interleaved, stage 1 of 2, 2 chunks, 2 micro-batches, as dumped");
+    /* its chunk 0 (the model's chunk 1) receives micro-batch 1's gradient before it sent
+     * 0's on: with a tied tensor owned by chunk 0 and read by chunk 3 it relays the
+     * head's parts in 2 slots; chunk 1 (the model's last, the user) receives none */
+    hs = dt_pp_chunk_held(&l, 0, &in, &sets, &grads, &unsent);
+    ok(hs == DT_OK && in == 2 && sets == 2 && grads == 1 && unsent == 2, "... its chunk 0 holds 2 inputs, 2 forwarded, 1 gradient, 2 unsent (%d %d %d %d)", in, sets, grads,
+       unsent);
+    dt_pp_rider tied = {.off = 0, .len = 100, .owner = 0, .user = 3};
+    ok(dt_pp_relay_slots(&tied, 1, 1, unsent, grads) == 2, "... so it keeps 2 relay slots");
+    hs = dt_pp_chunk_held(&l, 1, &in, &sets, &grads, &unsent);
+    ok(hs == DT_OK && in == 2 && sets == 1 && grads == 0 && unsent == 0, "... its chunk 1 holds 2 inputs, 1 forwarded, no gradient (%d %d %d %d)", in, sets, grads, unsent);
+    size_t reads;
+    dt_pp_rider_floats(&tied, 1, 3, &reads);
+    ok(dt_pp_relay_slots(&tied, 1, 3, unsent, grads) == 0 && reads == 100,
+       "... and no relay slot, but the tied tensor's 100 floats");
+    ok(dt_pp_relay_slots(&tied, 1, 0, 0, 1) == 0 && dt_pp_relay_slots(&tied, 1, 0, 0, 2) == 2,
+       "the owner keeps slots only where it holds more than one boundary gradient");
     dt_pp_list_free(&l);
     return done_testing();
 }

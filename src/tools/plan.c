@@ -24,7 +24,8 @@ static const char usage_plan[] =
     "usage: dtrain plan --model SPEC --np N [--precision fp32|bf16|fp16] [--shard none|optim|grads|params]\n"
     "                   [--batch B] [--micro-batches S] [--recompute] [--device-mem GB] [--optim NAME]\n"
     "                   [--backward-prefetch pre|post] [--input C,H,W | --data SPEC] [--no-eval] [--json]\n"
-    "                   [--pipeline P [--pipeline-schedule 1f1b|gpipe] [--stages auto|A-B,C-D,...]]\n"
+    "                   [--pipeline P [--pipeline-schedule 1f1b|gpipe|interleaved] [--virtual-stages V]\n"
+    "                   [--stages auto|A-B,C-D,...]]\n"
     "\n"
     "Prints the memory one rank holds when N processes train SPEC (`dtrain train`'s\n"
     "flags mean the same here), split into parameters, gradients, optimizer state,\n"
@@ -55,8 +56,11 @@ static const char usage_plan[] =
     "  --pipeline P          P pipeline stages: N/P replicas x P stages, each stage's rank\n"
     "                        planned (its modules, the micro-batches its schedule keeps in\n"
     "                        flight); the verdict is the largest stage's  [1]\n"
-    "  --pipeline-schedule S 1f1b or gpipe, as dtrain train  [1f1b]\n"
-    "  --stages auto|A-B,... the stages' top-level modules, as dtrain train  [auto]\n"
+    "  --pipeline-schedule S 1f1b, gpipe or interleaved, as dtrain train  [1f1b]\n"
+    "  --virtual-stages V    interleaved: V chunks a stage, each a model of its own (a row\n"
+    "                        per stage, its chunks' modules and memory together)  [1]\n"
+    "  --stages auto|A-B,... the stages' top-level modules (with V chunks, the P x V\n"
+    "                        chunks'), as dtrain train  [auto]\n"
     "  --json                one JSON line per row, in bytes\n"
     "Estimates follow the code that allocates (model, optimizer, DDP, trainer), so for\n"
     "--shard none in fp32 they are what `dtrain train --metrics` reports as the peak\n"
@@ -107,8 +111,8 @@ static void print_json(const dt_plan_opts *o, const plan_row *r, size_t capacity
                r->e.stages, r->e.replicas, o->train->pipeline_schedule, r->e.stage);
         for (int st = 0; st < r->e.stages; st++) {
             const dt_plan_estimate *e = &r->st[st];
-            printf("%s{\"stage\":%d,\"modules\":\"%d-%d\",\"nparams\":%lld,\"in_flight\":%d,", st ? "," : "", st,
-                   e->mod_lo, e->mod_hi - 1, (long long)e->stage_params, e->in_flight);
+            printf("%s{\"stage\":%d,\"modules\":\"%s\",\"nparams\":%lld,\"in_flight\":%d,", st ? "," : "", st,
+                   e->modules, (long long)e->stage_params, e->in_flight);
             for (int c = 0; c < DT_MEM_NCAT; c++) printf("\"%s\":%zu,", dt_mem_cat_name(c), e->bytes[c]);
             printf("\"total\":%zu,\"step_total\":%zu}", e->total, e->step_total);
         }
@@ -129,15 +133,15 @@ static void print_stages(const plan_row *r, double unit, const char *uname) {
     printf(" %9s\n", "step");
     for (int st = 0; st < r->e.stages; st++) {
         const dt_plan_estimate *e = &r->st[st];
-        char mods[24], np[32];
-        snprintf(mods, sizeof mods, "%d-%d", e->mod_lo, e->mod_hi - 1);
+        char np[32];
         commas(e->stage_params, np, sizeof np);
-        printf("  %-5d %-8s %11s %9d", st, mods, np, e->in_flight);
+        printf("  %-5d %-8s %11s %9d", st, e->modules, np, e->in_flight);
         for (int c = 0; c < DT_MEM_NCAT; c++) printf(" %9.2f", (double)e->bytes[c] / unit);
         printf(" %9.2f %9.2f%s\n", (double)e->total / unit, (double)e->step_total / unit,
                st == r->e.stage ? "  <- the largest" : "");
     }
-    printf("  (in flight: the micro-batches whose activations the stage keeps; step: the training step's total)\n");
+    printf("  (in flight: the micro-batches whose activations the stage keeps, with chunks summed over them; step:\n"
+           "  the training step's total)\n");
 }
 
 /* "1,234,567" */
@@ -165,9 +169,12 @@ static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size
     dt_optim_config cfg;
     int nstate = dt_train_optim_config(t, &cfg) == DT_OK ? dt_optim_nstate_of(&cfg) : 0;
     printf("dtrain plan: %s, %s parameters, %d rank%s\n", t->model, np, o->world, o->world == 1 ? "" : "s");
-    if (e->stages > 1)
-        printf("  pipeline: %d stages x %d replica%s, schedule %s, %lld micro-batches per replica\n", e->stages,
-               e->replicas, e->replicas == 1 ? "" : "s", t->pipeline_schedule, (long long)e->local_micro);
+    if (e->stages > 1) {
+        char with[48] = "";
+        if (e->chunks > 1) snprintf(with, sizeof with, " with %d chunks a stage", e->chunks);
+        printf("  pipeline: %d stages x %d replica%s, schedule %s%s, %lld micro-batches per replica\n", e->stages,
+               e->replicas, e->replicas == 1 ? "" : "s", t->pipeline_schedule, with, (long long)e->local_micro);
+    }
     printf("  global batch %lld%s in %lld micro-batch%s of %lld (%lld per %s), %s (%d state array%s), "
            "recompute %s\n", (long long)t->batch, batch_note, (long long)e->micro_batches,
            e->micro_batches == 1 ? "" : "es", (long long)e->micro_size, (long long)e->local_micro,
