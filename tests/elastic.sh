@@ -4,7 +4,8 @@
 # and ranks SIGKILLed, at a step drawn by the test) and the job goes on with fewer ranks;
 # a spare takes a lost node's place; too few nodes end the job naming the lost node and
 # the newest checkpoint. Every run that finishes ends with the weights of one process,
-# byte for byte. Then the refusals: MIN > MAX, one node only, a size that can never be
+# byte for byte (pipelines too: 2 stages, and 2 stages of 2 chunks from in-memory
+# snapshots). Then the refusals: MIN > MAX, one node only, a size that can never be
 # exact, a program that does not say its sizes, dtrain without --micro-batches, MIN not
 # reached, a node with another secret, mpirun. All of it beside two busy loops (the
 # machine under load; DT_ELASTIC_BUSY=0 leaves them out); DT_ELASTIC_TRIALS=N repeats the
@@ -25,7 +26,7 @@ if [ "${DT_ELASTIC_BUSY:-1}" != 0 ]; then
 fi
 export DT_JOB_SECRET=elastic-test-secret-0123456789abcdef
 STEPS=12000
-echo "flatten linear(128) relu linear(128) relu linear(4)" > "$T/model"
+echo "flatten linear(128) relu linear(64) relu linear(64) relu linear(4)" > "$T/model"   # 4 modules: 2 x 2 chunks
 DATA=synthetic:2048,1,16,16,4
 TRAIN="train --data $DATA --model @$T/model --batch 32 --micro-batches 4 --epochs 200 --steps $STEPS --no-eval --log-every 100 --threads 1 --quiet"
 
@@ -55,6 +56,8 @@ wait_count() {
     [ "$(grep -Ec -- "$2" "$1")" -ge "$3" ]
 }
 show() { for f in "$@"; do diag "$f:"; sed 's/^/#   /' "$f" | tail -12; done; }
+# The memory directory of the dtrun whose pid is $1 (its in-memory snapshots).
+snapdir() { ls -d /dev/shm/dtrain-"$1"-*-snap 2>/dev/null | head -1; }
 # A step drawn after the last change to a world of $2 ranks in metrics file $1: its first
 # step + $3 + a random part below $4.
 draw_step() {
@@ -175,6 +178,34 @@ ok_grep "$T/pipe.err0" "^dtrun: membership: node 1 \(.*\) lost: its connection c
 cmp -s "$T/ref.st" "$T/pipe.st"; ok $? "a pipeline grown to 2 replicas and back: the same weight bytes as one process"
 TRAIN=$TRAIN_SAVE
 
+# ---- the interleaved schedule, from memory: 2 stages of 2 chunks, nodes of 2 ranks -------
+# (--shard optim, --snapshot-every 10, no checkpoint directory): a rank's snapshot is a
+# piece per chunk, and each piece lies on the other node too. Node 1 joins and is
+# SIGKILLed at a drawn step; node 0 goes on from its pieces and node 1's copies.
+TRAIN_SAVE=$TRAIN
+TRAIN="$TRAIN --pipeline 2 --pipeline-schedule interleaved --virtual-stages 2 --shard optim --snapshot-every 10"
+port=$(free_port)
+(exec "$DTRUN" -n 2 --nnodes 1:2 --node-rank 0 --master-port "$port" --heartbeat-timeout 5 --grace 20 \
+    --rdzv-last-call 0.3 "$D" $TRAIN --resume auto --metrics "$T/$tok/il.m.jsonl" --save "$T/il.st" \
+    > "$T/il.out0" 2> "$T/il.err0") & v0=$!
+wait_line "$T/il.out0" "no snapshot yet: starting from step 0" 60
+ok $? "node 0 runs one pipeline of 2 stages x 2 chunks"
+ok_grep "$T/il.err0" "world sizes that keep the result exact: 2 and 4$" "the exact sizes are whole pipelines (2 and 4)"
+s0=$(snapdir $v0)
+(exec "$DTRUN" -n 2 --nnodes 1:2 --node-rank 1 --master-port "$port" --heartbeat-timeout 5 --grace 20 \
+    --rdzv-last-call 0.3 "$D" $TRAIN --resume auto --metrics "$T/$tok/il1.m.jsonl" > "$T/il.out1" 2> "$T/il.err1") & v1=$!
+wait_line "$T/$tok/il.m.jsonl" '"event":"membership".*"world_size":4' 60
+r=$?; ok $r "node 1 joins: 2 replicas of the pipeline on 4 ranks"
+[ $r -eq 0 ] || show "$T/il.err0" "$T/il.err1" "$T/il.out1"
+lose_at "$T/$tok/il.m.jsonl" 4 50 1500 "$s0" $v1 $v0 "node 1 of 2 nodes x 2 ranks, interleaved, memory"
+[ "$rc0" -eq 0 ] || show "$T/il.err0" "$T/il.out0"
+r=$(sed -n 's/.*"event":"membership","step":[0-9]*,"resumed_after":\([0-9]*\),"world_size":2.*/\1/p' "$T/$tok/il.m.jsonl" | tail -1)
+[ -n "$r" ] && [ "$r" -ge "$kept" ]; ok $? "resumed after step ${r:-none}, the newest snapshot when node 1 died ($kept or later)"
+ok_grep "$T/il.out0" "^\[rank0\]:dtrain: resumed from the nodes' in-memory snapshot of step $r(;|$)" \
+    "node 0 held every chunk's piece: its own and node 1's copies, nothing copied"
+cmp -s "$T/ref.st" "$T/il.st"; ok $? "interleaved, grown, shrunk, sharded, from memory: the same weight bytes as one process"
+TRAIN=$TRAIN_SAVE
+
 # ---- a spare takes a lost node's place -------------------------------------------------
 # 3 nodes of 1 rank, --micro-batches 2: worlds 1 and 2 keep the bits, so 2 work, 1 waits
 TRAIN2=$(echo "$TRAIN" | sed 's/--micro-batches 4/--micro-batches 2/')
@@ -230,7 +261,6 @@ port=$(free_port)
     > "$T/mem.out0" 2> "$T/mem.err0") & m0=$!
 wait_line "$T/mem.err0" "^dtrun: warning: the program has no --checkpoint-dir: its state lives only in the nodes' memory" 60
 ok $? "no --checkpoint-dir: dtrun says the state lives in the nodes' memory only"
-snapdir() { ls -d /dev/shm/dtrain-"$1"-*-snap 2>/dev/null | head -1; }
 wait_line "$T/mem.out0" "no snapshot yet: starting from step 0" 60
 s0=$(snapdir $m0)
 [ -n "$s0" ] && [ -d "$s0" ]; ok $? "node 0's dtrun made its memory directory (${s0:-none})"
