@@ -49,6 +49,16 @@ node() {
         --rdzv-last-call 0.3 "$@" "$D" $TRAIN --checkpoint-dir "$T/$tok/$nm" --checkpoint-every "${EVERY:-200}" --resume auto \
         --metrics "$T/$nm.m.jsonl" --save "$T/$nm.st" > "$T/$nm.out$r" 2> "$T/$nm.err$r") &
 }
+# memnode NAME R ARGS...: node R of 2 (2 ranks each) of a job with no checkpoint
+# directory (its state in the nodes' memory), in the background ($! is dtrun's pid);
+# metrics in $T/$tok/NAME.m.jsonl (node 0) or NAMER.m.jsonl, output in $T/NAME.outR and
+# $T/NAME.errR; ARGS go to the program
+memnode() {
+    nm=$1; r=$2; shift 2
+    mf="$T/$tok/$nm.m.jsonl"; [ "$r" -gt 0 ] && mf="$T/$tok/$nm$r.m.jsonl"
+    (exec "$DTRUN" -n 2 --nnodes 1:2 --node-rank "$r" --master-port "$port" --heartbeat-timeout 5 --grace 20 \
+        --rdzv-last-call 0.3 "$D" $TRAIN --resume auto --metrics "$mf" "$@" > "$T/$nm.out$r" 2> "$T/$nm.err$r") &
+}
 # Wait (at most 60 s) until file $1 holds at least $3 lines matching $2.
 wait_count() {
     i=0
@@ -185,15 +195,12 @@ TRAIN=$TRAIN_SAVE
 TRAIN_SAVE=$TRAIN
 TRAIN="$TRAIN --pipeline 2 --pipeline-schedule interleaved --virtual-stages 2 --shard optim --snapshot-every 10"
 port=$(free_port)
-(exec "$DTRUN" -n 2 --nnodes 1:2 --node-rank 0 --master-port "$port" --heartbeat-timeout 5 --grace 20 \
-    --rdzv-last-call 0.3 "$D" $TRAIN --resume auto --metrics "$T/$tok/il.m.jsonl" --save "$T/il.st" \
-    > "$T/il.out0" 2> "$T/il.err0") & v0=$!
+memnode il 0 --save "$T/il.st"; v0=$!
 wait_line "$T/il.out0" "no snapshot yet: starting from step 0" 60
 ok $? "node 0 runs one pipeline of 2 stages x 2 chunks"
 ok_grep "$T/il.err0" "world sizes that keep the result exact: 2 and 4$" "the exact sizes are whole pipelines (2 and 4)"
 s0=$(snapdir $v0)
-(exec "$DTRUN" -n 2 --nnodes 1:2 --node-rank 1 --master-port "$port" --heartbeat-timeout 5 --grace 20 \
-    --rdzv-last-call 0.3 "$D" $TRAIN --resume auto --metrics "$T/$tok/il1.m.jsonl" > "$T/il.out1" 2> "$T/il.err1") & v1=$!
+memnode il 1; v1=$!
 wait_line "$T/$tok/il.m.jsonl" '"event":"membership".*"world_size":4' 60
 r=$?; ok $r "node 1 joins: 2 replicas of the pipeline on 4 ranks"
 [ $r -eq 0 ] || show "$T/il.err0" "$T/il.err1" "$T/il.out1"
@@ -256,16 +263,13 @@ TRAIN=$TRAIN_SAVE
 # node 0 goes on from the snapshot in memory, its own shards and node 1's copies.
 TRAIN_SAVE=$TRAIN; TRAIN="$TRAIN --shard grads --snapshot-every 10"
 port=$(free_port)
-(exec "$DTRUN" -n 2 --nnodes 1:2 --node-rank 0 --master-port "$port" --heartbeat-timeout 5 --grace 20 \
-    --rdzv-last-call 0.3 "$D" $TRAIN --resume auto --metrics "$T/$tok/mem.m.jsonl" --save "$T/mem.st" \
-    > "$T/mem.out0" 2> "$T/mem.err0") & m0=$!
+memnode mem 0 --save "$T/mem.st"; m0=$!
 wait_line "$T/mem.err0" "^dtrun: warning: the program has no --checkpoint-dir: its state lives only in the nodes' memory" 60
 ok $? "no --checkpoint-dir: dtrun says the state lives in the nodes' memory only"
 wait_line "$T/mem.out0" "no snapshot yet: starting from step 0" 60
 s0=$(snapdir $m0)
 [ -n "$s0" ] && [ -d "$s0" ]; ok $? "node 0's dtrun made its memory directory (${s0:-none})"
-(exec "$DTRUN" -n 2 --nnodes 1:2 --node-rank 1 --master-port "$port" --heartbeat-timeout 5 --grace 20 \
-    --rdzv-last-call 0.3 "$D" $TRAIN --resume auto --metrics "$T/$tok/mem1.m.jsonl" > "$T/mem.out1" 2> "$T/mem.err1") & m1=$!
+memnode mem 1; m1=$!
 wait_line "$T/$tok/mem.m.jsonl" '"event":"membership".*"world_size":4' 60
 r=$?; ok $r "node 1 joins: 4 ranks"
 [ $r -eq 0 ] || show "$T/mem.err0" "$T/mem.err1" "$T/mem.out1"
