@@ -320,8 +320,7 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     /* keep the loader one step ahead */
     if (t->queued < t->total) DT_TRY(queue_step(t, t->queued++));
 
-    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
-        dt_train_pipe_use_(t, j);
+    DT_TRAIN_EACH_CHUNK(t, j) {
         dt_amp_begin_step(t->amp);   /* fp16: backward of the loss x the scale */
     }
     double pipe_wait = 0.0;   /* a pipeline stage's waits for its neighbours */
@@ -354,9 +353,8 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     }
     double t2 = dt_now();
     double wait = 0.0;
-    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
+    DT_TRAIN_EACH_CHUNK(t, j) {
         double w = 0.0;
-        dt_train_pipe_use_(t, j);
         DT_TRY(dt_ddp_finish(t->ddp, &w));
         DT_TRY(dt_shard_reduce(t->shard));
         wait += w;
@@ -405,10 +403,8 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
     float lr = dt_schedule_lr(&t->sched, g);
     if (dt_testing_fault() == DT_FAULT_LR_RANK1 && t->rank == 1) lr *= 2.0f;  /* planted bug (testing.h) */
     if (!one) DT_TRY(check_norm(g, norm));
-    for (int j = dt_train_pipe_chunks_(t) - 1; !skip && j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
-        dt_train_pipe_use_(t, j);
-        DT_TRY(dt_shard_step(t->shard, t->optim, lr, unscale));
-    }
+    if (!skip)
+        DT_TRAIN_EACH_CHUNK(t, j) DT_TRY(dt_shard_step(t->shard, t->optim, lr, unscale));
     if (!skip && t->pipe) DT_TRY(dt_train_pipe_after_step_(t));
     if (d3 >= 0) {
         char sd[48];
@@ -581,8 +577,7 @@ static dt_status setup_model(trainer *t) {
     DT_TRY(dt_precision_parse(o->precision, &mo.act_dtype));   /* what dt_amp_init sets the model to */
     DT_TRY(dt_shard_layout(nparams, t->dp_comm, t->mode, &mo.layout));
     const dt_model_layout whole = mo.layout;
-    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage: a model a chunk, 0's last */
-        dt_train_pipe_use_(t, j);
+    DT_TRAIN_EACH_CHUNK(t, j) {   /* a model a chunk */
         mo.layout = whole;
         if (t->pipe) {   /* a chunk keeps its own parameters and gradients only */
             dt_train_pipe_keep_(t, &mo.layout.keep_lo, &mo.layout.keep_hi);
@@ -615,8 +610,7 @@ static dt_status setup_chunk(trainer *t);
 /* Where each part of the state lives and how gradients meet: sharding, mixed
  * precision, the optimizer over this rank's range, DDP's buckets. */
 static dt_status setup_parallel(trainer *t) {
-    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
-        dt_train_pipe_use_(t, j);
+    DT_TRAIN_EACH_CHUNK(t, j) {
         DT_TRY(setup_chunk(t));
     }
     return t->pipe ? dt_train_pipe_norm_setup_(t) : DT_OK;
@@ -687,8 +681,7 @@ static dt_status setup_buffers(trainer *t) {
  * parameters each rank then keeps its shard only. */
 static dt_status setup_start(trainer *t) {
     if (t->resume) DT_TRY(dt_train_resume_restore_(t));
-    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
-        dt_train_pipe_use_(t, j);
+    DT_TRAIN_EACH_CHUNK(t, j) {
         DT_TRY(dt_ddp_sync_start(t->ddp));
     }
     if (t->pipe) DT_TRY(dt_train_pipe_after_step_(t));   /* a tied head's weight, from its owner */
@@ -908,8 +901,7 @@ static dt_status run_loop(trainer *t, dt_train_result *res) {
         DT_TRY(dt_shard_release_grads(t->shard));
         DT_TRY(dt_shard_gather_root(t->shard));
     } else {
-        for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
-            dt_train_pipe_use_(t, j);
+        DT_TRAIN_EACH_CHUNK(t, j) {
             DT_TRY(dt_ddp_check_equal(t->ddp));   /* each chunk's range over its replicas */
             if (!t->pipe) continue;
             dt_optim_free(t->optim);   /* the whole model comes next: the optimizer state goes first */

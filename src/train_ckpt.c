@@ -366,8 +366,7 @@ dt_status dt_train_resume_restore_(trainer *t) {
     /* the tensors first: another model gets the message naming the first tensor that
      * differs. A rank reads the parameters it holds (its shard with --shard params) and
      * its range of the optimizer state, from a sharded checkpoint or not. */
-    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0; j--) {   /* a pipeline stage's chunks, 0's last */
-        dt_train_pipe_use_(t, j);
+    DT_TRAIN_EACH_CHUNK(t, j) {
         size_t lo, len, n = dt_model_nparams(t->model), plo = 0, phi = n;
         dt_shard_range(t->shard, &lo, &len);
         if (dt_shard_params_sharded(t->shard)) plo = lo, phi = lo + len;

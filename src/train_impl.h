@@ -111,6 +111,11 @@ dt_status dt_train_pipe_world_(trainer *t);
 void      dt_train_pipe_use_(trainer *t, int j);
 int       dt_train_pipe_chunks_(const trainer *t);
 #define DT_TRAIN_MAX_CHUNKS 64   /* --virtual-stages at most */
+/* A phase that goes chunk by chunk: the loop's body runs for j = V - 1 down to 0 with chunk
+ * j's objects the trainer's, chunk 0's last (so they are the trainer's after it); once,
+ * for the whole model or the stage, without chunks. */
+#define DT_TRAIN_EACH_CHUNK(t, j) \
+    for (int j = dt_train_pipe_chunks_(t) - 1; j >= 0 && (dt_train_pipe_use_((t), j), 1); j--)
 /* fp16: the other chunks' loss scalers take chunk 0's state (after its decision over all
  * of the stage's chunks, or a resume); chunk 0's objects are the trainer's after it. */
 void      dt_train_pipe_amp_follow_(trainer *t);
