@@ -25,9 +25,9 @@
 #      collective on device and on host buffers, the deterministic mode, a mismatch, a rank
 #      that never arrives; and dtrain train --device cuda --backend nccl on 2 emulated
 #      ranks against the cpu run's losses; and sharding and pipelines there (a small gpt,
-#      fp32 and bf16: every --shard mode and --pipeline 2 bitwise --shard none, device
-#      memory sparse in granules that an unmapped touch faults on, --shard params peaking
-#      lower).
+#      fp32 and bf16: every --shard mode and --pipeline 2 (1f1b, gpipe, interleaved)
+#      bitwise --shard none, device memory sparse in granules that an unmapped touch
+#      faults on, --shard params peaking lower).
 # Works in any build (needs g++ and libdtrain); parts 3 and 4 skip, saying why.
 . "$DT_SRCDIR/tests/tap.sh"
 . "$DT_SRCDIR/tests/gpu_lib.sh"
@@ -534,9 +534,10 @@ if [ $nccl_build = 1 ]; then
     for prec in fp32 bf16; do
         shard2 ref-$prec --precision $prec --shard none
         ok $? "gpt on 2 emulated ranks, $prec, --shard none"
-        for mode in optim grads params in-place tcp recompute cudamalloc pipe-nccl pipe-tcp; do
+        for mode in optim grads params in-place tcp recompute cudamalloc pipe-nccl pipe-tcp pipe-il; do
             case $mode in
             pipe-nccl) shard2 $mode-$prec --precision $prec --pipeline 2 ;;
+            pipe-il) shard2 $mode-$prec --precision $prec --pipeline 2 --pipeline-schedule interleaved --virtual-stages 2 ;;
             pipe-tcp) BK=tcp shard2 $mode-$prec --precision $prec --pipeline 2 --pipeline-schedule gpipe ;;
             cudamalloc) DT_CUDA_VMM=0 shard2 $mode-$prec --precision $prec --shard params --shard-unit-mb 0.001 ;;
             recompute) shard2 $mode-$prec --precision $prec --shard params --shard-unit-mb 0.001 --recompute \
@@ -555,6 +556,7 @@ if [ $nccl_build = 1 ]; then
             cudamalloc) what="--shard params with DT_CUDA_VMM=0 (cudaMalloc'd arrays: nothing given back)" ;;
             pipe-nccl) what="--pipeline 2 (1f1b, boundary tensors over NCCL from device memory)" ;;
             pipe-tcp) what="--pipeline 2 (gpipe, over the tcp backend, staged through host memory)" ;;
+            pipe-il) what="--pipeline 2 of 2 chunks a stage (interleaved, over NCCL)" ;;
             *) what="--shard $mode" ;;
             esac
             ok $same "$prec: $what gives bitwise the weights of --shard none on the emulated GPUs"
