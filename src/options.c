@@ -241,10 +241,11 @@ static const dt_opt_row rows[] = {
      .help = "--pipeline-schedule interleaved: cut the model into\n"
              "P x V chunks, stage s running chunks s, s + P, ...\n"
              "(the bubble shrinks V times)"},
-    {.field = "stages", .flag = "--stages", .arg = "auto|A-B,C-D,...", .type = DT_OPT_STR, .off = F(stages),
+    {.field = "stages", .flag = "--stages", .arg = "auto|params|A-B,C-D,...", .type = DT_OPT_STR, .off = F(stages),
      .def = "auto", .where = DT_OPT_LAYOUT | DT_OPT_PLAN, .sec = DT_OPT_SEC_DIST, .example = "0-1,2-3",
      .help = "--pipeline: the top-level modules of each stage, by\n"
-             "index (auto: balanced by parameters and activations)"},
+             "index (auto: balanced by their compute; params: by\n"
+             "the parameters each stage owns, for memory)"},
     {.field = "schedule_dump", .flag = "--schedule-dump", .type = DT_OPT_ON, .off = F(schedule_dump),
      .where = DT_OPT_LAYOUT, .sec = DT_OPT_SEC_DIST, .example = "1", .help = "--pipeline: print each stage's actions at the start"},
     {.field = "backward_prefetch", .flag = "--backward-prefetch", .arg = "pre|post", .type = DT_OPT_STR,

@@ -117,7 +117,8 @@ typedef struct {
 } dt_pp_cut;
 
 /* The cut of an inferred spec: text "auto" (or NULL) balances the modules' planned work
- * (twice their GEMM weights per position plus their outputs), "0-3,4-7" names the runs.
+ * (twice their GEMM weights per position plus their outputs), "params" the parameters
+ * they own (the state a stage holds), "0-3,4-7" names the runs.
  * DT_ERR_INVALID (the trainer's messages) for fewer modules, or modules with parameters,
  * than stages, a bad or incomplete list, a stage without parameters. Free with
  * dt_pp_cut_free. */

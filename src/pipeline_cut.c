@@ -110,8 +110,8 @@ static dt_status parse_stages(const char *text, int n, int P, int *mod_lo) {
     mod_lo[P] = n;
     return DT_OK;
 bad:
-    return dt_error(DT_ERR_INVALID, "stages: expected auto or %d runs of module indices such as 0-3,4-7, got '%s'", P,
-                    text);
+    return dt_error(DT_ERR_INVALID, "stages: expected auto, params or %d runs of module indices such as 0-3,4-7, got "
+                    "'%s'", P, text);
 }
 
 dt_status dt_pp_cut_spec(const dt_spec *sp, int P, const char *text, dt_pp_cut *out) {
@@ -132,13 +132,16 @@ dt_status dt_pp_cut_spec(const dt_spec *sp, int P, const char *text, dt_pp_cut *
                       ? DT_OK : dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
     if (s == DT_OK) {
         dt_spec_modules(sp, cuts);
+        /* auto: the planned work; params: the parameters a module owns (a stage's state) */
+        const int by_params = text && !strcmp(text, "params");
         for (int i = 0; i < nm; i++) {
             size_t a, b;
-            cost[i] = module_cost(sp, cuts[i], cuts[i + 1]);
             layer_params(sp, cuts[i], cuts[i + 1], 0, &a, &b);
+            cost[i] = by_params ? (double)(b - a) : module_cost(sp, cuts[i], cuts[i + 1]);
             has[i] = b > a;
         }
-        s = !text || !strcmp(text, "auto") ? balance(cost, has, nm, P, out->mod_lo) : parse_stages(text, nm, P, out->mod_lo);
+        s = !text || !strcmp(text, "auto") || by_params ? balance(cost, has, nm, P, out->mod_lo)
+                                                        : parse_stages(text, nm, P, out->mod_lo);
     }
     for (int st = 0; s == DT_OK && st <= P; st++) out->layer_lo[st] = cuts[out->mod_lo[st]];
     size_t at = 0;

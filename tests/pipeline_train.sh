@@ -83,6 +83,10 @@ v1=$(sed -n 's/.*val loss \([0-9.]*\).*/\1/p' "$T/g1.out"); v4=$(sed -n 's/.*val
 [ -n "$v1" ] && [ "$v1" = "$v4" ]; ok $? "validation on 4 stages gives one process's loss ($v1 / $v4)"
 [ "$(grep -c 'final loss' "$T/g441f1b.out")" = 1 ]; ok $? "and is printed by rank 0 alone"
 run grc 2 $G --pipeline 2 --recompute; same g1 grc "--recompute with a pipeline (forwards run again) gives the same bits"
+# the cut by parameters: the tied embedding's stage takes fewer blocks
+run gpar 2 $G --pipeline 2 --stages params; same g1 gpar "--stages params gives the weights of 1 process"
+ok_grep "$T/g221f1b.out" "stage:modules:parameters 0:0-6:34112 1:7-10:12768" "auto balances the work (the head's on stage 1)"
+ok_grep "$T/gpar.out" "stage:modules:parameters 0:0-4:21408 1:5-10:25472" "params balances the parameters each stage owns"
 # sharding over each stage's replicas (the norm's chunks cut by shard and stage edges)
 for cfg in "4 2 optim" "4 2 grads" "2 2 grads" "4 4 grads"; do
     set -- $cfg
@@ -235,7 +239,7 @@ refuse "a world that is no multiple of the stages" 2 "2 processes cannot hold wh
 refuse "a cut that leaves modules out" 2 "leaves modules 6-8 out" --model "$MLP" $A1 --pipeline 2 --stages 0-2,3-5
 refuse "a cut that does not follow on" 2 "stage 1 is modules 4-8; expected a run starting at module 3" \
     --model "$MLP" $A1 --pipeline 2 --stages 0-2,4-8
-refuse "a malformed cut" 2 "expected auto or 2 runs of module indices" --model "$MLP" $A1 --pipeline 2 --stages 0-3
+refuse "a malformed cut" 2 "expected auto, params or 2 runs of module indices" --model "$MLP" $A1 --pipeline 2 --stages 0-3
 refuse "more stages than modules with parameters" 4 "fewer than the 4 stages" \
     --model "flatten linear(8) relu linear(4)" $A1 --pipeline 4
 refuse "an unknown schedule" 2 "expected gpipe, 1f1b or interleaved, got 'zb'" --model "$MLP" $A1 --pipeline 2 --pipeline-schedule zb
