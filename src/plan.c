@@ -318,7 +318,8 @@ static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, cons
     size_t keep_all = 0, rider_all = 0, mine_all = 0, copy_all = 0, tree_all = 0, relay_all = 0, bound_all = 0;
     size_t acts_all = 0, all0 = n;
     int64_t sends = 0;
-    char *mods = out->modules;
+    char *mods = out->modules;   /* (zeroed with *out) */
+    int cut_off = 0;
     for (int j = 0; j < V; j++) {
         plan_chunk *q = &ch[j];
         q->c = j * P + stage;
@@ -349,12 +350,13 @@ static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, cons
         if (j == 0) all0 = hi > n ? hi : n;   /* gathered: every chunk's, and its padding */
         keep_all += q->keep, rider_all += q->rider, mine_all += q->mine, copy_all += q->copy;
         tree_all += q->tree, relay_all += q->relay, bound_all += q->bound, acts_all += q->acts;
-        size_t at = (size_t)(mods - out->modules);   /* "A-B" a chunk, "A" for one module */
-        int ma = cut.mod_lo[q->c], mb = cut.mod_lo[q->c + 1] - 1, w = 0;
-        if (at < sizeof out->modules)
-            w = mb > ma ? snprintf(mods, sizeof out->modules - at, "%s%d-%d", j ? "," : "", ma, mb)
-                        : snprintf(mods, sizeof out->modules - at, "%s%d", j ? "," : "", ma);
-        if (w > 0) mods += w;
+        int ma = cut.mod_lo[q->c], mb = cut.mod_lo[q->c + 1] - 1;   /* "A-B" a chunk, "A" for one module */
+        char run[32];
+        if (mb > ma) snprintf(run, sizeof run, "%s%d-%d", j ? "," : "", ma, mb);
+        else snprintf(run, sizeof run, "%s%d", j ? "," : "", ma);
+        size_t room = sizeof out->modules - strlen(mods) - 1, more = j + 1 < V ? 4 : 0;   /* ",..." may follow */
+        if (!cut_off && strlen(run) + more <= room) strcat(mods, run);
+        else if (!cut_off++) strcat(mods, ",...");   /* the rest left out */
         out->in_flight += q->sets;
         out->inputs += q->c > 0 ? q->inputs : 0;
     }
