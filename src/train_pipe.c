@@ -409,7 +409,6 @@ static dt_status chunk_setup(trainer *t, pipe_chunk *ch, int j) {
     if (t->o->recompute) ch->nsets = 1;   /* recomputation's stages run their forward again: the least memory */
     if (ch->nsets > 1)
         DT_TRY(dt_model_act_sets(ch->model, p->layer_lo[ch->c], p->layer_lo[ch->c + 1], ch->nsets));
-    DT_TRY(dt_model_acts_only(ch->model, p->layer_lo[ch->c], p->layer_lo[ch->c + 1]));   /* the others' go */
     size_t B = (size_t)t->b;
     if (ch->c > 0) {
         ch->in = calloc((size_t)ch->nslots, sizeof *ch->in);
