@@ -128,15 +128,18 @@ static void commas(int64_t v, char *out, size_t n);
 static void print_stages(const plan_row *r, double unit, const char *uname) {
     printf("  (a pipeline: each row is its largest stage's rank; the total is the most held at one moment, the\n"
            "  categories' peaks come at different ones: evaluation and the end gather every stage's parameters)\n");
-    printf("\nper stage (--shard %s --precision %s), %s:\n  %-5s %-8s %11s %9s", r->sh->name, r->pr->name, uname, "stage",
-           "modules", "parameters", "in flight");
+    int mw = 8;   /* the modules column: as wide as a stage's list of chunks */
+    for (int st = 0; st < r->e.stages; st++)
+        if ((int)strlen(r->st[st].modules) > mw) mw = (int)strlen(r->st[st].modules);
+    printf("\nper stage (--shard %s --precision %s), %s:\n  %-5s %-*s %11s %9s", r->sh->name, r->pr->name, uname, "stage",
+           mw, "modules", "parameters", "in flight");
     for (int c = 0; c <= DT_MEM_TOTAL; c++) printf(" %9s", dt_mem_cat_name(c));
     printf(" %9s\n", "step");
     for (int st = 0; st < r->e.stages; st++) {
         const dt_plan_estimate *e = &r->st[st];
         char np[32];
         commas(e->stage_params, np, sizeof np);
-        printf("  %-5d %-8s %11s %9d", st, e->modules, np, e->in_flight);
+        printf("  %-5d %-*s %11s %9d", st, mw, e->modules, np, e->in_flight);
         for (int c = 0; c < DT_MEM_NCAT; c++) printf(" %9.2f", (double)e->bytes[c] / unit);
         printf(" %9.2f %9.2f%s\n", (double)e->total / unit, (double)e->step_total / unit,
                st == r->e.stage ? "  <- the largest" : "");
