@@ -165,10 +165,12 @@ static const dt_opt_row rows[] = {
              "backward and run each block's forward again in backward\n"
              "(activation checkpointing: less memory, the same weights)"},
     {.field = "max_memory", .flag = "--max-memory", .arg = "SIZE", .type = DT_OPT_SIZE, .off = F(max_memory),
-     .def = "0", .lo = 1, .hi = BIG, .sec = DT_OPT_SEC_RUN, .shown = "none", .example = "1G",
+     .def = "0", .lo = 1, .hi = BIG, .where = DT_OPT_PLAN, .sec = DT_OPT_SEC_RUN, .shown = "none", .example = "1G",
      .help = "cap each rank's memory as --rank-stats counts it (bytes,\n"
              "or with K, M, G), as a device of that size would: going\n"
-             "over it stops the run, saying what was held"},
+             "over it stops the run, saying what was held; --stages\n"
+             "auto then cuts by parameters where the work's cut\n"
+             "would not fit and that one does"},
     /* ---- checkpoints ---- */
     {.field = "ckpt_dir", .flag = "--checkpoint-dir", .arg = "DIR", .type = DT_OPT_STR, .off = F(ckpt_dir),
      .where = DT_OPT_CHECK, .sec = DT_OPT_SEC_CKPT, .example = "ck",

@@ -114,6 +114,7 @@ typedef struct {
     int    *mod_lo;     /* stage s: top-level modules [mod_lo[s], mod_lo[s + 1]) */
     int    *layer_lo;   /* stage s: layers [layer_lo[s], layer_lo[s + 1]) */
     size_t *plo;        /* stage s: parameters [plo[s], plo[s + 1]) (a tied tensor is its owner's) */
+    double *work;       /* stage s: its share of the model's planned work (whatever the cut balanced) */
 } dt_pp_cut;
 
 /* The cut of an inferred spec: text "auto" (or NULL) balances the modules' planned work

@@ -128,7 +128,8 @@ dt_status dt_pp_cut_spec(const dt_spec *sp, int P, const char *text, dt_pp_cut *
     out->mod_lo = calloc((size_t)P + 1, sizeof *out->mod_lo);
     out->layer_lo = calloc((size_t)P + 1, sizeof *out->layer_lo);
     out->plo = calloc((size_t)P + 1, sizeof *out->plo);
-    dt_status s = cuts && cost && has && out->mod_lo && out->layer_lo && out->plo
+    out->work = calloc((size_t)P, sizeof *out->work);
+    dt_status s = cuts && cost && has && out->mod_lo && out->layer_lo && out->plo && out->work
                       ? DT_OK : dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
     if (s == DT_OK) {
         dt_spec_modules(sp, cuts);
@@ -155,6 +156,13 @@ dt_status dt_pp_cut_spec(const dt_spec *sp, int P, const char *text, dt_pp_cut *
         at = hi;
     }
     if (s == DT_OK) out->plo[P] = (size_t)sp->nparams;
+    double all = 0.0;
+    for (int st = 0; s == DT_OK && st < P; st++) {
+        double w = module_cost(sp, out->layer_lo[st], out->layer_lo[st + 1]);
+        out->work[st] = w;
+        all += w;
+    }
+    for (int st = 0; s == DT_OK && st < P && all > 0.0; st++) out->work[st] /= all;
     free(cuts);
     free(cost);
     free(has);
@@ -174,6 +182,7 @@ void dt_pp_cut_free(dt_pp_cut *c) {
     free(c->mod_lo);
     free(c->layer_lo);
     free(c->plo);
+    free(c->work);
     memset(c, 0, sizeof *c);
 }
 

@@ -348,6 +348,7 @@ static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, cons
         }
         q->tree = dt_ddp_tree_floats(sp.layers, sp.n, k, cut.plo[q->c], cut.plo[q->c + 1], 1);
         if (j == 0) all0 = hi > n ? hi : n;   /* gathered: every chunk's, and its padding */
+        out->work += cut.work[q->c];
         keep_all += q->keep, rider_all += q->rider, mine_all += q->mine, copy_all += q->copy;
         tree_all += q->tree, relay_all += q->relay, bound_all += q->bound, acts_all += q->acts;
         int ma = cut.mod_lo[q->c], mb = cut.mod_lo[q->c + 1] - 1;   /* "A-B" a chunk, "A" for one module */
@@ -453,6 +454,7 @@ static dt_status plan_stage(const dt_plan_opts *o, const dt_plan_shard *sh, cons
     out->micro_size = b;
     out->stages = P;
     out->chunks = V;
+    out->by_params = t->stages && !strcmp(t->stages, "params");
     out->stage = stage;
     out->replicas = dp;
     out->stage_params = (int64_t)mine_all;
@@ -469,26 +471,77 @@ done:
     return s;
 }
 
+/* Every stage of the cut o's options name (auto and params taken as they are): the
+ * largest into *out, each into stages[] (may be NULL). */
+static dt_status plan_stages(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
+                             dt_plan_estimate *out, dt_plan_estimate *stages) {
+    /* the verdict is per rank: the stage that needs the most decides */
+    double most = 0.0;
+    for (int st = 0; st < o->train->pipeline; st++) {
+        dt_plan_estimate e;
+        DT_TRY(plan_stage(o, sh, pr, st, &e));
+        if (stages) stages[st] = e;
+        if (st == 0 || e.total > out->total) *out = e;
+        if (e.work > most) most = e.work;
+    }
+    out->most_work = most;
+    for (int st = 0; stages && st < o->train->pipeline; st++) stages[st].most_work = most;
+    return DT_OK;
+}
+
+dt_status dt_plan_stages(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
+                         const char **text, size_t *work, size_t *params) {
+    const dt_train_opts *t = o->train;
+    *text = t->stages;
+    if (work) *work = 0;
+    if (params) *params = 0;
+    if (t->pipeline <= 1 || (t->stages && strcmp(t->stages, "auto")) || !t->max_memory) return DT_OK;
+    dt_train_opts a = *t;
+    dt_plan_opts q = *o;
+    q.train = &a;
+    dt_plan_estimate ew, ep;
+    a.stages = "auto";
+    DT_TRY(plan_stages(&q, sh, pr, &ew, NULL));
+    if (work) *work = ew.total;
+    if (ew.total <= t->max_memory) return DT_OK;
+    a.stages = "params";
+    if (plan_stages(&q, sh, pr, &ep, NULL) != DT_OK) {   /* the work's cut stands, and the cap will say */
+        dt_error_clear();
+        return DT_OK;
+    }
+    if (params) *params = ep.total;
+    if (ep.total <= t->max_memory) *text = "params";
+    return DT_OK;
+}
+
+/* o with its --stages as dt_plan_stages resolves it, in *t (o's train options). */
+static dt_status resolved(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
+                          dt_plan_opts *q, dt_train_opts *t) {
+    *t = *o->train;
+    *q = *o;
+    q->train = t;
+    return dt_plan_stages(o, sh, pr, &t->stages, NULL, NULL);
+}
+
 dt_status dt_plan_run_stage(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr, int stage,
                             dt_plan_estimate *out) {
     if (o->train->pipeline <= 1) {
         if (stage != 0) return dt_error(DT_ERR_INVALID, "plan: stage %d without a pipeline", stage);
         return plan_whole(o, sh, pr, out);
     }
-    return plan_stage(o, sh, pr, stage, out);
+    dt_plan_opts q;
+    dt_train_opts t;
+    DT_TRY(resolved(o, sh, pr, &q, &t));
+    return plan_stage(&q, sh, pr, stage, out);
 }
 
 dt_status dt_plan_run_all(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
                           dt_plan_estimate *out, dt_plan_estimate *stages) {
     if (o->train->pipeline <= 1) return plan_whole(o, sh, pr, out);
-    /* the verdict is per rank: the stage that needs the most decides */
-    for (int st = 0; st < o->train->pipeline; st++) {
-        dt_plan_estimate e;
-        DT_TRY(plan_stage(o, sh, pr, st, &e));
-        if (stages) stages[st] = e;
-        if (st == 0 || e.total > out->total) *out = e;
-    }
-    return DT_OK;
+    dt_plan_opts q;
+    dt_train_opts t;
+    DT_TRY(resolved(o, sh, pr, &q, &t));
+    return plan_stages(&q, sh, pr, out, stages);
 }
 
 dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,

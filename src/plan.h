@@ -107,8 +107,12 @@ typedef struct {
     dt_model_mem model;          /* the model's part (its activations at micro-batch b) */
     /* a pipeline (stages > 1): this estimate is stage `stage`'s rank */
     int     stages, stage, replicas, chunks;   /* chunks: a stage's (--virtual-stages) */
+    int     by_params;           /* the cut balances the parameters (--stages params, or auto
+                                  * under --max-memory: dt_plan_stages) */
     char    modules[48];         /* its top-level modules, "A-B", a run a chunk: "0-2,6-8" */
     int64_t stage_params;        /* its parameters */
+    double  work, most_work;     /* its share of the model's planned work (its chunks'), and the
+                                  * largest stage's (the step's pace; 1/P when balanced) */
     int     in_flight, inputs;   /* micro-batches whose activations it keeps, whose inputs it holds */
     int64_t pipe_sends;          /* floats it sends its neighbouring stages per step: its outputs
                                   * forward, its inputs' gradients back */
@@ -125,6 +129,14 @@ dt_status dt_plan_run(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_p
  * (stages may be NULL; without a pipeline it is left alone). */
 dt_status dt_plan_run_all(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
                           dt_plan_estimate *out, dt_plan_estimate *stages);
+/* The cut a pipeline's run takes (its --stages; *text points into o's options or at a
+ * constant): as given, but under --max-memory, --stages auto (which balances the work)
+ * takes the parameters' cut ("params") where the work's needs more than the cap on some
+ * stage's rank and the parameters' does not. The trainer cuts by it, and the plan of
+ * such a run plans that cut. *work and *params (either may be NULL): the largest stage of
+ * each cut where they were planned, else 0. */
+dt_status dt_plan_stages(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr,
+                         const char **text, size_t *work, size_t *params);
 /* A pipeline's stage `stage` (0 .. --pipeline - 1): the estimate of its ranks. */
 dt_status dt_plan_run_stage(const dt_plan_opts *o, const dt_plan_shard *sh, const dt_plan_precision *pr, int stage,
                             dt_plan_estimate *out);

@@ -553,6 +553,34 @@ static dt_status setup_data(trainer *t) {
     return dt_sampler_rank_block(t->sampler, t->dp, t->dpr, &t->first_micro, &dummy);
 }
 
+/* dtrain plan's view of this run (its options, shard mode, precision, world and data):
+ * 0 where it cannot plan it (a row the plan does not know). */
+static int plan_view(const trainer *t, const dt_dataset_info *info, dt_plan_opts *po, const dt_plan_shard **sh,
+                     const dt_plan_precision **pr) {
+    const dt_train_opts *o = t->o;
+    *sh = dt_plan_shard_find(o->shard ? o->shard : "none");
+    *pr = dt_plan_precision_find(o->precision ? o->precision : "fp32");
+    *po = (dt_plan_opts){.train = o, .world = t->world, .labels = info->label_width, .ops = t->ops};
+    po->input.ndim = info->ndim;
+    for (int i = 0; i < info->ndim; i++) po->input.d[i] = info->shape[i];
+    return *sh && *pr;
+}
+
+/* The pipeline's cut: --stages, resolved as dtrain plan does (auto under --max-memory may
+ * take the parameters' cut); where the run cannot be planned, --stages as given. */
+static dt_status cut_stages(trainer *t, const dt_spec *spec, const dt_dataset_info *info) {
+    dt_plan_opts po;
+    const dt_plan_shard *sh;
+    const dt_plan_precision *pr;
+    const char *stages = t->o->stages;
+    size_t work = 0, params = 0;
+    if (plan_view(t, info, &po, &sh, &pr) && dt_plan_stages(&po, sh, pr, &stages, &work, &params) != DT_OK) {
+        dt_error_clear();   /* the cut itself says what is wrong */
+        stages = t->o->stages;
+    }
+    return dt_train_pipe_cut_(t, spec, stages, work, params);
+}
+
 /* The model, built where sharding puts its parameters, from its initial or given
  * weights, with outputs the data can be scored against. */
 static dt_status setup_model(trainer *t) {
@@ -568,7 +596,7 @@ static dt_status setup_model(trainer *t) {
     DT_TRY(dt_spec_parse(o->model, &spec));
     dt_status ss = dt_spec_infer(&spec, &shape);
     size_t nparams = (size_t)spec.nparams;
-    if (ss == DT_OK && t->pipe) ss = dt_train_pipe_cut_(t, &spec);   /* the stages, from the spec */
+    if (ss == DT_OK && t->pipe) ss = cut_stages(t, &spec, info);   /* the stages, from the spec */
     dt_spec_free(&spec);
     DT_TRY(ss);
     dt_model_opts mo;
@@ -776,13 +804,10 @@ static dt_status validate(trainer *t, double *loss, double *acc) {
  * emits it, is stage 0, and the report's memory chart holds it to rank 0's peak); 0
  * where it cannot plan. */
 static double planned_bytes(const trainer *t, const dt_dataset_info *info) {
-    const dt_train_opts *o = t->o;
-    const dt_plan_shard *sh = dt_plan_shard_find(o->shard ? o->shard : "none");
-    const dt_plan_precision *pr = dt_plan_precision_find(o->precision ? o->precision : "fp32");
-    if (!sh || !pr) return 0.0;
-    dt_plan_opts po = {.train = o, .world = t->world, .labels = info->label_width, .ops = t->ops};
-    po.input.ndim = info->ndim;
-    for (int i = 0; i < info->ndim; i++) po.input.d[i] = info->shape[i];
+    dt_plan_opts po;
+    const dt_plan_shard *sh;
+    const dt_plan_precision *pr;
+    if (!plan_view(t, info, &po, &sh, &pr)) return 0.0;
     dt_plan_estimate e;
     if (dt_plan_run_stage(&po, sh, pr, t->pp > 1 ? t->stage : 0, &e) != DT_OK) {
         dt_error_clear();

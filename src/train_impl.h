@@ -120,8 +120,10 @@ int       dt_train_pipe_chunks_(const trainer *t);
  * of the stage's chunks, or a resume); chunk 0's objects are the trainer's after it. */
 void      dt_train_pipe_amp_follow_(trainer *t);
 /* The stages' cut of the model's spec (before the model is built): each stage's modules,
- * layers and parameters. */
-dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *spec);
+ * layers and parameters, by `stages` (--stages as plan.h dt_plan_stages resolves it;
+ * where that took the parameters' cut for --max-memory, the layout line says so with
+ * both cuts' planned peaks, work and params). */
+dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *spec, const char *stages, size_t work, size_t params);
 /* The parameters the current chunk's model keeps resident: its range, padded to whole shards
  * with --shard optim|grads (the model is built so: dt_model_layout's kept range). */
 void      dt_train_pipe_keep_(const trainer *t, size_t *lo, size_t *hi);

@@ -110,6 +110,7 @@ struct train_pipe {
     float *losses;             /* world x k: every rank's local losses */
     float *bnall;              /* world x k batchnorm records (host), then one put together */
     char *text;                /* the layout (and the lists) for the start */
+    char why[160];             /* why the cut is not the one --stages names ("": it is) */
 };
 
 typedef struct train_pipe train_pipe;
@@ -375,9 +376,13 @@ static void put_text(train_pipe *p, size_t *len, size_t *cap, const char *s) {
     *len += k;
 }
 
-dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *sp) {
+dt_status dt_train_pipe_cut_(trainer *t, const dt_spec *sp, const char *stages, size_t work, size_t params) {
     train_pipe *p = t->pipe;
-    DT_TRY(dt_pp_cut_chunks(sp, t->pp, p->V, t->o->stages, &p->cut));
+    if (stages != t->o->stages && stages && !strcmp(stages, "params"))
+        snprintf(p->why, sizeof p->why, " (--stages auto cut by parameters: the work's cut needs %.2f MiB on a "
+                 "rank, over --max-memory %.2f MiB; this one %.2f)", (double)work / 1048576.0,
+                 (double)t->o->max_memory / 1048576.0, (double)params / 1048576.0);
+    DT_TRY(dt_pp_cut_chunks(sp, t->pp, p->V, stages, &p->cut));
     p->mod_lo = p->cut.mod_lo;
     p->layer_lo = p->cut.layer_lo;
     p->plo = p->cut.plo;
@@ -452,6 +457,7 @@ dt_status dt_train_pipe_setup_(trainer *t) {
         snprintf(line, sizeof line, " %d:%d-%d:%zu", c, p->mod_lo[c], p->mod_lo[c + 1] - 1, p->plo[c + 1] - p->plo[c]);
         put_text(p, &len, &cap, line);
     }
+    if (s == DT_OK) put_text(p, &len, &cap, p->why);
     for (int st = 0; o->schedule_dump && st < P && s == DT_OK; st++) {
         snprintf(line, sizeof line, "\nstage %d:", st);
         put_text(p, &len, &cap, line);

@@ -87,6 +87,20 @@ run grc 2 $G --pipeline 2 --recompute; same g1 grc "--recompute with a pipeline 
 run gpar 2 $G --pipeline 2 --stages params; same g1 gpar "--stages params gives the weights of 1 process"
 ok_grep "$T/g221f1b.out" "stage:modules:parameters 0:0-6:34112 1:7-10:12768" "auto balances the work (the head's on stage 1)"
 ok_grep "$T/gpar.out" "stage:modules:parameters 0:0-4:21408 1:5-10:25472" "params balances the parameters each stage owns"
+# --stages auto under a --max-memory the work's cut exceeds and the parameters' fits (the
+# cap between the two cuts' plans): the parameters' cut, said so, within the cap
+PG="--model $GPT --data tokens:$T/tok --batch 16 --micro-batches 8 --optim adamw --np 2 --pipeline 2 --shard none
+    --precision fp32 --json"
+wa=$("$D" plan $PG --stages auto | grep -o '"total":[0-9]*' | head -1 | cut -d: -f2)
+wp=$("$D" plan $PG --stages params | grep -o '"total":[0-9]*' | head -1 | cut -d: -f2)
+[ -n "$wa" ] && [ -n "$wp" ] && [ "$wp" -lt "$wa" ]; ok $? "the plan: the parameters' cut needs less (${wp:-?} < ${wa:-?})"
+run gcap 2 $G --pipeline 2 --max-memory $(( (${wa:-0} + ${wp:-0}) / 2 ))
+ok $? "--max-memory between the cuts' plans: the run fits"
+same g1 gcap "... and gives the weights of 1 process"
+ok_grep "$T/gcap.out" "stage:modules:parameters 0:0-4:21408 1:5-10:25472 \(--stages auto cut by parameters: the work's cut needs" \
+    "... cut by parameters, saying why"
+run gcap2 2 $G --pipeline 2 --max-memory "${wa:-0}"
+ok_grep "$T/gcap2.out" "stage:modules:parameters 0:0-6:34112 1:7-10:12768\$" "a cap the work's cut fits keeps it"
 # sharding over each stage's replicas (the norm's chunks cut by shard and stage edges)
 for cfg in "4 2 optim" "4 2 grads" "2 2 grads" "4 4 grads"; do
     set -- $cfg

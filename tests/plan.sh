@@ -171,6 +171,37 @@ ok $? "plan --pipeline 2 --virtual-stages 2: the table"
 ok_grep "$T/p2" "^  pipeline: 2 stages x 1 replica, schedule interleaved with 2 chunks a stage, 4 micro-batches per replica" \
     "... names the layout"
 ok_grep "$T/p2" "^  0 +0-[0-9]+,[0-9]+(-[0-9]+)? +[0-9,]+ +[0-9]+ " "... stage 0's row names its two chunks' modules"
+# --stages auto under --max-memory: the parameters' cut where the work's needs more than
+# the cap and that one does not (the trainer cuts the same: pipeline_train.sh)
+PC="--model $G --np 2 --batch 8 --micro-batches 4 --pipeline 2 --shard none --precision fp32"
+first_total() { grep -o '"total":[0-9]*' "$1" | head -1 | cut -d: -f2; }
+for st in auto params; do
+    "$D" plan $PC --stages $st --json > "$T/cut-$st" 2>&1
+    "$D" plan $PC --stages $st --recompute --json > "$T/cut-$st-re" 2>&1
+done
+wa=$(first_total "$T/cut-auto"); wp=$(first_total "$T/cut-params")
+[ -n "$wa" ] && [ -n "$wp" ] && [ "$wp" -lt "$wa" ]
+ok $? "the gpt's cut by parameters needs less than the work's (${wp:-?} < ${wa:-?} bytes)"
+cap=$(( (${wa:-0} + ${wp:-0}) / 2 ))
+"$D" plan $PC --max-memory $cap > "$T/cut-cap" 2>&1
+ok_grep "$T/cut-cap" "^  cut by parameters \(--stages auto under --max-memory\): the work's cut needs" \
+    "plan --max-memory $cap between them: cut by parameters, said so"
+ok_grep "$T/cut-cap" "per-rank memory: [0-9.]+ MiB \(--max-memory\)" "... the cap is the capacity"
+"$D" plan $PC --max-memory $cap --json > "$T/cut-capj" 2>&1
+grep -q '"cut":"params"' "$T/cut-capj" && [ "$(first_total "$T/cut-capj")" = "$wp" ]
+ok $? "... --json: \"cut\":\"params\", the parameters' cut's plan ($(first_total "$T/cut-capj") = $wp)"
+"$D" plan $PC --max-memory "$wa" --json > "$T/cut-fit" 2>&1
+grep -q '"cut":"auto"' "$T/cut-fit" && [ "$(first_total "$T/cut-fit")" = "$wa" ]
+ok $? "... a cap the work's cut fits keeps it"
+# the verdict of a run that does not fit lists the parameters' cut where only it fits a pipeline
+ra=$(first_total "$T/cut-auto-re"); rp=$(first_total "$T/cut-params-re")
+cap=$(( (${ra:-0} + ${rp:-0}) / 2 ))
+"$D" plan --model $G --np 2 --batch 8 --micro-batches 4 --shard none --precision fp32 --max-memory $cap > "$T/cut-v" 2>&1
+ok_grep "$T/cut-v" "^  --recompute --pipeline 2 --stages params +[0-9.]+ MiB" \
+    "verdict under a cap between the cuts with --recompute: --pipeline 2 --stages params"
+a=$(sed -n 's/^  --recompute --pipeline 2 --stages params *\([0-9.]*\) MiB.*/\1/p' "$T/cut-v")
+b=$(awk -v b="${rp:-0}" 'BEGIN { printf "%.2f", b / 1048576 }')
+[ -n "$a" ] && [ "$a" = "$b" ]; ok $? "... its memory is the plan of that run (${a:-none} = $b MiB)"
 # bad flags exit 2 with one line naming the flag; what the trainer refuses, with its message
 bad() {   # bad WHAT PATTERN flags...
     what=$1 pat=$2; shift 2
@@ -195,6 +226,7 @@ bad "plan --pipeline: chunks without the interleaved schedule" "virtual-stages n
 bad "plan --pipeline: an unknown schedule" "pipeline.schedule: expected .*, got 'zigzag'" \
     --model mlp --np 2 --pipeline 2 --pipeline-schedule zigzag
 bad "plan --pipeline: a bad --stages" "stages: " --model mlp --np 2 --pipeline 2 --stages 0-1,3-5
+bad "plan: a bad --max-memory" "max-memory: expected an integer" --model mlp --np 2 --max-memory 3.25M
 timeout 60 "$R" -n 2 "$D" train --model mlp --data $S --epochs 1 --batch 64 --pipeline 2 --virtual-stages 2 \
     --threads 1 --quiet > "$T/tr" 2>&1
 ok_grep "$T/tr" "virtual-stages needs the interleaved schedule" "... the trainer's message, the same"
@@ -272,7 +304,14 @@ b=$(sed -n '/what fits/,$p' "$T/f1" | grep -n -- "--np 16" | head -1 | cut -d: -
 "$D" plan --model gpt2 --np 8 --batch 16 --device-mem 3.0 --shard none --precision fp32 $p > "$T/f5" 2>&1
 a=$(fits_gib "$p" "$T/f1"); b=$(row_gib "none  *fp32" "$T/f5")
 [ -n "$a" ] && [ "$a" = "$b" ]; ok $? "... its memory is the plan of the run with $p (${a:-none} = ${b:-none} GiB)"
-ok_grep "$T/f1" "^  $p +[0-9.]+ GiB +compute  1.33x " "... a stage's rank computing half of twice the samples, a third more"
+# a stage's rank computes its share of the work (the largest stage's: the cut balances
+# it, not exactly) of twice the samples, a third more with --recompute
+"$D" plan --model gpt2 --np 8 --batch 16 --shard none --precision fp32 $p --json > "$T/f5j" 2>&1
+x=$(grep -o '"work":[0-9.]*' "$T/f5j" | cut -d: -f2 | sort -g | tail -1)
+x=$(awk -v w="${x:-0}" -v r="$(case $p in --recompute*) echo 1;; *) echo 0;; esac)" \
+    'BEGIN { printf "%.2f", 2 * w * (r ? 4.0 / 3.0 : 1.0) }')
+ok_grep "$T/f1" "^  $p +[0-9.]+ GiB +compute  $x" "... a stage's rank computing its share of twice the samples ($x x)"
+awk -v x="$x" 'BEGIN { exit !(x >= 1.33 && x < 1.5) }'; ok $? "... the cut near even: $x x against 1.33 even"
 "$D" plan --model gpt2 --np 8 --batch 16 --device-mem 3.0 --shard none --precision fp32 --pipeline 2 > "$T/f6" 2>&1
 ! grep -q -- "--pipeline 4" "$T/f6"; ok $? "... and none beside a pipeline asked for"
 "$D" plan --model gpt2 --np 8 --batch 16 --device-mem 1.4 --shard none --precision fp32 > "$T/f4" 2>&1

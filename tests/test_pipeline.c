@@ -11,6 +11,8 @@
  * theory. The check itself is shown to catch a hang, an out-of-order backward (also one
  * chunk's), a forward before its input; M < P, M no multiple of P with chunks, chunks
  * on a schedule without, and chunks on one stage are refused, naming the numbers.
+ * The cut's work shares sum to 1, and the cut by the work and by the parameters each
+ * minimise what they balance.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -302,5 +304,32 @@ int main(void) {
     ok(dt_pp_relay_slots(&tied, 1, 0, 0, 1) == 0 && dt_pp_relay_slots(&tied, 1, 0, 0, 2) == 2,
        "the owner keeps slots only where it holds more than one boundary gradient");
     dt_pp_list_free(&l);
+
+    /* the cut's work shares: each stage's part of the model's planned work, summing to 1;
+     * the work's cut has the smallest largest share, the parameters' cut the smallest
+     * largest state */
+    dt_spec sp;
+    dt_shape shape = {.ndim = 3, .d = {1, 8, 8}};
+    ok(dt_spec_parse("conv(8,3,pad=1) relu flatten linear(64) relu linear(10)", &sp) == DT_OK && dt_spec_infer(&sp, &shape) == DT_OK,
+       "a cnn's spec (a convolution: much work, few parameters)");
+    dt_pp_cut cw, cp;
+    ok(dt_pp_cut_spec(&sp, 2, "auto", &cw) == DT_OK && dt_pp_cut_spec(&sp, 2, "params", &cp) == DT_OK,
+       "cut by the work and by the parameters");
+    double most_w = 0, most_p = 0, sum_w = 0, sum_p = 0;
+    size_t state_w = 0, state_p = 0;
+    for (int st = 0; st < 2; st++) {
+        sum_w += cw.work[st], sum_p += cp.work[st];
+        if (cw.work[st] > most_w) most_w = cw.work[st];
+        if (cp.work[st] > most_p) most_p = cp.work[st];
+        if (cw.plo[st + 1] - cw.plo[st] > state_w) state_w = cw.plo[st + 1] - cw.plo[st];
+        if (cp.plo[st + 1] - cp.plo[st] > state_p) state_p = cp.plo[st + 1] - cp.plo[st];
+    }
+    ok(sum_w > 1 - 1e-12 && sum_w < 1 + 1e-12 && sum_p > 1 - 1e-12 && sum_p < 1 + 1e-12 && cw.work[1] > 0 && cp.work[1] > 0,
+       "the shares sum to 1 (%.15f, %.15f)", sum_w, sum_p);
+    ok(most_w < most_p && state_p < state_w, "the work's cut: the least largest share (%.3f < %.3f); the parameters': "
+       "the least largest state (%zu < %zu)", most_w, most_p, state_p, state_w);
+    dt_pp_cut_free(&cw), dt_pp_cut_free(&cp);
+    ok(cw.work == NULL, "freed");
+    dt_spec_free(&sp);
     return done_testing();
 }

@@ -25,7 +25,7 @@ static const char usage_plan[] =
     "                   [--batch B] [--micro-batches S] [--recompute] [--device-mem GB] [--optim NAME]\n"
     "                   [--backward-prefetch pre|post] [--input C,H,W | --data SPEC] [--no-eval] [--json]\n"
     "                   [--pipeline P [--pipeline-schedule 1f1b|gpipe|interleaved] [--virtual-stages V]\n"
-    "                   [--stages auto|params|A-B,C-D,...]]\n"
+    "                   [--stages auto|params|A-B,C-D,...]] [--max-memory SIZE]\n"
     "\n"
     "Prints the memory one rank holds when N processes train SPEC (`dtrain train`'s\n"
     "flags mean the same here), split into parameters, gradients, optimizer state,\n"
@@ -35,9 +35,10 @@ static const char usage_plan[] =
     "the run asked for does not fit, what does, in the order to try: --recompute,\n"
     "--precision bf16, each sharding mode, more ranks, pipeline stages on the same ranks;\n"
     "with each its memory, its compute per rank against the asked run's (recompute counted\n"
-    "as a third more, a stage's rank as 1/P of the work) and the bytes a rank sends per\n"
-    "step (a ring all-reduce of the gradient; --shard params half again; a stage: its\n"
-    "gradient over its replicas and its boundary tensors).\n"
+    "as a third more, a stage's rank as the largest stage's share of the work) and the\n"
+    "bytes a rank sends per step (a ring all-reduce of the gradient; --shard params half\n"
+    "again; a stage: its gradient over its replicas and its boundary tensors). A pipeline\n"
+    "is cut by the work, or by the parameters (--stages params) where only that fits.\n"
     "  --model SPEC          a preset, a layer list or @FILE (required)\n"
     "  --np N                processes  [1]\n"
     "  --precision P         only this precision  [all: fp32, bf16, fp16]\n"
@@ -46,7 +47,11 @@ static const char usage_plan[] =
     "                        not given, rounded up to a multiple of the micro-batches]\n"
     "  --micro-batches S     micro-batches of the global batch  [N]\n"
     "  --recompute           recompute the activations of residual blocks in backward\n"
-    "  --device-mem GB       memory of one rank's device in GiB  [this machine's / N]\n"
+    "  --device-mem GB       memory of one rank's device in GiB  [--max-memory, else this\n"
+    "                        machine's / N]\n"
+    "  --max-memory SIZE     the run's cap per rank, as dtrain train (bytes, or with K, M,\n"
+    "                        G): with --pipeline and --stages auto, the cut the trainer\n"
+    "                        takes under it (by parameters where the work's does not fit)\n"
     "  --optim NAME          sgd (momentum 0.9) or adamw  [sgd; a gpt or llama preset: adamw]\n"
     "  --backward-prefetch pre|post  --shard params: three units beyond the shard, or two\n"
     "                        (dtrain train --help)  [pre]\n"
@@ -88,8 +93,8 @@ static void row_wall(const dt_plan_opts *o, plan_row *r, size_t capacity) {
     const dt_plan_shard *sh;
     int w;
     if (!dt_plan_fit(o, r->pr, capacity, 1 << 20, &sh, &w))
-        snprintf(r->wall, sizeof r->wall, "memory wall: fits on no number of ranks (activations %.2f GiB); lower "
-                 "--batch, raise --micro-batches or add --recompute", (double)r->e.bytes[DT_MEM_ACTS] / 1073741824.0);
+        snprintf(r->wall, sizeof r->wall, "memory wall: fits on no number of ranks (activations %.2f MiB); lower "
+                 "--batch, raise --micro-batches or add --recompute", (double)r->e.bytes[DT_MEM_ACTS] / 1048576.0);
     else if (w == o->world)
         snprintf(r->wall, sizeof r->wall, "memory wall: needs --shard %s", sh->name);
     else if (!sh->params_sharded && !sh->grads_sharded && !sh->optim_sharded)   /* smaller micro-batches do it */
@@ -108,14 +113,15 @@ static void print_json(const dt_plan_opts *o, const plan_row *r, size_t capacity
            r->e.total, r->e.shared, r->e.model.nblocks, r->e.model.block_acts, r->e.model.arena, r->fits ? "true" : "false",
            r->wall);
     if (r->e.stages > 1) {   /* every stage's rank; the row's bytes are the largest's */
-        printf(",\"pipeline\":{\"stages\":%d,\"replicas\":%d,\"schedule\":\"%s\",\"largest\":%d,\"stage_bytes\":[",
-               r->e.stages, r->e.replicas, o->train->pipeline_schedule, r->e.stage);
+        printf(",\"pipeline\":{\"stages\":%d,\"replicas\":%d,\"schedule\":\"%s\",\"cut\":\"%s\",\"largest\":%d,"
+               "\"stage_bytes\":[", r->e.stages, r->e.replicas, o->train->pipeline_schedule,
+               r->e.by_params ? "params" : o->train->stages ? o->train->stages : "auto", r->e.stage);
         for (int st = 0; st < r->e.stages; st++) {
             const dt_plan_estimate *e = &r->st[st];
             printf("%s{\"stage\":%d,\"modules\":\"%s\",\"nparams\":%lld,\"in_flight\":%d,", st ? "," : "", st,
                    e->modules, (long long)e->stage_params, e->in_flight);
             for (int c = 0; c < DT_MEM_NCAT; c++) printf("\"%s\":%zu,", dt_mem_cat_name(c), e->bytes[c]);
-            printf("\"total\":%zu,\"step_total\":%zu}", e->total, e->step_total);
+            printf("\"total\":%zu,\"step_total\":%zu,\"work\":%.6f}", e->total, e->step_total, e->work);
         }
         printf("]}");
     }
@@ -178,6 +184,12 @@ static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size
         if (e->chunks > 1) snprintf(with, sizeof with, " with %d chunks a stage", e->chunks);
         printf("  pipeline: %d stages x %d replica%s, schedule %s%s, %lld micro-batches per replica\n", e->stages,
                e->replicas, e->replicas == 1 ? "" : "s", t->pipeline_schedule, with, (long long)e->local_micro);
+        const char *cut;
+        size_t work, params;
+        if (dt_plan_stages(o, rows[0].sh, rows[0].pr, &cut, &work, &params) == DT_OK && cut != t->stages)
+            printf("  cut by parameters (--stages auto under --max-memory): the work's cut needs %.2f MiB on a rank, "
+                   "this one %.2f\n", (double)work / 1048576.0, (double)params / 1048576.0);
+        dt_error_clear();
     }
     printf("  global batch %lld%s in %lld micro-batch%s of %lld (%lld per %s), %s (%d state array%s), "
            "recompute %s\n", (long long)t->batch, batch_note, (long long)e->micro_batches,
@@ -192,7 +204,8 @@ static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size
         printf("  activations of the %d residual blocks: %.2f MiB: each keeps its output, %.2f MiB, and they share "
                "an arena of %.2f MiB\n", mm->nblocks, (double)mm->block_acts / 1048576.0,
                (double)(mm->block_acts - mm->arena) / mm->nblocks / 1048576.0, (double)mm->arena / 1048576.0);
-    printf("  per-rank memory: %.2f GiB (%s)\n", (double)capacity / 1073741824.0, cap_note);
+    if (capacity >= ((size_t)1 << 30)) printf("  per-rank memory: %.2f GiB (%s)\n", (double)capacity / 1073741824.0, cap_note);
+    else printf("  per-rank memory: %.2f MiB (%s)\n", (double)capacity / 1048576.0, cap_note);
     printf("\nper rank, %s:\n  %-7s %-9s", uname, "shard", "precision");
     for (int c = 0; c <= DT_MEM_TOTAL; c++) printf(" %9s", dt_mem_cat_name(c));
     printf("  wall\n");
@@ -215,13 +228,14 @@ static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size
  * A candidate is the asked run with some of: --recompute, --precision bf16, a sharding
  * mode, more ranks, pipeline stages. Its cost against the asked run: compute per rank
  * (the samples a rank computes, and recompute's second forward of the residual blocks:
- * at most a third more, counted as a third; a stage's rank 1/P of that work, which the
- * cut balances) and the bytes a rank sends per step (a ring all-reduce of the gradient,
+ * at most a third more, counted as a third; a stage's rank the largest stage's share of
+ * that work, about 1/P where the cut balances it) and the bytes a rank sends per step (a ring all-reduce of the gradient,
  * 2 (W-1)/W of it; optim and grads the same volume as a reduce-scatter and an
  * all-gather; params half again, ZeRO-3's gathers in backward; a stage's rank its
  * range's gradient over its replicas and its boundary tensors, in f32). */
 typedef struct {
     int recompute, world, pipeline;   /* pipeline: stages (0: the asked run's) */
+    const char *stages;               /* with pipeline: --stages (NULL: the asked run's) */
     const dt_plan_precision *pr;
     const dt_plan_shard     *sh;
     dt_plan_estimate         e;
@@ -231,6 +245,7 @@ static dt_status candidate_run(const dt_plan_opts *o, candidate *c) {
     dt_train_opts t = *o->train;
     t.recompute = c->recompute;
     if (c->pipeline) t.pipeline = c->pipeline;
+    if (c->stages) t.stages = c->stages;
     dt_plan_opts q = *o;
     q.train = &t;
     q.world = c->world;
@@ -239,9 +254,10 @@ static dt_status candidate_run(const dt_plan_opts *o, candidate *c) {
     return s;
 }
 
-/* A stage's rank: its part of the work (the cut balances the planned work: 1/P) and of
- * the parameters (the estimate's stage, the largest); 1 and 1 without a pipeline. */
-static double work_of(const candidate *c) { return c->e.stages > 1 ? 1.0 / c->e.stages : 1.0; }
+/* A stage's rank: its part of the work (the largest stage's: the step goes at its pace;
+ * about 1/P where the cut balances the work) and of the parameters (the estimate's
+ * stage, the largest); 1 and 1 without a pipeline. */
+static double work_of(const candidate *c) { return c->e.stages > 1 ? c->e.most_work : 1.0; }
 static double params_of(const candidate *c) {
     return c->e.stages > 1 && c->e.nparams > 0 ? (double)c->e.stage_params / (double)c->e.nparams : 1.0;
 }
@@ -259,14 +275,15 @@ static double comm_bytes_of(const candidate *c) {
 
 /* The first candidate of a family that fits: sharding rows from `from` on (or the asked
  * one only), the asked recompute setting then recompute on, at `world` (and `pipeline`
- * stages, 0: as asked). */
+ * stages, 0: as asked, cut by `stages`, NULL: as asked). */
 static int first_fit(const dt_plan_opts *o, const candidate *asked, const dt_plan_precision *pr, int shard_from,
-                     int shard_to, int world, int pipeline, size_t capacity, candidate *out) {
+                     int shard_to, int world, int pipeline, const char *stages, size_t capacity, candidate *out) {
     int nsh;
     const dt_plan_shard *rows = dt_plan_shards(&nsh);
     for (int i = shard_from; i <= shard_to && i < nsh; i++)
         for (int rc = asked->recompute; rc <= 1; rc++) {
-            candidate c = {.recompute = rc, .world = world, .pipeline = pipeline, .pr = pr, .sh = &rows[i]};
+            candidate c = {.recompute = rc, .world = world, .pipeline = pipeline, .stages = stages, .pr = pr,
+                           .sh = &rows[i]};
             if (candidate_run(o, &c) != DT_OK) return 0;   /* the batch does not split over world ranks */
             if (c.e.total <= capacity) { *out = c; return 1; }
         }
@@ -280,14 +297,24 @@ static void candidate_flags(const candidate *asked, const candidate *c, char *bu
     if (c->pr != asked->pr && (size_t)len < n) len += snprintf(buf + len, n - (size_t)len, "--precision %s ", c->pr->name);
     if (c->sh != asked->sh && (size_t)len < n) len += snprintf(buf + len, n - (size_t)len, "--shard %s ", c->sh->name);
     if (c->world != asked->world && (size_t)len < n) len += snprintf(buf + len, n - (size_t)len, "--np %d ", c->world);
-    if (c->pipeline && (size_t)len < n) snprintf(buf + len, n - (size_t)len, "--pipeline %d", c->pipeline);
+    if (c->pipeline && (size_t)len < n) len += snprintf(buf + len, n - (size_t)len, "--pipeline %d", c->pipeline);
+    if (c->pipeline && c->e.by_params && (size_t)len < n) snprintf(buf + len, n - (size_t)len, " --stages params");
+}
+
+/* The list's unit: GiB, or MiB where the asked run holds less than a GiB. */
+static double list_unit(const candidate *asked, const char **name) {
+    int gib = asked->e.total >= ((size_t)1 << 30);
+    *name = gib ? "GiB" : "MiB";
+    return gib ? 1073741824.0 : 1048576.0;
 }
 
 static void print_candidate(const candidate *asked, const candidate *c, int first) {
     char flags[128];
+    const char *uname;
+    double unit = list_unit(asked, &uname);
     candidate_flags(asked, c, flags, sizeof flags);
     double ca = compute_of(asked), cb = comm_bytes_of(c);
-    printf("  %-40s %8.2f GiB   compute %5.2fx   sends %9.2f MiB/step%s\n", flags, (double)c->e.total / 1073741824.0,
+    printf("  %-40s %8.2f %s   compute %5.2fx   sends %9.2f MiB/step%s\n", flags, (double)c->e.total / unit, uname,
            ca > 0 ? compute_of(c) / ca : 0.0, cb / 1048576.0, first ? "   <- the first to try" : "");
 }
 
@@ -304,28 +331,34 @@ static void print_fits(const dt_plan_opts *o, const plan_row *r, size_t capacity
     candidate asked = {.recompute = o->train->recompute, .world = o->world, .pr = r->pr, .sh = r->sh, .e = r->e};
     int at = (int)(r->sh - rows), shown = 0;
     candidate c;
+    const char *uname;
+    double unit = list_unit(&asked, &uname);
     printf("  what fits, in the order to try (per-rank memory; compute per rank and bytes sent per step against\n"
-           "  the asked run's %.2f GiB, compute 1x, %.2f MiB sent):\n", (double)r->e.total / 1073741824.0,
+           "  the asked run's %.2f %s, compute 1x, %.2f MiB sent):\n", (double)r->e.total / unit, uname,
            comm_bytes_of(&asked) / 1048576.0);
-    if (!asked.recompute && first_fit(o, &asked, r->pr, at, at, o->world, 0, capacity, &c))
+    if (!asked.recompute && first_fit(o, &asked, r->pr, at, at, o->world, 0, NULL, capacity, &c))
         print_candidate(&asked, &c, !shown++);
-    if (bf16 && r->pr != bf16 && first_fit(o, &asked, bf16, at, at, o->world, 0, capacity, &c))
+    if (bf16 && r->pr != bf16 && first_fit(o, &asked, bf16, at, at, o->world, 0, NULL, capacity, &c))
         print_candidate(&asked, &c, !shown++);
     for (int i = at + 1; i < nsh; i++)
-        if (first_fit(o, &asked, r->pr, i, i, o->world, 0, capacity, &c)) print_candidate(&asked, &c, !shown++);
+        if (first_fit(o, &asked, r->pr, i, i, o->world, 0, NULL, capacity, &c)) print_candidate(&asked, &c, !shown++);
     for (int64_t w = (int64_t)o->world * 2; w <= (1 << 20); w *= 2)
-        if (first_fit(o, &asked, r->pr, at, nsh - 1, (int)w, 0, capacity, &c)) {
+        if (first_fit(o, &asked, r->pr, at, nsh - 1, (int)w, 0, NULL, capacity, &c)) {
             print_candidate(&asked, &c, !shown++);
             break;
         }
     /* a pipeline takes none, optim and grads (dt_train_pipe_check): those from the asked one */
     const dt_plan_shard *grads = dt_plan_shard_find("grads");
     int g = grads ? (int)(grads - rows) : -1, from = at < g ? at : g;
-    for (int P = 2; g >= 0 && o->train->pipeline <= 1 && P <= o->world && o->world % P == 0; P *= 2)
-        if (first_fit(o, &asked, r->pr, from, g, o->world, P, capacity, &c)) {
-            print_candidate(&asked, &c, !shown++);
-            break;
-        }
+    /* each P cut by the work, then by the parameters (each stage's state: what a model
+     * whose head is heavy needs to fit) */
+    int piped = 0;
+    for (int P = 2; !piped && g >= 0 && o->train->pipeline <= 1 && P <= o->world && o->world % P == 0; P *= 2)
+        for (int by = 0; !piped && by < 2; by++)
+            if (first_fit(o, &asked, r->pr, from, g, o->world, P, by ? "params" : "auto", capacity, &c)) {
+                print_candidate(&asked, &c, !shown++);
+                piped = 1;
+            }
     if (!shown) printf("  nothing of these: lower --batch or raise --micro-batches\n");
 }
 
@@ -432,6 +465,9 @@ int dtrain_plan_main(int argc, char **argv) {
     if (mem_gb > 0) {
         capacity = (size_t)(mem_gb * 1073741824.0);
         snprintf(cap_note, sizeof cap_note, "--device-mem");
+    } else if (t.max_memory) {
+        capacity = t.max_memory;
+        snprintf(cap_note, sizeof cap_note, "--max-memory");
     } else {
         double host = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
         capacity = (size_t)(host / (double)np);
