@@ -2,7 +2,7 @@
  * bench/gemm_rate.c: the CPU's GEMM kernels on a model's matrix products, f32 against
  * the bf16 products of --precision bf16, in one run (bench/precision.sh calls it).
  *
- *   bench/gemm_rate [gpt|gpt2 ...] [-t THREADS] [-r REPEATS]
+ *   bench/gemm_rate [gpt|gpt2 ...] [-t THREADS] [-r REPEATS] [-v]
  *
  * A model's products are those of its linear layers in one training step of one
  * micro-batch: forward y = x W^T (rows x in -> out), backward dx = dy W and dW = dy^T x,
@@ -11,7 +11,7 @@
  *   gpt2  GPT-2 124M at block 256, batch 4: dim 768, MLP 3072, vocab 50304, 1024 rows
  * Each kernel runs the whole set REPEATS times (default 5) after one warm-up; the best
  * repeat counts (the machine is shared). Prints GFLOP/s (2 M N K per product) per
- * kernel and the ratio bf16 / f32. The kernels: f32 is sgemm as DT_CPU_GEMM chose it
+ * kernel and the ratio bf16 / f32 (-v: each product's too, its best repeat). The kernels: f32 is sgemm as DT_CPU_GEMM chose it
  * (auto: dtrain's AVX-512 kernel where the CPU has AVX-512 F); bf16 is gemm_lp on bf16
  * operands (auto: vdpbf16ps where the CPU has AVX512-BF16).
  */
@@ -30,6 +30,9 @@ static const model models[] = {
     {"gpt2", 1024, {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}, {768, 50304}}},
 };
 
+/* each product's best time (-v), by kernel: [lp][shape * 3 + product] */
+static double each[2][15];
+
 static double run_set(const dt_ops *ops, const model *m, int lp, float *x, float *w, float *y, double *flops) {
     double t0 = dt_now();
     *flops = 0;
@@ -42,6 +45,7 @@ static double run_set(const dt_ops *ops, const model *m, int lp, float *x, float
             const float *A = p == 0 ? x : y, *B = p == 0 ? w : p == 1 ? w : x;
             float *C = p == 0 ? y : p == 1 ? x : w;
             int lda = prod[p][5], ldb = prod[p][6], ldc = N;
+            double t1 = dt_now();
             dt_status st = lp ? ops->gemm_lp(DT_BF16, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc)
                               : ops->sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
             if (st != DT_OK) {
@@ -49,21 +53,24 @@ static double run_set(const dt_ops *ops, const model *m, int lp, float *x, float
                 exit(1);
             }
             *flops += 2.0 * M * N * (double)K;
+            double dt = dt_now() - t1;
+            if (dt < each[lp][s * 3 + p]) each[lp][s * 3 + p] = dt;
         }
     }
     return dt_now() - t0;
 }
 
 int main(int argc, char **argv) {
-    int threads = 0, reps = 5;
+    int threads = 0, reps = 5, verbose = 0;
     const char *want[8];
     int nwant = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-v")) verbose = 1;
         else if (nwant < 8 && (!strcmp(argv[i], "gpt") || !strcmp(argv[i], "gpt2"))) want[nwant++] = argv[i];
         else {
-            fprintf(stderr, "usage: gemm_rate [gpt|gpt2 ...] [-t THREADS] [-r REPEATS]\n");
+            fprintf(stderr, "usage: gemm_rate [gpt|gpt2 ...] [-t THREADS] [-r REPEATS] [-v]\n");
             return 2;
         }
     }
@@ -99,6 +106,7 @@ int main(int argc, char **argv) {
         ops->round_to(w, w, big, DT_BF16);
         ops->round_to(y, y, big, DT_BF16);
         double best[2] = {1e30, 1e30}, flops = 0;
+        for (int i = 0; i < 15; i++) each[0][i] = each[1][i] = 1e30;
         for (int lp = 0; lp < 2; lp++) {
             run_set(ops, m, lp, x, w, y, &flops);   /* warm-up */
             for (int r = 0; r < reps; r++) {
@@ -110,6 +118,14 @@ int main(int argc, char **argv) {
         }
         printf("%-5s %-12s %10.1f %-12s %10.1f %6.2fx\n", m->name, dt_ops_gemm_name(ops, DT_F32), flops / best[0] / 1e9,
                dt_ops_gemm_name(ops, DT_BF16), flops / best[1] / 1e9, best[0] / best[1]);
+        static const char *what[3] = {"y = x W^T", "dx = dy W", "dW = dy^T x"};
+        for (int i = 0; verbose && i < 15; i++) {
+            int in = m->shapes[i / 3][0], out = m->shapes[i / 3][1], R = m->rows, p = i % 3;
+            int M = p == 2 ? out : R, N = p == 0 ? out : in, K = p == 0 ? in : p == 1 ? out : R;
+            double f = 2.0 * M * N * (double)K;
+            printf("  %-11s %5d x %5d x %5d %10.1f %23.1f %6.2fx\n", what[p], M, N, K, f / each[0][i] / 1e9,
+                   f / each[1][i] / 1e9, each[0][i] / each[1][i]);
+        }
         free(x), free(w), free(y);
     }
     return 0;

@@ -487,7 +487,8 @@ static void test_gemm_bf16(const dt_ops *ops) {
     is_int(dt_cpu_gemm_select(DT_CPU_GEMM_AVX512BF16), DT_OK, "AVX512-BF16 chosen");
     is_str(dt_ops_gemm_name(ops, DT_BF16), "avx512-bf16", "bf16 products are named avx512-bf16");
     is_str(dt_ops_gemm_name(ops, DT_F16), dt_cpu_has_avx512f() ? "avx512" : "openblas", "f16 products stay on the f32 kernel");
-    static const int shapes[][3] = {{1, 1, 1}, {37, 45, 2}, {8, 32, 512}, {263, 141, 129}, {130, 70, 1100}, {9, 1031, 33}};
+    static const int shapes[][3] = {{1, 1, 1}, {37, 45, 2}, {8, 32, 512}, {263, 141, 129}, {130, 70, 1100}, {9, 1031, 33},
+                                     {301, 600, 523}};
     static const float ab[][2] = {{1.0f, 0.0f}, {0.7f, 0.3f}, {-1.25f, 1.0f}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int v = 0; v < 4; v++) {
