@@ -193,6 +193,12 @@ ok $? "... --json: \"cut\":\"params\", the parameters' cut's plan ($(first_total
 "$D" plan $PC --max-memory "$wa" --json > "$T/cut-fit" 2>&1
 grep -q '"cut":"auto"' "$T/cut-fit" && [ "$(first_total "$T/cut-fit")" = "$wa" ]
 ok $? "... a cap the work's cut fits keeps it"
+# a pipeline asked for that does not fit (--device-mem between the cuts): its verdict lists
+# the same stages cut by the parameters
+gib=$(awk -v a="${wa:-0}" -v b="${wp:-0}" 'BEGIN { printf "%.9f", (a + b) / 2 / 1073741824 }')
+"$D" plan $PC --device-mem "$gib" > "$T/cut-dm" 2>&1
+ok_grep "$T/cut-dm" "^  --pipeline 2 --stages params +$(awk -v b="${wp:-0}" 'BEGIN { printf "%.2f", b / 1048576 }') MiB " \
+    "a pipeline that does not fit --device-mem: --stages params is listed, with its plan"
 # the verdict of a run that does not fit lists the parameters' cut where only it fits a pipeline
 ra=$(first_total "$T/cut-auto-re"); rp=$(first_total "$T/cut-params-re")
 cap=$(( (${ra:-0} + ${rp:-0}) / 2 ))

@@ -33,7 +33,8 @@ static const char usage_plan[] =
     "precision (or the ones given), and the wall the run meets: \"fits\", \"memory wall:\n"
     "needs --shard X on >= R ranks\", or \"compute wall: fits, add ranks for speed\". When\n"
     "the run asked for does not fit, what does, in the order to try: --recompute,\n"
-    "--precision bf16, each sharding mode, more ranks, pipeline stages on the same ranks;\n"
+    "--precision bf16, an asked pipeline cut by parameters, each sharding mode, more\n"
+    "ranks, pipeline stages on the same ranks;\n"
     "with each its memory, its compute per rank against the asked run's (recompute counted\n"
     "as a third more, a stage's rank as the largest stage's share of the work) and the\n"
     "bytes a rank sends per step (a ring all-reduce of the gradient; --shard params half\n"
@@ -319,7 +320,8 @@ static void print_candidate(const candidate *asked, const candidate *c, int firs
 }
 
 /* The asked run does not fit: the first fit of each change a user would try, in order:
- * --recompute, --precision bf16, each sharding mode beyond the asked one, more ranks
+ * --recompute, --precision bf16, an asked pipeline cut by the parameters (--stages
+ * params), each sharding mode beyond the asked one, more ranks
  * (the least sharding that fits there), the fewest pipeline stages on the asked ranks
  * (the least sharding a pipeline takes: none, optim, grads), each with recompute where
  * it alone is short. */
@@ -339,6 +341,10 @@ static void print_fits(const dt_plan_opts *o, const plan_row *r, size_t capacity
     if (!asked.recompute && first_fit(o, &asked, r->pr, at, at, o->world, 0, NULL, capacity, &c))
         print_candidate(&asked, &c, !shown++);
     if (bf16 && r->pr != bf16 && first_fit(o, &asked, bf16, at, at, o->world, 0, NULL, capacity, &c))
+        print_candidate(&asked, &c, !shown++);
+    /* a pipeline cut by the work: the same stages cut by the parameters */
+    if (o->train->pipeline > 1 && !r->e.by_params && (!o->train->stages || !strcmp(o->train->stages, "auto")) &&
+        first_fit(o, &asked, r->pr, at, at, o->world, o->train->pipeline, "params", capacity, &c))
         print_candidate(&asked, &c, !shown++);
     for (int i = at + 1; i < nsh; i++)
         if (first_fit(o, &asked, r->pr, i, i, o->world, 0, NULL, capacity, &c)) print_candidate(&asked, &c, !shown++);
