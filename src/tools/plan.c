@@ -205,8 +205,9 @@ static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size
         printf("  activations of the %d residual blocks: %.2f MiB: each keeps its output, %.2f MiB, and they share "
                "an arena of %.2f MiB\n", mm->nblocks, (double)mm->block_acts / 1048576.0,
                (double)(mm->block_acts - mm->arena) / mm->nblocks / 1048576.0, (double)mm->arena / 1048576.0);
-    if (capacity >= ((size_t)1 << 30)) printf("  per-rank memory: %.2f GiB (%s)\n", (double)capacity / 1073741824.0, cap_note);
-    else printf("  per-rank memory: %.2f MiB (%s)\n", (double)capacity / 1048576.0, cap_note);
+    const int cap_gib = capacity >= ((size_t)1 << 30);
+    printf("  per-rank memory: %.2f %s (%s)\n", (double)capacity / (cap_gib ? 1073741824.0 : 1048576.0),
+           cap_gib ? "GiB" : "MiB", cap_note);
     printf("\nper rank, %s:\n  %-7s %-9s", uname, "shard", "precision");
     for (int c = 0; c <= DT_MEM_TOTAL; c++) printf(" %9s", dt_mem_cat_name(c));
     printf("  wall\n");
@@ -230,10 +231,10 @@ static void print_table(const dt_plan_opts *o, const plan_row *rows, int n, size
  * mode, more ranks, pipeline stages. Its cost against the asked run: compute per rank
  * (the samples a rank computes, and recompute's second forward of the residual blocks:
  * at most a third more, counted as a third; a stage's rank the largest stage's share of
- * that work, about 1/P where the cut balances it) and the bytes a rank sends per step (a ring all-reduce of the gradient,
- * 2 (W-1)/W of it; optim and grads the same volume as a reduce-scatter and an
- * all-gather; params half again, ZeRO-3's gathers in backward; a stage's rank its
- * range's gradient over its replicas and its boundary tensors, in f32). */
+ * that work, about 1/P where the cut balances it) and the bytes a rank sends per step (a
+ * ring all-reduce of the gradient, 2 (W-1)/W of it; optim and grads the same volume as a
+ * reduce-scatter and an all-gather; params half again, ZeRO-3's gathers in backward; a
+ * stage's rank its range's gradient over its replicas and its boundary tensors, in f32). */
 typedef struct {
     int recompute, world, pipeline;   /* pipeline: stages (0: the asked run's) */
     const char *stages;               /* with pipeline: --stages (NULL: the asked run's) */
