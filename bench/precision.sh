@@ -26,6 +26,7 @@
 # torch.autocast("cpu", dtype=torch.bfloat16), THREADS threads, global batch 256 of random
 # inputs, SGD with momentum: samples/s over 20 steps (cnn: 8) after 3 warm-up steps.
 set -u
+here=$(cd "$(dirname "$0")" && pwd)
 B=${DT_BUILDDIR:-$(pwd)}
 THREADS=${THREADS:-2}
 ROUNDS=${ROUNDS:-2}

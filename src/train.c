@@ -369,6 +369,8 @@ static dt_status train_step(trainer *t, int64_t g, int logged, double *loss, dou
         if (t->bnrec_n)
             DT_TRY(dt_ddp_allgather_dev(t->ddp, t->bnrec + (size_t)t->first_micro * t->bnrec_n, t->bnrec,
                                         (size_t)t->k * t->bnrec_n * sizeof(float)));
+    } else if (!one) {   /* one process that reads its losses now (fp16's scaler): they are all */
+        memcpy(t->all_losses, t->losses, (size_t)t->k * sizeof(float));
     }
     /* Running statistics advance once per micro-batch in global micro-batch order on
      * every rank, so the buffers equal those of a single process bit for bit. */

@@ -37,6 +37,9 @@ inv() {   # inv NAME FLAGS...: train on 1, 2 and 4 processes, compare the weight
         timeout 300 "$R" -n $n "$D" train $A --epochs 1 --model "$CNN" "$@" --save "$T/$name.$n.st" > "$T/$name.o$n" 2>&1
         ok $? "$name: $n processes train"
         cmp -s "$T/$name.1.st" "$T/$name.$n.st"; ok $? "$name: $n processes give bitwise the weights of 1"
+        l1=$(sed -n 's/.*final loss \([0-9.]*\).*/\1/p' "$T/$name.o1"); ln=$(sed -n 's/.*final loss \([0-9.]*\).*/\1/p' "$T/$name.o$n")
+        [ -n "$l1" ] && [ "$l1" = "$ln" ] && awk -v l="$l1" 'BEGIN { exit !(l > 0) }'
+        ok $? "$name: $n processes print 1 process's final loss, not 0 (${l1:-none} / ${ln:-none})"
     done
 }
 inv bf16 --precision bf16
