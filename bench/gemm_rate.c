@@ -11,9 +11,10 @@
  *   gpt2  GPT-2 124M at block 256, batch 4: dim 768, MLP 3072, vocab 50304, 1024 rows
  * Each kernel runs the whole set REPEATS times (default 5) after one warm-up; the best
  * repeat counts (the machine is shared). Prints GFLOP/s (2 M N K per product) per
- * kernel and the ratio bf16 / f32 (-v: each product's too, its best repeat). The kernels: f32 is sgemm as DT_CPU_GEMM chose it
- * (auto: dtrain's AVX-512 kernel where the CPU has AVX-512 F); bf16 is gemm_lp on bf16
- * operands (auto: vdpbf16ps where the CPU has AVX512-BF16).
+ * kernel and the ratio bf16 / f32 (-v: each product's too, its best repeat). The
+ * kernels: f32 is sgemm as DT_CPU_GEMM chose it (auto: dtrain's AVX-512 kernel where the
+ * CPU has AVX-512 F); bf16 is gemm_lp on bf16 operands (auto: vdpbf16ps where the CPU
+ * has AVX512-BF16).
  */
 #include "clock.h"
 #include "dtype.h"
