@@ -119,7 +119,9 @@ dt_status layer_linear_backward(const dt_nn_ctx *c, float *dx, float *dw, float 
 dt_status layer_linear_backward_rounded(const dt_nn_ctx *c, float *dx, float *dw, float *db, const float *dy,
                                         const float *x, const float *w, int rows, int in, int out) {
     /* dW (out, in) = dy^T (out, rows) @ x (rows, in); db (out) = column sums of dy */
-    if (dw) {
+    if (dw && c->in16 && x == c->in16_of)   /* the layer's input, kept in 16 bits */
+        DT_TRY(c->ops->gemm_lp_b16(c->lp, 1, out, in, rows, 1.0f, dy, out, c->in16, in, 0.0f, dw, in));
+    else if (dw) {
         DT_TRY(layer_lp_gemm_operand(c, 1, &x, (size_t)rows * (size_t)in));
         DT_TRY(layer_gemm(c, 1, 0, out, in, rows, dy, out, x, in, dw, in));
     }

@@ -1030,9 +1030,11 @@ dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, 
     for (int i = hi - 1; i >= lo; i--) {
         dt_layer *L = &m->spec.layers[i];
         const float *x = input_of(m, i);
-        if (i > m->x_at && m->spec.layers[i - 1].out16) {   /* kept in 16 bits: widened for this layer */
-            DT_TRY(widen16(m, &m->spec.layers[i - 1], B));
+        const uint16_t *x16 = NULL;
+        if (i > m->x_at && m->spec.layers[i - 1].out16) {   /* kept in 16 bits: read so, or widened for this layer */
             x = m->spec.layers[i - 1].y;
+            if (dt_ops_gemm_lp_reads16(m->ops, (int)m->mo.act_dtype)) x16 = m->spec.layers[i - 1].y16;
+            else DT_TRY(widen16(m, &m->spec.layers[i - 1], B));
         }
         if (dt_trace_on() && (i == hi - 1 || m->mod_first[i + 1] == i + 1)) tm = dt_now(), dm = dt_trace_dev_mark();
         if (L->def->flags & DT_LDEF_GRAD_IN_PLACE) dx = (float *)dy;   /* same memory */
@@ -1041,6 +1043,7 @@ dt_status dt_model_backward_range(dt_model *m, int lo, int hi, const float *dy, 
         dt_status s = layer_hook(m, i, DT_HOOK_BWD_PRE);
         if (s == DT_OK) s = layer_ctx(m, &c, i);
         c.grads = m->gcur = layer_grads(m, i);
+        c.in16_of = x, c.in16 = x16;
         if (s == DT_OK) s = dt_layer_backward(&c, L, x, dy, dx, B);
         if (s != DT_OK) return dt_error_wrap(s, "backward, layer %s '%s': ", L->name, L->text);
         if (L->nparams && m->grad_ready) {

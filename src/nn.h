@@ -249,6 +249,12 @@ typedef struct {
     const float     *lp_params;
     float           *lp_scratch[2];
     size_t           lp_scratch_n;
+    /* backward: where in16 is not NULL, the layer's input x (== in16_of) is kept in 16
+     * bits of lp at in16 and x itself was not written (dt_ops_gemm_lp_reads16): a weight
+     * gradient reads it with gemm_lp_b16 (layer_linear_backward); DT_LDEF_IN_GEMM says
+     * that is the only read */
+    const float     *in16_of;
+    const uint16_t  *in16;
 } dt_nn_ctx;
 
 /* A layer kind. Required: name, help, torch, infer, forward, backward. */

@@ -87,6 +87,8 @@ int dt_ops_gemm_lp_rounds(const dt_ops *ops, int dtype) {
     return ops && !strcmp(ops->name, "cpu") && dtype == DT_BF16 && dt_cpu_gemm_bf16_on();
 }
 
+int dt_ops_gemm_lp_reads16(const dt_ops *ops, int dtype) { return dt_ops_gemm_lp_rounds(ops, dtype); }
+
 void dt_ops_reset_peak(const dt_ops *ops) {
     if (ops && ops->memory) ops->memory(NULL, NULL, 1);
 }

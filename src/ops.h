@@ -362,6 +362,13 @@ static inline DT_HD void dt_rope_angle(double pos, int i, int D, float theta, fl
      * (tensor cores; cuBLAS's own summation order). */ \
     X(gemm_lp, (int dtype, int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, \
                 const float *B, int ldb, float beta, float *C, int ldc)) \
+    /* gemm_lp with B (K x N, not transposed, row stride ldb) held in 16 bits of dtype, as \
+     * f32_to_bf16 / f32_to_f16 leave it: the bits of gemm_lp on B widened. A weight \
+     * gradient reads a layer input kept in 16 bits so (dt_ops_gemm_lp_reads16: the CPU's \
+     * AVX512-BF16 kernel packs the words as they are; elsewhere B is widened into memory \
+     * of the call's own and the trainer widens it itself instead). */ \
+    X(gemm_lp_b16, (int dtype, int transA, int M, int N, int K, float alpha, const float *A, int lda, \
+                    const uint16_t *B, int ldb, float beta, float *C, int ldc)) \
     /* flag (1) = 1 when some x[i] (n) is inf or NaN, else 0: GradScaler's found_inf. */ \
     X(nonfinite, (int32_t *flag, const float *x, size_t n)) \
     /* A step's checks decided on the device, so that the host reads the step's results \
@@ -542,6 +549,9 @@ DT_API const char *dt_ops_gemm_name(const dt_ops *ops, int dtype);
  * round_to, so passing f32 values gives the bits of passing them rounded): the cpu's
  * AVX512-BF16 kernel, which narrows them as it packs them. 0: the caller rounds them. */
 DT_API int dt_ops_gemm_lp_rounds(const dt_ops *ops, int dtype);
+/* 1 when gemm_lp_b16 of dtype on ops reads its 16-bit B directly, with no widened copy
+ * (the CPU's AVX512-BF16 kernel). */
+DT_API int dt_ops_gemm_lp_reads16(const dt_ops *ops, int dtype);
 /* The device's peak memory (ops memory) starts again from what it holds now; nothing
  * for a device that does not track its memory. */
 DT_API void      dt_ops_reset_peak(const dt_ops *ops);

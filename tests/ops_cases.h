@@ -636,6 +636,23 @@ static void tc_gemm_lp(tc_run *r) {
     }
 }
 
+/* The GEMM with a 16-bit B (row stride past its width), A transposed or not, and K = 0. */
+static void tc_gemm_lp_b16(tc_run *r) {
+    const int M = 131, N = 77, K = 67;
+    for (int v = 0; v < 5; v++) {
+        int ta = v & 1, k = v == 4 ? 0 : K, dt = (v >> 1) & 1 ? DT_F16 : DT_BF16;
+        int lda = (ta ? M : k) + 3, ldb = N + 5, ldc = N + 2;
+        size_t na = (size_t)(ta ? k : M) * lda + 1, nb = (size_t)k * ldb + 1;
+        float *A = tc_rand(r, na, -1.0f, 1.0f), *Bf = tc_rand(r, nb, -1.0f, 1.0f);
+        TC(r, r->ops->round_to(A, A, na, dt));
+        uint16_t *B = tc_dev(r, nb * sizeof(uint16_t));
+        TC(r, dt == DT_BF16 ? r->ops->f32_to_bf16(B, Bf, nb) : r->ops->f32_to_f16(B, Bf, nb));
+        float *C = tc_inout(r, (size_t)M * ldc, -1.0f, 1.0f, k ? TC_GEMM : TC_EXACT, "C (%s transA=%d K=%d)",
+                            dt_dtype_name((dt_dtype)dt), ta, k);
+        TC(r, r->ops->gemm_lp_b16(dt, ta, M, N, k, 0.7f, A, lda, B, ldb, 0.3f, C, ldc));
+    }
+}
+
 /* The flag over finite data, with one inf, one NaN, and over nothing. */
 static void tc_nonfinite(tc_run *r) {
     float *h = tc_hrand(r, TC_N, -1e30f, 1e30f);

@@ -507,6 +507,15 @@ static void test_gemm_bf16(const dt_ops *ops) {
             ok(st == DT_OK && memcmp(C, R, nc * sizeof *C) == 0,
                "bf16 GEMM %dx%dx%d transA=%d transB=%d alpha %g beta %g: bitwise the stated order", M, N, K, ta, tb,
                al[0], al[1]);
+            if (!tb) {   /* B held in 16 bits: the same bits */
+                uint16_t *B16 = malloc(nb * sizeof *B16);
+                ops->f32_to_bf16(B16, Bm, nb);
+                memcpy(R, C0, nc * sizeof *R);
+                st = ops->gemm_lp_b16(DT_BF16, ta, M, N, K, al[0], A, lda, B16, ldb, al[1], R, ldc);
+                ok(st == DT_OK && memcmp(C, R, nc * sizeof *C) == 0, "bf16 GEMM %dx%dx%d transA=%d, B in 16 bits: the "
+                   "bits of B in f32", M, N, K, ta);
+                free(B16);
+            }
             if (M >= 100) {   /* rows apart (micro-batches) are the rows of the whole */
                 int m1 = 50;
                 memcpy(R, C0, nc * sizeof *R);
@@ -544,6 +553,15 @@ static void test_gemm_bf16(const dt_ops *ops) {
             ok(memcmp(C, R, (size_t)M * N * sizeof *C) == 0, "f32 operands give the bits of their bf16 rounding (transB=%d)", v);
             free(bt), free(btr);
         }
+        uint16_t *B16 = malloc(nb * sizeof *B16);   /* as a layer keeps its output: the same values in 16 bits */
+        ops->f32_to_bf16(B16, Bm, nb);
+        ops->gemm_lp_b16(DT_BF16, 0, M, N, K, 1.0f, A, K, B16, N, 0.0f, R, N);
+        ops->gemm_lp(DT_BF16, 0, 0, M, N, K, 1.0f, A, K, Bm, N, 0.0f, C, N);
+        ok(memcmp(C, R, (size_t)M * N * sizeof *C) == 0, "B in 16 bits (a subnormal, a value rounding to inf): the bits "
+           "of B in f32");
+        ok(dt_ops_gemm_lp_reads16(ops, DT_BF16) && !dt_ops_gemm_lp_reads16(ops, DT_F16), "gemm_lp_b16 reads bf16 "
+           "words directly, not f16");
+        free(B16);
         free(A), free(Bm), free(Ar), free(Br), free(C), free(R);
     }
     /* inf and NaN pass through as they would in f32 */

@@ -83,15 +83,20 @@ int  dt_cpu_has_avx512f(void);     /* the CPU and the compiler can run it */
  * AVX512-BF16 or the packing buffers could not be had (C untouched). */
 #define DT_CPU_GEMM_BF16_KC 512   /* the depth of its slices (see its order there) */
 int  dt_cpu_gemm1_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
-                       const float *B, int ldb, float beta, float *C, int ldc);
+                       const void *B, int ldb, float beta, float *C, int ldc);
+/* The same with B (not transposed) held as bf16 bits (uint16_t): its words are packed as
+ * they are, the bits of dt_cpu_gemm1_bf16 on B widened to f32. */
+int  dt_cpu_gemm1_bf16_b16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                           const void *B, int ldb, float beta, float *C, int ldc);
 int  dt_cpu_has_avx512bf16(void);
 
 /* One product cut into cpu_gemm.c's block grid (a function of the shape only), the
- * blocks spread over the threads, each computed by blk (1: done; 0: out of memory). */
+ * blocks spread over the threads, each computed by blk (1: done; 0: out of memory). B's
+ * elements are floats, or 16-bit words where b16 is 1 (blk reads them so). */
 typedef int (*dt_cpu_gemm_block)(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
-                                 const float *B, int ldb, float beta, float *C, int ldc);
-dt_status dt_cpu_gemm_blocks(const char *fn, dt_cpu_gemm_block blk, int transA, int transB, int M, int N, int K,
-                             float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                                 const void *B, int ldb, float beta, float *C, int ldc);
+dt_status dt_cpu_gemm_blocks(const char *fn, dt_cpu_gemm_block blk, int b16, int transA, int transB, int M, int N,
+                             int K, float alpha, const float *A, int lda, const void *B, int ldb, float beta, float *C,
                              int ldc);
 
 /* The kernels chosen for the process (ops.h DT_CPU_GEMM_*): DT_ERR_UNSUPPORTED where

@@ -54,7 +54,7 @@ void dt_cpu_gemm1(int transA, int transB, int M, int N, int K, float alpha,
 }
 
 static dt_status gemm_check(const char *fn, int transA, int transB, int M, int N, int K,
-                            const float *A, int lda, const float *B, int ldb, const float *C, int ldc) {
+                            const float *A, int lda, const void *B, int ldb, const float *C, int ldc) {
     if (M < 0 || N < 0 || K < 0)
         return dt_error(DT_ERR_INVALID, "cpu %s: negative size M=%d N=%d K=%d", fn, M, N, K);
     int acols = transA ? M : K, bcols = transB ? K : N;
@@ -97,8 +97,8 @@ static void gemm_grid(int M, int N, int K, int *mb, int *nb) {
 
 /* The block grid of one product, each block a call of `block` (dt_cpu_gemm1 or
  * dt_cpu_gemm1_bf16) on one thread. */
-dt_status dt_cpu_gemm_blocks(const char *fn, dt_cpu_gemm_block block, int transA, int transB, int M, int N, int K,
-                             float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
+dt_status dt_cpu_gemm_blocks(const char *fn, dt_cpu_gemm_block block, int b16, int transA, int transB, int M, int N,
+                             int K, float alpha, const float *A, int lda, const void *B, int ldb, float beta, float *C,
                              int ldc) {
     DT_TRY(gemm_check(fn, transA, transB, M, N, K, A, lda, B, ldb, C, ldc));
     if (M == 0 || N == 0) return DT_OK;
@@ -113,7 +113,7 @@ dt_status dt_cpu_gemm_blocks(const char *fn, dt_cpu_gemm_block block, int transA
         int i0 = bi * mb, j0 = bj * nb;
         int m = M - i0 < mb ? M - i0 : mb, n = N - j0 < nb ? N - j0 : nb;
         const float *a = transA ? A + i0 : A + (size_t)i0 * lda;
-        const float *b = transB ? B + (size_t)j0 * ldb : B + j0;
+        const char *b = (const char *)B + (transB ? (size_t)j0 * ldb : (size_t)j0) * (b16 ? 2 : 4);
         failed |= !block(transA, transB, m, n, K, alpha, a, lda, b, ldb, beta, C + (size_t)i0 * ldc + j0, ldc);
     }
     if (failed) return dt_error(DT_ERR_NOMEM, "cpu %s: out of memory for the packed panels of a %d x %d x %d product",
@@ -121,15 +121,15 @@ dt_status dt_cpu_gemm_blocks(const char *fn, dt_cpu_gemm_block block, int transA
     return DT_OK;
 }
 
-static int gemm1_f32(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+static int gemm1_f32(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const void *B,
                      int ldb, float beta, float *C, int ldc) {
-    dt_cpu_gemm1(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    dt_cpu_gemm1(transA, transB, M, N, K, alpha, A, lda, (const float *)B, ldb, beta, C, ldc);
     return 1;
 }
 
 dt_status dt_cpu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    return dt_cpu_gemm_blocks("sgemm", gemm1_f32, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return dt_cpu_gemm_blocks("sgemm", gemm1_f32, 0, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* ---- the kernel choice (DT_CPU_GEMM, ops.h dt_device_opts.cpu_gemm) ---- */

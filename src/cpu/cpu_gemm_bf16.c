@@ -78,12 +78,26 @@ BF16_TARGET static inline __m512i pairs_along(const float *x, int w) {
 }
 
 /* op(B)[k0 .. k0 + kc, j0 .. j0 + n) into strips of NR columns of pairs: strip s holds
- * dst[s*kp*NR + p*NR + j] (kp = ceil(kc / 2)), columns past n and the depth past kc zero. */
-BF16_TARGET static void pack_b(int transB, const float *B, int ldb, int k0, int kc, int j0, int n, uint32_t *dst) {
+ * dst[s*kp*NR + p*NR + j] (kp = ceil(kc / 2)), columns past n and the depth past kc zero.
+ * B16 (not NULL, transB 0): B held as bf16 words, paired as they are. */
+BF16_TARGET static void pack_b(int transB, const float *B, const uint16_t *B16, int ldb, int k0, int kc, int j0, int n,
+                               uint32_t *dst) {
     int kp = (kc + 1) / 2;
     for (int s = 0; s < n; s += NR, dst += (size_t)kp * NR) {
         int c = n - s < NR ? n - s : NR;
-        if (transB) {   /* B^T's row j holds column j: pairs along it, 16 columns x 16 pairs transposed */
+        if (B16) {      /* rows k and k + 1 of 32 words each, interleaved word by word */
+            const __m512i lo16 = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                                  39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+            const __m512i hi16 = _mm512_add_epi16(lo16, _mm512_set1_epi16(16));
+            __mmask32 mc = c >= 32 ? 0xffffffffu : (__mmask32)((1u << c) - 1);
+            for (int p = 0; p < kp; p++) {
+                const uint16_t *lo = B16 + (size_t)(k0 + 2 * p) * ldb + j0 + s;
+                __m512i l = _mm512_maskz_loadu_epi16(mc, lo);
+                __m512i u = 2 * p + 1 < kc ? _mm512_maskz_loadu_epi16(mc, lo + ldb) : _mm512_setzero_si512();
+                _mm512_store_si512(dst + (size_t)p * NR, _mm512_permutex2var_epi16(l, lo16, u));
+                _mm512_store_si512(dst + (size_t)p * NR + 16, _mm512_permutex2var_epi16(l, hi16, u));
+            }
+        } else if (transB) {   /* B^T's row j holds column j: pairs along it, 16 columns x 16 pairs transposed */
             for (int pb = 0; pb < kp; pb += 16) {
                 int w = kc - 2 * pb < 32 ? kc - 2 * pb : 32, np = kp - pb < 16 ? kp - pb : 16;
                 for (int h = 0; h < NR; h += 16) {
@@ -161,14 +175,15 @@ BF16_TARGET static void tile(int kp, const uint32_t *a, const uint32_t *b, float
     ROWS(T_STORE)
 }
 
-int dt_cpu_gemm1_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
-                      const float *B, int ldb, float beta, float *C, int ldc) {
+/* dt_cpu_gemm1_bf16 with B as floats or (B16, transB 0) as bf16 words */
+static int gemm1(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                 const uint16_t *B16, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return 1;
     if (K <= 0) {   /* no products: C = beta C, as the f32 block */
         dt_cpu_gemm1(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return 1;
     }
-    if (!dt_cpu_has_avx512bf16()) return 0;
+    if (!dt_cpu_has_avx512bf16() || (B16 && transB)) return 0;
     int nc = N < NC ? N : NC, mp = (M + MR - 1) / MR * MR;
     size_t bsz = (size_t)KP * ((nc + NR - 1) / NR * NR), asz = (size_t)KP * mp;
     uint32_t *bp = (uint32_t *)dt_cpu_scratch(3, bsz + asz + 16), *ap;
@@ -184,7 +199,7 @@ int dt_cpu_gemm1_bf16(int transA, int transB, int M, int N, int K, float alpha, 
             pack_a(transA, A, lda, i0, M - i0 < MC ? M - i0 : MC, k0, kc, ap + (size_t)i0 * kp, kp);
         for (int j0 = 0; j0 < N; j0 += NC) {
             int n = N - j0 < NC ? N - j0 : NC;
-            pack_b(transB, B, ldb, k0, kc, j0, n, bp);
+            pack_b(transB, B, B16, ldb, k0, kc, j0, n, bp);
             for (int i0 = 0; i0 < M; i0 += MC) {
                 int m = M - i0 < MC ? M - i0 : MC;
                 for (int js = 0; js < n; js += NR) {
@@ -204,11 +219,23 @@ int dt_cpu_gemm1_bf16(int transA, int transB, int M, int N, int K, float alpha, 
 
 int dt_cpu_has_avx512bf16(void) { return 0; }
 
-int dt_cpu_gemm1_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
-                      const float *B, int ldb, float beta, float *C, int ldc) {
+static int gemm1(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                 const uint16_t *B16, int ldb, float beta, float *C, int ldc) {
+    (void)B16;
     if (M > 0 && N > 0 && K > 0) return 0;
     dt_cpu_gemm1(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return 1;
 }
 
 #endif
+
+int dt_cpu_gemm1_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                      const void *B, int ldb, float beta, float *C, int ldc) {
+    return gemm1(transA, transB, M, N, K, alpha, A, lda, (const float *)B, NULL, ldb, beta, C, ldc);
+}
+
+int dt_cpu_gemm1_bf16_b16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                          const void *B, int ldb, float beta, float *C, int ldc) {
+    /* K = 0 reads no B: C = beta C through the float path, which does not read it either */
+    return gemm1(transA, transB, M, N, K, alpha, A, lda, NULL, (const uint16_t *)B, ldb, beta, C, ldc);
+}

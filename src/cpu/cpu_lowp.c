@@ -11,6 +11,8 @@
  * by K, so the bits are independent of the thread count (docs/DESIGN.md rule 2).
  */
 #include "cpu.h"
+
+#include <stdlib.h>
 #include "dtype.h"
 
 #define PAR_MIN 32768
@@ -67,9 +69,29 @@ dt_status dt_cpu_gemm_lp(int dtype, int transA, int transB, int M, int N, int K,
     if (dtype != DT_BF16 && dtype != DT_F16)
         return dt_error(DT_ERR_INVALID, "cpu gemm_lp: dtype must be bf16 or f16, got %s", dt_dtype_name((dt_dtype)dtype));
     if (dtype == DT_BF16 && dt_cpu_gemm_bf16_on())
-        return dt_cpu_gemm_blocks("gemm_lp", dt_cpu_gemm1_bf16, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta,
-                                  C, ldc);
+        return dt_cpu_gemm_blocks("gemm_lp", dt_cpu_gemm1_bf16, 0, transA, transB, M, N, K, alpha, A, lda, B, ldb,
+                                  beta, C, ldc);
     return dt_cpu_sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+dt_status dt_cpu_gemm_lp_b16(int dtype, int transA, int M, int N, int K, float alpha, const float *A, int lda,
+                             const uint16_t *B, int ldb, float beta, float *C, int ldc) {
+    if (dtype != DT_BF16 && dtype != DT_F16)
+        return dt_error(DT_ERR_INVALID, "cpu gemm_lp_b16: dtype must be bf16 or f16, got %s",
+                        dt_dtype_name((dt_dtype)dtype));
+    if (dtype == DT_BF16 && dt_cpu_gemm_bf16_on())   /* the kernel packs B's words as they are */
+        return dt_cpu_gemm_blocks("gemm_lp_b16", dt_cpu_gemm1_bf16_b16, 1, transA, 0, M, N, K, alpha, A, lda, B, ldb,
+                                  beta, C, ldc);
+    /* elsewhere B widened, rows and the gaps between them, for gemm_lp */
+    DT_CPU_ARG(M >= 0 && N >= 0 && K >= 0 && ldb >= (N > 1 ? N : 1));
+    size_t n = M && N && K ? (size_t)(K - 1) * (size_t)ldb + (size_t)N : 0;
+    DT_CPU_ARG(n == 0 || B);
+    float *w = malloc(n ? n * sizeof *w : 1);
+    if (!w) return dt_error(DT_ERR_NOMEM, "cpu gemm_lp_b16: out of memory widening a %d x %d operand", K, N);
+    dt_status s = dtype == DT_BF16 ? dt_cpu_bf16_to_f32(w, B, n) : dt_cpu_f16_to_f32(w, B, n);
+    if (s == DT_OK) s = dt_cpu_gemm_lp(dtype, transA, 0, M, N, K, alpha, A, lda, w, ldb, beta, C, ldc);
+    free(w);
+    return s;
 }
 
 dt_status dt_cpu_nonfinite(int32_t *flag, const float *x, size_t n) {

@@ -52,6 +52,22 @@ dt_status dt_cu_gemm_lp(int dtype, int transA, int transB, int M, int N, int K, 
     return DT_OK;
 }
 
+/* B widened into the scratch arena, rows and the gaps between them, for gemm_lp (the
+ * trainer widens a 16-bit input itself here: dt_ops_gemm_lp_reads16 is 0 on cuda). */
+dt_status dt_cu_gemm_lp_b16(int dtype, int transA, int M, int N, int K, float alpha, const float *A, int lda,
+                            const uint16_t *B, int ldb, float beta, float *C, int ldc) {
+    DT_TRY(lp_dtype("gemm_lp_b16", dtype));
+    DT_CU_ARG(M >= 0 && N >= 0 && K >= 0 && ldb >= (N > 1 ? N : 1));
+    size_t n = M && N && K ? (size_t)(K - 1) * (size_t)ldb + (size_t)N : 0;
+    DT_CU_ARG(n == 0 || B);
+    float *w = NULL;
+    if (n) {
+        DT_TRY(dt_cu_scratch((void **)&w, n * sizeof *w));
+        DT_TRY(dtype == DT_BF16 ? dt_cu_bf16_to_f32(w, B, n) : dt_cu_f16_to_f32(w, B, n));
+    }
+    return dt_cu_gemm_lp(dtype, transA, 0, M, N, K, alpha, A, lda, w, ldb, beta, C, ldc);
+}
+
 __global__ void k_nonfinite(int32_t *flag, const float *x, size_t n) {
     DT_CU_FOR(i, n) if ((__float_as_uint(x[i]) & 0x7f800000u) == 0x7f800000u) *flag = 1;
 }
