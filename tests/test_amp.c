@@ -477,6 +477,23 @@ static void model_bf16(int ta, int tb, int M, int N, int K, float alpha, const f
         }
 }
 
+/* gemm_lp_b16's bad inputs, on whichever kernel runs here */
+static void test_gemm_b16_bad(const dt_ops *ops) {
+    float A[6] = {1, 2, 3, 4, 5, 6}, C[4] = {0};
+    uint16_t B[6] = {0x3f80, 0x4000, 0x4040, 0x3f80, 0x3f80, 0x3f80};
+    is_int(ops->gemm_lp_b16(DT_F32, 0, 2, 2, 3, 1.0f, A, 3, B, 2, 0.0f, C, 2), DT_ERR_INVALID, "gemm_lp_b16: f32 is refused");
+    is_int(ops->gemm_lp_b16(DT_BF16, 0, 2, 2, 3, 1.0f, A, 3, B, 1, 0.0f, C, 2), DT_ERR_INVALID,
+           "gemm_lp_b16: a row stride of B under its width is refused");
+    is_int(ops->gemm_lp_b16(DT_BF16, 0, 2, 2, 3, 1.0f, A, 3, NULL, 2, 0.0f, C, 2), DT_ERR_INVALID,
+           "gemm_lp_b16: a NULL B is refused");
+    is_int(ops->gemm_lp_b16(DT_F16, 0, -1, 2, 3, 1.0f, A, 3, B, 2, 0.0f, C, 2), DT_ERR_INVALID,
+           "gemm_lp_b16: a negative size is refused");
+    /* B = (1 2; 3 1; 1 1) */
+    dt_status st = ops->gemm_lp_b16(DT_BF16, 0, 2, 2, 3, 1.0f, A, 3, B, 2, 0.0f, C, 2);
+    ok(st == DT_OK && C[0] == 10 && C[1] == 7 && C[2] == 25 && C[3] == 19,
+       "gemm_lp_b16: a 2 x 2 x 3 product of small integers is exact (%g %g %g %g)", C[0], C[1], C[2], C[3]);
+}
+
 static void test_gemm_bf16(const dt_ops *ops) {
     if (!dt_cpu_has_avx512bf16()) {
         skip(1, "this CPU has no AVX512-BF16: bf16 products run on the f32 kernel (tested by test_ops)");
@@ -579,6 +596,7 @@ int main(void) {
     test_scaler();
     test_scaler_text(ops);
     test_round_to(ops);
+    test_gemm_b16_bad(ops);
     test_gemm_bf16(ops);
     static const dt_shape flat = {1, {37, 0, 0}}, img = {3, {2, 7, 6}};
     check_rounded(ops, "linear(23)", &flat, DT_BF16, "linear bf16");
