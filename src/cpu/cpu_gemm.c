@@ -129,6 +129,15 @@ static int gemm1_f32(int transA, int transB, int M, int N, int K, float alpha, c
 
 dt_status dt_cpu_sgemm(int transA, int transB, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    if (dt_cpu_threads() == 1 && dt_cpu_gemm_own_on()) {
+        /* One thread: the whole product in one call of the own kernel, whose bits do not
+         * depend on the grid (cpu_gemm_avx512.c), so each slice of B is packed once, not
+         * once per block of rows: the default gpt on 2 processes x 1 thread 2-4 % faster.
+         * OpenBLAS keeps the grid (its bits may follow the block's shape). */
+        DT_TRY(gemm_check("sgemm", transA, transB, M, N, K, A, lda, B, ldb, C, ldc));
+        dt_cpu_gemm1(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return DT_OK;
+    }
     return dt_cpu_gemm_blocks("sgemm", gemm1_f32, 0, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
