@@ -19,8 +19,9 @@
 #include "testing.h"
 
 #define RING          8      /* steady steps the trial is compared against */
+#define RING_MIN      4      /* fewer will do for the first trial (the mean of those there are) */
 #define TRIAL_STEPS   4      /* measured steps of a trial */
-#define WINDOW_STEPS  5
+#define WINDOW_STEPS  4
 #define WINDOW_S      0.2
 #define COOL_MIN      16     /* steps between trials, x1.5 after a trial that did not pay */
 #define COOL_MAX      512
@@ -41,6 +42,7 @@ struct dt_tuner {
     int64_t steps;
     double  thread_steps;         /* sum over steps of the count */
     int     changes;
+    int     tried;                /* a trial has begun */
     /* the window: wall, process CPU and idle CPU seconds at its start */
     int     win_steps;
     double  win_wall, win_cpu, win_idle;
@@ -144,12 +146,14 @@ static dt_status begin_trial(dt_tuner *t, int count) {
     DT_TRY(t->ops->set_threads(count));
     t->trial = count;
     t->trial_done = 0;
+    t->tried = 1;
     return DT_OK;
 }
 
 /* The trial's last step is in: keep its count or go back. */
 static dt_status end_trial(dt_tuner *t, int *changed) {
-    int keep = trimmed_mean(t->trial_t, TRIAL_STEPS) < GAIN * trimmed_mean(t->ring, RING);
+    int ring = t->ring_n < RING ? t->ring_n : RING;
+    int keep = trimmed_mean(t->trial_t, TRIAL_STEPS) < GAIN * trimmed_mean(t->ring, ring);
     if (keep) {
         t->n = t->trial;
         t->ring_n = 0;
@@ -178,7 +182,7 @@ static dt_status steady(dt_tuner *t) {
         idle = i >= 0.0 ? (i - t->win_idle) / wall : -1.0;
     }
     window_start(t);
-    if (t->ring_n < RING || t->since < t->cool) return DT_OK;
+    if (t->ring_n < (t->tried ? RING : RING_MIN) || t->since < t->cool) return DT_OK;
     if (t->n > 1 && cores < (double)t->n - SHORT_CORES) return begin_trial(t, t->n - 1);
     if (t->n < t->max && (idle >= IDLE_CORES || !t->have_idle)) return begin_trial(t, t->n + 1);
     return DT_OK;
@@ -197,6 +201,10 @@ dt_status dt_tuner_step(dt_tuner *t, double seconds, int *changed) {
     if (t->trial) {
         if (t->trial_done++ > 0) t->trial_t[t->trial_done - 2] = seconds;   /* the first step settles */
         return t->trial_done == TRIAL_STEPS + 1 ? end_trial(t, changed) : DT_OK;
+    }
+    if (t->steps == 1) {   /* the first step warms up (pages touched, the team started): left out */
+        window_start(t);
+        return DT_OK;
     }
     t->since++;
     t->ring[t->ring_n++ % RING] = seconds;

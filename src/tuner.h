@@ -18,7 +18,9 @@
  *     be read, now and then.
  * A trial runs 1 step to settle and 4 measured steps at the other count; it is kept
  * when their mean step time is at least 5% below the mean of the last 8 steps at the
- * current count (each mean without its largest step). A trial that does not pay makes
+ * current count (each mean without its largest step; before the first trial 4 steps
+ * will do, so a run that starts beside a busy process moves early; the first step of
+ * all, which warms up, is left out). A trial that does not pay makes
  * the wait before the next one 1.5 times longer (16 steps at first, at most 512):
  * conditions change, and a trial costs 5 steps. Thread counts never change results (docs/DESIGN.md
  * rule 2: fixed blocks, whichever thread runs them), so neither does the tuner.

@@ -4,7 +4,8 @@
  * A fake device keeps the thread count; fake clocks say how many cores the process ran
  * on and how many stood idle; each step's time is a function of the count the tuner
  * set. Checked: nothing to tune at one thread; an idle machine never sees a trial; a
- * busy core moves 2 threads to 1 and idle cores move it back; a sign that lies (few
+ * busy core moves 2 threads to 1 and idle cores move it back; with long steps the first
+ * trial runs steps 6-10 and is kept; a sign that lies (few
  * cores, but fewer threads are slower) costs trials that back off (at most 2% of the
  * steps) and never a change;
  * 4 threads on 2.2 free cores settle at 2; one slow outlier step does not decide a
@@ -112,6 +113,18 @@ static void test_busy_and_back(void) {
     sets = g_sets;
     run(t, &m, 2000, 1);
     ok(dt_tuner_threads(t) == 2 && g_sets == sets, "and stays there");
+    dt_tuner_free(t);
+}
+
+/* steps long enough for the window's 0.2 s: the first trial needs 4 steady steps after
+ * the first (which warms up), then 1 to settle and 4 measured */
+static void test_busy_first_steps(void) {
+    double busy[3] = {0, 0.060, 0.100};
+    sim m = {.cores = 1.3, .idle = 0.0, .step_time = table_time, .ctx = busy};
+    dt_tuner *t = new_tuner(2, &m);
+    int r = run(t, &m, 10, 1);
+    is_int(r, 5, "a busy core, 100 ms steps: the trial of 1 thread runs from step 6");
+    ok(dt_tuner_threads(t) == 1 && dt_tuner_changes(t) == 1, "and is kept after step 10");
     dt_tuner_free(t);
 }
 
@@ -227,6 +240,7 @@ int main(void) {
     test_nothing_to_tune();
     test_idle();
     test_busy_and_back();
+    test_busy_first_steps();
     test_lying_sign();
     test_four();
     test_outlier();
