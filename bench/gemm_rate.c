@@ -2,7 +2,7 @@
  * bench/gemm_rate.c: the CPU's GEMM kernels on a model's matrix products, f32 against
  * the bf16 products of --precision bf16, in one run (bench/precision.sh calls it).
  *
- *   bench/gemm_rate [gpt|gpt2 ...] [-t THREADS] [-r REPEATS] [-v]
+ *   bench/gemm_rate [gpt|gpt2 ...] [-t THREADS] [-r REPEATS] [-v] [-f]
  *
  * A model's products are those of its linear layers in one training step of one
  * micro-batch: forward y = x W^T (rows x in -> out), backward dx = dy W and dW = dy^T x,
@@ -15,6 +15,10 @@
  * kernels: f32 is sgemm as DT_CPU_GEMM chose it (auto: dtrain's AVX-512 kernel where the
  * CPU has AVX-512 F); bf16 is gemm_lp on bf16 operands (auto: vdpbf16ps where the CPU
  * has AVX512-BF16).
+ *
+ * -f first prints the core's FMA ceiling: one thread issuing nothing but independent
+ * AVX-512 FMAs (14 chains, more than latency x pipes), the most any f32 kernel can do on
+ * one core, to hold the MFU's measured peak (dtrain's 1024^3 product) against.
  */
 #include "clock.h"
 #include "dtype.h"
@@ -61,17 +65,54 @@ static double run_set(const dt_ops *ops, const model *m, int lp, float *x, float
     return dt_now() - t0;
 }
 
+/* GFLOP/s of one thread issuing AVX-512 FMAs only (-f); 0 where there are none. The
+ * loop is assembly: a compiler would merge chains that compute the same value. */
+static double fma_ceiling(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (!__builtin_cpu_supports("avx512f")) return 0.0;
+    const long iters = 20000000;   /* 14 FMAs of 16 lanes each */
+    double best = 1e30;
+    for (int r = 0; r < 5; r++) {
+        double t = dt_now();
+        __asm__ volatile("vxorps %%xmm0, %%xmm0, %%xmm0\n\t"
+                         "vxorps %%xmm1, %%xmm1, %%xmm1\n\t"
+                         "mov %0, %%rcx\n"
+                         "1:\n\t"
+                         "vfmadd231ps %%zmm1, %%zmm0, %%zmm2\n\t vfmadd231ps %%zmm1, %%zmm0, %%zmm3\n\t"
+                         "vfmadd231ps %%zmm1, %%zmm0, %%zmm4\n\t vfmadd231ps %%zmm1, %%zmm0, %%zmm5\n\t"
+                         "vfmadd231ps %%zmm1, %%zmm0, %%zmm6\n\t vfmadd231ps %%zmm1, %%zmm0, %%zmm7\n\t"
+                         "vfmadd231ps %%zmm1, %%zmm0, %%zmm8\n\t vfmadd231ps %%zmm1, %%zmm0, %%zmm9\n\t"
+                         "vfmadd231ps %%zmm1, %%zmm0, %%zmm10\n\t vfmadd231ps %%zmm1, %%zmm0, %%zmm11\n\t"
+                         "vfmadd231ps %%zmm1, %%zmm0, %%zmm12\n\t vfmadd231ps %%zmm1, %%zmm0, %%zmm13\n\t"
+                         "vfmadd231ps %%zmm1, %%zmm0, %%zmm14\n\t vfmadd231ps %%zmm1, %%zmm0, %%zmm15\n\t"
+                         "dec %%rcx\n\t"
+                         "jnz 1b\n\t"
+                         "vzeroupper"
+                         :
+                         : "r"(iters)
+                         : "rcx", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                           "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+        double dt = dt_now() - t;
+        if (dt < best) best = dt;
+    }
+    return (double)iters * 14 * 32 / best / 1e9;
+#else
+    return 0.0;
+#endif
+}
+
 int main(int argc, char **argv) {
-    int threads = 0, reps = 5, verbose = 0;
+    int threads = 0, reps = 5, verbose = 0, ceiling = 0;
     const char *want[8];
     int nwant = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-v")) verbose = 1;
+        else if (!strcmp(argv[i], "-f")) ceiling = 1;
         else if (nwant < 8 && (!strcmp(argv[i], "gpt") || !strcmp(argv[i], "gpt2"))) want[nwant++] = argv[i];
         else {
-            fprintf(stderr, "usage: gemm_rate [gpt|gpt2 ...] [-t THREADS] [-r REPEATS] [-v]\n");
+            fprintf(stderr, "usage: gemm_rate [gpt|gpt2 ...] [-t THREADS] [-r REPEATS] [-v] [-f]\n");
             return 2;
         }
     }
@@ -85,6 +126,11 @@ int main(int argc, char **argv) {
     if (threads > 0 && ops->set_threads(threads) != DT_OK) {
         fprintf(stderr, "gemm_rate: %s\n", dt_last_error());
         return 1;
+    }
+    if (ceiling) {
+        double c = fma_ceiling();
+        if (c > 0) printf("FMA ceiling: %.1f GFLOP/s on one core (AVX-512 FMAs only)\n", c);
+        else printf("FMA ceiling: no AVX-512 F here\n");
     }
     printf("%-5s %-12s %10s %-12s %10s %7s\n", "model", "f32 kernel", "GFLOP/s", "bf16 kernel", "GFLOP/s", "ratio");
     for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
