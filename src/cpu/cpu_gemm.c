@@ -17,7 +17,9 @@
  * 384 x 384 x 128 product costs ~10% more as four 192 x 192 blocks than as two
  * 192 x 384 ones, and the default gpt on 2 processes runs ~10% faster), while two
  * near-equal blocks still share evenly between two threads. The count grows with
- * the output (2048 x 2048: 16 blocks), not with the thread count.
+ * the output (2048 x 2048: 16 blocks), not with the thread count. On one thread the
+ * own kernel takes the whole product in one call instead (dt_cpu_sgemm): its bits do
+ * not depend on the blocks.
  */
 #include "cpu.h"
 
