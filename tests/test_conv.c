@@ -71,11 +71,21 @@ static void test_gemm(void) {
     test_gemm_threads(0, 1, 256, 1024, 1024);
     test_gemm_threads(0, 1, 256, 128, 3136);   /* the cnn's fc1: a narrow output cut into 64-row blocks */
 
-    float x[4] = {1, 2, 3, 4};
-    dt_status s = ops->sgemm(0, 0, 2, 2, 2, 1.0f, x, 1, x, 2, 0.0f, x, 2);
-    is_int(s, DT_ERR_INVALID, "sgemm rejects lda smaller than K");
-    like(dt_last_error(), "leading dimension", "and says which argument");
-    is_int(ops->sgemm(0, 0, -1, 2, 2, 1.0f, x, 2, x, 2, 0.0f, x, 2), DT_ERR_INVALID, "sgemm rejects a negative size");
+    /* on 1 thread (the own kernel takes the product in one call) and on 2 (the grid) */
+    int was = ops->threads();
+    for (int nt = 1; nt <= 2; nt++) {
+        float x[4] = {1, 2, 3, 4};
+        ops->set_threads(nt);
+        dt_status s = ops->sgemm(0, 0, 2, 2, 2, 1.0f, x, 1, x, 2, 0.0f, x, 2);
+        is_int(s, DT_ERR_INVALID, "sgemm on %d thread(s) rejects lda smaller than K", nt);
+        like(dt_last_error(), "leading dimension", "and says which argument");
+        is_int(ops->sgemm(0, 0, -1, 2, 2, 1.0f, x, 2, x, 2, 0.0f, x, 2), DT_ERR_INVALID,
+               "sgemm on %d thread(s) rejects a negative size", nt);
+        is_int(ops->sgemm(0, 0, 2, 2, 2, 1.0f, NULL, 2, x, 2, 0.0f, x, 2), DT_ERR_INVALID,
+               "sgemm on %d thread(s) rejects a NULL A", nt);
+        ok(x[0] == 1 && x[1] == 2 && x[2] == 3 && x[3] == 4, "and writes nothing");
+    }
+    ops->set_threads(was);
 }
 
 /* dtrain's own AVX-512 block (cpu_gemm_avx512.c) where the CPU has it, against
