@@ -152,7 +152,13 @@ void dt_shard_free(dt_shard *s) {
 
 dt_shard_mode dt_shard_mode_of(const dt_shard *s) { return s->mode; }
 int           dt_shard_mode_grads(dt_shard_mode m) { return (int)m >= 0 && m < DT_SHARD_COUNT && dt_shard_modes_[m].grads; }
-int           dt_shard_ddp_reduces(const dt_shard *s) { return !dt_shard_mode_grads(s->mode); }
+int           dt_shard_ddp_reduces(const dt_shard *s) { return !dt_shard_mode_grads(s->mode) && !s->scatter; }
+
+void dt_shard_scatter_sums(dt_shard *s, int may) {
+    int W = s->world;
+    s->scatter = may && s->mode == DT_SHARD_OPTIM && W > 1 && (W & (W - 1)) == 0 && s->ops->host_memory && s->base == 0 &&
+                 s->n == dt_model_nparams(s->model);
+}
 int           dt_shard_state_sharded(const dt_shard *s) { return distributed(s); }
 int           dt_shard_params_sharded(const dt_shard *s) { return params_sharded(s); }
 

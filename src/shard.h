@@ -9,9 +9,10 @@
  *
  *   none    every rank keeps the whole optimizer state and updates every parameter
  *           (plain DDP: gradients all-reduced in buckets during backward);
- *   optim   ZeRO-1: gradients all-reduced as with none; each rank keeps the
- *           optimizer state of its shard only, updates its shard, and the updated
- *           parameters are all-gathered;
+ *   optim   ZeRO-1: gradients all-reduced as with none (on the CPU at a power-of-two
+ *           world size reduce-scattered as with grads: dt_shard_scatter_sums); each
+ *           rank keeps the optimizer state of its shard only, updates its shard, and
+ *           the updated parameters are all-gathered;
  *   grads   ZeRO-2: after backward the local gradient sum is reduce-scattered, so a
  *           rank receives (and clips and applies) its shard's global gradient only;
  *           the optimizer as with optim. Half the gradient bytes of an all-reduce
@@ -125,8 +126,18 @@ DT_API void      dt_shard_pool_in_use(int run, int post, int *slots, int *grad_s
  * n parameters (the whole array, or init_range's range, with none). */
 DT_API void      dt_shard_range(const dt_shard *s, size_t *lo, size_t *len);
 /* 1 when DDP must all-reduce the gradient (none, optim); 0 when it only sums the
- * local micro-batches and sharding does the rest (grads, params). */
+ * local micro-batches and sharding does the rest (grads, params, and optim where
+ * dt_shard_scatter_sums chose the reduce-scatter). */
 DT_API int       dt_shard_ddp_reduces(const dt_shard *s);
+/* optim: sum the gradients as grads does, one reduce-scatter after backward, instead of
+ * DDP's all-reduce during it, where that moves fewer bytes through the same cores and
+ * changes no bit: the device computes in host memory (a CPU, whose threads fill its
+ * cores, so an all-reduce overlapped with backward takes its time from backward), the
+ * world size is a power of two (the reduce-scatter then sums each element over the
+ * all-reduce's tree), the shard spans the whole model (not a pipeline stage's range) and
+ * `may` (the caller's gradients are f32: bf16 gradient sums are DDP's). Call it before
+ * dt_shard_ddp_reduces and DDP's set-up; a rank's memory stays optim's (whole gradients). */
+DT_API void      dt_shard_scatter_sums(dt_shard *s, int may);
 /* params: install the model's layer hook and DDP's final-slice hook, with units of at
  * least unit_bytes of parameters (consecutive layers gathered as one) and backward's
  * prefetch as given. After the start-of-run broadcast (dt_ddp_sync_start) call

@@ -47,6 +47,7 @@ struct dt_shard {
     dt_comm      *comm;
     dt_shard_mode mode;
     int           world, rank;
+    int           scatter;    /* optim: gradients reduce-scattered as with grads (dt_shard_scatter_sums) */
     size_t        base;       /* the first parameter sharded (dt_shard_init_range; else 0) */
     size_t        n;          /* parameters sharded: [base, base + n) */
     size_t        per;        /* floats per shard (a multiple of DT_SUM_CHUNK); n with none */
@@ -106,7 +107,7 @@ struct dt_shard {
 /* the optimizer state is split: every mode but none, on several ranks */
 static inline int distributed(const dt_shard *s) { return s->world > 1 && dt_shard_modes_[s->mode].optim; }
 /* only this rank's shard of the gradient holds the global sum */
-static inline int grads_sharded(const dt_shard *s) { return s->world > 1 && dt_shard_modes_[s->mode].grads; }
+static inline int grads_sharded(const dt_shard *s) { return s->world > 1 && (dt_shard_modes_[s->mode].grads || s->scatter); }
 /* each rank keeps its shard of the parameters only */
 static inline int params_sharded(const dt_shard *s) { return s->world > 1 && dt_shard_modes_[s->mode].params; }
 /* the device takes memory back when it is discarded: host memory, or a GPU whose

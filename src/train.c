@@ -654,6 +654,7 @@ static dt_status setup_chunk(trainer *t) {
     DT_TRY(dt_shard_init_range(t->model, t->dp_comm, t->mode, plo, t->pipe ? phi : dt_model_nparams(t->model),
                                &t->shard));
     DT_TRY(dt_amp_init(o->precision, o->grad_dtype, t->model, t->comm, &t->amp));
+    dt_shard_scatter_sums(t->shard, dt_amp_grad_dtype(t->amp) == DT_F32);
     if (dt_amp_grad_dtype(t->amp) != DT_F32 && !dt_shard_ddp_reduces(t->shard))
         return dt_error(DT_ERR_INVALID, "grad_dtype: bf16 gradients go with --shard none or optim (the sharded "
                         "reductions of grads and params sum in f32)");

@@ -72,6 +72,39 @@ same mlp --data synthetic:256,1,28,28,10 --model mlp --batch 32 --micro-batches 
 same resnet --data synthetic:256,1,28,28,10 --model resnet --batch 32 --micro-batches 4 --steps 3 --quiet --no-eval \
     --threads 1
 
+# 2b. how optim sums the gradients (shard.h, dt_shard_scatter_sums): on the CPU at a
+#     power-of-two world size one reduce-scatter after backward, as grads, where DDP's
+#     all-reduce would also bring each rank the sums of shards it never applies; with
+#     --grad-dtype bf16 and on 3 processes DDP's all-reduce, as none. The trace names
+#     every collective with its element type.
+sums() {  # TAG: "rs=R ar=A", the f32 reduce-scatters and the f32/bf16 all-reduces of trace TAG
+    echo "rs=$(grep -o '"detail":"reduce_scatter (f32' "$T/$1.json" | wc -l) ar=$(grep -o '"detail":"all_reduce (\(f32\|bf16\)' "$T/$1.json" | wc -l)"
+}
+for n in 2 4; do
+    run sum-optim-$n $n $BASE --model "$CNN" --optim adamw --clip 0.5 --decay matrices --shard optim \
+        --trace "$T/sum-optim-$n.json"
+    rc=$?
+    x=$(sums sum-optim-$n)
+    [ $rc -eq 0 ] && [ "${x#rs=0 }" = "$x" ] && [ "${x##* }" = ar=0 ] && cmp -s "$T/cnn-ref.st" "$T/sum-optim-$n.st"
+    ok $? "--shard optim on $n processes reduce-scatters the gradients, all-reduces none ($x), clips by the norm of the shards' chunk sums, with the bits of none"
+done
+run sum-none 2 $BASE --model "$CNN" --trace "$T/sum-none.json"
+x=$(sums sum-none)
+[ $? -eq 0 ] && [ "${x%% *}" = rs=0 ] && [ "${x##* }" != ar=0 ]
+ok $? "--shard none on 2 processes all-reduces them ($x)"
+run sum-bf16 2 $BASE --model "$CNN" --shard optim --grad-dtype bf16 --trace "$T/sum-bf16.json"
+rc=$?
+x=$(sums sum-bf16)
+[ $rc -eq 0 ] && [ "${x%% *}" = rs=0 ] && [ "${x##* }" != ar=0 ]
+ok $? "--shard optim --grad-dtype bf16 keeps DDP's all-reduce in bf16 ($x)"
+B3="--data synthetic:1026,1,8,8,4 --epochs 1 --batch 54 --micro-batches 3 --quiet --no-eval --threads 1 --model"
+run sum-optim-3 3 $B3 "$CNN" --shard optim --trace "$T/sum-optim-3.json"
+rc=$?
+x=$(sums sum-optim-3)
+run sum-none-3 3 $B3 "$CNN"
+[ $? -eq 0 ] && [ $rc -eq 0 ] && [ "${x%% *}" = rs=0 ] && [ "${x##* }" != ar=0 ] && cmp -s "$T/sum-none-3.st" "$T/sum-optim-3.st"
+ok $? "--shard optim on 3 processes all-reduces ($x), bitwise the weights of none on 3"
+
 # 3. a small gpt on token data (tied embedding, attention, dropout)
 awk 'BEGIN { for (i = 0; i < 200; i++) printf "line %d: pack my box with five dozen liquor jugs.\n", i % 13 }' > "$T/text.txt"
 timeout 60 "$D" prepare-text "$T/tok" "$T/text.txt" > "$T/prep.out" 2>&1
