@@ -5,7 +5,9 @@
 # (AdamW, clipping, decay on matrices: the norm and the decay runs cross shard
 # boundaries), the resnet preset (SGD with momentum) and a small gpt on token data;
 # a checkpoint written in one mode and world size resumes in another, bitwise the
-# uninterrupted run; the optimizer state really is split; bad values exit 2.
+# uninterrupted run; the optimizer state really is split; optim sums the gradients by a
+# reduce-scatter on the CPU at power-of-two world sizes, by DDP's all-reduce elsewhere;
+# bad values exit 2.
 . "${DT_SRCDIR:-$(dirname "$0")/..}/tests/tap.sh"
 D="$DT_BUILDDIR/dtrain"; R="$DT_BUILDDIR/dtrun"
 [ -x "$D" ] && [ -x "$R" ] || skip_all "dtrain or dtrun not built"
