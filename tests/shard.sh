@@ -91,13 +91,14 @@ for n in 2 4; do
     ok $? "--shard optim on $n processes reduce-scatters the gradients, all-reduces none ($x), clips by the norm of the shards' chunk sums, with the bits of none"
 done
 run sum-none 2 $BASE --model "$CNN" --trace "$T/sum-none.json"
+rc=$?
 x=$(sums sum-none)
-[ $? -eq 0 ] && [ "${x%% *}" = rs=0 ] && [ "${x##* }" != ar=0 ]
+[ $rc -eq 0 ] && [ "${x%% *}" = rs=0 ] && [ "${x##* }" != ar=0 ]
 ok $? "--shard none on 2 processes all-reduces them ($x)"
 run sum-bf16 2 $BASE --model "$CNN" --shard optim --grad-dtype bf16 --trace "$T/sum-bf16.json"
 rc=$?
 x=$(sums sum-bf16)
-[ $rc -eq 0 ] && [ "${x%% *}" = rs=0 ] && [ "${x##* }" != ar=0 ]
+[ $rc -eq 0 ] && [ "${x%% *}" = rs=0 ] && grep -q '"detail":"all_reduce (bf16' "$T/sum-bf16.json"
 ok $? "--shard optim --grad-dtype bf16 keeps DDP's all-reduce in bf16 ($x)"
 B3="--data synthetic:1026,1,8,8,4 --epochs 1 --batch 54 --micro-batches 3 --quiet --no-eval --threads 1 --model"
 run sum-optim-3 3 $B3 "$CNN" --shard optim --trace "$T/sum-optim-3.json"
